@@ -1,0 +1,44 @@
+# Builds the trainers. `make` builds every trainer present; `make test` builds everything and runs every test;
+# `make bench` runs the benchmarks against PyTorch (GPU machine); `make gpu-check` is the whole GPU round.
+NVCC ?= nvcc
+PYTHON ?= python3
+# Build for the GPU that is present, else for a fixed list so CI compiles what users run.
+GPU_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+ifneq ($(GPU_CC),)
+  GENCODE ?= -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
+else
+  GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+endif
+# No --use_fast_math: the trainers are compared with PyTorch in true fp32.
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
+LDLIBS = -lcublas -lcurand
+export NVCC PYTHON GENCODE NVCCFLAGS
+
+TRAINERS := $(basename $(wildcard train_*.cu))
+
+.PHONY: all test bench gpu-check clean
+all: $(TRAINERS)
+
+train_%: train_%.cu
+	$(NVCC) $(NVCCFLAGS) $(GENCODE) -o $@ $< $(LDLIBS)
+
+# Builds every binary (trainers and dev/), then runs every suite; last line: N passed, N failed, N skipped.
+test: all
+	$(MAKE) -C dev all
+	$(PYTHON) dev/run_tests.py
+
+bench: all
+	$(MAKE) -C dev all
+	$(PYTHON) dev/run_benchmarks.py --out bench_results
+
+# The whole GPU round: build, every test, every benchmark; logs in bench_results/.
+gpu-check:
+	$(MAKE) -j16 all
+	$(MAKE) -C dev -j16 all
+	$(PYTHON) dev/run_tests.py
+	$(PYTHON) dev/run_benchmarks.py --out bench_results
+
+clean:
+	rm -f $(TRAINERS) *.tmp
+	$(MAKE) -C dev clean
+	rm -rf bench_results

@@ -1,0 +1,172 @@
+"""The one reader and writer of the project's binary files (datasets, checkpoints, debug states, fixtures).
+
+Layout (data/README.md documents every format field by field):
+  bytes [0, 1024)     header: 256 little-endian int32: [0] magic, [1] version, [2] tensor count T,
+                      [3..] the format's config fields (int32, or float32 bit patterns), the rest zero
+  next 128*T bytes    tensor table: char name[96] (NUL-padded ASCII), int32 dtype (0 f32, 1 i32, 2 u8),
+                      int32 ndim (0..4), int32 shape[4] (unused dims 0), int32 reserved[2] (0)
+  then                each tensor's data in table order, C order, little-endian, no padding
+The file length must equal 1024 + 128*T + the tensors' bytes. Only NumPy is needed.
+"""
+import os
+from collections import OrderedDict
+
+import numpy as np
+
+HEADER_INTS = 256
+HEADER_BYTES = 4 * HEADER_INTS
+ENTRY_BYTES = 128
+NAME_BYTES = 96
+MAX_NDIM = 4
+FIRST_FIELD = 3  # header slot of the first config field
+DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4"), 2: np.dtype("u1")}
+DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+DTYPE_NAMES = {0: "float32", 1: "int32", 2: "uint8"}
+
+
+class FormatError(ValueError):
+    """A file that does not match its format; the message names the file and the field."""
+
+
+class Format:
+    """A file kind: magic, version, and the config fields stored in header slots 3, 4, ... in order.
+    fields: list of (name, "i" | "f")."""
+
+    def __init__(self, name, magic, version, fields):
+        assert FIRST_FIELD + len(fields) <= HEADER_INTS, name
+        self.name, self.magic, self.version, self.fields = name, magic, version, list(fields)
+
+
+def magic_number(model, kind):
+    """20260000 + 100*model + kind; model 1 linreg, 2 mnist, 3 unet, 4 matmul, 5 softmax;
+    kind 1 dataset, 2 checkpoint, 3 debug state, 4 fixture."""
+    return 20260000 + 100 * model + kind
+
+
+def write(path, fmt, config, tensors):
+    """Writes config (dict name -> value for every field of fmt) and tensors (dict name -> array) to path,
+    through path.tmp and a rename so that a crash never leaves a torn file."""
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = fmt.magic, fmt.version, len(tensors)
+    missing = [n for n, _ in fmt.fields if n not in config]
+    extra = [n for n in config if n not in dict(fmt.fields)]
+    if missing or extra:
+        raise FormatError(f"{fmt.name}: config missing {missing}, unknown {extra}")
+    for slot, (name, kind) in enumerate(fmt.fields, start=FIRST_FIELD):
+        if kind == "f":
+            header[slot] = np.array([config[name]], dtype="<f4").view("<i4")[0]
+        else:
+            value = int(config[name])
+            if value != config[name] or not -2**31 <= value < 2**31:
+                raise FormatError(f"{fmt.name}: field {name} must be an int32, got {config[name]!r}")
+            header[slot] = value
+    table = bytearray()
+    blobs = []
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        dtype = array.dtype.newbyteorder("<") if array.dtype.itemsize > 1 else array.dtype
+        if dtype not in DTYPE_CODES:
+            raise FormatError(f"{fmt.name}: tensor {name} has dtype {array.dtype}, expected float32, int32 or uint8")
+        encoded = name.encode("ascii")
+        if len(encoded) >= NAME_BYTES:
+            raise FormatError(f"{fmt.name}: tensor name {name!r} is longer than {NAME_BYTES - 1} bytes")
+        if array.ndim > MAX_NDIM:
+            raise FormatError(f"{fmt.name}: tensor {name} has {array.ndim} dims, at most {MAX_NDIM}")
+        entry = np.zeros(ENTRY_BYTES // 4, dtype="<i4")
+        shape = list(array.shape) + [0] * (MAX_NDIM - array.ndim)
+        entry[NAME_BYTES // 4:] = [DTYPE_CODES[dtype], array.ndim] + shape + [0, 0]
+        raw = bytearray(entry.tobytes())
+        raw[:len(encoded)] = encoded
+        table += raw
+        blobs.append(array.astype(dtype, copy=False).tobytes())
+    tmp = str(path) + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(bytes(table))
+        for blob in blobs:
+            f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read(path, fmt):
+    """Returns (header int32 array, config dict, OrderedDict of tensors), after checking magic, version,
+    the tensor table and the file length. Raises FormatError naming the file and the wrong field."""
+    path = str(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise FormatError(f"{path}: cannot open ({e.strerror})") from None
+    if size < HEADER_BYTES:
+        raise FormatError(f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header")
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4").copy()
+        if header[0] != fmt.magic:
+            raise FormatError(f"{path}: header[0] magic is {header[0]}, expected {fmt.magic} ({fmt.name})")
+        if header[1] != fmt.version:
+            raise FormatError(f"{path}: header[1] version is {header[1]}, expected {fmt.version} ({fmt.name})")
+        count = int(header[2])
+        if count < 0 or HEADER_BYTES + ENTRY_BYTES * count > size:
+            raise FormatError(f"{path}: header[2] tensor count {count} does not fit a file of {size} bytes")
+        table = f.read(ENTRY_BYTES * count)
+        entries = []
+        total = HEADER_BYTES + ENTRY_BYTES * count
+        for i in range(count):
+            raw = table[i * ENTRY_BYTES:(i + 1) * ENTRY_BYTES]
+            name = raw[:NAME_BYTES].split(b"\0", 1)[0].decode("ascii", "replace")
+            meta = np.frombuffer(raw[NAME_BYTES:], dtype="<i4")
+            code, ndim = int(meta[0]), int(meta[1])
+            if code not in DTYPES:
+                raise FormatError(f"{path}: tensor {i} ({name}) has dtype code {code}, expected 0, 1 or 2")
+            if not 0 <= ndim <= MAX_NDIM:
+                raise FormatError(f"{path}: tensor {i} ({name}) has ndim {ndim}, expected 0..{MAX_NDIM}")
+            shape = tuple(int(s) for s in meta[2:2 + ndim])
+            if any(s < 0 for s in shape):
+                raise FormatError(f"{path}: tensor {i} ({name}) has negative shape {shape}")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[code].itemsize
+            entries.append((name, DTYPES[code], shape, nbytes))
+            total += nbytes
+        if total != size:
+            raise FormatError(f"{path}: file length is {size} bytes, the header and tensor table say {total}")
+        tensors = OrderedDict()
+        for name, dtype, shape, nbytes in entries:
+            tensors[name] = np.frombuffer(f.read(nbytes), dtype=dtype).reshape(shape).copy()
+    config = {}
+    for slot, (name, kind) in enumerate(fmt.fields, start=FIRST_FIELD):
+        config[name] = float(header[slot:slot + 1].view("<f4")[0]) if kind == "f" else int(header[slot])
+    return header, config, tensors
+
+
+def expect(path, tensors, name, shape=None, dtype=None):
+    """Returns tensors[name] after checking its shape and dtype, else raises FormatError naming them."""
+    if name not in tensors:
+        raise FormatError(f"{path}: tensor {name} is missing")
+    t = tensors[name]
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise FormatError(f"{path}: tensor {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if dtype is not None and t.dtype != np.dtype(dtype):
+        raise FormatError(f"{path}: tensor {name} has dtype {t.dtype}, expected {np.dtype(dtype)}")
+    return t
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# linreg formats (owner: lead)
+# ---------------------------------------------------------------------------------------------------------------
+# tensors: x float32 (N, D), y float32 (N,); the first n_train rows are the training split.
+LINREG_DATASET = Format("linreg dataset", magic_number(1, 1), 1, [
+    ("n_points", "i"), ("n_features", "i"), ("n_train", "i"), ("seed", "i"),
+    ("w_true", "f"), ("b_true", "f"), ("noise_std", "f"), ("x_min", "f"), ("x_max", "f"),
+])
+
+# ---------------------------------------------------------------------------------------------------------------
+# mnist formats (owner: mnist helper)
+# ---------------------------------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------------------------------
+# unet formats (owner: unet helpers)
+# ---------------------------------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------------------------------
+# matmul / softmax fixture formats (owners: mnist helper / softmax helper)
+# ---------------------------------------------------------------------------------------------------------------
