@@ -19,6 +19,8 @@ TRAINERS := $(basename $(wildcard train_*.cu))
 .PHONY: all test bench gpu-check clean
 all: $(TRAINERS)
 
+train_mnist: LDLIBS += -lz
+
 train_%: train_%.cu
 	$(NVCC) $(NVCCFLAGS) $(GENCODE) -o $@ $< $(LDLIBS)
 

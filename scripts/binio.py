@@ -166,6 +166,32 @@ LINREG_DATASET = Format("linreg dataset", magic_number(1, 1), 1, [
 # ---------------------------------------------------------------------------------------------------------------
 # unet formats (owner: unet helpers)
 # ---------------------------------------------------------------------------------------------------------------
+# The model's shape, shared by checkpoints and debug states. attn_ds_mask: bit k set = attention at
+# downsample factor 2**k (image 64 with attention at 16 and 8 -> ds 4 and 8 -> mask 0b1100 = 12).
+UNET_MODEL_FIELDS = [
+    ("image_size", "i"), ("in_channels", "i"), ("model_channels", "i"), ("out_channels", "i"),
+    ("num_res_blocks", "i"), ("n_levels", "i"), ("mult0", "i"), ("mult1", "i"), ("mult2", "i"), ("mult3", "i"),
+    ("attn_ds_mask", "i"), ("num_head_channels", "i"), ("diffusion_steps", "i"),
+    ("beta_start", "f"), ("beta_end", "f"),
+]
+# tensors: images uint8 (N, H, W, 3), RGB, NHWC; the loader normalises to [-1, 1].
+UNET_DATASET = Format("unet dataset", magic_number(3, 1), 1, [
+    ("n_images", "i"), ("height", "i"), ("width", "i"), ("channels", "i"),
+])
+# tensors: every parameter by its dev/unet.py state_dict name, in PyTorch layout (conv weight (Cout, Cin, kh, kw));
+# when has_ema: ema.<name>; when has_optimizer: adam_m.<name>, adam_v.<name>; rng_state int32 (trainer-defined).
+UNET_CHECKPOINT = Format("unet checkpoint", magic_number(3, 2), 1, UNET_MODEL_FIELDS + [
+    ("step", "i"), ("batch_size", "i"), ("seed", "i"), ("lr", "f"), ("ema_rate", "f"),
+    ("has_ema", "i"), ("has_optimizer", "i"),
+])
+# Written by dev/unet.py. tensors: every parameter (initial weights) by name; x0 float32 (B, 3, H, W) in [-1, 1]
+# (NCHW, as PyTorch); t int32 (B,); noise float32 (B, 3, H, W); out float32 (B, 3, H, W) (the model's
+# epsilon prediction on x_t); loss float32 (); grad.<name> for every parameter; then n_steps AdamW steps on the same
+# x0: step_t int32 (S, B), step_noise float32 (S, B, 3, H, W), step_losses float32 (S,).
+UNET_DEBUG_STATE = Format("unet debug state", magic_number(3, 3), 1, UNET_MODEL_FIELDS + [
+    ("batch_size", "i"), ("n_steps", "i"), ("lr", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"),
+    ("weight_decay", "f"),
+])
 
 # ---------------------------------------------------------------------------------------------------------------
 # matmul / softmax fixture formats (owners: mnist helper / softmax helper)
