@@ -185,9 +185,10 @@ UNET_CHECKPOINT = Format("unet checkpoint", magic_number(3, 2), 1, UNET_MODEL_FI
     ("has_ema", "i"), ("has_optimizer", "i"),
 ])
 # Written by dev/unet.py. tensors: every parameter (initial weights) by name; x0 float32 (B, 3, H, W) in [-1, 1]
-# (NCHW, as PyTorch); t int32 (B,); noise float32 (B, 3, H, W); out float32 (B, 3, H, W) (the model's
-# epsilon prediction on x_t); loss float32 (); grad.<name> for every parameter; then n_steps AdamW steps on the same
-# x0: step_t int32 (S, B), step_noise float32 (S, B, 3, H, W), step_losses float32 (S,).
+# (NCHW, as PyTorch); t int32 (B,); noise float32 (B, 3, H, W); x_t float32 (B, 3, H, W) (the noised input);
+# out float32 (B, 3, H, W) (the model's epsilon prediction on x_t); loss float32 (); grad.<name> for every parameter;
+# then n_steps AdamW steps on the same x0: step_t int32 (S, B), step_noise float32 (S*B, 3, H, W) (row i*B + b is
+# step i's sample b: 5 dims do not fit the table), step_losses float32 (S,) (loss of step i before its update).
 UNET_DEBUG_STATE = Format("unet debug state", magic_number(3, 3), 1, UNET_MODEL_FIELDS + [
     ("batch_size", "i"), ("n_steps", "i"), ("lr", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"),
     ("weight_decay", "f"),
