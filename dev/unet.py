@@ -34,6 +34,7 @@ made with --zero_init 0 checks every gradient of a backward pass; use both).
 Usage (GPU machine: torch is there only):
   python3 dev/unet.py --debug_state OUT.bin [--batch_size 32 --n_steps 10 --data_file data/sunflowers64.bin]
   python3 dev/unet.py --init_checkpoint CKPT.bin    # the initial weights as a UNET_CHECKPOINT (step 0)
+  python3 dev/unet.py --forward_fixture F.bin       # weights, x_t, t, out = model(x_t, t) (UNET_FIXTURE)
   python3 dev/unet.py --list_params                 # every parameter name and shape
 The debug state (scripts/binio.py UNET_DEBUG_STATE, data/README.md): weights, x0, t, noise, x_t, out, loss,
 grad.<name>, then n_steps AdamW steps on the same x0, step i drawing step_t[i] (B,) and step_noise[i*B:(i+1)*B]
@@ -331,6 +332,7 @@ def main():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--debug_state", default="", help="write a UNET_DEBUG_STATE to this path")
     p.add_argument("--init_checkpoint", default="", help="write the initial weights as a UNET_CHECKPOINT here")
+    p.add_argument("--forward_fixture", default="", help="write a UNET_FIXTURE (weights, x_t, t, out) here")
     p.add_argument("--list_params", action="store_true", help="print every parameter name and shape, then exit")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--n_steps", type=int, default=10, help="AdamW steps recorded in the debug state")
@@ -378,8 +380,9 @@ def main():
             print(f"{name:60s} {tuple(t.shape)}")
         print(f"{n_params} parameters in {len(model.state_dict())} tensors")
         return
-    if not args.debug_state and not args.init_checkpoint:
-        sys.exit("error: nothing to do: give --debug_state PATH and/or --init_checkpoint PATH (or --list_params)")
+    if not (args.debug_state or args.init_checkpoint or args.forward_fixture):
+        sys.exit("error: nothing to do: give --debug_state, --init_checkpoint and/or --forward_fixture PATH "
+                 "(or --list_params)")
     fields = model_fields(model, args.diffusion_steps, args.beta_start, args.beta_end)
     init_weights = params_numpy(model)
     print(f"model: {n_params} parameters, image {args.image_size}, channels {args.model_channels} x "
@@ -390,12 +393,24 @@ def main():
                       ema_rate=args.ema_rate, has_ema=0, has_optimizer=0)
         binio.write(args.init_checkpoint, binio.UNET_CHECKPOINT, config, init_weights)
         print(f"wrote {args.init_checkpoint} ({os.path.getsize(args.init_checkpoint)} bytes)")
-    if not args.debug_state:
-        return
-
     device = torch.device(args.device)
     model = model.to(device)
     B, S, H = args.batch_size, args.n_steps, args.image_size
+
+    if args.forward_fixture:
+        # x_t spread over [-3, 3] and t over [0, T) so the embedding and every layer see varied inputs
+        g = torch.Generator().manual_seed(args.seed + 2)
+        x_t = torch.randn(B, 3, H, H, generator=g) * 1.5
+        t = torch.randint(0, args.diffusion_steps, (B,), generator=g, dtype=torch.int64)
+        with torch.no_grad():
+            out = model(x_t.to(device), t.to(device)).cpu()
+        tensors = dict(init_weights)
+        tensors.update(x_t=x_t.numpy(), t=t.numpy().astype(np.int32), out=out.numpy())
+        binio.write(args.forward_fixture, binio.UNET_FIXTURE, dict(fields, batch_size=B), tensors)
+        print(f"wrote {args.forward_fixture} ({os.path.getsize(args.forward_fixture)} bytes), out std "
+              f"{out.std().item():.4f}")
+    if not args.debug_state:
+        return
     diffusion = Diffusion(args.diffusion_steps, args.beta_start, args.beta_end)
     gen = torch.Generator().manual_seed(args.seed + 1)  # CPU draws: the same numbers on any device
     if args.data_file:

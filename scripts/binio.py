@@ -193,6 +193,9 @@ UNET_DEBUG_STATE = Format("unet debug state", magic_number(3, 3), 1, UNET_MODEL_
     ("batch_size", "i"), ("n_steps", "i"), ("lr", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"),
     ("weight_decay", "f"),
 ])
+# Written by dev/unet.py --forward_fixture (a CI fixture for the NumPy forward of scripts/generate.py): every
+# parameter by name; x_t float32 (B, 3, H, W); t int32 (B,); out float32 (B, 3, H, W) = model(x_t, t).
+UNET_FIXTURE = Format("unet forward fixture", magic_number(3, 4), 1, UNET_MODEL_FIELDS + [("batch_size", "i")])
 
 # ---------------------------------------------------------------------------------------------------------------
 # matmul / softmax fixture formats (owners: mnist helper / softmax helper)

@@ -1,0 +1,97 @@
+"""Draws the loss curve of a train_unet run from its log: <output_dir>/log.csv with the header
+`step,loss,ms,images_per_s` (one row per logged step).
+
+  python3 scripts/plot_loss.py --log out/unet/log.csv --out loss.png [--smooth 0.9] [--title "..."]
+
+The PNG shows the raw losses (thin) and an exponential moving average (--smooth, 0 = none, debiased as in Adam),
+log-scaled y; the title gives the last step, the last smoothed loss and the median ms/step. Exits 1 with a message
+naming the file and line on a missing file, a wrong header, a bad row or an empty log.
+"""
+import argparse
+import csv
+import os
+import sys
+
+HEADER = ["step", "loss", "ms", "images_per_s"]
+
+
+def read_log(path):
+    """-> dict column -> list of floats. Raises ValueError naming the file and line."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "log.csv")
+    try:
+        f = open(path, newline="")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot open ({e.strerror})") from None
+    with f:
+        rows = list(csv.reader(f))
+    if not rows:
+        raise ValueError(f"{path}: empty file, expected the header {','.join(HEADER)}")
+    header = [h.strip() for h in rows[0]]
+    if header != HEADER:
+        raise ValueError(f"{path}: line 1: header is {','.join(header)}, expected {','.join(HEADER)}")
+    cols = {h: [] for h in HEADER}
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(HEADER):
+            raise ValueError(f"{path}: line {lineno}: {len(row)} fields, expected {len(HEADER)}")
+        for h, c in zip(HEADER, row):
+            try:
+                cols[h].append(float(c))
+            except ValueError:
+                raise ValueError(f"{path}: line {lineno}: {h} is {c.strip()!r}, expected a number") from None
+    if not cols["step"]:
+        raise ValueError(f"{path}: no rows after the header")
+    return cols
+
+
+def smooth(values, beta):
+    out, avg = [], 0.0
+    for i, v in enumerate(values, start=1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta ** i) if beta > 0 else v)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--log", default="out/unet/log.csv", help="the trainer's log.csv (or its output_dir)")
+    p.add_argument("--out", default="loss.png", help="PNG to write")
+    p.add_argument("--smooth", type=float, default=0.9, help="EMA factor in [0, 1)")
+    p.add_argument("--title", default="", help="title prefix (default: the log's path)")
+    args = p.parse_args(argv)
+    if not 0 <= args.smooth < 1:
+        sys.exit(f"error: --smooth must be in [0, 1), found {args.smooth}")
+    try:
+        cols = read_log(args.log)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, loss = cols["step"], cols["loss"]
+    smoothed = smooth(loss, args.smooth)
+    ms = sorted(cols["ms"])
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.plot(steps, loss, lw=0.6, alpha=0.4, color="tab:blue", label="loss")
+    if args.smooth > 0:
+        ax.plot(steps, smoothed, lw=1.6, color="tab:blue", label=f"EMA {args.smooth}")
+    if all(v > 0 for v in loss):
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MSE loss (epsilon)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{args.title or args.log}: step {int(steps[-1])}, loss {smoothed[-1]:.4f}, "
+                 f"median {ms[len(ms) // 2]:.1f} ms/step", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.out)
+    print(f"wrote {args.out} ({len(steps)} points, steps {int(steps[0])}..{int(steps[-1])})")
+
+
+if __name__ == "__main__":
+    main()
