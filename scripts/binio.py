@@ -63,7 +63,7 @@ def write(path, fmt, config, tensors):
     table = bytearray()
     blobs = []
     for name, array in tensors.items():
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d arrays 1-d
         dtype = array.dtype.newbyteorder("<") if array.dtype.itemsize > 1 else array.dtype
         if dtype not in DTYPE_CODES:
             raise FormatError(f"{fmt.name}: tensor {name} has dtype {array.dtype}, expected float32, int32 or uint8")
