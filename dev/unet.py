@@ -238,7 +238,8 @@ class UNetModel(nn.Module):
 
 
 def linear_betas(steps, beta_start, beta_end):
-    """float64, as guided-diffusion (beta_start/beta_end used as given, no rescaling by 1000/steps)."""
+    """float64, as guided-diffusion (beta_start/beta_end used as given, no rescaling by 1000/steps). numpy's
+    linspace: beta_i = beta_start + i * ((beta_end - beta_start) / (steps - 1)), the last one set to beta_end."""
     return np.linspace(beta_start, beta_end, steps, dtype=np.float64)
 
 
@@ -365,6 +366,10 @@ def main():
         sys.exit(f"error: --n_steps must be >= 0, found {args.n_steps}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda but torch sees no GPU")
+    # The headers store these as float32: run with exactly the stored values, so that a reader rebuilding the
+    # schedule (float64 linspace of the float32 betas) or the AdamW step from the header gets the same numbers.
+    for name in ["beta_start", "beta_end", "lr", "beta1", "beta2", "eps", "weight_decay", "ema_rate"]:
+        setattr(args, name, float(np.float32(getattr(args, name))))
 
     # true fp32 everywhere: the C++ side is compared with this in fp32
     torch.backends.cuda.matmul.allow_tf32 = False
