@@ -1,0 +1,295 @@
+"""Tests of train_linreg through its real binary: bad inputs, the CPU path and every GPU kernel version against
+PyTorch (dev/linreg.py), the CSV converter, and dataset files.
+
+CI (no GPU, no torch) runs the command-line checks and the CPU path against a committed PyTorch fixture
+(dev/fixtures/linreg_small*.): made by `python3 dev/test_linreg.py --make_fixture` on a machine with torch.
+On a GPU machine with torch it also trains 5M points with every version and compares with PyTorch on the same file.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import binio  # noqa: E402
+
+BIN = os.path.join(ROOT, "train_linreg")
+FIXTURE_DATA = os.path.join(ROOT, "dev", "fixtures", "linreg_small.bin")
+FIXTURE_TORCH = os.path.join(ROOT, "dev", "fixtures", "linreg_small_torch.json")
+# Relative bound of w, b and every epoch's loss against PyTorch, as the issue asks. Both sides are fp32; their sums
+# differ in order only (PyTorch's tree reduction against our blocks + double), a few 1e-7 at 4M points.
+RTOL = 1e-5
+ATOL = 1e-7  # for values that sit at ~0, where a relative bound means nothing
+
+passed = failed = skipped = 0
+
+
+def report(ok, name, detail=""):
+    global passed, failed
+    print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+
+
+def skip(name, why):
+    global skipped
+    print(f"SKIP {name}: {why}", flush=True)
+    skipped += 1
+
+
+def run(args, timeout=600):
+    return subprocess.run([BIN] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def have_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def have_torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def compare(name, got, want):
+    """Reports the worst relative error over w, b and every epoch's training loss."""
+    pairs = [(f"w[{i}]", g, w) for i, (g, w) in enumerate(zip(got["w"], want["w"]))]
+    pairs.append(("b", got["b"], want["b"]))
+    pairs += [(f"loss[{e}]", g, w) for e, (g, w) in enumerate(zip(got["train_losses"], want["train_losses"]))]
+    if len(got["train_losses"]) != len(want["train_losses"]) or len(got["w"]) != len(want["w"]):
+        return report(False, name, "different numbers of epochs or weights")
+    worst, where = 0.0, ""
+    for label, g, w in pairs:
+        err = float("inf") if g is None or w is None else abs(g - w) / (ATOL / RTOL + abs(w))
+        if not err <= worst:
+            worst, where = err, f"{label} {g!r} vs {w!r}"
+    report(worst <= RTOL, name, f"max rel err {worst:.3g} at {where} (bound {RTOL})")
+
+
+def train_json(args, tmp, tag):
+    out = os.path.join(tmp, f"{tag}.json")
+    proc = run(args + ["--result_file", out, "--log_every", "0"])
+    if proc.returncode != 0:
+        report(False, tag, f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        return None
+    with open(out) as f:
+        return json.load(f)
+
+
+def write_dataset(path, x, y, n_train, header_patch=None, truncate=0):
+    nan = float("nan")
+    binio.write(path, binio.LINREG_DATASET, {"n_points": len(y), "n_features": x.shape[1], "n_train": n_train,
+                "seed": 0, "w_true": nan, "b_true": nan, "noise_std": nan, "x_min": nan, "x_max": nan},
+                {"x": x.astype(np.float32), "y": y.astype(np.float32)})
+    if header_patch or truncate:
+        raw = bytearray(open(path, "rb").read())
+        for slot, value in (header_patch or {}).items():
+            raw[4 * slot:4 * slot + 4] = np.int32(value).tobytes()
+        if truncate:
+            raw = raw[:-truncate]
+        open(path, "wb").write(bytes(raw))
+
+
+def test_command_line(tmp):
+    cases = [
+        (["--bogus", "1"], "unknown flag --bogus"),
+        (["--epochs"], "--epochs needs a value"),
+        (["--lr", "--epochs", "5"], "--lr needs a value"),
+        (["--points", "abc"], "--points expects"),
+        (["--points", "0"], "--points expects"),
+        (["--points", "-5"], "--points expects"),
+        (["--points", "1e3"], "--points expects an integer"),
+        (["--lr", "0"], "--lr expects a learning rate > 0"),
+        (["--lr", "-0.1"], "--lr expects a learning rate > 0"),
+        (["--lr", "nan"], "--lr expects a finite number"),
+        (["--lr", "inf"], "--lr expects a finite number"),
+        (["--epochs", "-1"], "--epochs expects"),
+        (["--epochs", "2.5"], "--epochs expects an integer"),
+        (["--split", "0"], "--split expects"),
+        (["--split", "1"], "--split expects"),
+        (["--split", "1.5"], "--split expects"),
+        (["--split", "-0.2"], "--split expects"),
+        (["--kernel", "5"], "--kernel expects"),
+        (["--device", "tpu"], "--device expects gpu or cpu"),
+        (["--noise_std", "-1"], "--noise_std expects"),
+        (["--x_min", "5", "--x_max", "1"], "--x_max (1) must be greater"),
+        (["--points", "3", "--split", "0.1"], "empty training or test split"),
+        (["stray"], "unexpected argument 'stray'"),
+    ]
+    for args, needle in cases:
+        p = run(args)
+        report(p.returncode != 0 and needle in p.stderr, f"bad flags {' '.join(args)}",
+               f"exit {p.returncode}, stderr: {p.stderr.strip()[:160]}")
+    p = run(["--help"])
+    source = open(os.path.join(ROOT, "train_linreg.cu")).read()
+    flags = sorted(set(re.findall(r'strcmp\(flag, "(--[a-z_]+)"\)', source)))
+    missing = [f for f in flags if f not in p.stdout]
+    report(p.returncode == 0 and len(flags) > 15 and not missing, "--help lists every flag with its default",
+           f"{len(flags)} flags, missing {missing}")
+
+    # bad data files
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, (100, 1))
+    y = 0.7 * x[:, 0] + 0.3
+    files = {}
+    files["missing"] = (os.path.join(tmp, "does_not_exist.bin"), "cannot open data file")
+    path = os.path.join(tmp, "magic.bin"); write_dataset(path, x, y, 80, {0: 12345})
+    files["wrong magic"] = (path, "header[0] magic is 12345, expected 20260101")
+    path = os.path.join(tmp, "version.bin"); write_dataset(path, x, y, 80, {1: 7})
+    files["wrong version"] = (path, "header[1] version is 7, expected 1")
+    path = os.path.join(tmp, "trunc.bin"); write_dataset(path, x, y, 80, truncate=10)
+    files["truncated"] = (path, "file length is")
+    path = os.path.join(tmp, "short.bin"); open(path, "wb").write(b"\0" * 100)
+    files["shorter than a header"] = (path, "shorter than the 1024-byte header")
+    path = os.path.join(tmp, "length.bin"); write_dataset(path, x, y, 80, {3: 101})
+    files["header n_points disagrees with the length"] = (path, "tensor x has shape[0] = 100, expected 101")
+    path = os.path.join(tmp, "ntrain.bin"); write_dataset(path, x, y, 80, {5: 100})
+    files["n_train outside [1, n)"] = (path, "header[5] n_train is 100")
+    path = os.path.join(tmp, "nan.bin"); xx = x.copy(); xx[5, 0] = np.nan; write_dataset(path, xx, y, 80)
+    files["NaN in x"] = (path, "x[5][0] is nan")
+    for name, (path, needle) in files.items():
+        p = run(["--data_file", path])
+        report(p.returncode != 0 and needle in p.stderr, f"bad data file: {name}",
+               f"exit {p.returncode}, stderr: {p.stderr.strip()[:160]}")
+    p = run(["--data_file", os.path.join(tmp, "magic.bin"), "--split", "0.5"])
+    report(p.returncode != 0 and "--split applies to generated data" in p.stderr, "--split with --data_file is refused")
+    p = run(["--device", "cpu", "--points", "1000", "--lr", "5", "--log_every", "0"])
+    report(p.returncode != 0 and "training loss became" in p.stderr, "divergence stops with a message",
+           p.stderr.strip()[:160])
+
+
+def test_files_and_cpu(tmp):
+    # generated data saved to a file trains to the same numbers as the in-memory data
+    f = os.path.join(tmp, "gen.bin")
+    a = train_json(["--device", "cpu", "--points", "5001", "--save_data", f], tmp, "generated")
+    b = train_json(["--device", "cpu", "--data_file", f], tmp, "from file")
+    if a and b:
+        report(a["w"] == b["w"] and a["b"] == b["b"] and a["train_losses"] == b["train_losses"],
+               "--save_data then --data_file trains to identical numbers")
+        _, cfg, tensors = binio.read(f, binio.LINREG_DATASET)
+        x, y = tensors["x"][:, 0], tensors["y"]
+        ok = cfg["n_train"] == 4001 and x.min() >= 0 and x.max() < 10 and abs(np.std(y - 0.7 * x - 0.3) - 0.1) < 0.01
+        report(ok, "generated data: 80/20 split, x in [0, 10), noise std 0.1",
+               f"n_train {cfg['n_train']}, x [{x.min():.3f}, {x.max():.3f}], noise std {np.std(y - 0.7 * x - 0.3):.4f}")
+    # CSV converter: several features, exact values, then a CPU run against a float64 NumPy oracle
+    rng = np.random.default_rng(3)
+    xs = rng.uniform(-1, 1, (400, 3))
+    ys = xs @ np.array([0.5, -1.0, 2.0]) + 0.25 + 0.01 * rng.standard_normal(400)
+    csv_path = os.path.join(tmp, "data.csv")
+    with open(csv_path, "w") as fh:
+        fh.write("a,b,c,target\n")
+        for row, t in zip(xs, ys):
+            fh.write(",".join(f"{v:.9g}" for v in row) + f",{t:.9g}\n")
+    out = os.path.join(tmp, "csv.bin")
+    p = subprocess.run([sys.executable, "scripts/csv_to_linreg.py", csv_path, out, "--no_shuffle"], cwd=ROOT,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        report(False, "csv_to_linreg converts a CSV", p.stderr.strip())
+    else:
+        _, cfg, tensors = binio.read(out, binio.LINREG_DATASET)
+        ok = cfg["n_features"] == 3 and cfg["n_train"] == 320 and np.allclose(tensors["x"], xs, rtol=1e-7, atol=0)
+        report(ok, "csv_to_linreg converts a CSV", f"features {cfg['n_features']}, n_train {cfg['n_train']}")
+        res = train_json(["--device", "cpu", "--data_file", out, "--epochs", "50", "--lr", "0.1"], tmp, "csv train")
+        if res:
+            xt, yt = tensors["x"][:320].astype(np.float64), tensors["y"][:320].astype(np.float64)
+            w, b, losses = np.full(3, 0.83), 0.7645, []
+            for _ in range(50):
+                r = xt @ w + b - yt
+                losses.append(np.mean(r * r))
+                w, b = w - 0.1 * 2 * (xt.T @ r) / 320, b - 0.1 * 2 * r.mean()
+            compare("CPU path with 3 features against a float64 oracle", res,
+                    {"w": list(w), "b": b, "train_losses": losses})
+    for content, needle in [("a,y\n1,2\nx,3\n4,5\n", "'x' is not a number"), ("a,y\n1,2\n", "at least 2 data rows"),
+                            ("a,b\n1,2\n3\n4,5\n", "has 1 fields")]:
+        with open(csv_path, "w") as fh:
+            fh.write(content)
+        p = subprocess.run([sys.executable, "scripts/csv_to_linreg.py", csv_path, out], cwd=ROOT, capture_output=True, text=True)
+        report(p.returncode != 0 and needle in p.stderr, f"csv_to_linreg rejects bad CSV ({needle})", p.stderr.strip()[:120])
+    # the CPU path against PyTorch on the committed fixture
+    if not (os.path.exists(FIXTURE_DATA) and os.path.exists(FIXTURE_TORCH)):
+        report(False, "CPU path against PyTorch", f"fixture missing: run python3 dev/test_linreg.py --make_fixture")
+        return
+    want = json.load(open(FIXTURE_TORCH))
+    got = train_json(["--device", "cpu", "--data_file", FIXTURE_DATA], tmp, "cpu vs torch")
+    if got:
+        compare("CPU path against PyTorch (fixture, 20000 points, 200 epochs)", got, want)
+
+
+def test_gpu(tmp):
+    if not have_gpu():
+        for v in range(1, 5):
+            skip(f"version {v} against PyTorch on the fixture", "no GPU")
+        skip("every version and the CPU path against PyTorch at 5M points", "no GPU")
+        return
+    want = json.load(open(FIXTURE_TORCH))
+    for v in range(1, 5):
+        got = train_json(["--device", "gpu", "--kernel", str(v), "--data_file", FIXTURE_DATA], tmp, f"v{v} fixture")
+        if got:
+            compare(f"version {v} against PyTorch (fixture, 20000 points)", got, want)
+    if not have_torch():
+        skip("every version and the CPU path against PyTorch at 5M points", "torch is not installed")
+        return
+    big = os.path.join(tmp, "big.bin")
+    gen = train_json(["--device", "gpu", "--save_data", big], tmp, "generate 5M")
+    ref_path = os.path.join(tmp, "torch_5m.json")
+    p = subprocess.run([sys.executable, "dev/linreg.py", "--data_file", big, "--out", ref_path, "--device", "cuda"],
+                       cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0 or gen is None:
+        report(False, "PyTorch reference at 5M points", p.stderr.strip()[-300:])
+        return
+    want = json.load(open(ref_path))
+    compare("version 4 on generated data (in memory) against PyTorch, 5M points", gen, want)
+    for v in range(1, 5):
+        got = train_json(["--device", "gpu", "--kernel", str(v), "--data_file", big], tmp, f"v{v} 5M")
+        if got:
+            compare(f"version {v} against PyTorch, 5M points (4M train), 200 epochs", got, want)
+            if v == 4:
+                report(got["train_ms"] <= 1.0, "version 4 trains 200 epochs over 4M points in at most 1 ms",
+                       f"{got['train_ms']:.3f} ms")
+    got = train_json(["--device", "cpu", "--data_file", big], tmp, "cpu 5M")
+    if got:
+        compare("CPU path against PyTorch, 5M points", got, want)
+
+
+def make_fixture():
+    """Writes the committed fixture: a 20000-point dataset and PyTorch's results on it (needs torch)."""
+    os.makedirs(os.path.dirname(FIXTURE_DATA), exist_ok=True)
+    p = run(["--device", "cpu", "--points", "20000", "--seed", "7", "--save_data", FIXTURE_DATA, "--log_every", "0"])
+    assert p.returncode == 0, p.stderr
+    subprocess.run([sys.executable, "dev/linreg.py", "--data_file", FIXTURE_DATA, "--out", FIXTURE_TORCH,
+                    "--device", "cpu"], cwd=ROOT, check=True)
+
+
+def main():
+    if "--make_fixture" in sys.argv:
+        make_fixture()
+        return 0
+    if not os.path.exists(BIN):
+        report(False, "train_linreg is built", f"{BIN} not found: run make")
+    else:
+        tmp = tempfile.mkdtemp(prefix="test_linreg_")
+        try:
+            test_command_line(tmp)
+            test_files_and_cpu(tmp)
+            test_gpu(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
