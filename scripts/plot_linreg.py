@@ -1,0 +1,62 @@
+"""Draws the linear-regression benchmark (dev/bench_linreg.py's linreg.json) as two PNG charts:
+linreg_sweep.png (time of 200 epochs against the number of points, log-log) and linreg_breakdown.png (one epoch
+at 5M points, per operation, fused against unfused).
+
+  python3 scripts/plot_linreg.py bench_results/linreg.json [--out bench_results]
+"""
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json_file")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    with open(args.json_file) as f:
+        r = json.load(f)
+    rows = r["rows"]
+    n = [row["points"] for row in rows]
+    series = [("torch_cpu_ms", "PyTorch CPU"), ("torch_eager_ms", "PyTorch eager (GPU)"),
+              ("torch_compile_ms", "torch.compile (GPU)"), ("ours_v1_ms", "ours v1 unfused"),
+              ("ours_v2_ms", "ours v2 fused"), ("ours_v3_ms", "ours v3 streams"), ("ours_v4_ms", "ours v4 persistent")]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label in series:
+        pts = [(a, row[key]) for a, row in zip(n, rows) if row.get(key)]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("points (80% train)")
+    ax.set_ylabel(f"ms for {r['epochs']} epochs")
+    ax.set_title(f"Linear regression, full-batch GD: {r['gpu']}, {r['date']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "linreg_sweep.png"), dpi=120)
+
+    b = r["breakdown_us"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    parts = [("forward", b["forward"]), ("loss", b["loss"]), ("gradient", b["gradient"]), ("update", b["update"])]
+    left = 0.0
+    for name, t in parts:
+        ax.barh(["unfused (v1)"], [t], left=left, label=name)
+        left += t
+    ax.barh(["fused (v2)"], [b["fused"]], label="forward+loss+gradient fused")
+    ax.barh(["fused (v2)"], [b["update"]], left=b["fused"], label="update (v2)")
+    ax.set_xlabel("us per epoch at 5M points (4M train)")
+    ax.set_title("One epoch, per operation")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "linreg_breakdown.png"), dpi=120)
+    print(f"wrote {os.path.join(args.out, 'linreg_sweep.png')} and linreg_breakdown.png")
+
+
+if __name__ == "__main__":
+    main()
