@@ -1,0 +1,1404 @@
+/*
+train_mnist.cu: a CNN trained on MNIST whose every matrix product (the convolutions as implicit GEMM, the fully
+connected layers, forward and backward) runs on our own tiled matmul kernel; `--matmul cublas` switches all of them
+to cuBLAS (explicit im2col + cublasSgemm) so both are timed on the same work. CPU fallback with the same network.
+
+Network (the write-up's): conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max-pool 2, fc 9216->128, ReLU, fc 128->10,
+log-softmax + NLL (fused). Reads the original MNIST IDX .gz files with zlib.
+
+Build: make train_mnist      (nvcc -O3 -std=c++17 ... -lcublas -lz)
+Run:   ./train_mnist --help
+
+Layouts inside the trainer (PyTorch layouts in every file, converted on load/save):
+  activations NHWC: act1 (B,26,26,32), act2 (B,24,24,64), pooled (B,12,12,64)
+  conv2.weight (64,3,3,32) = [co][ky][kx][ci] so that a K-tile of the implicit GEMM reads contiguous channels;
+  fc1.weight (128, 12*12*64) with input order (y,x,c), matching the NHWC pooled tensor.
+*/
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <zlib.h>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+// ----------------------------------------------------------------------------------------------------------------
+// error checking
+static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "[CUDA ERROR] %s\n  in %s at %s:%d\n", cudaGetErrorString(err), call, file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
+static void cublas_check(cublasStatus_t st, const char* call, const char* file, int line) {
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuBLAS ERROR] status %d (%s)\n  in %s at %s:%d\n", (int)st, cublasGetStatusString(st), call,
+                file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
+static FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
+    FILE* f = fopen(path, mode);
+    if (!f) {
+        fprintf(stderr, "error: cannot open %s (mode %s): %s\n  at %s:%d\n", path, mode, strerror(errno), file, line);
+        exit(EXIT_FAILURE);
+    }
+    return f;
+}
+#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
+static void* malloc_check(size_t n, const char* file, int line) {
+    void* p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "error: malloc of %zu bytes failed at %s:%d\n", n, file, line);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+#define mallocCheck(n) malloc_check(n, __FILE__, __LINE__)
+static void fwrite_check(const void* p, size_t sz, size_t n, FILE* f, const char* path) {
+    if (fwrite(p, sz, n, f) != n) {
+        fprintf(stderr, "error: short write to %s: %s\n", path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the network's shape
+constexpr int IMG = 28, C1 = 32, H1 = 26, C2 = 64, H2 = 24, HP = 12;
+constexpr int K1 = 9;                 // conv1 GEMM K: 1 channel x 3x3
+constexpr int KC2 = 9 * C1;           // conv2 GEMM K: 3x3 x 32 channels = 288
+constexpr int FC_IN = HP * HP * C2;   // 9216
+constexpr int FC_H = 128, NCLS = 10;
+constexpr float MNIST_MEAN = 0.1307f, MNIST_STD = 0.3081f;
+
+struct ParamInfo { const char* name; int ndim; int shape[4]; size_t numel; size_t offset; };
+// PyTorch state_dict names and layouts; all parameters live in one flat buffer in this order.
+static ParamInfo PARAMS[8] = {
+    {"conv1.weight", 4, {C1, 1, 3, 3}, 0, 0}, {"conv1.bias", 1, {C1}, 0, 0},
+    {"conv2.weight", 4, {C2, C1, 3, 3}, 0, 0}, {"conv2.bias", 1, {C2}, 0, 0},
+    {"fc1.weight", 2, {FC_H, FC_IN}, 0, 0},    {"fc1.bias", 1, {FC_H}, 0, 0},
+    {"fc2.weight", 2, {NCLS, FC_H}, 0, 0},     {"fc2.bias", 1, {NCLS}, 0, 0},
+};
+constexpr int N_PARAM_TENSORS = 8;
+enum { P_W1, P_B1, P_W2, P_B2, P_WF1, P_BF1, P_WF2, P_BF2 };
+static size_t params_setup() {
+    size_t off = 0;
+    for (auto& p : PARAMS) {
+        p.numel = 1;
+        for (int d = 0; d < p.ndim; d++) p.numel *= p.shape[d];
+        p.offset = off;
+        off += p.numel;
+    }
+    return off;
+}
+
+// PyTorch layout <-> internal layout (only conv2.weight and fc1.weight differ).
+static void param_to_torch(int idx, const float* internal, float* torch_out) {
+    const ParamInfo& p = PARAMS[idx];
+    if (idx == P_W2) {
+        for (int co = 0; co < C2; co++)
+            for (int ci = 0; ci < C1; ci++)
+                for (int kk = 0; kk < 9; kk++) torch_out[co * KC2 + ci * 9 + kk] = internal[co * KC2 + kk * C1 + ci];
+    } else if (idx == P_WF1) {
+        for (int j = 0; j < FC_H; j++)
+            for (int c = 0; c < C2; c++)
+                for (int s = 0; s < HP * HP; s++)
+                    torch_out[(size_t)j * FC_IN + c * HP * HP + s] = internal[(size_t)j * FC_IN + s * C2 + c];
+    } else {
+        memcpy(torch_out, internal, p.numel * sizeof(float));
+    }
+}
+static void param_from_torch(int idx, const float* torch_in, float* internal) {
+    const ParamInfo& p = PARAMS[idx];
+    if (idx == P_W2) {
+        for (int co = 0; co < C2; co++)
+            for (int ci = 0; ci < C1; ci++)
+                for (int kk = 0; kk < 9; kk++) internal[co * KC2 + kk * C1 + ci] = torch_in[co * KC2 + ci * 9 + kk];
+    } else if (idx == P_WF1) {
+        for (int j = 0; j < FC_H; j++)
+            for (int c = 0; c < C2; c++)
+                for (int s = 0; s < HP * HP; s++)
+                    internal[(size_t)j * FC_IN + s * C2 + c] = torch_in[(size_t)j * FC_IN + c * HP * HP + s];
+    } else {
+        memcpy(internal, torch_in, p.numel * sizeof(float));
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the project's binary file layout: 1024-byte header of 256 int32, a 128-byte table entry per tensor, then data
+constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 1;
+
+struct BinTensor { std::string name; int dtype, ndim, shape[4]; size_t offset, nbytes; };
+struct BinFile {
+    std::string path;
+    int32_t header[256];
+    std::vector<BinTensor> tensors;
+    std::vector<char> data;  // the whole file
+};
+static const int DTYPE_SIZE[3] = {4, 4, 1};
+static const char* DTYPE_NAME[3] = {"float32", "int32", "uint8"};
+
+// Reads and validates the layout (magic, version, table, length); exits with a message naming the field.
+static void bin_read(BinFile* bf, const char* path, int magic, int version) {
+    bf->path = path;
+    FILE* f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno)); exit(EXIT_FAILURE); }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    bf->data.resize(size > 0 ? size : 0);
+    if (size > 0 && fread(bf->data.data(), 1, size, f) != (size_t)size) {
+        fprintf(stderr, "error: short read of %s\n", path); exit(EXIT_FAILURE);
+    }
+    fclose(f);
+    if (size < 1024) { fprintf(stderr, "error: %s: file is %ld bytes, shorter than the 1024-byte header\n", path, size); exit(EXIT_FAILURE); }
+    memcpy(bf->header, bf->data.data(), 1024);
+    if (bf->header[0] != magic) {
+        fprintf(stderr, "error: %s: header[0] magic is %d, expected %d\n", path, bf->header[0], magic); exit(EXIT_FAILURE);
+    }
+    if (bf->header[1] != version) {
+        fprintf(stderr, "error: %s: header[1] version is %d, expected %d (re-create the file with this version of the "
+                "writer)\n", path, bf->header[1], version); exit(EXIT_FAILURE);
+    }
+    int T = bf->header[2];
+    if (T < 0 || 1024 + 128L * T > size) {
+        fprintf(stderr, "error: %s: header[2] tensor count %d does not fit a file of %ld bytes\n", path, T, size); exit(EXIT_FAILURE);
+    }
+    size_t total = 1024 + 128 * (size_t)T;
+    for (int i = 0; i < T; i++) {
+        const char* e = bf->data.data() + 1024 + 128 * i;
+        BinTensor t;
+        char name[97]; memcpy(name, e, 96); name[96] = 0;
+        t.name = name;
+        int32_t meta[8]; memcpy(meta, e + 96, 32);
+        t.dtype = meta[0]; t.ndim = meta[1];
+        if (t.dtype < 0 || t.dtype > 2) { fprintf(stderr, "error: %s: tensor %d (%s) dtype code %d, expected 0, 1 or 2\n", path, i, name, t.dtype); exit(EXIT_FAILURE); }
+        if (t.ndim < 0 || t.ndim > 4) { fprintf(stderr, "error: %s: tensor %d (%s) ndim %d, expected 0..4\n", path, i, name, t.ndim); exit(EXIT_FAILURE); }
+        size_t n = 1;
+        for (int d = 0; d < 4; d++) {
+            t.shape[d] = d < t.ndim ? meta[2 + d] : 0;
+            if (d < t.ndim) {
+                if (t.shape[d] < 0) { fprintf(stderr, "error: %s: tensor %s has negative dim %d\n", path, name, t.shape[d]); exit(EXIT_FAILURE); }
+                n *= t.shape[d];
+            }
+        }
+        t.nbytes = n * DTYPE_SIZE[t.dtype];
+        t.offset = total;
+        total += t.nbytes;
+        bf->tensors.push_back(t);
+    }
+    if (total != (size_t)size) {
+        fprintf(stderr, "error: %s: file length is %ld bytes, the header and tensor table say %zu\n", path, size, total);
+        exit(EXIT_FAILURE);
+    }
+}
+[[maybe_unused]] static bool bin_has(const BinFile* bf, const char* name) {
+    for (auto& t : bf->tensors) if (t.name == name) return true;
+    return false;
+}
+// Returns the data of tensor `name` after checking its dtype and shape (ndim entries of shape; -1 = any).
+static const void* bin_expect(const BinFile* bf, const char* name, int dtype, int ndim, const int* shape) {
+    for (auto& t : bf->tensors) {
+        if (t.name != name) continue;
+        if (t.dtype != dtype) {
+            fprintf(stderr, "error: %s: tensor %s has dtype %s, expected %s\n", bf->path.c_str(), name, DTYPE_NAME[t.dtype], DTYPE_NAME[dtype]);
+            exit(EXIT_FAILURE);
+        }
+        bool ok = t.ndim == ndim;
+        for (int d = 0; ok && d < ndim; d++) ok = shape[d] < 0 || shape[d] == t.shape[d];
+        if (!ok) {
+            char found[64] = "", want[64] = "";
+            for (int d = 0; d < t.ndim; d++) snprintf(found + strlen(found), 64 - strlen(found), "%d%s", t.shape[d], d + 1 < t.ndim ? "," : "");
+            for (int d = 0; d < ndim; d++) snprintf(want + strlen(want), 64 - strlen(want), "%d%s", shape[d], d + 1 < ndim ? "," : "");
+            fprintf(stderr, "error: %s: tensor %s has shape (%s), expected (%s)\n", bf->path.c_str(), name, found, want);
+            exit(EXIT_FAILURE);
+        }
+        return bf->data.data() + t.offset;
+    }
+    fprintf(stderr, "error: %s: tensor %s is missing\n", bf->path.c_str(), name);
+    exit(EXIT_FAILURE);
+}
+static float bin_field_f(const BinFile* bf, int slot) { float f; memcpy(&f, &bf->header[slot], 4); return f; }
+
+struct BinWriterTensor { std::string name; int dtype, ndim, shape[4]; const void* data; };
+// Writes path.tmp, then renames it to path: a crash never leaves a torn file.
+static void bin_write(const char* path, int magic, int version, const std::vector<int32_t>& fields,
+                      const std::vector<BinWriterTensor>& ts) {
+    int32_t header[256] = {0};
+    header[0] = magic; header[1] = version; header[2] = (int)ts.size();
+    for (size_t i = 0; i < fields.size(); i++) header[3 + i] = fields[i];
+    std::string tmp = std::string(path) + ".tmp";
+    FILE* f = fopenCheck(tmp.c_str(), "wb");
+    fwrite_check(header, 4, 256, f, tmp.c_str());
+    for (auto& t : ts) {
+        char e[128] = {0};
+        if (t.name.size() >= 96) { fprintf(stderr, "error: tensor name %s too long\n", t.name.c_str()); exit(EXIT_FAILURE); }
+        memcpy(e, t.name.c_str(), t.name.size());
+        int32_t meta[8] = {t.dtype, t.ndim, 0, 0, 0, 0, 0, 0};
+        for (int d = 0; d < t.ndim; d++) meta[2 + d] = t.shape[d];
+        memcpy(e + 96, meta, 32);
+        fwrite_check(e, 1, 128, f, tmp.c_str());
+    }
+    for (auto& t : ts) {
+        size_t n = 1;
+        for (int d = 0; d < t.ndim; d++) n *= t.shape[d];
+        fwrite_check(t.data, DTYPE_SIZE[t.dtype], n, f, tmp.c_str());
+    }
+    if (fflush(f) != 0 || fclose(f) != 0) { fprintf(stderr, "error: cannot finish writing %s\n", tmp.c_str()); exit(EXIT_FAILURE); }
+    if (rename(tmp.c_str(), path) != 0) { fprintf(stderr, "error: cannot rename %s to %s: %s\n", tmp.c_str(), path, strerror(errno)); exit(EXIT_FAILURE); }
+}
+static int32_t fbits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// MNIST IDX reader (the original big-endian format inside gzip). Every check names the file, field, expected, found.
+struct MnistSplit { int n = 0; std::vector<uint8_t> images; std::vector<uint8_t> labels; };
+
+static uint32_t be32(const uint8_t* b) { return ((uint32_t)b[0] << 24) | ((uint32_t)b[1] << 16) | ((uint32_t)b[2] << 8) | b[3]; }
+
+static void idx_read_exact(gzFile gz, const char* path, void* dst, size_t n, const char* what) {
+    size_t done = 0;
+    while (done < n) {
+        unsigned chunk = (unsigned)std::min<size_t>(n - done, 1u << 30);
+        int got = gzread(gz, (char*)dst + done, chunk);
+        if (got < 0) {
+            int errnum; const char* msg = gzerror(gz, &errnum);
+            fprintf(stderr, "error: %s: cannot decompress %s: %s\n", path, what, msg); exit(EXIT_FAILURE);
+        }
+        if (got == 0) {
+            fprintf(stderr, "error: %s: truncated: %s needs %zu bytes, found %zu\n", path, what, n, done); exit(EXIT_FAILURE);
+        }
+        done += got;
+    }
+}
+// Reads one IDX file: magic 2051 (images, dims count,28,28) or 2049 (labels, dim count). Returns the count.
+static int idx_read(const char* path, bool images, std::vector<uint8_t>* out) {
+    gzFile gz = gzopen(path, "rb");
+    if (!gz) { fprintf(stderr, "error: cannot open MNIST file %s: %s\n", path, strerror(errno)); exit(EXIT_FAILURE); }
+    uint8_t hdr[16];
+    int hdr_bytes = images ? 16 : 8;
+    idx_read_exact(gz, path, hdr, hdr_bytes, "the IDX header");
+    uint32_t magic = be32(hdr), count = be32(hdr + 4);
+    uint32_t want_magic = images ? 2051 : 2049;
+    if (magic != want_magic) {
+        fprintf(stderr, "error: %s: magic number is %u, expected %u (%s IDX file)\n", path, magic, want_magic, images ? "an images" : "a labels");
+        exit(EXIT_FAILURE);
+    }
+    if (count == 0 || count > 10000000) {
+        fprintf(stderr, "error: %s: item count is %u, expected 1..10000000\n", path, count); exit(EXIT_FAILURE);
+    }
+    if (images) {
+        uint32_t rows = be32(hdr + 8), cols = be32(hdr + 12);
+        if (rows != IMG) { fprintf(stderr, "error: %s: rows is %u, expected %d\n", path, rows, IMG); exit(EXIT_FAILURE); }
+        if (cols != IMG) { fprintf(stderr, "error: %s: cols is %u, expected %d\n", path, cols, IMG); exit(EXIT_FAILURE); }
+    }
+    size_t n = (size_t)count * (images ? IMG * IMG : 1);
+    out->resize(n);
+    idx_read_exact(gz, path, out->data(), n, images ? "the pixels" : "the labels");
+    char extra;
+    int more = gzread(gz, &extra, 1);
+    if (more != 0) {
+        fprintf(stderr, "error: %s: %s after the %u items the header announces (file longer than expected)\n", path,
+                more > 0 ? "trailing bytes" : "unreadable data", count);
+        exit(EXIT_FAILURE);
+    }
+    gzclose(gz);
+    if (!images)
+        for (size_t i = 0; i < n; i++)
+            if ((*out)[i] > 9) { fprintf(stderr, "error: %s: label %zu is %d, expected 0..9\n", path, i, (*out)[i]); exit(EXIT_FAILURE); }
+    return (int)count;
+}
+static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, int limit) {
+    MnistSplit s;
+    std::string ip = dir + "/" + prefix + "-images-idx3-ubyte.gz", lp = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
+    int ni = idx_read(ip.c_str(), true, &s.images);
+    int nl = idx_read(lp.c_str(), false, &s.labels);
+    if (ni != nl) {
+        fprintf(stderr, "error: image and label counts disagree: %s has %d images, %s has %d labels\n", ip.c_str(), ni, lp.c_str(), nl);
+        exit(EXIT_FAILURE);
+    }
+    s.n = (limit > 0 && limit < ni) ? limit : ni;
+    s.images.resize((size_t)s.n * IMG * IMG);
+    s.labels.resize(s.n);
+    return s;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Matrix views: every operand of every matrix product is a logical (rows x cols) matrix read through one of these,
+// so the convolutions are implicit GEMMs (no im2col buffer on our path).
+enum ViewKind {
+    V_ROW = 0,        // [r][c] = p[r*ld + c]
+    V_COL = 1,        // [r][c] = p[c*ld + r]   (a transposed row-major matrix)
+    V_CONV1_IN = 2,   // im2col of x (B,28,28): r = (b,oy,ox) over 26x26, c = ky*3+kx
+    V_CONV2_IN = 3,   // im2col of act1 (B,26,26,32): r = (b,oy,ox) over 24x24, c = (ky*3+kx)*32 + ci
+    V_CONV2_DOUT = 4, // "full" im2col of dact2 (B,24,24,64): r = (b,y,x) over 26x26, c = (ky*3+kx)*64 + co -> dact2[b,y-ky,x-kx,co]
+    V_CONV2_WT = 5,   // conv2 weight as the (ky,kx,co) x ci operand of the input gradient: r = (ky*3+kx)*64 + co, c = ci
+};
+struct MatView { int kind; const float* p; int ld; };
+
+template <int KIND>
+__host__ __device__ __forceinline__ float view_get(const float* p, int ld, int r, int c) {
+    if constexpr (KIND == V_ROW) return p[(size_t)r * ld + c];
+    else if constexpr (KIND == V_COL) return p[(size_t)c * ld + r];
+    else if constexpr (KIND == V_CONV1_IN) {
+        int b = r / (H1 * H1), pix = r % (H1 * H1), oy = pix / H1, ox = pix % H1, ky = c / 3, kx = c % 3;
+        return p[(size_t)b * IMG * IMG + (oy + ky) * IMG + ox + kx];
+    } else if constexpr (KIND == V_CONV2_IN) {
+        int b = r / (H2 * H2), pix = r % (H2 * H2), oy = pix / H2, ox = pix % H2;
+        int kk = c / C1, ci = c % C1, ky = kk / 3, kx = kk % 3;
+        return p[(((size_t)b * H1 + oy + ky) * H1 + ox + kx) * C1 + ci];
+    } else if constexpr (KIND == V_CONV2_DOUT) {
+        int b = r / (H1 * H1), pix = r % (H1 * H1), y = pix / H1, x = pix % H1;
+        int kk = c / C2, co = c % C2, yy = y - kk / 3, xx = x - kk % 3;
+        if (yy < 0 || yy >= H2 || xx < 0 || xx >= H2) return 0.0f;
+        return p[(((size_t)b * H2 + yy) * H2 + xx) * C2 + co];
+    } else {  // V_CONV2_WT
+        int kk = r / C2, co = r % C2;
+        return p[co * KC2 + kk * C1 + c];
+    }
+}
+static float view_get_host(const MatView& v, int r, int c) {
+    switch (v.kind) {
+        case V_ROW: return view_get<V_ROW>(v.p, v.ld, r, c);
+        case V_COL: return view_get<V_COL>(v.p, v.ld, r, c);
+        case V_CONV1_IN: return view_get<V_CONV1_IN>(v.p, v.ld, r, c);
+        case V_CONV2_IN: return view_get<V_CONV2_IN>(v.p, v.ld, r, c);
+        case V_CONV2_DOUT: return view_get<V_CONV2_DOUT>(v.p, v.ld, r, c);
+        default: return view_get<V_CONV2_WT>(v.p, v.ld, r, c);
+    }
+}
+
+// What happens to each output element C[r][c] = sum_k A[r][k] B[k][c]: + bias[c], ReLU, then zeroed where
+// mask[r][c] <= 0 (ReLU backward; mask has C's layout). rowsum[r] = sum_k A[r][k] (bias gradients of dW = dY^T X).
+struct Epilogue { const float* bias = nullptr; int relu = 0; const float* mask = nullptr; float* rowsum = nullptr; };
+
+// ----------------------------------------------------------------------------------------------------------------
+// Our matmul kernel: 64x64 block tile, K-tile 32, 4 warps of 32x32, register prefetch of the next K-tile while the
+// current one is in shared memory (double buffering through registers). TF32: mma.sync m16n8k8 tensor cores with
+// fp32 accumulation; FP32: the same thread-to-output map with FMAs (strict fp32, what the PyTorch tests use).
+// Any M, N, K (bounds checked, zero fill); the operands' layouts come from the views; split-K over gridDim.z writes
+// partial sums that matmul_splitk_reduce adds up (the weight gradients have K = B*576 but only 64x288 outputs).
+// TODO(lead): `// from dev/matmul.cu version N` once the matmul helper's progression has this kernel.
+constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 32, MM_THREADS = 128, MM_PAD = 8;
+static_assert(MM_BM * MM_BK % MM_THREADS == 0 && MM_BN * MM_BK % MM_THREADS == 0, "tiles must split evenly over threads");
+static_assert((MM_BM + MM_PAD) % 32 == 8, "fragment reads As[k+t][r+g] hit 32 distinct banks with a row stride of 8 mod 32");
+
+__device__ __forceinline__ uint32_t f32_to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+template <int AK, int BKIND, bool TF32>
+__global__ void __launch_bounds__(MM_THREADS)
+matmul_tiled_kernel(float* C, int ldc, float* partial, const float* A, int lda, const float* Bm, int ldb, int M, int N,
+                    int K, int k_per_split, const float* bias, int relu, const float* mask, float* rowsum) {
+    __shared__ float As[MM_BK][MM_BM + MM_PAD];  // As[k][m]
+    __shared__ float Bs[MM_BK][MM_BN + MM_PAD];  // Bs[k][n]
+    constexpr int LA = MM_BM * MM_BK / MM_THREADS, LB = MM_BN * MM_BK / MM_THREADS;
+    constexpr bool A_K_CONTIG = AK != V_COL;      // consecutive threads read consecutive k (else consecutive m)
+    constexpr bool B_N_CONTIG = BKIND != V_COL;   // consecutive threads read consecutive n (else consecutive k)
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int m0 = blockIdx.y * MM_BM, n0 = blockIdx.x * MM_BN;
+    const int kbeg = blockIdx.z * k_per_split, kend = min(K, kbeg + k_per_split);
+    const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    const bool do_rowsum = rowsum != nullptr && blockIdx.x == 0;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    float ra[LA], rb[LB];
+    float rs = 0.0f;
+
+    auto a_coord = [&](int i, int& mm, int& kk) {
+        int idx = tid + i * MM_THREADS;
+        if (A_K_CONTIG) { kk = idx % MM_BK; mm = idx / MM_BK; } else { mm = idx % MM_BM; kk = idx / MM_BM; }
+    };
+    auto b_coord = [&](int i, int& kk, int& nn) {
+        int idx = tid + i * MM_THREADS;
+        if (B_N_CONTIG) { nn = idx % MM_BN; kk = idx / MM_BN; } else { kk = idx % MM_BK; nn = idx / MM_BK; }
+    };
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < LA; i++) {
+            int mm, kk; a_coord(i, mm, kk);
+            int r = m0 + mm, c = k0 + kk;
+            ra[i] = (r < M && c < kend) ? view_get<AK>(A, lda, r, c) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < LB; i++) {
+            int kk, nn; b_coord(i, kk, nn);
+            int r = k0 + kk, c = n0 + nn;
+            rb[i] = (r < kend && c < N) ? view_get<BKIND>(Bm, ldb, r, c) : 0.0f;
+        }
+    };
+    if (kbeg < kend) load(kbeg);
+    for (int k0 = kbeg; k0 < kend; k0 += MM_BK) {
+#pragma unroll
+        for (int i = 0; i < LA; i++) { int mm, kk; a_coord(i, mm, kk); As[kk][mm] = ra[i]; }
+#pragma unroll
+        for (int i = 0; i < LB; i++) { int kk, nn; b_coord(i, kk, nn); Bs[kk][nn] = rb[i]; }
+        __syncthreads();
+        if (k0 + MM_BK < kend) load(k0 + MM_BK);  // the next tile's global loads overlap this tile's math
+        if (do_rowsum && tid < MM_BM)
+#pragma unroll 8
+            for (int kk = 0; kk < MM_BK; kk++) rs += As[kk][tid];
+        if constexpr (TF32) {
+#pragma unroll
+            for (int kk = 0; kk < MM_BK; kk += 8) {
+                uint32_t af[2][4], bf[4][2];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    int r = wm + mi * 16 + g;
+                    af[mi][0] = f32_to_tf32(As[kk + t][r]);
+                    af[mi][1] = f32_to_tf32(As[kk + t][r + 8]);
+                    af[mi][2] = f32_to_tf32(As[kk + t + 4][r]);
+                    af[mi][3] = f32_to_tf32(As[kk + t + 4][r + 8]);
+                }
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    int c = wn + ni * 8 + g;
+                    bf[ni][0] = f32_to_tf32(Bs[kk + t][c]);
+                    bf[ni][1] = f32_to_tf32(Bs[kk + t + 4][c]);
+                }
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++)
+                        asm volatile(
+                            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                            "{%0,%1,%2,%3};\n"
+                            : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
+                            : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]),
+                              "r"(bf[ni][1]));
+            }
+        } else {
+#pragma unroll 4
+            for (int kk = 0; kk < MM_BK; kk++) {
+                float a[2][2], b[4][2];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) { a[mi][0] = As[kk][wm + mi * 16 + g]; a[mi][1] = As[kk][wm + mi * 16 + g + 8]; }
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) { b[ni][0] = Bs[kk][wn + ni * 8 + 2 * t]; b[ni][1] = Bs[kk][wn + ni * 8 + 2 * t + 1]; }
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) {
+                        acc[mi][ni][0] = fmaf(a[mi][0], b[ni][0], acc[mi][ni][0]);
+                        acc[mi][ni][1] = fmaf(a[mi][0], b[ni][1], acc[mi][ni][1]);
+                        acc[mi][ni][2] = fmaf(a[mi][1], b[ni][0], acc[mi][ni][2]);
+                        acc[mi][ni][3] = fmaf(a[mi][1], b[ni][1], acc[mi][ni][3]);
+                    }
+            }
+        }
+        __syncthreads();
+    }
+    // epilogue: element e of fragment (mi, ni) is row g (+8 for e >= 2), column 2t (+1 for odd e), as mma's C layout
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = m0 + wm + mi * 16 + g + (e >= 2 ? 8 : 0), c = n0 + wn + ni * 8 + 2 * t + (e & 1);
+                if (r >= M || c >= N) continue;
+                float v = acc[mi][ni][e];
+                if (partial) { partial[((size_t)blockIdx.z * M + r) * N + c] = v; continue; }
+                if (bias) v += bias[c];
+                if (relu) v = fmaxf(v, 0.0f);
+                if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
+                C[(size_t)r * ldc + c] = v;
+            }
+    if (do_rowsum && tid < MM_BM && m0 + tid < M) rowsum[(partial ? (size_t)blockIdx.z * M : 0) + m0 + tid] = rs;
+}
+
+// Adds the split-K partial sums in split order (deterministic) and applies the epilogue.
+__global__ void matmul_splitk_reduce(float* C, int ldc, const float* partial, int splits, int M, int N, const float* bias,
+                                     int relu, const float* mask, float* rowsum, const float* rowsum_partial) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < M * N) {
+        int r = idx / N, c = idx % N;
+        float v = 0.0f;
+        for (int s = 0; s < splits; s++) v += partial[(size_t)s * M * N + idx];
+        if (bias) v += bias[c];
+        if (relu) v = fmaxf(v, 0.0f);
+        if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
+        C[(size_t)r * ldc + c] = v;
+    }
+    if (rowsum && idx < M) {
+        float v = 0.0f;
+        for (int s = 0; s < splits; s++) v += rowsum_partial[(size_t)s * M + idx];
+        rowsum[idx] = v;
+    }
+}
+
+// cuBLAS path helpers: an explicit im2col (any view -> dense row-major), and the epilogue as its own kernel.
+template <int KIND>
+__global__ void materialize_kernel(float* dst, const float* p, int ld, int rows, int cols) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < (size_t)rows * cols) dst[idx] = view_get<KIND>(p, ld, (int)(idx / cols), (int)(idx % cols));
+}
+__global__ void epilogue_kernel(float* C, int ldc, int M, int N, const float* bias, int relu, const float* mask) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= M * N) return;
+    int r = idx / N, c = idx % N;
+    float v = C[(size_t)r * ldc + c];
+    if (bias) v += bias[c];
+    if (relu) v = fmaxf(v, 0.0f);
+    if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
+    C[(size_t)r * ldc + c] = v;
+}
+
+enum Backend { BACKEND_OURS = 0, BACKEND_CUBLAS = 1, BACKEND_CPU = 2 };
+struct MatmulContext {
+    int backend = BACKEND_OURS;
+    int tf32 = 1;
+    cudaStream_t stream = 0;
+    cublasHandle_t cublas = nullptr;
+    float* ws_partial = nullptr; size_t ws_partial_size = 0;  // split-K partial sums (floats)
+    float* ws_rowsum = nullptr; size_t ws_rowsum_size = 0;
+    float* ws_a = nullptr; size_t ws_a_size = 0;              // cuBLAS path: materialized A / B
+    float* ws_b = nullptr; size_t ws_b_size = 0;
+    float* ones = nullptr; int ones_size = 0;                 // cuBLAS path: the vector for bias-gradient gemv
+    std::vector<float> host_a, host_b, host_c;                // CPU path scratch
+};
+static MatmulContext g_mm;
+static int g_cpu_threads = 1;
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+static void launch_check() { cudaCheck(cudaGetLastError()); }
+
+template <int AK, int BKIND>
+static void launch_ours_t(float* C, int ldc, float* partial, MatView A, MatView B, int M, int N, int K, int kps, int splits,
+                          const Epilogue& ep, float* rowsum) {
+    dim3 grid(ceil_div(N, MM_BN), ceil_div(M, MM_BM), splits);
+    if (g_mm.tf32)
+        matmul_tiled_kernel<AK, BKIND, true><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum);
+    else
+        matmul_tiled_kernel<AK, BKIND, false><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum);
+    launch_check();
+}
+
+// The operand combinations the network uses (plus COL x COL for tests); a new one is a compile-time instantiation.
+static void launch_ours(float* C, int ldc, float* partial, MatView A, MatView B, int M, int N, int K, int kps, int splits,
+                        const Epilogue& ep, float* rowsum) {
+#define MM_CASE(a, b) if (A.kind == a && B.kind == b) return launch_ours_t<a, b>(C, ldc, partial, A, B, M, N, K, kps, splits, ep, rowsum);
+    MM_CASE(V_ROW, V_ROW) MM_CASE(V_ROW, V_COL) MM_CASE(V_COL, V_ROW) MM_CASE(V_COL, V_COL)
+    MM_CASE(V_CONV1_IN, V_COL) MM_CASE(V_CONV2_IN, V_COL) MM_CASE(V_COL, V_CONV2_IN) MM_CASE(V_COL, V_CONV1_IN)
+    MM_CASE(V_CONV2_DOUT, V_CONV2_WT)
+#undef MM_CASE
+    fprintf(stderr, "error: matmul: no kernel instantiated for views (%d, %d)\n", A.kind, B.kind);
+    exit(EXIT_FAILURE);
+}
+
+static void materialize_gpu(float* dst, MatView v, int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    int blocks = (int)((n + 255) / 256);
+#define MAT_CASE(k) case k: materialize_kernel<k><<<blocks, 256, 0, g_mm.stream>>>(dst, v.p, v.ld, rows, cols); break;
+    switch (v.kind) { MAT_CASE(V_ROW) MAT_CASE(V_COL) MAT_CASE(V_CONV1_IN) MAT_CASE(V_CONV2_IN) MAT_CASE(V_CONV2_DOUT) MAT_CASE(V_CONV2_WT) }
+#undef MAT_CASE
+    launch_check();
+}
+
+// CPU: materialize both operands, then a row-parallel i-k-j loop (contiguous, vectorizable inner loop).
+static void cpu_matmul(float* C, int ldc, MatView A, MatView B, int M, int N, int K, const Epilogue& ep) {
+    std::vector<float>& a = g_mm.host_a; std::vector<float>& b = g_mm.host_b;
+    a.resize((size_t)M * K); b.resize((size_t)K * N);
+    for (int r = 0; r < M; r++) for (int k = 0; k < K; k++) a[(size_t)r * K + k] = view_get_host(A, r, k);
+    for (int k = 0; k < K; k++) for (int c = 0; c < N; c++) b[(size_t)k * N + c] = view_get_host(B, k, c);
+    auto work = [&](int r0, int r1) {
+        std::vector<float> row(N);
+        for (int r = r0; r < r1; r++) {
+            std::fill(row.begin(), row.end(), 0.0f);
+            const float* ar = &a[(size_t)r * K];
+            for (int k = 0; k < K; k++) {
+                float av = ar[k];
+                const float* br = &b[(size_t)k * N];
+                for (int c = 0; c < N; c++) row[c] += av * br[c];
+            }
+            for (int c = 0; c < N; c++) {
+                float v = row[c];
+                if (ep.bias) v += ep.bias[c];
+                if (ep.relu) v = fmaxf(v, 0.0f);
+                if (ep.mask && !(ep.mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
+                C[(size_t)r * ldc + c] = v;
+            }
+            if (ep.rowsum) {
+                float s = 0.0f;
+                for (int k = 0; k < K; k++) s += ar[k];
+                ep.rowsum[r] = s;
+            }
+        }
+    };
+    int nt = std::max(1, std::min(g_cpu_threads, M / 8));
+    if (nt == 1) { work(0, M); return; }
+    std::vector<std::thread> th;
+    for (int i = 0; i < nt; i++) th.emplace_back(work, (int)((long)M * i / nt), (int)((long)M * (i + 1) / nt));
+    for (auto& x : th) x.join();
+}
+
+// The one entry point for every matrix product of the network: C[M][N] (row stride ldc) = A (M x K) * B (K x N),
+// operands read through views, then the epilogue. Runs our kernel, cuBLAS or the CPU according to g_mm.
+static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N, int K, const Epilogue& ep) {
+    if (g_mm.backend == BACKEND_CPU) { cpu_matmul(C, ldc, A, B, M, N, K, ep); return; }
+    if (g_mm.backend == BACKEND_OURS) {
+        int tiles = ceil_div(M, MM_BM) * ceil_div(N, MM_BN);
+        int splits = 1;
+        if (tiles < 132 && K >= 512) splits = std::max(1, std::min(ceil_div(264, tiles), K / 128));  // ~2 waves of blocks
+        int kps = ceil_div(ceil_div(K, splits), MM_BK) * MM_BK;
+        splits = ceil_div(K, kps);
+        if (splits == 1) { launch_ours(C, ldc, nullptr, A, B, M, N, K, kps, 1, ep, ep.rowsum); return; }
+        if ((size_t)splits * M * N > g_mm.ws_partial_size || (size_t)splits * M > g_mm.ws_rowsum_size) {
+            fprintf(stderr, "error: matmul: split-K workspace too small (%d x %d x %d)\n", splits, M, N); exit(EXIT_FAILURE);
+        }
+        launch_ours(C, ldc, g_mm.ws_partial, A, B, M, N, K, kps, splits, ep, ep.rowsum ? g_mm.ws_rowsum : nullptr);
+        matmul_splitk_reduce<<<ceil_div(std::max(M * N, M), 256), 256, 0, g_mm.stream>>>(
+            C, ldc, g_mm.ws_partial, splits, M, N, ep.bias, ep.relu, ep.mask, ep.rowsum, g_mm.ws_rowsum);
+        launch_check();
+        return;
+    }
+    // cuBLAS (column-major): C^T (N x M) = op(B)^T-ish: row-major X (rows x cols, ld) is col-major X^T, so
+    // C^T = B^T A^T with op N for V_ROW operands and op T for V_COL ones; implicit views are materialized first.
+    const float one = 1.0f, zero = 0.0f;
+    const float* ap = A.p; int lda = A.ld; cublasOperation_t opa = CUBLAS_OP_N;
+    const float* bp = B.p; int ldb = B.ld; cublasOperation_t opb = CUBLAS_OP_N;
+    if (A.kind == V_COL) opa = CUBLAS_OP_T;
+    else if (A.kind != V_ROW) {
+        if ((size_t)M * K > g_mm.ws_a_size) { fprintf(stderr, "error: matmul: im2col workspace A too small\n"); exit(EXIT_FAILURE); }
+        materialize_gpu(g_mm.ws_a, A, M, K); ap = g_mm.ws_a; lda = K;
+    }
+    if (B.kind == V_COL) opb = CUBLAS_OP_T;
+    else if (B.kind != V_ROW) {
+        if ((size_t)K * N > g_mm.ws_b_size) { fprintf(stderr, "error: matmul: im2col workspace B too small\n"); exit(EXIT_FAILURE); }
+        materialize_gpu(g_mm.ws_b, B, K, N); bp = g_mm.ws_b; ldb = N;
+    }
+    cublasCheck(cublasSgemm(g_mm.cublas, opb, opa, N, M, K, &one, bp, ldb, ap, lda, &zero, C, ldc));
+    if (ep.bias || ep.relu || ep.mask) {
+        epilogue_kernel<<<ceil_div(M * N, 256), 256, 0, g_mm.stream>>>(C, ldc, M, N, ep.bias, ep.relu, ep.mask);
+        launch_check();
+    }
+    if (ep.rowsum) {  // bias gradient = dY^T * ones: a gemv over the V_COL operand
+        if (A.kind != V_COL || K > g_mm.ones_size) { fprintf(stderr, "error: matmul: rowsum needs a V_COL A with K <= %d\n", g_mm.ones_size); exit(EXIT_FAILURE); }
+        cublasCheck(cublasSgemv(g_mm.cublas, CUBLAS_OP_N, M, K, &one, A.p, A.ld, g_mm.ones, 1, &zero, ep.rowsum, 1));
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the other kernels of a step (each with a CPU twin below)
+__global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
+                                    const int* counters, int offset_const, int B) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * IMG * IMG) return;
+    int b = idx / (IMG * IMG), p = idx % (IMG * IMG);
+    int pos = (counters ? counters[1] : offset_const) + b;
+    int s = perm ? perm[pos] : pos;
+    // as torchvision: ToTensor (p / 255) then Normalize ((x - mean) / std), in fp32
+    x[idx] = ((float)images[(size_t)s * IMG * IMG + p] / 255.0f - MNIST_MEAN) / MNIST_STD;
+    if (p == 0) y[b] = labels[s];
+}
+
+__global__ void maxpool_forward_kernel(float* pooled, const float* act2, int B) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (b, py, px, c)
+    if (idx >= B * FC_IN) return;
+    int c = idx % C2, px = (idx / C2) % HP, py = (idx / (C2 * HP)) % HP, b = idx / FC_IN;
+    const float* base = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+    float m = base[0];
+    m = fmaxf(m, base[C2]);
+    m = fmaxf(m, base[H2 * C2]);
+    m = fmaxf(m, base[H2 * C2 + C2]);
+    pooled[idx] = m;
+}
+// dact2[b,y,x,c] = dpooled at its window iff (y,x) is the window's first maximum (PyTorch's choice) and act2 > 0
+// (the ReLU in front of the pool). A gather: each element decides for itself, no atomics, no zero fill.
+__host__ __device__ inline float maxpool_backward_elem(const float* dpooled, const float* act2, int b, int y, int x, int c) {
+    int py = y / 2, px = x / 2;
+    const float* win = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+    float best = win[0]; int arg = 0;
+    const int offs[4] = {0, C2, H2 * C2, H2 * C2 + C2};
+    for (int i = 1; i < 4; i++) if (win[offs[i]] > best) { best = win[offs[i]]; arg = i; }
+    int me = (y % 2) * 2 + (x % 2);
+    float v = act2[(((size_t)b * H2 + y) * H2 + x) * C2 + c];
+    if (me != arg || !(v > 0.0f)) return 0.0f;
+    return dpooled[(((size_t)b * HP + py) * HP + px) * C2 + c];
+}
+__global__ void maxpool_backward_kernel(float* dact2, const float* dpooled, const float* act2, int B) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * H2 * H2 * C2) return;
+    int c = idx % C2, x = (idx / C2) % H2, y = (idx / (C2 * H2)) % H2, b = idx / (C2 * H2 * H2);
+    dact2[idx] = maxpool_backward_elem(dpooled, act2, b, y, x, c);
+}
+
+// Fused log-softmax + NLL, one warp per row: per-sample loss, prediction, and dlogits = (softmax - onehot) / B.
+__global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, const float* logits, const int* y,
+                                    const int* counters, int offset_const, int B) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= B) return;
+    float v = lane < NCLS ? logits[row * NCLS + lane] : -INFINITY;
+    float mx = v; int arg = lane;
+    for (int o = 16; o > 0; o /= 2) {
+        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
+        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
+    }
+    float e = lane < NCLS ? expf(v - mx) : 0.0f, sum = e;
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    int label = y[row];
+    float logp = v - mx - logf(sum);
+    int pos = (counters ? counters[1] : offset_const) + row;
+    if (lane == label && losses) losses[pos] = -logp;
+    if (lane == 0 && preds) preds[pos] = arg;
+    if (lane < NCLS && dlogits) dlogits[row * NCLS + lane] = (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
+enum { OPT_SGD = 0, OPT_ADAMW = 1 };
+enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
+struct OptConfig {
+    int optimizer = OPT_SGD, schedule = SCHED_COSINE, warmup_steps = 0, total_steps = 1;
+    float lr = 0.05f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+};
+// step: the number of updates done before this one. Warm-up: linear from lr/warmup to lr over warmup_steps; then
+// cosine or linear decay to lr_min at total_steps (warm-up + decay = a one-cycle shape).
+__host__ __device__ inline float lr_at(const OptConfig& c, int step) {
+    if (c.warmup_steps > 0 && step < c.warmup_steps) return c.lr * (float)(step + 1) / (float)c.warmup_steps;
+    if (c.schedule == SCHED_CONSTANT) return c.lr;
+    float span = (float)max(1, c.total_steps - c.warmup_steps);
+    float p = fminf(1.0f, (float)(step - c.warmup_steps) / span);
+    if (c.schedule == SCHED_COSINE) return c.lr_min + 0.5f * (c.lr - c.lr_min) * (1.0f + cosf(3.14159265358979f * p));
+    return c.lr + (c.lr_min - c.lr) * p;
+}
+// As torch.optim.SGD (momentum, dampening 0, weight decay added to the gradient) and torch.optim.AdamW.
+__host__ __device__ inline void opt_update_elem(const OptConfig& c, float lr, int t, float* p, float g, float* m, float* v) {
+    if (c.optimizer == OPT_SGD) {
+        g += c.weight_decay * *p;
+        float buf = c.momentum * *m + g;  // first step: m = 0, so buf = g, as PyTorch's clone
+        *m = buf;
+        *p -= lr * buf;
+    } else {
+        *p *= 1.0f - lr * c.weight_decay;
+        float mm = c.beta1 * *m + (1.0f - c.beta1) * g;
+        float vv = c.beta2 * *v + (1.0f - c.beta2) * g * g;
+        *m = mm; *v = vv;
+        float bc1 = 1.0f - powf(c.beta1, (float)t), bc2 = 1.0f - powf(c.beta2, (float)t);
+        float denom = sqrtf(vv) / sqrtf(bc2) + c.eps;
+        *p -= (lr / bc1) * mm / denom;
+    }
+}
+__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, const int* counters) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int step = counters[0];
+    opt_update_elem(c, lr_at(c, step), step + 1, &params[i], grads[i], &m[i], &v[i]);
+}
+// counters[0] = updates done, counters[1] = position in the epoch's permutation; advanced once per step.
+__global__ void advance_counters_kernel(int* counters, int B) { counters[0] += 1; counters[1] += B; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// the model
+struct Mnist {
+    bool cpu = false;
+    int B = 0;           // largest batch of forward + backward
+    int B_fwd = 0;       // largest forward-only batch (evaluation)
+    size_t n_params = 0;
+    float *params = nullptr, *grads = nullptr, *m1 = nullptr, *m2 = nullptr;  // flat, internal layout
+    float *x = nullptr, *act1 = nullptr, *act2 = nullptr, *pooled = nullptr, *h = nullptr, *logits = nullptr;
+    int* y = nullptr;
+    float *dlogits = nullptr, *dh = nullptr, *dpooled = nullptr, *dact2 = nullptr, *dact1 = nullptr;
+    int* counters = nullptr;  // device (or host) [step, offset]
+    OptConfig opt;
+};
+
+static float* mnist_alloc(const Mnist* m, size_t n) {
+    float* p;
+    if (m->cpu) { p = (float*)mallocCheck(n * sizeof(float)); memset(p, 0, n * sizeof(float)); }
+    else { cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float))); cudaCheck(cudaMemset(p, 0, n * sizeof(float))); }
+    return p;
+}
+static void mnist_free_ptr(const Mnist* m, void* p) { if (m->cpu) free(p); else cudaCheck(cudaFree(p)); }
+
+// Allocates parameters, optimizer state and activations for batches up to B (training) and B_fwd (evaluation).
+static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
+    m->cpu = cpu; m->B = B; m->B_fwd = std::max(B, B_fwd);
+    m->n_params = params_setup();
+    m->params = mnist_alloc(m, m->n_params); m->grads = mnist_alloc(m, m->n_params);
+    m->m1 = mnist_alloc(m, m->n_params); m->m2 = mnist_alloc(m, m->n_params);
+    size_t F = m->B_fwd;
+    m->x = mnist_alloc(m, F * IMG * IMG); m->act1 = mnist_alloc(m, F * H1 * H1 * C1); m->act2 = mnist_alloc(m, F * H2 * H2 * C2);
+    m->pooled = mnist_alloc(m, F * FC_IN); m->h = mnist_alloc(m, F * FC_H); m->logits = mnist_alloc(m, F * NCLS);
+    m->y = (int*)mnist_alloc(m, F);
+    m->dlogits = mnist_alloc(m, F * NCLS); m->dh = mnist_alloc(m, (size_t)B * FC_H); m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
+    m->dact2 = mnist_alloc(m, (size_t)B * H2 * H2 * C2); m->dact1 = mnist_alloc(m, (size_t)B * H1 * H1 * C1);
+    m->counters = (int*)mnist_alloc(m, 2);
+    if (!cpu) {
+        g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
+        cudaCheck(cudaMalloc(&g_mm.ws_partial, g_mm.ws_partial_size * sizeof(float)));
+        cudaCheck(cudaMalloc(&g_mm.ws_rowsum, g_mm.ws_rowsum_size * sizeof(float)));
+        if (!g_mm.cublas) {
+            cublasCheck(cublasCreate(&g_mm.cublas));
+            // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
+            cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+            cublasCheck(cublasSetStream(g_mm.cublas, g_mm.stream));
+        }
+        if (g_mm.backend == BACKEND_CUBLAS) {
+            // the largest im2col operands: conv2 input (F*576 x 288), the input gradient's (B*676 x 576)
+            g_mm.ws_a_size = std::max({F * H2 * H2 * KC2, (size_t)B * H1 * H1 * 9 * C2, F * H1 * H1 * K1});
+            g_mm.ws_b_size = std::max({(size_t)B * H2 * H2 * KC2, (size_t)B * H1 * H1 * K1, (size_t)9 * C2 * C1});
+            cudaCheck(cudaMalloc(&g_mm.ws_a, g_mm.ws_a_size * sizeof(float)));
+            cudaCheck(cudaMalloc(&g_mm.ws_b, g_mm.ws_b_size * sizeof(float)));
+            g_mm.ones_size = B * H1 * H1;
+            std::vector<float> ones(g_mm.ones_size, 1.0f);
+            cudaCheck(cudaMalloc(&g_mm.ones, ones.size() * sizeof(float)));
+            cudaCheck(cudaMemcpy(g_mm.ones, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+            static float* cublas_ws = nullptr;  // a fixed workspace so cuBLAS never allocates inside graph capture
+            cudaCheck(cudaMalloc(&cublas_ws, 32u << 20));
+            cublasCheck(cublasSetWorkspace(g_mm.cublas, cublas_ws, 32u << 20));
+        }
+    }
+}
+static void mnist_free(Mnist* m) {
+    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act2, m->pooled, m->h, m->logits, m->y,
+                  m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters};
+    for (void* p : ps) mnist_free_ptr(m, p);
+}
+static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
+static float* G(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
+
+// PyTorch's default init for conv and linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, drawn from
+// splitmix64 (our own stream; the tests load PyTorch's weights instead of reproducing its generator).
+static uint64_t splitmix64(uint64_t* s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float rand_uniform(uint64_t* s) { return (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f); }
+static void mnist_init_params(Mnist* m, uint64_t seed) {
+    std::vector<float> host(m->n_params);
+    uint64_t s = seed * 0x2545F4914F6CDD1Dull + 1;
+    const int fan_in[8] = {9, 9, KC2, KC2, FC_IN, FC_IN, FC_H, FC_H};
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        float bound = (float)(1.0 / sqrt((double)fan_in[i]));
+        for (size_t j = 0; j < PARAMS[i].numel; j++) host[PARAMS[i].offset + j] = bound * (2.0f * rand_uniform(&s) - 1.0f);
+    }
+    if (m->cpu) memcpy(m->params, host.data(), host.size() * sizeof(float));
+    else cudaCheck(cudaMemcpy(m->params, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+// Copies between a host buffer in the internal layout and the model's buffer (device or host).
+static void mnist_copy_out(const Mnist* m, const float* src, float* host_dst, size_t n) {
+    if (m->cpu) memcpy(host_dst, src, n * sizeof(float));
+    else cudaCheck(cudaMemcpy(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, size_t n) {
+    if (m->cpu) memcpy(dst, host_src, n * sizeof(float));
+    else cudaCheck(cudaMemcpy(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// forward: x (B,28,28) normalized -> logits (B,10)
+static void mnist_forward(Mnist* m, int B) {
+    Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
+    matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
+    Epilogue e2; e2.bias = P(m, P_B2); e2.relu = 1;
+    matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
+    if (m->cpu) {
+        for (int b = 0; b < B; b++) for (int py = 0; py < HP; py++) for (int px = 0; px < HP; px++) for (int c = 0; c < C2; c++) {
+            const float* base = m->act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+            m->pooled[(((size_t)b * HP + py) * HP + px) * C2 + c] = fmaxf(fmaxf(base[0], base[C2]), fmaxf(base[H2 * C2], base[H2 * C2 + C2]));
+        }
+    } else {
+        maxpool_forward_kernel<<<ceil_div(B * FC_IN, 256), 256, 0, g_mm.stream>>>(m->pooled, m->act2, B);
+        launch_check();
+    }
+    Epilogue e3; e3.bias = P(m, P_BF1); e3.relu = 1;
+    matmul_forward(m->h, FC_H, {V_ROW, m->pooled, FC_IN}, {V_COL, P(m, P_WF1), FC_IN}, B, FC_H, FC_IN, e3);
+    Epilogue e4; e4.bias = P(m, P_BF2);
+    matmul_forward(m->logits, NCLS, {V_ROW, m->h, FC_H}, {V_COL, P(m, P_WF2), FC_H}, B, NCLS, FC_H, e4);
+}
+
+// fused log-softmax + NLL: losses[offset + b], preds[offset + b] (either may be null), dlogits (null: no gradient)
+static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* counters, int offset, bool grad) {
+    if (m->cpu) {
+        int off = counters ? counters[1] : offset;
+        for (int b = 0; b < B; b++) {
+            const float* l = m->logits + b * NCLS;
+            float mx = l[0]; int arg = 0;
+            for (int j = 1; j < NCLS; j++) if (l[j] > mx) { mx = l[j]; arg = j; }
+            float sum = 0.0f;
+            for (int j = 0; j < NCLS; j++) sum += expf(l[j] - mx);
+            int label = m->y[b];
+            if (losses) losses[off + b] = -(l[label] - mx - logf(sum));
+            if (preds) preds[off + b] = arg;
+            if (grad) for (int j = 0; j < NCLS; j++) m->dlogits[b * NCLS + j] = (expf(l[j] - mx) / sum - (j == label ? 1.0f : 0.0f)) / (float)B;
+        }
+        return;
+    }
+    softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits, m->y, counters, offset, B);
+    launch_check();
+}
+
+// backward from dlogits: every parameter gradient (each written in full, so no zeroing)
+static void mnist_backward(Mnist* m, int B) {
+    Epilogue e;
+    e = Epilogue(); e.rowsum = G(m, P_BF2);
+    matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
+    e = Epilogue(); e.mask = m->h;
+    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
+    e = Epilogue(); e.rowsum = G(m, P_BF1);
+    matmul_forward(G(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
+    e = Epilogue();
+    matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, P(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
+    if (m->cpu) {
+        for (int b = 0; b < B; b++) for (int y = 0; y < H2; y++) for (int x = 0; x < H2; x++) for (int c = 0; c < C2; c++)
+            m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] = maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
+    } else {
+        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2, B);
+        launch_check();
+    }
+    e = Epilogue(); e.rowsum = G(m, P_B2);
+    matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
+    e = Epilogue(); e.mask = m->act1;
+    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
+    e = Epilogue(); e.rowsum = G(m, P_B1);
+    matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
+}
+
+static void mnist_update(Mnist* m) {
+    if (m->cpu) {
+        int step = m->counters[0];
+        float lr = lr_at(m->opt, step);
+        for (size_t i = 0; i < m->n_params; i++) opt_update_elem(m->opt, lr, step + 1, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
+        return;
+    }
+    optimizer_kernel<<<(unsigned)((m->n_params + 255) / 256), 256, 0, g_mm.stream>>>(m->params, m->grads, m->m1, m->m2, m->n_params, m->opt, m->counters);
+    launch_check();
+}
+static void mnist_advance(Mnist* m, int B) {
+    if (m->cpu) { m->counters[0] += 1; m->counters[1] += B; return; }
+    advance_counters_kernel<<<1, 1, 0, g_mm.stream>>>(m->counters, B);
+    launch_check();
+}
+static void mnist_set_counters(Mnist* m, int step, int offset) {
+    int c[2] = {step, offset};
+    if (m->cpu) memcpy(m->counters, c, sizeof(c));
+    else cudaCheck(cudaMemcpyAsync(m->counters, c, sizeof(c), cudaMemcpyHostToDevice, g_mm.stream));
+}
+
+// Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y.
+struct DeviceData { uint8_t* images = nullptr; uint8_t* labels = nullptr; int n = 0; };
+static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B) {
+    if (m->cpu) {
+        int off = counters ? counters[1] : offset;
+        for (int b = 0; b < B; b++) {
+            int s = perm ? perm[off + b] : off + b;
+            for (int p = 0; p < IMG * IMG; p++) m->x[b * IMG * IMG + p] = ((float)d.images[(size_t)s * IMG * IMG + p] / 255.0f - MNIST_MEAN) / MNIST_STD;
+            m->y[b] = d.labels[s];
+        }
+        return;
+    }
+    gather_batch_kernel<<<ceil_div(B * IMG * IMG, 256), 256, 0, g_mm.stream>>>(m->x, m->y, d.images, d.labels, perm, counters, offset, B);
+    launch_check();
+}
+// One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
+static void mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
+    mnist_gather(m, d, perm, m->counters, 0, B);
+    mnist_forward(m, B);
+    mnist_loss(m, B, losses, nullptr, m->counters, 0, true);
+    mnist_backward(m, B);
+    mnist_update(m);
+    mnist_advance(m, B);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// checkpoints: magic 20260202; parameters (and optimizer state) by PyTorch names in PyTorch layout
+struct CheckpointMeta { int epoch = 0, step = 0, batch_size = 0, seed = 0, optimizer = 0, has_optimizer = 0, epochs = 0; float lr = 0, test_accuracy = 0; };
+
+static void mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
+    std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
+    mnist_copy_out(m, m->params, internal.data(), m->n_params);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
+    std::vector<BinWriterTensor> ts;
+    std::vector<std::string> names;
+    names.reserve(3 * N_PARAM_TENSORS);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        const ParamInfo& pi = PARAMS[i];
+        ts.push_back({pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, p.data() + pi.offset});
+    }
+    if (meta.has_optimizer) {
+        mnist_copy_out(m, m->m1, internal.data(), m->n_params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s1.data() + PARAMS[i].offset);
+        mnist_copy_out(m, m->m2, internal.data(), m->n_params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
+        const char* pre1 = meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.";
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const ParamInfo& pi = PARAMS[i];
+            ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s1.data() + pi.offset});
+        }
+        if (meta.optimizer == OPT_ADAMW)
+            for (int i = 0; i < N_PARAM_TENSORS; i++) {
+                const ParamInfo& pi = PARAMS[i];
+                ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
+            }
+    }
+    std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, meta.optimizer, meta.has_optimizer,
+                                   meta.epochs, fbits(meta.lr), fbits(meta.test_accuracy)};
+    bin_write(path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
+}
+// Loads parameters (and, when with_optimizer, the optimizer state) after checking every name, dtype and shape.
+static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer, int expect_optimizer) {
+    BinFile bf;
+    bin_read(&bf, path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION);
+    CheckpointMeta meta;
+    meta.epoch = bf.header[3]; meta.step = bf.header[4]; meta.batch_size = bf.header[5]; meta.seed = bf.header[6];
+    meta.optimizer = bf.header[7]; meta.has_optimizer = bf.header[8]; meta.epochs = bf.header[9];
+    meta.lr = bin_field_f(&bf, 10); meta.test_accuracy = bin_field_f(&bf, 11);
+    std::vector<float> internal(m->n_params);
+    auto load_set = [&](const char* prefix, float* dst) {
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            std::string name = std::string(prefix) + PARAMS[i].name;
+            const float* src = (const float*)bin_expect(&bf, name.c_str(), 0, PARAMS[i].ndim, PARAMS[i].shape);
+            param_from_torch(i, src, internal.data() + PARAMS[i].offset);
+        }
+        mnist_copy_in(m, dst, internal.data(), m->n_params);
+    };
+    load_set("", m->params);
+    if (with_optimizer) {
+        if (!meta.has_optimizer) { fprintf(stderr, "error: %s: header[8] has_optimizer is 0, --resume needs the optimizer state (1)\n", path); exit(EXIT_FAILURE); }
+        if (meta.optimizer != expect_optimizer) {
+            fprintf(stderr, "error: %s: header[7] optimizer is %d, expected %d (--optimizer %s)\n", path, meta.optimizer, expect_optimizer, expect_optimizer ? "adamw" : "sgd");
+            exit(EXIT_FAILURE);
+        }
+        load_set(meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.", m->m1);
+        if (meta.optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
+    }
+    return meta;
+}
+
+// Fisher-Yates from splitmix64 seeded by (seed, epoch): an epoch's order never depends on earlier epochs, so
+// resuming at an epoch boundary replays the same trajectory.
+static void epoch_permutation(std::vector<int>& perm, int n, int seed, int epoch) {
+    perm.resize(n);
+    for (int i = 0; i < n; i++) perm[i] = i;
+    uint64_t s = (uint64_t)seed * 1000003ull + (uint64_t)epoch * 7919ull + 12345;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(splitmix64(&s) % (uint64_t)(i + 1));
+        std::swap(perm[i], perm[j]);
+    }
+}
+
+#ifndef TESTING
+// ----------------------------------------------------------------------------------------------------------------
+// CLI
+struct Args {
+    std::string data_dir = "data/mnist", device = "auto", matmul = "ours", optimizer = "sgd", lr_schedule = "cosine";
+    std::string checkpoint = "", resume = "", load = "";
+    int tf32 = 1, epochs = 12, batch_size = 64, warmup_steps = 300, seed = 1, train_limit = 0, test_limit = 0;
+    int eval_batch_size = 1000, eval_only = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
+    float lr = 0.03f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+    float stop_at_accuracy = 0.0f;
+};
+struct FlagSpec { const char* name; char type; void* ptr; double lo, hi; const char* choices; const char* help; };
+
+static std::vector<FlagSpec> flag_specs(Args& a) {
+    return {
+        {"data_dir", 's', &a.data_dir, 0, 0, nullptr, "folder with the four MNIST IDX .gz files"},
+        {"device", 'c', &a.device, 0, 0, "auto,cuda,cpu", "auto: CUDA when a device is present, else the CPU"},
+        {"matmul", 'c', &a.matmul, 0, 0, "ours,cublas", "every matrix product on our tiled kernel or on cuBLAS"},
+        {"tf32", 'i', &a.tf32, 0, 1, nullptr, "1: TF32 tensor cores in both our kernel and cuBLAS; 0: strict fp32 in both"},
+        {"epochs", 'i', &a.epochs, 1, 10000, nullptr, "training epochs"},
+        {"batch_size", 'i', &a.batch_size, 1, 2048, nullptr, "training batch size"},
+        {"optimizer", 'c', &a.optimizer, 0, 0, "sgd,adamw", "SGD with momentum and weight decay, or AdamW"},
+        {"lr", 'f', &a.lr, 1e-9, 1e9, nullptr, "peak learning rate"},
+        {"lr_schedule", 'c', &a.lr_schedule, 0, 0, "constant,cosine,linear", "after warm-up: constant, cosine or linear decay to lr_min"},
+        {"warmup_steps", 'i', &a.warmup_steps, 0, 100000000, nullptr, "linear warm-up steps"},
+        {"lr_min", 'f', &a.lr_min, 0, 1e9, nullptr, "learning rate at the end of the decay"},
+        {"momentum", 'f', &a.momentum, 0, 0.999999, nullptr, "SGD momentum"},
+        {"weight_decay", 'f', &a.weight_decay, 0, 10, nullptr, "weight decay (SGD: added to the gradient; AdamW: decoupled)"},
+        {"beta1", 'f', &a.beta1, 0, 0.999999, nullptr, "AdamW beta1"},
+        {"beta2", 'f', &a.beta2, 0, 0.999999, nullptr, "AdamW beta2"},
+        {"eps", 'f', &a.eps, 1e-30, 1, nullptr, "AdamW epsilon"},
+        {"seed", 'i', &a.seed, 0, 2147483647, nullptr, "seed of the initial weights and of every epoch's shuffle"},
+        {"train_limit", 'i', &a.train_limit, 0, 60000, nullptr, "use the first N training images (0: all)"},
+        {"test_limit", 'i', &a.test_limit, 0, 10000, nullptr, "use the first N test images (0: all)"},
+        {"eval_batch_size", 'i', &a.eval_batch_size, 1, 10000, nullptr, "evaluation batch size (the CPU uses at most 100)"},
+        {"stop_at_accuracy", 'f', &a.stop_at_accuracy, 0, 100, nullptr, "stop after the first epoch whose test accuracy (%) reaches this (0: off)"},
+        {"checkpoint", 's', &a.checkpoint, 0, 0, nullptr, "write a checkpoint here after every epoch (atomic; empty: none)"},
+        {"resume", 's', &a.resume, 0, 0, nullptr, "continue training from this checkpoint (weights, optimizer state, epoch, step)"},
+        {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
+        {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
+        {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr, "1: replay each training step as a CUDA graph"},
+        {"confusion", 'i', &a.confusion, 0, 1, nullptr, "1: print the confusion matrix at the end"},
+        {"cpu_threads", 'i', &a.cpu_threads, 0, 1024, nullptr, "CPU path threads (0: all cores)"},
+    };
+}
+static std::string flag_value_str(const FlagSpec& f) {
+    char buf[64];
+    switch (f.type) {
+        case 'i': snprintf(buf, sizeof buf, "%d", *(int*)f.ptr); return buf;
+        case 'f': snprintf(buf, sizeof buf, "%g", *(float*)f.ptr); return buf;
+        default: { std::string s = *(std::string*)f.ptr; return s.empty() ? "\"\"" : s; }
+    }
+}
+static void print_help(Args& a) {
+    printf("usage: ./train_mnist [--flag value ...]\n\nTrains conv32-conv64-maxpool-fc128-fc10 on MNIST. Flags (default in brackets):\n");
+    for (auto& f : flag_specs(a)) {
+        std::string d = flag_value_str(f);
+        printf("  --%-18s %s [%s]%s%s\n", f.name, f.help, d.c_str(), f.choices ? "  one of: " : "", f.choices ? f.choices : "");
+    }
+    printf("  --%-18s this help\n", "help");
+}
+static void parse_args(int argc, char** argv, Args& a) {
+    std::vector<FlagSpec> specs = flag_specs(a);
+    for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { print_help(a); exit(0); }
+    for (int i = 1; i < argc; i += 2) {
+        const char* arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0) { fprintf(stderr, "error: expected a flag like --name, found '%s' (see --help)\n", arg); exit(1); }
+        const FlagSpec* f = nullptr;
+        for (auto& s : specs) if (!strcmp(s.name, arg + 2)) f = &s;
+        if (!f) { fprintf(stderr, "error: unknown flag %s (see --help)\n", arg); exit(1); }
+        if (i + 1 >= argc) { fprintf(stderr, "error: flag %s expects a value, found none\n", arg); exit(1); }
+        const char* v = argv[i + 1];
+        char* end = nullptr;
+        if (f->type == 'i') {
+            errno = 0;
+            long x = strtol(v, &end, 10);
+            if (!*v || *end || errno) { fprintf(stderr, "error: flag %s expects an integer, found '%s'\n", arg, v); exit(1); }
+            if (x < f->lo || x > f->hi) { fprintf(stderr, "error: flag %s expects an integer in [%g, %g], found %ld\n", arg, f->lo, f->hi, x); exit(1); }
+            *(int*)f->ptr = (int)x;
+        } else if (f->type == 'f') {
+            errno = 0;
+            double x = strtod(v, &end);
+            if (!*v || *end || errno || !std::isfinite(x)) { fprintf(stderr, "error: flag %s expects a number, found '%s'\n", arg, v); exit(1); }
+            if (x < f->lo || x > f->hi) { fprintf(stderr, "error: flag %s expects a number in [%g, %g], found %g\n", arg, f->lo, f->hi, x); exit(1); }
+            *(float*)f->ptr = (float)x;
+        } else if (f->type == 'c') {
+            std::string choices = std::string(",") + f->choices + ",";
+            if (!*v || choices.find(std::string(",") + v + ",") == std::string::npos) {
+                fprintf(stderr, "error: flag %s expects one of %s, found '%s'\n", arg, f->choices, v); exit(1);
+            }
+            *(std::string*)f->ptr = v;
+        } else {
+            *(std::string*)f->ptr = v;
+        }
+    }
+    if (a.eval_only && a.load.empty()) { fprintf(stderr, "error: --eval_only 1 needs --load FILE, found none\n"); exit(1); }
+    if (!a.resume.empty() && !a.load.empty()) { fprintf(stderr, "error: --resume and --load exclude each other, found both\n"); exit(1); }
+    if (a.lr_min > a.lr) { fprintf(stderr, "error: flag --lr_min expects a value <= --lr (%g), found %g\n", a.lr, a.lr_min); exit(1); }
+}
+
+struct EvalResult { double loss = 0; double accuracy = 0; std::vector<int> confusion; };
+// Evaluates on a split: forward in eval batches, per-sample losses and predictions stay on the device until one
+// copy at the end.
+static EvalResult evaluate(Mnist* m, const DeviceData& d, const std::vector<uint8_t>& host_labels, float* losses, int* preds, int eval_batch) {
+    for (int off = 0; off < d.n; off += eval_batch) {
+        int B = std::min(eval_batch, d.n - off);
+        mnist_gather(m, d, nullptr, nullptr, off, B);
+        mnist_forward(m, B);
+        mnist_loss(m, B, losses, preds, nullptr, off, false);
+    }
+    std::vector<float> l(d.n); std::vector<int> p(d.n);
+    if (m->cpu) { memcpy(l.data(), losses, d.n * 4); memcpy(p.data(), preds, d.n * 4); }
+    else {
+        cudaCheck(cudaMemcpyAsync(l.data(), losses, d.n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+        cudaCheck(cudaMemcpyAsync(p.data(), preds, d.n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+        cudaCheck(cudaStreamSynchronize(g_mm.stream));
+    }
+    EvalResult r; r.confusion.assign(NCLS * NCLS, 0);
+    int correct = 0;
+    for (int i = 0; i < d.n; i++) {
+        r.loss += l[i];
+        correct += p[i] == host_labels[i];
+        r.confusion[host_labels[i] * NCLS + p[i]]++;
+    }
+    r.loss /= d.n; r.accuracy = 100.0 * correct / d.n;
+    return r;
+}
+
+static DeviceData upload_split(const MnistSplit& s, bool cpu) {
+    DeviceData d; d.n = s.n;
+    if (cpu) { d.images = (uint8_t*)s.images.data(); d.labels = (uint8_t*)s.labels.data(); return d; }
+    cudaCheck(cudaMalloc(&d.images, s.images.size()));
+    cudaCheck(cudaMalloc(&d.labels, s.labels.size()));
+    cudaCheck(cudaMemcpy(d.images, s.images.data(), s.images.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.labels, s.labels.data(), s.labels.size(), cudaMemcpyHostToDevice));
+    return d;
+}
+
+int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    Args a;
+    parse_args(argc, argv, a);
+
+    // device: a machine without a driver or GPU answers cudaGetDeviceCount with an error; that means zero devices
+    int ndev = 0;
+    cudaError_t derr = cudaGetDeviceCount(&ndev);
+    if (derr != cudaSuccess) { (void)cudaGetLastError(); ndev = 0; }
+    bool cpu = a.device == "cpu";
+    if (a.device == "cuda" && ndev == 0) {
+        fprintf(stderr, "error: --device cuda but no CUDA device is available (%s)\n", cudaGetErrorString(derr)); exit(1);
+    }
+    if (a.device == "auto" && ndev == 0) {
+        printf("no CUDA device found (%s): training on the CPU (--device cpu)\n", cudaGetErrorString(derr));
+        cpu = true;
+    }
+    g_mm.backend = cpu ? BACKEND_CPU : (a.matmul == "cublas" ? BACKEND_CUBLAS : BACKEND_OURS);
+    g_mm.tf32 = a.tf32;
+    g_cpu_threads = a.cpu_threads > 0 ? a.cpu_threads : std::max(1u, std::thread::hardware_concurrency());
+    if (!cpu) cudaCheck(cudaStreamCreate(&g_mm.stream));
+
+    MnistSplit train, test;
+    if (!a.eval_only) train = mnist_load_split(a.data_dir, "train", a.train_limit);
+    test = mnist_load_split(a.data_dir, "t10k", a.test_limit);
+    int B = a.batch_size;
+    if (!a.eval_only && B > train.n) { fprintf(stderr, "error: flag --batch_size expects at most the %d training images, found %d\n", train.n, B); exit(1); }
+    int eval_batch = cpu ? std::min(a.eval_batch_size, 100) : a.eval_batch_size;
+    int steps_per_epoch = a.eval_only ? 0 : ceil_div(train.n, B);
+
+    Mnist model;
+    model.opt.optimizer = a.optimizer == "sgd" ? OPT_SGD : OPT_ADAMW;
+    model.opt.schedule = a.lr_schedule == "constant" ? SCHED_CONSTANT : a.lr_schedule == "cosine" ? SCHED_COSINE : SCHED_LINEAR;
+    model.opt.warmup_steps = a.warmup_steps; model.opt.total_steps = std::max(1, a.epochs * steps_per_epoch);
+    model.opt.lr = a.lr; model.opt.lr_min = a.lr_min; model.opt.momentum = a.momentum; model.opt.weight_decay = a.weight_decay;
+    model.opt.beta1 = a.beta1; model.opt.beta2 = a.beta2; model.opt.eps = a.eps;
+    mnist_build(&model, cpu, B, eval_batch);
+    mnist_init_params(&model, (uint64_t)a.seed);
+
+    int start_epoch = 0, step = 0;
+    if (!a.load.empty()) mnist_load_checkpoint(&model, a.load.c_str(), false, 0);
+    if (!a.resume.empty()) {
+        CheckpointMeta meta = mnist_load_checkpoint(&model, a.resume.c_str(), true, model.opt.optimizer);
+        if (meta.batch_size != B) { fprintf(stderr, "error: %s: header[5] batch_size is %d, --batch_size is %d (resume needs the same)\n", a.resume.c_str(), meta.batch_size, B); exit(1); }
+        start_epoch = meta.epoch; step = meta.step;
+    }
+
+    // the boxed table of the run's parameters
+    char devname[256] = "CPU";
+    if (!cpu) { cudaDeviceProp prop; cudaCheck(cudaGetDeviceProperties(&prop, 0)); snprintf(devname, sizeof devname, "%s", prop.name); }
+    printf("+-----------------------+----------------------------------------------+\n");
+    printf("| %-21s | %-44s |\n", "device", devname);
+    for (auto& f : flag_specs(a)) printf("| %-21s | %-44s |\n", f.name, flag_value_str(f).c_str());
+    printf("| %-21s | %-44d |\n", "train / test images", train.n); printf("| %-21s | %-44d |\n", "", test.n);
+    printf("| %-21s | %-44zu |\n", "parameters", model.n_params);
+    printf("| %-21s | %-44d |\n", "steps per epoch", steps_per_epoch);
+    printf("+-----------------------+----------------------------------------------+\n");
+
+    DeviceData dtest = upload_split(test, cpu);
+    DeviceData dtrain = a.eval_only ? DeviceData() : upload_split(train, cpu);
+    int nbuf = std::max(train.n, test.n);
+    float* losses = model.cpu ? (float*)mallocCheck(nbuf * 4) : nullptr;
+    int* preds = model.cpu ? (int*)mallocCheck(nbuf * 4) : nullptr;
+    int* perm_dev = nullptr;
+    if (!cpu) {
+        cudaCheck(cudaMalloc(&losses, nbuf * 4)); cudaCheck(cudaMalloc(&preds, nbuf * 4));
+        cudaCheck(cudaMalloc(&perm_dev, std::max(train.n, 1) * 4));
+    }
+
+    if (a.eval_only) {
+        EvalResult r = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
+        printf("eval | test loss %.4f | test acc %.2f%%\n", r.loss, r.accuracy);
+        if (a.confusion) {
+            printf("confusion matrix (rows: true digit, columns: predicted)\n     ");
+            for (int j = 0; j < NCLS; j++) printf("%6d", j);
+            printf("\n");
+            for (int i = 0; i < NCLS; i++) { printf("  %d |", i); for (int j = 0; j < NCLS; j++) printf("%6d", r.confusion[i * NCLS + j]); printf("\n"); }
+        }
+        printf("final | test_acc %.4f | test_loss %.6f\n", r.accuracy, r.loss);
+        return 0;
+    }
+
+    // CUDA graphs of one training step: one for full batches, one for the last partial batch of an epoch
+    int n_full = train.n / B, tail = train.n % B;
+    cudaGraphExec_t graph_full = nullptr, graph_tail = nullptr;
+    auto capture = [&](int bs) {
+        cudaGraph_t g; cudaGraphExec_t ge;
+        cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
+        mnist_train_step(&model, dtrain, perm_dev, losses, bs);
+        cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
+        cudaCheck(cudaGraphInstantiate(&ge, g, 0));
+        cudaCheck(cudaGraphUpload(ge, g_mm.stream));
+        cudaCheck(cudaGraphDestroy(g));
+        return ge;
+    };
+    if (!cpu && a.cuda_graph) {
+        graph_full = capture(B);
+        if (tail) graph_tail = capture(tail);
+        cudaCheck(cudaStreamSynchronize(g_mm.stream));
+    }
+    cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+    if (!cpu) { cudaCheck(cudaEventCreate(&ev0)); cudaCheck(cudaEventCreate(&ev1)); }
+
+    std::vector<int> perm;
+    std::vector<float> host_losses(train.n);
+    double total_train_ms = 0;
+    EvalResult last;
+    CheckpointMeta meta;
+    meta.batch_size = B; meta.seed = a.seed; meta.optimizer = model.opt.optimizer; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.lr = a.lr;
+    bool saved_any = false;
+    for (int epoch = start_epoch; epoch < a.epochs; epoch++) {
+        epoch_permutation(perm, train.n, a.seed, epoch);
+        double ms = 0;
+        if (cpu) {
+            auto t0 = std::chrono::steady_clock::now();
+            mnist_set_counters(&model, step, 0);
+            for (int s = 0; s < n_full + (tail ? 1 : 0); s++) mnist_train_step(&model, dtrain, perm.data(), losses, s < n_full ? B : tail);
+            ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            memcpy(host_losses.data(), losses, train.n * 4);
+        } else {
+            cudaCheck(cudaEventRecord(ev0, g_mm.stream));
+            cudaCheck(cudaMemcpyAsync(perm_dev, perm.data(), train.n * 4, cudaMemcpyHostToDevice, g_mm.stream));
+            mnist_set_counters(&model, step, 0);
+            for (int s = 0; s < n_full; s++) {
+                if (graph_full) cudaCheck(cudaGraphLaunch(graph_full, g_mm.stream));
+                else mnist_train_step(&model, dtrain, perm_dev, losses, B);
+            }
+            if (tail) {
+                if (graph_tail) cudaCheck(cudaGraphLaunch(graph_tail, g_mm.stream));
+                else mnist_train_step(&model, dtrain, perm_dev, losses, tail);
+            }
+            cudaCheck(cudaEventRecord(ev1, g_mm.stream));
+            cudaCheck(cudaMemcpyAsync(host_losses.data(), losses, train.n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+            cudaCheck(cudaEventSynchronize(ev1));
+            float f; cudaCheck(cudaEventElapsedTime(&f, ev0, ev1)); ms = f;
+        }
+        step += n_full + (tail ? 1 : 0);
+        total_train_ms += ms;
+        double train_loss = 0;
+        for (float l : host_losses) train_loss += l;
+        train_loss /= train.n;
+        if (!std::isfinite(train_loss)) {
+            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1,
+                    saved_any ? ("the last good checkpoint " + a.checkpoint + " (epoch " + std::to_string(epoch) + ") is kept").c_str()
+                              : (a.checkpoint.empty() ? "no checkpoint was requested (--checkpoint)" : "no good checkpoint was written yet"));
+            exit(2);
+        }
+        last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
+        printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n", epoch + 1,
+               a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
+        if (!a.checkpoint.empty()) {
+            meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
+            mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
+            saved_any = true;
+        }
+        if (a.stop_at_accuracy > 0 && last.accuracy >= a.stop_at_accuracy) {
+            printf("reached %.2f%% >= --stop_at_accuracy %g after %d epochs, %.1f ms of training\n", last.accuracy, a.stop_at_accuracy, epoch + 1, total_train_ms);
+            break;
+        }
+    }
+    if (a.confusion && !last.confusion.empty()) {
+        printf("confusion matrix (rows: true digit, columns: predicted)\n     ");
+        for (int j = 0; j < NCLS; j++) printf("%6d", j);
+        printf("\n");
+        for (int i = 0; i < NCLS; i++) { printf("  %d |", i); for (int j = 0; j < NCLS; j++) printf("%6d", last.confusion[i * NCLS + j]); printf("\n"); }
+    }
+    printf("final | test_acc %.4f | test_loss %.6f | train_ms %.1f\n", last.accuracy, last.loss, total_train_ms);
+    mnist_free(&model);
+    return 0;
+}
+#endif
