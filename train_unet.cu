@@ -1,0 +1,2607 @@
+/*
+train_unet.cu: an unconditional DDPM diffusion UNet (guided-diffusion's UNetModel, as defined by dev/unet.py)
+trained in CUDA C++: data loader, forward and backward kernels, AdamW, EMA, checkpoints, sampling.
+
+  make train_unet && ./train_unet                      # trains on data/sunflowers64.bin
+  ./train_unet --help                                  # every flag with its default
+  ./train_unet --sample s.bin --load out/unet/model.bin --num_samples 16 --sampler ddim --sample_steps 50
+
+Layout: activations NHWC (B, H, W, C), all allocated once in unet_allocate. 3x3 convolutions are implicit GEMMs over
+contiguous channels (conv_igemm_kernel, dev/conv2d.cu version 2): TF32 tensor cores (wmma m16n16k8) with
+--tf32 1, or plain fp32 FMAs with --tf32 0 (the mode dev/test_unet.cu compares with PyTorch). Linear layers, 1x1
+convolutions and attention products go through cuBLAS (TF32 math with --tf32 1). Reductions (GroupNorm
+statistics, bias gradients, the loss) are two-stage and deterministic, so a run is reproducible bit for bit and
+--resume continues the identical trajectory.
+Sections: utilities and file reader | kernels | model (build, forward, backward, update) | training and sampling
+| CLI (main, inside #ifndef TESTING so that dev/test_unet.cu includes this file).
+*/
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <curand.h>
+#include <mma.h>
+
+// ----------------------------------------------------------------------------------------------------------------
+// error checking
+
+static void cuda_check(cudaError_t e, const char* call, const char* file, int line) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "[CUDA ERROR] %s at %s:%d: %s\n", call, file, line, cudaGetErrorString(e));
+        if (e == cudaErrorMemoryAllocation) fprintf(stderr, "  hint: lower --batch_size\n");
+        exit(EXIT_FAILURE);
+    }
+}
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
+
+static void cublas_check(cublasStatus_t s, const char* call, const char* file, int line) {
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuBLAS ERROR] %s at %s:%d: status %d\n", call, file, line, (int)s);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+static void curand_check(curandStatus_t s, const char* call, const char* file, int line) {
+    if (s != CURAND_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuRAND ERROR] %s at %s:%d: status %d\n", call, file, line, (int)s);
+        exit(EXIT_FAILURE);
+    }
+}
+#define curandCheck(call) curand_check((call), #call, __FILE__, __LINE__)
+
+static void* malloc_check(size_t n, const char* file, int line) {
+    void* p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "[malloc ERROR] %zu bytes at %s:%d\n", n, file, line);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+#define mallocCheck(n) malloc_check((n), __FILE__, __LINE__)
+
+// Number of CUDA devices; 0 (with the error cleared) on a machine without a GPU or driver.
+static int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// counter-based random numbers (splitmix64): every draw is a function of (seed, stream, index), so a resumed run
+// draws exactly what the uninterrupted run would have.
+
+static inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+static inline uint64_t rng_hash(uint64_t seed, uint64_t stream, uint64_t index) {
+    return splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ index);
+}
+// uniform in [0, 1) with 24 bits
+static inline float rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+    return (float)(rng_hash(seed, stream, index) >> 40) * (1.0f / 16777216.0f);
+}
+enum RngStream : uint64_t { RNG_INIT = 1, RNG_SHUFFLE = 2, RNG_FLIP = 3, RNG_TIMESTEP = 4 };
+
+// ----------------------------------------------------------------------------------------------------------------
+// the project's binary file layout (data/README.md): 1024-byte header of int32, a 128-byte entry per tensor,
+// the data. BinFile reads a whole file and validates it before anything is trusted.
+
+enum { DT_F32 = 0, DT_I32 = 1, DT_U8 = 2 };
+static const int UNET_DATASET_MAGIC = 20260301, UNET_CHECKPOINT_MAGIC = 20260302, UNET_DEBUG_MAGIC = 20260303;
+static const int UNET_FORMAT_VERSION = 1;
+static const int HDR_INTS = 256, ENTRY_BYTES = 128, NAME_BYTES = 96;
+
+struct BinEntry {
+    std::string name;
+    int dtype, ndim;
+    int shape[4];
+    size_t offset, nbytes;
+};
+struct BinFile {
+    std::string path;
+    std::vector<char> data;
+    int32_t hdr[HDR_INTS];
+    std::vector<BinEntry> entries;
+};
+
+static size_t dtype_size(int dt) { return dt == DT_U8 ? 1 : 4; }
+static const char* dtype_name(int dt) { return dt == DT_F32 ? "float32" : dt == DT_I32 ? "int32" : "uint8"; }
+
+// Returns "" on success, else a message naming the file and the wrong field.
+static std::string bin_open(BinFile* f, const char* path, int magic, int version, const char* kind) {
+    char msg[512];
+    f->path = path;
+    FILE* fp = fopen(path, "rb");
+    if (!fp) {
+        snprintf(msg, sizeof msg, "%s: cannot open %s (%s)", path, kind, strerror(errno));
+        return msg;
+    }
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    if (size < HDR_INTS * 4) {
+        fclose(fp);
+        snprintf(msg, sizeof msg, "%s: file is %ld bytes, shorter than the 1024-byte header", path, size);
+        return msg;
+    }
+    f->data.resize((size_t)size);
+    size_t got = fread(f->data.data(), 1, (size_t)size, fp);
+    fclose(fp);
+    if (got != (size_t)size) {
+        snprintf(msg, sizeof msg, "%s: read %zu of %ld bytes", path, got, size);
+        return msg;
+    }
+    memcpy(f->hdr, f->data.data(), sizeof f->hdr);
+    if (f->hdr[0] != magic) {
+        snprintf(msg, sizeof msg, "%s: header[0] magic is %d, expected %d (%s)", path, f->hdr[0], magic, kind);
+        return msg;
+    }
+    if (f->hdr[1] != version) {
+        snprintf(msg, sizeof msg, "%s: header[1] version is %d, expected %d (%s)", path, f->hdr[1], version, kind);
+        return msg;
+    }
+    long long count = f->hdr[2];
+    if (count < 0 || HDR_INTS * 4 + ENTRY_BYTES * count > size) {
+        snprintf(msg, sizeof msg, "%s: header[2] tensor count %lld does not fit a file of %ld bytes", path, count,
+                 size);
+        return msg;
+    }
+    size_t offset = HDR_INTS * 4 + ENTRY_BYTES * (size_t)count;
+    f->entries.clear();
+    for (long long i = 0; i < count; i++) {
+        const char* raw = f->data.data() + HDR_INTS * 4 + ENTRY_BYTES * i;
+        BinEntry e;
+        e.name = std::string(raw, strnlen(raw, NAME_BYTES));
+        int32_t meta[8];
+        memcpy(meta, raw + NAME_BYTES, sizeof meta);
+        e.dtype = meta[0];
+        e.ndim = meta[1];
+        if (e.dtype < 0 || e.dtype > 2) {
+            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has dtype code %d, expected 0, 1 or 2", path, i,
+                     e.name.c_str(), e.dtype);
+            return msg;
+        }
+        if (e.ndim < 0 || e.ndim > 4) {
+            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has ndim %d, expected 0..4", path, i, e.name.c_str(),
+                     e.ndim);
+            return msg;
+        }
+        size_t n = 1;
+        for (int d = 0; d < 4; d++) {
+            e.shape[d] = d < e.ndim ? meta[2 + d] : 0;
+            if (d < e.ndim) {
+                if (e.shape[d] < 0) {
+                    snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has a negative dimension", path, i,
+                             e.name.c_str());
+                    return msg;
+                }
+                n *= (size_t)e.shape[d];
+            }
+        }
+        e.offset = offset;
+        e.nbytes = n * dtype_size(e.dtype);
+        offset += e.nbytes;
+        f->entries.push_back(e);
+    }
+    if (offset != (size_t)size) {
+        snprintf(msg, sizeof msg, "%s: file length is %ld bytes, the header and tensor table say %zu", path, size,
+                 offset);
+        return msg;
+    }
+    return "";
+}
+
+static const BinEntry* bin_find(const BinFile* f, const std::string& name) {
+    for (const BinEntry& e : f->entries)
+        if (e.name == name) return &e;
+    return nullptr;
+}
+
+// Checks that tensor `name` exists with this dtype and shape; returns its data, or nullptr and a message.
+static const void* bin_expect(const BinFile* f, const std::string& name, int dtype, int ndim, const int* shape,
+                              std::string* err) {
+    char msg[512];
+    const BinEntry* e = bin_find(f, name);
+    auto shape_str = [](int nd, const int* s) {
+        std::string r = "(";
+        for (int d = 0; d < nd; d++) r += std::to_string(s[d]) + (d + 1 < nd ? ", " : nd == 1 ? "," : "");
+        return r + ")";
+    };
+    if (!e) {
+        snprintf(msg, sizeof msg, "%s: tensor %s is missing", f->path.c_str(), name.c_str());
+        *err = msg;
+        return nullptr;
+    }
+    bool same = e->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = e->shape[d] == shape[d];
+    if (!same) {
+        snprintf(msg, sizeof msg, "%s: tensor %s has shape %s, expected %s", f->path.c_str(), name.c_str(),
+                 shape_str(e->ndim, e->shape).c_str(), shape_str(ndim, shape).c_str());
+        *err = msg;
+        return nullptr;
+    }
+    if (e->dtype != dtype) {
+        snprintf(msg, sizeof msg, "%s: tensor %s has dtype %s, expected %s", f->path.c_str(), name.c_str(),
+                 dtype_name(e->dtype), dtype_name(dtype));
+        *err = msg;
+        return nullptr;
+    }
+    return f->data.data() + e->offset;
+}
+
+static float hdr_float(const int32_t* hdr, int slot) {
+    float v;
+    memcpy(&v, &hdr[slot], 4);
+    return v;
+}
+static int32_t float_bits(float v) {
+    int32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+}
+
+// A file being written: tensors appended in order, then written through path.tmp and a rename.
+struct BinWriter {
+    int32_t hdr[HDR_INTS];
+    std::vector<BinEntry> entries;
+    std::vector<const void*> ptrs;
+};
+static void binw_init(BinWriter* w, int magic) {
+    memset(w->hdr, 0, sizeof w->hdr);
+    w->hdr[0] = magic;
+    w->hdr[1] = UNET_FORMAT_VERSION;
+    w->entries.clear();
+    w->ptrs.clear();
+}
+static void binw_add(BinWriter* w, const std::string& name, int dtype, int ndim, const int* shape, const void* p) {
+    BinEntry e;
+    e.name = name;
+    e.dtype = dtype;
+    e.ndim = ndim;
+    size_t n = 1;
+    for (int d = 0; d < 4; d++) {
+        e.shape[d] = d < ndim ? shape[d] : 0;
+        if (d < ndim) n *= (size_t)shape[d];
+    }
+    e.nbytes = n * dtype_size(dtype);
+    e.offset = 0;
+    w->entries.push_back(e);
+    w->ptrs.push_back(p);
+}
+// Returns "" or an error message.
+static std::string binw_write(BinWriter* w, const std::string& path) {
+    w->hdr[2] = (int32_t)w->entries.size();
+    std::string tmp = path + ".tmp";
+    FILE* fp = fopen(tmp.c_str(), "wb");
+    if (!fp) return tmp + ": cannot open for writing (" + strerror(errno) + ")";
+    bool ok = fwrite(w->hdr, 4, HDR_INTS, fp) == (size_t)HDR_INTS;
+    for (const BinEntry& e : w->entries) {
+        char raw[ENTRY_BYTES];
+        memset(raw, 0, sizeof raw);
+        strncpy(raw, e.name.c_str(), NAME_BYTES - 1);
+        int32_t meta[8] = {e.dtype, e.ndim, e.shape[0], e.shape[1], e.shape[2], e.shape[3], 0, 0};
+        memcpy(raw + NAME_BYTES, meta, sizeof meta);
+        ok = ok && fwrite(raw, 1, ENTRY_BYTES, fp) == (size_t)ENTRY_BYTES;
+    }
+    for (size_t i = 0; i < w->entries.size(); i++)
+        ok = ok && fwrite(w->ptrs[i], 1, w->entries[i].nbytes, fp) == w->entries[i].nbytes;
+    ok = (fflush(fp) == 0) && ok;
+    ok = (fsync(fileno(fp)) == 0) && ok;
+    ok = (fclose(fp) == 0) && ok;
+    if (!ok) return tmp + ": write failed (" + strerror(errno) + ")";
+    if (rename(tmp.c_str(), path.c_str()) != 0) return "rename " + tmp + " -> " + path + " failed";
+    return "";
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the model's shape (scripts/binio.py UNET_MODEL_FIELDS, header slots 3..17)
+
+struct UNetConfig {
+    int image_size = 64, in_channels = 3, model_channels = 64, out_channels = 3, num_res_blocks = 2;
+    int n_levels = 4, mult[4] = {1, 2, 3, 4};
+    int attn_ds_mask = 12;  // bit k: attention at downsample factor 2^k (ds 4 and 8 = 16x16 and 8x8 at 64)
+    int num_head_channels = 32, diffusion_steps = 1000;
+    float beta_start = 1e-4f, beta_end = 0.02f;
+};
+static const int HDR_MODEL_FIRST = 3, HDR_MODEL_END = 18;  // slots of UNET_MODEL_FIELDS
+
+static void config_to_header(const UNetConfig& c, int32_t* h) {
+    int i = HDR_MODEL_FIRST;
+    h[i++] = c.image_size; h[i++] = c.in_channels; h[i++] = c.model_channels; h[i++] = c.out_channels;
+    h[i++] = c.num_res_blocks; h[i++] = c.n_levels;
+    for (int l = 0; l < 4; l++) h[i++] = l < c.n_levels ? c.mult[l] : 0;
+    h[i++] = c.attn_ds_mask; h[i++] = c.num_head_channels; h[i++] = c.diffusion_steps;
+    h[i++] = float_bits(c.beta_start); h[i++] = float_bits(c.beta_end);
+}
+static UNetConfig config_from_header(const int32_t* h) {
+    UNetConfig c;
+    int i = HDR_MODEL_FIRST;
+    c.image_size = h[i++]; c.in_channels = h[i++]; c.model_channels = h[i++]; c.out_channels = h[i++];
+    c.num_res_blocks = h[i++]; c.n_levels = h[i++];
+    for (int l = 0; l < 4; l++) c.mult[l] = h[i++];
+    c.attn_ds_mask = h[i++]; c.num_head_channels = h[i++]; c.diffusion_steps = h[i++];
+    c.beta_start = hdr_float(h, i++); c.beta_end = hdr_float(h, i++);
+    return c;
+}
+// "" when the configuration is one this trainer can build, else the reason.
+static std::string config_check(const UNetConfig& c) {
+    char msg[256];
+    if (c.in_channels != 3 || c.out_channels != 3) return "in_channels and out_channels must be 3";
+    if (c.n_levels < 1 || c.n_levels > 4) return "n_levels must be 1..4, found " + std::to_string(c.n_levels);
+    if (c.num_res_blocks < 1) return "num_res_blocks must be >= 1";
+    if (c.model_channels < 1 || c.num_head_channels < 1) return "model_channels and num_head_channels must be >= 1";
+    if (c.image_size < 1 || c.image_size % (1 << (c.n_levels - 1))) {
+        snprintf(msg, sizeof msg, "image_size %d is not a positive multiple of 2^(levels-1) = %d", c.image_size,
+                 1 << (c.n_levels - 1));
+        return msg;
+    }
+    for (int l = 0; l < c.n_levels; l++) {
+        int ch = c.model_channels * c.mult[l];
+        if (c.mult[l] < 1 || ch % 32) {
+            snprintf(msg, sizeof msg, "channels %d (model_channels x mult%d) must be a positive multiple of 32 "
+                     "(GroupNorm groups)", ch, l);
+            return msg;
+        }
+        if (ch % c.num_head_channels) {
+            snprintf(msg, sizeof msg, "channels %d must be a multiple of num_head_channels %d", ch,
+                     c.num_head_channels);
+            return msg;
+        }
+    }
+    if (c.diffusion_steps < 1) return "diffusion_steps must be >= 1";
+    if (!(c.beta_start > 0.f && c.beta_end < 1.f && c.beta_start <= c.beta_end)) return "need 0 < beta_start <= beta_end < 1";
+    return "";
+}
+// "" if a and b describe the same model, else the first field that differs.
+static std::string config_diff(const UNetConfig& a, const UNetConfig& b) {
+    int32_t ha[HDR_INTS] = {0}, hb[HDR_INTS] = {0};
+    config_to_header(a, ha);
+    config_to_header(b, hb);
+    static const char* names[] = {"image_size", "in_channels", "model_channels", "out_channels", "num_res_blocks",
+                                  "n_levels", "mult0", "mult1", "mult2", "mult3", "attn_ds_mask",
+                                  "num_head_channels", "diffusion_steps", "beta_start", "beta_end"};
+    for (int i = HDR_MODEL_FIRST; i < HDR_MODEL_END; i++)
+        if (ha[i] != hb[i]) {
+            char msg[256];
+            bool f = i >= HDR_MODEL_END - 2;
+            if (f)
+                snprintf(msg, sizeof msg, "%s is %g, expected %g", names[i - 3], hdr_float(ha, i), hdr_float(hb, i));
+            else
+                snprintf(msg, sizeof msg, "%s is %d, expected %d", names[i - 3], ha[i], hb[i]);
+            return msg;
+        }
+    return "";
+}
+
+// ================================================================================================================
+// kernels
+// ================================================================================================================
+
+static inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+__device__ __forceinline__ float silu_f(float z) { return z / (1.0f + expf(-z)); }
+__device__ __forceinline__ float silu_grad(float z) {
+    float s = 1.0f / (1.0f + expf(-z));
+    return s * (1.0f + z * (1.0f - s));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 3x3 convolution (padding 1) as an implicit GEMM over NHWC. From dev/conv2d.cu, version 2.
+// MODE 0 (forward, and backward-data as a convolution of dY with flipped weights):
+//   Y[m, n] = sum_k A[m, k] W[k, n]: m = output pixel (b, oy, ox), k = (tap, c) = tap*C + c, n = output channel;
+//   A[m, k] = X[b, iy, ix, c], iy from oy: ny = oy*fs - 1 + ky, valid iff ny % ts == 0, iy = ny / ts (ts > 1 is
+//   the backward of a stride-ts convolution); W is (9*C, N) row-major ("[tap][c][n]" layout).
+// MODE 1 (weight gradient): dW[m, n] = sum_p A[m, p] dY[p, n] with m = (tap, c), p = output pixel, split over p
+//   in gridDim.z chunks written to a workspace and summed by wgrad_reduce_kernel (deterministic).
+// Tiles 128x64x32, 256 threads; TF32: 8 warps of 32x32 wmma m16n16k8 tiles; FP32: 8x4 outputs per thread.
+// VEC: channels fit the tile (MODE 0: C % 32 == 0; MODE 1: C % 4 == 0) and N % 4 == 0, so loads are float4.
+
+constexpr int CONV_BM = 128, CONV_BN = 64, CONV_BK = 32, CONV_THREADS = 256;
+constexpr int AS_LD = CONV_BK + 4;  // A tile (m, k), k contiguous (MODE 0)
+constexpr int AT_LD = CONV_BM + 4;  // A tile (k, m), m contiguous (MODE 1)
+constexpr int BS_LD = CONV_BN + 4;  // B tile (k, n)
+constexpr int CS_LD = CONV_BN + 4;  // output tile (m, n)
+constexpr int CONV_A_FLOATS = CONV_BM * AS_LD;  // >= CONV_BK * AT_LD
+constexpr int CONV_SMEM_FLOATS = CONV_BM * CS_LD;  // >= A + B tiles
+static_assert(CONV_BM * AS_LD >= CONV_BK * AT_LD, "A tile of MODE 1 must fit the A area");
+static_assert(CONV_A_FLOATS + CONV_BK * BS_LD <= CONV_SMEM_FLOATS, "A and B tiles must fit the output tile area");
+static_assert(CONV_THREADS == 256 && CONV_BM == 128 && CONV_BN == 64 && CONV_BK == 32, "loaders assume these");
+
+struct ConvGeom {
+    int B, H, W, C;  // gathered input (NHWC)
+    int Ho, Wo, N;   // output pixels and channels
+    int fs, ts;      // forward stride, transposed stride (see above)
+    int M, K;        // GEMM sizes
+};
+
+// pixel index (b*H + iy)*W + ix of the input under output pixel (b, oy, ox) and tap, or -1 (padding)
+__device__ __forceinline__ int conv_gather(const ConvGeom& g, int b, int oy, int ox, int tap) {
+    int ky = tap / 3, kx = tap - 3 * ky;
+    int ny = oy * g.fs - 1 + ky, nx = ox * g.fs - 1 + kx;
+    if (g.ts > 1) {
+        if (ny < 0 || nx < 0 || ny % g.ts || nx % g.ts) return -1;
+        ny /= g.ts;
+        nx /= g.ts;
+    }
+    if (ny < 0 || ny >= g.H || nx < 0 || nx >= g.W) return -1;
+    return (b * g.H + ny) * g.W + nx;
+}
+
+template <int MODE, bool TF32, bool VEC>
+__global__ void __launch_bounds__(CONV_THREADS)
+conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
+                  const float* __restrict__ bias, const float* __restrict__ emb, int accumulate, ConvGeom g,
+                  int kchunk) {
+    __shared__ __align__(128) float smem[CONV_SMEM_FLOATS];
+    float* As = smem;
+    float* Bs = smem + CONV_A_FLOATS;
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.x * CONV_BM, n0 = blockIdx.y * CONV_BN;
+    const int kbeg = MODE == 1 ? blockIdx.z * kchunk : 0;
+    const int kend = MODE == 1 ? min(g.K, kbeg + kchunk) : g.K;
+    const int HWo = g.Ho * g.Wo;
+    const int nk = (kend - kbeg + CONV_BK - 1) / CONV_BK;
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+
+    // per-thread loader state
+    float4 ra[4], rb[2];  // VEC staging
+    float sa[16], sb[8];  // scalar staging
+    int rowb[4], rowy[4], rowx[4];
+    bool rowv[4];
+    int mtap = 0, mc = 0;
+    bool mval = false;
+    if (VEC && MODE == 0) {
+        for (int i = 0; i < 4; i++) {
+            int m = m0 + (tid >> 3) + 32 * i;
+            rowv[i] = m < g.M;
+            int mm = rowv[i] ? m : 0;
+            rowb[i] = mm / HWo;
+            int r = mm - rowb[i] * HWo;
+            rowy[i] = r / g.Wo;
+            rowx[i] = r - rowy[i] * g.Wo;
+        }
+    }
+    if (VEC && MODE == 1) {
+        int m = m0 + (tid & 31) * 4;
+        mval = m < g.M;
+        mtap = m / g.C;
+        mc = m - mtap * g.C;
+    }
+
+    auto load_tiles = [&](int k0) {
+        if (VEC) {
+            if (MODE == 0) {
+                int tap = k0 / g.C, c0 = k0 - tap * g.C + (tid & 7) * 4;
+                for (int i = 0; i < 4; i++) {
+                    int pix = rowv[i] ? conv_gather(g, rowb[i], rowy[i], rowx[i], tap) : -1;
+                    ra[i] = pix >= 0 ? *reinterpret_cast<const float4*>(X + (size_t)pix * g.C + c0) : zero4;
+                }
+            } else {
+                for (int i = 0; i < 4; i++) {
+                    int p = k0 + (tid >> 5) + 8 * i;
+                    int pix = -1;
+                    if (mval && p < kend) {
+                        int b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                        pix = conv_gather(g, b, oy, ox, mtap);
+                    }
+                    ra[i] = pix >= 0 ? *reinterpret_cast<const float4*>(X + (size_t)pix * g.C + mc) : zero4;
+                }
+            }
+            for (int i = 0; i < 2; i++) {
+                int k = k0 + (tid >> 4) + 16 * i, n = n0 + (tid & 15) * 4;
+                rb[i] = (k < kend && n < g.N) ? *reinterpret_cast<const float4*>(Bm + (size_t)k * g.N + n) : zero4;
+            }
+        } else {
+            for (int i = 0; i < 16; i++) {
+                int e = tid + CONV_THREADS * i;
+                float v = 0.f;
+                if (MODE == 0) {
+                    int m = m0 + (e >> 5), k = k0 + (e & 31);
+                    if (m < g.M && k < kend) {
+                        int tap = k / g.C, c = k - tap * g.C;
+                        int b = m / HWo, r = m - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                        int pix = conv_gather(g, b, oy, ox, tap);
+                        if (pix >= 0) v = X[(size_t)pix * g.C + c];
+                    }
+                } else {
+                    int k = k0 + (e >> 7), m = m0 + (e & 127);
+                    if (m < g.M && k < kend) {
+                        int tap = m / g.C, c = m - tap * g.C;
+                        int b = k / HWo, r = k - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                        int pix = conv_gather(g, b, oy, ox, tap);
+                        if (pix >= 0) v = X[(size_t)pix * g.C + c];
+                    }
+                }
+                sa[i] = v;
+            }
+            for (int i = 0; i < 8; i++) {
+                int e = tid + CONV_THREADS * i;
+                int k = k0 + (e >> 6), n = n0 + (e & 63);
+                sb[i] = (k < kend && n < g.N) ? Bm[(size_t)k * g.N + n] : 0.f;
+            }
+        }
+    };
+    auto store_tiles = [&]() {
+        if (VEC) {
+            for (int i = 0; i < 4; i++) {
+                if (MODE == 0)
+                    *reinterpret_cast<float4*>(As + ((tid >> 3) + 32 * i) * AS_LD + (tid & 7) * 4) = ra[i];
+                else
+                    *reinterpret_cast<float4*>(As + ((tid >> 5) + 8 * i) * AT_LD + (tid & 31) * 4) = ra[i];
+            }
+            for (int i = 0; i < 2; i++)
+                *reinterpret_cast<float4*>(Bs + ((tid >> 4) + 16 * i) * BS_LD + (tid & 15) * 4) = rb[i];
+        } else {
+            for (int i = 0; i < 16; i++) {
+                int e = tid + CONV_THREADS * i;
+                if (MODE == 0) As[(e >> 5) * AS_LD + (e & 31)] = sa[i];
+                else As[(e >> 7) * AT_LD + (e & 127)] = sa[i];
+            }
+            for (int i = 0; i < 8; i++) {
+                int e = tid + CONV_THREADS * i;
+                Bs[(e >> 6) * BS_LD + (e & 63)] = sb[i];
+            }
+        }
+    };
+
+    using namespace nvcuda;
+    using ALayout = typename std::conditional<MODE == 0, wmma::row_major, wmma::col_major>::type;
+    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2][2];
+    float accs[8][4];
+    const int ty = tid >> 4, tx = tid & 15;
+    if (TF32) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
+    } else {
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
+    }
+
+    if (nk > 0) {
+        load_tiles(kbeg);
+        store_tiles();
+    }
+    __syncthreads();
+    for (int kt = 0; kt < nk; kt++) {
+        if (kt + 1 < nk) load_tiles(kbeg + (kt + 1) * CONV_BK);  // global loads in flight during the MMAs
+        if (TF32) {
+#pragma unroll
+            for (int kk = 0; kk < CONV_BK; kk += 8) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b[2];
+                for (int i = 0; i < 2; i++) {
+                    if (MODE == 0) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * AS_LD + kk, AS_LD);
+                    else wmma::load_matrix_sync(a[i], As + kk * AT_LD + wm * 32 + i * 16, AT_LD);
+                    for (int t = 0; t < a[i].num_elements; t++) a[i].x[t] = wmma::__float_to_tf32(a[i].x[t]);
+                }
+                for (int j = 0; j < 2; j++) {
+                    wmma::load_matrix_sync(b[j], Bs + kk * BS_LD + wn * 32 + j * 16, BS_LD);
+                    for (int t = 0; t < b[j].num_elements; t++) b[j].x[t] = wmma::__float_to_tf32(b[j].x[t]);
+                }
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+            }
+        } else {
+#pragma unroll 4
+            for (int kk = 0; kk < CONV_BK; kk++) {
+                float a[8], b[4];
+                for (int i = 0; i < 8; i++)
+                    a[i] = MODE == 0 ? As[(ty * 8 + i) * AS_LD + kk] : As[kk * AT_LD + ty * 8 + i];
+                for (int j = 0; j < 4; j++) b[j] = Bs[kk * BS_LD + tx + 16 * j];
+                for (int i = 0; i < 8; i++)
+                    for (int j = 0; j < 4; j++) accs[i][j] = fmaf(a[i], b[j], accs[i][j]);
+            }
+        }
+        __syncthreads();
+        if (kt + 1 < nk) {
+            store_tiles();
+            __syncthreads();
+        }
+    }
+
+    // epilogue through shared memory: coalesced writes with bias, time embedding and accumulation fused
+    float* Cs = smem;
+    if (TF32) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++)
+                wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * CS_LD + wn * 32 + j * 16, acc[i][j], CS_LD,
+                                        wmma::mem_row_major);
+    } else {
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 4; j++) Cs[(ty * 8 + i) * CS_LD + tx + 16 * j] = accs[i][j];
+    }
+    __syncthreads();
+    for (int e = tid; e < CONV_BM * CONV_BN; e += CONV_THREADS) {
+        int row = e >> 6, col = e & 63;
+        int m = m0 + row, n = n0 + col;
+        if (m >= g.M || n >= g.N) continue;
+        float v = Cs[row * CS_LD + col];
+        if (MODE == 0) {
+            if (bias) v += bias[n];
+            if (emb) v += emb[(size_t)(m / HWo) * g.N + n];
+            size_t idx = (size_t)m * g.N + n;
+            if (accumulate) v += out[idx];
+            out[idx] = v;
+        } else {
+            out[((size_t)blockIdx.z * g.M + m) * g.N + n] = v;
+        }
+    }
+}
+
+// dW[i] (+)= sum_z ws[z][i], in a fixed order
+__global__ void wgrad_reduce_kernel(const float* ws, float* dw, size_t n, int splits, int accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float s = 0.f;
+    for (int z = 0; z < splits; z++) s += ws[(size_t)z * n + i];
+    dw[i] = accumulate ? dw[i] + s : s;
+}
+
+// Wbd[tap'][co][ci] = W[8 - tap'][ci][co]: the weights of the backward-data convolution (flipped, transposed)
+__global__ void conv_flip_weights_kernel(const float* w, float* wbd, int cin, int cout) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int n = 9 * cin * cout;
+    if (i >= n) return;
+    int ci = i % cin, co = (i / cin) % cout, tap = i / (cin * cout);
+    wbd[i] = w[((size_t)(8 - tap) * cin + ci) * cout + co];
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// per-(b, channel) sums over pixels: x (Bq, P, C) -> partial (Bq, S, C) of double2, S pixel chunks per sample.
+// MODE 0: (x, x^2) (GroupNorm statistics). MODE 1: GroupNorm backward (dz, dz * xhat) with dz = dy * silu'(z) when
+// silu, z = xhat*gamma + beta. MODE 2: (x, 0) (bias and time-embedding gradients). From dev/groupnorm.cu.
+template <int MODE>
+__global__ void chan_reduce_kernel(const float* __restrict__ x, const float* __restrict__ dy,
+                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                   const float* __restrict__ gamma, const float* __restrict__ beta, int P, int C,
+                                   int G, int silu, double2* __restrict__ partial) {
+    extern __shared__ double2 red[];
+    const int b = blockIdx.x, s = blockIdx.y, S = gridDim.y;
+    const int p0 = (int)((long long)P * s / S), p1 = (int)((long long)P * (s + 1) / S);
+    const int lanes = max(1, (int)blockDim.x / C);
+    const int items = lanes * C;
+    const int cg = C / max(G, 1);
+    for (int item = threadIdx.x; item < items; item += blockDim.x) {
+        int lane = item / C, c = item - lane * C;
+        double ax = 0.0, ay = 0.0;
+        float mu = 0.f, rs = 0.f, ga = 0.f, be = 0.f;
+        if (MODE == 1) {
+            mu = mean[b * G + c / cg];
+            rs = rstd[b * G + c / cg];
+            ga = gamma[c];
+            be = beta[c];
+        }
+        for (int p = p0 + lane; p < p1; p += lanes) {
+            size_t idx = ((size_t)b * P + p) * C + c;
+            float v = x[idx];
+            if (MODE == 0) {
+                ax += v;
+                ay += (double)v * v;
+            } else if (MODE == 1) {
+                float xh = (v - mu) * rs;
+                float d = dy[idx];
+                if (silu) d *= silu_grad(xh * ga + be);
+                ax += d;
+                ay += (double)d * xh;
+            } else {
+                ax += v;
+            }
+        }
+        red[item] = make_double2(ax, ay);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        double2 t = make_double2(0.0, 0.0);
+        for (int l = 0; l < lanes; l++) {
+            t.x += red[l * C + c].x;
+            t.y += red[l * C + c].y;
+        }
+        partial[((size_t)b * S + s) * C + c] = t;
+    }
+}
+
+// mean and 1/sqrt(var + eps) per (b, group) from MODE 0 partials
+__global__ void gn_stats_finalize_kernel(const double2* partial, float* mean, float* rstd, int Bq, int S, int C,
+                                         int G, int P, float eps) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= Bq * G) return;
+    int b = i / G, g = i % G, cg = C / G;
+    double sx = 0.0, sxx = 0.0;
+    for (int s = 0; s < S; s++)
+        for (int c = g * cg; c < (g + 1) * cg; c++) {
+            double2 t = partial[((size_t)b * S + s) * C + c];
+            sx += t.x;
+            sxx += t.y;
+        }
+    double n = (double)P * cg;
+    double mu = sx / n, var = fmax(sxx / n - mu * mu, 0.0);
+    mean[i] = (float)mu;
+    rstd[i] = (float)(1.0 / sqrt(var + (double)eps));
+}
+
+// y = (x - mean) * rstd * gamma + beta, then SiLU when silu. x, y (Bq, P, C).
+__global__ void gn_apply_kernel(const float* __restrict__ x, float* __restrict__ y, const float* mean,
+                                const float* rstd, const float* gamma, const float* beta, int Bq, int P, int C,
+                                int G, int silu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n = (size_t)Bq * P * C;
+    if (i >= n) return;
+    int c = (int)(i % C);
+    int b = (int)(i / ((size_t)P * C));
+    int bg = b * G + c / (C / G);
+    float z = (x[i] - mean[bg]) * rstd[bg] * gamma[c] + beta[c];
+    y[i] = silu ? silu_f(z) : z;
+}
+
+// From MODE 1 partials: dgamma, dbeta (sums over b and chunks) and per (b, g) the two means of the backward:
+// coef[bg] = (mean over the group of dxhat, mean of dxhat * xhat), dxhat = dz * gamma.
+__global__ void gn_bwd_finalize_kernel(const double2* partial, const float* gamma, float* dgamma, float* dbeta,
+                                       float2* coef, int Bq, int S, int C, int G, int P) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < C) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int b = 0; b < Bq; b++)
+            for (int s = 0; s < S; s++) {
+                double2 t = partial[((size_t)b * S + s) * C + i];
+                s1 += t.x;
+                s2 += t.y;
+            }
+        dbeta[i] = (float)s1;
+        dgamma[i] = (float)s2;
+    }
+    if (i < Bq * G) {
+        int b = i / G, g = i % G, cg = C / G;
+        double a1 = 0.0, a2 = 0.0;
+        for (int c = g * cg; c < (g + 1) * cg; c++) {
+            double t1 = 0.0, t2 = 0.0;
+            for (int s = 0; s < S; s++) {
+                double2 t = partial[((size_t)b * S + s) * C + c];
+                t1 += t.x;
+                t2 += t.y;
+            }
+            a1 += (double)gamma[c] * t1;
+            a2 += (double)gamma[c] * t2;
+        }
+        double n = (double)P * cg;
+        coef[i] = make_float2((float)(a1 / n), (float)(a2 / n));
+    }
+}
+
+// dx (+)= rstd * (dz*gamma - coef.x - xhat * coef.y)
+__global__ void gn_bwd_apply_kernel(const float* __restrict__ x, const float* __restrict__ dy,
+                                    float* __restrict__ dx, const float* mean, const float* rstd,
+                                    const float* gamma, const float* beta, const float2* coef, int Bq, int P, int C,
+                                    int G, int silu, int accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n = (size_t)Bq * P * C;
+    if (i >= n) return;
+    int c = (int)(i % C);
+    int b = (int)(i / ((size_t)P * C));
+    int bg = b * G + c / (C / G);
+    float rs = rstd[bg];
+    float xh = (x[i] - mean[bg]) * rs;
+    float d = dy[i];
+    if (silu) d *= silu_grad(xh * gamma[c] + beta[c]);
+    float2 k = coef[bg];
+    float v = rs * (d * gamma[c] - k.x - xh * k.y);
+    dx[i] = accumulate ? dx[i] + v : v;
+}
+
+// out[c] (+)= sum over b and chunks (per_b = 0), or out[b*C + c] (+)= sum over chunks (per_b = 1)
+__global__ void sums_finalize_kernel(const double2* partial, float* out, int Bq, int S, int C, int per_b,
+                                     int accumulate) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (per_b) {
+        if (i >= Bq * C) return;
+        int b = i / C, c = i % C;
+        double t = 0.0;
+        for (int s = 0; s < S; s++) t += partial[((size_t)b * S + s) * C + c].x;
+        out[i] = accumulate ? out[i] + (float)t : (float)t;
+    } else {
+        if (i >= C) return;
+        double t = 0.0;
+        for (int b = 0; b < Bq; b++)
+            for (int s = 0; s < S; s++) t += partial[((size_t)b * S + s) * C + i].x;
+        out[i] = accumulate ? out[i] + (float)t : (float)t;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// elementwise kernels
+
+// out[m, n] += bias[n] (+ res[m, n])
+__global__ void add_bias_kernel(float* out, const float* bias, const float* res, size_t M, int N) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= M * N) return;
+    float v = out[i] + bias[i % N];
+    if (res) v += res[i];
+    out[i] = v;
+}
+
+__global__ void silu_kernel(const float* x, float* y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = silu_f(x[i]);
+}
+// dx = dy * silu'(x)
+__global__ void silu_backward_kernel(const float* x, const float* dy, float* dx, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dx[i] = dy[i] * silu_grad(x[i]);
+}
+// y (+)= x
+__global__ void add_kernel(const float* x, float* y, size_t n, int accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = accumulate ? y[i] + x[i] : x[i];
+}
+
+// emb (B, dim) = cat[cos(t*f), sin(t*f)], f_k = exp(-ln(10000) * k / half), as dev/unet.py timestep_embedding
+__global__ void timestep_embedding_kernel(const int* t, float* emb, int B, int dim) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * dim) return;
+    int b = i / dim, j = i % dim, half = dim / 2;
+    float v = 0.f;
+    if (j < 2 * half) {
+        int k = j < half ? j : j - half;
+        float e = (-9.210340371976184f * (float)k) / (float)half;  // -ln(10000) in float, as PyTorch
+        float arg = (float)t[b] * expf(e);
+        v = j < half ? cosf(arg) : sinf(arg);
+    }
+    emb[i] = v;
+}
+
+// cat (B, P, C1+C2) = [a (B, P, C1), b (B, P, C2)]
+__global__ void concat_kernel(const float* a, const float* b, float* out, size_t BP, int C1, int C2) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int C = C1 + C2;
+    if (i >= BP * C) return;
+    size_t p = i / C;
+    int c = (int)(i % C);
+    out[i] = c < C1 ? a[p * C1 + c] : b[p * C2 + c - C1];
+}
+// da (+)= dcat[:, :C1], db (+)= dcat[:, C1:]
+__global__ void split_backward_kernel(const float* dcat, float* da, float* db, size_t BP, int C1, int C2, int acc_a,
+                                      int acc_b) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int C = C1 + C2;
+    if (i >= BP * C) return;
+    size_t p = i / C;
+    int c = (int)(i % C);
+    float v = dcat[i];
+    if (c < C1) {
+        size_t j = p * C1 + c;
+        da[j] = acc_a ? da[j] + v : v;
+    } else {
+        size_t j = p * C2 + c - C1;
+        db[j] = acc_b ? db[j] + v : v;
+    }
+}
+// nearest x2: out (B, 2H, 2W, C) from x (B, H, W, C)
+__global__ void upsample_kernel(const float* x, float* out, int B, int H, int W, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n = (size_t)B * 4 * H * W * C;
+    if (i >= n) return;
+    int c = (int)(i % C);
+    size_t p = i / C;
+    int ox = (int)(p % (2 * W)), oy = (int)((p / (2 * W)) % (2 * H)), b = (int)(p / (4 * (size_t)H * W));
+    out[i] = x[(((size_t)b * H + oy / 2) * W + ox / 2) * C + c];
+}
+// dx (+)= sum of the 2x2 block of dout
+__global__ void upsample_backward_kernel(const float* dout, float* dx, int B, int H, int W, int C, int accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n = (size_t)B * H * W * C;
+    if (i >= n) return;
+    int c = (int)(i % C);
+    size_t p = i / C;
+    int x = (int)(p % W), y = (int)((p / W) % H), b = (int)(p / ((size_t)H * W));
+    const float* d = dout + (((size_t)b * 2 * H + 2 * y) * 2 * W + 2 * x) * C + c;
+    size_t row = (size_t)2 * W * C;
+    float v = (d[0] + d[C]) + (d[row] + d[row + C]);
+    dx[i] = accumulate ? dx[i] + v : v;
+}
+
+// softmax over rows of length L, in place; one warp per row
+__global__ void softmax_forward_kernel(float* S, int rows, int L) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    float* r = S + (size_t)row * L;
+    float mx = -INFINITY;
+    for (int j = lane; j < L; j += 32) mx = fmaxf(mx, r[j]);
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+    float sum = 0.f;
+    for (int j = lane; j < L; j += 32) sum += expf(r[j] - mx);
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    float inv = 1.0f / sum;
+    for (int j = lane; j < L; j += 32) r[j] = expf(r[j] - mx) * inv;
+}
+// dS = P * (dP - sum(P * dP)) * scale, in place on dP
+__global__ void softmax_backward_kernel(const float* P, float* dP, int rows, int L, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const float* p = P + (size_t)row * L;
+    float* d = dP + (size_t)row * L;
+    float dot = 0.f;
+    for (int j = lane; j < L; j += 32) dot += p[j] * d[j];
+    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffff, dot, o);
+    for (int j = lane; j < L; j += 32) d[j] = p[j] * (d[j] - dot) * scale;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// diffusion, loss, data
+
+// x0 (B, H, W, 3) in [-1, 1] from uint8 images; code[b] = image index * 2 + horizontal flip
+__global__ void load_batch_kernel(const uint8_t* images, const int* code, float* x0, int B, int H, int W) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * H * W * 3) return;
+    int c = (int)(i % 3);
+    size_t p = i / 3;
+    int x = (int)(p % W), y = (int)((p / W) % H), b = (int)(p / ((size_t)H * W));
+    int img = code[b] >> 1, flip = code[b] & 1;
+    int sx = flip ? W - 1 - x : x;
+    x0[i] = (float)images[(((size_t)img * H + y) * W + sx) * 3 + c] / 127.5f - 1.0f;
+}
+// x_t = sqrt(acp[t]) x0 + sqrt(1 - acp[t]) noise, rounded as PyTorch's two products and a sum
+__global__ void q_sample_kernel(const float* x0, const float* noise, const int* t, const float* sa, const float* sb,
+                                float* xt, int B, int per) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * per) return;
+    int ti = t[i / per];
+    xt[i] = __fadd_rn(__fmul_rn(sa[ti], x0[i]), __fmul_rn(sb[ti], noise[i]));
+}
+// per-block partial sums of (out - target)^2, and dout = 2 (out - target) / n
+__global__ void mse_kernel(const float* out, const float* target, float* dout, double* partial, size_t n) {
+    __shared__ double red[256];
+    double s = 0.0;
+    float scale = 2.0f / (float)n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float d = out[i] - target[i];
+        s += (double)d * d;
+        dout[i] = scale * d;
+    }
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o /= 2) {
+        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+}
+__global__ void loss_finalize_kernel(const double* partial, int nblocks, size_t n, float* loss) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double s = 0.0;
+    for (int i = 0; i < nblocks; i++) s += partial[i];
+    *loss = (float)(s / (double)n);
+}
+
+// torch.optim.AdamW (foreach form): m.lerp_(g, 1-b1); v = b2 v + (1-b2) g^2; p *= 1 - lr wd;
+// p -= step_size * m / (sqrt(v) / sqrt(bc2) + eps), step_size = lr / bc1; then ema = rate ema + (1-rate) p
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float* ema, size_t n, float beta1,
+                             float beta2, float lr_wd, float eps, float step_size, float bc2_sqrt, float ema_rate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[i];
+    float mi = m[i] + (1.0f - beta1) * (gi - m[i]);
+    float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+    float pi = p[i];
+    if (lr_wd != 0.f) pi *= 1.0f - lr_wd;
+    pi -= step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if (ema) ema[i] = ema_rate * ema[i] + (1.0f - ema_rate) * pi;
+}
+
+// one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
+// x0 = clip(x/sqrt(acp) - sqrt(1/acp - 1) eps, -1, 1); ddpm: x = c1 x0 + c2 x + sigma z (sigma 0 at t = 0);
+// ddim (eta 0): eps' = (x/sqrt(acp) - x0) / sqrt(1/acp - 1); x = sqrt(acp_prev) x0 + sqrt(1 - acp_prev) eps'.
+// k: a = sqrt(1/acp), b = sqrt(1/acp - 1), c1/sqrt(acp_prev), c2/sqrt(1-acp_prev), sigma
+__global__ void sample_step_kernel(float* x, const float* eps, const float* z, size_t n, int ddim, float a, float b,
+                                   float c1, float c2, float sigma) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float xi = x[i];
+    float x0 = fminf(fmaxf(a * xi - b * eps[i], -1.f), 1.f);
+    if (ddim) {
+        float e = (a * xi - x0) / b;
+        x[i] = c1 * x0 + c2 * e;
+    } else {
+        float v = c1 * x0 + c2 * xi;
+        if (sigma > 0.f) v += sigma * z[i];
+        x[i] = v;
+    }
+}
+__global__ void to_uint8_kernel(const float* x, uint8_t* out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = rintf((x[i] + 1.0f) * 127.5f);
+    out[i] = (uint8_t)fminf(fmaxf(v, 0.f), 255.f);
+}
+
+// ================================================================================================================
+// model
+// ================================================================================================================
+
+static cublasHandle_t g_cublas;
+static int g_num_sms = 132;
+static bool g_tf32 = true;  // TF32 tensor cores for convolutions and cuBLAS products
+static const int EW = 256;  // elementwise block size
+
+static void set_tf32(bool on) {
+    g_tf32 = on;
+    cublasCheck(cublasSetMathMode(g_cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+enum ParamKind { PK_PLAIN = 0, PK_CONV3 = 1 };
+struct Param {
+    std::string name;
+    int kind;       // PK_CONV3: stored [tap][cin][cout], PyTorch (cout, cin, 3, 3)
+    int ndim, shape[4];
+    size_t off, n;
+};
+
+// an activation and its gradient; g_written tracks whether the gradient holds a value in this backward pass
+struct Buf {
+    float* x = nullptr;
+    float* g = nullptr;
+    size_t n = 0;
+    int H = 0, W = 0, C = 0;
+    bool g_written = false;
+};
+
+struct ConvP { int cin = 0, cout = 0, stride = 1; size_t w = 0, b = 0; };  // 3x3, padding 1
+struct LinP { int in = 0, out = 0; size_t w = 0, b = 0; };                // (out, in): Linear, 1x1 conv, conv1d
+struct NormP { int C = 0; size_t w = 0, b = 0; };                        // GroupNorm(32)
+
+enum OpKind { OP_CONV_IN, OP_RES, OP_ATTN, OP_DOWN, OP_UP, OP_CAT, OP_OUT };
+struct Op {
+    OpKind kind;
+    Buf *in = nullptr, *in2 = nullptr, *out = nullptr;
+    int H = 0, W = 0;  // input spatial size
+    ConvP c1, c2;
+    NormP n1, n2;
+    LinP emb, skip, qkv, proj;
+    bool has_skip = false;
+    Buf *a1 = nullptr, *h1 = nullptr, *a2 = nullptr, *up = nullptr;  // resblock / upsample / out intermediates
+    Buf *xn = nullptr, *qkvb = nullptr, *att = nullptr;             // attention
+    float *mean1 = nullptr, *rstd1 = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
+    float *embo = nullptr, *d_embo = nullptr;  // (B, cout)
+    int heads = 0, L = 0;
+    float* P = nullptr;  // softmax (B*heads, L, L)
+    const float** ptrs = nullptr;  // device pointer arrays for the batched attention products, 10 x B*heads
+};
+
+struct UNet {
+    UNetConfig cfg;
+    int B = 0, E = 0;  // batch, time embedding width 4C
+    std::vector<Param> params;
+    size_t n_params = 0;
+    float *p = nullptr, *g = nullptr, *m = nullptr, *v = nullptr, *ema = nullptr;
+    std::vector<Op> ops;
+    std::vector<Buf*> bufs;
+    LinP te0, te2;
+    // inputs and time embedding
+    float *x0 = nullptr, *noise = nullptr;
+    Buf* xt = nullptr;
+    int* t = nullptr;
+    float *temb = nullptr, *te_h = nullptr, *te_a = nullptr, *emb = nullptr, *emb_s = nullptr;  // (B, C|E)
+    float *d_te = nullptr, *d_emb = nullptr, *d_emb_s = nullptr;
+    bool d_emb_s_written = false;
+    Buf* out = nullptr;  // model output (B, H, W, 3)
+    float* loss = nullptr;
+    double* loss_partial = nullptr;
+    int loss_blocks = 0;
+    float *sqrt_acp = nullptr, *sqrt_1m_acp = nullptr;  // device (T,)
+    std::vector<double> acp;                               // host (T,)
+    // workspaces
+    float* conv_ws = nullptr;  // split-K partials of weight gradients
+    size_t conv_ws_floats = 0;
+    float* wflip = nullptr;  // flipped weights for backward-data
+    size_t wflip_floats = 0;
+    double2* red_ws = nullptr;
+    size_t red_ws_items = 0;
+    float2* gn_coef = nullptr;
+    float* dS = nullptr;  // attention score gradients (max over layers)
+    size_t dS_floats = 0;
+    int adam_t = 0;  // completed AdamW steps
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// build
+
+static size_t add_param(UNet* m, const std::string& name, int kind, std::vector<int> shape) {
+    Param p;
+    p.name = name;
+    p.kind = kind;
+    p.ndim = (int)shape.size();
+    p.n = 1;
+    for (int d = 0; d < 4; d++) {
+        p.shape[d] = d < p.ndim ? shape[d] : 0;
+        if (d < p.ndim) p.n *= (size_t)shape[d];
+    }
+    p.off = m->n_params;
+    m->n_params += p.n;
+    m->params.push_back(p);
+    return p.off;
+}
+static ConvP add_conv(UNet* m, const std::string& name, int cin, int cout, int stride) {
+    ConvP c;
+    c.cin = cin; c.cout = cout; c.stride = stride;
+    c.w = add_param(m, name + ".weight", PK_CONV3, {cout, cin, 3, 3});
+    c.b = add_param(m, name + ".bias", PK_PLAIN, {cout});
+    return c;
+}
+static LinP add_lin(UNet* m, const std::string& name, int in, int out, int conv_dims) {
+    LinP l;
+    l.in = in; l.out = out;
+    std::vector<int> shape = {out, in};
+    for (int d = 0; d < conv_dims; d++) shape.push_back(1);  // Conv1d (out, in, 1), Conv2d 1x1 (out, in, 1, 1)
+    l.w = add_param(m, name + ".weight", PK_PLAIN, shape);
+    l.b = add_param(m, name + ".bias", PK_PLAIN, {out});
+    return l;
+}
+static NormP add_norm(UNet* m, const std::string& name, int C) {
+    NormP n;
+    n.C = C;
+    n.w = add_param(m, name + ".weight", PK_PLAIN, {C});
+    n.b = add_param(m, name + ".bias", PK_PLAIN, {C});
+    return n;
+}
+
+static Buf* new_buf(UNet* m, int H, int W, int C) {
+    Buf* b = new Buf();
+    b->H = H; b->W = W; b->C = C;
+    b->n = (size_t)m->B * H * W * C;
+    m->bufs.push_back(b);
+    return b;
+}
+static float* dev_alloc(size_t n) {
+    float* p;
+    cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
+    return p;
+}
+
+static Op make_res(UNet* m, const std::string& name, Buf* in, int cout) {
+    Op o;
+    o.kind = OP_RES;
+    o.in = in;
+    o.H = in->H; o.W = in->W;
+    int cin = in->C;
+    o.n1 = add_norm(m, name + ".in_layers.0", cin);
+    o.c1 = add_conv(m, name + ".in_layers.2", cin, cout, 1);
+    o.emb = add_lin(m, name + ".emb_layers.1", m->E, cout, 0);
+    o.n2 = add_norm(m, name + ".out_layers.0", cout);
+    o.c2 = add_conv(m, name + ".out_layers.3", cout, cout, 1);
+    o.has_skip = cin != cout;
+    if (o.has_skip) o.skip = add_lin(m, name + ".skip_connection", cin, cout, 2);
+    o.a1 = new_buf(m, o.H, o.W, cin);
+    o.h1 = new_buf(m, o.H, o.W, cout);
+    o.a2 = new_buf(m, o.H, o.W, cout);
+    o.out = new_buf(m, o.H, o.W, cout);
+    return o;
+}
+static Op make_attn(UNet* m, const std::string& name, Buf* in) {
+    Op o;
+    o.kind = OP_ATTN;
+    o.in = in;
+    o.H = in->H; o.W = in->W;
+    int C = in->C;
+    o.heads = C / m->cfg.num_head_channels;
+    o.L = o.H * o.W;
+    o.n1 = add_norm(m, name + ".norm", C);
+    o.qkv = add_lin(m, name + ".qkv", C, 3 * C, 1);
+    o.proj = add_lin(m, name + ".proj_out", C, C, 1);
+    o.xn = new_buf(m, o.H, o.W, C);
+    o.qkvb = new_buf(m, o.H, o.W, 3 * C);
+    o.att = new_buf(m, o.H, o.W, C);
+    o.out = new_buf(m, o.H, o.W, C);
+    return o;
+}
+
+// Defines the model of cfg for batch B (as dev/unet.py UNetModel.__init__): parameters, layers and activation
+// sizes, on the host only (so files can be validated without a GPU); unet_allocate then allocates everything once.
+static void unet_define(UNet* m, const UNetConfig& cfg, int B) {
+    m->cfg = cfg;
+    m->B = B;
+    const int MC = cfg.model_channels, S = cfg.image_size;
+    m->E = 4 * MC;
+    m->te0 = add_lin(m, "time_embed.0", MC, m->E, 0);
+    m->te2 = add_lin(m, "time_embed.2", m->E, m->E, 0);
+    m->xt = new_buf(m, S, S, cfg.in_channels);
+
+    int ch = cfg.mult[0] * MC;
+    std::vector<Buf*> hs;
+    {
+        Op o;
+        o.kind = OP_CONV_IN;
+        o.in = m->xt;
+        o.H = S; o.W = S;
+        o.c1 = add_conv(m, "input_blocks.0.0", cfg.in_channels, ch, 1);
+        o.out = new_buf(m, S, S, ch);
+        m->ops.push_back(o);
+        hs.push_back(o.out);
+    }
+    Buf* h = hs.back();
+    int ds = 1, block = 1;
+    for (int level = 0; level < cfg.n_levels; level++) {
+        for (int r = 0; r < cfg.num_res_blocks; r++) {
+            std::string name = "input_blocks." + std::to_string(block);
+            m->ops.push_back(make_res(m, name + ".0", h, cfg.mult[level] * MC));
+            h = m->ops.back().out;
+            if (cfg.attn_ds_mask & ds) {
+                m->ops.push_back(make_attn(m, name + ".1", h));
+                h = m->ops.back().out;
+            }
+            hs.push_back(h);
+            block++;
+        }
+        if (level != cfg.n_levels - 1) {
+            Op o;
+            o.kind = OP_DOWN;
+            o.in = h;
+            o.H = h->H; o.W = h->W;
+            o.c1 = add_conv(m, "input_blocks." + std::to_string(block) + ".0.op", h->C, h->C, 2);
+            o.out = new_buf(m, h->H / 2, h->W / 2, h->C);
+            m->ops.push_back(o);
+            h = o.out;
+            hs.push_back(h);
+            block++;
+            ds *= 2;
+        }
+    }
+    m->ops.push_back(make_res(m, "middle_block.0", h, h->C));
+    h = m->ops.back().out;
+    m->ops.push_back(make_attn(m, "middle_block.1", h));
+    h = m->ops.back().out;
+    m->ops.push_back(make_res(m, "middle_block.2", h, h->C));
+    h = m->ops.back().out;
+    block = 0;
+    for (int level = cfg.n_levels - 1; level >= 0; level--) {
+        for (int i = 0; i <= cfg.num_res_blocks; i++) {
+            Buf* skip = hs.back();
+            hs.pop_back();
+            Op cat;
+            cat.kind = OP_CAT;
+            cat.in = h;
+            cat.in2 = skip;
+            cat.H = h->H; cat.W = h->W;
+            cat.out = new_buf(m, h->H, h->W, h->C + skip->C);
+            m->ops.push_back(cat);
+            h = cat.out;
+            std::string name = "output_blocks." + std::to_string(block);
+            int j = 0;
+            m->ops.push_back(make_res(m, name + "." + std::to_string(j++), h, cfg.mult[level] * MC));
+            h = m->ops.back().out;
+            if (cfg.attn_ds_mask & ds) {
+                m->ops.push_back(make_attn(m, name + "." + std::to_string(j++), h));
+                h = m->ops.back().out;
+            }
+            if (level && i == cfg.num_res_blocks) {
+                Op o;
+                o.kind = OP_UP;
+                o.in = h;
+                o.H = h->H; o.W = h->W;
+                o.c1 = add_conv(m, name + "." + std::to_string(j++) + ".conv", h->C, h->C, 1);
+                o.up = new_buf(m, 2 * h->H, 2 * h->W, h->C);
+                o.out = new_buf(m, 2 * h->H, 2 * h->W, h->C);
+                m->ops.push_back(o);
+                h = o.out;
+                ds /= 2;
+            }
+            block++;
+        }
+    }
+    {
+        Op o;
+        o.kind = OP_OUT;
+        o.in = h;
+        o.H = h->H; o.W = h->W;
+        o.n1 = add_norm(m, "out.0", h->C);
+        o.c1 = add_conv(m, "out.2", h->C, cfg.out_channels, 1);
+        o.a1 = new_buf(m, h->H, h->W, h->C);
+        o.out = new_buf(m, h->H, h->W, cfg.out_channels);
+        m->ops.push_back(o);
+        m->out = o.out;
+    }
+}
+
+// Allocates every device buffer of a defined model, once.
+static void unet_allocate(UNet* m) {
+    const int B = m->B, MC = m->cfg.model_channels;
+    const UNetConfig& cfg = m->cfg;
+    // parameters, gradients, optimizer state, EMA
+    size_t np = m->n_params;
+    m->p = dev_alloc(np);
+    m->g = dev_alloc(np);
+    m->m = dev_alloc(np);
+    m->v = dev_alloc(np);
+    m->ema = dev_alloc(np);
+    cudaCheck(cudaMemset(m->m, 0, np * 4));
+    cudaCheck(cudaMemset(m->v, 0, np * 4));
+    cudaCheck(cudaMemset(m->g, 0, np * 4));
+    // activations and their gradients
+    for (Buf* b : m->bufs) {
+        b->x = dev_alloc(b->n);
+        b->g = dev_alloc(b->n);
+    }
+    m->x0 = dev_alloc(m->xt->n);
+    m->noise = dev_alloc(m->xt->n);
+    cudaCheck(cudaMalloc(&m->t, B * sizeof(int)));
+    m->temb = dev_alloc((size_t)B * MC);
+    m->te_h = dev_alloc((size_t)B * m->E);
+    m->te_a = dev_alloc((size_t)B * m->E);
+    m->emb = dev_alloc((size_t)B * m->E);
+    m->emb_s = dev_alloc((size_t)B * m->E);
+    m->d_te = dev_alloc((size_t)B * m->E);
+    m->d_emb = dev_alloc((size_t)B * m->E);
+    m->d_emb_s = dev_alloc((size_t)B * m->E);
+    m->loss_blocks = 264;
+    cudaCheck(cudaMalloc(&m->loss_partial, m->loss_blocks * sizeof(double)));
+    m->loss = dev_alloc(1);
+
+    // per-op state and workspace sizes
+    size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0;
+    int G = 32;
+    auto conv_ws_need = [&](const ConvP& c, int Ho, int Wo) {
+        size_t M = 9 * (size_t)c.cin, N = c.cout, K = (size_t)B * Ho * Wo;
+        int tiles = ceil_div(M, CONV_BM) * ceil_div(N, CONV_BN);
+        int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), (int)std::max<size_t>(1, K / 256)));
+        ws = std::max(ws, (size_t)splits * M * N);
+        wf = std::max(wf, 9 * (size_t)c.cin * c.cout);
+    };
+    red = (size_t)1024 * 2048;  // chan_reduce partials: Bq*S <= 1024 blocks, C <= 2048 (checked at launch)
+    for (Op& o : m->ops) {
+        switch (o.kind) {
+        case OP_CONV_IN: conv_ws_need(o.c1, o.H, o.W); break;
+        case OP_DOWN: conv_ws_need(o.c1, o.H / 2, o.W / 2); break;
+        case OP_UP: conv_ws_need(o.c1, 2 * o.H, 2 * o.W); break;
+        case OP_OUT:
+            conv_ws_need(o.c1, o.H, o.W);
+            o.mean1 = dev_alloc((size_t)B * G);
+            o.rstd1 = dev_alloc((size_t)B * G);
+            break;
+        case OP_RES:
+            conv_ws_need(o.c1, o.H, o.W);
+            conv_ws_need(o.c2, o.H, o.W);
+            o.mean1 = dev_alloc((size_t)B * G);
+            o.rstd1 = dev_alloc((size_t)B * G);
+            o.mean2 = dev_alloc((size_t)B * G);
+            o.rstd2 = dev_alloc((size_t)B * G);
+            o.embo = dev_alloc((size_t)B * o.c1.cout);
+            o.d_embo = dev_alloc((size_t)B * o.c1.cout);
+            break;
+        case OP_ATTN: {
+            o.mean1 = dev_alloc((size_t)B * G);
+            o.rstd1 = dev_alloc((size_t)B * G);
+            size_t nS = (size_t)B * o.heads * o.L * o.L;
+            o.P = dev_alloc(nS);
+            dS = std::max(dS, nS);
+            break;
+        }
+        default: break;
+        }
+    }
+    gncoef = (size_t)B * G;
+    m->conv_ws_floats = ws;
+    m->conv_ws = dev_alloc(ws);
+    m->wflip_floats = wf;
+    m->wflip = dev_alloc(wf);
+    m->red_ws_items = red;
+    cudaCheck(cudaMalloc(&m->red_ws, red * sizeof(double2)));
+    cudaCheck(cudaMalloc(&m->gn_coef, gncoef * sizeof(float2)));
+    m->dS_floats = dS;
+    m->dS = dev_alloc(dS);
+    // attention pointer arrays: Q, K, V, P, O, dQ, dK, dV, dO, dS for each (b, head)
+    for (Op& o : m->ops) {
+        if (o.kind != OP_ATTN) continue;
+        int C = o.in->C, d = C / o.heads, nb = B * o.heads, L = o.L;
+        std::vector<const float*> h_ptrs(10 * (size_t)nb);
+        for (int b = 0; b < B; b++)
+            for (int hd = 0; hd < o.heads; hd++) {
+                int i = b * o.heads + hd;
+                size_t tok = (size_t)b * L;
+                h_ptrs[0 * nb + i] = o.qkvb->x + tok * 3 * C + hd * 3 * d;
+                h_ptrs[1 * nb + i] = o.qkvb->x + tok * 3 * C + hd * 3 * d + d;
+                h_ptrs[2 * nb + i] = o.qkvb->x + tok * 3 * C + hd * 3 * d + 2 * d;
+                h_ptrs[3 * nb + i] = o.P + (size_t)i * L * L;
+                h_ptrs[4 * nb + i] = o.att->x + tok * C + hd * d;
+                h_ptrs[5 * nb + i] = o.qkvb->g + tok * 3 * C + hd * 3 * d;
+                h_ptrs[6 * nb + i] = o.qkvb->g + tok * 3 * C + hd * 3 * d + d;
+                h_ptrs[7 * nb + i] = o.qkvb->g + tok * 3 * C + hd * 3 * d + 2 * d;
+                h_ptrs[8 * nb + i] = o.att->g + tok * C + hd * d;
+                h_ptrs[9 * nb + i] = m->dS + (size_t)i * L * L;
+            }
+        cudaCheck(cudaMalloc(&o.ptrs, h_ptrs.size() * sizeof(float*)));
+        cudaCheck(cudaMemcpy(o.ptrs, h_ptrs.data(), h_ptrs.size() * sizeof(float*), cudaMemcpyHostToDevice));
+    }
+    // diffusion schedule: float64 as dev/unet.py, cast to float32 when used
+    int T = cfg.diffusion_steps;
+    m->acp.resize(T);
+    std::vector<float> sa(T), sb(T);
+    double acp = 1.0;
+    for (int i = 0; i < T; i++) {
+        double beta = T == 1 ? (double)cfg.beta_start
+                             : (double)cfg.beta_start + ((double)cfg.beta_end - cfg.beta_start) * i / (T - 1);
+        acp *= 1.0 - beta;
+        m->acp[i] = acp;
+        sa[i] = (float)sqrt(acp);
+        sb[i] = (float)sqrt(1.0 - acp);
+    }
+    m->sqrt_acp = dev_alloc(T);
+    m->sqrt_1m_acp = dev_alloc(T);
+    cudaCheck(cudaMemcpy(m->sqrt_acp, sa.data(), T * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(m->sqrt_1m_acp, sb.data(), T * 4, cudaMemcpyHostToDevice));
+}
+
+static void unet_free(UNet* m) {
+    for (Buf* b : m->bufs) {
+        cudaCheck(cudaFree(b->x));
+        cudaCheck(cudaFree(b->g));
+        delete b;
+    }
+    m->bufs.clear();
+    for (Op& o : m->ops) {
+        float* fs[] = {o.mean1, o.rstd1, o.mean2, o.rstd2, o.embo, o.d_embo, o.P};
+        for (float* f : fs)
+            if (f) cudaCheck(cudaFree(f));
+        if (o.ptrs) cudaCheck(cudaFree(o.ptrs));
+    }
+    m->ops.clear();
+    float* fs[] = {m->p, m->g, m->m, m->v, m->ema, m->x0, m->noise, m->temb, m->te_h, m->te_a, m->emb, m->emb_s,
+                   m->d_te, m->d_emb, m->d_emb_s, m->loss, m->sqrt_acp, m->sqrt_1m_acp, m->conv_ws, m->wflip, m->dS};
+    for (float* f : fs)
+        if (f) cudaCheck(cudaFree(f));
+    cudaCheck(cudaFree(m->t));
+    cudaCheck(cudaFree(m->loss_partial));
+    cudaCheck(cudaFree(m->red_ws));
+    cudaCheck(cudaFree(m->gn_coef));
+    m->params.clear();
+    m->n_params = 0;
+}
+
+static const Param* unet_param(const UNet* m, const std::string& name) {
+    for (const Param& p : m->params)
+        if (p.name == name) return &p;
+    return nullptr;
+}
+
+// PyTorch layout <-> ours (conv 3x3: (cout, cin, 3, 3) <-> [tap][cin][cout]; everything else identical)
+static void param_from_torch(const Param& p, const float* src, float* dst) {
+    if (p.kind != PK_CONV3) {
+        memcpy(dst, src, p.n * 4);
+        return;
+    }
+    int co_n = p.shape[0], ci_n = p.shape[1];
+    for (int co = 0; co < co_n; co++)
+        for (int ci = 0; ci < ci_n; ci++)
+            for (int tap = 0; tap < 9; tap++) dst[((size_t)tap * ci_n + ci) * co_n + co] = src[((size_t)co * ci_n + ci) * 9 + tap];
+}
+static void param_to_torch(const Param& p, const float* src, float* dst) {
+    if (p.kind != PK_CONV3) {
+        memcpy(dst, src, p.n * 4);
+        return;
+    }
+    int co_n = p.shape[0], ci_n = p.shape[1];
+    for (int co = 0; co < co_n; co++)
+        for (int ci = 0; ci < ci_n; ci++)
+            for (int tap = 0; tap < 9; tap++) dst[((size_t)co * ci_n + ci) * 9 + tap] = src[((size_t)tap * ci_n + ci) * co_n + co];
+}
+
+// PyTorch's default initialisation (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for conv/linear weights and biases,
+// GroupNorm 1 and 0) and guided-diffusion's zero_module for out_layers.3, proj_out and out.2.
+static void unet_init_weights(UNet* m, uint64_t seed) {
+    std::vector<float> h(m->n_params);
+    uint64_t counter = 0;
+    for (size_t pi = 0; pi < m->params.size(); pi++) {
+        const Param& p = m->params[pi];
+        const std::string& n = p.name;
+        auto ends_with = [&](const char* s) {
+            size_t l = strlen(s);
+            return n.size() >= l && n.compare(n.size() - l, l, s) == 0;
+        };
+        bool is_norm = n.find("in_layers.0.") != std::string::npos || n.find("out_layers.0.") != std::string::npos ||
+                       n.find(".norm.") != std::string::npos || n.rfind("out.0.", 0) == 0;
+        bool zero = n.find("out_layers.3.") != std::string::npos || n.find("proj_out.") != std::string::npos ||
+                    n.rfind("out.2.", 0) == 0;
+        float* dst = h.data() + p.off;
+        if (is_norm) {
+            float v = ends_with(".weight") ? 1.f : 0.f;
+            for (size_t i = 0; i < p.n; i++) dst[i] = v;
+        } else if (zero) {
+            for (size_t i = 0; i < p.n; i++) dst[i] = 0.f;
+        } else {
+            // fan_in of the weight of this layer: bias entries follow their weight in the table
+            const Param& w = ends_with(".bias") ? m->params[pi - 1] : p;
+            size_t fan_in = w.n / (size_t)w.shape[0];
+            float bound = 1.0f / sqrtf((float)fan_in);
+            for (size_t i = 0; i < p.n; i++) dst[i] = (2.f * rng_uniform(seed, RNG_INIT, counter++) - 1.f) * bound;
+        }
+    }
+    // generated in PyTorch layout, stored in ours
+    std::vector<float> ours(m->n_params);
+    for (const Param& p : m->params) param_from_torch(p, h.data() + p.off, ours.data() + p.off);
+    cudaCheck(cudaMemcpy(m->p, ours.data(), m->n_params * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// layer launchers
+
+static void gemm_rm(bool tA, bool tB, int M, int N, int K, const float* A, int lda, const float* Bm, int ldb,
+                    float* C, int ldc, float alpha, float beta) {
+    // row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T
+    cublasCheck(cublasSgemm(g_cublas, tB ? CUBLAS_OP_T : CUBLAS_OP_N, tA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                            &alpha, Bm, ldb, A, lda, &beta, C, ldc));
+}
+static void gemm_rm_batched(bool tA, bool tB, int M, int N, int K, const float* const* A, int lda,
+                            const float* const* Bm, int ldb, float* const* C, int ldc, float alpha, float beta,
+                            int batch) {
+    cublasCheck(cublasSgemmBatched(g_cublas, tB ? CUBLAS_OP_T : CUBLAS_OP_N, tA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
+                                   K, &alpha, Bm, ldb, A, lda, &beta, C, ldc, batch));
+}
+
+template <int MODE>
+static void launch_conv_igemm(dim3 grid, bool vec, const float* X, const float* Bm, float* out, const float* bias,
+                              const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
+    if (g_tf32) {
+        if (vec) conv_igemm_kernel<MODE, true, true><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        else conv_igemm_kernel<MODE, true, false><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+    } else {
+        if (vec) conv_igemm_kernel<MODE, false, true><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        else conv_igemm_kernel<MODE, false, false><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// y (B, Ho, Wo, cout) (+)= conv3x3(x (B, H, W, cin)) + bias (+ emb[b, cout])
+static void conv3x3_forward(const UNet* m, const ConvP& c, const float* x, float* y, int H, int W,
+                            const float* emb, bool accumulate) {
+    ConvGeom g;
+    g.B = m->B; g.H = H; g.W = W; g.C = c.cin;
+    g.Ho = (H - 1) / c.stride + 1; g.Wo = (W - 1) / c.stride + 1; g.N = c.cout;
+    g.fs = c.stride; g.ts = 1;
+    g.M = g.B * g.Ho * g.Wo; g.K = 9 * c.cin;
+    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
+    bool vec = c.cin % CONV_BK == 0 && c.cout % 4 == 0;
+    launch_conv_igemm<0>(grid, vec, x, m->p + c.w, y, m->p + c.b, emb, accumulate, g, 0);
+}
+// dx (B, H, W, cin) (+)= conv3x3 backward-data of dy (B, Ho, Wo, cout)
+static void conv3x3_backward_data(const UNet* m, const ConvP& c, const float* dy, float* dx, int H, int W,
+                                  bool accumulate) {
+    int n = 9 * c.cin * c.cout;
+    conv_flip_weights_kernel<<<ceil_div(n, EW), EW>>>(m->p + c.w, m->wflip, c.cin, c.cout);
+    cudaCheck(cudaGetLastError());
+    ConvGeom g;
+    g.B = m->B; g.H = (H - 1) / c.stride + 1; g.W = (W - 1) / c.stride + 1; g.C = c.cout;
+    g.Ho = H; g.Wo = W; g.N = c.cin;
+    g.fs = 1; g.ts = c.stride;
+    g.M = g.B * H * W; g.K = 9 * c.cout;
+    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
+    bool vec = c.cout % CONV_BK == 0 && c.cin % 4 == 0;
+    launch_conv_igemm<0>(grid, vec, dy, m->wflip, dx, nullptr, nullptr, accumulate, g, 0);
+}
+// dW = conv3x3 weight gradient from x (B, H, W, cin) and dy (B, Ho, Wo, cout)
+static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const float* x, const float* dy, int H, int W) {
+    ConvGeom g;
+    g.B = m->B; g.H = H; g.W = W; g.C = c.cin;
+    g.Ho = (H - 1) / c.stride + 1; g.Wo = (W - 1) / c.stride + 1; g.N = c.cout;
+    g.fs = c.stride; g.ts = 1;
+    g.M = 9 * c.cin; g.K = g.B * g.Ho * g.Wo;
+    int tiles = ceil_div(g.M, CONV_BM) * ceil_div(g.N, CONV_BN);
+    int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), std::max(1, g.K / 256)));
+    int kchunk = ceil_div(ceil_div(g.K, splits), CONV_BK) * CONV_BK;
+    splits = ceil_div(g.K, kchunk);
+    if ((size_t)splits * g.M * g.N > m->conv_ws_floats) {
+        fprintf(stderr, "internal error: conv workspace too small\n");
+        exit(EXIT_FAILURE);
+    }
+    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN), splits);
+    bool vec = c.cin % 4 == 0 && c.cout % 4 == 0;
+    launch_conv_igemm<1>(grid, vec, x, dy, m->conv_ws, nullptr, nullptr, 0, g, kchunk);
+    size_t n = (size_t)g.M * g.N;
+    wgrad_reduce_kernel<<<ceil_div(n, EW), EW>>>(m->conv_ws, m->g + c.w, n, splits, 0);
+    cudaCheck(cudaGetLastError());
+}
+
+// per-(b, c) partial sums of x (Bq, P, C); returns the number of chunks S
+template <int MODE>
+static int chan_reduce(const UNet* m, const float* x, const float* dy, const float* mean, const float* rstd,
+                       const float* gamma, const float* beta, int Bq, int P, int C, int G, int silu) {
+    int S = std::max(1, std::min(std::max(1, P / 32), ceil_div(4 * g_num_sms, Bq)));
+    S = std::min(S, std::max(1, 1024 / Bq));
+    if ((size_t)Bq * S * C > m->red_ws_items) {
+        fprintf(stderr, "internal error: reduction workspace too small\n");
+        exit(EXIT_FAILURE);
+    }
+    int threads = 512;
+    int lanes = std::max(1, threads / C);
+    size_t smem = (size_t)lanes * C * sizeof(double2);
+    chan_reduce_kernel<MODE><<<dim3(Bq, S), threads, smem>>>(x, dy, mean, rstd, gamma, beta, P, C, G, silu, m->red_ws);
+    cudaCheck(cudaGetLastError());
+    return S;
+}
+// out[c] = sum over (b, p) of x (Bq, P, C) (per_b = 0) or out[b, c] = sum over p (per_b = 1)
+static void channel_sums(const UNet* m, const float* x, float* out, int Bq, int P, int C, int per_b, int accumulate) {
+    int S = chan_reduce<2>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, Bq, P, C, 1, 0);
+    sums_finalize_kernel<<<ceil_div(per_b ? Bq * C : C, EW), EW>>>(m->red_ws, out, Bq, S, C, per_b, accumulate);
+    cudaCheck(cudaGetLastError());
+}
+
+static void groupnorm_forward(const UNet* m, const NormP& n, const float* x, float* y, float* mean, float* rstd, int P,
+                              int silu) {
+    const int G = 32, B = m->B;
+    int S = chan_reduce<0>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, n.C, G, 0);
+    gn_stats_finalize_kernel<<<ceil_div(B * G, EW), EW>>>(m->red_ws, mean, rstd, B, S, n.C, G, P, 1e-5f);
+    cudaCheck(cudaGetLastError());
+    size_t total = (size_t)B * P * n.C;
+    gn_apply_kernel<<<ceil_div(total, EW), EW>>>(x, y, mean, rstd, m->p + n.w, m->p + n.b, B, P, n.C, G, silu);
+    cudaCheck(cudaGetLastError());
+}
+static void groupnorm_backward(const UNet* m, const NormP& n, const float* x, const float* dy, float* dx,
+                               const float* mean, const float* rstd, int P, int silu, bool accumulate) {
+    const int G = 32, B = m->B;
+    const float *gamma = m->p + n.w, *beta = m->p + n.b;
+    int S = chan_reduce<1>(m, x, dy, mean, rstd, gamma, beta, B, P, n.C, G, silu);
+    gn_bwd_finalize_kernel<<<ceil_div(std::max(n.C, B * G), EW), EW>>>(m->red_ws, gamma, m->g + n.w, m->g + n.b,
+                                                                       m->gn_coef, B, S, n.C, G, P);
+    cudaCheck(cudaGetLastError());
+    size_t total = (size_t)B * P * n.C;
+    gn_bwd_apply_kernel<<<ceil_div(total, EW), EW>>>(x, dy, dx, mean, rstd, gamma, beta, m->gn_coef, B, P, n.C, G,
+                                                     silu, accumulate);
+    cudaCheck(cudaGetLastError());
+}
+
+// y (rows, out) = x (rows, in) W^T + b (+ res)
+static void linear_forward(const UNet* m, const LinP& l, const float* x, float* y, int rows, const float* res) {
+    gemm_rm(false, true, rows, l.out, l.in, x, l.in, m->p + l.w, l.in, y, l.out, 1.f, 0.f);
+    add_bias_kernel<<<ceil_div((size_t)rows * l.out, EW), EW>>>(y, m->p + l.b, res, rows, l.out);
+    cudaCheck(cudaGetLastError());
+}
+// dW = dy^T x, db = column sums of dy (rows = Bq * P), dx (+)= dy W (skipped when dx is null)
+static void linear_backward(const UNet* m, const LinP& l, const float* x, const float* dy, float* dx, int Bq, int P,
+                            bool accumulate) {
+    int rows = Bq * P;
+    gemm_rm(true, false, l.out, l.in, rows, dy, l.out, x, l.in, m->g + l.w, l.in, 1.f, 0.f);
+    channel_sums(m, dy, m->g + l.b, Bq, P, l.out, 0, 0);
+    if (dx) gemm_rm(false, false, rows, l.in, l.out, dy, l.out, m->p + l.w, l.in, dx, l.in, 1.f, accumulate ? 1.f : 0.f);
+}
+
+static bool take_flag(Buf* b) {  // true if b's gradient already holds a value (so accumulate), then marks it
+    bool w = b->g_written;
+    b->g_written = true;
+    return w;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// forward
+
+static void res_forward(UNet* m, Op& o) {
+    int P = o.H * o.W, B = m->B;
+    groupnorm_forward(m, o.n1, o.in->x, o.a1->x, o.mean1, o.rstd1, P, 1);
+    linear_forward(m, o.emb, m->emb_s, o.embo, B, nullptr);
+    conv3x3_forward(m, o.c1, o.a1->x, o.h1->x, o.H, o.W, o.embo, false);
+    groupnorm_forward(m, o.n2, o.h1->x, o.a2->x, o.mean2, o.rstd2, P, 1);
+    if (o.has_skip) linear_forward(m, o.skip, o.in->x, o.out->x, B * P, nullptr);
+    else cudaCheck(cudaMemcpyAsync(o.out->x, o.in->x, o.in->n * 4, cudaMemcpyDeviceToDevice));
+    conv3x3_forward(m, o.c2, o.a2->x, o.out->x, o.H, o.W, nullptr, true);  // out = skip(x) + h
+}
+
+static void attn_forward(UNet* m, Op& o) {
+    int B = m->B, L = o.L, C = o.in->C, d = C / o.heads, nb = B * o.heads;
+    groupnorm_forward(m, o.n1, o.in->x, o.xn->x, o.mean1, o.rstd1, L, 0);
+    linear_forward(m, o.qkv, o.xn->x, o.qkvb->x, B * L, nullptr);
+    const float* const* pp = o.ptrs;
+    float scale2 = (float)(1.0 / sqrt((double)d));  // (q d^-1/4) . (k d^-1/4)
+    // S = Q K^T scale2 (L x L per (b, head)), softmax over keys, O = P V
+    gemm_rm_batched(false, true, L, L, d, pp + 0 * nb, 3 * C, pp + 1 * nb, 3 * C, (float* const*)(pp + 3 * nb), L,
+                    scale2, 0.f, nb);
+    int rows = nb * L;
+    softmax_forward_kernel<<<ceil_div(rows, 8), 256>>>(o.P, rows, L);
+    cudaCheck(cudaGetLastError());
+    gemm_rm_batched(false, false, L, d, L, pp + 3 * nb, L, pp + 2 * nb, 3 * C, (float* const*)(pp + 4 * nb), C, 1.f,
+                    0.f, nb);
+    linear_forward(m, o.proj, o.att->x, o.out->x, B * L, o.in->x);  // x + proj_out(a)
+}
+
+static void unet_forward(UNet* m) {
+    int B = m->B, MC = m->cfg.model_channels;
+    timestep_embedding_kernel<<<ceil_div(B * MC, EW), EW>>>(m->t, m->temb, B, MC);
+    cudaCheck(cudaGetLastError());
+    linear_forward(m, m->te0, m->temb, m->te_h, B, nullptr);
+    size_t ne = (size_t)B * m->E;
+    silu_kernel<<<ceil_div(ne, EW), EW>>>(m->te_h, m->te_a, ne);
+    cudaCheck(cudaGetLastError());
+    linear_forward(m, m->te2, m->te_a, m->emb, B, nullptr);
+    silu_kernel<<<ceil_div(ne, EW), EW>>>(m->emb, m->emb_s, ne);
+    cudaCheck(cudaGetLastError());
+    for (Op& o : m->ops) {
+        switch (o.kind) {
+        case OP_CONV_IN:
+        case OP_DOWN: conv3x3_forward(m, o.c1, o.in->x, o.out->x, o.H, o.W, nullptr, false); break;
+        case OP_RES: res_forward(m, o); break;
+        case OP_ATTN: attn_forward(m, o); break;
+        case OP_UP:
+            upsample_kernel<<<ceil_div(o.up->n, EW), EW>>>(o.in->x, o.up->x, B, o.H, o.W, o.in->C);
+            cudaCheck(cudaGetLastError());
+            conv3x3_forward(m, o.c1, o.up->x, o.out->x, 2 * o.H, 2 * o.W, nullptr, false);
+            break;
+        case OP_CAT:
+            concat_kernel<<<ceil_div(o.out->n, EW), EW>>>(o.in->x, o.in2->x, o.out->x, (size_t)B * o.H * o.W,
+                                                         o.in->C, o.in2->C);
+            cudaCheck(cudaGetLastError());
+            break;
+        case OP_OUT:
+            groupnorm_forward(m, o.n1, o.in->x, o.a1->x, o.mean1, o.rstd1, o.H * o.W, 1);
+            conv3x3_forward(m, o.c1, o.a1->x, o.out->x, o.H, o.W, nullptr, false);
+            break;
+        }
+    }
+}
+
+// loss = mean((out - noise)^2) into m->loss (device), and out's gradient
+static void unet_loss(UNet* m) {
+    size_t n = m->out->n;
+    mse_kernel<<<m->loss_blocks, 256>>>(m->out->x, m->noise, m->out->g, m->loss_partial, n);
+    cudaCheck(cudaGetLastError());
+    loss_finalize_kernel<<<1, 32>>>(m->loss_partial, m->loss_blocks, n, m->loss);
+    cudaCheck(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// backward (every parameter gradient is written, not accumulated: no zeroing needed)
+
+static void res_backward(UNet* m, Op& o) {
+    int P = o.H * o.W, B = m->B;
+    float* dout = o.out->g;
+    // out = skip(x) + conv2(a2)
+    conv3x3_backward_weight(m, o.c2, o.a2->x, dout, o.H, o.W);
+    channel_sums(m, dout, m->g + o.c2.b, B, P, o.c2.cout, 0, 0);
+    conv3x3_backward_data(m, o.c2, dout, o.a2->g, o.H, o.W, false);
+    if (o.has_skip) {
+        bool acc = take_flag(o.in);
+        linear_backward(m, o.skip, o.in->x, dout, o.in->g, B, P, acc);
+    } else {
+        bool acc = take_flag(o.in);
+        add_kernel<<<ceil_div(o.in->n, EW), EW>>>(dout, o.in->g, o.in->n, acc);
+        cudaCheck(cudaGetLastError());
+    }
+    // a2 = silu(gn2(h1))
+    groupnorm_backward(m, o.n2, o.h1->x, o.a2->g, o.h1->g, o.mean2, o.rstd2, P, 1, false);
+    // h1 = conv1(a1) + bias + embo[b]
+    int S = chan_reduce<2>(m, o.h1->g, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, o.c1.cout, 1, 0);
+    sums_finalize_kernel<<<ceil_div(B * o.c1.cout, EW), EW>>>(m->red_ws, o.d_embo, B, S, o.c1.cout, 1, 0);
+    cudaCheck(cudaGetLastError());
+    sums_finalize_kernel<<<ceil_div(o.c1.cout, EW), EW>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0, 0);
+    cudaCheck(cudaGetLastError());
+    bool acc = m->d_emb_s_written;
+    m->d_emb_s_written = true;
+    linear_backward(m, o.emb, m->emb_s, o.d_embo, m->d_emb_s, B, 1, acc);
+    conv3x3_backward_weight(m, o.c1, o.a1->x, o.h1->g, o.H, o.W);
+    conv3x3_backward_data(m, o.c1, o.h1->g, o.a1->g, o.H, o.W, false);
+    // a1 = silu(gn1(x))
+    acc = take_flag(o.in);
+    groupnorm_backward(m, o.n1, o.in->x, o.a1->g, o.in->g, o.mean1, o.rstd1, P, 1, acc);
+}
+
+static void attn_backward(UNet* m, Op& o) {
+    int B = m->B, L = o.L, C = o.in->C, d = C / o.heads, nb = B * o.heads;
+    const float* const* pp = o.ptrs;
+    float* dout = o.out->g;
+    // out = x + att W^T + b
+    bool acc = take_flag(o.in);
+    add_kernel<<<ceil_div(o.in->n, EW), EW>>>(dout, o.in->g, o.in->n, acc);
+    cudaCheck(cudaGetLastError());
+    linear_backward(m, o.proj, o.att->x, dout, o.att->g, B, L, false);
+    // O = P V: dV = P^T dO, dP = dO V^T; softmax backward; dQ = dS K, dK = dS^T Q (dS includes scale2)
+    float scale2 = (float)(1.0 / sqrt((double)d));
+    gemm_rm_batched(true, false, L, d, L, pp + 3 * nb, L, pp + 8 * nb, C, (float* const*)(pp + 7 * nb), 3 * C, 1.f,
+                    0.f, nb);
+    gemm_rm_batched(false, true, L, L, d, pp + 8 * nb, C, pp + 2 * nb, 3 * C, (float* const*)(pp + 9 * nb), L, 1.f,
+                    0.f, nb);
+    int rows = nb * L;
+    softmax_backward_kernel<<<ceil_div(rows, 8), 256>>>(o.P, m->dS, rows, L, scale2);
+    cudaCheck(cudaGetLastError());
+    gemm_rm_batched(false, false, L, d, L, pp + 9 * nb, L, pp + 1 * nb, 3 * C, (float* const*)(pp + 5 * nb), 3 * C,
+                    1.f, 0.f, nb);
+    gemm_rm_batched(true, false, L, d, L, pp + 9 * nb, L, pp + 0 * nb, 3 * C, (float* const*)(pp + 6 * nb), 3 * C,
+                    1.f, 0.f, nb);
+    // qkv = xn W^T + b; xn = gn(x)
+    linear_backward(m, o.qkv, o.xn->x, o.qkvb->g, o.xn->g, B, L, false);
+    acc = take_flag(o.in);
+    groupnorm_backward(m, o.n1, o.in->x, o.xn->g, o.in->g, o.mean1, o.rstd1, L, 0, acc);
+}
+
+static void unet_backward(UNet* m) {
+    int B = m->B;
+    for (Buf* b : m->bufs) b->g_written = false;
+    m->out->g_written = true;  // written by unet_loss
+    m->d_emb_s_written = false;
+    for (int i = (int)m->ops.size() - 1; i >= 0; i--) {
+        Op& o = m->ops[i];
+        switch (o.kind) {
+        case OP_CONV_IN:  // the input needs no gradient
+            conv3x3_backward_weight(m, o.c1, o.in->x, o.out->g, o.H, o.W);
+            channel_sums(m, o.out->g, m->g + o.c1.b, B, o.H * o.W, o.c1.cout, 0, 0);
+            break;
+        case OP_DOWN: {
+            int P = (o.H / 2) * (o.W / 2);
+            conv3x3_backward_weight(m, o.c1, o.in->x, o.out->g, o.H, o.W);
+            channel_sums(m, o.out->g, m->g + o.c1.b, B, P, o.c1.cout, 0, 0);
+            conv3x3_backward_data(m, o.c1, o.out->g, o.in->g, o.H, o.W, take_flag(o.in));
+            break;
+        }
+        case OP_RES: res_backward(m, o); break;
+        case OP_ATTN: attn_backward(m, o); break;
+        case OP_UP: {
+            int H2 = 2 * o.H, W2 = 2 * o.W;
+            conv3x3_backward_weight(m, o.c1, o.up->x, o.out->g, H2, W2);
+            channel_sums(m, o.out->g, m->g + o.c1.b, B, H2 * W2, o.c1.cout, 0, 0);
+            conv3x3_backward_data(m, o.c1, o.out->g, o.up->g, H2, W2, false);
+            bool acc = take_flag(o.in);
+            upsample_backward_kernel<<<ceil_div(o.in->n, EW), EW>>>(o.up->g, o.in->g, B, o.H, o.W, o.in->C, acc);
+            cudaCheck(cudaGetLastError());
+            break;
+        }
+        case OP_CAT: {
+            bool acc_a = take_flag(o.in), acc_b = take_flag(o.in2);
+            split_backward_kernel<<<ceil_div(o.out->n, EW), EW>>>(o.out->g, o.in->g, o.in2->g, (size_t)B * o.H * o.W,
+                                                                 o.in->C, o.in2->C, acc_a, acc_b);
+            cudaCheck(cudaGetLastError());
+            break;
+        }
+        case OP_OUT: {
+            int P = o.H * o.W;
+            conv3x3_backward_weight(m, o.c1, o.a1->x, o.out->g, o.H, o.W);
+            channel_sums(m, o.out->g, m->g + o.c1.b, B, P, o.c1.cout, 0, 0);
+            conv3x3_backward_data(m, o.c1, o.out->g, o.a1->g, o.H, o.W, false);
+            groupnorm_backward(m, o.n1, o.in->x, o.a1->g, o.in->g, o.mean1, o.rstd1, P, 1, take_flag(o.in));
+            break;
+        }
+        }
+    }
+    // time embedding: emb_s = silu(emb), emb = te2(silu(te0(temb)))
+    size_t ne = (size_t)B * m->E;
+    silu_backward_kernel<<<ceil_div(ne, EW), EW>>>(m->emb, m->d_emb_s, m->d_emb, ne);
+    cudaCheck(cudaGetLastError());
+    linear_backward(m, m->te2, m->te_a, m->d_emb, m->d_te, B, 1, false);
+    silu_backward_kernel<<<ceil_div(ne, EW), EW>>>(m->te_h, m->d_te, m->d_te, ne);
+    cudaCheck(cudaGetLastError());
+    linear_backward(m, m->te0, m->temb, m->d_te, nullptr, B, 1, false);
+}
+
+// one AdamW step (PyTorch's formula with bias correction), then the EMA update when ema_rate >= 0
+static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
+    m->adam_t++;
+    double bc1 = 1.0 - pow((double)beta1, m->adam_t), bc2 = 1.0 - pow((double)beta2, m->adam_t);
+    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    adamw_kernel<<<ceil_div(m->n_params, EW), EW>>>(m->p, m->g, m->m, m->v, ema_rate >= 0.f ? m->ema : nullptr,
+                                                   m->n_params, beta1, beta2, lr * weight_decay, eps, step_size,
+                                                   bc2_sqrt, ema_rate);
+    cudaCheck(cudaGetLastError());
+}
+
+// x_t from m->x0, m->noise, m->t
+static void unet_q_sample(UNet* m) {
+    int per = m->cfg.image_size * m->cfg.image_size * m->cfg.in_channels;
+    q_sample_kernel<<<ceil_div((size_t)m->B * per, EW), EW>>>(m->x0, m->noise, m->t, m->sqrt_acp, m->sqrt_1m_acp,
+                                                             m->xt->x, m->B, per);
+    cudaCheck(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// weights in and out (PyTorch layout in files, by dev/unet.py state_dict name)
+
+// Copies the host arrays of ours-layout parameters of every name prefix+param into dst (device). "" or an error.
+static std::string unet_load_tensors(UNet* m, const BinFile* f, const std::string& prefix, float* dst) {
+    std::vector<float> host(m->n_params);
+    for (const Param& p : m->params) {
+        std::string err;
+        const void* src = bin_expect(f, prefix + p.name, DT_F32, p.ndim, p.shape, &err);
+        if (!src) return err;
+        std::vector<float> tmp(p.n);
+        memcpy(tmp.data(), src, p.n * 4);
+        param_from_torch(p, tmp.data(), host.data() + p.off);
+    }
+    if (dst) cudaCheck(cudaMemcpy(dst, host.data(), m->n_params * 4, cudaMemcpyHostToDevice));
+    return "";
+}
+
+// Checks that a checkpoint file holds this model's tensors (host only). "" or an error.
+static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema, bool need_optimizer) {
+    std::string d = config_diff(config_from_header(f->hdr), m->cfg);
+    if (!d.empty()) return f->path + ": header field " + d + " (the model)";
+    std::string e = unet_load_tensors(m, f, "", nullptr);
+    if (!e.empty()) return e;
+    if (need_ema) {
+        if (!f->hdr[23]) return f->path + ": header field has_ema is 0, expected 1";
+        if (!(e = unet_load_tensors(m, f, "ema.", nullptr)).empty()) return e;
+    }
+    if (need_optimizer) {
+        if (!f->hdr[24]) return f->path + ": header field has_optimizer is 0, expected 1";
+        if (!(e = unet_load_tensors(m, f, "adam_m.", nullptr)).empty()) return e;
+        if (!(e = unet_load_tensors(m, f, "adam_v.", nullptr)).empty()) return e;
+        int shape[1] = {4};
+        if (!bin_expect(f, "rng_state", DT_I32, 1, shape, &e)) return e;
+    }
+    return "";
+}
+
+struct TrainState {
+    int step = 0, batch_size = 32, seed = 0;
+    float lr = 1e-4f, ema_rate = 0.999f;
+};
+
+// Writes weights, EMA, AdamW moments, step and RNG state atomically (path.tmp then rename). "" or an error.
+static std::string unet_save_checkpoint(UNet* m, const std::string& path, const TrainState& st) {
+    size_t np = m->n_params;
+    std::vector<float> dev(np);
+    std::vector<std::vector<float>> host(4, std::vector<float>(np));
+    float* srcs[4] = {m->p, m->ema, m->m, m->v};
+    for (int k = 0; k < 4; k++) {
+        cudaCheck(cudaMemcpy(dev.data(), srcs[k], np * 4, cudaMemcpyDeviceToHost));
+        for (const Param& p : m->params) param_to_torch(p, dev.data() + p.off, host[k].data() + p.off);
+    }
+    BinWriter w;
+    binw_init(&w, UNET_CHECKPOINT_MAGIC);
+    config_to_header(m->cfg, w.hdr);
+    w.hdr[18] = st.step; w.hdr[19] = st.batch_size; w.hdr[20] = st.seed;
+    w.hdr[21] = float_bits(st.lr); w.hdr[22] = float_bits(st.ema_rate);
+    w.hdr[23] = 1; w.hdr[24] = 1;
+    static const char* prefixes[4] = {"", "ema.", "adam_m.", "adam_v."};
+    std::vector<std::string> names;
+    names.reserve(4 * m->params.size());
+    for (int k = 0; k < 4; k++)
+        for (const Param& p : m->params) {
+            names.push_back(prefixes[k] + p.name);
+            binw_add(&w, names.back(), DT_F32, p.ndim, p.shape, host[k].data() + p.off);
+        }
+    // the loader's random draws are functions of (seed, step): that pair is the whole RNG state
+    int32_t rng_state[4] = {st.seed, st.step, m->adam_t, 0};
+    int shape[1] = {4};
+    binw_add(&w, "rng_state", DT_I32, 1, shape, rng_state);
+    return binw_write(&w, path);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// training and sampling
+
+struct Dataset {
+    BinFile file;
+    const uint8_t* images = nullptr;  // (N, H, W, 3)
+    int n = 0, H = 0, W = 0;
+};
+// Opens and validates a UNET_DATASET for images of image_size. "" or an error.
+static std::string dataset_open(Dataset* d, const char* path, int image_size) {
+    std::string e = bin_open(&d->file, path, UNET_DATASET_MAGIC, UNET_FORMAT_VERSION, "unet dataset");
+    if (!e.empty()) return e;
+    const int32_t* h = d->file.hdr;
+    int n = h[3], H = h[4], W = h[5], C = h[6];
+    char msg[512];
+    if (n < 1 || H < 1 || W < 1) {
+        snprintf(msg, sizeof msg, "%s: header n_images %d, height %d, width %d must be >= 1", path, n, H, W);
+        return msg;
+    }
+    if (C != 3) {
+        snprintf(msg, sizeof msg, "%s: header field channels is %d, expected 3", path, C);
+        return msg;
+    }
+    int shape[4] = {n, H, W, 3};
+    const void* p = bin_expect(&d->file, "images", DT_U8, 4, shape, &e);
+    if (!p) return e;
+    if (H != image_size || W != image_size) {
+        snprintf(msg, sizeof msg, "%s: images are %dx%d, the model's image_size is %d (use --image_size %d or "
+                 "prepare the data at %d)", path, H, W, image_size, H, image_size);
+        return msg;
+    }
+    d->images = (const uint8_t*)p;
+    d->n = n; d->H = H; d->W = W;
+    return "";
+}
+
+// The loader's draws for global sample index gi = step*B + b: image perm_epoch[gi % N] (a fresh shuffle every
+// epoch), a horizontal flip, a timestep. All functions of (seed, gi): resuming at any step draws the same.
+static void batch_draws(int seed, int N, int T, long long step0, int nsteps, int B, std::vector<int>* codes,
+                        std::vector<int>* ts) {
+    codes->resize((size_t)nsteps * B);
+    ts->resize((size_t)nsteps * B);
+    long long cached_epoch = -1;
+    std::vector<int> perm(N);
+    for (long long s = 0; s < nsteps; s++)
+        for (int b = 0; b < B; b++) {
+            long long gi = (step0 + s) * B + b;
+            long long epoch = gi / N;
+            if (epoch != cached_epoch) {
+                for (int i = 0; i < N; i++) perm[i] = i;
+                for (int i = N - 1; i > 0; i--) {  // Fisher-Yates
+                    int j = (int)(rng_hash((uint64_t)seed, RNG_SHUFFLE, ((uint64_t)epoch << 32) | (uint64_t)i) %
+                                  (uint64_t)(i + 1));
+                    std::swap(perm[i], perm[j]);
+                }
+                cached_epoch = epoch;
+            }
+            int img = perm[gi % N];
+            int flip = (int)(rng_hash((uint64_t)seed, RNG_FLIP, (uint64_t)gi) & 1);
+            (*codes)[s * B + b] = img * 2 + flip;
+            (*ts)[s * B + b] = (int)(rng_hash((uint64_t)seed, RNG_TIMESTEP, (uint64_t)gi) % (uint64_t)T);
+        }
+}
+
+struct TrainArgs {
+    std::string data_file = "data/sunflowers64.bin", output_dir = "out/unet", resume, load;
+    int batch_size = 32, steps = 4000, log_every = 10, save_every = 1000, seed = 1337, tf32 = 1;
+    float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
+    UNetConfig cfg;
+    bool quiet = false;
+};
+
+static bool make_dirs(const std::string& path) {
+    std::string cur;
+    for (size_t i = 0; i <= path.size(); i++) {
+        if (i == path.size() || path[i] == '/') {
+            if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return false;
+        }
+        if (i < path.size()) cur += path[i];
+    }
+    return true;
+}
+
+// Trains per args (GPU required). losses, when given, receives every step's loss. Returns a process exit code.
+static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
+    Dataset data;
+    std::string e = dataset_open(&data, a.data_file.c_str(), a.cfg.image_size);
+    if (!e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+    UNet model;
+    UNet* m = &model;
+    unet_define(m, a.cfg, a.batch_size);
+    BinFile ck;
+    const std::string& ckpath = !a.resume.empty() ? a.resume : a.load;
+    if (!ckpath.empty()) {
+        e = bin_open(&ck, ckpath.c_str(), UNET_CHECKPOINT_MAGIC, UNET_FORMAT_VERSION, "unet checkpoint");
+        if (e.empty()) e = checkpoint_validate(m, &ck, !a.resume.empty(), !a.resume.empty());
+        if (e.empty() && !a.resume.empty() && ck.hdr[19] != a.batch_size) {
+            e = ckpath + ": header field batch_size is " + std::to_string(ck.hdr[19]) + ", this run's --batch_size is " +
+                std::to_string(a.batch_size) + " (a resumed run keeps its batch size)";
+        }
+        if (!e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 1;
+        }
+    }
+    if (cuda_device_count() == 0) {
+        fprintf(stderr, "error: no CUDA GPU found: train_unet trains on the GPU\n");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    g_num_sms = prop.multiProcessorCount;
+    cublasCheck(cublasCreate(&g_cublas));
+    set_tf32(a.tf32 != 0);
+    unet_allocate(m);
+    TrainState st;
+    st.batch_size = a.batch_size;
+    st.seed = a.seed;
+    st.lr = a.lr;
+    st.ema_rate = a.ema_rate;
+    if (!a.resume.empty()) {
+        unet_load_tensors(m, &ck, "", m->p);
+        unet_load_tensors(m, &ck, "ema.", m->ema);
+        unet_load_tensors(m, &ck, "adam_m.", m->m);
+        unet_load_tensors(m, &ck, "adam_v.", m->v);
+        st.step = ck.hdr[18];
+        st.seed = ck.hdr[20];
+        m->adam_t = st.step;
+    } else if (!a.load.empty()) {
+        unet_load_tensors(m, &ck, "", m->p);
+        cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
+    } else {
+        unet_init_weights(m, (uint64_t)a.seed);
+    }
+    if (!make_dirs(a.output_dir)) {
+        fprintf(stderr, "error: cannot create --output_dir %s (%s)\n", a.output_dir.c_str(), strerror(errno));
+        return 1;
+    }
+    std::string ckpt_path = a.output_dir + "/model.bin", log_path = a.output_dir + "/log.csv";
+    bool log_exists = access(log_path.c_str(), F_OK) == 0;
+    FILE* logf = fopen(log_path.c_str(), (!a.resume.empty() && log_exists) ? "a" : "w");
+    if (!logf) {
+        fprintf(stderr, "error: cannot open %s for writing (%s)\n", log_path.c_str(), strerror(errno));
+        return 1;
+    }
+    if (a.resume.empty() || !log_exists) fprintf(logf, "step,loss,ms,images_per_s\n");
+
+    if (!a.quiet) {
+        printf("+-----------------------+----------------------------------------------+\n");
+        auto row = [](const char* k, const std::string& v) { printf("| %-21s | %-44s |\n", k, v.c_str()); };
+        char buf[128];
+        row("device", prop.name);
+        row("data_file", a.data_file + " (" + std::to_string(data.n) + " images)");
+        snprintf(buf, sizeof buf, "%d x %d x 3", a.cfg.image_size, a.cfg.image_size);
+        row("image", buf);
+        std::string mult;
+        for (int l = 0; l < a.cfg.n_levels; l++) mult += std::to_string(a.cfg.mult[l]) + (l + 1 < a.cfg.n_levels ? "," : "");
+        snprintf(buf, sizeof buf, "%d x (%s), %d res blocks, attn mask %d, heads of %d", a.cfg.model_channels,
+                 mult.c_str(), a.cfg.num_res_blocks, a.cfg.attn_ds_mask, a.cfg.num_head_channels);
+        row("model", buf);
+        row("parameters", std::to_string(m->n_params));
+        snprintf(buf, sizeof buf, "%d steps, linear betas %g..%g", a.cfg.diffusion_steps, a.cfg.beta_start,
+                 a.cfg.beta_end);
+        row("diffusion", buf);
+        snprintf(buf, sizeof buf, "%d", a.batch_size);
+        row("batch_size", buf);
+        snprintf(buf, sizeof buf, "AdamW lr %g betas (%g, %g) eps %g wd %g", a.lr, a.beta1, a.beta2, a.adam_eps,
+                 a.weight_decay);
+        row("optimizer", buf);
+        snprintf(buf, sizeof buf, "%g", a.ema_rate);
+        row("ema_rate", buf);
+        snprintf(buf, sizeof buf, "%d to %d (log every %d, save every %d)", st.step, a.steps, a.log_every,
+                 a.save_every);
+        row("steps", buf);
+        snprintf(buf, sizeof buf, "%d", st.seed);
+        row("seed", buf);
+        row("tf32", a.tf32 ? "on (convolutions and cuBLAS)" : "off (strict fp32)");
+        row("init", !a.resume.empty() ? "resume " + a.resume : !a.load.empty() ? "load " + a.load : "own (PyTorch defaults)");
+        row("checkpoint", ckpt_path);
+        printf("+-----------------------+----------------------------------------------+\n");
+        fflush(stdout);
+    }
+
+    // data on the device once; the loader's draws for every remaining step computed up front
+    uint8_t* d_images;
+    size_t img_bytes = (size_t)data.n * data.H * data.W * 3;
+    cudaCheck(cudaMalloc(&d_images, img_bytes));
+    cudaCheck(cudaMemcpy(d_images, data.images, img_bytes, cudaMemcpyHostToDevice));
+    int nsteps = std::max(0, a.steps - st.step), B = a.batch_size;
+    std::vector<int> codes, ts;
+    batch_draws(st.seed, data.n, a.cfg.diffusion_steps, st.step, nsteps, B, &codes, &ts);
+    int *d_codes, *d_ts;
+    cudaCheck(cudaMalloc(&d_codes, std::max<size_t>(1, codes.size()) * sizeof(int)));
+    cudaCheck(cudaMalloc(&d_ts, std::max<size_t>(1, ts.size()) * sizeof(int)));
+    if (nsteps > 0) {
+        cudaCheck(cudaMemcpy(d_codes, codes.data(), codes.size() * sizeof(int), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_ts, ts.data(), ts.size() * sizeof(int), cudaMemcpyHostToDevice));
+    }
+    curandGenerator_t gen;
+    curandCheck(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
+    curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)st.seed));
+    size_t n_noise = m->xt->n;
+    int window = std::max(1, a.log_every);
+    float* h_losses;
+    cudaCheck(cudaMallocHost(&h_losses, window * sizeof(float)));
+    cudaEvent_t ev0, ev1;
+    cudaCheck(cudaEventCreate(&ev0));
+    cudaCheck(cudaEventCreate(&ev1));
+    cudaCheck(cudaEventRecord(ev0));
+    int in_window = 0, last_logged = st.step;
+    int rc = 0;
+    for (int step = st.step; step < a.steps; step++) {
+        size_t off = (size_t)(step - (a.steps - nsteps)) * B;
+        load_batch_kernel<<<ceil_div(n_noise, EW), EW>>>(d_images, d_codes + off, m->x0, B, data.H, data.W);
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaMemcpyAsync(m->t, d_ts + off, B * sizeof(int), cudaMemcpyDeviceToDevice));
+        // noise of step s: the Philox stream at offset s * n, so a resumed run draws the same numbers
+        curandCheck(curandSetGeneratorOffset(gen, (unsigned long long)step * n_noise));
+        curandCheck(curandGenerateNormal(gen, m->noise, n_noise, 0.f, 1.f));
+        unet_q_sample(m);
+        unet_forward(m);
+        unet_loss(m);
+        unet_backward(m);
+        unet_update(m, a.lr, a.beta1, a.beta2, a.adam_eps, a.weight_decay, a.ema_rate);
+        cudaCheck(cudaMemcpyAsync(&h_losses[in_window], m->loss, sizeof(float), cudaMemcpyDeviceToHost));
+        in_window++;
+        int done = step + 1;
+        bool last = done == a.steps;
+        if (done % window == 0 || last) {
+            cudaCheck(cudaEventRecord(ev1));
+            cudaCheck(cudaEventSynchronize(ev1));
+            float ms = 0.f;
+            cudaCheck(cudaEventElapsedTime(&ms, ev0, ev1));
+            double sum = 0.0;
+            bool finite = true;
+            for (int i = 0; i < in_window; i++) {
+                if (!std::isfinite(h_losses[i])) {
+                    fprintf(stderr, "error: step %d: loss is %f; stopping (the last good checkpoint is %s)\n",
+                            done - in_window + i + 1, h_losses[i], ckpt_path.c_str());
+                    finite = false;
+                    break;
+                }
+                sum += h_losses[i];
+                if (losses) losses->push_back(h_losses[i]);
+            }
+            if (!finite) {
+                rc = 1;
+                break;
+            }
+            double per = ms / (done - last_logged);
+            float mean_loss = (float)(sum / in_window);
+            if (!a.quiet) printf("step %6d | loss %.6f | %8.2f ms/step | %8.1f images/s\n", done, mean_loss, per,
+                                 1000.0 * B / per);
+            fprintf(logf, "%d,%.6f,%.3f,%.1f\n", done, mean_loss, per, 1000.0 * B / per);
+            fflush(logf);
+            fflush(stdout);
+            in_window = 0;
+            last_logged = done;
+            cudaCheck(cudaEventRecord(ev0));
+        }
+        if ((a.save_every > 0 && done % a.save_every == 0) || last) {
+            if (in_window > 0) {  // a save between log steps: check the pending losses first
+                cudaCheck(cudaDeviceSynchronize());
+                bool bad = false;
+                for (int i = 0; i < in_window; i++) bad = bad || !std::isfinite(h_losses[i]);
+                if (bad) {
+                    fprintf(stderr, "error: a loss before step %d is not finite; stopping (the last good "
+                            "checkpoint is %s)\n", done, ckpt_path.c_str());
+                    rc = 1;
+                    break;
+                }
+            }
+            st.step = done;
+            std::string we = unet_save_checkpoint(m, ckpt_path, st);
+            if (!we.empty()) {
+                fprintf(stderr, "error: %s\n", we.c_str());
+                rc = 1;
+                break;
+            }
+            if (!a.quiet) printf("saved %s (step %d)\n", ckpt_path.c_str(), done);
+            cudaCheck(cudaEventRecord(ev0));  // the save is not a training step
+            last_logged = done - in_window;
+        }
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    fclose(logf);
+    curandCheck(curandDestroyGenerator(gen));
+    cudaCheck(cudaFreeHost(h_losses));
+    cudaCheck(cudaFree(d_images));
+    cudaCheck(cudaFree(d_codes));
+    cudaCheck(cudaFree(d_ts));
+    cudaCheck(cudaEventDestroy(ev0));
+    cudaCheck(cudaEventDestroy(ev1));
+    unet_free(m);
+    cublasCheck(cublasDestroy(g_cublas));
+    return rc;
+}
+
+struct SampleArgs {
+    std::string out_file, load, sampler = "ddim";
+    int num_samples = 16, sample_steps = 50, use_ema = 1, batch_size = 32, seed = 1337, tf32 = 1;
+};
+
+// Samples with the checkpoint's model (DDPM over all steps or DDIM eta 0, as scripts/generate.py) and writes a
+// UNET_DATASET of uint8 NHWC images. Returns a process exit code.
+static int unet_sample(const SampleArgs& a) {
+    BinFile ck;
+    std::string e = bin_open(&ck, a.load.c_str(), UNET_CHECKPOINT_MAGIC, UNET_FORMAT_VERSION, "unet checkpoint");
+    UNetConfig cfg = config_from_header(ck.hdr);
+    if (e.empty()) {
+        std::string c = config_check(cfg);
+        if (!c.empty()) e = a.load + ": header describes a model this trainer cannot build: " + c;
+    }
+    UNet model;
+    UNet* m = &model;
+    int B = std::min(a.batch_size, a.num_samples);
+    if (e.empty()) {
+        unet_define(m, cfg, B);
+        e = checkpoint_validate(m, &ck, a.use_ema != 0, false);
+    }
+    if (e.empty() && a.sampler == "ddim" && a.sample_steps > cfg.diffusion_steps)
+        e = "--sample_steps " + std::to_string(a.sample_steps) + " is more than the checkpoint's diffusion_steps " +
+            std::to_string(cfg.diffusion_steps);
+    if (!e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+    if (cuda_device_count() == 0) {
+        fprintf(stderr, "error: no CUDA GPU found: train_unet --sample runs on the GPU (scripts/generate.py "
+                "--device cpu samples on the CPU)\n");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    g_num_sms = prop.multiProcessorCount;
+    cublasCheck(cublasCreate(&g_cublas));
+    set_tf32(a.tf32 != 0);
+    unet_allocate(m);
+    unet_load_tensors(m, &ck, a.use_ema ? "ema." : "", m->p);
+
+    int T = cfg.diffusion_steps, S = cfg.image_size;
+    std::vector<int> taus;
+    if (a.sampler == "ddpm") {
+        for (int i = 0; i < T; i++) taus.push_back(i);
+    } else {
+        for (int i = 0; i < a.sample_steps; i++) taus.push_back((int)(((long long)i * T) / a.sample_steps));
+    }
+    std::vector<double> betas(T), acp_prev(T), post_var(T);
+    for (int i = 0; i < T; i++) {
+        betas[i] = T == 1 ? (double)cfg.beta_start
+                          : (double)cfg.beta_start + ((double)cfg.beta_end - cfg.beta_start) * i / (T - 1);
+        acp_prev[i] = i == 0 ? 1.0 : m->acp[i - 1];
+        post_var[i] = betas[i] * (1.0 - acp_prev[i]) / (1.0 - m->acp[i]);
+    }
+    size_t per = (size_t)S * S * 3;
+    std::vector<uint8_t> images((size_t)a.num_samples * per);
+    uint8_t* d_u8;
+    cudaCheck(cudaMalloc(&d_u8, (size_t)B * per));
+    float* z = dev_alloc((size_t)B * per);
+    curandGenerator_t gen;
+    curandCheck(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
+    curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)a.seed));
+    std::vector<int> tvec(B);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int start = 0; start < a.num_samples; start += B) {
+        size_t n = (size_t)B * per;
+        curandCheck(curandGenerateNormal(gen, m->xt->x, n, 0.f, 1.f));
+        for (int k = (int)taus.size() - 1; k >= 0; k--) {
+            int tau = taus[k];
+            std::fill(tvec.begin(), tvec.end(), tau);
+            cudaCheck(cudaMemcpy(m->t, tvec.data(), B * sizeof(int), cudaMemcpyHostToDevice));
+            unet_forward(m);
+            double acp = m->acp[tau];
+            float a_ = (float)sqrt(1.0 / acp), b_ = (float)sqrt(1.0 / acp - 1.0), c1, c2, sigma = 0.f;
+            int ddim = a.sampler == "ddim";
+            if (ddim) {
+                double ap = k > 0 ? m->acp[taus[k - 1]] : 1.0;
+                c1 = (float)sqrt(ap);
+                c2 = (float)sqrt(1.0 - ap);
+            } else {
+                c1 = (float)(betas[tau] * sqrt(acp_prev[tau]) / (1.0 - acp));
+                c2 = (float)((1.0 - acp_prev[tau]) * sqrt(1.0 - betas[tau]) / (1.0 - acp));
+                if (tau > 0) {
+                    sigma = (float)sqrt(post_var[tau]);
+                    curandCheck(curandGenerateNormal(gen, z, n, 0.f, 1.f));
+                }
+            }
+            sample_step_kernel<<<ceil_div(n, EW), EW>>>(m->xt->x, m->out->x, z, n, ddim, a_, b_, c1, c2, sigma);
+            cudaCheck(cudaGetLastError());
+        }
+        to_uint8_kernel<<<ceil_div(n, EW), EW>>>(m->xt->x, d_u8, n);
+        cudaCheck(cudaGetLastError());
+        int take = std::min(B, a.num_samples - start);
+        cudaCheck(cudaMemcpy(images.data() + (size_t)start * per, d_u8, (size_t)take * per, cudaMemcpyDeviceToHost));
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        printf("sampled %d/%d images (%s, %zu steps) in %.1f s\n", start + take, a.num_samples, a.sampler.c_str(),
+               taus.size(), el);
+        fflush(stdout);
+    }
+    BinWriter w;
+    binw_init(&w, UNET_DATASET_MAGIC);
+    w.hdr[3] = a.num_samples; w.hdr[4] = S; w.hdr[5] = S; w.hdr[6] = 3;
+    int shape[4] = {a.num_samples, S, S, 3};
+    binw_add(&w, "images", DT_U8, 4, shape, images.data());
+    e = binw_write(&w, a.out_file);
+    curandCheck(curandDestroyGenerator(gen));
+    cudaCheck(cudaFree(d_u8));
+    cudaCheck(cudaFree(z));
+    unet_free(m);
+    cublasCheck(cublasDestroy(g_cublas));
+    if (!e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+    printf("wrote %s (%d images)\n", a.out_file.c_str(), a.num_samples);
+    return 0;
+}
+
+// ================================================================================================================
+// command line
+// ================================================================================================================
+#ifndef TESTING
+
+enum FlagType { F_INT, F_FLOAT, F_STR };
+struct Flag {
+    const char* name;
+    FlagType type;
+    void* ptr;
+    double lo, hi;  // valid range for numbers
+    const char* help;
+    bool set;
+    std::string dflt;
+};
+
+static void usage(const std::vector<Flag>& flags) {
+    printf("usage: ./train_unet [--flag value ...]      train a diffusion UNet (guided-diffusion UNetModel)\n"
+           "       ./train_unet --sample FILE.bin --load CKPT [--num_samples N --sampler ddpm|ddim ...]\n\nflags:\n");
+    for (const Flag& f : flags)
+        printf("  --%-18s %-24s %s\n", f.name, ("(default " + (f.dflt.empty() ? std::string("\"\"") : f.dflt) + ")").c_str(), f.help);
+}
+
+static std::string flag_value_str(const Flag& f) {
+    char buf[64];
+    if (f.type == F_INT) snprintf(buf, sizeof buf, "%d", *(int*)f.ptr);
+    else if (f.type == F_FLOAT) snprintf(buf, sizeof buf, "%g", *(float*)f.ptr);
+    else return *(std::string*)f.ptr;
+    return buf;
+}
+
+static void die(const char* fmt, const char* a = "", const char* b = "", const char* c = "") {
+    fprintf(stderr, "error: ");
+    fprintf(stderr, fmt, a, b, c);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+// "1,2,3,4" -> values (1..4 entries, each >= 1); false on a bad list
+static bool parse_int_list(const std::string& s, std::vector<int>* out) {
+    out->clear();
+    size_t i = 0;
+    while (i <= s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        std::string item = s.substr(i, j - i);
+        char* end;
+        errno = 0;
+        long v = strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end || errno || v < 1 || v > 1 << 20) return false;
+        out->push_back((int)v);
+        i = j + 1;
+    }
+    return !out->empty();
+}
+
+int main(int argc, char** argv) {
+    TrainArgs a;
+    SampleArgs sa;
+    std::string channel_mult = "1,2,3,4", attn_ds = "4,8", sample_file, sampler = "ddim";
+    int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
+    float beta_start = 1e-4f, beta_end = 0.02f;
+    int num_samples = 16, sample_steps = 50, use_ema = 1;
+    std::vector<Flag> flags = {
+        {"data_file", F_STR, &a.data_file, 0, 0, "UNET_DATASET of uint8 images (scripts/prepare_data.py)", false, ""},
+        {"output_dir", F_STR, &a.output_dir, 0, 0, "checkpoint model.bin and log.csv go here", false, ""},
+        {"batch_size", F_INT, &a.batch_size, 1, 4096, "images per step (also the sampling batch)", false, ""},
+        {"lr", F_FLOAT, &a.lr, 1e-12, 1.0, "AdamW learning rate", false, ""},
+        {"beta1", F_FLOAT, &a.beta1, 0.0, 0.999999, "AdamW beta1", false, ""},
+        {"beta2", F_FLOAT, &a.beta2, 0.0, 0.999999, "AdamW beta2", false, ""},
+        {"adam_eps", F_FLOAT, &a.adam_eps, 1e-30, 1.0, "AdamW epsilon", false, ""},
+        {"weight_decay", F_FLOAT, &a.weight_decay, 0.0, 1.0, "AdamW decoupled weight decay", false, ""},
+        {"steps", F_INT, &a.steps, 0, 1e9, "total training steps (a resumed run continues to this step)", false, ""},
+        {"log_every", F_INT, &a.log_every, 1, 1e9, "steps per log line (loss averaged over them)", false, ""},
+        {"save_every", F_INT, &a.save_every, 0, 1e9, "steps per checkpoint (0: only at the end)", false, ""},
+        {"seed", F_INT, &a.seed, 0, 2147483647.0, "weights init, shuffling, flips, timesteps, noise", false, ""},
+        {"ema_rate", F_FLOAT, &a.ema_rate, 0.0, 1.0, "EMA of the weights: ema = rate*ema + (1-rate)*w", false, ""},
+        {"resume", F_STR, &a.resume, 0, 0, "checkpoint to continue (weights, EMA, AdamW, step, RNG)", false, ""},
+        {"load", F_STR, &a.load, 0, 0, "checkpoint to take the initial weights from (or to sample)", false, ""},
+        {"tf32", F_INT, &a.tf32, 0, 1, "1: TF32 tensor cores (as PyTorch's convolutions), 0: strict fp32", false, ""},
+        {"image_size", F_INT, &image_size, 8, 4096, "model image size (the data must match)", false, ""},
+        {"model_channels", F_INT, &model_channels, 32, 4096, "base channels C", false, ""},
+        {"channel_mult", F_STR, &channel_mult, 0, 0, "channel multipliers per level (1 to 4 levels)", false, ""},
+        {"num_res_blocks", F_INT, &num_res_blocks, 1, 16, "residual blocks per level", false, ""},
+        {"attn_ds", F_STR, &attn_ds, 0, 0, "downsample factors with attention (64px: 4,8 = 16x16, 8x8)", false, ""},
+        {"num_head_channels", F_INT, &num_head_channels, 1, 4096, "channels per attention head", false, ""},
+        {"diffusion_steps", F_INT, &diffusion_steps, 1, 100000, "diffusion steps T", false, ""},
+        {"beta_start", F_FLOAT, &beta_start, 1e-12, 0.999, "first beta of the linear schedule", false, ""},
+        {"beta_end", F_FLOAT, &beta_end, 1e-12, 0.999, "last beta of the linear schedule", false, ""},
+        {"sample", F_STR, &sample_file, 0, 0, "sampling mode: write generated images (UNET_DATASET) here", false, ""},
+        {"num_samples", F_INT, &num_samples, 1, 1000000, "sampling: number of images", false, ""},
+        {"sampler", F_STR, &sampler, 0, 0, "sampling: ddpm (all steps) or ddim (eta 0)", false, ""},
+        {"sample_steps", F_INT, &sample_steps, 1, 100000, "sampling: ddim steps", false, ""},
+        {"use_ema", F_INT, &use_ema, 0, 1, "sampling: 1 the EMA weights, 0 the raw weights", false, ""},
+    };
+    for (Flag& f : flags) f.dflt = flag_value_str(f);
+    for (int i = 1; i < argc; i++) {
+        std::string arg = argv[i];
+        if (arg == "--help" || arg == "-h") {
+            usage(flags);
+            return 0;
+        }
+        Flag* f = nullptr;
+        if (arg.rfind("--", 0) == 0)
+            for (Flag& g : flags)
+                if (arg.substr(2) == g.name) f = &g;
+        if (!f) die("unknown flag '%s' (see --help)", arg.c_str());
+        if (i + 1 >= argc) die("--%s expects a value, found none", f->name);
+        std::string val = argv[++i];
+        char* end;
+        errno = 0;
+        if (f->type == F_INT) {
+            long long v = strtoll(val.c_str(), &end, 10);
+            char range[96];
+            snprintf(range, sizeof range, "an integer in [%.0f, %.0f]", f->lo, f->hi);
+            if (val.empty() || *end || errno || v < f->lo || v > f->hi)
+                die("--%s expects %s, found '%s'", f->name, range, val.c_str());
+            *(int*)f->ptr = (int)v;
+        } else if (f->type == F_FLOAT) {
+            double v = strtod(val.c_str(), &end);
+            char range[96];
+            snprintf(range, sizeof range, "a number in [%g, %g]", f->lo, f->hi);
+            if (val.empty() || *end || errno || !std::isfinite(v) || v < f->lo || v > f->hi)
+                die("--%s expects %s, found '%s'", f->name, range, val.c_str());
+            *(float*)f->ptr = (float)v;
+        } else {
+            *(std::string*)f->ptr = val;
+        }
+        f->set = true;
+    }
+    auto is_set = [&](const char* name) {
+        for (const Flag& f : flags)
+            if (!strcmp(f.name, name)) return f.set;
+        return false;
+    };
+
+    // the model from the flags
+    UNetConfig cfg;
+    std::vector<int> mult, ds;
+    if (!parse_int_list(channel_mult, &mult) || mult.size() > 4)
+        die("--channel_mult expects 1 to 4 comma-separated integers >= 1, found '%s'", channel_mult.c_str());
+    if (!parse_int_list(attn_ds, &ds)) die("--attn_ds expects comma-separated powers of 2, found '%s'", attn_ds.c_str());
+    cfg.image_size = image_size;
+    cfg.model_channels = model_channels;
+    cfg.n_levels = (int)mult.size();
+    for (int l = 0; l < 4; l++) cfg.mult[l] = l < cfg.n_levels ? mult[l] : 0;
+    cfg.attn_ds_mask = 0;
+    for (int d : ds) {
+        if (d & (d - 1) || d > (1 << 30)) die("--attn_ds expects powers of 2, found '%s'", attn_ds.c_str());
+        int k = 0;
+        while ((1 << k) != d) k++;
+        cfg.attn_ds_mask |= 1 << k;
+    }
+    cfg.num_res_blocks = num_res_blocks;
+    cfg.num_head_channels = num_head_channels;
+    cfg.diffusion_steps = diffusion_steps;
+    cfg.beta_start = beta_start;
+    cfg.beta_end = beta_end;
+    std::string ce = config_check(cfg);
+    if (!ce.empty()) die("model flags: %s", ce.c_str());
+
+    if (!sample_file.empty()) {
+        if (a.load.empty()) die("--sample needs --load CHECKPOINT");
+        if (sampler != "ddpm" && sampler != "ddim") die("--sampler expects ddpm or ddim, found '%s'", sampler.c_str());
+        sa.out_file = sample_file;
+        sa.load = a.load;
+        sa.sampler = sampler;
+        sa.num_samples = num_samples;
+        sa.sample_steps = sample_steps;
+        sa.use_ema = use_ema;
+        sa.batch_size = a.batch_size;
+        sa.seed = a.seed;
+        sa.tf32 = a.tf32;
+        return unet_sample(sa);
+    }
+    if (!a.resume.empty() && !a.load.empty()) die("give --resume or --load, not both");
+    // a checkpoint brings its own model shape: explicit model flags must agree with it
+    const std::string& ckpath = !a.resume.empty() ? a.resume : a.load;
+    if (!ckpath.empty()) {
+        BinFile ck;
+        std::string e = bin_open(&ck, ckpath.c_str(), UNET_CHECKPOINT_MAGIC, UNET_FORMAT_VERSION, "unet checkpoint");
+        if (!e.empty()) die("%s", e.c_str());
+        UNetConfig ccfg = config_from_header(ck.hdr);
+        std::string c = config_check(ccfg);
+        if (!c.empty()) die("%s: header describes a model this trainer cannot build: %s", ckpath.c_str(), c.c_str());
+        const char* shape_flags[] = {"image_size", "model_channels", "channel_mult", "num_res_blocks", "attn_ds",
+                                     "num_head_channels", "diffusion_steps", "beta_start", "beta_end"};
+        bool any = false;
+        for (const char* n : shape_flags) any = any || is_set(n);
+        if (any) {
+            std::string d = config_diff(cfg, ccfg);
+            if (!d.empty()) die("model flags disagree with %s: %s", ckpath.c_str(), d.c_str());
+        }
+        cfg = ccfg;
+        if (!a.resume.empty()) {
+            if (!is_set("batch_size")) a.batch_size = ck.hdr[19];
+            if (is_set("seed") && a.seed != ck.hdr[20]) die("--seed differs from the seed of %s (a resumed run keeps it)", ckpath.c_str());
+            a.seed = ck.hdr[20];
+        }
+    }
+    a.cfg = cfg;
+    if (!sampler.empty() && sampler != "ddim" && sampler != "ddpm") die("--sampler expects ddpm or ddim, found '%s'", sampler.c_str());
+    return unet_train(a, nullptr);
+}
+#endif  // TESTING
