@@ -1,0 +1,1456 @@
+/*
+SGEMM kernels: C = alpha * op(A) op(B) + beta * C, fp32 in and out, row-major, op = N (as stored) or T (transposed).
+op(A) is M x K, op(B) is K x N. A is stored M x K (lda >= K) or, transposed, K x M (lda >= M); B is stored K x N
+(ldb >= N) or, transposed, N x K (ldb >= K). beta == 0 never reads C (C may hold NaN). Any M, N, K >= 0.
+A numbered progression after siboehm/SGEMM_CUDA; every version handles every size, transpose and leading dimension.
+
+Build:  make -C dev matmul        (nvcc -O3 -std=c++17 -lineinfo <gencode> -o matmul matmul.cu -lcublas)
+Test:   ./dev/matmul --test       every version x every transpose vs the CPU oracle (double accumulation) at awkward
+                                  sizes, fresh random inputs, C poisoned with NaN; CPU-only checks run without a GPU
+Bench:  ./dev/matmul [all | VERSION] [--out DIR]   validate vs cuBLAS, then time 4096^3 and the MNIST layer shapes
+
+version 0: cuBLAS. Strict fp32 (CUBLAS_DEFAULT_MATH: TF32 off) is the baseline of the fp32 versions;
+           CUBLAS_TF32_TENSOR_OP_MATH is the baseline of the TF32 version.
+version 1: naive: one thread per output, A and B read straight from global memory.
+version 2: the write-up's 32x32 shared-memory tile (one output per thread, __syncthreads between tiles), made correct
+           for any M, N, K, both transposes and any leading dimension (zero-filled edge tiles, coalesced loads).
+version 3: 2D register blocking: 128x128 block tile, BK = 8, each thread accumulates an 8x8 patch in registers
+           (the 1D-blocktiling step of siboehm's series is skipped); scalar global loads.
+version 4: version 3 with 16-byte vectorised global loads (float4 where the chunk is in bounds and the leading
+           dimension and pointer are 16-byte aligned, scalar otherwise) and float4 shared-memory reads.
+version 5: warptiling + double buffering: a warp owns a 32x64 patch, a thread 2x2 strided 4x4 sub-tiles (float4
+           shared reads without bank conflicts); the next k-tile is fetched into registers while the current one is
+           computed (one __syncthreads per k-tile); grouped block order for L2 reuse; tile shape chosen per problem
+           (128x128, 64x64, 128x32) and deterministic split-K for small M*N with long K.
+           THE TRAINER'S fp32 KERNEL: matmul_sgemm_v5().
+version 6: TF32 tensor cores: mma.sync.m16n8k8 (inputs rounded to TF32 with cvt.rna, fp32 accumulation), cp.async
+           3-stage pipeline (tiles copied in their global layout, padded so fragment reads are conflict-free),
+           64x64 warp tiles, same per-problem tile choice and split-K as version 5. matmul_sgemm_tf32_v6().
+(version 7, wgmma for sm_90a, is not written.)
+*/
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <cerrno>
+#include <sys/stat.h>
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+// ----------------------------------------------------------------------------------------------------------------
+// error checking
+
+static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "[CUDA ERROR] %s failed at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
+        exit(EXIT_FAILURE);
+    }
+}
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
+
+static void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuBLAS ERROR] %s failed at %s:%d: status %d\n", call, file, line, (int)status);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+static FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
+    FILE* f = fopen(path, mode);
+    if (f == nullptr) {
+        fprintf(stderr, "[FOPEN ERROR] cannot open %s (mode %s) at %s:%d: %s\n", path, mode, file, line,
+                strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    return f;
+}
+#define fopenCheck(path, mode) fopen_check((path), (mode), __FILE__, __LINE__)
+
+__host__ __device__ static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// host-side argument checks and shared launcher state (used by every version)
+
+static void matmul_check_args(const char* fn, bool trans_a, bool trans_b, int M, int N, int K, const float* A,
+                              int lda, const float* B, int ldb, const float* C, int ldc) {
+    const char* bad = nullptr;
+    long long expected = 0, found = 0;
+    if (M < 0) { bad = "M"; expected = 0; found = M; }
+    else if (N < 0) { bad = "N"; expected = 0; found = N; }
+    else if (K < 0) { bad = "K"; expected = 0; found = K; }
+    else if (lda < std::max(1, trans_a ? M : K)) { bad = "lda"; expected = std::max(1, trans_a ? M : K); found = lda; }
+    else if (ldb < std::max(1, trans_b ? K : N)) { bad = "ldb"; expected = std::max(1, trans_b ? K : N); found = ldb; }
+    else if (ldc < std::max(1, N)) { bad = "ldc"; expected = std::max(1, N); found = ldc; }
+    if (bad) {
+        fprintf(stderr, "%s: argument %s = %lld, expected >= %lld (M=%d N=%d K=%d trans_a=%d trans_b=%d)\n", fn, bad,
+                found, expected, M, N, K, (int)trans_a, (int)trans_b);
+        exit(EXIT_FAILURE);
+    }
+    if ((long long)M * N > 0 && C == nullptr) { fprintf(stderr, "%s: argument C is null\n", fn); exit(EXIT_FAILURE); }
+    if ((long long)M * N * K > 0 && (A == nullptr || B == nullptr)) {
+        fprintf(stderr, "%s: argument %s is null\n", fn, A == nullptr ? "A" : "B");
+        exit(EXIT_FAILURE);
+    }
+}
+
+static int matmul_num_sms() {
+    static int sms = 0;
+    if (sms == 0) {
+        int device;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    }
+    return sms;
+}
+
+// 16-byte vector access to a row-major operand is safe when its base and every row start are 16-byte aligned.
+static bool matmul_vec_ok(const float* p, int ld) { return ((uintptr_t)p % 16 == 0) && (ld % 4 == 0); }
+
+// Split-K partial sums (splits x M x N) live in one device buffer that grows on demand and is kept (cudaFree and
+// cudaMalloc synchronise, so this happens only on the first calls of a new largest shape). One stream only.
+static float* matmul_workspace = nullptr;
+static size_t matmul_workspace_floats = 0;
+static float* matmul_get_workspace(size_t floats) {
+    if (floats > matmul_workspace_floats) {
+        if (matmul_workspace) cudaCheck(cudaFree(matmul_workspace));
+        cudaCheck(cudaMalloc(&matmul_workspace, floats * sizeof(float)));
+        matmul_workspace_floats = floats;
+    }
+    return matmul_workspace;
+}
+static void matmul_free_workspace() {
+    if (matmul_workspace) cudaCheck(cudaFree(matmul_workspace));
+    matmul_workspace = nullptr;
+    matmul_workspace_floats = 0;
+}
+
+// Splits K when the M x N tiles cannot fill the GPU (fc1 forward at batch 64 has 2 tiles of 64x64 and K = 9216):
+// aim at two blocks per SM, keep >= max(128, 4*BK) of K per split, cap the workspace at 32M floats.
+// k_per_split is a multiple of BK (so 16-byte alignment of every split's start holds) and no split is empty.
+static void matmul_choose_splits(int M, int N, int K, int BM, int BN, int BK, int* splits_out, int* k_per_split_out) {
+    long long tiles = (long long)ceil_div(M, BM) * ceil_div(N, BN);
+    int sms = matmul_num_sms();
+    const int min_k = std::max(128, 4 * BK);
+    long long splits = 1;
+    if (tiles < sms && K >= 2 * min_k) {
+        long long want = (2LL * sms + tiles - 1) / tiles;
+        long long by_k = K / min_k;
+        long long by_workspace = (32LL << 20) / std::max(1LL, (long long)M * N);
+        splits = std::max(1LL, std::min(want, std::min(by_k, by_workspace)));
+    }
+    int k_per_split = K;
+    if (splits > 1) {
+        k_per_split = ceil_div(ceil_div(K, (int)splits), BK) * BK;
+        splits = ceil_div(K, k_per_split);
+    }
+    *splits_out = (int)splits;
+    *k_per_split_out = k_per_split;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// CPU oracle: double accumulation. Also returns c_abs = |alpha| sum_k |a_mk b_kn| + |beta c_mn|, the scale of the
+// rounding error any correct fp32 / TF32 implementation may make (see tolerance_rtol).
+
+static void matmul_cpu_oracle(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                              const float* B, int ldb, float beta, const float* C0, int ldc, double* ref,
+                              double* c_abs) {
+    // op(A) as M x K and op(B)^T as N x K, both contiguous in k, so the inner loop streams
+    std::vector<double> a((size_t)M * K), bt((size_t)N * K);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) a[(size_t)m * K + k] = trans_a ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k];
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) bt[(size_t)n * K + k] = trans_b ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
+    for (int m = 0; m < M; m++) {
+        const double* ar = &a[(size_t)m * K];
+        for (int n = 0; n < N; n++) {
+            const double* br = &bt[(size_t)n * K];
+            double s = 0.0, sa = 0.0;
+            for (int k = 0; k < K; k++) {
+                double p = ar[k] * br[k];
+                s += p;
+                sa += fabs(p);
+            }
+            double r = (double)alpha * s, ra = fabs((double)alpha) * sa;
+            if (beta != 0.0f) {
+                double c = C0[(size_t)m * ldc + n];
+                r += (double)beta * c;
+                ra += fabs((double)beta * c);
+            }
+            ref[(size_t)m * N + n] = r;
+            c_abs[(size_t)m * N + n] = ra;
+        }
+    }
+}
+
+// Tolerance |c - ref| <= ATOL + rtol * c_abs (c_abs as above, which unlike |ref| does not vanish under cancellation).
+// fp32: every product and add rounds once (u = 2^-24). Higham's bound |err| <= gamma_K * sum|a b| with
+//   gamma_K = K u / (1 - K u) holds for ANY summation order (tiles, split-K, FMA), so it never fails a correct
+//   kernel; a missed or doubled k term is an error of a whole |a_k b_k| (~ c_abs / K), far above it while K*K*u << 1
+//   (K <= 9216 here: K*K*u <= 5). +3u for alpha*acc + beta*c.
+// TF32 (version 6, cvt.rna): each input is rounded to a 10-bit mantissa (u_t = 2^-11), so each product is off by
+//   <= 2 u_t + u_t^2 relative, whatever K: 2^-10 (1 + 2^-12) c_abs; plus the fp32 accumulation bound, doubled
+//   because the tensor core's internal adds are not documented to round to nearest.
+// cuBLAS TF32 does not document how it rounds inputs to TF32: allow truncation (u_t = 2^-10, 2^-9 per product).
+// ATOL only matters where every product is ~0 (inputs are uniform in [-1, 1], so products never underflow).
+static const double ATOL = 1e-12;
+enum Precision { PREC_FP32 = 0, PREC_TF32_RN = 1, PREC_TF32_ANY = 2 };
+static double tolerance_rtol(Precision prec, int K) {
+    const double u = ldexp(1.0, -24);
+    double gamma = (K + 3) * u / (1.0 - (K + 3) * u);
+    if (prec == PREC_FP32) return gamma;
+    if (prec == PREC_TF32_RN) return ldexp(1.0, -10) * (1.0 + ldexp(1.0, -12)) + 2.0 * gamma;
+    return ldexp(1.0, -9) * (1.0 + ldexp(1.0, -11)) + 2.0 * gamma;
+}
+
+struct CheckResult {
+    bool ok;
+    double max_err, worst_ratio;  // max |c - ref|, max |c - ref| / tol
+    long long worst_index;        // index (m * N + n) of worst_ratio, or of the first NaN
+    int nan_count;
+};
+// c: M x N with leading dimension ldc; ref, c_abs: M x N contiguous.
+static CheckResult check_result(const float* c, int ldc, const double* ref, const double* c_abs, int M, int N,
+                                double rtol) {
+    CheckResult r = {true, 0.0, 0.0, -1, 0};
+    long long first_nan = -1;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)m * N + n;
+            double v = c[(size_t)m * ldc + n];
+            if (std::isnan(v)) {  // an unwritten (poisoned) element, or a NaN the kernel made
+                r.ok = false;
+                if (r.nan_count++ == 0) first_nan = (long long)i;
+                continue;
+            }
+            double err = fabs(v - ref[i]);
+            double tol = ATOL + rtol * c_abs[i];
+            if (!(err <= tol)) r.ok = false;
+            if (err > r.max_err) r.max_err = err;
+            if (err / tol > r.worst_ratio) { r.worst_ratio = err / tol; r.worst_index = (long long)i; }
+        }
+    if (r.nan_count > 0) r.worst_index = first_nan;
+    return r;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// device helpers
+
+// C[m, n] = alpha * acc + beta * C[m, n]; beta == 0 never reads C (BLAS semantics: C may be uninitialised).
+__device__ __forceinline__ void store_out(float* C, int ldc, int m, int n, float acc, float alpha, float beta) {
+    float* p = C + (size_t)m * ldc + n;
+    float v = alpha * acc;
+    if (beta != 0.0f) v = fmaf(beta, *p, v);
+    *p = v;
+}
+
+// element (r, c) of op(X), X row-major with leading dimension ld
+__device__ __forceinline__ float load_op(const float* X, int ld, bool trans, int r, int c) {
+    return trans ? X[(size_t)c * ld + r] : X[(size_t)r * ld + c];
+}
+
+// Block (bm, bn) of block number pid, in groups of GROUP block-rows so that consecutive blocks share A rows and a
+// narrow band of B columns in L2 (the order Triton's matmul tutorial uses).
+__device__ __forceinline__ void grouped_tile(int pid, int tiles_m, int tiles_n, int& bm, int& bn) {
+    const int GROUP = 8;
+    int per_group = GROUP * tiles_n;
+    int first_m = (pid / per_group) * GROUP;
+    int group_rows = min(tiles_m - first_m, GROUP);
+    int in_group = pid % per_group;
+    bm = first_m + in_group % group_rows;
+    bn = in_group / group_rows;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 1: naive
+
+__global__ void matmul_naive_kernel(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                    int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;  // threadIdx.x along n: B (not transposed) and C coalesced
+    int m = blockIdx.y * blockDim.y + threadIdx.y;
+    if (m >= M || n >= N) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++) acc = fmaf(load_op(A, lda, trans_a, m, k), load_op(B, ldb, trans_b, k, n), acc);
+    store_out(C, ldc, m, n, acc, alpha, beta);
+}
+
+static void matmul_naive_v1(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_naive_v1", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    dim3 block(32, 8);
+    dim3 grid(ceil_div(N, 32), ceil_div(M, 8));
+    matmul_naive_kernel<<<grid, block, 0, stream>>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 2: 32x32 shared-memory tile, one output per thread
+
+#define SMEM_TILE 32
+__global__ void matmul_smem_tile_kernel(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                                        const float* A, int lda, const float* B, int ldb, float beta, float* C,
+                                        int ldc) {
+    // +1 column: the transposed stores (As[tx][ty]) hit 32 different banks
+    __shared__ float As[SMEM_TILE][SMEM_TILE + 1];  // As[m][k]
+    __shared__ float Bs[SMEM_TILE][SMEM_TILE + 1];  // Bs[k][n]
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int m0 = blockIdx.y * SMEM_TILE, n0 = blockIdx.x * SMEM_TILE;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += SMEM_TILE) {
+        // consecutive tx read consecutive addresses of the stored matrix, transposed or not; out of range -> 0
+        if (!trans_a) { int r = m0 + ty, c = k0 + tx; As[ty][tx] = (r < M && c < K) ? A[(size_t)r * lda + c] : 0.0f; }
+        else          { int k = k0 + ty, r = m0 + tx; As[tx][ty] = (k < K && r < M) ? A[(size_t)k * lda + r] : 0.0f; }
+        if (!trans_b) { int k = k0 + ty, c = n0 + tx; Bs[ty][tx] = (k < K && c < N) ? B[(size_t)k * ldb + c] : 0.0f; }
+        else          { int c = n0 + ty, k = k0 + tx; Bs[tx][ty] = (c < N && k < K) ? B[(size_t)c * ldb + k] : 0.0f; }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < SMEM_TILE; k++) acc = fmaf(As[ty][k], Bs[k][tx], acc);
+        __syncthreads();
+    }
+    int m = m0 + ty, n = n0 + tx;
+    if (m < M && n < N) store_out(C, ldc, m, n, acc, alpha, beta);
+}
+
+static void matmul_smem_tile_v2(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                                cudaStream_t stream) {
+    matmul_check_args("matmul_smem_tile_v2", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    dim3 block(SMEM_TILE, SMEM_TILE);
+    dim3 grid(ceil_div(N, SMEM_TILE), ceil_div(M, SMEM_TILE));
+    matmul_smem_tile_kernel<<<grid, block, 0, stream>>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                                        ldc);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Register-staged tile loader (versions 3, 4, 5): a BO x BK tile of op(X) (BO along M for A or N for B, BK along K)
+// is fetched from global memory into registers, then stored k-major into shared memory S[BK][BO + 4], so the
+// compute loop reads BO-contiguous float4s. KCONTIG: X is stored with k contiguous (A as stored, B transposed) and
+// the store transposes; otherwise rows of S are copied as float4s. Out-of-range elements are zero.
+
+template <int BO, int BK, int NT, bool KCONTIG>
+struct TileLoader {
+    static_assert(BO % 4 == 0 && BK % 4 == 0, "tiles move in float4 chunks along the contiguous dimension");
+    static constexpr int LD = BO + 4;  // +4: transposed stores of the KCONTIG case spread over the banks, and rows
+                                       // stay 16-byte aligned for float4 reads
+    static constexpr int TOTAL = BO * BK / 4;
+    static constexpr int CHUNKS = (TOTAL + NT - 1) / NT;
+    float r[CHUNKS][4];
+
+    __device__ __forceinline__ static void chunk_pos(int idx, int& o, int& k) {
+        if (KCONTIG) { o = idx / (BK / 4); k = (idx % (BK / 4)) * 4; }
+        else         { k = idx / (BO / 4); o = (idx % (BO / 4)) * 4; }
+    }
+
+    // tile rows [o0, o0 + BO) of op(X) below olim, k in [k0, k0 + BK) below klim; vec: 16-byte loads allowed
+    __device__ __forceinline__ void fetch(const float* X, int ld, int o0, int olim, int k0, int klim, bool vec) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; c++) {
+            int idx = threadIdx.x + c * NT;
+            bool in_tile = (TOTAL % NT == 0) || idx < TOTAL;
+            int o, k;
+            chunk_pos(idx, o, k);
+            int go = o0 + o, gk = k0 + k;
+            int s = KCONTIG ? go : gk, slim = KCONTIG ? olim : klim;  // strided (row) index of X
+            int p = KCONTIG ? gk : go, plim = KCONTIG ? klim : olim;  // contiguous index of X: p .. p+3
+            bool row_ok = in_tile && s < slim;
+            const float* src = X + (size_t)s * ld + p;
+            if (row_ok && vec && p + 3 < plim) {
+                float4 v = __ldg(reinterpret_cast<const float4*>(src));
+                r[c][0] = v.x; r[c][1] = v.y; r[c][2] = v.z; r[c][3] = v.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) r[c][i] = (row_ok && p + i < plim) ? __ldg(src + i) : 0.0f;
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(float* S) const {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; c++) {
+            int idx = threadIdx.x + c * NT;
+            if (!((TOTAL % NT == 0) || idx < TOTAL)) continue;
+            int o, k;
+            chunk_pos(idx, o, k);
+            if (KCONTIG) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) S[(k + i) * LD + o] = r[c][i];
+            } else {
+                *reinterpret_cast<float4*>(&S[k * LD + o]) = make_float4(r[c][0], r[c][1], r[c][2], r[c][3]);
+            }
+        }
+    }
+};
+
+// ----------------------------------------------------------------------------------------------------------------
+// versions 3 and 4: 2D block tiling (VEC = false: scalar global loads; VEC = true: float4 global loads)
+
+template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB, bool VEC>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+matmul_blocktile_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+                        float beta, float* C, int ldc, bool vec_a, bool vec_b) {
+    constexpr int NT = (BM / TM) * (BN / TN);
+    static_assert(BM % TM == 0 && BN % TN == 0, "the thread grid must cover the block tile exactly");
+    static_assert(TM % 4 == 0 && TN % 4 == 0, "a thread's patch is read from shared memory as float4s");
+    using LoadA = TileLoader<BM, BK, NT, !TA>;
+    using LoadB = TileLoader<BN, BK, NT, TB>;
+    __shared__ __align__(16) float sA[BK * LoadA::LD];
+    __shared__ __align__(16) float sB[BK * LoadB::LD];
+    LoadA la;
+    LoadB lb;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int tr = threadIdx.x / (BN / TN), tc = threadIdx.x % (BN / TN);
+    float acc[TM][TN] = {};
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        la.fetch(A, lda, m0, M, k0, K, VEC && vec_a);
+        lb.fetch(B, ldb, n0, N, k0, K, VEC && vec_b);
+        la.store(sA);
+        lb.store(sB);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < BK; k++) {
+            float a[TM], b[TN];
+            if (VEC) {
+#pragma unroll
+                for (int i = 0; i < TM; i += 4) {
+                    float4 v = *reinterpret_cast<const float4*>(&sA[k * LoadA::LD + tr * TM + i]);
+                    a[i] = v.x; a[i + 1] = v.y; a[i + 2] = v.z; a[i + 3] = v.w;
+                }
+#pragma unroll
+                for (int j = 0; j < TN; j += 4) {
+                    float4 v = *reinterpret_cast<const float4*>(&sB[k * LoadB::LD + tc * TN + j]);
+                    b[j] = v.x; b[j + 1] = v.y; b[j + 2] = v.z; b[j + 3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < TM; i++) a[i] = sA[k * LoadA::LD + tr * TM + i];
+#pragma unroll
+                for (int j = 0; j < TN; j++) b[j] = sB[k * LoadB::LD + tc * TN + j];
+            }
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        int m = m0 + tr * TM + i;
+        if (m >= M) continue;
+#pragma unroll
+        for (int j = 0; j < TN; j++) {
+            int n = n0 + tc * TN + j;
+            if (n < N) store_out(C, ldc, m, n, acc[i][j], alpha, beta);
+        }
+    }
+}
+
+template <bool VEC>
+static void matmul_blocktile(const char* fn, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                             cudaStream_t stream) {
+    matmul_check_args(fn, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    constexpr int BM = 128, BN = 128, BK = 8, TM = 8, TN = 8;
+    dim3 grid(ceil_div(N, BN), ceil_div(M, BM));
+    dim3 block((BM / TM) * (BN / TN));
+    bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb);
+#define BLOCKTILE_LAUNCH(TA_, TB_)                                                                                  \
+    matmul_blocktile_kernel<BM, BN, BK, TM, TN, TA_, TB_, VEC>                                                      \
+        <<<grid, block, 0, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, va, vb)
+    if (!trans_a && !trans_b) BLOCKTILE_LAUNCH(false, false);
+    else if (!trans_a && trans_b) BLOCKTILE_LAUNCH(false, true);
+    else if (trans_a && !trans_b) BLOCKTILE_LAUNCH(true, false);
+    else BLOCKTILE_LAUNCH(true, true);
+#undef BLOCKTILE_LAUNCH
+    cudaCheck(cudaGetLastError());
+}
+
+static void matmul_blocktile_v3(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                                cudaStream_t stream) {
+    matmul_blocktile<false>("matmul_blocktile_v3", trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                            stream);
+}
+static void matmul_vectorized_v4(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                 int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                                 cudaStream_t stream) {
+    matmul_blocktile<true>("matmul_vectorized_v4", trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                           stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// split-K reduction (versions 5 and 6): C = alpha * sum_z ws[z] + beta * C, summed in a fixed order (deterministic)
+
+__global__ void matmul_splitk_reduce_kernel(const float* ws, int splits, int M, int N, float alpha, float beta,
+                                            float* C, int ldc) {
+    size_t total = (size_t)M * N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int z = 0; z < splits; z++) s += ws[(size_t)z * total + i];
+        int m = (int)(i / N), n = (int)(i % N);
+        store_out(C, ldc, m, n, s, alpha, beta);
+    }
+}
+
+static void matmul_splitk_reduce(const float* ws, int splits, int M, int N, float alpha, float beta, float* C,
+                                 int ldc, cudaStream_t stream) {
+    size_t total = (size_t)M * N;
+    int block = 256;
+    int grid = (int)std::min<size_t>((total + block - 1) / block, (size_t)matmul_num_sms() * 16);
+    matmul_splitk_reduce_kernel<<<grid, block, 0, stream>>>(ws, splits, M, N, alpha, beta, C, ldc);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 5: warptiling + register-staged double buffering + per-shape tiles + split-K (the trainer's fp32 kernel)
+// A warp is a 4 x 8 grid of lanes; lane (ly, lx) owns RM x RN sub-tiles of 4x4 outputs at rows ly*4 + i*16 and
+// columns lx*4 + j*32 of the warp's WM x WN = 16RM x 32RN patch. A warp's float4 reads of one k row then cover 64
+// contiguous bytes of A (4 addresses, broadcast) and 128 of B: one shared-memory wavefront each.
+// gridDim.z > 1: blockIdx.z computes k in [z * k_per_split, (z+1) * k_per_split) into ws[z] (M x N, raw sums).
+
+template <int BM, int BN, int BK, int RM, int RN, int MINB, bool TA, bool TB>
+__global__ void __launch_bounds__((BM / (16 * RM)) * (BN / (32 * RN)) * 32, MINB)
+matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+                       float beta, float* C, int ldc, float* ws, int k_per_split, bool vec_a, bool vec_b,
+                       bool vec_c) {
+    constexpr int WM = 16 * RM, WN = 32 * RN;
+    static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block tile exactly");
+    constexpr int WARPS_N = BN / WN;
+    constexpr int NT = (BM / WM) * WARPS_N * 32;
+    using LoadA = TileLoader<BM, BK, NT, !TA>;
+    using LoadB = TileLoader<BN, BK, NT, TB>;
+    __shared__ __align__(16) float sA[2][BK * LoadA::LD];
+    __shared__ __align__(16) float sB[2][BK * LoadB::LD];
+
+    int bm, bn;
+    grouped_tile(blockIdx.x, ceil_div(M, BM), ceil_div(N, BN), bm, bn);
+    const int m0 = bm * BM, n0 = bn * BN;
+    const int kb = blockIdx.z * k_per_split, ke = min(K, kb + k_per_split);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = (warp / WARPS_N) * WM + (lane / 8) * 4;  // + i*16
+    const int col0 = (warp % WARPS_N) * WN + (lane % 8) * 4;  // + j*32
+
+    float acc[RM * 4][RN * 4] = {};
+    LoadA la;
+    LoadB lb;
+    const int ntiles = ke > kb ? ceil_div(ke - kb, BK) : 0;
+    if (ntiles > 0) {
+        la.fetch(A, lda, m0, M, kb, ke, vec_a);
+        lb.fetch(B, ldb, n0, N, kb, ke, vec_b);
+        la.store(sA[0]);
+        lb.store(sB[0]);
+        __syncthreads();
+    }
+    for (int t = 0; t < ntiles; t++) {
+        const int cur = t & 1;
+        const bool more = t + 1 < ntiles;
+        if (more) {  // global loads of the next tile are in flight during the FMAs below
+            la.fetch(A, lda, m0, M, kb + (t + 1) * BK, ke, vec_a);
+            lb.fetch(B, ldb, n0, N, kb + (t + 1) * BK, ke, vec_b);
+        }
+        const float* a_s = sA[cur];
+        const float* b_s = sB[cur];
+#pragma unroll
+        for (int k = 0; k < BK; k++) {
+            float a[RM * 4], b[RN * 4];
+#pragma unroll
+            for (int i = 0; i < RM; i++) {
+                float4 v = *reinterpret_cast<const float4*>(&a_s[k * LoadA::LD + row0 + i * 16]);
+                a[i * 4 + 0] = v.x; a[i * 4 + 1] = v.y; a[i * 4 + 2] = v.z; a[i * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < RN; j++) {
+                float4 v = *reinterpret_cast<const float4*>(&b_s[k * LoadB::LD + col0 + j * 32]);
+                b[j * 4 + 0] = v.x; b[j * 4 + 1] = v.y; b[j * 4 + 2] = v.z; b[j * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < RM * 4; i++)
+#pragma unroll
+                for (int j = 0; j < RN * 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        // the other buffer was last read in iteration t-1, which every thread finished before the barrier below
+        // of iteration t-1: one barrier per k-tile is enough
+        if (more) {
+            la.store(sA[cur ^ 1]);
+            lb.store(sB[cur ^ 1]);
+        }
+        __syncthreads();
+    }
+
+    const bool direct = gridDim.z == 1;
+    float* out = direct ? C : ws + (size_t)blockIdx.z * M * N;
+    const int ldo = direct ? ldc : N;
+    const bool vec_o = direct ? vec_c : (N % 4 == 0);  // ws comes from cudaMalloc (256-byte aligned)
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int m = m0 + row0 + i * 16 + r;
+            if (m >= M) continue;
+#pragma unroll
+            for (int j = 0; j < RN; j++) {
+                int n = n0 + col0 + j * 32;
+                const float* v = acc[i * 4 + r] + j * 4;
+                float* p = out + (size_t)m * ldo + n;
+                if (vec_o && n + 3 < N) {
+                    float4 o = make_float4(v[0], v[1], v[2], v[3]);
+                    if (direct) {
+                        o.x *= alpha; o.y *= alpha; o.z *= alpha; o.w *= alpha;
+                        if (beta != 0.0f) {
+                            float4 old = *reinterpret_cast<const float4*>(p);
+                            o.x = fmaf(beta, old.x, o.x); o.y = fmaf(beta, old.y, o.y);
+                            o.z = fmaf(beta, old.z, o.z); o.w = fmaf(beta, old.w, o.w);
+                        }
+                    }
+                    *reinterpret_cast<float4*>(p) = o;
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        if (n + c >= N) break;
+                        if (direct) store_out(out, ldo, m, n + c, v[c], alpha, beta);
+                        else p[c] = v[c];
+                    }
+                }
+            }
+        }
+}
+
+template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false>
+static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
+    int splits, k_per_split;
+    matmul_choose_splits(M, N, K, BM, BN, BK, &splits, &k_per_split);
+    float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
+    dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
+    bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
+#define WARPTILE_LAUNCH(TA_, TB_)                                                                                   \
+    matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA_, TB_><<<grid, NT, 0, stream>>>(                            \
+        M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va, vb, vc)
+    if (!trans_a && !trans_b) WARPTILE_LAUNCH(false, false);
+    else if (NN_ONLY) { fprintf(stderr, "launch_warptile: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
+    else if (!trans_a && trans_b) WARPTILE_LAUNCH(false, true);
+    else if (trans_a && !trans_b) WARPTILE_LAUNCH(true, false);
+    else WARPTILE_LAUNCH(true, true);
+#undef WARPTILE_LAUNCH
+    cudaCheck(cudaGetLastError());
+    if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
+}
+
+// The trainer's fp32 GEMM. C (M x N, ldc) = alpha * op(A) op(B) + beta * C, row-major; see the header for layouts.
+// Tiles: N <= 32 -> 128x32 (conv1, fc2); enough 128x128 tiles to fill the GPU -> 128x128; else 64x64 (+ split-K).
+void matmul_sgemm_v5(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                     const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_sgemm_v5", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (N <= 32)
+        launch_warptile<128, 32, 16, 2, 1, 4>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if ((long long)ceil_div(M, 128) * ceil_div(N, 128) >= matmul_num_sms())
+        launch_warptile<128, 128, 8, 2, 2, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else
+        launch_warptile<64, 64, 16, 1, 1, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 6: TF32 tensor cores (mma.sync.m16n8k8), cp.async multi-stage pipeline (sm_80 and newer)
+
+__device__ __forceinline__ uint32_t f32_to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// c += a b: a 16x8 (row), b 8x8 (col), c 16x8. Fragments (g = lane / 4, t = lane % 4):
+// a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); b0 (k=t, n=g) b1 (k=t+4, n=g);
+// c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1).
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// 16-byte copy; the bytes past src_bytes are zero-filled (edge tiles)
+__device__ __forceinline__ void cp_async_16(float* dst, const float* src, int src_bytes) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_4(float* dst, const float* src, int src_bytes) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N_PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N_PENDING)); }
+
+// A BO x BK tile of op(X) copied asynchronously in X's own layout (cp.async cannot transpose):
+// KCONTIG (k contiguous in X): S[BO][BK + 4]; otherwise S[BK][BO + 8]. The pads make the mma fragment reads
+// conflict-free: the 32 lanes read (o = g, k = t), g < 8, t < 4: bank (g * LD + t) % 32 when KCONTIG, else
+// (t * LD + g) % 32; fragment_banks_distinct checks all 32 differ.
+constexpr bool fragment_banks_distinct(int ld, bool kcontig) {
+    for (int x = 0; x < 32; x++)
+        for (int y = x + 1; y < 32; y++) {
+            int bx = kcontig ? ((x / 4) * ld + x % 4) % 32 : ((x % 4) * ld + x / 4) % 32;
+            int by = kcontig ? ((y / 4) * ld + y % 4) % 32 : ((y % 4) * ld + y / 4) % 32;
+            if (bx == by) return false;
+        }
+    return true;
+}
+template <int BO, int BK, int NT, bool KCONTIG>
+struct AsyncTile {
+    static_assert(BO % 4 == 0 && BK % 4 == 0, "tiles move in 16-byte chunks");
+    static constexpr int LD = KCONTIG ? BK + 4 : BO + 8;
+    static_assert(fragment_banks_distinct(LD, KCONTIG), "padding must make the fragment reads conflict-free");
+    static constexpr int SIZE = KCONTIG ? BO * LD : BK * LD;  // floats per stage
+    static constexpr int TOTAL = BO * BK / 4;
+    static constexpr int CHUNKS = (TOTAL + NT - 1) / NT;
+
+    __device__ __forceinline__ static void load(float* S, const float* X, int ld, int o0, int olim, int k0, int klim,
+                                                bool vec) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; c++) {
+            int idx = threadIdx.x + c * NT;
+            if (TOTAL % NT != 0 && idx >= TOTAL) break;
+            int srow, spos, grow, rowlim, gpos, poslim;  // tile row / position, and in X
+            if (KCONTIG) { srow = idx / (BK / 4); spos = (idx % (BK / 4)) * 4; grow = o0 + srow; rowlim = olim; gpos = k0 + spos; poslim = klim; }
+            else         { srow = idx / (BO / 4); spos = (idx % (BO / 4)) * 4; grow = k0 + srow; rowlim = klim; gpos = o0 + spos; poslim = olim; }
+            int nvalid = grow < rowlim ? max(0, min(4, poslim - gpos)) : 0;
+            float* dst = S + srow * LD + spos;
+            const float* src = X + (size_t)grow * ld + gpos;
+            if (vec) {
+                cp_async_16(dst, nvalid > 0 ? src : X, nvalid * 4);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) cp_async_4(dst + i, i < nvalid ? src + i : X, i < nvalid ? 4 : 0);
+            }
+        }
+    }
+    // element (o, k) of the tile
+    __device__ __forceinline__ static float at(const float* S, int o, int k) {
+        return KCONTIG ? S[o * LD + k] : S[k * LD + o];
+    }
+};
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB>
+struct Tf32Config {
+    static constexpr int WARPS_N = BN / WN;
+    static constexpr int NT = (BM / WM) * WARPS_N * 32;
+    using TileA = AsyncTile<BM, BK, NT, !TA>;
+    using TileB = AsyncTile<BN, BK, NT, TB>;
+    static constexpr int SMEM_BYTES = STAGES * (TileA::SIZE + TileB::SIZE) * (int)sizeof(float);
+};
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                   float* C, int ldc, float* ws, int k_per_split, bool vec_a, bool vec_b) {
+    using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB>;
+    using TileA = typename Cfg::TileA;
+    using TileB = typename Cfg::TileB;
+    static_assert(WM % 16 == 0 && WN % 8 == 0, "a warp tile is made of m16n8 mma tiles");
+    static_assert(BK % 8 == 0, "the mma k step is 8");
+    static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block tile exactly");
+    static_assert(STAGES >= 2, "the pipeline needs at least one tile in flight");
+    constexpr int MI = WM / 16, NI = WN / 8;
+    extern __shared__ __align__(16) float smem[];
+    float* sA = smem;
+    float* sB = smem + STAGES * TileA::SIZE;
+
+    int bm, bn;
+    grouped_tile(blockIdx.x, ceil_div(M, BM), ceil_div(N, BN), bm, bn);
+    const int m0 = bm * BM, n0 = bn * BN;
+    const int kb = blockIdx.z * k_per_split, ke = min(K, kb + k_per_split);
+    const int ntiles = ke > kb ? ceil_div(ke - kb, BK) : 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm0 = (warp / Cfg::WARPS_N) * WM, wn0 = (warp % Cfg::WARPS_N) * WN;
+    const int g = lane / 4, t = lane % 4;
+
+    float acc[MI][NI][4] = {};
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ntiles) {
+            TileA::load(sA + s * TileA::SIZE, A, lda, m0, M, kb + s * BK, ke, vec_a);
+            TileB::load(sB + s * TileB::SIZE, B, ldb, n0, N, kb + s * BK, ke, vec_b);
+        }
+        cp_async_commit();  // an empty group keeps the group count = tile count
+    }
+    for (int kt = 0; kt < ntiles; kt++) {
+        cp_async_wait<STAGES - 2>();  // tile kt has landed (for this thread) ...
+        __syncthreads();              // ... for every thread, and every warp is done with tile kt - 1
+        const int next = kt + STAGES - 1;
+        if (next < ntiles) {  // refill the stage tile kt - 1 used
+            TileA::load(sA + (next % STAGES) * TileA::SIZE, A, lda, m0, M, kb + next * BK, ke, vec_a);
+            TileB::load(sB + (next % STAGES) * TileB::SIZE, B, ldb, n0, N, kb + next * BK, ke, vec_b);
+        }
+        cp_async_commit();
+        const float* a_s = sA + (kt % STAGES) * TileA::SIZE;
+        const float* b_s = sB + (kt % STAGES) * TileB::SIZE;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 8) {
+            uint32_t af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                int r = wm0 + mi * 16 + g;
+                af[mi][0] = f32_to_tf32(TileA::at(a_s, r, kk + t));
+                af[mi][1] = f32_to_tf32(TileA::at(a_s, r + 8, kk + t));
+                af[mi][2] = f32_to_tf32(TileA::at(a_s, r, kk + t + 4));
+                af[mi][3] = f32_to_tf32(TileA::at(a_s, r + 8, kk + t + 4));
+            }
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                int c = wn0 + ni * 8 + g;
+                bf[ni][0] = f32_to_tf32(TileB::at(b_s, c, kk + t));
+                bf[ni][1] = f32_to_tf32(TileB::at(b_s, c, kk + t + 4));
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) mma_tf32_16x8x8(acc[mi][ni], af[mi], bf[ni]);
+        }
+    }
+    cp_async_wait<0>();
+
+    const bool direct = gridDim.z == 1;
+    float* out = direct ? C : ws + (size_t)blockIdx.z * M * N;
+    const int ldo = direct ? ldc : N;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int m = m0 + wm0 + mi * 16 + g + h * 8;
+            if (m >= M) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                int n = n0 + wn0 + ni * 8 + 2 * t;
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (n + e >= N) break;
+                    float v = acc[mi][ni][2 * h + e];
+                    if (direct) store_out(out, ldo, m, n + e, v, alpha, beta);
+                    else out[(size_t)m * ldo + n + e] = v;
+                }
+            }
+        }
+}
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB>
+static void launch_tf32_one(dim3 grid, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                            int ldb, float beta, float* C, int ldc, float* ws, int k_per_split, bool va, bool vb,
+                            cudaStream_t stream) {
+    using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB>;
+    auto kernel = matmul_tf32_kernel<BM, BN, BK, WM, WN, STAGES, TA, TB>;
+    static bool smem_attr_set = false;  // one per instantiation
+    if (!smem_attr_set) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+        smem_attr_set = true;
+    }
+    kernel<<<grid, Cfg::NT, Cfg::SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,
+                                                       k_per_split, va, vb);
+    cudaCheck(cudaGetLastError());
+}
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool NN_ONLY = false>
+static void launch_tf32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    int splits, k_per_split;
+    matmul_choose_splits(M, N, K, BM, BN, BK, &splits, &k_per_split);
+    float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
+    dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
+    bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb);
+#define TF32_LAUNCH(TA_, TB_)                                                                                       \
+    launch_tf32_one<BM, BN, BK, WM, WN, STAGES, TA_, TB_>(grid, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,   \
+                                                          k_per_split, va, vb, stream)
+    if (!trans_a && !trans_b) TF32_LAUNCH(false, false);
+    else if (NN_ONLY) { fprintf(stderr, "launch_tf32: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
+    else if (!trans_a && trans_b) TF32_LAUNCH(false, true);
+    else if (trans_a && !trans_b) TF32_LAUNCH(true, false);
+    else TF32_LAUNCH(true, true);
+#undef TF32_LAUNCH
+    if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
+}
+
+// TF32 GEMM with the same contract and tile choice as matmul_sgemm_v5 (results within TF32 rounding, not fp32).
+void matmul_sgemm_tf32_v6(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                          const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_sgemm_tf32_v6", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (N <= 32)
+        launch_tf32<128, 32, 32, 32, 32, 3>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if ((long long)ceil_div(M, 128) * ceil_div(N, 128) >= matmul_num_sms())
+        launch_tf32<128, 128, 32, 64, 64, 3>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else
+        launch_tf32<64, 64, 32, 32, 32, 3>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 0: cuBLAS (row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands)
+
+static cublasHandle_t cublas_handle(bool tf32) {
+    static cublasHandle_t handles[2] = {nullptr, nullptr};
+    cublasHandle_t& h = handles[tf32 ? 1 : 0];
+    if (h == nullptr) {
+        cublasCheck(cublasCreate(&h));
+        cublasCheck(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    }
+    return h;
+}
+static void matmul_cublas(bool tf32, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                          int lda, const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_cublas", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    cublasHandle_t h = cublas_handle(tf32);
+    cublasCheck(cublasSetStream(h, stream));
+    cublasCheck(cublasSgemm(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                            &alpha, B, ldb, A, lda, &beta, C, ldc));
+}
+static void matmul_cublas_fp32_v0(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                  const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_cublas(false, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+static void matmul_cublas_tf32_v0(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                  const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_cublas(true, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// benchmark-only tile variants of versions 5 and 6 (A and B not transposed), to pick the 4096^3 configuration
+
+static void matmul_v5_128x128x16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                 const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v5_128x128x16", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_warptile<128, 128, 16, 2, 2, 2, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+static void matmul_v6_128x256x32(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                 const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v6_128x256x32", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_tf32<128, 256, 32, 64, 64, 3, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+static void matmul_v6_128x128x16s4(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                   const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v6_128x128x16s4", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_tf32<128, 128, 16, 64, 64, 4, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+static void matmul_v6_256x128x32(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                 const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v6_256x128x32", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_tf32<256, 128, 32, 64, 64, 3, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the list of versions
+
+typedef void (*MatmulFn)(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int,
+                         cudaStream_t);
+struct Variant {
+    const char* name;
+    int version;
+    Precision prec;
+    bool nn_only;  // benchmark tile variant, instantiated for A and B as stored only
+    MatmulFn fn;
+};
+static const Variant VARIANTS[] = {
+    {"0 cuBLAS fp32", 0, PREC_FP32, false, matmul_cublas_fp32_v0},
+    {"0 cuBLAS TF32", 0, PREC_TF32_ANY, false, matmul_cublas_tf32_v0},
+    {"1 naive", 1, PREC_FP32, false, matmul_naive_v1},
+    {"2 smem 32x32", 2, PREC_FP32, false, matmul_smem_tile_v2},
+    {"3 blocktile 8x8", 3, PREC_FP32, false, matmul_blocktile_v3},
+    {"4 vectorized", 4, PREC_FP32, false, matmul_vectorized_v4},
+    {"5 warptile+dbuf", 5, PREC_FP32, false, matmul_sgemm_v5},
+    {"5 (128x128x16)", 5, PREC_FP32, true, matmul_v5_128x128x16},
+    {"6 tf32 mma", 6, PREC_TF32_RN, false, matmul_sgemm_tf32_v6},
+    {"6 (128x256x32)", 6, PREC_TF32_RN, true, matmul_v6_128x256x32},
+    {"6 (128x128x16 s4)", 6, PREC_TF32_RN, true, matmul_v6_128x128x16s4},
+    {"6 (256x128x32)", 6, PREC_TF32_RN, true, matmul_v6_256x128x32},
+};
+static const int N_VARIANTS = (int)(sizeof(VARIANTS) / sizeof(VARIANTS[0]));
+static const int MAX_VERSION = 6;
+
+// ----------------------------------------------------------------------------------------------------------------
+// test mode
+
+struct Counters {
+    int passed = 0, failed = 0, skipped = 0;
+};
+static void report(Counters& cnt, bool ok, const char* name, const char* detail) {
+    printf("%s %s: %s\n", ok ? "PASS" : "FAIL", name, detail);
+    if (ok) cnt.passed++; else cnt.failed++;
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
+static uint64_t rng_next() {  // splitmix64
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+static float rng_uniform() { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }  // [-1, 1)
+static float rng_int(int lo, int hi) { return (float)(lo + (int)(rng_next() % (uint64_t)(hi - lo + 1))); }
+
+static float round_tf32_rna(float x) {  // what cvt.rna.tf32.f32 does: keep 10 mantissa bits, ties away from zero
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x1000u) & ~0x1FFFu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static const char* trans_name(bool ta, bool tb) { return ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"); }
+
+// CPU-only checks: the oracle itself, and that the tolerances accept correct fp32 / TF32 arithmetic and reject a
+// missing term. Run everywhere (CI has no GPU).
+static void cpu_oracle_tests(Counters& cnt) {
+    char name[128], detail[256];
+    // 1. exact: small-integer inputs make every product and partial sum exact in double (and in int64)
+    const int sizes[][3] = {{33, 7, 65}, {1, 1, 1}, {5, 17, 300}};
+    for (auto& sz : sizes)
+        for (int tr = 0; tr < 4; tr++)
+            for (int ab = 0; ab < 2; ab++) {
+                bool ta = tr & 2, tb = tr & 1;
+                int M = sz[0], N = sz[1], K = sz[2];
+                float alpha = ab ? 2.0f : 1.0f, beta = ab ? -3.0f : 0.0f;
+                int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;  // padded leading dimensions
+                std::vector<float> A((size_t)(ta ? K : M) * lda), B((size_t)(tb ? N : K) * ldb), C0((size_t)M * ldc);
+                for (auto& x : A) x = rng_int(-8, 8);
+                for (auto& x : B) x = rng_int(-8, 8);
+                for (auto& x : C0) x = beta != 0.0f ? rng_int(-8, 8) : NAN;  // beta = 0 must not read C
+                std::vector<double> ref((size_t)M * N), cabs((size_t)M * N);
+                matmul_cpu_oracle(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C0.data(), ldc,
+                                  ref.data(), cabs.data());
+                long long bad = -1, nbad = 0;
+                for (int m = 0; m < M; m++)
+                    for (int n = 0; n < N; n++) {
+                        long long s = 0, sa = 0;
+                        for (int k = 0; k < K; k++) {
+                            long long a = (long long)(ta ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]);
+                            long long b = (long long)(tb ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n]);
+                            s += a * b;
+                            sa += std::llabs(a * b);
+                        }
+                        long long c = beta != 0.0f ? (long long)C0[(size_t)m * ldc + n] : 0;
+                        long long want = (long long)alpha * s + (long long)beta * c;
+                        long long want_abs = std::llabs((long long)alpha) * sa + std::llabs((long long)beta * c);
+                        size_t i = (size_t)m * N + n;
+                        if (ref[i] != (double)want || cabs[i] != (double)want_abs) { nbad++; if (bad < 0) bad = (long long)i; }
+                    }
+                snprintf(name, sizeof(name), "cpu oracle exact %s %dx%dx%d alpha=%g beta=%g", trans_name(ta, tb), M, N,
+                         K, alpha, beta);
+                if (nbad == 0) snprintf(detail, sizeof(detail), "matches int64 arithmetic exactly, %d elements", M * N);
+                else snprintf(detail, sizeof(detail), "%lld elements differ from int64 arithmetic, first at (%lld, %lld)",
+                              nbad, bad / N, bad % N);
+                report(cnt, nbad == 0, name, detail);
+            }
+
+    // 2. the tolerances accept a correct sequential fp32 GEMM and an emulated TF32 (cvt.rna) one, and reject a
+    //    product with one k term missing
+    const int tsizes[][3] = {{97, 105, 1025}, {33, 7, 65}, {40, 30, 9}};
+    for (auto& sz : tsizes) {
+        int M = sz[0], N = sz[1], K = sz[2];
+        bool ta = (K % 2) == 1, tb = false;
+        int lda = ta ? M : K, ldb = N;
+        std::vector<float> A((size_t)(ta ? K : M) * lda), B((size_t)K * ldb), C0(1);
+        for (auto& x : A) x = rng_uniform();
+        for (auto& x : B) x = rng_uniform();
+        std::vector<double> ref((size_t)M * N), cabs((size_t)M * N);
+        matmul_cpu_oracle(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C0.data(), N, ref.data(),
+                          cabs.data());
+        std::vector<float> c32((size_t)M * N), ctf((size_t)M * N), cmiss((size_t)M * N);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                float s = 0.0f, st = 0.0f;
+                double sm = 0.0;
+                for (int k = 0; k < K; k++) {
+                    float a = ta ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k];
+                    float b = B[(size_t)k * ldb + n];
+                    s = fmaf(a, b, s);
+                    st = fmaf(round_tf32_rna(a), round_tf32_rna(b), st);
+                    if (k != K / 2) sm += (double)a * b;
+                }
+                c32[(size_t)m * N + n] = s;
+                ctf[(size_t)m * N + n] = st;
+                cmiss[(size_t)m * N + n] = (float)sm;
+            }
+        CheckResult r32 = check_result(c32.data(), N, ref.data(), cabs.data(), M, N, tolerance_rtol(PREC_FP32, K));
+        CheckResult rtf = check_result(ctf.data(), N, ref.data(), cabs.data(), M, N, tolerance_rtol(PREC_TF32_RN, K));
+        CheckResult rm32 = check_result(cmiss.data(), N, ref.data(), cabs.data(), M, N, tolerance_rtol(PREC_FP32, K));
+        CheckResult rmtf = check_result(cmiss.data(), N, ref.data(), cabs.data(), M, N,
+                                        tolerance_rtol(PREC_TF32_RN, K));
+        snprintf(name, sizeof(name), "cpu tolerance fp32 accepts sequential fp32 %dx%dx%d", M, N, K);
+        snprintf(detail, sizeof(detail), "max err %.3g, worst err/tol %.3f", r32.max_err, r32.worst_ratio);
+        report(cnt, r32.ok, name, detail);
+        snprintf(name, sizeof(name), "cpu tolerance tf32 accepts emulated TF32 %dx%dx%d", M, N, K);
+        snprintf(detail, sizeof(detail), "max err %.3g, worst err/tol %.3f", rtf.max_err, rtf.worst_ratio);
+        report(cnt, rtf.ok, name, detail);
+        snprintf(name, sizeof(name), "cpu tolerance fp32 rejects a missing k term %dx%dx%d", M, N, K);
+        snprintf(detail, sizeof(detail), "worst err/tol %.1f", rm32.worst_ratio);
+        report(cnt, !rm32.ok, name, detail);
+        if (K <= 65) {  // at K ~ 1000 one missing term is within TF32 rounding; small K catches it
+            snprintf(name, sizeof(name), "cpu tolerance tf32 rejects a missing k term %dx%dx%d", M, N, K);
+            snprintf(detail, sizeof(detail), "worst err/tol %.1f", rmtf.worst_ratio);
+            report(cnt, !rmtf.ok, name, detail);
+        }
+    }
+}
+
+static int gpu_count() {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {  // no driver / no device: a CPU-only machine
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+struct TestCase {
+    int M, N, K;
+    int pad;         // extra leading-dimension elements (0: tight); pad % 4 != 0 forces the scalar paths
+    int a_offset;    // A starts this many floats into its allocation (1: misaligned, no 16-byte loads)
+    float alpha, beta;
+};
+
+static void gpu_tests(Counters& cnt) {
+    // awkward sizes (M x N x K), the MNIST layer shapes at small batch, and shapes that pick each tile config and
+    // split-K (N <= 32 -> 128x32; >= #SMs tiles of 128x128 -> 128x128; else 64x64; few tiles + long K -> split-K)
+    std::vector<TestCase> cases = {
+        {97, 1025, 257, 0, 0, 1.0f, 0.0f},   {1, 1, 1, 0, 0, 1.0f, 0.0f},     {33, 7, 65, 0, 0, 1.0f, 0.0f},
+        {128, 96, 80, 0, 0, 1.0f, 0.0f},     {2 * 676, 32, 9, 0, 0, 1.0f, 0.0f}, {32, 9, 2 * 676, 0, 0, 1.0f, 0.0f},
+        {64, 128, 9216, 0, 0, 1.0f, 0.0f},   {64, 10, 128, 0, 0, 1.0f, 0.0f}, {288, 64, 4000, 0, 0, 1.0f, 0.0f},
+        {1537, 1550, 67, 0, 0, 1.0f, 0.0f},  {5, 300, 1000, 0, 0, 1.0f, 0.0f},
+        {65, 70, 33, 3, 1, 1.0f, 0.0f},      {200, 20, 700, 5, 1, 1.0f, 0.0f}, // unaligned: scalar paths
+        {77, 45, 100, 4, 0, 0.5f, -1.5f},    {64, 128, 3000, 0, 0, 1.0f, 1.0f}, // beta != 0 (accumulate), split-K
+    };
+    int n_sms = matmul_num_sms();
+    char name[160], detail[256];
+    for (const TestCase& tc : cases)
+        for (int tr = 0; tr < 4; tr++) {
+            bool ta = tr & 2, tb = tr & 1;
+            int M = tc.M, N = tc.N, K = tc.K;
+            int lda = (ta ? M : K) + tc.pad, ldb = (tb ? K : N) + tc.pad, ldc = N + tc.pad;
+            size_t a_elems = (size_t)(ta ? K : M) * lda + tc.a_offset, b_elems = (size_t)(tb ? N : K) * ldb;
+            size_t c_elems = (size_t)M * ldc;
+            std::vector<float> hA(a_elems), hB(b_elems), hC0(c_elems), hC(c_elems);
+            for (auto& x : hA) x = rng_uniform();  // fresh inputs for every case
+            for (auto& x : hB) x = rng_uniform();
+            for (auto& x : hC0) x = rng_uniform();
+            std::vector<double> ref((size_t)M * N), cabs((size_t)M * N);
+            matmul_cpu_oracle(ta, tb, M, N, K, tc.alpha, hA.data() + tc.a_offset, lda, hB.data(), ldb, tc.beta,
+                              hC0.data(), ldc, ref.data(), cabs.data());
+            float *dA, *dB, *dC;
+            cudaCheck(cudaMalloc(&dA, a_elems * sizeof(float)));
+            cudaCheck(cudaMalloc(&dB, b_elems * sizeof(float)));
+            cudaCheck(cudaMalloc(&dC, c_elems * sizeof(float)));
+            cudaCheck(cudaMemcpy(dA, hA.data(), a_elems * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(dB, hB.data(), b_elems * sizeof(float), cudaMemcpyHostToDevice));
+            for (int v = 0; v < N_VARIANTS; v++) {
+                const Variant& var = VARIANTS[v];
+                if (var.nn_only && (ta || tb)) continue;  // benchmark tile variants exist for NN only
+                snprintf(name, sizeof(name), "v%s %s %dx%dx%d pad=%d a_off=%d alpha=%g beta=%g", var.name,
+                         trans_name(ta, tb), M, N, K, tc.pad, tc.a_offset, tc.alpha, tc.beta);
+                if (tc.beta == 0.0f) {
+                    // poison: an element the kernel does not write stays NaN and fails
+                    cudaCheck(cudaMemset(dC, 0xFF, c_elems * sizeof(float)));
+                } else {
+                    cudaCheck(cudaMemcpy(dC, hC0.data(), c_elems * sizeof(float), cudaMemcpyHostToDevice));
+                }
+                var.fn(ta, tb, M, N, K, tc.alpha, dA + tc.a_offset, lda, dB, ldb, tc.beta, dC, ldc, 0);
+                cudaCheck(cudaDeviceSynchronize());
+                cudaCheck(cudaMemcpy(hC.data(), dC, c_elems * sizeof(float), cudaMemcpyDeviceToHost));
+                CheckResult r = check_result(hC.data(), ldc, ref.data(), cabs.data(), M, N, tolerance_rtol(var.prec, K));
+                long long wi = r.worst_index;
+                if (r.nan_count > 0)
+                    snprintf(detail, sizeof(detail), "%d NaN/unwritten elements, first at (%lld, %lld)", r.nan_count,
+                             wi / N, wi % N);
+                else
+                    snprintf(detail, sizeof(detail), "max err %.3g, worst err/tol %.3f at (%lld, %lld)", r.max_err,
+                             r.worst_ratio, wi < 0 ? 0 : wi / N, wi < 0 ? 0 : wi % N);
+                report(cnt, r.ok, name, detail);
+            }
+            cudaCheck(cudaFree(dA));
+            cudaCheck(cudaFree(dB));
+            cudaCheck(cudaFree(dC));
+        }
+    (void)n_sms;
+}
+
+static int run_tests() {
+    Counters cnt;
+    cpu_oracle_tests(cnt);
+    if (gpu_count() == 0) {
+        for (int v = 0; v < N_VARIANTS; v++) {
+            printf("SKIP v%s: no CUDA device\n", VARIANTS[v].name);
+            cnt.skipped++;
+        }
+    } else {
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+        if (prop.major < 8) {
+            printf("SKIP gpu tests: %s is sm_%d%d, this file needs sm_80 or newer (cp.async, TF32 mma)\n",
+                   prop.name, prop.major, prop.minor);
+            cnt.skipped++;
+        } else {
+            gpu_tests(cnt);
+        }
+    }
+    matmul_free_workspace();
+    printf("%d passed, %d failed, %d skipped\n", cnt.passed, cnt.failed, cnt.skipped);
+    return cnt.failed > 0 ? 1 : 0;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// benchmark mode
+
+__global__ void fill_uniform_kernel(float* x, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ (seed * 0x9E3779B9u) ^ (uint32_t)(i >> 32) * 0x85EBCA6Bu;
+        h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
+        x[i] = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
+}
+__global__ void abs_kernel(const float* x, float* y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = fabsf(x[i]);
+}
+
+struct BenchShape {
+    std::string name;
+    bool ta, tb;
+    int M, N, K;
+};
+
+// MNIST CNN (conv 1->32 3x3, conv 32->64 3x3, pool, fc 9216->128, fc 128->10) at batch Bt, convolutions as im2col
+// GEMMs with PyTorch weight layouts (W (out, in)): forward Y = X W^T (NT), dX = dY W (NN), dW = dY^T X (TN).
+static std::vector<BenchShape> mnist_shapes(int Bt) {
+    std::string b = "B" + std::to_string(Bt) + " ";
+    return {
+        {b + "conv1 fwd", false, true, Bt * 676, 32, 9},
+        {b + "conv1 dW", true, false, 32, 9, Bt * 676},
+        {b + "conv2 fwd", false, true, Bt * 576, 64, 288},
+        {b + "conv2 dX", false, false, Bt * 576, 288, 64},
+        {b + "conv2 dW", true, false, 64, 288, Bt * 576},
+        {b + "fc1 fwd", false, true, Bt, 128, 9216},
+        {b + "fc1 dX", false, false, Bt, 9216, 128},
+        {b + "fc1 dW", true, false, 128, 9216, Bt},
+        {b + "fc2 fwd", false, true, Bt, 10, 128},
+        {b + "fc2 dX", false, false, Bt, 128, 10},
+        {b + "fc2 dW", true, false, 10, 128, Bt},
+    };
+}
+
+struct BenchRow {
+    std::string shape, variant, precision;
+    bool ta, tb;
+    int M, N, K, version;
+    double ms, gflops, pct;
+    bool valid;
+    double worst_ratio;
+};
+
+// median over 11 timed batches; a batch repeats the call enough times to last >= ~0.5 ms (small shapes)
+static double time_ms(const Variant& var, const BenchShape& s, const float* A, int lda, const float* B, int ldb,
+                      float* C, int ldc) {
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    auto call = [&]() { var.fn(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, 0); };
+    call();  // warm-up (also allocates the split-K workspace, sets smem attributes)
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaEventRecord(e0));
+    call();
+    cudaCheck(cudaEventRecord(e1));
+    cudaCheck(cudaEventSynchronize(e1));
+    float est;
+    cudaCheck(cudaEventElapsedTime(&est, e0, e1));
+    int reps = (int)std::min(200.0, std::max(1.0, ceil(0.5 / std::max(est, 1e-4f))));
+    std::vector<double> t;
+    for (int r = 0; r < 11; r++) {
+        cudaCheck(cudaEventRecord(e0));
+        for (int i = 0; i < reps; i++) call();
+        cudaCheck(cudaEventRecord(e1));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms / reps);
+    }
+    std::sort(t.begin(), t.end());
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    return t[t.size() / 2];
+}
+
+static int run_benchmark(int only_version, const char* out_dir) {
+    if (gpu_count() == 0) {
+        printf("no CUDA device: the benchmark needs a GPU (./dev/matmul --test runs the CPU checks)\n");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    std::vector<BenchShape> shapes = {{"square 4096", false, false, 4096, 4096, 4096}};
+    for (int Bt : {64, 512})
+        for (auto& s : mnist_shapes(Bt)) shapes.push_back(s);
+
+    std::vector<BenchRow> rows;
+    int n_invalid = 0;
+    printf("%-16s %-3s %-20s %-24s %10s %10s %8s %s\n", "shape", "op", "MxNxK", "version", "ms", "GFLOP/s",
+           "%cuBLAS", "check (err/tol)");
+    for (const BenchShape& s : shapes) {
+        // A, B as stored: op(A) M x K, op(B) K x N; tight leading dimensions
+        int a_rows = s.ta ? s.K : s.M, a_cols = s.ta ? s.M : s.K;
+        int b_rows = s.tb ? s.N : s.K, b_cols = s.tb ? s.K : s.N;
+        size_t na = (size_t)a_rows * a_cols, nb = (size_t)b_rows * b_cols, nc = (size_t)s.M * s.N;
+        float *A, *B, *C, *Aabs, *Babs, *ref, *refabs;
+        cudaCheck(cudaMalloc(&A, na * sizeof(float)));
+        cudaCheck(cudaMalloc(&B, nb * sizeof(float)));
+        cudaCheck(cudaMalloc(&Aabs, na * sizeof(float)));
+        cudaCheck(cudaMalloc(&Babs, nb * sizeof(float)));
+        cudaCheck(cudaMalloc(&C, nc * sizeof(float)));
+        cudaCheck(cudaMalloc(&ref, nc * sizeof(float)));
+        cudaCheck(cudaMalloc(&refabs, nc * sizeof(float)));
+        fill_uniform_kernel<<<1024, 256>>>(A, na, 1234);
+        cudaCheck(cudaGetLastError());
+        fill_uniform_kernel<<<1024, 256>>>(B, nb, 5678);
+        cudaCheck(cudaGetLastError());
+        abs_kernel<<<1024, 256>>>(A, Aabs, na);
+        cudaCheck(cudaGetLastError());
+        abs_kernel<<<1024, 256>>>(B, Babs, nb);
+        cudaCheck(cudaGetLastError());
+        // reference: cuBLAS strict fp32; scale for the tolerance: |A| |B| (the c_abs of the CPU check)
+        matmul_cublas(false, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A, a_cols, B, b_cols, 0.0f, ref, s.N, 0);
+        matmul_cublas(false, s.ta, s.tb, s.M, s.N, s.K, 1.0f, Aabs, a_cols, Babs, b_cols, 0.0f, refabs, s.N, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<float> h_ref(nc), h_abs(nc), h_c(nc);
+        cudaCheck(cudaMemcpy(h_ref.data(), ref, nc * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(h_abs.data(), refabs, nc * sizeof(float), cudaMemcpyDeviceToHost));
+        std::vector<double> d_ref(h_ref.begin(), h_ref.end()), d_abs(h_abs.begin(), h_abs.end());
+        double base_ms[2] = {0.0, 0.0};  // cuBLAS fp32, cuBLAS TF32
+        for (int v = 0; v < N_VARIANTS; v++) {
+            const Variant& var = VARIANTS[v];
+            if (var.nn_only && (s.ta || s.tb)) continue;
+            if (var.nn_only && s.M < 4096) continue;  // tile variants: for the 4096^3 configuration choice
+            if (only_version >= 0 && var.version != only_version && var.version != 0) continue;
+            // validate: poisoned C, compared with the cuBLAS fp32 result (whose own error adds an fp32 bound)
+            cudaCheck(cudaMemset(C, 0xFF, nc * sizeof(float)));
+            var.fn(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A, a_cols, B, b_cols, 0.0f, C, s.N, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            cudaCheck(cudaMemcpy(h_c.data(), C, nc * sizeof(float), cudaMemcpyDeviceToHost));
+            double rtol = tolerance_rtol(var.prec, s.K) + tolerance_rtol(PREC_FP32, s.K);
+            CheckResult chk = check_result(h_c.data(), s.N, d_ref.data(), d_abs.data(), s.M, s.N, rtol);
+            BenchRow row;
+            row.shape = s.name; row.variant = var.name; row.ta = s.ta; row.tb = s.tb;
+            row.M = s.M; row.N = s.N; row.K = s.K; row.version = var.version;
+            row.precision = var.prec == PREC_FP32 ? "fp32" : "tf32";
+            row.valid = chk.ok; row.worst_ratio = chk.ok ? chk.worst_ratio : NAN;
+            row.ms = NAN; row.gflops = NAN; row.pct = NAN;
+            if (!chk.ok) {
+                n_invalid++;
+                printf("%-16s %-3s %6dx%6dx%6d %-24s FAIL validation: %d NaN, worst err/tol %.3g at %lld\n",
+                       s.name.c_str(), trans_name(s.ta, s.tb), s.M, s.N, s.K, var.name, chk.nan_count,
+                       chk.worst_ratio, chk.worst_index);
+                rows.push_back(row);
+                continue;
+            }
+            double ms = time_ms(var, s, A, a_cols, B, b_cols, C, s.N);
+            // FLOPs: one multiply and one add per (m, n, k)
+            double gflops = 2.0 * s.M * s.N * (double)s.K / (ms * 1e-3) / 1e9;
+            bool tf32 = var.prec != PREC_FP32;
+            if (var.version == 0) base_ms[tf32 ? 1 : 0] = ms;
+            double base = base_ms[tf32 ? 1 : 0];
+            row.ms = ms; row.gflops = gflops; row.pct = base > 0 ? 100.0 * base / ms : NAN;
+            printf("%-16s %-3s %6dx%6dx%6d %-24s %10.4f %10.1f %7.1f%% %.3f\n", s.name.c_str(),
+                   trans_name(s.ta, s.tb), s.M, s.N, s.K, var.name, ms, gflops, row.pct, chk.worst_ratio);
+            fflush(stdout);
+            rows.push_back(row);
+        }
+        cudaCheck(cudaFree(A)); cudaCheck(cudaFree(B)); cudaCheck(cudaFree(C));
+        cudaCheck(cudaFree(Aabs)); cudaCheck(cudaFree(Babs)); cudaCheck(cudaFree(ref)); cudaCheck(cudaFree(refabs));
+    }
+    // per version: total time over each batch's MNIST shapes (one training step's GEMMs, roughly)
+    for (int Bt : {64, 512}) {
+        std::string prefix = "B" + std::to_string(Bt) + " ";
+        printf("sum over the 11 MNIST GEMMs at batch %d:\n", Bt);
+        for (int v = 0; v < N_VARIANTS; v++) {
+            double total = 0.0;
+            int n = 0;
+            for (auto& r : rows)
+                if (r.variant == VARIANTS[v].name && r.shape.rfind(prefix, 0) == 0 && r.valid) { total += r.ms; n++; }
+            if (n == 11) printf("  %-24s %8.1f us\n", VARIANTS[v].name, total * 1e3);
+        }
+    }
+    if (out_dir) {
+        if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "--out %s: cannot create the directory: %s\n", out_dir, strerror(errno));
+            exit(EXIT_FAILURE);
+        }
+        std::string path = std::string(out_dir) + "/matmul_bench.csv";
+        std::string tmp = path + ".tmp";
+        FILE* f = fopenCheck(tmp.c_str(), "w");
+        fprintf(f, "device,shape,op,M,N,K,version,variant,precision,ms,gflops,pct_of_cublas,valid,worst_err_over_tol\n");
+        for (auto& r : rows)
+            fprintf(f, "%s,%s,%s,%d,%d,%d,%d,%s,%s,%.6f,%.2f,%.2f,%d,%.4f\n", prop.name, r.shape.c_str(),
+                    trans_name(r.ta, r.tb), r.M, r.N, r.K, r.version, r.variant.c_str(), r.precision.c_str(), r.ms,
+                    r.gflops, r.pct, (int)r.valid, r.worst_ratio);
+        fclose(f);
+        if (rename(tmp.c_str(), path.c_str()) != 0) {
+            fprintf(stderr, "cannot rename %s to %s: %s\n", tmp.c_str(), path.c_str(), strerror(errno));
+            exit(EXIT_FAILURE);
+        }
+        printf("wrote %s\n", path.c_str());
+    }
+    matmul_free_workspace();
+    if (n_invalid > 0) printf("%d version/shape pairs failed validation\n", n_invalid);
+    return n_invalid > 0 ? 1 : 0;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+
+static void usage() {
+    printf("usage: ./dev/matmul [--test | all | VERSION] [--out DIR]\n"
+           "  --test      check every version and transpose against the CPU oracle (no benchmark)\n"
+           "  all         validate and benchmark every version (default)\n"
+           "  VERSION     0..%d: validate and benchmark that version (and the cuBLAS baselines)\n"
+           "  --out DIR   also write DIR/matmul_bench.csv (default: none)\n"
+           "  --help      this text\n",
+           MAX_VERSION);
+}
+
+int main(int argc, char** argv) {
+    bool test = false;
+    int version = -1;  // -1: all
+    const char* out_dir = nullptr;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "--help" || a == "-h") { usage(); return 0; }
+        else if (a == "--test") test = true;
+        else if (a == "--out") {
+            if (i + 1 >= argc) { fprintf(stderr, "--out: missing value (expected a directory)\n"); return 1; }
+            out_dir = argv[++i];
+        } else if (a == "all") version = -1;
+        else if (!a.empty() && a[0] != '-') {
+            char* end;
+            long v = strtol(a.c_str(), &end, 10);
+            if (*end != '\0' || v < 0 || v > MAX_VERSION) {
+                fprintf(stderr, "version: expected 'all' or an integer in [0, %d], found '%s'\n", MAX_VERSION,
+                        a.c_str());
+                return 1;
+            }
+            version = (int)v;
+        } else {
+            fprintf(stderr, "unknown flag '%s' (expected --test, --out DIR, --help, all or a version)\n", a.c_str());
+            return 1;
+        }
+    }
+    if (test) return run_tests();
+    return run_benchmark(version, out_dir);
+}
