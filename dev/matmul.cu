@@ -1120,7 +1120,7 @@ struct TestCase {
     float alpha, beta;
 };
 
-static void gpu_tests(Counters& cnt) {
+static void gpu_tests(Counters& cnt, int only_version) {
     // awkward sizes (M x N x K), the MNIST layer shapes at small batch, and shapes that pick each tile config and
     // split-K (N <= 32 -> 128x32; >= #SMs tiles of 128x128 -> 128x128; else 64x64; few tiles + long K -> split-K)
     std::vector<TestCase> cases = {
@@ -1156,6 +1156,7 @@ static void gpu_tests(Counters& cnt) {
             for (int v = 0; v < N_VARIANTS; v++) {
                 const Variant& var = VARIANTS[v];
                 if (var.nn_only && (ta || tb)) continue;  // benchmark tile variants exist for NN only
+                if (only_version >= 0 && var.version != only_version) continue;
                 snprintf(name, sizeof(name), "v%s %s %dx%dx%d pad=%d a_off=%d alpha=%g beta=%g", var.name,
                          trans_name(ta, tb), M, N, K, tc.pad, tc.a_offset, tc.alpha, tc.beta);
                 if (tc.beta == 0.0f) {
@@ -1184,7 +1185,7 @@ static void gpu_tests(Counters& cnt) {
     (void)n_sms;
 }
 
-static int run_tests() {
+static int run_tests(int only_version) {
     Counters cnt;
     cpu_oracle_tests(cnt);
     if (gpu_count() == 0) {
@@ -1200,7 +1201,7 @@ static int run_tests() {
                    prop.name, prop.major, prop.minor);
             cnt.skipped++;
         } else {
-            gpu_tests(cnt);
+            gpu_tests(cnt, only_version);
         }
     }
     matmul_free_workspace();
@@ -1416,8 +1417,8 @@ static int run_benchmark(int only_version, const char* out_dir) {
 // ----------------------------------------------------------------------------------------------------------------
 
 static void usage() {
-    printf("usage: ./dev/matmul [--test | all | VERSION] [--out DIR]\n"
-           "  --test      check every version and transpose against the CPU oracle (no benchmark)\n"
+    printf("usage: ./dev/matmul [--test] [all | VERSION] [--out DIR]\n"
+           "  --test      check every version (or VERSION) and transpose against the CPU oracle (no benchmark)\n"
            "  all         validate and benchmark every version (default)\n"
            "  VERSION     0..%d: validate and benchmark that version (and the cuBLAS baselines)\n"
            "  --out DIR   also write DIR/matmul_bench.csv (default: none)\n"
@@ -1451,6 +1452,6 @@ int main(int argc, char** argv) {
             return 1;
         }
     }
-    if (test) return run_tests();
+    if (test) return run_tests(version);
     return run_benchmark(version, out_dir);
 }
