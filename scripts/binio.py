@@ -162,6 +162,32 @@ LINREG_DATASET = Format("linreg dataset", magic_number(1, 1), 1, [
 # ---------------------------------------------------------------------------------------------------------------
 # mnist formats (owner: mnist helper)
 # ---------------------------------------------------------------------------------------------------------------
+# Parameters by PyTorch state_dict name in PyTorch layout: conv1.weight (32,1,3,3), conv1.bias (32,),
+# conv2.weight (64,32,3,3), conv2.bias (64,), fc1.weight (128,9216), fc1.bias (128,), fc2.weight (10,128), fc2.bias (10,).
+MNIST_PARAM_SHAPES = [
+    ("conv1.weight", (32, 1, 3, 3)), ("conv1.bias", (32,)), ("conv2.weight", (64, 32, 3, 3)), ("conv2.bias", (64,)),
+    ("fc1.weight", (128, 9216)), ("fc1.bias", (128,)), ("fc2.weight", (10, 128)), ("fc2.bias", (10,)),
+]
+# Written by ./train_mnist --checkpoint FILE. tensors: every parameter; when has_optimizer: optimizer 0 (SGD)
+# momentum_buffer.<name>; optimizer 1 (AdamW) adam_m.<name> and adam_v.<name>. epoch = epochs completed.
+MNIST_CHECKPOINT = Format("mnist checkpoint", magic_number(2, 2), 1, [
+    ("epoch", "i"), ("step", "i"), ("batch_size", "i"), ("seed", "i"), ("optimizer", "i"), ("has_optimizer", "i"),
+    ("epochs", "i"), ("lr", "f"), ("test_accuracy", "f"),
+])
+# Written by dev/mnist.py on the GPU machine. tensors: every parameter (initial weights); x float32 (B,1,28,28)
+# normalized; y int32 (B,); out float32 (B,10) logits; loss float32 () mean NLL; grad.<name> for every parameter;
+# sgd_losses float32 (S,), adamw_losses float32 (S,): the loss before each of S steps on the same batch from the
+# initial weights (SGD lr/momentum/weight_decay; AdamW adam_lr/beta1/beta2/eps/adam_weight_decay).
+MNIST_DEBUG_FIELDS = [
+    ("batch_size", "i"), ("n_steps", "i"), ("lr", "f"), ("momentum", "f"), ("weight_decay", "f"),
+    ("adam_lr", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"), ("adam_weight_decay", "f"),
+]
+MNIST_DEBUG_STATE = Format("mnist debug state", magic_number(2, 3), 1, MNIST_DEBUG_FIELDS)
+# The small CI fixture (dev/fixtures/mnist_fixture.bin, < 2 MB): as the debug state, but the weights are not stored:
+# they come from dev/mnist.py's hash_init(init_seed) (integer hash, bit-exact in C and NumPy); and of fc1.weight's
+# gradient only the first 4 rows: grad.fc1.weight.rows (4, 9216).
+MNIST_FIXTURE = Format("mnist fixture", magic_number(2, 4), 1, MNIST_DEBUG_FIELDS + [("init_seed", "i")])
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # unet formats (owner: unet helpers)
@@ -200,3 +226,8 @@ UNET_FIXTURE = Format("unet forward fixture", magic_number(3, 4), 1, UNET_MODEL_
 # ---------------------------------------------------------------------------------------------------------------
 # matmul / softmax fixture formats (owners: mnist helper / softmax helper)
 # ---------------------------------------------------------------------------------------------------------------
+# softmax (owner: softmax helper). Written by dev/softmax.py --make_fixture on the GPU machine (torch fp32, TF32 off).
+# Slots 3 n_cases, 4 seed. Tensors, for k in 0..n_cases-1, all float32 (rows_k, cols_k): case<k>.x (logits, may hold
+# -inf; an all -inf row gives a NaN row), case<k>.y = torch.softmax(x, -1), case<k>.dy (randn),
+# case<k>.dx = torch._softmax_backward_data(dy, y, -1, float32).
+SOFTMAX_FIXTURE = Format("softmax fixture", magic_number(5, 4), 1, [("n_cases", "i"), ("seed", "i")])
