@@ -2242,7 +2242,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
             last_logged = done;
             cudaCheck(cudaEventRecord(ev0));
         }
-        if ((a.save_every > 0 && done % a.save_every == 0) || last) {
+        if (a.save_every > 0 && (done % a.save_every == 0 || last)) {
             if (in_window > 0) {  // a save between log steps: check the pending losses first
                 cudaCheck(cudaDeviceSynchronize());
                 bool bad = false;
@@ -2474,7 +2474,7 @@ int main(int argc, char** argv) {
         {"weight_decay", F_FLOAT, &a.weight_decay, 0.0, 1.0, "AdamW decoupled weight decay", false, ""},
         {"steps", F_INT, &a.steps, 0, 1e9, "total training steps (a resumed run continues to this step)", false, ""},
         {"log_every", F_INT, &a.log_every, 1, 1e9, "steps per log line (loss averaged over them)", false, ""},
-        {"save_every", F_INT, &a.save_every, 0, 1e9, "steps per checkpoint (0: only at the end)", false, ""},
+        {"save_every", F_INT, &a.save_every, 0, 1e9, "steps per checkpoint, and one at the end (0: never)", false, ""},
         {"seed", F_INT, &a.seed, 0, 2147483647.0, "weights init, shuffling, flips, timesteps, noise", false, ""},
         {"ema_rate", F_FLOAT, &a.ema_rate, 0.0, 1.0, "EMA of the weights: ema = rate*ema + (1-rate)*w", false, ""},
         {"resume", F_STR, &a.resume, 0, 0, "checkpoint to continue (weights, EMA, AdamW, step, RNG)", false, ""},
@@ -2587,12 +2587,22 @@ int main(int argc, char** argv) {
         if (!c.empty()) die("%s: header describes a model this trainer cannot build: %s", ckpath.c_str(), c.c_str());
         const char* shape_flags[] = {"image_size", "model_channels", "channel_mult", "num_res_blocks", "attn_ds",
                                      "num_head_channels", "diffusion_steps", "beta_start", "beta_end"};
-        bool any = false;
-        for (const char* n : shape_flags) any = any || is_set(n);
-        if (any) {
-            std::string d = config_diff(cfg, ccfg);
-            if (!d.empty()) die("model flags disagree with %s: %s", ckpath.c_str(), d.c_str());
+        (void)shape_flags;
+        UNetConfig asked = ccfg;  // the checkpoint's model with every explicitly given model flag applied
+        if (is_set("image_size")) asked.image_size = cfg.image_size;
+        if (is_set("model_channels")) asked.model_channels = cfg.model_channels;
+        if (is_set("channel_mult")) {
+            asked.n_levels = cfg.n_levels;
+            for (int l = 0; l < 4; l++) asked.mult[l] = cfg.mult[l];
         }
+        if (is_set("num_res_blocks")) asked.num_res_blocks = cfg.num_res_blocks;
+        if (is_set("attn_ds")) asked.attn_ds_mask = cfg.attn_ds_mask;
+        if (is_set("num_head_channels")) asked.num_head_channels = cfg.num_head_channels;
+        if (is_set("diffusion_steps")) asked.diffusion_steps = cfg.diffusion_steps;
+        if (is_set("beta_start")) asked.beta_start = cfg.beta_start;
+        if (is_set("beta_end")) asked.beta_end = cfg.beta_end;
+        std::string d = config_diff(asked, ccfg);
+        if (!d.empty()) die("model flags disagree with %s: %s", ckpath.c_str(), d.c_str());
         cfg = ccfg;
         if (!a.resume.empty()) {
             if (!is_set("batch_size")) a.batch_size = ck.hdr[19];

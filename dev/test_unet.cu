@@ -1,0 +1,366 @@
+/*
+dev/test_unet.cu: checks train_unet.cu (included with TESTING, so the real code runs) against dev/unet.py.
+
+  make -C dev test_unet && ./dev/test_unet [DEBUG_STATE.bin ...]
+  default: dev/fixtures/unet_debug_small.bin when present, and the forward fixture dev/fixtures/unet_forward_small.bin
+
+Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32 False on its side):
+  debug state (UNET_DEBUG_STATE, python3 dev/unet.py --debug_state F [--batch_size B --zero_init 0|1 ...]):
+    x_t, the model output, the loss, every parameter gradient by name, and the n_steps AdamW-step losses;
+  forward fixture (UNET_FIXTURE, dev/unet.py --forward_fixture): the output on the fixture's x_t and t;
+  resume: 2N steps in one run vs N steps + --resume + N steps on data/sunflowers64.bin: identical losses.
+Without a GPU every check is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
+*/
+#define TESTING
+#include "../train_unet.cu"
+
+static int n_pass = 0, n_fail = 0, n_skip = 0;
+static void report(const char* status, const std::string& name, const std::string& detail) {
+    printf("%s %s: %s\n", status, name.c_str(), detail.c_str());
+    fflush(stdout);
+    if (!strcmp(status, "PASS")) n_pass++;
+    else if (!strcmp(status, "FAIL")) n_fail++;
+    else n_skip++;
+}
+
+// |got - ref| <= atol + rtol*|ref| for every element; reports the max error, its index and the worst
+// error/tolerance ratio. atol = atol_rel * max|ref| (the tensor's own scale) + atol_abs.
+static bool check_tensor(const std::string& name, const float* got, const float* ref, size_t n, double atol_rel,
+                         double atol_abs, double rtol, bool quiet_pass = false) {
+    double scale = 0.0;
+    for (size_t i = 0; i < n; i++) scale = std::max(scale, (double)fabsf(ref[i]));
+    double atol = atol_rel * scale + atol_abs;
+    double max_err = 0.0, worst = 0.0;
+    size_t max_i = 0, worst_i = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)ref[i]);
+        if (!(err == err)) err = INFINITY;  // NaN fails
+        double tol = atol + rtol * fabs((double)ref[i]);
+        if (err > max_err) { max_err = err; max_i = i; }
+        double r = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
+        if (r > worst) { worst = r; worst_i = i; }
+        if (!(err <= tol)) bad++;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "max |err| %.3e at [%zu] (ours %.7g, ref %.7g), scale %.3e, worst err/tol %.3f at [%zu], "
+             "%zu of %zu outside atol %.2e + rtol %.1e", max_err, max_i, n ? got[max_i] : 0.f, n ? ref[max_i] : 0.f,
+             scale, worst, worst_i, bad, n, atol, rtol);
+    if (bad) report("FAIL", name, buf);
+    else if (!quiet_pass) report("PASS", name, buf);
+    else n_pass++;
+    return bad == 0;
+}
+
+// NCHW (B, C, H, W) <-> NHWC
+static void nchw_to_nhwc(const float* src, float* dst, int B, int C, int H, int W) {
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++)
+            for (int y = 0; y < H; y++)
+                for (int x = 0; x < W; x++)
+                    dst[(((size_t)b * H + y) * W + x) * C + c] = src[(((size_t)b * C + c) * H + y) * W + x];
+}
+static void nhwc_to_nchw(const float* src, float* dst, int B, int C, int H, int W) {
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++)
+            for (int y = 0; y < H; y++)
+                for (int x = 0; x < W; x++)
+                    dst[(((size_t)b * C + c) * H + y) * W + x] = src[(((size_t)b * H + y) * W + x) * C + c];
+}
+static std::vector<float> download_nchw(const float* d_nhwc, int B, int C, int H, int W) {
+    size_t n = (size_t)B * C * H * W;
+    std::vector<float> nhwc(n), nchw(n);
+    cudaCheck(cudaMemcpy(nhwc.data(), d_nhwc, n * 4, cudaMemcpyDeviceToHost));
+    nhwc_to_nchw(nhwc.data(), nchw.data(), B, C, H, W);
+    return nchw;
+}
+static void upload_nchw(const float* nchw, float* d_nhwc, int B, int C, int H, int W) {
+    size_t n = (size_t)B * C * H * W;
+    std::vector<float> nhwc(n);
+    nchw_to_nhwc(nchw, nhwc.data(), B, C, H, W);
+    cudaCheck(cudaMemcpy(d_nhwc, nhwc.data(), n * 4, cudaMemcpyHostToDevice));
+}
+static std::string base_name(const std::string& p) {
+    size_t s = p.find_last_of('/');
+    return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// tolerances (true fp32 on both sides; every one is atol_rel * max|ref| + atol_abs + rtol * |ref|)
+// x_t: the same two float products and one sum as PyTorch: equal up to the rounding of a contracted product.
+static const double XT_ATOL_REL = 0.0, XT_ATOL = 1e-6, XT_RTOL = 1e-6;
+// output: ~30 layers of fp32 convolutions whose summation order differs from cuDNN's (which may also use FFT or
+// Winograd algorithms in fp32); a NumPy fp32 forward of the same model differs from PyTorch by ~1.5e-6 on O(1)
+// outputs (dev/test_unet_scripts.py). 1e-5 of the output's scale leaves ~10x margin.
+static const double OUT_ATOL_REL = 1e-5, OUT_ATOL = 1e-7, OUT_RTOL = 1e-4;
+// loss: a mean of B*3*H*W squares; ours sums in double.
+static const double LOSS_RTOL = 1e-5;
+// gradients: sums over up to B*H*W = 131072 products per weight element, after the whole backward chain, in a
+// different order than cuDNN's; elements near zero are judged against the tensor's scale (1e-4 of max|grad|).
+static const double GRAD_ATOL_REL = 1e-4, GRAD_ATOL = 1e-12, GRAD_RTOL = 1e-3;
+// AdamW-step losses: each loss is O(1) and depends on all gradients through Adam's normalised updates;
+// gradient differences of ~1e-5 relative move these losses by far less than 1e-4 relative.
+static const double STEP_LOSS_RTOL = 1e-4;
+
+static bool load_weights(UNet* m, const BinFile* f, const std::string& tag) {
+    std::string e = unet_load_tensors(m, f, "", m->p);
+    if (!e.empty()) {
+        report("FAIL", tag + " weights", e);
+        return false;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+static void test_debug_state(const std::string& path, bool required) {
+    std::string tag = base_name(path);
+    BinFile f;
+    std::string e = bin_open(&f, path.c_str(), UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
+    if (!e.empty()) {
+        if (!required && access(path.c_str(), F_OK) != 0) {
+            report("SKIP", tag, "no file " + path + " (make it on a GPU machine: python3 dev/unet.py --debug_state " +
+                   path + " --image_size 16 --model_channels 32 --channel_mult 1,2 --num_res_blocks 1 --attn_ds 2 "
+                   "--num_head_channels 16 --batch_size 3 --zero_init 0)");
+        } else {
+            report("FAIL", tag, e + " (re-run python3 dev/unet.py --debug_state to regenerate it)");
+        }
+        return;
+    }
+    UNetConfig cfg = config_from_header(f.hdr);
+    std::string ce = config_check(cfg);
+    if (!ce.empty()) {
+        report("FAIL", tag, "header describes a model train_unet cannot build: " + ce);
+        return;
+    }
+    const int32_t* h = f.hdr;
+    int B = h[18], S = h[19];
+    float lr = hdr_float(h, 20), beta1 = hdr_float(h, 21), beta2 = hdr_float(h, 22), eps = hdr_float(h, 23),
+          wd = hdr_float(h, 24);
+    int H = cfg.image_size;
+    UNet model;
+    UNet* m = &model;
+    unet_define(m, cfg, B);
+    unet_allocate(m);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s: B=%d, image %d, %zu parameters, %d AdamW steps", tag.c_str(), B, H, m->n_params, S);
+    printf("---- %s\n", buf);
+    if (!load_weights(m, &f, tag)) {
+        unet_free(m);
+        return;
+    }
+    int s4[4] = {B, 3, H, H}, s1[1] = {B}, s2[2] = {S, B}, sS[1] = {S}, sN[4] = {S * B, 3, H, H};
+    const float* x0 = (const float*)bin_expect(&f, "x0", DT_F32, 4, s4, &e);
+    const int* t = x0 ? (const int*)bin_expect(&f, "t", DT_I32, 1, s1, &e) : nullptr;
+    const float* noise = t ? (const float*)bin_expect(&f, "noise", DT_F32, 4, s4, &e) : nullptr;
+    const float* xt_ref = noise ? (const float*)bin_expect(&f, "x_t", DT_F32, 4, s4, &e) : nullptr;
+    const float* out_ref = xt_ref ? (const float*)bin_expect(&f, "out", DT_F32, 4, s4, &e) : nullptr;
+    const float* loss_ref = out_ref ? (const float*)bin_expect(&f, "loss", DT_F32, 0, s1, &e) : nullptr;
+    const int* step_t = loss_ref ? (const int*)bin_expect(&f, "step_t", DT_I32, 2, s2, &e) : nullptr;
+    const float* step_noise = step_t ? (const float*)bin_expect(&f, "step_noise", DT_F32, 4, sN, &e) : nullptr;
+    const float* step_losses = step_noise ? (const float*)bin_expect(&f, "step_losses", DT_F32, 1, sS, &e) : nullptr;
+    if (!step_losses) {
+        report("FAIL", tag, e);
+        unet_free(m);
+        return;
+    }
+    // one forward and backward on (x0, t, noise)
+    upload_nchw(x0, m->x0, B, 3, H, H);
+    upload_nchw(noise, m->noise, B, 3, H, H);
+    cudaCheck(cudaMemcpy(m->t, t, B * sizeof(int), cudaMemcpyHostToDevice));
+    unet_q_sample(m);
+    size_t nimg = (size_t)B * 3 * H * H;
+    std::vector<float> xt = download_nchw(m->xt->x, B, 3, H, H);
+    check_tensor(tag + " x_t", xt.data(), xt_ref, nimg, XT_ATOL_REL, XT_ATOL, XT_RTOL);
+    unet_forward(m);
+    unet_loss(m);
+    std::vector<float> out = download_nchw(m->out->x, B, 3, H, H);
+    check_tensor(tag + " out", out.data(), out_ref, nimg, OUT_ATOL_REL, OUT_ATOL, OUT_RTOL);
+    float loss;
+    cudaCheck(cudaMemcpy(&loss, m->loss, 4, cudaMemcpyDeviceToHost));
+    check_tensor(tag + " loss", &loss, loss_ref, 1, 0.0, 0.0, LOSS_RTOL);
+    unet_backward(m);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> g(m->n_params);
+    cudaCheck(cudaMemcpy(g.data(), m->g, m->n_params * 4, cudaMemcpyDeviceToHost));
+    int grad_fail = 0;
+    double worst_rel = 0.0;
+    std::string worst_name;
+    for (const Param& p : m->params) {
+        const float* ref = (const float*)bin_expect(&f, "grad." + p.name, DT_F32, p.ndim, p.shape, &e);
+        if (!ref) {
+            report("FAIL", tag + " grad." + p.name, e);
+            grad_fail++;
+            continue;
+        }
+        std::vector<float> ours(p.n);
+        param_to_torch(p, g.data() + p.off, ours.data());
+        if (!check_tensor(tag + " grad." + p.name, ours.data(), ref, p.n, GRAD_ATOL_REL, GRAD_ATOL, GRAD_RTOL)) grad_fail++;
+        double scale = 0.0, err = 0.0;
+        for (size_t i = 0; i < p.n; i++) {
+            scale = std::max(scale, (double)fabsf(ref[i]));
+            err = std::max(err, (double)fabsf(ours[i] - ref[i]));
+        }
+        if (scale > 0 && err / scale > worst_rel) {
+            worst_rel = err / scale;
+            worst_name = p.name;
+        }
+    }
+    printf("     %s: %zu gradients, %d failed; largest max|err|/max|grad| %.3e (%s)\n", tag.c_str(), m->params.size(),
+           grad_fail, worst_rel, worst_name.c_str());
+    // S AdamW steps on the same x0 with fresh t and noise per step
+    std::vector<float> losses(S);
+    for (int i = 0; i < S; i++) {
+        upload_nchw(step_noise + (size_t)i * nimg, m->noise, B, 3, H, H);
+        cudaCheck(cudaMemcpy(m->t, step_t + (size_t)i * B, B * sizeof(int), cudaMemcpyHostToDevice));
+        unet_q_sample(m);
+        unet_forward(m);
+        unet_loss(m);
+        unet_backward(m);
+        unet_update(m, lr, beta1, beta2, eps, wd, -1.f);
+        cudaCheck(cudaMemcpy(&losses[i], m->loss, 4, cudaMemcpyDeviceToHost));
+    }
+    if (S > 0) {
+        std::string l = " (ours/ref:";
+        for (int i = 0; i < std::min(S, 4); i++) {
+            snprintf(buf, sizeof buf, " %.6f/%.6f", losses[i], step_losses[i]);
+            l += buf;
+        }
+        printf("     %s step losses%s%s)\n", tag.c_str(), l.c_str(), S > 4 ? " ..." : "");
+        check_tensor(tag + " step_losses", losses.data(), step_losses, S, 0.0, 0.0, STEP_LOSS_RTOL);
+    }
+    unet_free(m);
+}
+
+// UNET_FIXTURE: weights, x_t (B, 3, H, W), t, out = model(x_t, t)
+static void test_forward_fixture(const std::string& path) {
+    std::string tag = base_name(path);
+    BinFile f;
+    std::string e = bin_open(&f, path.c_str(), 20260304, UNET_FORMAT_VERSION, "unet forward fixture");
+    if (!e.empty()) {
+        if (access(path.c_str(), F_OK) != 0) report("SKIP", tag, "no file " + path);
+        else report("FAIL", tag, e);
+        return;
+    }
+    UNetConfig cfg = config_from_header(f.hdr);
+    std::string ce = config_check(cfg);
+    if (!ce.empty()) {
+        report("FAIL", tag, "header describes a model train_unet cannot build: " + ce);
+        return;
+    }
+    int B = f.hdr[18], H = cfg.image_size;
+    UNet model;
+    UNet* m = &model;
+    unet_define(m, cfg, B);
+    unet_allocate(m);
+    printf("---- %s: B=%d, image %d, %zu parameters\n", tag.c_str(), B, H, m->n_params);
+    if (load_weights(m, &f, tag)) {
+        int s4[4] = {B, 3, H, H}, s1[1] = {B};
+        const float* xt = (const float*)bin_expect(&f, "x_t", DT_F32, 4, s4, &e);
+        const int* t = xt ? (const int*)bin_expect(&f, "t", DT_I32, 1, s1, &e) : nullptr;
+        const float* out_ref = t ? (const float*)bin_expect(&f, "out", DT_F32, 4, s4, &e) : nullptr;
+        if (!out_ref) {
+            report("FAIL", tag, e);
+        } else {
+            upload_nchw(xt, m->xt->x, B, 3, H, H);
+            cudaCheck(cudaMemcpy(m->t, t, B * sizeof(int), cudaMemcpyHostToDevice));
+            unet_forward(m);
+            std::vector<float> out = download_nchw(m->out->x, B, 3, H, H);
+            check_tensor(tag + " out", out.data(), out_ref, (size_t)B * 3 * H * H, OUT_ATOL_REL, OUT_ATOL, OUT_RTOL);
+        }
+    }
+    unet_free(m);
+}
+
+// 2N steps in one run vs N steps, --resume, N steps: the same losses bit for bit (every draw is a function of
+// (seed, step), every reduction has a fixed order)
+static void test_resume() {
+    const char* data = "data/sunflowers64.bin";
+    if (access(data, F_OK) != 0) {
+        report("SKIP", "resume", std::string("no ") + data);
+        return;
+    }
+    char dir[] = "/tmp/test_unet_XXXXXX";
+    if (!mkdtemp(dir)) {
+        report("FAIL", "resume", "mkdtemp failed");
+        return;
+    }
+    TrainArgs a;
+    a.data_file = data;
+    a.cfg.image_size = 64;
+    a.cfg.model_channels = 32;
+    a.cfg.n_levels = 3;
+    a.cfg.mult[0] = 1; a.cfg.mult[1] = 2; a.cfg.mult[2] = 2; a.cfg.mult[3] = 0;
+    a.cfg.num_res_blocks = 1;
+    a.cfg.attn_ds_mask = 4;  // 16x16
+    a.cfg.num_head_channels = 32;
+    a.batch_size = 5;
+    a.log_every = 1;
+    a.tf32 = 1;  // the training default; determinism does not depend on it
+    a.quiet = true;
+    const int N = 4;
+    std::vector<float> whole, first, second;
+    a.steps = 2 * N;
+    a.save_every = 0;
+    a.output_dir = std::string(dir) + "/whole";
+    int rc1 = unet_train(a, &whole);
+    a.steps = N;
+    a.save_every = N;
+    a.output_dir = std::string(dir) + "/split";
+    int rc2 = unet_train(a, &first);
+    a.steps = 2 * N;
+    a.resume = a.output_dir + "/model.bin";
+    int rc3 = unet_train(a, &second);
+    std::string cmd = std::string("rm -rf ") + dir;
+    if (system(cmd.c_str()) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+    if (rc1 || rc2 || rc3 || whole.size() != 2 * N || first.size() != N || second.size() != N) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "runs returned %d %d %d with %zu, %zu, %zu losses", rc1, rc2, rc3, whole.size(),
+                 first.size(), second.size());
+        report("FAIL", "resume", buf);
+        return;
+    }
+    std::vector<float> joined = first;
+    joined.insert(joined.end(), second.begin(), second.end());
+    int diff = -1;
+    for (int i = 0; i < 2 * N; i++)
+        if (memcmp(&joined[i], &whole[i], 4) != 0 && diff < 0) diff = i;
+    std::string l;
+    char buf[64];
+    for (int i = 0; i < 2 * N; i++) {
+        snprintf(buf, sizeof buf, " %.7f/%.7f", whole[i], joined[i]);
+        l += buf;
+    }
+    if (diff < 0) report("PASS", "resume", std::to_string(2 * N) + " steps vs " + std::to_string(N) + " + resume + " +
+                         std::to_string(N) + ": identical losses (whole/split:" + l + ")");
+    else report("FAIL", "resume", "first difference at step " + std::to_string(diff) + " (whole/split:" + l + ")");
+}
+
+int main(int argc, char** argv) {
+    std::vector<std::string> paths;
+    for (int i = 1; i < argc; i++) paths.push_back(argv[i]);
+    if (cuda_device_count() == 0) {
+        report("SKIP", "test_unet", "no CUDA GPU (debug state, forward fixture and resume checks need one)");
+        printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+        return 0;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    g_num_sms = prop.multiProcessorCount;
+    printf("device: %s\n", prop.name);
+    if (paths.empty()) {
+        cublasCheck(cublasCreate(&g_cublas));
+        set_tf32(false);
+        test_debug_state("dev/fixtures/unet_debug_small.bin", false);
+        test_forward_fixture("dev/fixtures/unet_forward_small.bin");
+        cublasCheck(cublasDestroy(g_cublas));
+        test_resume();
+    } else {
+        for (const std::string& p : paths) {
+            cublasCheck(cublasCreate(&g_cublas));
+            set_tf32(false);
+            test_debug_state(p, true);
+            cublasCheck(cublasDestroy(g_cublas));
+        }
+    }
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,247 @@
+"""Bad inputs on the real ./train_unet binary: flags, data files and weight files. Needs no GPU (the trainer
+validates every input before it looks for one) and runs in CI.
+
+  python3 dev/test_unet_cli.py        (from the repository root, after `make train_unet`)
+
+Each check runs the binary in a subprocess and requires a non-zero exit code AND the expected words in the
+message. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import binio  # noqa: E402
+from generate import ModelConfig  # noqa: E402  (the parameter names and shapes of dev/unet.py)
+
+BINARY = os.path.join(ROOT, "train_unet")
+counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+
+# a small model: every flag that sets its shape
+SMALL = dict(image_size=16, in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1, n_levels=2,
+             mult0=1, mult1=2, mult2=0, mult3=0, attn_ds_mask=2, num_head_channels=16, diffusion_steps=1000,
+             beta_start=1e-4, beta_end=0.02)
+SMALL_FLAGS = ["--image_size", "16", "--model_channels", "32", "--channel_mult", "1,2", "--num_res_blocks", "1",
+               "--attn_ds", "2", "--num_head_channels", "16"]
+NO_GPU = "no CUDA GPU found"
+
+FLAGS = ["data_file", "output_dir", "batch_size", "lr", "beta1", "beta2", "adam_eps", "weight_decay", "steps",
+         "log_every", "save_every", "seed", "ema_rate", "resume", "load", "tf32", "image_size", "model_channels",
+         "channel_mult", "num_res_blocks", "attn_ds", "num_head_channels", "diffusion_steps", "beta_start",
+         "beta_end", "sample", "num_samples", "sampler", "sample_steps", "use_ema"]
+
+
+def report(status, name, detail):
+    counts[status] += 1
+    print(f"{status} {name}: {detail}", flush=True)
+
+
+def run(args, timeout=120):
+    r = subprocess.run([BINARY] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    return r.returncode, r.stdout + r.stderr
+
+
+def expect_error(name, args, *words):
+    """A bad input: non-zero exit and every word in the output."""
+    code, out = run(args)
+    missing = [w for w in words if w not in out]
+    last = out.strip().splitlines()[-1] if out.strip() else "(no output)"
+    if code != 0 and not missing:
+        report("PASS", name, f"exit {code}: {last}")
+    else:
+        report("FAIL", name, f"exit {code}, missing {missing} in: {out.strip()[-400:]}")
+
+
+def expect_valid(name, args):
+    """A good input: it gets past validation (exit 0 with a GPU, or the no-GPU message without one)."""
+    code, out = run(args, timeout=600)
+    if code == 0 or (NO_GPU in out and "error: " + NO_GPU in out):
+        report("PASS", name, f"exit {code}: {out.strip().splitlines()[-1] if out.strip() else ''}")
+    else:
+        report("FAIL", name, f"exit {code}: {out.strip()[-400:]}")
+
+
+def small_params(cfg=SMALL, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = ModelConfig(cfg).param_shapes()
+    return {n: rng.uniform(-0.1, 0.1, s).astype(np.float32) for n, s in shapes.items()}
+
+
+def write_checkpoint(path, cfg=SMALL, params=None, ema=True, optimizer=True, step=0):
+    params = small_params(cfg) if params is None else params
+    tensors = dict(params)
+    if ema:
+        tensors.update({"ema." + n: v for n, v in params.items()})
+    if optimizer:
+        tensors.update({"adam_m." + n: np.zeros_like(v) for n, v in params.items()})
+        tensors.update({"adam_v." + n: np.zeros_like(v) for n, v in params.items()})
+        tensors["rng_state"] = np.array([0, step, step, 0], dtype=np.int32)
+    config = dict(cfg, step=step, batch_size=4, seed=0, lr=1e-4, ema_rate=0.999, has_ema=int(ema),
+                  has_optimizer=int(optimizer))
+    binio.write(path, binio.UNET_CHECKPOINT, config, tensors)
+
+
+def write_dataset(path, n=8, size=16, channels=3):
+    images = np.random.default_rng(1).integers(0, 256, (n, size, size, channels), dtype=np.uint8)
+    binio.write(path, binio.UNET_DATASET, dict(n_images=n, height=size, width=size, channels=channels),
+                {"images": images})
+
+
+def patch(path, out, offset, value):
+    """A copy of path with the int32 at byte offset replaced."""
+    data = bytearray(open(path, "rb").read())
+    data[offset:offset + 4] = np.array([value], dtype="<i4").tobytes()
+    open(out, "wb").write(bytes(data))
+
+
+def main():
+    if not os.path.isfile(BINARY):
+        report("FAIL", "binary", f"{BINARY} not found: run `make train_unet` first")
+        print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+        return 1
+    # --help lists every flag with its default
+    code, out = run(["--help"])
+    missing = [f for f in FLAGS if not any(line.strip().startswith(f"--{f} ") and "(default" in line
+                                           for line in out.splitlines())]
+    if code == 0 and not missing:
+        report("PASS", "help", f"exit 0, {len(FLAGS)} flags each with its default")
+    else:
+        report("FAIL", "help", f"exit {code}, flags missing or without a default: {missing}")
+
+    # bad flags
+    expect_error("unknown flag", ["--bogus", "1"], "unknown flag", "--bogus")
+    expect_error("missing value", ["--steps"], "--steps expects a value")
+    expect_error("non-numeric int", ["--batch_size", "abc"], "--batch_size", "integer", "abc")
+    expect_error("int with trailing junk", ["--steps", "10x"], "--steps", "10x")
+    expect_error("zero batch", ["--batch_size", "0"], "--batch_size", "[1, 4096]", "'0'")
+    expect_error("negative lr", ["--lr", "-1"], "--lr", "'-1'")
+    expect_error("nan lr", ["--lr", "nan"], "--lr", "nan")
+    expect_error("tf32 out of range", ["--tf32", "2"], "--tf32", "[0, 1]")
+    expect_error("bad channel_mult", ["--channel_mult", "1,x"], "--channel_mult", "1,x")
+    expect_error("five levels", ["--channel_mult", "1,1,1,1,1"], "--channel_mult")
+    expect_error("attn_ds not a power of 2", ["--attn_ds", "3"], "--attn_ds", "powers of 2")
+    expect_error("channels not a multiple of 32", ["--model_channels", "48"], "multiple of 32")
+    expect_error("heads do not divide channels", ["--num_head_channels", "48"], "num_head_channels")
+    expect_error("image size not divisible", ["--image_size", "20"], "image_size 20")
+    expect_error("sample without load", ["--sample", "x.bin"], "--sample needs --load")
+    expect_error("resume and load", ["--resume", "a.bin", "--load", "b.bin"], "--resume or --load")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        good_data = os.path.join(tmp, "data16.bin")
+        write_dataset(good_data)
+        out_dir = os.path.join(tmp, "out")
+        base = SMALL_FLAGS + ["--data_file", good_data, "--output_dir", out_dir, "--batch_size", "4",
+                              "--steps", "0", "--save_every", "0"]
+        expect_valid("valid data file", base)
+
+        # data files
+        def data_case(name, path, *words):
+            expect_error(name, SMALL_FLAGS + ["--data_file", path, "--output_dir", out_dir, "--steps", "0"], *words)
+
+        data_case("data: missing file", os.path.join(tmp, "nope.bin"), "nope.bin", "cannot open")
+        bad = os.path.join(tmp, "magic.bin")
+        patch(good_data, bad, 0, 20260302)
+        data_case("data: wrong magic", bad, "magic is 20260302, expected 20260301")
+        bad = os.path.join(tmp, "version.bin")
+        patch(good_data, bad, 4, 7)
+        data_case("data: wrong version", bad, "version is 7, expected 1")
+        bad = os.path.join(tmp, "short.bin")
+        open(bad, "wb").write(open(good_data, "rb").read()[:-5])
+        data_case("data: truncated", bad, "file length", "tensor table say")
+        bad = os.path.join(tmp, "long.bin")
+        open(bad, "wb").write(open(good_data, "rb").read() + b"\0" * 3)
+        data_case("data: trailing bytes", bad, "file length")
+        bad = os.path.join(tmp, "tiny.bin")
+        open(bad, "wb").write(b"\0" * 100)
+        data_case("data: shorter than a header", bad, "shorter than the 1024-byte header")
+        bad = os.path.join(tmp, "count.bin")
+        patch(good_data, bad, 8, 1000000)
+        data_case("data: tensor count", bad, "tensor count 1000000")
+        bad = os.path.join(tmp, "chan.bin")
+        patch(good_data, bad, 24, 4)
+        data_case("data: channels field", bad, "channels is 4, expected 3")
+        bad = os.path.join(tmp, "shape.bin")
+        patch(good_data, bad, 12, 9)  # header n_images 9, tensor holds 8
+        data_case("data: header/tensor shape mismatch", bad, "tensor images has shape (8, 16, 16, 3)",
+                  "expected (9, 16, 16, 3)")
+        bad = os.path.join(tmp, "dtype.bin")
+        images = np.zeros((8, 16, 16, 3), dtype=np.float32)
+        binio.write(bad, binio.UNET_DATASET, dict(n_images=8, height=16, width=16, channels=3), {"images": images})
+        data_case("data: float images", bad, "dtype float32, expected uint8")
+        bad = os.path.join(tmp, "data32.bin")
+        write_dataset(bad, size=32)
+        data_case("data: image size does not match the model", bad, "images are 32x32", "image_size is 16")
+        expect_error("data: default model vs 16px data", ["--data_file", good_data, "--steps", "0"],
+                     "images are 16x16", "image_size is 64")
+
+        # weight files (--load, --resume, --sample)
+        ckpt = os.path.join(tmp, "ckpt.bin")
+        write_checkpoint(ckpt)
+        expect_valid("valid checkpoint (--load)", ["--load", ckpt, "--data_file", good_data, "--output_dir", out_dir,
+                                                   "--batch_size", "4", "--steps", "0", "--save_every", "0"])
+        expect_valid("valid checkpoint (--resume)", ["--resume", ckpt, "--data_file", good_data, "--output_dir",
+                                                     out_dir, "--steps", "0", "--save_every", "0"])
+
+        def load_case(name, path, *words, extra=()):
+            expect_error(name, ["--load", path, "--data_file", good_data, "--output_dir", out_dir, "--steps", "0"]
+                         + list(extra), *words)
+
+        load_case("weights: missing file", os.path.join(tmp, "none.bin"), "none.bin", "cannot open")
+        bad = os.path.join(tmp, "wmagic.bin")
+        patch(ckpt, bad, 0, 20260301)
+        load_case("weights: wrong magic", bad, "magic is 20260301, expected 20260302")
+        bad = os.path.join(tmp, "wversion.bin")
+        patch(ckpt, bad, 4, 3)
+        load_case("weights: wrong version", bad, "version is 3, expected 1")
+        bad = os.path.join(tmp, "wshort.bin")
+        open(bad, "wb").write(open(ckpt, "rb").read()[:-4])
+        load_case("weights: truncated", bad, "file length")
+        bad = os.path.join(tmp, "wlevels.bin")
+        patch(ckpt, bad, 4 * 8, 9)  # n_levels 9
+        load_case("weights: impossible model in header", bad, "n_levels must be 1..4")
+        load_case("weights: model flags disagree", ckpt, "model_channels is 64, expected 32",
+                  extra=["--model_channels", "64"])
+        params = small_params()
+        del params["middle_block.1.qkv.weight"]
+        bad = os.path.join(tmp, "wmissing.bin")
+        write_checkpoint(bad, params=params, ema=False, optimizer=False)
+        load_case("weights: missing tensor", bad, "tensor middle_block.1.qkv.weight is missing")
+        params = small_params()
+        params["input_blocks.0.0.weight"] = np.zeros((32, 3, 3, 2), dtype=np.float32)
+        bad = os.path.join(tmp, "wshape.bin")
+        write_checkpoint(bad, params=params, ema=False, optimizer=False)
+        load_case("weights: wrong shape", bad, "input_blocks.0.0.weight has shape (32, 3, 3, 2)",
+                  "expected (32, 3, 3, 3)")
+        bad = os.path.join(tmp, "wnoopt.bin")
+        write_checkpoint(bad, ema=True, optimizer=False)
+        expect_error("resume: checkpoint without optimizer state",
+                     ["--resume", bad, "--data_file", good_data, "--output_dir", out_dir, "--steps", "0"],
+                     "has_optimizer is 0, expected 1")
+        big = os.path.join(tmp, "w32.bin")
+        write_checkpoint(big, cfg=dict(SMALL, image_size=32))
+        load_case("weights: image size does not match the data", big, "images are 16x16", "image_size is 32")
+        expect_error("sample: checkpoint without EMA, --use_ema 1",
+                     ["--sample", os.path.join(tmp, "s.bin"), "--load", bad.replace("wnoopt", "wmissing"),
+                      "--use_ema", "1"], "tensor middle_block.1.qkv.weight is missing")
+        noema = os.path.join(tmp, "wnoema.bin")
+        write_checkpoint(noema, ema=False, optimizer=False)
+        expect_error("sample: --use_ema 1 without EMA", ["--sample", os.path.join(tmp, "s.bin"), "--load", noema],
+                     "has_ema is 0, expected 1")
+        expect_error("sample: bad sampler", ["--sample", os.path.join(tmp, "s.bin"), "--load", ckpt, "--sampler",
+                                             "euler"], "--sampler expects ddpm or ddim", "euler")
+        expect_error("sample: too many ddim steps", ["--sample", os.path.join(tmp, "s.bin"), "--load", ckpt,
+                                                     "--sample_steps", "2000"], "--sample_steps 2000")
+        expect_error("sample: wrong magic", ["--sample", os.path.join(tmp, "s.bin"), "--load", good_data],
+                     "magic is 20260301, expected 20260302")
+
+    print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
