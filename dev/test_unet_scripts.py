@@ -371,7 +371,8 @@ def test_generate_bad_inputs():
                                    "--device", "cpu"), "n_levels", "5"))
     details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--sampler", "ddpm",
                                    "--steps", 50, "--device", "cpu"), "--steps"))
-    details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--num_samples", 0), "--num_samples"))
+    details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--num_samples", 0),
+                               "--num_samples"))
     details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--bogus", 1), "--bogus"))
     details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--device", "gpu",
                                    "--binary", os.path.join(TMP, "no_train_unet")), "--device gpu"))

@@ -47,7 +47,8 @@ class ModelConfig:
         self.image_size, self.model_channels = cfg["image_size"], cfg["model_channels"]
         self.in_channels, self.out_channels = cfg["in_channels"], cfg["out_channels"]
         self.num_res_blocks, self.num_head_channels = cfg["num_res_blocks"], cfg["num_head_channels"]
-        self.diffusion_steps, self.beta_start, self.beta_end = cfg["diffusion_steps"], cfg["beta_start"], cfg["beta_end"]
+        self.diffusion_steps = cfg["diffusion_steps"]
+        self.beta_start, self.beta_end = cfg["beta_start"], cfg["beta_end"]
         for field in ["image_size", "model_channels", "num_res_blocks", "num_head_channels", "diffusion_steps"]:
             if cfg[field] < 1:
                 bad(field, ">= 1")
@@ -131,7 +132,8 @@ class ModelConfig:
                                prefix + ".proj_out.weight": (ch, ch, 1), prefix + ".proj_out.bias": (ch,)})
             elif kind in ("down", "up"):
                 name = ".op" if kind == "down" else ".conv"
-                shapes.update({prefix + name + ".weight": (spec[1], spec[1], 3, 3), prefix + name + ".bias": (spec[1],)})
+                shapes.update({prefix + name + ".weight": (spec[1], spec[1], 3, 3),
+                               prefix + name + ".bias": (spec[1],)})
 
         inputs, middle, outputs = self.blocks()
         for i, layers in enumerate(inputs):
@@ -398,17 +400,19 @@ def sample_gpu(args, use, image_size):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="UNET_CHECKPOINT written by train_unet or dev/unet.py")
+    p.add_argument("--checkpoint", required=True,
+                   help="UNET_CHECKPOINT written by train_unet or dev/unet.py (required)")
     p.add_argument("--out", default="samples.png", help="PNG grid to write")
     p.add_argument("--out_bin", default="", help="also write the samples as a UNET_DATASET here")
-    p.add_argument("--num_samples", type=int, default=16)
-    p.add_argument("--sampler", default="ddpm", choices=["ddpm", "ddim"])
+    p.add_argument("--num_samples", type=int, default=16, help="images to generate")
+    p.add_argument("--sampler", default="ddpm", choices=["ddpm", "ddim"], help="ddpm: all diffusion steps; ddim: eta 0")
     p.add_argument("--steps", type=int, default=0, help="ddim steps (0: 50); ddpm always takes diffusion_steps")
     p.add_argument("--weights", default="auto", choices=["auto", "ema", "raw"], help="auto: ema when present")
-    p.add_argument("--device", default="auto", choices=["auto", "gpu", "cpu"])
+    p.add_argument("--device", default="auto", choices=["auto", "gpu", "cpu"],
+                   help="auto: gpu when the binary and a GPU are present, else cpu")
     p.add_argument("--binary", default="./train_unet", help="the trainer, for --device gpu")
     p.add_argument("--batch_size", type=int, default=16, help="cpu: images per forward")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial noise and of the ddpm noise")
     args = p.parse_args(argv)
     if args.num_samples < 1:
         sys.exit(f"error: --num_samples must be >= 1, found {args.num_samples}")

@@ -47,7 +47,7 @@ def list_images(input_dir):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--input_dir", required=True, help="folder of images (not searched recursively)")
+    p.add_argument("--input_dir", required=True, help="folder of images, not searched recursively (required)")
     p.add_argument("--output", default="data/images64.bin", help="UNET_DATASET file to write")
     p.add_argument("--image_size", type=int, default=64, help="side of the square output images")
     p.add_argument("--on_error", default="skip", choices=["skip", "fail"],
