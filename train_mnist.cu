@@ -840,16 +840,17 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     m->dact2 = mnist_alloc(m, (size_t)B * H2 * H2 * C2); m->dact1 = mnist_alloc(m, (size_t)B * H1 * H1 * C1);
     m->counters = (int*)mnist_alloc(m, 2);
     if (!cpu) {
-        g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
-        cudaCheck(cudaMalloc(&g_mm.ws_partial, g_mm.ws_partial_size * sizeof(float)));
-        cudaCheck(cudaMalloc(&g_mm.ws_rowsum, g_mm.ws_rowsum_size * sizeof(float)));
-        if (!g_mm.cublas) {
-            cublasCheck(cublasCreate(&g_mm.cublas));
-            // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
-            cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-            cublasCheck(cublasSetStream(g_mm.cublas, g_mm.stream));
+        if (!g_mm.ws_partial) {  // shared by every model of the process (the tests build several)
+            g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
+            cudaCheck(cudaMalloc(&g_mm.ws_partial, g_mm.ws_partial_size * sizeof(float)));
+            cudaCheck(cudaMalloc(&g_mm.ws_rowsum, g_mm.ws_rowsum_size * sizeof(float)));
         }
+        if (!g_mm.cublas) cublasCheck(cublasCreate(&g_mm.cublas));
+        // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
+        cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+        cublasCheck(cublasSetStream(g_mm.cublas, g_mm.stream));
         if (g_mm.backend == BACKEND_CUBLAS) {
+            cudaCheck(cudaFree(g_mm.ws_a)); cudaCheck(cudaFree(g_mm.ws_b)); cudaCheck(cudaFree(g_mm.ones));
             // the largest im2col operands: conv2 input (F*576 x 288), the input gradient's (B*676 x 576)
             g_mm.ws_a_size = std::max({F * H2 * H2 * KC2, (size_t)B * H1 * H1 * 9 * C2, F * H1 * H1 * K1});
             g_mm.ws_b_size = std::max({(size_t)B * H2 * H2 * KC2, (size_t)B * H1 * H1 * K1, (size_t)9 * C2 * C1});
@@ -860,7 +861,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
             cudaCheck(cudaMalloc(&g_mm.ones, ones.size() * sizeof(float)));
             cudaCheck(cudaMemcpy(g_mm.ones, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
             static float* cublas_ws = nullptr;  // a fixed workspace so cuBLAS never allocates inside graph capture
-            cudaCheck(cudaMalloc(&cublas_ws, 32u << 20));
+            if (!cublas_ws) cudaCheck(cudaMalloc(&cublas_ws, 32u << 20));
             cublasCheck(cublasSetWorkspace(g_mm.cublas, cublas_ws, 32u << 20));
         }
     }
@@ -1340,7 +1341,6 @@ int main(int argc, char** argv) {
     EvalResult last;
     CheckpointMeta meta;
     meta.batch_size = B; meta.seed = a.seed; meta.optimizer = model.opt.optimizer; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.lr = a.lr;
-    bool saved_any = false;
     for (int epoch = start_epoch; epoch < a.epochs; epoch++) {
         epoch_permutation(perm, train.n, a.seed, epoch);
         double ms = 0;
@@ -1373,9 +1373,11 @@ int main(int argc, char** argv) {
         for (float l : host_losses) train_loss += l;
         train_loss /= train.n;
         if (!std::isfinite(train_loss)) {
-            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1,
-                    saved_any ? ("the last good checkpoint " + a.checkpoint + " (epoch " + std::to_string(epoch) + ") is kept").c_str()
-                              : (a.checkpoint.empty() ? "no checkpoint was requested (--checkpoint)" : "no good checkpoint was written yet"));
+            FILE* ck = a.checkpoint.empty() ? nullptr : fopen(a.checkpoint.c_str(), "rb");
+            if (ck) fclose(ck);
+            std::string what = ck ? "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)"
+                                  : a.checkpoint.empty() ? "no checkpoint was requested (--checkpoint)" : "no good checkpoint was written yet";
+            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1, what.c_str());
             exit(2);
         }
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
@@ -1384,7 +1386,6 @@ int main(int argc, char** argv) {
         if (!a.checkpoint.empty()) {
             meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
             mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
-            saved_any = true;
         }
         if (a.stop_at_accuracy > 0 && last.accuracy >= a.stop_at_accuracy) {
             printf("reached %.2f%% >= --stop_at_accuracy %g after %d epochs, %.1f ms of training\n", last.accuracy, a.stop_at_accuracy, epoch + 1, total_train_ms);
