@@ -26,7 +26,7 @@ def numpy_checks():
     import numpy as np
     import binio
     if not os.path.exists(FIXTURE):
-        skip("numpy vs torch fixture", f"{FIXTURE} missing (python3 dev/softmax.py --make_fixture on the GPU machine)")
+        check(False, "numpy vs torch fixture", f"{FIXTURE} missing (committed; regenerate with python3 dev/softmax.py --make_fixture PATH on the GPU machine)")
         return
     _, config, t = binio.read(FIXTURE, binio.SOFTMAX_FIXTURE)
     eps = np.finfo(np.float32).eps
