@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 MAIN_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 65536), (65536, 128)]
 SWEEP_ELEMENTS = 1 << 25  # 128 MiB per tensor: every sweep point is 2.5x the 50 MB L2 on its own
 SWEEP_COLS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-BEST_FWD, BEST_BWD = 7, 6  # the dispatcher versions (what the trainers call)
+BEST_FWD, BEST_BWD = 9, 6  # the dispatcher versions (what the trainers call)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -210,8 +210,8 @@ def main():
 
     # ---- our kernels, through the binaries (same GPU, same run)
     sweep_shapes = [] if args.no_sweep else [(SWEEP_ELEMENTS // c, c) for c in SWEEP_COLS]
-    fwd_versions = [BEST_FWD] if args.quick else list(range(1, 8))
-    bwd_versions = [BEST_BWD] if args.quick else list(range(1, 7))
+    fwd_versions = [BEST_FWD] if args.quick else list(range(1, BEST_FWD + 1))
+    bwd_versions = [BEST_BWD] if args.quick else list(range(1, BEST_BWD + 1))
     ours = {"forward": run_binary(fwd_bin, MAIN_SHAPES, fwd_versions, os.path.join(args.out, "softmax_forward_main.json"), log),
             "backward": run_binary(bwd_bin, MAIN_SHAPES, bwd_versions, os.path.join(args.out, "softmax_backward_main.json"), log)}
     sweep_ours = {}
@@ -276,7 +276,8 @@ def main():
         for r in data["results"]:
             table.append({"op": op, "rows": r["rows"], "cols": r["cols"], "impl": f"ours v{r['version']}",
                           "version": r["version"], "block_size": r["block_size"], "ms": r["ms"], "gbps": r["gbps"],
-                          "pct_copy": 100 * r["gbps"] / copy_gbps, "valid": r["valid"]})
+                          "pct_copy": 100 * r["gbps"] / copy_gbps, "valid": r["valid"],
+                          "copy_same_size_gbps": r.get("copy_same_size_gbps", "")})
 
     add_ours("forward", ours["forward"], rows_out)
     add_ours("backward", ours["backward"], rows_out)
@@ -284,7 +285,7 @@ def main():
         t0 = time.time()
         for (op, name), (ms, gbps, ok, err) in bench_torch(rows, cols, not args.no_compile).items():
             rows_out.append({"op": op, "rows": rows, "cols": cols, "impl": name, "version": "", "block_size": "",
-                             "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok})
+                             "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok, "copy_same_size_gbps": ""})
         print(f"torch {rows}x{cols}: {time.time() - t0:.1f} s", flush=True)
 
     sweep_out = []
@@ -296,11 +297,11 @@ def main():
             with_compile = not args.no_compile and time.time() - compile_t0 < args.compile_budget_s
             for (op, name), (ms, gbps, ok, err) in bench_torch(rows, cols, with_compile).items():
                 sweep_out.append({"op": op, "rows": rows, "cols": cols, "impl": name, "version": "", "block_size": "",
-                                  "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok})
+                                  "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok, "copy_same_size_gbps": ""})
             print(f"sweep {rows}x{cols} done ({'with' if with_compile else 'without'} torch.compile)", flush=True)
 
     # ---- tables, targets
-    fields = ["op", "rows", "cols", "impl", "version", "block_size", "ms", "gbps", "pct_copy", "valid"]
+    fields = ["op", "rows", "cols", "impl", "version", "block_size", "ms", "gbps", "pct_copy", "valid", "copy_same_size_gbps"]
     for fname, table in (("softmax_main.csv", rows_out), ("softmax_sweep.csv", sweep_out)):
         with open(os.path.join(args.out, fname), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)

@@ -15,7 +15,7 @@ Run (from the repo root):
                                      machine-readable timings for dev/softmax.py
   ./dev/softmax_forward --help       every flag with its default
 
-version 1: naive, one thread per row, three passes over the row: max, sum of exp, write exp/sum
+version 1: naive, one thread per row, three passes over the row: max, sum of exp (in blocks of 256), write exp/sum
 version 2: online softmax, one thread per row: max and sum in one pass (the sum is rescaled when the max grows),
            then the write pass: two passes instead of three
 version 3: one warp per row: lanes read coalesced, online (max, sum) per lane combined by warp shuffles; the
@@ -26,7 +26,11 @@ version 5: one block per row with the row held in registers and 16-byte loads, (
            block reduction: one read, one write (rows up to 32768 floats)
 version 6: split row: a thread-block cluster (sm_90) per row, each block holds a slice in registers; the blocks'
            (max, sum) pairs are exchanged through distributed shared memory (long rows, e.g. 65536)
-version 7: the dispatcher the trainers should call: version 4 for short rows, 5 for medium, 6 for long rows
+version 7: version 4 made persistent (one wave of blocks looping over rows), the next rows loaded into registers
+           while the current ones are reduced and written
+version 8: version 6 made persistent (one wave of clusters looping over rows), the next row's slice loaded before
+           the cluster barrier of the current one; a cluster of 1 is a persistent block per row
+version 9: the dispatcher the trainers should call: version 7 for short rows, 5 for medium, 8 for long rows
            (version 3 where no register version fits, e.g. very long rows on sm_80)
 
 Semantics (as torch.softmax): a row whose max is -inf (all -inf), or that holds +inf or NaN, gives a NaN row;
@@ -193,8 +197,14 @@ __global__ void softmax_forward_kernel1(float* y, const float* x, int rows, int 
     float* yr = y + (size_t)r * cols;
     float m = -INFINITY;
     for (int c = 0; c < cols; c++) m = fmaxf(m, xr[c]);
+    // Summed in blocks of 256: one fp32 accumulator over a whole long row drops the terms under half an ulp of the
+    // growing sum (measured on the H100: 7e-5 relative error at 65537 columns, 3e-4 at 131073).
     float s = 0.0f;
-    for (int c = 0; c < cols; c++) s += expf(xr[c] - m);
+    for (int c0 = 0; c0 < cols; c0 += 256) {
+        float part = 0.0f;
+        for (int c = c0; c < min(c0 + 256, cols); c++) part += expf(xr[c] - m);
+        s += part;
+    }
     for (int c = 0; c < cols; c++) yr[c] = expf(xr[c] - m) / s;
 }
 
@@ -212,8 +222,14 @@ __global__ void softmax_forward_kernel2(float* y, const float* x, int rows, int 
     if (r >= rows) return;
     const float* xr = x + (size_t)r * cols;
     float* yr = y + (size_t)r * cols;
+    // (m, s) of blocks of 256 elements combined into the row's: one running sum over a long row loses precision
+    // as in version 1
     float m = -INFINITY, s = 0.0f;
-    for (int c = 0; c < cols; c++) online_update(m, s, xr[c]);
+    for (int c0 = 0; c0 < cols; c0 += 256) {
+        float bm = -INFINITY, bs = 0.0f;
+        for (int c = c0; c < min(c0 + 256, cols); c++) online_update(bm, bs, xr[c]);
+        ms_combine(m, s, bm, bs);
+    }
     float inv = 1.0f / s;
     for (int c = 0; c < cols; c++) yr[c] = expf(xr[c] - m) * inv;
 }
@@ -327,6 +343,117 @@ __global__ void __launch_bounds__(THREADS) softmax_forward_kernel6(float* y, con
     cluster.barrier_wait(std::move(token));  // others may still read block_stats
 #else
     __trap();  // the host launches version 6 only on sm_90+
+#endif
+}
+
+// version 7: version 4 made persistent: one wave of blocks, each warp loops over rows and loads its next rows into
+// a second set of registers before it reduces and writes the current ones, so loads stay in flight across the
+// shuffles and the stores, and no block is launched per handful of rows.
+template <int GROUP, int CHUNKS>
+__global__ void __launch_bounds__(256) softmax_forward_kernel7(float* y, const float* x, int rows, int cols) {
+    constexpr int ROWS_PER_WARP = 32 / GROUP;
+    int lane = threadIdx.x % 32, g = lane % GROUP, sub = lane / GROUP;
+    int warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int step = gridDim.x * (blockDim.x / 32) * ROWS_PER_WARP;
+    float4 cur[CHUNKS], nxt[CHUNKS];
+    auto load_rows = [&](float4 (&v)[CHUNKS], int r) {  // rows past the end load nothing (-inf)
+        int n = r < rows ? cols : 0;
+        const float* xr = x + (size_t)(r < rows ? r : 0) * cols;
+        int off = row_offset(xr);
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) v[k] = load_chunk(xr, n, off, g + GROUP * k, true);
+    };
+    int base = warp * ROWS_PER_WARP;  // the warp's first row; the loop count is uniform across the warp
+    load_rows(cur, base + sub);
+    for (; base < rows; base += step) {
+        if (base + step < rows) load_rows(nxt, base + step + sub);
+        int r = base + sub;
+        int n = r < rows ? cols : 0;
+        const float* xr = x + (size_t)(r < rows ? r : 0) * cols;
+        float* yr = y + (size_t)(r < rows ? r : 0) * cols;
+        int off = row_offset(xr);
+        bool vec_y = row_offset(yr) == off;
+        float m, s;
+        thread_stats(cur, m, s);
+        float row_m = m, row_s = s;
+        group_reduce_ms<GROUP>(row_m, row_s);
+        scale_chunks(cur, output_scale(m, row_m, row_s));
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) store_chunk(yr, n, off, g + GROUP * k, vec_y, cur[k]);
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) cur[k] = nxt[k];
+    }
+}
+
+// version 8: version 6 made persistent (sm_90): one wave of clusters, each loops over rows; the next row's slice is
+// loaded into a second set of registers before the cluster barrier of the current row, so the barrier's latency is
+// covered by loads in flight. The blocks' (m, s) pairs alternate between two shared slots, so a block never
+// overwrites a pair another block may still be reading (it writes a slot again only two barriers later).
+// A cluster of 1 is a persistent block per row.
+template <int THREADS, int CHUNKS>
+__global__ void __launch_bounds__(THREADS) softmax_forward_kernel8(float* y, const float* x, int rows, int cols) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    int csize = (int)cluster.num_blocks();
+    int rank = (int)cluster.block_rank();
+    int n_clusters = gridDim.x / csize;
+    __shared__ float2 block_stats[2];
+    __shared__ float2 row_stats;
+    float4 cur[CHUNKS], nxt[CHUNKS];
+    auto slice = [&](int r, int& off, int& c0, int& c1) {
+        off = row_offset(x + (size_t)r * cols);
+        int nchunks = (off + cols + 3) / 4;
+        int per_block = (nchunks + csize - 1) / csize;
+        c0 = rank * per_block;
+        c1 = min(c0 + per_block, nchunks);
+    };
+    auto load_slice = [&](float4 (&v)[CHUNKS], int r) {
+        int off, c0, c1;
+        slice(r, off, c0, c1);
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) {
+            int c = c0 + threadIdx.x + THREADS * k;
+            v[k] = c < c1 ? load_chunk(x + (size_t)r * cols, cols, off, c, true)
+                          : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        }
+    };
+    int r = blockIdx.x / csize;  // every block of a cluster walks the same rows: the barrier counts match
+    if (r < rows) load_slice(cur, r);
+    for (int parity = 0; r < rows; r += n_clusters, parity ^= 1) {
+        if (r + n_clusters < rows) load_slice(nxt, r + n_clusters);
+        float m, s;
+        thread_stats(cur, m, s);
+        float block_m = m, block_s = s;
+        block_reduce_ms<THREADS>(block_m, block_s);
+        if (threadIdx.x == 0) block_stats[parity] = make_float2(block_m, block_s);
+        cluster.sync();
+        if (threadIdx.x < 32) {
+            float cm = -INFINITY, cs = 0.0f;
+            if ((int)threadIdx.x < csize) {
+                float2 p = *cluster.map_shared_rank(&block_stats[parity], (int)threadIdx.x);
+                cm = p.x; cs = p.y;
+            }
+            group_reduce_ms<32>(cm, cs);
+            if (threadIdx.x == 0) row_stats = make_float2(cm, cs);
+        }
+        __syncthreads();
+        float2 rs = row_stats;
+        scale_chunks(cur, output_scale(m, rs.x, rs.y));
+        int off, c0, c1;
+        slice(r, off, c0, c1);
+        float* yr = y + (size_t)r * cols;
+        bool vec_y = row_offset(yr) == off;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) {
+            int c = c0 + threadIdx.x + THREADS * k;
+            if (c < c1) store_chunk(yr, cols, off, c, vec_y, cur[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) cur[k] = nxt[k];
+    }
+    cluster.sync();  // keep this block's shared memory alive until every block of the cluster has read it
+#else
+    __trap();  // the host launches version 8 only on sm_90+
 #endif
 }
 
@@ -458,18 +585,87 @@ static const char* launch_forward6(float* y, const float* x, int rows, int cols,
     }
 }
 
-// version 7: pick by row length. Thresholds from the H100 measurements in dev/softmax_NOTES.md.
+static int g_num_sms = 0;  // set in main
+
+template <int GROUP, int CHUNKS>
+static void launch7(float* y, const float* x, int rows, int cols, int block_size) {
+    auto kernel = softmax_forward_kernel7<GROUP, CHUNKS>;
+    static int per_sm[1025] = {0};  // occupancy, queried once per block size
+    if (per_sm[block_size] == 0) cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[block_size], kernel, block_size, 0));
+    int rows_per_block = block_size / GROUP;
+    int grid = std::max(1, std::min(ceil_div(rows, rows_per_block), per_sm[block_size] * g_num_sms));
+    kernel<<<grid, block_size>>>(y, x, rows, cols);
+    cudaCheck(cudaGetLastError());
+}
+
 static const char* launch_forward7(float* y, const float* x, int rows, int cols, int block_size) {
+    if (block_size > 256) return "version 7 runs at most 256 threads per block";
+    int need = max_row_chunks(x, cols);
+    if (need <= 4) launch7<4, 1>(y, x, rows, cols, block_size);
+    else if (need <= 8) launch7<8, 1>(y, x, rows, cols, block_size);
+    else if (need <= 16) launch7<16, 1>(y, x, rows, cols, block_size);
+    else if (need <= 32) launch7<32, 1>(y, x, rows, cols, block_size);
+    else if (need <= 64) launch7<32, 2>(y, x, rows, cols, block_size);
+    else if (need <= 128) launch7<32, 4>(y, x, rows, cols, block_size);
+    else if (need <= 256) launch7<32, 8>(y, x, rows, cols, block_size);
+    else return "row longer than 256 chunks of 16 bytes (version 7 is for short rows)";
+    return nullptr;
+}
+
+constexpr int CHUNKS8 = 4;  // float4 per thread and row in version 8 (twice that in registers with the prefetch)
+
+template <int THREADS>
+static const char* launch8_threads(float* y, const float* x, int rows, int cols) {
+    if (g_cc_major < 9) return "thread-block clusters need sm_90";
+    int cluster = next_pow2(ceil_div(max_row_chunks(x, cols), THREADS * CHUNKS8));
+    if (cluster > MAX_CLUSTER) return "row longer than 16 blocks of registers at this block size";
+    auto kernel = softmax_forward_kernel8<THREADS, CHUNKS8>;
+    static int max_clusters[MAX_CLUSTER + 1] = {0};  // clusters resident at once, queried once per cluster size
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(THREADS);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (max_clusters[cluster] == 0) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        config.gridDim = dim3((unsigned)(cluster * 1024));
+        cudaCheck(cudaOccupancyMaxActiveClusters(&max_clusters[cluster], kernel, &config));
+        if (max_clusters[cluster] == 0) max_clusters[cluster] = -1;
+    }
+    if (max_clusters[cluster] < 0) return "this cluster size cannot be scheduled on the device";
+    config.gridDim = dim3((unsigned)(std::min(rows, max_clusters[cluster]) * cluster));
+    cudaCheck(cudaLaunchKernelEx(&config, kernel, y, x, rows, cols));
+    cudaCheck(cudaGetLastError());
+    return nullptr;
+}
+
+static const char* launch_forward8(float* y, const float* x, int rows, int cols, int block_size) {
+    if (block_size == 0) block_size = 512;
+    switch (block_size) {
+        case 128: return launch8_threads<128>(y, x, rows, cols);
+        case 256: return launch8_threads<256>(y, x, rows, cols);
+        case 512: return launch8_threads<512>(y, x, rows, cols);
+        case 1024: return launch8_threads<1024>(y, x, rows, cols);
+        default: return "version 8 block size must be 128, 256, 512 or 1024";
+    }
+}
+
+// version 9: pick by row length. Thresholds from the H100 measurements in dev/softmax_NOTES.md.
+static const char* launch_forward9(float* y, const float* x, int rows, int cols, int block_size) {
     (void)block_size;
     int need = max_row_chunks(x, cols);
-    if (need <= 256) return launch_forward4(y, x, rows, cols, 256);
+    if (need <= 256) return launch_forward7(y, x, rows, cols, 256);
     if (need <= 2048) return launch_forward5(y, x, rows, cols, 0);
-    if (g_cc_major >= 9 && need <= MAX_CLUSTER * 1024 * CHUNKS6) return launch_forward6(y, x, rows, cols, 512);
+    if (g_cc_major >= 9 && need <= MAX_CLUSTER * 512 * CHUNKS8) return launch_forward8(y, x, rows, cols, 512);
     if (need <= 8 * 1024) return launch_forward5(y, x, rows, cols, 1024);
     return launch_forward3(y, x, rows, cols, 256);
 }
 
-constexpr int NUM_VERSIONS = 7;
+constexpr int NUM_VERSIONS = 9;
 
 // The dispatcher. block_size 0 = the version's default.
 static const char* softmax_forward(int version, float* y, const float* x, int rows, int cols, int block_size) {
@@ -480,7 +676,9 @@ static const char* softmax_forward(int version, float* y, const float* x, int ro
         case 4: return launch_forward4(y, x, rows, cols, block_size ? block_size : 256);
         case 5: return launch_forward5(y, x, rows, cols, block_size);
         case 6: return launch_forward6(y, x, rows, cols, block_size);
-        case 7: return launch_forward7(y, x, rows, cols, block_size);
+        case 7: return launch_forward7(y, x, rows, cols, block_size ? block_size : 256);
+        case 8: return launch_forward8(y, x, rows, cols, block_size);
+        case 9: return launch_forward9(y, x, rows, cols, block_size);
         default:
             fprintf(stderr, "Invalid version %d: expected 1..%d\n", version, NUM_VERSIONS);
             exit(EXIT_FAILURE);
@@ -491,7 +689,8 @@ static const char* softmax_forward(int version, float* y, const float* x, int ro
 static std::vector<int> block_sizes_of(int version) {
     switch (version) {
         case 4: return {64, 256, 1024};
-        case 5: case 6: return {128, 256, 512, 1024};
+        case 5: case 6: case 8: return {128, 256, 512, 1024};
+        case 7: return {128, 256};
         default: return {0};
     }
 }
@@ -940,6 +1139,11 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
             cudaCheck(cudaMemcpy(&xr[(size_t)i * sh.cols], xs[0] + (size_t)r * sh.cols, sh.cols * sizeof(float), cudaMemcpyDeviceToHost));
         }
         softmax_forward_cpu(ref.data(), xr.data(), check_rows, sh.cols);
+        // copy of the same bytes (x -> y, rotating buffers): what the memory system gives a transfer of this size
+        int copy_reps = 0;
+        float copy_ms = median_ms([&](int i) { cudaCheck(cudaMemcpyAsync(ys[i % nsets], xs[i % nsets], n * sizeof(float), cudaMemcpyDeviceToDevice)); }, copy_reps);
+        double copy_same = 2.0 * n * sizeof(float) / (copy_ms * 1e-3) / 1e9;
+        printf("%dx%d: cudaMemcpy D2D of the same %zu MB: %.1f GB/s\n", sh.rows, sh.cols, n * sizeof(float) >> 20, copy_same);
         for (int v : versions) {
             std::vector<int> sizes = block_size_flag >= 0 ? std::vector<int>{block_size_flag} : block_sizes_of(v);
             for (int bs : sizes) {
@@ -963,8 +1167,8 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
                        c.ok ? "ok" : describe(c, sh.cols, out.data(), ref.data()).c_str());
                 if (json) {
                     fprintf(json, "%s  {\"version\": %d, \"block_size\": %d, \"rows\": %d, \"cols\": %d, \"ms\": %.6f, \"gbps\": %.2f, "
-                            "\"pct_copy\": %.2f, \"reps\": %d, \"valid\": %s}", first ? "" : ",\n", v, bs, sh.rows, sh.cols, ms, gbps,
-                            100.0 * gbps / copy, reps, c.ok ? "true" : "false");
+                            "\"pct_copy\": %.2f, \"copy_same_size_gbps\": %.1f, \"reps\": %d, \"valid\": %s}", first ? "" : ",\n", v, bs,
+                            sh.rows, sh.cols, ms, gbps, 100.0 * gbps / copy, copy_same, reps, c.ok ? "true" : "false");
                     first = false;
                 }
             }
@@ -1047,7 +1251,7 @@ int main(int argc, char** argv) {
             const char* s = value("RxC,RxC,...");
             if (!parse_shapes(s, shapes)) { fprintf(stderr, "error: --shapes expects RxC,... with R, C >= 1 and R*C <= 2^31, found '%s'\n", s); return EXIT_FAILURE; }
         } else if (a == "--versions") {
-            const char* s = value("a comma separated list of 1..7");
+            const char* s = value("a comma separated list of 1..9");
             if (!parse_versions(s, versions)) { fprintf(stderr, "error: --versions expects a comma separated list of 1..%d, found '%s'\n", NUM_VERSIONS, s); return EXIT_FAILURE; }
         } else if (a == "--block_size") {
             const char* s = value("-1, 0, or a block size 32..1024");
@@ -1073,6 +1277,7 @@ int main(int argc, char** argv) {
         cudaDeviceProp prop;
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
         g_cc_major = prop.major;
+        g_num_sms = prop.multiProcessorCount;
     }
     if (test) return run_tests(fixture, seed);
     return run_benchmark(versions, shapes, block_size, json_path);
