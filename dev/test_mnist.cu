@@ -1,0 +1,352 @@
+/*
+Tests of train_mnist.cu: includes the trainer (TESTING) and runs its real code.
+
+Build: make -C dev test_mnist        Run (repo root): ./dev/test_mnist
+  CPU (always, also in CI): the CPU path's outputs, loss, gradients and 5 SGD / 5 AdamW step losses against the
+    committed fixture dev/fixtures/mnist_fixture.bin (PyTorch, hash-initialized weights, B=8); checkpoint round trip
+    and resume continuing the same trajectory.
+  GPU (skipped without a device): our matmul kernel (fp32 and TF32) against a CPU oracle at awkward sizes for every
+    operand kind, outputs poisoned with NaN first; the fixture on the GPU with our kernel and with cuBLAS; the full
+    debug state dev/mnist_debug_state.bin (python3 dev/mnist.py writes it; B=64, PyTorch's init) with both.
+All comparisons in true fp32 (TF32 off on both sides) unless the check's name says tf32.
+Last line: N passed, N failed, N skipped; exit code 1 iff a check failed.
+*/
+#define TESTING
+#include "../train_mnist.cu"
+
+static int n_pass = 0, n_fail = 0, n_skip = 0;
+static void report(bool ok, const std::string& name, const std::string& detail) {
+    printf("%s %s: %s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+    (ok ? n_pass : n_fail)++;
+}
+static void skip(const std::string& name, const std::string& why) { printf("SKIP %s: %s\n", name.c_str(), why.c_str()); n_skip++; }
+
+// |got - ref| <= atol + rtol*|ref| elementwise; reports the worst element (largest error/tolerance) and its index.
+static bool compare(const std::string& name, const float* got, const float* ref, size_t n, double atol, double rtol) {
+    double worst = -1, worst_err = 0; size_t wi = 0; double max_abs = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)ref[i]);
+        if (!(err == err)) err = INFINITY;  // NaN (an unwritten or broken element) always fails
+        double ratio = err / (atol + rtol * fabs((double)ref[i]));
+        max_abs = std::max(max_abs, err);
+        if (ratio > worst) { worst = ratio; worst_err = err; wi = i; }
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "n=%zu max|err|=%.3g, worst at [%zu] got %.8g ref %.8g (err %.3g = %.3g of atol %.1g + rtol %.1g*|ref|)",
+             n, max_abs, wi, n ? got[wi] : 0.0f, n ? ref[wi] : 0.0f, worst_err, worst, atol, rtol);
+    report(worst <= 1.0, name, buf);
+    return worst <= 1.0;
+}
+static double max_abs_of(const float* x, size_t n) { double m = 0; for (size_t i = 0; i < n; i++) m = std::max(m, (double)fabs(x[i])); return m; }
+
+// The fixture's weights: an integer hash, bit-exact with dev/mnist.py's hash_init. Returns the flat PyTorch layout.
+static std::vector<float> hash_init(int init_seed, size_t n_params) {
+    std::vector<float> w(n_params);
+    const int fan_in[8] = {9, 9, KC2, KC2, FC_IN, FC_IN, FC_H, FC_H};
+    for (int ti = 0; ti < N_PARAM_TENSORS; ti++) {
+        uint32_t add = (uint32_t)(ti + 1) * 0x85EBCA77u + (uint32_t)init_seed * 0xC2B2AE3Du;
+        float bound = (float)(1.0 / sqrt((double)fan_in[ti]));
+        for (size_t i = 0; i < PARAMS[ti].numel; i++) {
+            uint32_t x = (uint32_t)i * 0x9E3779B1u + add;
+            x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;
+            float u = (float)(x >> 8) * (1.0f / 16777216.0f);
+            w[PARAMS[ti].offset + i] = bound * (2.0f * u - 1.0f);
+        }
+    }
+    return w;
+}
+
+static void set_params_torch(Mnist* m, const std::vector<float>& torch_flat) {
+    std::vector<float> internal(m->n_params);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) param_from_torch(i, torch_flat.data() + PARAMS[i].offset, internal.data() + PARAMS[i].offset);
+    mnist_copy_in(m, m->params, internal.data(), m->n_params);
+    std::vector<float> zeros(m->n_params, 0.0f);
+    mnist_copy_in(m, m->m1, zeros.data(), m->n_params);
+    mnist_copy_in(m, m->m2, zeros.data(), m->n_params);
+}
+static std::vector<float> get_torch(const Mnist* m, const float* buf) {
+    std::vector<float> internal(m->n_params), t(m->n_params);
+    mnist_copy_out(m, buf, internal.data(), m->n_params);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, t.data() + PARAMS[i].offset);
+    return t;
+}
+static void set_batch(Mnist* m, const float* x, const int* y, int B) {
+    mnist_copy_in(m, m->x, x, (size_t)B * IMG * IMG);
+    if (m->cpu) memcpy(m->y, y, B * sizeof(int));
+    else cudaCheck(cudaMemcpy(m->y, y, B * sizeof(int), cudaMemcpyHostToDevice));
+}
+// forward + loss (+ backward); returns the mean loss over the batch
+static double forward_loss(Mnist* m, int B, float* losses_buf, bool backward) {
+    mnist_forward(m, B);
+    mnist_loss(m, B, losses_buf, nullptr, nullptr, 0, true);
+    if (backward) mnist_backward(m, B);
+    std::vector<float> l(B);
+    if (m->cpu) memcpy(l.data(), losses_buf, B * 4);
+    else { cudaCheck(cudaMemcpy(l.data(), losses_buf, B * 4, cudaMemcpyDeviceToHost)); }
+    double s = 0;
+    for (float v : l) s += v;
+    return s / B;
+}
+
+struct Reference {
+    int B = 0, S = 0;
+    float lr, momentum, weight_decay, adam_lr, beta1, beta2, eps, adam_wd;
+    std::vector<float> params;  // PyTorch layout, flat
+    std::vector<float> x; std::vector<int> y;
+    std::vector<float> out; float loss;
+    std::vector<std::vector<float>> grads;  // per tensor; fc1.weight: all rows (debug state) or the first 4 (fixture)
+    std::vector<float> sgd_losses, adamw_losses;
+};
+static Reference load_reference(const char* path, bool fixture) {
+    BinFile bf;
+    bin_read(&bf, path, fixture ? 20260204 : 20260203, 1);
+    Reference r;
+    r.B = bf.header[3]; r.S = bf.header[4];
+    r.lr = bin_field_f(&bf, 5); r.momentum = bin_field_f(&bf, 6); r.weight_decay = bin_field_f(&bf, 7);
+    r.adam_lr = bin_field_f(&bf, 8); r.beta1 = bin_field_f(&bf, 9); r.beta2 = bin_field_f(&bf, 10); r.eps = bin_field_f(&bf, 11);
+    r.adam_wd = bin_field_f(&bf, 12);
+    size_t n_params = params_setup();
+    if (fixture) r.params = hash_init(bf.header[13], n_params);
+    else {
+        r.params.resize(n_params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const float* p = (const float*)bin_expect(&bf, PARAMS[i].name, 0, PARAMS[i].ndim, PARAMS[i].shape);
+            memcpy(r.params.data() + PARAMS[i].offset, p, PARAMS[i].numel * 4);
+        }
+    }
+    int xs[4] = {r.B, 1, IMG, IMG}, ys[1] = {r.B}, os[2] = {r.B, NCLS}, ss[1] = {r.S};
+    const float* x = (const float*)bin_expect(&bf, "x", 0, 4, xs); r.x.assign(x, x + (size_t)r.B * IMG * IMG);
+    const int* y = (const int*)bin_expect(&bf, "y", 1, 1, ys); r.y.assign(y, y + r.B);
+    const float* o = (const float*)bin_expect(&bf, "out", 0, 2, os); r.out.assign(o, o + r.B * NCLS);
+    r.loss = *(const float*)bin_expect(&bf, "loss", 0, 0, nullptr);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        const float* g;
+        size_t n = PARAMS[i].numel;
+        if (fixture && i == P_WF1) { int rs[2] = {4, FC_IN}; g = (const float*)bin_expect(&bf, "grad.fc1.weight.rows", 0, 2, rs); n = 4 * FC_IN; }
+        else g = (const float*)bin_expect(&bf, (std::string("grad.") + PARAMS[i].name).c_str(), 0, PARAMS[i].ndim, PARAMS[i].shape);
+        r.grads.emplace_back(g, g + n);
+    }
+    const float* sl = (const float*)bin_expect(&bf, "sgd_losses", 0, 1, ss); r.sgd_losses.assign(sl, sl + r.S);
+    const float* al = (const float*)bin_expect(&bf, "adamw_losses", 0, 1, ss); r.adamw_losses.assign(al, al + r.S);
+    return r;
+}
+
+// Runs the model on the reference's batch and weights; compares outputs, loss, every gradient, then S optimizer
+// steps' losses for SGD and AdamW.
+//   Tolerances (true fp32 on both sides, different summation orders):
+//   out: atol 1e-5, rtol 1e-4: logits ~0.1..1 come out of sums of 288 and 9216 products; fp32 rounding of such sums
+//        is ~sqrt(K)*6e-8 ~ 1e-5 relative to the sum of |terms|.
+//   loss: atol 1e-6, rtol 1e-5: the mean of B log-softmax values, each accurate to a few ulp of the logits' error.
+//   gradients: atol = 2e-4 * max|ref| of the tensor, rtol 1e-3: the weight gradients sum up to B*676 = 43264 products
+//        of mixed sign; the absolute rounding error tracks the size of the terms (bounded by the tensor's scale), not
+//        of the (possibly cancelled) result, so the absolute part is tied to the tensor's largest element.
+//   step losses: SGD rtol 1e-4 (five steps amplify the gradients' rounding little); AdamW rtol 1e-3 (m/sqrt(v)
+//        turns a tiny gradient's rounding into an update of up to lr, so small weights can differ by ~lr).
+static void check_against(const std::string& tag, Mnist* m, const Reference& r, float* losses_buf) {
+    set_params_torch(m, r.params);
+    set_batch(m, r.x.data(), r.y.data(), r.B);
+    double loss = forward_loss(m, r.B, losses_buf, true);
+    std::vector<float> out(r.B * NCLS);
+    mnist_copy_out(m, m->logits, out.data(), out.size());
+    compare(tag + " out", out.data(), r.out.data(), out.size(), 1e-5, 1e-4);
+    float lf = (float)loss;
+    compare(tag + " loss", &lf, &r.loss, 1, 1e-6, 1e-5);
+    std::vector<float> g = get_torch(m, m->grads);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        const std::vector<float>& ref = r.grads[i];
+        compare(tag + " grad." + PARAMS[i].name + (ref.size() < PARAMS[i].numel ? " (first 4 rows)" : ""),
+                g.data() + PARAMS[i].offset, ref.data(), ref.size(), 2e-4 * max_abs_of(ref.data(), ref.size()), 1e-3);
+    }
+    for (int opt = 0; opt < 2; opt++) {
+        set_params_torch(m, r.params);
+        m->opt = OptConfig();
+        m->opt.optimizer = opt; m->opt.schedule = SCHED_CONSTANT; m->opt.warmup_steps = 0;
+        m->opt.lr = opt ? r.adam_lr : r.lr; m->opt.momentum = r.momentum; m->opt.weight_decay = opt ? r.adam_wd : r.weight_decay;
+        m->opt.beta1 = r.beta1; m->opt.beta2 = r.beta2; m->opt.eps = r.eps;
+        mnist_set_counters(m, 0, 0);
+        std::vector<float> losses;
+        for (int s = 0; s < r.S; s++) {
+            losses.push_back((float)forward_loss(m, r.B, losses_buf, true));
+            mnist_update(m);
+            mnist_advance(m, 0);
+        }
+        const std::vector<float>& ref = opt ? r.adamw_losses : r.sgd_losses;
+        compare(tag + (opt ? " adamw" : " sgd") + " step losses", losses.data(), ref.data(), r.S, 0.0, opt ? 1e-3 : 1e-4);
+    }
+}
+
+// Checkpoint round trip and resume on the CPU: 3 steps straight == 2 steps, save, load into a fresh model, 1 step.
+static void check_checkpoint_resume(const Reference& r) {
+    auto make = [&](Mnist* m) {
+        mnist_build(m, true, r.B, r.B);
+        m->opt = OptConfig(); m->opt.optimizer = OPT_ADAMW; m->opt.schedule = SCHED_COSINE; m->opt.warmup_steps = 1;
+        m->opt.total_steps = 5; m->opt.lr = 1e-3f;
+    };
+    std::vector<float> lbuf(r.B);
+    Mnist a; make(&a);
+    set_params_torch(&a, r.params); set_batch(&a, r.x.data(), r.y.data(), r.B); mnist_set_counters(&a, 0, 0);
+    for (int s = 0; s < 3; s++) { forward_loss(&a, r.B, lbuf.data(), true); mnist_update(&a); mnist_advance(&a, 0); }
+    Mnist b; make(&b);
+    set_params_torch(&b, r.params); set_batch(&b, r.x.data(), r.y.data(), r.B); mnist_set_counters(&b, 0, 0);
+    for (int s = 0; s < 2; s++) { forward_loss(&b, r.B, lbuf.data(), true); mnist_update(&b); mnist_advance(&b, 0); }
+    const char* path = "dev/test_mnist_ckpt.bin";
+    CheckpointMeta meta; meta.step = 2; meta.batch_size = r.B; meta.optimizer = OPT_ADAMW; meta.has_optimizer = 1;
+    mnist_save_checkpoint(&b, path, meta);
+    Mnist c; make(&c);
+    CheckpointMeta got = mnist_load_checkpoint(&c, path, true, OPT_ADAMW);
+    set_batch(&c, r.x.data(), r.y.data(), r.B); mnist_set_counters(&c, got.step, 0);
+    bool same_state = !memcmp(b.params, c.params, b.n_params * 4) && !memcmp(b.m1, c.m1, b.n_params * 4) && !memcmp(b.m2, c.m2, b.n_params * 4);
+    report(same_state && got.step == 2, "cpu checkpoint round trip", "parameters, adam_m, adam_v bit-identical after save + load; step restored");
+    forward_loss(&c, r.B, lbuf.data(), true); mnist_update(&c); mnist_advance(&c, 0);
+    size_t diff = 0;
+    for (size_t i = 0; i < a.n_params; i++) diff += a.params[i] != c.params[i];
+    report(diff == 0, "cpu resume trajectory", "3 straight steps vs 2 + checkpoint + 1: " + std::to_string(diff) + " parameters differ");
+    remove(path);
+    mnist_free(&a); mnist_free(&b); mnist_free(&c);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GPU: our kernel against a double-precision CPU oracle. Bound per element: fp32 K*2^-23*sum|a*b| (the worst-case
+// rounding of a K-term fp32 sum); TF32 adds 2^-10*sum|a*b| (each input rounded to a 10-bit mantissa).
+static std::vector<float> rand_vec(size_t n, uint64_t seed) {
+    std::vector<float> v(n); uint64_t s = seed;
+    for (auto& x : v) x = 2.0f * rand_uniform(&s) - 1.0f;
+    return v;
+}
+static void check_kernel_case(const char* name, int akind, int bkind, int M, int N, int K, int a_rows, int a_cols, int b_rows,
+                              int b_cols, bool with_epilogue, uint64_t seed) {
+    for (int tf32 = 0; tf32 < 2; tf32++) {
+        g_mm.backend = BACKEND_OURS; g_mm.tf32 = tf32;
+        std::vector<float> ha = rand_vec((size_t)a_rows * a_cols, seed), hb = rand_vec((size_t)b_rows * b_cols, seed + 1);
+        std::vector<float> hbias = rand_vec(N, seed + 2), hmask = rand_vec((size_t)M * N, seed + 3);
+        float *da, *db, *dc, *dbias, *dmask, *drow;
+        cudaCheck(cudaMalloc(&da, ha.size() * 4)); cudaCheck(cudaMalloc(&db, hb.size() * 4)); cudaCheck(cudaMalloc(&dc, (size_t)M * N * 4));
+        cudaCheck(cudaMalloc(&dbias, N * 4)); cudaCheck(cudaMalloc(&dmask, (size_t)M * N * 4)); cudaCheck(cudaMalloc(&drow, M * 4));
+        cudaCheck(cudaMemcpy(da, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(db, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dbias, hbias.data(), N * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dmask, hmask.data(), (size_t)M * N * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(dc, 0xFF, (size_t)M * N * 4));  // NaN poison: an unwritten element fails
+        cudaCheck(cudaMemset(drow, 0xFF, M * 4));
+        int lda = akind == V_ROW ? a_cols : akind == V_COL ? a_cols : 0, ldb = bkind == V_ROW ? b_cols : bkind == V_COL ? b_cols : 0;
+        Epilogue ep;
+        if (with_epilogue) { ep.bias = dbias; ep.relu = 1; ep.mask = dmask; }
+        if (akind == V_COL) ep.rowsum = drow;
+        matmul_forward(dc, N, {akind, da, lda}, {bkind, db, ldb}, M, N, K, ep);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<float> got((size_t)M * N), gotrow(M), ref((size_t)M * N), tol((size_t)M * N);
+        cudaCheck(cudaMemcpy(got.data(), dc, got.size() * 4, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(gotrow.data(), drow, M * 4, cudaMemcpyDeviceToHost));
+        MatView A = {akind, ha.data(), lda}, B = {bkind, hb.data(), ldb};
+        std::vector<float> bm((size_t)K * N);
+        for (int k = 0; k < K; k++) for (int c = 0; c < N; c++) bm[(size_t)k * N + c] = view_get_host(B, k, c);
+        std::vector<double> row(N), arow(K);
+        double worst = 0; size_t wi = 0; double rworst = 0;
+        for (int r = 0; r < M; r++) {
+            double rs = 0, rabs = 0;
+            for (int k = 0; k < K; k++) { arow[k] = view_get_host(A, r, k); rs += arow[k]; rabs += fabs(arow[k]); }
+            for (int c = 0; c < N; c++) {
+                double s = 0, sa = 0;
+                for (int k = 0; k < K; k++) { double p = arow[k] * bm[(size_t)k * N + c]; s += p; sa += fabs(p); }
+                double bound = (K * ldexp(1.0, -23) + (tf32 ? ldexp(1.0, -10) : 0.0)) * sa + 1e-30;
+                size_t i = (size_t)r * N + c;
+                double v = s, g = got[i];
+                if (with_epilogue) {
+                    v += hbias[c];
+                    bound += fabs(hbias[c]) * ldexp(1.0, -23);
+                    if (v < 0) v = 0;
+                    if (!(hmask[i] > 0)) { v = 0; bound = 0; }
+                    // ReLU near zero: a value within the bound of 0 may be clipped on one side only; both are right
+                    if (fabs(s + hbias[c]) <= bound && g == 0.0) v = 0;
+                }
+                double e = fabs(g - v) / (bound + 1e-30);
+                if (!(g == g)) e = INFINITY;
+                if (e > worst) { worst = e; wi = i; }
+            }
+            if (akind == V_COL) {
+                double e = fabs(gotrow[r] - rs) / (K * ldexp(1.0, -23) * rabs + 1e-30);
+                if (!(gotrow[r] == gotrow[r])) e = INFINITY;
+                rworst = std::max(rworst, e);
+            }
+        }
+        char buf[256];
+        snprintf(buf, sizeof buf, "M=%d N=%d K=%d: worst error %.3g of the bound at [%zu]%s", M, N, K, worst, wi,
+                 akind == V_COL ? (", rowsum " + std::to_string(rworst) + " of its bound").c_str() : "");
+        report(worst <= 1.0 && rworst <= 1.0, std::string("gpu kernel ") + (tf32 ? "tf32 " : "fp32 ") + name, buf);
+        cudaFree(da); cudaFree(db); cudaFree(dc); cudaFree(dbias); cudaFree(dmask); cudaFree(drow);
+    }
+}
+
+int main() {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    g_cpu_threads = std::max(1u, std::thread::hardware_concurrency());
+    const char* fixture_path = "dev/fixtures/mnist_fixture.bin";
+    const char* debug_path = "dev/mnist_debug_state.bin";
+    FILE* ff = fopen(fixture_path, "rb");
+    Reference fx;
+    bool have_fixture = ff != nullptr;
+    if (ff) fclose(ff);
+    if (have_fixture) {
+        fx = load_reference(fixture_path, true);
+        g_mm.backend = BACKEND_CPU;
+        Mnist m; mnist_build(&m, true, fx.B, fx.B);
+        std::vector<float> lbuf(fx.B);
+        check_against("cpu fixture", &m, fx, lbuf.data());
+        mnist_free(&m);
+        check_checkpoint_resume(fx);
+    } else {
+        report(false, "cpu fixture", std::string(fixture_path) + " is missing (python3 dev/mnist.py writes it; it is committed)");
+    }
+
+    int ndev = 0;
+    cudaError_t derr = cudaGetDeviceCount(&ndev);
+    if (derr != cudaSuccess) { (void)cudaGetLastError(); ndev = 0; }
+    if (ndev == 0) {
+        std::string why = std::string("no CUDA device (") + cudaGetErrorString(derr) + ")";
+        for (const char* n : {"gpu kernel", "gpu fixture ours", "gpu fixture cublas", "gpu debug state ours", "gpu debug state cublas"}) skip(n, why);
+    } else {
+        g_mm.backend = BACKEND_OURS;
+        Mnist ws; mnist_build(&ws, false, 4, 4);  // allocates the split-K workspace the kernel checks use
+        // every operand kind the network uses, at awkward sizes (not tile multiples); conv kinds at batch 3
+        check_kernel_case("row x row 97x1025x257 + bias/relu/mask", V_ROW, V_ROW, 97, 1025, 257, 97, 257, 257, 1025, true, 11);
+        check_kernel_case("row x col 131x67x333", V_ROW, V_COL, 131, 67, 333, 131, 333, 67, 333, false, 12);
+        check_kernel_case("col x row 37x45x5000 split-K + rowsum", V_COL, V_ROW, 37, 45, 5000, 5000, 37, 5000, 45, false, 13);
+        check_kernel_case("col x col 70x33x129", V_COL, V_COL, 70, 33, 129, 129, 70, 33, 129, false, 14);
+        check_kernel_case("conv1 implicit x col (B=3)", V_CONV1_IN, V_COL, 3 * H1 * H1, C1, K1, 3, IMG * IMG, C1, K1, true, 15);
+        check_kernel_case("conv2 implicit x col (B=3)", V_CONV2_IN, V_COL, 3 * H2 * H2, C2, KC2, 3, H1 * H1 * C1, C2, KC2, true, 16);
+        check_kernel_case("col x conv2 implicit dW (B=3)", V_COL, V_CONV2_IN, C2, KC2, 3 * H2 * H2, 3 * H2 * H2, C2, 3, H1 * H1 * C1, false, 17);
+        check_kernel_case("col x conv1 implicit dW (B=3)", V_COL, V_CONV1_IN, C1, K1, 3 * H1 * H1, 3 * H1 * H1, C1, 3, IMG * IMG, false, 18);
+        check_kernel_case("conv2 dX implicit x weight (B=3)", V_CONV2_DOUT, V_CONV2_WT, 3 * H1 * H1, C1, 9 * C2, 3, H2 * H2 * C2, C2, KC2, true, 19);
+
+        mnist_free(&ws);
+        cudaCheck(cudaStreamCreate(&g_mm.stream));
+        bool have_debug = false;
+        FILE* df = fopen(debug_path, "rb");
+        if (df) { fclose(df); have_debug = true; }
+        Reference dbg;
+        if (have_debug) dbg = load_reference(debug_path, false);
+        for (int backend = BACKEND_OURS; backend <= BACKEND_CUBLAS; backend++) {
+            g_mm.backend = backend; g_mm.tf32 = 0;  // true fp32, as the reference
+            const char* bn = backend == BACKEND_OURS ? "ours" : "cublas";
+            int Bmax = std::max(fx.B, have_debug ? dbg.B : 1);
+            Mnist m; mnist_build(&m, false, Bmax, Bmax);
+            float* lbuf; cudaCheck(cudaMalloc(&lbuf, Bmax * 4));
+            if (have_fixture) check_against(std::string("gpu fixture ") + bn, &m, fx, lbuf);
+            else skip(std::string("gpu fixture ") + bn, "fixture missing");
+            if (have_debug) check_against(std::string("gpu debug state ") + bn, &m, dbg, lbuf);
+            else skip(std::string("gpu debug state ") + bn, std::string(debug_path) + " missing: run python3 dev/mnist.py on the GPU machine");
+            if (have_debug && backend == BACKEND_OURS) {
+                // TF32 (the training default): loss only, with TF32's 2^-11 input rounding as the tolerance scale
+                g_mm.tf32 = 1;
+                set_params_torch(&m, dbg.params); set_batch(&m, dbg.x.data(), dbg.y.data(), dbg.B);
+                float l = (float)forward_loss(&m, dbg.B, lbuf, false);
+                compare("gpu debug state ours tf32 loss", &l, &dbg.loss, 1, 0.0, 2e-3);
+                g_mm.tf32 = 0;
+            }
+            cudaFree(lbuf);
+            mnist_free(&m);
+        }
+    }
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}
