@@ -12,7 +12,7 @@ Run (from the repo root):
                                      shapes; the CPU oracle vs a PyTorch fixture (runs without a GPU too)
   ./dev/softmax_backward             validate + benchmark every version on the five issue shapes
   ./dev/softmax_backward 4           the same for version 4 only
-  ./dev/softmax_backward --bench_json FILE --shapes 4096x1024 --versions 3,6    timings for dev/softmax.py
+  ./dev/softmax_backward --bench_json FILE --shapes 4096x1024 --versions 3,8    timings for dev/softmax.py
   ./dev/softmax_backward --help      every flag with its default
 
 version 1: naive, one thread per row: a pass for the dot product <y, dy>, a pass to write dx (reads y, dy twice)
@@ -23,7 +23,11 @@ version 4: one block per row with y and dy held in registers, 16-byte loads, blo
            (rows up to 16384 floats)
 version 5: split row: a thread-block cluster (sm_90) per row, each block holds a slice of y and dy in registers;
            the blocks' partial dot products are exchanged through distributed shared memory (long rows)
-version 6: the dispatcher the trainers should call: version 3 for short rows, 4 for medium, 5 for long rows
+version 6: version 3 made persistent (one wave of blocks looping over rows), the next rows' y and dy loaded into
+           registers while the current ones are reduced and written
+version 7: version 5 made persistent (one wave of clusters looping over rows), the next row's slice loaded before
+           the cluster barrier of the current one; a cluster of 1 is a persistent block per row
+version 8: the dispatcher the trainers should call: version 3 for short rows, 4 for medium, 5 for long rows
            (version 2 where no register version fits)
 
 NaN in y or dy (e.g. the NaN row of an all -inf forward row) gives a NaN row, as in torch; y = 0 gives dx = 0.
@@ -268,6 +272,109 @@ __global__ void __launch_bounds__(THREADS) softmax_backward_kernel5(float* dx, c
 #endif
 }
 
+// version 6: version 3 made persistent: one wave of blocks, each warp loops over rows and loads its next rows of y
+// and dy into a second set of registers before it reduces and writes the current ones.
+template <int GROUP, int CHUNKS>
+__global__ void __launch_bounds__(256) softmax_backward_kernel6(float* dx, const float* y, const float* dy, int rows, int cols) {
+    constexpr int ROWS_PER_WARP = 32 / GROUP;
+    int lane = threadIdx.x % 32, g = lane % GROUP, sub = lane / GROUP;
+    int warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int step = gridDim.x * (blockDim.x / 32) * ROWS_PER_WARP;
+    float4 a[CHUNKS], b[CHUNKS], na[CHUNKS], nb[CHUNKS];
+    auto load_rows = [&](float4 (&va)[CHUNKS], float4 (&vb)[CHUNKS], int r) {  // rows past the end load zeros
+        int n = r < rows ? cols : 0;
+        size_t base = (size_t)(r < rows ? r : 0) * cols;
+        int off = row_offset(y + base);
+        bool vec_dy = row_offset(dy + base) == off;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) {
+            va[k] = load_chunk(y + base, n, off, g + GROUP * k, true);
+            vb[k] = load_chunk(dy + base, n, off, g + GROUP * k, vec_dy);
+        }
+    };
+    int first = warp * ROWS_PER_WARP;  // the warp's first row; the loop count is uniform across the warp
+    load_rows(a, b, first + sub);
+    for (int base_row = first; base_row < rows; base_row += step) {
+        if (base_row + step < rows) load_rows(na, nb, base_row + step + sub);
+        int r = base_row + sub;
+        int n = r < rows ? cols : 0;
+        size_t base = (size_t)(r < rows ? r : 0) * cols;
+        int off = row_offset(y + base);
+        bool vec_dx = row_offset(dx + base) == off;
+        float dot = group_sum<GROUP>(thread_dot(a, b));
+        apply_grad(a, b, dot);
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) store_chunk(dx + base, n, off, g + GROUP * k, vec_dx, b[k]);
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) { a[k] = na[k]; b[k] = nb[k]; }
+    }
+}
+
+// version 7: version 5 made persistent (sm_90): one wave of clusters looping over rows, the next row's slice of y
+// and dy loaded before the cluster barrier of the current one; partial dot products alternate between two shared
+// slots (a slot is written again only two barriers later, after every block has read it). A cluster of 1 is a
+// persistent block per row.
+template <int THREADS, int CHUNKS>
+__global__ void __launch_bounds__(THREADS) softmax_backward_kernel7(float* dx, const float* y, const float* dy, int rows, int cols) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    int csize = (int)cluster.num_blocks();
+    int rank = (int)cluster.block_rank();
+    int n_clusters = gridDim.x / csize;
+    __shared__ float block_partial[2];
+    __shared__ float row_dot;
+    float4 a[CHUNKS], b[CHUNKS], na[CHUNKS], nb[CHUNKS];
+    auto slice = [&](int r, int& off, int& c0, int& c1) {
+        off = row_offset(y + (size_t)r * cols);
+        int nchunks = (off + cols + 3) / 4;
+        int per_block = (nchunks + csize - 1) / csize;
+        c0 = rank * per_block;
+        c1 = min(c0 + per_block, nchunks);
+    };
+    auto load_slice = [&](float4 (&va)[CHUNKS], float4 (&vb)[CHUNKS], int r) {
+        int off, c0, c1;
+        slice(r, off, c0, c1);
+        size_t base = (size_t)r * cols;
+        bool vec_dy = row_offset(dy + base) == off;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) {
+            int c = c0 + threadIdx.x + THREADS * k;
+            va[k] = c < c1 ? load_chunk(y + base, cols, off, c, true) : make_float4(0.f, 0.f, 0.f, 0.f);
+            vb[k] = c < c1 ? load_chunk(dy + base, cols, off, c, vec_dy) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    int r = blockIdx.x / csize;  // every block of a cluster walks the same rows: the barrier counts match
+    if (r < rows) load_slice(a, b, r);
+    for (int parity = 0; r < rows; r += n_clusters, parity ^= 1) {
+        if (r + n_clusters < rows) load_slice(na, nb, r + n_clusters);
+        float partial = block_sum<THREADS>(thread_dot(a, b));
+        if (threadIdx.x == 0) block_partial[parity] = partial;
+        cluster.sync();
+        if (threadIdx.x < 32) {
+            float p = (int)threadIdx.x < csize ? *cluster.map_shared_rank(&block_partial[parity], (int)threadIdx.x) : 0.0f;
+            p = group_sum<32>(p);
+            if (threadIdx.x == 0) row_dot = p;
+        }
+        __syncthreads();
+        apply_grad(a, b, row_dot);
+        int off, c0, c1;
+        slice(r, off, c0, c1);
+        size_t base = (size_t)r * cols;
+        bool vec_dx = row_offset(dx + base) == off;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) {
+            int c = c0 + threadIdx.x + THREADS * k;
+            if (c < c1) store_chunk(dx + base, cols, off, c, vec_dx, b[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) { a[k] = na[k]; b[k] = nb[k]; }
+    }
+    cluster.sync();  // keep this block's shared memory alive until every block of the cluster has read it
+#else
+    __trap();  // the host launches version 7 only on sm_90+
+#endif
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // launchers. Each returns nullptr on success, or why the version does not handle this shape / device.
 
@@ -386,8 +493,77 @@ static const char* launch_backward5(float* dx, const float* y, const float* dy, 
     }
 }
 
-// version 6: pick by row length. Thresholds from the H100 measurements in dev/softmax_NOTES.md.
+static int g_num_sms = 0;  // set in main
+
+template <int GROUP, int CHUNKS>
+static const char* launch6(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
+    auto kernel = softmax_backward_kernel6<GROUP, CHUNKS>;
+    static int per_sm[1025] = {0};  // occupancy, queried once per block size
+    if (per_sm[block_size] == 0) cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[block_size], kernel, block_size, 0));
+    if (per_sm[block_size] == 0) return "no block of this size fits on an SM";
+    int grid = std::max(1, std::min(ceil_div(rows, block_size / GROUP), per_sm[block_size] * g_num_sms));
+    kernel<<<grid, block_size>>>(dx, y, dy, rows, cols);
+    cudaCheck(cudaGetLastError());
+    return nullptr;
+}
+
 static const char* launch_backward6(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
+    if (block_size > 256) return "version 6 runs at most 256 threads per block";
+    int need = max_row_chunks(y, cols);
+    if (need <= 4) return launch6<4, 1>(dx, y, dy, rows, cols, block_size);
+    if (need <= 8) return launch6<8, 1>(dx, y, dy, rows, cols, block_size);
+    if (need <= 16) return launch6<16, 1>(dx, y, dy, rows, cols, block_size);
+    if (need <= 32) return launch6<32, 1>(dx, y, dy, rows, cols, block_size);
+    if (need <= 64) return launch6<32, 2>(dx, y, dy, rows, cols, block_size);
+    if (need <= 128) return launch6<32, 4>(dx, y, dy, rows, cols, block_size);
+    if (need <= 256) return launch6<32, 8>(dx, y, dy, rows, cols, block_size);
+    return "row longer than 256 chunks of 16 bytes (version 6 is for short rows)";
+}
+
+constexpr int CHUNKS7 = 2;  // float4 of y and of dy per thread and row in version 7 (twice that with the prefetch)
+
+template <int THREADS>
+static const char* launch7_threads(float* dx, const float* y, const float* dy, int rows, int cols) {
+    if (g_cc_major < 9) return "thread-block clusters need sm_90";
+    int cluster = next_pow2(ceil_div(max_row_chunks(y, cols), THREADS * CHUNKS7));
+    if (cluster > MAX_CLUSTER) return "row longer than 16 blocks of registers at this block size";
+    auto kernel = softmax_backward_kernel7<THREADS, CHUNKS7>;
+    static int max_clusters[MAX_CLUSTER + 1] = {0};  // clusters resident at once, queried once per cluster size
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(THREADS);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (max_clusters[cluster] == 0) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        config.gridDim = dim3((unsigned)(cluster * 1024));
+        cudaCheck(cudaOccupancyMaxActiveClusters(&max_clusters[cluster], kernel, &config));
+        if (max_clusters[cluster] == 0) max_clusters[cluster] = -1;
+    }
+    if (max_clusters[cluster] < 0) return "this cluster size cannot be scheduled on the device";
+    config.gridDim = dim3((unsigned)(std::min(rows, max_clusters[cluster]) * cluster));
+    cudaCheck(cudaLaunchKernelEx(&config, kernel, dx, y, dy, rows, cols));
+    cudaCheck(cudaGetLastError());
+    return nullptr;
+}
+
+static const char* launch_backward7(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
+    if (block_size == 0) block_size = 512;
+    switch (block_size) {
+        case 128: return launch7_threads<128>(dx, y, dy, rows, cols);
+        case 256: return launch7_threads<256>(dx, y, dy, rows, cols);
+        case 512: return launch7_threads<512>(dx, y, dy, rows, cols);
+        case 1024: return launch7_threads<1024>(dx, y, dy, rows, cols);
+        default: return "version 7 block size must be 128, 256, 512 or 1024";
+    }
+}
+
+// version 8: pick by row length. Thresholds from the H100 measurements in dev/softmax_NOTES.md.
+static const char* launch_backward8(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
     (void)block_size;
     int need = max_row_chunks(y, cols);
     if (need <= 256) return launch_backward3(dx, y, dy, rows, cols, 256);
@@ -397,7 +573,7 @@ static const char* launch_backward6(float* dx, const float* y, const float* dy, 
     return launch_backward2(dx, y, dy, rows, cols, 256);
 }
 
-constexpr int NUM_VERSIONS = 6;
+constexpr int NUM_VERSIONS = 8;
 
 // The dispatcher. block_size 0 = the version's default.
 static const char* softmax_backward(int version, float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
@@ -407,7 +583,9 @@ static const char* softmax_backward(int version, float* dx, const float* y, cons
         case 3: return launch_backward3(dx, y, dy, rows, cols, block_size ? block_size : 256);
         case 4: return launch_backward4(dx, y, dy, rows, cols, block_size);
         case 5: return launch_backward5(dx, y, dy, rows, cols, block_size);
-        case 6: return launch_backward6(dx, y, dy, rows, cols, block_size);
+        case 6: return launch_backward6(dx, y, dy, rows, cols, block_size ? block_size : 256);
+        case 7: return launch_backward7(dx, y, dy, rows, cols, block_size);
+        case 8: return launch_backward8(dx, y, dy, rows, cols, block_size);
         default:
             fprintf(stderr, "Invalid version %d: expected 1..%d\n", version, NUM_VERSIONS);
             exit(EXIT_FAILURE);
@@ -418,7 +596,8 @@ static const char* softmax_backward(int version, float* dx, const float* y, cons
 static std::vector<int> block_sizes_of(int version) {
     switch (version) {
         case 3: return {64, 256, 512};
-        case 4: case 5: return {128, 256, 512, 1024};
+        case 4: case 5: case 7: return {128, 256, 512, 1024};
+        case 6: return {128, 256};
         default: return {0};
     }
 }
@@ -989,7 +1168,7 @@ int main(int argc, char** argv) {
             const char* s = value("RxC,RxC,...");
             if (!parse_shapes(s, shapes)) { fprintf(stderr, "error: --shapes expects RxC,... with R, C >= 1 and R*C <= 2^31, found '%s'\n", s); return EXIT_FAILURE; }
         } else if (a == "--versions") {
-            const char* s = value("a comma separated list of 1..6");
+            const char* s = value("a comma separated list of 1..8");
             if (!parse_versions(s, versions)) { fprintf(stderr, "error: --versions expects a comma separated list of 1..%d, found '%s'\n", NUM_VERSIONS, s); return EXIT_FAILURE; }
         } else if (a == "--block_size") {
             const char* s = value("-1, 0, or a block size 32..1024");
@@ -1015,6 +1194,7 @@ int main(int argc, char** argv) {
         cudaDeviceProp prop;
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
         g_cc_major = prop.major;
+        g_num_sms = prop.multiProcessorCount;
     }
     if (test) return run_tests(fixture, seed);
     return run_benchmark(versions, shapes, block_size, json_path);
