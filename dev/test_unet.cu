@@ -97,6 +97,12 @@ static const double LOSS_RTOL = 1e-5;
 // gradients: sums over up to B*H*W = 131072 products per weight element, after the whole backward chain, in a
 // different order than cuDNN's; elements near zero are judged against the tensor's scale (1e-4 of max|grad|).
 static const double GRAD_ATOL_REL = 1e-4, GRAD_ATOL = 1e-12, GRAD_RTOL = 1e-3;
+// plus a floor of a few fp32 ulps of the largest gradient of the whole model: a gradient that is zero
+// mathematically holds only the rounding noise of terms that cancelled, whose size is set by the gradients around
+// it, not by its own scale. (In the 32-channel fixture GroupNorm has one channel per group, which removes any
+// per-channel constant, so the embedding weights and the biases before a GroupNorm get exactly zero gradient:
+// PyTorch's values there are ~1e-9 noise, ~4e-8 of the largest gradient.)
+static const double GRAD_ATOL_GLOBAL_REL = 2e-7;
 // AdamW-step losses: each loss is O(1) and depends on all gradients through Adam's normalised updates;
 // gradient differences of ~1e-5 relative move these losses by far less than 1e-4 relative.
 static const double STEP_LOSS_RTOL = 1e-4;
@@ -118,8 +124,8 @@ static void test_debug_state(const std::string& path, bool required) {
     if (!e.empty()) {
         if (!required && access(path.c_str(), F_OK) != 0) {
             report("SKIP", tag, "no file " + path + " (make it on a GPU machine: python3 dev/unet.py --debug_state " +
-                   path + " --image_size 16 --model_channels 32 --channel_mult 1,2 --num_res_blocks 1 --attn_ds 2 "
-                   "--num_head_channels 16 --batch_size 3 --zero_init 0)");
+                   path + " --image_size 8 --model_channels 32 --channel_mult 1 --num_res_blocks 1 --attn_ds 1 "
+                   "--num_head_channels 16 --batch_size 3 --zero_init 0 --n_steps 5)");
         } else {
             report("FAIL", tag, e + " (re-run python3 dev/unet.py --debug_state to regenerate it)");
         }
@@ -182,7 +188,11 @@ static void test_debug_state(const std::string& path, bool required) {
     std::vector<float> g(m->n_params);
     cudaCheck(cudaMemcpy(g.data(), m->g, m->n_params * 4, cudaMemcpyDeviceToHost));
     int grad_fail = 0;
-    double worst_rel = 0.0;
+    double worst_rel = 0.0, global_scale = 0.0;
+    for (const Param& p : m->params) {
+        const float* ref = (const float*)bin_expect(&f, "grad." + p.name, DT_F32, p.ndim, p.shape, &e);
+        for (size_t i = 0; ref && i < p.n; i++) global_scale = std::max(global_scale, (double)fabsf(ref[i]));
+    }
     std::string worst_name;
     for (const Param& p : m->params) {
         const float* ref = (const float*)bin_expect(&f, "grad." + p.name, DT_F32, p.ndim, p.shape, &e);
@@ -193,7 +203,8 @@ static void test_debug_state(const std::string& path, bool required) {
         }
         std::vector<float> ours(p.n);
         param_to_torch(p, g.data() + p.off, ours.data());
-        if (!check_tensor(tag + " grad." + p.name, ours.data(), ref, p.n, GRAD_ATOL_REL, GRAD_ATOL, GRAD_RTOL)) grad_fail++;
+        if (!check_tensor(tag + " grad." + p.name, ours.data(), ref, p.n, GRAD_ATOL_REL,
+                          GRAD_ATOL + GRAD_ATOL_GLOBAL_REL * global_scale, GRAD_RTOL)) grad_fail++;
         double scale = 0.0, err = 0.0;
         for (size_t i = 0; i < p.n; i++) {
             scale = std::max(scale, (double)fabsf(ref[i]));
