@@ -3,8 +3,8 @@
 
   python3 scripts/plot_loss.py --log out/unet/log.csv --out loss.png [--smooth 0.9] [--title "..."]
 
-The PNG shows the raw losses (thin) and an exponential moving average (--smooth, 0 = none, debiased as in Adam),
-log-scaled y; the title gives the last step, the last smoothed loss and the median ms/step. Exits 1 with a message
+The PNG shows the logged losses (thin) and an exponential moving average (debiased as in Adam; --smooth -1, the
+default, picks a time constant of 1/25 of the points, so a short log is not smeared; 0 = none), log-scaled y; the title gives the last step, the last smoothed loss and the median ms/step. Exits 1 with a message
 naming the file and line on a missing file, a wrong header, a bad row or an empty log.
 """
 import argparse
@@ -59,11 +59,11 @@ def main(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--log", default="out/unet/log.csv", help="the trainer's log.csv (or its output_dir)")
     p.add_argument("--out", default="loss.png", help="PNG to write")
-    p.add_argument("--smooth", type=float, default=0.9, help="EMA factor in [0, 1)")
+    p.add_argument("--smooth", type=float, default=-1, help="EMA factor in [0, 1); -1: auto, 1 - 25/points")
     p.add_argument("--title", default="", help="title prefix (default: the log's path)")
     args = p.parse_args(argv)
-    if not 0 <= args.smooth < 1:
-        sys.exit(f"error: --smooth must be in [0, 1), found {args.smooth}")
+    if not (0 <= args.smooth < 1 or args.smooth == -1):
+        sys.exit(f"error: --smooth must be in [0, 1) or -1 (auto), found {args.smooth}")
     try:
         cols = read_log(args.log)
     except ValueError as e:
@@ -74,12 +74,13 @@ def main(argv=None):
     import matplotlib.pyplot as plt
 
     steps, loss = cols["step"], cols["loss"]
-    smoothed = smooth(loss, args.smooth)
+    beta = args.smooth if args.smooth >= 0 else max(0.0, 1.0 - 25.0 / len(loss))
+    smoothed = smooth(loss, beta)
     ms = sorted(cols["ms"])
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     ax.plot(steps, loss, lw=0.6, alpha=0.4, color="tab:blue", label="loss")
-    if args.smooth > 0:
-        ax.plot(steps, smoothed, lw=1.6, color="tab:blue", label=f"EMA {args.smooth}")
+    if beta > 0:
+        ax.plot(steps, smoothed, lw=1.6, color="tab:blue", label=f"EMA {beta:.3g}")
     if all(v > 0 for v in loss):
         ax.set_yscale("log")
     ax.set_xlabel("step")
