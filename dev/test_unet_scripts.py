@@ -380,6 +380,24 @@ def test_generate_bad_inputs():
            f"wrong width, bad n_levels, ddpm --steps, --num_samples 0, unknown flag, gpu without binary)"
 
 
+def test_generate_gpu_path():
+    """generate.py --device gpu through ./train_unet --sample (GPU machine only)."""
+    ok, why = generate.gpu_available(os.path.join(ROOT, "train_unet"))
+    if not ok:
+        raise Skip(f"{why} (needs a GPU and a built ./train_unet)")
+    ckpt = os.path.join(TMP, "ckpt_gpu.bin")
+    config = fixture_checkpoint(ckpt, ema=True)
+    png, out = os.path.join(TMP, "gpu.png"), os.path.join(TMP, "gpu.bin")
+    code, log = run("generate.py", "--checkpoint", ckpt, "--out", png, "--out_bin", out, "--num_samples", 5,
+                    "--sampler", "ddim", "--steps", 10, "--device", "gpu", "--binary", "./train_unet")
+    assert code == 0, log
+    images = binio.read(out, binio.UNET_DATASET)[2]["images"]
+    s = config.image_size
+    assert images.shape == (5, s, s, 3), images.shape
+    assert images.std() > 1, "all samples are one flat colour"
+    return f"./train_unet --sample: 5 samples of {s}px, ddim 10 steps, EMA weights; PNG written"
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # plot_loss.py
 
