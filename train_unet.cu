@@ -991,12 +991,23 @@ __global__ void loss_finalize_kernel(const double* partial, int nblocks, size_t 
     *loss = (float)(s / (double)n);
 }
 
+// AdamW's per-step scalars on the device (so a captured CUDA graph replays correctly): t += 1, then
+// hyper = (lr / (1 - beta1^t), sqrt(1 - beta2^t)) in double, as PyTorch computes them on the host
+__global__ void adam_prep_kernel(int* t, float* hyper, float lr, float beta1, float beta2) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int step = ++t[0];
+    double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
+    hyper[0] = (float)((double)lr / bc1);
+    hyper[1] = (float)sqrt(bc2);
+}
+
 // torch.optim.AdamW (foreach form): m.lerp_(g, 1-b1); v = b2 v + (1-b2) g^2; p *= 1 - lr wd;
 // p -= step_size * m / (sqrt(v) / sqrt(bc2) + eps), step_size = lr / bc1; then ema = rate ema + (1-rate) p
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float* ema, size_t n, float beta1,
-                             float beta2, float lr_wd, float eps, float step_size, float bc2_sqrt, float ema_rate) {
+                             float beta2, float lr_wd, float eps, const float* hyper, float ema_rate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    const float step_size = hyper[0], bc2_sqrt = hyper[1];
     float gi = g[i];
     float mi = m[i] + (1.0f - beta1) * (gi - m[i]);
     float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
@@ -1040,10 +1051,34 @@ __global__ void to_uint8_kernel(const float* x, uint8_t* out, size_t n) {
 // ================================================================================================================
 
 static cublasHandle_t g_cublas;
+static cudaStream_t g_stream = 0;  // every launch of the model goes here (a capturable stream: CUDA graphs)
 static int g_num_sms = 132;
 static bool g_tf32 = true;  // TF32 tensor cores for convolutions and cuBLAS products
 static const int EW = 256;  // elementwise block size
 
+static void* g_cublas_ws = nullptr;
+// cuBLAS handle on a fresh stream with a fixed workspace (nothing allocated while a CUDA graph is captured)
+static void gpu_init(bool tf32) {
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    g_num_sms = prop.multiProcessorCount;
+    cudaCheck(cudaStreamCreate(&g_stream));
+    cublasCheck(cublasCreate(&g_cublas));
+    cublasCheck(cublasSetStream(g_cublas, g_stream));
+    const size_t ws = 32 << 20;
+    cudaCheck(cudaMalloc(&g_cublas_ws, ws));
+    cublasCheck(cublasSetWorkspace(g_cublas, g_cublas_ws, ws));
+    g_tf32 = tf32;
+    cublasCheck(cublasSetMathMode(g_cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+static void gpu_free() {
+    cudaCheck(cudaStreamSynchronize(g_stream));
+    cublasCheck(cublasDestroy(g_cublas));
+    cudaCheck(cudaFree(g_cublas_ws));
+    cudaCheck(cudaStreamDestroy(g_stream));
+    g_stream = 0;
+    g_cublas_ws = nullptr;
+}
 static void set_tf32(bool on) {
     g_tf32 = on;
     cublasCheck(cublasSetMathMode(g_cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
@@ -1121,6 +1156,8 @@ struct UNet {
     float* dS = nullptr;  // attention score gradients (max over layers)
     size_t dS_floats = 0;
     int adam_t = 0;  // completed AdamW steps
+    int* adam_dev = nullptr;       // the same count on the device
+    float* adam_hyper = nullptr;   // (step size, sqrt of bias correction 2) of the current step
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1355,6 +1392,9 @@ static void unet_allocate(UNet* m) {
     m->loss_blocks = 264;
     cudaCheck(cudaMalloc(&m->loss_partial, m->loss_blocks * sizeof(double)));
     m->loss = dev_alloc(1);
+    cudaCheck(cudaMalloc(&m->adam_dev, sizeof(int)));
+    cudaCheck(cudaMemset(m->adam_dev, 0, sizeof(int)));
+    m->adam_hyper = dev_alloc(2);
 
     // per-op state and workspace sizes
     size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0;
@@ -1469,6 +1509,8 @@ static void unet_free(UNet* m) {
     for (float* f : fs)
         if (f) cudaCheck(cudaFree(f));
     cudaCheck(cudaFree(m->t));
+    cudaCheck(cudaFree(m->adam_dev));
+    cudaCheck(cudaFree(m->adam_hyper));
     cudaCheck(cudaFree(m->loss_partial));
     cudaCheck(cudaFree(m->red_ws));
     cudaCheck(cudaFree(m->gn_coef));
@@ -1561,11 +1603,11 @@ template <int MODE>
 static void launch_conv_igemm(dim3 grid, bool vec, const float* X, const float* Bm, float* out, const float* bias,
                               const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
     if (g_tf32) {
-        if (vec) conv_igemm_kernel<MODE, true, true><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-        else conv_igemm_kernel<MODE, true, false><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        if (vec) conv_igemm_kernel<MODE, true, true><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        else conv_igemm_kernel<MODE, true, false><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
     } else {
-        if (vec) conv_igemm_kernel<MODE, false, true><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-        else conv_igemm_kernel<MODE, false, false><<<grid, CONV_THREADS>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        if (vec) conv_igemm_kernel<MODE, false, true><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        else conv_igemm_kernel<MODE, false, false><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
     }
     cudaCheck(cudaGetLastError());
 }
@@ -1586,7 +1628,7 @@ static void conv3x3_forward(const UNet* m, const ConvP& c, const float* x, float
 static void conv3x3_backward_data(const UNet* m, const ConvP& c, const float* dy, float* dx, int H, int W,
                                   bool accumulate) {
     int n = 9 * c.cin * c.cout;
-    conv_flip_weights_kernel<<<ceil_div(n, EW), EW>>>(m->p + c.w, m->wflip, c.cin, c.cout);
+    conv_flip_weights_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->p + c.w, m->wflip, c.cin, c.cout);
     cudaCheck(cudaGetLastError());
     ConvGeom g;
     g.B = m->B; g.H = (H - 1) / c.stride + 1; g.W = (W - 1) / c.stride + 1; g.C = c.cout;
@@ -1616,7 +1658,7 @@ static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const float* 
     bool vec = c.cin % 4 == 0 && c.cout % 4 == 0;
     launch_conv_igemm<1>(grid, vec, x, dy, m->conv_ws, nullptr, nullptr, 0, g, kchunk);
     size_t n = (size_t)g.M * g.N;
-    wgrad_reduce_kernel<<<ceil_div(n, EW), EW>>>(m->conv_ws, m->g + c.w, n, splits, 0);
+    wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, m->g + c.w, n, splits, 0);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1633,14 +1675,14 @@ static int chan_reduce(const UNet* m, const float* x, const float* dy, const flo
     int threads = 512;
     int lanes = std::max(1, threads / C);
     size_t smem = (size_t)lanes * C * sizeof(double2);
-    chan_reduce_kernel<MODE><<<dim3(Bq, S), threads, smem>>>(x, dy, mean, rstd, gamma, beta, P, C, G, silu, m->red_ws);
+    chan_reduce_kernel<MODE><<<dim3(Bq, S), threads, smem, g_stream>>>(x, dy, mean, rstd, gamma, beta, P, C, G, silu, m->red_ws);
     cudaCheck(cudaGetLastError());
     return S;
 }
 // out[c] = sum over (b, p) of x (Bq, P, C) (per_b = 0) or out[b, c] = sum over p (per_b = 1)
 static void channel_sums(const UNet* m, const float* x, float* out, int Bq, int P, int C, int per_b, int accumulate) {
     int S = chan_reduce<2>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, Bq, P, C, 1, 0);
-    sums_finalize_kernel<<<ceil_div(per_b ? Bq * C : C, EW), EW>>>(m->red_ws, out, Bq, S, C, per_b, accumulate);
+    sums_finalize_kernel<<<ceil_div(per_b ? Bq * C : C, EW), EW, 0, g_stream>>>(m->red_ws, out, Bq, S, C, per_b, accumulate);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1648,10 +1690,10 @@ static void groupnorm_forward(const UNet* m, const NormP& n, const float* x, flo
                               int silu) {
     const int G = 32, B = m->B;
     int S = chan_reduce<0>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, n.C, G, 0);
-    gn_stats_finalize_kernel<<<ceil_div(B * G, EW), EW>>>(m->red_ws, mean, rstd, B, S, n.C, G, P, 1e-5f);
+    gn_stats_finalize_kernel<<<ceil_div(B * G, EW), EW, 0, g_stream>>>(m->red_ws, mean, rstd, B, S, n.C, G, P, 1e-5f);
     cudaCheck(cudaGetLastError());
     size_t total = (size_t)B * P * n.C;
-    gn_apply_kernel<<<ceil_div(total, EW), EW>>>(x, y, mean, rstd, m->p + n.w, m->p + n.b, B, P, n.C, G, silu);
+    gn_apply_kernel<<<ceil_div(total, EW), EW, 0, g_stream>>>(x, y, mean, rstd, m->p + n.w, m->p + n.b, B, P, n.C, G, silu);
     cudaCheck(cudaGetLastError());
 }
 static void groupnorm_backward(const UNet* m, const NormP& n, const float* x, const float* dy, float* dx,
@@ -1659,11 +1701,11 @@ static void groupnorm_backward(const UNet* m, const NormP& n, const float* x, co
     const int G = 32, B = m->B;
     const float *gamma = m->p + n.w, *beta = m->p + n.b;
     int S = chan_reduce<1>(m, x, dy, mean, rstd, gamma, beta, B, P, n.C, G, silu);
-    gn_bwd_finalize_kernel<<<ceil_div(std::max(n.C, B * G), EW), EW>>>(m->red_ws, gamma, m->g + n.w, m->g + n.b,
+    gn_bwd_finalize_kernel<<<ceil_div(std::max(n.C, B * G), EW), EW, 0, g_stream>>>(m->red_ws, gamma, m->g + n.w, m->g + n.b,
                                                                        m->gn_coef, B, S, n.C, G, P);
     cudaCheck(cudaGetLastError());
     size_t total = (size_t)B * P * n.C;
-    gn_bwd_apply_kernel<<<ceil_div(total, EW), EW>>>(x, dy, dx, mean, rstd, gamma, beta, m->gn_coef, B, P, n.C, G,
+    gn_bwd_apply_kernel<<<ceil_div(total, EW), EW, 0, g_stream>>>(x, dy, dx, mean, rstd, gamma, beta, m->gn_coef, B, P, n.C, G,
                                                      silu, accumulate);
     cudaCheck(cudaGetLastError());
 }
@@ -1671,7 +1713,7 @@ static void groupnorm_backward(const UNet* m, const NormP& n, const float* x, co
 // y (rows, out) = x (rows, in) W^T + b (+ res)
 static void linear_forward(const UNet* m, const LinP& l, const float* x, float* y, int rows, const float* res) {
     gemm_rm(false, true, rows, l.out, l.in, x, l.in, m->p + l.w, l.in, y, l.out, 1.f, 0.f);
-    add_bias_kernel<<<ceil_div((size_t)rows * l.out, EW), EW>>>(y, m->p + l.b, res, rows, l.out);
+    add_bias_kernel<<<ceil_div((size_t)rows * l.out, EW), EW, 0, g_stream>>>(y, m->p + l.b, res, rows, l.out);
     cudaCheck(cudaGetLastError());
 }
 // dW = dy^T x, db = column sums of dy (rows = Bq * P), dx (+)= dy W (skipped when dx is null)
@@ -1690,6 +1732,38 @@ static bool take_flag(Buf* b) {  // true if b's gradient already holds a value (
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// per-layer timing (UNET_PROFILE=1: events around every op, synchronising, so only for looking, not for speed)
+
+static bool g_profile = false;
+static double g_prof_ms[2][8];
+static cudaEvent_t g_pe0, g_pe1;
+static const char* OP_NAMES[8] = {"conv_in", "resblock", "attention", "downsample", "upsample", "concat", "out",
+                                  "rest (time embed, loss, AdamW)"};
+static void prof_begin() {
+    if (g_profile) cudaCheck(cudaEventRecord(g_pe0, g_stream));
+}
+static void prof_end(int dir, int kind) {
+    if (!g_profile) return;
+    cudaCheck(cudaEventRecord(g_pe1, g_stream));
+    cudaCheck(cudaEventSynchronize(g_pe1));
+    float ms;
+    cudaCheck(cudaEventElapsedTime(&ms, g_pe0, g_pe1));
+    g_prof_ms[dir][kind] += ms;
+}
+static void profile_report(int steps) {
+    if (steps < 1) return;
+    double tot[2] = {0, 0};
+    printf("per-step GPU time by layer kind (UNET_PROFILE, %d steps, synchronised per op):\n", steps);
+    printf("  %-32s %10s %10s\n", "kind", "forward", "backward");
+    for (int k = 0; k < 8; k++) {
+        printf("  %-32s %7.2f ms %7.2f ms\n", OP_NAMES[k], g_prof_ms[0][k] / steps, g_prof_ms[1][k] / steps);
+        tot[0] += g_prof_ms[0][k] / steps;
+        tot[1] += g_prof_ms[1][k] / steps;
+    }
+    printf("  %-32s %7.2f ms %7.2f ms\n", "total", tot[0], tot[1]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // forward
 
 static void res_forward(UNet* m, Op& o) {
@@ -1699,7 +1773,7 @@ static void res_forward(UNet* m, Op& o) {
     conv3x3_forward(m, o.c1, o.a1->x, o.h1->x, o.H, o.W, o.embo, false);
     groupnorm_forward(m, o.n2, o.h1->x, o.a2->x, o.mean2, o.rstd2, P, 1);
     if (o.has_skip) linear_forward(m, o.skip, o.in->x, o.out->x, B * P, nullptr);
-    else cudaCheck(cudaMemcpyAsync(o.out->x, o.in->x, o.in->n * 4, cudaMemcpyDeviceToDevice));
+    else cudaCheck(cudaMemcpyAsync(o.out->x, o.in->x, o.in->n * 4, cudaMemcpyDeviceToDevice, g_stream));
     conv3x3_forward(m, o.c2, o.a2->x, o.out->x, o.H, o.W, nullptr, true);  // out = skip(x) + h
 }
 
@@ -1713,7 +1787,7 @@ static void attn_forward(UNet* m, Op& o) {
     gemm_rm_batched(false, true, L, L, d, pp + 0 * nb, 3 * C, pp + 1 * nb, 3 * C, (float* const*)(pp + 3 * nb), L,
                     scale2, 0.f, nb);
     int rows = nb * L;
-    softmax_forward_kernel<<<ceil_div(rows, 8), 256>>>(o.P, rows, L);
+    softmax_forward_kernel<<<ceil_div(rows, 8), 256, 0, g_stream>>>(o.P, rows, L);
     cudaCheck(cudaGetLastError());
     gemm_rm_batched(false, false, L, d, L, pp + 3 * nb, L, pp + 2 * nb, 3 * C, (float* const*)(pp + 4 * nb), C, 1.f,
                     0.f, nb);
@@ -1722,28 +1796,31 @@ static void attn_forward(UNet* m, Op& o) {
 
 static void unet_forward(UNet* m) {
     int B = m->B, MC = m->cfg.model_channels;
-    timestep_embedding_kernel<<<ceil_div(B * MC, EW), EW>>>(m->t, m->temb, B, MC);
+    prof_begin();
+    timestep_embedding_kernel<<<ceil_div(B * MC, EW), EW, 0, g_stream>>>(m->t, m->temb, B, MC);
     cudaCheck(cudaGetLastError());
     linear_forward(m, m->te0, m->temb, m->te_h, B, nullptr);
     size_t ne = (size_t)B * m->E;
-    silu_kernel<<<ceil_div(ne, EW), EW>>>(m->te_h, m->te_a, ne);
+    silu_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->te_h, m->te_a, ne);
     cudaCheck(cudaGetLastError());
     linear_forward(m, m->te2, m->te_a, m->emb, B, nullptr);
-    silu_kernel<<<ceil_div(ne, EW), EW>>>(m->emb, m->emb_s, ne);
+    silu_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->emb, m->emb_s, ne);
     cudaCheck(cudaGetLastError());
+    prof_end(0, 7);
     for (Op& o : m->ops) {
+        prof_begin();
         switch (o.kind) {
         case OP_CONV_IN:
         case OP_DOWN: conv3x3_forward(m, o.c1, o.in->x, o.out->x, o.H, o.W, nullptr, false); break;
         case OP_RES: res_forward(m, o); break;
         case OP_ATTN: attn_forward(m, o); break;
         case OP_UP:
-            upsample_kernel<<<ceil_div(o.up->n, EW), EW>>>(o.in->x, o.up->x, B, o.H, o.W, o.in->C);
+            upsample_kernel<<<ceil_div(o.up->n, EW), EW, 0, g_stream>>>(o.in->x, o.up->x, B, o.H, o.W, o.in->C);
             cudaCheck(cudaGetLastError());
             conv3x3_forward(m, o.c1, o.up->x, o.out->x, 2 * o.H, 2 * o.W, nullptr, false);
             break;
         case OP_CAT:
-            concat_kernel<<<ceil_div(o.out->n, EW), EW>>>(o.in->x, o.in2->x, o.out->x, (size_t)B * o.H * o.W,
+            concat_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(o.in->x, o.in2->x, o.out->x, (size_t)B * o.H * o.W,
                                                          o.in->C, o.in2->C);
             cudaCheck(cudaGetLastError());
             break;
@@ -1752,15 +1829,16 @@ static void unet_forward(UNet* m) {
             conv3x3_forward(m, o.c1, o.a1->x, o.out->x, o.H, o.W, nullptr, false);
             break;
         }
+        prof_end(0, (int)o.kind);
     }
 }
 
 // loss = mean((out - noise)^2) into m->loss (device), and out's gradient
 static void unet_loss(UNet* m) {
     size_t n = m->out->n;
-    mse_kernel<<<m->loss_blocks, 256>>>(m->out->x, m->noise, m->out->g, m->loss_partial, n);
+    mse_kernel<<<m->loss_blocks, 256, 0, g_stream>>>(m->out->x, m->noise, m->out->g, m->loss_partial, n);
     cudaCheck(cudaGetLastError());
-    loss_finalize_kernel<<<1, 32>>>(m->loss_partial, m->loss_blocks, n, m->loss);
+    loss_finalize_kernel<<<1, 32, 0, g_stream>>>(m->loss_partial, m->loss_blocks, n, m->loss);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1779,16 +1857,16 @@ static void res_backward(UNet* m, Op& o) {
         linear_backward(m, o.skip, o.in->x, dout, o.in->g, B, P, acc);
     } else {
         bool acc = take_flag(o.in);
-        add_kernel<<<ceil_div(o.in->n, EW), EW>>>(dout, o.in->g, o.in->n, acc);
+        add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(dout, o.in->g, o.in->n, acc);
         cudaCheck(cudaGetLastError());
     }
     // a2 = silu(gn2(h1))
     groupnorm_backward(m, o.n2, o.h1->x, o.a2->g, o.h1->g, o.mean2, o.rstd2, P, 1, false);
     // h1 = conv1(a1) + bias + embo[b]
     int S = chan_reduce<2>(m, o.h1->g, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, o.c1.cout, 1, 0);
-    sums_finalize_kernel<<<ceil_div(B * o.c1.cout, EW), EW>>>(m->red_ws, o.d_embo, B, S, o.c1.cout, 1, 0);
+    sums_finalize_kernel<<<ceil_div(B * o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, o.d_embo, B, S, o.c1.cout, 1, 0);
     cudaCheck(cudaGetLastError());
-    sums_finalize_kernel<<<ceil_div(o.c1.cout, EW), EW>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0, 0);
+    sums_finalize_kernel<<<ceil_div(o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0, 0);
     cudaCheck(cudaGetLastError());
     bool acc = m->d_emb_s_written;
     m->d_emb_s_written = true;
@@ -1806,7 +1884,7 @@ static void attn_backward(UNet* m, Op& o) {
     float* dout = o.out->g;
     // out = x + att W^T + b
     bool acc = take_flag(o.in);
-    add_kernel<<<ceil_div(o.in->n, EW), EW>>>(dout, o.in->g, o.in->n, acc);
+    add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(dout, o.in->g, o.in->n, acc);
     cudaCheck(cudaGetLastError());
     linear_backward(m, o.proj, o.att->x, dout, o.att->g, B, L, false);
     // O = P V: dV = P^T dO, dP = dO V^T; softmax backward; dQ = dS K, dK = dS^T Q (dS includes scale2)
@@ -1816,7 +1894,7 @@ static void attn_backward(UNet* m, Op& o) {
     gemm_rm_batched(false, true, L, L, d, pp + 8 * nb, C, pp + 2 * nb, 3 * C, (float* const*)(pp + 9 * nb), L, 1.f,
                     0.f, nb);
     int rows = nb * L;
-    softmax_backward_kernel<<<ceil_div(rows, 8), 256>>>(o.P, m->dS, rows, L, scale2);
+    softmax_backward_kernel<<<ceil_div(rows, 8), 256, 0, g_stream>>>(o.P, m->dS, rows, L, scale2);
     cudaCheck(cudaGetLastError());
     gemm_rm_batched(false, false, L, d, L, pp + 9 * nb, L, pp + 1 * nb, 3 * C, (float* const*)(pp + 5 * nb), 3 * C,
                     1.f, 0.f, nb);
@@ -1835,6 +1913,7 @@ static void unet_backward(UNet* m) {
     m->d_emb_s_written = false;
     for (int i = (int)m->ops.size() - 1; i >= 0; i--) {
         Op& o = m->ops[i];
+        prof_begin();
         switch (o.kind) {
         case OP_CONV_IN:  // the input needs no gradient
             conv3x3_backward_weight(m, o.c1, o.in->x, o.out->g, o.H, o.W);
@@ -1855,13 +1934,13 @@ static void unet_backward(UNet* m) {
             channel_sums(m, o.out->g, m->g + o.c1.b, B, H2 * W2, o.c1.cout, 0, 0);
             conv3x3_backward_data(m, o.c1, o.out->g, o.up->g, H2, W2, false);
             bool acc = take_flag(o.in);
-            upsample_backward_kernel<<<ceil_div(o.in->n, EW), EW>>>(o.up->g, o.in->g, B, o.H, o.W, o.in->C, acc);
+            upsample_backward_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(o.up->g, o.in->g, B, o.H, o.W, o.in->C, acc);
             cudaCheck(cudaGetLastError());
             break;
         }
         case OP_CAT: {
             bool acc_a = take_flag(o.in), acc_b = take_flag(o.in2);
-            split_backward_kernel<<<ceil_div(o.out->n, EW), EW>>>(o.out->g, o.in->g, o.in2->g, (size_t)B * o.H * o.W,
+            split_backward_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(o.out->g, o.in->g, o.in2->g, (size_t)B * o.H * o.W,
                                                                  o.in->C, o.in2->C, acc_a, acc_b);
             cudaCheck(cudaGetLastError());
             break;
@@ -1875,32 +1954,41 @@ static void unet_backward(UNet* m) {
             break;
         }
         }
+        prof_end(1, (int)o.kind);
     }
+    prof_begin();
     // time embedding: emb_s = silu(emb), emb = te2(silu(te0(temb)))
     size_t ne = (size_t)B * m->E;
-    silu_backward_kernel<<<ceil_div(ne, EW), EW>>>(m->emb, m->d_emb_s, m->d_emb, ne);
+    silu_backward_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->emb, m->d_emb_s, m->d_emb, ne);
     cudaCheck(cudaGetLastError());
     linear_backward(m, m->te2, m->te_a, m->d_emb, m->d_te, B, 1, false);
-    silu_backward_kernel<<<ceil_div(ne, EW), EW>>>(m->te_h, m->d_te, m->d_te, ne);
+    silu_backward_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->te_h, m->d_te, m->d_te, ne);
     cudaCheck(cudaGetLastError());
     linear_backward(m, m->te0, m->temb, m->d_te, nullptr, B, 1, false);
+    prof_end(1, 7);
 }
 
 // one AdamW step (PyTorch's formula with bias correction), then the EMA update when ema_rate >= 0
+// (m->adam_t, the host's count, is kept in step with the device's m->adam_dev[0])
 static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
     m->adam_t++;
-    double bc1 = 1.0 - pow((double)beta1, m->adam_t), bc2 = 1.0 - pow((double)beta2, m->adam_t);
-    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    adamw_kernel<<<ceil_div(m->n_params, EW), EW>>>(m->p, m->g, m->m, m->v, ema_rate >= 0.f ? m->ema : nullptr,
-                                                   m->n_params, beta1, beta2, lr * weight_decay, eps, step_size,
-                                                   bc2_sqrt, ema_rate);
+    adam_prep_kernel<<<1, 1, 0, g_stream>>>(m->adam_dev, m->adam_hyper, lr, beta1, beta2);
     cudaCheck(cudaGetLastError());
+    adamw_kernel<<<ceil_div(m->n_params, EW), EW, 0, g_stream>>>(m->p, m->g, m->m, m->v, ema_rate >= 0.f ? m->ema : nullptr,
+                                                   m->n_params, beta1, beta2, lr * weight_decay, eps, m->adam_hyper,
+                                                   ema_rate);
+    cudaCheck(cudaGetLastError());
+}
+// sets the optimizer's step count on both sides (fresh model: 0; resumed: the checkpoint's step)
+static void unet_set_adam_step(UNet* m, int t) {
+    m->adam_t = t;
+    cudaCheck(cudaMemcpy(m->adam_dev, &t, sizeof(int), cudaMemcpyHostToDevice));
 }
 
 // x_t from m->x0, m->noise, m->t
 static void unet_q_sample(UNet* m) {
     int per = m->cfg.image_size * m->cfg.image_size * m->cfg.in_channels;
-    q_sample_kernel<<<ceil_div((size_t)m->B * per, EW), EW>>>(m->x0, m->noise, m->t, m->sqrt_acp, m->sqrt_1m_acp,
+    q_sample_kernel<<<ceil_div((size_t)m->B * per, EW), EW, 0, g_stream>>>(m->x0, m->noise, m->t, m->sqrt_acp, m->sqrt_1m_acp,
                                                              m->xt->x, m->B, per);
     cudaCheck(cudaGetLastError());
 }
@@ -2093,9 +2181,14 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    g_num_sms = prop.multiProcessorCount;
-    cublasCheck(cublasCreate(&g_cublas));
-    set_tf32(a.tf32 != 0);
+    gpu_init(a.tf32 != 0);
+    const char* env_prof = getenv("UNET_PROFILE");
+    g_profile = env_prof && env_prof[0] == '1';
+    if (g_profile) {
+        cudaCheck(cudaEventCreate(&g_pe0));
+        cudaCheck(cudaEventCreate(&g_pe1));
+        memset(g_prof_ms, 0, sizeof g_prof_ms);
+    }
     unet_allocate(m);
     TrainState st;
     st.batch_size = a.batch_size;
@@ -2109,7 +2202,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         unet_load_tensors(m, &ck, "adam_v.", m->v);
         st.step = ck.hdr[18];
         st.seed = ck.hdr[20];
-        m->adam_t = st.step;
+        unet_set_adam_step(m, st.step);
     } else if (!a.load.empty()) {
         unet_load_tensors(m, &ck, "", m->p);
         cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
@@ -2183,35 +2276,58 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     curandGenerator_t gen;
     curandCheck(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
     curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)st.seed));
+    curandCheck(curandSetStream(gen, g_stream));
     size_t n_noise = m->xt->n;
+    // the step from q_sample to the AdamW update is captured once as a CUDA graph and replayed: ~1500 launches
+    // become one, and nothing in it changes between steps (the loader's draws are copied in before it)
+    const char* env_graph = getenv("UNET_NO_GRAPH");
+    bool use_graph = !(env_graph && env_graph[0] == '1') && !g_profile;
+    cudaGraphExec_t graph_exec = nullptr;
     int window = std::max(1, a.log_every);
     float* h_losses;
     cudaCheck(cudaMallocHost(&h_losses, window * sizeof(float)));
     cudaEvent_t ev0, ev1;
     cudaCheck(cudaEventCreate(&ev0));
     cudaCheck(cudaEventCreate(&ev1));
-    cudaCheck(cudaEventRecord(ev0));
+    cudaCheck(cudaEventRecord(ev0, g_stream));
     int in_window = 0, last_logged = st.step;
     int rc = 0;
     for (int step = st.step; step < a.steps; step++) {
         size_t off = (size_t)(step - (a.steps - nsteps)) * B;
-        load_batch_kernel<<<ceil_div(n_noise, EW), EW>>>(d_images, d_codes + off, m->x0, B, data.H, data.W);
+        load_batch_kernel<<<ceil_div(n_noise, EW), EW, 0, g_stream>>>(d_images, d_codes + off, m->x0, B, data.H, data.W);
         cudaCheck(cudaGetLastError());
-        cudaCheck(cudaMemcpyAsync(m->t, d_ts + off, B * sizeof(int), cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpyAsync(m->t, d_ts + off, B * sizeof(int), cudaMemcpyDeviceToDevice, g_stream));
         // noise of step s: the Philox stream at offset s * n, so a resumed run draws the same numbers
         curandCheck(curandSetGeneratorOffset(gen, (unsigned long long)step * n_noise));
         curandCheck(curandGenerateNormal(gen, m->noise, n_noise, 0.f, 1.f));
-        unet_q_sample(m);
-        unet_forward(m);
-        unet_loss(m);
-        unet_backward(m);
-        unet_update(m, a.lr, a.beta1, a.beta2, a.adam_eps, a.weight_decay, a.ema_rate);
-        cudaCheck(cudaMemcpyAsync(&h_losses[in_window], m->loss, sizeof(float), cudaMemcpyDeviceToHost));
+        auto train_step = [&]() {
+            unet_q_sample(m);
+            unet_forward(m);
+            unet_loss(m);
+            unet_backward(m);
+            unet_update(m, a.lr, a.beta1, a.beta2, a.adam_eps, a.weight_decay, a.ema_rate);
+        };
+        if (use_graph) {
+            if (!graph_exec) {
+                cudaGraph_t graph;
+                cudaCheck(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+                train_step();
+                cudaCheck(cudaStreamEndCapture(g_stream, &graph));
+                cudaCheck(cudaGraphInstantiate(&graph_exec, graph, 0));
+                cudaCheck(cudaGraphDestroy(graph));
+            } else {
+                m->adam_t++;  // the graph's adam_prep_kernel counts on the device; the host keeps in step
+            }
+            cudaCheck(cudaGraphLaunch(graph_exec, g_stream));
+        } else {
+            train_step();
+        }
+        cudaCheck(cudaMemcpyAsync(&h_losses[in_window], m->loss, sizeof(float), cudaMemcpyDeviceToHost, g_stream));
         in_window++;
         int done = step + 1;
         bool last = done == a.steps;
         if (done % window == 0 || last) {
-            cudaCheck(cudaEventRecord(ev1));
+            cudaCheck(cudaEventRecord(ev1, g_stream));
             cudaCheck(cudaEventSynchronize(ev1));
             float ms = 0.f;
             cudaCheck(cudaEventElapsedTime(&ms, ev0, ev1));
@@ -2240,11 +2356,11 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
             fflush(stdout);
             in_window = 0;
             last_logged = done;
-            cudaCheck(cudaEventRecord(ev0));
+            cudaCheck(cudaEventRecord(ev0, g_stream));
         }
         if (a.save_every > 0 && (done % a.save_every == 0 || last)) {
             if (in_window > 0) {  // a save between log steps: check the pending losses first
-                cudaCheck(cudaDeviceSynchronize());
+                cudaCheck(cudaStreamSynchronize(g_stream));
                 bool bad = false;
                 for (int i = 0; i < in_window; i++) bad = bad || !std::isfinite(h_losses[i]);
                 if (bad) {
@@ -2262,11 +2378,13 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                 break;
             }
             if (!a.quiet) printf("saved %s (step %d)\n", ckpt_path.c_str(), done);
-            cudaCheck(cudaEventRecord(ev0));  // the save is not a training step
+            cudaCheck(cudaEventRecord(ev0, g_stream));  // the save is not a training step
             last_logged = done - in_window;
         }
     }
     cudaCheck(cudaDeviceSynchronize());
+    if (graph_exec) cudaCheck(cudaGraphExecDestroy(graph_exec));
+    if (g_profile) profile_report(a.steps - (a.steps - nsteps));
     fclose(logf);
     curandCheck(curandDestroyGenerator(gen));
     cudaCheck(cudaFreeHost(h_losses));
@@ -2276,7 +2394,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     cudaCheck(cudaEventDestroy(ev0));
     cudaCheck(cudaEventDestroy(ev1));
     unet_free(m);
-    cublasCheck(cublasDestroy(g_cublas));
+    gpu_free();
     return rc;
 }
 
@@ -2314,11 +2432,7 @@ static int unet_sample(const SampleArgs& a) {
                 "--device cpu samples on the CPU)\n");
         return 1;
     }
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    g_num_sms = prop.multiProcessorCount;
-    cublasCheck(cublasCreate(&g_cublas));
-    set_tf32(a.tf32 != 0);
+    gpu_init(a.tf32 != 0);
     unet_allocate(m);
     unet_load_tensors(m, &ck, a.use_ema ? "ema." : "", m->p);
 
@@ -2344,6 +2458,7 @@ static int unet_sample(const SampleArgs& a) {
     curandGenerator_t gen;
     curandCheck(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
     curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)a.seed));
+    curandCheck(curandSetStream(gen, g_stream));
     std::vector<int> tvec(B);
     auto t0 = std::chrono::steady_clock::now();
     for (int start = 0; start < a.num_samples; start += B) {
@@ -2352,7 +2467,8 @@ static int unet_sample(const SampleArgs& a) {
         for (int k = (int)taus.size() - 1; k >= 0; k--) {
             int tau = taus[k];
             std::fill(tvec.begin(), tvec.end(), tau);
-            cudaCheck(cudaMemcpy(m->t, tvec.data(), B * sizeof(int), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpyAsync(m->t, tvec.data(), B * sizeof(int), cudaMemcpyHostToDevice, g_stream));
+            cudaCheck(cudaStreamSynchronize(g_stream));  // tvec is reused next step
             unet_forward(m);
             double acp = m->acp[tau];
             float a_ = (float)sqrt(1.0 / acp), b_ = (float)sqrt(1.0 / acp - 1.0), c1, c2, sigma = 0.f;
@@ -2369,10 +2485,10 @@ static int unet_sample(const SampleArgs& a) {
                     curandCheck(curandGenerateNormal(gen, z, n, 0.f, 1.f));
                 }
             }
-            sample_step_kernel<<<ceil_div(n, EW), EW>>>(m->xt->x, m->out->x, z, n, ddim, a_, b_, c1, c2, sigma);
+            sample_step_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->xt->x, m->out->x, z, n, ddim, a_, b_, c1, c2, sigma);
             cudaCheck(cudaGetLastError());
         }
-        to_uint8_kernel<<<ceil_div(n, EW), EW>>>(m->xt->x, d_u8, n);
+        to_uint8_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->xt->x, d_u8, n);
         cudaCheck(cudaGetLastError());
         int take = std::min(B, a.num_samples - start);
         cudaCheck(cudaMemcpy(images.data() + (size_t)start * per, d_u8, (size_t)take * per, cudaMemcpyDeviceToHost));
@@ -2391,7 +2507,7 @@ static int unet_sample(const SampleArgs& a) {
     cudaCheck(cudaFree(d_u8));
     cudaCheck(cudaFree(z));
     unet_free(m);
-    cublasCheck(cublasDestroy(g_cublas));
+    gpu_free();
     if (!e.empty()) {
         fprintf(stderr, "error: %s\n", e.c_str());
         return 1;
