@@ -93,7 +93,7 @@ def test_prepare_data_shapes_and_crop():
     for i in (0, 1):
         err = np.abs(images[i].astype(int) - [0, 255, 0]).max()
         assert err <= 1, f"image {i}: centre crop is not the green square (max deviation {err})"
-    return f"4 images (41x20, 15x33, gray 29x13, RGBA 10x10) -> (4, 8, 8, 3); crops green within 1/255"
+    return "4 images (41x20, 15x33, gray 29x13, RGBA 10x10) -> (4, 8, 8, 3); crops green within 1/255"
 
 
 def test_prepare_data_exact_values():
