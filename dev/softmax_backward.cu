@@ -27,8 +27,8 @@ version 6: version 3 made persistent (one wave of blocks looping over rows), the
            registers while the current ones are reduced and written
 version 7: version 5 made persistent (one wave of clusters looping over rows), the next row's slice loaded before
            the cluster barrier of the current one; a cluster of 1 is a persistent block per row
-version 8: the dispatcher the trainers should call: version 3 for short rows, 4 for medium, 5 for long rows
-           (version 2 where no register version fits)
+version 8: the dispatcher the trainers should call: on the first call for a shape it times the applicable versions
+           and block sizes (short rows 3/6, medium 4/5/7, long 5/7, always 2) and keeps the fastest
 
 NaN in y or dy (e.g. the NaN row of an all -inf forward row) gives a NaN row, as in torch; y = 0 gives dx = 0.
 Rows need not be 16-byte aligned: the 16-byte accesses run over the row's aligned chunks (frame of y) and the first
@@ -562,15 +562,51 @@ static const char* launch_backward7(float* dx, const float* y, const float* dy, 
     }
 }
 
-// version 8: pick by row length. Thresholds from the H100 measurements in dev/softmax_NOTES.md.
+static const char* softmax_backward(int version, float* dx, const float* y, const float* dy, int rows, int cols, int block_size);
+
+// version 8: the dispatcher. On the first call for a (rows, cols, alignment) it times the candidate versions and block
+// sizes for that row length (one warm-up and three timed launches each, on the caller's buffers; every candidate
+// writes the full output, the chosen one runs last) and caches the fastest; later calls launch it directly.
+struct BackwardChoice { int rows, cols, align, version, block_size; };
+static std::vector<BackwardChoice> g_backward8_cache;
+
 static const char* launch_backward8(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
     (void)block_size;
+    int align = (int)((uintptr_t)y % 16) * 256 + (int)((uintptr_t)dy % 16) * 16 + (int)((uintptr_t)dx % 16);
+    for (const BackwardChoice& c : g_backward8_cache)
+        if (c.rows == rows && c.cols == cols && c.align == align) return softmax_backward(c.version, dx, y, dy, rows, cols, c.block_size);
     int need = max_row_chunks(y, cols);
-    if (need <= 256) return launch_backward3(dx, y, dy, rows, cols, 256);
-    if (need <= 2048) return launch_backward4(dx, y, dy, rows, cols, 0);
-    if (g_cc_major >= 9 && need <= MAX_CLUSTER * 1024 * CHUNKS5) return launch_backward5(dx, y, dy, rows, cols, 512);
-    if (need <= 4 * 1024) return launch_backward4(dx, y, dy, rows, cols, 1024);
-    return launch_backward2(dx, y, dy, rows, cols, 256);
+    std::vector<std::pair<int, int>> candidates;
+    if (need <= 256) candidates = {{3, 64}, {3, 256}, {6, 128}, {6, 256}};
+    else if (need <= 4096) candidates = {{4, 128}, {4, 256}, {4, 512}, {4, 1024}, {5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}};
+    else candidates = {{5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}, {7, 1024}};
+    candidates.push_back({2, 256});  // always applies
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    BackwardChoice best = {rows, cols, align, 2, 256};
+    float best_ms = INFINITY;
+    for (auto [version, bs] : candidates) {
+        if (softmax_backward(version, dx, y, dy, rows, cols, bs)) continue;  // does not apply (shape, device)
+        cudaCheck(cudaEventRecord(start));
+        for (int k = 0; k < 3; k++) softmax_backward(version, dx, y, dy, rows, cols, bs);
+        cudaCheck(cudaEventRecord(stop));
+        cudaCheck(cudaEventSynchronize(stop));
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+        if (ms < best_ms) { best_ms = ms; best.version = version; best.block_size = bs; }
+    }
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    g_backward8_cache.push_back(best);
+    return softmax_backward(best.version, dx, y, dy, rows, cols, best.block_size);
+}
+
+// Which version and block size the dispatcher picked for a shape (for the benchmark's report); "" if not tuned yet.
+static std::string backward8_choice(int rows, int cols) {
+    for (const BackwardChoice& c : g_backward8_cache)
+        if (c.rows == rows && c.cols == cols) return "v" + std::to_string(c.version) + " b" + std::to_string(c.block_size);
+    return "";
 }
 
 constexpr int NUM_VERSIONS = 8;
@@ -1080,12 +1116,15 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
                 float ms = median_ms([&](int i) { softmax_backward(v, dxs[i % nsets], ys[i % nsets], dys[i % nsets], sh.rows, sh.cols, bs); }, reps);
                 // bytes moved: read y and dy once, write dx once, 4 bytes each: 3 * rows * cols * 4
                 double gbps = 3.0 * n * sizeof(float) / (ms * 1e-3) / 1e9;
-                printf("%-13s %3d %6d %10.4f %9.1f %6.1f%%  %s\n", shape_str, v, bs, ms, gbps, 100.0 * gbps / copy,
-                       c.ok ? "ok" : describe(c, sh.cols, out.data(), ref.data()).c_str());
+                std::string choice = v == NUM_VERSIONS ? backward8_choice(sh.rows, sh.cols) : "";
+                printf("%-13s %3d %6d %10.4f %9.1f %6.1f%%  %s%s%s\n", shape_str, v, bs, ms, gbps, 100.0 * gbps / copy,
+                       c.ok ? "ok" : describe(c, sh.cols, out.data(), ref.data()).c_str(), choice.empty() ? "" : ", dispatched to ",
+                       choice.c_str());
                 if (json) {
                     fprintf(json, "%s  {\"version\": %d, \"block_size\": %d, \"rows\": %d, \"cols\": %d, \"ms\": %.6f, \"gbps\": %.2f, "
-                            "\"pct_copy\": %.2f, \"copy_same_size_gbps\": %.1f, \"reps\": %d, \"valid\": %s}", first ? "" : ",\n", v, bs,
-                            sh.rows, sh.cols, ms, gbps, 100.0 * gbps / copy, copy_same, reps, c.ok ? "true" : "false");
+                            "\"pct_copy\": %.2f, \"copy_same_size_gbps\": %.1f, \"reps\": %d, \"valid\": %s, \"dispatched_to\": \"%s\"}",
+                            first ? "" : ",\n", v, bs, sh.rows, sh.cols, ms, gbps, 100.0 * gbps / copy, copy_same, reps,
+                            c.ok ? "true" : "false", choice.c_str());
                     first = false;
                 }
             }

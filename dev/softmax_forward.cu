@@ -21,7 +21,7 @@ version 2: online softmax, one thread per row: max and sum in one pass (the sum 
 version 3: one warp per row: lanes read coalesced, online (max, sum) per lane combined by warp shuffles; the
            write pass reads the row a second time
 version 4: a group of 4..32 lanes per row with the row held in registers and 16-byte loads: one read, one write
-           (rows up to ~1000 floats; used for short rows)
+           (rows up to ~1000 floats); max and sum as two plain shuffle reductions (exp once per element)
 version 5: one block per row with the row held in registers and 16-byte loads, (max, sum) pairs combined by a
            block reduction: one read, one write (rows up to 32768 floats)
 version 6: split row: a thread-block cluster (sm_90) per row, each block holds a slice in registers; the blocks'
@@ -30,8 +30,8 @@ version 7: version 4 made persistent (one wave of blocks looping over rows), the
            while the current ones are reduced and written
 version 8: version 6 made persistent (one wave of clusters looping over rows), the next row's slice loaded before
            the cluster barrier of the current one; a cluster of 1 is a persistent block per row
-version 9: the dispatcher the trainers should call: version 7 for short rows, 5 for medium, 8 for long rows
-           (version 3 where no register version fits, e.g. very long rows on sm_80)
+version 9: the dispatcher the trainers should call: on the first call for a shape it times the applicable versions
+           and block sizes (short rows 4/7, medium 5/6/8, long 6/8, always 3) and keeps the fastest
 
 Semantics (as torch.softmax): a row whose max is -inf (all -inf), or that holds +inf or NaN, gives a NaN row;
 -inf entries of any other row give exact zeros. Rows need not be 16-byte aligned (cols % 4 != 0): the 16-byte
@@ -117,19 +117,36 @@ __device__ __forceinline__ void group_reduce_ms(float& m, float& s) {
     }
 }
 
-// Every thread of the block ends with the block's (m, s). Called once per kernel (static shared arrays).
-template <int THREADS>
-__device__ __forceinline__ void block_reduce_ms(float& m, float& s) {
+// Plain max and sum reductions: 1-2 instructions per butterfly level, against ~30 for a (max, sum) pair combine
+// (two expf): with a few elements per thread the pair combine made the kernels instruction bound (measured on the
+// H100: 82% of copy bandwidth at 65536x128 with pairs). The pair combine stays only across the blocks of a cluster.
+template <int GROUP>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+    for (int o = GROUP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+template <int GROUP>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+    for (int o = GROUP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// Every thread of the block ends with the block's max (IS_MAX) or sum. Each instantiation has its own shared array;
+// callers in a loop separate two uses by at least one block-wide barrier.
+template <int THREADS, bool IS_MAX>
+__device__ __forceinline__ float block_reduce(float v) {
     static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 32 of them");
     constexpr int WARPS = THREADS / 32;
-    __shared__ float shared_m[WARPS], shared_s[WARPS];
-    group_reduce_ms<32>(m, s);
+    __shared__ float shared[WARPS];
+    v = IS_MAX ? group_max<32>(v) : group_sum<32>(v);
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (lane == 0) { shared_m[warp] = m; shared_s[warp] = s; }
+    if (lane == 0) shared[warp] = v;
     __syncthreads();
-    m = lane < WARPS ? shared_m[lane] : -INFINITY;
-    s = lane < WARPS ? shared_s[lane] : 0.0f;
-    group_reduce_ms<32>(m, s);
+    float w = lane < WARPS ? shared[lane] : (IS_MAX ? -INFINITY : 0.0f);
+    return IS_MAX ? group_max<32>(w) : group_sum<32>(w);
 }
 
 // A row seen as 16-byte chunks of the aligned address frame: chunk c holds row elements [4c - off, 4c - off + 4),
@@ -157,25 +174,32 @@ __device__ __forceinline__ void store_chunk(float* row, int n, int off, int c, b
     if ((unsigned)(lo + 3) < (unsigned)n) row[lo + 3] = v.w;
 }
 
-// Statistics of the N chunks a thread holds: m = max, s = sum exp(v - m), and v replaced by exp(v - m). With no
-// finite element m stays -inf and exp is taken against 0 so -inf gives exact zeros (not NaN) and s = 0.
 template <int N>
-__device__ __forceinline__ void thread_stats(float4 (&v)[N], float& m, float& s) {
-    m = -INFINITY;
+__device__ __forceinline__ float thread_max(const float4 (&v)[N]) {
+    float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < N; k++) m = fmaxf(m, fmaxf(fmaxf(v[k].x, v[k].y), fmaxf(v[k].z, v[k].w)));
+    return m;
+}
+
+// v = exp(v - m), returns the sum. m = -inf (nothing finite) is taken as 0 so that -inf gives exact zeros and sum 0;
+// an all -inf row then ends as 0 * (1 / 0) = NaN, as torch.
+template <int N>
+__device__ __forceinline__ float exp_sum(float4 (&v)[N], float m) {
     float ms = (m == -INFINITY) ? 0.0f : m;
-    s = 0.0f;
+    float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < N; k++) {
         v[k].x = expf(v[k].x - ms); v[k].y = expf(v[k].y - ms);
         v[k].z = expf(v[k].z - ms); v[k].w = expf(v[k].w - ms);
         s += (v[k].x + v[k].y) + (v[k].z + v[k].w);
     }
+    return s;
 }
 
-// y = exp(x - M) / S = exp(x - m_thread) * (exp(m_thread - M) / S). All -inf row: M = -inf, so the factor is
-// exp(NaN) = NaN, the torch result; a thread whose elements are all -inf in a finite row gets factor 0.
+// Cluster versions: a block holds exp(x - m_block); y = exp(x - m_block) * (exp(m_block - M) / S). All -inf row:
+// M = -inf, so the factor is exp(NaN) = NaN, the torch result; a block whose elements are all -inf in a finite row
+// gets factor 0.
 __device__ __forceinline__ float output_scale(float m_thread, float m_row, float s_row) {
     return expf(m_thread - m_row) / s_row;
 }
@@ -263,11 +287,9 @@ __global__ void __launch_bounds__(1024) softmax_forward_kernel4(float* y, const 
     float4 v[CHUNKS];
 #pragma unroll
     for (int k = 0; k < CHUNKS; k++) v[k] = load_chunk(xr, n, off, g + GROUP * k, true);
-    float m, s;
-    thread_stats(v, m, s);
-    float row_m = m, row_s = s;
-    group_reduce_ms<GROUP>(row_m, row_s);
-    scale_chunks(v, output_scale(m, row_m, row_s));
+    float m = group_max<GROUP>(thread_max(v));
+    float s = group_sum<GROUP>(exp_sum(v, m));
+    scale_chunks(v, 1.0f / s);
 #pragma unroll
     for (int k = 0; k < CHUNKS; k++) store_chunk(yr, n, off, g + GROUP * k, vec_y, v[k]);
 }
@@ -282,11 +304,9 @@ __global__ void __launch_bounds__(THREADS) softmax_forward_kernel5(float* y, con
     float4 v[CHUNKS];
 #pragma unroll
     for (int k = 0; k < CHUNKS; k++) v[k] = load_chunk(xr, cols, off, threadIdx.x + THREADS * k, true);
-    float m, s;
-    thread_stats(v, m, s);
-    float row_m = m, row_s = s;
-    block_reduce_ms<THREADS>(row_m, row_s);
-    scale_chunks(v, output_scale(m, row_m, row_s));
+    float m = block_reduce<THREADS, true>(thread_max(v));
+    float s = block_reduce<THREADS, false>(exp_sum(v, m));
+    scale_chunks(v, 1.0f / s);
 #pragma unroll
     for (int k = 0; k < CHUNKS; k++) store_chunk(yr, cols, off, threadIdx.x + THREADS * k, vec_y, v[k]);
 }
@@ -315,12 +335,10 @@ __global__ void __launch_bounds__(THREADS) softmax_forward_kernel6(float* y, con
         int c = c0 + threadIdx.x + THREADS * k;
         v[k] = c < c1 ? load_chunk(xr, cols, off, c, true) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     }
-    float m, s;
-    thread_stats(v, m, s);
-    float row_m = m, row_s = s;
-    block_reduce_ms<THREADS>(row_m, row_s);
+    float m = block_reduce<THREADS, true>(thread_max(v));  // the block's max; exp is taken against it
+    float s = block_reduce<THREADS, false>(exp_sum(v, m));
     __shared__ float2 block_stats, row_stats;
-    if (threadIdx.x == 0) block_stats = make_float2(row_m, row_s);
+    if (threadIdx.x == 0) block_stats = make_float2(m, s);
     cluster.sync();
     if (threadIdx.x < 32) {
         float cm = -INFINITY, cs = 0.0f;
@@ -373,11 +391,9 @@ __global__ void __launch_bounds__(256) softmax_forward_kernel7(float* y, const f
         float* yr = y + (size_t)(r < rows ? r : 0) * cols;
         int off = row_offset(xr);
         bool vec_y = row_offset(yr) == off;
-        float m, s;
-        thread_stats(cur, m, s);
-        float row_m = m, row_s = s;
-        group_reduce_ms<GROUP>(row_m, row_s);
-        scale_chunks(cur, output_scale(m, row_m, row_s));
+        float m = group_max<GROUP>(thread_max(cur));
+        float s = group_sum<GROUP>(exp_sum(cur, m));
+        scale_chunks(cur, 1.0f / s);
 #pragma unroll
         for (int k = 0; k < CHUNKS; k++) store_chunk(yr, n, off, g + GROUP * k, vec_y, cur[k]);
 #pragma unroll
@@ -421,11 +437,9 @@ __global__ void __launch_bounds__(THREADS) softmax_forward_kernel8(float* y, con
     if (r < rows) load_slice(cur, r);
     for (int parity = 0; r < rows; r += n_clusters, parity ^= 1) {
         if (r + n_clusters < rows) load_slice(nxt, r + n_clusters);
-        float m, s;
-        thread_stats(cur, m, s);
-        float block_m = m, block_s = s;
-        block_reduce_ms<THREADS>(block_m, block_s);
-        if (threadIdx.x == 0) block_stats[parity] = make_float2(block_m, block_s);
+        float m = block_reduce<THREADS, true>(thread_max(cur));  // the block's max; exp is taken against it
+        float s = block_reduce<THREADS, false>(exp_sum(cur, m));
+        if (threadIdx.x == 0) block_stats[parity] = make_float2(m, s);
         cluster.sync();
         if (threadIdx.x < 32) {
             float cm = -INFINITY, cs = 0.0f;
@@ -654,15 +668,54 @@ static const char* launch_forward8(float* y, const float* x, int rows, int cols,
     }
 }
 
-// version 9: pick by row length. Thresholds from the H100 measurements in dev/softmax_NOTES.md.
+static const char* softmax_forward(int version, float* y, const float* x, int rows, int cols, int block_size);
+
+// version 9: the dispatcher. On the first call for a (rows, cols, alignment) it times the candidate versions and block
+// sizes for that row length (one warm-up and three timed launches each, on the caller's buffers; every candidate
+// writes the full output, the chosen one runs last) and caches the fastest; later calls launch it directly.
+// Candidates by row length: short rows (<= 256 chunks of 16 bytes) a group of lanes per row (4, 7); medium (<= 4096
+// chunks) a block (5) or cluster (6, 8) per row; long rows clusters (6, 8); version 3 where none applies.
+struct ForwardChoice { int rows, cols, align, version, block_size; };
+static std::vector<ForwardChoice> g_forward9_cache;
+
 static const char* launch_forward9(float* y, const float* x, int rows, int cols, int block_size) {
     (void)block_size;
+    std::vector<ForwardChoice>& cache = g_forward9_cache;
+    int align = (int)((uintptr_t)x % 16) * 16 + (int)((uintptr_t)y % 16);
+    for (const ForwardChoice& c : cache)
+        if (c.rows == rows && c.cols == cols && c.align == align) return softmax_forward(c.version, y, x, rows, cols, c.block_size);
     int need = max_row_chunks(x, cols);
-    if (need <= 256) return launch_forward7(y, x, rows, cols, 256);
-    if (need <= 2048) return launch_forward5(y, x, rows, cols, 0);
-    if (g_cc_major >= 9 && need <= MAX_CLUSTER * 512 * CHUNKS8) return launch_forward8(y, x, rows, cols, 512);
-    if (need <= 8 * 1024) return launch_forward5(y, x, rows, cols, 1024);
-    return launch_forward3(y, x, rows, cols, 256);
+    std::vector<std::pair<int, int>> candidates;
+    if (need <= 256) candidates = {{4, 64}, {4, 256}, {7, 128}, {7, 256}};
+    else if (need <= 4096) candidates = {{5, 128}, {5, 256}, {5, 512}, {5, 1024}, {6, 128}, {6, 256}, {6, 512}, {8, 128}, {8, 256}, {8, 512}};
+    else candidates = {{6, 128}, {6, 256}, {6, 512}, {8, 128}, {8, 256}, {8, 512}, {8, 1024}};
+    candidates.push_back({3, 256});  // always applies
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    ForwardChoice best = {rows, cols, align, 3, 256};
+    float best_ms = INFINITY;
+    for (auto [version, bs] : candidates) {
+        if (softmax_forward(version, y, x, rows, cols, bs)) continue;  // does not apply (shape, device)
+        cudaCheck(cudaEventRecord(start));
+        for (int k = 0; k < 3; k++) softmax_forward(version, y, x, rows, cols, bs);
+        cudaCheck(cudaEventRecord(stop));
+        cudaCheck(cudaEventSynchronize(stop));
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+        if (ms < best_ms) { best_ms = ms; best.version = version; best.block_size = bs; }
+    }
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    cache.push_back(best);
+    return softmax_forward(best.version, y, x, rows, cols, best.block_size);
+}
+
+// Which version and block size the dispatcher picked for a shape (for the benchmark's report); 0 if not tuned yet.
+static std::string forward9_choice(int rows, int cols) {
+    for (const ForwardChoice& c : g_forward9_cache)
+        if (c.rows == rows && c.cols == cols) return "v" + std::to_string(c.version) + " b" + std::to_string(c.block_size);
+    return "";
 }
 
 constexpr int NUM_VERSIONS = 9;
@@ -1163,12 +1216,15 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
                 float ms = median_ms([&](int i) { softmax_forward(v, ys[i % nsets], xs[i % nsets], sh.rows, sh.cols, bs); }, reps);
                 // bytes moved: read x once and write y once, 4 bytes each: 2 * rows * cols * 4
                 double gbps = 2.0 * n * sizeof(float) / (ms * 1e-3) / 1e9;
-                printf("%-13s %3d %6d %10.4f %9.1f %6.1f%%  %s\n", shape_str, v, bs, ms, gbps, 100.0 * gbps / copy,
-                       c.ok ? "ok" : describe(c, sh.cols, out.data(), ref.data()).c_str());
+                std::string choice = v == NUM_VERSIONS ? forward9_choice(sh.rows, sh.cols) : "";
+                printf("%-13s %3d %6d %10.4f %9.1f %6.1f%%  %s%s%s\n", shape_str, v, bs, ms, gbps, 100.0 * gbps / copy,
+                       c.ok ? "ok" : describe(c, sh.cols, out.data(), ref.data()).c_str(), choice.empty() ? "" : ", dispatched to ",
+                       choice.c_str());
                 if (json) {
                     fprintf(json, "%s  {\"version\": %d, \"block_size\": %d, \"rows\": %d, \"cols\": %d, \"ms\": %.6f, \"gbps\": %.2f, "
-                            "\"pct_copy\": %.2f, \"copy_same_size_gbps\": %.1f, \"reps\": %d, \"valid\": %s}", first ? "" : ",\n", v, bs,
-                            sh.rows, sh.cols, ms, gbps, 100.0 * gbps / copy, copy_same, reps, c.ok ? "true" : "false");
+                            "\"pct_copy\": %.2f, \"copy_same_size_gbps\": %.1f, \"reps\": %d, \"valid\": %s, \"dispatched_to\": \"%s\"}",
+                            first ? "" : ",\n", v, bs, sh.rows, sh.cols, ms, gbps, 100.0 * gbps / copy, copy_same, reps,
+                            c.ok ? "true" : "false", choice.c_str());
                     first = false;
                 }
             }
