@@ -67,11 +67,27 @@ def make_triton_softmax():
                 x = tl.load(x_row + start + offs, mask=mask, other=-float("inf"))
                 tl.store(y_row + start + offs, tl.exp(x - row_m) * inv, mask=mask)
 
+    @triton.jit
+    def softmax_rows_kernel(y_ptr, x_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+        # short rows: ROWS rows per program as one 2-D tile, so that a program moves a useful amount of data
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK)
+        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=-float("inf"))
+        m = tl.max(x, 1)
+        e = tl.exp(x - m[:, None])
+        tl.store(y_ptr + offs, e / tl.sum(e, 1)[:, None], mask=mask)
+
     def softmax(x, y=None):
         import torch
         rows, cols = x.shape
         y = torch.empty_like(x) if y is None else y
         block = triton.next_power_of_2(cols)
+        if block <= 512:
+            rows_per = max(1, 2048 // block)
+            softmax_rows_kernel[(triton.cdiv(rows, rows_per),)](y, x, rows, cols, BLOCK=block, ROWS=rows_per, num_warps=4)
+            return y
         one_tile = block <= 16384
         if not one_tile:
             block = 4096
@@ -251,11 +267,14 @@ def main():
         if with_compile:
             impls["torch.compile"] = torch.compile(softmax_fwd, dynamic=False)
         for name, fn in impls.items():
-            out = fn(xs[0])
-            err = (out - ref).abs().max().item()
-            ok = torch.allclose(out, ref, rtol=1e-5, atol=1e-8)
-            ms = time_torch(fn, lambda i: (xs[i],), nf, torch)
-            res[("forward", name)] = (ms, 2 * n * 4 / (ms * 1e-3) / 1e9, ok, err)
+            try:
+                out = fn(xs[0])
+                err = (out - ref).abs().max().item()
+                ok = torch.allclose(out, ref, rtol=1e-5, atol=1e-8)
+                ms = time_torch(fn, lambda i: (xs[i],), nf, torch)
+                res[("forward", name)] = (ms, 2 * n * 4 / (ms * 1e-3) / 1e9, ok, err)
+            except Exception as e:  # one failing implementation must not lose the others' numbers
+                print(f"{name} {rows}x{cols} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
         del xs
         nb = n_sets_for(3 * n * 4, l2)
         ys = [torch.softmax(torch.randn(rows, cols, device="cuda"), -1) for _ in range(nb)]
