@@ -648,6 +648,179 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
     }
 }
 
+// Version 4 of dev/conv2d.cu (the default for layers whose channels fit the tile): the same implicit GEMM with a
+// CONV_STAGES-deep cp.async pipeline (16-byte copies straight to shared memory, zero-filled at the padding), so
+// the loads of tiles k+1, k+2 overlap the MMAs of tile k, and one __syncthreads per tile.
+constexpr int CONV_STAGES = 3;
+constexpr int CONV_STAGE_FLOATS = CONV_A_FLOATS + CONV_BK * BS_LD;
+constexpr size_t CONV_PIPE_SMEM = (size_t)CONV_STAGES * CONV_STAGE_FLOATS * sizeof(float);
+static_assert(CONV_STAGES * CONV_STAGE_FLOATS >= CONV_SMEM_FLOATS, "the output tile reuses the stages");
+
+__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src, bool valid) {
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int MODE, bool TF32>
+__global__ void __launch_bounds__(CONV_THREADS)
+conv_igemm_pipe_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
+                       const float* __restrict__ bias, const float* __restrict__ emb, int accumulate, ConvGeom g,
+                       int kchunk) {
+    extern __shared__ __align__(128) float psmem[];
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.x * CONV_BM, n0 = blockIdx.y * CONV_BN;
+    const int kbeg = MODE == 1 ? blockIdx.z * kchunk : 0;
+    const int kend = MODE == 1 ? min(g.K, kbeg + kchunk) : g.K;
+    const int HWo = g.Ho * g.Wo;
+    const int nk = (kend - kbeg + CONV_BK - 1) / CONV_BK;
+
+    int rowb[4], rowy[4], rowx[4];
+    bool rowv[4];
+    int mtap = 0, mc = 0;
+    bool mval = false;
+    if (MODE == 0) {
+        for (int i = 0; i < 4; i++) {
+            int m = m0 + (tid >> 3) + 32 * i;
+            rowv[i] = m < g.M;
+            int mm = rowv[i] ? m : 0;
+            rowb[i] = mm / HWo;
+            int r = mm - rowb[i] * HWo;
+            rowy[i] = r / g.Wo;
+            rowx[i] = r - rowy[i] * g.Wo;
+        }
+    } else {
+        int m = m0 + (tid & 31) * 4;
+        mval = m < g.M;
+        mtap = mval ? m / g.C : 0;
+        mc = mval ? m - mtap * g.C : 0;
+    }
+    auto load_stage = [&](int stage, int k0) {
+        float* As = psmem + stage * CONV_STAGE_FLOATS;
+        float* Bs = As + CONV_A_FLOATS;
+        if (MODE == 0) {
+            int tap = k0 / g.C, c0 = k0 - tap * g.C + (tid & 7) * 4;
+            for (int i = 0; i < 4; i++) {
+                int pix = rowv[i] ? conv_gather(g, rowb[i], rowy[i], rowx[i], tap) : -1;
+                cp_async16(As + ((tid >> 3) + 32 * i) * AS_LD + (tid & 7) * 4,
+                           pix >= 0 ? X + (size_t)pix * g.C + c0 : X, pix >= 0);
+            }
+        } else {
+            for (int i = 0; i < 4; i++) {
+                int p = k0 + (tid >> 5) + 8 * i;
+                int pix = -1;
+                if (mval && p < kend) {
+                    int b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                    pix = conv_gather(g, b, oy, ox, mtap);
+                }
+                cp_async16(As + ((tid >> 5) + 8 * i) * AT_LD + (tid & 31) * 4,
+                           pix >= 0 ? X + (size_t)pix * g.C + mc : X, pix >= 0);
+            }
+        }
+        for (int i = 0; i < 2; i++) {
+            int k = k0 + (tid >> 4) + 16 * i, n = n0 + (tid & 15) * 4;
+            bool v = k < kend && n < g.N;
+            cp_async16(Bs + ((tid >> 4) + 16 * i) * BS_LD + (tid & 15) * 4, v ? Bm + (size_t)k * g.N + n : Bm, v);
+        }
+    };
+
+    using namespace nvcuda;
+    using ALayout = typename std::conditional<MODE == 0, wmma::row_major, wmma::col_major>::type;
+    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2][2];
+    float accs[8][4];
+    const int ty = tid >> 4, tx = tid & 15;
+    if (TF32) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
+    } else {
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
+    }
+    for (int s = 0; s < CONV_STAGES - 1; s++) {
+        if (s < nk) load_stage(s, kbeg + s * CONV_BK);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<CONV_STAGES - 2>();
+        __syncthreads();  // tile kt is in; every thread is done with tile kt-1, whose stage is refilled next
+        int next = kt + CONV_STAGES - 1;
+        if (next < nk) load_stage(next % CONV_STAGES, kbeg + next * CONV_BK);
+        cp_async_commit();
+        const float* As = psmem + (kt % CONV_STAGES) * CONV_STAGE_FLOATS;
+        const float* Bs = As + CONV_A_FLOATS;
+        if (TF32) {
+#pragma unroll
+            for (int kk = 0; kk < CONV_BK; kk += 8) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b[2];
+                for (int i = 0; i < 2; i++) {
+                    if (MODE == 0) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * AS_LD + kk, AS_LD);
+                    else wmma::load_matrix_sync(a[i], As + kk * AT_LD + wm * 32 + i * 16, AT_LD);
+                    for (int t = 0; t < a[i].num_elements; t++) a[i].x[t] = wmma::__float_to_tf32(a[i].x[t]);
+                }
+                for (int j = 0; j < 2; j++) {
+                    wmma::load_matrix_sync(b[j], Bs + kk * BS_LD + wn * 32 + j * 16, BS_LD);
+                    for (int t = 0; t < b[j].num_elements; t++) b[j].x[t] = wmma::__float_to_tf32(b[j].x[t]);
+                }
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+            }
+        } else {
+#pragma unroll 4
+            for (int kk = 0; kk < CONV_BK; kk++) {
+                float a[8], b[4];
+                for (int i = 0; i < 8; i++)
+                    a[i] = MODE == 0 ? As[(ty * 8 + i) * AS_LD + kk] : As[kk * AT_LD + ty * 8 + i];
+                for (int j = 0; j < 4; j++) b[j] = Bs[kk * BS_LD + tx + 16 * j];
+                for (int i = 0; i < 8; i++)
+                    for (int j = 0; j < 4; j++) accs[i][j] = fmaf(a[i], b[j], accs[i][j]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float* Cs = psmem;
+    if (TF32) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++)
+                wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * CS_LD + wn * 32 + j * 16, acc[i][j], CS_LD,
+                                        wmma::mem_row_major);
+    } else {
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 4; j++) Cs[(ty * 8 + i) * CS_LD + tx + 16 * j] = accs[i][j];
+    }
+    __syncthreads();
+    // float4 epilogue: N % 4 == 0 here
+    for (int e = tid; e < CONV_BM * CONV_BN / 4; e += CONV_THREADS) {
+        int row = e >> 4, col = (e & 15) * 4;
+        int m = m0 + row, n = n0 + col;
+        if (m >= g.M || n >= g.N) continue;
+        float4 v = *reinterpret_cast<const float4*>(Cs + row * CS_LD + col);
+        if (MODE == 0) {
+            if (bias) {
+                float4 bb = *reinterpret_cast<const float4*>(bias + n);
+                v.x += bb.x; v.y += bb.y; v.z += bb.z; v.w += bb.w;
+            }
+            if (emb) {
+                float4 ee = *reinterpret_cast<const float4*>(emb + (size_t)(m / HWo) * g.N + n);
+                v.x += ee.x; v.y += ee.y; v.z += ee.z; v.w += ee.w;
+            }
+            float4* o = reinterpret_cast<float4*>(out + (size_t)m * g.N + n);
+            if (accumulate) {
+                float4 p = *o;
+                v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+            }
+            *o = v;
+        } else {
+            *reinterpret_cast<float4*>(out + ((size_t)blockIdx.z * g.M + m) * g.N + n) = v;
+        }
+    }
+}
+
 // dW[i] (+)= sum_z ws[z][i], in a fixed order
 __global__ void wgrad_reduce_kernel(const float* ws, float* dw, size_t n, int splits, int accumulate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1174,7 +1347,7 @@ static size_t add_param(UNet* m, const std::string& name, int kind, std::vector<
         if (d < p.ndim) p.n *= (size_t)shape[d];
     }
     p.off = m->n_params;
-    m->n_params += p.n;
+    m->n_params += (p.n + 3) / 4 * 4;  // every parameter 16-byte aligned (float4 loads of biases)
     m->params.push_back(p);
     return p.off;
 }
@@ -1599,9 +1772,30 @@ static void gemm_rm_batched(bool tA, bool tB, int M, int N, int K, const float* 
                                    K, &alpha, Bm, ldb, A, lda, &beta, C, ldc, batch));
 }
 
+static bool g_conv_pipe = true;  // dev/conv2d.cu turns it off to time the register-staged kernel
+
+template <int MODE, bool TF32>
+static void launch_conv_pipe(dim3 grid, const float* X, const float* Bm, float* out, const float* bias,
+                             const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
+    static bool attr_set = false;  // > 48 KB of dynamic shared memory needs an opt-in, once per instantiation
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(conv_igemm_pipe_kernel<MODE, TF32>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV_PIPE_SMEM));
+        attr_set = true;
+    }
+    conv_igemm_pipe_kernel<MODE, TF32><<<grid, CONV_THREADS, CONV_PIPE_SMEM, g_stream>>>(X, Bm, out, bias, emb,
+                                                                                        accumulate, g, kchunk);
+}
+
 template <int MODE>
 static void launch_conv_igemm(dim3 grid, bool vec, const float* X, const float* Bm, float* out, const float* bias,
                               const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
+    if (vec && g_conv_pipe) {
+        if (g_tf32) launch_conv_pipe<MODE, true>(grid, X, Bm, out, bias, emb, accumulate, g, kchunk);
+        else launch_conv_pipe<MODE, false>(grid, X, Bm, out, bias, emb, accumulate, g, kchunk);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
     if (g_tf32) {
         if (vec) conv_igemm_kernel<MODE, true, true><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
         else conv_igemm_kernel<MODE, true, false><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);

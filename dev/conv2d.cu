@@ -4,11 +4,15 @@ and weight gradient, checked against a CPU oracle and timed.
 
   make -C dev conv2d && ./dev/conv2d --test      # every version, awkward sizes, poisoned outputs, vs the CPU
   ./dev/conv2d [version]                          # validate + benchmark the UNet's 3x3 layer shapes at batch 32
+                                                  # (default 5)
 
 version 1: naive direct convolution, one thread per output element (reference on the GPU)
 version 2: implicit GEMM, 128x64x32 tiles through shared memory, fp32 FMAs (train_unet.cu conv_igemm_kernel,
            TF32 = false): the strict-fp32 path the UNet test uses
-version 3: the same implicit GEMM on TF32 tensor cores (wmma m16n16k8, TF32 = true): the training default
+version 3: the same implicit GEMM on TF32 tensor cores (wmma m16n16k8, TF32 = true)
+version 4: version 2 with a 3-stage cp.async pipeline (conv_igemm_pipe_kernel, TF32 = false): the strict path of
+           train_unet.cu for layers whose channels fit the tile (the others take version 2)
+version 5: version 4 on TF32 tensor cores: the training default (the others take version 3)
 Backward-data runs the forward kernel on dY with flipped, transposed weights (stride 2: a gather that skips odd
 positions); the weight gradient is the GEMM (9*Cin x Cout) over B*Ho*Wo pixels split in chunks (split-K) and
 summed in a fixed order.
@@ -146,7 +150,11 @@ static void check(const std::string& name, const float* d_got, const float* ref,
 // fp32 (versions 1, 2): error of a length-K sum in any order <= ~K * 2^-24 * sum|products|; K <= 9*Cin here, so
 // 1e-5 of sum|products| has margin. TF32 (version 3) rounds both operands to 10-bit mantissas: <= ~2^-10 relative
 // per product, so 2e-3 of sum|products|.
-static double version_rtol(int v) { return v == 3 ? 2e-3 : 1e-5; }
+static double version_rtol(int v) { return (v == 3 || v == 5) ? 2e-3 : 1e-5; }
+static void select_version(int v) {
+    g_tf32 = v == 3 || v == 5;
+    g_conv_pipe = v >= 4;
+}
 
 static void run_case(int version, int B, int H, int W, int cin, int cout, int s, uint64_t seed) {
     ConvLab L;
@@ -176,7 +184,7 @@ static void run_case(int version, int B, int H, int W, int cin, int cout, int s,
         cudaCheck(cudaGetLastError());
         check(std::string(name) + " forward", d_y, y.data(), ymag.data(), ny, rt);
     } else {
-        g_tf32 = version == 3;
+        select_version(version);
         conv3x3_forward(&L.m, L.c, d_x, d_y, H, W, nullptr, false);
         check(std::string(name) + " forward", d_y, y.data(), ymag.data(), ny, rt);
         fill_nan(d_dx, nx);
@@ -200,7 +208,7 @@ static void bench(int version) {
         {64, 64, 64, 1}, {64, 128, 64, 1}, {32, 128, 128, 1}, {16, 192, 192, 1}, {8, 256, 256, 1}, {8, 512, 256, 1},
         {64, 64, 64, 2}};
     const int B = 32;
-    printf("version %d (%s), batch %d; ms per pass, TFLOP/s\n", version, version == 3 ? "TF32" : "fp32", B);
+    printf("version %d (%s), batch %d; ms per pass, TFLOP/s\n", version, version_rtol(version) > 1e-4 ? "TF32" : "fp32", B);
     printf("%-26s %18s %18s %18s\n", "shape", "forward", "backward-data", "weight-grad");
     cudaEvent_t e0, e1;
     cudaCheck(cudaEventCreate(&e0));
@@ -213,7 +221,7 @@ static void bench(int version) {
         cudaCheck(cudaMemset(d_x, 0, nx * 4));
         cudaCheck(cudaMemset(d_y, 0, ny * 4));
         cudaCheck(cudaMemset(L.m.p, 0, L.m.n_params * 4));
-        g_tf32 = version == 3;
+        select_version(version);
         double flops = 2.0 * B * L.Ho * L.Wo * 9.0 * sh.cin * sh.cout;
         float ms[3];
         for (int pass = 0; pass < 3; pass++) {
@@ -249,9 +257,10 @@ static void bench(int version) {
 
 int main(int argc, char** argv) {
     bool test = argc > 1 && !strcmp(argv[1], "--test");
-    int version = (!test && argc > 1) ? atoi(argv[1]) : 3;
-    if (!test && (version < 1 || version > 3)) {
-        fprintf(stderr, "error: unknown version %s (1 naive, 2 implicit GEMM fp32, 3 implicit GEMM TF32)\n", argv[1]);
+    int version = (!test && argc > 1) ? atoi(argv[1]) : 5;
+    if (!test && (version < 1 || version > 5)) {
+        fprintf(stderr, "error: unknown version %s (1 naive, 2/3 implicit GEMM fp32/TF32, 4/5 pipelined fp32/TF32)\n",
+                argv[1]);
         return 1;
     }
     if (cuda_device_count() == 0) {
@@ -267,7 +276,7 @@ int main(int argc, char** argv) {
     struct Case { int B, H, W, cin, cout, s; } cases[] = {
         {3, 7, 5, 3, 37, 1}, {2, 9, 9, 40, 3, 1}, {3, 7, 7, 64, 96, 1}, {2, 9, 11, 96, 64, 2}, {1, 8, 8, 32, 32, 2},
         {2, 13, 6, 20, 12, 2}, {5, 16, 16, 64, 128, 1}};
-    std::vector<int> versions = test ? std::vector<int>{1, 2, 3} : std::vector<int>{version};
+    std::vector<int> versions = test ? std::vector<int>{1, 2, 3, 4, 5} : std::vector<int>{version};
     uint64_t seed = 1;
     for (int v : versions)
         for (const Case& c : cases) run_case(v, c.B, c.H, c.W, c.cin, c.cout, c.s, seed++);
