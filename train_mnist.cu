@@ -380,15 +380,21 @@ static float view_get_host(const MatView& v, int r, int c) {
 struct Epilogue { const float* bias = nullptr; int relu = 0; const float* mask = nullptr; float* rowsum = nullptr; };
 
 // ----------------------------------------------------------------------------------------------------------------
-// Our matmul kernel: 64x64 block tile, K-tile 32, 4 warps of 32x32, register prefetch of the next K-tile while the
-// current one is in shared memory (double buffering through registers). TF32: mma.sync m16n8k8 tensor cores with
-// fp32 accumulation; FP32: the same thread-to-output map with FMAs (strict fp32, what the PyTorch tests use).
-// Any M, N, K (bounds checked, zero fill); the operands' layouts come from the views; split-K over gridDim.z writes
-// partial sums that matmul_splitk_reduce adds up (the weight gradients have K = B*576 but only 64x288 outputs).
+// Our matmul kernel: 64 x BN block tile (BN 64, or 32 for the N <= 32 products), K-tile 32, 4 warps in 2x2, register
+// prefetch of the next K-tile while the current one is in shared memory (double buffering through registers).
+// TF32: mma.sync m16n8k8 tensor cores with fp32 accumulation; FP32: the same thread-to-output map with FMAs (strict
+// fp32, what the PyTorch tests use). Any M, N, K (bounds checked, zero fill); the operands' layouts come from the
+// views; split-K over gridDim.z writes partial sums that matmul_splitk_reduce adds up (the weight gradients have
+// K = B*576 but only 64x288 outputs).
+// Shared memory keeps each operand in the orientation it is read from global memory ([m][k] when k is contiguous,
+// [k][m] when m is), padded so that both the stores and the mma fragment reads are free of bank conflicts.
+// A operands with contiguous k (row-major and the implicit-GEMM views) use separable addressing: address =
+// row_offset(r) + col_offset(c), the row part computed once per thread, the column part once per K-tile.
 // TODO(lead): `// from dev/matmul.cu version N` once the matmul helper's progression has this kernel.
-constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 32, MM_THREADS = 128, MM_PAD = 8;
-static_assert(MM_BM * MM_BK % MM_THREADS == 0 && MM_BN * MM_BK % MM_THREADS == 0, "tiles must split evenly over threads");
-static_assert((MM_BM + MM_PAD) % 32 == 8, "fragment reads As[k+t][r+g] hit 32 distinct banks with a row stride of 8 mod 32");
+constexpr int MM_BM = 64, MM_BK = 32, MM_THREADS = 128;
+static_assert(MM_BM * MM_BK % MM_THREADS == 0, "tiles must split evenly over threads");
+static_assert((MM_BK + 4) % 32 == 4 && (MM_BM + 8) % 32 == 8 && (32 + 8) % 32 == 8,
+              "row strides of 4 (k-major) or 8 (m/n-major) mod 32 put a fragment's 32 reads on 32 distinct banks");
 
 __device__ __forceinline__ uint32_t f32_to_tf32(float x) {
     uint32_t r;
@@ -396,48 +402,85 @@ __device__ __forceinline__ uint32_t f32_to_tf32(float x) {
     return r;
 }
 
-template <int AK, int BKIND, bool TF32>
-__global__ void __launch_bounds__(MM_THREADS)
-matmul_tiled_kernel(float* C, int ldc, float* partial, const float* A, int lda, const float* Bm, int ldb, int M, int N,
-                    int K, int k_per_split, const float* bias, int relu, const float* mask, float* rowsum) {
-    __shared__ float As[MM_BK][MM_BM + MM_PAD];  // As[k][m]
-    __shared__ float Bs[MM_BK][MM_BN + MM_PAD];  // Bs[k][n]
-    constexpr int LA = MM_BM * MM_BK / MM_THREADS, LB = MM_BN * MM_BK / MM_THREADS;
+template <int AK, int BKIND, bool TF32, int BN>
+__global__ void __launch_bounds__(MM_THREADS, 3)
+matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__ A, int lda, const float* __restrict__ Bm,
+                    int ldb, int M, int N, int K, int k_per_split, const float* bias, int relu, const float* mask,
+                    float* rowsum) {
+    constexpr int NI = BN / 16;                    // 8-wide mma tiles per warp along n (warp tile 32 x BN/2)
+    constexpr int LA = MM_BM * MM_BK / MM_THREADS, LB = BN * MM_BK / MM_THREADS;
     constexpr bool A_K_CONTIG = AK != V_COL;      // consecutive threads read consecutive k (else consecutive m)
     constexpr bool B_N_CONTIG = BKIND != V_COL;   // consecutive threads read consecutive n (else consecutive k)
+    constexpr int A_LD = A_K_CONTIG ? MM_BK + 4 : MM_BM + 8;
+    constexpr int B_LD = B_N_CONTIG ? BN + 8 : MM_BK + 4;
+    __shared__ float As[A_K_CONTIG ? MM_BM * A_LD : MM_BK * A_LD];
+    __shared__ float Bs[B_N_CONTIG ? MM_BK * B_LD : BN * B_LD];
+    auto sA = [&](int m, int k) -> float& { return A_K_CONTIG ? As[m * A_LD + k] : As[k * A_LD + m]; };
+    auto sB = [&](int k, int n) -> float& { return B_N_CONTIG ? Bs[k * B_LD + n] : Bs[n * B_LD + k]; };
+
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int m0 = blockIdx.y * MM_BM, n0 = blockIdx.x * MM_BN;
+    const int m0 = blockIdx.y * MM_BM, n0 = blockIdx.x * BN;
     const int kbeg = blockIdx.z * k_per_split, kend = min(K, kbeg + k_per_split);
-    const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    const int wm = (warp / 2) * 32, wn = (warp % 2) * (BN / 2);
     const bool do_rowsum = rowsum != nullptr && blockIdx.x == 0;
-    float acc[2][4][4];
+    float acc[2][NI][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NI; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     float ra[LA], rb[LB];
     float rs = 0.0f;
 
-    auto a_coord = [&](int i, int& mm, int& kk) {
-        int idx = tid + i * MM_THREADS;
-        if (A_K_CONTIG) { kk = idx % MM_BK; mm = idx / MM_BK; } else { mm = idx % MM_BM; kk = idx / MM_BM; }
-    };
-    auto b_coord = [&](int i, int& kk, int& nn) {
-        int idx = tid + i * MM_THREADS;
-        if (B_N_CONTIG) { nn = idx % MM_BN; kk = idx / MM_BN; } else { kk = idx % MM_BK; nn = idx / MM_BK; }
-    };
-    auto load = [&](int k0) {
+    // A with contiguous k: this thread always loads column tid % 32 of the K-tile, rows tid / 32 + 4 i.
+    int roff[A_K_CONTIG ? LA : 1], ryx[AK == V_CONV2_DOUT ? LA : 1];
+    uint32_t row_ok = 0;
+    if constexpr (A_K_CONTIG) {
 #pragma unroll
         for (int i = 0; i < LA; i++) {
-            int mm, kk; a_coord(i, mm, kk);
-            int r = m0 + mm, c = k0 + kk;
-            ra[i] = (r < M && c < kend) ? view_get<AK>(A, lda, r, c) : 0.0f;
+            int r = m0 + tid / MM_BK + i * (MM_THREADS / MM_BK);
+            if (r < M) row_ok |= 1u << i;
+            if constexpr (AK == V_ROW) roff[i] = r * lda;
+            else if constexpr (AK == V_CONV1_IN) { int b = r / (H1 * H1), p = r % (H1 * H1); roff[i] = b * IMG * IMG + (p / H1) * IMG + p % H1; }
+            else if constexpr (AK == V_CONV2_IN) { int b = r / (H2 * H2), p = r % (H2 * H2); roff[i] = ((b * H1 + p / H2) * H1 + p % H2) * C1; }
+            else {  // V_CONV2_DOUT: rows over 26x26, reading the 24x24 gradient at (y - ky, x - kx)
+                int b = r / (H1 * H1), p = r % (H1 * H1), y = p / H1, x = p % H1;
+                roff[i] = ((b * H2 + y) * H2 + x) * C2;
+                ryx[i] = (y << 8) | x;
+            }
+        }
+    }
+    auto load = [&](int k0) {
+        if constexpr (A_K_CONTIG) {
+            int c = k0 + tid % MM_BK;
+            bool cok = c < kend;
+            int coff = 0, cy = 0, cx = 0;
+            if constexpr (AK == V_ROW) coff = c;
+            else if constexpr (AK == V_CONV1_IN) coff = (c / 3) * IMG + c % 3;
+            else if constexpr (AK == V_CONV2_IN) { int kk = c / C1; coff = ((kk / 3) * H1 + kk % 3) * C1 + c % C1; }
+            else { int kk = c / C2; cy = kk / 3; cx = kk % 3; coff = c % C2 - (cy * H2 + cx) * C2; }
+#pragma unroll
+            for (int i = 0; i < LA; i++) {
+                bool ok = cok && ((row_ok >> i) & 1u);
+                if constexpr (AK == V_CONV2_DOUT) {
+                    int y = (ryx[i] >> 8) - cy, x = (ryx[i] & 255) - cx;
+                    ok = ok && y >= 0 && y < H2 && x >= 0 && x < H2;
+                }
+                ra[i] = ok ? __ldg(A + roff[i] + coff) : 0.0f;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < LA; i++) {
+                int idx = tid + i * MM_THREADS, mm = idx % MM_BM, kk = idx / MM_BM;
+                int r = m0 + mm, c = k0 + kk;
+                ra[i] = (r < M && c < kend) ? view_get<AK>(A, lda, r, c) : 0.0f;
+            }
         }
 #pragma unroll
         for (int i = 0; i < LB; i++) {
-            int kk, nn; b_coord(i, kk, nn);
+            int idx = tid + i * MM_THREADS, kk, nn;
+            if (B_N_CONTIG) { nn = idx % BN; kk = idx / BN; } else { kk = idx % MM_BK; nn = idx / MM_BK; }
             int r = k0 + kk, c = n0 + nn;
             rb[i] = (r < kend && c < N) ? view_get<BKIND>(Bm, ldb, r, c) : 0.0f;
         }
@@ -445,36 +488,42 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* A, int lda, 
     if (kbeg < kend) load(kbeg);
     for (int k0 = kbeg; k0 < kend; k0 += MM_BK) {
 #pragma unroll
-        for (int i = 0; i < LA; i++) { int mm, kk; a_coord(i, mm, kk); As[kk][mm] = ra[i]; }
+        for (int i = 0; i < LA; i++) {
+            int idx = tid + i * MM_THREADS;
+            if (A_K_CONTIG) sA(idx / MM_BK, idx % MM_BK) = ra[i]; else sA(idx % MM_BM, idx / MM_BM) = ra[i];
+        }
 #pragma unroll
-        for (int i = 0; i < LB; i++) { int kk, nn; b_coord(i, kk, nn); Bs[kk][nn] = rb[i]; }
+        for (int i = 0; i < LB; i++) {
+            int idx = tid + i * MM_THREADS;
+            if (B_N_CONTIG) sB(idx / BN, idx % BN) = rb[i]; else sB(idx % MM_BK, idx / MM_BK) = rb[i];
+        }
         __syncthreads();
         if (k0 + MM_BK < kend) load(k0 + MM_BK);  // the next tile's global loads overlap this tile's math
         if (do_rowsum && tid < MM_BM)
 #pragma unroll 8
-            for (int kk = 0; kk < MM_BK; kk++) rs += As[kk][tid];
+            for (int kk = 0; kk < MM_BK; kk++) rs += sA(tid, kk);
         if constexpr (TF32) {
 #pragma unroll
             for (int kk = 0; kk < MM_BK; kk += 8) {
-                uint32_t af[2][4], bf[4][2];
+                uint32_t af[2][4], bf[NI][2];
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
                     int r = wm + mi * 16 + g;
-                    af[mi][0] = f32_to_tf32(As[kk + t][r]);
-                    af[mi][1] = f32_to_tf32(As[kk + t][r + 8]);
-                    af[mi][2] = f32_to_tf32(As[kk + t + 4][r]);
-                    af[mi][3] = f32_to_tf32(As[kk + t + 4][r + 8]);
+                    af[mi][0] = f32_to_tf32(sA(r, kk + t));
+                    af[mi][1] = f32_to_tf32(sA(r + 8, kk + t));
+                    af[mi][2] = f32_to_tf32(sA(r, kk + t + 4));
+                    af[mi][3] = f32_to_tf32(sA(r + 8, kk + t + 4));
                 }
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
+                for (int ni = 0; ni < NI; ni++) {
                     int c = wn + ni * 8 + g;
-                    bf[ni][0] = f32_to_tf32(Bs[kk + t][c]);
-                    bf[ni][1] = f32_to_tf32(Bs[kk + t + 4][c]);
+                    bf[ni][0] = f32_to_tf32(sB(kk + t, c));
+                    bf[ni][1] = f32_to_tf32(sB(kk + t + 4, c));
                 }
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                    for (int ni = 0; ni < 4; ni++)
+                    for (int ni = 0; ni < NI; ni++)
                         asm volatile(
                             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                             "{%0,%1,%2,%3};\n"
@@ -485,15 +534,15 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* A, int lda, 
         } else {
 #pragma unroll 4
             for (int kk = 0; kk < MM_BK; kk++) {
-                float a[2][2], b[4][2];
+                float a[2][2], b[NI][2];
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) { a[mi][0] = As[kk][wm + mi * 16 + g]; a[mi][1] = As[kk][wm + mi * 16 + g + 8]; }
+                for (int mi = 0; mi < 2; mi++) { a[mi][0] = sA(wm + mi * 16 + g, kk); a[mi][1] = sA(wm + mi * 16 + g + 8, kk); }
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) { b[ni][0] = Bs[kk][wn + ni * 8 + 2 * t]; b[ni][1] = Bs[kk][wn + ni * 8 + 2 * t + 1]; }
+                for (int ni = 0; ni < NI; ni++) { b[ni][0] = sB(kk, wn + ni * 8 + 2 * t); b[ni][1] = sB(kk, wn + ni * 8 + 2 * t + 1); }
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                    for (int ni = 0; ni < 4; ni++) {
+                    for (int ni = 0; ni < NI; ni++) {
                         acc[mi][ni][0] = fmaf(a[mi][0], b[ni][0], acc[mi][ni][0]);
                         acc[mi][ni][1] = fmaf(a[mi][0], b[ni][1], acc[mi][ni][1]);
                         acc[mi][ni][2] = fmaf(a[mi][1], b[ni][0], acc[mi][ni][2]);
@@ -507,7 +556,7 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* A, int lda, 
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = m0 + wm + mi * 16 + g + (e >= 2 ? 8 : 0), c = n0 + wn + ni * 8 + 2 * t + (e & 1);
@@ -578,14 +627,17 @@ static int g_cpu_threads = 1;
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static void launch_check() { cudaCheck(cudaGetLastError()); }
 
+static int matmul_bn(int N) { return N <= 32 ? 32 : 64; }  // the narrow tile for conv1 (N=32), dX (32), dW1 (9)
+
 template <int AK, int BKIND>
 static void launch_ours_t(float* C, int ldc, float* partial, MatView A, MatView B, int M, int N, int K, int kps, int splits,
                           const Epilogue& ep, float* rowsum) {
-    dim3 grid(ceil_div(N, MM_BN), ceil_div(M, MM_BM), splits);
-    if (g_mm.tf32)
-        matmul_tiled_kernel<AK, BKIND, true><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum);
-    else
-        matmul_tiled_kernel<AK, BKIND, false><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum);
+    int bn = matmul_bn(N);
+    dim3 grid(ceil_div(N, bn), ceil_div(M, MM_BM), splits);
+#define MM_LAUNCH(TF, BNV) matmul_tiled_kernel<AK, BKIND, TF, BNV><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum)
+    if (g_mm.tf32) { if (bn == 32) MM_LAUNCH(true, 32); else MM_LAUNCH(true, 64); }
+    else { if (bn == 32) MM_LAUNCH(false, 32); else MM_LAUNCH(false, 64); }
+#undef MM_LAUNCH
     launch_check();
 }
 
@@ -652,7 +704,10 @@ static void cpu_matmul(float* C, int ldc, MatView A, MatView B, int M, int N, in
 static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N, int K, const Epilogue& ep) {
     if (g_mm.backend == BACKEND_CPU) { cpu_matmul(C, ldc, A, B, M, N, K, ep); return; }
     if (g_mm.backend == BACKEND_OURS) {
-        int tiles = ceil_div(M, MM_BM) * ceil_div(N, MM_BN);
+        if ((size_t)M * K >= (1u << 31) || (size_t)K * N >= (1u << 31)) {  // the kernel's offsets are int32
+            fprintf(stderr, "error: matmul: operands of %d x %d x %d exceed int32 offsets\n", M, N, K); exit(EXIT_FAILURE);
+        }
+        int tiles = ceil_div(M, MM_BM) * ceil_div(N, matmul_bn(N));
         int splits = 1;
         if (tiles < 132 && K >= 512) splits = std::max(1, std::min(ceil_div(264, tiles), K / 128));  // ~2 waves of blocks
         int kps = ceil_div(ceil_div(K, splits), MM_BK) * MM_BK;
