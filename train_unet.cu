@@ -2485,6 +2485,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     cudaCheck(cudaEventCreate(&ev1));
     cudaCheck(cudaEventRecord(ev0, g_stream));
     int in_window = 0, last_logged = st.step;
+    const int first_step = st.step;
     int rc = 0;
     for (int step = st.step; step < a.steps; step++) {
         size_t off = (size_t)(step - (a.steps - nsteps)) * B;
@@ -2501,7 +2502,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
             unet_backward(m);
             unet_update(m, a.lr, a.beta1, a.beta2, a.adam_eps, a.weight_decay, a.ema_rate);
         };
-        if (use_graph) {
+        if (use_graph && step > first_step) {  // the first step runs eagerly: lazy module loading, cuBLAS setup
             if (!graph_exec) {
                 cudaGraph_t graph;
                 cudaCheck(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
