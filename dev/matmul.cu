@@ -18,15 +18,16 @@ version 3: 2D register blocking: 128x128 block tile, BK = 8, each thread accumul
            (the 1D-blocktiling step of siboehm's series is skipped); scalar global loads.
 version 4: version 3 with 16-byte vectorised global loads (float4 where the chunk is in bounds and the leading
            dimension and pointer are 16-byte aligned, scalar otherwise) and float4 shared-memory reads.
-version 5: warptiling + double buffering: a warp owns a 32x64 patch, a thread 2x2 strided 4x4 sub-tiles (float4
-           shared reads without bank conflicts); the next k-tile is fetched into registers while the current one is
-           computed (one __syncthreads per k-tile); grouped block order for L2 reuse; tile shape chosen per problem
-           (128x128, 64x64, 128x32) and deterministic split-K for small M*N with long K.
-           THE TRAINER'S fp32 KERNEL: matmul_sgemm_v5().
-version 6: TF32 tensor cores: mma.sync.m16n8k8 (inputs rounded to TF32 with cvt.rna, fp32 accumulation), cp.async
-           3-stage pipeline (tiles copied in their global layout, padded so fragment reads are conflict-free),
-           64x64 warp tiles, same per-problem tile choice and split-K as version 5. matmul_sgemm_tf32_v6().
-(version 7, wgmma for sm_90a, is not written.)
+version 5: warptiling + double buffering: lanes in a 4x8 grid, each thread owning RMxRN strided 4x4 sub-tiles
+           (float4 shared reads without bank conflicts); the next k-tile is fetched into registers while the current
+           one is computed (one __syncthreads per k-tile); grouped block order for L2 reuse; tile shape chosen per
+           problem (256x128 with 16x8 per thread for big ones, 128x128, 128x64, 128x32, 64x64, 32x32) and
+           deterministic split-K for few tiles with long K. THE TRAINER'S fp32 KERNEL: matmul_sgemm_v5().
+version 6: TF32 tensor cores: mma.sync.m16n8k8 (inputs rounded to nearest TF32 by adding half a TF32 ulp to the
+           bits, fp32 accumulation), cp.async 3-stage pipeline (tiles copied in their global layout, padded so
+           fragment reads are conflict-free), 64x64 warp tiles, per-problem tiles and split-K as in version 5.
+           matmul_sgemm_tf32_v6().
+(version 7, wgmma for sm_90a, is not written: see dev/matmul_NOTES.md for why mma.sync cannot reach cuBLAS TF32.)
 */
 #include <algorithm>
 #include <cmath>
@@ -129,16 +130,21 @@ static void matmul_free_workspace() {
     matmul_workspace_floats = 0;
 }
 
-// Splits K when the M x N tiles cannot fill the GPU (fc1 forward at batch 64 has 2 tiles of 64x64 and K = 9216):
-// aim at two blocks per SM, keep >= max(128, 4*BK) of K per split, cap the workspace at 32M floats.
-// k_per_split is a multiple of BK (so 16-byte alignment of every split's start holds) and no split is empty.
-static void matmul_choose_splits(int M, int N, int K, int BM, int BN, int BK, int* splits_out, int* k_per_split_out) {
+// Splits K when the M x N tiles cannot fill the GPU (conv2 dW at batch 64 has 5 tiles of 64x64 and K = 36864):
+// aim at 1024 threads per SM (at least 2 blocks), keep >= max(128, 4*BK) of K per split, cap the workspace at 32M
+// floats. k_per_split is a multiple of BK (so every split starts 16-byte aligned) and no split is empty.
+static long long matmul_split_target_blocks(int threads_per_block) {
+    return (long long)matmul_num_sms() * std::max(2, 1024 / threads_per_block);
+}
+static void matmul_choose_splits(int M, int N, int K, int BM, int BN, int BK, int threads_per_block, int* splits_out,
+                                 int* k_per_split_out) {
     long long tiles = (long long)ceil_div(M, BM) * ceil_div(N, BN);
     int sms = matmul_num_sms();
     const int min_k = std::max(128, 4 * BK);
     long long splits = 1;
     if (tiles < sms && K >= 2 * min_k) {
-        long long want = (2LL * sms + tiles - 1) / tiles;
+        long long target = matmul_split_target_blocks(threads_per_block);
+        long long want = (target + tiles - 1) / tiles;
         long long by_k = K / min_k;
         long long by_workspace = (32LL << 20) / std::max(1LL, (long long)M * N);
         splits = std::max(1LL, std::min(want, std::min(by_k, by_workspace)));
@@ -489,22 +495,32 @@ static void matmul_vectorized_v4(bool trans_a, bool trans_b, int M, int N, int K
 // ----------------------------------------------------------------------------------------------------------------
 // split-K reduction (versions 5 and 6): C = alpha * sum_z ws[z] + beta * C, summed in a fixed order (deterministic)
 
+// Block (32, 8): lanes take 32 consecutive outputs (coalesced), threadIdx.y takes splits y, y+8, ... (hundreds of
+// splits for conv1 dW must not be summed by one thread); the 8 partial sums are added in a fixed order.
+#define REDUCE_ROWS 8
 __global__ void matmul_splitk_reduce_kernel(const float* ws, int splits, int M, int N, float alpha, float beta,
                                             float* C, int ldc) {
+    __shared__ float part[REDUCE_ROWS][32];
     size_t total = (size_t)M * N;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (int z = 0; z < splits; z++) s += ws[(size_t)z * total + i];
-        int m = (int)(i / N), n = (int)(i % N);
-        store_out(C, ldc, m, n, s, alpha, beta);
+    size_t i = (size_t)blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (i < total)
+        for (int z = threadIdx.y; z < splits; z += REDUCE_ROWS) s += ws[(size_t)z * total + i];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < total) {
+        float r = 0.0f;
+#pragma unroll
+        for (int y = 0; y < REDUCE_ROWS; y++) r += part[y][threadIdx.x];
+        store_out(C, ldc, (int)(i / N), (int)(i % N), r, alpha, beta);
     }
 }
 
 static void matmul_splitk_reduce(const float* ws, int splits, int M, int N, float alpha, float beta, float* C,
                                  int ldc, cudaStream_t stream) {
     size_t total = (size_t)M * N;
-    int block = 256;
-    int grid = (int)std::min<size_t>((total + block - 1) / block, (size_t)matmul_num_sms() * 16);
+    dim3 block(32, REDUCE_ROWS);
+    dim3 grid((unsigned)((total + 31) / 32));
     matmul_splitk_reduce_kernel<<<grid, block, 0, stream>>>(ws, splits, M, N, alpha, beta, C, ldc);
     cudaCheck(cudaGetLastError());
 }
@@ -628,33 +644,50 @@ static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, flo
                             const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
     int splits, k_per_split;
-    matmul_choose_splits(M, N, K, BM, BN, BK, &splits, &k_per_split);
+    matmul_choose_splits(M, N, K, BM, BN, BK, NT, &splits, &k_per_split);
     float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
     dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
 #define WARPTILE_LAUNCH(TA_, TB_)                                                                                   \
     matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA_, TB_><<<grid, NT, 0, stream>>>(                            \
         M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va, vb, vc)
-    if (!trans_a && !trans_b) WARPTILE_LAUNCH(false, false);
-    else if (NN_ONLY) { fprintf(stderr, "launch_warptile: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
-    else if (!trans_a && trans_b) WARPTILE_LAUNCH(false, true);
-    else if (trans_a && !trans_b) WARPTILE_LAUNCH(true, false);
-    else WARPTILE_LAUNCH(true, true);
+    if constexpr (NN_ONLY) {  // benchmark tile variants: only A and B as stored are compiled
+        if (trans_a || trans_b) { fprintf(stderr, "launch_warptile: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
+        WARPTILE_LAUNCH(false, false);
+    } else {
+        if (!trans_a && !trans_b) WARPTILE_LAUNCH(false, false);
+        else if (!trans_a && trans_b) WARPTILE_LAUNCH(false, true);
+        else if (trans_a && !trans_b) WARPTILE_LAUNCH(true, false);
+        else WARPTILE_LAUNCH(true, true);
+    }
 #undef WARPTILE_LAUNCH
     cudaCheck(cudaGetLastError());
     if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
 }
 
 // The trainer's fp32 GEMM. C (M x N, ldc) = alpha * op(A) op(B) + beta * C, row-major; see the header for layouts.
-// Tiles: N <= 32 -> 128x32 (conv1, fc2); enough 128x128 tiles to fill the GPU -> 128x128; else 64x64 (+ split-K).
+// Tile per problem (MNIST uses each): M, N <= 32 -> 32x32, one warp (conv1 dW, split-K); N <= 32 -> 128x32 (conv1
+// forward, fc2); N <= 64 with enough tiles -> 128x64 (conv2 forward); two waves of 256x128 tiles -> 256x128 with
+// 16x8 per thread (4096^3, conv2 dX); one wave of 128x128 tiles -> 128x128 with 8x8 per thread; few tiles but long
+// K -> 64x64 with 8x8 per thread and split-K (conv2 dW); else 64x64 with 4x4 per thread, 256 threads (fc1).
 void matmul_sgemm_v5(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                      const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_check_args("matmul_sgemm_v5", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
-    if (N <= 32)
+    const long long sms = matmul_num_sms();
+    auto tiles = [&](int bm, int bn) { return (long long)ceil_div(M, bm) * ceil_div(N, bn); };
+    if (M <= 32 && N <= 32)
+        launch_warptile<32, 32, 16, 2, 1, 12>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (N <= 32)
         launch_warptile<128, 32, 16, 2, 1, 4>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    else if ((long long)ceil_div(M, 128) * ceil_div(N, 128) >= matmul_num_sms())
+    else if (N <= 64 && tiles(128, 64) >= sms)
+        launch_warptile<128, 64, 8, 2, 2, 3>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (tiles(256, 128) >= 2 * sms)
+        launch_warptile<256, 128, 8, 4, 2, 1>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (tiles(128, 128) >= sms)
         launch_warptile<128, 128, 8, 2, 2, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (tiles(64, 64) * (K / 128) >= 4 * sms)
+        launch_warptile<64, 64, 8, 2, 2, 6>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
     else
         launch_warptile<64, 64, 16, 1, 1, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
@@ -662,7 +695,15 @@ void matmul_sgemm_v5(bool trans_a, bool trans_b, int M, int N, int K, float alph
 // ----------------------------------------------------------------------------------------------------------------
 // version 6: TF32 tensor cores (mma.sync.m16n8k8), cp.async multi-stage pipeline (sm_80 and newer)
 
+// fp32 -> TF32 operand. The tensor core reads only the top 19 bits (sign, exponent, 10 mantissa bits) of a .tf32
+// operand, so the low 13 bits may stay. TF32_ROUND_ADD: add half a TF32 ulp to the bits (one integer add; the
+// hardware's truncation then rounds to nearest, ties away from zero, like cvt.rna; +-Inf inputs become NaN).
+// TF32_ROUND_CVT: cvt.rna.tf32.f32. TF32_TRUNC: nothing (truncation toward zero, twice the rounding error).
+enum Tf32Round { TF32_TRUNC = 0, TF32_ROUND_CVT = 1, TF32_ROUND_ADD = 2 };
+template <int ROUND>
 __device__ __forceinline__ uint32_t f32_to_tf32(float x) {
+    if (ROUND == TF32_TRUNC) return __float_as_uint(x);
+    if (ROUND == TF32_ROUND_ADD) return __float_as_uint(x) + 0x1000u;
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
     return r;
@@ -748,7 +789,30 @@ struct Tf32Config {
     static constexpr int SMEM_BYTES = STAGES * (TileA::SIZE + TileB::SIZE) * (int)sizeof(float);
 };
 
-template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB>
+// A warp's fragments for one k-step of 8 (see mma_tf32_16x8x8 for the layout), from one pipeline stage
+template <typename TileA, typename TileB, int MI, int NI, int ROUND>
+__device__ __forceinline__ void load_fragments(uint32_t (&af)[MI][4], uint32_t (&bf)[NI][2], const float* a_s,
+                                               const float* b_s, int wm0, int wn0, int g, int t, int kk) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+        int r = wm0 + mi * 16 + g;
+        af[mi][0] = f32_to_tf32<ROUND>(TileA::at(a_s, r, kk + t));
+        af[mi][1] = f32_to_tf32<ROUND>(TileA::at(a_s, r + 8, kk + t));
+        af[mi][2] = f32_to_tf32<ROUND>(TileA::at(a_s, r, kk + t + 4));
+        af[mi][3] = f32_to_tf32<ROUND>(TileA::at(a_s, r + 8, kk + t + 4));
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ni++) {
+        int c = wn0 + ni * 8 + g;
+        bf[ni][0] = f32_to_tf32<ROUND>(TileB::at(b_s, c, kk + t));
+        bf[ni][1] = f32_to_tf32<ROUND>(TileB::at(b_s, c, kk + t + 4));
+    }
+}
+
+// ROUND: a Tf32Round (see f32_to_tf32). FDB: double-buffer the fragments in registers across the k-steps of a
+// stage (measured: +1-4% at 4096^3, within noise; off).
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB, int ROUND = TF32_ROUND_ADD,
+          bool FDB = false>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
                    float* C, int ldc, float* ws, int k_per_split, bool vec_a, bool vec_b) {
@@ -793,27 +857,29 @@ matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, co
         cp_async_commit();
         const float* a_s = sA + (kt % STAGES) * TileA::SIZE;
         const float* b_s = sB + (kt % STAGES) * TileB::SIZE;
+        if (FDB) {  // fragments of k-step ks+1 are loaded while the mmas of k-step ks run
+            uint32_t af[2][MI][4], bf[2][NI][2];
+            load_fragments<TileA, TileB, MI, NI, ROUND>(af[0], bf[0], a_s, b_s, wm0, wn0, g, t, 0);
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8) {
-            uint32_t af[MI][4], bf[NI][2];
+            for (int ks = 0; ks < BK / 8; ks++) {
+                if (ks + 1 < BK / 8)
+                    load_fragments<TileA, TileB, MI, NI, ROUND>(af[(ks + 1) & 1], bf[(ks + 1) & 1], a_s, b_s, wm0, wn0,
+                                                              g, t, (ks + 1) * 8);
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                int r = wm0 + mi * 16 + g;
-                af[mi][0] = f32_to_tf32(TileA::at(a_s, r, kk + t));
-                af[mi][1] = f32_to_tf32(TileA::at(a_s, r + 8, kk + t));
-                af[mi][2] = f32_to_tf32(TileA::at(a_s, r, kk + t + 4));
-                af[mi][3] = f32_to_tf32(TileA::at(a_s, r + 8, kk + t + 4));
+                for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ni++) mma_tf32_16x8x8(acc[mi][ni], af[ks & 1][mi], bf[ks & 1][ni]);
             }
+        } else {
 #pragma unroll
-            for (int ni = 0; ni < NI; ni++) {
-                int c = wn0 + ni * 8 + g;
-                bf[ni][0] = f32_to_tf32(TileB::at(b_s, c, kk + t));
-                bf[ni][1] = f32_to_tf32(TileB::at(b_s, c, kk + t + 4));
+            for (int kk = 0; kk < BK; kk += 8) {
+                uint32_t af[MI][4], bf[NI][2];
+                load_fragments<TileA, TileB, MI, NI, ROUND>(af, bf, a_s, b_s, wm0, wn0, g, t, kk);
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ni++) mma_tf32_16x8x8(acc[mi][ni], af[mi], bf[ni]);
             }
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) mma_tf32_16x8x8(acc[mi][ni], af[mi], bf[ni]);
         }
     }
     cp_async_wait<0>();
@@ -841,12 +907,12 @@ matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, co
         }
 }
 
-template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB>
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB, int ROUND, bool FDB>
 static void launch_tf32_one(dim3 grid, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                             int ldb, float beta, float* C, int ldc, float* ws, int k_per_split, bool va, bool vb,
                             cudaStream_t stream) {
     using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB>;
-    auto kernel = matmul_tf32_kernel<BM, BN, BK, WM, WN, STAGES, TA, TB>;
+    auto kernel = matmul_tf32_kernel<BM, BN, BK, WM, WN, STAGES, TA, TB, ROUND, FDB>;
     static bool smem_attr_set = false;  // one per instantiation
     if (!smem_attr_set) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
@@ -857,22 +923,27 @@ static void launch_tf32_one(dim3 grid, int M, int N, int K, float alpha, const f
     cudaCheck(cudaGetLastError());
 }
 
-template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool NN_ONLY = false>
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool NN_ONLY = false, int ROUND = TF32_ROUND_ADD,
+          bool FDB = false>
 static void launch_tf32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     int splits, k_per_split;
-    matmul_choose_splits(M, N, K, BM, BN, BK, &splits, &k_per_split);
+    matmul_choose_splits(M, N, K, BM, BN, BK, (BM / WM) * (BN / WN) * 32, &splits, &k_per_split);
     float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
     dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb);
 #define TF32_LAUNCH(TA_, TB_)                                                                                       \
-    launch_tf32_one<BM, BN, BK, WM, WN, STAGES, TA_, TB_>(grid, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,   \
+    launch_tf32_one<BM, BN, BK, WM, WN, STAGES, TA_, TB_, ROUND, FDB>(grid, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,   \
                                                           k_per_split, va, vb, stream)
-    if (!trans_a && !trans_b) TF32_LAUNCH(false, false);
-    else if (NN_ONLY) { fprintf(stderr, "launch_tf32: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
-    else if (!trans_a && trans_b) TF32_LAUNCH(false, true);
-    else if (trans_a && !trans_b) TF32_LAUNCH(true, false);
-    else TF32_LAUNCH(true, true);
+    if constexpr (NN_ONLY) {  // benchmark tile variants: only A and B as stored are compiled
+        if (trans_a || trans_b) { fprintf(stderr, "launch_tf32: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
+        TF32_LAUNCH(false, false);
+    } else {
+        if (!trans_a && !trans_b) TF32_LAUNCH(false, false);
+        else if (!trans_a && trans_b) TF32_LAUNCH(false, true);
+        else if (trans_a && !trans_b) TF32_LAUNCH(true, false);
+        else TF32_LAUNCH(true, true);
+    }
 #undef TF32_LAUNCH
     if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
 }
@@ -923,11 +994,11 @@ static void matmul_cublas_tf32_v0(bool ta, bool tb, int M, int N, int K, float a
 // ----------------------------------------------------------------------------------------------------------------
 // benchmark-only tile variants of versions 5 and 6 (A and B not transposed), to pick the 4096^3 configuration
 
-static void matmul_v5_128x128x16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-                                 const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
-    matmul_check_args("matmul_v5_128x128x16", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+static void matmul_v5_128x128x8(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v5_128x128x8", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
-    launch_warptile<128, 128, 16, 2, 2, 2, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    launch_warptile<128, 128, 8, 2, 2, 2, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
 static void matmul_v6_128x256x32(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                                  const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
@@ -935,17 +1006,19 @@ static void matmul_v6_128x256x32(bool ta, bool tb, int M, int N, int K, float al
     if (M == 0 || N == 0) return;
     launch_tf32<128, 256, 32, 64, 64, 3, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
-static void matmul_v6_128x128x16s4(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-                                   const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
-    matmul_check_args("matmul_v6_128x128x16s4", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+static void matmul_v6_cvt_rna(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                              const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v6_cvt_rna", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
-    launch_tf32<128, 128, 16, 64, 64, 4, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    launch_tf32<128, 128, 32, 64, 64, 3, true, TF32_ROUND_CVT>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                                               stream);
 }
-static void matmul_v6_256x128x32(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-                                 const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
-    matmul_check_args("matmul_v6_256x128x32", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+static void matmul_v6_trunc(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v6_trunc", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
-    launch_tf32<256, 128, 32, 64, 64, 3, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    launch_tf32<128, 128, 32, 64, 64, 3, true, TF32_TRUNC>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                                           stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -968,11 +1041,11 @@ static const Variant VARIANTS[] = {
     {"3 blocktile 8x8", 3, PREC_FP32, false, matmul_blocktile_v3},
     {"4 vectorized", 4, PREC_FP32, false, matmul_vectorized_v4},
     {"5 warptile+dbuf", 5, PREC_FP32, false, matmul_sgemm_v5},
-    {"5 (128x128x16)", 5, PREC_FP32, true, matmul_v5_128x128x16},
+    {"5 (128x128x8)", 5, PREC_FP32, true, matmul_v5_128x128x8},
     {"6 tf32 mma", 6, PREC_TF32_RN, false, matmul_sgemm_tf32_v6},
     {"6 (128x256x32)", 6, PREC_TF32_RN, true, matmul_v6_128x256x32},
-    {"6 (128x128x16 s4)", 6, PREC_TF32_RN, true, matmul_v6_128x128x16s4},
-    {"6 (256x128x32)", 6, PREC_TF32_RN, true, matmul_v6_256x128x32},
+    {"6 (cvt.rna)", 6, PREC_TF32_RN, true, matmul_v6_cvt_rna},
+    {"6 (trunc)", 6, PREC_TF32_ANY, true, matmul_v6_trunc},
 };
 static const int N_VARIANTS = (int)(sizeof(VARIANTS) / sizeof(VARIANTS[0]));
 static const int MAX_VERSION = 6;
@@ -1130,6 +1203,10 @@ static void gpu_tests(Counters& cnt, int only_version) {
         {1537, 1550, 67, 0, 0, 1.0f, 0.0f},  {5, 300, 1000, 0, 0, 1.0f, 0.0f},
         {65, 70, 33, 3, 1, 1.0f, 0.0f},      {200, 20, 700, 5, 1, 1.0f, 0.0f}, // unaligned: scalar paths
         {77, 45, 100, 4, 0, 0.5f, -1.5f},    {64, 128, 3000, 0, 0, 1.0f, 1.0f}, // beta != 0 (accumulate), split-K
+        {17000, 50, 40, 0, 0, 1.0f, 0.0f},   // v5 128x64 tiles
+        {260, 260, 4100, 0, 0, 1.0f, 0.0f},  // v5 64x64 8x8-per-thread tiles with split-K
+        {20, 30, 3000, 0, 0, 2.0f, 0.5f},    // v5 32x32 tiles, split-K, alpha and beta
+        {2100, 3800, 20, 0, 0, 1.0f, 0.0f},  // v5 256x128 tiles (>= 2 waves of them)
     };
     int n_sms = matmul_num_sms();
     char name[160], detail[256];
@@ -1399,7 +1476,7 @@ static int run_benchmark(int only_version, const char* out_dir) {
         FILE* f = fopenCheck(tmp.c_str(), "w");
         fprintf(f, "device,shape,op,M,N,K,version,variant,precision,ms,gflops,pct_of_cublas,valid,worst_err_over_tol\n");
         for (auto& r : rows)
-            fprintf(f, "%s,%s,%s,%d,%d,%d,%d,%s,%s,%.6f,%.2f,%.2f,%d,%.4f\n", prop.name, r.shape.c_str(),
+            fprintf(f, "\"%s\",\"%s\",%s,%d,%d,%d,%d,\"%s\",%s,%.6f,%.2f,%.2f,%d,%.4f\n", prop.name, r.shape.c_str(),
                     trans_name(r.ta, r.tb), r.M, r.N, r.K, r.version, r.variant.c_str(), r.precision.c_str(), r.ms,
                     r.gflops, r.pct, (int)r.valid, r.worst_ratio);
         fclose(f);
