@@ -29,7 +29,8 @@ version 6: split row: a thread-block cluster (sm_90) per row, each block holds a
 version 7: version 4 made persistent (one wave of blocks looping over rows), the next rows loaded into registers
            while the current ones are reduced and written
 version 8: version 6 made persistent (one wave of clusters looping over rows), the next row's slice loaded before
-           the cluster barrier of the current one; a cluster of 1 is a persistent block per row
+           the cluster barrier of the current one; a cluster of 1 is a persistent block per row. Measured slower
+           than 5 and 6 at every shape on the H100 (dev/softmax_NOTES.md), unlike its backward twin; kept as a step
 version 9: the dispatcher the trainers should call: on the first call for a shape it times the applicable versions
            and block sizes (short rows 4/7, medium 5/6/8, long 6/8, always 3) and keeps the fastest
 
