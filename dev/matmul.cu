@@ -745,11 +745,28 @@ constexpr bool fragment_banks_distinct(int ld, bool kcontig) {
         }
     return true;
 }
-template <int BO, int BK, int NT, bool KCONTIG>
+// PERM (fragment k order permuted, see load_fragments): lane (g, t) reads k = 2t and 2t+1 of a k-step instead of t
+// and t+4: one 8-byte read per row where k is contiguous (half-warp phases: banks (g*LD + 2t) % 32 must differ in
+// each half), two 4-byte reads of rows 2t, 2t+1 otherwise (banks ((2t+e)*LD + g) % 32 must differ).
+constexpr bool fragment_banks_distinct_perm(int ld, bool kcontig) {
+    for (int x = 0; x < 32; x++)
+        for (int y = x + 1; y < 32; y++) {
+            if (kcontig) {
+                if (x / 16 != y / 16) continue;
+                if (((x / 4) * ld + 2 * (x % 4)) % 32 == ((y / 4) * ld + 2 * (y % 4)) % 32) return false;
+            } else {
+                for (int e = 0; e < 2; e++)
+                    if (((2 * (x % 4) + e) * ld + x / 4) % 32 == ((2 * (y % 4) + e) * ld + y / 4) % 32) return false;
+            }
+        }
+    return true;
+}
+template <int BO, int BK, int NT, bool KCONTIG, bool PERM = false>
 struct AsyncTile {
     static_assert(BO % 4 == 0 && BK % 4 == 0, "tiles move in 16-byte chunks");
-    static constexpr int LD = KCONTIG ? BK + 4 : BO + 8;
-    static_assert(fragment_banks_distinct(LD, KCONTIG), "padding must make the fragment reads conflict-free");
+    static constexpr int LD = PERM ? (KCONTIG ? BK + 8 : BO + 4) : (KCONTIG ? BK + 4 : BO + 8);
+    static_assert(PERM ? fragment_banks_distinct_perm(LD, KCONTIG) : fragment_banks_distinct(LD, KCONTIG),
+                  "padding must make the fragment reads conflict-free");
     static constexpr int SIZE = KCONTIG ? BO * LD : BK * LD;  // floats per stage
     static constexpr int TOTAL = BO * BK / 4;
     static constexpr int CHUNKS = (TOTAL + NT - 1) / NT;
@@ -778,45 +795,70 @@ struct AsyncTile {
     __device__ __forceinline__ static float at(const float* S, int o, int k) {
         return KCONTIG ? S[o * LD + k] : S[k * LD + o];
     }
+    // elements (o, k) and (o, k+1), k even: one 8-byte read where k is contiguous (LD and k even: aligned)
+    __device__ __forceinline__ static float2 at2(const float* S, int o, int k) {
+        if (KCONTIG) return *reinterpret_cast<const float2*>(&S[o * LD + k]);
+        return make_float2(S[k * LD + o], S[(k + 1) * LD + o]);
+    }
 };
 
-template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB>
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB, bool PERM = false>
 struct Tf32Config {
     static constexpr int WARPS_N = BN / WN;
     static constexpr int NT = (BM / WM) * WARPS_N * 32;
-    using TileA = AsyncTile<BM, BK, NT, !TA>;
-    using TileB = AsyncTile<BN, BK, NT, TB>;
+    using TileA = AsyncTile<BM, BK, NT, !TA, PERM>;
+    using TileB = AsyncTile<BN, BK, NT, TB, PERM>;
     static constexpr int SMEM_BYTES = STAGES * (TileA::SIZE + TileB::SIZE) * (int)sizeof(float);
 };
 
 // A warp's fragments for one k-step of 8 (see mma_tf32_16x8x8 for the layout), from one pipeline stage
-template <typename TileA, typename TileB, int MI, int NI, int ROUND>
+// PERM: the mma sums over its 8 k in any order as long as A and B agree, so lane t's "k = t" and "k = t + 4" are
+// mapped to physical k = 2t and 2t + 1 (adjacent: one 8-byte read where k is contiguous in shared memory).
+template <typename TileA, typename TileB, int MI, int NI, int ROUND, bool PERM = false>
 __device__ __forceinline__ void load_fragments(uint32_t (&af)[MI][4], uint32_t (&bf)[NI][2], const float* a_s,
                                                const float* b_s, int wm0, int wn0, int g, int t, int kk) {
+    if constexpr (PERM) {
 #pragma unroll
-    for (int mi = 0; mi < MI; mi++) {
-        int r = wm0 + mi * 16 + g;
-        af[mi][0] = f32_to_tf32<ROUND>(TileA::at(a_s, r, kk + t));
-        af[mi][1] = f32_to_tf32<ROUND>(TileA::at(a_s, r + 8, kk + t));
-        af[mi][2] = f32_to_tf32<ROUND>(TileA::at(a_s, r, kk + t + 4));
-        af[mi][3] = f32_to_tf32<ROUND>(TileA::at(a_s, r + 8, kk + t + 4));
-    }
+        for (int mi = 0; mi < MI; mi++) {
+            int r = wm0 + mi * 16 + g;
+            float2 lo = TileA::at2(a_s, r, kk + 2 * t), hi = TileA::at2(a_s, r + 8, kk + 2 * t);
+            af[mi][0] = f32_to_tf32<ROUND>(lo.x);
+            af[mi][1] = f32_to_tf32<ROUND>(hi.x);
+            af[mi][2] = f32_to_tf32<ROUND>(lo.y);
+            af[mi][3] = f32_to_tf32<ROUND>(hi.y);
+        }
 #pragma unroll
-    for (int ni = 0; ni < NI; ni++) {
-        int c = wn0 + ni * 8 + g;
-        bf[ni][0] = f32_to_tf32<ROUND>(TileB::at(b_s, c, kk + t));
-        bf[ni][1] = f32_to_tf32<ROUND>(TileB::at(b_s, c, kk + t + 4));
+        for (int ni = 0; ni < NI; ni++) {
+            float2 v = TileB::at2(b_s, wn0 + ni * 8 + g, kk + 2 * t);
+            bf[ni][0] = f32_to_tf32<ROUND>(v.x);
+            bf[ni][1] = f32_to_tf32<ROUND>(v.y);
+        }
+    } else {
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            int r = wm0 + mi * 16 + g;
+            af[mi][0] = f32_to_tf32<ROUND>(TileA::at(a_s, r, kk + t));
+            af[mi][1] = f32_to_tf32<ROUND>(TileA::at(a_s, r + 8, kk + t));
+            af[mi][2] = f32_to_tf32<ROUND>(TileA::at(a_s, r, kk + t + 4));
+            af[mi][3] = f32_to_tf32<ROUND>(TileA::at(a_s, r + 8, kk + t + 4));
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            int c = wn0 + ni * 8 + g;
+            bf[ni][0] = f32_to_tf32<ROUND>(TileB::at(b_s, c, kk + t));
+            bf[ni][1] = f32_to_tf32<ROUND>(TileB::at(b_s, c, kk + t + 4));
+        }
     }
 }
 
 // ROUND: a Tf32Round (see f32_to_tf32). FDB: double-buffer the fragments in registers across the k-steps of a
 // stage (measured: +1-4% at 4096^3, within noise; off).
 template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB, int ROUND = TF32_ROUND_ADD,
-          bool FDB = false>
+          bool FDB = false, bool PERM = false>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
                    float* C, int ldc, float* ws, int k_per_split, bool vec_a, bool vec_b) {
-    using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB>;
+    using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB, PERM>;
     using TileA = typename Cfg::TileA;
     using TileB = typename Cfg::TileB;
     static_assert(WM % 16 == 0 && WN % 8 == 0, "a warp tile is made of m16n8 mma tiles");
@@ -859,11 +901,11 @@ matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, co
         const float* b_s = sB + (kt % STAGES) * TileB::SIZE;
         if (FDB) {  // fragments of k-step ks+1 are loaded while the mmas of k-step ks run
             uint32_t af[2][MI][4], bf[2][NI][2];
-            load_fragments<TileA, TileB, MI, NI, ROUND>(af[0], bf[0], a_s, b_s, wm0, wn0, g, t, 0);
+            load_fragments<TileA, TileB, MI, NI, ROUND, PERM>(af[0], bf[0], a_s, b_s, wm0, wn0, g, t, 0);
 #pragma unroll
             for (int ks = 0; ks < BK / 8; ks++) {
                 if (ks + 1 < BK / 8)
-                    load_fragments<TileA, TileB, MI, NI, ROUND>(af[(ks + 1) & 1], bf[(ks + 1) & 1], a_s, b_s, wm0, wn0,
+                    load_fragments<TileA, TileB, MI, NI, ROUND, PERM>(af[(ks + 1) & 1], bf[(ks + 1) & 1], a_s, b_s, wm0, wn0,
                                                               g, t, (ks + 1) * 8);
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
@@ -874,7 +916,7 @@ matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, co
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 8) {
                 uint32_t af[MI][4], bf[NI][2];
-                load_fragments<TileA, TileB, MI, NI, ROUND>(af, bf, a_s, b_s, wm0, wn0, g, t, kk);
+                load_fragments<TileA, TileB, MI, NI, ROUND, PERM>(af, bf, a_s, b_s, wm0, wn0, g, t, kk);
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -907,12 +949,12 @@ matmul_tf32_kernel(int M, int N, int K, float alpha, const float* A, int lda, co
         }
 }
 
-template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB, int ROUND, bool FDB>
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB, int ROUND, bool FDB, bool PERM>
 static void launch_tf32_one(dim3 grid, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                             int ldb, float beta, float* C, int ldc, float* ws, int k_per_split, bool va, bool vb,
                             cudaStream_t stream) {
-    using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB>;
-    auto kernel = matmul_tf32_kernel<BM, BN, BK, WM, WN, STAGES, TA, TB, ROUND, FDB>;
+    using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB, PERM>;
+    auto kernel = matmul_tf32_kernel<BM, BN, BK, WM, WN, STAGES, TA, TB, ROUND, FDB, PERM>;
     static bool smem_attr_set = false;  // one per instantiation
     if (!smem_attr_set) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
@@ -924,7 +966,7 @@ static void launch_tf32_one(dim3 grid, int M, int N, int K, float alpha, const f
 }
 
 template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool NN_ONLY = false, int ROUND = TF32_ROUND_ADD,
-          bool FDB = false>
+          bool FDB = false, bool PERM = false>
 static void launch_tf32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     int splits, k_per_split;
@@ -933,7 +975,7 @@ static void launch_tf32(bool trans_a, bool trans_b, int M, int N, int K, float a
     dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb);
 #define TF32_LAUNCH(TA_, TB_)                                                                                       \
-    launch_tf32_one<BM, BN, BK, WM, WN, STAGES, TA_, TB_, ROUND, FDB>(grid, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,   \
+    launch_tf32_one<BM, BN, BK, WM, WN, STAGES, TA_, TB_, ROUND, FDB, PERM>(grid, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,   \
                                                           k_per_split, va, vb, stream)
     if constexpr (NN_ONLY) {  // benchmark tile variants: only A and B as stored are compiled
         if (trans_a || trans_b) { fprintf(stderr, "launch_tf32: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
@@ -1000,6 +1042,19 @@ static void matmul_v5_128x128x8(bool ta, bool tb, int M, int N, int K, float alp
     if (M == 0 || N == 0) return;
     launch_warptile<128, 128, 8, 2, 2, 2, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
+static void matmul_v5_256x128_512t(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                   const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v5_256x128_512t", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_warptile<256, 128, 8, 2, 2, 1, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+static void matmul_v6_perm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                           const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v6_perm", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_tf32<128, 128, 32, 64, 64, 3, false, TF32_ROUND_ADD, false, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb,
+                                                                             beta, C, ldc, stream);
+}
 static void matmul_v6_128x256x32(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                                  const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_check_args("matmul_v6_128x256x32", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
@@ -1030,22 +1085,25 @@ struct Variant {
     const char* name;
     int version;
     Precision prec;
-    bool nn_only;  // benchmark tile variant, instantiated for A and B as stored only
+    bool nn_only;      // compiled for A and B as stored only (tested and benchmarked there only)
+    bool square_only;  // a tile variant: benchmarked at 4096^3 only (tested everywhere it is compiled)
     MatmulFn fn;
 };
 static const Variant VARIANTS[] = {
-    {"0 cuBLAS fp32", 0, PREC_FP32, false, matmul_cublas_fp32_v0},
-    {"0 cuBLAS TF32", 0, PREC_TF32_ANY, false, matmul_cublas_tf32_v0},
-    {"1 naive", 1, PREC_FP32, false, matmul_naive_v1},
-    {"2 smem 32x32", 2, PREC_FP32, false, matmul_smem_tile_v2},
-    {"3 blocktile 8x8", 3, PREC_FP32, false, matmul_blocktile_v3},
-    {"4 vectorized", 4, PREC_FP32, false, matmul_vectorized_v4},
-    {"5 warptile+dbuf", 5, PREC_FP32, false, matmul_sgemm_v5},
-    {"5 (128x128x8)", 5, PREC_FP32, true, matmul_v5_128x128x8},
-    {"6 tf32 mma", 6, PREC_TF32_RN, false, matmul_sgemm_tf32_v6},
-    {"6 (128x256x32)", 6, PREC_TF32_RN, true, matmul_v6_128x256x32},
-    {"6 (cvt.rna)", 6, PREC_TF32_RN, true, matmul_v6_cvt_rna},
-    {"6 (trunc)", 6, PREC_TF32_ANY, true, matmul_v6_trunc},
+    {"0 cuBLAS fp32", 0, PREC_FP32, false, false, matmul_cublas_fp32_v0},
+    {"0 cuBLAS TF32", 0, PREC_TF32_ANY, false, false, matmul_cublas_tf32_v0},
+    {"1 naive", 1, PREC_FP32, false, false, matmul_naive_v1},
+    {"2 smem 32x32", 2, PREC_FP32, false, false, matmul_smem_tile_v2},
+    {"3 blocktile 8x8", 3, PREC_FP32, false, false, matmul_blocktile_v3},
+    {"4 vectorized", 4, PREC_FP32, false, false, matmul_vectorized_v4},
+    {"5 warptile+dbuf", 5, PREC_FP32, false, false, matmul_sgemm_v5},
+    {"5 (128x128x8)", 5, PREC_FP32, true, true, matmul_v5_128x128x8},
+    {"5 (256x128 8x8 512thr)", 5, PREC_FP32, true, true, matmul_v5_256x128_512t},
+    {"6 tf32 mma", 6, PREC_TF32_RN, false, false, matmul_sgemm_tf32_v6},
+    {"6 (perm lds64)", 6, PREC_TF32_RN, false, true, matmul_v6_perm},
+    {"6 (128x256x32)", 6, PREC_TF32_RN, true, true, matmul_v6_128x256x32},
+    {"6 (cvt.rna)", 6, PREC_TF32_RN, true, true, matmul_v6_cvt_rna},
+    {"6 (trunc)", 6, PREC_TF32_ANY, true, true, matmul_v6_trunc},
 };
 static const int N_VARIANTS = (int)(sizeof(VARIANTS) / sizeof(VARIANTS[0]));
 static const int MAX_VERSION = 6;
@@ -1416,7 +1474,7 @@ static int run_benchmark(int only_version, const char* out_dir) {
         for (int v = 0; v < N_VARIANTS; v++) {
             const Variant& var = VARIANTS[v];
             if (var.nn_only && (s.ta || s.tb)) continue;
-            if (var.nn_only && s.M < 4096) continue;  // tile variants: for the 4096^3 configuration choice
+            if (var.square_only && s.M < 4096) continue;  // tile variants: for the 4096^3 configuration choice
             if (only_version >= 0 && var.version != only_version && var.version != 0) continue;
             // validate: poisoned C, compared with the cuBLAS fp32 result (whose own error adds an fp32 bound)
             cudaCheck(cudaMemset(C, 0xFF, nc * sizeof(float)));
