@@ -62,7 +62,7 @@ static void curand_check(curandStatus_t s, const char* call, const char* file, i
 }
 #define curandCheck(call) curand_check((call), #call, __FILE__, __LINE__)
 
-static void* malloc_check(size_t n, const char* file, int line) {
+[[maybe_unused]] static void* malloc_check(size_t n, const char* file, int line) {
     void* p = malloc(n ? n : 1);
     if (!p) {
         fprintf(stderr, "[malloc ERROR] %zu bytes at %s:%d\n", n, file, line);
@@ -106,7 +106,8 @@ enum RngStream : uint64_t { RNG_INIT = 1, RNG_SHUFFLE = 2, RNG_FLIP = 3, RNG_TIM
 // the data. BinFile reads a whole file and validates it before anything is trusted.
 
 enum { DT_F32 = 0, DT_I32 = 1, DT_U8 = 2 };
-static const int UNET_DATASET_MAGIC = 20260301, UNET_CHECKPOINT_MAGIC = 20260302, UNET_DEBUG_MAGIC = 20260303;
+[[maybe_unused]] static const int UNET_DATASET_MAGIC = 20260301, UNET_CHECKPOINT_MAGIC = 20260302,
+                                   UNET_DEBUG_MAGIC = 20260303;
 static const int UNET_FORMAT_VERSION = 1;
 static const int HDR_INTS = 256, ENTRY_BYTES = 128, NAME_BYTES = 96;
 
@@ -1252,7 +1253,7 @@ static void gpu_free() {
     g_stream = 0;
     g_cublas_ws = nullptr;
 }
-static void set_tf32(bool on) {
+[[maybe_unused]] static void set_tf32(bool on) {  // (dev/test_unet.cu's strict mode)
     g_tf32 = on;
     cublasCheck(cublasSetMathMode(g_cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
@@ -1691,7 +1692,7 @@ static void unet_free(UNet* m) {
     m->n_params = 0;
 }
 
-static const Param* unet_param(const UNet* m, const std::string& name) {
+[[maybe_unused]] static const Param* unet_param(const UNet* m, const std::string& name) {
     for (const Param& p : m->params)
         if (p.name == name) return &p;
     return nullptr;
@@ -2896,9 +2897,6 @@ int main(int argc, char** argv) {
         UNetConfig ccfg = config_from_header(ck.hdr);
         std::string c = config_check(ccfg);
         if (!c.empty()) die("%s: header describes a model this trainer cannot build: %s", ckpath.c_str(), c.c_str());
-        const char* shape_flags[] = {"image_size", "model_channels", "channel_mult", "num_res_blocks", "attn_ds",
-                                     "num_head_channels", "diffusion_steps", "beta_start", "beta_end"};
-        (void)shape_flags;
         UNetConfig asked = ccfg;  // the checkpoint's model with every explicitly given model flag applied
         if (is_set("image_size")) asked.image_size = cfg.image_size;
         if (is_set("model_channels")) asked.model_channels = cfg.model_channels;
