@@ -1,0 +1,409 @@
+/*
+dev/attention.cu: the UNet's AttentionBlock (GroupNorm, qkv conv1d, legacy-order multi-head attention, proj_out,
+residual) over NHWC tokens, forward and backward as train_unet.cu runs it (attn_forward / attn_backward), checked
+against a CPU oracle in double, and timed.
+
+  make -C dev attention && ./dev/attention --test    # CPU: the oracle's backward against finite differences of
+                                                      # its forward; GPU: train_unet's block against the oracle
+  ./dev/attention                                     # the same, then the UNet's shapes at batch 32 timed
+
+version 1 (train_unet.cu, the only one so far): qkv and proj_out as cuBLAS GEMMs over (B*L, C); QK^T, PV and the
+four backward products as cublasSgemmBatched over (sample, head) with pointer arrays that address the legacy qkv
+channel order (head h: q, k, v at channels 3dh, 3dh+d, 3dh+2d) in place, so nothing is transposed; softmax and its
+backward one warp per row. Next version: one fused flash-style kernel per (sample, head) (L <= 256, d = 32).
+*/
+#define TESTING
+#include "../train_unet.cu"
+
+static int n_pass = 0, n_fail = 0, n_skip = 0;
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU oracle in double. x (B, L, C) NHWC tokens; parameters: gamma, beta (C), wq (3C, C), bq (3C), wp (C, C), bp (C).
+struct AttnParams {
+    std::vector<double> gamma, beta, wq, bq, wp, bp;
+};
+struct AttnCache {
+    std::vector<double> xn, qkv, P, a, mean, rstd;
+};
+static void oracle_forward(const std::vector<double>& x, const AttnParams& w, int B, int L, int C, int heads,
+                           std::vector<double>* out, AttnCache* c) {
+    const int G = 32, cg = C / G, d = C / heads;
+    c->xn.assign((size_t)B * L * C, 0.0);
+    c->mean.assign(B * G, 0.0);
+    c->rstd.assign(B * G, 0.0);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < G; g++) {
+            double s = 0, ss = 0, n = (double)L * cg;
+            for (int t = 0; t < L; t++)
+                for (int ch = g * cg; ch < (g + 1) * cg; ch++) s += x[((size_t)b * L + t) * C + ch];
+            double mu = s / n;
+            for (int t = 0; t < L; t++)
+                for (int ch = g * cg; ch < (g + 1) * cg; ch++) {
+                    double v = x[((size_t)b * L + t) * C + ch] - mu;
+                    ss += v * v;
+                }
+            double rs = 1.0 / sqrt(ss / n + 1e-5);
+            c->mean[b * G + g] = mu;
+            c->rstd[b * G + g] = rs;
+            for (int t = 0; t < L; t++)
+                for (int ch = g * cg; ch < (g + 1) * cg; ch++) {
+                    size_t i = ((size_t)b * L + t) * C + ch;
+                    c->xn[i] = (x[i] - mu) * rs * w.gamma[ch] + w.beta[ch];
+                }
+        }
+    c->qkv.assign((size_t)B * L * 3 * C, 0.0);
+    for (size_t r = 0; r < (size_t)B * L; r++)
+        for (int o = 0; o < 3 * C; o++) {
+            double acc = w.bq[o];
+            for (int i = 0; i < C; i++) acc += c->xn[r * C + i] * w.wq[(size_t)o * C + i];
+            c->qkv[r * 3 * C + o] = acc;
+        }
+    double scale = 1.0 / sqrt(sqrt((double)d));
+    c->P.assign((size_t)B * heads * L * L, 0.0);
+    c->a.assign((size_t)B * L * C, 0.0);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < heads; h++) {
+            auto q = [&](int t, int i) { return c->qkv[((size_t)b * L + t) * 3 * C + h * 3 * d + i]; };
+            auto k = [&](int t, int i) { return c->qkv[((size_t)b * L + t) * 3 * C + h * 3 * d + d + i]; };
+            auto v = [&](int t, int i) { return c->qkv[((size_t)b * L + t) * 3 * C + h * 3 * d + 2 * d + i]; };
+            double* P = c->P.data() + ((size_t)b * heads + h) * L * L;
+            for (int t = 0; t < L; t++) {
+                double mx = -1e300;
+                for (int s = 0; s < L; s++) {
+                    double acc = 0;
+                    for (int i = 0; i < d; i++) acc += (q(t, i) * scale) * (k(s, i) * scale);
+                    P[(size_t)t * L + s] = acc;
+                    mx = std::max(mx, acc);
+                }
+                double sum = 0;
+                for (int s = 0; s < L; s++) sum += (P[(size_t)t * L + s] = exp(P[(size_t)t * L + s] - mx));
+                for (int s = 0; s < L; s++) P[(size_t)t * L + s] /= sum;
+                for (int i = 0; i < d; i++) {
+                    double acc = 0;
+                    for (int s = 0; s < L; s++) acc += P[(size_t)t * L + s] * v(s, i);
+                    c->a[((size_t)b * L + t) * C + h * d + i] = acc;
+                }
+            }
+        }
+    out->assign((size_t)B * L * C, 0.0);
+    for (size_t r = 0; r < (size_t)B * L; r++)
+        for (int o = 0; o < C; o++) {
+            double acc = w.bp[o];
+            for (int i = 0; i < C; i++) acc += c->a[r * C + i] * w.wp[(size_t)o * C + i];
+            (*out)[r * C + o] = x[r * C + o] + acc;
+        }
+}
+static void oracle_backward(const std::vector<double>& x, const AttnParams& w, const AttnCache& c,
+                            const std::vector<double>& dout, int B, int L, int C, int heads, std::vector<double>* dx,
+                            AttnParams* dw) {
+    const int G = 32, cg = C / G, d = C / heads;
+    const size_t R = (size_t)B * L;
+    dw->wp.assign((size_t)C * C, 0.0);
+    dw->bp.assign(C, 0.0);
+    std::vector<double> da(R * C, 0.0);
+    for (size_t r = 0; r < R; r++)
+        for (int o = 0; o < C; o++) {
+            double g = dout[r * C + o];
+            dw->bp[o] += g;
+            for (int i = 0; i < C; i++) {
+                dw->wp[(size_t)o * C + i] += g * c.a[r * C + i];
+                da[r * C + i] += g * w.wp[(size_t)o * C + i];
+            }
+        }
+    double s2 = 1.0 / sqrt((double)d);
+    std::vector<double> dqkv(R * 3 * C, 0.0);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < heads; h++) {
+            const double* P = c.P.data() + ((size_t)b * heads + h) * L * L;
+            auto at = [&](int t, int part, int i) { return ((size_t)b * L + t) * 3 * C + h * 3 * d + part * d + i; };
+            std::vector<double> dP((size_t)L * L, 0.0);
+            for (int t = 0; t < L; t++)
+                for (int s = 0; s < L; s++) {
+                    double acc = 0;
+                    for (int i = 0; i < d; i++) {
+                        double g = da[((size_t)b * L + t) * C + h * d + i];
+                        acc += g * c.qkv[at(s, 2, i)];
+                        dqkv[at(s, 2, i)] += P[(size_t)t * L + s] * g;  // dV = P^T dA
+                    }
+                    dP[(size_t)t * L + s] = acc;
+                }
+            for (int t = 0; t < L; t++) {
+                double dot = 0;
+                for (int s = 0; s < L; s++) dot += P[(size_t)t * L + s] * dP[(size_t)t * L + s];
+                for (int s = 0; s < L; s++) {
+                    double dS = P[(size_t)t * L + s] * (dP[(size_t)t * L + s] - dot) * s2;
+                    for (int i = 0; i < d; i++) {
+                        dqkv[at(t, 0, i)] += dS * c.qkv[at(s, 1, i)];
+                        dqkv[at(s, 1, i)] += dS * c.qkv[at(t, 0, i)];
+                    }
+                }
+            }
+        }
+    dw->wq.assign((size_t)3 * C * C, 0.0);
+    dw->bq.assign(3 * C, 0.0);
+    std::vector<double> dxn(R * C, 0.0);
+    for (size_t r = 0; r < R; r++)
+        for (int o = 0; o < 3 * C; o++) {
+            double g = dqkv[r * 3 * C + o];
+            dw->bq[o] += g;
+            for (int i = 0; i < C; i++) {
+                dw->wq[(size_t)o * C + i] += g * c.xn[r * C + i];
+                dxn[r * C + i] += g * w.wq[(size_t)o * C + i];
+            }
+        }
+    dw->gamma.assign(C, 0.0);
+    dw->beta.assign(C, 0.0);
+    dx->assign(R * C, 0.0);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < G; g++) {
+            double mu = c.mean[b * G + g], rs = c.rstd[b * G + g], n = (double)L * cg, m1 = 0, m2 = 0;
+            for (int t = 0; t < L; t++)
+                for (int ch = g * cg; ch < (g + 1) * cg; ch++) {
+                    size_t i = ((size_t)b * L + t) * C + ch;
+                    double xh = (x[i] - mu) * rs;
+                    dw->gamma[ch] += dxn[i] * xh;
+                    dw->beta[ch] += dxn[i];
+                    m1 += dxn[i] * w.gamma[ch];
+                    m2 += dxn[i] * w.gamma[ch] * xh;
+                }
+            m1 /= n;
+            m2 /= n;
+            for (int t = 0; t < L; t++)
+                for (int ch = g * cg; ch < (g + 1) * cg; ch++) {
+                    size_t i = ((size_t)b * L + t) * C + ch;
+                    double xh = (x[i] - mu) * rs;
+                    (*dx)[i] = rs * (dxn[i] * w.gamma[ch] - m1 - xh * m2) + dout[i];
+                }
+        }
+}
+
+static double frand(uint64_t seed, uint64_t stream, uint64_t i, double lo, double hi) {
+    return lo + (hi - lo) * rng_uniform(seed, stream, i);
+}
+static AttnParams random_params(int C, uint64_t seed) {
+    AttnParams w;
+    uint64_t k = 0;
+    double bq = 1.0 / sqrt((double)C);
+    for (int i = 0; i < C; i++) w.gamma.push_back(frand(seed, 1, k++, 0.5, 1.5));
+    for (int i = 0; i < C; i++) w.beta.push_back(frand(seed, 1, k++, -0.5, 0.5));
+    for (int i = 0; i < 3 * C * C; i++) w.wq.push_back(frand(seed, 1, k++, -bq, bq));
+    for (int i = 0; i < 3 * C; i++) w.bq.push_back(frand(seed, 1, k++, -bq, bq));
+    for (int i = 0; i < C * C; i++) w.wp.push_back(frand(seed, 1, k++, -bq, bq));
+    for (int i = 0; i < C; i++) w.bp.push_back(frand(seed, 1, k++, -bq, bq));
+    return w;
+}
+
+// CPU: the oracle's backward against central differences of its forward (loss = sum(out * dout)), in double
+static void selfcheck_oracle() {
+    const int B = 2, L = 5, C = 32, heads = 2;
+    AttnParams w = random_params(C, 11);
+    std::vector<double> x((size_t)B * L * C), dout(x.size()), out, dx;
+    for (size_t i = 0; i < x.size(); i++) {
+        x[i] = frand(12, 1, i, -1.5, 2.0);
+        dout[i] = frand(12, 2, i, -1, 1);
+    }
+    AttnCache c;
+    oracle_forward(x, w, B, L, C, heads, &out, &c);
+    AttnParams dw;
+    oracle_backward(x, w, c, dout, B, L, C, heads, &dx, &dw);
+    auto loss = [&](const std::vector<double>& xx, const AttnParams& ww) {
+        std::vector<double> o;
+        AttnCache cc;
+        oracle_forward(xx, ww, B, L, C, heads, &o, &cc);
+        double s = 0;
+        for (size_t i = 0; i < o.size(); i++) s += o[i] * dout[i];
+        return s;
+    };
+    const double h = 1e-5;
+    double worst = 0;
+    std::string where;
+    auto probe = [&](std::vector<double>* v, double analytic, const char* name, size_t i, bool is_x) {
+        double keep = (*v)[i];
+        (*v)[i] = keep + h;
+        double lp = is_x ? loss(*v, w) : loss(x, w);
+        (*v)[i] = keep - h;
+        double lm = is_x ? loss(*v, w) : loss(x, w);
+        (*v)[i] = keep;
+        double num = (lp - lm) / (2 * h);
+        double err = fabs(num - analytic) / std::max(1e-3, fabs(num));
+        if (err > worst) {
+            worst = err;
+            where = std::string(name) + "[" + std::to_string(i) + "]";
+        }
+    };
+    for (size_t i = 0; i < x.size(); i += 7) probe(&x, dx[i], "x", i, true);
+    for (size_t i = 0; i < w.wq.size(); i += 97) probe(&w.wq, dw.wq[i], "qkv.weight", i, false);
+    for (size_t i = 0; i < w.wp.size(); i += 31) probe(&w.wp, dw.wp[i], "proj_out.weight", i, false);
+    for (int i = 0; i < C; i += 3) probe(&w.gamma, dw.gamma[i], "norm.weight", i, false);
+    for (int i = 0; i < C; i += 3) probe(&w.beta, dw.beta[i], "norm.bias", i, false);
+    for (int i = 0; i < 3 * C; i += 5) probe(&w.bq, dw.bq[i], "qkv.bias", i, false);
+    // central differences in double with h = 1e-5: truncation ~h^2 and cancellation ~1e-16/h, far below 1e-6
+    bool ok = worst < 1e-6;
+    printf("%s oracle backward vs finite differences: worst relative error %.2e at %s\n", ok ? "PASS" : "FAIL", worst,
+           where.c_str());
+    ok ? n_pass++ : n_fail++;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GPU: train_unet.cu's block inside a one-level UNet whose first input block has attention
+
+static void upload(float* d, const std::vector<double>& v) {
+    std::vector<float> f(v.begin(), v.end());
+    cudaCheck(cudaMemcpy(d, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
+}
+static void compare(const std::string& name, const float* d, const std::vector<double>& ref, double rel) {
+    std::vector<float> got(ref.size());
+    cudaCheck(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost));
+    double scale = 0, max_err = 0;
+    size_t max_i = 0, bad = 0;
+    for (double r : ref) scale = std::max(scale, fabs(r));
+    for (size_t i = 0; i < ref.size(); i++) {
+        double err = fabs((double)got[i] - ref[i]);
+        if (!(err == err)) err = INFINITY;
+        if (!(err <= rel * scale + 10 * rel * fabs(ref[i]))) bad++;
+        if (err > max_err) { max_err = err; max_i = i; }
+    }
+    printf("%s %s: max |err| %.3e at [%zu] (got %.7g, ref %.7g), scale %.3e, %zu of %zu outside %.0e*scale + "
+           "%.0e*|ref|\n", bad ? "FAIL" : "PASS", name.c_str(), max_err, max_i, got[max_i], ref[max_i], scale, bad,
+           ref.size(), rel, 10 * rel);
+    bad ? n_fail++ : n_pass++;
+}
+
+struct AttnLab {
+    UNet m;
+    Op* o = nullptr;
+};
+static bool lab_build(AttnLab* lab, int B, int S, int C, int head_channels) {
+    UNetConfig cfg;
+    cfg.image_size = S;
+    cfg.model_channels = C;
+    cfg.n_levels = 1;
+    cfg.mult[0] = 1; cfg.mult[1] = cfg.mult[2] = cfg.mult[3] = 0;
+    cfg.num_res_blocks = 1;
+    cfg.attn_ds_mask = 1;
+    cfg.num_head_channels = head_channels;
+    if (!config_check(cfg).empty()) return false;
+    unet_define(&lab->m, cfg, B);
+    unet_allocate(&lab->m);
+    for (Op& op : lab->m.ops)
+        if (op.kind == OP_ATTN) {
+            lab->o = &op;
+            break;
+        }
+    return lab->o != nullptr;
+}
+
+static void gpu_case(int B, int S, int C, int head_channels, uint64_t seed) {
+    AttnLab lab;
+    if (!lab_build(&lab, B, S, C, head_channels)) {
+        printf("FAIL attention B%d %dx%d C%d: cannot build the lab model\n", B, S, S, C);
+        n_fail++;
+        return;
+    }
+    UNet* m = &lab.m;
+    Op& o = *lab.o;
+    int L = S * S, heads = C / head_channels;
+    AttnParams w = random_params(C, seed);
+    std::vector<double> x((size_t)B * L * C), dout(x.size()), out, dx;
+    for (size_t i = 0; i < x.size(); i++) {
+        x[i] = frand(seed, 2, i, -1.5, 2.0);
+        dout[i] = frand(seed, 3, i, -1, 1);
+    }
+    upload(m->p + o.n1.w, w.gamma);
+    upload(m->p + o.n1.b, w.beta);
+    upload(m->p + o.qkv.w, w.wq);
+    upload(m->p + o.qkv.b, w.bq);
+    upload(m->p + o.proj.w, w.wp);
+    upload(m->p + o.proj.b, w.bp);
+    upload(o.in->x, x);
+    upload(o.out->g, dout);
+    cudaCheck(cudaMemset(o.out->x, 0xFF, o.out->n * 4));  // poisoned: an unwritten element fails
+    cudaCheck(cudaMemset(o.in->g, 0xFF, o.in->n * 4));
+    cudaCheck(cudaMemset(m->g, 0xFF, m->n_params * 4));
+    attn_forward(m, o);
+    for (Buf* b : m->bufs) b->g_written = false;
+    attn_backward(m, o);
+    cudaCheck(cudaDeviceSynchronize());
+    AttnCache c;
+    oracle_forward(x, w, B, L, C, heads, &out, &c);
+    AttnParams dw;
+    oracle_backward(x, w, c, dout, B, L, C, heads, &dx, &dw);
+    char name[96];
+    snprintf(name, sizeof name, "attention B%d L%d C%d heads %d", B, L, C, heads);
+    std::string n = name;
+    // strict fp32 (cuBLAS default math) against double: sums of <= L*d or B*L terms of O(1) values, so 1e-5 of
+    // the tensor's scale for the output and 1e-4 for gradients (two more chained products) leave ample margin
+    compare(n + " out", o.out->x, out, 1e-5);
+    compare(n + " dx", o.in->g, dx, 1e-4);
+    compare(n + " grad norm.weight", m->g + o.n1.w, dw.gamma, 1e-4);
+    compare(n + " grad norm.bias", m->g + o.n1.b, dw.beta, 1e-4);
+    compare(n + " grad qkv.weight", m->g + o.qkv.w, dw.wq, 1e-4);
+    compare(n + " grad qkv.bias", m->g + o.qkv.b, dw.bq, 1e-4);
+    compare(n + " grad proj_out.weight", m->g + o.proj.w, dw.wp, 1e-4);
+    compare(n + " grad proj_out.bias", m->g + o.proj.b, dw.bp, 1e-4);
+    unet_free(m);
+}
+
+static void bench_case(int B, int S, int C) {
+    AttnLab lab;
+    if (!lab_build(&lab, B, S, C, 32)) return;
+    UNet* m = &lab.m;
+    Op& o = *lab.o;
+    cudaCheck(cudaMemset(m->p, 0, m->n_params * 4));
+    cudaCheck(cudaMemset(o.in->x, 0, o.in->n * 4));
+    cudaCheck(cudaMemset(o.out->g, 0, o.out->n * 4));
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    float ms[2];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 23; i++) {
+            if (i == 3) cudaCheck(cudaEventRecord(e0));
+            if (pass == 0) attn_forward(m, o);
+            else {
+                for (Buf* b : m->bufs) b->g_written = false;
+                attn_backward(m, o);
+            }
+        }
+        cudaCheck(cudaEventRecord(e1));
+        cudaCheck(cudaEventSynchronize(e1));
+        cudaCheck(cudaEventElapsedTime(&ms[pass], e0, e1));
+        ms[pass] /= 20;
+    }
+    printf("     attention B%d %dx%d C%d (%d heads): forward %.3f ms, backward %.3f ms (%s)\n", B, S, S, C, C / 32, ms[0],
+           ms[1], g_tf32 ? "TF32" : "fp32");
+    unet_free(m);
+}
+
+int main(int argc, char** argv) {
+    bool test = argc > 1 && !strcmp(argv[1], "--test");
+    if (argc > 1 && !test && strcmp(argv[1], "1")) {
+        fprintf(stderr, "error: unknown version %s (1: train_unet.cu's attention block)\n", argv[1]);
+        return 1;
+    }
+    selfcheck_oracle();
+    if (cuda_device_count() == 0) {
+        printf("SKIP attention GPU checks: no CUDA GPU\n");
+        n_skip++;
+    } else {
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+        g_num_sms = prop.multiProcessorCount;
+        cublasCheck(cublasCreate(&g_cublas));
+        set_tf32(false);
+        // awkward sizes: 7x7 and 5x5 tokens, 2 and 3 heads of 16 and 32 channels, batch 3 and 2
+        gpu_case(3, 7, 64, 32, 21);
+        gpu_case(2, 5, 96, 32, 22);
+        gpu_case(2, 6, 32, 16, 23);
+        if (!test) {
+            for (int tf32 = 0; tf32 < 2; tf32++) {
+                set_tf32(tf32 == 1);
+                bench_case(32, 16, 192);
+                bench_case(32, 8, 256);
+            }
+        }
+        cublasCheck(cublasDestroy(g_cublas));
+    }
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}
