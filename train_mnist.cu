@@ -390,7 +390,9 @@ struct Epilogue { const float* bias = nullptr; int relu = 0; const float* mask =
 // [k][m] when m is), padded so that both the stores and the mma fragment reads are free of bank conflicts.
 // A operands with contiguous k (row-major and the implicit-GEMM views) use separable addressing: address =
 // row_offset(r) + col_offset(c), the row part computed once per thread, the column part once per K-tile.
-// TODO(lead): `// from dev/matmul.cu version N` once the matmul helper's progression has this kernel.
+// Kin of dev/matmul.cu version 6 (TF32 mma.sync m16n8k8, padded conflict-free fragment reads), written in parallel
+// with it: this variant adds the implicit-GEMM operand views, register prefetch instead of cp.async, and a strict-fp32
+// twin with the same thread-to-output map. (Names to be reconciled by the lead.)
 constexpr int MM_BM = 64, MM_BK = 32, MM_THREADS = 128;
 static_assert(MM_BM * MM_BK % MM_THREADS == 0, "tiles must split evenly over threads");
 static_assert((MM_BK + 4) % 32 == 4 && (MM_BM + 8) % 32 == 8 && (32 + 8) % 32 == 8,
