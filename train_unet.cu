@@ -1722,7 +1722,8 @@ static void param_to_torch(const Param& p, const float* src, float* dst) {
 
 // PyTorch's default initialisation (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for conv/linear weights and biases,
 // GroupNorm 1 and 0) and guided-diffusion's zero_module for out_layers.3, proj_out and out.2.
-static void unet_init_weights(UNet* m, uint64_t seed) {
+// Returns the initial parameters in our layout (host only).
+static std::vector<float> unet_init_host(const UNet* m, uint64_t seed) {
     std::vector<float> h(m->n_params);
     uint64_t counter = 0;
     for (size_t pi = 0; pi < m->params.size(); pi++) {
@@ -1751,8 +1752,12 @@ static void unet_init_weights(UNet* m, uint64_t seed) {
         }
     }
     // generated in PyTorch layout, stored in ours
-    std::vector<float> ours(m->n_params);
+    std::vector<float> ours(m->n_params, 0.f);
     for (const Param& p : m->params) param_from_torch(p, h.data() + p.off, ours.data() + p.off);
+    return ours;
+}
+static void unet_init_weights(UNet* m, uint64_t seed) {
+    std::vector<float> ours = unet_init_host(m, seed);
     cudaCheck(cudaMemcpy(m->p, ours.data(), m->n_params * 4, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
 }

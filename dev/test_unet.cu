@@ -9,7 +9,8 @@ Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32
     x_t, the model output, the loss, every parameter gradient by name, and the n_steps AdamW-step losses;
   forward fixture (UNET_FIXTURE, dev/unet.py --forward_fixture): the output on the fixture's x_t and t;
   resume: 2N steps in one run vs N steps + --resume + N steps on data/sunflowers64.bin: identical losses.
-Without a GPU every check is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
+CPU checks (also without a GPU, so in CI): the parameter table, the initialisation's distributions, the weight
+layout conversion, the loader's draws. Without a GPU every other check is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
 */
 #define TESTING
 #include "../train_unet.cu"
@@ -345,9 +346,110 @@ static void test_resume() {
     else report("FAIL", "resume", "first difference at step " + std::to_string(diff) + " (whole/split:" + l + ")");
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// CPU checks (run in CI): the model's parameter table, our initialisation against PyTorch's default
+// distributions, the layout conversion, and the loader's draws.
+static void cpu_checks() {
+    UNet model;
+    UNet* m = &model;
+    unet_define(m, UNetConfig(), 32);
+    size_t total = 0;
+    for (const Param& p : m->params) total += p.n;
+    // dev/unet.py --list_params for the default model: 22080323 parameters in 338 tensors
+    bool ok = total == 22080323 && m->params.size() == 338 && unet_param(m, "output_blocks.8.1.conv.weight") && unet_param(m, "output_blocks.5.2.conv.weight") &&
+              unet_param(m, "input_blocks.9.0.op.weight") && unet_param(m, "middle_block.1.qkv.weight");
+    report(ok ? "PASS" : "FAIL", "parameter table", std::to_string(total) + " parameters in " +
+           std::to_string(m->params.size()) + " tensors (dev/unet.py: 22080323 in 338)");
+
+    // init: GroupNorm 1/0, zero_module layers exactly 0, everything else U(-1/sqrt(fan_in), 1/sqrt(fan_in)):
+    // inside the bound, and for tensors of >= 4096 values a variance within 5% of bound^2/3 (the standard error
+    // of the variance estimate of a uniform is < 1.2% there) and a mean within 5 standard errors of 0
+    std::vector<float> w = unet_init_host(m, 1337);
+    int bad = 0;
+    std::string first_bad;
+    for (size_t pi = 0; pi < m->params.size(); pi++) {
+        const Param& p = m->params[pi];
+        const std::string& n = p.name;
+        std::vector<float> t(p.n);
+        param_to_torch(p, w.data() + p.off, t.data());
+        bool norm = n.find("in_layers.0.") != std::string::npos || n.find("out_layers.0.") != std::string::npos ||
+                    n.find(".norm.") != std::string::npos || n.rfind("out.0.", 0) == 0;
+        bool zero = n.find("out_layers.3.") != std::string::npos || n.find("proj_out.") != std::string::npos ||
+                    n.rfind("out.2.", 0) == 0;
+        bool good = true;
+        if (norm) {
+            float want = n.compare(n.size() - 7, 7, ".weight") == 0 ? 1.f : 0.f;
+            for (float v : t) good = good && v == want;
+        } else if (zero) {
+            for (float v : t) good = good && v == 0.f;
+        } else {
+            const Param& wp = n.compare(n.size() - 5, 5, ".bias") == 0 ? m->params[pi - 1] : p;
+            double bound = 1.0 / sqrt((double)(wp.n / wp.shape[0]));
+            double s = 0, ss = 0;
+            for (float v : t) {
+                good = good && fabs(v) <= bound;
+                s += v;
+                ss += (double)v * v;
+            }
+            if (p.n >= 4096) {
+                double mean = s / p.n, var = ss / p.n - mean * mean, want = bound * bound / 3;
+                good = good && fabs(var / want - 1) < 0.05 && fabs(mean) < 5 * bound / sqrt(3.0 * p.n);
+            }
+        }
+        if (!good) {
+            if (!bad) first_bad = n;
+            bad++;
+        }
+    }
+    report(bad ? "FAIL" : "PASS", "init", bad ? std::to_string(bad) + " tensors off, first " + first_bad
+           : "338 tensors: GroupNorm 1/0, zero-inits 0, the rest U(+-1/sqrt(fan_in)) with the right variance");
+
+    // layout: PyTorch -> ours -> PyTorch is the identity, and ours is [tap][cin][cout] for 3x3 convs
+    bool round = true;
+    for (const Param& p : m->params) {
+        std::vector<float> a(p.n), b(p.n), c(p.n);
+        for (size_t i = 0; i < p.n; i++) a[i] = (float)i;
+        param_from_torch(p, a.data(), b.data());
+        param_to_torch(p, b.data(), c.data());
+        round = round && a == c;
+        if (p.kind == PK_CONV3 && p.n > 1) {  // torch (co, ci, ky, kx) = (1, 0, 2, 1) -> ours [(2*3+1)][0][1]
+            int co_n = p.shape[0], ci_n = p.shape[1];
+            size_t src = ((size_t)1 * ci_n + 0) * 9 + 7, dst = ((size_t)7 * ci_n + 0) * co_n + 1;
+            round = round && co_n > 1 && b[dst] == a[src];
+        }
+    }
+    report(round ? "PASS" : "FAIL", "weight layout", "PyTorch (cout, cin, 3, 3) <-> [tap][cin][cout] round trip");
+
+    // loader: every epoch a permutation of the N images, both flips, t in [0, T); draws from step 7 on equal
+    // the uninterrupted run's (resume)
+    const int N = 37, B = 5, T = 1000, S = 30;
+    std::vector<int> codes, ts, codes2, ts2;
+    batch_draws(1337, N, T, 0, S, B, &codes, &ts);
+    batch_draws(1337, N, T, 7, S - 7, B, &codes2, &ts2);
+    bool perm = true, flips[2] = {false, false}, trange = true;
+    int epochs = S * B / N;
+    for (int e = 0; e < epochs; e++) {
+        std::vector<int> seen(N, 0);
+        for (int i = 0; i < N; i++) seen[codes[(size_t)e * N + i] >> 1]++;
+        for (int c : seen) perm = perm && c == 1;
+    }
+    for (size_t i = 0; i < codes.size(); i++) {
+        flips[codes[i] & 1] = true;
+        trange = trange && ts[i] >= 0 && ts[i] < T;
+    }
+    bool resume = std::equal(codes2.begin(), codes2.end(), codes.begin() + 7 * B) &&
+                  std::equal(ts2.begin(), ts2.end(), ts.begin() + 7 * B);
+    ok = perm && flips[0] && flips[1] && trange && resume;
+    report(ok ? "PASS" : "FAIL", "loader draws", std::to_string(epochs) + " epochs each a permutation of " +
+           std::to_string(N) + " images: " + (perm ? "yes" : "NO") + "; both flips: " +
+           (flips[0] && flips[1] ? "yes" : "NO") + "; t in [0, T): " + (trange ? "yes" : "NO") +
+           "; draws from step 7 equal the uninterrupted run's: " + (resume ? "yes" : "NO"));
+}
+
 int main(int argc, char** argv) {
     std::vector<std::string> paths;
     for (int i = 1; i < argc; i++) paths.push_back(argv[i]);
+    if (paths.empty()) cpu_checks();
     if (cuda_device_count() == 0) {
         report("SKIP", "test_unet", "no CUDA GPU (debug state, forward fixture and resume checks need one)");
         printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
