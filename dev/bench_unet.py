@@ -90,7 +90,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench_results")
     p.add_argument("--modes", default="eager,compile,reduce-overhead")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=15)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--binary", default=os.path.join(ROOT, "train_unet"))
     args = p.parse_args()
@@ -108,7 +108,7 @@ def main():
     print(f"ours: {ours_ms:.2f} ms/step (windows {['%.2f' % v for v in ours_all]})", flush=True)
     for mode in [m for m in args.modes.split(",") if m]:
         try:
-            ms, all_ms, warm_s = bench_torch(mode, args.steps, args.batch_size, 3 if mode == "eager" else 4)
+            ms, all_ms, warm_s = bench_torch(mode, args.steps, args.batch_size, 3)
             rows.append(dict(impl=f"pytorch {mode}", ms=ms, wall_s=warm_s))
             print(f"pytorch {mode}: {ms:.2f} ms/step (warm-up {warm_s:.1f} s)", flush=True)
         except Exception as e:  # report the mode and go on with the others
