@@ -1335,6 +1335,17 @@ int main(int argc, char** argv) {
         CheckpointMeta meta = mnist_load_checkpoint(&model, a.resume.c_str(), true, model.opt.optimizer);
         if (meta.batch_size != B) { fprintf(stderr, "error: %s: header[5] batch_size is %d, --batch_size is %d (resume needs the same)\n", a.resume.c_str(), meta.batch_size, B); exit(1); }
         start_epoch = meta.epoch; step = meta.step;
+        if (start_epoch >= a.epochs) {
+            fprintf(stderr, "error: %s: header[3] epoch is %d, --epochs is %d: nothing left to train (raise --epochs)\n", a.resume.c_str(), start_epoch, a.epochs);
+            exit(1);
+        }
+    }
+    if (!a.checkpoint.empty()) {  // fail now, not after the first epoch, when the checkpoint cannot be written
+        std::string tmp = a.checkpoint + ".tmp";
+        FILE* f = fopen(tmp.c_str(), "wb");
+        if (!f) { fprintf(stderr, "error: --checkpoint %s: cannot write %s: %s\n", a.checkpoint.c_str(), tmp.c_str(), strerror(errno)); exit(1); }
+        fclose(f);
+        remove(tmp.c_str());
     }
 
     // the boxed table of the run's parameters

@@ -158,6 +158,11 @@ def main():
         report(rc == 0 and len(ep3) == 2 and ep and ep3[-1] == ep[-1], "--resume continues the same trajectory",
                f"exit {rc}; resumed epochs 2-3 {ep3} vs straight {ep[1:] if ep else None}")
 
+        expect_error("resume with nothing left to train", common + ["--epochs", "3", "--resume", ck], "epoch is 3",
+                     "--epochs is 3")
+        expect_error("checkpoint folder missing", common + ["--epochs", "1", "--checkpoint",
+                     os.path.join(tmp, "no_such_dir", "ck.bin")], "--checkpoint", "cannot write")
+
         # NaN: resume with an absurd learning rate; the last good checkpoint stays as it was
         before = open(ck, "rb").read()
         rc, out4 = run(common + ["--epochs", "5", "--resume", ck, "--lr", "1e9", "--lr_schedule", "constant",
