@@ -447,6 +447,89 @@ __device__ __forceinline__ int conv_gather(const ConvGeom& g, int b, int oy, int
     return (b * g.H + ny) * g.W + nx;
 }
 
+// Shared by conv_igemm_kernel and conv_igemm_pipe_kernel: the loader's row state, the MMAs of one k-tile, and the
+// accumulators' round trip through shared memory for the epilogue.
+
+// MODE 0 with VEC loads: (b, oy, ox) of the 4 output pixels (rows m0 + tid/8 + 32*i) this thread loads A for
+__device__ __forceinline__ void conv_rows_setup(const ConvGeom& g, int m0, int tid, int HWo, int (&rowb)[4],
+                                                int (&rowy)[4], int (&rowx)[4], bool (&rowv)[4]) {
+    for (int i = 0; i < 4; i++) {
+        int m = m0 + (tid >> 3) + 32 * i;
+        rowv[i] = m < g.M;
+        int mm = rowv[i] ? m : 0;
+        rowb[i] = mm / HWo;
+        int r = mm - rowb[i] * HWo;
+        rowy[i] = r / g.Wo;
+        rowx[i] = r - rowy[i] * g.Wo;
+    }
+}
+
+using ConvFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+
+template <bool TF32>
+__device__ __forceinline__ void conv_acc_zero(ConvFrag (&acc)[2][2], float (&accs)[8][4]) {
+    if (TF32) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.f);
+    } else {
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
+    }
+}
+
+// acc (+)= A tile x B tile over one CONV_BK slice. As: (m, k) with AS_LD (MODE 0) or (k, m) with AT_LD (MODE 1);
+// Bs: (k, n) with BS_LD. TF32: warp (wm, wn) owns a 32x32 tile; FP32: thread (ty, tx) owns rows ty*8 + i,
+// columns tx + 16*j.
+template <int MODE, bool TF32>
+__device__ __forceinline__ void conv_mma_tile(const float* As, const float* Bs, ConvFrag (&acc)[2][2],
+                                              float (&accs)[8][4], int wm, int wn, int ty, int tx) {
+    using namespace nvcuda;
+    using ALayout = typename std::conditional<MODE == 0, wmma::row_major, wmma::col_major>::type;
+    if (TF32) {
+#pragma unroll
+        for (int kk = 0; kk < CONV_BK; kk += 8) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b[2];
+            for (int i = 0; i < 2; i++) {
+                if (MODE == 0) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * AS_LD + kk, AS_LD);
+                else wmma::load_matrix_sync(a[i], As + kk * AT_LD + wm * 32 + i * 16, AT_LD);
+                for (int t = 0; t < a[i].num_elements; t++) a[i].x[t] = wmma::__float_to_tf32(a[i].x[t]);
+            }
+            for (int j = 0; j < 2; j++) {
+                wmma::load_matrix_sync(b[j], Bs + kk * BS_LD + wn * 32 + j * 16, BS_LD);
+                for (int t = 0; t < b[j].num_elements; t++) b[j].x[t] = wmma::__float_to_tf32(b[j].x[t]);
+            }
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+    } else {
+#pragma unroll 4
+        for (int kk = 0; kk < CONV_BK; kk++) {
+            float a[8], b[4];
+            for (int i = 0; i < 8; i++)
+                a[i] = MODE == 0 ? As[(ty * 8 + i) * AS_LD + kk] : As[kk * AT_LD + ty * 8 + i];
+            for (int j = 0; j < 4; j++) b[j] = Bs[kk * BS_LD + tx + 16 * j];
+            for (int i = 0; i < 8; i++)
+                for (int j = 0; j < 4; j++) accs[i][j] = fmaf(a[i], b[j], accs[i][j]);
+        }
+    }
+}
+
+// the accumulators into the (CONV_BM, CONV_BN) output tile Cs (row stride CS_LD), same ownership as above
+template <bool TF32>
+__device__ __forceinline__ void conv_acc_store(float* Cs, const ConvFrag (&acc)[2][2], const float (&accs)[8][4],
+                                               int wm, int wn, int ty, int tx) {
+    if (TF32) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++)
+                nvcuda::wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * CS_LD + wn * 32 + j * 16, acc[i][j], CS_LD,
+                                                nvcuda::wmma::mem_row_major);
+    } else {
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 4; j++) Cs[(ty * 8 + i) * CS_LD + tx + 16 * j] = accs[i][j];
+    }
+}
+
 template <int MODE, bool TF32, bool VEC>
 __global__ void __launch_bounds__(CONV_THREADS)
 conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
@@ -470,17 +553,7 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
     bool rowv[4];
     int mtap = 0, mc = 0;
     bool mval = false;
-    if (VEC && MODE == 0) {
-        for (int i = 0; i < 4; i++) {
-            int m = m0 + (tid >> 3) + 32 * i;
-            rowv[i] = m < g.M;
-            int mm = rowv[i] ? m : 0;
-            rowb[i] = mm / HWo;
-            int r = mm - rowb[i] * HWo;
-            rowy[i] = r / g.Wo;
-            rowx[i] = r - rowy[i] * g.Wo;
-        }
-    }
+    if (VEC && MODE == 0) conv_rows_setup(g, m0, tid, HWo, rowb, rowy, rowx, rowv);
     if (VEC && MODE == 1) {
         int m = m0 + (tid & 31) * 4;
         mval = m < g.M;
@@ -564,19 +637,11 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
         }
     };
 
-    using namespace nvcuda;
-    using ALayout = typename std::conditional<MODE == 0, wmma::row_major, wmma::col_major>::type;
-    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2][2];
+    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;  // TF32: this warp's 32x32 tile
+    const int ty = tid >> 4, tx = tid & 15;                     // FP32: this thread's 8x4 outputs
+    ConvFrag acc[2][2];
     float accs[8][4];
-    const int ty = tid >> 4, tx = tid & 15;
-    if (TF32) {
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
-    } else {
-        for (int i = 0; i < 8; i++)
-            for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
-    }
+    conv_acc_zero<TF32>(acc, accs);
 
     if (nk > 0) {
         load_tiles(kbeg);
@@ -585,34 +650,7 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
     __syncthreads();
     for (int kt = 0; kt < nk; kt++) {
         if (kt + 1 < nk) load_tiles(kbeg + (kt + 1) * CONV_BK);  // global loads in flight during the MMAs
-        if (TF32) {
-#pragma unroll
-            for (int kk = 0; kk < CONV_BK; kk += 8) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a[2];
-                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b[2];
-                for (int i = 0; i < 2; i++) {
-                    if (MODE == 0) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * AS_LD + kk, AS_LD);
-                    else wmma::load_matrix_sync(a[i], As + kk * AT_LD + wm * 32 + i * 16, AT_LD);
-                    for (int t = 0; t < a[i].num_elements; t++) a[i].x[t] = wmma::__float_to_tf32(a[i].x[t]);
-                }
-                for (int j = 0; j < 2; j++) {
-                    wmma::load_matrix_sync(b[j], Bs + kk * BS_LD + wn * 32 + j * 16, BS_LD);
-                    for (int t = 0; t < b[j].num_elements; t++) b[j].x[t] = wmma::__float_to_tf32(b[j].x[t]);
-                }
-                for (int i = 0; i < 2; i++)
-                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-            }
-        } else {
-#pragma unroll 4
-            for (int kk = 0; kk < CONV_BK; kk++) {
-                float a[8], b[4];
-                for (int i = 0; i < 8; i++)
-                    a[i] = MODE == 0 ? As[(ty * 8 + i) * AS_LD + kk] : As[kk * AT_LD + ty * 8 + i];
-                for (int j = 0; j < 4; j++) b[j] = Bs[kk * BS_LD + tx + 16 * j];
-                for (int i = 0; i < 8; i++)
-                    for (int j = 0; j < 4; j++) accs[i][j] = fmaf(a[i], b[j], accs[i][j]);
-            }
-        }
+        conv_mma_tile<MODE, TF32>(As, Bs, acc, accs, wm, wn, ty, tx);
         __syncthreads();
         if (kt + 1 < nk) {
             store_tiles();
@@ -622,15 +660,7 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
 
     // epilogue through shared memory: coalesced writes with bias, time embedding and accumulation fused
     float* Cs = smem;
-    if (TF32) {
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++)
-                wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * CS_LD + wn * 32 + j * 16, acc[i][j], CS_LD,
-                                        wmma::mem_row_major);
-    } else {
-        for (int i = 0; i < 8; i++)
-            for (int j = 0; j < 4; j++) Cs[(ty * 8 + i) * CS_LD + tx + 16 * j] = accs[i][j];
-    }
+    conv_acc_store<TF32>(Cs, acc, accs, wm, wn, ty, tx);
     __syncthreads();
     for (int e = tid; e < CONV_BM * CONV_BN; e += CONV_THREADS) {
         int row = e >> 6, col = e & 63;
@@ -684,15 +714,7 @@ conv_igemm_pipe_kernel(const float* __restrict__ X, const float* __restrict__ Bm
     int mtap = 0, mc = 0;
     bool mval = false;
     if (MODE == 0) {
-        for (int i = 0; i < 4; i++) {
-            int m = m0 + (tid >> 3) + 32 * i;
-            rowv[i] = m < g.M;
-            int mm = rowv[i] ? m : 0;
-            rowb[i] = mm / HWo;
-            int r = mm - rowb[i] * HWo;
-            rowy[i] = r / g.Wo;
-            rowx[i] = r - rowy[i] * g.Wo;
-        }
+        conv_rows_setup(g, m0, tid, HWo, rowb, rowy, rowx, rowv);
     } else {
         int m = m0 + (tid & 31) * 4;
         mval = m < g.M;
@@ -728,19 +750,11 @@ conv_igemm_pipe_kernel(const float* __restrict__ X, const float* __restrict__ Bm
         }
     };
 
-    using namespace nvcuda;
-    using ALayout = typename std::conditional<MODE == 0, wmma::row_major, wmma::col_major>::type;
-    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2][2];
+    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;  // TF32: this warp's 32x32 tile
+    const int ty = tid >> 4, tx = tid & 15;                     // FP32: this thread's 8x4 outputs
+    ConvFrag acc[2][2];
     float accs[8][4];
-    const int ty = tid >> 4, tx = tid & 15;
-    if (TF32) {
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
-    } else {
-        for (int i = 0; i < 8; i++)
-            for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
-    }
+    conv_acc_zero<TF32>(acc, accs);
     for (int s = 0; s < CONV_STAGES - 1; s++) {
         if (s < nk) load_stage(s, kbeg + s * CONV_BK);
         cp_async_commit();
@@ -753,47 +767,12 @@ conv_igemm_pipe_kernel(const float* __restrict__ X, const float* __restrict__ Bm
         cp_async_commit();
         const float* As = psmem + (kt % CONV_STAGES) * CONV_STAGE_FLOATS;
         const float* Bs = As + CONV_A_FLOATS;
-        if (TF32) {
-#pragma unroll
-            for (int kk = 0; kk < CONV_BK; kk += 8) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a[2];
-                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b[2];
-                for (int i = 0; i < 2; i++) {
-                    if (MODE == 0) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * AS_LD + kk, AS_LD);
-                    else wmma::load_matrix_sync(a[i], As + kk * AT_LD + wm * 32 + i * 16, AT_LD);
-                    for (int t = 0; t < a[i].num_elements; t++) a[i].x[t] = wmma::__float_to_tf32(a[i].x[t]);
-                }
-                for (int j = 0; j < 2; j++) {
-                    wmma::load_matrix_sync(b[j], Bs + kk * BS_LD + wn * 32 + j * 16, BS_LD);
-                    for (int t = 0; t < b[j].num_elements; t++) b[j].x[t] = wmma::__float_to_tf32(b[j].x[t]);
-                }
-                for (int i = 0; i < 2; i++)
-                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-            }
-        } else {
-#pragma unroll 4
-            for (int kk = 0; kk < CONV_BK; kk++) {
-                float a[8], b[4];
-                for (int i = 0; i < 8; i++)
-                    a[i] = MODE == 0 ? As[(ty * 8 + i) * AS_LD + kk] : As[kk * AT_LD + ty * 8 + i];
-                for (int j = 0; j < 4; j++) b[j] = Bs[kk * BS_LD + tx + 16 * j];
-                for (int i = 0; i < 8; i++)
-                    for (int j = 0; j < 4; j++) accs[i][j] = fmaf(a[i], b[j], accs[i][j]);
-            }
-        }
+        conv_mma_tile<MODE, TF32>(As, Bs, acc, accs, wm, wn, ty, tx);
     }
     cp_async_wait<0>();
     __syncthreads();
     float* Cs = psmem;
-    if (TF32) {
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++)
-                wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * CS_LD + wn * 32 + j * 16, acc[i][j], CS_LD,
-                                        wmma::mem_row_major);
-    } else {
-        for (int i = 0; i < 8; i++)
-            for (int j = 0; j < 4; j++) Cs[(ty * 8 + i) * CS_LD + tx + 16 * j] = accs[i][j];
-    }
+    conv_acc_store<TF32>(Cs, acc, accs, wm, wn, ty, tx);
     __syncthreads();
     // float4 epilogue: N % 4 == 0 here
     for (int e = tid; e < CONV_BM * CONV_BN / 4; e += CONV_THREADS) {
