@@ -718,8 +718,7 @@ static int run_tests(const char* fixture_path, uint64_t seed) {
             cudaCheck(cudaFree(d_dx));
         }
     }
-    printf("%d passed, %d failed, %d skipped\n", tally.passed, tally.failed, tally.skipped);
-    return tally.failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return tally_end(tally);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -749,38 +748,26 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
         // validation on up to 64 rows spread over the matrix
         int check_rows = std::min(sh.rows, 64);
         std::vector<float> yr((size_t)check_rows * sh.cols), dyr(yr.size()), out(yr.size()), ref(yr.size());
-        for (int i = 0; i < check_rows; i++) {
-            size_t r = (size_t)((long long)i * sh.rows / check_rows) * sh.cols;
-            cudaCheck(cudaMemcpy(&yr[(size_t)i * sh.cols], ys[0] + r, sh.cols * sizeof(float), cudaMemcpyDeviceToHost));
-            cudaCheck(cudaMemcpy(&dyr[(size_t)i * sh.cols], dys[0] + r, sh.cols * sizeof(float), cudaMemcpyDeviceToHost));
-        }
+        copy_check_rows(yr.data(), ys[0], sh, check_rows);
+        copy_check_rows(dyr.data(), dys[0], sh, check_rows);
         softmax_backward_cpu(ref.data(), yr.data(), dyr.data(), check_rows, sh.cols);
         // copy of the same bytes moved (y -> dx: 2/3 of the traffic, same rate): the memory system at this size
         int copy_reps = 0;
         float copy_ms = median_ms([&](int i) { cudaCheck(cudaMemcpyAsync(dxs[i % nsets], ys[i % nsets], n * sizeof(float), cudaMemcpyDeviceToDevice)); }, copy_reps);
         double copy_same = 2.0 * n * sizeof(float) / (copy_ms * 1e-3) / 1e9;
         printf("%dx%d: cudaMemcpy D2D of %zu MB (y -> dx): %.1f GB/s\n", sh.rows, sh.cols, n * sizeof(float) >> 20, copy_same);
-        for (int v : versions) {
-            std::vector<int> sizes = block_size_flag >= 0 ? std::vector<int>{block_size_flag} : block_sizes_of(v);
-            for (int bs : sizes) {
-                cudaCheck(cudaMemset(dxs[0], 0xff, n * sizeof(float)));
-                const char* why = softmax_backward(v, dxs[0], ys[0], dys[0], sh.rows, sh.cols, bs);
-                if (why) { bench_unsupported(sh, v, bs, why); continue; }
-                cudaCheck(cudaDeviceSynchronize());
-                for (int i = 0; i < check_rows; i++) {
-                    size_t r = (size_t)((long long)i * sh.rows / check_rows) * sh.cols;
-                    cudaCheck(cudaMemcpy(&out[(size_t)i * sh.cols], dxs[0] + r, sh.cols * sizeof(float), cudaMemcpyDeviceToHost));
-                }
-                CompareResult c = compare_backward(out.data(), ref.data(), out.size());
-                all_ok = all_ok && c.ok;
-                int reps = 0;
-                float ms = median_ms([&](int i) { softmax_backward(v, dxs[i % nsets], ys[i % nsets], dys[i % nsets], sh.rows, sh.cols, bs); }, reps);
-                // bytes moved: read y and dy once, write dx once, 4 bytes each: 3 * rows * cols * 4
-                double gbps = 3.0 * n * sizeof(float) / (ms * 1e-3) / 1e9;
-                std::string choice = v == NUM_VERSIONS ? backward8_choice(sh.rows, sh.cols) : "";
-                bench_row(b, sh, v, bs, ms, gbps, copy_same, reps, c, out.data(), ref.data(), choice);
-            }
-        }
+        // bytes moved: read y and dy once, write dx once, 4 bytes each: 3 * rows * cols * 4
+        all_ok = bench_versions(
+            b, sh, versions, block_size_flag, block_sizes_of, 3.0 * n * sizeof(float), copy_same, out.data(), ref.data(),
+            [&]() { cudaCheck(cudaMemset(dxs[0], 0xff, n * sizeof(float))); },
+            [&](int v, int bs, int i) {
+                return softmax_backward(v, dxs[i % nsets], ys[i % nsets], dys[i % nsets], sh.rows, sh.cols, bs);
+            },
+            [&]() {
+                copy_check_rows(out.data(), dxs[0], sh, check_rows);
+                return compare_backward(out.data(), ref.data(), out.size());
+            },
+            [&](int v) { return v == NUM_VERSIONS ? backward8_choice(sh.rows, sh.cols) : std::string(); }) && all_ok;
         for (int i = 0; i < nsets; i++) { cudaCheck(cudaFree(ys[i])); cudaCheck(cudaFree(dys[i])); cudaCheck(cudaFree(dxs[i])); }
     }
     return bench_end(b, all_ok);

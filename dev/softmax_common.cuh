@@ -280,6 +280,12 @@ static void skip(Tally& t, const std::string& name, const std::string& why) {
     t.skipped++;
 }
 
+// The suite's last line; its exit code (non-zero iff a check failed).
+static int tally_end(const Tally& tally) {
+    printf("%d passed, %d failed, %d skipped\n", tally.passed, tally.failed, tally.skipped);
+    return tally.failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 static std::string describe(const CompareResult& c, int cols, const float* out, const float* ref) {
     char buf[256];
     if (c.ok)
@@ -452,6 +458,42 @@ static void bench_row(BenchOutput& b, const BenchShape& sh, int v, int bs, float
                 c.ok ? "true" : "false", choice.c_str());
         b.first = false;
     }
+}
+
+// Copies the validation rows of a device matrix: check_rows rows spread evenly over the sh.rows rows.
+static void copy_check_rows(float* host, const float* dev, const BenchShape& sh, int check_rows) {
+    for (int i = 0; i < check_rows; i++) {
+        size_t r = (size_t)((long long)i * sh.rows / check_rows) * sh.cols;
+        cudaCheck(cudaMemcpy(&host[(size_t)i * sh.cols], dev + r, sh.cols * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+}
+
+// Validates and times every version of versions at each of its block sizes (block_sizes_of(v), or the one given by
+// --block_size when >= 0) on one shape. launch(v, bs, i) launches on buffer set i and returns why the version does not
+// apply, or nullptr; set 0 is validated: poison() fills its output with NaN before the launch, validate() compares
+// the output rows it copies into out with ref. bytes: what one launch reads and writes; choice(v): the dispatcher's
+// pick for the table ("" for the other versions). Returns whether every validation passed.
+template <typename Poison, typename Launch, typename Validate, typename Choice>
+static bool bench_versions(BenchOutput& b, const BenchShape& sh, const std::vector<int>& versions, int block_size_flag,
+                           std::vector<int> (*block_sizes_of)(int), double bytes, double copy_same, const float* out,
+                           const float* ref, Poison poison, Launch launch, Validate validate, Choice choice) {
+    bool all_ok = true;
+    for (int v : versions) {
+        std::vector<int> sizes = block_size_flag >= 0 ? std::vector<int>{block_size_flag} : block_sizes_of(v);
+        for (int bs : sizes) {
+            poison();
+            const char* why = launch(v, bs, 0);
+            if (why) { bench_unsupported(sh, v, bs, why); continue; }
+            cudaCheck(cudaDeviceSynchronize());
+            CompareResult c = validate();
+            all_ok = all_ok && c.ok;
+            int reps = 0;
+            float ms = median_ms([&](int i) { launch(v, bs, i); }, reps);
+            double gbps = bytes / (ms * 1e-3) / 1e9;
+            bench_row(b, sh, v, bs, ms, gbps, copy_same, reps, c, out, ref, choice(v));
+        }
+    }
+    return all_ok;
 }
 
 // Closes the JSON file; the exit code of the benchmark.

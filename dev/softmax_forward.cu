@@ -818,8 +818,7 @@ static int run_tests(const char* fixture_path, uint64_t seed) {
             cudaCheck(cudaFree(d_y));
         }
     }
-    printf("%d passed, %d failed, %d skipped\n", tally.passed, tally.failed, tally.skipped);
-    return tally.failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return tally_end(tally);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -845,37 +844,23 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
         // validation on up to 64 rows spread over the matrix (the whole oracle on 67M elements would take seconds)
         int check_rows = std::min(sh.rows, 64);
         std::vector<float> xr((size_t)check_rows * sh.cols), out(xr.size()), ref(xr.size());
-        for (int i = 0; i < check_rows; i++) {
-            int r = (int)((long long)i * sh.rows / check_rows);
-            cudaCheck(cudaMemcpy(&xr[(size_t)i * sh.cols], xs[0] + (size_t)r * sh.cols, sh.cols * sizeof(float), cudaMemcpyDeviceToHost));
-        }
+        copy_check_rows(xr.data(), xs[0], sh, check_rows);
         softmax_forward_cpu(ref.data(), xr.data(), check_rows, sh.cols);
         // copy of the same bytes (x -> y, rotating buffers): what the memory system gives a transfer of this size
         int copy_reps = 0;
         float copy_ms = median_ms([&](int i) { cudaCheck(cudaMemcpyAsync(ys[i % nsets], xs[i % nsets], n * sizeof(float), cudaMemcpyDeviceToDevice)); }, copy_reps);
         double copy_same = 2.0 * n * sizeof(float) / (copy_ms * 1e-3) / 1e9;
         printf("%dx%d: cudaMemcpy D2D of the same %zu MB: %.1f GB/s\n", sh.rows, sh.cols, n * sizeof(float) >> 20, copy_same);
-        for (int v : versions) {
-            std::vector<int> sizes = block_size_flag >= 0 ? std::vector<int>{block_size_flag} : block_sizes_of(v);
-            for (int bs : sizes) {
-                cudaCheck(cudaMemset(ys[0], 0xff, n * sizeof(float)));
-                const char* why = softmax_forward(v, ys[0], xs[0], sh.rows, sh.cols, bs);
-                if (why) { bench_unsupported(sh, v, bs, why); continue; }
-                cudaCheck(cudaDeviceSynchronize());
-                for (int i = 0; i < check_rows; i++) {
-                    int r = (int)((long long)i * sh.rows / check_rows);
-                    cudaCheck(cudaMemcpy(&out[(size_t)i * sh.cols], ys[0] + (size_t)r * sh.cols, sh.cols * sizeof(float), cudaMemcpyDeviceToHost));
-                }
-                CompareResult c = compare_forward(out.data(), ref.data(), xr.data(), out.size(), sh.cols);
-                all_ok = all_ok && c.ok;
-                int reps = 0;
-                float ms = median_ms([&](int i) { softmax_forward(v, ys[i % nsets], xs[i % nsets], sh.rows, sh.cols, bs); }, reps);
-                // bytes moved: read x once and write y once, 4 bytes each: 2 * rows * cols * 4
-                double gbps = 2.0 * n * sizeof(float) / (ms * 1e-3) / 1e9;
-                std::string choice = v == NUM_VERSIONS ? forward9_choice(sh.rows, sh.cols) : "";
-                bench_row(b, sh, v, bs, ms, gbps, copy_same, reps, c, out.data(), ref.data(), choice);
-            }
-        }
+        // bytes moved: read x once and write y once, 4 bytes each: 2 * rows * cols * 4
+        all_ok = bench_versions(
+            b, sh, versions, block_size_flag, block_sizes_of, 2.0 * n * sizeof(float), copy_same, out.data(), ref.data(),
+            [&]() { cudaCheck(cudaMemset(ys[0], 0xff, n * sizeof(float))); },
+            [&](int v, int bs, int i) { return softmax_forward(v, ys[i % nsets], xs[i % nsets], sh.rows, sh.cols, bs); },
+            [&]() {
+                copy_check_rows(out.data(), ys[0], sh, check_rows);
+                return compare_forward(out.data(), ref.data(), xr.data(), out.size(), sh.cols);
+            },
+            [&](int v) { return v == NUM_VERSIONS ? forward9_choice(sh.rows, sh.cols) : std::string(); }) && all_ok;
         for (int i = 0; i < nsets; i++) { cudaCheck(cudaFree(xs[i])); cudaCheck(cudaFree(ys[i])); }
     }
     return bench_end(b, all_ok);
