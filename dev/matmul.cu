@@ -36,6 +36,7 @@ version 6: TF32 tensor cores: mma.sync.m16n8k8 (inputs rounded to nearest TF32 b
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include <cerrno>
 #include <sys/stat.h>
@@ -458,6 +459,23 @@ matmul_blocktile_kernel(int M, int N, int K, float alpha, const float* A, int ld
     }
 }
 
+// Calls launch(TA, TB) with TA, TB the compile-time std::bool_constant of the runtime (trans_a, trans_b), so each
+// launcher names its kernel once. NN_ONLY (benchmark tile variants): only A and B as stored are compiled.
+template <bool NN_ONLY = false, typename Launch>
+static void matmul_dispatch_trans(const char* fn, bool trans_a, bool trans_b, Launch&& launch) {
+    using F = std::false_type;
+    using T = std::true_type;
+    if constexpr (NN_ONLY) {
+        if (trans_a || trans_b) { fprintf(stderr, "%s: this tile variant is built for NN only\n", fn); exit(EXIT_FAILURE); }
+        launch(F{}, F{});
+    } else {
+        if (!trans_a && !trans_b) launch(F{}, F{});
+        else if (!trans_a && trans_b) launch(F{}, T{});
+        else if (trans_a && !trans_b) launch(T{}, F{});
+        else launch(T{}, T{});
+    }
+}
+
 template <bool VEC>
 static void matmul_blocktile(const char* fn, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
@@ -468,14 +486,10 @@ static void matmul_blocktile(const char* fn, bool trans_a, bool trans_b, int M, 
     dim3 grid(ceil_div(N, BN), ceil_div(M, BM));
     dim3 block((BM / TM) * (BN / TN));
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb);
-#define BLOCKTILE_LAUNCH(TA_, TB_)                                                                                  \
-    matmul_blocktile_kernel<BM, BN, BK, TM, TN, TA_, TB_, VEC>                                                      \
-        <<<grid, block, 0, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, va, vb)
-    if (!trans_a && !trans_b) BLOCKTILE_LAUNCH(false, false);
-    else if (!trans_a && trans_b) BLOCKTILE_LAUNCH(false, true);
-    else if (trans_a && !trans_b) BLOCKTILE_LAUNCH(true, false);
-    else BLOCKTILE_LAUNCH(true, true);
-#undef BLOCKTILE_LAUNCH
+    matmul_dispatch_trans(fn, trans_a, trans_b, [&](auto ta, auto tb) {
+        matmul_blocktile_kernel<BM, BN, BK, TM, TN, decltype(ta)::value, decltype(tb)::value, VEC>
+            <<<grid, block, 0, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, va, vb);
+    });
     cudaCheck(cudaGetLastError());
 }
 
@@ -648,19 +662,10 @@ static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, flo
     float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
     dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
-#define WARPTILE_LAUNCH(TA_, TB_)                                                                                   \
-    matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA_, TB_><<<grid, NT, 0, stream>>>(                            \
-        M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va, vb, vc)
-    if constexpr (NN_ONLY) {  // benchmark tile variants: only A and B as stored are compiled
-        if (trans_a || trans_b) { fprintf(stderr, "launch_warptile: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
-        WARPTILE_LAUNCH(false, false);
-    } else {
-        if (!trans_a && !trans_b) WARPTILE_LAUNCH(false, false);
-        else if (!trans_a && trans_b) WARPTILE_LAUNCH(false, true);
-        else if (trans_a && !trans_b) WARPTILE_LAUNCH(true, false);
-        else WARPTILE_LAUNCH(true, true);
-    }
-#undef WARPTILE_LAUNCH
+    matmul_dispatch_trans<NN_ONLY>("launch_warptile", trans_a, trans_b, [&](auto ta, auto tb) {
+        matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, decltype(ta)::value, decltype(tb)::value>
+            <<<grid, NT, 0, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va, vb, vc);
+    });
     cudaCheck(cudaGetLastError());
     if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
 }
@@ -974,19 +979,10 @@ static void launch_tf32(bool trans_a, bool trans_b, int M, int N, int K, float a
     float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
     dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb);
-#define TF32_LAUNCH(TA_, TB_)                                                                                       \
-    launch_tf32_one<BM, BN, BK, WM, WN, STAGES, TA_, TB_, ROUND, FDB, PERM>(grid, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,   \
-                                                          k_per_split, va, vb, stream)
-    if constexpr (NN_ONLY) {  // benchmark tile variants: only A and B as stored are compiled
-        if (trans_a || trans_b) { fprintf(stderr, "launch_tf32: this tile variant is built for NN only\n"); exit(EXIT_FAILURE); }
-        TF32_LAUNCH(false, false);
-    } else {
-        if (!trans_a && !trans_b) TF32_LAUNCH(false, false);
-        else if (!trans_a && trans_b) TF32_LAUNCH(false, true);
-        else if (trans_a && !trans_b) TF32_LAUNCH(true, false);
-        else TF32_LAUNCH(true, true);
-    }
-#undef TF32_LAUNCH
+    matmul_dispatch_trans<NN_ONLY>("launch_tf32", trans_a, trans_b, [&](auto ta, auto tb) {
+        launch_tf32_one<BM, BN, BK, WM, WN, STAGES, decltype(ta)::value, decltype(tb)::value, ROUND, FDB, PERM>(
+            grid, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va, vb, stream);
+    });
     if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
 }
 
