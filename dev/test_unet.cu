@@ -117,6 +117,17 @@ static bool load_weights(UNet* m, const BinFile* f, const std::string& tag) {
     return true;
 }
 
+// the model config in an opened file's header; false (after a FAIL line) when train_unet cannot build it
+static bool config_from_file(const BinFile& f, const std::string& tag, UNetConfig* cfg) {
+    *cfg = config_from_header(f.hdr);
+    std::string ce = config_check(*cfg);
+    if (!ce.empty()) {
+        report("FAIL", tag, "header describes a model train_unet cannot build: " + ce);
+        return false;
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 static void test_debug_state(const std::string& path, bool required) {
     std::string tag = base_name(path);
@@ -132,12 +143,8 @@ static void test_debug_state(const std::string& path, bool required) {
         }
         return;
     }
-    UNetConfig cfg = config_from_header(f.hdr);
-    std::string ce = config_check(cfg);
-    if (!ce.empty()) {
-        report("FAIL", tag, "header describes a model train_unet cannot build: " + ce);
-        return;
-    }
+    UNetConfig cfg;
+    if (!config_from_file(f, tag, &cfg)) return;
     const int32_t* h = f.hdr;
     int B = h[18], S = h[19];
     float lr = hdr_float(h, 20), beta1 = hdr_float(h, 21), beta2 = hdr_float(h, 22), eps = hdr_float(h, 23),
@@ -252,12 +259,8 @@ static void test_forward_fixture(const std::string& path) {
         else report("FAIL", tag, e);
         return;
     }
-    UNetConfig cfg = config_from_header(f.hdr);
-    std::string ce = config_check(cfg);
-    if (!ce.empty()) {
-        report("FAIL", tag, "header describes a model train_unet cannot build: " + ce);
-        return;
-    }
+    UNetConfig cfg;
+    if (!config_from_file(f, tag, &cfg)) return;
     int B = f.hdr[18], H = cfg.image_size;
     UNet model;
     UNet* m = &model;
