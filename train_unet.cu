@@ -1678,7 +1678,7 @@ static void unet_free(UNet* m) {
 }
 
 // PyTorch layout <-> ours (conv 3x3: (cout, cin, 3, 3) <-> [tap][cin][cout]; everything else identical)
-static void param_from_torch(const Param& p, const float* src, float* dst) {
+static void param_relayout(const Param& p, const float* src, float* dst, bool to_torch) {
     if (p.kind != PK_CONV3) {
         memcpy(dst, src, p.n * 4);
         return;
@@ -1686,18 +1686,14 @@ static void param_from_torch(const Param& p, const float* src, float* dst) {
     int co_n = p.shape[0], ci_n = p.shape[1];
     for (int co = 0; co < co_n; co++)
         for (int ci = 0; ci < ci_n; ci++)
-            for (int tap = 0; tap < 9; tap++) dst[((size_t)tap * ci_n + ci) * co_n + co] = src[((size_t)co * ci_n + ci) * 9 + tap];
+            for (int tap = 0; tap < 9; tap++) {
+                size_t torch_i = ((size_t)co * ci_n + ci) * 9 + tap, ours_i = ((size_t)tap * ci_n + ci) * co_n + co;
+                if (to_torch) dst[torch_i] = src[ours_i];
+                else dst[ours_i] = src[torch_i];
+            }
 }
-static void param_to_torch(const Param& p, const float* src, float* dst) {
-    if (p.kind != PK_CONV3) {
-        memcpy(dst, src, p.n * 4);
-        return;
-    }
-    int co_n = p.shape[0], ci_n = p.shape[1];
-    for (int co = 0; co < co_n; co++)
-        for (int ci = 0; ci < ci_n; ci++)
-            for (int tap = 0; tap < 9; tap++) dst[((size_t)co * ci_n + ci) * 9 + tap] = src[((size_t)tap * ci_n + ci) * co_n + co];
-}
+static void param_from_torch(const Param& p, const float* src, float* dst) { param_relayout(p, src, dst, false); }
+static void param_to_torch(const Param& p, const float* src, float* dst) { param_relayout(p, src, dst, true); }
 
 // PyTorch's default initialisation (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for conv/linear weights and biases,
 // GroupNorm 1 and 0) and guided-diffusion's zero_module for out_layers.3, proj_out and out.2.
