@@ -9,7 +9,8 @@ Bytes counted: forward 2*rows*cols*4 (read x, write y); backward 3*rows*cols*4 (
 same run; the torch copy (b.copy_(a)) is printed too. Timing: CUDA events around a batch of calls queued behind
 torch.cuda._sleep (so Python overhead is not timed), warm-up first, median of the samples, inputs rotated over
 several buffers so that together they exceed 4x the L2 and each call reads from HBM.
-Writes into --out: softmax_main.csv, softmax_sweep.csv, softmax.json, the binaries' raw JSON, softmax_sweep.png.
+Writes into --out: softmax_main.csv, softmax_trainer.csv (the trainers' shapes), softmax_sweep.csv, softmax.json,
+softmax_table.txt, the binaries' raw JSON, softmax_sweep.png.
 Needs the binaries: make -C dev softmax_forward softmax_backward.
 """
 import argparse
@@ -25,9 +26,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 MAIN_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 65536), (65536, 128)]
+# The trainers' softmax shapes, reported apart from the five target shapes: UNet attention at batch 32, rows =
+# batch * heads * queries, cols = keys (16x16 maps: 49152x256; 8x8 maps: 16384x64), and MNIST's 10-class classifier at
+# batch 64 and 512.
+TRAINER_SHAPES = [(49152, 256), (16384, 64), (64, 10), (512, 10)]
 SWEEP_ELEMENTS = 1 << 25  # 128 MiB per tensor: every sweep point is 2.5x the 50 MB L2 on its own
 SWEEP_COLS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-BEST_FWD, BEST_BWD = 9, 8  # the dispatcher versions (what the trainers call)
+BEST_FWD, BEST_BWD = 14, 8  # the dispatcher versions (what the trainers call)
+PDL_FWD = {12, 13}  # forward versions launched with Programmatic Dependent Launch
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -235,6 +241,11 @@ def main():
     bwd_versions = [BEST_BWD] if args.quick else list(range(1, BEST_BWD + 1))
     ours = {"forward": run_binary(fwd_bin, MAIN_SHAPES, fwd_versions, os.path.join(args.out, "softmax_forward_main.json"), log),
             "backward": run_binary(bwd_bin, MAIN_SHAPES, bwd_versions, os.path.join(args.out, "softmax_backward_main.json"), log)}
+    # trainer shapes: every short-row version (they are small: 48 MB at most); --quick: the candidates of the trainers
+    trainer_fwd = [4, 7, 11, 12, BEST_FWD] if args.quick else [v for v in range(1, BEST_FWD + 1) if v != 9]
+    trainer_bwd = [3, 6, BEST_BWD] if args.quick else list(range(1, BEST_BWD + 1))
+    trainer_ours = {"forward": run_binary(fwd_bin, TRAINER_SHAPES, trainer_fwd, os.path.join(args.out, "softmax_forward_trainer.json"), log),
+                    "backward": run_binary(bwd_bin, TRAINER_SHAPES, trainer_bwd, os.path.join(args.out, "softmax_backward_trainer.json"), log)}
     sweep_ours = {}
     if sweep_shapes:
         sweep_ours["forward"] = run_binary(fwd_bin, sweep_shapes, [BEST_FWD], os.path.join(args.out, "softmax_forward_sweep.json"), log, 0)
@@ -301,16 +312,22 @@ def main():
             table.append({"op": op, "rows": r["rows"], "cols": r["cols"], "impl": f"ours v{r['version']}",
                           "version": r["version"], "block_size": r["block_size"], "ms": r["ms"], "gbps": r["gbps"],
                           "pct_copy": 100 * r["gbps"] / copy_gbps, "valid": r["valid"],
-                          "copy_same_size_gbps": r.get("copy_same_size_gbps", ""), "dispatched_to": r.get("dispatched_to", "")})
+                          "copy_same_size_gbps": r.get("copy_same_size_gbps", ""), "copy_kernel_gbps": r.get("copy_kernel_gbps", ""),
+                          "copy_kernel_pdl_gbps": r.get("copy_kernel_pdl_gbps", ""), "dispatched_to": r.get("dispatched_to", "")})
 
     add_ours("forward", ours["forward"], rows_out)
     add_ours("backward", ours["backward"], rows_out)
-    for rows, cols in MAIN_SHAPES:
-        t0 = time.time()
-        for (op, name), (ms, gbps, ok, err) in bench_torch(rows, cols, not args.no_compile).items():
-            rows_out.append({"op": op, "rows": rows, "cols": cols, "impl": name, "version": "", "block_size": "",
-                             "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok, "copy_same_size_gbps": "", "dispatched_to": ""})
-        print(f"torch {rows}x{cols}: {time.time() - t0:.1f} s", flush=True)
+    trainer_out = []
+    add_ours("forward", trainer_ours["forward"], trainer_out)
+    add_ours("backward", trainer_ours["backward"], trainer_out)
+    for shapes, table in ((MAIN_SHAPES, rows_out), (TRAINER_SHAPES, trainer_out)):
+        for rows, cols in shapes:
+            t0 = time.time()
+            for (op, name), (ms, gbps, ok, err) in bench_torch(rows, cols, not args.no_compile).items():
+                table.append({"op": op, "rows": rows, "cols": cols, "impl": name, "version": "", "block_size": "",
+                              "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok,
+                              "copy_same_size_gbps": "", "copy_kernel_gbps": "", "copy_kernel_pdl_gbps": "", "dispatched_to": ""})
+            print(f"torch {rows}x{cols}: {time.time() - t0:.1f} s", flush=True)
 
     sweep_out = []
     if sweep_shapes:
@@ -321,34 +338,53 @@ def main():
             with_compile = not args.no_compile and time.time() - compile_t0 < args.compile_budget_s
             for (op, name), (ms, gbps, ok, err) in bench_torch(rows, cols, with_compile).items():
                 sweep_out.append({"op": op, "rows": rows, "cols": cols, "impl": name, "version": "", "block_size": "",
-                                  "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok, "copy_same_size_gbps": "", "dispatched_to": ""})
+                                  "ms": ms, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "valid": ok, "copy_same_size_gbps": "",
+                                  "copy_kernel_gbps": "", "copy_kernel_pdl_gbps": "", "dispatched_to": ""})
             print(f"sweep {rows}x{cols} done ({'with' if with_compile else 'without'} torch.compile)", flush=True)
 
     # ---- tables, targets
-    fields = ["op", "rows", "cols", "impl", "version", "block_size", "ms", "gbps", "pct_copy", "valid", "copy_same_size_gbps", "dispatched_to"]
-    for fname, table in (("softmax_main.csv", rows_out), ("softmax_sweep.csv", sweep_out)):
+    fields = ["op", "rows", "cols", "impl", "version", "block_size", "ms", "gbps", "pct_copy", "valid", "copy_same_size_gbps",
+              "copy_kernel_gbps", "copy_kernel_pdl_gbps", "dispatched_to"]
+    for fname, table in (("softmax_main.csv", rows_out), ("softmax_trainer.csv", trainer_out), ("softmax_sweep.csv", sweep_out)):
         with open(os.path.join(args.out, fname), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             for r in table:
                 w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
 
-    def pick(op, rows, cols, impl):
-        c = [r for r in rows_out if r["op"] == op and r["rows"] == rows and r["cols"] == cols and r["impl"] == impl]
+    def pick(table, op, rows, cols, impl):
+        c = [r for r in table if r["op"] == op and r["rows"] == rows and r["cols"] == cols and r["impl"] == impl]
         return max(c, key=lambda r: r["gbps"]) if c else None
 
+    def uses_pdl(r):  # a forward PDL version, or the dispatcher having picked one
+        if r["op"] != "forward":
+            return False
+        return r["version"] in PDL_FWD or any(r.get("dispatched_to", "").startswith(f"v{v} ") for v in PDL_FWD)
+
+    def best_ours(table, op, rows, cols, pdl_ok):
+        c = [r for r in table if r["op"] == op and r["rows"] == rows and r["cols"] == cols and r["impl"].startswith("ours")
+             and r["valid"] and (pdl_ok or not uses_pdl(r))]
+        return max(c, key=lambda r: r["gbps"]) if c else None
+
+    fmt = lambda r: f"{r['gbps']:8.0f}" if r else f"{'-':>8s}"
+    vb = lambda r: f"{r['gbps']:6.0f} (v{r['version']} b{r['block_size']})" if r else f"{'-':>18s}"
+    ref = lambda r, k: f"{float(r[k]):6.0f}" if r and r.get(k) not in (None, "") else f"{'-':>6s}"
     lines = [f"device {props.name}; copy bandwidth {copy_gbps:.0f} GB/s (cudaMemcpy D2D, read+write); torch copy_ {torch_copy:.0f} GB/s",
+             "PDL: forward versions 12, 13 (and the dispatcher 14 when it picks one) launch with Programmatic Dependent Launch;",
+             "'no PDL' is the best version launched plainly. Same-size references (one tensor of the shape): memcpy = cudaMemcpy",
+             "D2D, ckern = plain copy kernel, ckpdl = the copy kernel with PDL.",
              "",
-             f"{'op':8s} {'shape':12s} {'ours(disp)':>11s} {'%copy':>6s} {'best ours':>18s} {'torch':>8s} {'compile':>8s} {'triton':>8s} {'vs torch':>8s}  targets"]
+             f"{'op':8s} {'shape':12s} {'ours(disp)':>11s} {'%copy':>6s} {'best ours':>18s} {'best no PDL':>18s} {'memcpy':>6s} {'ckern':>6s} "
+             f"{'ckpdl':>6s} {'torch':>8s} {'compile':>8s} {'triton':>8s} {'vs torch':>8s}  targets"]
     targets = []
     for op, best_v in (("forward", BEST_FWD), ("backward", BEST_BWD)):
         for rows, cols in MAIN_SHAPES:
-            disp = pick(op, rows, cols, f"ours v{best_v}")
-            cands = [r for r in rows_out if r["op"] == op and r["rows"] == rows and r["cols"] == cols and r["impl"].startswith("ours")]
-            best = max(cands, key=lambda r: r["gbps"]) if cands else None
-            tv = pick(op, rows, cols, "torch.softmax")
-            tc = pick(op, rows, cols, "torch.compile")
-            tt = pick(op, rows, cols, "triton")
+            disp = pick(rows_out, op, rows, cols, f"ours v{best_v}")
+            best = best_ours(rows_out, op, rows, cols, True)
+            best_plain = best_ours(rows_out, op, rows, cols, False)
+            tv = pick(rows_out, op, rows, cols, "torch.softmax")
+            tc = pick(rows_out, op, rows, cols, "torch.compile")
+            tt = pick(rows_out, op, rows, cols, "triton")
             ratio = disp["gbps"] / tv["gbps"] if disp and tv else float("nan")
             checks = []
             if op == "forward":
@@ -360,19 +396,41 @@ def main():
                 checks.append((">=torch", ratio >= 1.0))
             for name, ok in checks:
                 targets.append({"op": op, "shape": f"{rows}x{cols}", "target": name, "met": bool(ok),
-                                "ours_gbps": disp["gbps"], "torch_gbps": tv["gbps"] if tv else None})
-            fmt = lambda r: f"{r['gbps']:8.0f}" if r else f"{'-':>8s}"
-            lines.append(f"{op:8s} {rows}x{cols:<7d} {disp['gbps']:11.0f} {disp['pct_copy']:6.1f} "
-                         f"{best['gbps']:8.0f} (v{best['version']} b{best['block_size']}) {fmt(tv)} {fmt(tc)} {fmt(tt)} {ratio:8.2f}  "
+                                "ours_gbps": disp["gbps"], "torch_gbps": tv["gbps"] if tv else None,
+                                "dispatched_to": disp.get("dispatched_to", ""), "pdl": uses_pdl(disp),
+                                "best_no_pdl_gbps": best_plain["gbps"] if best_plain else None})
+            lines.append(f"{op:8s} {rows}x{cols:<7d} {disp['gbps']:11.0f} {disp['pct_copy']:6.1f} {vb(best)} {vb(best_plain)} "
+                         f"{ref(disp, 'copy_same_size_gbps')} {ref(disp, 'copy_kernel_gbps')} {ref(disp, 'copy_kernel_pdl_gbps')} "
+                         f"{fmt(tv)} {fmt(tc)} {fmt(tt)} {ratio:8.2f}  "
                          + " ".join(f"{n}:{'MET' if ok else 'MISSED'}" for n, ok in checks)
                          + f"  [dispatched to {disp.get('dispatched_to') or '?'}]")
+    # the trainers' shapes: the best single version and block size with and without PDL, for promotion
+    lines += ["", "trainer shapes (best single version; GB/s; vs torch = best ours / torch.softmax)",
+              f"{'op':8s} {'shape':12s} {'best ours':>18s} {'best no PDL':>18s} {'us':>7s} {'ours(disp)':>18s} {'memcpy':>6s} {'ckern':>6s} "
+              f"{'ckpdl':>6s} {'torch':>8s} {'compile':>8s} {'triton':>8s} {'vs torch':>8s}"]
+    trainer_best = []
+    for op, best_v in (("forward", BEST_FWD), ("backward", BEST_BWD)):
+        for rows, cols in TRAINER_SHAPES:
+            best = best_ours(trainer_out, op, rows, cols, True)
+            best_plain = best_ours(trainer_out, op, rows, cols, False)
+            disp = pick(trainer_out, op, rows, cols, f"ours v{best_v}")
+            tv = pick(trainer_out, op, rows, cols, "torch.softmax")
+            tc = pick(trainer_out, op, rows, cols, "torch.compile")
+            tt = pick(trainer_out, op, rows, cols, "triton")
+            ratio = best["gbps"] / tv["gbps"] if best and tv else float("nan")
+            disp_s = f"{disp['gbps']:6.0f} ({disp.get('dispatched_to') or '?'})" if disp else "-"
+            lines.append(f"{op:8s} {rows}x{cols:<7d} {vb(best)} {vb(best_plain)} {1000 * best_plain['ms'] if best_plain else float('nan'):7.2f} "
+                         f"{disp_s:>18s} {ref(best, 'copy_same_size_gbps')} {ref(best, 'copy_kernel_gbps')} {ref(best, 'copy_kernel_pdl_gbps')} "
+                         f"{fmt(tv)} {fmt(tc)} {fmt(tt)} {ratio:8.2f}")
+            trainer_best.append({"op": op, "shape": f"{rows}x{cols}", "best": best, "best_no_pdl": best_plain, "dispatcher": disp,
+                                 "torch": tv, "torch_compile": tc, "triton": tt})
     table_text = "\n".join(lines)
     print(table_text)
     with open(os.path.join(args.out, "softmax_table.txt"), "w") as f:
         f.write(table_text + "\n")
     summary = {"device": props.name, "copy_gbps": copy_gbps, "torch_copy_gbps": torch_copy, "torch": torch.__version__,
-               "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "main": rows_out, "sweep": sweep_out,
-               "targets": targets, "seconds": time.time() - t_start}
+               "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "main": rows_out, "trainer": trainer_out,
+               "trainer_best": trainer_best, "sweep": sweep_out, "targets": targets, "seconds": time.time() - t_start}
     with open(os.path.join(args.out, "softmax.json"), "w") as f:
         json.dump(summary, f, indent=1)
     if sweep_out:

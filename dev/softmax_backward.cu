@@ -752,10 +752,7 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
         copy_check_rows(dyr.data(), dys[0], sh, check_rows);
         softmax_backward_cpu(ref.data(), yr.data(), dyr.data(), check_rows, sh.cols);
         // copy of the same bytes moved (y -> dx: 2/3 of the traffic, same rate): the memory system at this size
-        int copy_reps = 0;
-        float copy_ms = median_ms([&](int i) { cudaCheck(cudaMemcpyAsync(dxs[i % nsets], ys[i % nsets], n * sizeof(float), cudaMemcpyDeviceToDevice)); }, copy_reps);
-        double copy_same = 2.0 * n * sizeof(float) / (copy_ms * 1e-3) / 1e9;
-        printf("%dx%d: cudaMemcpy D2D of %zu MB (y -> dx): %.1f GB/s\n", sh.rows, sh.cols, n * sizeof(float) >> 20, copy_same);
+        double copy_same = bench_copy_refs(b, sh, n, [&](int i) { return ys[i % nsets]; }, [&](int i) { return dxs[i % nsets]; });
         // bytes moved: read y and dy once, write dx once, 4 bytes each: 3 * rows * cols * 4
         all_ok = bench_versions(
             b, sh, versions, block_size_flag, block_sizes_of, 3.0 * n * sizeof(float), copy_same, out.data(), ref.data(),

@@ -88,6 +88,61 @@ struct ClusterLaunch {
     ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
+// The configuration of a launch through cudaLaunchKernelEx with optional attributes: a cluster of `cluster` blocks
+// along x (0: no cluster attribute) and Programmatic Dependent Launch (pdl: the launch may begin while the previous
+// kernel of the stream runs; the kernel must call pdl_wait() before it reads anything that kernel wrote). The caller
+// sets config.gridDim. Not copyable: config.attrs points into the object.
+struct ExLaunch {
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attr[2];
+    ExLaunch(int threads, int cluster, bool pdl) {
+        config.blockDim = dim3(threads);
+        config.attrs = attr;
+        if (cluster > 0) {
+            attr[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+            attr[config.numAttrs].val.clusterDim.x = cluster;
+            attr[config.numAttrs].val.clusterDim.y = 1;
+            attr[config.numAttrs].val.clusterDim.z = 1;
+            config.numAttrs++;
+        }
+        if (pdl) {
+            attr[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+            config.numAttrs++;
+        }
+    }
+    ExLaunch(const ExLaunch&) = delete;
+    ExLaunch& operator=(const ExLaunch&) = delete;
+};
+
+// Programmatic Dependent Launch, device side (sm_90; no-ops before, and no-ops for a kernel launched without the
+// attribute). pdl_trigger: this block no longer holds back the launch of the next kernel of the stream (its blocks
+// may become resident and wait); pdl_wait: blocks until the previous kernel of the stream has completed and its
+// writes are visible. A kernel calls pdl_wait() before its first global read and write, so it stays correct after
+// any producer, including one that triggers at its very start.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Streaming 16-byte accesses: the input is read once (no L1 allocation, read-only path), the output written once
+// (evict-first in L2). p must be 16-byte aligned.
+__device__ __forceinline__ float4 ld_stream(const float* p) {
+    float4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void st_stream(float* p, float4 v) {
+    asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
 // Allows kernel clusters above the portable 8 blocks; how many clusters of config's shape fit on the device at once.
 template <typename K>
 static int max_active_clusters(K kernel, const cudaLaunchConfig_t& config) {
@@ -371,6 +426,20 @@ static float median_ms(F launch, int& reps_out) {
     return times[times.size() / 2];
 }
 
+// Reference line of the benchmark: a plain copy kernel moving the bytes of one tensor of the shape (read n floats,
+// write n), shaped as our kernels: 256 threads, 4 float4 per thread with every load issued before the first store,
+// streaming hints, the PDL hooks. What a kernel that only moves these bytes reaches at this size.
+__global__ void __launch_bounds__(256) copy_kernel(float4* dst, const float4* src, size_t n4) {
+    pdl_trigger();
+    pdl_wait();
+    size_t base = (size_t)blockIdx.x * 1024 + threadIdx.x;
+    float4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) if (base + 256 * k < n4) v[k] = ld_stream((const float*)(src + base + 256 * k));
+#pragma unroll
+    for (int k = 0; k < 4; k++) if (base + 256 * k < n4) st_stream((float*)(dst + base + 256 * k), v[k]);
+}
+
 // Device copy bandwidth: cudaMemcpy D2D of 512 MiB, bytes read + written, median of the timed copies.
 static double copy_gbps() {
     size_t bytes = 512ull << 20;
@@ -412,7 +481,13 @@ static int bench_sets(const cudaDeviceProp& prop, size_t set_bytes) {
 }
 
 // The benchmark's output: a table on stdout and, with --bench_json, the same rows as JSON.
-struct BenchOutput { cudaDeviceProp prop; double copy = 0.0; FILE* json = nullptr; bool first = true; };
+struct BenchOutput {
+    cudaDeviceProp prop;
+    double copy = 0.0;
+    FILE* json = nullptr;
+    bool first = true;
+    double copy_kernel = 0.0, copy_kernel_pdl = 0.0;  // the current shape's copy-kernel reference (bench_copy_refs)
+};
 
 // Checks for a GPU, measures the device copy bandwidth, prints the table's header and opens the JSON file. False
 // (after a message on stderr) without a GPU or when the file cannot be written.
@@ -435,6 +510,34 @@ static bool bench_begin(BenchOutput& b, const char* prog, const char* op, const 
     return true;
 }
 
+// The same-size references of one shape (a tensor of n floats, nsets rotating buffer pairs; set i: src(i) -> dst(i)):
+// cudaMemcpy D2D, and copy_kernel launched plainly and with PDL; printed, kept in b for the JSON rows. Returns the
+// cudaMemcpy figure. Bytes: 2 * n * 4 (the copy kernel moves the n / 4 whole float4: 2 * (n / 4) * 16).
+template <typename Src, typename Dst>
+static double bench_copy_refs(BenchOutput& b, const BenchShape& sh, size_t n, Src src, Dst dst) {
+    int reps = 0;
+    float ms = median_ms([&](int i) { cudaCheck(cudaMemcpyAsync(dst(i), src(i), n * sizeof(float), cudaMemcpyDeviceToDevice)); }, reps);
+    double copy_same = 2.0 * n * sizeof(float) / (ms * 1e-3) / 1e9;
+    size_t n4 = n / 4;
+    double kernel_gbps[2] = {0.0, 0.0};
+    if (n4 > 0) {
+        for (int pdl = 0; pdl < 2; pdl++) {
+            ExLaunch launch(256, 0, pdl == 1 && b.prop.major >= 9);
+            launch.config.gridDim = dim3((unsigned)ceil_div(n4, 1024));
+            float kms = median_ms([&](int i) {
+                cudaCheck(cudaLaunchKernelEx(&launch.config, copy_kernel, (float4*)dst(i), (const float4*)src(i), n4));
+                cudaCheck(cudaGetLastError());
+            }, reps);
+            kernel_gbps[pdl] = 2.0 * n4 * 16 / (kms * 1e-3) / 1e9;
+        }
+    }
+    b.copy_kernel = kernel_gbps[0];
+    b.copy_kernel_pdl = kernel_gbps[1];
+    printf("%dx%d: same %zu MB moved by cudaMemcpy D2D %.1f GB/s, copy kernel %.1f GB/s, copy kernel with PDL %.1f GB/s\n",
+           sh.rows, sh.cols, n * sizeof(float) >> 20, copy_same, kernel_gbps[0], kernel_gbps[1]);
+    return copy_same;
+}
+
 static std::string shape_string(const BenchShape& sh) {
     char s[32];
     snprintf(s, sizeof s, "%dx%d", sh.rows, sh.cols);
@@ -453,8 +556,10 @@ static void bench_row(BenchOutput& b, const BenchShape& sh, int v, int bs, float
            choice.c_str());
     if (b.json) {
         fprintf(b.json, "%s  {\"version\": %d, \"block_size\": %d, \"rows\": %d, \"cols\": %d, \"ms\": %.6f, \"gbps\": %.2f, "
-                "\"pct_copy\": %.2f, \"copy_same_size_gbps\": %.1f, \"reps\": %d, \"valid\": %s, \"dispatched_to\": \"%s\"}",
-                b.first ? "" : ",\n", v, bs, sh.rows, sh.cols, ms, gbps, 100.0 * gbps / b.copy, copy_same, reps,
+                "\"pct_copy\": %.2f, \"copy_same_size_gbps\": %.1f, \"copy_kernel_gbps\": %.1f, \"copy_kernel_pdl_gbps\": %.1f, "
+                "\"reps\": %d, \"valid\": %s, \"dispatched_to\": \"%s\"}",
+                b.first ? "" : ",\n", v, bs, sh.rows, sh.cols, ms, gbps, 100.0 * gbps / b.copy, copy_same, b.copy_kernel,
+                b.copy_kernel_pdl, reps,
                 c.ok ? "true" : "false", choice.c_str());
         b.first = false;
     }

@@ -36,6 +36,15 @@ version 8: version 6 made persistent (one wave of clusters looping over rows), t
            than 5 and 6 at every shape on the H100 (dev/softmax_NOTES.md), unlike its backward twin; kept as a step
 version 9: the dispatcher the trainers should call: on the first call for a shape it times the applicable versions
            and block sizes (short rows 4/7, medium 5/6/8, long 6/8, always 3) and keeps the fastest
+version 10: version 6 with fatter slices: up to 8 float4 per thread (a 65536-float row is a cluster of 8 blocks of
+           256 threads instead of 16), a block per row when the row fits one block (no cluster barrier then),
+           streaming cache hints (ld.global.nc.L1::no_allocate, st.global.cs)
+version 11: version 4 with the streaming cache hints and the PDL hooks (griddepcontrol: trigger at entry, wait
+           before the first global access; no-ops without the launch attribute)
+version 12: version 11 launched with Programmatic Dependent Launch: its blocks become resident while the previous
+           kernel of the stream finishes and start reading the moment it completes (they still wait for it)
+version 13: version 10 launched with Programmatic Dependent Launch
+version 14: the dispatcher of version 9 with versions 10-13 among the candidates
 
 Semantics (as torch.softmax): a row whose max is -inf (all -inf), or that holds +inf or NaN, gives a NaN row;
 -inf entries of any other row give exact zeros. Rows need not be 16-byte aligned (cols % 4 != 0): the 16-byte
@@ -455,6 +464,97 @@ __global__ void __launch_bounds__(THREADS) softmax_forward_kernel8(float* y, con
 #endif
 }
 
+// Versions 10-13: chunk accesses with streaming hints (ld.global.nc.L1::no_allocate, st.global.cs) on the 16-byte
+// path; otherwise load_chunk / store_chunk.
+__device__ __forceinline__ float4 load_chunk_stream(const float* row, int n, int off, int c) {
+    int lo = 4 * c - off;
+    if (lo >= 0 && lo + 4 <= n) return ld_stream(row + lo);
+    return load_chunk(row, n, off, c, false);
+}
+
+__device__ __forceinline__ void store_chunk_stream(float* row, int n, int off, int c, bool vec, float4 v) {
+    int lo = 4 * c - off;
+    if (vec && lo >= 0 && lo + 4 <= n) { st_stream(row + lo, v); return; }
+    store_chunk(row, n, off, c, false, v);
+}
+
+// versions 10 and 13: split row, non-persistent, fat slices (sm_90). As version 6, but CHUNKS (up to 8 float4, 32
+// floats) per thread instead of 4, so a block keeps twice the bytes in flight and a 65536-float row needs a cluster of
+// 8 blocks of 256 threads (portable) instead of 16; a cluster of 1 (rows up to 8 * THREADS chunks) skips the cluster
+// barrier: a block per row. Streaming hints, and the PDL hooks: trigger at entry, wait before the first read (no-ops
+// unless launched with the attribute, version 13). At most 64 registers (the minimum blocks per SM of the launch
+// bounds): without the cap <256, 8> took 70, 3 blocks per SM instead of 4.
+template <int THREADS, int CHUNKS>
+__global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 64)) softmax_forward_kernel10(float* y, const float* x, int rows, int cols) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    pdl_trigger();
+    cg::cluster_group cluster = cg::this_cluster();
+    int csize = (int)cluster.num_blocks();
+    int rank = (int)cluster.block_rank();
+    int r = blockIdx.x / csize;
+    const float* xr = x + (size_t)r * cols;
+    float* yr = y + (size_t)r * cols;
+    int off = row_offset(xr);
+    bool vec_y = row_offset(yr) == off;
+    int c0, c1;
+    cluster_slice(off, cols, csize, rank, c0, c1);
+    pdl_wait();
+    float4 v[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = c0 + threadIdx.x + THREADS * k;
+        v[k] = c < c1 ? load_chunk_stream(xr, cols, off, c) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    }
+    float m = block_reduce<THREADS, true>(thread_max(v));  // the block's max; exp is taken against it
+    float s = block_reduce<THREADS, false>(exp_sum(v, m));
+    auto scale_store = [&](float f) {
+        scale_chunks(v, f);
+#pragma unroll
+        for (int k = 0; k < CHUNKS; k++) {
+            int c = c0 + threadIdx.x + THREADS * k;
+            if (c < c1) store_chunk_stream(yr, cols, off, c, vec_y, v[k]);
+        }
+    };
+    if (csize == 1) {
+        scale_store(1.0f / s);  // as version 5: the block holds the whole row
+    } else {
+        __shared__ float2 block_stats, row_stats;
+        if (threadIdx.x == 0) block_stats = make_float2(m, s);
+        cluster_row_stats(cluster, csize, &block_stats, &row_stats);
+        auto token = cluster.barrier_arrive();  // this block is done reading the others' shared memory
+        float2 rs = row_stats;
+        scale_store(output_scale(m, rs.x, rs.y));
+        cluster.barrier_wait(std::move(token));  // others may still read block_stats
+    }
+#else
+    __trap();  // the host launches versions 10 and 13 only on sm_90+
+#endif
+}
+
+// versions 11 and 12: version 4 (GROUP lanes per row, the row in registers) with streaming hints and the PDL hooks:
+// trigger at entry, wait before the first read (no-ops unless launched with the attribute, version 12).
+template <int GROUP, int CHUNKS>
+__global__ void __launch_bounds__(1024) softmax_forward_kernel11(float* y, const float* x, int rows, int cols) {
+    static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0, "a group is a power-of-2 part of a warp");
+    pdl_trigger();
+    int r = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
+    int g = threadIdx.x % GROUP;
+    int n = r < rows ? cols : 0;  // no early return: the whole warp takes part in the shuffles
+    const float* xr = x + (size_t)(r < rows ? r : 0) * cols;
+    float* yr = y + (size_t)(r < rows ? r : 0) * cols;
+    int off = row_offset(xr);
+    bool vec_y = row_offset(yr) == off;
+    pdl_wait();
+    float4 v[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) v[k] = load_chunk_stream(xr, n, off, g + GROUP * k);
+    float m = group_max<GROUP>(thread_max(v));
+    float s = group_sum<GROUP>(exp_sum(v, m));
+    scale_chunks(v, 1.0f / s);
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) store_chunk_stream(yr, n, off, g + GROUP * k, vec_y, v[k]);
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // launchers. Each returns nullptr on success, or why the version does not handle this shape / device.
 
@@ -608,27 +708,80 @@ static const char* launch_forward8(float* y, const float* x, int rows, int cols,
 }
 
 static const char* softmax_forward(int version, float* y, const float* x, int rows, int cols, int block_size);
+// versions 10 and 13: CHUNKS float4 per thread, the smallest power of 2 that holds the row in one block, up to 8;
+// longer rows take a cluster of the smallest power-of-2 size that holds them at 8.
+constexpr int MAX_CHUNKS10 = 8;
 
-// version 9: the dispatcher. On the first call for a (rows, cols, alignment) it times the candidate versions and block
-// sizes for that row length (one warm-up and three timed launches each, on the caller's buffers; every candidate
-// writes the full output, the chosen one runs last) and caches the fastest; later calls launch it directly.
-// Candidates by row length: short rows (<= 256 chunks of 16 bytes) a group of lanes per row (4, 7); medium (<= 4096
-// chunks) a block (5) or cluster (6, 8) per row; long rows clusters (6, 8); version 3 where none applies.
+template <int THREADS, int CHUNKS>
+static const char* launch10(float* y, const float* x, int rows, int cols, int cluster, bool pdl) {
+    auto kernel = softmax_forward_kernel10<THREADS, CHUNKS>;
+    static int schedulable[MAX_CLUSTER + 1] = {0};  // 1 yes, -1 no; the occupancy query once per cluster size
+    if (schedulable[cluster] == 0) {
+        ClusterLaunch probe(THREADS, cluster);
+        probe.config.gridDim = dim3((unsigned)(rows * cluster));
+        schedulable[cluster] = max_active_clusters(kernel, probe.config) > 0 ? 1 : -1;
+    }
+    if (schedulable[cluster] < 0) return "this cluster size cannot be scheduled on the device";
+    ExLaunch launch(THREADS, cluster, pdl);
+    launch.config.gridDim = dim3((unsigned)(rows * cluster));
+    cudaCheck(cudaLaunchKernelEx(&launch.config, kernel, y, x, rows, cols));
+    cudaCheck(cudaGetLastError());
+    return nullptr;
+}
+
+template <int THREADS>
+static const char* launch10_threads(float* y, const float* x, int rows, int cols, bool pdl) {
+    if (g_cc_major < 9) return "thread-block clusters and PDL need sm_90";
+    int need = max_row_chunks(x, cols);
+    int cluster = 1, per_thread = next_pow2(ceil_div(need, THREADS));
+    if (per_thread > MAX_CHUNKS10) {
+        per_thread = MAX_CHUNKS10;
+        cluster = next_pow2(ceil_div(need, THREADS * MAX_CHUNKS10));
+    }
+    if (cluster > MAX_CLUSTER) return "row longer than 16 blocks of 8 float4 per thread at this block size";
+    if ((long long)rows * cluster > 0x7fffffffLL) return "grid too large";
+    switch (per_thread) {
+        case 1: return launch10<THREADS, 1>(y, x, rows, cols, cluster, pdl);
+        case 2: return launch10<THREADS, 2>(y, x, rows, cols, cluster, pdl);
+        case 4: return launch10<THREADS, 4>(y, x, rows, cols, cluster, pdl);
+        default: return launch10<THREADS, 8>(y, x, rows, cols, cluster, pdl);
+    }
+}
+
+static const char* launch_forward10(float* y, const float* x, int rows, int cols, int block_size, bool pdl) {
+    return by_block_size(block_size ? block_size : 256, "versions 10 and 13: block size must be 128, 256, 512 or 1024",
+                         [&](auto threads) { return launch10_threads<decltype(threads)::value>(y, x, rows, cols, pdl); });
+}
+
+template <int GROUP, int CHUNKS>
+static const char* launch11(float* y, const float* x, int rows, int cols, int block_size, bool pdl) {
+    ExLaunch launch(block_size, 0, pdl);
+    launch.config.gridDim = dim3((unsigned)ceil_div(rows, block_size / GROUP));
+    cudaCheck(cudaLaunchKernelEx(&launch.config, softmax_forward_kernel11<GROUP, CHUNKS>, y, x, rows, cols));
+    cudaCheck(cudaGetLastError());
+    return nullptr;
+}
+
+static const char* launch_forward11(float* y, const float* x, int rows, int cols, int block_size, bool pdl) {
+    if (pdl && g_cc_major < 9) return "Programmatic Dependent Launch needs sm_90";
+    return by_row_chunks(max_row_chunks(x, cols), "row longer than 256 chunks of 16 bytes (versions 11 and 12 are for short rows)",
+                         [&](auto group, auto chunks) {
+                             return launch11<decltype(group)::value, decltype(chunks)::value>(y, x, rows, cols, block_size, pdl);
+                         });
+}
+
+// The autotuning dispatchers (versions 9 and 14): on the first call for a (rows, cols, alignment) each candidate
+// (version, block size) is launched once (warm-up, skipped if it does not apply) and timed over three launches on the
+// caller's buffers (every candidate writes the full output, the chosen one runs last); the fastest is cached and later
+// calls launch it directly. Version 3 is always a candidate (it applies everywhere).
 struct ForwardChoice { int rows, cols, align, version, block_size; };
-static std::vector<ForwardChoice> g_forward9_cache;
 
-static const char* launch_forward9(float* y, const float* x, int rows, int cols, int block_size) {
-    (void)block_size;
-    std::vector<ForwardChoice>& cache = g_forward9_cache;
+static const char* tuned_launch(std::vector<ForwardChoice>& cache, std::vector<std::pair<int, int>> candidates, float* y,
+                                const float* x, int rows, int cols) {
     int align = (int)((uintptr_t)x % 16) * 16 + (int)((uintptr_t)y % 16);
     for (const ForwardChoice& c : cache)
         if (c.rows == rows && c.cols == cols && c.align == align) return softmax_forward(c.version, y, x, rows, cols, c.block_size);
-    int need = max_row_chunks(x, cols);
-    std::vector<std::pair<int, int>> candidates;
-    if (need <= 256) candidates = {{4, 64}, {4, 256}, {7, 128}, {7, 256}};
-    else if (need <= 4096) candidates = {{5, 128}, {5, 256}, {5, 512}, {5, 1024}, {6, 128}, {6, 256}, {6, 512}, {8, 128}, {8, 256}, {8, 512}};
-    else candidates = {{6, 128}, {6, 256}, {6, 512}, {8, 128}, {8, 256}, {8, 512}, {8, 1024}};
-    candidates.push_back({3, 256});  // always applies
+    candidates.push_back({3, 256});
     cudaEvent_t start, stop;
     cudaCheck(cudaEventCreate(&start));
     cudaCheck(cudaEventCreate(&stop));
@@ -650,14 +803,49 @@ static const char* launch_forward9(float* y, const float* x, int rows, int cols,
     return softmax_forward(best.version, y, x, rows, cols, best.block_size);
 }
 
-// Which version and block size the dispatcher picked for a shape (for the benchmark's report); 0 if not tuned yet.
-static std::string forward9_choice(int rows, int cols) {
-    for (const ForwardChoice& c : g_forward9_cache)
+// Which version and block size a dispatcher picked for a shape (for the benchmark's report); "" if not tuned yet.
+static std::string tuned_choice(const std::vector<ForwardChoice>& cache, int rows, int cols) {
+    for (const ForwardChoice& c : cache)
         if (c.rows == rows && c.cols == cols) return "v" + std::to_string(c.version) + " b" + std::to_string(c.block_size);
     return "";
 }
 
-constexpr int NUM_VERSIONS = 9;
+
+// version 9: the dispatcher (tuned_launch above). Candidates by row length: short rows (<= 256 chunks of 16 bytes) a
+// group of lanes per row (4, 7); medium (<= 4096 chunks) a block (5) or cluster (6, 8) per row; long rows clusters
+// (6, 8); version 3 where none applies.
+static std::vector<ForwardChoice> g_forward9_cache;
+
+static const char* launch_forward9(float* y, const float* x, int rows, int cols, int block_size) {
+    (void)block_size;
+    int need = max_row_chunks(x, cols);
+    std::vector<std::pair<int, int>> candidates;
+    if (need <= 256) candidates = {{4, 64}, {4, 256}, {7, 128}, {7, 256}};
+    else if (need <= 4096) candidates = {{5, 128}, {5, 256}, {5, 512}, {5, 1024}, {6, 128}, {6, 256}, {6, 512}, {8, 128}, {8, 256}, {8, 512}};
+    else candidates = {{6, 128}, {6, 256}, {6, 512}, {8, 128}, {8, 256}, {8, 512}, {8, 1024}};
+    return tuned_launch(g_forward9_cache, candidates, y, x, rows, cols);
+}
+
+// version 14: the dispatcher of version 9 with the candidates of versions 10-13 added (the PDL versions 12 and 13
+// among them: a pick of those launches with Programmatic Dependent Launch).
+static std::vector<ForwardChoice> g_forward14_cache;
+
+static const char* launch_forward14(float* y, const float* x, int rows, int cols, int block_size) {
+    (void)block_size;
+    int need = max_row_chunks(x, cols);
+    std::vector<std::pair<int, int>> candidates;
+    if (need <= 256)
+        candidates = {{4, 64}, {4, 256}, {7, 128}, {7, 256}, {11, 64}, {11, 256}, {12, 64}, {12, 256}};
+    else if (need <= 4096)
+        candidates = {{5, 128}, {5, 256}, {5, 512}, {5, 1024}, {6, 256}, {6, 512}, {10, 128}, {10, 256}, {10, 512},
+                      {13, 128}, {13, 256}, {13, 512}};
+    else
+        candidates = {{6, 128}, {6, 256}, {6, 512}, {8, 256}, {8, 512}, {10, 128}, {10, 256}, {10, 512}, {13, 128},
+                      {13, 256}, {13, 512}};
+    return tuned_launch(g_forward14_cache, candidates, y, x, rows, cols);
+}
+
+constexpr int NUM_VERSIONS = 14;
 
 // The dispatcher. block_size 0 = the version's default.
 static const char* softmax_forward(int version, float* y, const float* x, int rows, int cols, int block_size) {
@@ -671,6 +859,11 @@ static const char* softmax_forward(int version, float* y, const float* x, int ro
         case 7: return launch_forward7(y, x, rows, cols, block_size ? block_size : 256);
         case 8: return launch_forward8(y, x, rows, cols, block_size);
         case 9: return launch_forward9(y, x, rows, cols, block_size);
+        case 10: return launch_forward10(y, x, rows, cols, block_size, false);
+        case 11: return launch_forward11(y, x, rows, cols, block_size ? block_size : 256, false);
+        case 12: return launch_forward11(y, x, rows, cols, block_size ? block_size : 256, true);
+        case 13: return launch_forward10(y, x, rows, cols, block_size, true);
+        case 14: return launch_forward14(y, x, rows, cols, block_size);
         default:
             fprintf(stderr, "Invalid version %d: expected 1..%d\n", version, NUM_VERSIONS);
             exit(EXIT_FAILURE);
@@ -680,8 +873,8 @@ static const char* softmax_forward(int version, float* y, const float* x, int ro
 // Block sizes checked in --test and timed in the benchmark (0 = the version's default).
 static std::vector<int> block_sizes_of(int version) {
     switch (version) {
-        case 4: return {64, 256, 1024};
-        case 5: case 6: case 8: return {128, 256, 512, 1024};
+        case 4: case 11: case 12: return {64, 256, 1024};
+        case 5: case 6: case 8: case 10: case 13: return {128, 256, 512, 1024};
         case 7: return {128, 256};
         default: return {0};
     }
@@ -746,6 +939,45 @@ static void test_oracle_properties(Tally& tally, Rng& rng) {
     bool same = memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0;
     report(tally, same && y[5] == 0.0f, "cpu oracle shift invariance (bitwise) and -inf -> exact 0",
            same ? "softmax(x + 64) == softmax(x)" : "softmax(x + 64) differs from softmax(x)");
+}
+
+// A PDL version only proves that it waits for its producer in a chain: y1 = softmax(x) by a version that triggers
+// its dependents at entry (12 or 13), then y2 = softmax(y1) by the version under test, launched at once with PDL,
+// y1 poisoned beforehand. A read of y1 before the producer finished would see NaN or stale rows. y2 is compared with
+// the oracle applied to the y1 the GPU wrote.
+static void test_pdl_chains(Tally& tally, Rng& rng) {
+    const Shape chain_shapes[] = {{4099, 64}, {1023, 1000}, {37, 65537}, {8192, 1024}};
+    for (const Shape& sh : chain_shapes) {
+        size_t n = (size_t)sh.rows * sh.cols;
+        std::vector<float> x(n), y1(n), ref(n), out(n);
+        float *d_x, *d_y1, *d_y2;
+        cudaCheck(cudaMalloc(&d_x, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&d_y1, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&d_y2, n * sizeof(float)));
+        for (int producer : {12, 13}) {
+            for (int consumer : {12, 13}) {
+                char name[160];
+                snprintf(name, sizeof name, "forward PDL chain v%d -> v%d %dx%d", producer, consumer, sh.rows, sh.cols);
+                fill_input(x.data(), sh.rows, sh.cols, RANDN, rng);
+                cudaCheck(cudaMemcpy(d_x, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemset(d_y1, 0xff, n * sizeof(float)));
+                cudaCheck(cudaMemset(d_y2, 0xff, n * sizeof(float)));
+                cudaCheck(cudaDeviceSynchronize());
+                const char* why = softmax_forward(producer, d_y1, d_x, sh.rows, sh.cols, 0);
+                if (!why) why = softmax_forward(consumer, d_y2, d_y1, sh.rows, sh.cols, 0);
+                if (why) { cudaCheck(cudaDeviceSynchronize()); skip(tally, name, why); continue; }
+                cudaCheck(cudaDeviceSynchronize());
+                cudaCheck(cudaMemcpy(y1.data(), d_y1, n * sizeof(float), cudaMemcpyDeviceToHost));
+                cudaCheck(cudaMemcpy(out.data(), d_y2, n * sizeof(float), cudaMemcpyDeviceToHost));
+                softmax_forward_cpu(ref.data(), y1.data(), sh.rows, sh.cols);
+                CompareResult c = compare_forward(out.data(), ref.data(), y1.data(), n, sh.cols);
+                report(tally, c.ok, name, describe(c, sh.cols, out.data(), ref.data()));
+            }
+        }
+        cudaCheck(cudaFree(d_x));
+        cudaCheck(cudaFree(d_y1));
+        cudaCheck(cudaFree(d_y2));
+    }
 }
 
 static int run_tests(const char* fixture_path, uint64_t seed) {
@@ -817,6 +1049,7 @@ static int run_tests(const char* fixture_path, uint64_t seed) {
             cudaCheck(cudaFree(d_x));
             cudaCheck(cudaFree(d_y));
         }
+        test_pdl_chains(tally, rng);
     }
     return tally_end(tally);
 }
@@ -847,10 +1080,7 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
         copy_check_rows(xr.data(), xs[0], sh, check_rows);
         softmax_forward_cpu(ref.data(), xr.data(), check_rows, sh.cols);
         // copy of the same bytes (x -> y, rotating buffers): what the memory system gives a transfer of this size
-        int copy_reps = 0;
-        float copy_ms = median_ms([&](int i) { cudaCheck(cudaMemcpyAsync(ys[i % nsets], xs[i % nsets], n * sizeof(float), cudaMemcpyDeviceToDevice)); }, copy_reps);
-        double copy_same = 2.0 * n * sizeof(float) / (copy_ms * 1e-3) / 1e9;
-        printf("%dx%d: cudaMemcpy D2D of the same %zu MB: %.1f GB/s\n", sh.rows, sh.cols, n * sizeof(float) >> 20, copy_same);
+        double copy_same = bench_copy_refs(b, sh, n, [&](int i) { return xs[i % nsets]; }, [&](int i) { return ys[i % nsets]; });
         // bytes moved: read x once and write y once, 4 bytes each: 2 * rows * cols * 4
         all_ok = bench_versions(
             b, sh, versions, block_size_flag, block_sizes_of, 2.0 * n * sizeof(float), copy_same, out.data(), ref.data(),
@@ -860,7 +1090,10 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
                 copy_check_rows(out.data(), ys[0], sh, check_rows);
                 return compare_forward(out.data(), ref.data(), xr.data(), out.size(), sh.cols);
             },
-            [&](int v) { return v == NUM_VERSIONS ? forward9_choice(sh.rows, sh.cols) : std::string(); }) && all_ok;
+            [&](int v) {
+                return v == 9 ? tuned_choice(g_forward9_cache, sh.rows, sh.cols)
+                              : v == 14 ? tuned_choice(g_forward14_cache, sh.rows, sh.cols) : std::string();
+            }) && all_ok;
         for (int i = 0; i < nsets; i++) { cudaCheck(cudaFree(xs[i])); cudaCheck(cudaFree(ys[i])); }
     }
     return bench_end(b, all_ok);
