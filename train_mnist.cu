@@ -751,6 +751,307 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
+// 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
+// so that no operand byte is fetched twice from L2 for one band of image rows:
+//  - conv2_band_tf32_kernel (forward and input gradient): the 3x3 x C weights live in shared memory for the whole
+//    (persistent) block; for each band of R output rows of one image the block loads the (R+2)-row input patch once
+//    and reads the 9 taps' im2col rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
+//  - conv2_wgrad_tf32_kernel: a block owns the whole 64 x 288 weight gradient for the bands it is given (GEMM k =
+//    pixel), partial sums per block, then conv2_wgrad_reduce_kernel adds them in block order (deterministic).
+// Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
+// nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads (row strides of 4 mod 32 banks make a
+// warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation. Strict fp32 (--tf32 0) keeps
+// the generic kernel above.
+__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
+__device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// out[b, y, x, n] = sum_{ky,kx,c} in[b, y + ky - PAD, x + kx - PAD, c] * Wt[ky*3+kx][c][n] (zero outside the input),
+// NHWC, HOUT x HOUT outputs from HIN x HIN inputs.
+//   forward (DGRAD false): in = act1 (C1), Wt[tap][ci][co] = conv2.weight[co][tap][ci], PAD 0; out = ReLU(. + bias).
+//   input gradient (DGRAD true): in = dact2 (C2), Wt[tap][co][ci] = conv2.weight[co][8 - tap][ci] (the flipped
+//   kernel), PAD 2; out = . where mask (act1) > 0, else 0 (the ReLU in front of conv2).
+// Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
+// rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*(HOUT+2)][CIN+4].
+template <int CIN, int COUT, int HIN, int HOUT, int PAD, int R, int WM, int WN, int MI, int NI, bool DGRAD>
+__global__ void __launch_bounds__(32 * WM * WN)
+conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __restrict__ w, const float* __restrict__ bias,
+                       const float* __restrict__ mask, int B) {
+    constexpr int NT = 32 * WM * WN, WP = HOUT + 2, PR = R + 2, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
+    constexpr int NCH = PR * WP * (CIN / 4);  // 16-byte chunks of a patch
+    static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT, "the warp tiles must cover a band exactly in n, at least in m");
+    static_assert(CS % 32 == 4 && CIN % 8 == 0, "pixel stride 4 mod 32 banks: a fragment's 8 rows x 4 k on 32 banks");
+    static_assert(HOUT + 2 - 2 * PAD == HIN, "a 3x3 kernel: valid (PAD 0) or full (PAD 2) correlation");
+    extern __shared__ __align__(16) float smem[];
+    float* Ws = smem;
+    float* Ps = smem + 9 * COUT * CS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wm = warp / WN, wn = warp % WN;
+
+    // weights, once per block, rounded: Ws[tap][n][k]; the loop order keeps the global reads coalesced
+    for (int idx = tid; idx < 9 * CIN * COUT; idx += NT) {
+        int tap, n, k;
+        float v;
+        if constexpr (!DGRAD) { k = idx % CIN; n = (idx / CIN) % COUT; tap = idx / (CIN * COUT); v = w[(n * 9 + tap) * CIN + k]; }
+        else { n = idx % COUT; k = (idx / COUT) % CIN; tap = idx / (CIN * COUT); v = w[(k * 9 + 8 - tap) * COUT + n]; }
+        Ws[(tap * COUT + n) * CS + k] = tf32_round(v);
+    }
+    int rowoff[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int m = (wm * MI + mi) * 16 + g + 8 * h;
+            rowoff[mi][h] = m < R * HOUT ? ((m / HOUT) * WP + m % HOUT) * CS : 0;
+        }
+    const float* wsb = Ws + (wn * NI * 8 + g) * CS + t;
+
+    for (int band = blockIdx.x; band < B * NBAND; band += gridDim.x) {
+        const int b = band / NBAND, y0 = (band % NBAND) * R;
+        __syncthreads();  // the previous band's fragment reads are done (and, the first time, Ws is written)
+        {
+            float4 v[(NCH + NT - 1) / NT];
+#pragma unroll
+            for (int i = 0; i < (NCH + NT - 1) / NT; i++) {
+                int ch = tid + i * NT, pix = ch / (CIN / 4), c4 = ch % (CIN / 4);
+                int iy = y0 + pix / WP - PAD, ix = pix % WP - PAD;
+                bool ok = ch < NCH && iy >= 0 && iy < HIN && ix >= 0 && ix < HIN;
+                v[i] = ok ? __ldg((const float4*)(in + (((size_t)b * HIN + iy) * HIN + ix) * CIN) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int i = 0; i < (NCH + NT - 1) / NT; i++) {
+                int ch = tid + i * NT, pix = ch / (CIN / 4), c4 = ch % (CIN / 4);
+                if (ch < NCH) *(float4*)(Ps + pix * CS + c4 * 4) = tf32_round4(v[i]);
+            }
+        }
+        __syncthreads();
+        float acc[MI][NI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+#pragma unroll 1
+        for (int tap = 0; tap < 9; tap++) {
+            const float* pa = Ps + ((tap / 3) * WP + tap % 3) * CS + t;
+            const float* pb = wsb + tap * COUT * CS;
+#pragma unroll
+            for (int c0 = 0; c0 < CIN; c0 += 8) {
+                uint32_t a[MI][4];
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++) {
+                    a[mi][0] = __float_as_uint(pa[rowoff[mi][0] + c0]);
+                    a[mi][1] = __float_as_uint(pa[rowoff[mi][1] + c0]);
+                    a[mi][2] = __float_as_uint(pa[rowoff[mi][0] + c0 + 4]);
+                    a[mi][3] = __float_as_uint(pa[rowoff[mi][1] + c0 + 4]);
+                }
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    uint32_t b0 = __float_as_uint(pb[ni * 8 * CS + c0]), b1 = __float_as_uint(pb[ni * 8 * CS + c0 + 4]);
+#pragma unroll
+                    for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+                }
+            }
+        }
+        // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int m = (wm * MI + mi) * 16 + g + 8 * h, y = y0 + m / HOUT, x = m % HOUT;
+                if (m >= R * HOUT || y >= HOUT) continue;
+                size_t base = (((size_t)b * HOUT + y) * HOUT + x) * COUT;
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    int n = (wn * NI + ni) * 8 + 2 * t;
+                    float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                    if constexpr (!DGRAD) {
+                        v.x = fmaxf(v.x + bias[n], 0.0f); v.y = fmaxf(v.y + bias[n + 1], 0.0f);
+                    } else {
+                        float2 mk = *(const float2*)(mask + base + n);
+                        if (!(mk.x > 0.0f)) v.x = 0.0f;
+                        if (!(mk.y > 0.0f)) v.y = 0.0f;
+                    }
+                    *(float2*)(out + base + n) = v;
+                }
+            }
+    }
+}
+// forward: R = 4 rows = 96 pixels = 6 m16 tiles, 8 warps of 48 x 16; dgrad: R = 2 rows = 52 pixels in 4 m16 tiles,
+// 4 warps of 16 x 32. Both fit two blocks in an SM's shared memory.
+#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 0, 4, 2, 4, 3, 2, false>
+#define CONV2_DGRAD_KERNEL conv2_band_tf32_kernel<C2, C1, H2, H1, 2, 2, 4, 1, 1, 4, true>
+constexpr int CONV2_FWD_THREADS = 256, CONV2_DGRAD_THREADS = 128;
+constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + 6 * H1 * (C1 + 4)) * sizeof(float);
+constexpr size_t CONV2_DGRAD_SMEM = (9 * C1 * (C2 + 4) + 4 * (H1 + 2) * (C2 + 4)) * sizeof(float);
+constexpr int CONV2_FWD_BANDS = H2 / 4, CONV2_DGRAD_BANDS = H1 / 2;
+
+// Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co].
+// GEMM m = co (64), n = (tap, ci) (288), k = pixel. A block takes bands of R = 6 output rows (144 pixels = 18
+// k-steps) of one image: Ds[144][64+8] (dact2, pixel-major: a fragment's A[co][pixel] reads are 8t + g banks apart)
+// and the act1 patch Ps[8*26][32+4]; 8 warps of 32 x 72 (2 m16 x 9 n8 tiles) hold the block's 64 x 288 sums.
+// The bias gradient is summed from the unrounded dact2 as it is loaded (each thread always loads the same 4 channels).
+constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2, WG_DS = C2 + 8, WG_CS = C1 + 4;
+constexpr size_t CONV2_WGRAD_SMEM = (WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS) * sizeof(float);
+__global__ void __launch_bounds__(256)
+conv2_wgrad_tf32_kernel(float* partial, float* bias_partial, const float* __restrict__ dact2, const float* __restrict__ act1, int B) {
+    constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
+    static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
+    static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
+    extern __shared__ __align__(16) float smem[];
+    float* Ds = smem;
+    float* Ps = smem + WG_NPIX * WG_DS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wm = warp / 4, wn = warp % 4;
+    int boff[9];
+#pragma unroll
+    for (int ni = 0; ni < 9; ni++) {
+        int n = wn * 72 + ni * 8, tap = n / C1, ci = n % C1;
+        boff[ni] = ((tap / 3) * H1 + tap % 3) * WG_CS + ci + g;
+    }
+    float acc[2][9][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 9; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+    float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
+        const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
+        __syncthreads();
+        const float4* srcd = (const float4*)(dact2 + ((size_t)b * H2 + y0) * H2 * C2);  // the band: contiguous
+        const float4* srcp = (const float4*)(act1 + ((size_t)b * H1 + y0) * H1 * C1);   // rows y0 .. y0+7: contiguous
+        float4 vd[NCH_D / 256], vp[(NCH_P + 255) / 256];
+#pragma unroll
+        for (int i = 0; i < NCH_D / 256; i++) vd[i] = __ldg(srcd + tid + i * 256);
+#pragma unroll
+        for (int i = 0; i < (NCH_P + 255) / 256; i++) {
+            int ch = tid + i * 256;
+            vp[i] = ch < NCH_P ? __ldg(srcp + ch) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < NCH_D / 256; i++) {
+            int ch = tid + i * 256, p = ch / (C2 / 4), c4 = ch % (C2 / 4);
+            rs.x += vd[i].x; rs.y += vd[i].y; rs.z += vd[i].z; rs.w += vd[i].w;
+            *(float4*)(Ds + p * WG_DS + c4 * 4) = tf32_round4(vd[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < (NCH_P + 255) / 256; i++) {
+            int ch = tid + i * 256, p = ch / (C1 / 4), c4 = ch % (C1 / 4);
+            if (ch < NCH_P) *(float4*)(Ps + p * WG_CS + c4 * 4) = tf32_round4(vp[i]);
+        }
+        __syncthreads();
+#pragma unroll 2
+        for (int k0 = 0; k0 < WG_NPIX; k0 += 8) {
+            const int pb = (k0 / H2) * H1 + k0 % H2;  // the patch pixel of the k-step's first pixel (tap 0)
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                const float* pa = Ds + (k0 + t) * WG_DS + wm * 32 + mi * 16 + g;
+                a[mi][0] = __float_as_uint(pa[0]);
+                a[mi][1] = __float_as_uint(pa[8]);
+                a[mi][2] = __float_as_uint(pa[4 * WG_DS]);
+                a[mi][3] = __float_as_uint(pa[4 * WG_DS + 8]);
+            }
+            const float* pp = Ps + (pb + t) * WG_CS;
+#pragma unroll
+            for (int ni = 0; ni < 9; ni++) {
+                uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[4 * WG_CS + boff[ni]]);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+            }
+        }
+    }
+    float* pout = partial + (size_t)blockIdx.x * C2 * KC2;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ni = 0; ni < 9; ni++) {
+                int m = wm * 32 + mi * 16 + g + 8 * h, n = wn * 72 + ni * 8 + 2 * t;
+                *(float2*)(pout + m * KC2 + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            }
+    // bias: the 16 threads with the same tid % 16 hold the same 4 channels; added in thread order
+    __syncthreads();
+    float4* red = (float4*)smem;
+    red[tid] = rs;
+    __syncthreads();
+    if (tid < C2 / 4) {
+        float4 s = red[tid];
+        for (int j = 1; j < 256 / (C2 / 4); j++) {
+            float4 o = red[j * (C2 / 4) + tid];
+            s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
+        }
+        *(float4*)(bias_partial + (size_t)blockIdx.x * C2 + tid * 4) = s;
+    }
+}
+// dW (64 x 288) and db (64) = the blocks' partial sums added in block order: deterministic for a given grid.
+__global__ void conv2_wgrad_reduce_kernel(float* dw, float* db, const float* partial, const float* bias_partial, int splits) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const float* src; int stride; float* dst;
+    if (i < C2 * KC2) { src = partial + i; stride = C2 * KC2; dst = dw + i; }
+    else if (i < C2 * KC2 + C2) { src = bias_partial + (i - C2 * KC2); stride = C2; dst = db + (i - C2 * KC2); }
+    else return;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    int j = 0;
+    for (; j + 4 <= splits; j += 4)
+#pragma unroll
+        for (int u = 0; u < 4; u++) s[u] += src[(size_t)(j + u) * stride];
+    for (; j < splits; j++) s[j % 4] += src[(size_t)j * stride];
+    *dst = (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
+struct Conv2Tf32 { bool ready = false; int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0; float* ws = nullptr; float* ws_bias = nullptr; };
+static Conv2Tf32 g_conv2;
+static void conv2_tf32_setup() {
+    if (g_conv2.ready) return;
+    int dev, sms, occ_f, occ_d, occ_w;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(CONV2_DGRAD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, CONV2_DGRAD_KERNEL, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
+    g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
+    g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
+    g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
+    cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * C2 * KC2 * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.ws_bias, (size_t)g_conv2.wgrad_ctas * C2 * sizeof(float)));
+    g_conv2.ready = true;
+}
+// act2 (B,24,24,64) = ReLU(conv2(act1) + b2)
+static void conv2_forward_tf32(float* act2, const float* act1, const float* w2, const float* b2, int B) {
+    int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
+    CONV2_FWD_KERNEL<<<grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, g_mm.stream>>>(act2, act1, w2, b2, nullptr, B);
+    launch_check();
+}
+// dact1 (B,26,26,32) = conv2 input gradient of dact2, zeroed where act1 <= 0
+static void conv2_dgrad_tf32(float* dact1, const float* dact2, const float* w2, const float* act1, int B) {
+    int grid = std::min(B * CONV2_DGRAD_BANDS, g_conv2.dgrad_ctas);
+    CONV2_DGRAD_KERNEL<<<grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, g_mm.stream>>>(dact1, dact2, w2, nullptr, act1, B);
+    launch_check();
+}
+// dw2 (64, 3,3,32 internal) and db2 (64) from dact2 and act1
+static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dact2, const float* act1, int B) {
+    int grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);
+    conv2_wgrad_tf32_kernel<<<grid, 256, CONV2_WGRAD_SMEM, g_mm.stream>>>(g_conv2.ws, g_conv2.ws_bias, dact2, act1, B);
+    launch_check();
+    conv2_wgrad_reduce_kernel<<<ceil_div(C2 * KC2 + C2, 256), 256, 0, g_mm.stream>>>(dw2, db2, g_conv2.ws, g_conv2.ws_bias, grid);
+    launch_check();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // the other kernels of a step (each with a CPU twin below)
 __global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
                                     const int* counters, int offset_const, int B) {
@@ -902,6 +1203,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
             cudaCheck(cudaMalloc(&g_mm.ws_partial, g_mm.ws_partial_size * sizeof(float)));
             cudaCheck(cudaMalloc(&g_mm.ws_rowsum, g_mm.ws_rowsum_size * sizeof(float)));
         }
+        conv2_tf32_setup();
         if (!g_mm.cublas) cublasCheck(cublasCreate(&g_mm.cublas));
         // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
         cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
@@ -960,12 +1262,18 @@ static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, siz
     else cudaCheck(cudaMemcpy(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice));
 }
 
+// conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
+static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKEND_OURS && g_mm.tf32; }
+
 // forward: x (B,28,28) normalized -> logits (B,10)
 static void mnist_forward(Mnist* m, int B) {
     Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
     matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
-    Epilogue e2; e2.bias = P(m, P_B2); e2.relu = 1;
-    matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
+    if (conv2_fast(m)) conv2_forward_tf32(m->act2, m->act1, P(m, P_W2), P(m, P_B2), B);
+    else {
+        Epilogue e2; e2.bias = P(m, P_B2); e2.relu = 1;
+        matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
+    }
     if (m->cpu) {
         for (int b = 0; b < B; b++) for (int py = 0; py < HP; py++) for (int px = 0; px < HP; px++) for (int c = 0; c < C2; c++) {
             const float* base = m->act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
@@ -1020,10 +1328,15 @@ static void mnist_backward(Mnist* m, int B) {
         maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2, B);
         launch_check();
     }
-    e = Epilogue(); e.rowsum = G(m, P_B2);
-    matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
-    e = Epilogue(); e.mask = m->act1;
-    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
+    if (conv2_fast(m)) {
+        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dact2, m->act1, B);
+        conv2_dgrad_tf32(m->dact1, m->dact2, P(m, P_W2), m->act1, B);
+    } else {
+        e = Epilogue(); e.rowsum = G(m, P_B2);
+        matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
+        e = Epilogue(); e.mask = m->act1;
+        matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
+    }
     e = Epilogue(); e.rowsum = G(m, P_B1);
     matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
 }

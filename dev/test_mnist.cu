@@ -6,7 +6,8 @@ Build: make -C dev test_mnist        Run (repo root): ./dev/test_mnist
     committed fixture dev/fixtures/mnist_fixture.bin (PyTorch, hash-initialized weights, B=8); checkpoint round trip
     and resume continuing the same trajectory.
   GPU (skipped without a device): our matmul kernel (fp32 and TF32) against a CPU oracle at awkward sizes for every
-    operand kind, outputs poisoned with NaN first; the fixture on the GPU with our kernel and with cuBLAS; the full
+    operand kind, outputs poisoned with NaN first; the specialised conv2 TF32 kernels (forward, weight and input
+    gradient) against the same oracle, with the full and a capped persistent grid; the fixture on the GPU with our kernel and with cuBLAS; the full
     debug state dev/mnist_debug_state.bin (B=64, PyTorch's init; when missing, this test runs python3 dev/mnist.py to
     write it) with both.
 All comparisons in true fp32 (TF32 off on both sides) unless the check's name says tf32.
@@ -278,6 +279,84 @@ static void check_kernel_case(const char* name, int akind, int bkind, int M, int
     }
 }
 
+// GPU: the specialised conv2 TF32 kernels (forward, weight gradient with bias, input gradient) against the double
+// CPU oracle of the same GEMMs through the views, with check_kernel_case's TF32 bound, outputs poisoned with NaN.
+// ctas > 0 caps the persistent grids so that blocks loop over several bands and the weight gradient adds several
+// blocks' partial sums.
+static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
+    Conv2Tf32 saved = g_conv2;
+    if (ctas > 0) { g_conv2.fwd_ctas = g_conv2.dgrad_ctas = ctas; g_conv2.wgrad_ctas = std::min(ctas, saved.wgrad_ctas); }
+    size_t n1 = (size_t)B * H1 * H1 * C1, n2 = (size_t)B * H2 * H2 * C2;
+    std::vector<float> act1 = rand_vec(n1, seed), dact2 = rand_vec(n2, seed + 1), w2 = rand_vec(C2 * KC2, seed + 2), b2 = rand_vec(C2, seed + 3);
+    float *d_act1, *d_dact2, *d_w2, *d_b2, *d_act2, *d_dact1, *d_dw, *d_db;
+    cudaCheck(cudaMalloc(&d_act1, n1 * 4)); cudaCheck(cudaMalloc(&d_dact2, n2 * 4)); cudaCheck(cudaMalloc(&d_w2, C2 * KC2 * 4));
+    cudaCheck(cudaMalloc(&d_b2, C2 * 4)); cudaCheck(cudaMalloc(&d_act2, n2 * 4)); cudaCheck(cudaMalloc(&d_dact1, n1 * 4));
+    cudaCheck(cudaMalloc(&d_dw, C2 * KC2 * 4)); cudaCheck(cudaMalloc(&d_db, C2 * 4));
+    cudaCheck(cudaMemcpy(d_act1, act1.data(), n1 * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_dact2, dact2.data(), n2 * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_w2, w2.data(), C2 * KC2 * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_b2, b2.data(), C2 * 4, cudaMemcpyHostToDevice));
+    for (float* p : {d_act2, d_dact1, d_dw, d_db}) cudaCheck(cudaMemset(p, 0xFF, (p == d_act2 ? n2 : p == d_dact1 ? n1 : p == d_dw ? C2 * KC2 : C2) * 4));
+    conv2_forward_tf32(d_act2, d_act1, d_w2, d_b2, B);
+    conv2_wgrad_tf32(d_dw, d_db, d_dact2, d_act1, B);
+    conv2_dgrad_tf32(d_dact1, d_dact2, d_w2, d_act1, B);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> act2(n2), dact1(n1), dw(C2 * KC2), db(C2);
+    cudaCheck(cudaMemcpy(act2.data(), d_act2, n2 * 4, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(dact1.data(), d_dact1, n1 * 4, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(dw.data(), d_dw, dw.size() * 4, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(db.data(), d_db, db.size() * 4, cudaMemcpyDeviceToHost));
+    // worst |got - ref| / bound over C = A * B (+ bias, ReLU, mask); rowsum: the bias gradient (fp32 bound)
+    auto worst_of = [&](const std::vector<float>& got, MatView A, MatView Bv, int M, int N, int K, const float* bias,
+                        const float* mask, const std::vector<float>* rowsum, size_t* wi, double* rworst) {
+        std::vector<float> bm((size_t)K * N);
+        for (int k = 0; k < K; k++) for (int c = 0; c < N; c++) bm[(size_t)k * N + c] = view_get_host(Bv, k, c);
+        std::vector<double> arow(K);
+        double worst = 0;
+        *rworst = 0;
+        for (int r = 0; r < M; r++) {
+            double rs = 0, rabs = 0;
+            for (int k = 0; k < K; k++) { arow[k] = view_get_host(A, r, k); rs += arow[k]; rabs += fabs(arow[k]); }
+            for (int c = 0; c < N; c++) {
+                double sum = 0, sa = 0;
+                const float* bcol = &bm[c];
+                for (int k = 0; k < K; k++) { double p = arow[k] * bcol[(size_t)k * N]; sum += p; sa += fabs(p); }
+                double bound = (K * ldexp(1.0, -23) + ldexp(1.0, -10)) * sa + 1e-30, v = sum;
+                size_t i = (size_t)r * N + c;
+                double gv = got[i];
+                if (bias) {
+                    v += bias[c]; bound += fabs(bias[c]) * ldexp(1.0, -23);
+                    if (fabs(v) <= bound && gv == 0.0) v = 0;  // ReLU at the edge: both sides are right
+                    if (v < 0) v = 0;
+                }
+                if (mask && !(mask[i] > 0)) { v = 0; bound = 1e-30; }
+                double e = fabs(gv - v) / bound;
+                if (!(gv == gv)) e = INFINITY;
+                if (e > worst) { worst = e; *wi = i; }
+            }
+            if (rowsum) {
+                double e = fabs((*rowsum)[r] - rs) / (K * ldexp(1.0, -23) * rabs + 1e-30);
+                if (!((*rowsum)[r] == (*rowsum)[r])) e = INFINITY;
+                *rworst = std::max(*rworst, e);
+            }
+        }
+        return worst;
+    };
+    char buf[256]; size_t wi = 0; double rw = 0, w;
+    std::string tag = "B=" + std::to_string(B) + (ctas > 0 ? ", " + std::to_string(ctas) + " blocks" : ", full grid");
+    w = worst_of(act2, {V_CONV2_IN, act1.data(), 0}, {V_COL, w2.data(), KC2}, B * H2 * H2, C2, KC2, b2.data(), nullptr, nullptr, &wi, &rw);
+    snprintf(buf, sizeof buf, "%s: worst error %.3g of the bound at [%zu]", tag.c_str(), w, wi);
+    report(w <= 1.0, "gpu conv2 tf32 forward + bias + relu", buf);
+    w = worst_of(dw, {V_COL, dact2.data(), C2}, {V_CONV2_IN, act1.data(), 0}, C2, KC2, B * H2 * H2, nullptr, nullptr, &db, &wi, &rw);
+    snprintf(buf, sizeof buf, "%s: worst error %.3g of the bound at [%zu], bias gradient %.3g of its bound", tag.c_str(), w, wi, rw);
+    report(w <= 1.0 && rw <= 1.0, "gpu conv2 tf32 weight + bias gradient", buf);
+    w = worst_of(dact1, {V_CONV2_DOUT, dact2.data(), 0}, {V_CONV2_WT, w2.data(), 0}, B * H1 * H1, C1, 9 * C2, nullptr, act1.data(), nullptr, &wi, &rw);
+    snprintf(buf, sizeof buf, "%s: worst error %.3g of the bound at [%zu]", tag.c_str(), w, wi);
+    report(w <= 1.0, "gpu conv2 tf32 input gradient + relu mask", buf);
+    for (float* p : {d_act1, d_dact2, d_w2, d_b2, d_act2, d_dact1, d_dw, d_db}) cudaFree(p);
+    g_conv2 = saved;
+}
+
 int main() {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     g_cpu_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -319,6 +398,9 @@ int main() {
         check_kernel_case("col x conv1 implicit dW (B=3)", V_COL, V_CONV1_IN, C1, K1, 3 * H1 * H1, 3 * H1 * H1, C1, 3, IMG * IMG, false, 18);
         check_kernel_case("conv2 dX implicit x weight (B=3)", V_CONV2_DOUT, V_CONV2_WT, 3 * H1 * H1, C1, 9 * C2, 3, H2 * H2 * C2, C2, KC2, true, 19);
 
+        check_conv2_tf32(3, 0, 21);
+        check_conv2_tf32(5, 4, 22);
+
         mnist_free(&ws);
         cudaCheck(cudaStreamCreate(&g_mm.stream));
         bool have_debug = false;
@@ -348,6 +430,14 @@ int main() {
                 set_params_torch(&m, dbg.params); set_batch(&m, dbg.x.data(), dbg.y.data(), dbg.B);
                 float l = (float)forward_loss(&m, dbg.B, lbuf, false);
                 compare("gpu debug state ours tf32 loss", &l, &dbg.loss, 1, 0.0, 2e-3);
+                // and every gradient (conv2 on its TF32 kernels): TF32 rounds each input to 11 bits (2^-11 relative),
+                // so a product is off by up to ~1e-3 and a layer's error compounds through the next ones; 1e-2 of
+                // the tensor's largest element (+ 1e-2 relative) keeps a 10x margin and still fails any indexing error
+                mnist_backward(&m, dbg.B);
+                std::vector<float> g = get_torch(&m, m.grads);
+                for (int i = 0; i < N_PARAM_TENSORS; i++)
+                    compare(std::string("gpu debug state ours tf32 grad.") + PARAMS[i].name, g.data() + PARAMS[i].offset,
+                            dbg.grads[i].data(), dbg.grads[i].size(), 1e-2 * max_abs_of(dbg.grads[i].data(), dbg.grads[i].size()), 1e-2);
                 g_mm.tf32 = 0;
             }
             cudaFree(lbuf);
