@@ -18,7 +18,8 @@ Run (from the repo root):
   ./dev/softmax_backward --bench_json FILE --shapes 4096x1024 --versions 3,8    timings for dev/softmax.py
   ./dev/softmax_backward --help      every flag with its default
 
-version 1: naive, one thread per row: a pass for the dot product <y, dy>, a pass to write dx (reads y, dy twice)
+version 1: naive, one thread per row: a pass for the dot product <y, dy> (compensated sum), a pass to write dx
+           (reads y, dy twice)
 version 2: one warp per row: coalesced loads, dot product by warp shuffles, a second read of y and dy to write dx
 version 3: a group of 4..32 lanes per row with y and dy held in registers, 16-byte loads: one read of each, one
            write (rows up to ~1000 floats)
@@ -172,8 +173,16 @@ __global__ void softmax_backward_kernel1(float* dx, const float* y, const float*
     if (r >= rows) return;
     const float* yr = y + (size_t)r * cols;
     const float* dyr = dy + (size_t)r * cols;
-    float dot = 0.0f;
-    for (int c = 0; c < cols; c++) dot += yr[c] * dyr[c];
+    // Compensated (Kahan) sum: one plain fp32 accumulator over a row drifts by a random walk of half-ulp roundings of
+    // the partial sums (measured on the H100, 2026-11-22: dx off by 2.1e-6 at 1023x128 where the tolerance allows
+    // 1.4e-6); the compensation keeps the error near one rounding. No fast-math, so the compiler keeps it as written.
+    float dot = 0.0f, comp = 0.0f;
+    for (int c = 0; c < cols; c++) {
+        float t = yr[c] * dyr[c] - comp;
+        float sum = dot + t;
+        comp = (sum - dot) - t;
+        dot = sum;
+    }
     for (int c = 0; c < cols; c++) dx[(size_t)r * cols + c] = yr[c] * (dyr[c] - dot);
 }
 
