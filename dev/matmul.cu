@@ -40,6 +40,8 @@ version 6: TF32 tensor cores: mma.sync.m16n8k8 (inputs rounded to nearest TF32 b
 #include <vector>
 #include <cerrno>
 #include <sys/stat.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
@@ -557,8 +559,12 @@ matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda
     constexpr int NT = (BM / WM) * WARPS_N * 32;
     using LoadA = TileLoader<BM, BK, NT, !TA>;
     using LoadB = TileLoader<BN, BK, NT, TB>;
-    __shared__ __align__(16) float sA[2][BK * LoadA::LD];
-    __shared__ __align__(16) float sB[2][BK * LoadB::LD];
+    // dynamic shared memory (2 buffers of each tile): 256x128 tiles with BK = 16 need 50 KB, over the static 48 KB
+    extern __shared__ __align__(16) float wt_smem[];
+    // buffer b of A at sA + b * A_SZ, of B at sB + b * B_SZ (arithmetic, not a pointer array: that went to the stack)
+    constexpr int A_SZ = BK * LoadA::LD, B_SZ = BK * LoadB::LD;
+    float* sA = wt_smem;
+    float* sB = wt_smem + 2 * A_SZ;
 
     int bm, bn;
     grouped_tile(blockIdx.x, ceil_div(M, BM), ceil_div(N, BN), bm, bn);
@@ -575,8 +581,8 @@ matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda
     if (ntiles > 0) {
         la.fetch(A, lda, m0, M, kb, ke, vec_a);
         lb.fetch(B, ldb, n0, N, kb, ke, vec_b);
-        la.store(sA[0]);
-        lb.store(sB[0]);
+        la.store(sA);
+        lb.store(sB);
         __syncthreads();
     }
     for (int t = 0; t < ntiles; t++) {
@@ -586,8 +592,8 @@ matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda
             la.fetch(A, lda, m0, M, kb + (t + 1) * BK, ke, vec_a);
             lb.fetch(B, ldb, n0, N, kb + (t + 1) * BK, ke, vec_b);
         }
-        const float* a_s = sA[cur];
-        const float* b_s = sB[cur];
+        const float* a_s = sA + cur * A_SZ;
+        const float* b_s = sB + cur * B_SZ;
 #pragma unroll
         for (int k = 0; k < BK; k++) {
             float a[RM * 4], b[RN * 4];
@@ -609,8 +615,8 @@ matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda
         // the other buffer was last read in iteration t-1, which every thread finished before the barrier below
         // of iteration t-1: one barrier per k-tile is enough
         if (more) {
-            la.store(sA[cur ^ 1]);
-            lb.store(sB[cur ^ 1]);
+            la.store(sA + (cur ^ 1) * A_SZ);
+            lb.store(sB + (cur ^ 1) * B_SZ);
         }
         __syncthreads();
     }
@@ -663,8 +669,18 @@ static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, flo
     dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
     matmul_dispatch_trans<NN_ONLY>("launch_warptile", trans_a, trans_b, [&](auto ta, auto tb) {
-        matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, decltype(ta)::value, decltype(tb)::value>
-            <<<grid, NT, 0, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va, vb, vc);
+        constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
+        constexpr int SMEM_BYTES = 2 * BK * (TileLoader<BM, BK, NT, !TA>::LD + TileLoader<BN, BK, NT, TB>::LD) * 4;
+        auto kernel = matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB>;
+        if (SMEM_BYTES > 48 * 1024) {
+            static bool smem_attr_set = false;  // one per instantiation
+            if (!smem_attr_set) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+                smem_attr_set = true;
+            }
+        }
+        kernel<<<grid, NT, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va,
+                                                 vb, vc);
     });
     cudaCheck(cudaGetLastError());
     if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
@@ -1000,6 +1016,524 @@ void matmul_sgemm_tf32_v6(bool trans_a, bool trans_b, int M, int N, int K, float
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// version 7: Hopper warpgroup MMA (wgmma.mma_async m64nNk8 tf32) fed by TMA (cp.async.bulk.tensor) through a
+// multi-stage mbarrier pipeline. sm_90a only: the kernel bodies exist only in an sm_90a build; elsewhere
+// matmul_sgemm_tf32_v7 runs version 6 and the tests / benchmark report v7 as SKIP.
+//
+// Block: 3 warpgroups. Warpgroup 0 is the producer (one thread issues the TMA copies of each k-tile and gives its
+//   registers back with setmaxnreg); warpgroups 1 and 2 are consumers, each owning 64 rows of the 128 x BN block
+//   tile and issuing m64nBNk8 wgmmas (BN = 256: 128 fp32 accumulators per thread).
+// Shared memory: STAGES x (A tile 128 x 32 + B tile BN x 32), fp32, both K-major (TF32 wgmma reads only K-major
+//   operands), one 128-byte row per tile row, 128-byte swizzle (16-byte chunk c of row r stored at chunk c ^ (r % 8),
+//   which TMA writes and the wgmma descriptor reads). mbarriers: full[s] (TMA bytes landed; tx-count) and empty[s]
+//   (8 consumer warps done with stage s).
+// Operands: A as stored (M x K, lda % 4 == 0, 16-byte aligned) goes straight to TMA; otherwise (transposed or
+//   misaligned) it is first staged into a K-major scratch copy. B is always staged into a K-major scratch copy
+//   (N x K: a transpose for B as stored, a copy for B transposed), rounded to TF32 on the way. The staging passes
+//   are part of every call and of its measured time (4096^3 NN: 64 MB read + 64 MB written for B).
+// Rounding (round to nearest TF32, ties away from zero, as version 6): B is rounded while staged; A is read from
+//   shared memory into registers (the wgmma "A in registers" form), rounded there with the half-ulp add, and
+//   the tensor core ignores the low 13 bits. Variant "ss trunc A" feeds A straight from shared memory instead
+//   (A truncated to TF32, twice the rounding error: checked with cuBLAS TF32's truncation tolerance).
+// K tails and M, N edges: TMA fills out-of-range elements of a box with zeros; the epilogue masks the stores.
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MATMUL_SM90A 1
+#else
+#define MATMUL_SM90A 0
+#endif
+
+__global__ void matmul_sm90a_probe_kernel(int* has_sm90a) { *has_sm90a = MATMUL_SM90A; }
+
+// true when a GPU is present, it is compute capability 9.0 and this binary carries sm_90a code for it
+static bool matmul_have_sm90a() {
+    static int cached = -1;
+    if (cached >= 0) return cached == 1;
+    cached = 0;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { cudaGetLastError(); return false; }
+    int dev, major, minor;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) return false;
+    int* d_flag;
+    cudaCheck(cudaMalloc(&d_flag, sizeof(int)));
+    matmul_sm90a_probe_kernel<<<1, 1>>>(d_flag);
+    cudaError_t err = cudaGetLastError();  // no kernel image for this GPU: not an sm_90a build
+    int flag = 0;
+    if (err == cudaSuccess) cudaCheck(cudaMemcpy(&flag, d_flag, sizeof(int), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(d_flag));
+    cached = flag == 1 ? 1 : 0;
+    return cached == 1;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if MATMUL_SM90A
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+#endif
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if MATMUL_SM90A
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if MATMUL_SM90A
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+// waits for the completion of the barrier's phase with this parity (a fresh barrier counts its phase "parity 1"
+// as complete, so the producer's first wait on empty[s] with parity 1 passes at once)
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if MATMUL_SM90A
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+#endif
+}
+// 2D TMA box load: coordinates (c0 along the contiguous dimension, c1 along rows); completes on bar's tx-count
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+#if MATMUL_SM90A
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if MATMUL_SM90A
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if MATMUL_SM90A
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N_PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+#if MATMUL_SM90A
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N_PENDING) : "memory");
+#endif
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if MATMUL_SM90A
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if MATMUL_SM90A
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
+// keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma (the registers are
+// written by the tensor core until wgmma.wait_group returns)
+template <int NR>
+__device__ __forceinline__ void acc_fence(float (&d)[NR]) {
+#pragma unroll
+    for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle layout: bits 0-13 start address / 16,
+// 16-29 leading byte offset / 16 (unused for swizzled K-major; 1), 32-45 stride byte offset / 16 (1024 bytes
+// between 8-row groups), 62-63 layout (1 = 128-byte swizzle). The tile base is 1024-byte aligned (base offset 0);
+// the k-step s of 8 tf32 (32 bytes) starts at base + 32 s, and the hardware applies the swizzle to the full address.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+// d (64 x N per warpgroup) += a (64 x 8) b (8 x N). Accumulator fragment (warp w of the warpgroup, g = lane / 4,
+// t = lane % 4): d[4j + 0..1] = rows 16w + g, columns 8j + 2t, +1; d[4j + 2..3] = row 16w + g + 8, same columns.
+// A in registers (rs): a[0] (16w + g, t), a[1] (16w + g + 8, t), a[2] (16w + g, t + 4), a[3] (16w + g + 8, t + 4).
+__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(1));
+#endif
+}
+__device__ __forceinline__ void wgmma_tf32_ss(float (&d)[128], uint64_t a_desc, uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(a_desc), "l"(b_desc), "n"(1));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(1));
+#endif
+}
+__device__ __forceinline__ void wgmma_tf32_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a_desc), "l"(b_desc), "n"(1));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(1));
+#endif
+}
+__device__ __forceinline__ void wgmma_tf32_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a_desc), "l"(b_desc), "n"(1));
+#endif
+}
+
+template <int BN, int STAGES, int MINB>
+struct WgmmaConfig {
+    static constexpr int BM = 128, BK = 32;  // BK: 32 fp32 = one 128-byte swizzle row
+    static constexpr int THREADS = 384;      // producer warpgroup + 2 consumer warpgroups
+    static constexpr int A_BYTES = BM * BK * 4, B_BYTES = BN * BK * 4, STAGE_BYTES = A_BYTES + B_BYTES;
+    static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "128-byte swizzled tiles start 1024-byte aligned");
+    static_assert(BN % 8 == 0 && BN <= 256, "wgmma N is a multiple of 8 up to 256 (and a TMA box is <= 256 rows)");
+    // + barriers, + 1024 so the stages can be aligned to 1024 bytes
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+    // setmaxnreg: the producer drops to 40 registers, the consumers take what is left of the 64K-register file
+    // shared by MINB blocks (multiples of 8; the sum must not exceed what the block holds at launch)
+    static constexpr int LAUNCH_REGS = (65536 / (THREADS * MINB)) / 8 * 8;
+    static constexpr int PRODUCER_REGS = 40;
+    static constexpr int CONSUMER_REGS = ((LAUNCH_REGS * 3 - PRODUCER_REGS) / 2) / 8 * 8 > 256
+                                             ? 256 : ((LAUNCH_REGS * 3 - PRODUCER_REGS) / 2) / 8 * 8;
+};
+
+template <int BN, int STAGES, int MINB, bool A_REGS>
+__global__ void __launch_bounds__(384, MINB)
+matmul_wgmma_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, int M,
+                    int N, int K, float alpha, float beta, float* C, int ldc, bool vec_c) {
+#if MATMUL_SM90A
+    using Cfg = WgmmaConfig<BN, STAGES, MINB>;
+    constexpr int NR = BN / 2;  // accumulators per consumer thread
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
+    uint64_t* empty = full + STAGES;
+
+    int bm, bn;
+    grouped_tile(blockIdx.x, ceil_div(M, Cfg::BM), ceil_div(N, BN), bm, bn);
+    const int m0 = bm * Cfg::BM, n0 = bn * BN;
+    const int ntiles = ceil_div(K, Cfg::BK);
+    const int wg = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);  // one arrive per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            for (int kt = 0; kt < ntiles; kt++) {
+                const int s = kt % STAGES;
+                mbar_wait(&empty[s], ((kt / STAGES) & 1) ^ 1);
+                mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);  // out-of-range box elements count too (zero-filled)
+                uint8_t* st = smem + s * Cfg::STAGE_BYTES;
+                tma_load_2d(st, &tmap_a, kt * Cfg::BK, m0, &full[s]);
+                tma_load_2d(st + Cfg::A_BYTES, &tmap_b, kt * Cfg::BK, n0, &full[s]);
+            }
+        }
+    } else {  // consumers
+        setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+        const int c = wg - 1;  // rows 64c .. 64c + 63 of the block tile
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        float acc[NR];
+#pragma unroll
+        for (int i = 0; i < NR; i++) acc[i] = 0.0f;
+        acc_fence(acc);
+        for (int kt = 0; kt < ntiles; kt++) {
+            const int s = kt % STAGES;
+            mbar_wait(&full[s], (kt / STAGES) & 1);
+            const uint8_t* st = smem + s * Cfg::STAGE_BYTES;
+            const uint32_t a_addr = smem_u32(st) + c * 64 * 128, b_addr = smem_u32(st + Cfg::A_BYTES);
+            if constexpr (A_REGS) {
+                // row r = 16 warp + g (+8) of this warpgroup's 64: r % 8 == g, so chunk q of the row sits at q ^ g
+                const float* a_s = reinterpret_cast<const float*>(st) + (c * 64 + warp * 16 + g) * 32 + t;
+                uint32_t af[4][4];
+#pragma unroll
+                for (int ks = 0; ks < 4; ks++) {
+                    const int lo = ((2 * ks) ^ g) * 4, hi = ((2 * ks + 1) ^ g) * 4;
+                    af[ks][0] = f32_to_tf32<TF32_ROUND_ADD>(a_s[lo]);
+                    af[ks][1] = f32_to_tf32<TF32_ROUND_ADD>(a_s[8 * 32 + lo]);
+                    af[ks][2] = f32_to_tf32<TF32_ROUND_ADD>(a_s[hi]);
+                    af[ks][3] = f32_to_tf32<TF32_ROUND_ADD>(a_s[8 * 32 + hi]);
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ks++) wgmma_tf32_rs(acc, af[ks], wgmma_desc_sw128(b_addr + 32 * ks));
+            } else {
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ks++)
+                    wgmma_tf32_ss(acc, wgmma_desc_sw128(a_addr + 32 * ks), wgmma_desc_sw128(b_addr + 32 * ks));
+            }
+            wgmma_commit();
+            wgmma_wait<0>();  // this warpgroup's reads of stage s are done (and af may be overwritten)
+            acc_fence(acc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+        }
+
+        // epilogue: C = alpha acc + beta C straight from the accumulator fragments (8-byte stores where possible)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int m = m0 + c * 64 + warp * 16 + g + 8 * h;
+            if (m >= M) continue;
+            float* crow = C + (size_t)m * ldc;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                const int n = n0 + 8 * j + 2 * t;
+                float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
+                if (vec_c && n + 1 < N) {
+                    float2* p = reinterpret_cast<float2*>(crow + n);
+                    if (beta != 0.0f) {
+                        float2 old = *p;
+                        v0 = fmaf(beta, old.x, v0);
+                        v1 = fmaf(beta, old.y, v1);
+                    }
+                    *p = make_float2(v0, v1);
+                } else {
+                    if (n < N) crow[n] = beta != 0.0f ? fmaf(beta, crow[n], v0) : v0;
+                    if (n + 1 < N) crow[n + 1] = beta != 0.0f ? fmaf(beta, crow[n + 1], v1) : v1;
+                }
+            }
+        }
+    }
+#endif
+}
+
+// Staging pass: out (O rows x ldo, k contiguous) = op(X) rounded to TF32 (nearest, ties away: + half ulp, then the
+// low 13 bits cleared). KCONTIG: X stored O x K (X[o * ld + k]); otherwise stored K x O (X[k * ld + o]) and
+// transposed through a 32 x 33 shared tile so both the reads and the writes are coalesced. Block (32, 8).
+__device__ __forceinline__ float round_to_tf32(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & ~0x1FFFu); }
+template <bool KCONTIG>
+__global__ void matmul_stage_kmajor_kernel(const float* X, int ld, int O, int K, float* out, int ldo) {
+    __shared__ float tile[32][33];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int k0 = blockIdx.x * 32, o0 = blockIdx.y * 32;
+    if (KCONTIG) {
+#pragma unroll
+        for (int i = ty; i < 32; i += 8) {
+            int o = o0 + i, k = k0 + tx;
+            if (o < O && k < K) out[(size_t)o * ldo + k] = round_to_tf32(X[(size_t)o * ld + k]);
+        }
+    } else {
+#pragma unroll
+        for (int i = ty; i < 32; i += 8) {  // tile[k][o], coalesced along o
+            int k = k0 + i, o = o0 + tx;
+            tile[i][tx] = (k < K && o < O) ? X[(size_t)k * ld + o] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = ty; i < 32; i += 8) {  // out[o][k], coalesced along k
+            int o = o0 + i, k = k0 + tx;
+            if (o < O && k < K) out[(size_t)o * ldo + k] = round_to_tf32(tile[tx][i]);
+        }
+    }
+}
+
+// K-major scratch copies of the operands (grow on demand, kept; one stream, like the split-K workspace)
+static float* matmul_stage_buf[2] = {nullptr, nullptr};
+static size_t matmul_stage_floats[2] = {0, 0};
+static float* matmul_stage_kmajor(int which, const float* X, int ld, bool kcontig, int O, int K, int ldo,
+                                  cudaStream_t stream) {
+    size_t need = (size_t)O * ldo;
+    if (need > matmul_stage_floats[which]) {
+        if (matmul_stage_buf[which]) cudaCheck(cudaFree(matmul_stage_buf[which]));
+        cudaCheck(cudaMalloc(&matmul_stage_buf[which], need * sizeof(float)));
+        matmul_stage_floats[which] = need;
+    }
+    float* out = matmul_stage_buf[which];
+    dim3 block(32, 8), grid(ceil_div(K, 32), ceil_div(O, 32));
+    if (kcontig) matmul_stage_kmajor_kernel<true><<<grid, block, 0, stream>>>(X, ld, O, K, out, ldo);
+    else matmul_stage_kmajor_kernel<false><<<grid, block, 0, stream>>>(X, ld, O, K, out, ldo);
+    cudaCheck(cudaGetLastError());
+    return out;
+}
+static void matmul_free_stage_bufs() {
+    for (int i = 0; i < 2; i++) {
+        if (matmul_stage_buf[i]) cudaCheck(cudaFree(matmul_stage_buf[i]));
+        matmul_stage_buf[i] = nullptr;
+        matmul_stage_floats[i] = 0;
+    }
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda)
+static PFN_cuTensorMapEncodeTiled_v12000 matmul_tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (fn == nullptr) {
+        cudaDriverEntryPointQueryResult q;
+        void* p = nullptr;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || p == nullptr) {
+            fprintf(stderr, "cuTensorMapEncodeTiled: driver entry point not found (query result %d)\n", (int)q);
+            exit(EXIT_FAILURE);
+        }
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+    return fn;
+}
+// rows x K fp32, k contiguous, row stride ld floats (ld % 4 == 0, X 16-byte aligned); box = box_rows x 32
+static CUtensorMap matmul_tensor_map_kmajor(const float* X, int rows, int K, int ld, int box_rows) {
+    CUtensorMap map;
+    cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)ld * sizeof(float)};
+    cuuint32_t box[2] = {32, (cuuint32_t)box_rows};
+    cuuint32_t elem_strides[2] = {1, 1};
+    CUresult r = matmul_tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(X), dims,
+                                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled failed (%d): rows=%d K=%d ld=%d box_rows=%d ptr=%p\n", (int)r, rows,
+                K, ld, box_rows, (const void*)X);
+        exit(EXIT_FAILURE);
+    }
+    return map;
+}
+
+// Requires K > 0 and an sm_90a build on a 9.0 GPU (matmul_sgemm_tf32_v7 checks both).
+template <int BN, int STAGES, int MINB, bool A_REGS>
+static void launch_wgmma(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    using Cfg = WgmmaConfig<BN, STAGES, MINB>;
+    const int kpad = ceil_div(K, 4) * 4;  // staged copies: rows 16-byte aligned for TMA
+    const float* a_km = A;
+    int a_ld = lda;
+    if (trans_a || !matmul_vec_ok(A, lda)) {
+        a_km = matmul_stage_kmajor(0, A, lda, !trans_a, M, K, kpad, stream);
+        a_ld = kpad;
+    }
+    const float* b_km = matmul_stage_kmajor(1, B, ldb, trans_b, N, K, kpad, stream);
+    CUtensorMap map_a = matmul_tensor_map_kmajor(a_km, M, K, a_ld, Cfg::BM);
+    CUtensorMap map_b = matmul_tensor_map_kmajor(b_km, N, K, kpad, BN);
+    auto kernel = matmul_wgmma_kernel<BN, STAGES, MINB, A_REGS>;
+    static bool smem_attr_set = false;  // one per instantiation
+    if (!smem_attr_set) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+        smem_attr_set = true;
+    }
+    const bool vec_c = ((uintptr_t)C % 8 == 0) && (ldc % 2 == 0);
+    dim3 grid(ceil_div(M, Cfg::BM) * ceil_div(N, BN));
+    kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(map_a, map_b, M, N, K, alpha, beta, C, ldc, vec_c);
+    cudaCheck(cudaGetLastError());
+}
+
+// TF32 GEMM on Hopper wgmma, same contract as matmul_sgemm_v5 / v6 (results within TF32 rounding). Falls back to
+// version 6 where the binary has no sm_90a code (or the GPU is not 9.0) and for K = 0.
+// Tiles: 128 x 256 (4 stages, 192 KB) when they fill the GPU, else 128 x 128 (6 stages), else 128 x 64 (8 stages).
+void matmul_sgemm_tf32_v7(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                          const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_sgemm_tf32_v7", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || !matmul_have_sm90a()) {
+        matmul_sgemm_tf32_v6(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+        return;
+    }
+    const long long sms = matmul_num_sms();
+    auto tiles = [&](int bn) { return (long long)ceil_div(M, 128) * ceil_div(N, bn); };
+    if (N > 128 && tiles(256) >= sms)
+        launch_wgmma<256, 4, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (N > 64)
+        launch_wgmma<128, 6, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else
+        launch_wgmma<64, 8, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // version 0: cuBLAS (row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands)
 
 static cublasHandle_t cublas_handle(bool tf32) {
@@ -1044,6 +1578,12 @@ static void matmul_v5_256x128_512t(bool ta, bool tb, int M, int N, int K, float 
     if (M == 0 || N == 0) return;
     launch_warptile<256, 128, 8, 2, 2, 1, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
+static void matmul_v5_256x128x16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                 const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v5_256x128x16", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_warptile<256, 128, 16, 4, 2, 1, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
 static void matmul_v6_perm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_check_args("matmul_v6_perm", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
@@ -1072,6 +1612,30 @@ static void matmul_v6_trunc(bool ta, bool tb, int M, int N, int K, float alpha, 
                                                            stream);
 }
 
+// version 7 variants: 128 x 128 tiles with 6 stages, and A fed from shared memory (truncated to TF32). (Two blocks
+// per SM do not compile: ptxas sizes the whole kernel by the launch bound, 80 registers, not by setmaxnreg.)
+template <int BN, int STAGES, int MINB, bool A_REGS>
+static void matmul_v7_fixed(const char* fn, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                            int lda, const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args(fn, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || !matmul_have_sm90a()) {
+        matmul_sgemm_tf32_v6(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+        return;
+    }
+    launch_wgmma<BN, STAGES, MINB, A_REGS>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+static void matmul_v7_128x128(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                              const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_v7_fixed<128, 6, 1, true>("matmul_v7_128x128", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                     stream);
+}
+static void matmul_v7_ss_trunc(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                               const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_v7_fixed<256, 4, 1, false>("matmul_v7_ss_trunc", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                      stream);
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // the list of versions
 
@@ -1083,26 +1647,31 @@ struct Variant {
     Precision prec;
     bool nn_only;      // compiled for A and B as stored only (tested and benchmarked there only)
     bool square_only;  // a tile variant: benchmarked at 4096^3 only (tested everywhere it is compiled)
+    bool sm90a;        // needs the sm_90a build on a 9.0 GPU (wgmma): SKIP elsewhere
     MatmulFn fn;
 };
 static const Variant VARIANTS[] = {
-    {"0 cuBLAS fp32", 0, PREC_FP32, false, false, matmul_cublas_fp32_v0},
-    {"0 cuBLAS TF32", 0, PREC_TF32_ANY, false, false, matmul_cublas_tf32_v0},
-    {"1 naive", 1, PREC_FP32, false, false, matmul_naive_v1},
-    {"2 smem 32x32", 2, PREC_FP32, false, false, matmul_smem_tile_v2},
-    {"3 blocktile 8x8", 3, PREC_FP32, false, false, matmul_blocktile_v3},
-    {"4 vectorized", 4, PREC_FP32, false, false, matmul_vectorized_v4},
-    {"5 warptile+dbuf", 5, PREC_FP32, false, false, matmul_sgemm_v5},
-    {"5 (128x128x8)", 5, PREC_FP32, true, true, matmul_v5_128x128x8},
-    {"5 (256x128 8x8 512thr)", 5, PREC_FP32, true, true, matmul_v5_256x128_512t},
-    {"6 tf32 mma", 6, PREC_TF32_RN, false, false, matmul_sgemm_tf32_v6},
-    {"6 (perm lds64)", 6, PREC_TF32_RN, false, true, matmul_v6_perm},
-    {"6 (128x256x32)", 6, PREC_TF32_RN, true, true, matmul_v6_128x256x32},
-    {"6 (cvt.rna)", 6, PREC_TF32_RN, true, true, matmul_v6_cvt_rna},
-    {"6 (trunc)", 6, PREC_TF32_ANY, true, true, matmul_v6_trunc},
+    {"0 cuBLAS fp32", 0, PREC_FP32, false, false, false, matmul_cublas_fp32_v0},
+    {"0 cuBLAS TF32", 0, PREC_TF32_ANY, false, false, false, matmul_cublas_tf32_v0},
+    {"1 naive", 1, PREC_FP32, false, false, false, matmul_naive_v1},
+    {"2 smem 32x32", 2, PREC_FP32, false, false, false, matmul_smem_tile_v2},
+    {"3 blocktile 8x8", 3, PREC_FP32, false, false, false, matmul_blocktile_v3},
+    {"4 vectorized", 4, PREC_FP32, false, false, false, matmul_vectorized_v4},
+    {"5 warptile+dbuf", 5, PREC_FP32, false, false, false, matmul_sgemm_v5},
+    {"5 (128x128x8)", 5, PREC_FP32, true, true, false, matmul_v5_128x128x8},
+    {"5 (256x128 8x8 512thr)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_512t},
+    {"5 (256x128x16 dyn smem)", 5, PREC_FP32, true, true, false, matmul_v5_256x128x16},
+    {"6 tf32 mma", 6, PREC_TF32_RN, false, false, false, matmul_sgemm_tf32_v6},
+    {"6 (perm lds64)", 6, PREC_TF32_RN, false, true, false, matmul_v6_perm},
+    {"6 (128x256x32)", 6, PREC_TF32_RN, true, true, false, matmul_v6_128x256x32},
+    {"6 (cvt.rna)", 6, PREC_TF32_RN, true, true, false, matmul_v6_cvt_rna},
+    {"6 (trunc)", 6, PREC_TF32_ANY, true, true, false, matmul_v6_trunc},
+    {"7 wgmma+TMA", 7, PREC_TF32_RN, false, false, true, matmul_sgemm_tf32_v7},
+    {"7 (128x128 6 stages)", 7, PREC_TF32_RN, false, true, true, matmul_v7_128x128},
+    {"7 (ss trunc A)", 7, PREC_TF32_ANY, false, true, true, matmul_v7_ss_trunc},
 };
 static const int N_VARIANTS = (int)(sizeof(VARIANTS) / sizeof(VARIANTS[0]));
-static const int MAX_VERSION = 6;
+static const int MAX_VERSION = 7;
 
 // ----------------------------------------------------------------------------------------------------------------
 // test mode
@@ -1264,6 +1833,12 @@ static void gpu_tests(Counters& cnt, int only_version) {
     };
     int n_sms = matmul_num_sms();
     char name[160], detail[256];
+    const bool have_sm90a = matmul_have_sm90a();
+    for (int v = 0; v < N_VARIANTS; v++)
+        if (VARIANTS[v].sm90a && !have_sm90a && (only_version < 0 || VARIANTS[v].version == only_version)) {
+            printf("SKIP v%s: needs an sm_90a build on a compute capability 9.0 GPU (wgmma)\n", VARIANTS[v].name);
+            cnt.skipped++;
+        }
     for (const TestCase& tc : cases)
         for (int tr = 0; tr < 4; tr++) {
             bool ta = tr & 2, tb = tr & 1;
@@ -1288,6 +1863,7 @@ static void gpu_tests(Counters& cnt, int only_version) {
                 const Variant& var = VARIANTS[v];
                 if (var.nn_only && (ta || tb)) continue;  // benchmark tile variants exist for NN only
                 if (only_version >= 0 && var.version != only_version) continue;
+                if (var.sm90a && !have_sm90a) continue;
                 snprintf(name, sizeof(name), "v%s %s %dx%dx%d pad=%d a_off=%d alpha=%g beta=%g", var.name,
                          trans_name(ta, tb), M, N, K, tc.pad, tc.a_offset, tc.alpha, tc.beta);
                 if (tc.beta == 0.0f) {
@@ -1336,6 +1912,7 @@ static int run_tests(int only_version) {
         }
     }
     matmul_free_workspace();
+    matmul_free_stage_bufs();
     printf("%d passed, %d failed, %d skipped\n", cnt.passed, cnt.failed, cnt.skipped);
     return cnt.failed > 0 ? 1 : 0;
 }
@@ -1429,6 +2006,8 @@ static int run_benchmark(int only_version, const char* out_dir) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    const bool have_sm90a = matmul_have_sm90a();
+    printf("sm_90a code (wgmma, version 7): %s\n", have_sm90a ? "yes" : "no: version 7 skipped (build for sm_90a)");
     std::vector<BenchShape> shapes = {{"square 4096", false, false, 4096, 4096, 4096}};
     for (int Bt : {64, 512})
         for (auto& s : mnist_shapes(Bt)) shapes.push_back(s);
@@ -1472,6 +2051,7 @@ static int run_benchmark(int only_version, const char* out_dir) {
             if (var.nn_only && (s.ta || s.tb)) continue;
             if (var.square_only && s.M < 4096) continue;  // tile variants: for the 4096^3 configuration choice
             if (only_version >= 0 && var.version != only_version && var.version != 0) continue;
+            if (var.sm90a && !have_sm90a) continue;  // said once at the start
             // validate: poisoned C, compared with the cuBLAS fp32 result (whose own error adds an fp32 bound)
             cudaCheck(cudaMemset(C, 0xFF, nc * sizeof(float)));
             var.fn(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A, a_cols, B, b_cols, 0.0f, C, s.N, 0);
@@ -1541,6 +2121,7 @@ static int run_benchmark(int only_version, const char* out_dir) {
         printf("wrote %s\n", path.c_str());
     }
     matmul_free_workspace();
+    matmul_free_stage_bufs();
     if (n_invalid > 0) printf("%d version/shape pairs failed validation\n", n_invalid);
     return n_invalid > 0 ? 1 : 0;
 }
