@@ -33,6 +33,7 @@ TRAINER_SHAPES = [(49152, 256), (16384, 64), (64, 10), (512, 10)]
 SWEEP_ELEMENTS = 1 << 25  # 128 MiB per tensor: every sweep point is 2.5x the 50 MB L2 on its own
 SWEEP_COLS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 BEST_FWD, BEST_BWD = 14, 8  # the dispatcher versions (what the trainers call)
+NUM_FWD, NUM_BWD = 16, 8  # forward 15 and 16 are experiments on version 10's accesses
 PDL_FWD = {12, 13}  # forward versions launched with Programmatic Dependent Launch
 
 
@@ -237,13 +238,13 @@ def main():
 
     # ---- our kernels, through the binaries (same GPU, same run)
     sweep_shapes = [] if args.no_sweep else [(SWEEP_ELEMENTS // c, c) for c in SWEEP_COLS]
-    fwd_versions = [BEST_FWD] if args.quick else list(range(1, BEST_FWD + 1))
-    bwd_versions = [BEST_BWD] if args.quick else list(range(1, BEST_BWD + 1))
+    fwd_versions = [BEST_FWD] if args.quick else list(range(1, NUM_FWD + 1))
+    bwd_versions = [BEST_BWD] if args.quick else list(range(1, NUM_BWD + 1))
     ours = {"forward": run_binary(fwd_bin, MAIN_SHAPES, fwd_versions, os.path.join(args.out, "softmax_forward_main.json"), log),
             "backward": run_binary(bwd_bin, MAIN_SHAPES, bwd_versions, os.path.join(args.out, "softmax_backward_main.json"), log)}
     # trainer shapes: every short-row version (they are small: 48 MB at most); --quick: the candidates of the trainers
-    trainer_fwd = [4, 7, 11, 12, BEST_FWD] if args.quick else [v for v in range(1, BEST_FWD + 1) if v != 9]
-    trainer_bwd = [3, 6, BEST_BWD] if args.quick else list(range(1, BEST_BWD + 1))
+    trainer_fwd = [4, 7, 11, 12, BEST_FWD] if args.quick else [v for v in range(1, NUM_FWD + 1) if v != 9]
+    trainer_bwd = [3, 6, BEST_BWD] if args.quick else list(range(1, NUM_BWD + 1))
     trainer_ours = {"forward": run_binary(fwd_bin, TRAINER_SHAPES, trainer_fwd, os.path.join(args.out, "softmax_forward_trainer.json"), log),
                     "backward": run_binary(bwd_bin, TRAINER_SHAPES, trainer_bwd, os.path.join(args.out, "softmax_backward_trainer.json"), log)}
     sweep_ours = {}

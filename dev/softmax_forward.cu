@@ -45,6 +45,9 @@ version 12: version 11 launched with Programmatic Dependent Launch: its blocks b
            kernel of the stream finishes and start reading the moment it completes (they still wait for it)
 version 13: version 10 launched with Programmatic Dependent Launch
 version 14: the dispatcher of version 9 with versions 10-13 among the candidates
+version 15: experiment: version 10 with the accesses of versions 4-8 (C++ float4; nvcc turns the stores into 4-byte
+           STG), no cache hints
+version 16: experiment: version 10 with 16-byte accesses through inline PTX but no cache hints
 
 Semantics (as torch.softmax): a row whose max is -inf (all -inf), or that holds +inf or NaN, gives a NaN row;
 -inf entries of any other row give exact zeros. Rows need not be 16-byte aligned (cols % 4 != 0): the 16-byte
@@ -464,27 +467,37 @@ __global__ void __launch_bounds__(THREADS) softmax_forward_kernel8(float* y, con
 #endif
 }
 
-// Versions 10-13: chunk accesses with streaming hints (ld.global.nc.L1::no_allocate, st.global.cs) on the 16-byte
-// path; otherwise load_chunk / store_chunk.
-__device__ __forceinline__ float4 load_chunk_stream(const float* row, int n, int off, int c) {
+// How versions 10-16 access a row's full 16-byte chunks. STREAM (10-13): ld.global.nc.L1::no_allocate and
+// st.global.cs through inline PTX. V4 (16): plain 16-byte ld/st through inline PTX. PLAIN (15): load_chunk /
+// store_chunk as versions 4-8, whose float4 store nvcc 13.0 merges with the scalar fallback of partial chunks: the
+// SASS of versions 4-8 holds (almost) only 4-byte STG; inline PTX keeps the 16-byte STG.
+enum Access { PLAIN, V4, STREAM };
+
+template <int ACCESS>
+__device__ __forceinline__ float4 load_chunk_acc(const float* row, int n, int off, int c) {
     int lo = 4 * c - off;
-    if (lo >= 0 && lo + 4 <= n) return ld_stream(row + lo);
-    return load_chunk(row, n, off, c, false);
+    if (ACCESS != PLAIN && lo >= 0 && lo + 4 <= n) return ACCESS == STREAM ? ld_stream(row + lo) : ld_v4(row + lo);
+    return load_chunk(row, n, off, c, ACCESS == PLAIN);
 }
 
-__device__ __forceinline__ void store_chunk_stream(float* row, int n, int off, int c, bool vec, float4 v) {
+template <int ACCESS>
+__device__ __forceinline__ void store_chunk_acc(float* row, int n, int off, int c, bool vec, float4 v) {
     int lo = 4 * c - off;
-    if (vec && lo >= 0 && lo + 4 <= n) { st_stream(row + lo, v); return; }
-    store_chunk(row, n, off, c, false, v);
+    if (ACCESS != PLAIN && vec && lo >= 0 && lo + 4 <= n) {
+        if (ACCESS == STREAM) st_stream(row + lo, v);
+        else st_v4(row + lo, v);
+        return;
+    }
+    store_chunk(row, n, off, c, ACCESS == PLAIN && vec, v);
 }
 
-// versions 10 and 13: split row, non-persistent, fat slices (sm_90). As version 6, but CHUNKS (up to 8 float4, 32
+// versions 10, 13, 15, 16: split row, non-persistent, fat slices (sm_90). As version 6, but CHUNKS (up to 8 float4, 32
 // floats) per thread instead of 4, so a block keeps twice the bytes in flight and a 65536-float row needs a cluster of
 // 8 blocks of 256 threads (portable) instead of 16; a cluster of 1 (rows up to 8 * THREADS chunks) skips the cluster
 // barrier: a block per row. Streaming hints, and the PDL hooks: trigger at entry, wait before the first read (no-ops
 // unless launched with the attribute, version 13). At most 64 registers (the minimum blocks per SM of the launch
 // bounds): without the cap <256, 8> took 70, 3 blocks per SM instead of 4.
-template <int THREADS, int CHUNKS>
+template <int THREADS, int CHUNKS, int ACCESS>
 __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 64)) softmax_forward_kernel10(float* y, const float* x, int rows, int cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     pdl_trigger();
@@ -503,7 +516,7 @@ __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 64)) softmax_forwa
 #pragma unroll
     for (int k = 0; k < CHUNKS; k++) {
         int c = c0 + threadIdx.x + THREADS * k;
-        v[k] = c < c1 ? load_chunk_stream(xr, cols, off, c) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        v[k] = c < c1 ? load_chunk_acc<ACCESS>(xr, cols, off, c) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     }
     float m = block_reduce<THREADS, true>(thread_max(v));  // the block's max; exp is taken against it
     float s = block_reduce<THREADS, false>(exp_sum(v, m));
@@ -512,7 +525,7 @@ __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 64)) softmax_forwa
 #pragma unroll
         for (int k = 0; k < CHUNKS; k++) {
             int c = c0 + threadIdx.x + THREADS * k;
-            if (c < c1) store_chunk_stream(yr, cols, off, c, vec_y, v[k]);
+            if (c < c1) store_chunk_acc<ACCESS>(yr, cols, off, c, vec_y, v[k]);
         }
     };
     if (csize == 1) {
@@ -547,12 +560,12 @@ __global__ void __launch_bounds__(1024) softmax_forward_kernel11(float* y, const
     pdl_wait();
     float4 v[CHUNKS];
 #pragma unroll
-    for (int k = 0; k < CHUNKS; k++) v[k] = load_chunk_stream(xr, n, off, g + GROUP * k);
+    for (int k = 0; k < CHUNKS; k++) v[k] = load_chunk_acc<STREAM>(xr, n, off, g + GROUP * k);
     float m = group_max<GROUP>(thread_max(v));
     float s = group_sum<GROUP>(exp_sum(v, m));
     scale_chunks(v, 1.0f / s);
 #pragma unroll
-    for (int k = 0; k < CHUNKS; k++) store_chunk_stream(yr, n, off, g + GROUP * k, vec_y, v[k]);
+    for (int k = 0; k < CHUNKS; k++) store_chunk_acc<STREAM>(yr, n, off, g + GROUP * k, vec_y, v[k]);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -712,9 +725,9 @@ static const char* softmax_forward(int version, float* y, const float* x, int ro
 // longer rows take a cluster of the smallest power-of-2 size that holds them at 8.
 constexpr int MAX_CHUNKS10 = 8;
 
-template <int THREADS, int CHUNKS>
+template <int THREADS, int CHUNKS, int ACCESS>
 static const char* launch10(float* y, const float* x, int rows, int cols, int cluster, bool pdl) {
-    auto kernel = softmax_forward_kernel10<THREADS, CHUNKS>;
+    auto kernel = softmax_forward_kernel10<THREADS, CHUNKS, ACCESS>;
     static int schedulable[MAX_CLUSTER + 1] = {0};  // 1 yes, -1 no; the occupancy query once per cluster size
     if (schedulable[cluster] == 0) {
         ClusterLaunch probe(THREADS, cluster);
@@ -729,7 +742,7 @@ static const char* launch10(float* y, const float* x, int rows, int cols, int cl
     return nullptr;
 }
 
-template <int THREADS>
+template <int THREADS, int ACCESS>
 static const char* launch10_threads(float* y, const float* x, int rows, int cols, bool pdl) {
     if (g_cc_major < 9) return "thread-block clusters and PDL need sm_90";
     int need = max_row_chunks(x, cols);
@@ -741,16 +754,17 @@ static const char* launch10_threads(float* y, const float* x, int rows, int cols
     if (cluster > MAX_CLUSTER) return "row longer than 16 blocks of 8 float4 per thread at this block size";
     if ((long long)rows * cluster > 0x7fffffffLL) return "grid too large";
     switch (per_thread) {
-        case 1: return launch10<THREADS, 1>(y, x, rows, cols, cluster, pdl);
-        case 2: return launch10<THREADS, 2>(y, x, rows, cols, cluster, pdl);
-        case 4: return launch10<THREADS, 4>(y, x, rows, cols, cluster, pdl);
-        default: return launch10<THREADS, 8>(y, x, rows, cols, cluster, pdl);
+        case 1: return launch10<THREADS, 1, ACCESS>(y, x, rows, cols, cluster, pdl);
+        case 2: return launch10<THREADS, 2, ACCESS>(y, x, rows, cols, cluster, pdl);
+        case 4: return launch10<THREADS, 4, ACCESS>(y, x, rows, cols, cluster, pdl);
+        default: return launch10<THREADS, 8, ACCESS>(y, x, rows, cols, cluster, pdl);
     }
 }
 
+template <int ACCESS>
 static const char* launch_forward10(float* y, const float* x, int rows, int cols, int block_size, bool pdl) {
-    return by_block_size(block_size ? block_size : 256, "versions 10 and 13: block size must be 128, 256, 512 or 1024",
-                         [&](auto threads) { return launch10_threads<decltype(threads)::value>(y, x, rows, cols, pdl); });
+    return by_block_size(block_size ? block_size : 256, "versions 10, 13, 15, 16: block size must be 128, 256, 512 or 1024",
+                         [&](auto threads) { return launch10_threads<decltype(threads)::value, ACCESS>(y, x, rows, cols, pdl); });
 }
 
 template <int GROUP, int CHUNKS>
@@ -847,7 +861,7 @@ static const char* launch_forward14(float* y, const float* x, int rows, int cols
     return tuned_launch(g_forward14_cache, candidates, y, x, rows, cols, 10);
 }
 
-constexpr int NUM_VERSIONS = 14;
+constexpr int NUM_VERSIONS = 16;
 
 // The dispatcher. block_size 0 = the version's default.
 static const char* softmax_forward(int version, float* y, const float* x, int rows, int cols, int block_size) {
@@ -861,11 +875,13 @@ static const char* softmax_forward(int version, float* y, const float* x, int ro
         case 7: return launch_forward7(y, x, rows, cols, block_size ? block_size : 256);
         case 8: return launch_forward8(y, x, rows, cols, block_size);
         case 9: return launch_forward9(y, x, rows, cols, block_size);
-        case 10: return launch_forward10(y, x, rows, cols, block_size, false);
+        case 10: return launch_forward10<STREAM>(y, x, rows, cols, block_size, false);
         case 11: return launch_forward11(y, x, rows, cols, block_size ? block_size : 256, false);
         case 12: return launch_forward11(y, x, rows, cols, block_size ? block_size : 256, true);
-        case 13: return launch_forward10(y, x, rows, cols, block_size, true);
+        case 13: return launch_forward10<STREAM>(y, x, rows, cols, block_size, true);
         case 14: return launch_forward14(y, x, rows, cols, block_size);
+        case 15: return launch_forward10<PLAIN>(y, x, rows, cols, block_size, false);
+        case 16: return launch_forward10<V4>(y, x, rows, cols, block_size, false);
         default:
             fprintf(stderr, "Invalid version %d: expected 1..%d\n", version, NUM_VERSIONS);
             exit(EXIT_FAILURE);
@@ -876,7 +892,7 @@ static const char* softmax_forward(int version, float* y, const float* x, int ro
 static std::vector<int> block_sizes_of(int version) {
     switch (version) {
         case 4: case 11: case 12: return {64, 256, 1024};
-        case 5: case 6: case 8: case 10: case 13: return {128, 256, 512, 1024};
+        case 5: case 6: case 8: case 10: case 13: case 15: case 16: return {128, 256, 512, 1024};
         case 7: return {128, 256};
         default: return {0};
     }
