@@ -32,9 +32,9 @@ MAIN_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 65536), (65536,
 TRAINER_SHAPES = [(49152, 256), (16384, 64), (64, 10), (512, 10)]
 SWEEP_ELEMENTS = 1 << 25  # 128 MiB per tensor: every sweep point is 2.5x the 50 MB L2 on its own
 SWEEP_COLS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-BEST_FWD, BEST_BWD = 14, 8  # the dispatcher versions (what the trainers call)
-NUM_FWD, NUM_BWD = 16, 8  # forward 15 and 16 are experiments on version 10's accesses
-PDL_FWD = {12, 13}  # forward versions launched with Programmatic Dependent Launch
+BEST_FWD, BEST_BWD = 14, 11  # the dispatcher versions (what the trainers call)
+NUM_FWD, NUM_BWD = 16, 11  # forward 15 and 16 are experiments on version 10's accesses
+PDL = {"forward": {12, 13}, "backward": {10}}  # versions launched with Programmatic Dependent Launch
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def main():
             "backward": run_binary(bwd_bin, MAIN_SHAPES, bwd_versions, os.path.join(args.out, "softmax_backward_main.json"), log)}
     # trainer shapes: every short-row version (they are small: 48 MB at most); --quick: the candidates of the trainers
     trainer_fwd = [4, 7, 11, 12, BEST_FWD] if args.quick else [v for v in range(1, NUM_FWD + 1) if v != 9]
-    trainer_bwd = [3, 6, BEST_BWD] if args.quick else list(range(1, NUM_BWD + 1))
+    trainer_bwd = [3, 6, 9, 10, BEST_BWD] if args.quick else [v for v in range(1, NUM_BWD + 1) if v != 8]
     trainer_ours = {"forward": run_binary(fwd_bin, TRAINER_SHAPES, trainer_fwd, os.path.join(args.out, "softmax_forward_trainer.json"), log),
                     "backward": run_binary(bwd_bin, TRAINER_SHAPES, trainer_bwd, os.path.join(args.out, "softmax_backward_trainer.json"), log)}
     sweep_ours = {}
@@ -357,10 +357,9 @@ def main():
         c = [r for r in table if r["op"] == op and r["rows"] == rows and r["cols"] == cols and r["impl"] == impl]
         return max(c, key=lambda r: r["gbps"]) if c else None
 
-    def uses_pdl(r):  # a forward PDL version, or the dispatcher having picked one
-        if r["op"] != "forward":
-            return False
-        return r["version"] in PDL_FWD or any(r.get("dispatched_to", "").startswith(f"v{v} ") for v in PDL_FWD)
+    def uses_pdl(r):  # a PDL version, or a dispatcher having picked one
+        versions = PDL[r["op"]]
+        return r["version"] in versions or any(r.get("dispatched_to", "").startswith(f"v{v} ") for v in versions)
 
     def best_ours(table, op, rows, cols, pdl_ok):
         c = [r for r in table if r["op"] == op and r["rows"] == rows and r["cols"] == cols and r["impl"].startswith("ours")
@@ -371,7 +370,8 @@ def main():
     vb = lambda r: f"{r['gbps']:6.0f} (v{r['version']} b{r['block_size']})" if r else f"{'-':>18s}"
     ref = lambda r, k: f"{float(r[k]):6.0f}" if r and r.get(k) not in (None, "") else f"{'-':>6s}"
     lines = [f"device {props.name}; copy bandwidth {copy_gbps:.0f} GB/s (cudaMemcpy D2D, read+write); torch copy_ {torch_copy:.0f} GB/s",
-             "PDL: forward versions 12, 13 (and the dispatcher 14 when it picks one) launch with Programmatic Dependent Launch;",
+             "PDL: forward versions 12, 13, backward 10 (and the dispatchers, forward 14 / backward 11, when they pick one) launch",
+             "with Programmatic Dependent Launch;",
              "'no PDL' is the best version launched plainly. Same-size references (one tensor of the shape): memcpy = cudaMemcpy",
              "D2D, ckern = plain copy kernel, ckpdl = the copy kernel with PDL.",
              "",

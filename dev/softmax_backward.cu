@@ -33,6 +33,11 @@ version 7: version 5 made persistent (one wave of clusters looping over rows), t
            the cluster barrier of the current one; a cluster of 1 is a persistent block per row
 version 8: the dispatcher the trainers should call: on the first call for a shape it times the applicable versions
            and block sizes (short rows 3/6, medium 4/5/7, long 5/7, always 2) and keeps the fastest
+version 9: version 3 with 16-byte accesses through inline PTX with streaming hints (ld.global.nc.L1::no_allocate,
+           st.global.cs) and the PDL hooks (griddepcontrol: trigger at entry, wait before the first global access)
+version 10: version 9 launched with Programmatic Dependent Launch (its blocks become resident while the previous
+           kernel of the stream finishes; they still wait for it before reading)
+version 11: the dispatcher of version 8 with versions 9 and 10 among the short-row candidates
 
 NaN in y or dy (e.g. the NaN row of an all -inf forward row) gives a NaN row, as in torch; y = 0 gives dx = 0.
 Rows need not be 16-byte aligned: the 16-byte accesses run over the row's aligned chunks (frame of y) and the first
@@ -371,6 +376,48 @@ __global__ void __launch_bounds__(THREADS) softmax_backward_kernel7(float* dx, c
 #endif
 }
 
+// Versions 9 and 10: full 16-byte chunks through inline PTX with streaming hints (ld.global.nc.L1::no_allocate,
+// st.global.cs); partial chunks and rows with another alignment than y's (vec false) as load_chunk / store_chunk.
+// Inline PTX also keeps the stores 16 bytes wide: nvcc 13.0 merges the float4 store of store_chunk with its scalar
+// fallback (the forward's versions 4-8 compile to 4-byte STG only, dev/softmax_NOTES.md).
+__device__ __forceinline__ float4 load_chunk_stream(const float* row, int n, int off, int c, bool vec) {
+    int lo = 4 * c - off;
+    if (vec && lo >= 0 && lo + 4 <= n) return ld_stream(row + lo);
+    return load_chunk(row, n, off, c, false);
+}
+
+__device__ __forceinline__ void store_chunk_stream(float* row, int n, int off, int c, bool vec, float4 v) {
+    int lo = 4 * c - off;
+    if (vec && lo >= 0 && lo + 4 <= n) { st_stream(row + lo, v); return; }
+    store_chunk(row, n, off, c, false, v);
+}
+
+// versions 9 and 10: version 3 (GROUP lanes per row, y and dy in registers) with 16-byte streaming accesses and the
+// PDL hooks: trigger at entry, wait before the first global access (no-ops unless launched with the attribute,
+// version 10).
+template <int GROUP, int CHUNKS>
+__global__ void softmax_backward_kernel9(float* dx, const float* y, const float* dy, int rows, int cols) {
+    static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0, "a group is a power-of-2 part of a warp");
+    pdl_trigger();
+    int r = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
+    int g = threadIdx.x % GROUP;
+    int n = r < rows ? cols : 0;  // no early return: the whole warp takes part in the shuffles
+    size_t base = (size_t)(r < rows ? r : 0) * cols;
+    int off = row_offset(y + base);
+    bool vec_dy = row_offset(dy + base) == off, vec_dx = row_offset(dx + base) == off;
+    pdl_wait();
+    float4 a[CHUNKS], b[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        a[k] = load_chunk_stream(y + base, n, off, g + GROUP * k, true);
+        b[k] = load_chunk_stream(dy + base, n, off, g + GROUP * k, vec_dy);
+    }
+    float dot = group_sum<GROUP>(thread_dot(a, b));
+    apply_grad(a, b, dot);
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) store_chunk_stream(dx + base, n, off, g + GROUP * k, vec_dx, b[k]);
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // launchers. Each returns nullptr on success, or why the version does not handle this shape / device.
 
@@ -515,23 +562,36 @@ static const char* launch_backward7(float* dx, const float* y, const float* dy, 
 
 static const char* softmax_backward(int version, float* dx, const float* y, const float* dy, int rows, int cols, int block_size);
 
-// version 8: the dispatcher. On the first call for a (rows, cols, alignment) it times the candidate versions and block
-// sizes for that row length (one warm-up and three timed launches each, on the caller's buffers; every candidate
-// writes the full output, the chosen one runs last) and caches the fastest; later calls launch it directly.
-struct BackwardChoice { int rows, cols, align, version, block_size; };
-static std::vector<BackwardChoice> g_backward8_cache;
+template <int GROUP, int CHUNKS>
+static const char* launch9(float* dx, const float* y, const float* dy, int rows, int cols, int block_size, bool pdl) {
+    if (CHUNKS == 8 && block_size > 512) return "the 8-chunk variant runs at most 512 threads per block";  // as version 3
+    ExLaunch launch(block_size, 0, pdl);
+    launch.config.gridDim = dim3((unsigned)ceil_div(rows, block_size / GROUP));
+    cudaCheck(cudaLaunchKernelEx(&launch.config, softmax_backward_kernel9<GROUP, CHUNKS>, dx, y, dy, rows, cols));
+    cudaCheck(cudaGetLastError());
+    return nullptr;
+}
 
-static const char* launch_backward8(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
-    (void)block_size;
+static const char* launch_backward9(float* dx, const float* y, const float* dy, int rows, int cols, int block_size, bool pdl) {
+    if (pdl && g_cc_major < 9) return "Programmatic Dependent Launch needs sm_90";
+    return by_row_chunks(max_row_chunks(y, cols), "row longer than 256 chunks of 16 bytes (versions 9 and 10 are for short rows)",
+                         [&](auto group, auto chunks) {
+                             return launch9<decltype(group)::value, decltype(chunks)::value>(dx, y, dy, rows, cols, block_size, pdl);
+                         });
+}
+
+// The autotuning dispatchers (versions 8 and 11): on the first call for a (rows, cols, alignment) each candidate
+// (version, block size) is launched once (warm-up, skipped if it does not apply) and timed over three launches on the
+// caller's buffers (version 11: ten; every candidate writes the full output, the chosen one runs last); the fastest is
+// cached and later calls launch it directly. Version 2 is always a candidate (it applies everywhere).
+struct BackwardChoice { int rows, cols, align, version, block_size; };
+
+static const char* tuned_launch(std::vector<BackwardChoice>& cache, std::vector<std::pair<int, int>> candidates, float* dx,
+                                const float* y, const float* dy, int rows, int cols, int timed_launches = 3) {
     int align = (int)((uintptr_t)y % 16) * 256 + (int)((uintptr_t)dy % 16) * 16 + (int)((uintptr_t)dx % 16);
-    for (const BackwardChoice& c : g_backward8_cache)
+    for (const BackwardChoice& c : cache)
         if (c.rows == rows && c.cols == cols && c.align == align) return softmax_backward(c.version, dx, y, dy, rows, cols, c.block_size);
-    int need = max_row_chunks(y, cols);
-    std::vector<std::pair<int, int>> candidates;
-    if (need <= 256) candidates = {{3, 64}, {3, 256}, {6, 128}, {6, 256}};
-    else if (need <= 4096) candidates = {{4, 128}, {4, 256}, {4, 512}, {4, 1024}, {5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}};
-    else candidates = {{5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}, {7, 1024}};
-    candidates.push_back({2, 256});  // always applies
+    candidates.push_back({2, 256});
     cudaEvent_t start, stop;
     cudaCheck(cudaEventCreate(&start));
     cudaCheck(cudaEventCreate(&stop));
@@ -540,7 +600,7 @@ static const char* launch_backward8(float* dx, const float* y, const float* dy, 
     for (auto [version, bs] : candidates) {
         if (softmax_backward(version, dx, y, dy, rows, cols, bs)) continue;  // does not apply (shape, device)
         cudaCheck(cudaEventRecord(start));
-        for (int k = 0; k < 3; k++) softmax_backward(version, dx, y, dy, rows, cols, bs);
+        for (int k = 0; k < timed_launches; k++) softmax_backward(version, dx, y, dy, rows, cols, bs);
         cudaCheck(cudaEventRecord(stop));
         cudaCheck(cudaEventSynchronize(stop));
         float ms;
@@ -549,18 +609,46 @@ static const char* launch_backward8(float* dx, const float* y, const float* dy, 
     }
     cudaCheck(cudaEventDestroy(start));
     cudaCheck(cudaEventDestroy(stop));
-    g_backward8_cache.push_back(best);
+    cache.push_back(best);
     return softmax_backward(best.version, dx, y, dy, rows, cols, best.block_size);
 }
 
-// Which version and block size the dispatcher picked for a shape (for the benchmark's report); "" if not tuned yet.
-static std::string backward8_choice(int rows, int cols) {
-    for (const BackwardChoice& c : g_backward8_cache)
+// Which version and block size a dispatcher picked for a shape (for the benchmark's report); "" if not tuned yet.
+static std::string tuned_choice(const std::vector<BackwardChoice>& cache, int rows, int cols) {
+    for (const BackwardChoice& c : cache)
         if (c.rows == rows && c.cols == cols) return "v" + std::to_string(c.version) + " b" + std::to_string(c.block_size);
     return "";
 }
 
-constexpr int NUM_VERSIONS = 8;
+// version 8: the dispatcher. Candidates by row length: short rows (<= 256 chunks) 3, 6; medium (<= 4096) 4, 5, 7;
+// long 5, 7; version 2 where none applies.
+static std::vector<BackwardChoice> g_backward8_cache;
+
+static const char* launch_backward8(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
+    (void)block_size;
+    int need = max_row_chunks(y, cols);
+    std::vector<std::pair<int, int>> candidates;
+    if (need <= 256) candidates = {{3, 64}, {3, 256}, {6, 128}, {6, 256}};
+    else if (need <= 4096) candidates = {{4, 128}, {4, 256}, {4, 512}, {4, 1024}, {5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}};
+    else candidates = {{5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}, {7, 1024}};
+    return tuned_launch(g_backward8_cache, candidates, dx, y, dy, rows, cols);
+}
+
+// version 11: the dispatcher of version 8 with versions 9 and 10 (PDL) among the short-row candidates, and version
+// 4 at 128 threads (the best at 49152x256 on the H100), ten timed launches per candidate.
+static std::vector<BackwardChoice> g_backward11_cache;
+
+static const char* launch_backward11(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
+    (void)block_size;
+    int need = max_row_chunks(y, cols);
+    std::vector<std::pair<int, int>> candidates;
+    if (need <= 256) candidates = {{3, 64}, {3, 256}, {6, 128}, {6, 256}, {4, 128}, {9, 64}, {9, 256}, {10, 64}, {10, 256}};
+    else if (need <= 4096) candidates = {{4, 128}, {4, 256}, {4, 512}, {4, 1024}, {5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}};
+    else candidates = {{5, 256}, {5, 512}, {7, 128}, {7, 256}, {7, 512}, {7, 1024}};
+    return tuned_launch(g_backward11_cache, candidates, dx, y, dy, rows, cols, 10);
+}
+
+constexpr int NUM_VERSIONS = 11;
 
 // The dispatcher. block_size 0 = the version's default.
 static const char* softmax_backward(int version, float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
@@ -573,6 +661,9 @@ static const char* softmax_backward(int version, float* dx, const float* y, cons
         case 6: return launch_backward6(dx, y, dy, rows, cols, block_size ? block_size : 256);
         case 7: return launch_backward7(dx, y, dy, rows, cols, block_size);
         case 8: return launch_backward8(dx, y, dy, rows, cols, block_size);
+        case 9: return launch_backward9(dx, y, dy, rows, cols, block_size ? block_size : 256, false);
+        case 10: return launch_backward9(dx, y, dy, rows, cols, block_size ? block_size : 256, true);
+        case 11: return launch_backward11(dx, y, dy, rows, cols, block_size);
         default:
             fprintf(stderr, "Invalid version %d: expected 1..%d\n", version, NUM_VERSIONS);
             exit(EXIT_FAILURE);
@@ -582,7 +673,7 @@ static const char* softmax_backward(int version, float* dx, const float* y, cons
 // Block sizes checked in --test and timed in the benchmark (0 = the version's default).
 static std::vector<int> block_sizes_of(int version) {
     switch (version) {
-        case 3: return {64, 256, 512};
+        case 3: case 9: case 10: return {64, 256, 512};
         case 4: case 5: case 7: return {128, 256, 512, 1024};
         case 6: return {128, 256};
         default: return {0};
@@ -650,6 +741,48 @@ static void test_oracle_properties(Tally& tally, Rng& rng) {
     // dx2 - dx = y * 8 * (1 - sum y): at most 8 * (rounding of sum y) per element
     CompareResult c = compare_backward(dx2.data(), dx.data(), dx.size());
     report(tally, c.ok, "cpu oracle: dy + 8 gives the same dx", describe(c, cols, dx2.data(), dx.data()));
+}
+
+// The PDL version only proves that it waits for its producer in a chain: dx1 = backward(y, dy) by version 9 or 10
+// (both trigger their dependents at entry), then dx2 = backward(y, dx1) by version 10, launched at once with PDL, dx1
+// poisoned beforehand. A read of dx1 before the producer finished would see NaN or stale rows. dx2 is compared with
+// the oracle applied to the dx1 the GPU wrote.
+static void test_pdl_chains(Tally& tally, Rng& rng) {
+    const Shape chain_shapes[] = {{4099, 64}, {1023, 1000}, {8192, 1024}};
+    for (const Shape& sh : chain_shapes) {
+        size_t n = (size_t)sh.rows * sh.cols;
+        std::vector<float> x(n), y(n), dy(n), dx1(n), ref(n), out(n);
+        float *d_y, *d_dy, *d_dx1, *d_dx2;
+        cudaCheck(cudaMalloc(&d_y, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&d_dy, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&d_dx1, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&d_dx2, n * sizeof(float)));
+        for (int producer : {9, 10}) {
+            char name[160];
+            snprintf(name, sizeof name, "backward PDL chain v%d -> v10 %dx%d", producer, sh.rows, sh.cols);
+            fill_input(x.data(), sh.rows, sh.cols, RANDN, rng);
+            softmax_forward_cpu(y.data(), x.data(), sh.rows, sh.cols);
+            for (size_t i = 0; i < n; i++) dy[i] = rng.normal();
+            cudaCheck(cudaMemcpy(d_y, y.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(d_dy, dy.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemset(d_dx1, 0xff, n * sizeof(float)));
+            cudaCheck(cudaMemset(d_dx2, 0xff, n * sizeof(float)));
+            cudaCheck(cudaDeviceSynchronize());
+            const char* why = softmax_backward(producer, d_dx1, d_y, d_dy, sh.rows, sh.cols, 0);
+            if (!why) why = softmax_backward(10, d_dx2, d_y, d_dx1, sh.rows, sh.cols, 0);
+            if (why) { cudaCheck(cudaDeviceSynchronize()); skip(tally, name, why); continue; }
+            cudaCheck(cudaDeviceSynchronize());
+            cudaCheck(cudaMemcpy(dx1.data(), d_dx1, n * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(out.data(), d_dx2, n * sizeof(float), cudaMemcpyDeviceToHost));
+            softmax_backward_cpu(ref.data(), y.data(), dx1.data(), sh.rows, sh.cols);
+            CompareResult c = compare_backward(out.data(), ref.data(), n);
+            report(tally, c.ok, name, describe(c, sh.cols, out.data(), ref.data()));
+        }
+        cudaCheck(cudaFree(d_y));
+        cudaCheck(cudaFree(d_dy));
+        cudaCheck(cudaFree(d_dx1));
+        cudaCheck(cudaFree(d_dx2));
+    }
 }
 
 static int run_tests(const char* fixture_path, uint64_t seed) {
@@ -726,6 +859,7 @@ static int run_tests(const char* fixture_path, uint64_t seed) {
             cudaCheck(cudaFree(d_dy));
             cudaCheck(cudaFree(d_dx));
         }
+        test_pdl_chains(tally, rng);
     }
     return tally_end(tally);
 }
@@ -773,7 +907,10 @@ static int run_benchmark(const std::vector<int>& versions, const std::vector<Ben
                 copy_check_rows(out.data(), dxs[0], sh, check_rows);
                 return compare_backward(out.data(), ref.data(), out.size());
             },
-            [&](int v) { return v == NUM_VERSIONS ? backward8_choice(sh.rows, sh.cols) : std::string(); }) && all_ok;
+            [&](int v) {
+                return v == 8 ? tuned_choice(g_backward8_cache, sh.rows, sh.cols)
+                              : v == 11 ? tuned_choice(g_backward11_cache, sh.rows, sh.cols) : std::string();
+            }) && all_ok;
         for (int i = 0; i < nsets; i++) { cudaCheck(cudaFree(ys[i])); cudaCheck(cudaFree(dys[i])); cudaCheck(cudaFree(dxs[i])); }
     }
     return bench_end(b, all_ok);
