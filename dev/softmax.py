@@ -4,7 +4,13 @@ torch.softmax, torch.compile and a Triton softmax written here, in GB/s, in ONE 
   python3 dev/softmax.py [--out bench_results] [--quick] [--no_sweep]
   python3 dev/softmax.py --make_fixture dev/fixtures/softmax_fixture.bin     # the CI fixture (torch fp32), then exit
 
+Shapes: the five target shapes of issue 5, the trainers' shapes (UNet attention 49152x256 and 16384x64, MNIST 64x10
+and 512x10: reported apart, every short-row version, also with --quick) and a sweep of row lengths.
 Bytes counted: forward 2*rows*cols*4 (read x, write y); backward 3*rows*cols*4 (read y and dy, write dx).
+PDL: forward versions 12, 13 and backward 10 (and the dispatchers when they pick one) are launched by the binaries with
+Programmatic Dependent Launch; the tables give the best plainly launched version beside them. cudaMemcpy and torch are
+measured as always. Per shape the binaries also time same-size references: cudaMemcpy and a copy kernel with and
+without PDL.
 %copy is against the cudaMemcpy device-to-device bandwidth (bytes read + written) that the binaries measure in the
 same run; the torch copy (b.copy_(a)) is printed too. Timing: CUDA events around a batch of calls queued behind
 torch.cuda._sleep (so Python overhead is not timed), warm-up first, median of the samples, inputs rotated over
