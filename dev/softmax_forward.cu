@@ -494,8 +494,9 @@ __device__ __forceinline__ void store_chunk_acc(float* row, int n, int off, int 
 // versions 10, 13, 15, 16: split row, non-persistent, fat slices (sm_90). As version 6, but CHUNKS (up to 8 float4, 32
 // floats) per thread instead of 4, so a block keeps twice the bytes in flight and a 65536-float row needs a cluster of
 // 8 blocks of 256 threads (portable) instead of 16; a cluster of 1 (rows up to 8 * THREADS chunks) skips the cluster
-// barrier: a block per row. Streaming hints, and the PDL hooks: trigger at entry, wait before the first read (no-ops
-// unless launched with the attribute, version 13). At most 64 registers (the minimum blocks per SM of the launch
+// barrier: a block per row. ACCESS: how full chunks are read and written (STREAM for 10 and 13, PLAIN for 15, V4 for
+// 16). The PDL hooks: trigger at entry, wait before the first read (no-ops unless launched with the attribute, version
+// 13). At most 64 registers (the minimum blocks per SM of the launch
 // bounds): without the cap <256, 8> took 70, 3 blocks per SM instead of 4.
 template <int THREADS, int CHUNKS, int ACCESS>
 __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 64)) softmax_forward_kernel10(float* y, const float* x, int rows, int cols) {
@@ -540,7 +541,7 @@ __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 64)) softmax_forwa
         cluster.barrier_wait(std::move(token));  // others may still read block_stats
     }
 #else
-    __trap();  // the host launches versions 10 and 13 only on sm_90+
+    __trap();  // the host launches versions 10, 13, 15 and 16 only on sm_90+
 #endif
 }
 
