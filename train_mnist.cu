@@ -377,7 +377,25 @@ static float view_get_host(const MatView& v, int r, int c) {
 
 // What happens to each output element C[r][c] = sum_k A[r][k] B[k][c]: + bias[c], ReLU, then zeroed where
 // mask[r][c] <= 0 (ReLU backward; mask has C's layout). rowsum[r] = sum_k A[r][k] (bias gradients of dW = dY^T X).
-struct Epilogue { const float* bias = nullptr; int relu = 0; const float* mask = nullptr; float* rowsum = nullptr; };
+// pool_act2 (our kernel only): C is the pooled gradient dpooled (B, 12*12*64) and is not stored; each element is
+// routed through the max-pool backward instead: dact2 = pool_dact2 gets it at its window's first maximum of act2
+// when that act2 > 0 (the ReLU before the pool), zeros at the three other positions (PyTorch's choice).
+struct Epilogue { const float* bias = nullptr; int relu = 0; const float* mask = nullptr; float* rowsum = nullptr;
+                  const float* pool_act2 = nullptr; float* pool_dact2 = nullptr; };
+
+__device__ __forceinline__ void maxpool_backward_scatter(float* dact2, const float* act2, int b, int j, float d) {
+    int ch = j % C2, px = (j / C2) % HP, py = j / (C2 * HP);
+    size_t base = (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + ch;
+    const int offs[4] = {0, C2, H2 * C2, H2 * C2 + C2};
+    float w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = act2[base + offs[i]];
+    int arg = 0;
+#pragma unroll
+    for (int i = 1; i < 4; i++) if (w[i] > w[arg]) arg = i;
+#pragma unroll
+    for (int i = 0; i < 4; i++) dact2[base + offs[i]] = (i == arg && w[i] > 0.0f) ? d : 0.0f;
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // Our matmul kernel: 64 x BN block tile (BN 64, or 32 for the N <= 32 products), K-tile 32, 4 warps in 2x2, register
@@ -408,7 +426,7 @@ template <int AK, int BKIND, bool TF32, int BN>
 __global__ void __launch_bounds__(MM_THREADS, 3)
 matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__ A, int lda, const float* __restrict__ Bm,
                     int ldb, int M, int N, int K, int k_per_split, const float* bias, int relu, const float* mask,
-                    float* rowsum) {
+                    float* rowsum, const float* pool_act2, float* pool_dact2) {
     constexpr int NI = BN / 16;                    // 8-wide mma tiles per warp along n (warp tile 32 x BN/2)
     constexpr int LA = MM_BM * MM_BK / MM_THREADS, LB = BN * MM_BK / MM_THREADS;
     constexpr bool A_K_CONTIG = AK != V_COL;      // consecutive threads read consecutive k (else consecutive m)
@@ -568,6 +586,7 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
                 if (bias) v += bias[c];
                 if (relu) v = fmaxf(v, 0.0f);
                 if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
+                if (pool_act2) { maxpool_backward_scatter(pool_dact2, pool_act2, r, c, v); continue; }
                 C[(size_t)r * ldc + c] = v;
             }
     if (do_rowsum && tid < MM_BM && m0 + tid < M) rowsum[(partial ? (size_t)blockIdx.z * M : 0) + m0 + tid] = rs;
@@ -575,7 +594,8 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
 
 // Adds the split-K partial sums in split order (deterministic) and applies the epilogue.
 __global__ void matmul_splitk_reduce(float* C, int ldc, const float* partial, int splits, int M, int N, const float* bias,
-                                     int relu, const float* mask, float* rowsum, const float* rowsum_partial) {
+                                     int relu, const float* mask, float* rowsum, const float* rowsum_partial,
+                                     const float* pool_act2, float* pool_dact2) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < M * N) {
         int r = idx / N, c = idx % N;
@@ -584,7 +604,8 @@ __global__ void matmul_splitk_reduce(float* C, int ldc, const float* partial, in
         if (bias) v += bias[c];
         if (relu) v = fmaxf(v, 0.0f);
         if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
-        C[(size_t)r * ldc + c] = v;
+        if (pool_act2) maxpool_backward_scatter(pool_dact2, pool_act2, r, c, v);
+        else C[(size_t)r * ldc + c] = v;
     }
     if (rowsum && idx < M) {
         float v = 0.0f;
@@ -636,7 +657,7 @@ static void launch_ours_t(float* C, int ldc, float* partial, MatView A, MatView 
                           const Epilogue& ep, float* rowsum) {
     int bn = matmul_bn(N);
     dim3 grid(ceil_div(N, bn), ceil_div(M, MM_BM), splits);
-#define MM_LAUNCH(TF, BNV) matmul_tiled_kernel<AK, BKIND, TF, BNV><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum)
+#define MM_LAUNCH(TF, BNV) matmul_tiled_kernel<AK, BKIND, TF, BNV><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum, ep.pool_act2, ep.pool_dact2)
     if (g_mm.tf32) { if (bn == 32) MM_LAUNCH(true, 32); else MM_LAUNCH(true, 64); }
     else { if (bn == 32) MM_LAUNCH(false, 32); else MM_LAUNCH(false, 64); }
 #undef MM_LAUNCH
@@ -720,10 +741,11 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
         }
         launch_ours(C, ldc, g_mm.ws_partial, A, B, M, N, K, kps, splits, ep, ep.rowsum ? g_mm.ws_rowsum : nullptr);
         matmul_splitk_reduce<<<ceil_div(std::max(M * N, M), 256), 256, 0, g_mm.stream>>>(
-            C, ldc, g_mm.ws_partial, splits, M, N, ep.bias, ep.relu, ep.mask, ep.rowsum, g_mm.ws_rowsum);
+            C, ldc, g_mm.ws_partial, splits, M, N, ep.bias, ep.relu, ep.mask, ep.rowsum, g_mm.ws_rowsum, ep.pool_act2, ep.pool_dact2);
         launch_check();
         return;
     }
+    if (ep.pool_act2) { fprintf(stderr, "error: matmul: the max-pool epilogue exists on our kernel only\n"); exit(EXIT_FAILURE); }
     // cuBLAS (column-major): C^T (N x M) = op(B)^T-ish: row-major X (rows x cols, ld) is col-major X^T, so
     // C^T = B^T A^T with op N for V_ROW operands and op T for V_COL ones; implicit views are materialized first.
     const float one = 1.0f, zero = 0.0f;
@@ -778,10 +800,10 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&
 //   kernel), PAD 2; out = . where mask (act1) > 0, else 0 (the ReLU in front of conv2).
 // Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
 // rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*(HOUT+2)][CIN+4].
-template <int CIN, int COUT, int HIN, int HOUT, int PAD, int R, int WM, int WN, int MI, int NI, bool DGRAD>
+template <int CIN, int COUT, int HIN, int HOUT, int PAD, int R, int WM, int WN, int MI, int NI, bool DGRAD, bool POOL>
 __global__ void __launch_bounds__(32 * WM * WN)
 conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __restrict__ w, const float* __restrict__ bias,
-                       const float* __restrict__ mask, int B) {
+                       const float* __restrict__ mask, float* pooled, const float* __restrict__ ximg, float* w1_partial, int B) {
     constexpr int NT = 32 * WM * WN, WP = HOUT + 2, PR = R + 2, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
     constexpr int NCH = PR * WP * (CIN / 4);  // 16-byte chunks of a patch
     static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT, "the warp tiles must cover a band exactly in n, at least in m");
@@ -810,6 +832,16 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
             rowoff[mi][h] = m < R * HOUT ? ((m / HOUT) * WP + m % HOUT) * CS : 0;
         }
     const float* wsb = Ws + (wn * NI * 8 + g) * CS + t;
+    float w1acc[DGRAD ? NI : 1][2][10];  // input gradient: conv1's weight (9) and bias gradient of this thread's channels
+    if constexpr (DGRAD) {
+        static_assert(!DGRAD || (WN == 1 && COUT == C1 && HOUT == H1), "one warp column holds all of conv1's 32 channels");
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
+    }
 
     for (int band = blockIdx.x; band < B * NBAND; band += gridDim.x) {
         const int b = band / NBAND, y0 = (band % NBAND) * R;
@@ -865,28 +897,80 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int m = (wm * MI + mi) * 16 + g + 8 * h, y = y0 + m / HOUT, x = m % HOUT;
-                if (m >= R * HOUT || y >= HOUT) continue;
+                bool ok = m < R * HOUT && y < HOUT;
                 size_t base = (((size_t)b * HOUT + y) * HOUT + x) * COUT;
+                float xv[9];  // input gradient: the image pixels under this output pixel's conv1 window
+                if constexpr (DGRAD) {
+#pragma unroll
+                    for (int k = 0; k < 9; k++) xv[k] = ok ? __ldg(ximg + ((size_t)b * IMG + y + k / 3) * IMG + x + k % 3) : 0.0f;
+                }
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
                     int n = (wn * NI + ni) * 8 + 2 * t;
-                    float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                    float* v = &acc[mi][ni][2 * h];
                     if constexpr (!DGRAD) {
-                        v.x = fmaxf(v.x + bias[n], 0.0f); v.y = fmaxf(v.y + bias[n + 1], 0.0f);
+                        v[0] = fmaxf(v[0] + bias[n], 0.0f); v[1] = fmaxf(v[1] + bias[n + 1], 0.0f);
                     } else {
-                        float2 mk = *(const float2*)(mask + base + n);
-                        if (!(mk.x > 0.0f)) v.x = 0.0f;
-                        if (!(mk.y > 0.0f)) v.y = 0.0f;
+                        float2 mk = ok ? *(const float2*)(mask + base + n) : make_float2(0.f, 0.f);
+                        if (!(mk.x > 0.0f)) v[0] = 0.0f;
+                        if (!(mk.y > 0.0f)) v[1] = 0.0f;
+#pragma unroll
+                        for (int jj = 0; jj < 2; jj++) {
+                            w1acc[ni][jj][9] += v[jj];
+#pragma unroll
+                            for (int k = 0; k < 9; k++) w1acc[ni][jj][k] = fmaf(v[jj], xv[k], w1acc[ni][jj][k]);
+                        }
                     }
-                    *(float2*)(out + base + n) = v;
+                    if (ok && out) *(float2*)(out + base + n) = make_float2(v[0], v[1]);
                 }
             }
+        if constexpr (POOL) {
+            // max-pool 2x2: a warp holds output rows y0 + 2wm and y0 + 2wm + 1 (48 pixels); pixel m < 24 of the first
+            // row is (mi, h) = (0,0), (0,1), (1,0) for m = g, g + 8, g + 16, the pixel below it (m + 24) is (1,1),
+            // (2,0), (2,1) of the same thread, and the pixel to its right (m + 1) is lane ^ 4
+            static_assert(POOL == (!DGRAD && HOUT == 24 && MI == 3 && R % 2 == 0 && WM * 2 == R), "pooling layout");
+            const int py = (y0 + 2 * wm) / 2;
+#pragma unroll
+            for (int q = 0; q < 3; q++) {
+                const int ma = q < 2 ? 0 : 1, ha = q == 1 ? 1 : 0, mb = q == 0 ? 1 : 2, hb = q == 0 ? 1 : q == 1 ? 0 : 1;
+                const int x = q * 8 + g;
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    float2 v = make_float2(fmaxf(acc[ma][ni][2 * ha], acc[mb][ni][2 * hb]), fmaxf(acc[ma][ni][2 * ha + 1], acc[mb][ni][2 * hb + 1]));
+                    v.x = fmaxf(v.x, __shfl_xor_sync(0xffffffffu, v.x, 4));
+                    v.y = fmaxf(v.y, __shfl_xor_sync(0xffffffffu, v.y, 4));
+                    int n = (wn * NI + ni) * 8 + 2 * t;
+                    if (!(g & 1)) *(float2*)(pooled + (((size_t)b * HP + py) * HP + x / 2) * COUT + n) = v;
+                }
+            }
+        }
+    }
+    if constexpr (DGRAD) {
+        // conv1's weight and bias gradient of this block's pixels: the 32 threads with the same t hold the same 8
+        // channels; their sums are added in thread order through shared memory (all bands are done: reuse it)
+        __syncthreads();
+        float* red = smem;  // [NT][NI*2*10]
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                for (int k = 0; k < 10; k++) red[tid * NI * 20 + (ni * 2 + jj) * 10 + k] = w1acc[ni][jj][k];
+        __syncthreads();
+        for (int q = tid; q < COUT * 10; q += NT) {
+            int c = q / 10, k = q % 10, ct = (c % 8) / 2, slot = ((c / 8) * 2 + c % 2) * 10 + k;
+            float sum = 0.0f;
+            for (int th = ct; th < NT; th += 4) sum += red[th * NI * 20 + slot];
+            w1_partial[(size_t)blockIdx.x * COUT * 10 + q] = sum;
+        }
     }
 }
 // forward: R = 4 rows = 96 pixels = 6 m16 tiles, 8 warps of 48 x 16; dgrad: R = 2 rows = 52 pixels in 4 m16 tiles,
 // 4 warps of 16 x 32. Both fit two blocks in an SM's shared memory.
-#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 0, 4, 2, 4, 3, 2, false>
-#define CONV2_DGRAD_KERNEL conv2_band_tf32_kernel<C2, C1, H2, H1, 2, 2, 4, 1, 1, 4, true>
+// The forward also writes the 2x2 max-pool of its ReLU output; the input gradient also adds up conv1's weight and
+// bias gradients of the pixels it produces (dact1 feeds nothing else, so it need not be stored).
+#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 0, 4, 2, 4, 3, 2, false, true>
+#define CONV2_DGRAD_KERNEL conv2_band_tf32_kernel<C2, C1, H2, H1, 2, 2, 4, 1, 1, 4, true, false>
 constexpr int CONV2_FWD_THREADS = 256, CONV2_DGRAD_THREADS = 128;
 constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + 6 * H1 * (C1 + 4)) * sizeof(float);
 constexpr size_t CONV2_DGRAD_SMEM = (9 * C1 * (C2 + 4) + 4 * (H1 + 2) * (C2 + 4)) * sizeof(float);
@@ -1010,7 +1094,7 @@ __global__ void conv2_wgrad_reduce_kernel(float* dw, float* db, const float* par
 }
 
 // Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
-struct Conv2Tf32 { bool ready = false; int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0; float* ws = nullptr; float* ws_bias = nullptr; };
+struct Conv2Tf32 { bool ready = false; int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0; float *ws = nullptr, *ws_bias = nullptr, *ws_w1 = nullptr; };
 static Conv2Tf32 g_conv2;
 static void conv2_tf32_setup() {
     if (g_conv2.ready) return;
@@ -1028,18 +1112,66 @@ static void conv2_tf32_setup() {
     g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
     cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * C2 * KC2 * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.ws_bias, (size_t)g_conv2.wgrad_ctas * C2 * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
     g_conv2.ready = true;
 }
-// act2 (B,24,24,64) = ReLU(conv2(act1) + b2)
-static void conv2_forward_tf32(float* act2, const float* act1, const float* w2, const float* b2, int B) {
+// act2 (B,24,24,64) = ReLU(conv2(act1) + b2), pooled (B,12,12,64) = its 2x2 max-pool
+static void conv2_forward_tf32(float* act2, float* pooled, const float* act1, const float* w2, const float* b2, int B) {
     int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    CONV2_FWD_KERNEL<<<grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, g_mm.stream>>>(act2, act1, w2, b2, nullptr, B);
+    CONV2_FWD_KERNEL<<<grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, g_mm.stream>>>(act2, act1, w2, b2, nullptr, pooled, nullptr, nullptr, B);
     launch_check();
 }
-// dact1 (B,26,26,32) = conv2 input gradient of dact2, zeroed where act1 <= 0
-static void conv2_dgrad_tf32(float* dact1, const float* dact2, const float* w2, const float* act1, int B) {
+// dact1 = conv2 input gradient of dact2, zeroed where act1 <= 0 (stored only when dact1 is not null), and from it
+// conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input (B,28,28)
+__global__ void conv1_wgrad_reduce_kernel(float* dw1, float* db1, const float* partial, int splits) {
+    int q = threadIdx.x;  // q = c * 10 + k; k = 9: the bias
+    if (q >= C1 * 10) return;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    int j = 0;
+    for (; j + 4 <= splits; j += 4)
+#pragma unroll
+        for (int u = 0; u < 4; u++) s[u] += partial[(size_t)(j + u) * C1 * 10 + q];
+    for (; j < splits; j++) s[j % 4] += partial[(size_t)j * C1 * 10 + q];
+    float v = (s[0] + s[1]) + (s[2] + s[3]);
+    int c = q / 10, k = q % 10;
+    if (k < 9) dw1[c * 9 + k] = v; else db1[c] = v;
+}
+static void conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dact2, const float* w2, const float* act1,
+                             const float* x, int B) {
     int grid = std::min(B * CONV2_DGRAD_BANDS, g_conv2.dgrad_ctas);
-    CONV2_DGRAD_KERNEL<<<grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, g_mm.stream>>>(dact1, dact2, w2, nullptr, act1, B);
+    CONV2_DGRAD_KERNEL<<<grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, g_mm.stream>>>(dact1, dact2, w2, nullptr, act1, nullptr, x, g_conv2.ws_w1, B);
+    launch_check();
+    conv1_wgrad_reduce_kernel<<<1, C1 * 10, 0, g_mm.stream>>>(dw1, db1, g_conv2.ws_w1, grid);
+    launch_check();
+}
+// act1 (B,26,26,32) = ReLU(conv1(x) + b1): the 43264 x 32 x 9 GEMM with K = 9 held in registers (strict fp32
+// FMAs, k in order); a thread makes 8 channels of one pixel.
+__global__ void conv1_forward_kernel(float* act1, const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, int B) {
+    __shared__ float ws[9][C1], bs[C1];
+    for (int i = threadIdx.x; i < 9 * C1; i += blockDim.x) ws[i % 9][i / 9] = w1[i];
+    if (threadIdx.x < C1) bs[threadIdx.x] = b1[threadIdx.x];
+    __syncthreads();
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // (pixel, group of 8 channels)
+    if (idx >= B * H1 * H1 * (C1 / 8)) return;
+    int c0 = (idx % (C1 / 8)) * 8, p = idx / (C1 / 8), b = p / (H1 * H1), y = (p / H1) % H1, xx = p % H1;
+    float xv[9];
+#pragma unroll
+    for (int k = 0; k < 9; k++) xv[k] = __ldg(x + ((size_t)b * IMG + y + k / 3) * IMG + xx + k % 3);
+    float o[8];
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 9; k++) s = fmaf(xv[k], ws[k][c0 + c], s);
+        o[c] = fmaxf(s + bs[c0 + c], 0.0f);
+    }
+    float4* dst = (float4*)(act1 + (size_t)p * C1 + c0);
+    dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+}
+static void conv1_forward_direct(float* act1, const float* x, const float* w1, const float* b1, int B) {
+    int n = B * H1 * H1 * (C1 / 8);
+    conv1_forward_kernel<<<ceil_div(n, 256), 256, 0, g_mm.stream>>>(act1, x, w1, b1, B);
     launch_check();
 }
 // dw2 (64, 3,3,32 internal) and db2 (64) from dact2 and act1
@@ -1267,10 +1399,12 @@ static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKE
 
 // forward: x (B,28,28) normalized -> logits (B,10)
 static void mnist_forward(Mnist* m, int B) {
-    Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
-    matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
-    if (conv2_fast(m)) conv2_forward_tf32(m->act2, m->act1, P(m, P_W2), P(m, P_B2), B);
-    else {
+    if (conv2_fast(m)) {  // conv1 direct, conv2 with the pooling in its epilogue
+        conv1_forward_direct(m->act1, m->x, P(m, P_W1), P(m, P_B1), B);
+        conv2_forward_tf32(m->act2, m->pooled, m->act1, P(m, P_W2), P(m, P_B2), B);
+    } else {
+        Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
+        matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
         Epilogue e2; e2.bias = P(m, P_B2); e2.relu = 1;
         matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
     }
@@ -1279,7 +1413,7 @@ static void mnist_forward(Mnist* m, int B) {
             const float* base = m->act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
             m->pooled[(((size_t)b * HP + py) * HP + px) * C2 + c] = fmaxf(fmaxf(base[0], base[C2]), fmaxf(base[H2 * C2], base[H2 * C2 + C2]));
         }
-    } else {
+    } else if (!conv2_fast(m)) {
         maxpool_forward_kernel<<<ceil_div(B * FC_IN, 256), 256, 0, g_mm.stream>>>(m->pooled, m->act2, B);
         launch_check();
     }
@@ -1320,25 +1454,26 @@ static void mnist_backward(Mnist* m, int B) {
     e = Epilogue(); e.rowsum = G(m, P_BF1);
     matmul_forward(G(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
     e = Epilogue();
+    if (conv2_fast(m)) { e.pool_act2 = m->act2; e.pool_dact2 = m->dact2; }  // fc1's input gradient straight into dact2
     matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, P(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
     if (m->cpu) {
         for (int b = 0; b < B; b++) for (int y = 0; y < H2; y++) for (int x = 0; x < H2; x++) for (int c = 0; c < C2; c++)
             m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] = maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
-    } else {
+    } else if (!conv2_fast(m)) {
         maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2, B);
         launch_check();
     }
     if (conv2_fast(m)) {
         conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dact2, m->act1, B);
-        conv2_dgrad_tf32(m->dact1, m->dact2, P(m, P_W2), m->act1, B);
+        conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dact2, P(m, P_W2), m->act1, m->x, B);  // + conv1's dW, db
     } else {
         e = Epilogue(); e.rowsum = G(m, P_B2);
         matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
         e = Epilogue(); e.mask = m->act1;
         matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
+        e = Epilogue(); e.rowsum = G(m, P_B1);
+        matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
     }
-    e = Epilogue(); e.rowsum = G(m, P_B1);
-    matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
 }
 
 static void mnist_update(Mnist* m) {
