@@ -264,8 +264,7 @@ __device__ __forceinline__ float load_op(const float* X, int ld, bool trans, int
 
 // Block (bm, bn) of block number pid, in groups of GROUP block-rows so that consecutive blocks share A rows and a
 // narrow band of B columns in L2 (the order Triton's matmul tutorial uses).
-__device__ __forceinline__ void grouped_tile(int pid, int tiles_m, int tiles_n, int& bm, int& bn) {
-    const int GROUP = 8;
+__device__ __forceinline__ void grouped_tile(int pid, int tiles_m, int tiles_n, int& bm, int& bn, int GROUP = 8) {
     int per_group = GROUP * tiles_n;
     int first_m = (pid / per_group) * GROUP;
     int group_rows = min(tiles_m - first_m, GROUP);
@@ -548,7 +547,7 @@ static void matmul_splitk_reduce(const float* ws, int splits, int M, int N, floa
 // contiguous bytes of A (4 addresses, broadcast) and 128 of B: one shared-memory wavefront each.
 // gridDim.z > 1: blockIdx.z computes k in [z * k_per_split, (z+1) * k_per_split) into ws[z] (M x N, raw sums).
 
-template <int BM, int BN, int BK, int RM, int RN, int MINB, bool TA, bool TB>
+template <int BM, int BN, int BK, int RM, int RN, int MINB, bool TA, bool TB, int GROUP = 8>
 __global__ void __launch_bounds__((BM / (16 * RM)) * (BN / (32 * RN)) * 32, MINB)
 matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
                        float beta, float* C, int ldc, float* ws, int k_per_split, bool vec_a, bool vec_b,
@@ -567,7 +566,7 @@ matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda
     float* sB = wt_smem + 2 * A_SZ;
 
     int bm, bn;
-    grouped_tile(blockIdx.x, ceil_div(M, BM), ceil_div(N, BN), bm, bn);
+    grouped_tile(blockIdx.x, ceil_div(M, BM), ceil_div(N, BN), bm, bn, GROUP);
     const int m0 = bm * BM, n0 = bn * BN;
     const int kb = blockIdx.z * k_per_split, ke = min(K, kb + k_per_split);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -659,7 +658,7 @@ matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda
         }
 }
 
-template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false>
+template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false, int GROUP = 8>
 static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                             const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
@@ -671,7 +670,7 @@ static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, flo
     matmul_dispatch_trans<NN_ONLY>("launch_warptile", trans_a, trans_b, [&](auto ta, auto tb) {
         constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
         constexpr int SMEM_BYTES = 2 * BK * (TileLoader<BM, BK, NT, !TA>::LD + TileLoader<BN, BK, NT, TB>::LD) * 4;
-        auto kernel = matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB>;
+        auto kernel = matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB, GROUP>;
         if (SMEM_BYTES > 48 * 1024) {
             static bool smem_attr_set = false;  // one per instantiation
             if (!smem_attr_set) {
@@ -1287,7 +1286,13 @@ struct WgmmaConfig {
                                              ? 256 : ((LAUNCH_REGS * 3 - PRODUCER_REGS) / 2) / 8 * 8;
 };
 
-template <int BN, int STAGES, int MINB, bool A_REGS>
+// A_REGS: A via registers (rounded), else straight from shared memory (truncated). PIPE (A_REGS = false only): 1
+// keeps one k-tile's wgmma group in flight while the next is issued (stage kt - 1 is released after wait_group 1);
+// 0 waits for each k-tile's group before releasing its stage. With A in registers the fragments of the group in
+// flight must stay untouched, so that path always waits for 0.
+// PERSIST: one block per SM walks over the output tiles (the producer loads the next tile's stages during the
+// epilogue of the current one); otherwise one block per tile.
+template <int BN, int STAGES, int MINB, bool A_REGS, int PIPE = 0, bool PERSIST = false>
 __global__ void __launch_bounds__(384, MINB)
 matmul_wgmma_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, int M,
                     int N, int K, float alpha, float beta, float* C, int ldc, bool vec_c) {
@@ -1299,10 +1304,9 @@ matmul_wgmma_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_con
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
     uint64_t* empty = full + STAGES;
 
-    int bm, bn;
-    grouped_tile(blockIdx.x, ceil_div(M, Cfg::BM), ceil_div(N, BN), bm, bn);
-    const int m0 = bm * Cfg::BM, n0 = bn * BN;
-    const int ntiles = ceil_div(K, Cfg::BK);
+    const int tiles_m = ceil_div(M, Cfg::BM), tiles_n = ceil_div(N, BN), tiles = tiles_m * tiles_n;
+    const int tile_step = PERSIST ? gridDim.x : tiles;  // persistent: block b takes tiles b, b + grid, ...
+    const int ntiles = ceil_div(K, Cfg::BK);            // k-tiles per output tile
     const int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -1314,80 +1318,105 @@ matmul_wgmma_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_con
     }
     __syncthreads();
 
+    // it counts k-tiles over all of this block's output tiles: stage it % STAGES, phase parity (it / STAGES) & 1
     if (wg == 0) {  // producer
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x == 0) {
-            for (int kt = 0; kt < ntiles; kt++) {
-                const int s = kt % STAGES;
-                mbar_wait(&empty[s], ((kt / STAGES) & 1) ^ 1);
-                mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);  // out-of-range box elements count too (zero-filled)
-                uint8_t* st = smem + s * Cfg::STAGE_BYTES;
-                tma_load_2d(st, &tmap_a, kt * Cfg::BK, m0, &full[s]);
-                tma_load_2d(st + Cfg::A_BYTES, &tmap_b, kt * Cfg::BK, n0, &full[s]);
+            uint32_t it = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+                int bm, bn;
+                grouped_tile(tile, tiles_m, tiles_n, bm, bn);
+                for (int kt = 0; kt < ntiles; kt++, it++) {
+                    const int s = it % STAGES;
+                    mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);  // out-of-range box elements count too (zeros)
+                    uint8_t* st = smem + s * Cfg::STAGE_BYTES;
+                    tma_load_2d(st, &tmap_a, kt * Cfg::BK, bm * Cfg::BM, &full[s]);
+                    tma_load_2d(st + Cfg::A_BYTES, &tmap_b, kt * Cfg::BK, bn * BN, &full[s]);
+                }
             }
         }
     } else {  // consumers
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
         const int c = wg - 1;  // rows 64c .. 64c + 63 of the block tile
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        float acc[NR];
+        uint32_t it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+            int bm, bn;
+            grouped_tile(tile, tiles_m, tiles_n, bm, bn);
+            const int m0 = bm * Cfg::BM, n0 = bn * BN;
+            float acc[NR];
 #pragma unroll
-        for (int i = 0; i < NR; i++) acc[i] = 0.0f;
-        acc_fence(acc);
-        for (int kt = 0; kt < ntiles; kt++) {
-            const int s = kt % STAGES;
-            mbar_wait(&full[s], (kt / STAGES) & 1);
-            const uint8_t* st = smem + s * Cfg::STAGE_BYTES;
-            const uint32_t a_addr = smem_u32(st) + c * 64 * 128, b_addr = smem_u32(st + Cfg::A_BYTES);
-            if constexpr (A_REGS) {
-                // row r = 16 warp + g (+8) of this warpgroup's 64: r % 8 == g, so chunk q of the row sits at q ^ g
-                const float* a_s = reinterpret_cast<const float*>(st) + (c * 64 + warp * 16 + g) * 32 + t;
-                uint32_t af[4][4];
-#pragma unroll
-                for (int ks = 0; ks < 4; ks++) {
-                    const int lo = ((2 * ks) ^ g) * 4, hi = ((2 * ks + 1) ^ g) * 4;
-                    af[ks][0] = f32_to_tf32<TF32_ROUND_ADD>(a_s[lo]);
-                    af[ks][1] = f32_to_tf32<TF32_ROUND_ADD>(a_s[8 * 32 + lo]);
-                    af[ks][2] = f32_to_tf32<TF32_ROUND_ADD>(a_s[hi]);
-                    af[ks][3] = f32_to_tf32<TF32_ROUND_ADD>(a_s[8 * 32 + hi]);
-                }
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < 4; ks++) wgmma_tf32_rs(acc, af[ks], wgmma_desc_sw128(b_addr + 32 * ks));
-            } else {
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < 4; ks++)
-                    wgmma_tf32_ss(acc, wgmma_desc_sw128(a_addr + 32 * ks), wgmma_desc_sw128(b_addr + 32 * ks));
-            }
-            wgmma_commit();
-            wgmma_wait<0>();  // this warpgroup's reads of stage s are done (and af may be overwritten)
+            for (int i = 0; i < NR; i++) acc[i] = 0.0f;
             acc_fence(acc);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
-        }
-
-        // epilogue: C = alpha acc + beta C straight from the accumulator fragments (8-byte stores where possible)
+            for (int kt = 0; kt < ntiles; kt++, it++) {
+                const int s = it % STAGES;
+                mbar_wait(&full[s], (it / STAGES) & 1);
+                const uint8_t* st = smem + s * Cfg::STAGE_BYTES;
+                const uint32_t a_addr = smem_u32(st) + c * 64 * 128, b_addr = smem_u32(st + Cfg::A_BYTES);
+                if constexpr (A_REGS) {
+                    // row r = 16 warp + g (+8) of this warpgroup's 64: r % 8 == g, so chunk q of it sits at q ^ g
+                    const float* a_s = reinterpret_cast<const float*>(st) + (c * 64 + warp * 16 + g) * 32 + t;
+                    uint32_t af[4][4];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int m = m0 + c * 64 + warp * 16 + g + 8 * h;
-            if (m >= M) continue;
-            float* crow = C + (size_t)m * ldc;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                const int n = n0 + 8 * j + 2 * t;
-                float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
-                if (vec_c && n + 1 < N) {
-                    float2* p = reinterpret_cast<float2*>(crow + n);
-                    if (beta != 0.0f) {
-                        float2 old = *p;
-                        v0 = fmaf(beta, old.x, v0);
-                        v1 = fmaf(beta, old.y, v1);
+                    for (int ks = 0; ks < 4; ks++) {
+                        const int lo = ((2 * ks) ^ g) * 4, hi = ((2 * ks + 1) ^ g) * 4;
+                        af[ks][0] = f32_to_tf32<TF32_ROUND_ADD>(a_s[lo]);
+                        af[ks][1] = f32_to_tf32<TF32_ROUND_ADD>(a_s[8 * 32 + lo]);
+                        af[ks][2] = f32_to_tf32<TF32_ROUND_ADD>(a_s[hi]);
+                        af[ks][3] = f32_to_tf32<TF32_ROUND_ADD>(a_s[8 * 32 + hi]);
                     }
-                    *p = make_float2(v0, v1);
+                    wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++) wgmma_tf32_rs(acc, af[ks], wgmma_desc_sw128(b_addr + 32 * ks));
                 } else {
-                    if (n < N) crow[n] = beta != 0.0f ? fmaf(beta, crow[n], v0) : v0;
-                    if (n + 1 < N) crow[n + 1] = beta != 0.0f ? fmaf(beta, crow[n + 1], v1) : v1;
+                    wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++)
+                        wgmma_tf32_ss(acc, wgmma_desc_sw128(a_addr + 32 * ks), wgmma_desc_sw128(b_addr + 32 * ks));
+                }
+                wgmma_commit();
+                if constexpr (A_REGS || PIPE == 0) {
+                    wgmma_wait<0>();  // this warpgroup's reads of stage s are done (and af may be overwritten)
+                    acc_fence(acc);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[s]);
+                } else {
+                    wgmma_wait<1>();  // the group of the previous k-tile is done: release its stage
+                    __syncwarp();
+                    if (lane == 0 && kt > 0) mbar_arrive(&empty[(it + STAGES - 1) % STAGES]);
+                }
+            }
+            wgmma_wait<0>();
+            acc_fence(acc);
+            if constexpr (!A_REGS && PIPE == 1) {  // release the last k-tile's stage
+                __syncwarp();
+                if (lane == 0 && ntiles > 0) mbar_arrive(&empty[(it + STAGES - 1) % STAGES]);
+            }
+
+            // epilogue: C = alpha acc + beta C straight from the accumulator fragments (8-byte stores where
+            // possible); in a persistent block the producer is meanwhile loading the next tile's first stages
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = m0 + c * 64 + warp * 16 + g + 8 * h;
+                if (m >= M) continue;
+                float* crow = C + (size_t)m * ldc;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    const int n = n0 + 8 * j + 2 * t;
+                    float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
+                    if (vec_c && n + 1 < N) {
+                        float2* p = reinterpret_cast<float2*>(crow + n);
+                        if (beta != 0.0f) {
+                            float2 old = *p;
+                            v0 = fmaf(beta, old.x, v0);
+                            v1 = fmaf(beta, old.y, v1);
+                        }
+                        *p = make_float2(v0, v1);
+                    } else {
+                        if (n < N) crow[n] = beta != 0.0f ? fmaf(beta, crow[n], v0) : v0;
+                        if (n + 1 < N) crow[n + 1] = beta != 0.0f ? fmaf(beta, crow[n + 1], v1) : v1;
+                    }
                 }
             }
         }
@@ -1486,7 +1515,7 @@ static CUtensorMap matmul_tensor_map_kmajor(const float* X, int rows, int K, int
 }
 
 // Requires K > 0 and an sm_90a build on a 9.0 GPU (matmul_sgemm_tf32_v7 checks both).
-template <int BN, int STAGES, int MINB, bool A_REGS>
+template <int BN, int STAGES, int MINB, bool A_REGS, int PIPE = 0, bool PERSIST = false>
 static void launch_wgmma(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                          const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     using Cfg = WgmmaConfig<BN, STAGES, MINB>;
@@ -1500,30 +1529,36 @@ static void launch_wgmma(bool trans_a, bool trans_b, int M, int N, int K, float 
     const float* b_km = matmul_stage_kmajor(1, B, ldb, trans_b, N, K, kpad, stream);
     CUtensorMap map_a = matmul_tensor_map_kmajor(a_km, M, K, a_ld, Cfg::BM);
     CUtensorMap map_b = matmul_tensor_map_kmajor(b_km, N, K, kpad, BN);
-    auto kernel = matmul_wgmma_kernel<BN, STAGES, MINB, A_REGS>;
+    auto kernel = matmul_wgmma_kernel<BN, STAGES, MINB, A_REGS, PIPE, PERSIST>;
     static bool smem_attr_set = false;  // one per instantiation
     if (!smem_attr_set) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
         smem_attr_set = true;
     }
     const bool vec_c = ((uintptr_t)C % 8 == 0) && (ldc % 2 == 0);
-    dim3 grid(ceil_div(M, Cfg::BM) * ceil_div(N, BN));
+    const int tiles = ceil_div(M, Cfg::BM) * ceil_div(N, BN);
+    dim3 grid(PERSIST ? std::min(tiles, matmul_num_sms() * MINB) : tiles);
     kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(map_a, map_b, M, N, K, alpha, beta, C, ldc, vec_c);
     cudaCheck(cudaGetLastError());
 }
 
-// TF32 GEMM on Hopper wgmma, same contract as matmul_sgemm_v5 / v6 (results within TF32 rounding). Falls back to
-// version 6 where the binary has no sm_90a code (or the GPU is not 9.0) and for K = 0.
+// TF32 GEMM on Hopper wgmma, same contract as matmul_sgemm_v5 / v6 (results within TF32 rounding). Runs version 6
+// where the binary has no sm_90a code (or the GPU is not 9.0), for K = 0, N <= 32, and where version 6 splits K.
 // Tiles: 128 x 256 (4 stages, 192 KB) when they fill the GPU, else 128 x 128 (6 stages), else 128 x 64 (8 stages).
 void matmul_sgemm_tf32_v7(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                           const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_check_args("matmul_sgemm_tf32_v7", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
-    if (K == 0 || !matmul_have_sm90a()) {
+    // version 7 has no split-K: where version 6 would split K (few tiles, long K: the dW GEMMs, fc1 forward) or
+    // N <= 32 (a 64-wide wgmma half empty, and two staging passes for K = 9), version 6 is faster
+    const long long sms = matmul_num_sms();
+    int v6_splits = 1, v6_kps;
+    if ((long long)ceil_div(M, 128) * ceil_div(N, 128) < sms)
+        matmul_choose_splits(M, N, K, 64, 64, 32, 128, &v6_splits, &v6_kps);  // version 6's 64x64 configuration
+    if (K == 0 || !matmul_have_sm90a() || N <= 32 || v6_splits > 1) {
         matmul_sgemm_tf32_v6(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
         return;
     }
-    const long long sms = matmul_num_sms();
     auto tiles = [&](int bn) { return (long long)ceil_div(M, 128) * ceil_div(N, bn); };
     if (N > 128 && tiles(256) >= sms)
         launch_wgmma<256, 4, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
@@ -1584,6 +1619,19 @@ static void matmul_v5_256x128x16(bool ta, bool tb, int M, int N, int K, float al
     if (M == 0 || N == 0) return;
     launch_warptile<256, 128, 16, 4, 2, 1, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
+static void matmul_v5_256x128_8x16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                   const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v5_256x128_8x16", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_warptile<256, 128, 8, 2, 4, 1, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+template <int GROUP>
+static void matmul_v5_256x128_group(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                    const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v5_256x128_group", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_warptile<256, 128, 8, 4, 2, 1, true, GROUP>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
 static void matmul_v6_perm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_check_args("matmul_v6_perm", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
@@ -1614,7 +1662,7 @@ static void matmul_v6_trunc(bool ta, bool tb, int M, int N, int K, float alpha, 
 
 // version 7 variants: 128 x 128 tiles with 6 stages, and A fed from shared memory (truncated to TF32). (Two blocks
 // per SM do not compile: ptxas sizes the whole kernel by the launch bound, 80 registers, not by setmaxnreg.)
-template <int BN, int STAGES, int MINB, bool A_REGS>
+template <int BN, int STAGES, int MINB, bool A_REGS, int PIPE = 0, bool PERSIST = false>
 static void matmul_v7_fixed(const char* fn, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                             int lda, const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_check_args(fn, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
@@ -1623,12 +1671,29 @@ static void matmul_v7_fixed(const char* fn, bool ta, bool tb, int M, int N, int 
         matmul_sgemm_tf32_v6(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
         return;
     }
-    launch_wgmma<BN, STAGES, MINB, A_REGS>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    launch_wgmma<BN, STAGES, MINB, A_REGS, PIPE, PERSIST>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                                          stream);
 }
 static void matmul_v7_128x128(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                               const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_v7_fixed<128, 6, 1, true>("matmul_v7_128x128", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                                      stream);
+}
+static void matmul_v7_ss_trunc_pipe1(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                     const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_v7_fixed<256, 4, 1, false, 1>("matmul_v7_ss_trunc_pipe1", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                         ldc, stream);
+}
+static void matmul_v7_persistent(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                                 const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_v7_fixed<256, 4, 1, true, 0, true>("matmul_v7_persistent", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta,
+                                              C, ldc, stream);
+}
+static void matmul_v7_ss_pipe1_persistent(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                                          int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                                          cudaStream_t stream) {
+    matmul_v7_fixed<256, 4, 1, false, 1, true>("matmul_v7_ss_pipe1_persistent", ta, tb, M, N, K, alpha, A, lda, B,
+                                               ldb, beta, C, ldc, stream);
 }
 static void matmul_v7_ss_trunc(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                                const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
@@ -1661,6 +1726,9 @@ static const Variant VARIANTS[] = {
     {"5 (128x128x8)", 5, PREC_FP32, true, true, false, matmul_v5_128x128x8},
     {"5 (256x128 8x8 512thr)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_512t},
     {"5 (256x128x16 dyn smem)", 5, PREC_FP32, true, true, false, matmul_v5_256x128x16},
+    {"5 (256x128 8x16/thread)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_8x16},
+    {"5 (256x128 group 4)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_group<4>},
+    {"5 (256x128 group 16)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_group<16>},
     {"6 tf32 mma", 6, PREC_TF32_RN, false, false, false, matmul_sgemm_tf32_v6},
     {"6 (perm lds64)", 6, PREC_TF32_RN, false, true, false, matmul_v6_perm},
     {"6 (128x256x32)", 6, PREC_TF32_RN, true, true, false, matmul_v6_128x256x32},
@@ -1669,6 +1737,9 @@ static const Variant VARIANTS[] = {
     {"7 wgmma+TMA", 7, PREC_TF32_RN, false, false, true, matmul_sgemm_tf32_v7},
     {"7 (128x128 6 stages)", 7, PREC_TF32_RN, false, true, true, matmul_v7_128x128},
     {"7 (ss trunc A)", 7, PREC_TF32_ANY, false, true, true, matmul_v7_ss_trunc},
+    {"7 (ss trunc A, 1 in flight)", 7, PREC_TF32_ANY, false, true, true, matmul_v7_ss_trunc_pipe1},
+    {"7 (persistent)", 7, PREC_TF32_RN, false, true, true, matmul_v7_persistent},
+    {"7 (ss, 1 in flight, persistent)", 7, PREC_TF32_ANY, false, true, true, matmul_v7_ss_pipe1_persistent},
 };
 static const int N_VARIANTS = (int)(sizeof(VARIANTS) / sizeof(VARIANTS[0]));
 static const int MAX_VERSION = 7;
@@ -2084,6 +2155,18 @@ static int run_benchmark(int only_version, const char* out_dir) {
                    trans_name(s.ta, s.tb), s.M, s.N, s.K, var.name, ms, gflops, row.pct, chk.worst_ratio);
             fflush(stdout);
             rows.push_back(row);
+        }
+        if (have_sm90a && s.M >= 4096 && (only_version < 0 || only_version == 7)) {
+            // the part of version 7's time that is its B staging pass (a transpose for NN), timed alone
+            BenchShape st = s;
+            Variant pass = {"7 B staging pass alone", 7, PREC_TF32_RN, false, false, true,
+                            [](bool, bool tb, int, int N, int K, float, const float*, int, const float* B, int ldb,
+                               float, float*, int, cudaStream_t stream) {
+                                matmul_stage_kmajor(1, B, ldb, tb, N, K, ceil_div(K, 4) * 4, stream);
+                            }};
+            double ms = time_ms(pass, st, A, a_cols, B, b_cols, C, s.N);
+            printf("%-16s %-3s %6dx%6dx%6d %-24s %10.4f ms (%.0f GB/s read + written)\n", s.name.c_str(),
+                   trans_name(s.ta, s.tb), s.M, s.N, s.K, pass.name, ms, 2.0 * s.N * (double)s.K * 4 / (ms * 1e6));
         }
         cudaCheck(cudaFree(A)); cudaCheck(cudaFree(B)); cudaCheck(cudaFree(C));
         cudaCheck(cudaFree(Aabs)); cudaCheck(cudaFree(Babs)); cudaCheck(cudaFree(ref)); cudaCheck(cudaFree(refabs));
