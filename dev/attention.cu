@@ -4,18 +4,24 @@ residual) over NHWC tokens, forward and backward as train_unet.cu runs it (attn_
 against a CPU oracle in double, and timed.
 
   make -C dev attention && ./dev/attention --test    # CPU: the oracle's backward against finite differences of
-                                                      # its forward; GPU: train_unet's block against the oracle
+                                                      # its forward and against PyTorch; GPU: train_unet's block
+                                                      # against the oracle and PyTorch
   ./dev/attention                                     # the same, then the UNet's shapes at batch 32 timed
 
 version 1 (train_unet.cu, the only one so far): qkv and proj_out as cuBLAS GEMMs over (B*L, C); QK^T, PV and the
 four backward products as cublasSgemmBatched over (sample, head) with pointer arrays that address the legacy qkv
 channel order (head h: q, k, v at channels 3dh, 3dh+d, 3dh+2d) in place, so nothing is transposed; softmax and its
-backward one warp per row. Next version: one fused flash-style kernel per (sample, head) (L <= 256, d = 32).
+backward are the softmax lab's short-row kernels (dev/softmax_forward.cu version 4, dev/softmax_backward.cu version
+3: GROUP lanes per row holding it in registers), the backward's d^-1/2 folded into the dQ/dK products' alpha.
+--test also checks the CPU oracle (CI) and the GPU block against PyTorch (dev/fixtures/unet_layer_attention.bin,
+dev/unet_layers.py); the benchmark times the promoted softmax kernels against the previous warp-per-row ones at
+the UNet's shapes (49152x256, 16384x64). Next version: one fused flash-style kernel per (sample, head) (L <= 256,
+d = 32).
 */
 #define TESTING
 #include "../train_unet.cu"
+#include "unet_layers.cuh"  // counters, checks, PyTorch fixtures
 
-static int n_pass = 0, n_fail = 0, n_skip = 0;
 
 // ---------------------------------------------------------------------------------------------------------------
 // CPU oracle in double. x (B, L, C) NHWC tokens; parameters: gamma, beta (C), wq (3C, C), bq (3C), wp (C, C), bp (C).
@@ -251,22 +257,14 @@ static void upload(float* d, const std::vector<double>& v) {
     std::vector<float> f(v.begin(), v.end());
     cudaCheck(cudaMemcpy(d, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
 }
-static void compare(const std::string& name, const float* d, const std::vector<double>& ref, double rel) {
-    std::vector<float> got(ref.size());
-    cudaCheck(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost));
-    double scale = 0, max_err = 0;
-    size_t max_i = 0, bad = 0;
+static std::vector<float> tofloat(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+// |got - ref| <= rel * max|ref| + 10 rel * |ref|
+static void compare_host(const std::string& name, const std::vector<float>& got, const std::vector<double>& ref,
+                         double rel) {
+    double scale = 0;
     for (double r : ref) scale = std::max(scale, fabs(r));
-    for (size_t i = 0; i < ref.size(); i++) {
-        double err = fabs((double)got[i] - ref[i]);
-        if (!(err == err)) err = INFINITY;
-        if (!(err <= rel * scale + 10 * rel * fabs(ref[i]))) bad++;
-        if (err > max_err) { max_err = err; max_i = i; }
-    }
-    printf("%s %s: max |err| %.3e at [%zu] (got %.7g, ref %.7g), scale %.3e, %zu of %zu outside %.0e*scale + "
-           "%.0e*|ref|\n", bad ? "FAIL" : "PASS", name.c_str(), max_err, max_i, got[max_i], ref[max_i], scale, bad,
-           ref.size(), rel, 10 * rel);
-    bad ? n_fail++ : n_pass++;
+    std::vector<float> rf = tofloat(ref);
+    check_close(name, got.data(), rf.data(), rf.size(), rel * scale, 10 * rel);
 }
 
 struct AttnLab {
@@ -293,22 +291,25 @@ static bool lab_build(AttnLab* lab, int B, int S, int C, int head_channels) {
     return lab->o != nullptr;
 }
 
-static void gpu_case(int B, int S, int C, int head_channels, uint64_t seed) {
+struct AttnResult {
+    std::vector<float> out, dx;
+    AttnParams dw;  // as float values in double vectors
+};
+static std::vector<double> fetch(const float* d, size_t n) {
+    std::vector<float> f = to_host(d, n);
+    return std::vector<double>(f.begin(), f.end());
+}
+// train_unet.cu's block (strict fp32) on given x (B, L, C), parameters and dout; outputs poisoned first
+static bool gpu_run(int B, int S, int C, int head_channels, const AttnParams& w, const std::vector<double>& x,
+                    const std::vector<double>& dout, AttnResult* r) {
     AttnLab lab;
     if (!lab_build(&lab, B, S, C, head_channels)) {
-        printf("FAIL attention B%d %dx%d C%d: cannot build the lab model\n", B, S, S, C);
-        n_fail++;
-        return;
+        report(false, "attention B" + std::to_string(B) + " " + std::to_string(S) + "x" + std::to_string(S) + " C" +
+                          std::to_string(C) + ": cannot build the lab model");
+        return false;
     }
     UNet* m = &lab.m;
     Op& o = *lab.o;
-    int L = S * S, heads = C / head_channels;
-    AttnParams w = random_params(C, seed);
-    std::vector<double> x((size_t)B * L * C), dout(x.size()), out, dx;
-    for (size_t i = 0; i < x.size(); i++) {
-        x[i] = frand(seed, 2, i, -1.5, 2.0);
-        dout[i] = frand(seed, 3, i, -1, 1);
-    }
     upload(m->p + o.n1.w, w.gamma);
     upload(m->p + o.n1.b, w.beta);
     upload(m->p + o.qkv.w, w.wq);
@@ -317,13 +318,36 @@ static void gpu_case(int B, int S, int C, int head_channels, uint64_t seed) {
     upload(m->p + o.proj.b, w.bp);
     upload(o.in->x, x);
     upload(o.out->g, dout);
-    cudaCheck(cudaMemset(o.out->x, 0xFF, o.out->n * 4));  // poisoned: an unwritten element fails
-    cudaCheck(cudaMemset(o.in->g, 0xFF, o.in->n * 4));
-    cudaCheck(cudaMemset(m->g, 0xFF, m->n_params * 4));
+    poison(o.out->x, o.out->n);
+    poison(o.in->g, o.in->n);
+    poison(m->g, m->n_params);
     attn_forward(m, o);
     for (Buf* b : m->bufs) b->g_written = false;
     attn_backward(m, o);
     cudaCheck(cudaDeviceSynchronize());
+    std::vector<double> out = fetch(o.out->x, o.out->n), dx = fetch(o.in->g, o.in->n);
+    r->out.assign(out.begin(), out.end());
+    r->dx.assign(dx.begin(), dx.end());
+    r->dw.gamma = fetch(m->g + o.n1.w, C);
+    r->dw.beta = fetch(m->g + o.n1.b, C);
+    r->dw.wq = fetch(m->g + o.qkv.w, (size_t)3 * C * C);
+    r->dw.bq = fetch(m->g + o.qkv.b, 3 * C);
+    r->dw.wp = fetch(m->g + o.proj.w, (size_t)C * C);
+    r->dw.bp = fetch(m->g + o.proj.b, C);
+    unet_free(m);
+    return true;
+}
+
+static void gpu_case(int B, int S, int C, int head_channels, uint64_t seed) {
+    int L = S * S, heads = C / head_channels;
+    AttnParams w = random_params(C, seed);
+    std::vector<double> x((size_t)B * L * C), dout(x.size()), out, dx;
+    for (size_t i = 0; i < x.size(); i++) {
+        x[i] = frand(seed, 2, i, -1.5, 2.0);
+        dout[i] = frand(seed, 3, i, -1, 1);
+    }
+    AttnResult g;
+    if (!gpu_run(B, S, C, head_channels, w, x, dout, &g)) return;
     AttnCache c;
     oracle_forward(x, w, B, L, C, heads, &out, &c);
     AttnParams dw;
@@ -333,15 +357,70 @@ static void gpu_case(int B, int S, int C, int head_channels, uint64_t seed) {
     std::string n = name;
     // strict fp32 (cuBLAS default math) against double: sums of <= L*d or B*L terms of O(1) values, so 1e-5 of
     // the tensor's scale for the output and 1e-4 for gradients (two more chained products) leave ample margin
-    compare(n + " out", o.out->x, out, 1e-5);
-    compare(n + " dx", o.in->g, dx, 1e-4);
-    compare(n + " grad norm.weight", m->g + o.n1.w, dw.gamma, 1e-4);
-    compare(n + " grad norm.bias", m->g + o.n1.b, dw.beta, 1e-4);
-    compare(n + " grad qkv.weight", m->g + o.qkv.w, dw.wq, 1e-4);
-    compare(n + " grad qkv.bias", m->g + o.qkv.b, dw.bq, 1e-4);
-    compare(n + " grad proj_out.weight", m->g + o.proj.w, dw.wp, 1e-4);
-    compare(n + " grad proj_out.bias", m->g + o.proj.b, dw.bp, 1e-4);
-    unet_free(m);
+    auto cmp = [&](const std::string& what, const std::vector<float>& got, const std::vector<double>& ref, double rel) {
+        compare_host(n + " " + what, got, ref, rel);
+    };
+    cmp("out", g.out, out, 1e-5);
+    cmp("dx", g.dx, dx, 1e-4);
+    cmp("grad norm.weight", tofloat(g.dw.gamma), dw.gamma, 1e-4);
+    cmp("grad norm.bias", tofloat(g.dw.beta), dw.beta, 1e-4);
+    cmp("grad qkv.weight", tofloat(g.dw.wq), dw.wq, 1e-4);
+    cmp("grad qkv.bias", tofloat(g.dw.bq), dw.bq, 1e-4);
+    cmp("grad proj_out.weight", tofloat(g.dw.wp), dw.wp, 1e-4);
+    cmp("grad proj_out.bias", tofloat(g.dw.bp), dw.bp, 1e-4);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// PyTorch fixture (dev/fixtures/unet_layer_attention.bin: AttentionBlock(64, 16 channels per head) on (2, 64, 5, 5),
+// every parameter random, fp32)
+// Tolerances against PyTorch fp32: its sums have <= C = 64 (qkv, proj), d = 16 (QK^T), L = 25 (PV) or B*L = 50
+// (weight gradients) terms, chained through softmax and GroupNorm: atol 3e-5 of the scale, rtol 1e-5 for the
+// output; 1e-4 of the scale, rtol 1e-5 for gradients (a few chained fp32 products and sums more).
+static void fixture_attention() {
+    Fixture fx;
+    if (!fixture_open(&fx, "attention", 1007)) return;
+    std::vector<int> xs = fx_shape(&fx, "x");
+    if (!fx.ok || xs.size() != 4 || xs[2] != xs[3]) {
+        if (fx.ok) report(false, "fixture attention: x must be (B, C, S, S)");
+        return;
+    }
+    int B = xs[0], C = xs[1], S = xs[2], L = S * S, hc = fx.f.hdr[5];
+    if (hc < 1 || C % hc) {
+        report(false, "fixture attention: header[5] aux (num_head_channels) is " + std::to_string(hc));
+        return;
+    }
+    auto get = [&](const std::string& name, std::vector<int> shape) { return fx_get(&fx, name, shape); };
+    std::vector<float> x = get("x", xs), y = get("y", xs), dy = get("dy", xs), dx = get("dx", xs);
+    const char* pnames[6] = {"norm.weight", "norm.bias", "qkv.weight", "qkv.bias", "proj_out.weight", "proj_out.bias"};
+    std::vector<std::vector<int>> pshapes = {{C}, {C}, {3 * C, C, 1}, {3 * C}, {C, C, 1}, {C}};
+    std::vector<float> pv[6], gv[6];
+    for (int i = 0; i < 6; i++) {
+        pv[i] = get(pnames[i], pshapes[i]);
+        gv[i] = get(std::string("grad.") + pnames[i], pshapes[i]);
+    }
+    if (!fx.ok) return;
+    auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+    AttnParams w;
+    w.gamma = d(pv[0]); w.beta = d(pv[1]); w.wq = d(pv[2]); w.bq = d(pv[3]); w.wp = d(pv[4]); w.bp = d(pv[5]);
+    std::vector<double> xt = d(nchw_to_nhwc(x, B, C, S, S)), dyt = d(nchw_to_nhwc(dy, B, C, S, S)), out, odx;
+    std::vector<float> yt = nchw_to_nhwc(y, B, C, S, S), dxt = nchw_to_nhwc(dx, B, C, S, S);
+    AttnCache c;
+    oracle_forward(xt, w, B, L, C, C / hc, &out, &c);
+    AttnParams dw;
+    oracle_backward(xt, w, c, dyt, B, L, C, C / hc, &odx, &dw);
+    std::vector<double>* og[6] = {&dw.gamma, &dw.beta, &dw.wq, &dw.bq, &dw.wp, &dw.bp};
+    check_scaled("cpu oracle vs torch attention y", tofloat(out), yt, 3e-5, 1e-5);
+    check_scaled("cpu oracle vs torch attention dx", tofloat(odx), dxt, 1e-4, 1e-5);
+    for (int i = 0; i < 6; i++)
+        check_scaled(std::string("cpu oracle vs torch attention grad ") + pnames[i], tofloat(*og[i]), gv[i], 1e-4, 1e-5);
+    if (!g_have_gpu) return skip("v1 vs torch attention: no CUDA GPU");
+    AttnResult g;
+    if (!gpu_run(B, S, C, hc, w, xt, dyt, &g)) return;
+    std::vector<double>* gg[6] = {&g.dw.gamma, &g.dw.beta, &g.dw.wq, &g.dw.bq, &g.dw.wp, &g.dw.bp};
+    check_scaled("v1 vs torch attention y", g.out, yt, 3e-5, 1e-5);
+    check_scaled("v1 vs torch attention dx", g.dx, dxt, 1e-4, 1e-5);
+    for (int i = 0; i < 6; i++)
+        check_scaled(std::string("v1 vs torch attention grad ") + pnames[i], tofloat(*gg[i]), gv[i], 1e-4, 1e-5);
 }
 
 static void bench_case(int B, int S, int C) {
@@ -375,6 +454,79 @@ static void bench_case(int B, int S, int C) {
     unet_free(m);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The attention softmax: train_unet.cu's kernels (promoted from dev/softmax_forward.cu version 4 and
+// dev/softmax_backward.cu version 3) against the trainer's previous ones (one warp per row, kept here only as the
+// baseline: the forward read each row three times, the backward twice), at the UNet's shapes (rows = B*heads*L).
+
+// previous forward: one warp per row, in place: max pass, sum pass, write pass
+__global__ void softmax_forward_warp_kernel(float* S, int rows, int L) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    float* r = S + (size_t)row * L;
+    float mx = -INFINITY;
+    for (int j = lane; j < L; j += 32) mx = fmaxf(mx, r[j]);
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+    float sum = 0.f;
+    for (int j = lane; j < L; j += 32) sum += expf(r[j] - mx);
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    float inv = 1.0f / sum;
+    for (int j = lane; j < L; j += 32) r[j] = expf(r[j] - mx) * inv;
+}
+// previous backward: one warp per row, in place on dP, times scale
+__global__ void softmax_backward_warp_kernel(const float* P, float* dP, int rows, int L, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const float* p = P + (size_t)row * L;
+    float* d = dP + (size_t)row * L;
+    float dot = 0.f;
+    for (int j = lane; j < L; j += 32) dot += p[j] * d[j];
+    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffff, dot, o);
+    for (int j = lane; j < L; j += 32) d[j] = p[j] * (d[j] - dot) * scale;
+}
+
+static void softmax_bench() {
+    // B = 32: 16x16 tokens with 6 heads (192 ch) -> 49152 rows of 256; 8x8 with 8 heads (256 ch) -> 16384 rows of 64
+    // (the middle block and the 8x8 level). GB/s: forward 2 * rows * L * 4 bytes, backward 3 * rows * L * 4.
+    struct Sh { int rows, L; } shapes[] = {{49152, 256}, {16384, 64}};
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    for (const Sh& sh : shapes) {
+        size_t n = (size_t)sh.rows * sh.L;
+        std::vector<float> h = random_vec(n, 5, 1, -4, 4);
+        float *S = to_device(h), *P = to_device(h), *dP = to_device(h);
+        float ms[4];
+        for (int k = 0; k < 4; k++) {
+            auto launch = [&]() {
+                switch (k) {
+                case 0: softmax_forward_warp_kernel<<<ceil_div(sh.rows, 8), 256>>>(S, sh.rows, sh.L); break;
+                case 1: softmax_forward(S, sh.rows, sh.L); break;
+                case 2: softmax_backward_warp_kernel<<<ceil_div(sh.rows, 8), 256>>>(P, dP, sh.rows, sh.L, 1.0f); break;
+                default: softmax_backward(P, dP, sh.rows, sh.L); break;
+                }
+            };
+            for (int i = 0; i < 5; i++) launch();
+            cudaCheck(cudaGetLastError());
+            cudaCheck(cudaEventRecord(e0));
+            for (int i = 0; i < 50; i++) launch();
+            cudaCheck(cudaEventRecord(e1));
+            cudaCheck(cudaEventSynchronize(e1));
+            cudaCheck(cudaEventElapsedTime(&ms[k], e0, e1));
+            ms[k] /= 50;
+            // keep values bounded between repetitions (the in-place forward of a softmax is a softmax again)
+            cudaCheck(cudaMemcpy(S, h.data(), n * 4, cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(dP, h.data(), n * 4, cudaMemcpyHostToDevice));
+        }
+        printf("     softmax %dx%d: forward warp-per-row %.1f us (%.0f GB/s), v4 %.1f us (%.0f GB/s); backward "
+               "warp-per-row %.1f us (%.0f GB/s), v3 %.1f us (%.0f GB/s)\n", sh.rows, sh.L, ms[0] * 1e3,
+               2.0 * n * 4 / (ms[0] * 1e6), ms[1] * 1e3, 2.0 * n * 4 / (ms[1] * 1e6), ms[2] * 1e3,
+               3.0 * n * 4 / (ms[2] * 1e6), ms[3] * 1e3, 3.0 * n * 4 / (ms[3] * 1e6));
+        float* fs[] = {S, P, dP};
+        for (float* f : fs) cudaCheck(cudaFree(f));
+    }
+}
+
 int main(int argc, char** argv) {
     bool test = argc > 1 && !strcmp(argv[1], "--test");
     if (argc > 1 && !test && strcmp(argv[1], "1")) {
@@ -382,28 +534,24 @@ int main(int argc, char** argv) {
         return 1;
     }
     selfcheck_oracle();
-    if (cuda_device_count() == 0) {
-        printf("SKIP attention GPU checks: no CUDA GPU\n");
-        n_skip++;
-    } else {
-        cudaDeviceProp prop;
-        cudaCheck(cudaGetDeviceProperties(&prop, 0));
-        g_num_sms = prop.multiProcessorCount;
-        cublasCheck(cublasCreate(&g_cublas));
-        set_tf32(false);
-        // awkward sizes: 7x7 and 5x5 tokens, 2 and 3 heads of 16 and 32 channels, batch 3 and 2
-        gpu_case(3, 7, 64, 32, 21);
-        gpu_case(2, 5, 96, 32, 22);
-        gpu_case(2, 6, 32, 16, 23);
-        if (!test) {
-            for (int tf32 = 0; tf32 < 2; tf32++) {
-                set_tf32(tf32 == 1);
-                bench_case(32, 16, 192);
-                bench_case(32, 8, 256);
-            }
-        }
-        cublasCheck(cublasDestroy(g_cublas));
+    gpu_setup();
+    fixture_attention();  // the CPU oracle against PyTorch runs in CI
+    if (!g_have_gpu) {
+        skip("attention GPU version 1 vs the CPU oracle: no CUDA GPU");
+        return finish();
     }
-    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    return n_fail ? 1 : 0;
+    // awkward sizes: 7x7 and 5x5 tokens, 2 and 3 heads of 16 and 32 channels, batch 3 and 2
+    gpu_case(3, 7, 64, 32, 21);
+    gpu_case(2, 5, 96, 32, 22);
+    gpu_case(2, 6, 32, 16, 23);
+    if (!test) {
+        softmax_bench();
+        for (int tf32 = 0; tf32 < 2; tf32++) {
+            set_tf32(tf32 == 1);
+            bench_case(32, 16, 192);
+            bench_case(32, 8, 256);
+        }
+    }
+    gpu_teardown();
+    return finish();
 }

@@ -1,6 +1,7 @@
 /*
 dev/conv2d.cu: the 3x3 convolution (padding 1, stride 1 or 2) of train_unet.cu over NHWC, forward, backward-data
-and weight gradient, checked against a CPU oracle and timed.
+and weight gradient, checked against a CPU oracle (dev/unet_layers.cuh) and a PyTorch fixture
+(dev/fixtures/unet_layer_conv3x3.bin, dev/unet_layers.py; the oracle against it runs in CI), and timed.
 
   make -C dev conv2d && ./dev/conv2d --test      # every version, awkward sizes, poisoned outputs, vs the CPU
   ./dev/conv2d [version]                          # validate + benchmark the UNet's 3x3 layer shapes at batch 32
@@ -19,59 +20,7 @@ summed in a fixed order.
 */
 #define TESTING
 #include "../train_unet.cu"
-
-// ---------------------------------------------------------------------------------------------------------------
-// CPU oracle. x (B, H, W, Cin), w [tap][cin][cout] (train_unet's layout), y (B, Ho, Wo, Cout). Each also returns
-// the sum of |products| per output, the scale of the rounding error of any summation order.
-static void cpu_forward(const float* x, const float* w, const float* bias, float* y, float* mag, int B, int H, int W,
-                        int Cin, int Cout, int s) {
-    int Ho = (H - 1) / s + 1, Wo = (W - 1) / s + 1;
-    for (int b = 0; b < B; b++)
-        for (int oy = 0; oy < Ho; oy++)
-            for (int ox = 0; ox < Wo; ox++)
-                for (int co = 0; co < Cout; co++) {
-                    double acc = bias ? bias[co] : 0.0, a = bias ? fabs(bias[co]) : 0.0;
-                    for (int tap = 0; tap < 9; tap++) {
-                        int iy = oy * s - 1 + tap / 3, ix = ox * s - 1 + tap % 3;
-                        if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
-                        for (int ci = 0; ci < Cin; ci++) {
-                            double p = (double)x[(((size_t)b * H + iy) * W + ix) * Cin + ci] *
-                                       w[((size_t)tap * Cin + ci) * Cout + co];
-                            acc += p;
-                            a += fabs(p);
-                        }
-                    }
-                    size_t i = (((size_t)b * Ho + oy) * Wo + ox) * Cout + co;
-                    y[i] = (float)acc;
-                    mag[i] = (float)a;
-                }
-}
-static void cpu_backward(const float* x, const float* w, const float* dy, float* dx, float* dxmag, float* dw,
-                         float* dwmag, int B, int H, int W, int Cin, int Cout, int s) {
-    int Ho = (H - 1) / s + 1, Wo = (W - 1) / s + 1;
-    std::vector<double> adx((size_t)B * H * W * Cin, 0.0), mdx(adx.size(), 0.0);
-    std::vector<double> adw((size_t)9 * Cin * Cout, 0.0), mdw(adw.size(), 0.0);
-    for (int b = 0; b < B; b++)
-        for (int oy = 0; oy < Ho; oy++)
-            for (int ox = 0; ox < Wo; ox++)
-                for (int tap = 0; tap < 9; tap++) {
-                    int iy = oy * s - 1 + tap / 3, ix = ox * s - 1 + tap % 3;
-                    if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
-                    const float* g = dy + (((size_t)b * Ho + oy) * Wo + ox) * Cout;
-                    size_t xi = (((size_t)b * H + iy) * W + ix) * Cin;
-                    for (int ci = 0; ci < Cin; ci++)
-                        for (int co = 0; co < Cout; co++) {
-                            size_t wi = ((size_t)tap * Cin + ci) * Cout + co;
-                            double p = (double)g[co] * w[wi], q = (double)g[co] * x[xi + ci];
-                            adx[xi + ci] += p;
-                            mdx[xi + ci] += fabs(p);
-                            adw[wi] += q;
-                            mdw[wi] += fabs(q);
-                        }
-                }
-    for (size_t i = 0; i < adx.size(); i++) { dx[i] = (float)adx[i]; dxmag[i] = (float)mdx[i]; }
-    for (size_t i = 0; i < adw.size(); i++) { dw[i] = (float)adw[i]; dwmag[i] = (float)mdw[i]; }
-}
+#include "unet_layers.cuh"  // counters, checks, PyTorch fixtures, the CPU oracle, the ConvLab shell
 
 // ---------------------------------------------------------------------------------------------------------------
 // version 1: naive direct convolution
@@ -92,46 +41,12 @@ __global__ void conv_naive_forward_kernel(const float* x, const float* w, const 
     y[i] = acc;
 }
 
-// A UNet shell around one convolution so that train_unet.cu's launchers run unchanged.
-struct ConvLab {
-    UNet m;
-    ConvP c;
-    int H, W, Ho, Wo;
-};
-static void lab_init(ConvLab* L, int B, int H, int W, int cin, int cout, int s) {
-    L->m.B = B;
-    L->c.cin = cin; L->c.cout = cout; L->c.stride = s;
-    L->c.w = 0;
-    L->c.b = (size_t)9 * cin * cout;
-    L->H = H; L->W = W; L->Ho = (H - 1) / s + 1; L->Wo = (W - 1) / s + 1;
-    size_t np = L->c.b + cout;
-    L->m.n_params = np;
-    L->m.p = dev_alloc(np);
-    L->m.g = dev_alloc(np);
-    size_t M = 9 * (size_t)cin, N = cout, K = (size_t)B * L->Ho * L->Wo;
-    int tiles = ceil_div(M, CONV_BM) * ceil_div(N, CONV_BN);
-    int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), (int)std::max<size_t>(1, K / 256)));
-    L->m.conv_ws_floats = (size_t)splits * M * N;
-    L->m.conv_ws = dev_alloc(L->m.conv_ws_floats);
-    L->m.wflip_floats = 9 * (size_t)cin * cout;
-    L->m.wflip = dev_alloc(L->m.wflip_floats);
-}
-static void lab_free(ConvLab* L) {
-    cudaCheck(cudaFree(L->m.p));
-    cudaCheck(cudaFree(L->m.g));
-    cudaCheck(cudaFree(L->m.conv_ws));
-    cudaCheck(cudaFree(L->m.wflip));
-}
+static void fill_nan(float* d, size_t n) { poison(d, n); }
 
-static void fill_nan(float* d, size_t n) {
-    cudaCheck(cudaMemset(d, 0xFF, n * 4));  // 0xFFFFFFFF is a NaN: an unwritten element fails
-}
-
-static int n_pass = 0, n_fail = 0;
+// |got - ref| <= rtol_mag * sum|products| per element (the CPU oracle's magnitudes)
 static void check(const std::string& name, const float* d_got, const float* ref, const float* mag, size_t n,
                   double rtol_mag) {
-    std::vector<float> got(n);
-    cudaCheck(cudaMemcpy(got.data(), d_got, n * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> got = to_host(d_got, n);
     double max_err = 0.0;
     size_t max_i = 0, bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -141,10 +56,10 @@ static void check(const std::string& name, const float* d_got, const float* ref,
         if (!(err <= tol)) bad++;
         if (err > max_err || (bad == 1 && !(err <= tol))) { max_err = err; max_i = i; }
     }
-    printf("%s %s: max |err| %.3e at [%zu] (got %.7g, ref %.7g), %zu of %zu above %.0e * sum|products|\n",
-           bad ? "FAIL" : "PASS", name.c_str(), max_err, max_i, got[max_i], ref[max_i], bad, n, rtol_mag);
-    if (bad) n_fail++;
-    else n_pass++;
+    char line[512];
+    snprintf(line, sizeof line, "%s: max |err| %.3e at [%zu] (got %.7g, ref %.7g), %zu of %zu above %.0e * sum|products|",
+             name.c_str(), max_err, max_i, got[max_i], ref[max_i], bad, n, rtol_mag);
+    report(bad == 0, line);
 }
 
 // fp32 (versions 1, 2): error of a length-K sum in any order <= ~K * 2^-24 * sum|products|; K <= 9*Cin here, so
@@ -167,8 +82,8 @@ static void run_case(int version, int B, int H, int W, int cin, int cout, int s,
     for (auto& v : bias) v = 2.f * rng_uniform(seed, 9, k++) - 1.f;
     for (auto& v : dy) v = 2.f * rng_uniform(seed, 10, k++) - 1.f;
     std::vector<float> y(ny), ymag(ny), dx(nx), dxmag(nx), dw(nw), dwmag(nw);
-    cpu_forward(x.data(), w.data(), bias.data(), y.data(), ymag.data(), B, H, W, cin, cout, s);
-    cpu_backward(x.data(), w.data(), dy.data(), dx.data(), dxmag.data(), dw.data(), dwmag.data(), B, H, W, cin, cout, s);
+    conv3x3_cpu_forward(x.data(), w.data(), bias.data(), y.data(), ymag.data(), B, H, W, cin, cout, s);
+    conv3x3_cpu_backward(x.data(), w.data(), dy.data(), dx.data(), dxmag.data(), dw.data(), dwmag.data(), nullptr, B, H, W, cin, cout, s);
     float *d_x = dev_alloc(nx), *d_y = dev_alloc(ny), *d_dy = dev_alloc(ny), *d_dx = dev_alloc(nx);
     cudaCheck(cudaMemcpy(d_x, x.data(), nx * 4, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_dy, dy.data(), ny * 4, cudaMemcpyHostToDevice));
@@ -199,6 +114,65 @@ static void run_case(int version, int B, int H, int W, int cin, int cout, int s,
     cudaCheck(cudaFree(d_dy));
     cudaCheck(cudaFree(d_dx));
     lab_free(&L);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// PyTorch fixture (dev/fixtures/unet_layer_conv3x3.bin: nn.Conv2d(5, 7, 3, padding=1) on (2, 5, 9, 6), fp32)
+
+// Tolerances against PyTorch fp32: its sums have <= 9*Cin = 45 (y), 9*Cout = 63 (dx) or B*H*W = 108 (dw, db)
+// terms of O(1) values, rounding <= K * 2^-24 * sum|terms| ~ 1e-5 of the tensor's scale at worst: atol 2e-5 of the
+// scale, rtol 1e-5. TF32 versions round each operand to 10 mantissa bits (~5e-4 relative per product): 4e-3, 4e-3.
+static void fixture_tolerance(bool tf32, double* atol, double* rtol) {
+    *atol = tf32 ? 4e-3 : 2e-5;
+    *rtol = tf32 ? 4e-3 : 1e-5;
+}
+// CPU oracle on the fixture's input against PyTorch's y, dx, dw, db
+static void fixture_cpu(const ConvFixture& f, const std::string& name, int s) {
+    size_t ny = f.y.size();
+    std::vector<float> y(ny), dx(f.x.size()), dw(f.w.size()), db(f.Cout);
+    conv3x3_cpu_forward(f.x.data(), f.w.data(), f.bias.data(), y.data(), nullptr, f.B, f.H, f.W, f.Cin, f.Cout, s);
+    conv3x3_cpu_backward(f.x.data(), f.w.data(), f.dy.data(), dx.data(), nullptr, dw.data(), nullptr, db.data(), f.B,
+                         f.H, f.W, f.Cin, f.Cout, s);
+    double at, rt;
+    fixture_tolerance(false, &at, &rt);
+    check_scaled("cpu oracle vs torch " + name + " y", y, f.y, at, rt);
+    check_scaled("cpu oracle vs torch " + name + " dx", dx, f.dx, at, rt);
+    check_scaled("cpu oracle vs torch " + name + " grad weight", dw, f.dw, at, rt);
+    check_scaled("cpu oracle vs torch " + name + " grad bias", db, f.db, at, rt);
+}
+// GPU version (1: forward only; 2..5) on the fixture's input against PyTorch's y, dx, dw, db (outputs poisoned first)
+static void fixture_gpu(const ConvFixture& f, const std::string& name, int s, int version) {
+    ConvLab L;
+    lab_init(&L, f.B, f.H, f.W, f.Cin, f.Cout, s);
+    select_version(version);
+    float *d_x = to_device(f.x), *d_dy = to_device(f.dy), *d_y = dev_alloc(f.y.size()), *d_dx = dev_alloc(f.x.size());
+    cudaCheck(cudaMemcpy(L.m.p, f.w.data(), f.w.size() * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(L.m.p + L.c.b, f.bias.data(), f.Cout * 4, cudaMemcpyHostToDevice));
+    poison(d_y, f.y.size());
+    poison(d_dx, f.x.size());
+    poison(L.m.g, L.m.n_params);
+    double at, rt;
+    fixture_tolerance(version == 3 || version == 5, &at, &rt);
+    std::string v = "v" + std::to_string(version) + " vs torch " + name;
+    if (version == 1) {  // the naive kernel: forward only
+        conv_naive_forward_kernel<<<ceil_div(f.y.size(), 256), 256>>>(d_x, L.m.p, L.m.p + L.c.b, d_y, f.B, f.H, f.W,
+                                                                      f.Cin, f.Cout, s, f.Ho, f.Wo);
+        cudaCheck(cudaGetLastError());
+        check_scaled(v + " y", to_host(d_y, f.y.size()), f.y, at, rt);
+    } else {
+        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, false);
+        conv3x3_backward_data(&L.m, L.c, d_dy, d_dx, f.H, f.W, false);
+        conv3x3_backward_weight(&L.m, L.c, d_x, d_dy, f.H, f.W);
+        channel_sums(&L.m, d_dy, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);
+        check_scaled(v + " y", to_host(d_y, f.y.size()), f.y, at, rt);
+        check_scaled(v + " dx", to_host(d_dx, f.x.size()), f.dx, at, rt);
+        check_scaled(v + " grad weight", to_host(L.m.g, f.w.size()), f.dw, at, rt);
+        check_scaled(v + " grad bias", to_host(L.m.g + L.c.b, f.Cout), f.db, at, rt);
+    }
+    float* fs[] = {d_x, d_dy, d_y, d_dx};
+    for (float* q : fs) cudaCheck(cudaFree(q));
+    lab_free(&L);
+    select_version(5);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -263,25 +237,24 @@ int main(int argc, char** argv) {
                 argv[1]);
         return 1;
     }
-    if (cuda_device_count() == 0) {
-        printf("SKIP conv2d: no CUDA GPU (the CPU oracle runs only against a GPU kernel)\n");
-        printf("0 passed, 0 failed, 1 skipped\n");
-        return 0;
+    ConvFixture fx;
+    bool have_fx = conv_fixture_load(&fx, "conv3x3", 1001, "", 1, false);
+    if (have_fx) fixture_cpu(fx, "conv3x3", 1);  // CPU: runs in CI
+    if (!gpu_setup()) {
+        skip("conv2d GPU versions: no CUDA GPU");
+        return finish();
     }
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    g_num_sms = prop.multiProcessorCount;
-    cublasCheck(cublasCreate(&g_cublas));
     // awkward sizes: odd spatial sizes, channels off the tile (scalar loader) and on it (float4 loader), stride 2
     struct Case { int B, H, W, cin, cout, s; } cases[] = {
         {3, 7, 5, 3, 37, 1}, {2, 9, 9, 40, 3, 1}, {3, 7, 7, 64, 96, 1}, {2, 9, 11, 96, 64, 2}, {1, 8, 8, 32, 32, 2},
         {2, 13, 6, 20, 12, 2}, {5, 16, 16, 64, 128, 1}};
     std::vector<int> versions = test ? std::vector<int>{1, 2, 3, 4, 5} : std::vector<int>{version};
     uint64_t seed = 1;
-    for (int v : versions)
+    for (int v : versions) {
         for (const Case& c : cases) run_case(v, c.B, c.H, c.W, c.cin, c.cout, c.s, seed++);
+        if (have_fx) fixture_gpu(fx, "conv3x3", 1, v);
+    }
     if (!test) bench(version);
-    cublasCheck(cublasDestroy(g_cublas));
-    printf("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    gpu_teardown();
+    return finish();
 }

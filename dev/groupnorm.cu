@@ -1,8 +1,10 @@
 /*
 dev/groupnorm.cu: GroupNorm(32 groups, eps 1e-5) over NHWC with the optional fused SiLU, forward and backward, as
-train_unet.cu runs it, checked against a CPU oracle (double) and timed.
+train_unet.cu runs it, checked against a CPU oracle (double), PyTorch fixtures (dev/fixtures/unet_layer_groupnorm.bin,
+unet_layer_groupnorm_silu.bin, dev/unet_layers.py; the oracle against them runs in CI) and timed.
 
-  make -C dev groupnorm && ./dev/groupnorm --test     # awkward sizes, poisoned outputs, vs the CPU
+  make -C dev groupnorm && ./dev/groupnorm --test     # oracle vs PyTorch; GPU vs PyTorch and the oracle at
+                                                       # awkward sizes, poisoned outputs
   ./dev/groupnorm                                      # validate + benchmark the UNet's shapes at batch 32
 
 version 1 (the only one so far, train_unet.cu): statistics as per-(sample, channel) partial sums over pixel chunks
@@ -13,6 +15,7 @@ Next version: fuse the apply into the following convolution's loader (the statis
 */
 #define TESTING
 #include "../train_unet.cu"
+#include "unet_layers.cuh"  // counters, checks, PyTorch fixtures
 
 static void cpu_gn(const float* x, const float* gamma, const float* beta, const float* dy, float* y, float* dx,
                    float* dgamma, float* dbeta, int B, int P, int C, int silu) {
@@ -60,24 +63,12 @@ static void cpu_gn(const float* x, const float* gamma, const float* beta, const 
     }
 }
 
-static int n_pass = 0, n_fail = 0;
-// |got - ref| <= atol + rtol |ref|: fp32 arithmetic on O(1) values with double sums; atol relative to max |ref|
+// |got - ref| <= rel * (max|ref| + |ref|): fp32 arithmetic on O(1) values with double sums
 static void check(const std::string& name, const float* d_got, const float* ref, size_t n, double rel) {
-    std::vector<float> got(n);
-    cudaCheck(cudaMemcpy(got.data(), d_got, n * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> got = to_host(d_got, n);
     double scale = 0;
     for (size_t i = 0; i < n; i++) scale = std::max(scale, (double)fabsf(ref[i]));
-    double max_err = 0;
-    size_t max_i = 0, bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double err = fabs((double)got[i] - ref[i]);
-        if (!(err == err)) err = INFINITY;
-        if (!(err <= rel * scale + rel * fabs(ref[i]))) bad++;
-        if (err > max_err) { max_err = err; max_i = i; }
-    }
-    printf("%s %s: max |err| %.3e at [%zu] (got %.7g, ref %.7g), scale %.3e, %zu of %zu outside %.0e\n",
-           bad ? "FAIL" : "PASS", name.c_str(), max_err, max_i, got[max_i], ref[max_i], scale, bad, n, rel);
-    bad ? n_fail++ : n_pass++;
+    check_close(name, got.data(), ref, n, rel * scale, rel);
 }
 
 static void run_case(int B, int P, int C, int silu, uint64_t seed, bool bench) {
@@ -146,20 +137,84 @@ static void run_case(int B, int P, int C, int silu, uint64_t seed, bool bench) {
     cudaCheck(cudaFree(m.gn_coef));
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// PyTorch fixtures: unet_layer_groupnorm.bin (GroupNorm32(64) on (3, 64, 5, 7)) and unet_layer_groupnorm_silu.bin
+// (GroupNorm32(96) + SiLU on (2, 96, 3, 5)), x with mean 0.5, fp32.
+// Tolerances: y is elementwise after fp32 statistics over a group of n = P*C/32 <= 105 values (torch: Welford in
+// fp32, relative error ~n*2^-24 ~ 6e-6): atol 2e-5 of the scale, rtol 1e-5; dx and dgamma/dbeta add fp32 sums of
+// n or B*P <= 105 products: atol 5e-5 of the scale, rtol 1e-5.
+static void fixture_case(const std::string& name, int code, int silu) {
+    Fixture fx;
+    if (!fixture_open(&fx, name, code)) return;
+    std::string pre = silu ? "0." : "";
+    std::vector<int> xs = fx_shape(&fx, "x");
+    if (!fx.ok || xs.size() != 4) {
+        if (fx.ok) report(false, "fixture " + name + ": x must have 4 dims");
+        return;
+    }
+    int B = xs[0], C = xs[1], H = xs[2], W = xs[3], P = H * W;
+    std::vector<float> x = fx_get(&fx, "x", xs), gamma = fx_get(&fx, pre + "weight", {C}),
+                       beta = fx_get(&fx, pre + "bias", {C}), y = fx_get(&fx, "y", xs), dy = fx_get(&fx, "dy", xs),
+                       dx = fx_get(&fx, "dx", xs), dg = fx_get(&fx, "grad." + pre + "weight", {C}),
+                       db = fx_get(&fx, "grad." + pre + "bias", {C});
+    if (!fx.ok) return;
+    x = nchw_to_nhwc(x, B, C, H, W);
+    dy = nchw_to_nhwc(dy, B, C, H, W);
+    y = nchw_to_nhwc(y, B, C, H, W);
+    dx = nchw_to_nhwc(dx, B, C, H, W);
+    size_t N = x.size();
+    std::vector<float> cy(N), cdx(N), cdg(C), cdb(C);
+    cpu_gn(x.data(), gamma.data(), beta.data(), dy.data(), cy.data(), cdx.data(), cdg.data(), cdb.data(), B, P, C, silu);
+    check_scaled("cpu oracle vs torch " + name + " y", cy, y, 2e-5, 1e-5);
+    check_scaled("cpu oracle vs torch " + name + " dx", cdx, dx, 5e-5, 1e-5);
+    check_scaled("cpu oracle vs torch " + name + " grad weight", cdg, dg, 5e-5, 1e-5);
+    check_scaled("cpu oracle vs torch " + name + " grad bias", cdb, db, 5e-5, 1e-5);
+    if (!g_have_gpu) {
+        skip("v1 vs torch " + name + ": no CUDA GPU");
+        return;
+    }
+    UNet m;
+    m.B = B;
+    NormP n;
+    n.C = C; n.w = 0; n.b = C;
+    m.n_params = 2 * C;
+    std::vector<float> gb(gamma);
+    gb.insert(gb.end(), beta.begin(), beta.end());
+    m.p = to_device(gb);
+    m.g = dev_alloc(2 * C);
+    m.red_ws_items = (size_t)1024 * 2048;
+    cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
+    cudaCheck(cudaMalloc(&m.gn_coef, (size_t)B * 32 * sizeof(float2)));
+    float *d_x = to_device(x), *d_dy = to_device(dy), *d_y = dev_alloc(N), *d_dx = dev_alloc(N);
+    float *mean = dev_alloc(B * 32), *rstd = dev_alloc(B * 32);
+    poison(d_y, N);
+    poison(d_dx, N);
+    poison(m.g, 2 * C);
+    groupnorm_forward(&m, n, d_x, d_y, mean, rstd, P, silu);
+    groupnorm_backward(&m, n, d_x, d_dy, d_dx, mean, rstd, P, silu, false);
+    check_scaled("v1 vs torch " + name + " y", to_host(d_y, N), y, 2e-5, 1e-5);
+    check_scaled("v1 vs torch " + name + " dx", to_host(d_dx, N), dx, 5e-5, 1e-5);
+    check_scaled("v1 vs torch " + name + " grad weight", to_host(m.g, C), dg, 5e-5, 1e-5);
+    check_scaled("v1 vs torch " + name + " grad bias", to_host(m.g + C, C), db, 5e-5, 1e-5);
+    float* fs[] = {d_x, d_y, d_dy, d_dx, mean, rstd, m.p, m.g};
+    for (float* f : fs) cudaCheck(cudaFree(f));
+    cudaCheck(cudaFree(m.red_ws));
+    cudaCheck(cudaFree(m.gn_coef));
+}
+
 int main(int argc, char** argv) {
     bool test = argc > 1 && !strcmp(argv[1], "--test");
     if (argc > 1 && !test && strcmp(argv[1], "1")) {
         fprintf(stderr, "error: unknown version %s (1: train_unet.cu's GroupNorm)\n", argv[1]);
         return 1;
     }
-    if (cuda_device_count() == 0) {
-        printf("SKIP groupnorm: no CUDA GPU (the CPU oracle runs only against a GPU kernel)\n");
-        printf("0 passed, 0 failed, 1 skipped\n");
-        return 0;
+    gpu_setup();
+    fixture_case("groupnorm", 1004, 0);  // the CPU part runs in CI
+    fixture_case("groupnorm_silu", 1005, 1);
+    if (!g_have_gpu) {
+        skip("groupnorm GPU version 1 vs the CPU oracle: no CUDA GPU");
+        return finish();
     }
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    g_num_sms = prop.multiProcessorCount;
     int cases[][4] = {{3, 49, 64, 1}, {2, 37, 96, 0}, {5, 64, 448, 1}, {1, 7, 32, 1}, {4, 100, 320, 0}};
     uint64_t seed = 1;
     for (auto& c : cases) run_case(c[0], c[1], c[2], c[3], seed++, false);
@@ -167,6 +222,6 @@ int main(int argc, char** argv) {
         int shapes[][3] = {{32, 4096, 64}, {32, 4096, 192}, {32, 1024, 256}, {32, 256, 448}, {32, 64, 512}};
         for (auto& s : shapes) run_case(s[0], s[1], s[2], 1, seed++, true);
     }
-    printf("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    gpu_teardown();
+    return finish();
 }
