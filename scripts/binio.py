@@ -222,6 +222,12 @@ UNET_DEBUG_STATE = Format("unet debug state", magic_number(3, 3), 1, UNET_MODEL_
 # Written by dev/unet.py --forward_fixture (a CI fixture for the NumPy forward of scripts/generate.py): every
 # parameter by name; x_t float32 (B, 3, H, W); t int32 (B,); out float32 (B, 3, H, W) = model(x_t, t).
 UNET_FIXTURE = Format("unet forward fixture", magic_number(3, 4), 1, UNET_MODEL_FIELDS + [("batch_size", "i")])
+# Written by dev/unet_layers.py (per-layer CI fixtures dev/fixtures/unet_layer_<name>.bin for dev/<layer>.cu): the
+# same magic and version as the forward fixture, told apart by slot 3: layer = 1001..1012 (dev/unet_layers.py's
+# LAYER_CODES; never a plausible image_size), seed, aux (attention: num_head_channels, else 0). Tensors in PyTorch
+# layouts: inputs (x; concat a, b; timestep_embedding t int32 and emb), parameters by module name, y, dy (random
+# upstream gradient), d<input> and grad.<param> = gradients of sum(y * dy); mse: out, target, loss (), dout.
+UNET_LAYER_FIXTURE = Format("unet layer fixture", magic_number(3, 4), 1, [("layer", "i"), ("seed", "i"), ("aux", "i")])
 
 # ---------------------------------------------------------------------------------------------------------------
 # matmul / softmax fixture formats (owners: mnist helper / softmax helper)
