@@ -24,6 +24,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -1071,30 +1072,104 @@ __global__ void upsample_backward_kernel(const float* dout, float* dx, int B, in
     dx[i] = accumulate ? dx[i] + v : v;
 }
 
-// softmax over rows of length L, in place; one warp per row
-__global__ void softmax_forward_kernel(float* S, int rows, int L) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    float* r = S + (size_t)row * L;
-    float mx = -INFINITY;
-    for (int j = lane; j < L; j += 32) mx = fmaxf(mx, r[j]);
-    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
-    float sum = 0.f;
-    for (int j = lane; j < L; j += 32) sum += expf(r[j] - mx);
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    float inv = 1.0f / sum;
-    for (int j = lane; j < L; j += 32) r[j] = expf(r[j] - mx) * inv;
+// Attention softmax and its backward: the softmax lab's short-row kernels (promoted from dev/softmax_forward.cu
+// version 4 and dev/softmax_backward.cu version 3, unchanged): GROUP lanes per row, the row held in registers as
+// CHUNKS float4 per lane, one read and one write. Rows run in the 16-byte frame of their address: full chunks move
+// as float4, the first and last (partial) chunks element by element, so any L and alignment work. In place is
+// safe (each row is read entirely into registers before it is written).
+#define SOFTMAX_FULL_MASK 0xffffffffu
+template <int GROUP>
+__device__ __forceinline__ float softmax_group_max(float v) {
+#pragma unroll
+    for (int o = GROUP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(SOFTMAX_FULL_MASK, v, o));
+    return v;
 }
-// dS = P * (dP - sum(P * dP)) * scale, in place on dP
-__global__ void softmax_backward_kernel(const float* P, float* dP, int rows, int L, float scale) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const float* p = P + (size_t)row * L;
-    float* d = dP + (size_t)row * L;
-    float dot = 0.f;
-    for (int j = lane; j < L; j += 32) dot += p[j] * d[j];
-    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffff, dot, o);
-    for (int j = lane; j < L; j += 32) d[j] = p[j] * (d[j] - dot) * scale;
+template <int GROUP>
+__device__ __forceinline__ float softmax_group_sum(float v) {
+#pragma unroll
+    for (int o = GROUP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(SOFTMAX_FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ int softmax_row_offset(const float* p) { return (int)(((uintptr_t)p >> 2) & 3); }
+// chunk c of a row: elements [4c - off, 4c - off + 4); elements outside the row read as pad
+__device__ __forceinline__ float4 softmax_load_chunk(const float* row, int n, int off, int c, bool vec, float pad) {
+    int lo = 4 * c - off;
+    if (vec && lo >= 0 && lo + 4 <= n) return *reinterpret_cast<const float4*>(row + lo);
+    float4 v;
+    v.x = (unsigned)(lo + 0) < (unsigned)n ? row[lo + 0] : pad;
+    v.y = (unsigned)(lo + 1) < (unsigned)n ? row[lo + 1] : pad;
+    v.z = (unsigned)(lo + 2) < (unsigned)n ? row[lo + 2] : pad;
+    v.w = (unsigned)(lo + 3) < (unsigned)n ? row[lo + 3] : pad;
+    return v;
+}
+__device__ __forceinline__ void softmax_store_chunk(float* row, int n, int off, int c, bool vec, float4 v) {
+    int lo = 4 * c - off;
+    if (vec && lo >= 0 && lo + 4 <= n) { *reinterpret_cast<float4*>(row + lo) = v; return; }
+    if ((unsigned)(lo + 0) < (unsigned)n) row[lo + 0] = v.x;
+    if ((unsigned)(lo + 1) < (unsigned)n) row[lo + 1] = v.y;
+    if ((unsigned)(lo + 2) < (unsigned)n) row[lo + 2] = v.z;
+    if ((unsigned)(lo + 3) < (unsigned)n) row[lo + 3] = v.w;
+}
+
+// softmax over rows: y (rows, cols) = softmax(x) (dev/softmax_forward.cu version 4). -inf entries give exact zeros.
+template <int GROUP, int CHUNKS>
+__global__ void __launch_bounds__(1024) softmax_forward_kernel4(float* y, const float* x, int rows, int cols) {
+    static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0, "a group is a power-of-2 part of a warp");
+    int r = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
+    int g = threadIdx.x % GROUP;
+    int n = r < rows ? cols : 0;  // no early return: the whole warp takes part in the shuffles
+    const float* xr = x + (size_t)(r < rows ? r : 0) * cols;
+    float* yr = y + (size_t)(r < rows ? r : 0) * cols;
+    int off = softmax_row_offset(xr);
+    bool vec_y = softmax_row_offset(yr) == off;
+    float4 v[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) v[k] = softmax_load_chunk(xr, n, off, g + GROUP * k, true, -INFINITY);
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) m = fmaxf(m, fmaxf(fmaxf(v[k].x, v[k].y), fmaxf(v[k].z, v[k].w)));
+    m = softmax_group_max<GROUP>(m);
+    float ms = (m == -INFINITY) ? 0.0f : m, s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        v[k].x = expf(v[k].x - ms); v[k].y = expf(v[k].y - ms);
+        v[k].z = expf(v[k].z - ms); v[k].w = expf(v[k].w - ms);
+        s += (v[k].x + v[k].y) + (v[k].z + v[k].w);
+    }
+    s = softmax_group_sum<GROUP>(s);
+    float f = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        v[k].x *= f; v[k].y *= f; v[k].z *= f; v[k].w *= f;
+        softmax_store_chunk(yr, n, off, g + GROUP * k, vec_y, v[k]);
+    }
+}
+// dx = y * (dy - sum(y * dy)) over rows (dev/softmax_backward.cu version 3)
+template <int GROUP, int CHUNKS>
+__global__ void softmax_backward_kernel3(float* dx, const float* y, const float* dy, int rows, int cols) {
+    static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0, "a group is a power-of-2 part of a warp");
+    int r = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
+    int g = threadIdx.x % GROUP;
+    int n = r < rows ? cols : 0;  // no early return: the whole warp takes part in the shuffles
+    size_t base = (size_t)(r < rows ? r : 0) * cols;
+    int off = softmax_row_offset(y + base);
+    bool vec_dy = softmax_row_offset(dy + base) == off, vec_dx = softmax_row_offset(dx + base) == off;
+    float4 a[CHUNKS], b[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        a[k] = softmax_load_chunk(y + base, n, off, g + GROUP * k, true, 0.0f);
+        b[k] = softmax_load_chunk(dy + base, n, off, g + GROUP * k, vec_dy, 0.0f);
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) dot += (a[k].x * b[k].x + a[k].y * b[k].y) + (a[k].z * b[k].z + a[k].w * b[k].w);
+    dot = softmax_group_sum<GROUP>(dot);
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        b[k].x = a[k].x * (b[k].x - dot); b[k].y = a[k].y * (b[k].y - dot);
+        b[k].z = a[k].z * (b[k].z - dot); b[k].w = a[k].w * (b[k].w - dot);
+        softmax_store_chunk(dx + base, n, off, g + GROUP * k, vec_dx, b[k]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1952,6 +2027,42 @@ static void res_forward(UNet* m, Op& o) {
     conv3x3_forward(m, o.c2, o.a2->x, o.out->x, o.H, o.W, nullptr, true);  // out = skip(x) + h
 }
 
+// The softmax lab's choice of (GROUP, CHUNKS) for a row of `need` 16-byte chunks (its by_row_chunks): 256 columns
+// -> <32, 2>, 64 -> <16, 1>. need counts the row's offset in its 16-byte frame (rows of any other length or
+// alignment can start anywhere in it). 256 threads per block.
+template <typename F>
+static void softmax_dispatch(const float* base, int cols, F launch) {
+    int off = cols % 4 == 0 ? (int)(((uintptr_t)base >> 2) & 3) : 3;
+    int need = (off + cols + 3) / 4;
+    if (need <= 4) launch(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{});
+    else if (need <= 8) launch(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
+    else if (need <= 16) launch(std::integral_constant<int, 16>{}, std::integral_constant<int, 1>{});
+    else if (need <= 32) launch(std::integral_constant<int, 32>{}, std::integral_constant<int, 1>{});
+    else if (need <= 64) launch(std::integral_constant<int, 32>{}, std::integral_constant<int, 2>{});
+    else if (need <= 128) launch(std::integral_constant<int, 32>{}, std::integral_constant<int, 4>{});
+    else if (need <= 256) launch(std::integral_constant<int, 32>{}, std::integral_constant<int, 8>{});
+    else {
+        fprintf(stderr, "internal error: attention rows of %d keys are longer than the softmax kernels hold\n", cols);
+        exit(EXIT_FAILURE);
+    }
+}
+// S (rows, L) = softmax(S) in place
+static void softmax_forward(float* S, int rows, int L) {
+    softmax_dispatch(S, L, [&](auto group, auto chunks) {
+        constexpr int G = decltype(group)::value, K = decltype(chunks)::value;
+        softmax_forward_kernel4<G, K><<<ceil_div(rows, 256 / G), 256, 0, g_stream>>>(S, S, rows, L);
+        cudaCheck(cudaGetLastError());
+    });
+}
+// dP (rows, L) = P * (dP - sum(P * dP)) in place
+static void softmax_backward(const float* P, float* dP, int rows, int L) {
+    softmax_dispatch(P, L, [&](auto group, auto chunks) {
+        constexpr int G = decltype(group)::value, K = decltype(chunks)::value;
+        softmax_backward_kernel3<G, K><<<ceil_div(rows, 256 / G), 256, 0, g_stream>>>(dP, P, dP, rows, L);
+        cudaCheck(cudaGetLastError());
+    });
+}
+
 static void attn_forward(UNet* m, Op& o) {
     int B = m->B, L = o.L, C = o.in->C, d = C / o.heads, nb = B * o.heads;
     groupnorm_forward(m, o.n1, o.in->x, o.xn->x, o.mean1, o.rstd1, L, 0);
@@ -1962,8 +2073,7 @@ static void attn_forward(UNet* m, Op& o) {
     gemm_rm_batched(false, true, L, L, d, pp + 0 * nb, 3 * C, pp + 1 * nb, 3 * C, (float* const*)(pp + 3 * nb), L,
                     scale2, 0.f, nb);
     int rows = nb * L;
-    softmax_forward_kernel<<<ceil_div(rows, 8), 256, 0, g_stream>>>(o.P, rows, L);
-    cudaCheck(cudaGetLastError());
+    softmax_forward(o.P, rows, L);
     gemm_rm_batched(false, false, L, d, L, pp + 3 * nb, L, pp + 2 * nb, 3 * C, (float* const*)(pp + 4 * nb), C, 1.f,
                     0.f, nb);
     linear_forward(m, o.proj, o.att->x, o.out->x, B * L, o.in->x);  // x + proj_out(a)
@@ -2062,19 +2172,18 @@ static void attn_backward(UNet* m, Op& o) {
     add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(dout, o.in->g, o.in->n, acc);
     cudaCheck(cudaGetLastError());
     linear_backward(m, o.proj, o.att->x, dout, o.att->g, B, L, false);
-    // O = P V: dV = P^T dO, dP = dO V^T; softmax backward; dQ = dS K, dK = dS^T Q (dS includes scale2)
+    // O = P V: dV = P^T dO, dP = dO V^T; softmax backward; dQ = scale2 dS K, dK = scale2 dS^T Q
     float scale2 = (float)(1.0 / sqrt((double)d));
     gemm_rm_batched(true, false, L, d, L, pp + 3 * nb, L, pp + 8 * nb, C, (float* const*)(pp + 7 * nb), 3 * C, 1.f,
                     0.f, nb);
     gemm_rm_batched(false, true, L, L, d, pp + 8 * nb, C, pp + 2 * nb, 3 * C, (float* const*)(pp + 9 * nb), L, 1.f,
                     0.f, nb);
     int rows = nb * L;
-    softmax_backward_kernel<<<ceil_div(rows, 8), 256, 0, g_stream>>>(o.P, m->dS, rows, L, scale2);
-    cudaCheck(cudaGetLastError());
+    softmax_backward(o.P, m->dS, rows, L);
     gemm_rm_batched(false, false, L, d, L, pp + 9 * nb, L, pp + 1 * nb, 3 * C, (float* const*)(pp + 5 * nb), 3 * C,
-                    1.f, 0.f, nb);
+                    scale2, 0.f, nb);
     gemm_rm_batched(true, false, L, d, L, pp + 9 * nb, L, pp + 0 * nb, 3 * C, (float* const*)(pp + 6 * nb), 3 * C,
-                    1.f, 0.f, nb);
+                    scale2, 0.f, nb);
     // qkv = xn W^T + b; xn = gn(x)
     linear_backward(m, o.qkv, o.xn->x, o.qkvb->g, o.xn->g, B, L, false);
     acc = take_flag(o.in);
@@ -2636,10 +2745,28 @@ static int unet_sample(const SampleArgs& a) {
     curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)a.seed));
     curandCheck(curandSetStream(gen, g_stream));
     std::vector<int> tvec(B);
+    // dev hooks for dev/unet_sample_ref.py (a step-by-step comparison with a PyTorch sampler): UNET_SAMPLE_INIT=F
+    // takes the first batch's initial noise from F (tensor x_init float32 (N >= B, H, W, 3), magic 20260303), and
+    // UNET_SAMPLE_TRACE=F writes x after every step of the first batch to F (x_steps float32 (steps*B, H, W, 3)).
+    const char* init_path = getenv("UNET_SAMPLE_INIT");
+    const char* trace_path = getenv("UNET_SAMPLE_TRACE");
+    std::vector<float> trace;
     auto t0 = std::chrono::steady_clock::now();
     for (int start = 0; start < a.num_samples; start += B) {
         size_t n = (size_t)B * per;
         curandCheck(curandGenerateNormal(gen, m->xt->x, n, 0.f, 1.f));
+        if (init_path && start == 0) {
+            BinFile fi;
+            std::string err = bin_open(&fi, init_path, UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "sample init");
+            const BinEntry* e = err.empty() ? bin_find(&fi, "x_init") : nullptr;
+            if (!e || e->dtype != DT_F32 || e->ndim != 4 || e->shape[0] < B || e->shape[1] != S || e->shape[2] != S ||
+                e->shape[3] != 3) {
+                fprintf(stderr, "error: UNET_SAMPLE_INIT %s: %s\n", init_path,
+                        err.empty() ? "expected x_init float32 (N >= batch, H, W, 3)" : err.c_str());
+                return 1;
+            }
+            cudaCheck(cudaMemcpy(m->xt->x, fi.data.data() + e->offset, n * 4, cudaMemcpyHostToDevice));
+        }
         for (int k = (int)taus.size() - 1; k >= 0; k--) {
             int tau = taus[k];
             std::fill(tvec.begin(), tvec.end(), tau);
@@ -2663,6 +2790,18 @@ static int unet_sample(const SampleArgs& a) {
             }
             sample_step_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->xt->x, m->out->x, z, n, ddim, a_, b_, c1, c2, sigma);
             cudaCheck(cudaGetLastError());
+            if (trace_path && start == 0) {
+                trace.resize(trace.size() + n);
+                cudaCheck(cudaMemcpy(trace.data() + trace.size() - n, m->xt->x, n * 4, cudaMemcpyDeviceToHost));
+            }
+        }
+        if (trace_path && start == 0) {
+            BinWriter tw;
+            binw_init(&tw, UNET_DEBUG_MAGIC);
+            int tshape[4] = {(int)(trace.size() / per), S, S, 3};
+            binw_add(&tw, "x_steps", DT_F32, 4, tshape, trace.data());
+            std::string err = binw_write(&tw, trace_path);
+            if (!err.empty()) fprintf(stderr, "warning: UNET_SAMPLE_TRACE: %s\n", err.c_str());
         }
         to_uint8_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->xt->x, d_u8, n);
         cudaCheck(cudaGetLastError());
