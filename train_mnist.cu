@@ -780,7 +780,7 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
 //    (persistent) block; for each band of R output rows of one image the block loads the (R+2)-row input patch once
 //    and reads the 9 taps' im2col rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
 //  - conv2_wgrad_tf32_kernel: a block owns the whole 64 x 288 weight gradient for the bands it is given (GEMM k =
-//    pixel), partial sums per block, then conv2_wgrad_reduce_kernel adds them in block order (deterministic).
+//    pixel), partial sums per block, then splits_reduce_kernel adds them in a fixed order (deterministic).
 // Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
 // nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads (row strides of 4 mod 32 banks make a
 // warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation. Strict fp32 (--tf32 0) keeps
@@ -798,6 +798,7 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&
 //   forward (DGRAD false): in = act1 (C1), Wt[tap][ci][co] = conv2.weight[co][tap][ci], PAD 0; out = ReLU(. + bias).
 //   input gradient (DGRAD true): in = dact2 (C2), Wt[tap][co][ci] = conv2.weight[co][8 - tap][ci] (the flipped
 //   kernel), PAD 2; out = . where mask (act1) > 0, else 0 (the ReLU in front of conv2).
+//   w: the shared-memory image of Wt, [9][COUT][CIN+4] rounded to TF32 (conv2_weights_tf32_kernel).
 // Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
 // rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*(HOUT+2)][CIN+4].
 template <int CIN, int COUT, int HIN, int HOUT, int PAD, int R, int WM, int WN, int MI, int NI, bool DGRAD, bool POOL>
@@ -815,14 +816,8 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
 
-    // weights, once per block, rounded: Ws[tap][n][k]; the loop order keeps the global reads coalesced
-    for (int idx = tid; idx < 9 * CIN * COUT; idx += NT) {
-        int tap, n, k;
-        float v;
-        if constexpr (!DGRAD) { k = idx % CIN; n = (idx / CIN) % COUT; tap = idx / (CIN * COUT); v = w[(n * 9 + tap) * CIN + k]; }
-        else { n = idx % COUT; k = (idx / COUT) % CIN; tap = idx / (CIN * COUT); v = w[(k * 9 + 8 - tap) * COUT + n]; }
-        Ws[(tap * COUT + n) * CS + k] = tf32_round(v);
-    }
+    // weights, once per block: a 16-byte copy of the image conv2_weights_tf32_kernel prepared (rounded, padded)
+    for (int i = tid; i < 9 * COUT * CS / 4; i += NT) ((float4*)Ws)[i] = __ldg((const float4*)w + i);
     int rowoff[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -961,7 +956,7 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
             int c = q / 10, k = q % 10, ct = (c % 8) / 2, slot = ((c / 8) * 2 + c % 2) * 10 + k;
             float sum = 0.0f;
             for (int th = ct; th < NT; th += 4) sum += red[th * NI * 20 + slot];
-            w1_partial[(size_t)blockIdx.x * COUT * 10 + q] = sum;
+            w1_partial[(size_t)blockIdx.x * COUT * 10 + (k < 9 ? c * 9 + k : COUT * 9 + c)] = sum;  // [32][9] then [32]
         }
     }
 }
@@ -976,6 +971,44 @@ constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + 6 * H1 * (C1 + 4)) * size
 constexpr size_t CONV2_DGRAD_SMEM = (9 * C1 * (C2 + 4) + 4 * (H1 + 2) * (C2 + 4)) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / 4, CONV2_DGRAD_BANDS = H1 / 2;
 
+// The two shared-memory images of conv2.weight (internal [co][tap][ci]), rounded to TF32, made once per forward:
+// forward [tap][co][ci (+4 pad)], input gradient [8 - tap][ci][co (+4 pad)] (flipped, transposed). The pads are
+// never read by a fragment (zeroed once at allocation).
+__global__ void conv2_weights_tf32_kernel(float* wimg_fwd, float* wimg_dgrad, const float* w2) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // = co * 288 + tap * 32 + ci
+    if (idx >= C2 * KC2) return;
+    int co = idx / KC2, tap = (idx / C1) % 9, ci = idx % C1;
+    float v = tf32_round(w2[idx]);
+    wimg_fwd[(tap * C2 + co) * (C1 + 4) + ci] = v;
+    wimg_dgrad[((8 - tap) * C1 + ci) * (C2 + 4) + co] = v;
+}
+// dst[i] = sum_{s < splits} src[s * stride + i] for i < n (i >= n_head goes to dst_tail[i - n_head]): a block adds
+// 32 consecutive outputs (coalesced), its 8 warps take the splits s = w, w + 8, ... in order, and the 8 sums are
+// added in warp order: deterministic for a given split count.
+__global__ void splits_reduce_kernel(float* dst, float* dst_tail, int n_head, const float* src, size_t stride, int splits, int n) {
+    __shared__ float part[8][33];
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, i = blockIdx.x * 32 + lane;
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    if (i < n) {
+        int s = w, u = 0;
+        for (; s + 24 < splits; s += 32)
+#pragma unroll
+            for (u = 0; u < 4; u++) a[u] += src[(size_t)(s + 8 * u) * stride + i];
+        for (u = 0; s < splits; s += 8, u++) a[u] += src[(size_t)s * stride + i];
+    }
+    part[w][lane] = (a[0] + a[1]) + (a[2] + a[3]);
+    __syncthreads();
+    if (w == 0 && i < n) {
+        float v = part[0][lane];
+        for (int j = 1; j < 8; j++) v += part[j][lane];
+        if (i < n_head) dst[i] = v; else dst_tail[i - n_head] = v;
+    }
+}
+static void splits_reduce(float* dst, float* dst_tail, int n_head, const float* src, size_t stride, int splits, int n) {
+    splits_reduce_kernel<<<ceil_div(n, 32), 256, 0, g_mm.stream>>>(dst, dst_tail, n_head, src, stride, splits, n);
+    launch_check();
+}
+
 // Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co].
 // GEMM m = co (64), n = (tap, ci) (288), k = pixel. A block takes bands of R = 6 output rows (144 pixels = 18
 // k-steps) of one image: Ds[144][64+8] (dact2, pixel-major: a fragment's A[co][pixel] reads are 8t + g banks apart)
@@ -984,7 +1017,7 @@ constexpr int CONV2_FWD_BANDS = H2 / 4, CONV2_DGRAD_BANDS = H1 / 2;
 constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2, WG_DS = C2 + 8, WG_CS = C1 + 4;
 constexpr size_t CONV2_WGRAD_SMEM = (WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS) * sizeof(float);
 __global__ void __launch_bounds__(256)
-conv2_wgrad_tf32_kernel(float* partial, float* bias_partial, const float* __restrict__ dact2, const float* __restrict__ act1, int B) {
+conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const float* __restrict__ act1, int B) {
     constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
     static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
     static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
@@ -1053,7 +1086,7 @@ conv2_wgrad_tf32_kernel(float* partial, float* bias_partial, const float* __rest
             }
         }
     }
-    float* pout = partial + (size_t)blockIdx.x * C2 * KC2;
+    float* pout = partial + (size_t)blockIdx.x * (C2 * KC2 + C2);  // [64][288] then the bias's 64
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -1074,27 +1107,11 @@ conv2_wgrad_tf32_kernel(float* partial, float* bias_partial, const float* __rest
             float4 o = red[j * (C2 / 4) + tid];
             s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
         }
-        *(float4*)(bias_partial + (size_t)blockIdx.x * C2 + tid * 4) = s;
+        *(float4*)(pout + C2 * KC2 + tid * 4) = s;
     }
 }
-// dW (64 x 288) and db (64) = the blocks' partial sums added in block order: deterministic for a given grid.
-__global__ void conv2_wgrad_reduce_kernel(float* dw, float* db, const float* partial, const float* bias_partial, int splits) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const float* src; int stride; float* dst;
-    if (i < C2 * KC2) { src = partial + i; stride = C2 * KC2; dst = dw + i; }
-    else if (i < C2 * KC2 + C2) { src = bias_partial + (i - C2 * KC2); stride = C2; dst = db + (i - C2 * KC2); }
-    else return;
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    int j = 0;
-    for (; j + 4 <= splits; j += 4)
-#pragma unroll
-        for (int u = 0; u < 4; u++) s[u] += src[(size_t)(j + u) * stride];
-    for (; j < splits; j++) s[j % 4] += src[(size_t)j * stride];
-    *dst = (s[0] + s[1]) + (s[2] + s[3]);
-}
-
 // Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
-struct Conv2Tf32 { bool ready = false; int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0; float *ws = nullptr, *ws_bias = nullptr, *ws_w1 = nullptr; };
+struct Conv2Tf32 { bool ready = false; int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0; float *ws = nullptr, *ws_w1 = nullptr, *wimg_fwd = nullptr, *wimg_dgrad = nullptr; };
 static Conv2Tf32 g_conv2;
 static void conv2_tf32_setup() {
     if (g_conv2.ready) return;
@@ -1110,39 +1127,31 @@ static void conv2_tf32_setup() {
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
     g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
     g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
-    cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * C2 * KC2 * sizeof(float)));
-    cudaCheck(cudaMalloc(&g_conv2.ws_bias, (size_t)g_conv2.wgrad_ctas * C2 * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
+    size_t nf = 9 * C2 * (C1 + 4), nd = 9 * C1 * (C2 + 4);
+    cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, nf * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, nf * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
     g_conv2.ready = true;
 }
+// The weight images both conv2 kernels read; call after every change of conv2.weight, before the kernels.
+static void conv2_weights_tf32(const float* w2) {
+    conv2_weights_tf32_kernel<<<ceil_div(C2 * KC2, 256), 256, 0, g_mm.stream>>>(g_conv2.wimg_fwd, g_conv2.wimg_dgrad, w2);
+    launch_check();
+}
 // act2 (B,24,24,64) = ReLU(conv2(act1) + b2), pooled (B,12,12,64) = its 2x2 max-pool
-static void conv2_forward_tf32(float* act2, float* pooled, const float* act1, const float* w2, const float* b2, int B) {
+static void conv2_forward_tf32(float* act2, float* pooled, const float* act1, const float* b2, int B) {
     int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    CONV2_FWD_KERNEL<<<grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, g_mm.stream>>>(act2, act1, w2, b2, nullptr, pooled, nullptr, nullptr, B);
+    CONV2_FWD_KERNEL<<<grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, g_mm.stream>>>(act2, act1, g_conv2.wimg_fwd, b2, nullptr, pooled, nullptr, nullptr, B);
     launch_check();
 }
 // dact1 = conv2 input gradient of dact2, zeroed where act1 <= 0 (stored only when dact1 is not null), and from it
 // conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input (B,28,28)
-__global__ void conv1_wgrad_reduce_kernel(float* dw1, float* db1, const float* partial, int splits) {
-    int q = threadIdx.x;  // q = c * 10 + k; k = 9: the bias
-    if (q >= C1 * 10) return;
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    int j = 0;
-    for (; j + 4 <= splits; j += 4)
-#pragma unroll
-        for (int u = 0; u < 4; u++) s[u] += partial[(size_t)(j + u) * C1 * 10 + q];
-    for (; j < splits; j++) s[j % 4] += partial[(size_t)j * C1 * 10 + q];
-    float v = (s[0] + s[1]) + (s[2] + s[3]);
-    int c = q / 10, k = q % 10;
-    if (k < 9) dw1[c * 9 + k] = v; else db1[c] = v;
-}
-static void conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dact2, const float* w2, const float* act1,
-                             const float* x, int B) {
+static void conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dact2, const float* act1, const float* x, int B) {
     int grid = std::min(B * CONV2_DGRAD_BANDS, g_conv2.dgrad_ctas);
-    CONV2_DGRAD_KERNEL<<<grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, g_mm.stream>>>(dact1, dact2, w2, nullptr, act1, nullptr, x, g_conv2.ws_w1, B);
+    CONV2_DGRAD_KERNEL<<<grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, g_mm.stream>>>(dact1, dact2, g_conv2.wimg_dgrad, nullptr, act1, nullptr, x, g_conv2.ws_w1, B);
     launch_check();
-    conv1_wgrad_reduce_kernel<<<1, C1 * 10, 0, g_mm.stream>>>(dw1, db1, g_conv2.ws_w1, grid);
-    launch_check();
+    splits_reduce(dw1, db1, C1 * 9, g_conv2.ws_w1, C1 * 10, grid, C1 * 10);
 }
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1): the 43264 x 32 x 9 GEMM with K = 9 held in registers (strict fp32
 // FMAs, k in order); a thread makes 8 channels of one pixel.
@@ -1177,10 +1186,9 @@ static void conv1_forward_direct(float* act1, const float* x, const float* w1, c
 // dw2 (64, 3,3,32 internal) and db2 (64) from dact2 and act1
 static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dact2, const float* act1, int B) {
     int grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);
-    conv2_wgrad_tf32_kernel<<<grid, 256, CONV2_WGRAD_SMEM, g_mm.stream>>>(g_conv2.ws, g_conv2.ws_bias, dact2, act1, B);
+    conv2_wgrad_tf32_kernel<<<grid, 256, CONV2_WGRAD_SMEM, g_mm.stream>>>(g_conv2.ws, dact2, act1, B);
     launch_check();
-    conv2_wgrad_reduce_kernel<<<ceil_div(C2 * KC2 + C2, 256), 256, 0, g_mm.stream>>>(dw2, db2, g_conv2.ws, g_conv2.ws_bias, grid);
-    launch_check();
+    splits_reduce(dw2, db2, C2 * KC2, g_conv2.ws, C2 * KC2 + C2, grid, C2 * KC2 + C2);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1249,6 +1257,78 @@ __global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, c
     if (lane < NCLS && dlogits) dlogits[row * NCLS + lane] = (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B;
 }
 
+// The network's head on the fast path, one warp per row (the one-warp-per-row layout of dev/softmax_forward.cu
+// version 3; a 10-wide row is one element per lane, so no online rescaling): logits = h Wf2^T + bf2 (fc2's 64 x 10 x
+// 128 product in fp32 FMAs, a lane holding 4 of the 128 inputs, butterfly sums), the fused log-softmax + NLL as
+// softmax_xent_kernel, and when dh is given dlogits = (softmax - onehot) / B and fc2's input gradient
+// dh = dlogits Wf2, zeroed where h <= 0 (fc1's ReLU).
+__global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, const float* __restrict__ h,
+                            const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
+                            int offset_const, int B) {
+    static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
+    __shared__ __align__(16) float ws[NCLS * FC_H];
+    __shared__ float bs[NCLS];
+    for (int i = threadIdx.x; i < NCLS * FC_H; i += blockDim.x) ws[i] = wf2[i];
+    if (threadIdx.x < NCLS) bs[threadIdx.x] = bf2[threadIdx.x];
+    __syncthreads();
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= B) return;
+    float4 hv = *(const float4*)(h + (size_t)row * FC_H + 4 * lane);
+    float v = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NCLS; j++) {
+        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
+        float d = hv.x * wv.x;
+        d = fmaf(hv.y, wv.y, d); d = fmaf(hv.z, wv.z, d); d = fmaf(hv.w, wv.w, d);
+        for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffff, d, o);
+        if (lane == j) v = d + bs[j];
+    }
+    if (lane < NCLS) logits[row * NCLS + lane] = v;
+    float mx = v; int arg = lane;
+    for (int o = 16; o > 0; o /= 2) {
+        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
+        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
+    }
+    float e = lane < NCLS ? expf(v - mx) : 0.0f, sum = e;
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    int label = y[row];
+    float logp = v - mx - logf(sum);
+    int pos = (counters ? counters[1] : offset_const) + row;
+    if (lane == label && losses) losses[pos] = -logp;
+    if (lane == 0 && preds) preds[pos] = arg;
+    if (!dlogits) return;
+    float gl = lane < NCLS ? (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B : 0.0f;
+    if (lane < NCLS) dlogits[row * NCLS + lane] = gl;
+    float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < NCLS; j++) {
+        float gj = __shfl_sync(0xffffffff, gl, j);
+        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
+        d.x = fmaf(gj, wv.x, d.x); d.y = fmaf(gj, wv.y, d.y); d.z = fmaf(gj, wv.z, d.z); d.w = fmaf(gj, wv.w, d.w);
+    }
+    if (!(hv.x > 0.0f)) d.x = 0.0f;
+    if (!(hv.y > 0.0f)) d.y = 0.0f;
+    if (!(hv.z > 0.0f)) d.z = 0.0f;
+    if (!(hv.w > 0.0f)) d.w = 0.0f;
+    *(float4*)(dh + (size_t)row * FC_H + 4 * lane) = d;
+}
+// fc2's weight and bias gradient on the fast path: dWf2[j][k] = sum_b dlogits[b][j] h[b][k] (10 x 128 x B) and
+// dbf2[j] = sum_b dlogits[b][j], a thread per output summing over the batch in order (fp32 FMAs).
+__global__ void fc2_wgrad_kernel(float* dw, float* db, const float* __restrict__ dlogits, const float* __restrict__ h, int B) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < NCLS * FC_H) {
+        int j = i / FC_H, k = i % FC_H;
+        float s = 0.0f;
+        for (int b = 0; b < B; b++) s = fmaf(dlogits[b * NCLS + j], h[(size_t)b * FC_H + k], s);
+        dw[i] = s;
+    } else if (i < NCLS * FC_H + NCLS) {
+        int j = i - NCLS * FC_H;
+        float s = 0.0f;
+        for (int b = 0; b < B; b++) s += dlogits[b * NCLS + j];
+        db[j] = s;
+    }
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
 enum { OPT_SGD = 0, OPT_ADAMW = 1 };
@@ -1284,11 +1364,25 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, float lr, in
         *p -= (lr / bc1) * mm / denom;
     }
 }
+// One launch over every parameter; a thread updates 4 consecutive elements with 16-byte accesses (the buffers are
+// cudaMalloc'd, so aligned), the last thread also the n % 4 tail.
 __global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, const int* counters) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    int step = counters[0];
-    opt_update_elem(c, lr_at(c, step), step + 1, &params[i], grads[i], &m[i], &v[i]);
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
+    if (i > n4) return;
+    const int step = counters[0];
+    const float lr = lr_at(c, step);
+    if (i < n4) {
+        float4 p = ((float4*)params)[i], g = ((const float4*)grads)[i], mm = ((float4*)m)[i];
+        float4 vv = c.optimizer == OPT_ADAMW ? ((float4*)v)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        opt_update_elem(c, lr, step + 1, &p.x, g.x, &mm.x, &vv.x);
+        opt_update_elem(c, lr, step + 1, &p.y, g.y, &mm.y, &vv.y);
+        opt_update_elem(c, lr, step + 1, &p.z, g.z, &mm.z, &vv.z);
+        opt_update_elem(c, lr, step + 1, &p.w, g.w, &mm.w, &vv.w);
+        ((float4*)params)[i] = p; ((float4*)m)[i] = mm;
+        if (c.optimizer == OPT_ADAMW) ((float4*)v)[i] = vv;
+    } else {
+        for (size_t j = 4 * n4; j < n; j++) opt_update_elem(c, lr, step + 1, &params[j], grads[j], &m[j], &v[j]);
+    }
 }
 // counters[0] = updates done, counters[1] = position in the epoch's permutation; advanced once per step.
 __global__ void advance_counters_kernel(int* counters, int B) { counters[0] += 1; counters[1] += B; }
@@ -1397,11 +1491,12 @@ static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, siz
 // conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
 static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKEND_OURS && g_mm.tf32; }
 
-// forward: x (B,28,28) normalized -> logits (B,10)
+// forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to h, the logits come from mnist_loss's head
 static void mnist_forward(Mnist* m, int B) {
     if (conv2_fast(m)) {  // conv1 direct, conv2 with the pooling in its epilogue
+        conv2_weights_tf32(P(m, P_W2));
         conv1_forward_direct(m->act1, m->x, P(m, P_W1), P(m, P_B1), B);
-        conv2_forward_tf32(m->act2, m->pooled, m->act1, P(m, P_W2), P(m, P_B2), B);
+        conv2_forward_tf32(m->act2, m->pooled, m->act1, P(m, P_B2), B);
     } else {
         Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
         matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
@@ -1419,6 +1514,7 @@ static void mnist_forward(Mnist* m, int B) {
     }
     Epilogue e3; e3.bias = P(m, P_BF1); e3.relu = 1;
     matmul_forward(m->h, FC_H, {V_ROW, m->pooled, FC_IN}, {V_COL, P(m, P_WF1), FC_IN}, B, FC_H, FC_IN, e3);
+    if (conv2_fast(m)) return;  // fc2 is part of the fused head in mnist_loss
     Epilogue e4; e4.bias = P(m, P_BF2);
     matmul_forward(m->logits, NCLS, {V_ROW, m->h, FC_H}, {V_COL, P(m, P_WF2), FC_H}, B, NCLS, FC_H, e4);
 }
@@ -1440,17 +1536,28 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
         }
         return;
     }
+    if (conv2_fast(m)) {
+        head_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(m->logits, grad ? m->dlogits : nullptr, m->dh, losses, preds, m->h,
+                                                             P(m, P_WF2), P(m, P_BF2), m->y, counters, offset, B);
+        launch_check();
+        return;
+    }
     softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits, m->y, counters, offset, B);
     launch_check();
 }
 
-// backward from dlogits: every parameter gradient (each written in full, so no zeroing)
+// backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full
 static void mnist_backward(Mnist* m, int B) {
     Epilogue e;
-    e = Epilogue(); e.rowsum = G(m, P_BF2);
-    matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
-    e = Epilogue(); e.mask = m->h;
-    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
+    if (conv2_fast(m)) {  // dh came out of the fused head
+        fc2_wgrad_kernel<<<ceil_div(NCLS * FC_H + NCLS, 128), 128, 0, g_mm.stream>>>(G(m, P_WF2), G(m, P_BF2), m->dlogits, m->h, B);
+        launch_check();
+    } else {
+        e = Epilogue(); e.rowsum = G(m, P_BF2);
+        matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
+        e = Epilogue(); e.mask = m->h;
+        matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
+    }
     e = Epilogue(); e.rowsum = G(m, P_BF1);
     matmul_forward(G(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
     e = Epilogue();
@@ -1465,7 +1572,7 @@ static void mnist_backward(Mnist* m, int B) {
     }
     if (conv2_fast(m)) {
         conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dact2, m->act1, B);
-        conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dact2, P(m, P_W2), m->act1, m->x, B);  // + conv1's dW, db
+        conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dact2, m->act1, m->x, B);  // + conv1's dW, db
     } else {
         e = Epilogue(); e.rowsum = G(m, P_B2);
         matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
@@ -1483,7 +1590,7 @@ static void mnist_update(Mnist* m) {
         for (size_t i = 0; i < m->n_params; i++) opt_update_elem(m->opt, lr, step + 1, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
         return;
     }
-    optimizer_kernel<<<(unsigned)((m->n_params + 255) / 256), 256, 0, g_mm.stream>>>(m->params, m->grads, m->m1, m->m2, m->n_params, m->opt, m->counters);
+    optimizer_kernel<<<(unsigned)((m->n_params / 4 + 256) / 256), 256, 0, g_mm.stream>>>(m->params, m->grads, m->m1, m->m2, m->n_params, m->opt, m->counters);
     launch_check();
 }
 static void mnist_advance(Mnist* m, int B) {

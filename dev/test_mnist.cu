@@ -308,9 +308,10 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     cudaCheck(cudaMemcpy(d_b2, b2.data(), C2 * 4, cudaMemcpyHostToDevice));
     for (float* p : {d_act2, d_dact1, d_dw, d_db}) cudaCheck(cudaMemset(p, 0xFF, (p == d_act2 ? n2 : p == d_dact1 ? n1 : p == d_dw ? C2 * KC2 : C2) * 4));
     conv1_forward_direct(d_act1f, d_x, d_w1, d_b1, B);
-    conv2_forward_tf32(d_act2, d_pooled, d_act1, d_w2, d_b2, B);
+    conv2_weights_tf32(d_w2);
+    conv2_forward_tf32(d_act2, d_pooled, d_act1, d_b2, B);
     conv2_wgrad_tf32(d_dw, d_db, d_dact2, d_act1, B);
-    conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dact2, d_w2, d_act1, d_x, B);
+    conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dact2, d_act1, d_x, B);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<float> act1f(n1), pooled(np), dw1(C1 * K1), db1(C1);
     cudaCheck(cudaMemcpy(act1f.data(), d_act1f, n1 * 4, cudaMemcpyDeviceToHost));
