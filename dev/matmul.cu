@@ -541,203 +541,7 @@ static void matmul_splitk_reduce(const float* ws, int splits, int M, int N, floa
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// version 5: warptiling + register-staged double buffering + per-shape tiles + split-K (the trainer's fp32 kernel)
-// A warp is a 4 x 8 grid of lanes; lane (ly, lx) owns RM x RN sub-tiles of 4x4 outputs at rows ly*4 + i*16 and
-// columns lx*4 + j*32 of the warp's WM x WN = 16RM x 32RN patch. A warp's float4 reads of one k row then cover 64
-// contiguous bytes of A (4 addresses, broadcast) and 128 of B: one shared-memory wavefront each.
-// gridDim.z > 1: blockIdx.z computes k in [z * k_per_split, (z+1) * k_per_split) into ws[z] (M x N, raw sums).
-
-template <int BM, int BN, int BK, int RM, int RN, int MINB, bool TA, bool TB, int GROUP = 8>
-__global__ void __launch_bounds__((BM / (16 * RM)) * (BN / (32 * RN)) * 32, MINB)
-matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-                       float beta, float* C, int ldc, float* ws, int k_per_split, bool vec_a, bool vec_b,
-                       bool vec_c) {
-    constexpr int WM = 16 * RM, WN = 32 * RN;
-    static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block tile exactly");
-    constexpr int WARPS_N = BN / WN;
-    constexpr int NT = (BM / WM) * WARPS_N * 32;
-    using LoadA = TileLoader<BM, BK, NT, !TA>;
-    using LoadB = TileLoader<BN, BK, NT, TB>;
-    // dynamic shared memory (2 buffers of each tile): 256x128 tiles with BK = 16 need 50 KB, over the static 48 KB
-    extern __shared__ __align__(16) float wt_smem[];
-    // buffer b of A at sA + b * A_SZ, of B at sB + b * B_SZ (arithmetic, not a pointer array: that went to the stack)
-    constexpr int A_SZ = BK * LoadA::LD, B_SZ = BK * LoadB::LD;
-    float* sA = wt_smem;
-    float* sB = wt_smem + 2 * A_SZ;
-
-    int bm, bn;
-    grouped_tile(blockIdx.x, ceil_div(M, BM), ceil_div(N, BN), bm, bn, GROUP);
-    const int m0 = bm * BM, n0 = bn * BN;
-    const int kb = blockIdx.z * k_per_split, ke = min(K, kb + k_per_split);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row0 = (warp / WARPS_N) * WM + (lane / 8) * 4;  // + i*16
-    const int col0 = (warp % WARPS_N) * WN + (lane % 8) * 4;  // + j*32
-
-    float acc[RM * 4][RN * 4] = {};
-    LoadA la;
-    LoadB lb;
-    const int ntiles = ke > kb ? ceil_div(ke - kb, BK) : 0;
-    if (ntiles > 0) {
-        la.fetch(A, lda, m0, M, kb, ke, vec_a);
-        lb.fetch(B, ldb, n0, N, kb, ke, vec_b);
-        la.store(sA);
-        lb.store(sB);
-        __syncthreads();
-    }
-    for (int t = 0; t < ntiles; t++) {
-        const int cur = t & 1;
-        const bool more = t + 1 < ntiles;
-        if (more) {  // global loads of the next tile are in flight during the FMAs below
-            la.fetch(A, lda, m0, M, kb + (t + 1) * BK, ke, vec_a);
-            lb.fetch(B, ldb, n0, N, kb + (t + 1) * BK, ke, vec_b);
-        }
-        const float* a_s = sA + cur * A_SZ;
-        const float* b_s = sB + cur * B_SZ;
-#pragma unroll
-        for (int k = 0; k < BK; k++) {
-            float a[RM * 4], b[RN * 4];
-#pragma unroll
-            for (int i = 0; i < RM; i++) {
-                float4 v = *reinterpret_cast<const float4*>(&a_s[k * LoadA::LD + row0 + i * 16]);
-                a[i * 4 + 0] = v.x; a[i * 4 + 1] = v.y; a[i * 4 + 2] = v.z; a[i * 4 + 3] = v.w;
-            }
-#pragma unroll
-            for (int j = 0; j < RN; j++) {
-                float4 v = *reinterpret_cast<const float4*>(&b_s[k * LoadB::LD + col0 + j * 32]);
-                b[j * 4 + 0] = v.x; b[j * 4 + 1] = v.y; b[j * 4 + 2] = v.z; b[j * 4 + 3] = v.w;
-            }
-#pragma unroll
-            for (int i = 0; i < RM * 4; i++)
-#pragma unroll
-                for (int j = 0; j < RN * 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
-        // the other buffer was last read in iteration t-1, which every thread finished before the barrier below
-        // of iteration t-1: one barrier per k-tile is enough
-        if (more) {
-            la.store(sA + (cur ^ 1) * A_SZ);
-            lb.store(sB + (cur ^ 1) * B_SZ);
-        }
-        __syncthreads();
-    }
-
-    const bool direct = gridDim.z == 1;
-    float* out = direct ? C : ws + (size_t)blockIdx.z * M * N;
-    const int ldo = direct ? ldc : N;
-    const bool vec_o = direct ? vec_c : (N % 4 == 0);  // ws comes from cudaMalloc (256-byte aligned)
-#pragma unroll
-    for (int i = 0; i < RM; i++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            int m = m0 + row0 + i * 16 + r;
-            if (m >= M) continue;
-#pragma unroll
-            for (int j = 0; j < RN; j++) {
-                int n = n0 + col0 + j * 32;
-                const float* v = acc[i * 4 + r] + j * 4;
-                float* p = out + (size_t)m * ldo + n;
-                if (vec_o && n + 3 < N) {
-                    float4 o = make_float4(v[0], v[1], v[2], v[3]);
-                    if (direct) {
-                        o.x *= alpha; o.y *= alpha; o.z *= alpha; o.w *= alpha;
-                        if (beta != 0.0f) {
-                            float4 old = *reinterpret_cast<const float4*>(p);
-                            o.x = fmaf(beta, old.x, o.x); o.y = fmaf(beta, old.y, o.y);
-                            o.z = fmaf(beta, old.z, o.z); o.w = fmaf(beta, old.w, o.w);
-                        }
-                    }
-                    *reinterpret_cast<float4*>(p) = o;
-                } else {
-#pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        if (n + c >= N) break;
-                        if (direct) store_out(out, ldo, m, n + c, v[c], alpha, beta);
-                        else p[c] = v[c];
-                    }
-                }
-            }
-        }
-}
-
-template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false, int GROUP = 8>
-static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
-    constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
-    int splits, k_per_split;
-    matmul_choose_splits(M, N, K, BM, BN, BK, NT, &splits, &k_per_split);
-    float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
-    dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
-    bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
-    matmul_dispatch_trans<NN_ONLY>("launch_warptile", trans_a, trans_b, [&](auto ta, auto tb) {
-        constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
-        constexpr int SMEM_BYTES = 2 * BK * (TileLoader<BM, BK, NT, !TA>::LD + TileLoader<BN, BK, NT, TB>::LD) * 4;
-        auto kernel = matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB, GROUP>;
-        if (SMEM_BYTES > 48 * 1024) {
-            static bool smem_attr_set = false;  // one per instantiation
-            if (!smem_attr_set) {
-                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
-                smem_attr_set = true;
-            }
-        }
-        kernel<<<grid, NT, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va,
-                                                 vb, vc);
-    });
-    cudaCheck(cudaGetLastError());
-    if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
-}
-
-// The trainer's fp32 GEMM. C (M x N, ldc) = alpha * op(A) op(B) + beta * C, row-major; see the header for layouts.
-// Tile per problem (MNIST uses each): M, N <= 32 -> 32x32, one warp (conv1 dW, split-K); N <= 32 -> 128x32 (conv1
-// forward, fc2); N <= 64 with enough tiles -> 128x64 (conv2 forward); two waves of 256x128 tiles -> 256x128 with
-// 16x8 per thread (4096^3, conv2 dX); one wave of 128x128 tiles -> 128x128 with 8x8 per thread; few tiles but long
-// K -> 64x64 with 8x8 per thread and split-K (conv2 dW); else 64x64 with 4x4 per thread, 256 threads (fc1).
-void matmul_sgemm_v5(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                     const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
-    matmul_check_args("matmul_sgemm_v5", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
-    if (M == 0 || N == 0) return;
-    const long long sms = matmul_num_sms();
-    auto tiles = [&](int bm, int bn) { return (long long)ceil_div(M, bm) * ceil_div(N, bn); };
-    if (M <= 32 && N <= 32)
-        launch_warptile<32, 32, 16, 2, 1, 12>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    else if (N <= 32)
-        launch_warptile<128, 32, 16, 2, 1, 4>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    else if (N <= 64 && tiles(128, 64) >= sms)
-        launch_warptile<128, 64, 8, 2, 2, 3>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    else if (tiles(256, 128) >= 2 * sms)
-        launch_warptile<256, 128, 8, 4, 2, 1>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    else if (tiles(128, 128) >= sms)
-        launch_warptile<128, 128, 8, 2, 2, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    else if (tiles(64, 64) * (K / 128) >= 4 * sms)
-        launch_warptile<64, 64, 8, 2, 2, 6>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    else
-        launch_warptile<64, 64, 16, 1, 1, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-}
-
-// ----------------------------------------------------------------------------------------------------------------
-// version 6: TF32 tensor cores (mma.sync.m16n8k8), cp.async multi-stage pipeline (sm_80 and newer)
-
-// fp32 -> TF32 operand. The tensor core reads only the top 19 bits (sign, exponent, 10 mantissa bits) of a .tf32
-// operand, so the low 13 bits may stay. TF32_ROUND_ADD: add half a TF32 ulp to the bits (one integer add; the
-// hardware's truncation then rounds to nearest, ties away from zero, like cvt.rna; +-Inf inputs become NaN).
-// TF32_ROUND_CVT: cvt.rna.tf32.f32. TF32_TRUNC: nothing (truncation toward zero, twice the rounding error).
-enum Tf32Round { TF32_TRUNC = 0, TF32_ROUND_CVT = 1, TF32_ROUND_ADD = 2 };
-template <int ROUND>
-__device__ __forceinline__ uint32_t f32_to_tf32(float x) {
-    if (ROUND == TF32_TRUNC) return __float_as_uint(x);
-    if (ROUND == TF32_ROUND_ADD) return __float_as_uint(x) + 0x1000u;
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
-// c += a b: a 16x8 (row), b 8x8 (col), c 16x8. Fragments (g = lane / 4, t = lane % 4):
-// a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); b0 (k=t, n=g) b1 (k=t+4, n=g);
-// c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1).
-__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+// cp.async tile copies (sm_80 and newer; version 6, and version 5's asynchronous B variant)
 
 // 16-byte copy; the bytes past src_bytes are zero-filled (edge tiles)
 __device__ __forceinline__ void cp_async_16(float* dst, const float* src, int src_bytes) {
@@ -821,6 +625,232 @@ struct AsyncTile {
         return make_float2(S[k * LD + o], S[(k + 1) * LD + o]);
     }
 };
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 5: warptiling + register-staged double buffering + per-shape tiles + split-K (the trainer's fp32 kernel)
+// A warp is a 4 x 8 grid of lanes; lane (ly, lx) owns RM x RN sub-tiles of 4x4 outputs at rows ly*4 + i*16 and
+// columns lx*4 + j*32 of the warp's WM x WN = 16RM x 32RN patch. A warp's float4 reads of one k row then cover 64
+// contiguous bytes of A (4 addresses, broadcast) and 128 of B: one shared-memory wavefront each.
+// gridDim.z > 1: blockIdx.z computes k in [z * k_per_split, (z+1) * k_per_split) into ws[z] (M x N, raw sums).
+
+// Shared-memory layout of the warptile kernel: 2 buffers of A (k-major, TileLoader) and of B. ASYNC_B (B not
+// transposed only, where its tile rows are rows of B): B is copied by cp.async straight into shared memory
+// (AsyncTile's k-major layout) instead of through registers, which frees the staging registers and the stores.
+template <int BM, int BN, int BK, int NT, bool TA, bool TB, bool ASYNC_B>
+struct WarptileSmem {
+    static constexpr bool B_ASYNC = ASYNC_B && !TB;
+    static constexpr int A_LD = TileLoader<BM, BK, NT, !TA>::LD;
+    static constexpr int B_LD = B_ASYNC ? AsyncTile<BN, BK, NT, false>::LD : TileLoader<BN, BK, NT, TB>::LD;
+    static constexpr int A_SZ = BK * A_LD, B_SZ = BK * B_LD;
+    static constexpr int BYTES = 2 * (A_SZ + B_SZ) * (int)sizeof(float);
+};
+
+template <int BM, int BN, int BK, int RM, int RN, int MINB, bool TA, bool TB, int GROUP = 8, bool ASYNC_B = false>
+__global__ void __launch_bounds__((BM / (16 * RM)) * (BN / (32 * RN)) * 32, MINB)
+matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+                       float beta, float* C, int ldc, float* ws, int k_per_split, bool vec_a, bool vec_b,
+                       bool vec_c) {
+    constexpr int WM = 16 * RM, WN = 32 * RN;
+    static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block tile exactly");
+    constexpr int WARPS_N = BN / WN;
+    constexpr int NT = (BM / WM) * WARPS_N * 32;
+    using LoadA = TileLoader<BM, BK, NT, !TA>;
+    using LoadB = TileLoader<BN, BK, NT, TB>;
+    using Smem = WarptileSmem<BM, BN, BK, NT, TA, TB, ASYNC_B>;
+    using AsyncB = AsyncTile<BN, BK, NT, false>;
+    constexpr bool B_ASYNC = Smem::B_ASYNC;
+    // dynamic shared memory (2 buffers of each tile): 256x128 tiles with BK = 16 need 50 KB, over the static 48 KB
+    extern __shared__ __align__(16) float wt_smem[];
+    // buffer b of A at sA + b * A_SZ, of B at sB + b * B_SZ (arithmetic, not a pointer array: that went to the stack)
+    constexpr int A_SZ = Smem::A_SZ, B_SZ = Smem::B_SZ, B_LD = Smem::B_LD;
+    float* sA = wt_smem;
+    float* sB = wt_smem + 2 * A_SZ;
+
+    int bm, bn;
+    grouped_tile(blockIdx.x, ceil_div(M, BM), ceil_div(N, BN), bm, bn, GROUP);
+    const int m0 = bm * BM, n0 = bn * BN;
+    const int kb = blockIdx.z * k_per_split, ke = min(K, kb + k_per_split);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = (warp / WARPS_N) * WM + (lane / 8) * 4;  // + i*16
+    const int col0 = (warp % WARPS_N) * WN + (lane % 8) * 4;  // + j*32
+
+    float acc[RM * 4][RN * 4] = {};
+    LoadA la;
+    LoadB lb;
+    const int ntiles = ke > kb ? ceil_div(ke - kb, BK) : 0;
+    if (ntiles > 0) {
+        la.fetch(A, lda, m0, M, kb, ke, vec_a);
+        if constexpr (B_ASYNC) {
+            AsyncB::load(sB, B, ldb, n0, N, kb, ke, vec_b);
+            cp_async_commit();
+        } else {
+            lb.fetch(B, ldb, n0, N, kb, ke, vec_b);
+        }
+        la.store(sA);
+        if constexpr (B_ASYNC) cp_async_wait<0>();
+        else lb.store(sB);
+        __syncthreads();
+    }
+    for (int t = 0; t < ntiles; t++) {
+        const int cur = t & 1;
+        const bool more = t + 1 < ntiles;
+        if (more) {  // global loads of the next tile are in flight during the FMAs below
+            la.fetch(A, lda, m0, M, kb + (t + 1) * BK, ke, vec_a);
+            if constexpr (B_ASYNC) {  // straight into the other buffer, last read before the previous barrier
+                AsyncB::load(sB + (cur ^ 1) * B_SZ, B, ldb, n0, N, kb + (t + 1) * BK, ke, vec_b);
+                cp_async_commit();
+            } else {
+                lb.fetch(B, ldb, n0, N, kb + (t + 1) * BK, ke, vec_b);
+            }
+        }
+        const float* a_s = sA + cur * A_SZ;
+        const float* b_s = sB + cur * B_SZ;
+#pragma unroll
+        for (int k = 0; k < BK; k++) {
+            float a[RM * 4], b[RN * 4];
+#pragma unroll
+            for (int i = 0; i < RM; i++) {
+                float4 v = *reinterpret_cast<const float4*>(&a_s[k * LoadA::LD + row0 + i * 16]);
+                a[i * 4 + 0] = v.x; a[i * 4 + 1] = v.y; a[i * 4 + 2] = v.z; a[i * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < RN; j++) {
+                float4 v = *reinterpret_cast<const float4*>(&b_s[k * B_LD + col0 + j * 32]);
+                b[j * 4 + 0] = v.x; b[j * 4 + 1] = v.y; b[j * 4 + 2] = v.z; b[j * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < RM * 4; i++)
+#pragma unroll
+                for (int j = 0; j < RN * 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        // the other buffer was last read in iteration t-1, which every thread finished before the barrier below
+        // of iteration t-1: one barrier per k-tile is enough
+        if (more) {
+            la.store(sA + (cur ^ 1) * A_SZ);
+            if constexpr (B_ASYNC) cp_async_wait<0>();
+            else lb.store(sB + (cur ^ 1) * B_SZ);
+        }
+        __syncthreads();
+    }
+
+    const bool direct = gridDim.z == 1;
+    float* out = direct ? C : ws + (size_t)blockIdx.z * M * N;
+    const int ldo = direct ? ldc : N;
+    const bool vec_o = direct ? vec_c : (N % 4 == 0);  // ws comes from cudaMalloc (256-byte aligned)
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int m = m0 + row0 + i * 16 + r;
+            if (m >= M) continue;
+#pragma unroll
+            for (int j = 0; j < RN; j++) {
+                int n = n0 + col0 + j * 32;
+                const float* v = acc[i * 4 + r] + j * 4;
+                float* p = out + (size_t)m * ldo + n;
+                if (vec_o && n + 3 < N) {
+                    float4 o = make_float4(v[0], v[1], v[2], v[3]);
+                    if (direct) {
+                        o.x *= alpha; o.y *= alpha; o.z *= alpha; o.w *= alpha;
+                        if (beta != 0.0f) {
+                            float4 old = *reinterpret_cast<const float4*>(p);
+                            o.x = fmaf(beta, old.x, o.x); o.y = fmaf(beta, old.y, o.y);
+                            o.z = fmaf(beta, old.z, o.z); o.w = fmaf(beta, old.w, o.w);
+                        }
+                    }
+                    *reinterpret_cast<float4*>(p) = o;
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        if (n + c >= N) break;
+                        if (direct) store_out(out, ldo, m, n + c, v[c], alpha, beta);
+                        else p[c] = v[c];
+                    }
+                }
+            }
+        }
+}
+
+template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false, int GROUP = 8, bool ASYNC_B = false>
+static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
+    int splits, k_per_split;
+    matmul_choose_splits(M, N, K, BM, BN, BK, NT, &splits, &k_per_split);
+    float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
+    dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
+    bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
+    matmul_dispatch_trans<NN_ONLY>("launch_warptile", trans_a, trans_b, [&](auto ta, auto tb) {
+        constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
+        constexpr int SMEM_BYTES = WarptileSmem<BM, BN, BK, NT, TA, TB, ASYNC_B>::BYTES;
+        auto kernel = matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB, GROUP, ASYNC_B>;
+        if (SMEM_BYTES > 48 * 1024) {
+            static bool smem_attr_set = false;  // one per instantiation
+            if (!smem_attr_set) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+                smem_attr_set = true;
+            }
+        }
+        kernel<<<grid, NT, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va,
+                                                 vb, vc);
+    });
+    cudaCheck(cudaGetLastError());
+    if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
+}
+
+// The trainer's fp32 GEMM. C (M x N, ldc) = alpha * op(A) op(B) + beta * C, row-major; see the header for layouts.
+// Tile per problem (MNIST uses each): M, N <= 32 -> 32x32, one warp (conv1 dW, split-K); N <= 32 -> 128x32 (conv1
+// forward, fc2); N <= 64 with enough tiles -> 128x64 (conv2 forward); two waves of 256x128 tiles -> 256x128 with
+// 16x8 per thread (4096^3, conv2 dX); one wave of 128x128 tiles -> 128x128 with 8x8 per thread; few tiles but long
+// K -> 64x64 with 8x8 per thread and split-K (conv2 dW); else 64x64 with 4x4 per thread, 256 threads (fc1).
+void matmul_sgemm_v5(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                     const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_sgemm_v5", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    const long long sms = matmul_num_sms();
+    auto tiles = [&](int bm, int bn) { return (long long)ceil_div(M, bm) * ceil_div(N, bn); };
+    if (M <= 32 && N <= 32)
+        launch_warptile<32, 32, 16, 2, 1, 12>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (N <= 32)
+        launch_warptile<128, 32, 16, 2, 1, 4>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (N <= 64 && tiles(128, 64) >= sms)
+        launch_warptile<128, 64, 8, 2, 2, 3>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (tiles(256, 128) >= 2 * sms)
+        launch_warptile<256, 128, 8, 4, 2, 1>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (tiles(128, 128) >= sms)
+        launch_warptile<128, 128, 8, 2, 2, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (tiles(64, 64) * (K / 128) >= 4 * sms)
+        launch_warptile<64, 64, 8, 2, 2, 6>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else
+        launch_warptile<64, 64, 16, 1, 1, 2>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 6: TF32 tensor cores (mma.sync.m16n8k8), cp.async multi-stage pipeline (sm_80 and newer)
+
+// fp32 -> TF32 operand. The tensor core reads only the top 19 bits (sign, exponent, 10 mantissa bits) of a .tf32
+// operand, so the low 13 bits may stay. TF32_ROUND_ADD: add half a TF32 ulp to the bits (one integer add; the
+// hardware's truncation then rounds to nearest, ties away from zero, like cvt.rna; +-Inf inputs become NaN).
+// TF32_ROUND_CVT: cvt.rna.tf32.f32. TF32_TRUNC: nothing (truncation toward zero, twice the rounding error).
+enum Tf32Round { TF32_TRUNC = 0, TF32_ROUND_CVT = 1, TF32_ROUND_ADD = 2 };
+template <int ROUND>
+__device__ __forceinline__ uint32_t f32_to_tf32(float x) {
+    if (ROUND == TF32_TRUNC) return __float_as_uint(x);
+    if (ROUND == TF32_ROUND_ADD) return __float_as_uint(x) + 0x1000u;
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// c += a b: a 16x8 (row), b 8x8 (col), c 16x8. Fragments (g = lane / 4, t = lane % 4):
+// a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); b0 (k=t, n=g) b1 (k=t+4, n=g);
+// c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1).
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 
 template <int BM, int BN, int BK, int WM, int WN, int STAGES, bool TA, bool TB, bool PERM = false>
 struct Tf32Config {
@@ -1619,6 +1649,14 @@ static void matmul_v5_256x128x16(bool ta, bool tb, int M, int N, int K, float al
     if (M == 0 || N == 0) return;
     launch_warptile<256, 128, 16, 4, 2, 1, true>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
+template <int BM, int BN, int RM, int RN, bool ASYNC_B>
+static void matmul_v5_variant(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                              const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_v5_variant", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    launch_warptile<BM, BN, 8, RM, RN, 1, true, 8, ASYNC_B>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                                           stream);
+}
 static void matmul_v5_256x128_8x16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                                    const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_check_args("matmul_v5_256x128_8x16", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
@@ -1729,6 +1767,10 @@ static const Variant VARIANTS[] = {
     {"5 (256x128 8x16/thread)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_8x16},
     {"5 (256x128 group 4)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_group<4>},
     {"5 (256x128 group 16)", 5, PREC_FP32, true, true, false, matmul_v5_256x128_group<16>},
+    {"5 (256x128 async B)", 5, PREC_FP32, true, true, false, matmul_v5_variant<256, 128, 4, 2, true>},
+    {"5 (256x128 8x16 async B)", 5, PREC_FP32, true, true, false, matmul_v5_variant<256, 128, 2, 4, true>},
+    {"5 (128x256 16x8)", 5, PREC_FP32, true, true, false, matmul_v5_variant<128, 256, 4, 2, false>},
+    {"5 (128x256 16x8 async B)", 5, PREC_FP32, true, true, false, matmul_v5_variant<128, 256, 4, 2, true>},
     {"6 tf32 mma", 6, PREC_TF32_RN, false, false, false, matmul_sgemm_tf32_v6},
     {"6 (perm lds64)", 6, PREC_TF32_RN, false, true, false, matmul_v6_perm},
     {"6 (128x256x32)", 6, PREC_TF32_RN, true, true, false, matmul_v6_128x256x32},
