@@ -1220,19 +1220,25 @@ __global__ void loss_finalize_kernel(const double* partial, int nblocks, size_t 
 }
 
 // AdamW's per-step scalars on the device (so a captured CUDA graph replays correctly): t += 1, then
-// hyper = (lr / (1 - beta1^t), sqrt(1 - beta2^t)) in double, as PyTorch computes them on the host
-__global__ void adam_prep_kernel(int* t, float* hyper, float lr, float beta1, float beta2) {
+// hyper = (lr / (1 - beta1^t), sqrt(1 - beta2^t)) in double, as PyTorch computes them on the host, and the EMA
+// decay of step t: min(ema_rate, (1 + t) / (10 + t)) (the warm-up of TensorFlow's ExponentialMovingAverage with
+// num_updates and of diffusers' EMAModel). Without it the EMA keeps ema_rate^t of the initial weights, in which
+// the output layers are zero: the EMA model's epsilon came out scaled by ~(1 - 0.999^t) (0.92 at step 2500, 0.98 at
+// 4000), harmless to DDPM but fatal to DDIM, whose x0 = (x - sqrt(1 - acp) eps) / sqrt(acp) turns a 2% shortfall at
+// t = 980 (sqrt(acp) = 0.009) into |x0| ~ 2|x|: clipped, saturated noise (dev/unet_NOTES.md, "DDIM").
+__global__ void adam_prep_kernel(int* t, float* hyper, float lr, float beta1, float beta2, float ema_rate) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int step = ++t[0];
     double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
     hyper[0] = (float)((double)lr / bc1);
     hyper[1] = (float)sqrt(bc2);
+    hyper[2] = (float)fmin((double)ema_rate, (1.0 + step) / (10.0 + step));
 }
 
 // torch.optim.AdamW (foreach form): m.lerp_(g, 1-b1); v = b2 v + (1-b2) g^2; p *= 1 - lr wd;
-// p -= step_size * m / (sqrt(v) / sqrt(bc2) + eps), step_size = lr / bc1; then ema = rate ema + (1-rate) p
+// p -= step_size * m / (sqrt(v) / sqrt(bc2) + eps), step_size = lr / bc1; then ema = d ema + (1-d) p, d = hyper[2]
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float* ema, size_t n, float beta1,
-                             float beta2, float lr_wd, float eps, const float* hyper, float ema_rate) {
+                             float beta2, float lr_wd, float eps, const float* hyper) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float step_size = hyper[0], bc2_sqrt = hyper[1];
@@ -1245,7 +1251,10 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
-    if (ema) ema[i] = ema_rate * ema[i] + (1.0f - ema_rate) * pi;
+    if (ema) {
+        const float d = hyper[2];
+        ema[i] = d * ema[i] + (1.0f - d) * pi;
+    }
 }
 
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
@@ -1385,7 +1394,7 @@ struct UNet {
     size_t dS_floats = 0;
     int adam_t = 0;  // completed AdamW steps
     int* adam_dev = nullptr;       // the same count on the device
-    float* adam_hyper = nullptr;   // (step size, sqrt of bias correction 2) of the current step
+    float* adam_hyper = nullptr;   // (step size, sqrt of bias correction 2, EMA decay) of the current step
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1622,7 +1631,7 @@ static void unet_allocate(UNet* m) {
     m->loss = dev_alloc(1);
     cudaCheck(cudaMalloc(&m->adam_dev, sizeof(int)));
     cudaCheck(cudaMemset(m->adam_dev, 0, sizeof(int)));
-    m->adam_hyper = dev_alloc(2);
+    m->adam_hyper = dev_alloc(3);
 
     // per-op state and workspace sizes
     size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0;
@@ -2252,15 +2261,14 @@ static void unet_backward(UNet* m) {
     prof_end(1, 7);
 }
 
-// one AdamW step (PyTorch's formula with bias correction), then the EMA update when ema_rate >= 0
+// one AdamW step (PyTorch's formula with bias correction), then the EMA update (warmed up) when ema_rate >= 0
 // (m->adam_t, the host's count, is kept in step with the device's m->adam_dev[0])
 static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
     m->adam_t++;
-    adam_prep_kernel<<<1, 1, 0, g_stream>>>(m->adam_dev, m->adam_hyper, lr, beta1, beta2);
+    adam_prep_kernel<<<1, 1, 0, g_stream>>>(m->adam_dev, m->adam_hyper, lr, beta1, beta2, ema_rate);
     cudaCheck(cudaGetLastError());
     adamw_kernel<<<ceil_div(m->n_params, EW), EW, 0, g_stream>>>(m->p, m->g, m->m, m->v, ema_rate >= 0.f ? m->ema : nullptr,
-                                                   m->n_params, beta1, beta2, lr * weight_decay, eps, m->adam_hyper,
-                                                   ema_rate);
+                                                   m->n_params, beta1, beta2, lr * weight_decay, eps, m->adam_hyper);
     cudaCheck(cudaGetLastError());
 }
 // sets the optimizer's step count on both sides (fresh model: 0; resumed: the checkpoint's step)
@@ -2907,7 +2915,7 @@ int main(int argc, char** argv) {
         {"log_every", F_INT, &a.log_every, 1, 1e9, "steps per log line (loss averaged over them)", false, ""},
         {"save_every", F_INT, &a.save_every, 0, 1e9, "steps per checkpoint, and one at the end (0: never)", false, ""},
         {"seed", F_INT, &a.seed, 0, 2147483647.0, "weights init, shuffling, flips, timesteps, noise", false, ""},
-        {"ema_rate", F_FLOAT, &a.ema_rate, 0.0, 1.0, "EMA of the weights: ema = rate*ema + (1-rate)*w", false, ""},
+        {"ema_rate", F_FLOAT, &a.ema_rate, 0.0, 1.0, "EMA of the weights: ema = d*ema + (1-d)*w, d = min(rate, (1+t)/(10+t)) at step t", false, ""},
         {"resume", F_STR, &a.resume, 0, 0, "checkpoint to continue (weights, EMA, AdamW, step, RNG)", false, ""},
         {"load", F_STR, &a.load, 0, 0, "checkpoint to take the initial weights from (or to sample)", false, ""},
         {"tf32", F_INT, &a.tf32, 0, 1, "1: TF32 tensor cores (as PyTorch's convolutions), 0: strict fp32", false, ""},
