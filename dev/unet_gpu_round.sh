@@ -4,10 +4,10 @@
 set -o pipefail
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-(make -j4 train_unet && make -C dev -j4 test_unet conv2d groupnorm attention) > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
+(make -j4 train_unet && make -C dev -j4 test_unet conv2d groupnorm attention linear resample elementwise timestep_embedding) > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
 el build ok
-timeout 60 ./dev/conv2d --test > $OUT/conv2d_test.log 2>&1; timeout 30 ./dev/groupnorm --test > $OUT/gn_test.log 2>&1; timeout 60 ./dev/attention --test > $OUT/attn_test.log 2>&1
-grep -hE "FAIL|passed" $OUT/conv2d_test.log $OUT/gn_test.log $OUT/attn_test.log | head -20
+for f in conv2d groupnorm attention linear resample elementwise timestep_embedding; do timeout 60 ./dev/$f --test > $OUT/${f}_test.log 2>&1; done
+grep -hE "FAIL|passed" $OUT/*_test.log | head -20
 (timeout 40 ./dev/conv2d 3; timeout 40 ./dev/conv2d 5) 2>&1 | grep -vE "^PASS" > $OUT/conv2d_bench.log; cat $OUT/conv2d_bench.log
 python3 dev/unet.py --debug_state /tmp/full32.bin --batch_size 32 --zero_init 0 --n_steps 10 --data_file data/sunflowers64.bin > $OUT/gen.log 2>&1
 python3 dev/unet.py --debug_state /tmp/full7.bin --batch_size 7 --zero_init 1 --n_steps 10 >> $OUT/gen.log 2>&1
