@@ -17,6 +17,8 @@ Devices:
         dependency-free (about a second per image per step for the 64x64 default model on a few cores).
 Default: gpu when the binary exists and nvidia-smi lists a GPU, else cpu; the choice is printed in one line.
 Weights: the EMA weights when the checkpoint has them (--weights ema), else the raw ones; --weights forces one.
+Checkpoints written by train_unet before its EMA warm-up (2026-11-22) hold an EMA that still carries ema_rate^step
+of the zero-initialised output layers: DDPM is fine with it, DDIM gives saturated noise; use --weights raw there.
 """
 import argparse
 import math
