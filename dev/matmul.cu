@@ -4,7 +4,8 @@ op(A) is M x K, op(B) is K x N. A is stored M x K (lda >= K) or, transposed, K x
 (ldb >= N) or, transposed, N x K (ldb >= K). beta == 0 never reads C (C may hold NaN). Any M, N, K >= 0.
 A numbered progression after siboehm/SGEMM_CUDA; every version handles every size, transpose and leading dimension.
 
-Build:  make -C dev matmul        (nvcc -O3 -std=c++17 -lineinfo <gencode> -o matmul matmul.cu -lcublas)
+Build:  make -C dev matmul        (nvcc -O3 -std=c++17 -lineinfo <gencode> -o matmul matmul.cu -lcublas; on a 9.0
+                                  GPU the gencode is compute_90a/sm_90a, needed by version 7)
 Test:   ./dev/matmul --test       every version x every transpose vs the CPU oracle (double accumulation) at awkward
                                   sizes, fresh random inputs, C poisoned with NaN; CPU-only checks run without a GPU
 Bench:  ./dev/matmul [all | VERSION] [--out DIR]   validate vs cuBLAS, then time 4096^3 and the MNIST layer shapes
@@ -27,7 +28,12 @@ version 6: TF32 tensor cores: mma.sync.m16n8k8 (inputs rounded to nearest TF32 b
            bits, fp32 accumulation), cp.async 3-stage pipeline (tiles copied in their global layout, padded so
            fragment reads are conflict-free), 64x64 warp tiles, per-problem tiles and split-K as in version 5.
            matmul_sgemm_tf32_v6().
-(version 7, wgmma for sm_90a, is not written: see dev/matmul_NOTES.md for why mma.sync cannot reach cuBLAS TF32.)
+version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box copies (128-byte swizzle) into a
+           4-stage mbarrier pipeline, two consumer warpgroups run wgmma.m64n256k8 on 128x256 tiles with A fed from
+           registers (rounded to nearest TF32) and B from shared memory; B is staged K-major and rounded by a
+           transpose/copy pass inside the call (TF32 wgmma reads only K-major operands). matmul_sgemm_tf32_v7();
+           runs version 6 without sm_90a code, for N <= 32 and where version 6 splits K. Built for sm_90a by the
+           matmul line of dev/Makefile; elsewhere the tests and benchmark report version 7 as SKIP.
 */
 #include <algorithm>
 #include <cmath>
