@@ -1,7 +1,13 @@
 /*
 train_mnist.cu: a CNN trained on MNIST whose every matrix product (the convolutions as implicit GEMM, the fully
-connected layers, forward and backward) runs on our own tiled matmul kernel; `--matmul cublas` switches all of them
-to cuBLAS (explicit im2col + cublasSgemm) so both are timed on the same work. CPU fallback with the same network.
+connected layers, forward and backward) runs on our own kernels; `--matmul cublas` switches all of them to cuBLAS
+(explicit im2col + cublasSgemm) so both are timed on the same work. CPU fallback with the same network.
+Two paths of ours:
+  - the default fast path (GPU, --matmul ours, --tf32 1): conv2's forward, input and weight gradient on specialised
+    TF32 mma kernels (weights and input patch in shared memory, persistent bands), conv1 forward as a direct fp32
+    kernel, fc1 on the generic tiled kernel, fc2 in a fused head (fc2 + log-softmax/NLL + fc2's input gradient);
+    max-pool, its backward and conv1's weight gradient fused into neighbouring kernels (dev/mnist_NOTES.md).
+  - the generic path (--tf32 0, what the PyTorch fp32 tests compare): every product on the generic tiled kernel.
 
 Network (the write-up's): conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max-pool 2, fc 9216->128, ReLU, fc 128->10,
 log-softmax + NLL (fused). Reads the original MNIST IDX .gz files with zlib.
