@@ -287,6 +287,43 @@ static void test_forward_fixture(const std::string& path) {
 
 // 2N steps in one run vs N steps, --resume, N steps: the same losses bit for bit (every draw is a function of
 // (seed, step), every reduction has a fixed order)
+// The EMA's warm-up (decay min(ema_rate, (1 + t) / (10 + t)) at step t): with zero gradients AdamW leaves p = 1,
+// so an EMA started at 0 must read 1 - prod_k decay_k after t steps. Without the warm-up it would keep
+// ema_rate^t of its start (the bias that made DDIM samples saturated noise: dev/unet_NOTES.md, "DDIM").
+static void test_ema_warmup() {
+    const size_t n = 257;
+    const int steps = 20;
+    const float rate = 0.999f;
+    UNet m;
+    m.n_params = n;
+    std::vector<float> ones(n, 1.0f);
+    m.p = dev_alloc(n); m.g = dev_alloc(n); m.m = dev_alloc(n); m.v = dev_alloc(n); m.ema = dev_alloc(n);
+    cudaCheck(cudaMemcpy(m.p, ones.data(), n * 4, cudaMemcpyHostToDevice));
+    float* zero[] = {m.g, m.m, m.v, m.ema};
+    for (float* z : zero) cudaCheck(cudaMemset(z, 0, n * 4));
+    cudaCheck(cudaMalloc(&m.adam_dev, sizeof(int)));
+    m.adam_hyper = dev_alloc(3);
+    unet_set_adam_step(&m, 0);
+    double keep = 1.0;  // share of the EMA's start left after each step
+    for (int t = 1; t <= steps; t++) {
+        unet_update(&m, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.f, rate);
+        keep *= std::min((double)rate, (1.0 + t) / (10.0 + t));
+    }
+    std::vector<float> ema(n);
+    cudaCheck(cudaMemcpy(ema.data(), m.ema, n * 4, cudaMemcpyDeviceToHost));
+    double expect = 1.0 - keep, err = 0.0;
+    for (float e : ema) err = std::max(err, fabs((double)e - expect));
+    // 20 float32 multiply-adds of values <= 1: rounding ~20 * 2^-24 = 1.2e-6
+    char buf[256];
+    snprintf(buf, sizeof buf, "after %d steps EMA of p = 1 (started at 0) is %.7f, expected 1 - prod min(%.3f, "
+             "(1+t)/(10+t)) = %.7f (no warm-up: %.7f); max |err| %.2e", steps, ema[0], rate, expect,
+             1.0 - pow((double)rate, steps), err);
+    report(err <= 1e-5 ? "PASS" : "FAIL", "ema warm-up", buf);
+    float* fs[] = {m.p, m.g, m.m, m.v, m.ema, m.adam_hyper};
+    for (float* f : fs) cudaCheck(cudaFree(f));
+    cudaCheck(cudaFree(m.adam_dev));
+}
+
 static void test_resume() {
     const char* data = "data/sunflowers64.bin";
     if (access(data, F_OK) != 0) {
@@ -469,6 +506,7 @@ int main(int argc, char** argv) {
         test_forward_fixture("dev/fixtures/unet_forward_small.bin");
         cublasCheck(cublasDestroy(g_cublas));
         test_resume();
+        test_ema_warmup();
     } else {
         for (const std::string& p : paths) {
             cublasCheck(cublasCreate(&g_cublas));
