@@ -1468,24 +1468,27 @@ template <bool KCONTIG>
 __global__ void matmul_stage_kmajor_kernel(const float* X, int ld, int O, int K, float* out, int ldo) {
     __shared__ float tile[32][33];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int k0 = blockIdx.x * 32, o0 = blockIdx.y * 32;
-    if (KCONTIG) {
+    const int k0 = blockIdx.x * 32;
+    for (int o0 = blockIdx.y * 32; o0 < O; o0 += gridDim.y * 32) {  // gridDim.y is capped at 65535
+        if (KCONTIG) {
 #pragma unroll
-        for (int i = ty; i < 32; i += 8) {
-            int o = o0 + i, k = k0 + tx;
-            if (o < O && k < K) out[(size_t)o * ldo + k] = round_to_tf32(X[(size_t)o * ld + k]);
-        }
-    } else {
+            for (int i = ty; i < 32; i += 8) {
+                int o = o0 + i, k = k0 + tx;
+                if (o < O && k < K) out[(size_t)o * ldo + k] = round_to_tf32(X[(size_t)o * ld + k]);
+            }
+        } else {
 #pragma unroll
-        for (int i = ty; i < 32; i += 8) {  // tile[k][o], coalesced along o
-            int k = k0 + i, o = o0 + tx;
-            tile[i][tx] = (k < K && o < O) ? X[(size_t)k * ld + o] : 0.0f;
-        }
-        __syncthreads();
+            for (int i = ty; i < 32; i += 8) {  // tile[k][o], coalesced along o
+                int k = k0 + i, o = o0 + tx;
+                tile[i][tx] = (k < K && o < O) ? X[(size_t)k * ld + o] : 0.0f;
+            }
+            __syncthreads();
 #pragma unroll
-        for (int i = ty; i < 32; i += 8) {  // out[o][k], coalesced along k
-            int o = o0 + i, k = k0 + tx;
-            if (o < O && k < K) out[(size_t)o * ldo + k] = round_to_tf32(tile[tx][i]);
+            for (int i = ty; i < 32; i += 8) {  // out[o][k], coalesced along k
+                int o = o0 + i, k = k0 + tx;
+                if (o < O && k < K) out[(size_t)o * ldo + k] = round_to_tf32(tile[tx][i]);
+            }
+            __syncthreads();  // the next o-tile overwrites the tile
         }
     }
 }
@@ -1502,7 +1505,7 @@ static float* matmul_stage_kmajor(int which, const float* X, int ld, bool kconti
         matmul_stage_floats[which] = need;
     }
     float* out = matmul_stage_buf[which];
-    dim3 block(32, 8), grid(ceil_div(K, 32), ceil_div(O, 32));
+    dim3 block(32, 8), grid(ceil_div(K, 32), std::min(ceil_div(O, 32), 65535));
     if (kcontig) matmul_stage_kmajor_kernel<true><<<grid, block, 0, stream>>>(X, ld, O, K, out, ldo);
     else matmul_stage_kmajor_kernel<false><<<grid, block, 0, stream>>>(X, ld, O, K, out, ldo);
     cudaCheck(cudaGetLastError());
