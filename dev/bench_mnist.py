@@ -10,7 +10,8 @@
    allow_tf32 for matmul and cuDNN), so the arithmetic is the same.
 2. Test accuracy of the default ./train_mnist over 3 seeds.
 3. Time to 99% test accuracy: candidate flag sets with --stop_at_accuracy 99 (training time only, CUDA events, the
-   evaluation after each epoch excluded); the fastest is rerun with 3 seeds.
+   evaluation after each epoch excluded), each on seeds 1-3; the best is the set whose slowest seed is fastest among
+   those reaching 99% on all three (--time_to_99_only runs this part alone).
 Writes bench_mnist.csv and bench_mnist.json into --out.
 """
 import argparse
@@ -31,10 +32,14 @@ import mnist as ref  # noqa: E402
 BIN = os.path.join(ROOT, "train_mnist")
 FAST_CONFIGS = [  # flag sets tried for the time to 99% (two epochs must fit 0.25 s: batch >= 128 on the H100)
     "--batch_size 128 --epochs 2 --lr 0.05 --lr_schedule linear --warmup_steps 100",
+    "--batch_size 128 --epochs 2 --lr 0.08 --lr_schedule linear --warmup_steps 100",
+    "--batch_size 128 --epochs 2 --lr 0.05 --lr_schedule cosine --warmup_steps 100",
+    "--batch_size 128 --epochs 2 --lr 0.05 --momentum 0.95 --lr_schedule linear --warmup_steps 100",
+    "--batch_size 160 --epochs 2 --lr 0.06 --lr_schedule linear --warmup_steps 80",
     "--batch_size 128 --epochs 2 --optimizer adamw --lr 0.002 --weight_decay 0.01 --lr_schedule linear --warmup_steps 50",
-    "--batch_size 256 --epochs 2 --optimizer adamw --lr 0.003 --weight_decay 0.01 --lr_schedule linear --warmup_steps 30",
-    "--batch_size 256 --epochs 2 --optimizer adamw --lr 0.002 --weight_decay 0.01 --lr_schedule linear --warmup_steps 30",
-    "--batch_size 256 --epochs 2 --lr 0.1 --lr_schedule linear --warmup_steps 50",
+    "--batch_size 128 --epochs 2 --optimizer adamw --lr 0.003 --weight_decay 0.01 --lr_schedule linear --warmup_steps 50",
+    "--batch_size 128 --epochs 2 --optimizer adamw --lr 0.0015 --weight_decay 0.01 --lr_schedule linear --warmup_steps 50",
+    "--batch_size 128 --epochs 2 --optimizer adamw --lr 0.002 --weight_decay 0.05 --lr_schedule cosine --warmup_steps 50",
     "--batch_size 192 --epochs 2 --optimizer adamw --lr 0.0025 --weight_decay 0.01 --lr_schedule linear --warmup_steps 40",
 ]
 
@@ -109,6 +114,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="only our epoch times")
     ap.add_argument("--skip_torch", action="store_true", help="leave out PyTorch (our epoch times, accuracy, time to 99%%)")
     ap.add_argument("--compile_only", action="store_true", help="only the torch.compile epochs (the slow part, run apart)")
+    ap.add_argument("--time_to_99_only", action="store_true", help="only the time-to-99%% search (every candidate, 3 seeds)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import torch
@@ -121,7 +127,7 @@ def main():
         with open(os.path.join(args.out, "bench_mnist_compile.json"), "w") as f:
             json.dump({"device": dev, "epoch": rows}, f, indent=1)
         return
-    for B in (64, 512):
+    for B in (() if args.time_to_99_only else (64, 512)):
         for name, flags in (("ours", "--matmul ours"), ("ours --matmul cublas", "--matmul cublas")):
             ep, out, _ = run_ours(f"{flags} --batch_size {B} --epochs {args.epochs} --lr 0.01 --warmup_steps 0")
             ms = statistics.median([e[1] for e in ep[1:]])
@@ -133,34 +139,38 @@ def main():
 
     if not args.quick:
         accs = []
-        for seed in (1, 2, 3):
+        for seed in (() if args.time_to_99_only else (1, 2, 3)):
             ep, out, wall = run_ours(f"--seed {seed}")
             accs.append(ep[-1][0])
             print(f"default ./train_mnist --seed {seed}: test acc {ep[-1][0]:.2f}%, training {ep[-1][2]:.0f} ms "
                   f"({len(ep)} epochs), wall {wall:.1f} s", flush=True)
-        print(f"default: mean test accuracy over 3 seeds {statistics.mean(accs):.3f}% ({accs})")
-        result["default_accuracy"] = dict(seeds=[1, 2, 3], accuracy=accs, mean=statistics.mean(accs))
+        if accs:
+            print(f"default: mean test accuracy over 3 seeds {statistics.mean(accs):.3f}% ({accs})")
+            result["default_accuracy"] = dict(seeds=[1, 2, 3], accuracy=accs, mean=statistics.mean(accs))
 
+        # every candidate on the three seeds; the best is the one whose slowest seed is fastest, among those that
+        # reach 99% on all three (a flag set that reaches it on one seed only is not a configuration that does)
         fast = []
         for cfg in FAST_CONFIGS:
-            ep, out, _ = run_ours(f"{cfg} --stop_at_accuracy 99")
-            hit = next((e for e in ep if e[0] >= 99.0), None)
-            fast.append(dict(flags=cfg, reached=hit is not None, train_ms=hit[2] if hit else None,
-                             final_acc=ep[-1][0], epochs=len(ep)))
-            print(f"time to 99%: {cfg}: " + (f"{hit[2]:.1f} ms ({len(ep)} epochs, {hit[0]:.2f}%)" if hit else
-                                              f"not reached (final {ep[-1][0]:.2f}%)"), flush=True)
-        best = min((f for f in fast if f["reached"]), key=lambda f: f["train_ms"], default=None)
-        if best:
             seeds = []
             for seed in (1, 2, 3):
-                ep, out, _ = run_ours(f"{best['flags']} --seed {seed} --stop_at_accuracy 99")
+                ep, out, _ = run_ours(f"{cfg} --seed {seed} --stop_at_accuracy 99")
                 hit = next((e for e in ep if e[0] >= 99.0), None)
-                seeds.append(dict(seed=seed, reached=hit is not None, train_ms=hit[2] if hit else None, final_acc=ep[-1][0]))
-                print(f"fastest config, seed {seed}: " + (f"99% after {hit[2]:.1f} ms" if hit else f"not reached ({ep[-1][0]:.2f}%)"))
-            best["seeds"] = seeds
+                seeds.append(dict(seed=seed, reached=hit is not None, train_ms=hit[2] if hit else None,
+                                  final_acc=ep[-1][0], epochs=len(ep)))
+            ok = all(x["reached"] for x in seeds)
+            worst = max(x["train_ms"] for x in seeds) if ok else None
+            fast.append(dict(flags=cfg, reached=ok, worst_ms=worst, seeds=seeds))
+            detail = ", ".join(f"seed {x['seed']}: " + (f"{x['train_ms']:.1f} ms ({x['final_acc']:.2f}%)" if x["reached"]
+                                                        else f"not reached ({x['final_acc']:.2f}%)") for x in seeds)
+            print(f"time to 99%: {cfg}: " + (f"all seeds, slowest {worst:.1f} ms" if ok else "not on every seed")
+                  + f" [{detail}]", flush=True)
+        best = min((f for f in fast if f["reached"]), key=lambda f: f["worst_ms"], default=None)
+        print("time to 99%, best on all 3 seeds: " + (f"{best['flags']}: slowest seed {best['worst_ms']:.1f} ms"
+                                                     if best else "none"), flush=True)
         result["time_to_99"] = dict(candidates=fast, best=best)
 
-    if not args.quick and not args.skip_compile and not args.skip_torch:  # last: the slowest part (compilation)
+    if not args.quick and not args.skip_compile and not args.skip_torch and not args.time_to_99_only:  # last: the slowest part (compilation)
         for B in (64, 512):
             torch_row(torch, rows, B, True)
     print("\n| batch | implementation | ms / epoch | vs ours |\n|---|---|---|---|")
