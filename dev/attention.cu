@@ -528,11 +528,7 @@ static void softmax_bench() {
 }
 
 int main(int argc, char** argv) {
-    bool test = argc > 1 && !strcmp(argv[1], "--test");
-    if (argc > 1 && !test && strcmp(argv[1], "1")) {
-        fprintf(stderr, "error: unknown version %s (1: train_unet.cu's attention block)\n", argv[1]);
-        return 1;
-    }
+    bool test = lab_version(argc, argv, 1, 1, "1: train_unet.cu's attention block") == 0;
     selfcheck_oracle();
     gpu_setup();
     fixture_attention();  // the CPU oracle against PyTorch runs in CI

@@ -230,13 +230,8 @@ static void bench(int version) {
 }
 
 int main(int argc, char** argv) {
-    bool test = argc > 1 && !strcmp(argv[1], "--test");
-    int version = (!test && argc > 1) ? atoi(argv[1]) : 5;
-    if (!test && (version < 1 || version > 5)) {
-        fprintf(stderr, "error: unknown version %s (1 naive, 2/3 implicit GEMM fp32/TF32, 4/5 pipelined fp32/TF32)\n",
-                argv[1]);
-        return 1;
-    }
+    int version = lab_version(argc, argv, 5, 5, "1 naive, 2/3 implicit GEMM fp32/TF32, 4/5 pipelined fp32/TF32");
+    bool test = version == 0;
     ConvFixture fx;
     bool have_fx = conv_fixture_load(&fx, "conv3x3", 1001, "", 1, false);
     if (have_fx) fixture_cpu(fx, "conv3x3", 1);  // CPU: runs in CI

@@ -203,11 +203,7 @@ static void fixture_case(const std::string& name, int code, int silu) {
 }
 
 int main(int argc, char** argv) {
-    bool test = argc > 1 && !strcmp(argv[1], "--test");
-    if (argc > 1 && !test && strcmp(argv[1], "1")) {
-        fprintf(stderr, "error: unknown version %s (1: train_unet.cu's GroupNorm)\n", argv[1]);
-        return 1;
-    }
+    bool test = lab_version(argc, argv, 1, 1, "1: train_unet.cu's GroupNorm") == 0;
     gpu_setup();
     fixture_case("groupnorm", 1004, 0);  // the CPU part runs in CI
     fixture_case("groupnorm_silu", 1005, 1);

@@ -183,11 +183,7 @@ static void bench() {
 }
 
 int main(int argc, char** argv) {
-    bool test = argc > 1 && !strcmp(argv[1], "--test");
-    if (argc > 1 && !test && strcmp(argv[1], "1")) {
-        fprintf(stderr, "error: unknown version %s (1: train_unet.cu's linear layer)\n", argv[1]);
-        return 1;
-    }
+    bool test = lab_version(argc, argv, 1, 1, "1: train_unet.cu's linear layer") == 0;
     gpu_setup();
     fixture_case("linear", 1003, false);  // CPU part in CI
     fixture_case("conv1x1", 1002, true);

@@ -181,11 +181,7 @@ static void bench(bool tf32) {
 }
 
 int main(int argc, char** argv) {
-    bool test = argc > 1 && !strcmp(argv[1], "--test");
-    if (argc > 1 && !test && strcmp(argv[1], "1") && strcmp(argv[1], "2")) {
-        fprintf(stderr, "error: unknown version %s (1: fp32, 2: TF32)\n", argv[1]);
-        return 1;
-    }
+    bool test = lab_version(argc, argv, 2, 1, "1: fp32, 2: TF32") == 0;
     gpu_setup();
     const char* names[2] = {"upsample", "downsample"};
     for (int k = 0; k < 2; k++) {

@@ -149,11 +149,7 @@ static void compare_mlp(const std::string& who, const MlpOut& got, const MlpOut&
 }
 
 int main(int argc, char** argv) {
-    bool test = argc > 1 && !strcmp(argv[1], "--test");
-    if (argc > 1 && !test && strcmp(argv[1], "1")) {
-        fprintf(stderr, "error: unknown version %s (1: train_unet.cu's kernels)\n", argv[1]);
-        return 1;
-    }
+    bool test = lab_version(argc, argv, 1, 1, "1: train_unet.cu's kernels") == 0;
     gpu_setup();
     Fixture fx;
     if (fixture_open(&fx, "timestep_embedding", 1011)) {

@@ -20,6 +20,21 @@ static int finish() {
     return n_fail ? 1 : 0;
 }
 
+// The command line every layer file takes: `--test` (returns 0) runs the checks; no argument or a version number
+// 1..n_versions (returns it; no argument: default_version) validates and times that version. Anything else is an
+// error naming the versions (`names`), exit code 1.
+static int lab_version(int argc, char** argv, int n_versions, int default_version, const char* names) {
+    if (argc < 2) return default_version;
+    if (!strcmp(argv[1], "--test")) return 0;
+    char* end = nullptr;
+    long v = strtol(argv[1], &end, 10);
+    if (end == argv[1] || *end != '\0' || v < 1 || v > n_versions) {
+        fprintf(stderr, "error: unknown version %s (%s)\n", argv[1], names);
+        exit(1);
+    }
+    return (int)v;
+}
+
 // |got - ref| <= atol + rtol * |ref| elementwise (NaN fails); prints the max error, its index and the worst
 // err / tol. Returns true when every element is inside.
 static bool check_close(const std::string& name, const float* got, const float* ref, size_t n, double atol,
