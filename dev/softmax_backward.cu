@@ -146,15 +146,6 @@ __device__ __forceinline__ void apply_grad(const float4 (&a)[N], float4 (&b)[N],
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Cluster versions: the chunks [c0, c1) of a row (off: its offset in y's 16-byte frame) that block rank of a cluster
-// of csize blocks holds, equal contiguous slices.
-__device__ __forceinline__ void cluster_slice(int off, int cols, int csize, int rank, int& c0, int& c1) {
-    int nchunks = (off + cols + 3) / 4;
-    int per_block = (nchunks + csize - 1) / csize;
-    c0 = rank * per_block;
-    c1 = min(c0 + per_block, nchunks);
-}
-
 // Cluster versions: every block has published its partial dot product in block_partial (a shared variable, the
 // same in each block). After a cluster barrier warp 0 sums every block's partial through distributed shared memory
 // into *row_dot; on return (block barrier) the whole block can read it.

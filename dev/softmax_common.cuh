@@ -152,6 +152,15 @@ __device__ __forceinline__ void st_v4(float* p, float4 v) {
     asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 
+// Cluster versions (forward and backward): the 16-byte chunks [c0, c1) of a row (off: the row's offset in its
+// 16-byte frame) that block `rank` of a cluster of csize blocks holds, equal contiguous slices.
+__device__ __forceinline__ void cluster_slice(int off, int cols, int csize, int rank, int& c0, int& c1) {
+    int nchunks = (off + cols + 3) / 4;
+    int per_block = (nchunks + csize - 1) / csize;
+    c0 = rank * per_block;
+    c1 = min(c0 + per_block, nchunks);
+}
+
 // Allows kernel clusters above the portable 8 blocks; how many clusters of config's shape fit on the device at once.
 template <typename K>
 static int max_active_clusters(K kernel, const cudaLaunchConfig_t& config) {

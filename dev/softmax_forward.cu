@@ -203,15 +203,6 @@ __device__ __forceinline__ void scale_chunks(float4 (&v)[N], float f) {
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Cluster versions: the chunks [c0, c1) of a row (off: its offset in the 16-byte frame) that block rank of a cluster
-// of csize blocks holds, equal contiguous slices.
-__device__ __forceinline__ void cluster_slice(int off, int cols, int csize, int rank, int& c0, int& c1) {
-    int nchunks = (off + cols + 3) / 4;
-    int per_block = (nchunks + csize - 1) / csize;
-    c0 = rank * per_block;
-    c1 = min(c0 + per_block, nchunks);
-}
-
 // Cluster versions: every block has published its (m, s) in block_stats (a shared variable, the same in each block).
 // After a cluster barrier warp 0 reads every block's pair through distributed shared memory and combines them into
 // *row_stats; on return (block barrier) the whole block can read it.
