@@ -1242,24 +1242,36 @@ __global__ void maxpool_backward_kernel(float* dact2, const float* dpooled, cons
     dact2[idx] = maxpool_backward_elem(dpooled, act2, b, y, x, c);
 }
 
+// One warp holds one row of NCLS logits (lane j: logit j; lanes >= NCLS: -inf): log-softmax + NLL. Writes the row's
+// loss and prediction (argmax, lowest index on ties) at its position in the epoch's arrays when those are given;
+// returns through e, sum and label what the gradient (softmax - onehot) / B = (e / sum - [lane == label]) / B needs.
+__device__ __forceinline__ void warp_log_softmax_nll(float v, int lane, const int* y, int row, const int* counters,
+                                                     int offset_const, float* losses, int* preds, float& e, float& sum,
+                                                     int& label) {
+    float mx = v; int arg = lane;
+    for (int o = 16; o > 0; o /= 2) {
+        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
+        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
+    }
+    e = lane < NCLS ? expf(v - mx) : 0.0f;
+    sum = e;
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    label = y[row];
+    float logp = v - mx - logf(sum);
+    int pos = (counters ? counters[1] : offset_const) + row;
+    if (lane == label && losses) losses[pos] = -logp;
+    if (lane == 0 && preds) preds[pos] = arg;
+}
+
 // Fused log-softmax + NLL, one warp per row: per-sample loss, prediction, and dlogits = (softmax - onehot) / B.
 __global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, const float* logits, const int* y,
                                     const int* counters, int offset_const, int B) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= B) return;
     float v = lane < NCLS ? logits[row * NCLS + lane] : -INFINITY;
-    float mx = v; int arg = lane;
-    for (int o = 16; o > 0; o /= 2) {
-        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
-        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
-    }
-    float e = lane < NCLS ? expf(v - mx) : 0.0f, sum = e;
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    int label = y[row];
-    float logp = v - mx - logf(sum);
-    int pos = (counters ? counters[1] : offset_const) + row;
-    if (lane == label && losses) losses[pos] = -logp;
-    if (lane == 0 && preds) preds[pos] = arg;
+    float e, sum;
+    int label;
+    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
     if (lane < NCLS && dlogits) dlogits[row * NCLS + lane] = (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B;
 }
 
@@ -1290,18 +1302,9 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
         if (lane == j) v = d + bs[j];
     }
     if (lane < NCLS) logits[row * NCLS + lane] = v;
-    float mx = v; int arg = lane;
-    for (int o = 16; o > 0; o /= 2) {
-        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
-        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
-    }
-    float e = lane < NCLS ? expf(v - mx) : 0.0f, sum = e;
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    int label = y[row];
-    float logp = v - mx - logf(sum);
-    int pos = (counters ? counters[1] : offset_const) + row;
-    if (lane == label && losses) losses[pos] = -logp;
-    if (lane == 0 && preds) preds[pos] = arg;
+    float e, sum;
+    int label;
+    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
     if (!dlogits) return;
     float gl = lane < NCLS ? (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B : 0.0f;
     if (lane < NCLS) dlogits[row * NCLS + lane] = gl;
