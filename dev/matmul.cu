@@ -2032,6 +2032,10 @@ static const Variant VARIANTS[] = {
     {"5 (128x256 16x8)", 5, PREC_FP32, true, true, false, matmul_v5_variant<128, 256, 4, 2, false>},
     {"5 (128x256 16x8 async B)", 5, PREC_FP32, true, true, false, matmul_v5_variant<128, 256, 4, 2, true>},
     {"5 (reg-staged 256x128 16x8)", 5, PREC_FP32, true, true, false, matmul_v5_variant<256, 128, 4, 2, false>},
+    // the default's 256x128 path called directly, so that its exact kernels are checked at every test shape and
+    // transpose (matmul_sgemm_v5 picks it only for large problems)
+    {"5 (async 256x128x16 8x16 3st = default)", 5, PREC_FP32, false, true, false,
+     matmul_v5_async<256, 128, 16, 2, 4, 1, 3, false>},
     {"5 (async 256x128 16x8 3st)", 5, PREC_FP32, false, true, false, matmul_v5_async<256, 128, 8, 4, 2, 1, 3, false>},
     {"5 (async 256x128 16x8 4st)", 5, PREC_FP32, true, true, false, matmul_v5_async<256, 128, 8, 4, 2, 1, 4, true>},
     {"5 (async 256x128 16x8 2st)", 5, PREC_FP32, true, true, false, matmul_v5_async<256, 128, 8, 4, 2, 1, 2, true>},
