@@ -7,8 +7,9 @@ trained in CUDA C++: data loader, forward and backward kernels, AdamW, EMA, chec
   ./train_unet --sample s.bin --load out/unet/model.bin --num_samples 16 --sampler ddim --sample_steps 50
 
 Layout: activations NHWC (B, H, W, C), all allocated once in unet_allocate. 3x3 convolutions are implicit GEMMs over
-contiguous channels (conv_igemm_kernel, dev/conv2d.cu version 2): TF32 tensor cores (wmma m16n16k8) with
---tf32 1, or plain fp32 FMAs with --tf32 0 (the mode dev/test_unet.cu compares with PyTorch). Linear layers, 1x1
+contiguous channels: with --tf32 1 on TF32 tensor cores (conv_mma_kernel, mma.sync m16n8k8, dev/conv2d.cu
+version 6; UNET_CONV_V=5 selects the previous wmma kernels), with --tf32 0 plain fp32 FMAs (conv_igemm_kernel,
+versions 2/4: the mode dev/test_unet.cu compares with PyTorch). Linear layers, 1x1
 convolutions and attention products go through cuBLAS (TF32 math with --tf32 1). Reductions (GroupNorm
 statistics, bias gradients, the loss) are two-stage and deterministic, so a run is reproducible bit for bit and
 --resume continues the identical trajectory.
@@ -433,7 +434,24 @@ struct ConvGeom {
     int Ho, Wo, N;   // output pixels and channels
     int fs, ts;      // forward stride, transposed stride (see above)
     int M, K;        // GEMM sizes
+    // version 6 only: the row stride of Bm (N, or 8 where N <= 8 was padded), and n / (Ho*Wo), n / Wo as
+    // multiply-shift (fastdiv)
+    int ldb;
+    uint32_t hwo_mul, wo_mul;
+    int hwo_shift, wo_shift;
 };
+
+// n / d for 0 <= n < 2^31 as (umulhi(n, mul) + n) >> shift, shift = ceil(log2 d), mul = 2^32 (2^shift - d) / d + 1
+// (exact for every such n: the sum stays below 2^32); the weight gradient's gather divides twice per 16 bytes
+static void fastdiv_make(int d, uint32_t* mul, int* shift) {
+    int s = 0;
+    while ((1LL << s) < d) s++;
+    *mul = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << s) - d)) / d + 1);
+    *shift = s;
+}
+__device__ __forceinline__ int fastdiv(int n, uint32_t mul, int shift) {
+    return (int)((__umulhi((unsigned)n, mul) + (unsigned)n) >> shift);
+}
 
 // pixel index (b*H + iy)*W + ix of the input under output pixel (b, oy, ox) and tap, or -1 (padding)
 __device__ __forceinline__ int conv_gather(const ConvGeom& g, int b, int oy, int ox, int tap) {
@@ -818,6 +836,309 @@ __global__ void conv_flip_weights_kernel(const float* w, float* wbd, int cin, in
     if (i >= n) return;
     int ci = i % cin, co = (i / cin) % cout, tap = i / (cin * cout);
     wbd[i] = w[((size_t)(8 - tap) * cin + ci) * cout + co];
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Version 6 of dev/conv2d.cu, the TF32 default for layers whose channels fit the tile (UNET_CONV_V=5 restores
+// versions 5/3): the same implicit GEMM (conv_gather, MODE 0/1, split-K) on mma.sync m16n8k8 TF32 through inline
+// PTX. What changed against version 5, and why (v5 was bound by its fragment loads and per-fragment conversions):
+//  - each operand is rounded to TF32 (cvt.rna) once: after cp.async.wait_group a thread rounds, in place, the
+//    16-byte chunks its own cp.async brought in (they are visible to it then), before the barrier that publishes
+//    the tile; v5 converted every fragment element in every warp that loaded it;
+//  - fragments: A of MODE 0 ((m, k), k contiguous, row stride BK + 4: 8 rows fall 4 banks apart) with one
+//    ldmatrix.x4 per 16x8 tile; A of MODE 1 and B ((k, m|n), m|n contiguous, row stride + 8: the 4 k-rows of a
+//    fragment fall 8 banks apart) with 32-bit loads; both conflict-free;
+//  - the tile is chosen per layer (conv6_plan): 128x128 (8 warps of 64x32), 64x64 (4 warps of 32x32), 128x8 (4
+//    warps of 32x8, for N <= 8: the output conv); a layer with too few output tiles (8x8 and 16x16 at batch 32)
+//    splits K over blocks, and conv_splitk_epilogue_kernel adds the partial sums in a fixed order (deterministic)
+//    and applies the epilogue;
+//  - the weight gradient's gather divides pixel indices by multiply-shift (fastdiv), not integer division;
+//  - the epilogue adds bias, time embedding and residual straight from the accumulators (float2 per thread: a quad
+//    of lanes writes 32 contiguous bytes of a row).
+// Each output sums its k-tiles in order and each tile's four k8 steps in order whatever the tile shape, so every
+// tile variant gives the same bits (dev/conv2d.cu checks it); only a K split changes the summation order.
+//
+// mma.m16n8k8 TF32 fragments (PTX ISA), lane = 4*gq + tq:
+//   A (16x8, row major): a0 (gq, tq), a1 (gq+8, tq), a2 (gq, tq+4), a3 (gq+8, tq+4)
+//   B (8x8, "col"):      b0 (k = tq, n = gq), b1 (k = tq+4, n = gq)
+//   C (16x8):            c0 (gq, 2tq), c1 (gq, 2tq+1), c2 (gq+8, 2tq), c3 (gq+8, 2tq+1)
+// ldmatrix.x4 (b16) hands lane L word L%4 of row L/4 of matrix i in register i; matrix i's rows are addressed by
+// lanes 8i..8i+7. With lane L pointing at row (L % 16), column 4*(L / 16) of the 16x8 A tile, matrices 0..3 are
+// rows 0-7/8-15 x columns 0-3/4-7 and the registers come out as a0..a3.
+constexpr int C6_BK = 32, C6_STAGES = 3;
+
+template <int MODE, int BM, int BN, int WM, int WN>
+struct Conv6 {
+    static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = 32 * WARPS_M * WARPS_N;
+    static constexpr int MI = WM / 16, NI = WN / 8;                   // mma tiles per warp
+    static constexpr int A_LD = MODE == 0 ? C6_BK + 4 : BM + 8;       // MODE 0: (m, k); MODE 1: (k, m)
+    static constexpr int A_FLOATS = MODE == 0 ? BM * A_LD : C6_BK * A_LD;
+    static constexpr int B_LD = BN + ((8 - BN) % 32 + 32) % 32;       // (k, n), B_LD % 32 == 8
+    static constexpr int STAGE_FLOATS = A_FLOATS + C6_BK * B_LD;
+    static constexpr size_t SMEM = (size_t)C6_STAGES * STAGE_FLOATS * sizeof(float);
+    // 16-byte chunks a thread copies per stage (B of the thin tile: fewer chunks than threads); rows of k-major
+    // tiles ((k, m) and (k, n)) one pass of threads covers
+    static constexpr int A_CHUNKS = BM * C6_BK / 4 / THREADS;
+    static constexpr int B_TOTAL = BN * C6_BK / 4, B_CHUNKS = (B_TOTAL + THREADS - 1) / THREADS;
+    static constexpr int A_ROWS_PER_PASS = MODE == 0 ? THREADS / (C6_BK / 4) : THREADS / (BM / 4);
+    static constexpr int B_ROWS_PER_PASS = THREADS / (BN / 4);
+    static constexpr int MIN_BLOCKS = (int)((227 * 1024) / (SMEM + 1024)) < 4 ? (int)((227 * 1024) / (SMEM + 1024)) : 4;
+    static_assert(WM % 16 == 0 && WN % 8 == 0 && BM % WM == 0 && BN % WN == 0, "warp tiles of whole mma tiles");
+    static_assert(A_CHUNKS * THREADS * 4 == BM * C6_BK, "whole A chunks per thread");
+    static_assert(B_TOTAL % THREADS == 0 || B_CHUNKS == 1, "B: whole chunks per thread, or at most one");
+    static_assert(MODE == 0 || THREADS % (BM / 4) == 0, "MODE 1: a thread's A chunks share their (tap, c) column");
+    static_assert(THREADS % (BN / 4) == 0, "a thread's B chunks share their n column");
+    static_assert(A_LD % 32 == (MODE == 0 ? 4 : 8) && B_LD % 32 == 8, "strides for conflict-free fragment loads");
+    static_assert(MIN_BLOCKS >= 1, "the stages must fit shared memory");
+};
+
+__device__ __forceinline__ uint32_t tf32_rna(float x) {  // round to nearest (ties away), 10 mantissa bits
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float4 tf32_rna4(float4 v) {
+    return make_float4(__uint_as_float(tf32_rna(v.x)), __uint_as_float(tf32_rna(v.y)), __uint_as_float(tf32_rna(v.z)),
+                       __uint_as_float(tf32_rna(v.w)));
+}
+__device__ __forceinline__ float4 tf32_add_mask4(float4 v) {  // (bits + 2^12) & ~(2^13 - 1): NaN may become Inf
+    auto r = [](float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); };
+    return make_float4(r(v.x), r(v.y), r(v.z), r(v.w));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* p) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// cp.async.wait_group that the compiler may not move loads of shared memory across (the rounding pass reads what
+// the copies wrote)
+template <int N>
+__device__ __forceinline__ void cp_async_wait_mem() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// RND: 1 rounds each operand to TF32 once in shared memory (the default); lab variants of dev/conv2d.cu, timed
+// there, never used by the trainer: 0 hands the tensor cores the fp32 bits (they ignore the low 13: truncation),
+// 2 rounds every fragment after loading it, 3 is 1 with the integer form of the rounding (wrong for NaN).
+template <int MODE, int BM, int BN, int WM, int WN, int RND>
+__global__ void __launch_bounds__(Conv6<MODE, BM, BN, WM, WN>::THREADS, Conv6<MODE, BM, BN, WM, WN>::MIN_BLOCKS)
+conv_mma_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
+                const float* __restrict__ bias, const float* __restrict__ emb, int accumulate, ConvGeom g,
+                int kchunk) {
+    using T = Conv6<MODE, BM, BN, WM, WN>;
+    extern __shared__ __align__(128) float smem6[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int kbeg = blockIdx.z * kchunk, kend = min(g.K, kbeg + kchunk);
+    const int nk = (kend - kbeg + C6_BK - 1) / C6_BK;
+    const int HWo = g.Ho * g.Wo;
+
+    // loader: this thread's 16-byte chunks of a stage. MODE 0 A (m, k): rows tid/8 + (THREADS/8)*i, k chunk tid%8
+    // (K % 32 == 0 here: a k-tile is one tap). MODE 1 A (k = pixel, m = (tap, c)): k-rows tid/(BM/4) + RPP*i,
+    // columns fixed. B (k, n): k-rows tid/(BN/4) + RPP*i, columns fixed.
+    constexpr int AR = MODE == 0 ? T::A_CHUNKS : 1;
+    int rowb[AR], rowyx[AR];  // MODE 0: per A row, the sample (-1: row past M) and (oy << 16 | ox)
+    int mtap = 0, mc = 0;
+    bool mval = false;
+    if (MODE == 0) {
+#pragma unroll
+        for (int i = 0; i < AR; i++) {
+            int m = m0 + (tid >> 3) + T::A_ROWS_PER_PASS * i;
+            int b = m / HWo, r = m - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+            rowb[i] = m < g.M ? b : -1;
+            rowyx[i] = (oy << 16) | ox;
+        }
+    } else {
+        int m = m0 + (tid % (BM / 4)) * 4;
+        mval = m < g.M;
+        mtap = mval ? m / g.C : 0;
+        mc = mval ? m - mtap * g.C : 0;
+    }
+    auto a_chunk = [&](int stage, int i) -> float* {
+        float* As = smem6 + stage * T::STAGE_FLOATS;
+        if (MODE == 0) return As + ((tid >> 3) + T::A_ROWS_PER_PASS * i) * T::A_LD + (tid & 7) * 4;
+        return As + (tid / (BM / 4) + T::A_ROWS_PER_PASS * i) * T::A_LD + (tid % (BM / 4)) * 4;
+    };
+    auto b_chunk = [&](int stage, int i) -> float* {
+        float* Bs = smem6 + stage * T::STAGE_FLOATS + T::A_FLOATS;
+        return Bs + (tid / (BN / 4) + T::B_ROWS_PER_PASS * i) * T::B_LD + (tid % (BN / 4)) * 4;
+    };
+    auto b_mine = [&](int i) { return T::B_TOTAL % T::THREADS == 0 || tid + T::THREADS * i < T::B_TOTAL; };
+    auto load_stage = [&](int stage, int k0) {
+        if (MODE == 0) {
+            int tap = k0 / g.C, c0 = k0 - tap * g.C + (tid & 7) * 4;
+#pragma unroll
+            for (int i = 0; i < T::A_CHUNKS; i++) {
+                int pix = rowb[i] >= 0 ? conv_gather(g, rowb[i], rowyx[i] >> 16, rowyx[i] & 0xffff, tap) : -1;
+                cp_async16(a_chunk(stage, i), pix >= 0 ? X + (size_t)pix * g.C + c0 : X, pix >= 0);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < T::A_CHUNKS; i++) {
+                int p = k0 + tid / (BM / 4) + T::A_ROWS_PER_PASS * i;
+                int pix = -1;
+                if (mval && p < kend) {
+                    int b = fastdiv(p, g.hwo_mul, g.hwo_shift), r = p - b * HWo;
+                    int oy = fastdiv(r, g.wo_mul, g.wo_shift), ox = r - oy * g.Wo;
+                    pix = conv_gather(g, b, oy, ox, mtap);
+                }
+                cp_async16(a_chunk(stage, i), pix >= 0 ? X + (size_t)pix * g.C + mc : X, pix >= 0);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < T::B_CHUNKS; i++) {
+            if (!b_mine(i)) continue;
+            int k = k0 + tid / (BN / 4) + T::B_ROWS_PER_PASS * i, n = n0 + (tid % (BN / 4)) * 4;
+            bool v = k < kend && n < g.N;  // n < N: the 16 bytes are inside the row (N % 4 == 0, or padded to ldb)
+            cp_async16(b_chunk(stage, i), v ? Bm + (size_t)k * g.ldb + n : Bm, v);
+        }
+    };
+    auto round_stage = [&](int stage) {  // RND 1 (3): this thread's own chunks, in place
+        auto rnd4 = [](float4 v) { return RND == 3 ? tf32_add_mask4(v) : tf32_rna4(v); };
+#pragma unroll
+        for (int i = 0; i < T::A_CHUNKS; i++) {
+            float4* p = reinterpret_cast<float4*>(a_chunk(stage, i));
+            *p = rnd4(*p);
+        }
+#pragma unroll
+        for (int i = 0; i < T::B_CHUNKS; i++) {
+            if (!b_mine(i)) continue;
+            float4* p = reinterpret_cast<float4*>(b_chunk(stage, i));
+            *p = rnd4(*p);
+        }
+    };
+
+    // this warp's WM x WN tile: MI x NI mma tiles
+    const int wm = warp % T::WARPS_M, wn = warp / T::WARPS_M;
+    const int gq = lane >> 2, tq = lane & 3;
+    float acc[T::MI][T::NI][4];
+#pragma unroll
+    for (int i = 0; i < T::MI; i++)
+#pragma unroll
+        for (int j = 0; j < T::NI; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+    auto mma_stage = [&](int stage) {
+        const float* As = smem6 + stage * T::STAGE_FLOATS;
+        const float* Bs = As + T::A_FLOATS;
+#pragma unroll
+        for (int kk = 0; kk < C6_BK; kk += 8) {
+            uint32_t a[T::MI][4], b[T::NI][2];
+#pragma unroll
+            for (int i = 0; i < T::MI; i++) {
+                if (MODE == 0) {
+                    ldmatrix_x4(a[i], As + (wm * WM + i * 16 + (lane & 15)) * T::A_LD + kk + (lane >> 4) * 4);
+                } else {
+                    const float* p = As + (kk + tq) * T::A_LD + wm * WM + i * 16 + gq;
+                    a[i][0] = __float_as_uint(p[0]);
+                    a[i][1] = __float_as_uint(p[8]);
+                    a[i][2] = __float_as_uint(p[4 * T::A_LD]);
+                    a[i][3] = __float_as_uint(p[4 * T::A_LD + 8]);
+                }
+                if (RND == 2)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) a[i][r] = tf32_rna(__uint_as_float(a[i][r]));
+            }
+#pragma unroll
+            for (int j = 0; j < T::NI; j++) {
+                const float* p = Bs + (kk + tq) * T::B_LD + wn * WN + j * 8 + gq;
+                b[j][0] = __float_as_uint(p[0]);
+                b[j][1] = __float_as_uint(p[4 * T::B_LD]);
+                if (RND == 2) {
+                    b[j][0] = tf32_rna(__uint_as_float(b[j][0]));
+                    b[j][1] = tf32_rna(__uint_as_float(b[j][1]));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < T::MI; i++)
+#pragma unroll
+                for (int j = 0; j < T::NI; j++) mma_tf32(acc[i][j], a[i], b[j]);
+        }
+    };
+
+    // C6_STAGES-deep pipeline, one barrier per k-tile (as version 4)
+#pragma unroll
+    for (int s = 0; s < C6_STAGES - 1; s++) {
+        if (s < nk) load_stage(s, kbeg + s * C6_BK);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_mem<C6_STAGES - 2>();  // this thread's copies of tile kt have landed
+        if (RND == 1 || RND == 3) round_stage(kt % C6_STAGES);
+        __syncthreads();  // tile kt is in (rounded) for everyone; everyone is done with tile kt-1's stage
+        int next = kt + C6_STAGES - 1;
+        if (next < nk) load_stage(next % C6_STAGES, kbeg + next * C6_BK);
+        cp_async_commit();
+        mma_stage(kt % C6_STAGES);
+    }
+    cp_async_wait_mem<0>();
+
+    // epilogue from the accumulators: MODE 0 whole K: out (+)= acc + bias + emb; otherwise the raw partial sums
+    // into the workspace slice of this K chunk. Even N: float2 (n < N implies n + 1 < N); odd N (<= 8): scalars.
+    const bool raw = MODE == 1 || gridDim.z > 1;
+    const bool pairs = (g.N & 1) == 0;
+#pragma unroll
+    for (int i = 0; i < T::MI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int m = m0 + wm * WM + i * 16 + gq + 8 * h;
+            if (m >= g.M) continue;
+            float* orow = out + ((raw ? (size_t)blockIdx.z * g.M : 0) + m) * g.N;
+            const float* erow = (!raw && emb) ? emb + (size_t)(m / HWo) * g.N : nullptr;
+#pragma unroll
+            for (int j = 0; j < T::NI; j++) {
+                int n = n0 + wn * WN + j * 8 + 2 * tq;
+                if (n >= g.N) continue;
+                if (!pairs) {
+                    for (int e = 0; e < 2 && n + e < g.N; e++) {
+                        float v = acc[i][j][2 * h + e];
+                        if (!raw) {
+                            if (bias) v += bias[n + e];
+                            if (erow) v += erow[n + e];
+                            if (accumulate) v += orow[n + e];
+                        }
+                        orow[n + e] = v;
+                    }
+                    continue;
+                }
+                float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                if (!raw) {
+                    if (bias) {
+                        float2 bb = *reinterpret_cast<const float2*>(bias + n);
+                        v.x += bb.x; v.y += bb.y;
+                    }
+                    if (erow) {
+                        float2 ee = *reinterpret_cast<const float2*>(erow + n);
+                        v.x += ee.x; v.y += ee.y;
+                    }
+                    if (accumulate) {
+                        float2 o = *reinterpret_cast<const float2*>(orow + n);
+                        v.x += o.x; v.y += o.y;
+                    }
+                }
+                *reinterpret_cast<float2*>(orow + n) = v;
+            }
+        }
+}
+
+// MODE 0 split over K (version 6): out[m, n] (+)= sum_z ws[z][m][n] in a fixed order, + bias[n] + emb[m / HWo][n]
+__global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, float* __restrict__ out,
+                                            const float* __restrict__ bias, const float* __restrict__ emb,
+                                            int accumulate, int M, int N, int HWo, int splits) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, MN = (size_t)M * N;
+    if (i >= MN) return;
+    int n = (int)(i % N), m = (int)(i / N);
+    float v = 0.f;
+    for (int z = 0; z < splits; z++) v += ws[(size_t)z * MN + i];
+    if (bias) v += bias[n];
+    if (emb) v += emb[(size_t)(m / HWo) * N + n];
+    if (accumulate) v += out[i];
+    out[i] = v;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1385,7 +1706,7 @@ struct UNet {
     // workspaces
     float* conv_ws = nullptr;  // split-K partials of weight gradients
     size_t conv_ws_floats = 0;
-    float* wflip = nullptr;  // flipped weights for backward-data
+    float* wflip = nullptr;  // flipped weights for backward-data, or an operand padded to 8 channels (conv v6)
     size_t wflip_floats = 0;
     double2* red_ws = nullptr;
     size_t red_ws_items = 0;
@@ -1415,6 +1736,98 @@ static size_t add_param(UNet* m, const std::string& name, int kind, std::vector<
     m->params.push_back(p);
     return p.off;
 }
+// Version 6 (conv_mma_kernel): the tile variants, the geometry of each pass and the plan that picks a tile and a K
+// split per layer and pass
+enum Conv6Tile { C6_128x128 = 0, C6_64x64, C6_128x8, C6_NTILES };
+static const int C6_TILE_BM[C6_NTILES] = {128, 64, 128}, C6_TILE_BN[C6_NTILES] = {128, 64, 8};
+[[maybe_unused]] static const char* C6_TILE_NAME[C6_NTILES] = {"128x128 8 warps 64x32", "64x64 4 warps 32x32",
+                                                                "128x8 4 warps 32x8"};
+static int g_conv_v = 6;  // TF32 convolutions: 6 (conv_mma_kernel) or 5 (versions 5/3); UNET_CONV_V=5 in main
+static int g_conv6_tile = -1, g_conv6_splits = 0;  // dev/conv2d.cu forces a tile / a K split (-1, 0: the plan's)
+// the passes version 6 runs (TF32): the (m, k) tile of MODE 0 is one tap (C % 32 == 0), 16-byte loads need
+// channels % 4 == 0; N <= 8 channels that are not (the 3-channel output conv) are padded to 8 in a scratch copy
+static bool conv6_n_ok(int n) { return n % 4 == 0 || n <= 8; }
+static bool conv6_forward_ok(const ConvP& c) { return c.cin % 32 == 0 && conv6_n_ok(c.cout); }
+static bool conv6_backward_data_ok(const ConvP& c) { return c.cout % 32 == 0 && c.cin % 4 == 0; }
+static bool conv6_weight_ok(const ConvP& c) { return c.cin % 4 == 0 && conv6_n_ok(c.cout); }
+
+// GEMM geometry of the three passes of a 3x3 conv on B images of H x W (see conv_igemm_kernel's comment)
+static ConvGeom conv_geom(int B, int H, int W, int C, int Ho, int Wo, int N, int fs, int ts, int M, int K) {
+    ConvGeom g;
+    g.B = B; g.H = H; g.W = W; g.C = C; g.Ho = Ho; g.Wo = Wo; g.N = N; g.fs = fs; g.ts = ts; g.M = M; g.K = K;
+    g.ldb = N;
+    fastdiv_make(Ho * Wo, &g.hwo_mul, &g.hwo_shift);
+    fastdiv_make(Wo, &g.wo_mul, &g.wo_shift);
+    return g;
+}
+static ConvGeom conv_geom_forward(int B, const ConvP& c, int H, int W) {
+    int Ho = (H - 1) / c.stride + 1, Wo = (W - 1) / c.stride + 1;
+    return conv_geom(B, H, W, c.cin, Ho, Wo, c.cout, c.stride, 1, B * Ho * Wo, 9 * c.cin);
+}
+static ConvGeom conv_geom_backward_data(int B, const ConvP& c, int H, int W) {  // H, W: the forward's input
+    int Ho = (H - 1) / c.stride + 1, Wo = (W - 1) / c.stride + 1;
+    return conv_geom(B, Ho, Wo, c.cout, H, W, c.cin, 1, c.stride, B * H * W, 9 * c.cout);
+}
+static ConvGeom conv_geom_weight(int B, const ConvP& c, int H, int W) {
+    int Ho = (H - 1) / c.stride + 1, Wo = (W - 1) / c.stride + 1;
+    return conv_geom(B, H, W, c.cin, Ho, Wo, c.cout, c.stride, 1, 9 * c.cin, B * Ho * Wo);
+}
+
+struct Conv6Plan { int tile, splits, kchunk; };
+// blocks of each tile one SM holds (shared memory), MODE 0
+static const int C6_TILE_RES[C6_NTILES] = {Conv6<0, 128, 128, 64, 32>::MIN_BLOCKS, Conv6<0, 64, 64, 32, 32>::MIN_BLOCKS,
+                                           Conv6<0, 128, 8, 32, 8>::MIN_BLOCKS};
+// Measured on the H100 (dev/unet_NOTES.md): the 128x128 tile (8 warps) is the fastest wherever N >= 128 gives it
+// enough blocks, the 64x64 tile for N = 64, the thin one for N <= 8. MODE 0 splits K when the tile leaves SMs
+// idle (8x8 and 16x16 layers at batch 32) into as many chunks as fill one wave of resident blocks (a partial
+// second wave measured slower), each >= 8 k-tiles; MODE 1 (K = pixels) splits as version 5 does.
+static Conv6Plan conv6_plan(int mode, int M, int N, int K) {
+    auto blocks = [&](int t) { return ceil_div(M, C6_TILE_BM[t]) * ceil_div(N, C6_TILE_BN[t]); };
+    Conv6Plan p;
+    if (g_conv6_tile >= 0) p.tile = g_conv6_tile;
+    else if (N <= 8) p.tile = C6_128x8;
+    else if (N >= 128 && (mode == 1 || blocks(C6_128x128) >= g_num_sms / 4)) p.tile = C6_128x128;
+    else p.tile = C6_64x64;
+    int nb = blocks(p.tile), splits;
+    if (mode == 0)
+        splits = nb >= g_num_sms ? 1 : std::max(1, std::min(C6_TILE_RES[p.tile] * g_num_sms / nb, K / (8 * C6_BK)));
+    else splits = std::max(1, std::min(ceil_div(2 * g_num_sms, nb), std::max(1, K / 256)));
+    if (g_conv6_splits > 0) splits = g_conv6_splits;
+    p.kchunk = ceil_div(ceil_div(K, splits), C6_BK) * C6_BK;
+    p.splits = ceil_div(K, p.kchunk);
+    return p;
+}
+// Workspace (floats) of the split-K partial sums a 3x3 conv (B images of H x W) needs in any of its passes, for
+// version 5 and for every version-6 tile (dev/conv2d.cu forces each)
+static size_t conv_ws_floats_need(int B, const ConvP& c, int H, int W) {
+    int Ho = (H - 1) / c.stride + 1, Wo = (W - 1) / c.stride + 1;
+    size_t Mw = 9 * (size_t)c.cin, Kw = (size_t)B * Ho * Wo;
+    int tiles = ceil_div(Mw, CONV_BM) * ceil_div(c.cout, CONV_BN);
+    int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), (int)std::max<size_t>(1, Kw / 256)));
+    size_t need = (size_t)splits * Mw * c.cout;
+    int saved = g_conv6_tile;
+    for (int t = 0; t < C6_NTILES; t++) {
+        g_conv6_tile = t;
+        ConvGeom gf = conv_geom_forward(B, c, H, W), gd = conv_geom_backward_data(B, c, H, W),
+                 gw = conv_geom_weight(B, c, H, W);
+        Conv6Plan f = conv6_plan(0, gf.M, gf.N, gf.K), d = conv6_plan(0, gd.M, gd.N, gd.K),
+                  w = conv6_plan(1, gw.M, gw.N, gw.K);
+        if (f.splits > 1) need = std::max(need, (size_t)f.splits * gf.M * gf.N);
+        if (d.splits > 1) need = std::max(need, (size_t)d.splits * gd.M * gd.N);
+        need = std::max(need, (size_t)w.splits * gw.M * gw.N);
+    }
+    g_conv6_tile = saved;
+    return need;
+}
+// Scratch (floats, UNet::wflip): the flipped weights of backward-data, or the operand padded to 8 channels of a
+// version-6 pass with N <= 8 (the weights of the forward, dY of the weight gradient)
+static size_t conv_scratch_floats_need(int B, const ConvP& c, int H, int W) {
+    int Ho = (H - 1) / c.stride + 1, Wo = (W - 1) / c.stride + 1;
+    size_t need = 9 * (size_t)c.cin * c.cout;
+    if (c.cout % 4) need = std::max({need, 9 * (size_t)c.cin * 8, (size_t)B * Ho * Wo * 8});
+    return need;
+}
+
 static ConvP add_conv(UNet* m, const std::string& name, int cin, int cout, int stride) {
     ConvP c;
     c.cin = cin; c.cout = cout; c.stride = stride;
@@ -1636,18 +2049,15 @@ static void unet_allocate(UNet* m) {
     // per-op state and workspace sizes
     size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0;
     int G = 32;
-    auto conv_ws_need = [&](const ConvP& c, int Ho, int Wo) {
-        size_t M = 9 * (size_t)c.cin, N = c.cout, K = (size_t)B * Ho * Wo;
-        int tiles = ceil_div(M, CONV_BM) * ceil_div(N, CONV_BN);
-        int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), (int)std::max<size_t>(1, K / 256)));
-        ws = std::max(ws, (size_t)splits * M * N);
-        wf = std::max(wf, 9 * (size_t)c.cin * c.cout);
+    auto conv_ws_need = [&](const ConvP& c, int H, int W) {  // H, W: the conv's input
+        ws = std::max(ws, conv_ws_floats_need(B, c, H, W));
+        wf = std::max(wf, conv_scratch_floats_need(B, c, H, W));
     };
     red = (size_t)1024 * 2048;  // chan_reduce partials: Bq*S <= 1024 blocks, C <= 2048 (checked at launch)
     for (Op& o : m->ops) {
         switch (o.kind) {
         case OP_CONV_IN: conv_ws_need(o.c1, o.H, o.W); break;
-        case OP_DOWN: conv_ws_need(o.c1, o.H / 2, o.W / 2); break;
+        case OP_DOWN: conv_ws_need(o.c1, o.H, o.W); break;
         case OP_UP: conv_ws_need(o.c1, 2 * o.H, 2 * o.W); break;
         case OP_OUT:
             conv_ws_need(o.c1, o.H, o.W);
@@ -1871,14 +2281,92 @@ static void launch_conv_igemm(dim3 grid, bool vec, const float* X, const float* 
     cudaCheck(cudaGetLastError());
 }
 
+template <int MODE, int BM, int BN, int WM, int WN, int RND>
+static void launch_conv6_tile(int splits, const float* X, const float* Bm, float* out, const float* bias,
+                              const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
+    using T = Conv6<MODE, BM, BN, WM, WN>;
+    static bool attr_set = false;  // > 48 KB of dynamic shared memory needs an opt-in, once per instantiation
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(conv_mma_kernel<MODE, BM, BN, WM, WN, RND>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::SMEM));
+        attr_set = true;
+    }
+    dim3 grid(ceil_div(g.M, BM), ceil_div(g.N, BN), splits);
+    conv_mma_kernel<MODE, BM, BN, WM, WN, RND><<<grid, T::THREADS, T::SMEM, g_stream>>>(X, Bm, out, bias, emb,
+                                                                                        accumulate, g, kchunk);
+    cudaCheck(cudaGetLastError());
+}
+template <int MODE, int RND>
+static void launch_conv6(const Conv6Plan& p, const float* X, const float* Bm, float* out, const float* bias,
+                         const float* emb, int accumulate, const ConvGeom& g) {
+    switch (p.tile) {
+    case C6_128x128: launch_conv6_tile<MODE, 128, 128, 64, 32, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk); break;
+    case C6_64x64: launch_conv6_tile<MODE, 64, 64, 32, 32, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk); break;
+    case C6_128x8: launch_conv6_tile<MODE, 128, 8, 32, 8, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk); break;
+    default: fprintf(stderr, "internal error: conv tile %d\n", p.tile); exit(EXIT_FAILURE);
+    }
+}
+static void conv_ws_check(size_t have, size_t need, const char* what) {
+    if (need > have) {
+        fprintf(stderr, "internal error: conv %s too small (%zu floats, %zu needed)\n", what, have, need);
+        exit(EXIT_FAILURE);
+    }
+}
+// dst (rows, 8) = src (rows, n) with zero columns n..7 (n < 8): 16-byte rows for version 6's B operand
+__global__ void pad_cols8_kernel(const float* __restrict__ src, float* __restrict__ dst, int rows, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * 8) return;
+    int r = i >> 3, c = i & 7;
+    dst[i] = c < n ? src[(size_t)r * n + c] : 0.f;
+}
+// B (K, N) of a version-6 pass as the kernel reads it: itself (g->ldb = N), or padded to 8 columns in scratch
+static const float* conv6_b_operand(const UNet* m, ConvGeom* g, const float* Bm, int rows) {
+    if (g->N % 4 == 0) return Bm;
+    conv_ws_check(m->wflip_floats, (size_t)rows * 8, "scratch");
+    pad_cols8_kernel<<<ceil_div((size_t)rows * 8, EW), EW, 0, g_stream>>>(Bm, m->wflip, rows, g->N);
+    cudaCheck(cudaGetLastError());
+    g->ldb = 8;
+    return m->wflip;
+}
+constexpr int CONV6_RND = 1;  // operands rounded once in shared memory (dev/conv2d.cu times variants 0, 2, 3)
+// MODE 0 on version 6: out (+)= conv + bias + emb, through the workspace and conv_splitk_epilogue_kernel when the
+// plan splits K
+template <int RND = CONV6_RND>
+static void conv6_forward_mode(const UNet* m, ConvGeom g, const float* X, const float* Wt, float* out,
+                               const float* bias, const float* emb, bool accumulate) {
+    Conv6Plan p = conv6_plan(0, g.M, g.N, g.K);
+    Wt = conv6_b_operand(m, &g, Wt, g.K);
+    if (p.splits == 1) {
+        launch_conv6<0, RND>(p, X, Wt, out, bias, emb, accumulate, g);
+        return;
+    }
+    conv_ws_check(m->conv_ws_floats, (size_t)p.splits * g.M * g.N, "workspace");
+    launch_conv6<0, RND>(p, X, Wt, m->conv_ws, nullptr, nullptr, 0, g);
+    size_t n = (size_t)g.M * g.N;
+    conv_splitk_epilogue_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, out, bias, emb, accumulate, g.M,
+                                                                      g.N, g.Ho * g.Wo, p.splits);
+    cudaCheck(cudaGetLastError());
+}
+// MODE 1 on version 6: dW = the K chunks' partial sums, added in a fixed order
+template <int RND = CONV6_RND>
+static void conv6_weight_grad(const UNet* m, ConvGeom g, const float* x, const float* dy, float* dw) {
+    Conv6Plan p = conv6_plan(1, g.M, g.N, g.K);
+    dy = conv6_b_operand(m, &g, dy, g.K);
+    conv_ws_check(m->conv_ws_floats, (size_t)p.splits * g.M * g.N, "workspace");
+    launch_conv6<1, RND>(p, x, dy, m->conv_ws, nullptr, nullptr, 0, g);
+    size_t n = (size_t)g.M * g.N;
+    wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, dw, n, p.splits, 0);
+    cudaCheck(cudaGetLastError());
+}
+
 // y (B, Ho, Wo, cout) (+)= conv3x3(x (B, H, W, cin)) + bias (+ emb[b, cout])
 static void conv3x3_forward(const UNet* m, const ConvP& c, const float* x, float* y, int H, int W,
                             const float* emb, bool accumulate) {
-    ConvGeom g;
-    g.B = m->B; g.H = H; g.W = W; g.C = c.cin;
-    g.Ho = (H - 1) / c.stride + 1; g.Wo = (W - 1) / c.stride + 1; g.N = c.cout;
-    g.fs = c.stride; g.ts = 1;
-    g.M = g.B * g.Ho * g.Wo; g.K = 9 * c.cin;
+    ConvGeom g = conv_geom_forward(m->B, c, H, W);
+    if (g_tf32 && g_conv_v == 6 && conv6_forward_ok(c)) {
+        conv6_forward_mode(m, g, x, m->p + c.w, y, m->p + c.b, emb, accumulate);
+        return;
+    }
     dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
     bool vec = c.cin % CONV_BK == 0 && c.cout % 4 == 0;
     launch_conv_igemm<0>(grid, vec, x, m->p + c.w, y, m->p + c.b, emb, accumulate, g, 0);
@@ -1889,22 +2377,22 @@ static void conv3x3_backward_data(const UNet* m, const ConvP& c, const float* dy
     int n = 9 * c.cin * c.cout;
     conv_flip_weights_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->p + c.w, m->wflip, c.cin, c.cout);
     cudaCheck(cudaGetLastError());
-    ConvGeom g;
-    g.B = m->B; g.H = (H - 1) / c.stride + 1; g.W = (W - 1) / c.stride + 1; g.C = c.cout;
-    g.Ho = H; g.Wo = W; g.N = c.cin;
-    g.fs = 1; g.ts = c.stride;
-    g.M = g.B * H * W; g.K = 9 * c.cout;
+    ConvGeom g = conv_geom_backward_data(m->B, c, H, W);
+    if (g_tf32 && g_conv_v == 6 && conv6_backward_data_ok(c)) {
+        conv6_forward_mode(m, g, dy, m->wflip, dx, nullptr, nullptr, accumulate);
+        return;
+    }
     dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
     bool vec = c.cout % CONV_BK == 0 && c.cin % 4 == 0;
     launch_conv_igemm<0>(grid, vec, dy, m->wflip, dx, nullptr, nullptr, accumulate, g, 0);
 }
 // dW = conv3x3 weight gradient from x (B, H, W, cin) and dy (B, Ho, Wo, cout)
 static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const float* x, const float* dy, int H, int W) {
-    ConvGeom g;
-    g.B = m->B; g.H = H; g.W = W; g.C = c.cin;
-    g.Ho = (H - 1) / c.stride + 1; g.Wo = (W - 1) / c.stride + 1; g.N = c.cout;
-    g.fs = c.stride; g.ts = 1;
-    g.M = 9 * c.cin; g.K = g.B * g.Ho * g.Wo;
+    ConvGeom g = conv_geom_weight(m->B, c, H, W);
+    if (g_tf32 && g_conv_v == 6 && conv6_weight_ok(c)) {
+        conv6_weight_grad(m, g, x, dy, m->g + c.w);
+        return;
+    }
     int tiles = ceil_div(g.M, CONV_BM) * ceil_div(g.N, CONV_BN);
     int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), std::max(1, g.K / 256)));
     int kchunk = ceil_div(ceil_div(g.K, splits), CONV_BK) * CONV_BK;
@@ -2474,6 +2962,14 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     gpu_init(a.tf32 != 0);
+    const char* env_conv = getenv("UNET_CONV_V");  // 5: the previous TF32 convolution kernels (timing old vs new)
+    if (env_conv && env_conv[0]) {
+        if (strcmp(env_conv, "5") && strcmp(env_conv, "6")) {
+            fprintf(stderr, "error: UNET_CONV_V=%s: expected 5 (wmma kernels) or 6 (mma.sync, the default)\n", env_conv);
+            return 1;
+        }
+        g_conv_v = env_conv[0] - '0';
+    }
     const char* env_prof = getenv("UNET_PROFILE");
     g_profile = env_prof && env_prof[0] == '1';
     if (g_profile) {
@@ -2543,7 +3039,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         row("steps", buf);
         snprintf(buf, sizeof buf, "%d", st.seed);
         row("seed", buf);
-        row("tf32", a.tf32 ? "on (convolutions and cuBLAS)" : "off (strict fp32)");
+        row("tf32", !a.tf32 ? "off (strict fp32)" : g_conv_v == 6 ? "on (convolutions and cuBLAS)"
+                                                                    : "on (convolutions: UNET_CONV_V=5 kernels)");
         row("init", !a.resume.empty() ? "resume " + a.resume : !a.load.empty() ? "load " + a.load : "own (PyTorch defaults)");
         row("checkpoint", ckpt_path);
         printf("+-----------------------+----------------------------------------------+\n");

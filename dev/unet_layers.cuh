@@ -253,6 +253,7 @@ static void conv3x3_cpu_backward(const float* x, const float* w, const float* dy
 
 // A UNet shell around one 3x3 convolution (weights at p[0], bias after them) with the workspaces its launchers and
 // channel_sums (bias gradient) need.
+static const size_t LAB_MAX_SPLITS = 4;  // the largest K split dev/conv2d.cu forces
 struct ConvLab {
     UNet m;
     ConvP c;
@@ -268,12 +269,11 @@ static void lab_init(ConvLab* L, int B, int H, int W, int cin, int cout, int s) 
     L->m.n_params = np;
     L->m.p = dev_alloc(np);
     L->m.g = dev_alloc(np);
-    size_t M = 9 * (size_t)cin, N = cout, K = (size_t)B * L->Ho * L->Wo;
-    int tiles = ceil_div(M, CONV_BM) * ceil_div(N, CONV_BN);
-    int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), (int)std::max<size_t>(1, K / 256)));
-    L->m.conv_ws_floats = (size_t)splits * M * N;
+    // every pass's split-K partials (versions 5 and 6, any v6 tile), and room for dev/conv2d.cu's forced splits
+    size_t most = std::max({(size_t)B * H * W * cin, (size_t)B * L->Ho * L->Wo * cout, 9 * (size_t)cin * cout});
+    L->m.conv_ws_floats = std::max(conv_ws_floats_need(B, L->c, H, W), LAB_MAX_SPLITS * most);
     L->m.conv_ws = dev_alloc(L->m.conv_ws_floats);
-    L->m.wflip_floats = 9 * (size_t)cin * cout;
+    L->m.wflip_floats = conv_scratch_floats_need(B, L->c, H, W);
     L->m.wflip = dev_alloc(L->m.wflip_floats);
     L->m.red_ws_items = (size_t)1024 * std::max(cout, 64);
     cudaCheck(cudaMalloc(&L->m.red_ws, L->m.red_ws_items * sizeof(double2)));
