@@ -1,13 +1,17 @@
 """A UNet training step at batch 32, ours against PyTorch, in one run (GPU machine; needs torch).
 
   python3 dev/bench_unet.py [--out bench_results] [--modes eager,compile,reduce-overhead] [--steps 20]
+                            [--conv_versions 5,6]
 
 Same work on both sides: the default model of dev/unet.py (64 channels, mult 1,2,3,4, 2 res blocks, attention at
 16x16 and 8x8), 64x64 images, batch 32, q_sample + forward + MSE + backward + AdamW (lr 1e-4). TF32 allowed on both
 sides (torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32 True; train_unet --tf32 1).
 PyTorch: eager, torch.compile(model), torch.compile(model, mode="reduce-overhead") (CUDA graphs), each on a fresh
 model, warmed up, then --steps steps timed one by one with CUDA events; median ms. Ours: ./train_unet on
-data/sunflowers64.bin, its per-window ms/step (CUDA events over --log_every steps, first window dropped), median.
+data/sunflowers64.bin, its per-window ms/step (CUDA events over --log_every steps, first window dropped), median;
+--conv_versions times it once per TF32 convolution version (UNET_CONV_V: 6 mma.sync, the default; 5 the previous
+wmma kernels), so old and new kernels and PyTorch are measured in the same run. A mode listed twice
+(--modes eager,eager) runs twice on fresh models (PyTorch eager's step time varies from run to run).
 Prints a table, writes bench_unet.csv and bench_unet.json into --out.
 """
 import argparse
@@ -24,13 +28,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 
 
-def bench_ours(binary, steps, batch):
+def bench_ours(binary, steps, batch, conv_v):
     window = 10
+    env = dict(os.environ, UNET_CONV_V=str(conv_v))
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [binary, "--steps", str(window * (steps // window + 1)), "--log_every", str(window), "--save_every", "0",
                "--batch_size", str(batch), "--output_dir", tmp, "--tf32", "1"]
         t0 = time.time()
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr[-2000:]}")
         ms = [float(m.group(1)) for m in re.finditer(r"\|\s*([0-9.]+) ms/step", r.stdout)]
@@ -93,6 +98,7 @@ def main():
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--binary", default=os.path.join(ROOT, "train_unet"))
+    p.add_argument("--conv_versions", default="6", help="UNET_CONV_V values to time ours with, e.g. 5,6")
     args = p.parse_args()
     try:
         import torch
@@ -103,9 +109,16 @@ def main():
         return 0
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    ours_ms, ours_all, ours_s = bench_ours(args.binary, args.steps, args.batch_size)
-    rows.append(dict(impl="train_unet (ours, --tf32 1)", ms=ours_ms, wall_s=ours_s))
-    print(f"ours: {ours_ms:.2f} ms/step (windows {['%.2f' % v for v in ours_all]})", flush=True)
+    conv_versions = [int(v) for v in args.conv_versions.split(",") if v]
+    if not conv_versions or any(v not in (5, 6) for v in conv_versions):
+        p.error("--conv_versions: a comma-separated list of 5 and 6")
+    ours_ms = None
+    for cv in conv_versions:
+        ms, ms_all, wall_s = bench_ours(args.binary, args.steps, args.batch_size, cv)
+        rows.append(dict(impl=f"train_unet (ours, --tf32 1, conv v{cv})", ms=ms, wall_s=wall_s))
+        print(f"ours, conv v{cv}: {ms:.2f} ms/step (windows {['%.2f' % v for v in ms_all]})", flush=True)
+        if ours_ms is None or cv == 6:
+            ours_ms = ms  # the "vs ours" column: the default kernels when timed
     for mode in [m for m in args.modes.split(",") if m]:
         try:
             ms, all_ms, warm_s = bench_torch(mode, args.steps, args.batch_size, 3)
