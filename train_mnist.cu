@@ -5,8 +5,11 @@ connected layers, forward and backward) runs on our own kernels; `--matmul cubla
 Two paths of ours:
   - the default fast path (GPU, --matmul ours, --tf32 1): conv2's forward, input and weight gradient on specialised
     TF32 mma kernels (weights and input patch in shared memory, persistent bands), conv1 forward as a direct fp32
-    kernel, fc1 on the generic tiled kernel, fc2 in a fused head (fc2 + log-softmax/NLL + fc2's input gradient);
-    max-pool, its backward and conv1's weight gradient fused into neighbouring kernels (dev/mnist_NOTES.md).
+    kernel, fc1 on specialised TF32 kernels (split-K forward with a cluster reduction; one backward kernel for its
+    input and weight gradient with the optimizer step of fc1.weight), fc2 in a fused head (fc2 + log-softmax/NLL +
+    fc2's input gradient); max-pool (with window codes instead of act2 and dact2), its backward and conv1's weight
+    gradient fused into neighbouring kernels; the optimizer step of the other parameters in the last gradient
+    reduction; programmatic dependent launch between the ~9 kernels of a step (dev/mnist_NOTES.md).
   - the generic path (--tf32 0, what the PyTorch fp32 tests compare): every product on the generic tiled kernel.
 
 Network (the write-up's): conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max-pool 2, fc 9216->128, ReLU, fc 128->10,
@@ -20,6 +23,7 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
   conv2.weight (64,3,3,32) = [co][ky][kx][ci] so that a K-tile of the implicit GEMM reads contiguous channels;
   fc1.weight (128, 12*12*64) with input order (y,x,c), matching the NHWC pooled tensor.
 */
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <zlib.h>
@@ -32,6 +36,7 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -75,6 +80,8 @@ static void fwrite_check(const void* p, size_t sz, size_t n, FILE* f, const char
         exit(EXIT_FAILURE);
     }
 }
+
+namespace cg = cooperative_groups;
 
 // ----------------------------------------------------------------------------------------------------------------
 // the network's shape
@@ -334,6 +341,22 @@ static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, i
     s.images.resize((size_t)s.n * IMG * IMG);
     s.labels.resize(s.n);
     return s;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+). The fast path's kernels are launched with it (launch_pdl below): kernel N+1
+// of the stream may then be scheduled while kernel N still runs, and its launch latency and prologue overlap N's
+// tail. Every such kernel calls grid_dep_sync() before it touches memory that an earlier kernel wrote or reads:
+// griddepcontrol.wait returns once the previous grid has completed and its writes are visible; then
+// launch_dependents lets the next kernel be scheduled. Because each kernel waits before it releases its successor,
+// a kernel that starts knows the kernel two launches back is complete: a prologue before grid_dep_sync() may read
+// what that one (and anything earlier) wrote, never what the immediately preceding kernel writes (the conv2 kernels
+// load their weight images there). Elsewhere (sm_80, or launches without the attribute) both are no-ops.
+__device__ __forceinline__ void grid_dep_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -656,6 +679,29 @@ static int g_cpu_threads = 1;
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static void launch_check() { cudaCheck(cudaGetLastError()); }
 
+// Launches a kernel on g_mm.stream with programmatic dependent launch when g_pdl is set (sm_90+, the kernel must call
+// grid_dep_sync() first thing) and, when cluster > 1, in thread-block clusters of `cluster` blocks along x.
+static bool g_pdl = false;
+template <typename... KArgs, typename... Args>
+static void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int cluster, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = g_mm.stream;
+    cudaLaunchAttribute attrs[2];
+    int n = 0;
+    if (g_pdl) {
+        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cluster > 1) {
+        attrs[n].id = cudaLaunchAttributeClusterDimension;
+        attrs[n].val.clusterDim.x = cluster; attrs[n].val.clusterDim.y = 1; attrs[n].val.clusterDim.z = 1;
+        n++;
+    }
+    cfg.attrs = attrs; cfg.numAttrs = n;
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 static int matmul_bn(int N) { return N <= 32 ? 32 : 64; }  // the narrow tile for conv1 (N=32), dX (32), dW1 (9)
 
 template <int AK, int BKIND>
@@ -779,6 +825,53 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
+enum { OPT_SGD = 0, OPT_ADAMW = 1 };
+enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
+struct OptConfig {
+    int optimizer = OPT_SGD, schedule = SCHED_COSINE, warmup_steps = 0, total_steps = 1;
+    float lr = 0.05f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+};
+// step: the number of updates done before this one. Warm-up: linear from lr/warmup to lr over warmup_steps; then
+// cosine or linear decay to lr_min at total_steps (warm-up + decay = a one-cycle shape).
+__host__ __device__ inline float lr_at(const OptConfig& c, int step) {
+    if (c.warmup_steps > 0 && step < c.warmup_steps) return c.lr * (float)(step + 1) / (float)c.warmup_steps;
+    if (c.schedule == SCHED_CONSTANT) return c.lr;
+    float span = (float)max(1, c.total_steps - c.warmup_steps);
+    float p = fminf(1.0f, (float)(step - c.warmup_steps) / span);
+    if (c.schedule == SCHED_COSINE) return c.lr_min + 0.5f * (c.lr - c.lr_min) * (1.0f + cosf(3.14159265358979f * p));
+    return c.lr + (c.lr_min - c.lr) * p;
+}
+// The scalars of one update, the same for every element: the learning rate, and AdamW's bias corrections at
+// t = step + 1 (computed once per thread, not per element).
+struct OptStep { float lr, bc1, bc2; };
+__host__ __device__ inline OptStep opt_step(const OptConfig& c, int step) {
+    OptStep s;
+    s.lr = lr_at(c, step);
+    s.bc1 = 1.0f - powf(c.beta1, (float)(step + 1));
+    s.bc2 = 1.0f - powf(c.beta2, (float)(step + 1));
+    return s;
+}
+// As torch.optim.SGD (momentum, dampening 0, weight decay added to the gradient) and torch.optim.AdamW. AdamW's two
+// moment updates are written as explicit FMAs: a * b + c * d leaves the compiler a choice of which product to fuse,
+// and fc1_backward_kernel's fused update must give optimizer_kernel's result to the bit (the SGD lines have one
+// contraction each).
+__host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptStep& s, float* p, float g, float* m, float* v) {
+    if (c.optimizer == OPT_SGD) {
+        g += c.weight_decay * *p;
+        float buf = c.momentum * *m + g;  // first step: m = 0, so buf = g, as PyTorch's clone
+        *m = buf;
+        *p -= s.lr * buf;
+    } else {
+        *p *= 1.0f - s.lr * c.weight_decay;
+        float mm = fmaf(c.beta1, *m, (1.0f - c.beta1) * g);
+        float vv = fmaf(c.beta2, *v, (1.0f - c.beta2) * g * g);
+        *m = mm; *v = vv;
+        float denom = sqrtf(vv) / sqrtf(s.bc2) + c.eps;
+        *p -= (s.lr / s.bc1) * mm / denom;
+    }
+}
+// ----------------------------------------------------------------------------------------------------------------
 // conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
 // 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
 // so that no operand byte is fetched twice from L2 for one band of image rows:
@@ -798,21 +891,60 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// 16-byte asynchronous copy global -> shared (cp.async, sm_80+), and its group bookkeeping
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+
+// The max-pool's window codes (fast path): the forward stores, next to each pooled value, which of its 2x2 window's
+// act2 values it is (0..3 = (dy, dx) = (0,0), (0,1), (1,0), (1,1): the first maximum in that order, PyTorch's choice)
+// or 4 when the pooled value is not > 0 (then the ReLU in front of the pool passes no gradient). The backward then
+// never needs act2 (9.4 MB at batch 64) nor a materialised dact2: dact2 = the pooled gradient at the window's code
+// position, 0 at the other three, rebuilt by the kernels that read it. A byte per pooled value (0.6 MB at batch 64).
+constexpr uint8_t POOL_NO_GRAD = 4;
+__device__ __forceinline__ uint8_t pool_window(float tl, float tr, float bl, float br, float& m) {
+    uint8_t a = 0;
+    m = tl;
+    if (tr > m) { m = tr; a = 1; }
+    if (bl > m) { m = bl; a = 2; }
+    if (br > m) { m = br; a = 3; }
+    return m > 0.0f ? a : POOL_NO_GRAD;
+}
+// dact2[b, y, x, c..c+3] from the pooled gradient dpooled (B,12,12,64) and the window codes (same layout): the index
+// of the pooled chunk, the expansion of a loaded chunk d and its 4 codes k, and both in one
+__device__ __forceinline__ size_t pooled_index(int b, int y, int x, int c) { return (((size_t)b * HP + (y >> 1)) * HP + (x >> 1)) * C2 + c; }
+__device__ __forceinline__ float4 dact2_expand(float4 d, uint32_t k, int y, int x) {
+    const uint32_t me = ((y & 1) << 1) | (x & 1);
+    return make_float4((k & 255u) == me ? d.x : 0.0f, ((k >> 8) & 255u) == me ? d.y : 0.0f,
+                       ((k >> 16) & 255u) == me ? d.z : 0.0f, (k >> 24) == me ? d.w : 0.0f);
+}
+__device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+                                                    int b, int y, int x, int c) {
+    size_t i = pooled_index(b, y, x, c);
+    return dact2_expand(__ldg((const float4*)(dpooled + i)), __ldg((const unsigned int*)(codes + i)), y, x);
+}
 
 // out[b, y, x, n] = sum_{ky,kx,c} in[b, y + ky - PAD, x + kx - PAD, c] * Wt[ky*3+kx][c][n] (zero outside the input),
 // NHWC, HOUT x HOUT outputs from HIN x HIN inputs.
 //   forward (DGRAD false): in = act1 (C1), Wt[tap][ci][co] = conv2.weight[co][tap][ci], PAD 0; out = ReLU(. + bias).
-//   input gradient (DGRAD true): in = dact2 (C2), Wt[tap][co][ci] = conv2.weight[co][8 - tap][ci] (the flipped
-//   kernel), PAD 2; out = . where mask (act1) > 0, else 0 (the ReLU in front of conv2).
+//   input gradient (DGRAD true): in = dact2 (C2), rebuilt while loading from in = dpooled and the window codes
+//   (dact2_from_pooled), Wt[tap][co][ci] = conv2.weight[co][8 - tap][ci] (the flipped kernel), PAD 2; out = . where
+//   mask (act1) > 0, else 0 (the ReLU in front of conv2).
 //   w: the shared-memory image of Wt, [9][COUT][CIN+4] rounded to TF32 (conv2_weights_tf32_kernel).
 // Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
 // rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*(HOUT+2)][CIN+4].
-template <int CIN, int COUT, int HIN, int HOUT, int PAD, int R, int WM, int WN, int MI, int NI, bool DGRAD, bool POOL>
+// PIPE (forward only): two patch buffers; the block's next band is copied (cp.async, raw) into one while the other
+// is computed, and each thread rounds the chunks it copied once they have landed. The weights come by cp.async too.
+template <int CIN, int COUT, int HIN, int HOUT, int PAD, int R, int WM, int WN, int MI, int NI, bool DGRAD, bool POOL, bool PIPE>
 __global__ void __launch_bounds__(32 * WM * WN)
-conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __restrict__ w, const float* __restrict__ bias,
-                       const float* __restrict__ mask, float* pooled, const float* __restrict__ ximg, float* w1_partial, int B) {
+conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const uint8_t* __restrict__ codes, const float* __restrict__ w,
+                       const float* __restrict__ bias, const float* __restrict__ mask, float* pooled, uint8_t* pool_codes,
+                       const float* __restrict__ ximg, float* w1_partial, int B) {
     constexpr int NT = 32 * WM * WN, WP = HOUT + 2, PR = R + 2, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
-    constexpr int NCH = PR * WP * (CIN / 4);  // 16-byte chunks of a patch
+    constexpr int NCH = PR * WP * (CIN / 4), NCHI = (NCH + NT - 1) / NT;  // 16-byte chunks of a patch, per thread
+    static_assert(!PIPE || (!DGRAD && PAD == 0), "the pipelined copy has no zero fill and no dact2 rebuild");
     static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT, "the warp tiles must cover a band exactly in n, at least in m");
     static_assert(CS % 32 == 4 && CIN % 8 == 0, "pixel stride 4 mod 32 banks: a fragment's 8 rows x 4 k on 32 banks");
     static_assert(HOUT + 2 - 2 * PAD == HIN, "a 3x3 kernel: valid (PAD 0) or full (PAD 2) correlation");
@@ -822,8 +954,31 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
 
-    // weights, once per block: a 16-byte copy of the image conv2_weights_tf32_kernel prepared (rounded, padded)
-    for (int i = tid; i < 9 * COUT * CS / 4; i += NT) ((float4*)Ws)[i] = __ldg((const float4*)w + i);
+    // weights, once per block: a 16-byte copy of the image conv2_weights_tf32_kernel prepared (rounded, padded);
+    // before grid_dep_sync: the image is made at least two launches earlier (see grid_dep_sync)
+    if constexpr (PIPE) {
+        for (int i = tid; i < 9 * COUT * CS / 4; i += NT) cp_async16(Ws + 4 * i, w + 4 * i);
+        cp_async_commit();
+    } else {
+        for (int i = tid; i < 9 * COUT * CS / 4; i += NT) ((float4*)Ws)[i] = __ldg((const float4*)w + i);
+    }
+    grid_dep_sync();
+    auto patch_chunk = [&](int ch, int y0, int& pix, int& c4, int& iy, int& ix) {
+        pix = ch / (CIN / 4); c4 = ch % (CIN / 4); iy = y0 + pix / WP - PAD; ix = pix % WP - PAD;
+    };
+    auto issue_patch = [&](int band, float* dst) {  // PIPE: the raw patch of `band` into dst
+        const int b = band / NBAND, y0 = (band % NBAND) * R;
+#pragma unroll
+        for (int i = 0; i < NCHI; i++) {
+            int ch = tid + i * NT, pix, c4, iy, ix;
+            patch_chunk(ch, y0, pix, c4, iy, ix);
+            if (ch < NCH) cp_async16(dst + pix * CS + c4 * 4, in + (((size_t)b * HIN + iy) * HIN + ix) * CIN + c4 * 4);
+        }
+    };
+    if constexpr (PIPE) {
+        if (blockIdx.x < B * NBAND) issue_patch(blockIdx.x, Ps);
+        cp_async_commit();
+    }
     int rowoff[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -844,25 +999,41 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
                 for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
     }
 
-    for (int band = blockIdx.x; band < B * NBAND; band += gridDim.x) {
+    for (int band = blockIdx.x, it = 0; band < B * NBAND; band += gridDim.x, it++) {
         const int b = band / NBAND, y0 = (band % NBAND) * R;
-        __syncthreads();  // the previous band's fragment reads are done (and, the first time, Ws is written)
-        {
-            float4 v[(NCH + NT - 1) / NT];
+        float* P = Ps;  // this band's patch
+        if constexpr (PIPE) {
+            // buffers alternate; the one for the next band was last read by the previous band (barrier at its end)
+            P = Ps + (it & 1) * PR * WP * CS;
+            if (band + (int)gridDim.x < B * NBAND) issue_patch(band + gridDim.x, Ps + ((it + 1) & 1) * PR * WP * CS);
+            cp_async_commit();
+            cp_async_wait<1>();  // everything but the group just committed: the weights and this band's patch
 #pragma unroll
-            for (int i = 0; i < (NCH + NT - 1) / NT; i++) {
-                int ch = tid + i * NT, pix = ch / (CIN / 4), c4 = ch % (CIN / 4);
-                int iy = y0 + pix / WP - PAD, ix = pix % WP - PAD;
+            for (int i = 0; i < NCHI; i++) {
+                int ch = tid + i * NT, pix, c4, iy, ix;
+                patch_chunk(ch, y0, pix, c4, iy, ix);
+                if (ch < NCH) { float4* q = (float4*)(P + pix * CS + c4 * 4); *q = tf32_round4(*q); }
+            }
+            __syncthreads();
+        } else {
+            __syncthreads();  // the previous band's fragment reads are done (and, the first time, Ws is written)
+            float4 v[NCHI];
+#pragma unroll
+            for (int i = 0; i < NCHI; i++) {
+                int ch = tid + i * NT, pix, c4, iy, ix;
+                patch_chunk(ch, y0, pix, c4, iy, ix);
                 bool ok = ch < NCH && iy >= 0 && iy < HIN && ix >= 0 && ix < HIN;
-                v[i] = ok ? __ldg((const float4*)(in + (((size_t)b * HIN + iy) * HIN + ix) * CIN) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+                if constexpr (DGRAD) v[i] = ok ? dact2_from_pooled(in, codes, b, iy, ix, c4 * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+                else v[i] = ok ? __ldg((const float4*)(in + (((size_t)b * HIN + iy) * HIN + ix) * CIN) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
 #pragma unroll
-            for (int i = 0; i < (NCH + NT - 1) / NT; i++) {
-                int ch = tid + i * NT, pix = ch / (CIN / 4), c4 = ch % (CIN / 4);
+            for (int i = 0; i < NCHI; i++) {
+                int ch = tid + i * NT, pix, c4, iy, ix;
+                patch_chunk(ch, y0, pix, c4, iy, ix);
                 if (ch < NCH) *(float4*)(Ps + pix * CS + c4 * 4) = tf32_round4(v[i]);
             }
+            __syncthreads();
         }
-        __syncthreads();
         float acc[MI][NI][4];
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
@@ -872,7 +1043,7 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
                 for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
 #pragma unroll 1
         for (int tap = 0; tap < 9; tap++) {
-            const float* pa = Ps + ((tap / 3) * WP + tap % 3) * CS + t;
+            const float* pa = P + ((tap / 3) * WP + tap % 3) * CS + t;
             const float* pb = wsb + tap * COUT * CS;
 #pragma unroll
             for (int c0 = 0; c0 < CIN; c0 += 8) {
@@ -926,9 +1097,9 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
                 }
             }
         if constexpr (POOL) {
-            // max-pool 2x2: a warp holds output rows y0 + 2wm and y0 + 2wm + 1 (48 pixels); pixel m < 24 of the first
-            // row is (mi, h) = (0,0), (0,1), (1,0) for m = g, g + 8, g + 16, the pixel below it (m + 24) is (1,1),
-            // (2,0), (2,1) of the same thread, and the pixel to its right (m + 1) is lane ^ 4
+            // max-pool 2x2 and its window codes: a warp holds output rows y0 + 2wm and y0 + 2wm + 1 (48 pixels); pixel
+            // m < 24 of the first row is (mi, h) = (0,0), (0,1), (1,0) for m = g, g + 8, g + 16, the pixel below it
+            // (m + 24) is (1,1), (2,0), (2,1) of the same thread, and the pixel to its right (m + 1) is lane ^ 4
             static_assert(POOL == (!DGRAD && HOUT == 24 && MI == 3 && R % 2 == 0 && WM * 2 == R), "pooling layout");
             const int py = (y0 + 2 * wm) / 2;
 #pragma unroll
@@ -937,14 +1108,24 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
                 const int x = q * 8 + g;
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
-                    float2 v = make_float2(fmaxf(acc[ma][ni][2 * ha], acc[mb][ni][2 * hb]), fmaxf(acc[ma][ni][2 * ha + 1], acc[mb][ni][2 * hb + 1]));
-                    v.x = fmaxf(v.x, __shfl_xor_sync(0xffffffffu, v.x, 4));
-                    v.y = fmaxf(v.y, __shfl_xor_sync(0xffffffffu, v.y, 4));
+                    float2 v;
+                    uint8_t code[2];
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {  // channel n + j: top/bottom here, top/bottom right at lane ^ 4
+                        float top = acc[ma][ni][2 * ha + j], bot = acc[mb][ni][2 * hb + j];
+                        float top_r = __shfl_xor_sync(0xffffffffu, top, 4), bot_r = __shfl_xor_sync(0xffffffffu, bot, 4);
+                        code[j] = pool_window(top, top_r, bot, bot_r, j ? v.y : v.x);
+                    }
                     int n = (wn * NI + ni) * 8 + 2 * t;
-                    if (!(g & 1)) *(float2*)(pooled + (((size_t)b * HP + py) * HP + x / 2) * COUT + n) = v;
+                    size_t pi = (((size_t)b * HP + py) * HP + x / 2) * COUT + n;
+                    if (!(g & 1)) {  // the window's left column is here (x even)
+                        *(float2*)(pooled + pi) = v;
+                        *(uchar2*)(pool_codes + pi) = make_uchar2(code[0], code[1]);
+                    }
                 }
             }
         }
+        if constexpr (PIPE) __syncthreads();  // P is read by all warps before the next band's copy may target it
     }
     if constexpr (DGRAD) {
         // conv1's weight and bias gradient of this block's pixels: the 32 threads with the same t hold the same 8
@@ -966,64 +1147,115 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
         }
     }
 }
-// forward: R = 4 rows = 96 pixels = 6 m16 tiles, 8 warps of 48 x 16; dgrad: R = 2 rows = 52 pixels in 4 m16 tiles,
-// 4 warps of 16 x 32. Both fit two blocks in an SM's shared memory.
+// forward: R = 4 rows = 96 pixels = 6 m16 tiles, 8 warps of 48 x 16, pipelined (two patch buffers: one block per SM,
+// 132 blocks for 384 bands at batch 64 = 2.9 rounds); dgrad: R = 2 rows = 52 pixels in 4 m16 tiles, 4 warps of
+// 16 x 32, two blocks per SM.
 // The forward also writes the 2x2 max-pool of its ReLU output; the input gradient also adds up conv1's weight and
 // bias gradients of the pixels it produces (dact1 feeds nothing else, so it need not be stored).
-#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 0, 4, 2, 4, 3, 2, false, true>
-#define CONV2_DGRAD_KERNEL conv2_band_tf32_kernel<C2, C1, H2, H1, 2, 2, 4, 1, 1, 4, true, false>
+#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 0, 4, 2, 4, 3, 2, false, true, true>
+#define CONV2_DGRAD_KERNEL conv2_band_tf32_kernel<C2, C1, H2, H1, 2, 2, 4, 1, 1, 4, true, false, false>
 constexpr int CONV2_FWD_THREADS = 256, CONV2_DGRAD_THREADS = 128;
-constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + 6 * H1 * (C1 + 4)) * sizeof(float);
+constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + 2 * 6 * H1 * (C1 + 4)) * sizeof(float);
 constexpr size_t CONV2_DGRAD_SMEM = (9 * C1 * (C2 + 4) + 4 * (H1 + 2) * (C2 + 4)) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / 4, CONV2_DGRAD_BANDS = H1 / 2;
 
 // The two shared-memory images of conv2.weight (internal [co][tap][ci]), rounded to TF32, made once per forward:
 // forward [tap][co][ci (+4 pad)], input gradient [8 - tap][ci][co (+4 pad)] (flipped, transposed). The pads are
-// never read by a fragment (zeroed once at allocation).
-__global__ void conv2_weights_tf32_kernel(float* wimg_fwd, float* wimg_dgrad, const float* w2) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // = co * 288 + tap * 32 + ci
-    if (idx >= C2 * KC2) return;
+// never read by a fragment (zeroed once at allocation). Element idx = co * 288 + tap * 32 + ci.
+__device__ __forceinline__ void conv2_weights_image(int idx, float* wimg_fwd, float* wimg_dgrad, const float* w2) {
     int co = idx / KC2, tap = (idx / C1) % 9, ci = idx % C1;
     float v = tf32_round(w2[idx]);
     wimg_fwd[(tap * C2 + co) * (C1 + 4) + ci] = v;
     wimg_dgrad[((8 - tap) * C1 + ci) * (C2 + 4) + co] = v;
 }
+__global__ void conv2_weights_tf32_kernel(float* wimg_fwd, float* wimg_dgrad, const float* w2) {
+    grid_dep_sync();
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < C2 * KC2) conv2_weights_image(idx, wimg_fwd, wimg_dgrad, w2);
+}
 // dst[i] = sum_{s < splits} src[s * stride + i] for i < n (i >= n_head goes to dst_tail[i - n_head]): a block adds
-// 32 consecutive outputs (coalesced), its 8 warps take the splits s = w, w + 8, ... in order, and the 8 sums are
-// added in warp order: deterministic for a given split count.
-__global__ void splits_reduce_kernel(float* dst, float* dst_tail, int n_head, const float* src, size_t stride, int splits, int n) {
-    __shared__ float part[8][33];
-    int lane = threadIdx.x % 32, w = threadIdx.x / 32, i = blockIdx.x * 32 + lane;
+// 32 consecutive outputs (coalesced), its 32 warps take the splits s = w, w + 32, ... (four loads in flight), and the
+// 32 sums are added in warp order: deterministic for a given split count. (Latency-bound: conv2's input gradient
+// leaves 264 partial sums of conv1's gradients.) Up to three jobs in one launch: blocks < blocks0 do j0, the next
+// blocks1 j1, the rest j2. A job with update_off >= 0 does not store its sums: it applies the optimizer step with them
+// to the parameters update_off + i of the flat buffers in `opt` (the same opt_update_elem as optimizer_kernel: the
+// same result, bit for bit, as storing the gradient and running optimizer_kernel). With opt.advance_B >= 0 the kernel
+// also advances the counters, as optimizer_kernel does.
+constexpr int SR_WARPS = 32;
+struct SplitsJob {
+    float *dst = nullptr, *dst_tail = nullptr; int n_head = 0;
+    const float* src = nullptr; size_t stride = 0; int splits = 0, n = 0;
+    int update_off = -1;
+};
+struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
+__global__ void __launch_bounds__(32 * SR_WARPS) splits_reduce_kernel(SplitsJob j0, SplitsJob j1, SplitsJob j2, int blocks0,
+                                                                       int blocks1, OptTarget opt) {
+    __shared__ float part[SR_WARPS][33];
+    grid_dep_sync();
+    const int job = (int)blockIdx.x < blocks0 ? 0 : (int)blockIdx.x < blocks0 + blocks1 ? 1 : 2;
+    const SplitsJob j = job == 0 ? j0 : job == 1 ? j1 : j2;
+    const int block = blockIdx.x - (job > 0 ? blocks0 : 0) - (job > 1 ? blocks1 : 0);
+    OptStep st = {};
+    if (opt.params) st = opt_step(opt.c, opt.counters[0]);
+    if (opt.advance_B >= 0) {
+        __syncthreads();  // every thread of the block has read counters[0]
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(&opt.counters[2], 1) == (int)gridDim.x - 1) {
+                opt.counters[0] += 1; opt.counters[1] += opt.advance_B; opt.counters[2] = 0;
+            }
+        }
+    }
+    const float* src = j.src;
+    const size_t stride = j.stride;
+    const int splits = j.splits, n = j.n;
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, i = block * 32 + lane;
     float a[4] = {0.f, 0.f, 0.f, 0.f};
     if (i < n) {
         int s = w, u = 0;
-        for (; s + 24 < splits; s += 32)
+        for (; s + 3 * SR_WARPS < splits; s += 4 * SR_WARPS)
 #pragma unroll
-            for (u = 0; u < 4; u++) a[u] += src[(size_t)(s + 8 * u) * stride + i];
-        for (u = 0; s < splits; s += 8, u++) a[u] += src[(size_t)s * stride + i];
+            for (u = 0; u < 4; u++) a[u] += src[(size_t)(s + SR_WARPS * u) * stride + i];
+        for (u = 0; s < splits; s += SR_WARPS, u++) a[u] += src[(size_t)s * stride + i];
     }
     part[w][lane] = (a[0] + a[1]) + (a[2] + a[3]);
     __syncthreads();
     if (w == 0 && i < n) {
         float v = part[0][lane];
-        for (int j = 1; j < 8; j++) v += part[j][lane];
-        if (i < n_head) dst[i] = v; else dst_tail[i - n_head] = v;
+        for (int k = 1; k < SR_WARPS; k++) v += part[k][lane];
+        if (j.update_off >= 0) {
+            const size_t o = (size_t)j.update_off + i;
+            float p = opt.params[o], m = opt.m1[o], vv = opt.c.optimizer == OPT_ADAMW ? opt.m2[o] : 0.0f;
+            opt_update_elem(opt.c, st, &p, v, &m, &vv);
+            opt.params[o] = p; opt.m1[o] = m;
+            if (opt.c.optimizer == OPT_ADAMW) opt.m2[o] = vv;
+        } else if (i < j.n_head) {
+            j.dst[i] = v;
+        } else {
+            j.dst_tail[i - j.n_head] = v;
+        }
     }
 }
-static void splits_reduce(float* dst, float* dst_tail, int n_head, const float* src, size_t stride, int splits, int n) {
-    splits_reduce_kernel<<<ceil_div(n, 32), 256, 0, g_mm.stream>>>(dst, dst_tail, n_head, src, stride, splits, n);
-    launch_check();
+static void splits_reduce(const SplitsJob& j0, const SplitsJob& j1 = SplitsJob(), const SplitsJob& j2 = SplitsJob(),
+                          const OptTarget& opt = OptTarget()) {
+    int b0 = ceil_div(j0.n, 32), b1 = ceil_div(j1.n, 32), b2 = ceil_div(j2.n, 32);
+    launch_pdl(splits_reduce_kernel, b0 + b1 + b2, 32 * SR_WARPS, 0, 1, j0, j1, j2, b0, b1, opt);
 }
 
-// Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co].
+// Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co],
+// dact2 rebuilt while loading from the pooled gradient and the window codes (dact2_from_pooled).
 // GEMM m = co (64), n = (tap, ci) (288), k = pixel. A block takes bands of R = 6 output rows (144 pixels = 18
 // k-steps) of one image: Ds[144][64+8] (dact2, pixel-major: a fragment's A[co][pixel] reads are 8t + g banks apart)
 // and the act1 patch Ps[8*26][32+4]; 8 warps of 32 x 72 (2 m16 x 9 n8 tiles) hold the block's 64 x 288 sums.
 // The bias gradient is summed from the unrounded dact2 as it is loaded (each thread always loads the same 4 channels).
 constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2, WG_DS = C2 + 8, WG_CS = C1 + 4;
-constexpr size_t CONV2_WGRAD_SMEM = (WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS) * sizeof(float);
+constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
+// the operands, or (after the bands) the partial sums and the bias reduction's 256 float4
+constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS, WG_NOUT + 4 * 256) * sizeof(float);
+static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0, "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
 __global__ void __launch_bounds__(256)
-conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const float* __restrict__ act1, int B) {
+conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+                        const float* __restrict__ act1, int B, int cluster) {
     constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
     static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
     static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
@@ -1032,6 +1264,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const f
     float* Ps = smem + WG_NPIX * WG_DS;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / 4, wn = warp % 4;
+    grid_dep_sync();
     int boff[9];
 #pragma unroll
     for (int ni = 0; ni < 9; ni++) {
@@ -1046,24 +1279,36 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const f
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
     float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
+    // the next band's operands are loaded into registers (raw: pooled-gradient chunks, their codes, act1 chunks)
+    // before this band's mma loop and stored after it, so their latency hides behind the math
+    float4 vdp[NCH_D / 256], vp[(NCH_P + 255) / 256];
+    uint32_t vcd[NCH_D / 256];
+    auto load_band = [&](int band) {
         const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
-        __syncthreads();
-        const float4* srcd = (const float4*)(dact2 + ((size_t)b * H2 + y0) * H2 * C2);  // the band: contiguous
         const float4* srcp = (const float4*)(act1 + ((size_t)b * H1 + y0) * H1 * C1);   // rows y0 .. y0+7: contiguous
-        float4 vd[NCH_D / 256], vp[(NCH_P + 255) / 256];
 #pragma unroll
-        for (int i = 0; i < NCH_D / 256; i++) vd[i] = __ldg(srcd + tid + i * 256);
+        for (int i = 0; i < NCH_D / 256; i++) {
+            int ch = tid + i * 256, p = ch / (C2 / 4), c4 = ch % (C2 / 4);
+            size_t pi = pooled_index(b, y0 + p / H2, p % H2, c4 * 4);
+            vdp[i] = __ldg((const float4*)(dpooled + pi));
+            vcd[i] = __ldg((const unsigned int*)(codes + pi));
+        }
 #pragma unroll
         for (int i = 0; i < (NCH_P + 255) / 256; i++) {
             int ch = tid + i * 256;
             vp[i] = ch < NCH_P ? __ldg(srcp + ch) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
+    };
+    if ((int)blockIdx.x < B * WG_BANDS) load_band(blockIdx.x);
+    for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
+        const int y0 = (band % WG_BANDS) * WG_R;
+        __syncthreads();  // the previous band's fragment reads are done
 #pragma unroll
         for (int i = 0; i < NCH_D / 256; i++) {
             int ch = tid + i * 256, p = ch / (C2 / 4), c4 = ch % (C2 / 4);
-            rs.x += vd[i].x; rs.y += vd[i].y; rs.z += vd[i].z; rs.w += vd[i].w;
-            *(float4*)(Ds + p * WG_DS + c4 * 4) = tf32_round4(vd[i]);
+            float4 vd = dact2_expand(vdp[i], vcd[i], y0 + p / H2, p % H2);
+            rs.x += vd.x; rs.y += vd.y; rs.z += vd.z; rs.w += vd.w;
+            *(float4*)(Ds + p * WG_DS + c4 * 4) = tf32_round4(vd);
         }
 #pragma unroll
         for (int i = 0; i < (NCH_P + 255) / 256; i++) {
@@ -1071,6 +1316,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const f
             if (ch < NCH_P) *(float4*)(Ps + p * WG_CS + c4 * 4) = tf32_round4(vp[i]);
         }
         __syncthreads();
+        if (band + (int)gridDim.x < B * WG_BANDS) load_band(band + gridDim.x);
 #pragma unroll 2
         for (int k0 = 0; k0 < WG_NPIX; k0 += 8) {
             const int pb = (k0 / H2) * H1 + k0 % H2;  // the patch pixel of the k-step's first pixel (tap 0)
@@ -1092,7 +1338,11 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const f
             }
         }
     }
-    float* pout = partial + (size_t)blockIdx.x * (C2 * KC2 + C2);  // [64][288] then the bias's 64
+    // the block's partial sums, [64][288] then the bias's 64: to global memory, or (cluster > 1, sm_90) to shared
+    // memory first, then added across the cluster's blocks through distributed shared memory in rank order (block q
+    // adds the q-th slice of all of them): one partial sum per cluster
+    __syncthreads();  // every warp is done with Ds and Ps
+    float* pout = cluster > 1 ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -1103,8 +1353,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const f
                 *(float2*)(pout + m * KC2 + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
     // bias: the 16 threads with the same tid % 16 hold the same 4 channels; added in thread order
-    __syncthreads();
-    float4* red = (float4*)smem;
+    float4* red = (float4*)(smem + WG_NOUT);
     red[tid] = rs;
     __syncthreads();
     if (tid < C2 / 4) {
@@ -1115,9 +1364,31 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dact2, const f
         }
         *(float4*)(pout + C2 * KC2 + tid * 4) = s;
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cluster > 1) {
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync();  // every block's partial sums are in its shared memory
+        const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
+        float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
+        for (int i = tid; i < per; i += 256) {
+            int e = q * per + i;
+            float4 sum = ((const float4*)cl.map_shared_rank(smem, 0))[e];
+            for (int r = 1; r < cluster; r++) {
+                float4 o = ((const float4*)cl.map_shared_rank(smem, r))[e];
+                sum.x += o.x; sum.y += o.y; sum.z += o.z; sum.w += o.w;
+            }
+            dst[e] = sum;
+        }
+        cl.sync();  // no block leaves (freeing its shared memory) while another still reads it
+    }
+#endif
 }
 // Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
-struct Conv2Tf32 { bool ready = false; int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0; float *ws = nullptr, *ws_w1 = nullptr, *wimg_fwd = nullptr, *wimg_dgrad = nullptr; };
+struct Conv2Tf32 {
+    bool ready = false;
+    int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
+    float *ws = nullptr, *ws_w1 = nullptr, *wimg_fwd = nullptr, *wimg_dgrad = nullptr;
+};
 static Conv2Tf32 g_conv2;
 static void conv2_tf32_setup() {
     if (g_conv2.ready) return;
@@ -1133,6 +1404,22 @@ static void conv2_tf32_setup() {
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
     g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
     g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
+    int major;
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    // sm_90: clusters of 4 or 2 blocks add their partial sums (a quarter or half as many to reduce), where that keeps
+    // (nearly) every SM busy: on an H100 only 30 clusters of 4 are co-resident (120 blocks: three rounds of bands for
+    // some blocks, measured slower), 66 of 2.
+    for (int cl = 4; major >= 9 && occ_w == 1 && cl >= 2; cl /= 2) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(sms / cl * cl); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = CONV2_WGRAD_SMEM;
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = cl; at.val.clusterDim.y = 1; at.val.clusterDim.z = 1;
+        cfg.attrs = &at; cfg.numAttrs = 1;
+        int nclusters = 0;
+        cudaCheck(cudaOccupancyMaxActiveClusters(&nclusters, conv2_wgrad_tf32_kernel, &cfg));
+        if (cl * std::min(nclusters, sms / cl) >= sms - 1) { g_conv2.wgrad_cluster = cl; g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl); break; }
+    }
     cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
     size_t nf = 9 * C2 * (C1 + 4), nd = 9 * C1 * (C2 + 4);
     cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, nf * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, nf * sizeof(float)));
@@ -1141,28 +1428,35 @@ static void conv2_tf32_setup() {
     g_conv2.ready = true;
 }
 // The weight images both conv2 kernels read; call after every change of conv2.weight, before the kernels.
+// With programmatic dependent launch the kernels that read the images may load them before waiting for their
+// predecessor (grid_dep_sync), so at least one other kernel must be launched between this and conv2_forward_tf32.
 static void conv2_weights_tf32(const float* w2) {
-    conv2_weights_tf32_kernel<<<ceil_div(C2 * KC2, 256), 256, 0, g_mm.stream>>>(g_conv2.wimg_fwd, g_conv2.wimg_dgrad, w2);
-    launch_check();
+    launch_pdl(conv2_weights_tf32_kernel, ceil_div(C2 * KC2, 256), 256, 0, 1, g_conv2.wimg_fwd, g_conv2.wimg_dgrad, w2);
 }
-// act2 (B,24,24,64) = ReLU(conv2(act1) + b2), pooled (B,12,12,64) = its 2x2 max-pool
-static void conv2_forward_tf32(float* act2, float* pooled, const float* act1, const float* b2, int B) {
+// pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2) and its window codes (B,12,12,64);
+// act2 (B,24,24,64) itself is stored only when act2 is not null (the tests)
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, const float* act1, const float* b2, int B) {
     int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    CONV2_FWD_KERNEL<<<grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, g_mm.stream>>>(act2, act1, g_conv2.wimg_fwd, b2, nullptr, pooled, nullptr, nullptr, B);
-    launch_check();
+    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, act1, nullptr, g_conv2.wimg_fwd, b2, nullptr,
+               pooled, codes, nullptr, nullptr, B);
 }
-// dact1 = conv2 input gradient of dact2, zeroed where act1 <= 0 (stored only when dact1 is not null), and from it
-// conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input (B,28,28)
-static void conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dact2, const float* act1, const float* x, int B) {
+// dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
+// when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
+// Returns the reduction of the blocks' partial sums of dw1, db1 still to launch (conv2_grads_reduce).
+static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
+                                  const float* act1, const float* x, int B) {
     int grid = std::min(B * CONV2_DGRAD_BANDS, g_conv2.dgrad_ctas);
-    CONV2_DGRAD_KERNEL<<<grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, g_mm.stream>>>(dact1, dact2, g_conv2.wimg_dgrad, nullptr, act1, nullptr, x, g_conv2.ws_w1, B);
-    launch_check();
-    splits_reduce(dw1, db1, C1 * 9, g_conv2.ws_w1, C1 * 10, grid, C1 * 10);
+    launch_pdl(CONV2_DGRAD_KERNEL, grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad,
+               nullptr, act1, nullptr, nullptr, x, g_conv2.ws_w1, B);
+    SplitsJob j;
+    j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
+    return j;
 }
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1): the 43264 x 32 x 9 GEMM with K = 9 held in registers (strict fp32
 // FMAs, k in order); a thread makes 8 channels of one pixel.
 __global__ void conv1_forward_kernel(float* act1, const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, int B) {
     __shared__ float ws[9][C1], bs[C1];
+    grid_dep_sync();
     for (int i = threadIdx.x; i < 9 * C1; i += blockDim.x) ws[i % 9][i / 9] = w1[i];
     if (threadIdx.x < C1) bs[threadIdx.x] = b1[threadIdx.x];
     __syncthreads();
@@ -1186,22 +1480,34 @@ __global__ void conv1_forward_kernel(float* act1, const float* __restrict__ x, c
 }
 static void conv1_forward_direct(float* act1, const float* x, const float* w1, const float* b1, int B) {
     int n = B * H1 * H1 * (C1 / 8);
-    conv1_forward_kernel<<<ceil_div(n, 256), 256, 0, g_mm.stream>>>(act1, x, w1, b1, B);
-    launch_check();
+    launch_pdl(conv1_forward_kernel, ceil_div(n, 256), 256, 0, 1, act1, x, w1, b1, B);
 }
-// dw2 (64, 3,3,32 internal) and db2 (64) from dact2 and act1
-static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dact2, const float* act1, int B) {
-    int grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);
-    conv2_wgrad_tf32_kernel<<<grid, 256, CONV2_WGRAD_SMEM, g_mm.stream>>>(g_conv2.ws, dact2, act1, B);
-    launch_check();
-    splits_reduce(dw2, db2, C2 * KC2, g_conv2.ws, C2 * KC2 + C2, grid, C2 * KC2 + C2);
+// dw2 (64, 3,3,32 internal) and db2 (64) from dact2 (from dpooled and the window codes) and act1. Returns the
+// reduction of the blocks' (or clusters') partial sums still to launch (conv2_grads_reduce).
+static SplitsJob conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B) {
+    const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
+    launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl);
+    SplitsJob j;
+    j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
+    return j;
 }
+// Both reductions in one launch, after both kernels (their workspaces are distinct).
+static void conv2_grads_reduce(const SplitsJob& wgrad, const SplitsJob& dgrad) { splits_reduce(wgrad, dgrad); }
 
 // ----------------------------------------------------------------------------------------------------------------
 // the other kernels of a step (each with a CPU twin below)
+// The blocks past B*784/256 make conv2's weight images instead when w2 is given (one launch less per step).
 __global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
-                                    const int* counters, int offset_const, int B) {
+                                    const int* counters, int offset_const, int B, const float* w2, float* wimg_fwd,
+                                    float* wimg_dgrad) {
+    grid_dep_sync();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    const int gather_blocks = (B * IMG * IMG + blockDim.x - 1) / blockDim.x;
+    if ((int)blockIdx.x >= gather_blocks) {
+        int w = (blockIdx.x - gather_blocks) * blockDim.x + threadIdx.x;
+        if (w2 && w < C2 * KC2) conv2_weights_image(w, wimg_fwd, wimg_dgrad, w2);
+        return;
+    }
     if (idx >= B * IMG * IMG) return;
     int b = idx / (IMG * IMG), p = idx % (IMG * IMG);
     int pos = (counters ? counters[1] : offset_const) + b;
@@ -1276,22 +1582,40 @@ __global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, c
 }
 
 // The network's head on the fast path, one warp per row (the one-warp-per-row layout of dev/softmax_forward.cu
-// version 3; a 10-wide row is one element per lane, so no online rescaling): logits = h Wf2^T + bf2 (fc2's 64 x 10 x
-// 128 product in fp32 FMAs, a lane holding 4 of the 128 inputs, butterfly sums), the fused log-softmax + NLL as
-// softmax_xent_kernel, and when dh is given dlogits = (softmax - onehot) / B and fc2's input gradient
-// dh = dlogits Wf2, zeroed where h <= 0 (fc1's ReLU).
-__global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, const float* __restrict__ h,
+// version 3; a 10-wide row is one element per lane, so no online rescaling): with NPARTS > 0, first fc1's output
+// h = ReLU(sum of the NPARTS split-K partial sums hpart of fc1_forward_kernel, added in order, + bf1), stored; then
+// logits = h Wf2^T + bf2 (fc2's 64 x 10 x 128 product in fp32 FMAs, a lane holding 4 of the 128 inputs, butterfly
+// sums), the fused log-softmax + NLL as softmax_xent_kernel, and when dh is given dlogits = (softmax - onehot) / B and
+// fc2's input gradient dh = dlogits Wf2, zeroed where h <= 0 (fc1's ReLU).
+template <int NPARTS>
+__global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, float* h,
+                            const float* __restrict__ hpart, const float* __restrict__ bf1,
                             const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
                             int offset_const, int B) {
     static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
     __shared__ __align__(16) float ws[NCLS * FC_H];
     __shared__ float bs[NCLS];
+    // the parameters before grid_dep_sync: the optimizer wrote them at least two launches earlier
     for (int i = threadIdx.x; i < NCLS * FC_H; i += blockDim.x) ws[i] = wf2[i];
     if (threadIdx.x < NCLS) bs[threadIdx.x] = bf2[threadIdx.x];
+    grid_dep_sync();
     __syncthreads();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= B) return;
-    float4 hv = *(const float4*)(h + (size_t)row * FC_H + 4 * lane);
+    float4 hv;
+    if (NPARTS > 0) {
+        float4 p[NPARTS > 0 ? NPARTS : 1];  // all partial sums in flight, then added in order
+#pragma unroll
+        for (int q = 0; q < NPARTS; q++) p[q] = __ldg((const float4*)(hpart + ((size_t)q * B + row) * FC_H) + lane);
+        hv = p[0];
+#pragma unroll
+        for (int q = 1; q < NPARTS; q++) { hv.x += p[q].x; hv.y += p[q].y; hv.z += p[q].z; hv.w += p[q].w; }
+        float4 bv = __ldg((const float4*)bf1 + lane);
+        hv = make_float4(fmaxf(hv.x + bv.x, 0.0f), fmaxf(hv.y + bv.y, 0.0f), fmaxf(hv.z + bv.z, 0.0f), fmaxf(hv.w + bv.w, 0.0f));
+        *(float4*)(h + (size_t)row * FC_H + 4 * lane) = hv;
+    } else {
+        hv = *(const float4*)(h + (size_t)row * FC_H + 4 * lane);
+    }
     float v = -INFINITY;
 #pragma unroll
     for (int j = 0; j < NCLS; j++) {
@@ -1321,80 +1645,367 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
     if (!(hv.w > 0.0f)) d.w = 0.0f;
     *(float4*)(dh + (size_t)row * FC_H + 4 * lane) = d;
 }
-// fc2's weight and bias gradient on the fast path: dWf2[j][k] = sum_b dlogits[b][j] h[b][k] (10 x 128 x B) and
-// dbf2[j] = sum_b dlogits[b][j], a thread per output summing over the batch in order (fp32 FMAs).
-__global__ void fc2_wgrad_kernel(float* dw, float* db, const float* __restrict__ dlogits, const float* __restrict__ h, int B) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < NCLS * FC_H) {
-        int j = i / FC_H, k = i % FC_H;
-        float s = 0.0f;
-        for (int b = 0; b < B; b++) s = fmaf(dlogits[b * NCLS + j], h[(size_t)b * FC_H + k], s);
-        dw[i] = s;
-    } else if (i < NCLS * FC_H + NCLS) {
-        int j = i - NCLS * FC_H;
-        float s = 0.0f;
-        for (int b = 0; b < B; b++) s += dlogits[b * NCLS + j];
-        db[j] = s;
-    }
-}
-
 // ----------------------------------------------------------------------------------------------------------------
-// optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
-enum { OPT_SGD = 0, OPT_ADAMW = 1 };
-enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
-struct OptConfig {
-    int optimizer = OPT_SGD, schedule = SCHED_COSINE, warmup_steps = 0, total_steps = 1;
-    float lr = 0.05f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-};
-// step: the number of updates done before this one. Warm-up: linear from lr/warmup to lr over warmup_steps; then
-// cosine or linear decay to lr_min at total_steps (warm-up + decay = a one-cycle shape).
-__host__ __device__ inline float lr_at(const OptConfig& c, int step) {
-    if (c.warmup_steps > 0 && step < c.warmup_steps) return c.lr * (float)(step + 1) / (float)c.warmup_steps;
-    if (c.schedule == SCHED_CONSTANT) return c.lr;
-    float span = (float)max(1, c.total_steps - c.warmup_steps);
-    float p = fminf(1.0f, (float)(step - c.warmup_steps) / span);
-    if (c.schedule == SCHED_COSINE) return c.lr_min + 0.5f * (c.lr - c.lr_min) * (1.0f + cosf(3.14159265358979f * p));
-    return c.lr + (c.lr_min - c.lr) * p;
-}
-// As torch.optim.SGD (momentum, dampening 0, weight decay added to the gradient) and torch.optim.AdamW.
-__host__ __device__ inline void opt_update_elem(const OptConfig& c, float lr, int t, float* p, float g, float* m, float* v) {
-    if (c.optimizer == OPT_SGD) {
-        g += c.weight_decay * *p;
-        float buf = c.momentum * *m + g;  // first step: m = 0, so buf = g, as PyTorch's clone
-        *m = buf;
-        *p -= lr * buf;
-    } else {
-        *p *= 1.0f - lr * c.weight_decay;
-        float mm = c.beta1 * *m + (1.0f - c.beta1) * g;
-        float vv = c.beta2 * *v + (1.0f - c.beta2) * g * g;
-        *m = mm; *v = vv;
-        float bc1 = 1.0f - powf(c.beta1, (float)t), bc2 = 1.0f - powf(c.beta2, (float)t);
-        float denom = sqrtf(vv) / sqrtf(bc2) + c.eps;
-        *p -= (lr / bc1) * mm / denom;
-    }
-}
+// the optimizer step over the flat parameter buffer
 // One launch over every parameter; a thread updates 4 consecutive elements with 16-byte accesses (the buffers are
-// cudaMalloc'd, so aligned), the last thread also the n % 4 tail.
-__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, const int* counters) {
+// cudaMalloc'd, so aligned), the last thread also the n % 4 tail. With advance_B >= 0 the kernel also advances the
+// counters (as advance_counters_kernel, one launch less): the last block to finish does it, when every block has read
+// counters[0] (a ticket in counters[2], reset by that block). (The fast path's training step does not use this
+// kernel: its updates run in fc1_backward_kernel and splits_reduce_kernel.)
+__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, int* counters,
+                                 int advance_B) {
+    grid_dep_sync();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
+    const OptStep st = opt_step(c, counters[0]);
+    if (advance_B >= 0) {
+        __syncthreads();  // every thread of the block has read counters[0]
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(&counters[2], 1) == (int)gridDim.x - 1) { counters[0] += 1; counters[1] += advance_B; counters[2] = 0; }
+        }
+    }
     if (i > n4) return;
-    const int step = counters[0];
-    const float lr = lr_at(c, step);
     if (i < n4) {
         float4 p = ((float4*)params)[i], g = ((const float4*)grads)[i], mm = ((float4*)m)[i];
         float4 vv = c.optimizer == OPT_ADAMW ? ((float4*)v)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        opt_update_elem(c, lr, step + 1, &p.x, g.x, &mm.x, &vv.x);
-        opt_update_elem(c, lr, step + 1, &p.y, g.y, &mm.y, &vv.y);
-        opt_update_elem(c, lr, step + 1, &p.z, g.z, &mm.z, &vv.z);
-        opt_update_elem(c, lr, step + 1, &p.w, g.w, &mm.w, &vv.w);
+        opt_update_elem(c, st, &p.x, g.x, &mm.x, &vv.x);
+        opt_update_elem(c, st, &p.y, g.y, &mm.y, &vv.y);
+        opt_update_elem(c, st, &p.z, g.z, &mm.z, &vv.z);
+        opt_update_elem(c, st, &p.w, g.w, &mm.w, &vv.w);
         ((float4*)params)[i] = p; ((float4*)m)[i] = mm;
         if (c.optimizer == OPT_ADAMW) ((float4*)v)[i] = vv;
     } else {
-        for (size_t j = 4 * n4; j < n; j++) opt_update_elem(c, lr, step + 1, &params[j], grads[j], &m[j], &v[j]);
+        for (size_t j = 4 * n4; j < n; j++) opt_update_elem(c, st, &params[j], grads[j], &m[j], &v[j]);
     }
 }
 // counters[0] = updates done, counters[1] = position in the epoch's permutation; advanced once per step.
-__global__ void advance_counters_kernel(int* counters, int B) { counters[0] += 1; counters[1] += B; }
+__global__ void advance_counters_kernel(int* counters, int B) {
+    grid_dep_sync();
+    counters[0] += 1; counters[1] += B;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// fc1 on the fast path (TF32 mma, operands rounded once as they land in shared memory, as the conv2 kernels)
+
+// Forward (sm_90: thread-block clusters): h = ReLU(pooled Wf1^T + bf1) is 64 x 128 x 9216 at batch 64, too little
+// output for 132 SMs, so K is split 128 ways: block (s, rt) computes rows rt*64.. of all 128 outputs over k in
+// [72 s, 72 s + 72) (8 warps of 32 x 32). The 8 blocks of a cluster then add their partial sums through distributed
+// shared memory, in rank order (block q adds rows 8q..8q+7 of all eight), and write one partial sum per cluster:
+// hpart[16][B][128]. head_kernel adds the 16 in order, then the bias and the ReLU. Deterministic; 0.5 MB of partial
+// sums at batch 64 instead of the 2.4 MB that the 72-way split of the generic kernel wrote and re-read.
+constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
+constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
+constexpr int FC1F_RLD = FC_H + 4;    // row stride of the partial sums (reusing the operands' shared memory)
+constexpr size_t FC1F_SMEM = (size_t)(64 + FC_H) * FC1F_LD * sizeof(float);
+static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
+static_assert(64 * FC1F_RLD <= (64 + FC_H) * FC1F_LD && 64 / FC1F_CLUSTER * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
+__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
+    grid_dep_sync();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) float smem[];
+    float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
+    float* Ws = smem + 64 * FC1F_LD;   // [128][76]: fc1.weight rows, columns k0..k0+71
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wm = warp / 4, wn = warp % 4, r0 = blockIdx.y * 64, k0 = blockIdx.x * FC1F_KC;
+    {
+        constexpr int CH = FC1F_KC / 4, NA = (64 * CH + 255) / 256, NW = FC_H * CH / 256;
+        static_assert(FC_H * CH % 256 == 0, "fc1.weight chunks split evenly");
+        float4 va[NA], vw[NW];
+#pragma unroll
+        for (int i = 0; i < NA; i++) {
+            int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
+            va[i] = ch < 64 * CH && r0 + r < B ? __ldg((const float4*)(pooled + (size_t)(r0 + r) * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
+            vw[i] = __ldg((const float4*)(wf1 + (size_t)j * FC_IN + k0) + c4);
+        }
+#pragma unroll
+        for (int i = 0; i < NA; i++) {
+            int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
+            if (ch < 64 * CH) *(float4*)(As + r * FC1F_LD + 4 * c4) = tf32_round4(va[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
+            *(float4*)(Ws + j * FC1F_LD + 4 * c4) = tf32_round4(vw[i]);
+        }
+    }
+    __syncthreads();
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < FC1F_KC; kk += 8) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            const float* pa = As + (wm * 32 + mi * 16 + g) * FC1F_LD + kk + t;
+            a[mi][0] = __float_as_uint(pa[0]);
+            a[mi][1] = __float_as_uint(pa[8 * FC1F_LD]);
+            a[mi][2] = __float_as_uint(pa[4]);
+            a[mi][3] = __float_as_uint(pa[8 * FC1F_LD + 4]);
+        }
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const float* pb = Ws + (wn * 32 + ni * 8 + g) * FC1F_LD + kk + t;
+            uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4]);
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+        }
+    }
+    __syncthreads();  // every warp is done with As and Ws: the partial sums take their place
+    float* red = smem;  // [64][132]
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *(float2*)(red + (wm * 32 + mi * 16 + g + 8 * h) * FC1F_RLD + wn * 32 + ni * 8 + 2 * t) =
+                    make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // all eight partial sums are in their blocks' shared memory
+    const int q = (int)cluster.block_rank(), row = 8 * q + tid / 32, c4 = tid % 32;
+    float4 v[FC1F_CLUSTER];
+#pragma unroll
+    for (int r = 0; r < FC1F_CLUSTER; r++) v[r] = *(const float4*)(cluster.map_shared_rank(red, r) + row * FC1F_RLD + 4 * c4);
+    float4 sum = v[0];
+#pragma unroll
+    for (int r = 1; r < FC1F_CLUSTER; r++) { sum.x += v[r].x; sum.y += v[r].y; sum.z += v[r].z; sum.w += v[r].w; }
+    if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = sum;
+    cluster.sync();  // no block leaves (freeing its shared memory) while another still reads it
+#endif
+}
+
+// Backward: block k < 144 owns fc1's inputs k0 = 64k .. k0+63:
+//   dpooled[:, k0:k0+64] = dh Wf1[:, k0:k0+64]           (B x 64 x 128; dh is already zeroed where h <= 0)
+//   dWf1[:, k0:k0+64]   = dh^T pooled[:, k0:k0+64]        (128 x 64 x B, the batch in chunks of 64 rows)
+// 8 warps: dpooled as 2 x 4 warps of 32 x 16, dWf1 as 4 x 2 warps of 32 x 32. No other kernel of the backward reads
+// this slice of Wf1, so with `update` the block applies the optimizer step to it at once (opt_update_elem with the
+// lr and step optimizer_kernel would use: the same update, bit for bit, for the same gradient), the weight gradient
+// never goes to memory, and optimizer_kernel skips fc1.weight (98% of the parameters). The last FC1B_EXTRA blocks
+// compute the small gradients: fc1's bias (sum over the batch of dh), fc2's weight and bias (a thread per output,
+// fp32 FMAs over the batch in order).
+constexpr int FC1B_NC = 64, FC1B_BLOCKS = FC_IN / FC1B_NC;
+constexpr int FC1B_WLD = FC1B_NC + 8;  // Ws[128][72]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
+constexpr int FC1B_HLD = FC_H + 4;     // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
+                                       // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
+constexpr int FC1B_PLD = FC1B_NC + 8;  // Ps[64][72]: pooled [r][c], read as B[k = r][n = c]: conflict-free
+constexpr size_t FC1B_SMEM = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
+static_assert(FC1B_WLD % 32 == 8, "the gradient's float2 stores into Gs (stride FC1B_WLD) are conflict-free per half-warp");
+constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + 255) / 256;
+struct Fc1BackwardArgs {
+    float *dpooled, *wf1, *gwf1, *m1, *m2;          // the weight and its optimizer state (update) or its gradient
+    float *gbf1, *gwf2, *gbf2;
+    const float *dh, *pooled, *dlogits, *h;
+    const int* counters;
+    OptConfig opt;
+    int update, B;
+};
+__global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a) {
+    grid_dep_sync();
+    const int tid = threadIdx.x, B = a.B;
+    if (blockIdx.x >= FC1B_BLOCKS) {
+        int i = (blockIdx.x - FC1B_BLOCKS) * 256 + tid;
+        if (i < FC_H) {
+            float s = 0.0f;
+            for (int b = 0; b < B; b++) s += a.dh[(size_t)b * FC_H + i];
+            a.gbf1[i] = s;
+        } else if (i < FC_H + NCLS * FC_H) {
+            int j = (i - FC_H) / FC_H, k = (i - FC_H) % FC_H;
+            float s = 0.0f;
+            for (int b = 0; b < B; b++) s = fmaf(a.dlogits[b * NCLS + j], a.h[(size_t)b * FC_H + k], s);
+            a.gwf2[j * FC_H + k] = s;
+        } else if (i < FC1B_SMALL) {
+            int j = i - FC_H - NCLS * FC_H;
+            float s = 0.0f;
+            for (int b = 0; b < B; b++) s += a.dlogits[b * NCLS + j];
+            a.gbf2[j] = s;
+        }
+        return;
+    }
+    extern __shared__ __align__(16) float smem[];
+    float* Ws = smem;
+    float* Hs = Ws + FC_H * FC1B_WLD;
+    float* Ps = Hs + 64 * FC1B_HLD;
+    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3, k0 = blockIdx.x * FC1B_NC;
+    const int wm1 = warp / 4, wn1 = warp % 4;  // dpooled: rows wm1*32.., columns wn1*16..
+    const int wm2 = warp / 2, wn2 = warp % 2;  // dWf1: rows (fc1 outputs) wm2*32.., columns wn2*32..
+#pragma unroll
+    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {  // the Wf1 slice: 128 rows of 16 float4
+        int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+        *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
+    }
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+    for (int r0 = 0; r0 < B; r0 += 64) {
+        __syncthreads();  // the previous chunk's fragment reads are done
+        {
+            constexpr int NH = 64 * FC_H / 4 / 256, NP = 64 * FC1B_NC / 4 / 256;
+            float4 vh[NH], vp[NP];
+#pragma unroll
+            for (int i = 0; i < NH; i++) {
+                int ch = tid + i * 256, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+                vh[i] = r0 + r < B ? __ldg((const float4*)(a.dh + (size_t)(r0 + r) * FC_H) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int i = 0; i < NP; i++) {
+                int ch = tid + i * 256, r = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+                vp[i] = r0 + r < B ? __ldg((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int i = 0; i < NH; i++) {
+                int ch = tid + i * 256, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+                *(float4*)(Hs + r * FC1B_HLD + 4 * c4) = tf32_round4(vh[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < NP; i++) {
+                int ch = tid + i * 256, r = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+                *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
+            }
+        }
+        __syncthreads();
+        {   // dpooled rows r0.. (64 x 64, k = the 128 fc1 outputs)
+            float d[2][2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) d[mi][ni][e] = 0.0f;
+#pragma unroll 4
+            for (int kk = 0; kk < FC_H; kk += 8) {
+                uint32_t af[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    const float* pa = Hs + (wm1 * 32 + mi * 16 + g) * FC1B_HLD + kk + t;
+                    af[mi][0] = __float_as_uint(pa[0]);
+                    af[mi][1] = __float_as_uint(pa[8 * FC1B_HLD]);
+                    af[mi][2] = __float_as_uint(pa[4]);
+                    af[mi][3] = __float_as_uint(pa[8 * FC1B_HLD + 4]);
+                }
+#pragma unroll
+                for (int ni = 0; ni < 2; ni++) {
+                    const float* pb = Ws + (kk + t) * FC1B_WLD + wn1 * 16 + ni * 8 + g;
+                    uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4 * FC1B_WLD]);
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(d[mi][ni], af[mi], b0, b1);
+                }
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int r = r0 + wm1 * 32 + mi * 16 + g + 8 * h;
+                    if (r >= B) continue;
+#pragma unroll
+                    for (int ni = 0; ni < 2; ni++)
+                        *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wn1 * 16 + ni * 8 + 2 * t) = make_float2(d[mi][ni][2 * h], d[mi][ni][2 * h + 1]);
+                }
+        }
+        // dWf1 += dh^T pooled over this chunk's 64 rows (zero rows past B add nothing)
+#pragma unroll
+        for (int kk = 0; kk < 64; kk += 8) {
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                const float* pa = Hs + (kk + t) * FC1B_HLD + wm2 * 32 + mi * 16 + g;
+                af[mi][0] = __float_as_uint(pa[0]);
+                af[mi][1] = __float_as_uint(pa[8]);
+                af[mi][2] = __float_as_uint(pa[4 * FC1B_HLD]);
+                af[mi][3] = __float_as_uint(pa[4 * FC1B_HLD + 8]);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const float* pb = Ps + (kk + t) * FC1B_PLD + wn2 * 32 + ni * 8 + g;
+                uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4 * FC1B_PLD]);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], af[mi], b0, b1);
+            }
+        }
+    }
+    // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so that
+    // it leaves in rows of 16-byte chunks: stored, or the optimizer step applied to this slice of fc1.weight (p from
+    // global memory: the shared copy is rounded), loads of 4 chunks issued before their updates and stores
+    __syncthreads();
+    float* Gs = smem;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+                *(float2*)(Gs + (wm2 * 32 + mi * 16 + g + 8 * h) * FC1B_WLD + wn2 * 32 + ni * 8 + 2 * t) =
+                    make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    __syncthreads();
+    constexpr int NG = FC_H * FC1B_NC / 4 / 256;  // 8 chunks per thread
+    if (!a.update) {
+#pragma unroll
+        for (int i = 0; i < NG; i++) {
+            int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+            *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
+        }
+        return;
+    }
+    const OptStep st = opt_step(a.opt, a.counters[0]);
+    const bool adamw = a.opt.optimizer == OPT_ADAMW;
+#pragma unroll 1
+    for (int i0 = 0; i0 < NG; i0 += 4) {
+        float4 p[4], m[4], v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int ch = tid + (i0 + i) * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
+            p[i] = *(const float4*)(a.wf1 + gi); m[i] = *(const float4*)(a.m1 + gi);
+            v[i] = adamw ? *(const float4*)(a.m2 + gi) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int ch = tid + (i0 + i) * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+            float4 gr = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
+            opt_update_elem(a.opt, st, &p[i].x, gr.x, &m[i].x, &v[i].x);
+            opt_update_elem(a.opt, st, &p[i].y, gr.y, &m[i].y, &v[i].y);
+            opt_update_elem(a.opt, st, &p[i].z, gr.z, &m[i].z, &v[i].z);
+            opt_update_elem(a.opt, st, &p[i].w, gr.w, &m[i].w, &v[i].w);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int ch = tid + (i0 + i) * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
+            *(float4*)(a.wf1 + gi) = p[i]; *(float4*)(a.m1 + gi) = m[i];
+            if (adamw) *(float4*)(a.m2 + gi) = v[i];
+        }
+    }
+}
+
+// Once per process: the conv2 kernels' launch configuration, the fc1 kernels' shared-memory limits, and whether the
+// device takes programmatic dependent launch and thread-block clusters (sm_90+; else fc1's forward stays on the
+// generic kernel and every launch is an ordinary one).
+static bool g_fc1_cluster = false;
+static void fast_path_setup() {
+    static bool done = false;
+    if (done) return;
+    conv2_tf32_setup();
+    int dev, major;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    g_pdl = major >= 9;
+    g_fc1_cluster = major >= 9;
+    if (g_fc1_cluster) cudaCheck(cudaFuncSetAttribute(fc1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1F_SMEM));
+    cudaCheck(cudaFuncSetAttribute(fc1_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1B_SMEM));
+    done = true;
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // the model
@@ -1407,7 +2018,9 @@ struct Mnist {
     float *x = nullptr, *act1 = nullptr, *act2 = nullptr, *pooled = nullptr, *h = nullptr, *logits = nullptr;
     int* y = nullptr;
     float *dlogits = nullptr, *dh = nullptr, *dpooled = nullptr, *dact2 = nullptr, *dact1 = nullptr;
-    int* counters = nullptr;  // device (or host) [step, offset]
+    uint8_t* pool_codes = nullptr;  // fast path: the max-pool's window codes (B,12,12,64), instead of act2 and dact2
+    float* hpart = nullptr;         // fast path on sm_90: fc1's 16 split-K partial sums (16,B,128)
+    int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
     OptConfig opt;
 };
 
@@ -1431,14 +2044,16 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     m->y = (int*)mnist_alloc(m, F);
     m->dlogits = mnist_alloc(m, F * NCLS); m->dh = mnist_alloc(m, (size_t)B * FC_H); m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
     m->dact2 = mnist_alloc(m, (size_t)B * H2 * H2 * C2); m->dact1 = mnist_alloc(m, (size_t)B * H1 * H1 * C1);
-    m->counters = (int*)mnist_alloc(m, 2);
+    m->counters = (int*)mnist_alloc(m, 3);
+    m->pool_codes = (uint8_t*)mnist_alloc(m, ceil_div((int)(F * FC_IN), 4));
+    m->hpart = mnist_alloc(m, (size_t)FC1F_PARTS * F * FC_H);
     if (!cpu) {
         if (!g_mm.ws_partial) {  // shared by every model of the process (the tests build several)
             g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
             cudaCheck(cudaMalloc(&g_mm.ws_partial, g_mm.ws_partial_size * sizeof(float)));
             cudaCheck(cudaMalloc(&g_mm.ws_rowsum, g_mm.ws_rowsum_size * sizeof(float)));
         }
-        conv2_tf32_setup();
+        fast_path_setup();
         if (!g_mm.cublas) cublasCheck(cublasCreate(&g_mm.cublas));
         // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
         cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
@@ -1462,7 +2077,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
 }
 static void mnist_free(Mnist* m) {
     void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act2, m->pooled, m->h, m->logits, m->y,
-                  m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters};
+                  m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
     for (void* p : ps) mnist_free_ptr(m, p);
 }
 static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
@@ -1500,12 +2115,19 @@ static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, siz
 // conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
 static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKEND_OURS && g_mm.tf32; }
 
-// forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to h, the logits come from mnist_loss's head
-static void mnist_forward(Mnist* m, int B) {
-    if (conv2_fast(m)) {  // conv1 direct, conv2 with the pooling in its epilogue
-        conv2_weights_tf32(P(m, P_W2));
+// forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
+// h, the rest comes from mnist_loss's head
+// (conv2_images_ready: the gather of this step made conv2's weight images already)
+static void mnist_forward(Mnist* m, int B, bool conv2_images_ready = false) {
+    if (conv2_fast(m)) {  // conv1 direct, conv2 with the pooling (and its window codes) in its epilogue, act2 not stored
+        if (!conv2_images_ready) conv2_weights_tf32(P(m, P_W2));
         conv1_forward_direct(m->act1, m->x, P(m, P_W1), P(m, P_B1), B);
-        conv2_forward_tf32(m->act2, m->pooled, m->act1, P(m, P_B2), B);
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, P(m, P_B2), B);
+        if (g_fc1_cluster) {
+            launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
+                       m->pooled, P(m, P_WF1), B);
+            return;  // the head adds the partial sums, bias and ReLU, and does fc2
+        }
     } else {
         Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
         matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
@@ -1546,66 +2168,85 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
         return;
     }
     if (conv2_fast(m)) {
-        head_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(m->logits, grad ? m->dlogits : nullptr, m->dh, losses, preds, m->h,
-                                                             P(m, P_WF2), P(m, P_BF2), m->y, counters, offset, B);
-        launch_check();
+        auto head = g_fc1_cluster ? head_kernel<FC1F_PARTS> : head_kernel<0>;
+        launch_pdl(head, ceil_div(B, 8), 256, 0, 1, m->logits, grad ? m->dlogits : nullptr, m->dh, losses, preds, m->h,
+                   m->hpart, P(m, P_BF1), P(m, P_WF2), P(m, P_BF2), m->y, counters, offset, B);
         return;
     }
     softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits, m->y, counters, offset, B);
     launch_check();
 }
 
-// backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full
-static void mnist_backward(Mnist* m, int B) {
+// backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
+// With update_advance_B >= 0 on the fast path, the backward's kernels apply the optimizer step to every parameter
+// instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in the last split reduction) and
+// advance the counters by update_advance_B: mnist_update and mnist_advance in the same launches (not called then).
+static void mnist_backward(Mnist* m, int B, int update_advance_B = -1) {
     Epilogue e;
     if (conv2_fast(m)) {  // dh came out of the fused head
-        fc2_wgrad_kernel<<<ceil_div(NCLS * FC_H + NCLS, 128), 128, 0, g_mm.stream>>>(G(m, P_WF2), G(m, P_BF2), m->dlogits, m->h, B);
-        launch_check();
-    } else {
-        e = Epilogue(); e.rowsum = G(m, P_BF2);
-        matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
-        e = Epilogue(); e.mask = m->h;
-        matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
+        const bool fuse = update_advance_B >= 0;
+        Fc1BackwardArgs a;
+        a.dpooled = m->dpooled; a.wf1 = P(m, P_WF1); a.gwf1 = G(m, P_WF1);
+        a.m1 = m->m1 + PARAMS[P_WF1].offset; a.m2 = m->m2 + PARAMS[P_WF1].offset;
+        a.gbf1 = G(m, P_BF1); a.gwf2 = G(m, P_WF2); a.gbf2 = G(m, P_BF2);
+        a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
+        a.opt = m->opt; a.update = fuse; a.B = B;
+        launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
+        SplitsJob jw = conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B);
+        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1, m->x, B);  // + conv1's dW, db
+        if (!fuse) { conv2_grads_reduce(jw, jd); return; }
+        // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
+        // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end
+        // of the flat buffer) through the same launch as a 1-way "reduction"
+        jw.update_off = (int)PARAMS[P_W2].offset; jd.update_off = (int)PARAMS[P_W1].offset;
+        SplitsJob jr;
+        jr.src = G(m, P_BF1); jr.stride = 0; jr.splits = 1; jr.n = (int)(m->n_params - PARAMS[P_BF1].offset);
+        jr.update_off = (int)PARAMS[P_BF1].offset;
+        OptTarget t;
+        t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = update_advance_B; t.c = m->opt;
+        splits_reduce(jw, jd, jr, t);
+        return;
     }
+    e = Epilogue(); e.rowsum = G(m, P_BF2);
+    matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
+    e = Epilogue(); e.mask = m->h;
+    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
     e = Epilogue(); e.rowsum = G(m, P_BF1);
     matmul_forward(G(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
     e = Epilogue();
-    if (conv2_fast(m)) { e.pool_act2 = m->act2; e.pool_dact2 = m->dact2; }  // fc1's input gradient straight into dact2
     matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, P(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
     if (m->cpu) {
         for (int b = 0; b < B; b++) for (int y = 0; y < H2; y++) for (int x = 0; x < H2; x++) for (int c = 0; c < C2; c++)
             m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] = maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
-    } else if (!conv2_fast(m)) {
+    } else {
         maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2, B);
         launch_check();
     }
-    if (conv2_fast(m)) {
-        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dact2, m->act1, B);
-        conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dact2, m->act1, m->x, B);  // + conv1's dW, db
-    } else {
-        e = Epilogue(); e.rowsum = G(m, P_B2);
-        matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
-        e = Epilogue(); e.mask = m->act1;
-        matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
-        e = Epilogue(); e.rowsum = G(m, P_B1);
-        matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
-    }
+    e = Epilogue(); e.rowsum = G(m, P_B2);
+    matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
+    e = Epilogue(); e.mask = m->act1;
+    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
+    e = Epilogue(); e.rowsum = G(m, P_B1);
+    matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
 }
 
-static void mnist_update(Mnist* m) {
+// The optimizer step of every parameter; advance_B >= 0: then also mnist_advance(m, advance_B), in the same launch on
+// the GPU.
+static void mnist_advance(Mnist* m, int B);
+static void mnist_update(Mnist* m, int advance_B = -1) {
     if (m->cpu) {
-        int step = m->counters[0];
-        float lr = lr_at(m->opt, step);
-        for (size_t i = 0; i < m->n_params; i++) opt_update_elem(m->opt, lr, step + 1, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
+        const OptStep st = opt_step(m->opt, m->counters[0]);
+        for (size_t i = 0; i < m->n_params; i++) opt_update_elem(m->opt, st, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
+        if (advance_B >= 0) mnist_advance(m, advance_B);
         return;
     }
-    optimizer_kernel<<<(unsigned)((m->n_params / 4 + 256) / 256), 256, 0, g_mm.stream>>>(m->params, m->grads, m->m1, m->m2, m->n_params, m->opt, m->counters);
-    launch_check();
+    size_t threads = m->n_params / 4 + 1;  // the last thread does the n % 4 tail
+    launch_pdl(optimizer_kernel, (unsigned)((threads + 255) / 256), 256, 0, 1, m->params, m->grads, m->m1, m->m2, m->n_params,
+               m->opt, m->counters, advance_B);
 }
 static void mnist_advance(Mnist* m, int B) {
     if (m->cpu) { m->counters[0] += 1; m->counters[1] += B; return; }
-    advance_counters_kernel<<<1, 1, 0, g_mm.stream>>>(m->counters, B);
-    launch_check();
+    launch_pdl(advance_counters_kernel, 1, 1, 0, 1, m->counters, B);
 }
 static void mnist_set_counters(Mnist* m, int step, int offset) {
     int c[2] = {step, offset};
@@ -1613,9 +2254,11 @@ static void mnist_set_counters(Mnist* m, int step, int offset) {
     else cudaCheck(cudaMemcpyAsync(m->counters, c, sizeof(c), cudaMemcpyHostToDevice, g_mm.stream));
 }
 
-// Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y.
+// Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y; with conv2_images
+// (fast path) the same launch makes conv2's weight images (then mnist_forward(..., true)).
 struct DeviceData { uint8_t* images = nullptr; uint8_t* labels = nullptr; int n = 0; };
-static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B) {
+static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B,
+                         bool conv2_images = false) {
     if (m->cpu) {
         int off = counters ? counters[1] : offset;
         for (int b = 0; b < B; b++) {
@@ -1625,17 +2268,22 @@ static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const i
         }
         return;
     }
-    gather_batch_kernel<<<ceil_div(B * IMG * IMG, 256), 256, 0, g_mm.stream>>>(m->x, m->y, d.images, d.labels, perm, counters, offset, B);
-    launch_check();
+    int blocks = ceil_div(B * IMG * IMG, 256) + (conv2_images ? ceil_div(C2 * KC2, 256) : 0);
+    launch_pdl(gather_batch_kernel, blocks, 256, 0, 1, m->x, m->y, d.images, d.labels, perm, counters, offset, B,
+               conv2_images ? (const float*)P(m, P_W2) : nullptr, g_conv2.wimg_fwd, g_conv2.wimg_dgrad);
 }
 // One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
 static void mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
-    mnist_gather(m, d, perm, m->counters, 0, B);
-    mnist_forward(m, B);
+    const bool fast = conv2_fast(m);
+    mnist_gather(m, d, perm, m->counters, 0, B, fast);  // + conv2's weight images on the fast path
+    mnist_forward(m, B, fast);
     mnist_loss(m, B, losses, nullptr, m->counters, 0, true);
-    mnist_backward(m, B);
-    mnist_update(m);
-    mnist_advance(m, B);
+    if (fast) {
+        mnist_backward(m, B, B);  // with the optimizer step of every parameter and the counters' advance
+    } else {
+        mnist_backward(m, B);
+        mnist_update(m, B);       // and the counters' advance
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1947,13 +2595,15 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    // CUDA graphs of one training step: one for full batches, one for the last partial batch of an epoch
+    // CUDA graphs of training steps: GRAPH_STEPS full batches in one (fewer graph launches, and the steps' kernels
+    // overlap across step boundaries too), one full batch, and the last partial batch of an epoch
+    constexpr int GRAPH_STEPS = 16;
     int n_full = train.n / B, tail = train.n % B;
-    cudaGraphExec_t graph_full = nullptr, graph_tail = nullptr;
-    auto capture = [&](int bs) {
+    cudaGraphExec_t graph_multi = nullptr, graph_full = nullptr, graph_tail = nullptr;
+    auto capture = [&](int bs, int nsteps) {
         cudaGraph_t g; cudaGraphExec_t ge;
         cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
-        mnist_train_step(&model, dtrain, perm_dev, losses, bs);
+        for (int i = 0; i < nsteps; i++) mnist_train_step(&model, dtrain, perm_dev, losses, bs);
         cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
         cudaCheck(cudaGraphInstantiate(&ge, g, 0));
         cudaCheck(cudaGraphUpload(ge, g_mm.stream));
@@ -1961,8 +2611,9 @@ int main(int argc, char** argv) {
         return ge;
     };
     if (!cpu && a.cuda_graph) {
-        graph_full = capture(B);
-        if (tail) graph_tail = capture(tail);
+        if (n_full >= GRAPH_STEPS) graph_multi = capture(B, GRAPH_STEPS);
+        graph_full = capture(B, 1);
+        if (tail) graph_tail = capture(tail, 1);
         cudaCheck(cudaStreamSynchronize(g_mm.stream));
     }
     cudaEvent_t ev0 = nullptr, ev1 = nullptr;
@@ -1987,9 +2638,11 @@ int main(int argc, char** argv) {
             cudaCheck(cudaEventRecord(ev0, g_mm.stream));
             cudaCheck(cudaMemcpyAsync(perm_dev, perm.data(), train.n * 4, cudaMemcpyHostToDevice, g_mm.stream));
             mnist_set_counters(&model, step, 0);
-            for (int s = 0; s < n_full; s++) {
+            for (int s = 0; s < n_full;) {
+                if (graph_multi && s + GRAPH_STEPS <= n_full) { cudaCheck(cudaGraphLaunch(graph_multi, g_mm.stream)); s += GRAPH_STEPS; continue; }
                 if (graph_full) cudaCheck(cudaGraphLaunch(graph_full, g_mm.stream));
                 else mnist_train_step(&model, dtrain, perm_dev, losses, B);
+                s++;
             }
             if (tail) {
                 if (graph_tail) cudaCheck(cudaGraphLaunch(graph_tail, g_mm.stream));

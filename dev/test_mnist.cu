@@ -6,10 +6,12 @@ Build: make -C dev test_mnist        Run (repo root): ./dev/test_mnist
     committed fixture dev/fixtures/mnist_fixture.bin (PyTorch, hash-initialized weights, B=8); checkpoint round trip
     and resume continuing the same trajectory.
   GPU (skipped without a device): our matmul kernel (fp32 and TF32) against a CPU oracle at awkward sizes for every
-    operand kind, outputs poisoned with NaN first; the specialised conv2 TF32 kernels (forward, weight and input
-    gradient) against the same oracle, with the full and a capped persistent grid; the fixture on the GPU with our kernel and with cuBLAS; the full
+    operand kind, outputs poisoned with NaN first; the specialised conv2 TF32 kernels (forward with max-pool and
+    window codes, weight and input gradient from dpooled + codes) against the same oracle, with the full and a
+    capped persistent grid; fc1's fast kernels (split-K forward + head, backward, its fused optimizer step); the
+    optimizer's counter advance; the fixture on the GPU with our kernel and with cuBLAS; the full
     debug state dev/mnist_debug_state.bin (B=64, PyTorch's init; when missing, this test runs python3 dev/mnist.py to
-    write it) with both.
+    write it) with both, and the fused fast training step against the unfused one on it.
 All comparisons in true fp32 (TF32 off on both sides) unless the check's name says tf32.
 Last line: N passed, N failed, N skipped; exit code 1 iff a check failed.
 */
@@ -281,16 +283,31 @@ static void check_kernel_case(const char* name, int akind, int bkind, int M, int
 
 // GPU: the specialised conv2 TF32 kernels (forward, weight gradient with bias, input gradient) against the double
 // CPU oracle of the same GEMMs through the views, with check_kernel_case's TF32 bound, outputs poisoned with NaN.
-// ctas > 0 caps the persistent grids so that blocks loop over several bands and the weight gradient adds several
-// blocks' partial sums.
+// The gradient kernels read dact2 as the pooled gradient + window codes: both random here (codes 0..4, 4 = no
+// gradient), the oracle's dact2 is their expansion. ctas > 0 caps the persistent grids so that blocks loop over
+// several bands and the weight gradient adds several blocks' partial sums.
 static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     Conv2Tf32 saved = g_conv2;
     if (ctas > 0) { g_conv2.fwd_ctas = g_conv2.dgrad_ctas = ctas; g_conv2.wgrad_ctas = std::min(ctas, saved.wgrad_ctas); }
     size_t n1 = (size_t)B * H1 * H1 * C1, n2 = (size_t)B * H2 * H2 * C2;
     size_t nx = (size_t)B * IMG * IMG, np = (size_t)B * FC_IN;
-    std::vector<float> act1 = rand_vec(n1, seed), dact2 = rand_vec(n2, seed + 1), w2 = rand_vec(C2 * KC2, seed + 2), b2 = rand_vec(C2, seed + 3);
+    std::vector<float> act1 = rand_vec(n1, seed), dpooled = rand_vec(np, seed + 1), w2 = rand_vec(C2 * KC2, seed + 2), b2 = rand_vec(C2, seed + 3);
     std::vector<float> x = rand_vec(nx, seed + 4), w1 = rand_vec(C1 * K1, seed + 5), b1 = rand_vec(C1, seed + 6);
-    float *d_act1, *d_dact2, *d_w2, *d_b2, *d_act2, *d_dact1, *d_dw, *d_db, *d_x, *d_w1, *d_b1, *d_pooled, *d_act1f, *d_dw1, *d_db1;
+    std::vector<uint8_t> codes_in(np);
+    {
+        uint64_t s = seed + 7;
+        for (auto& c : codes_in) c = (uint8_t)(splitmix64(&s) % 5);
+    }
+    std::vector<float> dact2(n2);  // the expansion the kernels do on the fly
+    for (int bb = 0; bb < B; bb++) for (int y = 0; y < H2; y++) for (int xx = 0; xx < H2; xx++) for (int c = 0; c < C2; c++) {
+        size_t pi = (((size_t)bb * HP + y / 2) * HP + xx / 2) * C2 + c;
+        dact2[(((size_t)bb * H2 + y) * H2 + xx) * C2 + c] = codes_in[pi] == (y % 2) * 2 + xx % 2 ? dpooled[pi] : 0.0f;
+    }
+    float *d_act1, *d_dpooled, *d_w2, *d_b2, *d_act2, *d_dact1, *d_dw, *d_db, *d_x, *d_w1, *d_b1, *d_pooled, *d_act1f, *d_dw1, *d_db1;
+    uint8_t *d_codes_in, *d_codes_out;
+    cudaCheck(cudaMalloc(&d_codes_in, np)); cudaCheck(cudaMalloc(&d_codes_out, np));
+    cudaCheck(cudaMemcpy(d_codes_in, codes_in.data(), np, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(d_codes_out, 0xFF, np));
     cudaCheck(cudaMalloc(&d_x, nx * 4)); cudaCheck(cudaMalloc(&d_w1, C1 * K1 * 4)); cudaCheck(cudaMalloc(&d_b1, C1 * 4));
     cudaCheck(cudaMalloc(&d_pooled, np * 4)); cudaCheck(cudaMalloc(&d_act1f, n1 * 4));
     cudaCheck(cudaMalloc(&d_dw1, C1 * K1 * 4)); cudaCheck(cudaMalloc(&d_db1, C1 * 4));
@@ -299,20 +316,23 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     cudaCheck(cudaMemcpy(d_b1, b1.data(), C1 * 4, cudaMemcpyHostToDevice));
     for (float* p : {d_pooled, d_act1f}) cudaCheck(cudaMemset(p, 0xFF, (p == d_pooled ? np : n1) * 4));
     cudaCheck(cudaMemset(d_dw1, 0xFF, C1 * K1 * 4)); cudaCheck(cudaMemset(d_db1, 0xFF, C1 * 4));
-    cudaCheck(cudaMalloc(&d_act1, n1 * 4)); cudaCheck(cudaMalloc(&d_dact2, n2 * 4)); cudaCheck(cudaMalloc(&d_w2, C2 * KC2 * 4));
+    cudaCheck(cudaMalloc(&d_act1, n1 * 4)); cudaCheck(cudaMalloc(&d_dpooled, np * 4)); cudaCheck(cudaMalloc(&d_w2, C2 * KC2 * 4));
     cudaCheck(cudaMalloc(&d_b2, C2 * 4)); cudaCheck(cudaMalloc(&d_act2, n2 * 4)); cudaCheck(cudaMalloc(&d_dact1, n1 * 4));
     cudaCheck(cudaMalloc(&d_dw, C2 * KC2 * 4)); cudaCheck(cudaMalloc(&d_db, C2 * 4));
     cudaCheck(cudaMemcpy(d_act1, act1.data(), n1 * 4, cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d_dact2, dact2.data(), n2 * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_dpooled, dpooled.data(), np * 4, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_w2, w2.data(), C2 * KC2 * 4, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_b2, b2.data(), C2 * 4, cudaMemcpyHostToDevice));
     for (float* p : {d_act2, d_dact1, d_dw, d_db}) cudaCheck(cudaMemset(p, 0xFF, (p == d_act2 ? n2 : p == d_dact1 ? n1 : p == d_dw ? C2 * KC2 : C2) * 4));
+    conv2_weights_tf32(d_w2);  // a kernel in between before the forward (programmatic dependent launch)
     conv1_forward_direct(d_act1f, d_x, d_w1, d_b1, B);
-    conv2_weights_tf32(d_w2);
-    conv2_forward_tf32(d_act2, d_pooled, d_act1, d_b2, B);
-    conv2_wgrad_tf32(d_dw, d_db, d_dact2, d_act1, B);
-    conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dact2, d_act1, d_x, B);
+    conv2_forward_tf32(d_act2, d_pooled, d_codes_out, d_act1, d_b2, B);
+    SplitsJob jw = conv2_wgrad_tf32(d_dw, d_db, d_dpooled, d_codes_in, d_act1, B);
+    SplitsJob jd = conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dpooled, d_codes_in, d_act1, d_x, B);
+    conv2_grads_reduce(jw, jd);
     cudaCheck(cudaDeviceSynchronize());
+    std::vector<uint8_t> codes_out(np);
+    cudaCheck(cudaMemcpy(codes_out.data(), d_codes_out, np, cudaMemcpyDeviceToHost));
     std::vector<float> act1f(n1), pooled(np), dw1(C1 * K1), db1(C1);
     cudaCheck(cudaMemcpy(act1f.data(), d_act1f, n1 * 4, cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(pooled.data(), d_pooled, np * 4, cudaMemcpyDeviceToHost));
@@ -370,16 +390,26 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     w = worst_of(dact1, {V_CONV2_DOUT, dact2.data(), 0}, {V_CONV2_WT, w2.data(), 0}, B * H1 * H1, C1, 9 * C2, nullptr, act1.data(), nullptr, &wi, &rw);
     snprintf(buf, sizeof buf, "%s: worst error %.3g of the bound at [%zu]", tag.c_str(), w, wi);
     report(w <= 1.0, "gpu conv2 tf32 input gradient + relu mask", buf);
-    // the pooled output must be exactly the max of the four act2 values the kernel wrote
-    size_t bad = 0, first_bad = 0;
+    // the pooled output must be exactly the max of the four act2 values the kernel wrote, and its window code the
+    // position of the first maximum in the order (0,0), (0,1), (1,0), (1,1) when that maximum is > 0, else 4
+    size_t bad = 0, first_bad = 0, bad_code = 0, first_bad_code = 0, no_grad = 0;
     for (int bb = 0; bb < B; bb++) for (int py = 0; py < HP; py++) for (int px = 0; px < HP; px++) for (int c = 0; c < C2; c++) {
         const float* base = act2.data() + (((size_t)bb * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
-        float ref = std::max(std::max(base[0], base[C2]), std::max(base[H2 * C2], base[H2 * C2 + C2]));
+        const float win[4] = {base[0], base[C2], base[H2 * C2], base[H2 * C2 + C2]};
+        float ref = std::max(std::max(win[0], win[1]), std::max(win[2], win[3]));
+        int arg = 0;
+        for (int k = 1; k < 4; k++) if (win[k] > win[arg]) arg = k;
+        int code = ref > 0.0f ? arg : 4;
+        no_grad += code == 4;
         size_t i = (((size_t)bb * HP + py) * HP + px) * C2 + c;
         if (!(pooled[i] == ref)) { if (!bad) first_bad = i; bad++; }
+        if (codes_out[i] != code) { if (!bad_code) first_bad_code = i; bad_code++; }
     }
     report(bad == 0, "gpu conv2 tf32 fused max-pool", tag + ": " + std::to_string(bad) + " of " + std::to_string(np) +
            " pooled values differ from the max of their act2 window" + (bad ? " (first at " + std::to_string(first_bad) + ")" : ""));
+    report(bad_code == 0 && no_grad < np, "gpu conv2 tf32 max-pool window codes", tag + ": " + std::to_string(bad_code) + " of " +
+           std::to_string(np) + " codes differ from the first maximum of their act2 window (" + std::to_string(no_grad) +
+           " windows with no gradient)" + (bad_code ? " (first at " + std::to_string(first_bad_code) + ")" : ""));
     // conv1 forward (direct fp32 kernel): an fp32 bound (no TF32 in it)
     {
         MatView A = {V_CONV1_IN, x.data(), 0};
@@ -420,8 +450,203 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
                  wq % 10 < 9 ? ("tap " + std::to_string(wq % 10)).c_str() : "bias");
         report(worst <= 1.0, "gpu conv1 weight + bias gradient fused in conv2's input gradient", buf);
     }
-    for (float* p : {d_act1, d_dact2, d_w2, d_b2, d_act2, d_dact1, d_dw, d_db, d_x, d_w1, d_b1, d_pooled, d_act1f, d_dw1, d_db1}) cudaFree(p);
+    for (float* p : {d_act1, d_dpooled, d_w2, d_b2, d_act2, d_dact1, d_dw, d_db, d_x, d_w1, d_b1, d_pooled, d_act1f, d_dw1, d_db1}) cudaFree(p);
+    cudaFree(d_codes_in); cudaFree(d_codes_out);
     g_conv2 = saved;
+}
+
+// SGD's three multiply-adds (g + wd p, mom m + g, p - lr buf) are each fused into one FMA or not at the compiler's
+// choice, made per call site (nvcc contracts by default): two compiled copies of opt_update_elem may differ by one
+// rounding in each (measured on the H100: fc1_backward_kernel's copy and optimizer_kernel's differ by an ulp in 6-13%
+// of the elements). With u = 2^-24 and S = |mom m| + |g| + |wd p|, the two results differ by at most about
+// 2u |p| + 9u lr S (each operation's rounding <= u of its exact value, the products' <= u of theirs); the bound
+// below is 2^-22 (|p| + |p'|) + 2^-20 lr S for the weight and 2^-22 |m'| + 2^-20 S for the momentum buffer. A wrong
+// update (a missing term, a wrong lr, a stale gradient) is off by lr |m|, lr |g| or more: ~1e5 times the bound.
+// Returns the worst |got - ref| / bound over p and m; counts the elements that differ at all.
+static double sgd_step_worst(const OptConfig& c, float lr, const float* p_old, const float* m_old, const float* grad,
+                             const float* p_ref, const float* m_ref, const float* p_got, const float* m_got, size_t n,
+                             size_t* n_diff, size_t* worst_i) {
+    double worst = 0;
+    *n_diff = 0; *worst_i = 0;
+    for (size_t i = 0; i < n; i++) {
+        double S = fabs((double)c.momentum * m_old[i]) + fabs((double)grad[i]) + fabs((double)c.weight_decay * p_old[i]);
+        double bp = ldexp(1.0, -22) * (fabs((double)p_old[i]) + fabs((double)p_ref[i])) + ldexp(1.0, -20) * lr * S + 1e-30;
+        double bm = ldexp(1.0, -22) * fabs((double)m_ref[i]) + ldexp(1.0, -20) * S + 1e-30;
+        double e = std::max(fabs((double)p_got[i] - p_ref[i]) / bp, fabs((double)m_got[i] - m_ref[i]) / bm);
+        if (!(p_got[i] == p_got[i]) || !(m_got[i] == m_got[i])) e = INFINITY;
+        *n_diff += p_got[i] != p_ref[i] || m_got[i] != m_ref[i];
+        if (e > worst) { worst = e; *worst_i = i; }
+    }
+    return worst;
+}
+
+// GPU: fc1 on the fast path against the double CPU oracle, outputs poisoned with NaN first.
+//   forward (sm_90): fc1_forward_kernel's split-K partial sums added by head_kernel, + bias, ReLU: h, TF32 bound;
+//   backward: fc1_backward_kernel's dpooled and fc1 weight gradient (TF32 bound), fc1's bias gradient and fc2's
+//   weight and bias gradient (fp32 bounds: no TF32 in them);
+//   its fused optimizer step (SGD with momentum and weight decay, then AdamW, at step 7 of a warm-up + cosine
+//   schedule) against optimizer_kernel applied to the gradient the same kernel stores without the fusion: the same
+//   function of the same inputs. AdamW (explicit FMAs, one rounding order): bit-identical parameters and optimizer
+//   state required; SGD: within sgd_step_worst's bound (the compiler's contraction choice may differ).
+// B = 70 takes two chunks of 64 batch rows (the second partial) and two row tiles in the forward.
+static void check_fc1_fast(int B, uint64_t seed) {
+    const size_t nw = (size_t)FC_H * FC_IN, npool = (size_t)B * FC_IN;
+    std::vector<float> pooled = rand_vec(npool, seed), w = rand_vec(nw, seed + 1), bf1 = rand_vec(FC_H, seed + 2);
+    std::vector<float> dh = rand_vec((size_t)B * FC_H, seed + 3), dlogits = rand_vec((size_t)B * NCLS, seed + 4);
+    std::vector<float> h = rand_vec((size_t)B * FC_H, seed + 5), wf2 = rand_vec(NCLS * FC_H, seed + 6), bf2 = rand_vec(NCLS, seed + 7);
+    std::vector<int> y(B);
+    for (int b = 0; b < B; b++) y[b] = b % NCLS;
+    auto up = [](const std::vector<float>& v) { float* d; cudaCheck(cudaMalloc(&d, v.size() * 4)); cudaCheck(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice)); return d; };
+    auto poison = [](size_t n) { float* d; cudaCheck(cudaMalloc(&d, n * 4)); cudaCheck(cudaMemset(d, 0xFF, n * 4)); return d; };
+    float *d_pooled = up(pooled), *d_w = up(w), *d_bf1 = up(bf1), *d_dh = up(dh), *d_dlogits = up(dlogits), *d_h = up(h);
+    float *d_wf2 = up(wf2), *d_bf2 = up(bf2);
+    int* d_y; cudaCheck(cudaMalloc(&d_y, B * 4)); cudaCheck(cudaMemcpy(d_y, y.data(), B * 4, cudaMemcpyHostToDevice));
+    const std::string tag = "B=" + std::to_string(B);
+    char buf[256];
+    auto fin = [](double e, float g) { return g == g ? e : INFINITY; };
+    if (g_fc1_cluster) {
+        float *d_part = poison((size_t)FC1F_PARTS * B * FC_H), *d_hout = poison((size_t)B * FC_H), *d_logits = poison((size_t)B * NCLS);
+        launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, d_part, d_pooled, d_w, B);
+        launch_pdl(head_kernel<FC1F_PARTS>, ceil_div(B, 8), 256, 0, 1, d_logits, nullptr, nullptr, nullptr, nullptr, d_hout, d_part,
+                   d_bf1, d_wf2, d_bf2, d_y, nullptr, 0, B);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<float> got((size_t)B * FC_H);
+        cudaCheck(cudaMemcpy(got.data(), d_hout, got.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0; size_t wi = 0;
+        for (int r = 0; r < B; r++)
+            for (int j = 0; j < FC_H; j++) {
+                double sum = 0, sa = 0;
+                for (int k = 0; k < FC_IN; k++) { double p = (double)pooled[(size_t)r * FC_IN + k] * w[(size_t)j * FC_IN + k]; sum += p; sa += fabs(p); }
+                double bound = (FC_IN * ldexp(1.0, -23) + ldexp(1.0, -10)) * sa + fabs(bf1[j]) * ldexp(1.0, -23) + 1e-30;
+                double v = sum + bf1[j], gv = got[(size_t)r * FC_H + j];
+                if (fabs(v) <= bound && gv == 0.0) v = 0;  // ReLU at the edge: both sides are right
+                if (v < 0) v = 0;
+                double e = fin(fabs(gv - v) / bound, (float)gv);
+                if (e > worst) { worst = e; wi = (size_t)r * FC_H + j; }
+            }
+        snprintf(buf, sizeof buf, "%s: worst error %.3g of the bound at [%zu]", tag.c_str(), worst, wi);
+        report(worst <= 1.0, "gpu fc1 forward split-K + cluster reduction + head (bias, relu)", buf);
+        cudaFree(d_part); cudaFree(d_hout); cudaFree(d_logits);
+    } else {
+        skip("gpu fc1 forward split-K + cluster reduction + head (bias, relu)", "device below sm_90 (no clusters): fc1's forward runs on the generic kernel");
+    }
+    // backward, gradient stored
+    float *d_dpooled = poison(npool), *d_gw = poison(nw), *d_gbf1 = poison(FC_H), *d_gwf2 = poison(NCLS * FC_H), *d_gbf2 = poison(NCLS);
+    int* d_counters; cudaCheck(cudaMalloc(&d_counters, 12));
+    const int counters[3] = {7, 0, 0};
+    cudaCheck(cudaMemcpy(d_counters, counters, 12, cudaMemcpyHostToDevice));
+    Fc1BackwardArgs a;
+    a.dpooled = d_dpooled; a.wf1 = d_w; a.gwf1 = d_gw; a.m1 = nullptr; a.m2 = nullptr; a.gbf1 = d_gbf1; a.gwf2 = d_gwf2; a.gbf2 = d_gbf2;
+    a.dh = d_dh; a.pooled = d_pooled; a.dlogits = d_dlogits; a.h = d_h; a.counters = d_counters; a.update = 0; a.B = B;
+    launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> gdp(npool), ggw(nw), ggb1(FC_H), ggw2(NCLS * FC_H), ggb2(NCLS);
+    cudaCheck(cudaMemcpy(gdp.data(), d_dpooled, npool * 4, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(ggw.data(), d_gw, nw * 4, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(ggb1.data(), d_gbf1, FC_H * 4, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(ggw2.data(), d_gwf2, NCLS * FC_H * 4, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(ggb2.data(), d_gbf2, NCLS * 4, cudaMemcpyDeviceToHost));
+    {
+        double worst = 0; size_t wi = 0;
+        std::vector<double> acc(FC_IN), sa(FC_IN);
+        for (int r = 0; r < B; r++) {
+            std::fill(acc.begin(), acc.end(), 0.0); std::fill(sa.begin(), sa.end(), 0.0);
+            for (int j = 0; j < FC_H; j++) {
+                double d = dh[(size_t)r * FC_H + j];
+                const float* wr = &w[(size_t)j * FC_IN];
+                for (int c = 0; c < FC_IN; c++) { double p = d * wr[c]; acc[c] += p; sa[c] += fabs(p); }
+            }
+            for (int c = 0; c < FC_IN; c++) {
+                double bound = (FC_H * ldexp(1.0, -23) + ldexp(1.0, -10)) * sa[c] + 1e-30, gv = gdp[(size_t)r * FC_IN + c];
+                double e = fin(fabs(gv - acc[c]) / bound, (float)gv);
+                if (e > worst) { worst = e; wi = (size_t)r * FC_IN + c; }
+            }
+        }
+        snprintf(buf, sizeof buf, "%s: worst error %.3g of the bound at [%zu]", tag.c_str(), worst, wi);
+        report(worst <= 1.0, "gpu fc1 backward input gradient (dpooled)", buf);
+    }
+    {
+        double worst = 0; size_t wi = 0;
+        std::vector<double> acc(FC_IN), sa(FC_IN);
+        for (int j = 0; j < FC_H; j++) {
+            std::fill(acc.begin(), acc.end(), 0.0); std::fill(sa.begin(), sa.end(), 0.0);
+            for (int r = 0; r < B; r++) {
+                double d = dh[(size_t)r * FC_H + j];
+                const float* pr = &pooled[(size_t)r * FC_IN];
+                for (int c = 0; c < FC_IN; c++) { double p = d * pr[c]; acc[c] += p; sa[c] += fabs(p); }
+            }
+            for (int c = 0; c < FC_IN; c++) {
+                double bound = (B * ldexp(1.0, -23) + ldexp(1.0, -10)) * sa[c] + 1e-30, gv = ggw[(size_t)j * FC_IN + c];
+                double e = fin(fabs(gv - acc[c]) / bound, (float)gv);
+                if (e > worst) { worst = e; wi = (size_t)j * FC_IN + c; }
+            }
+        }
+        snprintf(buf, sizeof buf, "%s: worst error %.3g of the bound at [%zu]", tag.c_str(), worst, wi);
+        report(worst <= 1.0, "gpu fc1 backward weight gradient", buf);
+    }
+    {
+        // fp32 sums over the batch: |err| <= B * 2^-23 * sum |terms|
+        double worst = 0; std::string where;
+        for (int j = 0; j < FC_H; j++) {
+            double s = 0, sa = 0;
+            for (int r = 0; r < B; r++) { s += dh[(size_t)r * FC_H + j]; sa += fabs(dh[(size_t)r * FC_H + j]); }
+            double e = fin(fabs(ggb1[j] - s) / (B * ldexp(1.0, -23) * sa + 1e-30), ggb1[j]);
+            if (e > worst) { worst = e; where = "fc1.bias[" + std::to_string(j) + "]"; }
+        }
+        for (int j = 0; j < NCLS; j++) {
+            double sb = 0, sba = 0;
+            for (int r = 0; r < B; r++) { sb += dlogits[(size_t)r * NCLS + j]; sba += fabs(dlogits[(size_t)r * NCLS + j]); }
+            double e = fin(fabs(ggb2[j] - sb) / (B * ldexp(1.0, -23) * sba + 1e-30), ggb2[j]);
+            if (e > worst) { worst = e; where = "fc2.bias[" + std::to_string(j) + "]"; }
+            for (int k = 0; k < FC_H; k++) {
+                double s = 0, sa = 0;
+                for (int r = 0; r < B; r++) { double p = (double)dlogits[(size_t)r * NCLS + j] * h[(size_t)r * FC_H + k]; s += p; sa += fabs(p); }
+                double e2 = fin(fabs(ggw2[j * FC_H + k] - s) / (B * ldexp(1.0, -23) * sa + 1e-30), ggw2[j * FC_H + k]);
+                if (e2 > worst) { worst = e2; where = "fc2.weight[" + std::to_string(j * FC_H + k) + "]"; }
+            }
+        }
+        snprintf(buf, sizeof buf, "%s: worst error %.3g of the fp32 bound at %s", tag.c_str(), worst, where.c_str());
+        report(worst <= 1.0, "gpu fc1 backward bias gradient, fc2 weight + bias gradient", buf);
+    }
+    // the fused optimizer step against optimizer_kernel on the stored gradient
+    for (int opt = 0; opt < 2; opt++) {
+        OptConfig c;
+        c.optimizer = opt; c.schedule = SCHED_COSINE; c.warmup_steps = 3; c.total_steps = 20;
+        c.lr = opt ? 2e-3f : 0.05f; c.weight_decay = opt ? 0.01f : 5e-4f;
+        std::vector<float> m1 = rand_vec(nw, seed + 10), m2 = rand_vec(nw, seed + 11);
+        for (auto& v : m2) v = v * v;  // AdamW's second moment is >= 0
+        float *wa = up(w), *m1a = up(m1), *m2a = up(m2), *wb = up(w), *m1b = up(m1), *m2b = up(m2);
+        a.wf1 = wa; a.m1 = m1a; a.m2 = m2a; a.opt = c; a.update = 1;
+        launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
+        launch_pdl(optimizer_kernel, (unsigned)((nw / 4 + 256) / 256), 256, 0, 1, wb, (const float*)d_gw, m1b, m2b, nw, c, d_counters, -1);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<float> pa(nw), pb(nw), ma(nw), mb(nw), va(nw), vb(nw);
+        cudaCheck(cudaMemcpy(pa.data(), wa, nw * 4, cudaMemcpyDeviceToHost)); cudaCheck(cudaMemcpy(pb.data(), wb, nw * 4, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(ma.data(), m1a, nw * 4, cudaMemcpyDeviceToHost)); cudaCheck(cudaMemcpy(mb.data(), m1b, nw * 4, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(va.data(), m2a, nw * 4, cudaMemcpyDeviceToHost)); cudaCheck(cudaMemcpy(vb.data(), m2b, nw * 4, cudaMemcpyDeviceToHost));
+        size_t diff = 0, moved = 0; double maxd = 0;
+        for (size_t i = 0; i < nw; i++) {
+            bool same = !memcmp(&pa[i], &pb[i], 4) && !memcmp(&ma[i], &mb[i], 4) && (!opt || !memcmp(&va[i], &vb[i], 4));
+            diff += !same;
+            moved += pa[i] != w[i];
+            maxd = std::max(maxd, (double)fabs(pa[i] - pb[i]));
+        }
+        if (opt == OPT_ADAMW) {
+            snprintf(buf, sizeof buf, "%s: %zu of %zu elements differ from optimizer_kernel's (max |dp| %.3g); %zu weights moved",
+                     tag.c_str(), diff, nw, maxd, moved);
+            report(diff == 0 && moved > nw / 2, "gpu fc1 backward fused adamw step of fc1.weight (bit-identical)", buf);
+        } else {
+            size_t nd, wi;
+            double worst = sgd_step_worst(c, lr_at(c, counters[0]), w.data(), m1.data(), ggw.data(), pb.data(), mb.data(),
+                                          pa.data(), ma.data(), nw, &nd, &wi);
+            snprintf(buf, sizeof buf, "%s: %zu of %zu elements differ from optimizer_kernel's, worst %.3g of the rounding bound at "
+                     "[%zu] (max |dp| %.3g); %zu weights moved", tag.c_str(), nd, nw, worst, wi, maxd, moved);
+            report(worst <= 1.0 && moved > nw / 2, "gpu fc1 backward fused sgd step of fc1.weight", buf);
+        }
+        for (float* p : {wa, m1a, m2a, wb, m1b, m2b}) cudaFree(p);
+    }
+    for (float* p : {d_pooled, d_w, d_bf1, d_dh, d_dlogits, d_h, d_wf2, d_bf2, d_dpooled, d_gw, d_gbf1, d_gwf2, d_gbf2}) cudaFree(p);
+    cudaFree(d_y); cudaFree(d_counters);
 }
 
 int main() {
@@ -453,6 +678,7 @@ int main() {
         for (const char* n : {"gpu kernel", "gpu fixture ours", "gpu fixture cublas", "gpu debug state ours", "gpu debug state cublas"}) skip(n, why);
     } else {
         g_mm.backend = BACKEND_OURS;
+        cudaCheck(cudaStreamCreate(&g_mm.stream));  // programmatic dependent launch needs a stream of our own
         Mnist ws; mnist_build(&ws, false, 4, 4);  // allocates the split-K workspace the kernel checks use
         // every operand kind the network uses, at awkward sizes (not tile multiples); conv kinds at batch 3
         check_kernel_case("row x row 97x1025x257 + bias/relu/mask", V_ROW, V_ROW, 97, 1025, 257, 97, 257, 257, 1025, true, 11);
@@ -467,9 +693,22 @@ int main() {
 
         check_conv2_tf32(3, 0, 21);
         check_conv2_tf32(5, 4, 22);
+        check_fc1_fast(5, 31);
+        check_fc1_fast(70, 32);
+        {   // the optimizer's fused counter advance (the last of its ~4700 blocks advances the counters)
+            Mnist mc; mnist_build(&mc, false, 4, 4);
+            mnist_set_counters(&mc, 0, 0);
+            for (int i = 0; i < 3; i++) mnist_update(&mc, 5);
+            mnist_update(&mc, 7);
+            int c[3];
+            cudaCheck(cudaMemcpy(c, mc.counters, sizeof c, cudaMemcpyDeviceToHost));
+            report(c[0] == 4 && c[1] == 22 && c[2] == 0, "gpu optimizer advances the counters",
+                   "after 3 updates with B=5 and 1 with B=7: step " + std::to_string(c[0]) + " (4), offset " + std::to_string(c[1]) +
+                   " (22), ticket " + std::to_string(c[2]) + " (0)");
+            mnist_free(&mc);
+        }
 
         mnist_free(&ws);
-        cudaCheck(cudaStreamCreate(&g_mm.stream));
         bool have_debug = false;
         FILE* df = fopen(debug_path, "rb");
         if (!df) {  // a GPU machine has torch: write the debug state (skipped below when that fails, e.g. no torch)
@@ -522,6 +761,52 @@ int main() {
                     for (size_t j = 0; j < n; j++) cub_err = std::max(cub_err, (double)fabs(cublas_tf32_grads[PARAMS[i].offset + j] - ref[j]));
                     compare(std::string("gpu debug state ours tf32 grad.") + PARAMS[i].name + " (cuBLAS TF32 max|err| " +
                             std::to_string(cub_err) + ")", g.data() + PARAMS[i].offset, ref, n, 4 * cub_err + 1e-3 * max_abs_of(ref, n), 0.0);
+                }
+                // the training step's fusions (fc1.weight's optimizer step in fc1's backward kernel, every other
+                // parameter's in the last split reduction, the counters advanced there) against the unfused sequence
+                // (gradients stored, optimizer_kernel, advance_counters_kernel), one step from the debug state (a
+                // second step would carry the first one's rounding differences into the gradients): AdamW
+                // bit-identical, SGD within sgd_step_worst's rounding bound (from the unfused run's gradient), and
+                // the counters advanced by both to (1, 3, 0)
+                for (int opt = 0; opt < 2; opt++) {
+                    std::vector<float> st[2][3], p0(m.n_params), g0(m.n_params), zeros(m.n_params, 0.0f);
+                    int ctr[2][3];
+                    for (int fused = 0; fused < 2; fused++) {
+                        set_params_torch(&m, dbg.params); set_batch(&m, dbg.x.data(), dbg.y.data(), dbg.B);
+                        m.opt = OptConfig(); m.opt.optimizer = opt; m.opt.schedule = SCHED_COSINE; m.opt.warmup_steps = 2;
+                        m.opt.total_steps = 6; m.opt.lr = opt ? 1e-3f : 0.05f; m.opt.weight_decay = opt ? 0.01f : 5e-4f;
+                        mnist_set_counters(&m, 0, 0);
+                        if (!fused) mnist_copy_out(&m, m.params, p0.data(), m.n_params);
+                        forward_loss(&m, dbg.B, lbuf, false);
+                        if (fused) mnist_backward(&m, dbg.B, 3);
+                        else {
+                            mnist_backward(&m, dbg.B);
+                            mnist_copy_out(&m, m.grads, g0.data(), m.n_params);
+                            mnist_update(&m); mnist_advance(&m, 3);
+                        }
+                        const float* bufs[3] = {m.params, m.m1, m.m2};
+                        for (int k = 0; k < 3; k++) { st[fused][k].resize(m.n_params); mnist_copy_out(&m, bufs[k], st[fused][k].data(), m.n_params); }
+                        cudaCheck(cudaMemcpy(ctr[fused], m.counters, sizeof ctr[fused], cudaMemcpyDeviceToHost));
+                    }
+                    bool ctr_ok = ctr[1][0] == 1 && ctr[1][1] == 3 && ctr[1][2] == 0 && !memcmp(ctr[0], ctr[1], sizeof ctr[0]);
+                    std::string cs = "; counters " + std::to_string(ctr[1][0]) + "," + std::to_string(ctr[1][1]) + "," +
+                                     std::to_string(ctr[1][2]) + " (1,3,0)";
+                    if (opt == OPT_ADAMW) {
+                        size_t diff = 0, nd = 0;
+                        for (int k = 0; k < 3; k++) diff += memcmp(st[0][k].data(), st[1][k].data(), m.n_params * 4) != 0;
+                        for (size_t i = 0; i < m.n_params; i++) nd += memcmp(&st[0][0][i], &st[1][0][i], 4) != 0;
+                        report(diff == 0 && ctr_ok, "gpu debug state ours tf32 fused training step (adamw, bit-identical)",
+                               std::to_string(nd) + " of " + std::to_string(m.n_params) + " parameters differ from the unfused step" +
+                               (diff ? " (or the optimizer state does)" : ", optimizer state identical") + cs);
+                    } else {
+                        size_t nd, wi;
+                        double worst = sgd_step_worst(m.opt, lr_at(m.opt, 0), p0.data(), zeros.data(), g0.data(), st[0][0].data(),
+                                                      st[0][1].data(), st[1][0].data(), st[1][1].data(), m.n_params, &nd, &wi);
+                        char b2[200];
+                        snprintf(b2, sizeof b2, "%zu of %zu parameters or momenta differ from the unfused step, worst %.3g of the "
+                                 "rounding bound at [%zu]", nd, m.n_params, worst, wi);
+                        report(worst <= 1.0 && ctr_ok, "gpu debug state ours tf32 fused training step (sgd)", b2 + cs);
+                    }
                 }
                 g_mm.tf32 = 0;
             }
