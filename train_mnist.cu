@@ -1195,8 +1195,10 @@ __global__ void __launch_bounds__(32 * SR_WARPS) splits_reduce_kernel(SplitsJob 
     const int job = (int)blockIdx.x < blocks0 ? 0 : (int)blockIdx.x < blocks0 + blocks1 ? 1 : 2;
     const SplitsJob j = job == 0 ? j0 : job == 1 ? j1 : j2;
     const int block = blockIdx.x - (job > 0 ? blocks0 : 0) - (job > 1 ? blocks1 : 0);
-    OptStep st = {};
-    if (opt.params) st = opt_step(opt.c, opt.counters[0]);
+    // the step counter is read by every thread before the ticket below (the last block advances it); the per-step
+    // scalars (powf, cosf) are computed from it only by the lanes that apply an update (a warp per block, not all
+    // ~650K threads: ~1.5 us per step on the H100; the same function of the same inputs, so the same bits)
+    const int step = opt.params ? opt.counters[0] : 0;
     if (opt.advance_B >= 0) {
         __syncthreads();  // every thread of the block has read counters[0]
         if (threadIdx.x == 0) {
@@ -1224,6 +1226,7 @@ __global__ void __launch_bounds__(32 * SR_WARPS) splits_reduce_kernel(SplitsJob 
         float v = part[0][lane];
         for (int k = 1; k < SR_WARPS; k++) v += part[k][lane];
         if (j.update_off >= 0) {
+            const OptStep st = opt_step(opt.c, step);
             const size_t o = (size_t)j.update_off + i;
             float p = opt.params[o], m = opt.m1[o], vv = opt.c.optimizer == OPT_ADAMW ? opt.m2[o] : 0.0f;
             opt_update_elem(opt.c, st, &p, v, &m, &vv);
@@ -1246,9 +1249,11 @@ static void splits_reduce(const SplitsJob& j0, const SplitsJob& j1 = SplitsJob()
 // dact2 rebuilt while loading from the pooled gradient and the window codes (dact2_from_pooled).
 // GEMM m = co (64), n = (tap, ci) (288), k = pixel. A block takes bands of R = 6 output rows (144 pixels = 18
 // k-steps) of one image: Ds[144][64+8] (dact2, pixel-major: a fragment's A[co][pixel] reads are 8t + g banks apart)
-// and the act1 patch Ps[8*26][32+4]; 8 warps of 32 x 72 (2 m16 x 9 n8 tiles) hold the block's 64 x 288 sums.
+// and the act1 patch Ps[8*26][32+8]; 8 warps of 32 x 72 (2 m16 x 9 n8 tiles) hold the block's 64 x 288 sums.
+// The patch's pixel stride is 40 floats (8 mod 32 banks): a B fragment reads pixel t, channel g at 40 t + g, banks
+// 8 t + g, all 32 distinct (a stride of 36 gave banks 4 t + g: two-way conflicts on every B fragment load).
 // The bias gradient is summed from the unrounded dact2 as it is loaded (each thread always loads the same 4 channels).
-constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2, WG_DS = C2 + 8, WG_CS = C1 + 4;
+constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2, WG_DS = C2 + 8, WG_CS = C1 + 8;
 constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
 // the operands, or (after the bands) the partial sums and the bias reduction's 256 float4
 constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS, WG_NOUT + 4 * 256) * sizeof(float);
