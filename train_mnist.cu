@@ -891,6 +891,14 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// A fragment of mma m16n8k8 (.row A, 16 x 8) from shared memory: p points at element (m = g, k = t) of the tile,
+// ms and ks are the distances between consecutive m and consecutive k (row-major A: ld, 1; k-major A: 1, ld)
+__device__ __forceinline__ void lds_a_frag(uint32_t (&a)[4], const float* p, int ms, int ks) {
+    a[0] = __float_as_uint(p[0]);
+    a[1] = __float_as_uint(p[8 * ms]);
+    a[2] = __float_as_uint(p[4 * ks]);
+    a[3] = __float_as_uint(p[8 * ms + 4 * ks]);
+}
 // 16-byte asynchronous copy global -> shared (cp.async, sm_80+), and its group bookkeeping
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
@@ -1329,10 +1337,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {
                 const float* pa = Ds + (k0 + t) * WG_DS + wm * 32 + mi * 16 + g;
-                a[mi][0] = __float_as_uint(pa[0]);
-                a[mi][1] = __float_as_uint(pa[8]);
-                a[mi][2] = __float_as_uint(pa[4 * WG_DS]);
-                a[mi][3] = __float_as_uint(pa[4 * WG_DS + 8]);
+                lds_a_frag(a[mi], pa, 1, WG_DS);
             }
             const float* pp = Ps + (pb + t) * WG_CS;
 #pragma unroll
@@ -1751,10 +1756,7 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
             const float* pa = As + (wm * 32 + mi * 16 + g) * FC1F_LD + kk + t;
-            a[mi][0] = __float_as_uint(pa[0]);
-            a[mi][1] = __float_as_uint(pa[8 * FC1F_LD]);
-            a[mi][2] = __float_as_uint(pa[4]);
-            a[mi][3] = __float_as_uint(pa[8 * FC1F_LD + 4]);
+            lds_a_frag(a[mi], pa, FC1F_LD, 1);
         }
 #pragma unroll
         for (int ni = 0; ni < 4; ni++) {
@@ -1895,10 +1897,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
                     const float* pa = Hs + (wm1 * 32 + mi * 16 + g) * FC1B_HLD + kk + t;
-                    af[mi][0] = __float_as_uint(pa[0]);
-                    af[mi][1] = __float_as_uint(pa[8 * FC1B_HLD]);
-                    af[mi][2] = __float_as_uint(pa[4]);
-                    af[mi][3] = __float_as_uint(pa[8 * FC1B_HLD + 4]);
+                    lds_a_frag(af[mi], pa, FC1B_HLD, 1);
                 }
 #pragma unroll
                 for (int ni = 0; ni < 2; ni++) {
@@ -1926,10 +1925,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {
                 const float* pa = Hs + (kk + t) * FC1B_HLD + wm2 * 32 + mi * 16 + g;
-                af[mi][0] = __float_as_uint(pa[0]);
-                af[mi][1] = __float_as_uint(pa[8]);
-                af[mi][2] = __float_as_uint(pa[4 * FC1B_HLD]);
-                af[mi][3] = __float_as_uint(pa[4 * FC1B_HLD + 8]);
+                lds_a_frag(af[mi], pa, 1, FC1B_HLD);
             }
 #pragma unroll
             for (int ni = 0; ni < 4; ni++) {
