@@ -799,6 +799,16 @@ matmul_warptile_kernel(int M, int N, int K, float alpha, const float* A, int lda
     warptile_epilogue<RM, RN>(acc, M, N, m0, n0, row0, col0, alpha, beta, C, ldc, ws, vec_c);
 }
 
+// Lets KERNEL launch with `bytes` of dynamic shared memory: beyond the default 48 KB a kernel must opt in, once.
+template <auto KERNEL>
+static void matmul_smem_opt_in(int bytes) {
+    static bool done = false;  // one per kernel instantiation
+    if (!done && bytes > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        done = true;
+    }
+}
+
 template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false, int GROUP = 8, bool ASYNC_B = false>
 static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                             const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
@@ -811,14 +821,8 @@ static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, flo
     matmul_dispatch_trans<NN_ONLY>("launch_warptile", trans_a, trans_b, [&](auto ta, auto tb) {
         constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
         constexpr int SMEM_BYTES = WarptileSmem<BM, BN, BK, NT, TA, TB, ASYNC_B>::BYTES;
-        auto kernel = matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB, GROUP, ASYNC_B>;
-        if (SMEM_BYTES > 48 * 1024) {
-            static bool smem_attr_set = false;  // one per instantiation
-            if (!smem_attr_set) {
-                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
-                smem_attr_set = true;
-            }
-        }
+        constexpr auto kernel = &matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB, GROUP, ASYNC_B>;
+        matmul_smem_opt_in<kernel>(SMEM_BYTES);
         kernel<<<grid, NT, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va,
                                                  vb, vc);
     });
@@ -1015,14 +1019,8 @@ static void launch_warptile_async(bool trans_a, bool trans_b, int M, int N, int 
         constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
         constexpr int SMEM_BYTES = STAGES * (int)sizeof(float) *
                                    (KmajorAsyncTile<BM, BK, NT, !TA>::SIZE + KmajorAsyncTile<BN, BK, NT, TB>::SIZE);
-        auto kernel = matmul_warptile_async_kernel<BM, BN, BK, RM, RN, MINB, STAGES, TA, TB>;
-        if (SMEM_BYTES > 48 * 1024) {
-            static bool smem_attr_set = false;  // one per instantiation
-            if (!smem_attr_set) {
-                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
-                smem_attr_set = true;
-            }
-        }
+        constexpr auto kernel = &matmul_warptile_async_kernel<BM, BN, BK, RM, RN, MINB, STAGES, TA, TB>;
+        matmul_smem_opt_in<kernel>(SMEM_BYTES);
         kernel<<<grid, NT, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va,
                                                  vb, vc);
     });
@@ -1239,12 +1237,8 @@ static void launch_tf32_one(dim3 grid, int M, int N, int K, float alpha, const f
                             int ldb, float beta, float* C, int ldc, float* ws, int k_per_split, bool va, bool vb,
                             cudaStream_t stream) {
     using Cfg = Tf32Config<BM, BN, BK, WM, WN, STAGES, TA, TB, PERM>;
-    auto kernel = matmul_tf32_kernel<BM, BN, BK, WM, WN, STAGES, TA, TB, ROUND, FDB, PERM>;
-    static bool smem_attr_set = false;  // one per instantiation
-    if (!smem_attr_set) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
-        smem_attr_set = true;
-    }
+    constexpr auto kernel = &matmul_tf32_kernel<BM, BN, BK, WM, WN, STAGES, TA, TB, ROUND, FDB, PERM>;
+    matmul_smem_opt_in<kernel>(Cfg::SMEM_BYTES);
     kernel<<<grid, Cfg::NT, Cfg::SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws,
                                                        k_per_split, va, vb);
     cudaCheck(cudaGetLastError());
@@ -1809,12 +1803,8 @@ static void launch_wgmma(bool trans_a, bool trans_b, int M, int N, int K, float 
     const float* b_km = matmul_stage_kmajor(1, B, ldb, trans_b, N, K, kpad, stream);
     CUtensorMap map_a = matmul_tensor_map_kmajor(a_km, M, K, a_ld, Cfg::BM);
     CUtensorMap map_b = matmul_tensor_map_kmajor(b_km, N, K, kpad, BN);
-    auto kernel = matmul_wgmma_kernel<BN, STAGES, MINB, A_REGS, PIPE, PERSIST>;
-    static bool smem_attr_set = false;  // one per instantiation
-    if (!smem_attr_set) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
-        smem_attr_set = true;
-    }
+    constexpr auto kernel = &matmul_wgmma_kernel<BN, STAGES, MINB, A_REGS, PIPE, PERSIST>;
+    matmul_smem_opt_in<kernel>(Cfg::SMEM_BYTES);
     const bool vec_c = ((uintptr_t)C % 8 == 0) && (ldc % 2 == 0);
     const int tiles = ceil_div(M, Cfg::BM) * ceil_div(N, BN);
     dim3 grid(PERSIST ? std::min(tiles, matmul_num_sms() * MINB) : tiles);
