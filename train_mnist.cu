@@ -2370,7 +2370,7 @@ static void epoch_permutation(std::vector<int>& perm, int n, int seed, int epoch
 struct Args {
     std::string data_dir = "data/mnist", device = "auto", matmul = "ours", optimizer = "sgd", lr_schedule = "cosine";
     std::string checkpoint = "", resume = "", load = "";
-    int tf32 = 1, epochs = 12, batch_size = 64, warmup_steps = 300, seed = 1, train_limit = 0, test_limit = 0;
+    int tf32 = 1, epochs = 20, batch_size = 64, warmup_steps = 300, seed = 1, train_limit = 0, test_limit = 0;
     int eval_batch_size = 1000, eval_only = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
     float lr = 0.03f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     float stop_at_accuracy = 0.0f;
