@@ -899,6 +899,35 @@ __device__ __forceinline__ void lds_a_frag(uint32_t (&a)[4], const float* p, int
     a[2] = __float_as_uint(p[4 * ks]);
     a[3] = __float_as_uint(p[8 * ms + 4 * ks]);
 }
+// One warp's tile of C += A B from shared memory on mma m16n8k8: acc[MI][NI] holds rows 0..16MI of A times columns
+// 0..8NI of B (A and B point at the warp's first row / column), summed over k in [0, K) in steps of 8. A's element
+// (m, k) is A[m * ams + k * aks], B's (k, n) is B[k * bks + n * bns]; both already rounded to TF32.
+template <int MI, int NI, int K, int UNROLL>
+__device__ __forceinline__ void warp_mma_smem(float (&acc)[MI][NI][4], const float* A, int ams, int aks,
+                                              const float* B, int bks, int bns, int g, int t) {
+#pragma unroll UNROLL
+    for (int kk = 0; kk < K; kk += 8) {
+        uint32_t a[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) lds_a_frag(a[mi], A + (mi * 16 + g) * ams + (kk + t) * aks, ams, aks);
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            const float* pb = B + (kk + t) * bks + (ni * 8 + g) * bns;
+            uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4 * bks]);
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+        }
+    }
+}
+template <int MI, int NI>
+__device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+}
 // 16-byte asynchronous copy global -> shared (cp.async, sm_80+), and its group bookkeeping
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
@@ -1043,12 +1072,7 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const uint8_t* 
             __syncthreads();
         }
         float acc[MI][NI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+        acc_zero(acc);
 #pragma unroll 1
         for (int tap = 0; tap < 9; tap++) {
             const float* pa = P + ((tap / 3) * WP + tap % 3) * CS + t;
@@ -1285,12 +1309,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         boff[ni] = ((tap / 3) * H1 + tap % 3) * WG_CS + ci + g;
     }
     float acc[2][9][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 9; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+    acc_zero(acc);
     float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
     // the next band's operands are loaded into registers (raw: pooled-gradient chunks, their codes, act1 chunks)
     // before this band's mma loop and stored after it, so their latency hides behind the math
@@ -1744,28 +1763,9 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
     }
     __syncthreads();
     float acc[2][4][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < FC1F_KC; kk += 8) {
-        uint32_t a[2][4];
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
-            const float* pa = As + (wm * 32 + mi * 16 + g) * FC1F_LD + kk + t;
-            lds_a_frag(a[mi], pa, FC1F_LD, 1);
-        }
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
-            const float* pb = Ws + (wn * 32 + ni * 8 + g) * FC1F_LD + kk + t;
-            uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4]);
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
-        }
-    }
+    acc_zero(acc);
+    warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, As + wm * 32 * FC1F_LD, FC1F_LD, 1, Ws + wn * 32 * FC1F_LD, 1,
+                                              FC1F_LD, g, t);
     __syncthreads();  // every warp is done with As and Ws: the partial sums take their place
     float* red = smem;  // [64][132]
 #pragma unroll
@@ -1850,12 +1850,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
         *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
     }
     float acc[2][4][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+    acc_zero(acc);
     for (int r0 = 0; r0 < B; r0 += 64) {
         __syncthreads();  // the previous chunk's fragment reads are done
         {
@@ -1885,28 +1880,8 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
         __syncthreads();
         {   // dpooled rows r0.. (64 x 64, k = the 128 fc1 outputs)
             float d[2][2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) d[mi][ni][e] = 0.0f;
-#pragma unroll 4
-            for (int kk = 0; kk < FC_H; kk += 8) {
-                uint32_t af[2][4];
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    const float* pa = Hs + (wm1 * 32 + mi * 16 + g) * FC1B_HLD + kk + t;
-                    lds_a_frag(af[mi], pa, FC1B_HLD, 1);
-                }
-#pragma unroll
-                for (int ni = 0; ni < 2; ni++) {
-                    const float* pb = Ws + (kk + t) * FC1B_WLD + wn1 * 16 + ni * 8 + g;
-                    uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4 * FC1B_WLD]);
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(d[mi][ni], af[mi], b0, b1);
-                }
-            }
+            acc_zero(d);
+            warp_mma_smem<2, 2, FC_H, 4>(d, Hs + wm1 * 32 * FC1B_HLD, FC1B_HLD, 1, Ws + wn1 * 16, FC1B_WLD, 1, g, t);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -1919,22 +1894,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
                 }
         }
         // dWf1 += dh^T pooled over this chunk's 64 rows (zero rows past B add nothing)
-#pragma unroll
-        for (int kk = 0; kk < 64; kk += 8) {
-            uint32_t af[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                const float* pa = Hs + (kk + t) * FC1B_HLD + wm2 * 32 + mi * 16 + g;
-                lds_a_frag(af[mi], pa, 1, FC1B_HLD);
-            }
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                const float* pb = Ps + (kk + t) * FC1B_PLD + wn2 * 32 + ni * 8 + g;
-                uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4 * FC1B_PLD]);
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], af[mi], b0, b1);
-            }
-        }
+        warp_mma_smem<2, 4, 64, 8>(acc, Hs + wm2 * 32, 1, FC1B_HLD, Ps + wn2 * 32, FC1B_PLD, 1, g, t);
     }
     // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so that
     // it leaves in rows of 16-byte chunks: stored, or the optimizer step applied to this slice of fc1.weight (p from
