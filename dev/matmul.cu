@@ -47,6 +47,7 @@ version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box 
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 #include <cerrno>
 #include <sys/stat.h>
@@ -809,25 +810,39 @@ static void matmul_smem_opt_in(int bytes) {
     }
 }
 
-template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false, int GROUP = 8, bool ASYNC_B = false>
-static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
-    constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
+// The version-5 launchers' shared body: split-K choice and workspace, grid, 16-byte-access flags, the transpose
+// dispatch, the launch and the split-K reduction. pick(ta, tb) opts the (TA, TB) kernel into its shared memory and
+// returns {kernel, shared-memory bytes}; NT threads per block.
+template <int BM, int BN, int BK, int NT, bool NN_ONLY, typename Pick>
+static void launch_warptile_common(const char* fn, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                                   const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                                   cudaStream_t stream, Pick pick) {
     int splits, k_per_split;
     matmul_choose_splits(M, N, K, BM, BN, BK, NT, &splits, &k_per_split);
     float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
     dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
     bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
-    matmul_dispatch_trans<NN_ONLY>("launch_warptile", trans_a, trans_b, [&](auto ta, auto tb) {
-        constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
-        constexpr int SMEM_BYTES = WarptileSmem<BM, BN, BK, NT, TA, TB, ASYNC_B>::BYTES;
-        constexpr auto kernel = &matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB, GROUP, ASYNC_B>;
-        matmul_smem_opt_in<kernel>(SMEM_BYTES);
-        kernel<<<grid, NT, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va,
-                                                 vb, vc);
+    matmul_dispatch_trans<NN_ONLY>(fn, trans_a, trans_b, [&](auto ta, auto tb) {
+        auto [kernel, smem_bytes] = pick(ta, tb);
+        kernel<<<grid, NT, smem_bytes, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va, vb,
+                                                 vc);
     });
     cudaCheck(cudaGetLastError());
     if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
+}
+
+template <int BM, int BN, int BK, int RM, int RN, int MINB, bool NN_ONLY = false, int GROUP = 8, bool ASYNC_B = false>
+static void launch_warptile(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                            const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
+    launch_warptile_common<BM, BN, BK, NT, NN_ONLY>(
+        "launch_warptile", trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream, [](auto ta, auto tb) {
+            constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
+            constexpr int SMEM_BYTES = WarptileSmem<BM, BN, BK, NT, TA, TB, ASYNC_B>::BYTES;
+            constexpr auto kernel = &matmul_warptile_kernel<BM, BN, BK, RM, RN, MINB, TA, TB, GROUP, ASYNC_B>;
+            matmul_smem_opt_in<kernel>(SMEM_BYTES);
+            return std::make_pair(kernel, SMEM_BYTES);
+        });
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1010,22 +1025,16 @@ static void launch_warptile_async(bool trans_a, bool trans_b, int M, int N, int 
                                   int lda, const float* B, int ldb, float beta, float* C, int ldc,
                                   cudaStream_t stream) {
     constexpr int NT = (BM / (16 * RM)) * (BN / (32 * RN)) * 32;
-    int splits, k_per_split;
-    matmul_choose_splits(M, N, K, BM, BN, BK, NT, &splits, &k_per_split);
-    float* ws = splits > 1 ? matmul_get_workspace((size_t)splits * M * N) : nullptr;
-    dim3 grid(ceil_div(M, BM) * ceil_div(N, BN), 1, splits);
-    bool va = matmul_vec_ok(A, lda), vb = matmul_vec_ok(B, ldb), vc = matmul_vec_ok(C, ldc);
-    matmul_dispatch_trans<NN_ONLY>("launch_warptile_async", trans_a, trans_b, [&](auto ta, auto tb) {
-        constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
-        constexpr int SMEM_BYTES = STAGES * (int)sizeof(float) *
-                                   (KmajorAsyncTile<BM, BK, NT, !TA>::SIZE + KmajorAsyncTile<BN, BK, NT, TB>::SIZE);
-        constexpr auto kernel = &matmul_warptile_async_kernel<BM, BN, BK, RM, RN, MINB, STAGES, TA, TB>;
-        matmul_smem_opt_in<kernel>(SMEM_BYTES);
-        kernel<<<grid, NT, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, k_per_split, va,
-                                                 vb, vc);
-    });
-    cudaCheck(cudaGetLastError());
-    if (splits > 1) matmul_splitk_reduce(ws, splits, M, N, alpha, beta, C, ldc, stream);
+    launch_warptile_common<BM, BN, BK, NT, NN_ONLY>(
+        "launch_warptile_async", trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream,
+        [](auto ta, auto tb) {
+            constexpr bool TA = decltype(ta)::value, TB = decltype(tb)::value;
+            constexpr int SMEM_BYTES = STAGES * (int)sizeof(float) *
+                                       (KmajorAsyncTile<BM, BK, NT, !TA>::SIZE + KmajorAsyncTile<BN, BK, NT, TB>::SIZE);
+            constexpr auto kernel = &matmul_warptile_async_kernel<BM, BN, BK, RM, RN, MINB, STAGES, TA, TB>;
+            matmul_smem_opt_in<kernel>(SMEM_BYTES);
+            return std::make_pair(kernel, SMEM_BYTES);
+        });
 }
 
 // The trainer's fp32 GEMM. C (M x N, ldc) = alpha * op(A) op(B) + beta * C, row-major; see the header for layouts.
