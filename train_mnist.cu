@@ -875,14 +875,15 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 // conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
 // 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
 // so that no operand byte is fetched twice from L2 for one band of image rows:
-//  - conv2_band_tf32_kernel (forward and input gradient): the 3x3 x C weights live in shared memory for the whole
-//    (persistent) block; for each band of R output rows of one image the block loads the (R+2)-row input patch once
-//    and reads the 9 taps' im2col rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
+//  - conv2_band_tf32_kernel (forward) and conv2_dgrad_band_kernel (input gradient): the 3x3 x C weights live in
+//    shared memory for the whole (persistent) block; for each band of output rows (forward: R rows of one image;
+//    input gradient: a run of consecutive pixels) the block loads the input patch once and reads the 9 taps' im2col
+//    rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
 //  - conv2_wgrad_tf32_kernel: a block owns the whole 64 x 288 weight gradient for the bands it is given (GEMM k =
 //    pixel), partial sums per block, then splits_reduce_kernel adds them in a fixed order (deterministic).
 // Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
-// nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads (row strides of 4 mod 32 banks make a
-// warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation. Strict fp32 (--tf32 0) keeps
+// nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads or ldmatrix (row strides of 4 mod 32 banks
+// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation. Strict fp32 (--tf32 0) keeps
 // the generic kernel above.
 __device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
 __device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
@@ -963,28 +964,41 @@ __device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dp
     return dact2_expand(__ldg((const float4*)(dpooled + i)), __ldg((const unsigned int*)(codes + i)), y, x);
 }
 
-// out[b, y, x, n] = sum_{ky,kx,c} in[b, y + ky - PAD, x + kx - PAD, c] * Wt[ky*3+kx][c][n] (zero outside the input),
-// NHWC, HOUT x HOUT outputs from HIN x HIN inputs.
-//   forward (DGRAD false): in = act1 (C1), Wt[tap][ci][co] = conv2.weight[co][tap][ci], PAD 0; out = ReLU(. + bias).
-//   input gradient (DGRAD true): in = dact2 (C2), rebuilt while loading from in = dpooled and the window codes
-//   (dact2_from_pooled), Wt[tap][co][ci] = conv2.weight[co][8 - tap][ci] (the flipped kernel), PAD 2; out = . where
-//   mask (act1) > 0, else 0 (the ReLU in front of conv2).
+// ldmatrix.x4 (sm_75+) for TF32 operands: four 8 x 16-byte matrices, lane l giving the address of row l % 8 of matrix
+// l / 8; lane l receives 32-bit word l % 4 of row l / 4 of each matrix. An mma m16n8k8 A fragment (rows g, g + 8; k = t,
+// t + 4) is therefore one x4 of the matrices (rows 0-7, k 0-3), (rows 8-15, k 0-3), (rows 0-7, k 4-7), (rows 8-15, k 4-7),
+// and the B fragments (k = t, t + 4; n = g) of two n8 tiles of an [n][k] image are one x4 of (n 0-7, k 0-3), (n 0-7,
+// k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7). One instruction instead of four 32-bit loads; the same shared wavefronts.
+__device__ __forceinline__ uint32_t band_smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void band_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// The lane's row and k offset of an ldmatrix.x4 A fragment (see band_ldsm_x4): row (l % 8) + 8 ((l / 8) % 2), k 4 (l / 16)
+__device__ __forceinline__ int band_ldsm_a_row(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }
+__device__ __forceinline__ int band_ldsm_a_k(int lane) { return (lane >> 4) * 4; }
+// ... and of a B pair (two n8 tiles): n (l % 8) + 8 (l / 16), k 4 ((l / 8) % 2)
+__device__ __forceinline__ int band_ldsm_b_n(int lane) { return (lane & 7) + (lane >> 4) * 8; }
+__device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1) * 4; }
+
+// conv2 forward: out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} in[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
+// HOUT x HOUT outputs from HIN = HOUT + 2 inputs (in = act1, C1 channels), and the 2x2 max-pool of out with its window
+// codes; out itself is stored only when not null (the tests).
 //   w: the shared-memory image of Wt, [9][COUT][CIN+4] rounded to TF32 (conv2_weights_tf32_kernel).
 // Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
-// rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*(HOUT+2)][CIN+4].
-// PIPE (forward only): two patch buffers; the block's next band is copied (cp.async, raw) into one while the other
-// is computed, and each thread rounds the chunks it copied once they have landed. The weights come by cp.async too.
-template <int CIN, int COUT, int HIN, int HOUT, int PAD, int R, int WM, int WN, int MI, int NI, bool DGRAD, bool POOL, bool PIPE>
+// rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], two Ps[(R+2)*HIN][CIN+4]:
+// the block's next band is copied (cp.async, raw) into one while the other is computed, and each thread rounds the
+// chunks it copied once they have landed. The weights come by cp.async too. Fragments by ldmatrix (band_ldsm_x4).
+template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
-conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const uint8_t* __restrict__ codes, const float* __restrict__ w,
-                       const float* __restrict__ bias, const float* __restrict__ mask, float* pooled, uint8_t* pool_codes,
-                       const float* __restrict__ ximg, float* w1_partial, int B) {
-    constexpr int NT = 32 * WM * WN, WP = HOUT + 2, PR = R + 2, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
+conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __restrict__ w, const float* __restrict__ bias,
+                       float* pooled, uint8_t* pool_codes, int B) {
+    constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
     constexpr int NCH = PR * WP * (CIN / 4), NCHI = (NCH + NT - 1) / NT;  // 16-byte chunks of a patch, per thread
-    static_assert(!PIPE || (!DGRAD && PAD == 0), "the pipelined copy has no zero fill and no dact2 rebuild");
-    static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT, "the warp tiles must cover a band exactly in n, at least in m");
+    static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT && NI % 2 == 0, "the warp tiles must cover a band exactly in n, at least in m");
     static_assert(CS % 32 == 4 && CIN % 8 == 0, "pixel stride 4 mod 32 banks: a fragment's 8 rows x 4 k on 32 banks");
-    static_assert(HOUT + 2 - 2 * PAD == HIN, "a 3x3 kernel: valid (PAD 0) or full (PAD 2) correlation");
+    static_assert(HOUT % 8 == 0, "no 8-row ldmatrix group straddles an output row (conflict-free)");
+    static_assert(HOUT + 2 == HIN, "a valid 3x3 correlation");
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
     float* Ps = smem + 9 * COUT * CS;
@@ -993,17 +1007,13 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const uint8_t* 
 
     // weights, once per block: a 16-byte copy of the image conv2_weights_tf32_kernel prepared (rounded, padded);
     // before grid_dep_sync: the image is made at least two launches earlier (see grid_dep_sync)
-    if constexpr (PIPE) {
-        for (int i = tid; i < 9 * COUT * CS / 4; i += NT) cp_async16(Ws + 4 * i, w + 4 * i);
-        cp_async_commit();
-    } else {
-        for (int i = tid; i < 9 * COUT * CS / 4; i += NT) ((float4*)Ws)[i] = __ldg((const float4*)w + i);
-    }
+    for (int i = tid; i < 9 * COUT * CS / 4; i += NT) cp_async16(Ws + 4 * i, w + 4 * i);
+    cp_async_commit();
     grid_dep_sync();
     auto patch_chunk = [&](int ch, int y0, int& pix, int& c4, int& iy, int& ix) {
-        pix = ch / (CIN / 4); c4 = ch % (CIN / 4); iy = y0 + pix / WP - PAD; ix = pix % WP - PAD;
+        pix = ch / (CIN / 4); c4 = ch % (CIN / 4); iy = y0 + pix / WP; ix = pix % WP;
     };
-    auto issue_patch = [&](int band, float* dst) {  // PIPE: the raw patch of `band` into dst
+    auto issue_patch = [&](int band, float* dst) {  // the raw patch of `band` into dst
         const int b = band / NBAND, y0 = (band % NBAND) * R;
 #pragma unroll
         for (int i = 0; i < NCHI; i++) {
@@ -1012,87 +1022,48 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const uint8_t* 
             if (ch < NCH) cp_async16(dst + pix * CS + c4 * 4, in + (((size_t)b * HIN + iy) * HIN + ix) * CIN + c4 * 4);
         }
     };
-    if constexpr (PIPE) {
-        if (blockIdx.x < B * NBAND) issue_patch(blockIdx.x, Ps);
-        cp_async_commit();
+    if (blockIdx.x < B * NBAND) issue_patch(blockIdx.x, Ps);
+    cp_async_commit();
+    // this lane's ldmatrix row of each m16 tile (offset in a patch buffer, floats) and of the B pairs
+    int aoff[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+        int m = (wm * MI + mi) * 16 + band_ldsm_a_row(lane);
+        aoff[mi] = (m < R * HOUT ? ((m / HOUT) * WP + m % HOUT) * CS : 0) + band_ldsm_a_k(lane);
     }
-    int rowoff[MI][2];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int m = (wm * MI + mi) * 16 + g + 8 * h;
-            rowoff[mi][h] = m < R * HOUT ? ((m / HOUT) * WP + m % HOUT) * CS : 0;
-        }
-    const float* wsb = Ws + (wn * NI * 8 + g) * CS + t;
-    float w1acc[DGRAD ? NI : 1][2][10];  // input gradient: conv1's weight (9) and bias gradient of this thread's channels
-    if constexpr (DGRAD) {
-        static_assert(!DGRAD || (WN == 1 && COUT == C1 && HOUT == H1), "one warp column holds all of conv1's 32 channels");
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-                for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
-    }
+    const uint32_t bbase = band_smem_u32(Ws + (wn * NI * 8 + band_ldsm_b_n(lane)) * CS + band_ldsm_b_k(lane));
 
     for (int band = blockIdx.x, it = 0; band < B * NBAND; band += gridDim.x, it++) {
         const int b = band / NBAND, y0 = (band % NBAND) * R;
-        float* P = Ps;  // this band's patch
-        if constexpr (PIPE) {
-            // buffers alternate; the one for the next band was last read by the previous band (barrier at its end)
-            P = Ps + (it & 1) * PR * WP * CS;
-            if (band + (int)gridDim.x < B * NBAND) issue_patch(band + gridDim.x, Ps + ((it + 1) & 1) * PR * WP * CS);
-            cp_async_commit();
-            cp_async_wait<1>();  // everything but the group just committed: the weights and this band's patch
+        // buffers alternate; the one for the next band was last read by the previous band (barrier at its end)
+        float* P = Ps + (it & 1) * PR * WP * CS;  // this band's patch
+        if (band + (int)gridDim.x < B * NBAND) issue_patch(band + gridDim.x, Ps + ((it + 1) & 1) * PR * WP * CS);
+        cp_async_commit();
+        cp_async_wait<1>();  // everything but the group just committed: the weights and this band's patch
 #pragma unroll
-            for (int i = 0; i < NCHI; i++) {
-                int ch = tid + i * NT, pix, c4, iy, ix;
-                patch_chunk(ch, y0, pix, c4, iy, ix);
-                if (ch < NCH) { float4* q = (float4*)(P + pix * CS + c4 * 4); *q = tf32_round4(*q); }
-            }
-            __syncthreads();
-        } else {
-            __syncthreads();  // the previous band's fragment reads are done (and, the first time, Ws is written)
-            float4 v[NCHI];
-#pragma unroll
-            for (int i = 0; i < NCHI; i++) {
-                int ch = tid + i * NT, pix, c4, iy, ix;
-                patch_chunk(ch, y0, pix, c4, iy, ix);
-                bool ok = ch < NCH && iy >= 0 && iy < HIN && ix >= 0 && ix < HIN;
-                if constexpr (DGRAD) v[i] = ok ? dact2_from_pooled(in, codes, b, iy, ix, c4 * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
-                else v[i] = ok ? __ldg((const float4*)(in + (((size_t)b * HIN + iy) * HIN + ix) * CIN) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int i = 0; i < NCHI; i++) {
-                int ch = tid + i * NT, pix, c4, iy, ix;
-                patch_chunk(ch, y0, pix, c4, iy, ix);
-                if (ch < NCH) *(float4*)(Ps + pix * CS + c4 * 4) = tf32_round4(v[i]);
-            }
-            __syncthreads();
+        for (int i = 0; i < NCHI; i++) {
+            int ch = tid + i * NT, pix, c4, iy, ix;
+            patch_chunk(ch, y0, pix, c4, iy, ix);
+            if (ch < NCH) { float4* q = (float4*)(P + pix * CS + c4 * 4); *q = tf32_round4(*q); }
         }
+        __syncthreads();
+        const uint32_t pbase = band_smem_u32(P);
         float acc[MI][NI][4];
         acc_zero(acc);
 #pragma unroll 1
         for (int tap = 0; tap < 9; tap++) {
-            const float* pa = P + ((tap / 3) * WP + tap % 3) * CS + t;
-            const float* pb = wsb + tap * COUT * CS;
+            const uint32_t pa = pbase + ((tap / 3) * WP + tap % 3) * CS * 4, pb = bbase + tap * COUT * CS * 4;
 #pragma unroll
             for (int c0 = 0; c0 < CIN; c0 += 8) {
-                uint32_t a[MI][4];
+                uint32_t a[MI][4], bf[NI / 2][4];
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++) {
-                    a[mi][0] = __float_as_uint(pa[rowoff[mi][0] + c0]);
-                    a[mi][1] = __float_as_uint(pa[rowoff[mi][1] + c0]);
-                    a[mi][2] = __float_as_uint(pa[rowoff[mi][0] + c0 + 4]);
-                    a[mi][3] = __float_as_uint(pa[rowoff[mi][1] + c0 + 4]);
-                }
+                for (int mi = 0; mi < MI; mi++) band_ldsm_x4(a[mi], pa + (aoff[mi] + c0) * 4);
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    uint32_t b0 = __float_as_uint(pb[ni * 8 * CS + c0]), b1 = __float_as_uint(pb[ni * 8 * CS + c0 + 4]);
+                for (int np = 0; np < NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * CS + c0) * 4);
 #pragma unroll
-                    for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
-                }
+                for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                    for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
             }
         }
         // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
@@ -1103,36 +1074,19 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const uint8_t* 
                 int m = (wm * MI + mi) * 16 + g + 8 * h, y = y0 + m / HOUT, x = m % HOUT;
                 bool ok = m < R * HOUT && y < HOUT;
                 size_t base = (((size_t)b * HOUT + y) * HOUT + x) * COUT;
-                float xv[9];  // input gradient: the image pixels under this output pixel's conv1 window
-                if constexpr (DGRAD) {
-#pragma unroll
-                    for (int k = 0; k < 9; k++) xv[k] = ok ? __ldg(ximg + ((size_t)b * IMG + y + k / 3) * IMG + x + k % 3) : 0.0f;
-                }
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
                     int n = (wn * NI + ni) * 8 + 2 * t;
                     float* v = &acc[mi][ni][2 * h];
-                    if constexpr (!DGRAD) {
-                        v[0] = fmaxf(v[0] + bias[n], 0.0f); v[1] = fmaxf(v[1] + bias[n + 1], 0.0f);
-                    } else {
-                        float2 mk = ok ? *(const float2*)(mask + base + n) : make_float2(0.f, 0.f);
-                        if (!(mk.x > 0.0f)) v[0] = 0.0f;
-                        if (!(mk.y > 0.0f)) v[1] = 0.0f;
-#pragma unroll
-                        for (int jj = 0; jj < 2; jj++) {
-                            w1acc[ni][jj][9] += v[jj];
-#pragma unroll
-                            for (int k = 0; k < 9; k++) w1acc[ni][jj][k] = fmaf(v[jj], xv[k], w1acc[ni][jj][k]);
-                        }
-                    }
+                    v[0] = fmaxf(v[0] + bias[n], 0.0f); v[1] = fmaxf(v[1] + bias[n + 1], 0.0f);
                     if (ok && out) *(float2*)(out + base + n) = make_float2(v[0], v[1]);
                 }
             }
-        if constexpr (POOL) {
+        {
             // max-pool 2x2 and its window codes: a warp holds output rows y0 + 2wm and y0 + 2wm + 1 (48 pixels); pixel
             // m < 24 of the first row is (mi, h) = (0,0), (0,1), (1,0) for m = g, g + 8, g + 16, the pixel below it
             // (m + 24) is (1,1), (2,0), (2,1) of the same thread, and the pixel to its right (m + 1) is lane ^ 4
-            static_assert(POOL == (!DGRAD && HOUT == 24 && MI == 3 && R % 2 == 0 && WM * 2 == R), "pooling layout");
+            static_assert(HOUT == 24 && MI == 3 && R % 2 == 0 && WM * 2 == R, "pooling layout");
             const int py = (y0 + 2 * wm) / 2;
 #pragma unroll
             for (int q = 0; q < 3; q++) {
@@ -1157,39 +1111,191 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const uint8_t* 
                 }
             }
         }
-        if constexpr (PIPE) __syncthreads();  // P is read by all warps before the next band's copy may target it
-    }
-    if constexpr (DGRAD) {
-        // conv1's weight and bias gradient of this block's pixels: the 32 threads with the same t hold the same 8
-        // channels; their sums are added in thread order through shared memory (all bands are done: reuse it)
-        __syncthreads();
-        float* red = smem;  // [NT][NI*2*10]
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-                for (int k = 0; k < 10; k++) red[tid * NI * 20 + (ni * 2 + jj) * 10 + k] = w1acc[ni][jj][k];
-        __syncthreads();
-        for (int q = tid; q < COUT * 10; q += NT) {
-            int c = q / 10, k = q % 10, ct = (c % 8) / 2, slot = ((c / 8) * 2 + c % 2) * 10 + k;
-            float sum = 0.0f;
-            for (int th = ct; th < NT; th += 4) sum += red[th * NI * 20 + slot];
-            w1_partial[(size_t)blockIdx.x * COUT * 10 + (k < 9 ? c * 9 + k : COUT * 9 + c)] = sum;  // [32][9] then [32]
-        }
+        __syncthreads();  // P is read by all warps before the next band's copy may target it
     }
 }
-// forward: R = 4 rows = 96 pixels = 6 m16 tiles, 8 warps of 48 x 16, pipelined (two patch buffers: one block per SM,
-// 132 blocks for 384 bands at batch 64 = 2.9 rounds); dgrad: R = 2 rows = 52 pixels in 4 m16 tiles, 4 warps of
-// 16 x 32, two blocks per SM.
-// The forward also writes the 2x2 max-pool of its ReLU output; the input gradient also adds up conv1's weight and
-// bias gradients of the pixels it produces (dact1 feeds nothing else, so it need not be stored).
-#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 0, 4, 2, 4, 3, 2, false, true, true>
-#define CONV2_DGRAD_KERNEL conv2_band_tf32_kernel<C2, C1, H2, H1, 2, 2, 4, 1, 1, 4, true, false, false>
-constexpr int CONV2_FWD_THREADS = 256, CONV2_DGRAD_THREADS = 128;
+// R = 4 rows = 96 pixels = 6 m16 tiles, 8 warps of 48 x 16, two patch buffers: one block per SM, 132 blocks for 384
+// bands at batch 64 = 2.9 rounds.
+#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 4, 2, 4, 3, 2>
+constexpr int CONV2_FWD_THREADS = 256;
 constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + 2 * 6 * H1 * (C1 + 4)) * sizeof(float);
-constexpr size_t CONV2_DGRAD_SMEM = (9 * C1 * (C2 + 4) + 4 * (H1 + 2) * (C2 + 4)) * sizeof(float);
-constexpr int CONV2_FWD_BANDS = H2 / 4, CONV2_DGRAD_BANDS = H1 / 2;
+constexpr int CONV2_FWD_BANDS = H2 / 4;
+
+// conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c] where
+// act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2 (28 x 28 per image),
+// rebuilt while loading from dpooled and the window codes (dact2_expand); Wt[tap][ci][co] = conv2.weight[co][8 -
+// tap][ci] (flipped, transposed), the image [9][C1][C2+4] rounded to TF32. Fused: conv1's weight and bias gradient of
+// the produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial
+// sum per block in w1_partial ([32][9] then [32]), added by splits_reduce_kernel.
+// Work split: the B*26*26 output pixels in order (b, y, x), cut into chunks of DG_CH consecutive pixels (one chunk per
+// block at batch 64: 129 chunks on 132 SMs, a single pass, no tail); a chunk may cross an image boundary. Its patch is
+// a range of rows of the images' padded dact2 stacked on top of each other (stacked row s = b * 28 + padded row): the
+// output pixel (b, y, x) reads stacked rows b*28 + y + ky, columns x + kx, so any run of pixels needs one contiguous
+// row range (at most 18 rows for 336 pixels: 14 output rows, 2 halo, 2 more across an image boundary). The image
+// rows under conv1's windows have the same stacked indices (28 rows per image): a copy of them, Xs, rides along.
+// Tile rows are pixels in order; rows of pixels beyond the chunk read the chunk's first pixel and are not stored.
+// Patch row stride DG_RS = 8 mod 32 floats: the 8 rows of an ldmatrix group hit distinct banks even where they
+// cross from pixel x = 25 of one output row to x = 0 of the next (pixel stride 4 mod 32).
+// 8 warps of 48 x 32 (the whole n; weights read once per k-step for 3 m16 tiles): 24 m16 tiles cover DG_CH (12 warps
+// of 32 x 32, 168 registers with 8 bytes of spill: 19.4 us against 17.5 on the H100).
+constexpr int DG_WARPS = 8, DG_THREADS = 32 * DG_WARPS, DG_MI = 3, DG_NI = C1 / 8, DG_CH = 336;
+constexpr int DG_CS = C2 + 4, DG_WP = H1 + 2, DG_RS = DG_WP * DG_CS + 24, DG_PROWS = 18, DG_WS = 9 * C1 * DG_CS;
+static_assert(DG_WARPS * DG_MI * 16 >= DG_CH && DG_CH % 4 == 0, "the warp tiles cover a chunk");
+static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_PROWS && DG_CH < H1 * H1, "a chunk's stacked patch rows (at most one image boundary)");
+static_assert(DG_CS % 32 == 4 && DG_RS % 32 == 8 && DG_RS % 4 == 0 && DG_WP == IMG, "conflict-free, 16-byte aligned rows");
+constexpr size_t CONV2_DGRAD_SMEM = (DG_WS + DG_PROWS * DG_RS + DG_PROWS * IMG) * sizeof(float);
+static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_THREADS * DG_NI * 20 <= DG_WS + DG_PROWS * DG_RS, "shared memory");
+__global__ void __launch_bounds__(DG_THREADS, 1)
+conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+                        const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
+                        float* w1_partial, int B) {
+    extern __shared__ __align__(16) float smem[];
+    float* Ws = smem;
+    float* Ps = smem + DG_WS;
+    float* Xs = Ps + DG_PROWS * DG_RS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int total = B * H1 * H1, nchunks = (total + DG_CH - 1) / DG_CH;
+    // weights, once per block, before grid_dep_sync (the image is made at least two launches earlier)
+    for (int i = tid; i < DG_WS / 4; i += DG_THREADS) cp_async16(Ws + 4 * i, w + 4 * i);
+    cp_async_commit();
+    grid_dep_sync();
+    const uint32_t bbase = band_smem_u32(Ws + band_ldsm_b_n(lane) * DG_CS + band_ldsm_b_k(lane));
+    float w1acc[DG_NI][2][10];  // conv1's weight (9) and bias gradient of this thread's 8 channels
+#pragma unroll
+    for (int ni = 0; ni < DG_NI; ni++)
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
+
+    for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
+        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), ql = q0 + npix - 1;
+        const int s_lo = (q0 / (H1 * H1)) * IMG + (q0 % (H1 * H1)) / H1;  // stacked row of the first output row
+        const int nrows = (ql / (H1 * H1)) * IMG + (ql % (H1 * H1)) / H1 + 3 - s_lo;
+        __syncthreads();  // the previous chunk's reads of Ps and Xs are done
+        // the patch: stacked padded rows s_lo .. s_lo + nrows - 1 (rows beyond are never read), rounded to TF32.
+        // The zero padding first: a warp per patch row, the whole row where it is a padding row, else its 2 + 2
+        // padding pixels.
+        for (int r = warp; r < nrows; r += DG_WARPS) {
+            const int py = (s_lo + r) % IMG;
+            const bool pad_row = py < 2 || py >= H2 + 2;
+            for (int i = lane; i < (pad_row ? DG_WP : 4) * (C2 / 4); i += 32) {
+                int px = i / (C2 / 4), c4 = i % (C2 / 4);
+                if (!pad_row) px = px < 2 ? px : px + H2;  // 0, 1, 26, 27
+                *(float4*)(Ps + r * DG_RS + px * DG_CS + c4 * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        // Then dact2, a pooled value (and its 4 window codes) per thread and chunk of 4 channels: it is the 2x2
+        // window's dact2 at its code's position, 0 at the other three (dact2_expand). Pooled rows are counted over the
+        // stacked images (tp = b * 12 + pooled row), tp_lo .. tp_lo + ntp - 1 touch the patch (the first and last
+        // may have one of their two rows outside it).
+        auto pooled_row = [](int s, bool last) {  // the stacked pooled row of stacked padded row s (first / last one in)
+            const int b = s / IMG, py = s % IMG;
+            if (py < 2) return b * HP - (last ? 1 : 0);
+            if (py >= H2 + 2) return b * HP + (last ? HP - 1 : HP);
+            return b * HP + (py - 2) / 2;
+        };
+        const int tp_lo = pooled_row(s_lo, false), ntp = pooled_row(s_lo + nrows - 1, true) + 1 - tp_lo;
+        const int npc = ntp * HP * (C2 / 4);
+        for (int i0 = 0; i0 < npc; i0 += 8 * DG_THREADS) {
+            float4 d[8];
+            uint32_t k[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * DG_THREADS + tid;
+                const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;  // (tp, pooled column) = i / 16
+                d[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                k[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * DG_THREADS + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP, c4 = i % (C2 / 4);
+                const int r0 = (tp / HP) * IMG + 2 * (tp % HP) + 2 - s_lo;  // the patch row of the window's top row
+#pragma unroll
+                for (int dy = 0; dy < 2; dy++)
+                    if (i < npc && r0 + dy >= 0 && r0 + dy < nrows)
+#pragma unroll
+                        for (int dx = 0; dx < 2; dx++)
+                            *(float4*)(Ps + (r0 + dy) * DG_RS + (2 * pc + dx + 2) * DG_CS + c4 * 4) = tf32_round4(dact2_expand(d[u], k[u], dy, dx));
+            }
+        }
+        for (int i = tid; i < nrows * IMG; i += DG_THREADS) Xs[i] = __ldg(ximg + (size_t)s_lo * IMG + i);
+        cp_async_wait<0>();  // the weights (first chunk)
+        __syncthreads();
+        // this lane's ldmatrix row of each of the warp's m16 tiles
+        uint32_t abase[DG_MI];
+#pragma unroll
+        for (int mi = 0; mi < DG_MI; mi++) {
+            int m = (warp * DG_MI + mi) * 16 + band_ldsm_a_row(lane), q = q0 + (m < npix ? m : 0);
+            int b = q / (H1 * H1), y = (q % (H1 * H1)) / H1, x = q % H1;
+            abase[mi] = band_smem_u32(Ps + (b * IMG + y - s_lo) * DG_RS + x * DG_CS + band_ldsm_a_k(lane));
+        }
+        float acc[DG_MI][DG_NI][4];
+        acc_zero(acc);
+#pragma unroll 1
+        for (int tap = 0; tap < 9; tap++) {
+            const uint32_t pa = ((tap / 3) * DG_RS + (tap % 3) * DG_CS) * 4, pb = bbase + tap * C1 * DG_CS * 4;
+#pragma unroll
+            for (int c0 = 0; c0 < C2; c0 += 8) {
+                uint32_t a[DG_MI][4], bf[DG_NI / 2][4];
+#pragma unroll
+                for (int mi = 0; mi < DG_MI; mi++) band_ldsm_x4(a[mi], abase[mi] + pa + c0 * 4);
+#pragma unroll
+                for (int np = 0; np < DG_NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * DG_CS + c0) * 4);
+#pragma unroll
+                for (int ni = 0; ni < DG_NI; ni++)
+#pragma unroll
+                    for (int mi = 0; mi < DG_MI; mi++)
+                        mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
+            }
+        }
+        // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
+#pragma unroll
+        for (int mi = 0; mi < DG_MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = (warp * DG_MI + mi) * 16 + g + 8 * h, q = q0 + m;
+                const bool ok = m < npix;
+                const int b = q / (H1 * H1), y = (q % (H1 * H1)) / H1, x = q % H1;
+                const float* xs = Xs + (b * IMG + y - s_lo) * IMG + x;
+                float xv[9];  // the image pixels under this output pixel's conv1 window
+#pragma unroll
+                for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
+#pragma unroll
+                for (int ni = 0; ni < DG_NI; ni++) {
+                    const int n = ni * 8 + 2 * t;
+                    float* v = &acc[mi][ni][2 * h];
+                    float2 mk = ok ? __ldg((const float2*)(act1 + (size_t)q * C1 + n)) : make_float2(0.f, 0.f);
+                    if (!(mk.x > 0.0f)) v[0] = 0.0f;
+                    if (!(mk.y > 0.0f)) v[1] = 0.0f;
+#pragma unroll
+                    for (int jj = 0; jj < 2; jj++) {
+                        w1acc[ni][jj][9] += v[jj];
+#pragma unroll
+                        for (int k = 0; k < 9; k++) w1acc[ni][jj][k] = fmaf(v[jj], xv[k], w1acc[ni][jj][k]);
+                    }
+                    if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n) = make_float2(v[0], v[1]);
+                }
+            }
+    }
+    // conv1's weight and bias gradient of this block's pixels: the 64 threads with the same t hold the same 8
+    // channels; their sums are added in thread order through shared memory (all chunks are done: reuse it)
+    __syncthreads();
+    float* red = smem;  // [DG_THREADS][DG_NI*2*10]
+#pragma unroll
+    for (int ni = 0; ni < DG_NI; ni++)
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int k = 0; k < 10; k++) red[tid * DG_NI * 20 + (ni * 2 + jj) * 10 + k] = w1acc[ni][jj][k];
+    __syncthreads();
+    for (int q = tid; q < C1 * 10; q += DG_THREADS) {
+        int c = q / 10, k = q % 10, ct = (c % 8) / 2, slot = ((c / 8) * 2 + c % 2) * 10 + k;
+        float sum = 0.0f;
+        for (int th = ct; th < DG_THREADS; th += 4) sum += red[th * DG_NI * 20 + slot];
+        w1_partial[(size_t)blockIdx.x * C1 * 10 + (k < 9 ? c * 9 + k : C1 * 9 + c)] = sum;  // [32][9] then [32]
+    }
+}
 
 // The two shared-memory images of conv2.weight (internal [co][tap][ci]), rounded to TF32, made once per forward:
 // forward [tap][co][ci (+4 pad)], input gradient [8 - tap][ci][co (+4 pad)] (flipped, transposed). The pads are
@@ -1425,10 +1531,10 @@ static void conv2_tf32_setup() {
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM));
-    cudaCheck(cudaFuncSetAttribute(CONV2_DGRAD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_band_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
     cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, CONV2_DGRAD_KERNEL, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_band_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
     g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
@@ -1466,17 +1572,16 @@ static void conv2_weights_tf32(const float* w2) {
 // act2 (B,24,24,64) itself is stored only when act2 is not null (the tests)
 static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, const float* act1, const float* b2, int B) {
     int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, act1, nullptr, g_conv2.wimg_fwd, b2, nullptr,
-               pooled, codes, nullptr, nullptr, B);
+    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, act1, g_conv2.wimg_fwd, b2, pooled, codes, B);
 }
 // dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
 // when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
 // Returns the reduction of the blocks' partial sums of dw1, db1 still to launch (conv2_grads_reduce).
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
                                   const float* act1, const float* x, int B) {
-    int grid = std::min(B * CONV2_DGRAD_BANDS, g_conv2.dgrad_ctas);
-    launch_pdl(CONV2_DGRAD_KERNEL, grid, CONV2_DGRAD_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad,
-               nullptr, act1, nullptr, nullptr, x, g_conv2.ws_w1, B);
+    int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
+    launch_pdl(conv2_dgrad_band_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1,
+               x, g_conv2.ws_w1, B);
     SplitsJob j;
     j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
     return j;
