@@ -1229,13 +1229,27 @@ __device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float
 template <typename T> __device__ __forceinline__ T wg_zero() { T z; memset(&z, 0, sizeof z); return z; }
 // lane k's part of unit i (T = float4: 4 elements, each with the scalar order) for any split count. (src is written
 // by this kernel's other blocks before the grid barrier: plain coherent loads, never the read-only path.)
+// Up to three groups of four are loaded before they are added (conv1's 264 splits: 8 of a lane's 8-9 loads at once).
 template <typename T>
 __device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int splits, int k, size_t i) {
     T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
     int s = k;
-    for (; s + 3 * SR_LANES < splits; s += 4 * SR_LANES)
+    while (s + 3 * SR_LANES < splits) {
+        T x[3][4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) a[u] = wg_add(a[u], src[(size_t)(s + SR_LANES * u) * stride + i]);
+        for (int b = 0; b < 3; b++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                x[b][u] = s + 4 * SR_LANES * b + 3 * SR_LANES < splits ? src[(size_t)(s + 4 * SR_LANES * b + SR_LANES * u) * stride + i]
+                                                                        : wg_zero<T>();
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+            if (s + 3 * SR_LANES < splits) {  // the group at s (the condition of the plain loop)
+#pragma unroll
+                for (int u = 0; u < 4; u++) a[u] = wg_add(a[u], x[b][u]);
+                s += 4 * SR_LANES;
+            }
+    }
 #pragma unroll
     for (int u = 0; u < 3; u++)  // here s + 96 >= splits: at most three left
         if (s + SR_LANES * u < splits) a[u] = wg_add(a[u], src[(size_t)(s + SR_LANES * u) * stride + i]);
@@ -1243,18 +1257,28 @@ __device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int spli
 }
 // A block's share of one job: units [lo, hi) (a unit is 4 elements when T = float4), in chunks of at most
 // WG_CHUNK_E elements: the lane parts of a chunk into shared memory (part[k * WG_CHUNK_E + e], 256 threads, each
-// item = (unit, lane)), then one thread per element adds its 32 parts in lane order and stores the sum or applies the
+// item = (unit, lane)), then thread e adds element e's 32 parts in lane order and stores the sum or applies the
 // optimizer step. With at most 96 splits (conv2's 66 pair sums) a thread loads all of its (up to WG_IPT) items'
-// splits before adding any: ~15 16-byte loads in flight instead of a dependent chain per item.
+// splits before adding any: ~15 16-byte loads in flight instead of a dependent chain per item; the parameters and
+// optimizer state of the update are loaded with them (one round trip to L2 per chunk, not two).
 constexpr int WG_CHUNK_E = 160, WG_IPT = 5, WG_ITEMS = 256 * WG_IPT;
+static_assert(WG_CHUNK_E <= 256, "one element per thread in the final sums");
 template <typename T>
-__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt, int step) {
+__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt, const OptStep& st) {
     constexpr int V = sizeof(T) / sizeof(float);
     const int nk = min(j.splits, SR_LANES), cu = min(WG_CHUNK_E / V, WG_ITEMS / nk), splits = j.splits;
     const T* src = (const T*)j.src;
     const size_t stride = j.stride / V;
+    const bool adamw = opt.c.optimizer == OPT_ADAMW;
     for (int c0 = lo; c0 < hi; c0 += cu) {
-        const int nu = min(cu, hi - c0), items = nu * nk;
+        const int nu = min(cu, hi - c0), items = nu * nk, e = threadIdx.x, i = c0 * V + e;
+        const bool mine = e < nu * V;
+        float p = 0.0f, m = 0.0f, vv = 0.0f;
+        if (mine && j.update_off >= 0) {
+            const size_t o = (size_t)j.update_off + i;
+            p = opt.params[o]; m = opt.m1[o];
+            if (adamw) vv = opt.m2[o];
+        }
         if (splits <= 3 * SR_LANES) {
             T x[WG_IPT][3];
 #pragma unroll
@@ -1281,18 +1305,15 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
             }
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < nu * V; e += 256) {
+        if (mine) {
             float v = part[e];
 #pragma unroll
             for (int k = 1; k < SR_LANES; k++) v += k < nk ? part[k * WG_CHUNK_E + e] : 0.0f;
-            const int i = c0 * V + e;
             if (j.update_off >= 0) {
-                const OptStep st = opt_step(opt.c, step);
                 const size_t o = (size_t)j.update_off + i;
-                float p = opt.params[o], m = opt.m1[o], vv = opt.c.optimizer == OPT_ADAMW ? opt.m2[o] : 0.0f;
                 opt_update_elem(opt.c, st, &p, v, &m, &vv);
                 opt.params[o] = p; opt.m1[o] = m;
-                if (opt.c.optimizer == OPT_ADAMW) opt.m2[o] = vv;
+                if (adamw) opt.m2[o] = vv;
             } else if (i < j.n_head) {
                 j.dst[i] = v;
             } else {
@@ -1303,39 +1324,35 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
     }
 }
 // The block's share of a job (the units split evenly over the grid), with float4 units when the job's layout allows
-__device__ void wg_reduce_share(const SplitsJob& j, float* part, const OptTarget& opt, int step) {
+__device__ void wg_reduce_share(const SplitsJob& j, float* part, const OptTarget& opt, const OptStep& st) {
     if (j.n <= 0) return;
     const bool vec = j.n % 4 == 0 && j.stride % 4 == 0 && ((size_t)j.src & 15) == 0;
     const long long units = vec ? j.n / 4 : j.n, G = gridDim.x, b = blockIdx.x;
     const int lo = (int)(b * units / G), hi = (int)((b + 1) * units / G);
-    if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, step);
-    else wg_reduce_job<float>(j, lo, hi, part, opt, step);
+    if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, st);
+    else wg_reduce_job<float>(j, lo, hi, part, opt, st);
 }
 // Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient
 // grid by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on
 // the SM while it runs), and a successor launched with programmatic dependent launch cannot take an SM before every
 // block of this grid has started (it is released by grid_dep_sync, which every block executes before the barrier).
-// bar[0] counts arrivals, bar[1] is the generation: the last block to arrive resets the count and bumps the
-// generation, the others spin until it changes; both are left ready for the next launch. Writes before the barrier
-// are visible to every block after it (__syncthreads + __threadfence, as cooperative groups' grid sync).
-__device__ void wg_grid_barrier(unsigned* bar) {
+// *bar only grows (64 bits: it never wraps): every launch adds exactly WG_BAR_K to it, whatever its grid size (block
+// b adds K / G, plus 1 for the first K % G blocks), so a launch starts at a multiple of K, a block's arrival (which
+// returns the count before it) tells which, and the block spins (one thread, an L2 load per round trip) until the
+// count reaches the next multiple. One atomic per block, no reset: nothing but the last arrival itself on the
+// barrier's critical path. Writes before the barrier are visible to every block after it (__syncthreads +
+// __threadfence, as cooperative groups' grid sync).
+constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
+__device__ void wg_grid_barrier(unsigned long long* bar) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned* gen = bar + 1;
-        unsigned g0;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g0) : "l"(gen) : "memory");
+        const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
         __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(gen, 1u);
-        } else {
-            unsigned g;
-            do {
-                __nanosleep(32);
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(gen) : "memory");
-            } while (g == g0);
-        }
+        const unsigned long long target = (atomicAdd(bar, add) / WG_BAR_K + 1) * WG_BAR_K;
+        unsigned long long c;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+        } while (c < target);
         __threadfence();
     }
     __syncthreads();
@@ -1361,15 +1378,17 @@ constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, t
 // a half-warp's float2 stores (rows g = 0..3, columns 2t) hit 32 distinct banks (a stride of 288 put all 8 rows of
 // a fragment on the same 8 banks: 4-way conflicts on every store)
 constexpr int WG_OS = KC2 + 8;
-// the operands; or (after the bands) the staged partial sums, the bias reduction's 256 float4; or the lane parts
-constexpr size_t CONV2_WGRAD_SMEM = std::max({WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS, C2 * WG_OS + C2 + 4 * 256,
-                                              SR_LANES * WG_CHUNK_E}) * sizeof(float);
+// the operands; or (after the bands) the staged partial sums, the bias reduction's 256 float4 and the lane parts of
+// the jobs reduced before the grid barrier (past the staged sums, which the cluster's other blocks may still read)
+constexpr int WG_PART_PRE = C2 * WG_OS + C2 + 4 * 256;  // float offset of those lane parts
+constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
 static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0, "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
+static_assert(WG_NOUT / 4 / 2 <= 256 * 10, "one batch of distributed shared memory loads per thread (WG_DSM_BATCH)");
 static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free float2 staging; the bias reduction's float4 aligned");
 __global__ void __launch_bounds__(256)
 conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
-                        SplitsJob extra, OptTarget opt, unsigned* bar) {
+                        SplitsJob extra, OptTarget opt, unsigned long long* bar) {
     constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
     static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
     static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
@@ -1475,56 +1494,64 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     if (staged) {
         cg::cluster_group cl = cg::this_cluster();
         cl.sync();  // every block's partial sums are in its shared memory
-        constexpr int WG_DSM_BATCH = 5;  // float4 of each rank's partial sums loaded before the additions
+        // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
+        // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
+        // block's own rank through its local shared memory
+        constexpr int WG_DSM_BATCH = 10;
         const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
         float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
-        const float4* rank[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) rank[r] = (const float4*)cl.map_shared_rank(smem, r < cluster ? r : 0);
-        // WG_DSM_BATCH float4 of every rank loaded before the additions (remote loads take ~a microsecond each when
-        // issued one after the other)
         for (int i0 = tid; i0 < per; i0 += 256 * WG_DSM_BATCH) {
-            float4 v[WG_DSM_BATCH][4];
+            float4 sum[WG_DSM_BATCH];
+            int off[WG_DSM_BATCH];
 #pragma unroll
             for (int b = 0; b < WG_DSM_BATCH; b++) {
                 const int e = q * per + i0 + 256 * b, row = e / (KC2 / 4);
-                const int o = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
+                off[b] = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
+            }
+            for (int r0 = 0; r0 < cluster; r0 += 2) {
+                const float4* s0 = r0 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0);
+                const float4* s1 = r0 + 1 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0 + 1);
+                float4 v[WG_DSM_BATCH][2];
 #pragma unroll
-                for (int r = 0; r < 4; r++)
-                    if (i0 + 256 * b < per && r < cluster) v[b][r] = rank[r][o];
+                for (int b = 0; b < WG_DSM_BATCH; b++)
+                    if (i0 + 256 * b < per) { v[b][0] = s0[off[b]]; v[b][1] = s1[off[b]]; }
+#pragma unroll
+                for (int b = 0; b < WG_DSM_BATCH; b++) {
+                    float4 s = r0 == 0 ? v[b][0] : sum[b];  // rank order: ((r0 + r1) + r2) + r3
+                    if (r0 > 0) { s.x += v[b][0].x; s.y += v[b][0].y; s.z += v[b][0].z; s.w += v[b][0].w; }
+                    s.x += v[b][1].x; s.y += v[b][1].y; s.z += v[b][1].z; s.w += v[b][1].w;
+                    sum[b] = s;
+                }
             }
 #pragma unroll
-            for (int b = 0; b < WG_DSM_BATCH; b++) {
-                if (i0 + 256 * b >= per) break;
-                float4 sum = v[b][0];
-#pragma unroll
-                for (int r = 1; r < 4; r++)
-                    if (r < cluster) { sum.x += v[b][r].x; sum.y += v[b][r].y; sum.z += v[b][r].z; sum.w += v[b][r].w; }
-                dst[q * per + i0 + 256 * b] = sum;
-            }
+            for (int b = 0; b < WG_DSM_BATCH; b++)
+                if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
         }
         // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
         // every block reaches only after its reads of the others' shared memory
     }
 #endif
-    // the split reductions: the input-gradient kernel (the previous launch) must be complete, and every block's
-    // partial sums written (grid barrier); the step counter is read by every block before the barrier and advanced
-    // by block 0 after it
+    // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
+    // they run before the grid barrier, while the other blocks finish their bands; this kernel's own partial sums
+    // after it. The step counter is read by every block before the barrier and advanced by block 0 after it.
+    // The per-step scalars of the update (cosf, powf: ~0.5 us of dependent latency) once per block, from the step
+    // counter, which every block reads before the barrier.
     grid_dep_sync();
-    __shared__ int step_s;
-    if (tid == 0) step_s = opt.params ? opt.counters[0] : 0;
+    __shared__ OptStep st_s;
+    if (tid == 0 && opt.params) st_s = opt_step(opt.c, opt.counters[0]);
+    __syncthreads();
+    const OptStep st = st_s;
+    wg_reduce_share(other, smem + WG_PART_PRE, opt, st);
+    wg_reduce_share(extra, smem + WG_PART_PRE, opt, st);
     wg_grid_barrier(bar);
-    const int step = step_s;
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
-    wg_reduce_share(wgrad, smem, opt, step);
-    wg_reduce_share(other, smem, opt, step);
-    wg_reduce_share(extra, smem, opt, step);
+    wg_reduce_share(wgrad, smem, opt, st);
 }
 // Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
 struct Conv2Tf32 {
     bool ready = false;
     int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
-    unsigned* wgrad_bar = nullptr;  // the weight-gradient kernel's grid barrier (arrivals, generation)
+    unsigned long long* wgrad_bar = nullptr;  // the weight-gradient kernel's grid barrier (see wg_grid_barrier)
     float *ws = nullptr, *ws_w1 = nullptr, *wimg_fwd = nullptr, *wimg_dgrad = nullptr;
 };
 static Conv2Tf32 g_conv2;
@@ -1559,7 +1586,7 @@ static void conv2_tf32_setup() {
         if (cl * std::min(nclusters, sms / cl) >= sms - 1) { g_conv2.wgrad_cluster = cl; g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl); break; }
     }
     cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
-    cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, 2 * sizeof(unsigned))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, 2 * sizeof(unsigned)));
+    cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
     size_t nf = 9 * C2 * (C1 + 4), nd = 9 * C1 * (C2 + 4);
     cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, nf * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, nf * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
