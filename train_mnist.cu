@@ -880,7 +880,8 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 //    input gradient: a run of consecutive pixels) the block loads the input patch once and reads the 9 taps' im2col
 //    rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
 //  - conv2_wgrad_tf32_kernel: a block owns the whole 64 x 288 weight gradient for the bands it is given (GEMM k =
-//    pixel), partial sums per block, then splits_reduce_kernel adds them in a fixed order (deterministic).
+//    pixel), partial sums per block (pairs added through distributed shared memory), then, after a grid barrier in
+//    the same kernel, added in a fixed order (deterministic) together with conv1's, and the optimizer step applied.
 // Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
 // nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads or ldmatrix (row strides of 4 mod 32 banks
 // make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation. Strict fp32 (--tf32 0) keeps
@@ -1312,76 +1313,156 @@ __global__ void conv2_weights_tf32_kernel(float* wimg_fwd, float* wimg_dgrad, co
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < C2 * KC2) conv2_weights_image(idx, wimg_fwd, wimg_dgrad, w2);
 }
-// dst[i] = sum_{s < splits} src[s * stride + i] for i < n (i >= n_head goes to dst_tail[i - n_head]): a block adds
-// 32 consecutive outputs (coalesced), its 32 warps take the splits s = w, w + 32, ... (four loads in flight), and the
-// 32 sums are added in warp order: deterministic for a given split count. (Latency-bound: conv2's input gradient
-// leaves 264 partial sums of conv1's gradients.) Up to three jobs in one launch: blocks < blocks0 do j0, the next
-// blocks1 j1, the rest j2. A job with update_off >= 0 does not store its sums: it applies the optimizer step with them
-// to the parameters update_off + i of the flat buffers in `opt` (the same opt_update_elem as optimizer_kernel: the
-// same result, bit for bit, as storing the gradient and running optimizer_kernel). With opt.advance_B >= 0 the kernel
-// also advances the counters, as optimizer_kernel does.
-constexpr int SR_WARPS = 32;
+// The split reductions: conv2's weight gradient over the weight-gradient blocks' partial sums and conv1's over the
+// input-gradient kernel's, both at the end of conv2_wgrad_tf32_kernel (after a grid-wide barrier). A SplitsJob is
+// one of them: dst[i] = sum_{s < splits} src[s * stride + i] for i < n (i >= n_head goes to dst_tail[i - n_head]), or,
+// with update_off >= 0, no store: the optimizer step with that sum applied to the parameters update_off + i of the
+// flat buffers of an OptTarget (the same opt_update_elem as optimizer_kernel: the same result, bit for bit, as storing
+// the gradient and running optimizer_kernel). The summation order is fixed (deterministic for a given split count):
+// 32 lanes k = 0..31 each add the splits s = k, k + 32, k + 64, ... into four accumulators (a[u] gets s = k + 32 u
+// + 128 j, in groups of four while s + 96 < splits, the remaining ones in a[0], a[1], ...), lane k's part is
+// (a[0] + a[1]) + (a[2] + a[3]), and the sum is part_0 + part_1 + ... + part_31 in that order (lanes past the split
+// count add +0). That is the order of the former splits_reduce_kernel (its warp k summed lane k's splits), so the
+// gradients are bit-identical to it.
+constexpr int SR_LANES = 32;
 struct SplitsJob {
     float *dst = nullptr, *dst_tail = nullptr; int n_head = 0;
     const float* src = nullptr; size_t stride = 0; int splits = 0, n = 0;
     int update_off = -1;
 };
 struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
-__global__ void __launch_bounds__(32 * SR_WARPS) splits_reduce_kernel(SplitsJob j0, SplitsJob j1, SplitsJob j2, int blocks0,
-                                                                       int blocks1, OptTarget opt) {
-    __shared__ float part[SR_WARPS][33];
-    grid_dep_sync();
-    const int job = (int)blockIdx.x < blocks0 ? 0 : (int)blockIdx.x < blocks0 + blocks1 ? 1 : 2;
-    const SplitsJob j = job == 0 ? j0 : job == 1 ? j1 : j2;
-    const int block = blockIdx.x - (job > 0 ? blocks0 : 0) - (job > 1 ? blocks1 : 0);
-    // the step counter is read by every thread before the ticket below (the last block advances it); the per-step
-    // scalars (powf, cosf) are computed from it only by the lanes that apply an update (a warp per block, not all
-    // ~650K threads: ~1.5 us per step on the H100; the same function of the same inputs, so the same bits)
-    const int step = opt.params ? opt.counters[0] : 0;
-    if (opt.advance_B >= 0) {
-        __syncthreads();  // every thread of the block has read counters[0]
-        if (threadIdx.x == 0) {
-            __threadfence();
-            if (atomicAdd(&opt.counters[2], 1) == (int)gridDim.x - 1) {
-                opt.counters[0] += 1; opt.counters[1] += opt.advance_B; opt.counters[2] = 0;
+__device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+template <typename T> __device__ __forceinline__ T wg_zero() { T z; memset(&z, 0, sizeof z); return z; }
+// lane k's part of unit i (T = float4: 4 elements, each with the scalar order) for any split count. (src is written
+// by this kernel's other blocks before the grid barrier: plain coherent loads, never the read-only path.)
+// Up to three groups of four are loaded before they are added (conv1's 264 splits: 8 of a lane's 8-9 loads at once).
+template <typename T>
+__device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int splits, int k, size_t i) {
+    T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
+    int s = k;
+    while (s + 3 * SR_LANES < splits) {
+        T x[3][4];
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                x[b][u] = s + 4 * SR_LANES * b + 3 * SR_LANES < splits ? src[(size_t)(s + 4 * SR_LANES * b + SR_LANES * u) * stride + i]
+                                                                        : wg_zero<T>();
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+            if (s + 3 * SR_LANES < splits) {  // the group at s (the condition of the plain loop)
+#pragma unroll
+                for (int u = 0; u < 4; u++) a[u] = wg_add(a[u], x[b][u]);
+                s += 4 * SR_LANES;
+            }
+    }
+#pragma unroll
+    for (int u = 0; u < 3; u++)  // here s + 96 >= splits: at most three left
+        if (s + SR_LANES * u < splits) a[u] = wg_add(a[u], src[(size_t)(s + SR_LANES * u) * stride + i]);
+    return wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
+}
+// A block's share of one job: units [lo, hi) (a unit is 4 elements when T = float4), in chunks of at most
+// WG_CHUNK_E elements: the lane parts of a chunk into shared memory (part[k * WG_CHUNK_E + e], 256 threads, each
+// item = (unit, lane)), then thread e adds element e's 32 parts in lane order and stores the sum or applies the
+// optimizer step. With at most 96 splits (conv2's 66 pair sums) a thread loads all of its (up to WG_IPT) items'
+// splits before adding any: ~15 16-byte loads in flight instead of a dependent chain per item; the parameters and
+// optimizer state of the update are loaded with them (one round trip to L2 per chunk, not two).
+constexpr int WG_CHUNK_E = 160, WG_IPT = 5, WG_ITEMS = 256 * WG_IPT;
+static_assert(WG_CHUNK_E <= 256, "one element per thread in the final sums");
+template <typename T>
+__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt, const OptStep& st) {
+    constexpr int V = sizeof(T) / sizeof(float);
+    const int nk = min(j.splits, SR_LANES), cu = min(WG_CHUNK_E / V, WG_ITEMS / nk), splits = j.splits;
+    const T* src = (const T*)j.src;
+    const size_t stride = j.stride / V;
+    const bool adamw = opt.c.optimizer == OPT_ADAMW;
+    for (int c0 = lo; c0 < hi; c0 += cu) {
+        const int nu = min(cu, hi - c0), items = nu * nk, e = threadIdx.x, i = c0 * V + e;
+        const bool mine = e < nu * V;
+        float p = 0.0f, m = 0.0f, vv = 0.0f;
+        if (mine && j.update_off >= 0) {
+            const size_t o = (size_t)j.update_off + i;
+            p = opt.params[o]; m = opt.m1[o];
+            if (adamw) vv = opt.m2[o];
+        }
+        if (splits <= 3 * SR_LANES) {
+            T x[WG_IPT][3];
+#pragma unroll
+            for (int r = 0; r < WG_IPT; r++) {
+                const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    x[r][q] = it < items && k + SR_LANES * q < splits ? src[(size_t)(k + SR_LANES * q) * stride + c0 + u] : wg_zero<T>();
+            }
+#pragma unroll
+            for (int r = 0; r < WG_IPT; r++) {
+                const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
+                if (it >= items) break;
+                T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    if (k + SR_LANES * q < splits) a[q] = wg_add(a[q], x[r][q]);
+                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
+            }
+        } else {
+            for (int it = threadIdx.x; it < items; it += 256) {
+                const int u = it % nu, k = it / nu;
+                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_split_part(src, stride, splits, k, (size_t)c0 + u);
             }
         }
-    }
-    const float* src = j.src;
-    const size_t stride = j.stride;
-    const int splits = j.splits, n = j.n;
-    int lane = threadIdx.x % 32, w = threadIdx.x / 32, i = block * 32 + lane;
-    float a[4] = {0.f, 0.f, 0.f, 0.f};
-    if (i < n) {
-        int s = w, u = 0;
-        for (; s + 3 * SR_WARPS < splits; s += 4 * SR_WARPS)
+        __syncthreads();
+        if (mine) {
+            float v = part[e];
 #pragma unroll
-            for (u = 0; u < 4; u++) a[u] += src[(size_t)(s + SR_WARPS * u) * stride + i];
-        for (u = 0; s < splits; s += SR_WARPS, u++) a[u] += src[(size_t)s * stride + i];
-    }
-    part[w][lane] = (a[0] + a[1]) + (a[2] + a[3]);
-    __syncthreads();
-    if (w == 0 && i < n) {
-        float v = part[0][lane];
-        for (int k = 1; k < SR_WARPS; k++) v += part[k][lane];
-        if (j.update_off >= 0) {
-            const OptStep st = opt_step(opt.c, step);
-            const size_t o = (size_t)j.update_off + i;
-            float p = opt.params[o], m = opt.m1[o], vv = opt.c.optimizer == OPT_ADAMW ? opt.m2[o] : 0.0f;
-            opt_update_elem(opt.c, st, &p, v, &m, &vv);
-            opt.params[o] = p; opt.m1[o] = m;
-            if (opt.c.optimizer == OPT_ADAMW) opt.m2[o] = vv;
-        } else if (i < j.n_head) {
-            j.dst[i] = v;
-        } else {
-            j.dst_tail[i - j.n_head] = v;
+            for (int k = 1; k < SR_LANES; k++) v += k < nk ? part[k * WG_CHUNK_E + e] : 0.0f;
+            if (j.update_off >= 0) {
+                const size_t o = (size_t)j.update_off + i;
+                opt_update_elem(opt.c, st, &p, v, &m, &vv);
+                opt.params[o] = p; opt.m1[o] = m;
+                if (adamw) opt.m2[o] = vv;
+            } else if (i < j.n_head) {
+                j.dst[i] = v;
+            } else {
+                j.dst_tail[i - j.n_head] = v;
+            }
         }
+        __syncthreads();  // part is rewritten by the next chunk
     }
 }
-static void splits_reduce(const SplitsJob& j0, const SplitsJob& j1 = SplitsJob(), const SplitsJob& j2 = SplitsJob(),
-                          const OptTarget& opt = OptTarget()) {
-    int b0 = ceil_div(j0.n, 32), b1 = ceil_div(j1.n, 32), b2 = ceil_div(j2.n, 32);
-    launch_pdl(splits_reduce_kernel, b0 + b1 + b2, 32 * SR_WARPS, 0, 1, j0, j1, j2, b0, b1, opt);
+// The block's share of a job (the units split evenly over the grid), with float4 units when the job's layout allows
+__device__ void wg_reduce_share(const SplitsJob& j, float* part, const OptTarget& opt, const OptStep& st) {
+    if (j.n <= 0) return;
+    const bool vec = j.n % 4 == 0 && j.stride % 4 == 0 && ((size_t)j.src & 15) == 0;
+    const long long units = vec ? j.n / 4 : j.n, G = gridDim.x, b = blockIdx.x;
+    const int lo = (int)(b * units / G), hi = (int)((b + 1) * units / G);
+    if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, st);
+    else wg_reduce_job<float>(j, lo, hi, part, opt, st);
+}
+// Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient
+// grid by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on
+// the SM while it runs), and a successor launched with programmatic dependent launch cannot take an SM before every
+// block of this grid has started (it is released by grid_dep_sync, which every block executes before the barrier).
+// *bar only grows (64 bits: it never wraps): every launch adds exactly WG_BAR_K to it, whatever its grid size (block
+// b adds K / G, plus 1 for the first K % G blocks), so a launch starts at a multiple of K, a block's arrival (which
+// returns the count before it) tells which, and the block spins (one thread, an L2 load per round trip) until the
+// count reaches the next multiple. One atomic per block, no reset: nothing but the last arrival itself on the
+// barrier's critical path. Writes before the barrier are visible to every block after it (__syncthreads +
+// __threadfence, as cooperative groups' grid sync).
+constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
+__device__ void wg_grid_barrier(unsigned long long* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
+        __threadfence();
+        const unsigned long long target = (atomicAdd(bar, add) / WG_BAR_K + 1) * WG_BAR_K;
+        unsigned long long c;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+        } while (c < target);
+        __threadfence();
+    }
+    __syncthreads();
 }
 
 // Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co],
@@ -1392,14 +1473,29 @@ static void splits_reduce(const SplitsJob& j0, const SplitsJob& j1 = SplitsJob()
 // The patch's pixel stride is 40 floats (8 mod 32 banks): a B fragment reads pixel t, channel g at 40 t + g, banks
 // 8 t + g, all 32 distinct (a stride of 36 gave banks 4 t + g: two-way conflicts on every B fragment load).
 // The bias gradient is summed from the unrounded dact2 as it is loaded (each thread always loads the same 4 channels).
+// After its bands the kernel also does the split reductions (see SplitsJob): `wgrad` (its own partial sums), `other`
+// (conv1's, from the input-gradient kernel, which must be the launch right before this one) and `extra` (any other
+// job, e.g. the small gradients fc1_backward_kernel stored, as a 1-way split), with the optimizer step when their
+// update_off >= 0, and with opt.advance_B >= 0 advances the counters. Every operand of the bands was written at least
+// two launches earlier, so the bands run before grid_dep_sync (with programmatic dependent launch they overlap the
+// input-gradient kernel's last blocks); the wait comes before the reductions read `other`.
 constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2, WG_DS = C2 + 8, WG_CS = C1 + 8;
 constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
-// the operands, or (after the bands) the partial sums and the bias reduction's 256 float4
-constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS, WG_NOUT + 4 * 256) * sizeof(float);
+// Row stride of a block's 64 x 288 sums staged in shared memory for the cluster's addition: 296 = 8 mod 32 banks, so
+// a half-warp's float2 stores (rows g = 0..3, columns 2t) hit 32 distinct banks (a stride of 288 put all 8 rows of
+// a fragment on the same 8 banks: 4-way conflicts on every store)
+constexpr int WG_OS = KC2 + 8;
+// the operands; or (after the bands) the staged partial sums, the bias reduction's 256 float4 and the lane parts of
+// the jobs reduced before the grid barrier (past the staged sums, which the cluster's other blocks may still read)
+constexpr int WG_PART_PRE = C2 * WG_OS + C2 + 4 * 256;  // float offset of those lane parts
+constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
 static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0, "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
+static_assert(WG_NOUT / 4 / 2 <= 256 * 10, "one batch of distributed shared memory loads per thread (WG_DSM_BATCH)");
+static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free float2 staging; the bias reduction's float4 aligned");
 __global__ void __launch_bounds__(256)
 conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                        const float* __restrict__ act1, int B, int cluster) {
+                        const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
+                        SplitsJob extra, OptTarget opt, unsigned long long* bar) {
     constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
     static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
     static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
@@ -1408,7 +1504,6 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     float* Ps = smem + WG_NPIX * WG_DS;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / 4, wn = warp % 4;
-    grid_dep_sync();
     int boff[9];
 #pragma unroll
     for (int ni = 0; ni < 9; ni++) {
@@ -1475,10 +1570,12 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         }
     }
     // the block's partial sums, [64][288] then the bias's 64: to global memory, or (cluster > 1, sm_90) to shared
-    // memory first, then added across the cluster's blocks through distributed shared memory in rank order (block q
-    // adds the q-th slice of all of them): one partial sum per cluster
+    // memory first (row stride WG_OS), then added across the cluster's blocks through distributed shared memory in
+    // rank order (block q adds the q-th slice of all of them): one partial sum per cluster
     __syncthreads();  // every warp is done with Ds and Ps
-    float* pout = cluster > 1 ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
+    const bool staged = cluster > 1;
+    float* pout = staged ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
+    const int os = staged ? WG_OS : KC2;
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -1486,10 +1583,10 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
 #pragma unroll
             for (int ni = 0; ni < 9; ni++) {
                 int m = wm * 32 + mi * 16 + g + 8 * h, n = wn * 72 + ni * 8 + 2 * t;
-                *(float2*)(pout + m * KC2 + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                *(float2*)(pout + m * os + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
     // bias: the 16 threads with the same tid % 16 hold the same 4 channels; added in thread order
-    float4* red = (float4*)(smem + WG_NOUT);
+    float4* red = (float4*)(smem + C2 * WG_OS + C2);
     red[tid] = rs;
     __syncthreads();
     if (tid < C2 / 4) {
@@ -1498,31 +1595,70 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
             float4 o = red[j * (C2 / 4) + tid];
             s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
         }
-        *(float4*)(pout + C2 * KC2 + tid * 4) = s;
+        *(float4*)(pout + C2 * os + tid * 4) = s;
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (cluster > 1) {
+    if (staged) {
         cg::cluster_group cl = cg::this_cluster();
         cl.sync();  // every block's partial sums are in its shared memory
+        // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
+        // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
+        // block's own rank through its local shared memory
+        constexpr int WG_DSM_BATCH = 10;
         const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
         float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
-        for (int i = tid; i < per; i += 256) {
-            int e = q * per + i;
-            float4 sum = ((const float4*)cl.map_shared_rank(smem, 0))[e];
-            for (int r = 1; r < cluster; r++) {
-                float4 o = ((const float4*)cl.map_shared_rank(smem, r))[e];
-                sum.x += o.x; sum.y += o.y; sum.z += o.z; sum.w += o.w;
+        for (int i0 = tid; i0 < per; i0 += 256 * WG_DSM_BATCH) {
+            float4 sum[WG_DSM_BATCH];
+            int off[WG_DSM_BATCH];
+#pragma unroll
+            for (int b = 0; b < WG_DSM_BATCH; b++) {
+                const int e = q * per + i0 + 256 * b, row = e / (KC2 / 4);
+                off[b] = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
             }
-            dst[e] = sum;
+            for (int r0 = 0; r0 < cluster; r0 += 2) {
+                const float4* s0 = r0 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0);
+                const float4* s1 = r0 + 1 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0 + 1);
+                float4 v[WG_DSM_BATCH][2];
+#pragma unroll
+                for (int b = 0; b < WG_DSM_BATCH; b++)
+                    if (i0 + 256 * b < per) { v[b][0] = s0[off[b]]; v[b][1] = s1[off[b]]; }
+#pragma unroll
+                for (int b = 0; b < WG_DSM_BATCH; b++) {
+                    float4 s = r0 == 0 ? v[b][0] : sum[b];  // rank order: ((r0 + r1) + r2) + r3
+                    if (r0 > 0) { s.x += v[b][0].x; s.y += v[b][0].y; s.z += v[b][0].z; s.w += v[b][0].w; }
+                    s.x += v[b][1].x; s.y += v[b][1].y; s.z += v[b][1].z; s.w += v[b][1].w;
+                    sum[b] = s;
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < WG_DSM_BATCH; b++)
+                if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
         }
-        cl.sync();  // no block leaves (freeing its shared memory) while another still reads it
+        // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
+        // every block reaches only after its reads of the others' shared memory
     }
 #endif
+    // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
+    // they run before the grid barrier, while the other blocks finish their bands; this kernel's own partial sums
+    // after it. The step counter is read by every block before the barrier and advanced by block 0 after it.
+    // The per-step scalars of the update (cosf, powf: ~0.5 us of dependent latency) once per block, from the step
+    // counter, which every block reads before the barrier.
+    grid_dep_sync();
+    __shared__ OptStep st_s;
+    if (tid == 0 && opt.params) st_s = opt_step(opt.c, opt.counters[0]);
+    __syncthreads();
+    const OptStep st = st_s;
+    wg_reduce_share(other, smem + WG_PART_PRE, opt, st);
+    wg_reduce_share(extra, smem + WG_PART_PRE, opt, st);
+    wg_grid_barrier(bar);
+    if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
+    wg_reduce_share(wgrad, smem, opt, st);
 }
 // Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
 struct Conv2Tf32 {
     bool ready = false;
     int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
+    unsigned long long* wgrad_bar = nullptr;  // the weight-gradient kernel's grid barrier (see wg_grid_barrier)
     float *ws = nullptr, *ws_w1 = nullptr, *wimg_fwd = nullptr, *wimg_dgrad = nullptr;
 };
 static Conv2Tf32 g_conv2;
@@ -1557,6 +1693,7 @@ static void conv2_tf32_setup() {
         if (cl * std::min(nclusters, sms / cl) >= sms - 1) { g_conv2.wgrad_cluster = cl; g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl); break; }
     }
     cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
     size_t nf = 9 * C2 * (C1 + 4), nd = 9 * C1 * (C2 + 4);
     cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, nf * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, nf * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
@@ -1577,7 +1714,7 @@ static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, const
 }
 // dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
 // when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
-// Returns the reduction of the blocks' partial sums of dw1, db1 still to launch (conv2_grads_reduce).
+// Returns the reduction of the blocks' partial sums of dw1, db1 still to do (conv2_wgrad_tf32, launched next).
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
                                   const float* act1, const float* x, int B) {
     int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
@@ -1617,17 +1754,21 @@ static void conv1_forward_direct(float* act1, const float* x, const float* w1, c
     int n = B * H1 * H1 * (C1 / 8);
     launch_pdl(conv1_forward_kernel, ceil_div(n, 256), 256, 0, 1, act1, x, w1, b1, B);
 }
-// dw2 (64, 3,3,32 internal) and db2 (64) from dact2 (from dpooled and the window codes) and act1. Returns the
-// reduction of the blocks' (or clusters') partial sums still to launch (conv2_grads_reduce).
-static SplitsJob conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B) {
+// dw2 (64, 3,3,32 internal) and db2 (64) from dact2 (from dpooled and the window codes) and act1, and the split
+// reduction `dgrad` that conv2_dgrad_tf32 returned. Launch it right after conv2_dgrad_tf32, with dpooled, codes and
+// act1 written at least two launches earlier (the kernel reads them before grid_dep_sync). With update_off >= 0
+// conv2's weight and bias (contiguous) get the optimizer step in `opt` at that flat offset instead of dw2/db2; `extra`
+// is one more job for the same reduction (see conv2_wgrad_tf32_kernel).
+static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B,
+                             const SplitsJob& dgrad, const SplitsJob& extra = SplitsJob(), const OptTarget& opt = OptTarget(),
+                             int update_off = -1) {
     const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
-    launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl);
     SplitsJob j;
     j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
-    return j;
+    j.update_off = update_off;
+    launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j, dgrad, extra,
+               opt, g_conv2.wgrad_bar);
 }
-// Both reductions in one launch, after both kernels (their workspaces are distinct).
-static void conv2_grads_reduce(const SplitsJob& wgrad, const SplitsJob& dgrad) { splits_reduce(wgrad, dgrad); }
 
 // ----------------------------------------------------------------------------------------------------------------
 // the other kernels of a step (each with a CPU twin below)
@@ -1786,7 +1927,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
 // cudaMalloc'd, so aligned), the last thread also the n % 4 tail. With advance_B >= 0 the kernel also advances the
 // counters (as advance_counters_kernel, one launch less): the last block to finish does it, when every block has read
 // counters[0] (a ticket in counters[2], reset by that block). (The fast path's training step does not use this
-// kernel: its updates run in fc1_backward_kernel and splits_reduce_kernel.)
+// kernel: its updates run in fc1_backward_kernel and conv2_wgrad_tf32_kernel.)
 __global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, int* counters,
                                  int advance_B) {
     grid_dep_sync();
@@ -2246,7 +2387,7 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
 
 // backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
 // With update_advance_B >= 0 on the fast path, the backward's kernels apply the optimizer step to every parameter
-// instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in the last split reduction) and
+// instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in conv2_wgrad_tf32_kernel's split reduction) and
 // advance the counters by update_advance_B: mnist_update and mnist_advance in the same launches (not called then).
 static void mnist_backward(Mnist* m, int B, int update_advance_B = -1) {
     Epilogue e;
@@ -2259,19 +2400,20 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1) {
         a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
         a.opt = m->opt; a.update = fuse; a.B = B;
         launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
-        SplitsJob jw = conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B);
+        // the input gradient first: the weight-gradient kernel after it adds up both kernels' partial sums (and its
+        // bands, which need only dpooled, overlap the input gradient's last blocks)
         SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1, m->x, B);  // + conv1's dW, db
-        if (!fuse) { conv2_grads_reduce(jw, jd); return; }
+        if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
         // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
         // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end
-        // of the flat buffer) through the same launch as a 1-way "reduction"
-        jw.update_off = (int)PARAMS[P_W2].offset; jd.update_off = (int)PARAMS[P_W1].offset;
+        // of the flat buffer) through the same reduction as a 1-way "split"
+        jd.update_off = (int)PARAMS[P_W1].offset;
         SplitsJob jr;
         jr.src = G(m, P_BF1); jr.stride = 0; jr.splits = 1; jr.n = (int)(m->n_params - PARAMS[P_BF1].offset);
         jr.update_off = (int)PARAMS[P_BF1].offset;
         OptTarget t;
         t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = update_advance_B; t.c = m->opt;
-        splits_reduce(jw, jd, jr, t);
+        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t, (int)PARAMS[P_W2].offset);
         return;
     }
     e = Epilogue(); e.rowsum = G(m, P_BF2);

@@ -327,9 +327,8 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     conv2_weights_tf32(d_w2);  // a kernel in between before the forward (programmatic dependent launch)
     conv1_forward_direct(d_act1f, d_x, d_w1, d_b1, B);
     conv2_forward_tf32(d_act2, d_pooled, d_codes_out, d_act1, d_b2, B);
-    SplitsJob jw = conv2_wgrad_tf32(d_dw, d_db, d_dpooled, d_codes_in, d_act1, B);
     SplitsJob jd = conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dpooled, d_codes_in, d_act1, d_x, B);
-    conv2_grads_reduce(jw, jd);
+    conv2_wgrad_tf32(d_dw, d_db, d_dpooled, d_codes_in, d_act1, B, jd);  // + the reduction of conv1's partial sums
     cudaCheck(cudaDeviceSynchronize());
     std::vector<uint8_t> codes_out(np);
     cudaCheck(cudaMemcpy(codes_out.data(), d_codes_out, np, cudaMemcpyDeviceToHost));
@@ -763,7 +762,7 @@ int main() {
                             std::to_string(cub_err) + ")", g.data() + PARAMS[i].offset, ref, n, 4 * cub_err + 1e-3 * max_abs_of(ref, n), 0.0);
                 }
                 // the training step's fusions (fc1.weight's optimizer step in fc1's backward kernel, every other
-                // parameter's in the last split reduction, the counters advanced there) against the unfused sequence
+                // parameter's in the weight-gradient kernel's split reduction, the counters advanced there) against the unfused sequence
                 // (gradients stored, optimizer_kernel, advance_counters_kernel), one step from the debug state (a
                 // second step would carry the first one's rounding differences into the gradients): AdamW
                 // bit-identical, SGD within sgd_step_worst's rounding bound (from the unfused run's gradient), and
