@@ -1725,30 +1725,35 @@ static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const fl
     return j;
 }
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1): the 43264 x 32 x 9 GEMM with K = 9 held in registers (strict fp32
-// FMAs, k in order); a thread makes 8 channels of one pixel.
+// FMAs, k in order); a thread makes 8 channels of one pixel: 4q..4q+3 and 16+4q..16+4q+3 (q = idx % 4), so that each
+// of a warp's two 16-byte stores writes whole 32-byte sectors (8 pixels x 64 contiguous bytes; with channels
+// 8q..8q+7 each store covered half of every sector it touched).
+// conv1's parameters are loaded before grid_dep_sync: the previous step's last kernel (the optimizer step in the
+// split reduction) wrote them, two launches back (the gather runs in between); x comes from the gather and waits.
 __global__ void conv1_forward_kernel(float* act1, const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, int B) {
     __shared__ float ws[9][C1], bs[C1];
-    grid_dep_sync();
     for (int i = threadIdx.x; i < 9 * C1; i += blockDim.x) ws[i % 9][i / 9] = w1[i];
     if (threadIdx.x < C1) bs[threadIdx.x] = b1[threadIdx.x];
+    grid_dep_sync();
     __syncthreads();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;  // (pixel, group of 8 channels)
     if (idx >= B * H1 * H1 * (C1 / 8)) return;
-    int c0 = (idx % (C1 / 8)) * 8, p = idx / (C1 / 8), b = p / (H1 * H1), y = (p / H1) % H1, xx = p % H1;
+    int c0 = (idx % (C1 / 8)) * 4, p = idx / (C1 / 8), b = p / (H1 * H1), y = (p / H1) % H1, xx = p % H1;
     float xv[9];
 #pragma unroll
     for (int k = 0; k < 9; k++) xv[k] = __ldg(x + ((size_t)b * IMG + y + k / 3) * IMG + xx + k % 3);
     float o[8];
 #pragma unroll
     for (int c = 0; c < 8; c++) {
+        const int ch = c0 + (c & 3) + (c >> 2) * (C1 / 2);
         float s = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 9; k++) s = fmaf(xv[k], ws[k][c0 + c], s);
-        o[c] = fmaxf(s + bs[c0 + c], 0.0f);
+        for (int k = 0; k < 9; k++) s = fmaf(xv[k], ws[k][ch], s);
+        o[c] = fmaxf(s + bs[ch], 0.0f);
     }
-    float4* dst = (float4*)(act1 + (size_t)p * C1 + c0);
-    dst[0] = make_float4(o[0], o[1], o[2], o[3]);
-    dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+    float* dst = act1 + (size_t)p * C1 + c0;
+    *(float4*)dst = make_float4(o[0], o[1], o[2], o[3]);
+    *(float4*)(dst + C1 / 2) = make_float4(o[4], o[5], o[6], o[7]);
 }
 static void conv1_forward_direct(float* act1, const float* x, const float* w1, const float* b1, int B) {
     int n = B * H1 * H1 * (C1 / 8);
@@ -1969,6 +1974,9 @@ __global__ void advance_counters_kernel(int* counters, int B) {
 // shared memory, in rank order (block q adds rows 8q..8q+7 of all eight), and write one partial sum per cluster:
 // hpart[16][B][128]. head_kernel adds the 16 in order, then the bias and the ReLU. Deterministic; 0.5 MB of partial
 // sums at batch 64 instead of the 2.4 MB that the 72-way split of the generic kernel wrote and re-read.
+// The fc1.weight loads are issued before grid_dep_sync (only pooled comes from the kernel in front, conv2's forward;
+// the weight was last written by the previous step's fc1_backward_kernel, several launches back), so with
+// programmatic dependent launch they overlap conv2's tail.
 constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
 constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
 constexpr int FC1F_RLD = FC_H + 4;    // row stride of the partial sums (reusing the operands' shared memory)
@@ -1976,7 +1984,6 @@ constexpr size_t FC1F_SMEM = (size_t)(64 + FC_H) * FC1F_LD * sizeof(float);
 static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
 static_assert(64 * FC1F_RLD <= (64 + FC_H) * FC1F_LD && 64 / FC1F_CLUSTER * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
 __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
-    grid_dep_sync();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
@@ -1988,14 +1995,15 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
         static_assert(FC_H * CH % 256 == 0, "fc1.weight chunks split evenly");
         float4 va[NA], vw[NW];
 #pragma unroll
+        for (int i = 0; i < NW; i++) {  // issued before the wait, in flight across it
+            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
+            vw[i] = __ldg((const float4*)(wf1 + (size_t)j * FC_IN + k0) + c4);
+        }
+        grid_dep_sync();
+#pragma unroll
         for (int i = 0; i < NA; i++) {
             int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
             va[i] = ch < 64 * CH && r0 + r < B ? __ldg((const float4*)(pooled + (size_t)(r0 + r) * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
-            vw[i] = __ldg((const float4*)(wf1 + (size_t)j * FC_IN + k0) + c4);
         }
 #pragma unroll
         for (int i = 0; i < NA; i++) {
@@ -2046,6 +2054,8 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
 // never goes to memory, and optimizer_kernel skips fc1.weight (98% of the parameters). The last FC1B_EXTRA blocks
 // compute the small gradients: fc1's bias (sum over the batch of dh), fc2's weight and bias (a thread per output,
 // fp32 FMAs over the batch in order).
+// The Wf1 slice is loaded before grid_dep_sync: the previous step's fc1_backward_kernel (or optimizer step) wrote it,
+// several launches back, and the kernels in front only read it; dh, pooled and the rest wait.
 constexpr int FC1B_NC = 64, FC1B_BLOCKS = FC_IN / FC1B_NC;
 constexpr int FC1B_WLD = FC1B_NC + 8;  // Ws[128][72]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
 constexpr int FC1B_HLD = FC_H + 4;     // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
@@ -2063,9 +2073,9 @@ struct Fc1BackwardArgs {
     int update, B;
 };
 __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a) {
-    grid_dep_sync();
     const int tid = threadIdx.x, B = a.B;
     if (blockIdx.x >= FC1B_BLOCKS) {
+        grid_dep_sync();
         int i = (blockIdx.x - FC1B_BLOCKS) * 256 + tid;
         if (i < FC_H) {
             float s = 0.0f;
@@ -2092,10 +2102,11 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
     const int wm1 = warp / 4, wn1 = warp % 4;  // dpooled: rows wm1*32.., columns wn1*16..
     const int wm2 = warp / 2, wn2 = warp % 2;  // dWf1: rows (fc1 outputs) wm2*32.., columns wn2*32..
 #pragma unroll
-    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {  // the Wf1 slice: 128 rows of 16 float4
+    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {  // the Wf1 slice: 128 rows of 16 float4 (before the wait)
         int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
         *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
     }
+    grid_dep_sync();
     float acc[2][4][4];
     acc_zero(acc);
     for (int r0 = 0; r0 < B; r0 += 64) {
