@@ -1456,10 +1456,19 @@ __device__ void wg_grid_barrier(unsigned long long* bar) {
         const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
         __threadfence();
         const unsigned long long target = (atomicAdd(bar, add) / WG_BAR_K + 1) * WG_BAR_K;
-        unsigned long long c;
-        do {
+        unsigned long long c, t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        for (;;) {
             asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
-        } while (c < target);
+            if (c >= target) break;
+            // a watchdog, not a timing: if the blocks were not all resident (e.g. an SM limit imposed from outside,
+            // such as MPS), the barrier would never open; fail loudly instead of hanging
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > 2000000000ull) {
+                printf("conv2_wgrad_tf32_kernel: grid barrier not reached by all %u blocks after 2 s (not co-resident?)\n", gridDim.x);
+                __trap();
+            }
+        }
         __threadfence();
     }
     __syncthreads();
