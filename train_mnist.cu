@@ -1430,11 +1430,12 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
         __syncthreads();  // part is rewritten by the next chunk
     }
 }
-// The block's share of a job (the units split evenly over the grid), with float4 units when the job's layout allows
-__device__ void wg_reduce_share(const SplitsJob& j, float* part, const OptTarget& opt, const OptStep& st) {
+// Share `share` of `nshares` of a job (the units split evenly), with float4 units when the job's layout allows. Which
+// block does which share does not matter for the result: every element's summation order is the lane order above.
+__device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, float* part, const OptTarget& opt, const OptStep& st) {
     if (j.n <= 0) return;
     const bool vec = j.n % 4 == 0 && j.stride % 4 == 0 && ((size_t)j.src & 15) == 0;
-    const long long units = vec ? j.n / 4 : j.n, G = gridDim.x, b = blockIdx.x;
+    const long long units = vec ? j.n / 4 : j.n, G = nshares, b = share;
     const int lo = (int)(b * units / G), hi = (int)((b + 1) * units / G);
     if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, st);
     else wg_reduce_job<float>(j, lo, hi, part, opt, st);
@@ -1448,14 +1449,27 @@ __device__ void wg_reduce_share(const SplitsJob& j, float* part, const OptTarget
 // returns the count before it) tells which, and the block spins (one thread, an L2 load per round trip) until the
 // count reaches the next multiple. One atomic per block, no reset: nothing but the last arrival itself on the
 // barrier's critical path. Writes before the barrier are visible to every block after it (__syncthreads +
-// __threadfence, as cooperative groups' grid sync).
+// __threadfence, as cooperative groups' grid sync). Split in two: wg_grid_arrive returns the block's arrival rank in
+// this launch (the count before it, in units of K / G: 0 for the first block to arrive), so that the first blocks
+// can do work that the barrier does not guard while the others are still coming; wg_grid_wait then waits.
 constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
-__device__ void wg_grid_barrier(unsigned long long* bar) {
+struct WgBarrier { unsigned long long target; int rank; };
+__device__ WgBarrier wg_grid_arrive(unsigned long long* bar) {
+    __shared__ WgBarrier sb;
     __syncthreads();
     if (threadIdx.x == 0) {
         const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
         __threadfence();
-        const unsigned long long target = (atomicAdd(bar, add) / WG_BAR_K + 1) * WG_BAR_K;
+        const unsigned long long old = atomicAdd(bar, add);
+        sb.target = (old / WG_BAR_K + 1) * WG_BAR_K;
+        sb.rank = (int)((old % WG_BAR_K) / (WG_BAR_K / G));  // r arrivals added between r * (K / G) and r * (K / G + 1)
+    }
+    __syncthreads();
+    return sb;
+}
+__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
         unsigned long long c, t0, t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
         for (;;) {
@@ -1473,6 +1487,10 @@ __device__ void wg_grid_barrier(unsigned long long* bar) {
     }
     __syncthreads();
 }
+// The jobs the barrier does not guard (`other`, `extra`) go to the first blocks to arrive: `other` in WG_PRE_O
+// shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
+// last blocks to finish their bands (the barrier's critical path) go straight to the wait.
+constexpr int WG_PRE_O = 40, WG_PRE_X = 16;
 
 // Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co],
 // dact2 rebuilt while loading from the pooled gradient and the window codes (dact2_from_pooled).
@@ -1543,6 +1561,12 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         }
     };
     if ((int)blockIdx.x < B * WG_BANDS) load_band(blockIdx.x);
+    // the per-step scalars of the update (a load of the step counter, cosf, powf: ~0.5 us of dependent latency) while
+    // the first band's loads are in flight, not on the way to the barrier. The counter was last written by the
+    // previous step's launch of this kernel (block 0, after its barrier), many launches back; block 0 advances it
+    // only after this launch's barrier, which every block reaches after this read.
+    __shared__ OptStep st_s;
+    if (tid == 0 && opt.params) st_s = opt_step(opt.c, opt.counters[0]);
     for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
         const int y0 = (band % WG_BANDS) * WG_R;
         __syncthreads();  // the previous band's fragment reads are done
@@ -1648,26 +1672,26 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     }
 #endif
     // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
-    // they run before the grid barrier, while the other blocks finish their bands; this kernel's own partial sums
-    // after it. The step counter is read by every block before the barrier and advanced by block 0 after it.
-    // The per-step scalars of the update (cosf, powf: ~0.5 us of dependent latency) once per block, from the step
-    // counter, which every block reads before the barrier.
+    // the first blocks to arrive at the grid barrier do them while the last ones finish their bands (WG_PRE_O);
+    // this kernel's own partial sums after the barrier, on every block. The step counter is read by every block at
+    // its start and advanced by block 0 after the barrier.
     grid_dep_sync();
-    __shared__ OptStep st_s;
-    if (tid == 0 && opt.params) st_s = opt_step(opt.c, opt.counters[0]);
-    __syncthreads();
-    const OptStep st = st_s;
-    wg_reduce_share(other, smem + WG_PART_PRE, opt, st);
-    wg_reduce_share(extra, smem + WG_PART_PRE, opt, st);
-    wg_grid_barrier(bar);
+    const OptStep st = st_s;  // (written before the bands, read after their barriers)
+    const WgBarrier wb = wg_grid_arrive(bar);
+    {
+        const int G = gridDim.x, no = min(G, WG_PRE_O), nx = min(G, WG_PRE_X), xo = G >= no + nx ? no : 0;
+        if (wb.rank < no) wg_reduce_share(other, wb.rank, no, smem + WG_PART_PRE, opt, st);
+        if (wb.rank >= xo && wb.rank < xo + nx) wg_reduce_share(extra, wb.rank - xo, nx, smem + WG_PART_PRE, opt, st);
+    }
+    wg_grid_wait(bar, wb.target);
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
-    wg_reduce_share(wgrad, smem, opt, st);
+    wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
 }
 // Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
 struct Conv2Tf32 {
     bool ready = false;
     int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
-    unsigned long long* wgrad_bar = nullptr;  // the weight-gradient kernel's grid barrier (see wg_grid_barrier)
+    unsigned long long* wgrad_bar = nullptr;  // the weight-gradient kernel's grid barrier (see wg_grid_arrive)
     float *ws = nullptr, *ws_w1 = nullptr, *wimg_fwd = nullptr, *wimg_dgrad = nullptr;
 };
 static Conv2Tf32 g_conv2;
@@ -1702,6 +1726,10 @@ static void conv2_tf32_setup() {
         if (cl * std::min(nclusters, sms / cl) >= sms - 1) { g_conv2.wgrad_cluster = cl; g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl); break; }
     }
     cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
+    if ((unsigned long long)g_conv2.wgrad_ctas * g_conv2.wgrad_ctas > WG_BAR_K) {  // wg_grid_arrive's rank needs G - 1 < K / G
+        fprintf(stderr, "conv2_tf32_setup: weight-gradient grid of %d blocks too large for its barrier\n", g_conv2.wgrad_ctas);
+        exit(EXIT_FAILURE);
+    }
     cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
     size_t nf = 9 * C2 * (C1 + 4), nd = 9 * C1 * (C2 + 4);
     cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, nf * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, nf * sizeof(float)));
