@@ -1128,7 +1128,7 @@ constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 // rebuilt while loading from dpooled and the window codes (dact2_expand); Wt[tap][ci][co] = conv2.weight[co][8 -
 // tap][ci] (flipped, transposed), the image [9][C1][C2+4] rounded to TF32. Fused: conv1's weight and bias gradient of
 // the produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial
-// sum per block in w1_partial ([32][9] then [32]), added by splits_reduce_kernel.
+// sum per block in w1_partial ([32][9] then [32]), added in a fixed order at the end of conv2_wgrad_tf32_kernel.
 // Work split: the B*26*26 output pixels in order (b, y, x), cut into chunks of DG_CH consecutive pixels (one chunk per
 // block at batch 64: 129 chunks on 132 SMs, a single pass, no tail); a chunk may cross an image boundary. Its patch is
 // a range of rows of the images' padded dact2 stacked on top of each other (stacked row s = b * 28 + padded row): the
