@@ -352,10 +352,45 @@ static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, i
 // a kernel that starts knows the kernel two launches back is complete: a prologue before grid_dep_sync() may read
 // what that one (and anything earlier) wrote, never what the immediately preceding kernel writes (the conv2 kernels
 // load their weight images there). Elsewhere (sm_80, or launches without the attribute) both are no-ops.
+// Timeline tracing, only for dev/trace_mnist.cu (built with -DMNIST_TRACE; the trainer's build has none of it): lane 0
+// of every warp of each fast-path kernel stores %globaltimer when the warp starts (TRACE_SCOPE at the kernel's top),
+// when its grid_dep_sync returns and when it leaves the kernel (the scope's destructor, also on an early return).
+#ifdef MNIST_TRACE
+constexpr int TRACE_KERNELS = 8, TRACE_BLOCKS = 1024, TRACE_WARPS = 32;
+__device__ unsigned long long g_trace[TRACE_KERNELS][TRACE_BLOCKS][TRACE_WARPS][3];
+__device__ __forceinline__ unsigned long long trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ int& trace_kernel_id() { __shared__ int id; return id; }
+struct TraceScope {
+    unsigned long long* slot = nullptr;
+    __device__ explicit TraceScope(int k) {
+        const int blk = blockIdx.x + blockIdx.y * gridDim.x, warp = threadIdx.x / 32;
+        if (threadIdx.x % 32 == 0) trace_kernel_id() = k;  // each warp reads back its own write
+        if (threadIdx.x % 32 == 0 && blk < TRACE_BLOCKS && warp < TRACE_WARPS) {
+            slot = g_trace[k][blk][warp];
+            slot[0] = trace_now();
+        }
+    }
+    __device__ ~TraceScope() { if (slot) slot[2] = trace_now(); }
+};
+#define TRACE_SCOPE(k) TraceScope trace_scope_(k)
+#else
+#define TRACE_SCOPE(k)
+#endif
+
 __device__ __forceinline__ void grid_dep_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#ifdef MNIST_TRACE
+    const int blk = blockIdx.x + blockIdx.y * gridDim.x, warp = threadIdx.x / 32;
+    const int k = trace_kernel_id();  // set by the kernel's TRACE_SCOPE before any thread reaches this
+    if (threadIdx.x % 32 == 0 && k >= 0 && k < TRACE_KERNELS && blk < TRACE_BLOCKS && warp < TRACE_WARPS)
+        g_trace[k][blk][warp][1] = trace_now();
 #endif
 }
 
@@ -994,6 +1029,7 @@ template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, i
 __global__ void __launch_bounds__(32 * WM * WN)
 conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __restrict__ w, const float* __restrict__ bias,
                        float* pooled, uint8_t* pool_codes, int B) {
+    TRACE_SCOPE(2);
     constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
     constexpr int NCH = PR * WP * (CIN / 4), NCHI = (NCH + NT - 1) / NT;  // 16-byte chunks of a patch, per thread
     static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT && NI % 2 == 0, "the warp tiles must cover a band exactly in n, at least in m");
@@ -1151,6 +1187,7 @@ __global__ void __launch_bounds__(DG_THREADS, 1)
 conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
                         float* w1_partial, int B) {
+    TRACE_SCOPE(6);
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
     float* Ps = smem + DG_WS;
@@ -1523,6 +1560,7 @@ __global__ void __launch_bounds__(256)
 conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
                         SplitsJob extra, OptTarget opt, unsigned long long* bar) {
+    TRACE_SCOPE(7);
     constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
     static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
     static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
@@ -1768,6 +1806,7 @@ static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const fl
 // conv1's parameters are loaded before grid_dep_sync: the previous step's last kernel (the optimizer step in the
 // split reduction) wrote them, two launches back (the gather runs in between); x comes from the gather and waits.
 __global__ void conv1_forward_kernel(float* act1, const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, int B) {
+    TRACE_SCOPE(1);
     __shared__ float ws[9][C1], bs[C1];
     for (int i = threadIdx.x; i < 9 * C1; i += blockDim.x) ws[i % 9][i / 9] = w1[i];
     if (threadIdx.x < C1) bs[threadIdx.x] = b1[threadIdx.x];
@@ -1818,6 +1857,7 @@ static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const
 __global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
                                     const int* counters, int offset_const, int B, const float* w2, float* wimg_fwd,
                                     float* wimg_dgrad) {
+    TRACE_SCOPE(0);
     grid_dep_sync();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     const int gather_blocks = (B * IMG * IMG + blockDim.x - 1) / blockDim.x;
@@ -1910,6 +1950,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
                             const float* __restrict__ hpart, const float* __restrict__ bf1,
                             const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
                             int offset_const, int B) {
+    TRACE_SCOPE(4);
     static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
     __shared__ __align__(16) float ws[NCLS * FC_H];
     __shared__ float bs[NCLS];
@@ -2021,6 +2062,7 @@ constexpr size_t FC1F_SMEM = (size_t)(64 + FC_H) * FC1F_LD * sizeof(float);
 static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
 static_assert(64 * FC1F_RLD <= (64 + FC_H) * FC1F_LD && 64 / FC1F_CLUSTER * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
 __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
+    TRACE_SCOPE(3);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
@@ -2110,6 +2152,7 @@ struct Fc1BackwardArgs {
     int update, B;
 };
 __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a) {
+    TRACE_SCOPE(5);
     const int tid = threadIdx.x, B = a.B;
     if (blockIdx.x >= FC1B_BLOCKS) {
         grid_dep_sync();
@@ -2620,6 +2663,20 @@ static void epoch_permutation(std::vector<int>& perm, int n, int seed, int epoch
     }
 }
 
+static DeviceData upload_split(const MnistSplit& s, bool cpu) {
+    DeviceData d; d.n = s.n;
+    if (cpu) { d.images = (uint8_t*)s.images.data(); d.labels = (uint8_t*)s.labels.data(); return d; }
+    cudaCheck(cudaMalloc(&d.images, s.images.size()));
+    cudaCheck(cudaMalloc(&d.labels, s.labels.size()));
+    cudaCheck(cudaMemcpy(d.images, s.images.data(), s.images.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.labels, s.labels.data(), s.labels.size(), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// CUDA graphs of training steps: GRAPH_STEPS full batches in one (fewer graph launches, and the steps' kernels
+// overlap across step boundaries too), one full batch, and the last partial batch of an epoch
+constexpr int GRAPH_STEPS = 16;
+
 #ifndef TESTING
 // ----------------------------------------------------------------------------------------------------------------
 // CLI
@@ -2748,15 +2805,6 @@ static EvalResult evaluate(Mnist* m, const DeviceData& d, const std::vector<uint
     return r;
 }
 
-static DeviceData upload_split(const MnistSplit& s, bool cpu) {
-    DeviceData d; d.n = s.n;
-    if (cpu) { d.images = (uint8_t*)s.images.data(); d.labels = (uint8_t*)s.labels.data(); return d; }
-    cudaCheck(cudaMalloc(&d.images, s.images.size()));
-    cudaCheck(cudaMalloc(&d.labels, s.labels.size()));
-    cudaCheck(cudaMemcpy(d.images, s.images.data(), s.images.size(), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d.labels, s.labels.data(), s.labels.size(), cudaMemcpyHostToDevice));
-    return d;
-}
 
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -2852,9 +2900,6 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    // CUDA graphs of training steps: GRAPH_STEPS full batches in one (fewer graph launches, and the steps' kernels
-    // overlap across step boundaries too), one full batch, and the last partial batch of an epoch
-    constexpr int GRAPH_STEPS = 16;
     int n_full = train.n / B, tail = train.n % B;
     cudaGraphExec_t graph_multi = nullptr, graph_full = nullptr, graph_tail = nullptr;
     auto capture = [&](int bs, int nsteps) {

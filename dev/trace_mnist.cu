@@ -1,0 +1,181 @@
+/*
+Timeline of train_mnist.cu's training step inside its CUDA graphs: when each fast-path kernel's warps start, when
+their grid_dep_sync returns (the kernel in front is complete) and when they leave, on the GPU's global timer. ncu
+times kernels one at a time; this shows what programmatic dependent launch overlaps and where a step waits.
+
+Build: make -C dev trace_mnist        Run (repo root): ./dev/trace_mnist [--batch_size 64] [--graphs 20]
+  Includes the trainer with TESTING and MNIST_TRACE (lane 0 of every warp stores three time stamps; see TRACE_SCOPE
+  in the trainer), captures GRAPH_STEPS training steps in one graph as the trainer does (SGD, seed 1, the training
+  set in the order of epoch 0), replays it --graphs times and reads the stamps of each replay's last step (every
+  step overwrites them). Prints, per kernel, medians over the replays in us from that step's first gather warp.
+  --data_dir D (default data/mnist).
+  --test: 3 replays, then checks the stamps themselves and prints "N passed, N failed, N skipped" (run by
+  dev/run_tests.py; skipped without a GPU): every kernel recorded its warps in the last step, each warp's stamps are
+  in order (start <= wait <= end), and no kernel's wait returned before every warp of the kernel in front
+  had left (the rule grid_dep_sync promises the prologues that read memory before it).
+*/
+#define TESTING
+#define MNIST_TRACE
+#include "../train_mnist.cu"
+
+static const char* TRACE_NAMES[TRACE_KERNELS] = {"gather", "conv1", "conv2 forward", "fc1 forward", "head",
+                                                 "fc1 backward", "conv2 input grad", "conv2 weight grad"};
+
+// One replay's last step, per kernel (times in ns from the step's first gather warp; -1: nothing recorded)
+struct KernelSpan {
+    double start = -1, wait_first = -1, wait_last = -1, end_first_block = -1, end = -1, block_span = -1;
+    int blocks = 0, warps = 0, bad_order = 0;
+};
+
+static std::vector<KernelSpan> read_trace(std::vector<unsigned long long>& buf) {
+    cudaCheck(cudaMemcpyFromSymbol(buf.data(), g_trace, buf.size() * sizeof(unsigned long long)));
+    auto at = [&](int k, int b, int w, int i) { return buf[(((size_t)k * TRACE_BLOCKS + b) * TRACE_WARPS + w) * 3 + i]; };
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < TRACE_BLOCKS; b++)
+        for (int w = 0; w < TRACE_WARPS; w++)
+            if (at(0, b, w, 0)) t0 = std::min(t0, at(0, b, w, 0));
+    std::vector<KernelSpan> out(TRACE_KERNELS);
+    for (int k = 0; k < TRACE_KERNELS; k++) {
+        KernelSpan& s = out[k];
+        unsigned long long st = ~0ull, wf = ~0ull, wl = 0, efb = ~0ull, en = 0;
+        std::vector<double> spans;
+        for (int b = 0; b < TRACE_BLOCKS; b++) {
+            unsigned long long bs = ~0ull, be = 0;
+            for (int w = 0; w < TRACE_WARPS; w++) {
+                unsigned long long a0 = at(k, b, w, 0), a1 = at(k, b, w, 1), a2 = at(k, b, w, 2);
+                if (!a0) continue;
+                s.warps++;
+                if (a2 < a0) s.bad_order++;
+                if (a1 >= a0) {  // an older stamp: this warp did not wait in this step
+                    if (a1 > a2) s.bad_order++;
+                    wf = std::min(wf, a1); wl = std::max(wl, a1);
+                }
+                bs = std::min(bs, a0); be = std::max(be, a2);
+            }
+            if (be == 0) continue;
+            s.blocks++;
+            st = std::min(st, bs); en = std::max(en, be); efb = std::min(efb, be);
+            spans.push_back((double)(be - bs));
+        }
+        if (!s.blocks) continue;
+        std::sort(spans.begin(), spans.end());
+        auto rel = [&](unsigned long long t) { return (double)((long long)(t - t0)); };
+        s.start = rel(st); s.end = rel(en); s.end_first_block = rel(efb); s.block_span = spans[spans.size() / 2];
+        if (wl) { s.wait_first = rel(wf); s.wait_last = rel(wl); }
+    }
+    return out;
+}
+
+static double median(std::vector<double> v) {
+    if (v.empty()) return NAN;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    int B = 64, graphs = 20;
+    bool test = false;
+    std::string data_dir = "data/mnist";
+    for (int i = 1; i < argc; i++) {
+        std::string f = argv[i];
+        if (f == "--test") { test = true; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "error: %s: unknown flag or missing value\n", f.c_str()); return 1; }
+        const char* v = argv[++i];
+        if (f == "--batch_size") B = atoi(v);
+        else if (f == "--graphs") graphs = atoi(v);
+        else if (f == "--data_dir") data_dir = v;
+        else { fprintf(stderr, "error: unknown flag %s\n", f.c_str()); return 1; }
+    }
+    if (test) graphs = 3;
+    if (B < 1 || graphs < 1) { fprintf(stderr, "error: --batch_size and --graphs expect positive integers\n"); return 1; }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        (void)cudaGetLastError();
+        if (!test) { fprintf(stderr, "error: no CUDA device\n"); return 1; }
+        printf("SKIP trace_mnist: no CUDA device\n0 passed, 0 failed, 1 skipped\n");
+        return 0;
+    }
+    g_mm.backend = BACKEND_OURS; g_mm.tf32 = 1;
+    cudaCheck(cudaStreamCreate(&g_mm.stream));
+    MnistSplit train = mnist_load_split(data_dir, "train", 0);
+    if ((size_t)graphs * GRAPH_STEPS * B > (size_t)train.n) {
+        fprintf(stderr, "error: %d graphs of %d steps of %d images need more than the %d training images\n", graphs, GRAPH_STEPS, B, train.n);
+        return 1;
+    }
+    Mnist m;
+    m.opt.total_steps = graphs * GRAPH_STEPS;
+    mnist_build(&m, false, B, B);
+    mnist_init_params(&m, 1);
+    if (!conv2_fast(&m)) { fprintf(stderr, "error: the traced kernels are the fast path's (sm_90, our matmul, TF32)\n"); return 1; }
+    DeviceData d = upload_split(train, false);
+    std::vector<int> perm;
+    epoch_permutation(perm, train.n, 1, 0);
+    int* perm_dev; float* losses;
+    cudaCheck(cudaMalloc(&perm_dev, train.n * 4));
+    cudaCheck(cudaMalloc(&losses, train.n * 4));
+    cudaCheck(cudaMemcpy(perm_dev, perm.data(), train.n * 4, cudaMemcpyHostToDevice));
+    mnist_set_counters(&m, 0, 0);
+
+    cudaGraph_t g; cudaGraphExec_t ge;
+    cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < GRAPH_STEPS; i++) mnist_train_step(&m, d, perm_dev, losses, B);
+    cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
+    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
+    cudaCheck(cudaGraphUpload(ge, g_mm.stream));
+    void* trace_ptr;
+    cudaCheck(cudaGetSymbolAddress(&trace_ptr, g_trace));
+    std::vector<unsigned long long> buf((size_t)TRACE_KERNELS * TRACE_BLOCKS * TRACE_WARPS * 3);
+    cudaCheck(cudaMemset(trace_ptr, 0, buf.size() * sizeof(unsigned long long)));
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+    std::vector<std::vector<KernelSpan>> runs;
+    std::vector<double> per_step;
+    for (int r = 0; r < graphs; r++) {
+        cudaCheck(cudaEventRecord(e0, g_mm.stream));
+        cudaCheck(cudaGraphLaunch(ge, g_mm.stream));
+        cudaCheck(cudaEventRecord(e1, g_mm.stream));
+        cudaCheck(cudaStreamSynchronize(g_mm.stream));
+        float ms; cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        per_step.push_back(1000.0 * ms / GRAPH_STEPS);
+        runs.push_back(read_trace(buf));
+    }
+
+    if (test) {
+        int pass = 0, fail = 0;
+        auto check = [&](bool ok, const std::string& name, const std::string& detail) {
+            printf("%s trace_mnist %s: %s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+            (ok ? pass : fail)++;
+        };
+        const std::vector<KernelSpan>& s = runs.back();
+        for (int k = 0; k < TRACE_KERNELS; k++) {
+            char buf2[200];
+            snprintf(buf2, sizeof buf2, "%d blocks, %d warps recorded, %d warps with stamps out of order", s[k].blocks, s[k].warps, s[k].bad_order);
+            check(s[k].blocks > 0 && s[k].bad_order == 0, std::string(TRACE_NAMES[k]) + " stamps", buf2);
+            if (k == 0 || s[k].wait_first < 0) continue;
+            snprintf(buf2, sizeof buf2, "first wait returned at %.0f ns, the last warp of %s left at %.0f ns", s[k].wait_first,
+                     TRACE_NAMES[k - 1], s[k - 1].end);
+            check(s[k].wait_first >= s[k - 1].end, std::string(TRACE_NAMES[k]) + " waits for " + TRACE_NAMES[k - 1], buf2);
+        }
+        printf("%d passed, %d failed, 0 skipped\n", pass, fail);
+        return fail ? 1 : 0;
+    }
+
+    printf("batch %d, %d replays of a %d-step graph: %.2f us per step (median of the replays, CUDA events)\n", B, graphs,
+           GRAPH_STEPS, median(per_step));
+    printf("the replays' last step, medians in us from its first gather warp (wait: when grid_dep_sync returned)\n");
+    printf("%-18s %7s %9s %9s %9s %9s %9s %7s\n", "kernel", "blocks", "start", "wait 1st", "wait last", "1st done", "end",
+           "block");
+    for (int k = 0; k < TRACE_KERNELS; k++) {
+        std::vector<double> v[6];
+        for (auto& run : runs) {
+            const KernelSpan& s = run[k];
+            double f[6] = {s.start, s.wait_first, s.wait_last, s.end_first_block, s.end, s.block_span};
+            for (int i = 0; i < 6; i++) if (f[i] >= 0) v[i].push_back(f[i] / 1000.0);
+        }
+        printf("%-18s %7d %9.2f %9.2f %9.2f %9.2f %9.2f %7.2f\n", TRACE_NAMES[k], runs.back()[k].blocks, median(v[0]),
+               median(v[1]), median(v[2]), median(v[3]), median(v[4]), median(v[5]));
+    }
+    return 0;
+}
