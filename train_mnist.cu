@@ -4,12 +4,12 @@ connected layers, forward and backward) runs on our own kernels; `--matmul cubla
 (explicit im2col + cublasSgemm) so both are timed on the same work. CPU fallback with the same network.
 Two paths of ours:
   - the default fast path (GPU, --matmul ours, --tf32 1): conv2's forward, input and weight gradient on specialised
-    TF32 mma kernels (weights and input patch in shared memory, persistent bands), conv1 forward as a direct fp32
-    kernel, fc1 on specialised TF32 kernels (split-K forward with a cluster reduction; one backward kernel for its
+    TF32 mma kernels (weights and input patch in shared memory, persistent bands), conv1 forward (direct fp32) made
+    inside conv2's forward kernel, fc1 on specialised TF32 kernels (split-K forward with a cluster reduction; one backward kernel for its
     input and weight gradient with the optimizer step of fc1.weight), fc2 in a fused head (fc2 + log-softmax/NLL +
     fc2's input gradient); max-pool (with window codes instead of act2 and dact2), its backward and conv1's weight
     gradient fused into neighbouring kernels; the optimizer step of the other parameters in the last gradient
-    reduction; programmatic dependent launch between the ~9 kernels of a step (dev/mnist_NOTES.md).
+    reduction; programmatic dependent launch between the 7 kernels of a step (dev/mnist_NOTES.md).
   - the generic path (--tf32 0, what the PyTorch fp32 tests compare): every product on the generic tiled kernel.
 
 Network (the write-up's): conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max-pool 2, fc 9216->128, ReLU, fc 128->10,
@@ -356,7 +356,7 @@ static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, i
 // of every warp of each fast-path kernel stores %globaltimer when the warp starts (TRACE_SCOPE at the kernel's top),
 // when its grid_dep_sync returns and when it leaves the kernel (the scope's destructor, also on an early return).
 #ifdef MNIST_TRACE
-constexpr int TRACE_KERNELS = 8, TRACE_BLOCKS = 1024, TRACE_WARPS = 32;
+constexpr int TRACE_KERNELS = 7, TRACE_BLOCKS = 1024, TRACE_WARPS = 32;
 __device__ unsigned long long g_trace[TRACE_KERNELS][TRACE_BLOCKS][TRACE_WARPS][3];
 __device__ __forceinline__ unsigned long long trace_now() {
     unsigned long long t;
@@ -1017,51 +1017,67 @@ __device__ __forceinline__ int band_ldsm_a_k(int lane) { return (lane >> 4) * 4;
 __device__ __forceinline__ int band_ldsm_b_n(int lane) { return (lane & 7) + (lane >> 4) * 8; }
 __device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1) * 4; }
 
-// conv2 forward: out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} in[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
-// HOUT x HOUT outputs from HIN = HOUT + 2 inputs (in = act1, C1 channels), and the 2x2 max-pool of out with its window
-// codes; out itself is stored only when not null (the tests).
-//   w: the shared-memory image of Wt, [9][COUT][CIN+4] rounded to TF32 (conv2_weights_tf32_kernel).
+// conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
+// then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
+// HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself is
+// stored only when not null (the tests). act1 is made here, in shared memory, from the band's HIN + 2... rows of x
+// (HIN = 26 act1 rows need 28 x rows; a band of R output rows needs R + 2 act1 rows and R + 4 x rows), and stored to
+// global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
+// the others rows y0 + 1..y0 + R, the last up to HIN - 1).
+//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it.
 // Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
-// rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], two Ps[(R+2)*HIN][CIN+4]:
-// the block's next band is copied (cp.async, raw) into one while the other is computed, and each thread rounds the
-// chunks it copied once they have landed. The weights come by cp.async too. Fragments by ldmatrix (band_ldsm_x4).
+// rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*HIN][CIN+4] (the
+// band's act1, rounded to TF32 as it is written), two Xs[R+4][IMG] (the next band's x rows come by cp.async while
+// this band is computed) and conv1's weights. Fragments by ldmatrix (band_ldsm_x4).
+// conv1's parameters are loaded before grid_dep_sync (the previous step's weight-gradient kernel wrote them, two
+// launches back: the gather runs in between); x comes from the gather and waits.
 template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
-conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __restrict__ w, const float* __restrict__ bias,
-                       float* pooled, uint8_t* pool_codes, int B) {
-    TRACE_SCOPE(2);
-    constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
-    constexpr int NCH = PR * WP * (CIN / 4), NCHI = (NCH + NT - 1) / NT;  // 16-byte chunks of a patch, per thread
+conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
+                       float* act1, const float* __restrict__ w, const float* __restrict__ bias, float* pooled,
+                       uint8_t* pool_codes, int B) {
+    TRACE_SCOPE(1);
+    constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, XR = R + 4, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
+    constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
     static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT && NI % 2 == 0, "the warp tiles must cover a band exactly in n, at least in m");
     static_assert(CS % 32 == 4 && CIN % 8 == 0, "pixel stride 4 mod 32 banks: a fragment's 8 rows x 4 k on 32 banks");
     static_assert(HOUT % 8 == 0, "no 8-row ldmatrix group straddles an output row (conflict-free)");
-    static_assert(HOUT + 2 == HIN, "a valid 3x3 correlation");
+    static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
+    static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
     float* Ps = smem + 9 * COUT * CS;
+    float* Xs = Ps + PR * WP * CS;          // [2][XR][IMG]
+    float* W1s = Xs + 2 * XR * IMG;         // [9][C1]: conv1's weights by tap, channels contiguous
+    float* B1s = W1s + 9 * C1;              // [C1]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
 
-    // weights, once per block: a 16-byte copy of the image conv2_weights_tf32_kernel prepared (rounded, padded);
-    // before grid_dep_sync: the image is made at least two launches earlier (see grid_dep_sync)
-    for (int i = tid; i < 9 * COUT * CS / 4; i += NT) cp_async16(Ws + 4 * i, w + 4 * i);
-    cp_async_commit();
-    grid_dep_sync();
-    auto patch_chunk = [&](int ch, int y0, int& pix, int& c4, int& iy, int& ix) {
-        pix = ch / (CIN / 4); c4 = ch % (CIN / 4); iy = y0 + pix / WP; ix = pix % WP;
-    };
-    auto issue_patch = [&](int band, float* dst) {  // the raw patch of `band` into dst
-        const int b = band / NBAND, y0 = (band % NBAND) * R;
+    // weights, once per block, before grid_dep_sync (conv2's and conv1's: the optimizer step that wrote them ran at
+    // least two launches earlier, see grid_dep_sync): conv2.weight [co][tap][ci] (16-byte chunks, L2: no stale L1 line)
+    // rounded to TF32 into Ws[tap][co][ci]
+    {
+        constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;
+        static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
+        float4 v[NW];
 #pragma unroll
-        for (int i = 0; i < NCHI; i++) {
-            int ch = tid + i * NT, pix, c4, iy, ix;
-            patch_chunk(ch, y0, pix, c4, iy, ix);
-            if (ch < NCH) cp_async16(dst + pix * CS + c4 * 4, in + (((size_t)b * HIN + iy) * HIN + ix) * CIN + c4 * 4);
+        for (int i = 0; i < NW; i++) v[i] = __ldcg((const float4*)w + tid + i * NT);
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+            *(float4*)(Ws + (tap * COUT + co) * CS + 4 * c4) = tf32_round4(v[i]);
         }
+    }
+    for (int i = tid; i < 9 * C1; i += NT) W1s[(i % 9) * C1 + i / 9] = __ldcg(w1 + i);  // L2: no stale L1 line
+    if (tid < C1) B1s[tid] = __ldcg(b1 + tid);
+    grid_dep_sync();
+    auto issue_x = [&](int band, float* dst) {  // x rows y0 .. y0 + R + 3 of the band's image, 16-byte chunks
+        const int b = band / NBAND, y0 = (band % NBAND) * R;
+        if (tid < XCH) cp_async16(dst + 4 * tid, x + ((size_t)b * IMG + y0) * IMG + 4 * tid);
     };
-    if (blockIdx.x < B * NBAND) issue_patch(blockIdx.x, Ps);
+    if (blockIdx.x < B * NBAND) issue_x(blockIdx.x, Xs);
     cp_async_commit();
-    // this lane's ldmatrix row of each m16 tile (offset in a patch buffer, floats) and of the B pairs
+    // this lane's ldmatrix row of each m16 tile (offset in the patch, floats) and of the B pairs
     int aoff[MI];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) {
@@ -1069,34 +1085,66 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
         aoff[mi] = (m < R * HOUT ? ((m / HOUT) * WP + m % HOUT) * CS : 0) + band_ldsm_a_k(lane);
     }
     const uint32_t bbase = band_smem_u32(Ws + (wn * NI * 8 + band_ldsm_b_n(lane)) * CS + band_ldsm_b_k(lane));
+    const uint32_t pbase = band_smem_u32(Ps);
+    // conv1: this thread's channels are c0..c0+3 and c0+16..c0+19, so that each of a warp's two 16-byte act1 stores
+    // writes whole 32-byte sectors (8 pixels x 64 contiguous bytes)
+    const int c0 = (tid % 4) * 4;
 
     for (int band = blockIdx.x, it = 0; band < B * NBAND; band += gridDim.x, it++) {
-        const int b = band / NBAND, y0 = (band % NBAND) * R;
-        // buffers alternate; the one for the next band was last read by the previous band (barrier at its end)
-        float* P = Ps + (it & 1) * PR * WP * CS;  // this band's patch
-        if (band + (int)gridDim.x < B * NBAND) issue_patch(band + gridDim.x, Ps + ((it + 1) & 1) * PR * WP * CS);
+        const int b = band / NBAND, yb = band % NBAND, y0 = yb * R;
+        const float* X = Xs + (it & 1) * XR * IMG;  // this band's x rows
+        // the x buffers alternate; the next band's was last read by the previous band (barrier after its conv1)
+        if (band + (int)gridDim.x < B * NBAND) issue_x(band + gridDim.x, Xs + ((it + 1) & 1) * XR * IMG);
         cp_async_commit();
-        cp_async_wait<1>();  // everything but the group just committed: the weights and this band's patch
+        cp_async_wait<1>();  // everything but the group just committed: this band's x rows
+        __syncthreads();     // every thread's chunks have landed; Ps is free (the previous band's barrier)
+        // conv1 of act1 rows y0 .. y0 + R + 1 into Ps (rounded to TF32); the rows this band owns go to act1 unrounded
+        const int own_lo = yb == 0 ? 0 : 1, own_hi = yb == NBAND - 1 ? PR : PR - 1;  // patch rows [lo, hi)
 #pragma unroll
-        for (int i = 0; i < NCHI; i++) {
-            int ch = tid + i * NT, pix, c4, iy, ix;
-            patch_chunk(ch, y0, pix, c4, iy, ix);
-            if (ch < NCH) { float4* q = (float4*)(P + pix * CS + c4 * 4); *q = tf32_round4(*q); }
+        for (int i = 0; i < NC1; i++) {
+            const int pix = (tid + i * NT) / 4;  // patch pixel: row pix / HIN, column pix % HIN
+            if (pix >= PR * HIN) break;
+            const int r = pix / HIN, cx = pix % HIN;
+            float xv[9];
+#pragma unroll
+            for (int k = 0; k < 9; k++) xv[k] = X[(r + k / 3) * IMG + cx + k % 3];
+            float o[8];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int k = 0; k < 9; k++) {
+                    const float4 wv = *(const float4*)(W1s + k * C1 + c0 + h * (C1 / 2));
+                    sacc[0] = fmaf(xv[k], wv.x, sacc[0]); sacc[1] = fmaf(xv[k], wv.y, sacc[1]);
+                    sacc[2] = fmaf(xv[k], wv.z, sacc[2]); sacc[3] = fmaf(xv[k], wv.w, sacc[3]);
+                }
+                const float4 bv = *(const float4*)(B1s + c0 + h * (C1 / 2));
+                o[4 * h + 0] = fmaxf(sacc[0] + bv.x, 0.0f); o[4 * h + 1] = fmaxf(sacc[1] + bv.y, 0.0f);
+                o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
+            }
+            const float4 lo4 = make_float4(o[0], o[1], o[2], o[3]), hi4 = make_float4(o[4], o[5], o[6], o[7]);
+            float* pp = Ps + pix * CS + c0;
+            *(float4*)pp = tf32_round4(lo4);
+            *(float4*)(pp + C1 / 2) = tf32_round4(hi4);
+            if (r >= own_lo && r < own_hi) {
+                float* dst = act1 + (((size_t)b * HIN + y0 + r) * HIN + cx) * C1 + c0;
+                *(float4*)dst = lo4;
+                *(float4*)(dst + C1 / 2) = hi4;
+            }
         }
         __syncthreads();
-        const uint32_t pbase = band_smem_u32(P);
         float acc[MI][NI][4];
         acc_zero(acc);
 #pragma unroll 1
         for (int tap = 0; tap < 9; tap++) {
             const uint32_t pa = pbase + ((tap / 3) * WP + tap % 3) * CS * 4, pb = bbase + tap * COUT * CS * 4;
 #pragma unroll
-            for (int c0 = 0; c0 < CIN; c0 += 8) {
+            for (int cc = 0; cc < CIN; cc += 8) {
                 uint32_t a[MI][4], bf[NI / 2][4];
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++) band_ldsm_x4(a[mi], pa + (aoff[mi] + c0) * 4);
+                for (int mi = 0; mi < MI; mi++) band_ldsm_x4(a[mi], pa + (aoff[mi] + cc) * 4);
 #pragma unroll
-                for (int np = 0; np < NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * CS + c0) * 4);
+                for (int np = 0; np < NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * CS + cc) * 4);
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++)
 #pragma unroll
@@ -1148,15 +1196,15 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ in, const float* __
                 }
             }
         }
-        __syncthreads();  // P is read by all warps before the next band's copy may target it
+        __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
     }
 }
 // R = 12 rows (half an image) = 288 pixels = 18 m16 tiles, 12 warps of 48 x 32 (6 row pairs x 2 channel halves; the
-// weights read once per k-step for 3 m16 tiles), two patch buffers (188 KB): one block per SM, 128 bands at batch 64
-// = a single round (H100: 14.0 us; R = 4 with 8 warps of 48 x 16, 2.9 rounds: 16.6 us).
+// weights read once per k-step for 3 m16 tiles), 140 KB of shared memory: one block per SM, 128 bands at batch 64 = a
+// single round (H100, before conv1 was fused in: 14.0 us; R = 4 with 8 warps of 48 x 16, 2.9 rounds: 16.6 us).
 #define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12, 6, 2, 3, 4>
 constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12;
-constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + 2 * (CONV2_FWD_R + 2) * H1 * (C1 + 4)) * sizeof(float);
+constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + 2 * (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 
 // conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c] where
@@ -1187,7 +1235,7 @@ __global__ void __launch_bounds__(DG_THREADS, 1)
 conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
                         float* w1_partial, int B) {
-    TRACE_SCOPE(6);
+    TRACE_SCOPE(5);
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
     float* Ps = smem + DG_WS;
@@ -1336,19 +1384,17 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
     }
 }
 
-// The two shared-memory images of conv2.weight (internal [co][tap][ci]), rounded to TF32, made once per forward:
-// forward [tap][co][ci (+4 pad)], input gradient [8 - tap][ci][co (+4 pad)] (flipped, transposed). The pads are
-// never read by a fragment (zeroed once at allocation). Element idx = co * 288 + tap * 32 + ci.
-__device__ __forceinline__ void conv2_weights_image(int idx, float* wimg_fwd, float* wimg_dgrad, const float* w2) {
+// The input gradient's shared-memory image of conv2.weight (internal [co][tap][ci]), rounded to TF32, made once per
+// forward: [8 - tap][ci][co (+4 pad)] (flipped, transposed). The pads are never read by a fragment (zeroed once at
+// allocation). Element idx = co * 288 + tap * 32 + ci. (The forward kernel makes its own image from conv2.weight.)
+__device__ __forceinline__ void conv2_weights_image(int idx, float* wimg_dgrad, const float* w2) {
     int co = idx / KC2, tap = (idx / C1) % 9, ci = idx % C1;
-    float v = tf32_round(w2[idx]);
-    wimg_fwd[(tap * C2 + co) * (C1 + 4) + ci] = v;
-    wimg_dgrad[((8 - tap) * C1 + ci) * (C2 + 4) + co] = v;
+    wimg_dgrad[((8 - tap) * C1 + ci) * (C2 + 4) + co] = tf32_round(w2[idx]);
 }
-__global__ void conv2_weights_tf32_kernel(float* wimg_fwd, float* wimg_dgrad, const float* w2) {
+__global__ void conv2_weights_tf32_kernel(float* wimg_dgrad, const float* w2) {
     grid_dep_sync();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < C2 * KC2) conv2_weights_image(idx, wimg_fwd, wimg_dgrad, w2);
+    if (idx < C2 * KC2) conv2_weights_image(idx, wimg_dgrad, w2);
 }
 // The split reductions: conv2's weight gradient over the weight-gradient blocks' partial sums and conv1's over the
 // input-gradient kernel's, both at the end of conv2_wgrad_tf32_kernel (after a grid-wide barrier). A SplitsJob is
@@ -1560,7 +1606,7 @@ __global__ void __launch_bounds__(256)
 conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
                         SplitsJob extra, OptTarget opt, unsigned long long* bar) {
-    TRACE_SCOPE(7);
+    TRACE_SCOPE(6);
     constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
     static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
     static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
@@ -1730,7 +1776,7 @@ struct Conv2Tf32 {
     bool ready = false;
     int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
     unsigned long long* wgrad_bar = nullptr;  // the weight-gradient kernel's grid barrier (see wg_grid_arrive)
-    float *ws = nullptr, *ws_w1 = nullptr, *wimg_fwd = nullptr, *wimg_dgrad = nullptr;
+    float *ws = nullptr, *ws_w1 = nullptr, *wimg_dgrad = nullptr;
 };
 static Conv2Tf32 g_conv2;
 static void conv2_tf32_setup() {
@@ -1769,23 +1815,22 @@ static void conv2_tf32_setup() {
         exit(EXIT_FAILURE);
     }
     cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
-    size_t nf = 9 * C2 * (C1 + 4), nd = 9 * C1 * (C2 + 4);
-    cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, nf * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, nf * sizeof(float)));
+    size_t nd = 9 * C1 * (C2 + 4);
     cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
     g_conv2.ready = true;
 }
-// The weight images both conv2 kernels read; call after every change of conv2.weight, before the kernels.
-// With programmatic dependent launch the kernels that read the images may load them before waiting for their
-// predecessor (grid_dep_sync), so at least one other kernel must be launched between this and conv2_forward_tf32.
+// The weight image the input-gradient kernel reads; call after every change of conv2.weight, before that kernel
+// (which loads it before waiting for its predecessor: at least one other kernel must be launched in between).
 static void conv2_weights_tf32(const float* w2) {
-    launch_pdl(conv2_weights_tf32_kernel, ceil_div(C2 * KC2, 256), 256, 0, 1, g_conv2.wimg_fwd, g_conv2.wimg_dgrad, w2);
+    launch_pdl(conv2_weights_tf32_kernel, ceil_div(C2 * KC2, 256), 256, 0, 1, g_conv2.wimg_dgrad, w2);
 }
-// pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2) and its window codes (B,12,12,64);
-// act2 (B,24,24,64) itself is stored only when act2 is not null (the tests)
-static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, const float* act1, const float* b2, int B) {
+// act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
+// and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests)
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, const float* x, const float* w1,
+                               const float* b1, const float* w2, const float* b2, int B) {
     int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, act1, g_conv2.wimg_fwd, b2, pooled, codes, B);
+    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, x, w1, b1, act1, w2, b2, pooled, codes, B);
 }
 // dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
 // when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
@@ -1798,42 +1843,6 @@ static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const fl
     SplitsJob j;
     j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
     return j;
-}
-// act1 (B,26,26,32) = ReLU(conv1(x) + b1): the 43264 x 32 x 9 GEMM with K = 9 held in registers (strict fp32
-// FMAs, k in order); a thread makes 8 channels of one pixel: 4q..4q+3 and 16+4q..16+4q+3 (q = idx % 4), so that each
-// of a warp's two 16-byte stores writes whole 32-byte sectors (8 pixels x 64 contiguous bytes; with channels
-// 8q..8q+7 each store covered half of every sector it touched).
-// conv1's parameters are loaded before grid_dep_sync: the previous step's last kernel (the optimizer step in the
-// split reduction) wrote them, two launches back (the gather runs in between); x comes from the gather and waits.
-__global__ void conv1_forward_kernel(float* act1, const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, int B) {
-    TRACE_SCOPE(1);
-    __shared__ float ws[9][C1], bs[C1];
-    for (int i = threadIdx.x; i < 9 * C1; i += blockDim.x) ws[i % 9][i / 9] = w1[i];
-    if (threadIdx.x < C1) bs[threadIdx.x] = b1[threadIdx.x];
-    grid_dep_sync();
-    __syncthreads();
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // (pixel, group of 8 channels)
-    if (idx >= B * H1 * H1 * (C1 / 8)) return;
-    int c0 = (idx % (C1 / 8)) * 4, p = idx / (C1 / 8), b = p / (H1 * H1), y = (p / H1) % H1, xx = p % H1;
-    float xv[9];
-#pragma unroll
-    for (int k = 0; k < 9; k++) xv[k] = __ldg(x + ((size_t)b * IMG + y + k / 3) * IMG + xx + k % 3);
-    float o[8];
-#pragma unroll
-    for (int c = 0; c < 8; c++) {
-        const int ch = c0 + (c & 3) + (c >> 2) * (C1 / 2);
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 9; k++) s = fmaf(xv[k], ws[k][ch], s);
-        o[c] = fmaxf(s + bs[ch], 0.0f);
-    }
-    float* dst = act1 + (size_t)p * C1 + c0;
-    *(float4*)dst = make_float4(o[0], o[1], o[2], o[3]);
-    *(float4*)(dst + C1 / 2) = make_float4(o[4], o[5], o[6], o[7]);
-}
-static void conv1_forward_direct(float* act1, const float* x, const float* w1, const float* b1, int B) {
-    int n = B * H1 * H1 * (C1 / 8);
-    launch_pdl(conv1_forward_kernel, ceil_div(n, 256), 256, 0, 1, act1, x, w1, b1, B);
 }
 // dw2 (64, 3,3,32 internal) and db2 (64) from dact2 (from dpooled and the window codes) and act1, and the split
 // reduction `dgrad` that conv2_dgrad_tf32 returned. Launch it right after conv2_dgrad_tf32, with dpooled, codes and
@@ -1853,17 +1862,17 @@ static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const
 
 // ----------------------------------------------------------------------------------------------------------------
 // the other kernels of a step (each with a CPU twin below)
-// The blocks past B*784/256 make conv2's weight images instead when w2 is given (one launch less per step).
+// The blocks past B*784/256 make the input gradient's image of conv2.weight instead when w2 is given (one launch
+// less per step).
 __global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
-                                    const int* counters, int offset_const, int B, const float* w2, float* wimg_fwd,
-                                    float* wimg_dgrad) {
+                                    const int* counters, int offset_const, int B, const float* w2, float* wimg_dgrad) {
     TRACE_SCOPE(0);
     grid_dep_sync();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     const int gather_blocks = (B * IMG * IMG + blockDim.x - 1) / blockDim.x;
     if ((int)blockIdx.x >= gather_blocks) {
         int w = (blockIdx.x - gather_blocks) * blockDim.x + threadIdx.x;
-        if (w2 && w < C2 * KC2) conv2_weights_image(w, wimg_fwd, wimg_dgrad, w2);
+        if (w2 && w < C2 * KC2) conv2_weights_image(w, wimg_dgrad, w2);
         return;
     }
     if (idx >= B * IMG * IMG) return;
@@ -1950,7 +1959,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
                             const float* __restrict__ hpart, const float* __restrict__ bf1,
                             const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
                             int offset_const, int B) {
-    TRACE_SCOPE(4);
+    TRACE_SCOPE(3);
     static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
     __shared__ __align__(16) float ws[NCLS * FC_H];
     __shared__ float bs[NCLS];
@@ -2062,7 +2071,7 @@ constexpr size_t FC1F_SMEM = (size_t)(64 + FC_H) * FC1F_LD * sizeof(float);
 static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
 static_assert(64 * FC1F_RLD <= (64 + FC_H) * FC1F_LD && 64 / FC1F_CLUSTER * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
 __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
-    TRACE_SCOPE(3);
+    TRACE_SCOPE(2);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
@@ -2152,7 +2161,7 @@ struct Fc1BackwardArgs {
     int update, B;
 };
 __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a) {
-    TRACE_SCOPE(5);
+    TRACE_SCOPE(4);
     const int tid = threadIdx.x, B = a.B;
     if (blockIdx.x >= FC1B_BLOCKS) {
         grid_dep_sync();
@@ -2416,12 +2425,11 @@ static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKE
 
 // forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
 // h, the rest comes from mnist_loss's head
-// (conv2_images_ready: the gather of this step made conv2's weight images already)
+// (conv2_images_ready: the gather of this step made the input gradient's image of conv2.weight already)
 static void mnist_forward(Mnist* m, int B, bool conv2_images_ready = false) {
-    if (conv2_fast(m)) {  // conv1 direct, conv2 with the pooling (and its window codes) in its epilogue, act2 not stored
+    if (conv2_fast(m)) {  // conv1 inside conv2's kernel, the pooling (and its window codes) in its epilogue, act2 not stored
         if (!conv2_images_ready) conv2_weights_tf32(P(m, P_W2));
-        conv1_forward_direct(m->act1, m->x, P(m, P_W1), P(m, P_B1), B);
-        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, P(m, P_B2), B);
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->x, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
         if (g_fc1_cluster) {
             launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
                        m->pooled, P(m, P_WF1), B);
@@ -2555,7 +2563,7 @@ static void mnist_set_counters(Mnist* m, int step, int offset) {
 }
 
 // Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y; with conv2_images
-// (fast path) the same launch makes conv2's weight images (then mnist_forward(..., true)).
+// (fast path) the same launch makes the input gradient's image of conv2.weight (then mnist_forward(..., true)).
 struct DeviceData { uint8_t* images = nullptr; uint8_t* labels = nullptr; int n = 0; };
 static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B,
                          bool conv2_images = false) {
@@ -2570,7 +2578,7 @@ static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const i
     }
     int blocks = ceil_div(B * IMG * IMG, 256) + (conv2_images ? ceil_div(C2 * KC2, 256) : 0);
     launch_pdl(gather_batch_kernel, blocks, 256, 0, 1, m->x, m->y, d.images, d.labels, perm, counters, offset, B,
-               conv2_images ? (const float*)P(m, P_W2) : nullptr, g_conv2.wimg_fwd, g_conv2.wimg_dgrad);
+               conv2_images ? (const float*)P(m, P_W2) : nullptr, g_conv2.wimg_dgrad);
 }
 // One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
 static void mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {

@@ -18,8 +18,9 @@ Build: make -C dev trace_mnist        Run (repo root): ./dev/trace_mnist [--batc
 #define MNIST_TRACE
 #include "../train_mnist.cu"
 
-static const char* TRACE_NAMES[TRACE_KERNELS] = {"gather", "conv1", "conv2 forward", "fc1 forward", "head",
-                                                 "fc1 backward", "conv2 input grad", "conv2 weight grad"};
+// the fast path's kernels in launch order (their TRACE_SCOPE ids)
+static const char* TRACE_NAMES[TRACE_KERNELS] = {"gather", "conv1+conv2 fwd", "fc1 forward", "head", "fc1 backward",
+                                                 "conv2 input grad", "conv2 weight grad"};
 
 // One replay's last step, per kernel (times in ns from the step's first gather warp; -1: nothing recorded)
 struct KernelSpan {
