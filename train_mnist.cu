@@ -2684,6 +2684,18 @@ static DeviceData upload_split(const MnistSplit& s, bool cpu) {
 // CUDA graphs of training steps: GRAPH_STEPS full batches in one (fewer graph launches, and the steps' kernels
 // overlap across step boundaries too), one full batch, and the last partial batch of an epoch
 constexpr int GRAPH_STEPS = 16;
+// nsteps training steps of batch B captured in one graph, instantiated and uploaded
+static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < nsteps; i++) mnist_train_step(m, d, perm, losses, B);
+    cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
+    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
+    cudaCheck(cudaGraphUpload(ge, g_mm.stream));
+    cudaCheck(cudaGraphDestroy(g));
+    return ge;
+}
 
 #ifndef TESTING
 // ----------------------------------------------------------------------------------------------------------------
@@ -2910,16 +2922,7 @@ int main(int argc, char** argv) {
 
     int n_full = train.n / B, tail = train.n % B;
     cudaGraphExec_t graph_multi = nullptr, graph_full = nullptr, graph_tail = nullptr;
-    auto capture = [&](int bs, int nsteps) {
-        cudaGraph_t g; cudaGraphExec_t ge;
-        cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < nsteps; i++) mnist_train_step(&model, dtrain, perm_dev, losses, bs);
-        cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
-        cudaCheck(cudaGraphInstantiate(&ge, g, 0));
-        cudaCheck(cudaGraphUpload(ge, g_mm.stream));
-        cudaCheck(cudaGraphDestroy(g));
-        return ge;
-    };
+    auto capture = [&](int bs, int nsteps) { return capture_train_steps(&model, dtrain, perm_dev, losses, bs, nsteps); };
     if (!cpu && a.cuda_graph) {
         if (n_full >= GRAPH_STEPS) graph_multi = capture(B, GRAPH_STEPS);
         graph_full = capture(B, 1);

@@ -119,12 +119,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMemcpy(perm_dev, perm.data(), train.n * 4, cudaMemcpyHostToDevice));
     mnist_set_counters(&m, 0, 0);
 
-    cudaGraph_t g; cudaGraphExec_t ge;
-    cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < GRAPH_STEPS; i++) mnist_train_step(&m, d, perm_dev, losses, B);
-    cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
-    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
-    cudaCheck(cudaGraphUpload(ge, g_mm.stream));
+    cudaGraphExec_t ge = capture_train_steps(&m, d, perm_dev, losses, B, GRAPH_STEPS);
     void* trace_ptr;
     cudaCheck(cudaGetSymbolAddress(&trace_ptr, g_trace));
     std::vector<unsigned long long> buf((size_t)TRACE_KERNELS * TRACE_BLOCKS * TRACE_WARPS * 3);
