@@ -891,19 +891,48 @@ __host__ __device__ inline OptStep opt_step(const OptConfig& c, int step) {
 // moment updates are written as explicit FMAs: a * b + c * d leaves the compiler a choice of which product to fuse,
 // and fc1_backward_kernel's fused update must give optimizer_kernel's result to the bit (the SGD lines have one
 // contraction each).
+// The optimizer's arithmetic with every rounding written out: on the GPU __fmul_rn, __fadd_rn and __fsub_rn, which
+// the compiler never contracts into an FMA, and fmaf where an FMA is meant. So every kernel that inlines these
+// computes the same bits for the same inputs (with nvcc's default contraction, the copies inlined into
+// optimizer_kernel and fc1_backward_kernel differed by an ulp in ~6% of the elements, and which ones moved with any
+// change of the surrounding code). The CPU path computes the same operations (no contraction on the host build).
+__host__ __device__ inline float opt_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+__host__ __device__ inline float opt_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+__host__ __device__ inline float opt_sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+__host__ __device__ inline void sgd_update_elem(const OptConfig& c, const OptStep& s, float* p, float g, float* m) {
+    g = opt_add(g, opt_mul(c.weight_decay, *p));
+    float buf = opt_add(opt_mul(c.momentum, *m), g);  // first step: m = 0, so buf = g, as PyTorch's clone
+    *m = buf;
+    *p = opt_sub(*p, opt_mul(s.lr, buf));
+}
 __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptStep& s, float* p, float g, float* m, float* v) {
     if (c.optimizer == OPT_SGD) {
-        g += c.weight_decay * *p;
-        float buf = c.momentum * *m + g;  // first step: m = 0, so buf = g, as PyTorch's clone
-        *m = buf;
-        *p -= s.lr * buf;
+        sgd_update_elem(c, s, p, g, m);
     } else {
-        *p *= 1.0f - s.lr * c.weight_decay;
-        float mm = fmaf(c.beta1, *m, (1.0f - c.beta1) * g);
-        float vv = fmaf(c.beta2, *v, (1.0f - c.beta2) * g * g);
+        *p = opt_mul(*p, opt_sub(1.0f, opt_mul(s.lr, c.weight_decay)));
+        float mm = fmaf(c.beta1, *m, opt_mul(opt_sub(1.0f, c.beta1), g));
+        float vv = fmaf(c.beta2, *v, opt_mul(opt_mul(opt_sub(1.0f, c.beta2), g), g));
         *m = mm; *v = vv;
-        float denom = sqrtf(vv) / sqrtf(s.bc2) + c.eps;
-        *p -= (s.lr / s.bc1) * mm / denom;
+        float denom = opt_add(sqrtf(vv) / sqrtf(s.bc2), c.eps);
+        *p = opt_sub(*p, opt_mul(s.lr / s.bc1, mm) / denom);
     }
 }
 // ----------------------------------------------------------------------------------------------------------------
@@ -2268,6 +2297,27 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
     }
     const OptStep st = opt_step(a.opt, a.counters[0]);
     const bool adamw = a.opt.optimizer == OPT_ADAMW;
+    if (a.opt.optimizer == OPT_SGD) {  // all 8 chunks' loads in one round (16 in flight per thread), SGD code only
+        float4 p[NG], m[NG];
+#pragma unroll
+        for (int i = 0; i < NG; i++) {
+            int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
+            p[i] = *(const float4*)(a.wf1 + gi); m[i] = *(const float4*)(a.m1 + gi);
+        }
+#pragma unroll
+        for (int i = 0; i < NG; i++) {
+            int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+            float4 gr = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
+            sgd_update_elem(a.opt, st, &p[i].x, gr.x, &m[i].x);
+            sgd_update_elem(a.opt, st, &p[i].y, gr.y, &m[i].y);
+            sgd_update_elem(a.opt, st, &p[i].z, gr.z, &m[i].z);
+            sgd_update_elem(a.opt, st, &p[i].w, gr.w, &m[i].w);
+            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
+            *(float4*)(a.wf1 + gi) = p[i]; *(float4*)(a.m1 + gi) = m[i];
+        }
+        return;
+    }
 #pragma unroll 1
     for (int i0 = 0; i0 < NG; i0 += 4) {
         float4 p[4], m[4], v[4];
