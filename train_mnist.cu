@@ -5,11 +5,12 @@ connected layers, forward and backward) runs on our own kernels; `--matmul cubla
 Two paths of ours:
   - the default fast path (GPU, --matmul ours, --tf32 1): conv2's forward, input and weight gradient on specialised
     TF32 mma kernels (weights and input patch in shared memory, persistent bands), conv1 forward (direct fp32) made
-    inside conv2's forward kernel, fc1 on specialised TF32 kernels (split-K forward with a cluster reduction; one backward kernel for its
-    input and weight gradient with the optimizer step of fc1.weight), fc2 in a fused head (fc2 + log-softmax/NLL +
-    fc2's input gradient); max-pool (with window codes instead of act2 and dact2), its backward and conv1's weight
-    gradient fused into neighbouring kernels; the optimizer step of the other parameters in the last gradient
-    reduction; programmatic dependent launch between the 7 kernels of a step (dev/mnist_NOTES.md).
+    inside conv2's forward kernel, fc1 on specialised TF32 kernels (split-K forward with a cluster reduction; one
+    backward kernel for its input and weight gradient with the optimizer step of fc1.weight), fc2 in a fused head
+    (fc2 + log-softmax/NLL + fc2's input gradient); max-pool (with window codes instead of act2 and dact2), its
+    backward and conv1's weight gradient fused into neighbouring kernels; the optimizer step of the other parameters
+    in the last gradient reduction; programmatic dependent launch between the 7 kernels of a step
+    (dev/mnist_NOTES.md).
   - the generic path (--tf32 0, what the PyTorch fp32 tests compare): every product on the generic tiled kernel.
 
 Network (the write-up's): conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max-pool 2, fc 9216->128, ReLU, fc 128->10,
@@ -343,15 +344,6 @@ static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, i
     return s;
 }
 
-// ----------------------------------------------------------------------------------------------------------------
-// Programmatic dependent launch (sm_90+). The fast path's kernels are launched with it (launch_pdl below): kernel N+1
-// of the stream may then be scheduled while kernel N still runs, and its launch latency and prologue overlap N's
-// tail. Every such kernel calls grid_dep_sync() before it touches memory that an earlier kernel wrote or reads:
-// griddepcontrol.wait returns once the previous grid has completed and its writes are visible; then
-// launch_dependents lets the next kernel be scheduled. Because each kernel waits before it releases its successor,
-// a kernel that starts knows the kernel two launches back is complete: a prologue before grid_dep_sync() may read
-// what that one (and anything earlier) wrote, never what the immediately preceding kernel writes (the conv2 kernels
-// load their weight images there). Elsewhere (sm_80, or launches without the attribute) both are no-ops.
 // Timeline tracing, only for dev/trace_mnist.cu (built with -DMNIST_TRACE; the trainer's build has none of it): lane 0
 // of every warp of each fast-path kernel stores %globaltimer when the warp starts (TRACE_SCOPE at the kernel's top),
 // when its grid_dep_sync returns and when it leaves the kernel (the scope's destructor, also on an early return).
@@ -381,6 +373,17 @@ struct TraceScope {
 #define TRACE_SCOPE(k)
 #endif
 
+// ----------------------------------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+). The fast path's kernels are launched with it (launch_pdl below): kernel N+1
+// of the stream may then be scheduled while kernel N still runs, and its launch latency and prologue overlap N's
+// tail. Every such kernel calls grid_dep_sync() before it touches memory that an earlier kernel wrote or reads:
+// griddepcontrol.wait returns once the previous grid has completed and its writes are visible; then
+// launch_dependents lets the next kernel be scheduled. Because each kernel waits before it releases its successor,
+// a kernel that starts knows the kernel two launches back is complete: a prologue before grid_dep_sync() may read
+// what that one (and anything earlier) wrote, never what the immediately preceding kernel writes (the conv2 kernels
+// load their weights there). griddepcontrol.wait waits for every earlier grid still in flight, not only the one in
+// front (dev/trace_mnist measured it), so a kernel cannot overlap the ones after it unless none of them waits.
+// Elsewhere (sm_80, or launches without the attribute) both are no-ops.
 __device__ __forceinline__ void grid_dep_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -887,15 +890,13 @@ __host__ __device__ inline OptStep opt_step(const OptConfig& c, int step) {
     s.bc2 = 1.0f - powf(c.beta2, (float)(step + 1));
     return s;
 }
-// As torch.optim.SGD (momentum, dampening 0, weight decay added to the gradient) and torch.optim.AdamW. AdamW's two
-// moment updates are written as explicit FMAs: a * b + c * d leaves the compiler a choice of which product to fuse,
-// and fc1_backward_kernel's fused update must give optimizer_kernel's result to the bit (the SGD lines have one
-// contraction each).
-// The optimizer's arithmetic with every rounding written out: on the GPU __fmul_rn, __fadd_rn and __fsub_rn, which
-// the compiler never contracts into an FMA, and fmaf where an FMA is meant. So every kernel that inlines these
-// computes the same bits for the same inputs (with nvcc's default contraction, the copies inlined into
-// optimizer_kernel and fc1_backward_kernel differed by an ulp in ~6% of the elements, and which ones moved with any
-// change of the surrounding code). The CPU path computes the same operations (no contraction on the host build).
+// As torch.optim.SGD (momentum, dampening 0, weight decay added to the gradient) and torch.optim.AdamW, with every
+// rounding written out: on the GPU __fmul_rn, __fadd_rn and __fsub_rn, which the compiler never contracts into an
+// FMA, and fmaf where an FMA is meant. So every kernel that inlines these computes the same bits for the same inputs,
+// which the fused updates (fc1_backward_kernel, the weight-gradient kernel's reduction) must, to match
+// optimizer_kernel (with nvcc's default contraction the copies differed by an ulp in ~6% of the elements, and which
+// ones moved with any change of the surrounding code). The CPU path runs the same operations (the default x86-64
+// host build has no FMA instruction to contract them into).
 __host__ __device__ inline float opt_mul(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fmul_rn(a, b);
@@ -1049,8 +1050,8 @@ __device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1
 // conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
 // then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
 // HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself is
-// stored only when not null (the tests). act1 is made here, in shared memory, from the band's HIN + 2... rows of x
-// (HIN = 26 act1 rows need 28 x rows; a band of R output rows needs R + 2 act1 rows and R + 4 x rows), and stored to
+// stored only when not null (the tests). act1 is made here, in shared memory, from the band's rows of x (a band of
+// R output rows needs R + 2 act1 rows, made from R + 4 rows of x), and stored to
 // global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
 // the others rows y0 + 1..y0 + R, the last up to HIN - 1).
 //   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it.
@@ -2274,7 +2275,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
     }
     // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so that
     // it leaves in rows of 16-byte chunks: stored, or the optimizer step applied to this slice of fc1.weight (p from
-    // global memory: the shared copy is rounded), loads of 4 chunks issued before their updates and stores
+    // global memory: the shared copy is rounded); SGD issues all 8 chunks' loads at once, AdamW (three buffers) 4
     __syncthreads();
     float* Gs = smem;
 #pragma unroll
