@@ -92,6 +92,8 @@ constexpr int KC2 = 9 * C1;           // conv2 GEMM K: 3x3 x 32 channels = 288
 constexpr int FC_IN = HP * HP * C2;   // 9216
 constexpr int FC_H = 128, NCLS = 10;
 constexpr float MNIST_MEAN = 0.1307f, MNIST_STD = 0.3081f;
+// as torchvision: ToTensor (p / 255) then Normalize ((x - mean) / std), in fp32 (every path computes x this way)
+__host__ __device__ __forceinline__ float mnist_normalize(uint8_t v) { return ((float)v / 255.0f - MNIST_MEAN) / MNIST_STD; }
 
 struct ParamInfo { const char* name; int ndim; int shape[4]; size_t numel; size_t offset; };
 // PyTorch state_dict names and layouts; all parameters live in one flat buffer in this order.
@@ -346,10 +348,12 @@ static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, i
 
 // Timeline tracing, only for dev/trace_mnist.cu (built with -DMNIST_TRACE; the trainer's build has none of it): lane 0
 // of every warp of each fast-path kernel stores %globaltimer when the warp starts (TRACE_SCOPE at the kernel's top),
-// when its grid_dep_sync returns and when it leaves the kernel (the scope's destructor, also on an early return).
+// when its grid_dep_sync returns and when it leaves the kernel (the scope's destructor, also on an early return), and
+// at the kernel's phase boundaries (TRACE_MARK(i), i < TRACE_MARKS; the trace tool names them).
 #ifdef MNIST_TRACE
-constexpr int TRACE_KERNELS = 7, TRACE_BLOCKS = 1024, TRACE_WARPS = 32;
+constexpr int TRACE_KERNELS = 6, TRACE_BLOCKS = 1024, TRACE_WARPS = 32, TRACE_MARKS = 6;
 __device__ unsigned long long g_trace[TRACE_KERNELS][TRACE_BLOCKS][TRACE_WARPS][3];
+__device__ unsigned long long g_trace_mark[TRACE_KERNELS][TRACE_BLOCKS][TRACE_WARPS][TRACE_MARKS];
 __device__ __forceinline__ unsigned long long trace_now() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -369,8 +373,15 @@ struct TraceScope {
     __device__ ~TraceScope() { if (slot) slot[2] = trace_now(); }
 };
 #define TRACE_SCOPE(k) TraceScope trace_scope_(k)
+__device__ __forceinline__ void trace_mark(int i) {
+    const int blk = blockIdx.x + blockIdx.y * gridDim.x, warp = threadIdx.x / 32, k = trace_kernel_id();
+    if (threadIdx.x % 32 == 0 && k >= 0 && k < TRACE_KERNELS && blk < TRACE_BLOCKS && warp < TRACE_WARPS)
+        g_trace_mark[k][blk][warp][i] = trace_now();
+}
+#define TRACE_MARK(i) trace_mark(i)
 #else
 #define TRACE_SCOPE(k)
+#define TRACE_MARK(i)
 #endif
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1047,6 +1058,21 @@ __device__ __forceinline__ int band_ldsm_a_k(int lane) { return (lane >> 4) * 4;
 __device__ __forceinline__ int band_ldsm_b_n(int lane) { return (lane & 7) + (lane >> 4) * 8; }
 __device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1) * 4; }
 
+// Where conv2's forward kernel takes the network's input from: x (B,28,28), normalized, written by an earlier kernel;
+// or (images not null: the training step, no gather kernel) the dataset's bytes, sample perm[pos + b] (pos + b without
+// perm) with pos = counters[1] (offset when counters is null), normalized by mnist_normalize; x_out and y_out then get
+// the batch's x (conv1's weight gradient reads it) and labels. Those reads run before grid_dep_sync: the dataset and
+// the permutation change only between epochs, and counters[1] was advanced by the previous step's
+// fc1_backward_kernel, three launches back.
+struct ConvInput {
+    const float* x = nullptr;
+    const uint8_t *images = nullptr, *labels = nullptr;
+    const int *perm = nullptr, *counters = nullptr;
+    int offset = 0;
+    float* x_out = nullptr;
+    int* y_out = nullptr;
+};
+
 // conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
 // then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
 // HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself is
@@ -1054,59 +1080,70 @@ __device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1
 // R output rows needs R + 2 act1 rows, made from R + 4 rows of x), and stored to
 // global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
 // the others rows y0 + 1..y0 + R, the last up to HIN - 1).
-//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it.
+//   in: the input x, or the dataset to gather it from (ConvInput).
+//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it, and
+//   writes the input gradient's image of it to wimg_dgrad, a share per block: [8 - tap][ci][co (+4 pad)] (flipped,
+//   transposed, rounded to TF32; the pads are never read, zeroed once at allocation).
 // Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
 // rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*HIN][CIN+4] (the
-// band's act1, rounded to TF32 as it is written), two Xs[R+4][IMG] (the next band's x rows come by cp.async while
-// this band is computed) and conv1's weights. Fragments by ldmatrix (band_ldsm_x4).
-// conv1's parameters are loaded before grid_dep_sync (the previous step's weight-gradient kernel wrote them, two
-// launches back: the gather runs in between); x comes from the gather and waits.
+// band's act1, rounded to TF32 as it is written), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into
+// registers while this band is computed) and conv1's weights. Fragments by ldmatrix (band_ldsm_x4).
+// Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
+// after grid_dep_sync, conv2.weight by cp.async while conv1 is computed. Gathered input is loaded before it.
 template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
-conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
+conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
                        float* act1, const float* __restrict__ w, const float* __restrict__ bias, float* pooled,
-                       uint8_t* pool_codes, int B) {
-    TRACE_SCOPE(1);
+                       uint8_t* pool_codes, float* wimg_dgrad, int B) {
+    TRACE_SCOPE(0);
     constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, XR = R + 4, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
     constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
+    constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;                   // conv2.weight's 16-byte chunks
     static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT && NI % 2 == 0, "the warp tiles must cover a band exactly in n, at least in m");
     static_assert(CS % 32 == 4 && CIN % 8 == 0, "pixel stride 4 mod 32 banks: a fragment's 8 rows x 4 k on 32 banks");
     static_assert(HOUT % 8 == 0, "no 8-row ldmatrix group straddles an output row (conflict-free)");
     static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
     static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
+    static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
     float* Ps = smem + 9 * COUT * CS;
-    float* Xs = Ps + PR * WP * CS;          // [2][XR][IMG]
-    float* W1s = Xs + 2 * XR * IMG;         // [9][C1]: conv1's weights by tap, channels contiguous
+    float* Xs = Ps + PR * WP * CS;          // [XR][IMG]
+    float* W1s = Xs + XR * IMG;             // [9][C1]: conv1's weights by tap, channels contiguous
     float* B1s = W1s + 9 * C1;              // [C1]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
+    const bool gather = in.images != nullptr;
 
-    // weights, once per block, before grid_dep_sync (conv2's and conv1's: the optimizer step that wrote them ran at
-    // least two launches earlier, see grid_dep_sync): conv2.weight [co][tap][ci] (16-byte chunks, L2: no stale L1 line)
-    // rounded to TF32 into Ws[tap][co][ci]
-    {
-        constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;
-        static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
-        float4 v[NW];
-#pragma unroll
-        for (int i = 0; i < NW; i++) v[i] = __ldcg((const float4*)w + tid + i * NT);
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            *(float4*)(Ws + (tap * COUT + co) * CS + 4 * c4) = tf32_round4(v[i]);
-        }
+    // chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3, and (gather) its label; s = the band's sample
+    const int pos0 = gather ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
+    auto sample_of = [&](int band) { const int p = pos0 + band / NBAND; return in.perm ? __ldcg(in.perm + p) : p; };
+    auto load_x = [&](int band, int s) {
+        const int b = band / NBAND, y0 = (band % NBAND) * R;
+        if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
+        if (!gather) return __ldcg((const float4*)(in.x + ((size_t)b * IMG + y0) * IMG) + tid);
+        const uchar4 u = __ldg((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG) + tid);
+        return make_float4(mnist_normalize(u.x), mnist_normalize(u.y), mnist_normalize(u.z), mnist_normalize(u.w));
+    };
+    const bool any = (int)blockIdx.x < B * NBAND;
+    int s_cur = 0, label = 0;
+    float4 xin = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (gather && any) {
+        s_cur = sample_of(blockIdx.x);
+        xin = load_x(blockIdx.x, s_cur);
+        if (tid == 0) label = __ldg(in.labels + s_cur);
     }
+    grid_dep_sync();
+    // conv2.weight [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2), rounded in place after conv1
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+        cp_async16(Ws + (tap * COUT + co) * CS + 4 * c4, w + 4 * ch);
+    }
+    cp_async_commit();
     for (int i = tid; i < 9 * C1; i += NT) W1s[(i % 9) * C1 + i / 9] = __ldcg(w1 + i);  // L2: no stale L1 line
     if (tid < C1) B1s[tid] = __ldcg(b1 + tid);
-    grid_dep_sync();
-    auto issue_x = [&](int band, float* dst) {  // x rows y0 .. y0 + R + 3 of the band's image, 16-byte chunks
-        const int b = band / NBAND, y0 = (band % NBAND) * R;
-        if (tid < XCH) cp_async16(dst + 4 * tid, x + ((size_t)b * IMG + y0) * IMG + 4 * tid);
-    };
-    if (blockIdx.x < B * NBAND) issue_x(blockIdx.x, Xs);
-    cp_async_commit();
+    if (!gather && any) xin = load_x(blockIdx.x, 0);
     // this lane's ldmatrix row of each m16 tile (offset in the patch, floats) and of the B pairs
     int aoff[MI];
 #pragma unroll
@@ -1122,12 +1159,20 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __r
 
     for (int band = blockIdx.x, it = 0; band < B * NBAND; band += gridDim.x, it++) {
         const int b = band / NBAND, yb = band % NBAND, y0 = yb * R;
-        const float* X = Xs + (it & 1) * XR * IMG;  // this band's x rows
-        // the x buffers alternate; the next band's was last read by the previous band (barrier after its conv1)
-        if (band + (int)gridDim.x < B * NBAND) issue_x(band + gridDim.x, Xs + ((it + 1) & 1) * XR * IMG);
-        cp_async_commit();
-        cp_async_wait<1>();  // everything but the group just committed: this band's x rows
-        __syncthreads();     // every thread's chunks have landed; Ps is free (the previous band's barrier)
+        // this band's x rows into Xs (the previous band's conv1 is done: the barrier after it); gathered: the x rows
+        // this band owns (the first band of an image rows 0..R+1, the others from y0 + 2, the last up to IMG - 1) and
+        // the label go to x_out, y_out
+        if (tid < XCH) {
+            *(float4*)(Xs + 4 * tid) = xin;
+            const int r = 4 * tid / IMG;
+            if (gather && in.x_out && r >= (yb == 0 ? 0 : 2) && r < (yb == NBAND - 1 ? XR : R + 2))
+                *(float4*)(in.x_out + ((size_t)b * IMG + y0) * IMG + 4 * tid) = xin;
+            if (gather && in.y_out && yb == 0 && tid == 0) in.y_out[b] = label;
+        }
+        const int next = band + (int)gridDim.x;
+        const int s_next = gather && next < B * NBAND ? sample_of(next) : 0;  // its rows are loaded after conv1
+        __syncthreads();     // Xs, W1s, B1s are written; Ps is free (the previous band's barrier)
+        TRACE_MARK(0);
         // conv1 of act1 rows y0 .. y0 + R + 1 into Ps (rounded to TF32); the rows this band owns go to act1 unrounded
         const int own_lo = yb == 0 ? 0 : 1, own_hi = yb == NBAND - 1 ? PR : PR - 1;  // patch rows [lo, hi)
 #pragma unroll
@@ -1137,7 +1182,7 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __r
             const int r = pix / HIN, cx = pix % HIN;
             float xv[9];
 #pragma unroll
-            for (int k = 0; k < 9; k++) xv[k] = X[(r + k / 3) * IMG + cx + k % 3];
+            for (int k = 0; k < 9; k++) xv[k] = Xs[(r + k / 3) * IMG + cx + k % 3];
             float o[8];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -1162,7 +1207,27 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __r
                 *(float4*)(dst + C1 / 2) = hi4;
             }
         }
+        TRACE_MARK(4);
+        if (it == 0) {  // conv2's weights have landed: each thread rounds the chunks it copied
+            cp_async_wait<0>();
+#pragma unroll
+            for (int i = 0; i < NW; i++) {
+                const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+                float4* p = (float4*)(Ws + (tap * COUT + co) * CS + 4 * c4);
+                *p = tf32_round4(*p);
+            }
+        }
         __syncthreads();
+        TRACE_MARK(1);
+        if (it == 0 && wimg_dgrad)  // this block's share of the input gradient's weight image
+            for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
+                const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
+                wimg_dgrad[((8 - tap) * CIN + ci) * (COUT + 4) + co] = Ws[(tap * COUT + co) * CS + ci];
+            }
+        if (next < B * NBAND) {  // the next band's x rows, in flight during this band's products
+            xin = load_x(next, s_next);
+            if (gather && tid == 0) label = __ldg(in.labels + s_next);
+        }
         float acc[MI][NI][4];
         acc_zero(acc);
 #pragma unroll 1
@@ -1181,6 +1246,7 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __r
                     for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
             }
         }
+        TRACE_MARK(2);
         // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
@@ -1226,6 +1292,7 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __r
                 }
             }
         }
+        TRACE_MARK(3);
         __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
     }
 }
@@ -1234,7 +1301,7 @@ conv2_band_tf32_kernel(float* out, const float* __restrict__ x, const float* __r
 // single round (H100, before conv1 was fused in: 14.0 us; R = 4 with 8 warps of 48 x 16, 2.9 rounds: 16.6 us).
 #define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12, 6, 2, 3, 4>
 constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12;
-constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + 2 * (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
+constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 
 // conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c] where
@@ -1260,12 +1327,12 @@ static_assert(DG_WARPS * DG_MI * 16 >= DG_CH && DG_CH % 4 == 0, "the warp tiles 
 static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_PROWS && DG_CH < H1 * H1, "a chunk's stacked patch rows (at most one image boundary)");
 static_assert(DG_CS % 32 == 4 && DG_RS % 32 == 8 && DG_RS % 4 == 0 && DG_WP == IMG, "conflict-free, 16-byte aligned rows");
 constexpr size_t CONV2_DGRAD_SMEM = (DG_WS + DG_PROWS * DG_RS + DG_PROWS * IMG) * sizeof(float);
-static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_THREADS * DG_NI * 20 <= DG_WS + DG_PROWS * DG_RS, "shared memory");
+static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_THREADS * DG_NI * 20 + 4 * C1 * 10 <= DG_WS + DG_PROWS * DG_RS, "shared memory");
 __global__ void __launch_bounds__(DG_THREADS, 1)
 conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
                         float* w1_partial, int B) {
-    TRACE_SCOPE(5);
+    TRACE_SCOPE(4);
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
     float* Ps = smem + DG_WS;
@@ -1275,6 +1342,30 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
     // weights, once per block, before grid_dep_sync (the image is made at least two launches earlier)
     for (int i = tid; i < DG_WS / 4; i += DG_THREADS) cp_async16(Ws + 4 * i, w + 4 * i);
     cp_async_commit();
+    // a chunk's patch rows: stacked padded rows s_lo .. s_lo + nrows - 1 (rows beyond are never read)
+    auto chunk_rows = [&](int chunk, int& s_lo, int& nrows) {
+        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), ql = q0 + npix - 1;
+        s_lo = (q0 / (H1 * H1)) * IMG + (q0 % (H1 * H1)) / H1;  // stacked row of the first output row
+        nrows = (ql / (H1 * H1)) * IMG + (ql % (H1 * H1)) / H1 + 3 - s_lo;
+    };
+    // what a chunk needs of nothing the kernel in front writes: the patch's zero padding (a warp per patch row, the
+    // whole row where it is a padding row, else its 2 + 2 padding pixels) and the image rows under conv1's windows
+    // (x, written at least three launches earlier); the first chunk's before grid_dep_sync
+    auto prepare = [&](int chunk) {
+        int s_lo, nrows;
+        chunk_rows(chunk, s_lo, nrows);
+        for (int r = warp; r < nrows; r += DG_WARPS) {
+            const int py = (s_lo + r) % IMG;
+            const bool pad_row = py < 2 || py >= H2 + 2;
+            for (int i = lane; i < (pad_row ? DG_WP : 4) * (C2 / 4); i += 32) {
+                int px = i / (C2 / 4), c4 = i % (C2 / 4);
+                if (!pad_row) px = px < 2 ? px : px + H2;  // 0, 1, 26, 27
+                *(float4*)(Ps + r * DG_RS + px * DG_CS + c4 * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        for (int i = tid; i < nrows * IMG; i += DG_THREADS) Xs[i] = __ldg(ximg + (size_t)s_lo * IMG + i);
+    };
+    if ((int)blockIdx.x < nchunks) prepare(blockIdx.x);
     grid_dep_sync();
     const uint32_t bbase = band_smem_u32(Ws + band_ldsm_b_n(lane) * DG_CS + band_ldsm_b_k(lane));
     float w1acc[DG_NI][2][10];  // conv1's weight (9) and bias gradient of this thread's 8 channels
@@ -1286,26 +1377,17 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
             for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
 
     for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), ql = q0 + npix - 1;
-        const int s_lo = (q0 / (H1 * H1)) * IMG + (q0 % (H1 * H1)) / H1;  // stacked row of the first output row
-        const int nrows = (ql / (H1 * H1)) * IMG + (ql % (H1 * H1)) / H1 + 3 - s_lo;
-        __syncthreads();  // the previous chunk's reads of Ps and Xs are done
-        // the patch: stacked padded rows s_lo .. s_lo + nrows - 1 (rows beyond are never read), rounded to TF32.
-        // The zero padding first: a warp per patch row, the whole row where it is a padding row, else its 2 + 2
-        // padding pixels.
-        for (int r = warp; r < nrows; r += DG_WARPS) {
-            const int py = (s_lo + r) % IMG;
-            const bool pad_row = py < 2 || py >= H2 + 2;
-            for (int i = lane; i < (pad_row ? DG_WP : 4) * (C2 / 4); i += 32) {
-                int px = i / (C2 / 4), c4 = i % (C2 / 4);
-                if (!pad_row) px = px < 2 ? px : px + H2;  // 0, 1, 26, 27
-                *(float4*)(Ps + r * DG_RS + px * DG_CS + c4 * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0);
+        int s_lo, nrows;
+        chunk_rows(chunk, s_lo, nrows);
+        if (chunk != (int)blockIdx.x) {
+            __syncthreads();  // the previous chunk's reads of Ps and Xs are done
+            prepare(chunk);
         }
-        // Then dact2, a pooled value (and its 4 window codes) per thread and chunk of 4 channels: it is the 2x2
-        // window's dact2 at its code's position, 0 at the other three (dact2_expand). Pooled rows are counted over the
-        // stacked images (tp = b * 12 + pooled row), tp_lo .. tp_lo + ntp - 1 touch the patch (the first and last
-        // may have one of their two rows outside it).
+        // the patch, rounded to TF32: its zero padding and x are in place (prepare); then dact2, a pooled value (and
+        // its 4 window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position,
+        // 0 at the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled
+        // row), tp_lo .. tp_lo + ntp - 1 touch the patch (the first and last may have one of their two rows outside it).
         auto pooled_row = [](int s, bool last) {  // the stacked pooled row of stacked padded row s (first / last one in)
             const int b = s / IMG, py = s % IMG;
             if (py < 2) return b * HP - (last ? 1 : 0);
@@ -1336,9 +1418,9 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
                             *(float4*)(Ps + (r0 + dy) * DG_RS + (2 * pc + dx + 2) * DG_CS + c4 * 4) = tf32_round4(dact2_expand(d[u], k[u], dy, dx));
             }
         }
-        for (int i = tid; i < nrows * IMG; i += DG_THREADS) Xs[i] = __ldg(ximg + (size_t)s_lo * IMG + i);
         cp_async_wait<0>();  // the weights (first chunk)
         __syncthreads();
+        TRACE_MARK(0);
         // this lane's ldmatrix row of each of the warp's m16 tiles
         uint32_t abase[DG_MI];
 #pragma unroll
@@ -1366,6 +1448,7 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
                         mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
             }
         }
+        TRACE_MARK(1);
         // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
 #pragma unroll
         for (int mi = 0; mi < DG_MI; mi++)
@@ -1395,6 +1478,7 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
                 }
             }
     }
+    TRACE_MARK(2);
     // conv1's weight and bias gradient of this block's pixels: the 64 threads with the same t hold the same 8
     // channels; their sums are added in thread order through shared memory (all chunks are done: reuse it)
     __syncthreads();
@@ -1406,26 +1490,29 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
 #pragma unroll
             for (int k = 0; k < 10; k++) red[tid * DG_NI * 20 + (ni * 2 + jj) * 10 + k] = w1acc[ni][jj][k];
     __syncthreads();
-    for (int q = tid; q < C1 * 10; q += DG_THREADS) {
-        int c = q / 10, k = q % 10, ct = (c % 8) / 2, slot = ((c / 8) * 2 + c % 2) * 10 + k;
+    // in two stages, every thread busy: 4 groups of 16 threads' values per output (each added in thread order),
+    // then the 4 group sums in order
+    constexpr int NGRP = 4, PER = DG_THREADS / 4 / NGRP;
+    float* red2 = red + DG_THREADS * DG_NI * 20;  // [NGRP][C1 * 10]
+#pragma unroll
+    for (int u = tid; u < NGRP * C1 * 10; u += DG_THREADS) {
+        const int q = u % (C1 * 10), grp = u / (C1 * 10), c = q / 10, k = q % 10, ct = (c % 8) / 2;
+        const int slot = ((c / 8) * 2 + c % 2) * 10 + k;
         float sum = 0.0f;
-        for (int th = ct; th < DG_THREADS; th += 4) sum += red[th * DG_NI * 20 + slot];
+#pragma unroll
+        for (int i = 0; i < PER; i++) sum += red[(ct + 4 * (grp * PER + i)) * DG_NI * 20 + slot];
+        red2[grp * C1 * 10 + q] = sum;
+    }
+    __syncthreads();
+    for (int q = tid; q < C1 * 10; q += DG_THREADS) {
+        const int c = q / 10, k = q % 10;
+        float sum = red2[q];
+#pragma unroll
+        for (int grp = 1; grp < NGRP; grp++) sum += red2[grp * C1 * 10 + q];
         w1_partial[(size_t)blockIdx.x * C1 * 10 + (k < 9 ? c * 9 + k : C1 * 9 + c)] = sum;  // [32][9] then [32]
     }
 }
 
-// The input gradient's shared-memory image of conv2.weight (internal [co][tap][ci]), rounded to TF32, made once per
-// forward: [8 - tap][ci][co (+4 pad)] (flipped, transposed). The pads are never read by a fragment (zeroed once at
-// allocation). Element idx = co * 288 + tap * 32 + ci. (The forward kernel makes its own image from conv2.weight.)
-__device__ __forceinline__ void conv2_weights_image(int idx, float* wimg_dgrad, const float* w2) {
-    int co = idx / KC2, tap = (idx / C1) % 9, ci = idx % C1;
-    wimg_dgrad[((8 - tap) * C1 + ci) * (C2 + 4) + co] = tf32_round(w2[idx]);
-}
-__global__ void conv2_weights_tf32_kernel(float* wimg_dgrad, const float* w2) {
-    grid_dep_sync();
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < C2 * KC2) conv2_weights_image(idx, wimg_dgrad, w2);
-}
 // The split reductions: conv2's weight gradient over the weight-gradient blocks' partial sums and conv1's over the
 // input-gradient kernel's, both at the end of conv2_wgrad_tf32_kernel (after a grid-wide barrier). A SplitsJob is
 // one of them: dst[i] = sum_{s < splits} src[s * stride + i] for i < n (i >= n_head goes to dst_tail[i - n_head]), or,
@@ -1603,7 +1690,23 @@ __device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target)
 // The jobs the barrier does not guard (`other`, `extra`) go to the first blocks to arrive: `other` in WG_PRE_O
 // shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
 // last blocks to finish their bands (the barrier's critical path) go straight to the wait.
-constexpr int WG_PRE_O = 40, WG_PRE_X = 16;
+constexpr int WG_PRE_O = 40, WG_PRE_X = 16, WG_PRE_P = 8;
+// An L2 prefetch of the next step's batch (a hint: no effect on any value), for conv2's forward kernel, which gathers
+// it right after this kernel (ConvInput): the permutation's entries at counters[1] (advanced by fc1_backward_kernel,
+// complete here) and the B images' bytes (n: the dataset's size, positions past it are not prefetched).
+struct BatchPrefetch { const uint8_t* images = nullptr; const int* perm = nullptr; const int* counters = nullptr; int n = 0, B = 0; };
+__device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) {
+    if (!pf.images) return;
+    constexpr int LINES = (IMG * IMG + 127) / 128 + 1;  // 128-byte lines an image's 784 bytes can touch
+    const int pos = __ldcg(pf.counters + 1);
+    for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * LINES; i += nshares * (int)blockDim.x) {
+        const int p = pos + i / LINES;
+        if (p >= pf.n) break;
+        const char* img = (const char*)(pf.images + (size_t)(pf.perm ? __ldcg(pf.perm + p) : p) * IMG * IMG);
+        const char* a = (const char*)((uintptr_t)img & ~(uintptr_t)127) + 128 * (i % LINES);
+        if (a < img + IMG * IMG) asm volatile("prefetch.global.L2 [%0];" :: "l"(a));
+    }
+}
 
 // Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co],
 // dact2 rebuilt while loading from the pooled gradient and the window codes (dact2_from_pooled).
@@ -1635,8 +1738,8 @@ static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free floa
 __global__ void __launch_bounds__(256)
 conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
-                        SplitsJob extra, OptTarget opt, unsigned long long* bar) {
-    TRACE_SCOPE(6);
+                        SplitsJob extra, OptTarget opt, unsigned long long* bar, BatchPrefetch pf) {
+    TRACE_SCOPE(5);
     constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
     static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
     static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
@@ -1716,6 +1819,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
             }
         }
     }
+    TRACE_MARK(0);
     // the block's partial sums, [64][288] then the bias's 64: to global memory, or (cluster > 1, sm_90) to shared
     // memory first (row stride WG_OS), then added across the cluster's blocks through distributed shared memory in
     // rank order (block q adds the q-th slice of all of them): one partial sum per cluster
@@ -1748,6 +1852,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     if (staged) {
         cg::cluster_group cl = cg::this_cluster();
         cl.sync();  // every block's partial sums are in its shared memory
+        TRACE_MARK(1);
         // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
         // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
         // block's own rank through its local shared memory
@@ -1789,6 +1894,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     // the first blocks to arrive at the grid barrier do them while the last ones finish their bands (WG_PRE_O);
     // this kernel's own partial sums after the barrier, on every block. The step counter is read by every block at
     // its start and advanced by block 0 after the barrier.
+    TRACE_MARK(2);
     grid_dep_sync();
     const OptStep st = st_s;  // (written before the bands, read after their barriers)
     const WgBarrier wb = wg_grid_arrive(bar);
@@ -1796,8 +1902,12 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         const int G = gridDim.x, no = min(G, WG_PRE_O), nx = min(G, WG_PRE_X), xo = G >= no + nx ? no : 0;
         if (wb.rank < no) wg_reduce_share(other, wb.rank, no, smem + WG_PART_PRE, opt, st);
         if (wb.rank >= xo && wb.rank < xo + nx) wg_reduce_share(extra, wb.rank - xo, nx, smem + WG_PART_PRE, opt, st);
+        const int np = min(G, WG_PRE_P), po = G >= xo + nx + np ? xo + nx : 0;
+        if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
     }
+    TRACE_MARK(3);
     wg_grid_wait(bar, wb.target);
+    TRACE_MARK(4);
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
     wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
 }
@@ -1850,17 +1960,15 @@ static void conv2_tf32_setup() {
     cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
     g_conv2.ready = true;
 }
-// The weight image the input-gradient kernel reads; call after every change of conv2.weight, before that kernel
-// (which loads it before waiting for its predecessor: at least one other kernel must be launched in between).
-static void conv2_weights_tf32(const float* w2) {
-    launch_pdl(conv2_weights_tf32_kernel, ceil_div(C2 * KC2, 256), 256, 0, 1, g_conv2.wimg_dgrad, w2);
-}
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
-// and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests)
-static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, const float* x, const float* w1,
+// and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests). x
+// comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad), which
+// conv2_dgrad_tf32 reads before its wait: launch at least one kernel between the two.
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, const ConvInput& in, const float* w1,
                                const float* b1, const float* w2, const float* b2, int B) {
     int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, x, w1, b1, act1, w2, b2, pooled, codes, B);
+    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1, w2, b2, pooled, codes,
+               g_conv2.wimg_dgrad, B);
 }
 // dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
 // when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
@@ -1881,36 +1989,27 @@ static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const fl
 // is one more job for the same reduction (see conv2_wgrad_tf32_kernel).
 static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B,
                              const SplitsJob& dgrad, const SplitsJob& extra = SplitsJob(), const OptTarget& opt = OptTarget(),
-                             int update_off = -1) {
+                             int update_off = -1, const BatchPrefetch& pf = BatchPrefetch()) {
     const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
     SplitsJob j;
     j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
     j.update_off = update_off;
     launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j, dgrad, extra,
-               opt, g_conv2.wgrad_bar);
+               opt, g_conv2.wgrad_bar, pf);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
 // the other kernels of a step (each with a CPU twin below)
-// The blocks past B*784/256 make the input gradient's image of conv2.weight instead when w2 is given (one launch
-// less per step).
+// (The fast path's training step has no gather: conv2's forward kernel reads the bytes itself, see ConvInput.)
 __global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
-                                    const int* counters, int offset_const, int B, const float* w2, float* wimg_dgrad) {
-    TRACE_SCOPE(0);
+                                    const int* counters, int offset_const, int B) {
     grid_dep_sync();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    const int gather_blocks = (B * IMG * IMG + blockDim.x - 1) / blockDim.x;
-    if ((int)blockIdx.x >= gather_blocks) {
-        int w = (blockIdx.x - gather_blocks) * blockDim.x + threadIdx.x;
-        if (w2 && w < C2 * KC2) conv2_weights_image(w, wimg_dgrad, w2);
-        return;
-    }
     if (idx >= B * IMG * IMG) return;
     int b = idx / (IMG * IMG), p = idx % (IMG * IMG);
     int pos = (counters ? counters[1] : offset_const) + b;
     int s = perm ? perm[pos] : pos;
-    // as torchvision: ToTensor (p / 255) then Normalize ((x - mean) / std), in fp32
-    x[idx] = ((float)images[(size_t)s * IMG * IMG + p] / 255.0f - MNIST_MEAN) / MNIST_STD;
+    x[idx] = mnist_normalize(images[(size_t)s * IMG * IMG + p]);
     if (p == 0) y[b] = labels[s];
 }
 
@@ -1989,7 +2088,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
                             const float* __restrict__ hpart, const float* __restrict__ bf1,
                             const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
                             int offset_const, int B) {
-    TRACE_SCOPE(3);
+    TRACE_SCOPE(2);
     static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
     __shared__ __align__(16) float ws[NCLS * FC_H];
     __shared__ float bs[NCLS];
@@ -2011,6 +2110,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
         float4 bv = __ldg((const float4*)bf1 + lane);
         hv = make_float4(fmaxf(hv.x + bv.x, 0.0f), fmaxf(hv.y + bv.y, 0.0f), fmaxf(hv.z + bv.z, 0.0f), fmaxf(hv.w + bv.w, 0.0f));
         *(float4*)(h + (size_t)row * FC_H + 4 * lane) = hv;
+        TRACE_MARK(0);
     } else {
         hv = *(const float4*)(h + (size_t)row * FC_H + 4 * lane);
     }
@@ -2024,6 +2124,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
         if (lane == j) v = d + bs[j];
     }
     if (lane < NCLS) logits[row * NCLS + lane] = v;
+    TRACE_MARK(1);
     float e, sum;
     int label;
     warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
@@ -2100,8 +2201,21 @@ constexpr int FC1F_RLD = FC_H + 4;    // row stride of the partial sums (reusing
 constexpr size_t FC1F_SMEM = (size_t)(64 + FC_H) * FC1F_LD * sizeof(float);
 static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
 static_assert(64 * FC1F_RLD <= (64 + FC_H) * FC1F_LD && 64 / FC1F_CLUSTER * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
-__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
-    TRACE_SCOPE(2);
+__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B,
+                                                          const float* pf0, const float* pf1) {
+    TRACE_SCOPE(1);
+    // L2 prefetch of fc1.weight's optimizer state (pf0, pf1: [128][9216] or null) in this block's columns, which
+    // fc1_backward_kernel's fused step reads three launches later (a hint: no effect on any value)
+    if (blockIdx.y == 0)
+        for (const float* pf : {pf0, pf1}) {
+            if (!pf) continue;
+            constexpr int LINES = (FC1F_KC * 4 + 127) / 128 + 1;  // 128-byte lines a row's 288 bytes can touch
+            for (int i = threadIdx.x; i < FC_H * LINES; i += 256) {
+                const char* row = (const char*)(pf + (size_t)(i / LINES) * FC_IN + blockIdx.x * FC1F_KC);
+                const char* a = (const char*)((uintptr_t)row & ~(uintptr_t)127) + 128 * (i % LINES);
+                if (a < row + FC1F_KC * 4) asm volatile("prefetch.global.L2::evict_last [%0];" :: "l"(a));
+            }
+        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
@@ -2135,10 +2249,12 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
         }
     }
     __syncthreads();
+    TRACE_MARK(0);
     float acc[2][4][4];
     acc_zero(acc);
     warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, As + wm * 32 * FC1F_LD, FC1F_LD, 1, Ws + wn * 32 * FC1F_LD, 1,
                                               FC1F_LD, g, t);
+    TRACE_MARK(1);
     __syncthreads();  // every warp is done with As and Ws: the partial sums take their place
     float* red = smem;  // [64][132]
 #pragma unroll
@@ -2151,6 +2267,7 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
                     make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // all eight partial sums are in their blocks' shared memory
+    TRACE_MARK(2);
     const int q = (int)cluster.block_rank(), row = 8 * q + tid / 32, c4 = tid % 32;
     float4 v[FC1F_CLUSTER];
 #pragma unroll
@@ -2159,6 +2276,7 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
 #pragma unroll
     for (int r = 1; r < FC1F_CLUSTER; r++) { sum.x += v[r].x; sum.y += v[r].y; sum.z += v[r].z; sum.w += v[r].w; }
     if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = sum;
+    TRACE_MARK(3);
     cluster.sync();  // no block leaves (freeing its shared memory) while another still reads it
 #endif
 }
@@ -2186,15 +2304,18 @@ struct Fc1BackwardArgs {
     float *dpooled, *wf1, *gwf1, *m1, *m2;          // the weight and its optimizer state (update) or its gradient
     float *gbf1, *gwf2, *gbf2;
     const float *dh, *pooled, *dlogits, *h;
-    const int* counters;
+    int* counters;
     OptConfig opt;
     int update, B;
+    int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
 };
 __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a) {
-    TRACE_SCOPE(4);
+    TRACE_SCOPE(3);
     const int tid = threadIdx.x, B = a.B;
     if (blockIdx.x >= FC1B_BLOCKS) {
         grid_dep_sync();
+        // the batch's position: every reader of it in this step (conv2's forward, the head) is complete
+        if (a.advance_pos >= 0 && blockIdx.x == FC1B_BLOCKS && tid == 0) a.counters[1] += a.advance_pos;
         int i = (blockIdx.x - FC1B_BLOCKS) * 256 + tid;
         if (i < FC_H) {
             float s = 0.0f;
@@ -2211,6 +2332,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
             for (int b = 0; b < B; b++) s += a.dlogits[b * NCLS + j];
             a.gbf2[j] = s;
         }
+        TRACE_MARK(5);
         return;
     }
     extern __shared__ __align__(16) float smem[];
@@ -2255,6 +2377,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
             }
         }
         __syncthreads();
+        TRACE_MARK(0);
         {   // dpooled rows r0.. (64 x 64, k = the 128 fc1 outputs)
             float d[2][2][4];
             acc_zero(d);
@@ -2270,9 +2393,11 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
                         *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wn1 * 16 + ni * 8 + 2 * t) = make_float2(d[mi][ni][2 * h], d[mi][ni][2 * h + 1]);
                 }
         }
+        TRACE_MARK(1);
         // dWf1 += dh^T pooled over this chunk's 64 rows (zero rows past B add nothing)
         warp_mma_smem<2, 4, 64, 8>(acc, Hs + wm2 * 32, 1, FC1B_HLD, Ps + wn2 * 32, FC1B_PLD, 1, g, t);
     }
+    TRACE_MARK(2);
     // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so that
     // it leaves in rows of 16-byte chunks: stored, or the optimizer step applied to this slice of fc1.weight (p from
     // global memory: the shared copy is rounded); SGD issues all 8 chunks' loads at once, AdamW (three buffers) 4
@@ -2287,6 +2412,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
                 *(float2*)(Gs + (wm2 * 32 + mi * 16 + g + 8 * h) * FC1B_WLD + wn2 * 32 + ni * 8 + 2 * t) =
                     make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     __syncthreads();
+    TRACE_MARK(3);
     constexpr int NG = FC_H * FC1B_NC / 4 / 256;  // 8 chunks per thread
     if (!a.update) {
 #pragma unroll
@@ -2475,15 +2601,18 @@ static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, siz
 static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKEND_OURS && g_mm.tf32; }
 
 // forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
-// h, the rest comes from mnist_loss's head
-// (conv2_images_ready: the gather of this step made the input gradient's image of conv2.weight already)
-static void mnist_forward(Mnist* m, int B, bool conv2_images_ready = false) {
+// h, the rest comes from mnist_loss's head. gather (fast path only): conv2's forward kernel loads the batch from the
+// dataset itself (ConvInput) and writes x and y, instead of reading x.
+static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
     if (conv2_fast(m)) {  // conv1 inside conv2's kernel, the pooling (and its window codes) in its epilogue, act2 not stored
-        if (!conv2_images_ready) conv2_weights_tf32(P(m, P_W2));
-        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->x, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
+        ConvInput in;
+        if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
+        else in.x = m->x;
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
         if (g_fc1_cluster) {
             launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
-                       m->pooled, P(m, P_WF1), B);
+                       m->pooled, P(m, P_WF1), B, (const float*)(m->m1 + PARAMS[P_WF1].offset),
+                       m->opt.optimizer == OPT_ADAMW ? (const float*)(m->m2 + PARAMS[P_WF1].offset) : nullptr);
             return;  // the head adds the partial sums, bias and ReLU, and does fc2
         }
     } else {
@@ -2539,7 +2668,7 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
 // With update_advance_B >= 0 on the fast path, the backward's kernels apply the optimizer step to every parameter
 // instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in conv2_wgrad_tf32_kernel's split reduction) and
 // advance the counters by update_advance_B: mnist_update and mnist_advance in the same launches (not called then).
-static void mnist_backward(Mnist* m, int B, int update_advance_B = -1) {
+static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const BatchPrefetch& pf = BatchPrefetch()) {
     Epilogue e;
     if (conv2_fast(m)) {  // dh came out of the fused head
         const bool fuse = update_advance_B >= 0;
@@ -2548,7 +2677,7 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1) {
         a.m1 = m->m1 + PARAMS[P_WF1].offset; a.m2 = m->m2 + PARAMS[P_WF1].offset;
         a.gbf1 = G(m, P_BF1); a.gwf2 = G(m, P_WF2); a.gbf2 = G(m, P_BF2);
         a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
-        a.opt = m->opt; a.update = fuse; a.B = B;
+        a.opt = m->opt; a.update = fuse; a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
         launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
         // the input gradient first: the weight-gradient kernel after it adds up both kernels' partial sums (and its
         // bands, which need only dpooled, overlap the input gradient's last blocks)
@@ -2562,8 +2691,10 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1) {
         jr.src = G(m, P_BF1); jr.stride = 0; jr.splits = 1; jr.n = (int)(m->n_params - PARAMS[P_BF1].offset);
         jr.update_off = (int)PARAMS[P_BF1].offset;
         OptTarget t;
-        t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = update_advance_B; t.c = m->opt;
-        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t, (int)PARAMS[P_W2].offset);
+        // the step counter advances after the barrier of the weight-gradient kernel (every block has read it), the
+        // batch position in fc1_backward_kernel (a.advance_pos), three launches before the next step's forward reads it
+        t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = 0; t.c = m->opt;
+        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t, (int)PARAMS[P_W2].offset, pf);
         return;
     }
     e = Epilogue(); e.rowsum = G(m, P_BF2);
@@ -2613,32 +2744,38 @@ static void mnist_set_counters(Mnist* m, int step, int offset) {
     else cudaCheck(cudaMemcpyAsync(m->counters, c, sizeof(c), cudaMemcpyHostToDevice, g_mm.stream));
 }
 
-// Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y; with conv2_images
-// (fast path) the same launch makes the input gradient's image of conv2.weight (then mnist_forward(..., true)).
+// Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y.
 struct DeviceData { uint8_t* images = nullptr; uint8_t* labels = nullptr; int n = 0; };
-static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B,
-                         bool conv2_images = false) {
+static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B) {
     if (m->cpu) {
         int off = counters ? counters[1] : offset;
         for (int b = 0; b < B; b++) {
             int s = perm ? perm[off + b] : off + b;
-            for (int p = 0; p < IMG * IMG; p++) m->x[b * IMG * IMG + p] = ((float)d.images[(size_t)s * IMG * IMG + p] / 255.0f - MNIST_MEAN) / MNIST_STD;
+            for (int p = 0; p < IMG * IMG; p++) m->x[b * IMG * IMG + p] = mnist_normalize(d.images[(size_t)s * IMG * IMG + p]);
             m->y[b] = d.labels[s];
         }
         return;
     }
-    int blocks = ceil_div(B * IMG * IMG, 256) + (conv2_images ? ceil_div(C2 * KC2, 256) : 0);
-    launch_pdl(gather_batch_kernel, blocks, 256, 0, 1, m->x, m->y, d.images, d.labels, perm, counters, offset, B,
-               conv2_images ? (const float*)P(m, P_W2) : nullptr, g_conv2.wimg_dgrad);
+    launch_pdl(gather_batch_kernel, ceil_div(B * IMG * IMG, 256), 256, 0, 1, m->x, m->y, d.images, d.labels, perm, counters,
+               offset, B);
 }
 // One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
+// The fast path has no gather launch: conv2's forward kernel loads the batch (6 launches per step).
 static void mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
     const bool fast = conv2_fast(m);
-    mnist_gather(m, d, perm, m->counters, 0, B, fast);  // + conv2's weight images on the fast path
-    mnist_forward(m, B, fast);
+    if (fast) {
+        ConvInput in;
+        in.images = d.images; in.labels = d.labels; in.perm = perm; in.counters = m->counters;
+        mnist_forward(m, B, &in);
+    } else {
+        mnist_gather(m, d, perm, m->counters, 0, B);
+        mnist_forward(m, B);
+    }
     mnist_loss(m, B, losses, nullptr, m->counters, 0, true);
     if (fast) {
-        mnist_backward(m, B, B);  // with the optimizer step of every parameter and the counters' advance
+        BatchPrefetch pf;  // the next step's batch, into L2
+        pf.images = d.images; pf.perm = perm; pf.counters = m->counters; pf.n = d.n; pf.B = B;
+        mnist_backward(m, B, B, pf);  // with the optimizer step of every parameter and the counters' advance
     } else {
         mnist_backward(m, B);
         mnist_update(m, B);       // and the counters' advance

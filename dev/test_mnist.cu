@@ -324,8 +324,12 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     cudaCheck(cudaMemcpy(d_w2, w2.data(), C2 * KC2 * 4, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_b2, b2.data(), C2 * 4, cudaMemcpyHostToDevice));
     for (float* p : {d_act2, d_dact1, d_dw, d_db}) cudaCheck(cudaMemset(p, 0xFF, (p == d_act2 ? n2 : p == d_dact1 ? n1 : p == d_dw ? C2 * KC2 : C2) * 4));
-    conv2_weights_tf32(d_w2);  // the input gradient's weight image, a kernel in between (programmatic dependent launch)
-    conv2_forward_tf32(d_act2, d_pooled, d_codes_out, d_act1f, d_x, d_w1, d_b1, d_w2, d_b2, B);  // + conv1, into act1f
+    ConvInput in;
+    in.x = d_x;
+    conv2_forward_tf32(d_act2, d_pooled, d_codes_out, d_act1f, in, d_w1, d_b1, d_w2, d_b2, B);  // + conv1, into act1f
+    // the forward made the input gradient's weight image, which that kernel loads before its wait: in the training
+    // step three kernels run in between, here the host waits
+    cudaCheck(cudaDeviceSynchronize());
     SplitsJob jd = conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dpooled, d_codes_in, d_act1, d_x, B);
     conv2_wgrad_tf32(d_dw, d_db, d_dpooled, d_codes_in, d_act1, B, jd);  // + the reduction of conv1's partial sums
     cudaCheck(cudaDeviceSynchronize());
@@ -454,6 +458,76 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     g_conv2 = saved;
 }
 
+// GPU: the training step's forward gathers its batch from the dataset's bytes itself (ConvInput: sample perm[pos + b]
+// at pos = counters[1]; or pos = offset + b without perm and counters). x, y, act1, pooled, the window codes and
+// fc1's partial sums must be bit-identical to gather_batch_kernel's batch put through the forward on x, every output
+// poisoned with NaN (0xFF) before each run. ctas > 0: a grid of that many blocks (bands in several rounds).
+static void check_gathered_forward(int B, int ctas, uint64_t seed) {
+    Mnist m;
+    mnist_build(&m, false, B, B);
+    mnist_init_params(&m, seed);
+    Conv2Tf32 saved = g_conv2;
+    if (ctas > 0) g_conv2.fwd_ctas = ctas;
+    const int n = 3 * B + 11, off = 2 * B + 3;
+    std::vector<uint8_t> img((size_t)n * IMG * IMG), lab(n);
+    uint64_t s = seed;
+    for (auto& v : img) v = (uint8_t)(splitmix64(&s) & 255);
+    for (auto& v : lab) v = (uint8_t)(splitmix64(&s) % NCLS);
+    std::vector<int> perm;
+    epoch_permutation(perm, n, (int)seed, 1);
+    DeviceData d;
+    d.n = n;
+    int* perm_dev;
+    cudaCheck(cudaMalloc(&d.images, img.size())); cudaCheck(cudaMalloc(&d.labels, n)); cudaCheck(cudaMalloc(&perm_dev, n * 4));
+    cudaCheck(cudaMemcpy(d.images, img.data(), img.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.labels, lab.data(), n, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(perm_dev, perm.data(), n * 4, cudaMemcpyHostToDevice));
+    const size_t nx = (size_t)B * IMG * IMG, n1 = (size_t)B * H1 * H1 * C1, np = (size_t)B * FC_IN, nh = (size_t)FC1F_PARTS * B * FC_H;
+    auto run = [&](bool gathered, bool with_perm) {
+        cudaCheck(cudaMemset(m.x, 0xFF, nx * 4)); cudaCheck(cudaMemset(m.y, 0xFF, B * 4));
+        cudaCheck(cudaMemset(m.act1, 0xFF, n1 * 4)); cudaCheck(cudaMemset(m.pooled, 0xFF, np * 4));
+        cudaCheck(cudaMemset(m.pool_codes, 0xFF, np)); cudaCheck(cudaMemset(m.hpart, 0xFF, nh * 4));
+        mnist_set_counters(&m, 0, off);
+        const int* pp = with_perm ? perm_dev : nullptr;
+        const int* cp = with_perm ? m.counters : nullptr;
+        if (gathered) {
+            ConvInput in;
+            in.images = d.images; in.labels = d.labels; in.perm = pp; in.counters = cp; in.offset = with_perm ? 0 : off;
+            mnist_forward(&m, B, &in);
+        } else {
+            mnist_gather(&m, d, pp, cp, with_perm ? 0 : off, B);
+            mnist_forward(&m, B);
+        }
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<uint8_t> out(nx * 4 + B * 4 + n1 * 4 + np * 4 + np + nh * 4);
+        uint8_t* o = out.data();
+        cudaCheck(cudaMemcpy(o, m.x, nx * 4, cudaMemcpyDeviceToHost)); o += nx * 4;
+        cudaCheck(cudaMemcpy(o, m.y, B * 4, cudaMemcpyDeviceToHost)); o += B * 4;
+        cudaCheck(cudaMemcpy(o, m.act1, n1 * 4, cudaMemcpyDeviceToHost)); o += n1 * 4;
+        cudaCheck(cudaMemcpy(o, m.pooled, np * 4, cudaMemcpyDeviceToHost)); o += np * 4;
+        cudaCheck(cudaMemcpy(o, m.pool_codes, np, cudaMemcpyDeviceToHost)); o += np;
+        cudaCheck(cudaMemcpy(o, m.hpart, nh * 4, cudaMemcpyDeviceToHost));
+        return out;
+    };
+    for (int with_perm = 1; with_perm >= 0; with_perm--) {
+        std::vector<uint8_t> ref = run(false, with_perm), got = run(true, with_perm);
+        size_t nbad = 0, first = 0;
+        for (size_t i = 0; i < ref.size(); i++) if (ref[i] != got[i]) { if (!nbad) first = i; nbad++; }
+        // y must hold labels (a poisoned -1 would mean not written), x finite: the comparison is not NaN against NaN
+        std::vector<int> y(B);
+        memcpy(y.data(), ref.data() + nx * 4, B * 4);
+        bool labels_ok = true;
+        for (int b = 0; b < B; b++) labels_ok &= y[b] == lab[with_perm ? perm[off + b] : off + b];
+        std::string tag = "B=" + std::to_string(B) + (ctas > 0 ? ", " + std::to_string(ctas) + " blocks" : ", full grid") +
+                          (with_perm ? ", perm at counters[1]" : ", offset");
+        report(nbad == 0 && labels_ok, "gpu forward gathers its batch (" + tag + ")",
+               std::to_string(nbad) + " of " + std::to_string(ref.size()) + " bytes of x, y, act1, pooled, codes, fc1 partial sums differ" +
+               (nbad ? " (first at byte " + std::to_string(first) + ")" : "") + (labels_ok ? "" : "; the gather's labels are wrong"));
+    }
+    g_conv2 = saved;
+    cudaFree(d.images); cudaFree(d.labels); cudaFree(perm_dev);
+    mnist_free(&m);
+}
 
 // GPU: fc1 on the fast path against the double CPU oracle, outputs poisoned with NaN first.
 //   forward (sm_90): fc1_forward_kernel's split-K partial sums added by head_kernel, + bias, ReLU: h, TF32 bound;
@@ -481,7 +555,8 @@ static void check_fc1_fast(int B, uint64_t seed) {
     auto fin = [](double e, float g) { return g == g ? e : INFINITY; };
     if (g_fc1_cluster) {
         float *d_part = poison((size_t)FC1F_PARTS * B * FC_H), *d_hout = poison((size_t)B * FC_H), *d_logits = poison((size_t)B * NCLS);
-        launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, d_part, d_pooled, d_w, B);
+        launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, d_part, d_pooled, d_w, B,
+                   (const float*)nullptr, (const float*)nullptr);
         launch_pdl(head_kernel<FC1F_PARTS>, ceil_div(B, 8), 256, 0, 1, d_logits, nullptr, nullptr, nullptr, nullptr, d_hout, d_part,
                    d_bf1, d_wf2, d_bf2, d_y, nullptr, 0, B);
         cudaCheck(cudaDeviceSynchronize());
@@ -660,6 +735,8 @@ int main() {
 
         check_conv2_tf32(3, 0, 21);
         check_conv2_tf32(5, 4, 22);
+        check_gathered_forward(64, 0, 23);
+        check_gathered_forward(7, 5, 24);
         check_fc1_fast(5, 31);
         check_fc1_fast(70, 32);
         {   // the optimizer's fused counter advance (the last of its ~4700 blocks advances the counters)

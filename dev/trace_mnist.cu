@@ -7,7 +7,8 @@ Build: make -C dev trace_mnist        Run (repo root): ./dev/trace_mnist [--batc
   Includes the trainer with TESTING and MNIST_TRACE (lane 0 of every warp stores three time stamps; see TRACE_SCOPE
   in the trainer), captures GRAPH_STEPS training steps in one graph as the trainer does (SGD, seed 1, the training
   set in the order of epoch 0), replays it --graphs times and reads the stamps of each replay's last step (every
-  step overwrites them). Prints, per kernel, medians over the replays in us from that step's first gather warp.
+  step overwrites them). Prints, per kernel, medians over the replays in us from that step's first warp, then the
+  kernels' phases (TRACE_MARK: when the first, median and last warp passed each).
   --data_dir D (default data/mnist).
   --test: 3 replays, then checks the stamps themselves and prints "N passed, N failed, N skipped" (run by
   dev/run_tests.py; skipped without a GPU): every kernel recorded its warps in the last step, each warp's stamps are
@@ -19,18 +20,31 @@ Build: make -C dev trace_mnist        Run (repo root): ./dev/trace_mnist [--batc
 #include "../train_mnist.cu"
 
 // the fast path's kernels in launch order (their TRACE_SCOPE ids)
-static const char* TRACE_NAMES[TRACE_KERNELS] = {"gather", "conv1+conv2 fwd", "fc1 forward", "head", "fc1 backward",
+static const char* TRACE_NAMES[TRACE_KERNELS] = {"conv1+conv2 fwd", "fc1 forward", "head", "fc1 backward",
                                                  "conv2 input grad", "conv2 weight grad"};
+// their TRACE_MARK phases (nullptr: unused)
+static const char* MARK_NAMES[TRACE_KERNELS][TRACE_MARKS] = {
+    {"x in shared memory", "conv1 done, weights rounded", "products done", "pooled stored", nullptr, nullptr},
+    {"operands in shared memory", "products done", "cluster's partial sums staged", "cluster sum stored", nullptr, nullptr},
+    {"h stored", "logits", nullptr, nullptr, nullptr, nullptr},
+    {"operands in shared memory", "dpooled done", "weight gradient products done", "gradient in shared memory", nullptr,
+     "small gradients done (last blocks)"},
+    {"patch in shared memory", "products done", "epilogue done", nullptr, nullptr, nullptr},
+    {"bands done", "cluster's partial sums staged", "cluster sum stored", "jobs before the barrier done", "barrier open", nullptr}};
 
-// One replay's last step, per kernel (times in ns from the step's first gather warp; -1: nothing recorded)
+// One replay's last step, per kernel (times in ns from the step's first warp; -1: nothing recorded); per mark, the
+// first, median and last stamp over the warps that passed it in this step
 struct KernelSpan {
     double start = -1, wait_first = -1, wait_last = -1, end_first_block = -1, end = -1, block_span = -1;
+    double mark[TRACE_MARKS][3];
     int blocks = 0, warps = 0, bad_order = 0;
 };
 
-static std::vector<KernelSpan> read_trace(std::vector<unsigned long long>& buf) {
+static std::vector<KernelSpan> read_trace(std::vector<unsigned long long>& buf, std::vector<unsigned long long>& mbuf) {
     cudaCheck(cudaMemcpyFromSymbol(buf.data(), g_trace, buf.size() * sizeof(unsigned long long)));
+    cudaCheck(cudaMemcpyFromSymbol(mbuf.data(), g_trace_mark, mbuf.size() * sizeof(unsigned long long)));
     auto at = [&](int k, int b, int w, int i) { return buf[(((size_t)k * TRACE_BLOCKS + b) * TRACE_WARPS + w) * 3 + i]; };
+    auto mark_at = [&](int k, int b, int w, int i) { return mbuf[(((size_t)k * TRACE_BLOCKS + b) * TRACE_WARPS + w) * TRACE_MARKS + i]; };
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < TRACE_BLOCKS; b++)
         for (int w = 0; w < TRACE_WARPS; w++)
@@ -63,6 +77,17 @@ static std::vector<KernelSpan> read_trace(std::vector<unsigned long long>& buf) 
         auto rel = [&](unsigned long long t) { return (double)((long long)(t - t0)); };
         s.start = rel(st); s.end = rel(en); s.end_first_block = rel(efb); s.block_span = spans[spans.size() / 2];
         if (wl) { s.wait_first = rel(wf); s.wait_last = rel(wl); }
+        for (int i = 0; i < TRACE_MARKS; i++) {
+            std::vector<double> v;
+            for (int b = 0; b < TRACE_BLOCKS; b++)
+                for (int w = 0; w < TRACE_WARPS; w++) {
+                    unsigned long long a0 = at(k, b, w, 0), a2 = at(k, b, w, 2), mk = mark_at(k, b, w, i);
+                    if (a0 && mk >= a0 && mk <= a2) v.push_back(rel(mk));  // older stamps: not passed in this step
+                }
+            std::sort(v.begin(), v.end());
+            s.mark[i][0] = v.empty() ? -1 : v.front(); s.mark[i][1] = v.empty() ? -1 : v[v.size() / 2];
+            s.mark[i][2] = v.empty() ? -1 : v.back();
+        }
     }
     return out;
 }
@@ -123,7 +148,10 @@ int main(int argc, char** argv) {
     void* trace_ptr;
     cudaCheck(cudaGetSymbolAddress(&trace_ptr, g_trace));
     std::vector<unsigned long long> buf((size_t)TRACE_KERNELS * TRACE_BLOCKS * TRACE_WARPS * 3);
+    std::vector<unsigned long long> mbuf((size_t)TRACE_KERNELS * TRACE_BLOCKS * TRACE_WARPS * TRACE_MARKS);
     cudaCheck(cudaMemset(trace_ptr, 0, buf.size() * sizeof(unsigned long long)));
+    cudaCheck(cudaGetSymbolAddress(&trace_ptr, g_trace_mark));
+    cudaCheck(cudaMemset(trace_ptr, 0, mbuf.size() * sizeof(unsigned long long)));
     cudaEvent_t e0, e1;
     cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
     std::vector<std::vector<KernelSpan>> runs;
@@ -135,7 +163,7 @@ int main(int argc, char** argv) {
         cudaCheck(cudaStreamSynchronize(g_mm.stream));
         float ms; cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
         per_step.push_back(1000.0 * ms / GRAPH_STEPS);
-        runs.push_back(read_trace(buf));
+        runs.push_back(read_trace(buf, mbuf));
     }
 
     if (test) {
@@ -160,7 +188,7 @@ int main(int argc, char** argv) {
 
     printf("batch %d, %d replays of a %d-step graph: %.2f us per step (median of the replays, CUDA events)\n", B, graphs,
            GRAPH_STEPS, median(per_step));
-    printf("the replays' last step, medians in us from its first gather warp (wait: when grid_dep_sync returned)\n");
+    printf("the replays' last step, medians in us from its first warp (wait: when grid_dep_sync returned)\n");
     printf("%-18s %7s %9s %9s %9s %9s %9s %7s\n", "kernel", "blocks", "start", "wait 1st", "wait last", "1st done", "end",
            "block");
     for (int k = 0; k < TRACE_KERNELS; k++) {
@@ -173,5 +201,15 @@ int main(int argc, char** argv) {
         printf("%-18s %7d %9.2f %9.2f %9.2f %9.2f %9.2f %7.2f\n", TRACE_NAMES[k], runs.back()[k].blocks, median(v[0]),
                median(v[1]), median(v[2]), median(v[3]), median(v[4]), median(v[5]));
     }
+    printf("phases (TRACE_MARK): medians over the replays of the first, median and last warp to pass each mark, us\n");
+    printf("%-18s %-40s %9s %9s %9s\n", "kernel", "mark", "first", "median", "last");
+    for (int k = 0; k < TRACE_KERNELS; k++)
+        for (int i = 0; i < TRACE_MARKS; i++) {
+            if (!MARK_NAMES[k][i]) continue;
+            std::vector<double> v[3];
+            for (auto& run : runs)
+                for (int j = 0; j < 3; j++) if (run[k].mark[i][j] >= 0) v[j].push_back(run[k].mark[i][j] / 1000.0);
+            printf("%-18s %-40s %9.2f %9.2f %9.2f\n", TRACE_NAMES[k], MARK_NAMES[k][i], median(v[0]), median(v[1]), median(v[2]));
+        }
     return 0;
 }
