@@ -1122,7 +1122,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         const int b = band / NBAND, y0 = (band % NBAND) * R;
         if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
         if (!gather) return __ldcg((const float4*)(in.x + ((size_t)b * IMG + y0) * IMG) + tid);
-        const uchar4 u = __ldg((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG) + tid);
+        const uchar4 u = ((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG))[tid];
         return make_float4(mnist_normalize(u.x), mnist_normalize(u.y), mnist_normalize(u.z), mnist_normalize(u.w));
     };
     const bool any = (int)blockIdx.x < B * NBAND;
@@ -1175,6 +1175,13 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         TRACE_MARK(0);
         // conv1 of act1 rows y0 .. y0 + R + 1 into Ps (rounded to TF32); the rows this band owns go to act1 unrounded
         const int own_lo = yb == 0 ? 0 : 1, own_hi = yb == NBAND - 1 ? PR : PR - 1;  // patch rows [lo, hi)
+        float4 w1r[2][9], b1r[2];  // this thread's 8 channels' weights and biases, read from shared memory once
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int k = 0; k < 9; k++) w1r[h][k] = *(const float4*)(W1s + k * C1 + c0 + h * (C1 / 2));
+            b1r[h] = *(const float4*)(B1s + c0 + h * (C1 / 2));
+        }
 #pragma unroll
         for (int i = 0; i < NC1; i++) {
             const int pix = (tid + i * NT) / 4;  // patch pixel: row pix / HIN, column pix % HIN
@@ -1189,11 +1196,11 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
                 float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int k = 0; k < 9; k++) {
-                    const float4 wv = *(const float4*)(W1s + k * C1 + c0 + h * (C1 / 2));
+                    const float4 wv = w1r[h][k];
                     sacc[0] = fmaf(xv[k], wv.x, sacc[0]); sacc[1] = fmaf(xv[k], wv.y, sacc[1]);
                     sacc[2] = fmaf(xv[k], wv.z, sacc[2]); sacc[3] = fmaf(xv[k], wv.w, sacc[3]);
                 }
-                const float4 bv = *(const float4*)(B1s + c0 + h * (C1 / 2));
+                const float4 bv = b1r[h];
                 o[4 * h + 0] = fmaxf(sacc[0] + bv.x, 0.0f); o[4 * h + 1] = fmaxf(sacc[1] + bv.y, 0.0f);
                 o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
             }
@@ -1304,6 +1311,48 @@ constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12;
 constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 
+// fc1.weight's optimizer step (p, m1, m2: its slices of the flat buffers; g: its gradient, as fc1_backward_kernel
+// stored it), `share` of `nshares` of its float4 units, by one warp: opt_update_elem with the step optimizer_kernel
+// would use, so the same bits. U units' operands per lane are loaded before any is updated (12 for SGD's three
+// buffers, 8 for AdamW's four). Run by the input-gradient kernel's idle warp, while the others compute: the
+// gradient's kernel (right in front) is complete, and fc1.weight is next read by the next step's fc1 forward, three
+// launches later.
+struct Fc1Step { float *p = nullptr, *m1 = nullptr, *m2 = nullptr; const float* g = nullptr; const int* counters = nullptr; OptConfig c; };
+template <int U, bool ADAMW>
+__device__ void fc1_step_units(const Fc1Step& u, const OptStep& st, size_t lo, size_t hi, int lane) {
+    for (size_t i0 = lo + lane; i0 < hi; i0 += 32 * U) {
+        float4 p[U], g[U], m[U], v[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            const size_t i = i0 + 32 * k;
+            if (i >= hi) break;
+            p[k] = __ldcg((const float4*)u.p + i); g[k] = __ldcs((const float4*)u.g + i); m[k] = __ldcs((const float4*)u.m1 + i);
+            if (ADAMW) v[k] = __ldcs((const float4*)u.m2 + i);
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            const size_t i = i0 + 32 * k;
+            if (i >= hi) break;
+            if (ADAMW) {
+                opt_update_elem(u.c, st, &p[k].x, g[k].x, &m[k].x, &v[k].x); opt_update_elem(u.c, st, &p[k].y, g[k].y, &m[k].y, &v[k].y);
+                opt_update_elem(u.c, st, &p[k].z, g[k].z, &m[k].z, &v[k].z); opt_update_elem(u.c, st, &p[k].w, g[k].w, &m[k].w, &v[k].w);
+                __stcs((float4*)u.m2 + i, v[k]);
+            } else {
+                sgd_update_elem(u.c, st, &p[k].x, g[k].x, &m[k].x); sgd_update_elem(u.c, st, &p[k].y, g[k].y, &m[k].y);
+                sgd_update_elem(u.c, st, &p[k].z, g[k].z, &m[k].z); sgd_update_elem(u.c, st, &p[k].w, g[k].w, &m[k].w);
+            }
+            ((float4*)u.p)[i] = p[k]; __stcs((float4*)u.m1 + i, m[k]);
+        }
+    }
+}
+__device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lane) {
+    constexpr size_t N4 = (size_t)FC_H * FC_IN / 4;
+    const size_t lo = share * N4 / nshares, hi = (share + 1) * N4 / nshares;
+    const OptStep st = opt_step(u.c, __ldcg(u.counters));
+    if (u.c.optimizer == OPT_ADAMW) fc1_step_units<8, true>(u, st, lo, hi, lane);
+    else fc1_step_units<12, false>(u, st, lo, hi, lane);
+}
+
 // conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c] where
 // act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2 (28 x 28 per image),
 // rebuilt while loading from dpooled and the window codes (dact2_expand); Wt[tap][ci][co] = conv2.weight[co][8 -
@@ -1319,19 +1368,23 @@ constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 // Tile rows are pixels in order; rows of pixels beyond the chunk read the chunk's first pixel and are not stored.
 // Patch row stride DG_RS = 8 mod 32 floats: the 8 rows of an ldmatrix group hit distinct banks even where they
 // cross from pixel x = 25 of one output row to x = 0 of the next (pixel stride 4 mod 32).
-// 8 warps of 48 x 32 (the whole n; weights read once per k-step for 3 m16 tiles): 24 m16 tiles cover DG_CH (12 warps
-// of 32 x 32, 168 registers with 8 bytes of spill: 19.4 us against 17.5 on the H100).
+// 7 compute warps of 48 x 32 (the whole n; weights read once per k-step for 3 m16 tiles): 21 m16 tiles cover DG_CH
+// exactly (12 warps of 32 x 32, 168 registers with 8 bytes of spill: 19.4 us against 17.5 on the H100). An 8th warp
+// (the step warp) applies a share of fc1.weight's optimizer step meanwhile in a training step (fc1_step_share); the
+// compute warps synchronise on a named barrier without it.
 constexpr int DG_WARPS = 8, DG_THREADS = 32 * DG_WARPS, DG_MI = 3, DG_NI = C1 / 8, DG_CH = 336;
 constexpr int DG_CS = C2 + 4, DG_WP = H1 + 2, DG_RS = DG_WP * DG_CS + 24, DG_PROWS = 18, DG_WS = 9 * C1 * DG_CS;
 static_assert(DG_WARPS * DG_MI * 16 >= DG_CH && DG_CH % 4 == 0, "the warp tiles cover a chunk");
+constexpr int DG_CW = DG_WARPS - 1, DG_CT = 32 * DG_CW;  // the compute warps; the last one applies fc1.weight's step
+static_assert(DG_CW * DG_MI * 16 >= DG_CH, "the compute warps cover a chunk");
 static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_PROWS && DG_CH < H1 * H1, "a chunk's stacked patch rows (at most one image boundary)");
 static_assert(DG_CS % 32 == 4 && DG_RS % 32 == 8 && DG_RS % 4 == 0 && DG_WP == IMG, "conflict-free, 16-byte aligned rows");
 constexpr size_t CONV2_DGRAD_SMEM = (DG_WS + DG_PROWS * DG_RS + DG_PROWS * IMG) * sizeof(float);
-static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_THREADS * DG_NI * 20 + 4 * C1 * 10 <= DG_WS + DG_PROWS * DG_RS, "shared memory");
+static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_WS + DG_PROWS * DG_RS, "shared memory");
 __global__ void __launch_bounds__(DG_THREADS, 1)
 conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
-                        float* w1_partial, int B) {
+                        float* w1_partial, int B, Fc1Step fc1) {
     TRACE_SCOPE(4);
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
@@ -1339,9 +1392,8 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
     float* Xs = Ps + DG_PROWS * DG_RS;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int total = B * H1 * H1, nchunks = (total + DG_CH - 1) / DG_CH;
-    // weights, once per block, before grid_dep_sync (the image is made at least two launches earlier)
-    for (int i = tid; i < DG_WS / 4; i += DG_THREADS) cp_async16(Ws + 4 * i, w + 4 * i);
-    cp_async_commit();
+    // the compute warps (0 .. DG_CW - 1) synchronise among themselves (named barrier 1); the last warp has no pixel
+    auto sync_compute = [] { asm volatile("bar.sync 1, %0;" :: "n"(DG_CT) : "memory"); };
     // a chunk's patch rows: stacked padded rows s_lo .. s_lo + nrows - 1 (rows beyond are never read)
     auto chunk_rows = [&](int chunk, int& s_lo, int& nrows) {
         const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), ql = q0 + npix - 1;
@@ -1354,7 +1406,7 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
     auto prepare = [&](int chunk) {
         int s_lo, nrows;
         chunk_rows(chunk, s_lo, nrows);
-        for (int r = warp; r < nrows; r += DG_WARPS) {
+        for (int r = warp; r < nrows; r += DG_CW) {
             const int py = (s_lo + r) % IMG;
             const bool pad_row = py < 2 || py >= H2 + 2;
             for (int i = lane; i < (pad_row ? DG_WP : 4) * (C2 / 4); i += 32) {
@@ -1363,25 +1415,34 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
                 *(float4*)(Ps + r * DG_RS + px * DG_CS + c4 * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
             }
         }
-        for (int i = tid; i < nrows * IMG; i += DG_THREADS) Xs[i] = __ldg(ximg + (size_t)s_lo * IMG + i);
+        for (int i = tid; i < nrows * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)s_lo * IMG + i);
     };
-    if ((int)blockIdx.x < nchunks) prepare(blockIdx.x);
+    // weights, once per block, before grid_dep_sync (the image is made at least three launches earlier)
+    if (warp < DG_CW) {
+        for (int i = tid; i < DG_WS / 4; i += DG_CT) cp_async16(Ws + 4 * i, w + 4 * i);
+        cp_async_commit();
+        if ((int)blockIdx.x < nchunks) prepare(blockIdx.x);
+    }
     grid_dep_sync();
-    const uint32_t bbase = band_smem_u32(Ws + band_ldsm_b_n(lane) * DG_CS + band_ldsm_b_k(lane));
     float w1acc[DG_NI][2][10];  // conv1's weight (9) and bias gradient of this thread's 8 channels
+    if (warp == DG_CW) {
+        // the step warp: a share of fc1.weight's optimizer step while the others compute
+        if (fc1.p) fc1_step_share(fc1, blockIdx.x, gridDim.x, lane);
+        TRACE_MARK(3);
+    } else {
 #pragma unroll
     for (int ni = 0; ni < DG_NI; ni++)
 #pragma unroll
         for (int jj = 0; jj < 2; jj++)
 #pragma unroll
             for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
-
+    const uint32_t bbase = band_smem_u32(Ws + band_ldsm_b_n(lane) * DG_CS + band_ldsm_b_k(lane));
     for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
         const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0);
         int s_lo, nrows;
         chunk_rows(chunk, s_lo, nrows);
         if (chunk != (int)blockIdx.x) {
-            __syncthreads();  // the previous chunk's reads of Ps and Xs are done
+            sync_compute();  // the previous chunk's reads of Ps and Xs are done
             prepare(chunk);
         }
         // the patch, rounded to TF32: its zero padding and x are in place (prepare); then dact2, a pooled value (and
@@ -1396,19 +1457,19 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
         };
         const int tp_lo = pooled_row(s_lo, false), ntp = pooled_row(s_lo + nrows - 1, true) + 1 - tp_lo;
         const int npc = ntp * HP * (C2 / 4);
-        for (int i0 = 0; i0 < npc; i0 += 8 * DG_THREADS) {
+        for (int i0 = 0; i0 < npc; i0 += 8 * DG_CT) {
             float4 d[8];
             uint32_t k[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                const int i = i0 + u * DG_THREADS + tid;
+                const int i = i0 + u * DG_CT + tid;
                 const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;  // (tp, pooled column) = i / 16
                 d[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
                 k[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
             }
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                const int i = i0 + u * DG_THREADS + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP, c4 = i % (C2 / 4);
+                const int i = i0 + u * DG_CT + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP, c4 = i % (C2 / 4);
                 const int r0 = (tp / HP) * IMG + 2 * (tp % HP) + 2 - s_lo;  // the patch row of the window's top row
 #pragma unroll
                 for (int dy = 0; dy < 2; dy++)
@@ -1419,7 +1480,7 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
             }
         }
         cp_async_wait<0>();  // the weights (first chunk)
-        __syncthreads();
+        sync_compute();
         TRACE_MARK(0);
         // this lane's ldmatrix row of each of the warp's m16 tiles
         uint32_t abase[DG_MI];
@@ -1432,7 +1493,7 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
         float acc[DG_MI][DG_NI][4];
         acc_zero(acc);
 #pragma unroll 1
-        for (int tap = 0; tap < (warp * DG_MI * 16 < npix ? 9 : 0); tap++) {  // a warp with no pixel skips (batch 64: warp 7)
+        for (int tap = 0; tap < (warp * DG_MI * 16 < npix ? 9 : 0); tap++) {  // a warp with no pixel skips
             const uint32_t pa = ((tap / 3) * DG_RS + (tap % 3) * DG_CS) * 4, pb = bbase + tap * C1 * DG_CS * 4;
 #pragma unroll
             for (int c0 = 0; c0 < C2; c0 += 8) {
@@ -1478,37 +1539,42 @@ conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const u
                 }
             }
     }
+    }
     TRACE_MARK(2);
-    // conv1's weight and bias gradient of this block's pixels: the 64 threads with the same t hold the same 8
-    // channels; their sums are added in thread order through shared memory (all chunks are done: reuse it)
-    __syncthreads();
-    float* red = smem;  // [DG_THREADS][DG_NI*2*10]
+    // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 8 lanes with the same t
+    // hold the same 8 channels: a butterfly over g (lane bits 4, 3, 2) that halves the values each lane keeps leaves
+    // lane (g, t) with the warp's sums of its values 10g .. 10g + 9, i.e. (ni, jj) = (g / 2, g % 2): channel
+    // (g / 2) * 8 + 2t + g % 2, k = 0..9. Then the warps' sums are added in warp order through shared memory.
+    __syncthreads();  // every warp is done with shared memory (the step warp: its share of fc1's step)
+    float* red = smem;  // [DG_CW][C1 * 10]
+    if (warp < DG_CW) {
+        float v40[40], v20[20], v10[10];
 #pragma unroll
-    for (int ni = 0; ni < DG_NI; ni++)
+        for (int i = 0; i < 40; i++) {
+            const float lo = w1acc[i / 20][(i / 10) % 2][i % 10], hi = w1acc[2 + i / 20][(i / 10) % 2][i % 10];
+            const bool up = lane & 16;
+            v40[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
+        }
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++)
+        for (int i = 0; i < 20; i++) {
+            const bool up = lane & 8;
+            v20[i] = (up ? v40[20 + i] : v40[i]) + __shfl_xor_sync(0xffffffffu, up ? v40[i] : v40[20 + i], 8);
+        }
 #pragma unroll
-            for (int k = 0; k < 10; k++) red[tid * DG_NI * 20 + (ni * 2 + jj) * 10 + k] = w1acc[ni][jj][k];
-    __syncthreads();
-    // in two stages, every thread busy: 4 groups of 16 threads' values per output (each added in thread order),
-    // then the 4 group sums in order
-    constexpr int NGRP = 4, PER = DG_THREADS / 4 / NGRP;
-    float* red2 = red + DG_THREADS * DG_NI * 20;  // [NGRP][C1 * 10]
+        for (int i = 0; i < 10; i++) {
+            const bool up = lane & 4;
+            v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 4);
+        }
+        const int c = (g / 2) * 8 + 2 * t + g % 2;
 #pragma unroll
-    for (int u = tid; u < NGRP * C1 * 10; u += DG_THREADS) {
-        const int q = u % (C1 * 10), grp = u / (C1 * 10), c = q / 10, k = q % 10, ct = (c % 8) / 2;
-        const int slot = ((c / 8) * 2 + c % 2) * 10 + k;
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PER; i++) sum += red[(ct + 4 * (grp * PER + i)) * DG_NI * 20 + slot];
-        red2[grp * C1 * 10 + q] = sum;
+        for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
     }
     __syncthreads();
     for (int q = tid; q < C1 * 10; q += DG_THREADS) {
         const int c = q / 10, k = q % 10;
-        float sum = red2[q];
+        float sum = red[q];
 #pragma unroll
-        for (int grp = 1; grp < NGRP; grp++) sum += red2[grp * C1 * 10 + q];
+        for (int w = 1; w < DG_CW; w++) sum += red[w * C1 * 10 + q];
         w1_partial[(size_t)blockIdx.x * C1 * 10 + (k < 9 ? c * 9 + k : C1 * 9 + c)] = sum;  // [32][9] then [32]
     }
 }
@@ -1768,13 +1834,13 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         for (int i = 0; i < NCH_D / 256; i++) {
             int ch = tid + i * 256, p = ch / (C2 / 4), c4 = ch % (C2 / 4);
             size_t pi = pooled_index(b, y0 + p / H2, p % H2, c4 * 4);
-            vdp[i] = __ldg((const float4*)(dpooled + pi));
-            vcd[i] = __ldg((const unsigned int*)(codes + pi));
+            vdp[i] = *(const float4*)(dpooled + pi);
+            vcd[i] = *(const unsigned int*)(codes + pi);
         }
 #pragma unroll
         for (int i = 0; i < (NCH_P + 255) / 256; i++) {
             int ch = tid + i * 256;
-            vp[i] = ch < NCH_P ? __ldg(srcp + ch) : make_float4(0.f, 0.f, 0.f, 0.f);
+            vp[i] = ch < NCH_P ? srcp[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
     if ((int)blockIdx.x < B * WG_BANDS) load_band(blockIdx.x);
@@ -1974,10 +2040,10 @@ static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float
 // when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
 // Returns the reduction of the blocks' partial sums of dw1, db1 still to do (conv2_wgrad_tf32, launched next).
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
-                                  const float* act1, const float* x, int B) {
+                                  const float* act1, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
     int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
     launch_pdl(conv2_dgrad_band_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1,
-               x, g_conv2.ws_w1, B);
+               x, g_conv2.ws_w1, B, fc1);
     SplitsJob j;
     j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
     return j;
@@ -2103,7 +2169,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
     if (NPARTS > 0) {
         float4 p[NPARTS > 0 ? NPARTS : 1];  // all partial sums in flight, then added in order
 #pragma unroll
-        for (int q = 0; q < NPARTS; q++) p[q] = __ldg((const float4*)(hpart + ((size_t)q * B + row) * FC_H) + lane);
+        for (int q = 0; q < NPARTS; q++) p[q] = ((const float4*)(hpart + ((size_t)q * B + row) * FC_H))[lane];
         hv = p[0];
 #pragma unroll
         for (int q = 1; q < NPARTS; q++) { hv.x += p[q].x; hv.y += p[q].y; hv.z += p[q].z; hv.w += p[q].w; }
@@ -2197,25 +2263,11 @@ __global__ void advance_counters_kernel(int* counters, int B) {
 // programmatic dependent launch they overlap conv2's tail.
 constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
 constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
-constexpr int FC1F_RLD = FC_H + 4;    // row stride of the partial sums (reusing the operands' shared memory)
-constexpr size_t FC1F_SMEM = (size_t)(64 + FC_H) * FC1F_LD * sizeof(float);
+constexpr size_t FC1F_SMEM = ((size_t)(64 + FC_H) * FC1F_LD + 64 * FC_H) * sizeof(float);  // operands, then the inbox
 static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
-static_assert(64 * FC1F_RLD <= (64 + FC_H) * FC1F_LD && 64 / FC1F_CLUSTER * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
-__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B,
-                                                          const float* pf0, const float* pf1) {
+static_assert(64 / FC1F_CLUSTER == 8 && (64 / FC1F_CLUSTER) * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
+__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
     TRACE_SCOPE(1);
-    // L2 prefetch of fc1.weight's optimizer state (pf0, pf1: [128][9216] or null) in this block's columns, which
-    // fc1_backward_kernel's fused step reads three launches later (a hint: no effect on any value)
-    if (blockIdx.y == 0)
-        for (const float* pf : {pf0, pf1}) {
-            if (!pf) continue;
-            constexpr int LINES = (FC1F_KC * 4 + 127) / 128 + 1;  // 128-byte lines a row's 288 bytes can touch
-            for (int i = threadIdx.x; i < FC_H * LINES; i += 256) {
-                const char* row = (const char*)(pf + (size_t)(i / LINES) * FC_IN + blockIdx.x * FC1F_KC);
-                const char* a = (const char*)((uintptr_t)row & ~(uintptr_t)127) + 128 * (i % LINES);
-                if (a < row + FC1F_KC * 4) asm volatile("prefetch.global.L2::evict_last [%0];" :: "l"(a));
-            }
-        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
@@ -2255,41 +2307,43 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
     warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, As + wm * 32 * FC1F_LD, FC1F_LD, 1, Ws + wn * 32 * FC1F_LD, 1,
                                               FC1F_LD, g, t);
     TRACE_MARK(1);
-    __syncthreads();  // every warp is done with As and Ws: the partial sums take their place
-    float* red = smem;  // [64][132]
+    // each block sends rows 8q .. 8q + 7 of its partial sum to block q of the cluster (distributed shared memory
+    // stores into q's inbox, slot = the sender's rank; the inbox lies past the operands, which q may still read);
+    // after the cluster barrier block q adds its 8 slots in rank order, reading only its own shared memory, so no
+    // second barrier has to keep a block alive for the others' reads
+    cg::cluster_group cluster = cg::this_cluster();
+    const int q = (int)cluster.block_rank();
+    float* inbox = smem + (64 + FC_H) * FC1F_LD;  // [FC1F_CLUSTER][8][FC_H]
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int h = 0; h < 2; h++) {
+            const int m = wm * 32 + mi * 16 + g + 8 * h;
+            float* dst = cluster.map_shared_rank(inbox, m / 8) + (q * 8 + m % 8) * FC_H + wn * 32 + 2 * t;
 #pragma unroll
-            for (int h = 0; h < 2; h++)
-                *(float2*)(red + (wm * 32 + mi * 16 + g + 8 * h) * FC1F_RLD + wn * 32 + ni * 8 + 2 * t) =
-                    make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // all eight partial sums are in their blocks' shared memory
+            for (int ni = 0; ni < 4; ni++) *(float2*)(dst + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
+    cluster.sync();  // every block's rows are in their owners' inboxes
     TRACE_MARK(2);
-    const int q = (int)cluster.block_rank(), row = 8 * q + tid / 32, c4 = tid % 32;
+    const int row = 8 * q + tid / 32, c4 = tid % 32;
     float4 v[FC1F_CLUSTER];
 #pragma unroll
-    for (int r = 0; r < FC1F_CLUSTER; r++) v[r] = *(const float4*)(cluster.map_shared_rank(red, r) + row * FC1F_RLD + 4 * c4);
+    for (int r = 0; r < FC1F_CLUSTER; r++) v[r] = *(const float4*)(inbox + (r * 8 + tid / 32) * FC_H + 4 * c4);
     float4 sum = v[0];
 #pragma unroll
     for (int r = 1; r < FC1F_CLUSTER; r++) { sum.x += v[r].x; sum.y += v[r].y; sum.z += v[r].z; sum.w += v[r].w; }
     if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = sum;
     TRACE_MARK(3);
-    cluster.sync();  // no block leaves (freeing its shared memory) while another still reads it
 #endif
 }
 
 // Backward: block k < 144 owns fc1's inputs k0 = 64k .. k0+63:
 //   dpooled[:, k0:k0+64] = dh Wf1[:, k0:k0+64]           (B x 64 x 128; dh is already zeroed where h <= 0)
 //   dWf1[:, k0:k0+64]   = dh^T pooled[:, k0:k0+64]        (128 x 64 x B, the batch in chunks of 64 rows)
-// 8 warps: dpooled as 2 x 4 warps of 32 x 16, dWf1 as 4 x 2 warps of 32 x 32. No other kernel of the backward reads
-// this slice of Wf1, so with `update` the block applies the optimizer step to it at once (opt_update_elem with the
-// lr and step optimizer_kernel would use: the same update, bit for bit, for the same gradient), the weight gradient
-// never goes to memory, and optimizer_kernel skips fc1.weight (98% of the parameters). The last FC1B_EXTRA blocks
-// compute the small gradients: fc1's bias (sum over the batch of dh), fc2's weight and bias (a thread per output,
-// fp32 FMAs over the batch in order).
+// 8 warps: dpooled as 2 x 4 warps of 32 x 16, dWf1 as 4 x 2 warps of 32 x 32. The weight gradient is stored (in a
+// training step the input-gradient kernel's idle warp applies its optimizer step, fc1_step_share). The last
+// FC1B_EXTRA blocks compute the small gradients: fc1's bias (sum over the batch of dh), fc2's weight and bias (a
+// thread per output, fp32 FMAs over the batch in order).
 // The Wf1 slice is loaded before grid_dep_sync: the previous step's fc1_backward_kernel (or optimizer step) wrote it,
 // several launches back, and the kernels in front only read it; dh, pooled and the rest wait.
 constexpr int FC1B_NC = 64, FC1B_BLOCKS = FC_IN / FC1B_NC;
@@ -2297,16 +2351,14 @@ constexpr int FC1B_WLD = FC1B_NC + 8;  // Ws[128][72]: Wf1[j][k0 + c], read as B
 constexpr int FC1B_HLD = FC_H + 4;     // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
                                        // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
 constexpr int FC1B_PLD = FC1B_NC + 8;  // Ps[64][72]: pooled [r][c], read as B[k = r][n = c]: conflict-free
-constexpr size_t FC1B_SMEM = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
 static_assert(FC1B_WLD % 32 == 8, "the gradient's float2 stores into Gs (stride FC1B_WLD) are conflict-free per half-warp");
+constexpr size_t FC1B_SMEM = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
 constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + 255) / 256;
 struct Fc1BackwardArgs {
-    float *dpooled, *wf1, *gwf1, *m1, *m2;          // the weight and its optimizer state (update) or its gradient
-    float *gbf1, *gwf2, *gbf2;
-    const float *dh, *pooled, *dlogits, *h;
+    float *dpooled, *gwf1, *gbf1, *gwf2, *gbf2;
+    const float *wf1, *dh, *pooled, *dlogits, *h;
     int* counters;
-    OptConfig opt;
-    int update, B;
+    int B;
     int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
 };
 __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a) {
@@ -2319,16 +2371,19 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
         int i = (blockIdx.x - FC1B_BLOCKS) * 256 + tid;
         if (i < FC_H) {
             float s = 0.0f;
+#pragma unroll 16
             for (int b = 0; b < B; b++) s += a.dh[(size_t)b * FC_H + i];
             a.gbf1[i] = s;
         } else if (i < FC_H + NCLS * FC_H) {
             int j = (i - FC_H) / FC_H, k = (i - FC_H) % FC_H;
             float s = 0.0f;
+#pragma unroll 16
             for (int b = 0; b < B; b++) s = fmaf(a.dlogits[b * NCLS + j], a.h[(size_t)b * FC_H + k], s);
             a.gwf2[j * FC_H + k] = s;
         } else if (i < FC1B_SMALL) {
             int j = i - FC_H - NCLS * FC_H;
             float s = 0.0f;
+#pragma unroll 16
             for (int b = 0; b < B; b++) s += a.dlogits[b * NCLS + j];
             a.gbf2[j] = s;
         }
@@ -2342,18 +2397,19 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3, k0 = blockIdx.x * FC1B_NC;
     const int wm1 = warp / 4, wn1 = warp % 4;  // dpooled: rows wm1*32.., columns wn1*16..
     const int wm2 = warp / 2, wn2 = warp % 2;  // dWf1: rows (fc1 outputs) wm2*32.., columns wn2*32..
+    float acc[2][4][4];
+    static_assert(FC_H * FC1B_NC / 4 % 256 == 0, "the Wf1 slice's chunks split evenly");
 #pragma unroll
-    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {  // the Wf1 slice: 128 rows of 16 float4 (before the wait)
+    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {  // the Wf1 slice: 128 rows of NC / 4 float4 (before the wait)
         int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
         *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
     }
     grid_dep_sync();
-    float acc[2][4][4];
     acc_zero(acc);
     for (int r0 = 0; r0 < B; r0 += 64) {
         __syncthreads();  // the previous chunk's fragment reads are done
         {
-            constexpr int NH = 64 * FC_H / 4 / 256, NP = 64 * FC1B_NC / 4 / 256;
+            constexpr int NH = 64 * FC_H / 4 / 256, NP = (64 * FC1B_NC / 4 + 255) / 256;
             float4 vh[NH], vp[NP];
 #pragma unroll
             for (int i = 0; i < NH; i++) {
@@ -2363,7 +2419,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
 #pragma unroll
             for (int i = 0; i < NP; i++) {
                 int ch = tid + i * 256, r = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-                vp[i] = r0 + r < B ? __ldg((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+                vp[i] = r < 64 && r0 + r < B ? ((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0))[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
 #pragma unroll
             for (int i = 0; i < NH; i++) {
@@ -2373,7 +2429,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
 #pragma unroll
             for (int i = 0; i < NP; i++) {
                 int ch = tid + i * 256, r = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-                *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
+                if (r < 64) *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
             }
         }
         __syncthreads();
@@ -2399,8 +2455,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
     }
     TRACE_MARK(2);
     // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so that
-    // it leaves in rows of 16-byte chunks: stored, or the optimizer step applied to this slice of fc1.weight (p from
-    // global memory: the shared copy is rounded); SGD issues all 8 chunks' loads at once, AdamW (three buffers) 4
+    // it leaves in rows of 16-byte chunks
     __syncthreads();
     float* Gs = smem;
 #pragma unroll
@@ -2413,64 +2468,10 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
                     make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     __syncthreads();
     TRACE_MARK(3);
-    constexpr int NG = FC_H * FC1B_NC / 4 / 256;  // 8 chunks per thread
-    if (!a.update) {
 #pragma unroll
-        for (int i = 0; i < NG; i++) {
-            int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-            *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
-        }
-        return;
-    }
-    const OptStep st = opt_step(a.opt, a.counters[0]);
-    const bool adamw = a.opt.optimizer == OPT_ADAMW;
-    if (a.opt.optimizer == OPT_SGD) {  // all 8 chunks' loads in one round (16 in flight per thread), SGD code only
-        float4 p[NG], m[NG];
-#pragma unroll
-        for (int i = 0; i < NG; i++) {
-            int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
-            p[i] = *(const float4*)(a.wf1 + gi); m[i] = *(const float4*)(a.m1 + gi);
-        }
-#pragma unroll
-        for (int i = 0; i < NG; i++) {
-            int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-            float4 gr = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
-            sgd_update_elem(a.opt, st, &p[i].x, gr.x, &m[i].x);
-            sgd_update_elem(a.opt, st, &p[i].y, gr.y, &m[i].y);
-            sgd_update_elem(a.opt, st, &p[i].z, gr.z, &m[i].z);
-            sgd_update_elem(a.opt, st, &p[i].w, gr.w, &m[i].w);
-            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
-            *(float4*)(a.wf1 + gi) = p[i]; *(float4*)(a.m1 + gi) = m[i];
-        }
-        return;
-    }
-#pragma unroll 1
-    for (int i0 = 0; i0 < NG; i0 += 4) {
-        float4 p[4], m[4], v[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int ch = tid + (i0 + i) * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
-            p[i] = *(const float4*)(a.wf1 + gi); m[i] = *(const float4*)(a.m1 + gi);
-            v[i] = adamw ? *(const float4*)(a.m2 + gi) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int ch = tid + (i0 + i) * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-            float4 gr = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
-            opt_update_elem(a.opt, st, &p[i].x, gr.x, &m[i].x, &v[i].x);
-            opt_update_elem(a.opt, st, &p[i].y, gr.y, &m[i].y, &v[i].y);
-            opt_update_elem(a.opt, st, &p[i].z, gr.z, &m[i].z, &v[i].z);
-            opt_update_elem(a.opt, st, &p[i].w, gr.w, &m[i].w, &v[i].w);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int ch = tid + (i0 + i) * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-            size_t gi = (size_t)j * FC_IN + k0 + 4 * c4;
-            *(float4*)(a.wf1 + gi) = p[i]; *(float4*)(a.m1 + gi) = m[i];
-            if (adamw) *(float4*)(a.m2 + gi) = v[i];
-        }
+    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {
+        int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+        *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
     }
 }
 
@@ -2611,8 +2612,7 @@ static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
         conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
         if (g_fc1_cluster) {
             launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
-                       m->pooled, P(m, P_WF1), B, (const float*)(m->m1 + PARAMS[P_WF1].offset),
-                       m->opt.optimizer == OPT_ADAMW ? (const float*)(m->m2 + PARAMS[P_WF1].offset) : nullptr);
+                       m->pooled, P(m, P_WF1), B);
             return;  // the head adds the partial sums, bias and ReLU, and does fc2
         }
     } else {
@@ -2674,14 +2674,19 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
         const bool fuse = update_advance_B >= 0;
         Fc1BackwardArgs a;
         a.dpooled = m->dpooled; a.wf1 = P(m, P_WF1); a.gwf1 = G(m, P_WF1);
-        a.m1 = m->m1 + PARAMS[P_WF1].offset; a.m2 = m->m2 + PARAMS[P_WF1].offset;
         a.gbf1 = G(m, P_BF1); a.gwf2 = G(m, P_WF2); a.gbf2 = G(m, P_BF2);
         a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
-        a.opt = m->opt; a.update = fuse; a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
+        a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
         launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
         // the input gradient first: the weight-gradient kernel after it adds up both kernels' partial sums (and its
-        // bands, which need only dpooled, overlap the input gradient's last blocks)
-        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1, m->x, B);  // + conv1's dW, db
+        // bands, which need only dpooled, overlap the input gradient's last blocks); fused, its idle warp applies
+        // fc1.weight's optimizer step (98% of the parameters)
+        Fc1Step f;
+        if (fuse) {
+            f.p = P(m, P_WF1); f.g = G(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset; f.m2 = m->m2 + PARAMS[P_WF1].offset;
+            f.counters = m->counters; f.c = m->opt;
+        }
+        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1, m->x, B, f);  // + conv1's dW, db
         if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
         // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
         // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end

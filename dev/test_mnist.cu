@@ -533,11 +533,12 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
 //   forward (sm_90): fc1_forward_kernel's split-K partial sums added by head_kernel, + bias, ReLU: h, TF32 bound;
 //   backward: fc1_backward_kernel's dpooled and fc1 weight gradient (TF32 bound), fc1's bias gradient and fc2's
 //   weight and bias gradient (fp32 bounds: no TF32 in them);
-//   its fused optimizer step (SGD with momentum and weight decay, then AdamW, at step 7 of a warm-up + cosine
-//   schedule) against optimizer_kernel applied to the gradient the same kernel stores without the fusion: the same
-//   function of the same inputs, every rounding written out (opt_update_elem): bit-identical parameters and
-//   optimizer state required, for SGD and AdamW.
+//   fc1.weight's fused optimizer step (fc1_step_share, which the input-gradient kernel's idle warp runs in a
+//   training step; SGD with momentum and weight decay, then AdamW, at step 7 of a warm-up + cosine schedule, in 129
+//   and in 5 shares) against optimizer_kernel on the gradient fc1_backward_kernel stored: the same function of the
+//   same inputs, every rounding written out (opt_update_elem): bit-identical parameters and optimizer state required.
 // B = 70 takes two chunks of 64 batch rows (the second partial) and two row tiles in the forward.
+__global__ void fc1_step_test_kernel(Fc1Step u) { if (threadIdx.x < 32) fc1_step_share(u, blockIdx.x, gridDim.x, threadIdx.x); }
 static void check_fc1_fast(int B, uint64_t seed) {
     const size_t nw = (size_t)FC_H * FC_IN, npool = (size_t)B * FC_IN;
     std::vector<float> pooled = rand_vec(npool, seed), w = rand_vec(nw, seed + 1), bf1 = rand_vec(FC_H, seed + 2);
@@ -555,8 +556,7 @@ static void check_fc1_fast(int B, uint64_t seed) {
     auto fin = [](double e, float g) { return g == g ? e : INFINITY; };
     if (g_fc1_cluster) {
         float *d_part = poison((size_t)FC1F_PARTS * B * FC_H), *d_hout = poison((size_t)B * FC_H), *d_logits = poison((size_t)B * NCLS);
-        launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, d_part, d_pooled, d_w, B,
-                   (const float*)nullptr, (const float*)nullptr);
+        launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, d_part, d_pooled, d_w, B);
         launch_pdl(head_kernel<FC1F_PARTS>, ceil_div(B, 8), 256, 0, 1, d_logits, nullptr, nullptr, nullptr, nullptr, d_hout, d_part,
                    d_bf1, d_wf2, d_bf2, d_y, nullptr, 0, B);
         cudaCheck(cudaDeviceSynchronize());
@@ -586,8 +586,8 @@ static void check_fc1_fast(int B, uint64_t seed) {
     const int counters[3] = {7, 0, 0};
     cudaCheck(cudaMemcpy(d_counters, counters, 12, cudaMemcpyHostToDevice));
     Fc1BackwardArgs a;
-    a.dpooled = d_dpooled; a.wf1 = d_w; a.gwf1 = d_gw; a.m1 = nullptr; a.m2 = nullptr; a.gbf1 = d_gbf1; a.gwf2 = d_gwf2; a.gbf2 = d_gbf2;
-    a.dh = d_dh; a.pooled = d_pooled; a.dlogits = d_dlogits; a.h = d_h; a.counters = d_counters; a.update = 0; a.B = B;
+    a.dpooled = d_dpooled; a.wf1 = d_w; a.gwf1 = d_gw; a.gbf1 = d_gbf1; a.gwf2 = d_gwf2; a.gbf2 = d_gbf2;
+    a.dh = d_dh; a.pooled = d_pooled; a.dlogits = d_dlogits; a.h = d_h; a.counters = d_counters; a.B = B;
     launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<float> gdp(npool), ggw(nw), ggb1(FC_H), ggw2(NCLS * FC_H), ggb2(NCLS);
@@ -659,15 +659,17 @@ static void check_fc1_fast(int B, uint64_t seed) {
         report(worst <= 1.0, "gpu fc1 backward bias gradient, fc2 weight + bias gradient", buf);
     }
     // the fused optimizer step against optimizer_kernel on the stored gradient
-    for (int opt = 0; opt < 2; opt++) {
+    for (int run = 0; run < 4; run++) {
+        const int opt = run / 2, shares = run % 2 ? 5 : 129;
         OptConfig c;
         c.optimizer = opt; c.schedule = SCHED_COSINE; c.warmup_steps = 3; c.total_steps = 20;
         c.lr = opt ? 2e-3f : 0.05f; c.weight_decay = opt ? 0.01f : 5e-4f;
         std::vector<float> m1 = rand_vec(nw, seed + 10), m2 = rand_vec(nw, seed + 11);
         for (auto& v : m2) v = v * v;  // AdamW's second moment is >= 0
         float *wa = up(w), *m1a = up(m1), *m2a = up(m2), *wb = up(w), *m1b = up(m1), *m2b = up(m2);
-        a.wf1 = wa; a.m1 = m1a; a.m2 = m2a; a.opt = c; a.update = 1;
-        launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
+        Fc1Step u;
+        u.p = wa; u.g = d_gw; u.m1 = m1a; u.m2 = m2a; u.counters = d_counters; u.c = c;
+        launch_pdl(fc1_step_test_kernel, shares, 64, 0, 1, u);
         launch_pdl(optimizer_kernel, (unsigned)((nw / 4 + 256) / 256), 256, 0, 1, wb, (const float*)d_gw, m1b, m2b, nw, c, d_counters, -1);
         cudaCheck(cudaDeviceSynchronize());
         std::vector<float> pa(nw), pb(nw), ma(nw), mb(nw), va(nw), vb(nw);
@@ -681,9 +683,9 @@ static void check_fc1_fast(int B, uint64_t seed) {
             moved += pa[i] != w[i];
             maxd = std::max(maxd, (double)fabs(pa[i] - pb[i]));
         }
-        snprintf(buf, sizeof buf, "%s: %zu of %zu elements differ from optimizer_kernel's (max |dp| %.3g); %zu weights moved",
-                 tag.c_str(), diff, nw, maxd, moved);
-        report(diff == 0 && moved > nw / 2, std::string("gpu fc1 backward fused ") + (opt == OPT_ADAMW ? "adamw" : "sgd") +
+        snprintf(buf, sizeof buf, "%s, %d shares: %zu of %zu elements differ from optimizer_kernel's (max |dp| %.3g); %zu weights moved",
+                 tag.c_str(), shares, diff, nw, maxd, moved);
+        report(diff == 0 && moved > nw / 2, std::string("gpu fc1 fused ") + (opt == OPT_ADAMW ? "adamw" : "sgd") +
                " step of fc1.weight (bit-identical)", buf);
         for (float* p : {wa, m1a, m2a, wb, m1b, m2b}) cudaFree(p);
     }
@@ -806,8 +808,9 @@ int main() {
                     compare(std::string("gpu debug state ours tf32 grad.") + PARAMS[i].name + " (cuBLAS TF32 max|err| " +
                             std::to_string(cub_err) + ")", g.data() + PARAMS[i].offset, ref, n, 4 * cub_err + 1e-3 * max_abs_of(ref, n), 0.0);
                 }
-                // the training step's fusions (fc1.weight's optimizer step in fc1's backward kernel, every other
-                // parameter's in the weight-gradient kernel's split reduction, the counters advanced there) against the unfused sequence
+                // the training step's fusions (fc1.weight's optimizer step in the input-gradient kernel, every other
+                // parameter's in the weight-gradient kernel's split reduction, the step counter advanced there and the
+                // batch position in fc1's backward) against the unfused sequence
                 // (gradients stored, optimizer_kernel, advance_counters_kernel), one step from the debug state (a
                 // second step would carry the first one's rounding differences into the gradients): SGD and AdamW
                 // bit-identical (opt_update_elem writes every rounding out), and the counters advanced by both to

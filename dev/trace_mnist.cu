@@ -24,12 +24,12 @@ static const char* TRACE_NAMES[TRACE_KERNELS] = {"conv1+conv2 fwd", "fc1 forward
                                                  "conv2 input grad", "conv2 weight grad"};
 // their TRACE_MARK phases (nullptr: unused)
 static const char* MARK_NAMES[TRACE_KERNELS][TRACE_MARKS] = {
-    {"x in shared memory", "conv1 done, weights rounded", "products done", "pooled stored", nullptr, nullptr},
-    {"operands in shared memory", "products done", "cluster's partial sums staged", "cluster sum stored", nullptr, nullptr},
+    {"x in shared memory", "conv1 done, weights rounded", "products done", "pooled stored", "conv1 done (before the weights' wait)", nullptr},
+    {"operands in shared memory", "products done", "rows in their owners' inboxes", "cluster sum stored", nullptr, nullptr},
     {"h stored", "logits", nullptr, nullptr, nullptr, nullptr},
     {"operands in shared memory", "dpooled done", "weight gradient products done", "gradient in shared memory", nullptr,
      "small gradients done (last blocks)"},
-    {"patch in shared memory", "products done", "epilogue done", nullptr, nullptr, nullptr},
+    {"patch in shared memory", "products done", "epilogue done", "step warp done (fc1.weight's step)", nullptr, nullptr},
     {"bands done", "cluster's partial sums staged", "cluster sum stored", "jobs before the barrier done", "barrier open", nullptr}};
 
 // One replay's last step, per kernel (times in ns from the step's first warp; -1: nothing recorded); per mark, the
