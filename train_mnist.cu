@@ -1370,7 +1370,7 @@ __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lan
 // cross from pixel x = 25 of one output row to x = 0 of the next (pixel stride 4 mod 32).
 // 7 compute warps of 48 x 32 (the whole n; weights read once per k-step for 3 m16 tiles): 21 m16 tiles cover DG_CH
 // exactly (12 warps of 32 x 32, 168 registers with 8 bytes of spill: 19.4 us against 17.5 on the H100). An 8th warp
-// (the step warp) applies a share of fc1.weight's optimizer step meanwhile in a training step (fc1_step_share); the
+// (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step (fc1_step_share); the
 // compute warps synchronise on a named barrier without it.
 constexpr int DG_WARPS = 8, DG_THREADS = 32 * DG_WARPS, DG_MI = 3, DG_NI = C1 / 8, DG_CH = 336;
 constexpr int DG_CS = C2 + 4, DG_WP = H1 + 2, DG_RS = DG_WP * DG_CS + 24, DG_PROWS = 18, DG_WS = 9 * C1 * DG_CS;
@@ -2679,12 +2679,18 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
         a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
         launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
         // the input gradient first: the weight-gradient kernel after it adds up both kernels' partial sums (and its
-        // bands, which need only dpooled, overlap the input gradient's last blocks); fused, its idle warp applies
-        // fc1.weight's optimizer step (98% of the parameters)
+        // bands, which need only dpooled, overlap the input gradient's last blocks); fused with SGD, its idle warp
+        // applies fc1.weight's optimizer step (98% of the parameters). AdamW's step (a square root and a division per
+        // element) is too slow for one warp per SM (measured on the H100: 2 epochs at batch 128 took 212 ms instead of
+        // ~130): optimizer_kernel does it, launched here, before the weight-gradient kernel advances the step counter.
         Fc1Step f;
-        if (fuse) {
+        if (fuse && m->opt.optimizer == OPT_SGD) {
             f.p = P(m, P_WF1); f.g = G(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset; f.m2 = m->m2 + PARAMS[P_WF1].offset;
             f.counters = m->counters; f.c = m->opt;
+        } else if (fuse) {
+            const size_t n = PARAMS[P_WF1].numel, off = PARAMS[P_WF1].offset;
+            launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1), (const float*)G(m, P_WF1),
+                       m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
         }
         SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1, m->x, B, f);  // + conv1's dW, db
         if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
