@@ -391,8 +391,8 @@ __device__ __forceinline__ void trace_mark(int i) {
 // griddepcontrol.wait returns once the previous grid has completed and its writes are visible; then
 // launch_dependents lets the next kernel be scheduled. Because each kernel waits before it releases its successor,
 // a kernel that starts knows the kernel two launches back is complete: a prologue before grid_dep_sync() may read
-// what that one (and anything earlier) wrote, never what the immediately preceding kernel writes (the conv2 kernels
-// load their weights there). griddepcontrol.wait waits for every earlier grid still in flight, not only the one in
+// what that one (and anything earlier) wrote, never what the immediately preceding kernel writes (the input gradient
+// loads its weight image there). griddepcontrol.wait waits for every earlier grid still in flight, not only the one in
 // front (dev/trace_mnist measured it), so a kernel cannot overlap the ones after it unless none of them waits.
 // Elsewhere (sm_80, or launches without the attribute) both are no-ops.
 __device__ __forceinline__ void grid_dep_sync() {
@@ -1311,46 +1311,37 @@ constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12;
 constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 
-// fc1.weight's optimizer step (p, m1, m2: its slices of the flat buffers; g: its gradient, as fc1_backward_kernel
-// stored it), `share` of `nshares` of its float4 units, by one warp: opt_update_elem with the step optimizer_kernel
-// would use, so the same bits. U units' operands per lane are loaded before any is updated (12 for SGD's three
-// buffers, 8 for AdamW's four). Run by the input-gradient kernel's idle warp, while the others compute: the
-// gradient's kernel (right in front) is complete, and fc1.weight is next read by the next step's fc1 forward, three
-// launches later.
-struct Fc1Step { float *p = nullptr, *m1 = nullptr, *m2 = nullptr; const float* g = nullptr; const int* counters = nullptr; OptConfig c; };
-template <int U, bool ADAMW>
-__device__ void fc1_step_units(const Fc1Step& u, const OptStep& st, size_t lo, size_t hi, int lane) {
+// fc1.weight's SGD step (p, m1: its slices of the flat buffers; g: its gradient, as fc1_backward_kernel stored it),
+// `share` of `nshares` of its float4 units, by one warp: sgd_update_elem with the step optimizer_kernel would use, so
+// the same bits. 12 units' p, g and m per lane are loaded before any is updated; g and m with streaming hints (read
+// or written once per step: measured on the H100, 1.2 ms per epoch at batch 64 against plain accesses, which pushed
+// the weight gradient's operands out of L2). Run by the input-gradient kernel's idle warp while the others compute:
+// the gradient's kernel is complete, and fc1.weight is next read by the next step's fc1 forward, three launches
+// later. (AdamW's step, with a square root and a division per element, is too slow for one warp per SM: the training
+// step runs optimizer_kernel for it instead.)
+struct Fc1Step { float *p = nullptr, *m1 = nullptr; const float* g = nullptr; const int* counters = nullptr; OptConfig c; };
+__device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lane) {
+    constexpr size_t N4 = (size_t)FC_H * FC_IN / 4;
+    constexpr int U = 12;
+    const size_t lo = share * N4 / nshares, hi = (share + 1) * N4 / nshares;
+    const OptStep st = opt_step(u.c, __ldcg(u.counters));
     for (size_t i0 = lo + lane; i0 < hi; i0 += 32 * U) {
-        float4 p[U], g[U], m[U], v[U];
+        float4 p[U], g[U], m[U];
 #pragma unroll
         for (int k = 0; k < U; k++) {
             const size_t i = i0 + 32 * k;
             if (i >= hi) break;
             p[k] = __ldcg((const float4*)u.p + i); g[k] = __ldcs((const float4*)u.g + i); m[k] = __ldcs((const float4*)u.m1 + i);
-            if (ADAMW) v[k] = __ldcs((const float4*)u.m2 + i);
         }
 #pragma unroll
         for (int k = 0; k < U; k++) {
             const size_t i = i0 + 32 * k;
             if (i >= hi) break;
-            if (ADAMW) {
-                opt_update_elem(u.c, st, &p[k].x, g[k].x, &m[k].x, &v[k].x); opt_update_elem(u.c, st, &p[k].y, g[k].y, &m[k].y, &v[k].y);
-                opt_update_elem(u.c, st, &p[k].z, g[k].z, &m[k].z, &v[k].z); opt_update_elem(u.c, st, &p[k].w, g[k].w, &m[k].w, &v[k].w);
-                __stcs((float4*)u.m2 + i, v[k]);
-            } else {
-                sgd_update_elem(u.c, st, &p[k].x, g[k].x, &m[k].x); sgd_update_elem(u.c, st, &p[k].y, g[k].y, &m[k].y);
-                sgd_update_elem(u.c, st, &p[k].z, g[k].z, &m[k].z); sgd_update_elem(u.c, st, &p[k].w, g[k].w, &m[k].w);
-            }
+            sgd_update_elem(u.c, st, &p[k].x, g[k].x, &m[k].x); sgd_update_elem(u.c, st, &p[k].y, g[k].y, &m[k].y);
+            sgd_update_elem(u.c, st, &p[k].z, g[k].z, &m[k].z); sgd_update_elem(u.c, st, &p[k].w, g[k].w, &m[k].w);
             ((float4*)u.p)[i] = p[k]; __stcs((float4*)u.m1 + i, m[k]);
         }
     }
-}
-__device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lane) {
-    constexpr size_t N4 = (size_t)FC_H * FC_IN / 4;
-    const size_t lo = share * N4 / nshares, hi = (share + 1) * N4 / nshares;
-    const OptStep st = opt_step(u.c, __ldcg(u.counters));
-    if (u.c.optimizer == OPT_ADAMW) fc1_step_units<8, true>(u, st, lo, hi, lane);
-    else fc1_step_units<12, false>(u, st, lo, hi, lane);
 }
 
 // conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c] where
@@ -2259,7 +2250,7 @@ __global__ void advance_counters_kernel(int* counters, int B) {
 // hpart[16][B][128]. head_kernel adds the 16 in order, then the bias and the ReLU. Deterministic; 0.5 MB of partial
 // sums at batch 64 instead of the 2.4 MB that the 72-way split of the generic kernel wrote and re-read.
 // The fc1.weight loads are issued before grid_dep_sync (only pooled comes from the kernel in front, conv2's forward;
-// the weight was last written by the previous step's fc1_backward_kernel, several launches back), so with
+// the weight was last written by the previous step's optimizer step, three or more launches back), so with
 // programmatic dependent launch they overlap conv2's tail.
 constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
 constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
@@ -2344,8 +2335,8 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
 // training step the input-gradient kernel's idle warp applies its optimizer step, fc1_step_share). The last
 // FC1B_EXTRA blocks compute the small gradients: fc1's bias (sum over the batch of dh), fc2's weight and bias (a
 // thread per output, fp32 FMAs over the batch in order).
-// The Wf1 slice is loaded before grid_dep_sync: the previous step's fc1_backward_kernel (or optimizer step) wrote it,
-// several launches back, and the kernels in front only read it; dh, pooled and the rest wait.
+// The Wf1 slice is loaded before grid_dep_sync: the previous step's optimizer step wrote it, several launches back,
+// and the kernels in front only read it; dh, pooled and the rest wait.
 constexpr int FC1B_NC = 64, FC1B_BLOCKS = FC_IN / FC1B_NC;
 constexpr int FC1B_WLD = FC1B_NC + 8;  // Ws[128][72]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
 constexpr int FC1B_HLD = FC_H + 4;     // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
@@ -2685,7 +2676,7 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
         // ~130): optimizer_kernel does it, launched here, before the weight-gradient kernel advances the step counter.
         Fc1Step f;
         if (fuse && m->opt.optimizer == OPT_SGD) {
-            f.p = P(m, P_WF1); f.g = G(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset; f.m2 = m->m2 + PARAMS[P_WF1].offset;
+            f.p = P(m, P_WF1); f.g = G(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset;
             f.counters = m->counters; f.c = m->opt;
         } else if (fuse) {
             const size_t n = PARAMS[P_WF1].numel, off = PARAMS[P_WF1].offset;
