@@ -6,11 +6,12 @@ Two paths of ours:
   - the default fast path (GPU, --matmul ours, --tf32 1): conv2's forward, input and weight gradient on specialised
     TF32 mma kernels (weights and input patch in shared memory, persistent bands), conv1 forward (direct fp32) made
     inside conv2's forward kernel, fc1 on specialised TF32 kernels (split-K forward with a cluster reduction; one
-    backward kernel for its input and weight gradient with the optimizer step of fc1.weight), fc2 in a fused head
-    (fc2 + log-softmax/NLL + fc2's input gradient); max-pool (with window codes instead of act2 and dact2), its
-    backward and conv1's weight gradient fused into neighbouring kernels; the optimizer step of the other parameters
-    in the last gradient reduction; programmatic dependent launch between the 7 kernels of a step
-    (dev/mnist_NOTES.md).
+    backward kernel for its input and weight gradient), fc2 in a fused head (fc2 + log-softmax/NLL + fc2's input
+    gradient); in a training step at batch <= 64 conv2's forward kernel also runs fc1's forward and the head, after
+    grid barriers (the fused forward); max-pool (with window codes instead of act2 and dact2), its backward and conv1's
+    weight gradient fused into neighbouring kernels; fc1.weight's SGD step in the input gradient's idle warp, the other
+    parameters' step in the last gradient reduction; programmatic dependent launch between the 4 kernels of a step at
+    batch 64 (dev/mnist_NOTES.md).
   - the generic path (--tf32 0, what the PyTorch fp32 tests compare): every product on the generic tiled kernel.
 
 Network (the write-up's): conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max-pool 2, fc 9216->128, ReLU, fc 128->10,
@@ -351,7 +352,7 @@ static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, i
 // when its grid_dep_sync returns and when it leaves the kernel (the scope's destructor, also on an early return), and
 // at the kernel's phase boundaries (TRACE_MARK(i), i < TRACE_MARKS; the trace tool names them).
 #ifdef MNIST_TRACE
-constexpr int TRACE_KERNELS = 6, TRACE_BLOCKS = 1024, TRACE_WARPS = 32, TRACE_MARKS = 6;
+constexpr int TRACE_KERNELS = 6, TRACE_BLOCKS = 1024, TRACE_WARPS = 32, TRACE_MARKS = 8;
 __device__ unsigned long long g_trace[TRACE_KERNELS][TRACE_BLOCKS][TRACE_WARPS][3];
 __device__ unsigned long long g_trace_mark[TRACE_KERNELS][TRACE_BLOCKS][TRACE_WARPS][TRACE_MARKS];
 __device__ __forceinline__ unsigned long long trace_now() {
@@ -395,10 +396,11 @@ __device__ __forceinline__ void trace_mark(int i) {
 // loads its weight image there). griddepcontrol.wait waits for every earlier grid still in flight, not only the one in
 // front (dev/trace_mnist measured it), so a kernel cannot overlap the ones after it unless none of them waits.
 // Elsewhere (sm_80, or launches without the attribute) both are no-ops.
-__device__ __forceinline__ void grid_dep_sync() {
+// A kernel may also release its successor later than its wait (grid_dep_wait, then grid_dep_launch): the successor's
+// blocks then take no SM before that point (the fused forward: not before its second grid barrier).
+__device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 #ifdef MNIST_TRACE
     const int blk = blockIdx.x + blockIdx.y * gridDim.x, warp = threadIdx.x / 32;
@@ -406,6 +408,15 @@ __device__ __forceinline__ void grid_dep_sync() {
     if (threadIdx.x % 32 == 0 && k >= 0 && k < TRACE_KERNELS && blk < TRACE_BLOCKS && warp < TRACE_WARPS)
         g_trace[k][blk][warp][1] = trace_now();
 #endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_sync() {
+    grid_dep_wait();
+    grid_dep_launch();
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1058,6 +1069,120 @@ __device__ __forceinline__ int band_ldsm_a_k(int lane) { return (lane >> 4) * 4;
 __device__ __forceinline__ int band_ldsm_b_n(int lane) { return (lane & 7) + (lane >> 4) * 8; }
 __device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1) * 4; }
 
+// Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient grid
+// by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on the SM
+// while it runs), and the fused forward only runs where its grid fits one block per SM; a successor launched with
+// programmatic dependent launch cannot take an SM before every block of this grid has started (it is released by
+// grid_dep_sync or grid_dep_launch, which every block executes). The kernels that use it (the weight gradient once, the
+// fused forward twice) share one counter: they run one after the other in the stream. *bar only grows (64 bits: it
+// never wraps): every barrier adds exactly WG_BAR_K to it, whatever its grid size (block b adds K / G, plus 1 for the
+// first K % G blocks), so a barrier starts at a multiple of K, a block's arrival (which returns the count before it)
+// tells which, and the block spins (one thread, an L2 load per round trip) until the count reaches the next multiple.
+// (A block can arrive at a kernel's second barrier only after every block arrived at its first: the count has passed
+// the first's target by then, which its last waiters still see.) One atomic per block, no reset: nothing but the last
+// arrival itself on the barrier's critical path. Writes before the barrier are visible to every block after it
+// (__syncthreads + __threadfence, as cooperative groups' grid sync). Split in two: wg_grid_arrive returns the block's
+// arrival rank in this launch (the count before it, in units of K / G: 0 for the first block to arrive), so that the
+// first blocks can do work that the barrier does not guard while the others are still coming; wg_grid_wait then waits.
+constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
+struct WgBarrier { unsigned long long target; int rank; };
+__device__ WgBarrier wg_grid_arrive(unsigned long long* bar) {
+    __shared__ WgBarrier sb;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
+        __threadfence();
+        const unsigned long long old = atomicAdd(bar, add);
+        sb.target = (old / WG_BAR_K + 1) * WG_BAR_K;
+        sb.rank = (int)((old % WG_BAR_K) / (WG_BAR_K / G));  // r arrivals added between r * (K / G) and r * (K / G + 1)
+    }
+    __syncthreads();
+    return sb;
+}
+__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target, const char* kernel) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long c, t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+            if (c >= target) break;
+            // a watchdog, not a timing: if the blocks were not all resident (e.g. an SM limit imposed from outside,
+            // such as MPS), the barrier would never open; fail loudly instead of hanging
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > 2000000000ull) {
+                printf("%s: grid barrier not reached by all %u blocks after 2 s (not co-resident?)\n", kernel, gridDim.x);
+                __trap();
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+// One warp holds one row of NCLS logits (lane j: logit j; lanes >= NCLS: -inf): log-softmax + NLL. Writes the row's
+// loss and prediction (argmax, lowest index on ties) at its position in the epoch's arrays when those are given;
+// returns through e, sum and label what the gradient (softmax - onehot) / B = (e / sum - [lane == label]) / B needs.
+__device__ __forceinline__ void warp_log_softmax_nll(float v, int lane, const int* y, int row, const int* counters,
+                                                     int offset_const, float* losses, int* preds, float& e, float& sum,
+                                                     int& label) {
+    float mx = v; int arg = lane;
+    for (int o = 16; o > 0; o /= 2) {
+        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
+        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
+    }
+    e = lane < NCLS ? expf(v - mx) : 0.0f;
+    sum = e;
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    label = y[row];
+    float logp = v - mx - logf(sum);
+    int pos = (counters ? counters[1] : offset_const) + row;
+    if (lane == label && losses) losses[pos] = -logp;
+    if (lane == 0 && preds) preds[pos] = arg;
+}
+// The head of one row, by one warp, from fc1's output h (lane l holds h[4l .. 4l + 3], ReLU applied): logits = h
+// Wf2^T + bf2 (ws: Wf2 [10][128], bs: bf2, in shared memory; fp32 FMAs, a lane's 4 inputs then butterfly sums), the
+// fused log-softmax + NLL (warp_log_softmax_nll), and when dlogits is given dlogits = (softmax - onehot) / B and fc2's
+// input gradient dh = dlogits Wf2, zeroed where h <= 0 (fc1's ReLU). head_kernel and the fused forward run it.
+__device__ __forceinline__ void head_row(float4 hv, int row, int lane, const float* ws, const float* bs, float* logits,
+                                         float* dlogits, float* dh, float* losses, int* preds, const int* y,
+                                         const int* counters, int offset_const, int B) {
+    static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
+    float v = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NCLS; j++) {
+        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
+        float d = hv.x * wv.x;
+        d = fmaf(hv.y, wv.y, d); d = fmaf(hv.z, wv.z, d); d = fmaf(hv.w, wv.w, d);
+        for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffff, d, o);
+        if (lane == j) v = d + bs[j];
+    }
+    if (lane < NCLS) logits[row * NCLS + lane] = v;
+    float e, sum;
+    int label;
+    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
+    if (!dlogits) return;
+    float gl = lane < NCLS ? (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B : 0.0f;
+    if (lane < NCLS) dlogits[row * NCLS + lane] = gl;
+    float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < NCLS; j++) {
+        float gj = __shfl_sync(0xffffffff, gl, j);
+        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
+        d.x = fmaf(gj, wv.x, d.x); d.y = fmaf(gj, wv.y, d.y); d.z = fmaf(gj, wv.z, d.z); d.w = fmaf(gj, wv.w, d.w);
+    }
+    if (!(hv.x > 0.0f)) d.x = 0.0f;
+    if (!(hv.y > 0.0f)) d.y = 0.0f;
+    if (!(hv.z > 0.0f)) d.z = 0.0f;
+    if (!(hv.w > 0.0f)) d.w = 0.0f;
+    *(float4*)(dh + (size_t)row * FC_H + 4 * lane) = d;
+}
+
+// fc1's split of K on the fast path (fc1_forward_kernel below; the fused forward inside conv2's forward kernel)
+constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
+constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
+constexpr size_t FC1F_SMEM = ((size_t)(64 + FC_H) * FC1F_LD + 64 * FC_H) * sizeof(float);  // operands, then the inbox
+static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
+
 // Where conv2's forward kernel takes the network's input from: x (B,28,28), normalized, written by an earlier kernel;
 // or (images not null: the training step, no gather kernel) the dataset's bytes, sample perm[pos + b] (pos + b without
 // perm) with pos = counters[1] (offset when counters is null), normalized by mnist_normalize; x_out and y_out then get
@@ -1071,6 +1196,27 @@ struct ConvInput {
     int offset = 0;
     float* x_out = nullptr;
     int* y_out = nullptr;
+};
+
+// The training step's fc1 and head inside conv2's forward kernel (the fused forward; part not null): the grid is then
+// FC1F_SPLITS blocks, all resident at once (one per SM), B <= 64, and the blocks past the batch's bands skip the
+// convolutions. Block s loads fc1.weight's K slice s (columns 72 s .. 72 s + 71) by cp.async once conv2's weights have
+// landed; after its bands and a grid barrier (every pooled row stored) it computes fc1's partial sum over that slice
+// exactly as fc1_forward_kernel's block s does (the same rounded operands, the same products: the same bits) and stores
+// it to part[s][B][128] (4 MB at batch 64, stored and loaded with streaming hints: read once; plain accesses kept them
+// in L2 at the expense of what the backward reads next, measured on the H100: 0.8 ms per epoch); after a second
+// barrier, which also releases fc1's backward (released at the wait, its blocks sat early on this kernel's first free
+// SMs: 0.4 ms slower), block b < B adds row b's 128 partial sums in the order fc1_forward_kernel's clusters and
+// head_kernel<FC1F_PARTS> add them (the 8 of a group in rank order, then the 16 groups), then fc1's bias and ReLU (h),
+// and runs head_row. So the fused forward is bit-identical to conv2's forward + fc1_forward_kernel + head_kernel, with
+// two grid barriers in place of two launches and their ramps.
+struct FwdHead {
+    const float *wf1 = nullptr, *bf1 = nullptr, *wf2 = nullptr, *bf2 = nullptr;
+    float *part = nullptr, *h = nullptr, *logits = nullptr, *dlogits = nullptr, *dh = nullptr, *losses = nullptr;
+    int* preds = nullptr;
+    const int *y = nullptr, *counters = nullptr;
+    int offset = 0;
+    unsigned long long* bar = nullptr;
 };
 
 // conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
@@ -1089,12 +1235,14 @@ struct ConvInput {
 // band's act1, rounded to TF32 as it is written), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into
 // registers while this band is computed) and conv1's weights. Fragments by ldmatrix (band_ldsm_x4).
 // Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
-// after grid_dep_sync, conv2.weight by cp.async while conv1 is computed. Gathered input is loaded before it.
+// after grid_dep_sync, conv1's first (into registers, ahead of conv2.weight's 9 MB over all blocks, which conv1 would
+// otherwise wait behind), conv2.weight by cp.async while conv1 is computed, conv2.bias into registers for the
+// epilogue. Gathered input is loaded before it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
 template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
 conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
                        float* act1, const float* __restrict__ w, const float* __restrict__ bias, float* pooled,
-                       uint8_t* pool_codes, float* wimg_dgrad, int B) {
+                       uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
     TRACE_SCOPE(0);
     constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, XR = R + 4, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
     constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
@@ -1111,9 +1259,12 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     float* Xs = Ps + PR * WP * CS;          // [XR][IMG]
     float* W1s = Xs + XR * IMG;             // [9][C1]: conv1's weights by tap, channels contiguous
     float* B1s = W1s + 9 * C1;              // [C1]
+    float* Wf = B1s + C1;                   // the fused forward: fc1.weight's K slice [FC_H][FC1F_LD]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
-    const bool gather = in.images != nullptr;
+    const bool gather = in.images != nullptr, fused = fh.part != nullptr;
+    constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;  // the fc1.weight slice's 16-byte chunks per row, per thread
+    static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256, "fc1's slice splits evenly; a conv1 weight per thread");
 
     // chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3, and (gather) its label; s = the band's sample
     const int pos0 = gather ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
@@ -1133,16 +1284,22 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         xin = load_x(blockIdx.x, s_cur);
         if (tid == 0) label = __ldg(in.labels + s_cur);
     }
-    grid_dep_sync();
-    // conv2.weight [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2), rounded in place after conv1
+    grid_dep_wait();
+    if (!fused) grid_dep_launch();  // the fused forward releases its successor after its second grid barrier
+    // conv1's weights and bias, then conv2.weight [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2),
+    // rounded in place after conv1, then conv2.bias (this thread's epilogue channels); L2 loads: no stale L1 line
+    const float w1v = tid < 9 * C1 ? __ldcg(w1 + tid) : 0.0f, b1v = tid < C1 ? __ldcg(b1 + tid) : 0.0f;
+    if (tid < 9 * C1) W1s[(tid % 9) * C1 + tid / 9] = w1v;
+    if (tid < C1) B1s[tid] = b1v;
 #pragma unroll
     for (int i = 0; i < NW; i++) {
         const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
         cp_async16(Ws + (tap * COUT + co) * CS + 4 * c4, w + 4 * ch);
     }
     cp_async_commit();
-    for (int i = tid; i < 9 * C1; i += NT) W1s[(i % 9) * C1 + i / 9] = __ldcg(w1 + i);  // L2: no stale L1 line
-    if (tid < C1) B1s[tid] = __ldcg(b1 + tid);
+    float2 bz[NI];
+#pragma unroll
+    for (int ni = 0; ni < NI; ni++) bz[ni] = __ldcg((const float2*)(bias + (wn * NI + ni) * 8 + 2 * t));
     if (!gather && any) xin = load_x(blockIdx.x, 0);
     // this lane's ldmatrix row of each m16 tile (offset in the patch, floats) and of the B pairs
     int aoff[MI];
@@ -1156,8 +1313,38 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     // conv1: this thread's channels are c0..c0+3 and c0+16..c0+19, so that each of a warp's two 16-byte act1 stores
     // writes whole 32-byte sectors (8 pixels x 64 contiguous bytes)
     const int c0 = (tid % 4) * 4;
+    // conv2's weights landed (each thread rounds the chunks it copied), and this block's share of the input
+    // gradient's weight image (after a barrier: from every thread's rounded chunks)
+    auto round_weights = [&] {
+        cp_async_wait<0>();
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+            float4* p = (float4*)(Ws + (tap * COUT + co) * CS + 4 * c4);
+            *p = tf32_round4(*p);
+        }
+    };
+    // the fused forward: fc1.weight's K slice (raw; rounded after the bands), issued once conv2's weights have landed,
+    // so that it does not delay them (it was written by the previous step's optimizer step, complete)
+    auto load_wf = [&] {
+        if (!fused) return;
+#pragma unroll 1
+        for (int i = 0; i < NWF; i++) {
+            const int ch = tid + i * NT, j = ch / FCH, c4 = ch % FCH;
+            cp_async16(Wf + j * FC1F_LD + 4 * c4, fh.wf1 + (size_t)j * FC_IN + blockIdx.x * FC1F_KC + 4 * c4);
+        }
+        cp_async_commit();
+    };
+    auto write_wimg = [&] {
+        if (wimg_dgrad)
+            for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
+                const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
+                wimg_dgrad[((8 - tap) * CIN + ci) * (COUT + 4) + co] = Ws[(tap * COUT + co) * CS + ci];
+            }
+    };
 
-    for (int band = blockIdx.x, it = 0; band < B * NBAND; band += gridDim.x, it++) {
+    int it = 0;
+    for (int band = blockIdx.x; band < B * NBAND; band += gridDim.x, it++) {
         const int b = band / NBAND, yb = band % NBAND, y0 = yb * R;
         // this band's x rows into Xs (the previous band's conv1 is done: the barrier after it); gathered: the x rows
         // this band owns (the first band of an image rows 0..R+1, the others from y0 + 2, the last up to IMG - 1) and
@@ -1215,22 +1402,10 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
             }
         }
         TRACE_MARK(4);
-        if (it == 0) {  // conv2's weights have landed: each thread rounds the chunks it copied
-            cp_async_wait<0>();
-#pragma unroll
-            for (int i = 0; i < NW; i++) {
-                const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-                float4* p = (float4*)(Ws + (tap * COUT + co) * CS + 4 * c4);
-                *p = tf32_round4(*p);
-            }
-        }
+        if (it == 0) round_weights();
         __syncthreads();
         TRACE_MARK(1);
-        if (it == 0 && wimg_dgrad)  // this block's share of the input gradient's weight image
-            for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
-                const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
-                wimg_dgrad[((8 - tap) * CIN + ci) * (COUT + 4) + co] = Ws[(tap * COUT + co) * CS + ci];
-            }
+        if (it == 0) { write_wimg(); load_wf(); }
         if (next < B * NBAND) {  // the next band's x rows, in flight during this band's products
             xin = load_x(next, s_next);
             if (gather && tid == 0) label = __ldg(in.labels + s_next);
@@ -1266,7 +1441,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
                 for (int ni = 0; ni < NI; ni++) {
                     int n = (wn * NI + ni) * 8 + 2 * t;
                     float* v = &acc[mi][ni][2 * h];
-                    v[0] = fmaxf(v[0] + bias[n], 0.0f); v[1] = fmaxf(v[1] + bias[n + 1], 0.0f);
+                    v[0] = fmaxf(v[0] + bz[ni].x, 0.0f); v[1] = fmaxf(v[1] + bz[ni].y, 0.0f);
                     if (ok && out) *(float2*)(out + base + n) = make_float2(v[0], v[1]);
                 }
             }
@@ -1302,6 +1477,97 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         TRACE_MARK(3);
         __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
     }
+    if (it == 0) {  // a block without a band (the fused forward's grid at B < 64) still makes its share of the image
+        round_weights();
+        __syncthreads();
+        write_wimg();
+        load_wf();
+    }
+    if (!fused) return;
+
+    // fc1, this block's K slice s: the partial sum of all B rows over columns k0 .. k0 + 71 (see FwdHead)
+    const int s = blockIdx.x, k0 = s * FC1F_KC;
+    float* Af = Ps;  // [64][FC1F_LD]: pooled's rows, columns k0 .. (the patch is free after the bands)
+    WgBarrier gb = wg_grid_arrive(fh.bar);  // this block's pooled rows are stored
+    cp_async_wait<0>();  // the slice landed: each thread rounds what it copied
+#pragma unroll
+    for (int i = 0; i < NWF; i++) {
+        const int ch = tid + i * NT;
+        float4* q = (float4*)(Wf + (ch / FCH) * FC1F_LD + 4 * (ch % FCH));
+        *q = tf32_round4(*q);
+    }
+    wg_grid_wait(fh.bar, gb.target, "conv2_band_tf32_kernel (fused forward)");
+    TRACE_MARK(5);
+    for (int ch = tid; ch < 64 * FCH; ch += NT) {  // written by the other blocks before the barrier: L2 loads
+        const int r = ch / FCH, c4 = ch % FCH;
+        const float4 v = r < B ? __ldcg((const float4*)(pooled + (size_t)r * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        *(float4*)(Af + r * FC1F_LD + 4 * c4) = tf32_round4(v);
+    }
+    __syncthreads();
+    if (warp < 8) {  // fc1_forward_kernel's warp layout: 2 x 4 warps of 32 x 32
+        const int wm2 = warp / 4, wn2 = warp % 4;
+        float acc[2][4][4];
+        acc_zero(acc);
+        warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, Af + wm2 * 32 * FC1F_LD, FC1F_LD, 1, Wf + wn2 * 32 * FC1F_LD, 1,
+                                                  FC1F_LD, g, t);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = wm2 * 32 + mi * 16 + g + 8 * h;
+                if (m >= B) continue;
+                float* dst = fh.part + ((size_t)s * B + m) * FC_H + wn2 * 32 + 2 * t;
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) __stcs((float2*)(dst + ni * 8), make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+            }
+    }
+    TRACE_MARK(6);
+    gb = wg_grid_arrive(fh.bar);  // every slice's partial sums are stored
+    // fc1's backward may take SMs from here on (measured: released at the wait, its blocks sat on the SMs of this
+    // kernel's first blocks to leave, and the step was 0.4 ms per epoch slower)
+    grid_dep_launch();
+    if (s >= B) return;  // (after arriving: the barrier counts every block)
+    // the head's parameters (written by the previous step's optimizer step, complete) into Ws, free after the bands
+    float* W2s = Ws;            // [NCLS][FC_H]
+    float* B2s = W2s + NCLS * FC_H;
+    float* Bf1s = B2s + 32;     // [FC_H]
+    for (int i = tid; i < NCLS * FC_H; i += NT) W2s[i] = __ldcg(fh.wf2 + i);
+    if (tid < NCLS) B2s[tid] = __ldcg(fh.bf2 + tid);
+    if (tid < FC_H) Bf1s[tid] = __ldcg(fh.bf1 + tid);
+    wg_grid_wait(fh.bar, gb.target, "conv2_band_tf32_kernel (fused forward)");
+    // row s of h: warp k < 8 adds the groups 2k and 2k + 1 (8 slices each, in rank order, as a cluster of
+    // fc1_forward_kernel), lane l columns 4l .. 4l + 3; then warp 0 adds the 16 groups in order (as head_kernel)
+    float* gs = Ps;  // [FC1F_PARTS][FC_H]
+    static_assert(FC1F_PARTS == 16 && FC1F_CLUSTER == 8 && FC_H == 128, "8 warps of 2 groups of 8 slices; a float4 per lane");
+    if (warp < 8) {
+        float4 v[2][FC1F_CLUSTER];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int r = 0; r < FC1F_CLUSTER; r++)
+                v[j][r] = __ldcs((const float4*)(fh.part + ((size_t)((2 * warp + j) * FC1F_CLUSTER + r) * B + s) * FC_H) + lane);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float4 sum = v[j][0];
+#pragma unroll
+            for (int r = 1; r < FC1F_CLUSTER; r++) { sum.x += v[j][r].x; sum.y += v[j][r].y; sum.z += v[j][r].z; sum.w += v[j][r].w; }
+            *(float4*)(gs + (2 * warp + j) * FC_H + 4 * lane) = sum;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float4 hv = *(const float4*)(gs + 4 * lane);
+#pragma unroll
+        for (int q = 1; q < FC1F_PARTS; q++) {
+            const float4 p = *(const float4*)(gs + q * FC_H + 4 * lane);
+            hv.x += p.x; hv.y += p.y; hv.z += p.z; hv.w += p.w;
+        }
+        const float4 bv = *(const float4*)(Bf1s + 4 * lane);
+        hv = make_float4(fmaxf(hv.x + bv.x, 0.0f), fmaxf(hv.y + bv.y, 0.0f), fmaxf(hv.z + bv.z, 0.0f), fmaxf(hv.w + bv.w, 0.0f));
+        *(float4*)(fh.h + (size_t)s * FC_H + 4 * lane) = hv;
+        head_row(hv, s, lane, W2s, B2s, fh.logits, fh.dlogits, fh.dh, fh.losses, fh.preds, fh.y, fh.counters, fh.offset, B);
+    }
+    TRACE_MARK(7);
 }
 // R = 12 rows (half an image) = 288 pixels = 18 m16 tiles, 12 warps of 48 x 32 (6 row pairs x 2 channel halves; the
 // weights read once per k-step for 3 m16 tiles), 140 KB of shared memory: one block per SM, 128 bands at batch 64 = a
@@ -1310,6 +1576,13 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
 constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12;
 constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
+// the fused forward (FwdHead) adds fc1.weight's K slice; its fc1 operand, partial-sum groups and the head's
+// parameters reuse the patch and the weight tile
+constexpr size_t CONV2_FWD_SMEM_FUSED = CONV2_FWD_SMEM + (size_t)FC_H * FC1F_LD * sizeof(float);
+static_assert((CONV2_FWD_R + 2) * H1 * (C1 + 4) >= 64 * FC1F_LD && (CONV2_FWD_R + 2) * H1 * (C1 + 4) >= FC1F_PARTS * FC_H &&
+              9 * C2 * (C1 + 4) >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
+constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
+static_assert(FUSED_MAX_B * CONV2_FWD_BANDS <= FC1F_SPLITS, "the fused forward's grid covers every band");
 
 // fc1.weight's SGD step (p, m1: its slices of the flat buffers; g: its gradient, as fc1_backward_kernel stored it),
 // `share` of `nshares` of its float4 units, by one warp: sgd_update_elem with the step optimizer_kernel would use, so
@@ -1697,53 +1970,6 @@ __device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, floa
     if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, st);
     else wg_reduce_job<float>(j, lo, hi, part, opt, st);
 }
-// Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient
-// grid by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on
-// the SM while it runs), and a successor launched with programmatic dependent launch cannot take an SM before every
-// block of this grid has started (it is released by grid_dep_sync, which every block executes before the barrier).
-// *bar only grows (64 bits: it never wraps): every launch adds exactly WG_BAR_K to it, whatever its grid size (block
-// b adds K / G, plus 1 for the first K % G blocks), so a launch starts at a multiple of K, a block's arrival (which
-// returns the count before it) tells which, and the block spins (one thread, an L2 load per round trip) until the
-// count reaches the next multiple. One atomic per block, no reset: nothing but the last arrival itself on the
-// barrier's critical path. Writes before the barrier are visible to every block after it (__syncthreads +
-// __threadfence, as cooperative groups' grid sync). Split in two: wg_grid_arrive returns the block's arrival rank in
-// this launch (the count before it, in units of K / G: 0 for the first block to arrive), so that the first blocks
-// can do work that the barrier does not guard while the others are still coming; wg_grid_wait then waits.
-constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
-struct WgBarrier { unsigned long long target; int rank; };
-__device__ WgBarrier wg_grid_arrive(unsigned long long* bar) {
-    __shared__ WgBarrier sb;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
-        __threadfence();
-        const unsigned long long old = atomicAdd(bar, add);
-        sb.target = (old / WG_BAR_K + 1) * WG_BAR_K;
-        sb.rank = (int)((old % WG_BAR_K) / (WG_BAR_K / G));  // r arrivals added between r * (K / G) and r * (K / G + 1)
-    }
-    __syncthreads();
-    return sb;
-}
-__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long c, t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
-            if (c >= target) break;
-            // a watchdog, not a timing: if the blocks were not all resident (e.g. an SM limit imposed from outside,
-            // such as MPS), the barrier would never open; fail loudly instead of hanging
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 > 2000000000ull) {
-                printf("conv2_wgrad_tf32_kernel: grid barrier not reached by all %u blocks after 2 s (not co-resident?)\n", gridDim.x);
-                __trap();
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
 // The jobs the barrier does not guard (`other`, `extra`) go to the first blocks to arrive: `other` in WG_PRE_O
 // shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
 // last blocks to finish their bands (the barrier's critical path) go straight to the wait.
@@ -1963,7 +2189,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
     }
     TRACE_MARK(3);
-    wg_grid_wait(bar, wb.target);
+    wg_grid_wait(bar, wb.target, "conv2_wgrad_tf32_kernel");
     TRACE_MARK(4);
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
     wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
@@ -1972,22 +2198,25 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
 struct Conv2Tf32 {
     bool ready = false;
     int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
-    unsigned long long* wgrad_bar = nullptr;  // the weight-gradient kernel's grid barrier (see wg_grid_arrive)
+    bool fused_fwd = false;  // the fused forward's FC1F_SPLITS blocks fit on the GPU at once (one per SM)
+    unsigned long long* wgrad_bar = nullptr;  // the grid barrier of the weight gradient and the fused forward (see wg_grid_arrive)
     float *ws = nullptr, *ws_w1 = nullptr, *wimg_dgrad = nullptr;
 };
 static Conv2Tf32 g_conv2;
 static void conv2_tf32_setup() {
     if (g_conv2.ready) return;
-    int dev, sms, occ_f, occ_d, occ_w;
+    int dev, sms, occ_f, occ_ff, occ_d, occ_w;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM_FUSED));
     cudaCheck(cudaFuncSetAttribute(conv2_dgrad_band_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
     cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_ff, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM_FUSED));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_band_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
+    g_conv2.fused_fwd = occ_ff * sms >= FC1F_SPLITS;
     g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
     g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
     int major;
@@ -2021,11 +2250,20 @@ static void conv2_tf32_setup() {
 // and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests). x
 // comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad), which
 // conv2_dgrad_tf32 reads before its wait: launch at least one kernel between the two.
+// With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
 static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, const ConvInput& in, const float* w1,
-                               const float* b1, const float* w2, const float* b2, int B) {
-    int grid = std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1, w2, b2, pooled, codes,
-               g_conv2.wimg_dgrad, B);
+                               const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh = FwdHead()) {
+    const bool fused = fh.part != nullptr;
+    if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
+        fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its blocks at once\n",
+                FUSED_MAX_B, FC1F_SPLITS);
+        exit(EXIT_FAILURE);
+    }
+    FwdHead f = fh;
+    f.bar = g_conv2.wgrad_bar;
+    const int grid = fused ? FC1F_SPLITS : std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
+    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, fused ? CONV2_FWD_SMEM_FUSED : CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1,
+               w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
 }
 // dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
 // when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
@@ -2101,27 +2339,6 @@ __global__ void maxpool_backward_kernel(float* dact2, const float* dpooled, cons
     dact2[idx] = maxpool_backward_elem(dpooled, act2, b, y, x, c);
 }
 
-// One warp holds one row of NCLS logits (lane j: logit j; lanes >= NCLS: -inf): log-softmax + NLL. Writes the row's
-// loss and prediction (argmax, lowest index on ties) at its position in the epoch's arrays when those are given;
-// returns through e, sum and label what the gradient (softmax - onehot) / B = (e / sum - [lane == label]) / B needs.
-__device__ __forceinline__ void warp_log_softmax_nll(float v, int lane, const int* y, int row, const int* counters,
-                                                     int offset_const, float* losses, int* preds, float& e, float& sum,
-                                                     int& label) {
-    float mx = v; int arg = lane;
-    for (int o = 16; o > 0; o /= 2) {
-        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
-        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
-    }
-    e = lane < NCLS ? expf(v - mx) : 0.0f;
-    sum = e;
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    label = y[row];
-    float logp = v - mx - logf(sum);
-    int pos = (counters ? counters[1] : offset_const) + row;
-    if (lane == label && losses) losses[pos] = -logp;
-    if (lane == 0 && preds) preds[pos] = arg;
-}
-
 // Fused log-softmax + NLL, one warp per row: per-sample loss, prediction, and dlogits = (softmax - onehot) / B.
 __global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, const float* logits, const int* y,
                                     const int* counters, int offset_const, int B) {
@@ -2137,16 +2354,14 @@ __global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, c
 // The network's head on the fast path, one warp per row (the one-warp-per-row layout of dev/softmax_forward.cu
 // version 3; a 10-wide row is one element per lane, so no online rescaling): with NPARTS > 0, first fc1's output
 // h = ReLU(sum of the NPARTS split-K partial sums hpart of fc1_forward_kernel, added in order, + bf1), stored; then
-// logits = h Wf2^T + bf2 (fc2's 64 x 10 x 128 product in fp32 FMAs, a lane holding 4 of the 128 inputs, butterfly
-// sums), the fused log-softmax + NLL as softmax_xent_kernel, and when dh is given dlogits = (softmax - onehot) / B and
-// fc2's input gradient dh = dlogits Wf2, zeroed where h <= 0 (fc1's ReLU).
+// head_row: logits, the fused log-softmax + NLL as softmax_xent_kernel, and when dh is given dlogits and fc2's input
+// gradient dh. (The training step at batch <= 64 does all of this inside conv2's forward kernel instead.)
 template <int NPARTS>
 __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, float* h,
                             const float* __restrict__ hpart, const float* __restrict__ bf1,
                             const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
                             int offset_const, int B) {
     TRACE_SCOPE(2);
-    static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
     __shared__ __align__(16) float ws[NCLS * FC_H];
     __shared__ float bs[NCLS];
     // the parameters before grid_dep_sync: the optimizer wrote them at least two launches earlier
@@ -2171,35 +2386,7 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
     } else {
         hv = *(const float4*)(h + (size_t)row * FC_H + 4 * lane);
     }
-    float v = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < NCLS; j++) {
-        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
-        float d = hv.x * wv.x;
-        d = fmaf(hv.y, wv.y, d); d = fmaf(hv.z, wv.z, d); d = fmaf(hv.w, wv.w, d);
-        for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffff, d, o);
-        if (lane == j) v = d + bs[j];
-    }
-    if (lane < NCLS) logits[row * NCLS + lane] = v;
-    TRACE_MARK(1);
-    float e, sum;
-    int label;
-    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
-    if (!dlogits) return;
-    float gl = lane < NCLS ? (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B : 0.0f;
-    if (lane < NCLS) dlogits[row * NCLS + lane] = gl;
-    float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int j = 0; j < NCLS; j++) {
-        float gj = __shfl_sync(0xffffffff, gl, j);
-        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
-        d.x = fmaf(gj, wv.x, d.x); d.y = fmaf(gj, wv.y, d.y); d.z = fmaf(gj, wv.z, d.z); d.w = fmaf(gj, wv.w, d.w);
-    }
-    if (!(hv.x > 0.0f)) d.x = 0.0f;
-    if (!(hv.y > 0.0f)) d.y = 0.0f;
-    if (!(hv.z > 0.0f)) d.z = 0.0f;
-    if (!(hv.w > 0.0f)) d.w = 0.0f;
-    *(float4*)(dh + (size_t)row * FC_H + 4 * lane) = d;
+    head_row(hv, row, lane, ws, bs, logits, dlogits, dh, losses, preds, y, counters, offset_const, B);
 }
 // ----------------------------------------------------------------------------------------------------------------
 // the optimizer step over the flat parameter buffer
@@ -2252,10 +2439,6 @@ __global__ void advance_counters_kernel(int* counters, int B) {
 // The fc1.weight loads are issued before grid_dep_sync (only pooled comes from the kernel in front, conv2's forward;
 // the weight was last written by the previous step's optimizer step, three or more launches back), so with
 // programmatic dependent launch they overlap conv2's tail.
-constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
-constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
-constexpr size_t FC1F_SMEM = ((size_t)(64 + FC_H) * FC1F_LD + 64 * FC_H) * sizeof(float);  // operands, then the inbox
-static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
 static_assert(64 / FC1F_CLUSTER == 8 && (64 / FC1F_CLUSTER) * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
 __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
     TRACE_SCOPE(1);
@@ -2497,6 +2680,7 @@ struct Mnist {
     float *dlogits = nullptr, *dh = nullptr, *dpooled = nullptr, *dact2 = nullptr, *dact1 = nullptr;
     uint8_t* pool_codes = nullptr;  // fast path: the max-pool's window codes (B,12,12,64), instead of act2 and dact2
     float* hpart = nullptr;         // fast path on sm_90: fc1's 16 split-K partial sums (16,B,128)
+    float* fpart = nullptr;         // the fused forward's 128 split-K partial sums (128,B,128), B <= FUSED_MAX_B
     int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
     OptConfig opt;
 };
@@ -2524,6 +2708,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     m->counters = (int*)mnist_alloc(m, 3);
     m->pool_codes = (uint8_t*)mnist_alloc(m, ceil_div((int)(F * FC_IN), 4));
     m->hpart = mnist_alloc(m, (size_t)FC1F_PARTS * F * FC_H);
+    if (!cpu) m->fpart = mnist_alloc(m, (size_t)FC1F_SPLITS * std::min(B, FUSED_MAX_B) * FC_H);
     if (!cpu) {
         if (!g_mm.ws_partial) {  // shared by every model of the process (the tests build several)
             g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
@@ -2556,6 +2741,7 @@ static void mnist_free(Mnist* m) {
     void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act2, m->pooled, m->h, m->logits, m->y,
                   m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
     for (void* p : ps) mnist_free_ptr(m, p);
+    if (m->fpart) mnist_free_ptr(m, m->fpart);
 }
 static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
 static float* G(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
@@ -2653,6 +2839,31 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
     }
     softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits, m->y, counters, offset, B);
     launch_check();
+}
+
+// forward + loss: mnist_forward then mnist_loss, or on the fast path (sm_90, a batch of at most FUSED_MAX_B within the
+// training batch the model was built for, the GPU holding the fused grid at once) the fused forward, one launch:
+// conv1, conv2, the pooling, fc1 and the head (FwdHead), bit-identical to the three launches. g_fused_forward = false
+// (the tests) keeps the three launches.
+static bool g_fused_forward = true;
+static bool mnist_fused_forward(const Mnist* m, int B) {
+    return conv2_fast(m) && g_fc1_cluster && g_fused_forward && g_conv2.fused_fwd && B <= std::min(m->B, FUSED_MAX_B);
+}
+static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* losses, int* preds, const int* counters,
+                               int offset, bool grad) {
+    if (!mnist_fused_forward(m, B)) {
+        mnist_forward(m, B, gather);
+        mnist_loss(m, B, losses, preds, counters, offset, grad);
+        return;
+    }
+    ConvInput in;
+    if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
+    else in.x = m->x;
+    FwdHead fh;
+    fh.wf1 = P(m, P_WF1); fh.bf1 = P(m, P_BF1); fh.wf2 = P(m, P_WF2); fh.bf2 = P(m, P_BF2);
+    fh.part = m->fpart; fh.h = m->h; fh.logits = m->logits; fh.dlogits = grad ? m->dlogits : nullptr; fh.dh = m->dh;
+    fh.losses = losses; fh.preds = preds; fh.y = m->y; fh.counters = counters; fh.offset = offset;
+    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
 }
 
 // backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
@@ -2762,18 +2973,18 @@ static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const i
                offset, B);
 }
 // One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
-// The fast path has no gather launch: conv2's forward kernel loads the batch (6 launches per step).
+// The fast path has no gather launch: conv2's forward kernel loads the batch; at batch <= FUSED_MAX_B it also runs fc1
+// and the head (the fused forward): 4 launches per step (5 with AdamW), 6 (7) at larger batches.
 static void mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
     const bool fast = conv2_fast(m);
     if (fast) {
         ConvInput in;
         in.images = d.images; in.labels = d.labels; in.perm = perm; in.counters = m->counters;
-        mnist_forward(m, B, &in);
+        mnist_forward_loss(m, B, &in, losses, nullptr, m->counters, 0, true);
     } else {
         mnist_gather(m, d, perm, m->counters, 0, B);
-        mnist_forward(m, B);
+        mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
     }
-    mnist_loss(m, B, losses, nullptr, m->counters, 0, true);
     if (fast) {
         BatchPrefetch pf;  // the next step's batch, into L2
         pf.images = d.images; pf.perm = perm; pf.counters = m->counters; pf.n = d.n; pf.B = B;

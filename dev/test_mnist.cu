@@ -525,6 +525,62 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
                (nbad ? " (first at byte " + std::to_string(first) + ")" : "") + (labels_ok ? "" : "; the gather's labels are wrong"));
     }
     g_conv2 = saved;
+    // the training step's fused forward (conv2's forward kernel with fc1 and the head, two grid barriers; always its
+    // full grid of FC1F_SPLITS blocks) against the three launches (forward, fc1_forward_kernel, head_kernel): x, y,
+    // act1, pooled, codes, h, logits, dlogits, dh, the losses and predictions bit-identical, every output poisoned
+    // first, and the fused outputs finite (a value neither path wrote would compare NaN to NaN) and codes <= 4; also the
+    // input gradient's weight image (at B = 7 most of the fused grid's blocks have no band but still write their share)
+    if (!mnist_fused_forward(&m, B)) {
+        skip("gpu fused forward (B=" + std::to_string(B) + ")", "the fused forward is off on this GPU (sm_90 and " +
+             std::to_string(FC1F_SPLITS) + " co-resident blocks needed)");
+    } else {
+        float* lbuf; int* pbuf;
+        cudaCheck(cudaMalloc(&lbuf, n * 4)); cudaCheck(cudaMalloc(&pbuf, n * 4));
+        const size_t nl = (size_t)B * NCLS, nhh = (size_t)B * FC_H;
+        struct Out { const void* p; size_t bytes; bool is_float; };
+        const Out outs[] = {{m.x, nx * 4, true}, {m.y, (size_t)B * 4, false}, {m.act1, n1 * 4, true}, {m.pooled, np * 4, true},
+                            {m.pool_codes, np, false}, {m.h, nhh * 4, true}, {m.logits, nl * 4, true}, {m.dlogits, nl * 4, true},
+                            {m.dh, nhh * 4, true}, {lbuf + off, (size_t)B * 4, true}, {pbuf + off, (size_t)B * 4, false},
+                            {g_conv2.wimg_dgrad, (size_t)9 * C1 * (C2 + 4) * 4, false}};
+        auto run_loss = [&](bool fused, bool with_perm) {
+            for (const Out& o : outs) cudaCheck(cudaMemset((void*)o.p, 0xFF, o.bytes));
+            mnist_set_counters(&m, 0, off);
+            ConvInput in;
+            in.images = d.images; in.labels = d.labels; in.perm = with_perm ? perm_dev : nullptr;
+            in.counters = with_perm ? m.counters : nullptr; in.offset = with_perm ? 0 : off;
+            g_fused_forward = fused;
+            mnist_forward_loss(&m, B, &in, lbuf, pbuf, in.counters, in.offset, true);
+            g_fused_forward = true;
+            cudaCheck(cudaDeviceSynchronize());
+            std::vector<std::vector<uint8_t>> r;
+            for (const Out& o : outs) {
+                r.emplace_back(o.bytes);
+                cudaCheck(cudaMemcpy(r.back().data(), o.p, o.bytes, cudaMemcpyDeviceToHost));
+            }
+            return r;
+        };
+        for (int with_perm = 1; with_perm >= 0; with_perm--) {
+            auto ref = run_loss(false, with_perm), got = run_loss(true, with_perm);
+            size_t nbad = 0, total = 0, nonfinite = 0;
+            for (size_t k = 0; k < ref.size(); k++) {
+                total += ref[k].size();
+                for (size_t i = 0; i < ref[k].size(); i++) nbad += ref[k][i] != got[k][i];
+                if (outs[k].is_float)
+                    for (size_t i = 0; i + 4 <= got[k].size(); i += 4) { float v; memcpy(&v, &got[k][i], 4); nonfinite += !std::isfinite(v); }
+            }
+            size_t bad_codes = 0;
+            for (uint8_t c : got[4]) bad_codes += c > POOL_NO_GRAD;
+            const float* wi = (const float*)got.back().data();  // [9][C1][C2 + 4]: the 4 pads are never written
+            for (size_t i = 0; i < (size_t)9 * C1 * (C2 + 4); i++) nonfinite += i % (C2 + 4) < (size_t)C2 && !std::isfinite(wi[i]);
+            std::string tag = "B=" + std::to_string(B) + (with_perm ? ", perm at counters[1]" : ", offset");
+            report(nbad == 0 && nonfinite == 0 && bad_codes == 0, "gpu fused forward + loss = forward, fc1, head (" + tag + ")",
+                   std::to_string(nbad) + " of " + std::to_string(total) + " bytes of x, y, act1, pooled, codes, h, logits, dlogits, "
+                   "dh, losses, predictions, weight image differ; " + std::to_string(nonfinite) + " fused floats not finite, " +
+                   std::to_string(bad_codes) + " codes > 4");
+        }
+        cudaFree(lbuf); cudaFree(pbuf);
+        cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, (size_t)9 * C1 * (C2 + 4) * 4));  // its pads are zero (never written)
+    }
     cudaFree(d.images); cudaFree(d.labels); cudaFree(perm_dev);
     mnist_free(&m);
 }

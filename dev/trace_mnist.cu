@@ -10,10 +10,13 @@ Build: make -C dev trace_mnist        Run (repo root): ./dev/trace_mnist [--batc
   step overwrites them). Prints, per kernel, medians over the replays in us from that step's first warp, then the
   kernels' phases (TRACE_MARK: when the first, median and last warp passed each).
   --data_dir D (default data/mnist).
+  At batch <= 64 the step runs the fused forward: conv2's forward kernel also does fc1's forward and the head (its
+  marks 5-7), so those two kernels record nothing.
   --test: 3 replays, then checks the stamps themselves and prints "N passed, N failed, N skipped" (run by
-  dev/run_tests.py; skipped without a GPU): every kernel recorded its warps in the last step, each warp's stamps are
-  in order (start <= wait <= end), and no kernel's wait returned before every warp of the kernel in front
-  had left (the rule grid_dep_sync promises the prologues that read memory before it).
+  dev/run_tests.py; skipped without a GPU): every kernel launched in the step recorded its warps in the last step
+  (and fc1 forward and head none under the fused forward), each warp's stamps are in order (start <= wait <= end),
+  and no kernel's wait returned before every warp of the launch in front had left (the rule grid_dep_sync promises
+  the prologues that read memory before it).
 */
 #define TESTING
 #define MNIST_TRACE
@@ -24,18 +27,19 @@ static const char* TRACE_NAMES[TRACE_KERNELS] = {"conv1+conv2 fwd", "fc1 forward
                                                  "conv2 input grad", "conv2 weight grad"};
 // their TRACE_MARK phases (nullptr: unused)
 static const char* MARK_NAMES[TRACE_KERNELS][TRACE_MARKS] = {
-    {"x in shared memory", "conv1 done, weights rounded", "products done", "pooled stored", "conv1 done (before the weights' wait)", nullptr},
-    {"operands in shared memory", "products done", "rows in their owners' inboxes", "cluster sum stored", nullptr, nullptr},
-    {"h stored", "logits", nullptr, nullptr, nullptr, nullptr},
+    {"x in shared memory", "conv1 done, weights rounded", "products done", "pooled stored", "conv1 done (before the weights' wait)",
+     "fused: barrier open (all pooled)", "fused: fc1 partial sums stored", "fused: head done (row blocks)"},
+    {"operands in shared memory", "products done", "rows in their owners' inboxes", "cluster sum stored", nullptr, nullptr, nullptr, nullptr},
+    {"h stored", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {"operands in shared memory", "dpooled done", "weight gradient products done", "gradient in shared memory", nullptr,
-     "small gradients done (last blocks)"},
-    {"patch in shared memory", "products done", "epilogue done", "step warp done (fc1.weight's step)", nullptr, nullptr},
-    {"bands done", "cluster's partial sums staged", "cluster sum stored", "jobs before the barrier done", "barrier open", nullptr}};
+     "small gradients done (last blocks)", nullptr, nullptr},
+    {"patch in shared memory", "products done", "epilogue done", "step warp done (fc1.weight's step)", nullptr, nullptr, nullptr, nullptr},
+    {"bands done", "cluster's partial sums staged", "cluster sum stored", "jobs before the barrier done", "barrier open", nullptr, nullptr, nullptr}};
 
 // One replay's last step, per kernel (times in ns from the step's first warp; -1: nothing recorded); per mark, the
 // first, median and last stamp over the warps that passed it in this step
 struct KernelSpan {
-    double start = -1, wait_first = -1, wait_last = -1, end_first_block = -1, end = -1, block_span = -1;
+    double start = -1, start_last = -1, wait_first = -1, wait_last = -1, end_first_block = -1, end = -1, block_span = -1;
     double mark[TRACE_MARKS][3];
     int blocks = 0, warps = 0, bad_order = 0;
 };
@@ -52,7 +56,7 @@ static std::vector<KernelSpan> read_trace(std::vector<unsigned long long>& buf, 
     std::vector<KernelSpan> out(TRACE_KERNELS);
     for (int k = 0; k < TRACE_KERNELS; k++) {
         KernelSpan& s = out[k];
-        unsigned long long st = ~0ull, wf = ~0ull, wl = 0, efb = ~0ull, en = 0;
+        unsigned long long st = ~0ull, stl = 0, wf = ~0ull, wl = 0, efb = ~0ull, en = 0;
         std::vector<double> spans;
         for (int b = 0; b < TRACE_BLOCKS; b++) {
             unsigned long long bs = ~0ull, be = 0;
@@ -69,13 +73,13 @@ static std::vector<KernelSpan> read_trace(std::vector<unsigned long long>& buf, 
             }
             if (be == 0) continue;
             s.blocks++;
-            st = std::min(st, bs); en = std::max(en, be); efb = std::min(efb, be);
+            st = std::min(st, bs); stl = std::max(stl, bs); en = std::max(en, be); efb = std::min(efb, be);
             spans.push_back((double)(be - bs));
         }
         if (!s.blocks) continue;
         std::sort(spans.begin(), spans.end());
         auto rel = [&](unsigned long long t) { return (double)((long long)(t - t0)); };
-        s.start = rel(st); s.end = rel(en); s.end_first_block = rel(efb); s.block_span = spans[spans.size() / 2];
+        s.start = rel(st); s.start_last = rel(stl); s.end = rel(en); s.end_first_block = rel(efb); s.block_span = spans[spans.size() / 2];
         if (wl) { s.wait_first = rel(wf); s.wait_last = rel(wl); }
         for (int i = 0; i < TRACE_MARKS; i++) {
             std::vector<double> v;
@@ -135,6 +139,7 @@ int main(int argc, char** argv) {
     mnist_build(&m, false, B, B);
     mnist_init_params(&m, 1);
     if (!conv2_fast(&m)) { fprintf(stderr, "error: the traced kernels are the fast path's (sm_90, our matmul, TF32)\n"); return 1; }
+    const bool fused = mnist_fused_forward(&m, B);  // batch <= 64: conv2's forward kernel runs fc1 and the head
     DeviceData d = upload_split(train, false);
     std::vector<int> perm;
     epoch_permutation(perm, train.n, 1, 0);
@@ -173,39 +178,48 @@ int main(int argc, char** argv) {
             (ok ? pass : fail)++;
         };
         const std::vector<KernelSpan>& s = runs.back();
+        int prev = -1;  // the launch in front (the fused forward has no fc1 forward and head launches)
         for (int k = 0; k < TRACE_KERNELS; k++) {
             char buf2[200];
+            if ((k == 1 || k == 2) && fused) {
+                snprintf(buf2, sizeof buf2, "%d blocks recorded (none expected: the fused forward runs fc1 and the head)", s[k].blocks);
+                check(s[k].blocks == 0, std::string(TRACE_NAMES[k]) + " not launched", buf2);
+                continue;
+            }
             snprintf(buf2, sizeof buf2, "%d blocks, %d warps recorded, %d warps with stamps out of order", s[k].blocks, s[k].warps, s[k].bad_order);
             check(s[k].blocks > 0 && s[k].bad_order == 0, std::string(TRACE_NAMES[k]) + " stamps", buf2);
-            if (k == 0 || s[k].wait_first < 0) continue;
-            snprintf(buf2, sizeof buf2, "first wait returned at %.0f ns, the last warp of %s left at %.0f ns", s[k].wait_first,
-                     TRACE_NAMES[k - 1], s[k - 1].end);
-            check(s[k].wait_first >= s[k - 1].end, std::string(TRACE_NAMES[k]) + " waits for " + TRACE_NAMES[k - 1], buf2);
+            if (prev >= 0 && s[k].wait_first >= 0) {
+                snprintf(buf2, sizeof buf2, "first wait returned at %.0f ns, the last warp of %s left at %.0f ns", s[k].wait_first,
+                         TRACE_NAMES[prev], s[prev].end);
+                check(s[k].wait_first >= s[prev].end, std::string(TRACE_NAMES[k]) + " waits for " + TRACE_NAMES[prev], buf2);
+            }
+            prev = k;
         }
         printf("%d passed, %d failed, 0 skipped\n", pass, fail);
         return fail ? 1 : 0;
     }
 
-    printf("batch %d, %d replays of a %d-step graph: %.2f us per step (median of the replays, CUDA events)\n", B, graphs,
-           GRAPH_STEPS, median(per_step));
+    printf("batch %d, %d replays of a %d-step graph: %.2f us per step (median of the replays, CUDA events)%s\n", B, graphs,
+           GRAPH_STEPS, median(per_step), fused ? "; the fused forward (no fc1 forward and head launches)" : "");
     printf("the replays' last step, medians in us from its first warp (wait: when grid_dep_sync returned)\n");
-    printf("%-18s %7s %9s %9s %9s %9s %9s %7s\n", "kernel", "blocks", "start", "wait 1st", "wait last", "1st done", "end",
-           "block");
+    printf("%-18s %7s %9s %9s %9s %9s %9s %9s %7s\n", "kernel", "blocks", "start", "start last", "wait 1st", "wait last",
+           "1st done", "end", "block");
     for (int k = 0; k < TRACE_KERNELS; k++) {
-        std::vector<double> v[6];
+        std::vector<double> v[7];
         for (auto& run : runs) {
             const KernelSpan& s = run[k];
-            double f[6] = {s.start, s.wait_first, s.wait_last, s.end_first_block, s.end, s.block_span};
-            for (int i = 0; i < 6; i++) if (f[i] >= 0) v[i].push_back(f[i] / 1000.0);
+            double f[7] = {s.start, s.start_last, s.wait_first, s.wait_last, s.end_first_block, s.end, s.block_span};
+            for (int i = 0; i < 7; i++) if (f[i] >= 0) v[i].push_back(f[i] / 1000.0);
         }
-        printf("%-18s %7d %9.2f %9.2f %9.2f %9.2f %9.2f %7.2f\n", TRACE_NAMES[k], runs.back()[k].blocks, median(v[0]),
-               median(v[1]), median(v[2]), median(v[3]), median(v[4]), median(v[5]));
+        if (v[0].empty()) { printf("%-18s %7d  (not launched in this step)\n", TRACE_NAMES[k], 0); continue; }
+        printf("%-18s %7d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.2f\n", TRACE_NAMES[k], runs.back()[k].blocks, median(v[0]),
+               median(v[1]), median(v[2]), median(v[3]), median(v[4]), median(v[5]), median(v[6]));
     }
     printf("phases (TRACE_MARK): medians over the replays of the first, median and last warp to pass each mark, us\n");
     printf("%-18s %-40s %9s %9s %9s\n", "kernel", "mark", "first", "median", "last");
     for (int k = 0; k < TRACE_KERNELS; k++)
         for (int i = 0; i < TRACE_MARKS; i++) {
-            if (!MARK_NAMES[k][i]) continue;
+            if (!MARK_NAMES[k][i] || runs.back()[k].blocks == 0) continue;
             std::vector<double> v[3];
             for (auto& run : runs)
                 for (int j = 0; j < 3; j++) if (run[k].mark[i][j] >= 0) v[j].push_back(run[k].mark[i][j] / 1000.0);
