@@ -1235,9 +1235,9 @@ struct FwdHead {
 // band's act1, rounded to TF32 as it is written), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into
 // registers while this band is computed) and conv1's weights. Fragments by ldmatrix (band_ldsm_x4).
 // Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
-// after grid_dep_sync, conv1's first (into registers, ahead of conv2.weight's 9 MB over all blocks, which conv1 would
-// otherwise wait behind), conv2.weight by cp.async while conv1 is computed, conv2.bias into registers for the
-// epilogue. Gathered input is loaded before it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
+// after grid_dep_sync: conv1's first, conv2.bias into registers for the epilogue, conv2.weight by cp.async once the x
+// rows have arrived (9.4 MB over all blocks, which the x rows and conv1's weights would otherwise queue behind), in
+// flight while conv1 is computed. Gathered input is loaded before it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
 template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
 conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
@@ -1286,17 +1286,23 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     }
     grid_dep_wait();
     if (!fused) grid_dep_launch();  // the fused forward releases its successor after its second grid barrier
-    // conv1's weights and bias, then conv2.weight [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2),
-    // rounded in place after conv1, then conv2.bias (this thread's epilogue channels); L2 loads: no stale L1 line
+    // conv1's weights and bias, conv2.bias (this thread's epilogue channels); L2 loads: no stale L1 line. conv2.weight
+    // [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2, rounded in place after conv1) is issued in the band
+    // loop after the x rows are stored, so a thread that loads x rows issues its share once they have arrived: issued
+    // here, all blocks' 9.4 MB of cp.async delayed those few bytes by ~1 us (measured on the H100, 0.45 ms per epoch;
+    // dev/mnist_NOTES.md session 8)
     const float w1v = tid < 9 * C1 ? __ldcg(w1 + tid) : 0.0f, b1v = tid < C1 ? __ldcg(b1 + tid) : 0.0f;
     if (tid < 9 * C1) W1s[(tid % 9) * C1 + tid / 9] = w1v;
     if (tid < C1) B1s[tid] = b1v;
+    auto load_weights = [&] {
 #pragma unroll
-    for (int i = 0; i < NW; i++) {
-        const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-        cp_async16(Ws + (tap * COUT + co) * CS + 4 * c4, w + 4 * ch);
-    }
-    cp_async_commit();
+        for (int i = 0; i < NW; i++) {
+            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+            cp_async16(Ws + (tap * COUT + co) * CS + 4 * c4, w + 4 * ch);
+        }
+        cp_async_commit();
+    };
+    if (!any) load_weights();  // a block without a band (the fused forward at B < 64): its share of the weight image
     float2 bz[NI];
 #pragma unroll
     for (int ni = 0; ni < NI; ni++) bz[ni] = __ldcg((const float2*)(bias + (wn * NI + ni) * 8 + 2 * t));
@@ -1356,6 +1362,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
                 *(float4*)(in.x_out + ((size_t)b * IMG + y0) * IMG + 4 * tid) = xin;
             if (gather && in.y_out && yb == 0 && tid == 0) in.y_out[b] = label;
         }
+        if (it == 0) load_weights();  // after this thread's x rows (if any) have arrived: the stores above wait for them
         const int next = band + (int)gridDim.x;
         const int s_next = gather && next < B * NBAND ? sample_of(next) : 0;  // its rows are loaded after conv1
         __syncthreads();     // Xs, W1s, B1s are written; Ps is free (the previous band's barrier)
