@@ -1177,6 +1177,19 @@ __device__ __forceinline__ void head_row(float4 hv, int row, int lane, const flo
     *(float4*)(dh + (size_t)row * FC_H + 4 * lane) = d;
 }
 
+// fc1's split-K partial sums are added by these two everywhere (fc1_forward_kernel's clusters, head_kernel, the fused
+// forward), so every path adds them in the same order: v[0] + v[1] + ... left to right, per component; then fc1's
+// bias and ReLU
+template <int N> __device__ __forceinline__ float4 f4_sum_in_order(const float4 (&v)[N]) {
+    float4 s = v[0];
+#pragma unroll
+    for (int i = 1; i < N; i++) { s.x += v[i].x; s.y += v[i].y; s.z += v[i].z; s.w += v[i].w; }
+    return s;
+}
+__device__ __forceinline__ float4 f4_bias_relu(float4 h, float4 b) {
+    return make_float4(fmaxf(h.x + b.x, 0.0f), fmaxf(h.y + b.y, 0.0f), fmaxf(h.z + b.z, 0.0f), fmaxf(h.w + b.w, 0.0f));
+}
+
 // fc1's split of K on the fast path (fc1_forward_kernel below; the fused forward inside conv2's forward kernel)
 constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
 constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
@@ -1237,7 +1250,8 @@ struct FwdHead {
 // Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
 // after grid_dep_sync: conv1's first, conv2.bias into registers for the epilogue, conv2.weight by cp.async once the x
 // rows have arrived (9.4 MB over all blocks, which the x rows and conv1's weights would otherwise queue behind), in
-// flight while conv1 is computed. Gathered input is loaded before it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
+// flight while conv1 is computed. Gathered input is loaded before it. fh: the fused forward's fc1 and head (FwdHead),
+// or part = null.
 template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
 conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
@@ -1554,23 +1568,14 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
             for (int r = 0; r < FC1F_CLUSTER; r++)
                 v[j][r] = __ldcs((const float4*)(fh.part + ((size_t)((2 * warp + j) * FC1F_CLUSTER + r) * B + s) * FC_H) + lane);
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            float4 sum = v[j][0];
-#pragma unroll
-            for (int r = 1; r < FC1F_CLUSTER; r++) { sum.x += v[j][r].x; sum.y += v[j][r].y; sum.z += v[j][r].z; sum.w += v[j][r].w; }
-            *(float4*)(gs + (2 * warp + j) * FC_H + 4 * lane) = sum;
-        }
+        for (int j = 0; j < 2; j++) *(float4*)(gs + (2 * warp + j) * FC_H + 4 * lane) = f4_sum_in_order(v[j]);
     }
     __syncthreads();
     if (warp == 0) {
-        float4 hv = *(const float4*)(gs + 4 * lane);
+        float4 p[FC1F_PARTS];
 #pragma unroll
-        for (int q = 1; q < FC1F_PARTS; q++) {
-            const float4 p = *(const float4*)(gs + q * FC_H + 4 * lane);
-            hv.x += p.x; hv.y += p.y; hv.z += p.z; hv.w += p.w;
-        }
-        const float4 bv = *(const float4*)(Bf1s + 4 * lane);
-        hv = make_float4(fmaxf(hv.x + bv.x, 0.0f), fmaxf(hv.y + bv.y, 0.0f), fmaxf(hv.z + bv.z, 0.0f), fmaxf(hv.w + bv.w, 0.0f));
+        for (int q = 0; q < FC1F_PARTS; q++) p[q] = *(const float4*)(gs + q * FC_H + 4 * lane);
+        const float4 hv = f4_bias_relu(f4_sum_in_order(p), *(const float4*)(Bf1s + 4 * lane));
         *(float4*)(fh.h + (size_t)s * FC_H + 4 * lane) = hv;
         head_row(hv, s, lane, W2s, B2s, fh.logits, fh.dlogits, fh.dh, fh.losses, fh.preds, fh.y, fh.counters, fh.offset, B);
     }
@@ -2379,15 +2384,11 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= B) return;
     float4 hv;
-    if (NPARTS > 0) {
+    if constexpr (NPARTS > 0) {
         float4 p[NPARTS > 0 ? NPARTS : 1];  // all partial sums in flight, then added in order
 #pragma unroll
         for (int q = 0; q < NPARTS; q++) p[q] = ((const float4*)(hpart + ((size_t)q * B + row) * FC_H))[lane];
-        hv = p[0];
-#pragma unroll
-        for (int q = 1; q < NPARTS; q++) { hv.x += p[q].x; hv.y += p[q].y; hv.z += p[q].z; hv.w += p[q].w; }
-        float4 bv = __ldg((const float4*)bf1 + lane);
-        hv = make_float4(fmaxf(hv.x + bv.x, 0.0f), fmaxf(hv.y + bv.y, 0.0f), fmaxf(hv.z + bv.z, 0.0f), fmaxf(hv.w + bv.w, 0.0f));
+        hv = f4_bias_relu(f4_sum_in_order(p), __ldg((const float4*)bf1 + lane));
         *(float4*)(h + (size_t)row * FC_H + 4 * lane) = hv;
         TRACE_MARK(0);
     } else {
@@ -2510,10 +2511,7 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
     float4 v[FC1F_CLUSTER];
 #pragma unroll
     for (int r = 0; r < FC1F_CLUSTER; r++) v[r] = *(const float4*)(inbox + (r * 8 + tid / 32) * FC_H + 4 * c4);
-    float4 sum = v[0];
-#pragma unroll
-    for (int r = 1; r < FC1F_CLUSTER; r++) { sum.x += v[r].x; sum.y += v[r].y; sum.z += v[r].z; sum.w += v[r].w; }
-    if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = sum;
+    if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = f4_sum_in_order(v);
     TRACE_MARK(3);
 #endif
 }
