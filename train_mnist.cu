@@ -1023,6 +1023,33 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+// A bulk copy global -> shared by the tensor memory accelerator (cp.async.bulk, sm_90): one instruction for `bytes`
+// (a multiple of 16, both addresses 16-byte aligned), its completion counted on a shared-memory mbarrier. One thread
+// initialises the barrier (arrival count 1; a __syncthreads must follow before any thread waits on it), one thread
+// issues the expected byte count and the copy (any time after), and every thread that reads the data waits for phase
+// 0 (which completes only once both the arrival and the bytes are in).
+__device__ __forceinline__ void bulk_copy_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
+                 "fence.mbarrier_init.release.cluster;\n"
+                 "fence.proxy.async.shared::cta;\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy_issue(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy_wait(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .pred p;\nBULK_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
+                 "@!p bra BULK_WAIT_%=;\n}\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}
 
 // The max-pool's window codes (fast path): the forward stores, next to each pooled value, which of its 2x2 window's
 // act2 values it is (0..3 = (dy, dx) = (0,0), (0,1), (1,0), (1,1): the first maximum in that order, PyTorch's choice)
@@ -1201,12 +1228,18 @@ static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC
 // perm) with pos = counters[1] (offset when counters is null), normalized by mnist_normalize; x_out and y_out then get
 // the batch's x (conv1's weight gradient reads it) and labels. Those reads run before grid_dep_sync: the dataset and
 // the permutation change only between epochs, and counters[1] was advanced by the previous step's
-// fc1_backward_kernel, three launches back.
+// fc1_backward_kernel, three launches back. Or (staged not null: a training step after another in the same sequence,
+// see mnist_train_steps) the batch's bytes [B][784] and labels [B] that the previous step's weight-gradient kernel
+// gathered (BatchPrefetch::xb): one load after grid_dep_sync instead of three dependent ones (position, permutation,
+// image) before it; x_out and y_out as above.
 struct ConvInput {
     const float* x = nullptr;
     const uint8_t *images = nullptr, *labels = nullptr;
     const int *perm = nullptr, *counters = nullptr;
     int offset = 0;
+    const uint8_t* staged = nullptr;
+    const int* staged_y = nullptr;
+    const float* wimg = nullptr;  // staged too: conv2.weight's forward image, by the previous step's update (SplitsJob::w2img)
     float* x_out = nullptr;
     int* y_out = nullptr;
 };
@@ -1250,8 +1283,9 @@ struct FwdHead {
 // Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
 // after grid_dep_sync: conv1's first, conv2.bias into registers for the epilogue, conv2.weight by cp.async once the x
 // rows have arrived (9.4 MB over all blocks, which the x rows and conv1's weights would otherwise queue behind), in
-// flight while conv1 is computed. Gathered input is loaded before it. fh: the fused forward's fc1 and head (FwdHead),
-// or part = null.
+// flight while conv1 is computed; or, staged (in.wimg), from its forward image by one bulk copy (TMA), issued by
+// thread 0 once its x rows have arrived. Input gathered from the dataset is loaded before the wait, staged input (and
+// x) after it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
 template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
 conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
@@ -1276,29 +1310,41 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     float* Wf = B1s + C1;                   // the fused forward: fc1.weight's K slice [FC_H][FC1F_LD]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
-    const bool gather = in.images != nullptr, fused = fh.part != nullptr;
+    const bool staged = in.staged != nullptr, gather = in.images != nullptr || staged, fused = fh.part != nullptr;
     constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;  // the fc1.weight slice's 16-byte chunks per row, per thread
     static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256, "fc1's slice splits evenly; a conv1 weight per thread");
 
     // chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3, and (gather) its label; s = the band's sample
-    const int pos0 = gather ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
-    auto sample_of = [&](int band) { const int p = pos0 + band / NBAND; return in.perm ? __ldcg(in.perm + p) : p; };
+    // (staged: the sample is the batch row itself; the staged bytes come from the kernel in front: L2 loads)
+    const int pos0 = gather && !staged ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
+    auto sample_of = [&](int band) { const int p = pos0 + band / NBAND; return staged || !in.perm ? p : __ldcg(in.perm + p); };
     auto load_x = [&](int band, int s) {
         const int b = band / NBAND, y0 = (band % NBAND) * R;
         if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
         if (!gather) return __ldcg((const float4*)(in.x + ((size_t)b * IMG + y0) * IMG) + tid);
-        const uchar4 u = ((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG))[tid];
+        const uchar4 u = staged ? __ldcg((const uchar4*)(in.staged + (size_t)s * IMG * IMG + y0 * IMG) + tid)
+                                : ((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG))[tid];
         return make_float4(mnist_normalize(u.x), mnist_normalize(u.y), mnist_normalize(u.z), mnist_normalize(u.w));
     };
+    auto load_label = [&](int s) { return staged ? __ldcg(in.staged_y + s) : (int)__ldg(in.labels + s); };
     const bool any = (int)blockIdx.x < B * NBAND;
-    int s_cur = 0, label = 0;
+    int label = 0;
     float4 xin = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (gather && any) {
-        s_cur = sample_of(blockIdx.x);
-        xin = load_x(blockIdx.x, s_cur);
-        if (tid == 0) label = __ldg(in.labels + s_cur);
-    }
+    auto load_first = [&] {
+        const int s0 = sample_of(blockIdx.x);
+        xin = load_x(blockIdx.x, s0);
+        if (gather && tid == 0) label = load_label(s0);
+    };
+    const bool early = gather && !staged;  // the dataset's bytes: before the wait; x or the staged bytes: after it
+    if (any && early) load_first();
+    // conv2.weight from its forward image (staged): one bulk copy into Ws, already laid out and rounded, issued where
+    // the cp.async would be (load_weights: after the x rows, which it would otherwise delay); its barrier initialised
+    // here (the band loop's first __syncthreads, or the one before a bandless block's wait, orders it)
+    __shared__ __align__(8) uint64_t wbar;
+    const bool use_img = in.wimg != nullptr;
+    if (use_img && tid == 0) bulk_copy_init(&wbar);
     grid_dep_wait();
+    if (any && !early) load_first();
     if (!fused) grid_dep_launch();  // the fused forward releases its successor after its second grid barrier
     // conv1's weights and bias, conv2.bias (this thread's epilogue channels); L2 loads: no stale L1 line. conv2.weight
     // [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2, rounded in place after conv1) is issued in the band
@@ -1309,6 +1355,10 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     if (tid < 9 * C1) W1s[(tid % 9) * C1 + tid / 9] = w1v;
     if (tid < C1) B1s[tid] = b1v;
     auto load_weights = [&] {
+        if (use_img) {
+            if (tid == 0) bulk_copy_issue(Ws, in.wimg, 9 * COUT * CS * sizeof(float), &wbar);
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < NW; i++) {
             const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
@@ -1320,7 +1370,6 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     float2 bz[NI];
 #pragma unroll
     for (int ni = 0; ni < NI; ni++) bz[ni] = __ldcg((const float2*)(bias + (wn * NI + ni) * 8 + 2 * t));
-    if (!gather && any) xin = load_x(blockIdx.x, 0);
     // this lane's ldmatrix row of each m16 tile (offset in the patch, floats) and of the B pairs
     int aoff[MI];
 #pragma unroll
@@ -1336,6 +1385,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     // conv2's weights landed (each thread rounds the chunks it copied), and this block's share of the input
     // gradient's weight image (after a barrier: from every thread's rounded chunks)
     auto round_weights = [&] {
+        if (use_img) { bulk_copy_wait(&wbar); return; }
         cp_async_wait<0>();
 #pragma unroll
         for (int i = 0; i < NW; i++) {
@@ -1429,7 +1479,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         if (it == 0) { write_wimg(); load_wf(); }
         if (next < B * NBAND) {  // the next band's x rows, in flight during this band's products
             xin = load_x(next, s_next);
-            if (gather && tid == 0) label = __ldg(in.labels + s_next);
+            if (gather && tid == 0) label = load_label(s_next);
         }
         float acc[MI][NI][4];
         acc_zero(acc);
@@ -1499,6 +1549,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
     }
     if (it == 0) {  // a block without a band (the fused forward's grid at B < 64) still makes its share of the image
+        __syncthreads();  // (the bulk copy's barrier is initialised)
         round_weights();
         __syncthreads();
         write_wimg();
@@ -1871,7 +1922,13 @@ struct SplitsJob {
     float *dst = nullptr, *dst_tail = nullptr; int n_head = 0;
     const float* src = nullptr; size_t stride = 0; int splits = 0, n = 0;
     int update_off = -1;
+    float* w2img = nullptr;  // conv2's update only: also each updated weight (i < n_head), see conv2_fwd_img_index
 };
+// conv2.weight's forward image: [tap][co][ci (+4 pad)], rounded to TF32, the layout of conv2's forward kernel's Ws, so
+// that the next training step's forward copies it in one bulk copy (ConvInput::wimg) instead of 4608 16-byte
+// cp.async per block and a rounding pass. i: the weight's internal index, [co][tap][ci].
+constexpr int W2IMG_FLOATS = 9 * C2 * (C1 + 4);
+__host__ __device__ inline int conv2_fwd_img_index(int i) { return ((i / C1) % 9 * C2 + i / KC2) * (C1 + 4) + i % C1; }
 struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
 __device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
@@ -1962,6 +2019,7 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
                 const size_t o = (size_t)j.update_off + i;
                 opt_update_elem(opt.c, st, &p, v, &m, &vv);
                 opt.params[o] = p; opt.m1[o] = m;
+                if (j.w2img && i < j.n_head) j.w2img[conv2_fwd_img_index(i)] = tf32_round(p);
                 if (adamw) opt.m2[o] = vv;
             } else if (i < j.n_head) {
                 j.dst[i] = v;
@@ -1986,12 +2044,30 @@ __device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, floa
 // shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
 // last blocks to finish their bands (the barrier's critical path) go straight to the wait.
 constexpr int WG_PRE_O = 40, WG_PRE_X = 16, WG_PRE_P = 8;
-// An L2 prefetch of the next step's batch (a hint: no effect on any value), for conv2's forward kernel, which gathers
-// it right after this kernel (ConvInput): the permutation's entries at counters[1] (advanced by fc1_backward_kernel,
-// complete here) and the B images' bytes (n: the dataset's size, positions past it are not prefetched).
-struct BatchPrefetch { const uint8_t* images = nullptr; const int* perm = nullptr; const int* counters = nullptr; int n = 0, B = 0; };
+// The next step's batch, for conv2's forward kernel right after this kernel (ConvInput): the samples at the
+// permutation's entries from counters[1] (advanced by fc1_backward_kernel, complete here); n: the dataset's size,
+// positions past it are skipped. xb not null (the next step is in the same sequence, mnist_train_steps): their bytes
+// and labels gathered into xb [B][784] and yb [B] (ConvInput::staged); else an L2 prefetch of the images' bytes (a
+// hint: no effect on any value; the next forward gathers them itself).
+constexpr int GATHER_CH = IMG * IMG / 16, GATHER_ITEMS = GATHER_CH + 1;  // a sample's 49 16-byte image chunks, its label
+static_assert(IMG * IMG % 16 == 0, "16-byte chunks of an image (every image starts 16-byte aligned: 784 = 49 x 16)");
+struct BatchPrefetch {
+    const uint8_t *images = nullptr, *labels = nullptr; const int* perm = nullptr; const int* counters = nullptr; int n = 0, B = 0;
+    uint8_t* xb = nullptr; int* yb = nullptr;
+};
 __device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) {
     if (!pf.images) return;
+    if (pf.xb) {
+        const int pos = __ldcg(pf.counters + 1);
+        for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * GATHER_ITEMS; i += nshares * (int)blockDim.x) {
+            const int b = i / GATHER_ITEMS, c = i % GATHER_ITEMS, p = pos + b;
+            if (p >= pf.n) break;
+            const int smp = pf.perm ? __ldcg(pf.perm + p) : p;
+            if (c < GATHER_CH) ((uint4*)(pf.xb + (size_t)b * IMG * IMG))[c] = __ldg((const uint4*)(pf.images + (size_t)smp * IMG * IMG) + c);
+            else pf.yb[b] = pf.labels[smp];
+        }
+        return;
+    }
     constexpr int LINES = (IMG * IMG + 127) / 128 + 1;  // 128-byte lines an image's 784 bytes can touch
     const int pos = __ldcg(pf.counters + 1);
     for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * LINES; i += nshares * (int)blockDim.x) {
@@ -2197,7 +2273,8 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         const int G = gridDim.x, no = min(G, WG_PRE_O), nx = min(G, WG_PRE_X), xo = G >= no + nx ? no : 0;
         if (wb.rank < no) wg_reduce_share(other, wb.rank, no, smem + WG_PART_PRE, opt, st);
         if (wb.rank >= xo && wb.rank < xo + nx) wg_reduce_share(extra, wb.rank - xo, nx, smem + WG_PART_PRE, opt, st);
-        const int np = min(G, WG_PRE_P), po = G >= xo + nx + np ? xo + nx : 0;
+        // (the gather of the next batch: up to 2 items per thread, on more ranks at larger batches)
+        const int np = min(G, pf.xb ? max(WG_PRE_P, (pf.B * GATHER_ITEMS + 511) / 512) : WG_PRE_P), po = G >= xo + nx + np ? xo + nx : 0;
         if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
     }
     TRACE_MARK(3);
@@ -2213,6 +2290,7 @@ struct Conv2Tf32 {
     bool fused_fwd = false;  // the fused forward's FC1F_SPLITS blocks fit on the GPU at once (one per SM)
     unsigned long long* wgrad_bar = nullptr;  // the grid barrier of the weight gradient and the fused forward (see wg_grid_arrive)
     float *ws = nullptr, *ws_w1 = nullptr, *wimg_dgrad = nullptr;
+    float* wimg_fwd = nullptr;  // conv2.weight's forward image, written by the training step's update (SplitsJob::w2img)
 };
 static Conv2Tf32 g_conv2;
 static void conv2_tf32_setup() {
@@ -2256,6 +2334,7 @@ static void conv2_tf32_setup() {
     size_t nd = 9 * C1 * (C2 + 4);
     cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, W2IMG_FLOATS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, W2IMG_FLOATS * sizeof(float)));
     g_conv2.ready = true;
 }
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
@@ -2301,6 +2380,7 @@ static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const
     SplitsJob j;
     j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
     j.update_off = update_off;
+    if (update_off >= 0) j.w2img = g_conv2.wimg_fwd;
     launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j, dgrad, extra,
                opt, g_conv2.wgrad_bar, pf);
 }
@@ -2686,6 +2766,8 @@ struct Mnist {
     uint8_t* pool_codes = nullptr;  // fast path: the max-pool's window codes (B,12,12,64), instead of act2 and dact2
     float* hpart = nullptr;         // fast path on sm_90: fc1's 16 split-K partial sums (16,B,128)
     float* fpart = nullptr;         // the fused forward's 128 split-K partial sums (128,B,128), B <= FUSED_MAX_B
+    uint8_t* xb = nullptr;          // GPU: the next training step's batch bytes (B,28,28) and labels (B), gathered by
+    int* yb = nullptr;              // the weight-gradient kernel (BatchPrefetch::xb, ConvInput::staged)
     int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
     OptConfig opt;
 };
@@ -2713,7 +2795,11 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     m->counters = (int*)mnist_alloc(m, 3);
     m->pool_codes = (uint8_t*)mnist_alloc(m, ceil_div((int)(F * FC_IN), 4));
     m->hpart = mnist_alloc(m, (size_t)FC1F_PARTS * F * FC_H);
-    if (!cpu) m->fpart = mnist_alloc(m, (size_t)FC1F_SPLITS * std::min(B, FUSED_MAX_B) * FC_H);
+    if (!cpu) {
+        m->fpart = mnist_alloc(m, (size_t)FC1F_SPLITS * std::min(B, FUSED_MAX_B) * FC_H);
+        m->xb = (uint8_t*)mnist_alloc(m, (size_t)B * IMG * IMG / 4);
+        m->yb = (int*)mnist_alloc(m, B);
+    }
     if (!cpu) {
         if (!g_mm.ws_partial) {  // shared by every model of the process (the tests build several)
             g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
@@ -2746,7 +2832,7 @@ static void mnist_free(Mnist* m) {
     void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act2, m->pooled, m->h, m->logits, m->y,
                   m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
     for (void* p : ps) mnist_free_ptr(m, p);
-    if (m->fpart) mnist_free_ptr(m, m->fpart);
+    for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
 }
 static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
 static float* G(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
@@ -2980,24 +3066,45 @@ static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const i
 // One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
 // The fast path has no gather launch: conv2's forward kernel loads the batch; at batch <= FUSED_MAX_B it also runs fc1
 // and the head (the fused forward): 4 launches per step (5 with AdamW), 6 (7) at larger batches.
-static void mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
+// staged: the previous step gathered this batch (it was called with next_B = B); next_B > 0: gather the next step's
+// batch of next_B (at most the model's batch) for it, and return whether it was (the fast path only).
+static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, bool staged = false,
+                             int next_B = 0) {
     const bool fast = conv2_fast(m);
+    if (next_B > m->B) {
+        fprintf(stderr, "mnist_train_step: the next batch (%d) is larger than the model's (%d)\n", next_B, m->B);
+        exit(EXIT_FAILURE);
+    }
     if (fast) {
         ConvInput in;
         in.images = d.images; in.labels = d.labels; in.perm = perm; in.counters = m->counters;
+        if (staged) { in.staged = m->xb; in.staged_y = m->yb; in.wimg = g_conv2.wimg_fwd; }
         mnist_forward_loss(m, B, &in, losses, nullptr, m->counters, 0, true);
     } else {
         mnist_gather(m, d, perm, m->counters, 0, B);
         mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
     }
     if (fast) {
-        BatchPrefetch pf;  // the next step's batch, into L2
-        pf.images = d.images; pf.perm = perm; pf.counters = m->counters; pf.n = d.n; pf.B = B;
+        BatchPrefetch pf;  // the next step's batch: gathered for it, or into L2
+        pf.images = d.images; pf.labels = d.labels; pf.perm = perm; pf.counters = m->counters; pf.n = d.n;
+        pf.B = next_B > 0 ? next_B : B;
+        if (next_B > 0) { pf.xb = m->xb; pf.yb = m->yb; }
         mnist_backward(m, B, B, pf);  // with the optimizer step of every parameter and the counters' advance
-    } else {
-        mnist_backward(m, B);
-        mnist_update(m, B);       // and the counters' advance
+        return next_B > 0;
     }
+    mnist_backward(m, B);
+    mnist_update(m, B);       // and the counters' advance
+    return false;
+}
+// nsteps training steps of batch B, then (tail_B > 0) one of batch tail_B; on the fast path each step gathers the
+// next one's batch (BatchPrefetch::xb) and the next forward reads it from there (ConvInput::staged): the same values
+// as steps that each gather their own batch.
+static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps, int tail_B = 0) {
+    const int total = nsteps + (tail_B > 0 ? 1 : 0);
+    bool staged = false;
+    for (int i = 0; i < total; i++)
+        staged = mnist_train_step(m, d, perm, losses, i < nsteps ? B : tail_B, staged,
+                                  i + 1 < total ? (i + 1 < nsteps ? B : tail_B) : 0);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -3087,15 +3194,17 @@ static DeviceData upload_split(const MnistSplit& s, bool cpu) {
     return d;
 }
 
-// CUDA graphs of training steps: GRAPH_STEPS full batches in one (fewer graph launches, and the steps' kernels
-// overlap across step boundaries too), one full batch, and the last partial batch of an epoch
-constexpr int GRAPH_STEPS = 16;
-// nsteps training steps of batch B captured in one graph, instantiated and uploaded
-static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps) {
+// An epoch's training steps in CUDA graphs of mnist_train_steps: GRAPH_STEPS full batches in one (fewer graph
+// launches, the steps' kernels overlap across step boundaries, and every step but the first has its batch gathered by
+// the step before), and one graph for the rest: the remaining full batches and the last partial batch
+constexpr int GRAPH_STEPS = 32;
+// mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded
+static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps,
+                                           int tail_B = 0) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < nsteps; i++) mnist_train_step(m, d, perm, losses, B);
+    mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B);
     cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
     cudaCheck(cudaGraphInstantiate(&ge, g, 0));
     cudaCheck(cudaGraphUpload(ge, g_mm.stream));
@@ -3326,13 +3435,11 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    int n_full = train.n / B, tail = train.n % B;
-    cudaGraphExec_t graph_multi = nullptr, graph_full = nullptr, graph_tail = nullptr;
-    auto capture = [&](int bs, int nsteps) { return capture_train_steps(&model, dtrain, perm_dev, losses, bs, nsteps); };
+    const int n_full = train.n / B, tail = train.n % B, n_multi = n_full / GRAPH_STEPS, n_rest = n_full % GRAPH_STEPS;
+    cudaGraphExec_t graph_multi = nullptr, graph_rest = nullptr;
     if (!cpu && a.cuda_graph) {
-        if (n_full >= GRAPH_STEPS) graph_multi = capture(B, GRAPH_STEPS);
-        graph_full = capture(B, 1);
-        if (tail) graph_tail = capture(tail, 1);
+        if (n_multi) graph_multi = capture_train_steps(&model, dtrain, perm_dev, losses, B, GRAPH_STEPS);
+        if (n_rest || tail) graph_rest = capture_train_steps(&model, dtrain, perm_dev, losses, B, n_rest, tail);
         cudaCheck(cudaStreamSynchronize(g_mm.stream));
     }
     cudaEvent_t ev0 = nullptr, ev1 = nullptr;
@@ -3357,16 +3464,12 @@ int main(int argc, char** argv) {
             cudaCheck(cudaEventRecord(ev0, g_mm.stream));
             cudaCheck(cudaMemcpyAsync(perm_dev, perm.data(), train.n * 4, cudaMemcpyHostToDevice, g_mm.stream));
             mnist_set_counters(&model, step, 0);
-            for (int s = 0; s < n_full;) {
-                if (graph_multi && s + GRAPH_STEPS <= n_full) { cudaCheck(cudaGraphLaunch(graph_multi, g_mm.stream)); s += GRAPH_STEPS; continue; }
-                if (graph_full) cudaCheck(cudaGraphLaunch(graph_full, g_mm.stream));
-                else mnist_train_step(&model, dtrain, perm_dev, losses, B);
-                s++;
+            for (int g = 0; g < n_multi; g++) {
+                if (graph_multi) cudaCheck(cudaGraphLaunch(graph_multi, g_mm.stream));
+                else mnist_train_steps(&model, dtrain, perm_dev, losses, B, GRAPH_STEPS);
             }
-            if (tail) {
-                if (graph_tail) cudaCheck(cudaGraphLaunch(graph_tail, g_mm.stream));
-                else mnist_train_step(&model, dtrain, perm_dev, losses, tail);
-            }
+            if (graph_rest) cudaCheck(cudaGraphLaunch(graph_rest, g_mm.stream));
+            else if (n_rest || tail) mnist_train_steps(&model, dtrain, perm_dev, losses, B, n_rest, tail);
             cudaCheck(cudaEventRecord(ev1, g_mm.stream));
             cudaCheck(cudaMemcpyAsync(host_losses.data(), losses, train.n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
             cudaCheck(cudaEventSynchronize(ev1));

@@ -585,6 +585,78 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
     mnist_free(&m);
 }
 
+// GPU: a sequence of training steps (mnist_train_steps), in which every step gathers the next one's batch in its
+// weight-gradient kernel (BatchPrefetch::xb) and the next forward reads those bytes (ConvInput::staged), against the
+// same steps each gathering its own batch (mnist_train_step one by one): the parameters, both optimizer buffers, the
+// losses, the counters and the last step's x and y bit-identical. Two fresh models from the same seed, a random
+// dataset, nsteps steps of batch B then one of tail, SGD (momentum, weight decay) or AdamW with warm-up + cosine.
+// B = 64: the fused forward; B = 100: conv2's forward kernel alone, some blocks with two bands (the second band's
+// staged bytes loaded in the loop).
+static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t seed) {
+    const int n = nsteps * B + tail, steps = nsteps + (tail > 0);
+    std::vector<uint8_t> img((size_t)n * IMG * IMG), lab(n);
+    uint64_t s = seed;
+    for (auto& v : img) v = (uint8_t)(splitmix64(&s) & 255);
+    for (auto& v : lab) v = (uint8_t)(splitmix64(&s) % NCLS);
+    std::vector<int> perm;
+    epoch_permutation(perm, n, (int)seed, 0);
+    DeviceData d;
+    d.n = n;
+    int* perm_dev;
+    float* lbuf;
+    cudaCheck(cudaMalloc(&d.images, img.size())); cudaCheck(cudaMalloc(&d.labels, n)); cudaCheck(cudaMalloc(&perm_dev, n * 4));
+    cudaCheck(cudaMalloc(&lbuf, n * 4));
+    cudaCheck(cudaMemcpy(d.images, img.data(), img.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.labels, lab.data(), n, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(perm_dev, perm.data(), n * 4, cudaMemcpyHostToDevice));
+    const int last_B = tail > 0 ? tail : B;
+    std::vector<float> state[2];
+    std::vector<int> ctr[2];
+    int staged_bad = 0;
+    for (int seq = 0; seq < 2; seq++) {
+        Mnist m;
+        mnist_build(&m, false, B, B);
+        mnist_init_params(&m, seed);
+        m.opt = OptConfig(); m.opt.optimizer = opt; m.opt.schedule = SCHED_COSINE; m.opt.warmup_steps = 2;
+        m.opt.total_steps = steps; m.opt.lr = opt == OPT_ADAMW ? 1e-3f : 0.05f;
+        m.opt.weight_decay = opt == OPT_ADAMW ? 0.01f : 5e-4f;
+        cudaCheck(cudaMemset(lbuf, 0xFF, n * 4));
+        mnist_set_counters(&m, 0, 0);
+        if (seq) mnist_train_steps(&m, d, perm_dev, lbuf, B, nsteps, tail);
+        else for (int i = 0; i < steps; i++) mnist_train_step(&m, d, perm_dev, lbuf, i < nsteps ? B : tail);
+        cudaCheck(cudaDeviceSynchronize());
+        const size_t nx = (size_t)last_B * IMG * IMG;
+        state[seq].resize(3 * m.n_params + n + nx + last_B);
+        float* o = state[seq].data();
+        const float* bufs[3] = {m.params, m.m1, m.m2};
+        for (int k = 0; k < 3; k++) mnist_copy_out(&m, bufs[k], o + k * m.n_params, m.n_params);
+        o += 3 * m.n_params;
+        cudaCheck(cudaMemcpy(o, lbuf, n * 4, cudaMemcpyDeviceToHost)); o += n;
+        cudaCheck(cudaMemcpy(o, m.x, nx * 4, cudaMemcpyDeviceToHost)); o += nx;
+        cudaCheck(cudaMemcpy(o, m.y, last_B * 4, cudaMemcpyDeviceToHost));
+        ctr[seq].resize(3);
+        cudaCheck(cudaMemcpy(ctr[seq].data(), m.counters, 3 * sizeof(int), cudaMemcpyDeviceToHost));
+        if (seq) {  // the staging ran: the buffer holds the last batch's bytes, gathered by the step before it
+            std::vector<uint8_t> xb(nx);
+            cudaCheck(cudaMemcpy(xb.data(), m.xb, nx, cudaMemcpyDeviceToHost));
+            for (int b = 0; b < last_B; b++) staged_bad += memcmp(xb.data() + (size_t)b * IMG * IMG, img.data() + (size_t)perm[n - last_B + b] * IMG * IMG, IMG * IMG) != 0;
+        }
+        mnist_free(&m);
+    }
+    size_t nbad = 0, nonfinite = 0;
+    for (size_t i = 0; i < state[0].size(); i++) nbad += memcmp(&state[0][i], &state[1][i], 4) != 0;
+    for (size_t i = 0; i + last_B < state[1].size(); i++) nonfinite += !std::isfinite(state[1][i]);  // (y: ints)
+    const bool ctr_ok = ctr[0] == ctr[1] && ctr[1][0] == steps && ctr[1][1] == n && ctr[1][2] == 0;
+    const std::string tag = std::string(opt == OPT_ADAMW ? "adamw" : "sgd") + ", B=" + std::to_string(B) + ", " +
+                            std::to_string(nsteps) + " steps + tail " + std::to_string(tail);
+    report(nbad == 0 && nonfinite == 0 && ctr_ok && staged_bad == 0, "gpu training steps with staged batches = one by one (" + tag + ")",
+           std::to_string(nbad) + " of " + std::to_string(state[0].size()) + " words (parameters, m1, m2, losses, x, y) differ, " +
+           std::to_string(nonfinite) + " floats not finite; counters " + std::to_string(ctr[1][0]) + "," +
+           std::to_string(ctr[1][1]) + "," + std::to_string(ctr[1][2]) + " (" + std::to_string(steps) + "," + std::to_string(n) + ",0); " +
+           std::to_string(staged_bad) + " of the last batch's " + std::to_string(last_B) + " images not in the staging buffer");
+    cudaFree(d.images); cudaFree(d.labels); cudaFree(perm_dev); cudaFree(lbuf);
+}
+
 // GPU: fc1 on the fast path against the double CPU oracle, outputs poisoned with NaN first.
 //   forward (sm_90): fc1_forward_kernel's split-K partial sums added by head_kernel, + bias, ReLU: h, TF32 bound;
 //   backward: fc1_backward_kernel's dpooled and fc1 weight gradient (TF32 bound), fc1's bias gradient and fc2's
@@ -790,6 +862,9 @@ int main() {
         check_conv2_tf32(5, 4, 22);
         check_gathered_forward(64, 0, 23);
         check_gathered_forward(7, 5, 24);
+        check_staged_batches(64, 4, 21, OPT_SGD, 25);
+        check_staged_batches(64, 3, 0, OPT_ADAMW, 26);
+        check_staged_batches(100, 2, 37, OPT_SGD, 27);
         check_fc1_fast(5, 31);
         check_fc1_fast(70, 32);
         {   // the optimizer's fused counter advance (the last of its ~4700 blocks advances the counters)
