@@ -1027,12 +1027,15 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 // (a multiple of 16, both addresses 16-byte aligned), its completion counted on a shared-memory mbarrier. One thread
 // initialises the barrier (arrival count 1; a __syncthreads must follow before any thread waits on it), one thread
 // issues the expected byte count and the copy (any time after), and every thread that reads the data waits for phase
-// 0 (which completes only once both the arrival and the bytes are in).
+// 0 (which completes only once both the arrival and the bytes are in). Before sm_90 the three trap: the host uses
+// them only where g_bulk_copy says the GPU has them.
 __device__ __forceinline__ void bulk_copy_init(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
                  "fence.mbarrier_init.release.cluster;\n"
                  "fence.proxy.async.shared::cta;\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#else
+    __trap();
 #endif
 }
 __device__ __forceinline__ void bulk_copy_issue(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -1041,6 +1044,8 @@ __device__ __forceinline__ void bulk_copy_issue(void* dst, const void* src, uint
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
+#else
+    __trap();
 #endif
 }
 __device__ __forceinline__ void bulk_copy_wait(uint64_t* bar) {
@@ -1048,6 +1053,8 @@ __device__ __forceinline__ void bulk_copy_wait(uint64_t* bar) {
     asm volatile("{\n.reg .pred p;\nBULK_WAIT_%=:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
                  "@!p bra BULK_WAIT_%=;\n}\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#else
+    __trap();
 #endif
 }
 
@@ -2738,6 +2745,7 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
 // device takes programmatic dependent launch and thread-block clusters (sm_90+; else fc1's forward stays on the
 // generic kernel and every launch is an ordinary one).
 static bool g_fc1_cluster = false;
+static bool g_bulk_copy = false;  // sm_90: conv2.weight's forward image by one bulk copy (ConvInput::wimg)
 static void fast_path_setup() {
     static bool done = false;
     if (done) return;
@@ -2747,6 +2755,7 @@ static void fast_path_setup() {
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     g_pdl = major >= 9;
     g_fc1_cluster = major >= 9;
+    g_bulk_copy = major >= 9;
     if (g_fc1_cluster) cudaCheck(cudaFuncSetAttribute(fc1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1F_SMEM));
     cudaCheck(cudaFuncSetAttribute(fc1_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1B_SMEM));
     done = true;
@@ -3078,7 +3087,7 @@ static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, flo
     if (fast) {
         ConvInput in;
         in.images = d.images; in.labels = d.labels; in.perm = perm; in.counters = m->counters;
-        if (staged) { in.staged = m->xb; in.staged_y = m->yb; in.wimg = g_conv2.wimg_fwd; }
+        if (staged) { in.staged = m->xb; in.staged_y = m->yb; in.wimg = g_bulk_copy ? g_conv2.wimg_fwd : nullptr; }
         mnist_forward_loss(m, B, &in, losses, nullptr, m->counters, 0, true);
     } else {
         mnist_gather(m, d, perm, m->counters, 0, B);
