@@ -3261,7 +3261,7 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"resume", 's', &a.resume, 0, 0, nullptr, "continue training from this checkpoint (weights, optimizer state, epoch, step)"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
-        {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr, "1: replay each training step as a CUDA graph"},
+        {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr, "1: replay the training steps as CUDA graphs (32 steps each)"},
         {"confusion", 'i', &a.confusion, 0, 1, nullptr, "1: print the confusion matrix at the end"},
         {"cpu_threads", 'i', &a.cpu_threads, 0, 1024, nullptr, "CPU path threads (0: all cores)"},
     };
