@@ -458,6 +458,26 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     g_conv2 = saved;
 }
 
+// A random dataset of n images and labels from seed, on the host and on the GPU, with epoch perm_epoch's permutation
+struct RandomDataset {
+    std::vector<uint8_t> img, lab;
+    std::vector<int> perm;
+    DeviceData d;
+    int* perm_dev = nullptr;
+    RandomDataset(int n, uint64_t seed, int perm_epoch) : img((size_t)n * IMG * IMG), lab(n) {
+        uint64_t s = seed;
+        for (auto& v : img) v = (uint8_t)(splitmix64(&s) & 255);
+        for (auto& v : lab) v = (uint8_t)(splitmix64(&s) % NCLS);
+        epoch_permutation(perm, n, (int)seed, perm_epoch);
+        d.n = n;
+        cudaCheck(cudaMalloc(&d.images, img.size())); cudaCheck(cudaMalloc(&d.labels, n)); cudaCheck(cudaMalloc(&perm_dev, n * 4));
+        cudaCheck(cudaMemcpy(d.images, img.data(), img.size(), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d.labels, lab.data(), n, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(perm_dev, perm.data(), n * 4, cudaMemcpyHostToDevice));
+    }
+    ~RandomDataset() { cudaFree(d.images); cudaFree(d.labels); cudaFree(perm_dev); }
+};
+
 // GPU: the training step's forward gathers its batch from the dataset's bytes itself (ConvInput: sample perm[pos + b]
 // at pos = counters[1]; or pos = offset + b without perm and counters). x, y, act1, pooled, the window codes and
 // fc1's partial sums must be bit-identical to gather_batch_kernel's batch put through the forward on x, every output
@@ -469,19 +489,11 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
     Conv2Tf32 saved = g_conv2;
     if (ctas > 0) g_conv2.fwd_ctas = ctas;
     const int n = 3 * B + 11, off = 2 * B + 3;
-    std::vector<uint8_t> img((size_t)n * IMG * IMG), lab(n);
-    uint64_t s = seed;
-    for (auto& v : img) v = (uint8_t)(splitmix64(&s) & 255);
-    for (auto& v : lab) v = (uint8_t)(splitmix64(&s) % NCLS);
-    std::vector<int> perm;
-    epoch_permutation(perm, n, (int)seed, 1);
-    DeviceData d;
-    d.n = n;
-    int* perm_dev;
-    cudaCheck(cudaMalloc(&d.images, img.size())); cudaCheck(cudaMalloc(&d.labels, n)); cudaCheck(cudaMalloc(&perm_dev, n * 4));
-    cudaCheck(cudaMemcpy(d.images, img.data(), img.size(), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d.labels, lab.data(), n, cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(perm_dev, perm.data(), n * 4, cudaMemcpyHostToDevice));
+    RandomDataset ds(n, seed, 1);
+    const std::vector<uint8_t>& lab = ds.lab;
+    const std::vector<int>& perm = ds.perm;
+    const DeviceData& d = ds.d;
+    int* perm_dev = ds.perm_dev;
     const size_t nx = (size_t)B * IMG * IMG, n1 = (size_t)B * H1 * H1 * C1, np = (size_t)B * FC_IN, nh = (size_t)FC1F_PARTS * B * FC_H;
     auto run = [&](bool gathered, bool with_perm) {
         cudaCheck(cudaMemset(m.x, 0xFF, nx * 4)); cudaCheck(cudaMemset(m.y, 0xFF, B * 4));
@@ -581,7 +593,6 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
         cudaFree(lbuf); cudaFree(pbuf);
         cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, (size_t)9 * C1 * (C2 + 4) * 4));  // its pads are zero (never written)
     }
-    cudaFree(d.images); cudaFree(d.labels); cudaFree(perm_dev);
     mnist_free(&m);
 }
 
@@ -594,21 +605,11 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
 // staged bytes loaded in the loop).
 static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t seed) {
     const int n = nsteps * B + tail, steps = nsteps + (tail > 0);
-    std::vector<uint8_t> img((size_t)n * IMG * IMG), lab(n);
-    uint64_t s = seed;
-    for (auto& v : img) v = (uint8_t)(splitmix64(&s) & 255);
-    for (auto& v : lab) v = (uint8_t)(splitmix64(&s) % NCLS);
-    std::vector<int> perm;
-    epoch_permutation(perm, n, (int)seed, 0);
-    DeviceData d;
-    d.n = n;
-    int* perm_dev;
+    RandomDataset ds(n, seed, 0);
+    const std::vector<uint8_t>& img = ds.img;
+    const std::vector<int>& perm = ds.perm;
     float* lbuf;
-    cudaCheck(cudaMalloc(&d.images, img.size())); cudaCheck(cudaMalloc(&d.labels, n)); cudaCheck(cudaMalloc(&perm_dev, n * 4));
     cudaCheck(cudaMalloc(&lbuf, n * 4));
-    cudaCheck(cudaMemcpy(d.images, img.data(), img.size(), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d.labels, lab.data(), n, cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(perm_dev, perm.data(), n * 4, cudaMemcpyHostToDevice));
     const int last_B = tail > 0 ? tail : B;
     std::vector<float> state[2];
     std::vector<int> ctr[2];
@@ -622,8 +623,8 @@ static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t 
         m.opt.weight_decay = opt == OPT_ADAMW ? 0.01f : 5e-4f;
         cudaCheck(cudaMemset(lbuf, 0xFF, n * 4));
         mnist_set_counters(&m, 0, 0);
-        if (seq) mnist_train_steps(&m, d, perm_dev, lbuf, B, nsteps, tail);
-        else for (int i = 0; i < steps; i++) mnist_train_step(&m, d, perm_dev, lbuf, i < nsteps ? B : tail);
+        if (seq) mnist_train_steps(&m, ds.d, ds.perm_dev, lbuf, B, nsteps, tail);
+        else for (int i = 0; i < steps; i++) mnist_train_step(&m, ds.d, ds.perm_dev, lbuf, i < nsteps ? B : tail);
         cudaCheck(cudaDeviceSynchronize());
         const size_t nx = (size_t)last_B * IMG * IMG;
         state[seq].resize(3 * m.n_params + n + nx + last_B);
@@ -654,7 +655,7 @@ static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t 
            std::to_string(nonfinite) + " floats not finite; counters " + std::to_string(ctr[1][0]) + "," +
            std::to_string(ctr[1][1]) + "," + std::to_string(ctr[1][2]) + " (" + std::to_string(steps) + "," + std::to_string(n) + ",0); " +
            std::to_string(staged_bad) + " of the last batch's " + std::to_string(last_B) + " images not in the staging buffer");
-    cudaFree(d.images); cudaFree(d.labels); cudaFree(perm_dev); cudaFree(lbuf);
+    cudaFree(lbuf);
 }
 
 // GPU: fc1 on the fast path against the double CPU oracle, outputs poisoned with NaN first.
