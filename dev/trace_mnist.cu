@@ -27,7 +27,7 @@ static const char* TRACE_NAMES[TRACE_KERNELS] = {"conv1+conv2 fwd", "fc1 forward
                                                  "conv2 input grad", "conv2 weight grad"};
 // their TRACE_MARK phases (nullptr: unused)
 static const char* MARK_NAMES[TRACE_KERNELS][TRACE_MARKS] = {
-    {"x in shared memory", "conv1 done, weights rounded", "products done", "pooled stored", "conv1 done (before the weights' wait)",
+    {"x in shared memory", "conv1 done, weights in (rounded or copied)", "products done", "pooled stored", "conv1 done (before the weights' wait)",
      "fused: barrier open (all pooled)", "fused: fc1 partial sums stored", "fused: head done (row blocks)"},
     {"operands in shared memory", "products done", "rows in their owners' inboxes", "cluster sum stored", nullptr, nullptr, nullptr, nullptr},
     {"h stored", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
