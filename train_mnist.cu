@@ -2603,23 +2603,28 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
 #endif
 }
 
-// Backward: block k < 144 owns fc1's inputs k0 = 64k .. k0+63:
-//   dpooled[:, k0:k0+64] = dh Wf1[:, k0:k0+64]           (B x 64 x 128; dh is already zeroed where h <= 0)
-//   dWf1[:, k0:k0+64]   = dh^T pooled[:, k0:k0+64]        (128 x 64 x B, the batch in chunks of 64 rows)
-// 8 warps: dpooled as 2 x 4 warps of 32 x 16, dWf1 as 4 x 2 warps of 32 x 32. The weight gradient is stored (in a
-// training step the input-gradient kernel's idle warp applies its optimizer step, fc1_step_share). The last
-// FC1B_EXTRA blocks compute the small gradients: fc1's bias (sum over the batch of dh), fc2's weight and bias (a
-// thread per output, fp32 FMAs over the batch in order).
+// Backward: block k < FC1B_BLOCKS (128) owns fc1's inputs k0 = 72k .. k0+71 (the forward's K slices):
+//   dpooled[:, k0:k0+72] = dh Wf1[:, k0:k0+72]           (B x 72 x 128; dh is already zeroed where h <= 0)
+//   dWf1[:, k0:k0+72]   = dh^T pooled[:, k0:k0+72]        (128 x 72 x B, the batch in chunks of 64 rows)
+// 12 warps; warp w: dpooled rows 16 (w / 3) .. + 15 of a chunk and dWf1 rows 32 (w / 3) .. + 31, both in columns
+// 24 (w % 3) .. + 23 of the slice. The weight gradient is stored (in a training step the input-gradient kernel's idle
+// warp applies its optimizer step, fc1_step_share). The last FC1B_EXTRA blocks compute the small gradients: fc1's bias
+// (sum over the batch of dh), fc2's weight and bias (a thread per output, fp32 FMAs over the batch in order).
+// One block per SM (the shared memory asked for is more than half an SM's): the 132 blocks fill an H100 in one wave.
+// (With 64-column slices, 8 warps and two blocks per SM, 150 blocks, the blocks that shared an SM finished their
+// products up to 3.7 us after the median block; measured on the H100, dev/mnist_NOTES.md session 10.)
 // The Wf1 slice is loaded before grid_dep_sync: the previous step's optimizer step wrote it, several launches back,
 // and the kernels in front only read it; dh, pooled and the rest wait.
-constexpr int FC1B_NC = 64, FC1B_BLOCKS = FC_IN / FC1B_NC;
-constexpr int FC1B_WLD = FC1B_NC + 8;  // Ws[128][72]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
-constexpr int FC1B_HLD = FC_H + 4;     // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
-                                       // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
-constexpr int FC1B_PLD = FC1B_NC + 8;  // Ps[64][72]: pooled [r][c], read as B[k = r][n = c]: conflict-free
-static_assert(FC1B_WLD % 32 == 8, "the gradient's float2 stores into Gs (stride FC1B_WLD) are conflict-free per half-warp");
-constexpr size_t FC1B_SMEM = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
-constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + 255) / 256;
+constexpr int FC1B_NC = FC1F_KC, FC1B_BLOCKS = FC_IN / FC1B_NC, FC1B_THREADS = 384;
+constexpr int FC1B_WLD = FC1B_NC + 32;  // Ws[128][104]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
+constexpr int FC1B_HLD = FC_H + 4;      // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
+                                        // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
+constexpr int FC1B_PLD = FC1B_NC + 32;  // Ps[64][104]: pooled [r][c], read as B[k = r][n = c]: conflict-free
+static_assert(FC1B_WLD % 32 == 8 && FC1B_PLD % 32 == 8, "conflict-free B fragments; the gradient's float2 stores into Gs");
+static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384, "12 warps: 4 x 3 tiles of 16 x 24 and of 32 x 24");
+constexpr size_t FC1B_SMEM_USED = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
+constexpr size_t FC1B_SMEM = FC1B_SMEM_USED > 116 * 1024 ? FC1B_SMEM_USED : 116 * 1024;  // one block per SM
+constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + FC1B_THREADS - 1) / FC1B_THREADS;
 struct Fc1BackwardArgs {
     float *dpooled, *gwf1, *gbf1, *gwf2, *gbf2;
     const float *wf1, *dh, *pooled, *dlogits, *h;
@@ -2627,14 +2632,14 @@ struct Fc1BackwardArgs {
     int B;
     int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
 };
-__global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a) {
+__global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1BackwardArgs a) {
     TRACE_SCOPE(3);
     const int tid = threadIdx.x, B = a.B;
     if (blockIdx.x >= FC1B_BLOCKS) {
         grid_dep_sync();
         // the batch's position: every reader of it in this step (conv2's forward, the head) is complete
         if (a.advance_pos >= 0 && blockIdx.x == FC1B_BLOCKS && tid == 0) a.counters[1] += a.advance_pos;
-        int i = (blockIdx.x - FC1B_BLOCKS) * 256 + tid;
+        int i = (blockIdx.x - FC1B_BLOCKS) * FC1B_THREADS + tid;
         if (i < FC_H) {
             float s = 0.0f;
 #pragma unroll 16
@@ -2660,14 +2665,14 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
     float* Ws = smem;
     float* Hs = Ws + FC_H * FC1B_WLD;
     float* Ps = Hs + 64 * FC1B_HLD;
+    constexpr int NT = FC1B_THREADS, CH = FC1B_NC / 4;  // the slice's 16-byte chunks per row
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3, k0 = blockIdx.x * FC1B_NC;
-    const int wm1 = warp / 4, wn1 = warp % 4;  // dpooled: rows wm1*32.., columns wn1*16..
-    const int wm2 = warp / 2, wn2 = warp % 2;  // dWf1: rows (fc1 outputs) wm2*32.., columns wn2*32..
-    float acc[2][4][4];
-    static_assert(FC_H * FC1B_NC / 4 % 256 == 0, "the Wf1 slice's chunks split evenly");
+    const int wr = warp / 3, wc = 24 * (warp % 3);
+    float acc[2][3][4];
+    static_assert(FC_H * CH % NT == 0 && 64 * CH % NT == 0, "the Wf1 and pooled slices' chunks split evenly");
 #pragma unroll
-    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {  // the Wf1 slice: 128 rows of NC / 4 float4 (before the wait)
-        int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+    for (int i = 0; i < FC_H * CH / NT; i++) {  // the Wf1 slice: 128 rows of 18 float4 (before the wait)
+        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
         *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
     }
     grid_dep_sync();
@@ -2675,53 +2680,51 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
     for (int r0 = 0; r0 < B; r0 += 64) {
         __syncthreads();  // the previous chunk's fragment reads are done
         {
-            constexpr int NH = 64 * FC_H / 4 / 256, NP = (64 * FC1B_NC / 4 + 255) / 256;
+            constexpr int NH = (64 * FC_H / 4 + NT - 1) / NT, NP = 64 * CH / NT;
             float4 vh[NH], vp[NP];
 #pragma unroll
             for (int i = 0; i < NH; i++) {
-                int ch = tid + i * 256, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
-                vh[i] = r0 + r < B ? __ldg((const float4*)(a.dh + (size_t)(r0 + r) * FC_H) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+                int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+                vh[i] = r < 64 && r0 + r < B ? __ldg((const float4*)(a.dh + (size_t)(r0 + r) * FC_H) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
 #pragma unroll
             for (int i = 0; i < NP; i++) {
-                int ch = tid + i * 256, r = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-                vp[i] = r < 64 && r0 + r < B ? ((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0))[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+                int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
+                vp[i] = r0 + r < B ? ((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0))[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
 #pragma unroll
             for (int i = 0; i < NH; i++) {
-                int ch = tid + i * 256, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
-                *(float4*)(Hs + r * FC1B_HLD + 4 * c4) = tf32_round4(vh[i]);
+                int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+                if (r < 64) *(float4*)(Hs + r * FC1B_HLD + 4 * c4) = tf32_round4(vh[i]);
             }
 #pragma unroll
             for (int i = 0; i < NP; i++) {
-                int ch = tid + i * 256, r = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
-                if (r < 64) *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
+                int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
+                *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
             }
         }
         __syncthreads();
         TRACE_MARK(0);
-        {   // dpooled rows r0.. (64 x 64, k = the 128 fc1 outputs)
-            float d[2][2][4];
+        {   // dpooled rows r0.. (64 x 72, k = the 128 fc1 outputs)
+            float d[1][3][4];
             acc_zero(d);
-            warp_mma_smem<2, 2, FC_H, 4>(d, Hs + wm1 * 32 * FC1B_HLD, FC1B_HLD, 1, Ws + wn1 * 16, FC1B_WLD, 1, g, t);
+            warp_mma_smem<1, 3, FC_H, 4>(d, Hs + 16 * wr * FC1B_HLD, FC1B_HLD, 1, Ws + wc, FC1B_WLD, 1, g, t);
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int h = 0; h < 2; h++) {
+                const int r = r0 + 16 * wr + g + 8 * h;
+                if (r >= B) continue;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int r = r0 + wm1 * 32 + mi * 16 + g + 8 * h;
-                    if (r >= B) continue;
-#pragma unroll
-                    for (int ni = 0; ni < 2; ni++)
-                        *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wn1 * 16 + ni * 8 + 2 * t) = make_float2(d[mi][ni][2 * h], d[mi][ni][2 * h + 1]);
-                }
+                for (int ni = 0; ni < 3; ni++)
+                    *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wc + ni * 8 + 2 * t) = make_float2(d[0][ni][2 * h], d[0][ni][2 * h + 1]);
+            }
         }
         TRACE_MARK(1);
         // dWf1 += dh^T pooled over this chunk's 64 rows (zero rows past B add nothing)
-        warp_mma_smem<2, 4, 64, 8>(acc, Hs + wm2 * 32, 1, FC1B_HLD, Ps + wn2 * 32, FC1B_PLD, 1, g, t);
+        warp_mma_smem<2, 3, 64, 8>(acc, Hs + 32 * wr, 1, FC1B_HLD, Ps + wc, FC1B_PLD, 1, g, t);
     }
     TRACE_MARK(2);
-    // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so that
-    // it leaves in rows of 16-byte chunks
+    // the weight gradient goes through shared memory (the operands are done with; Gs[128][104] takes Ws's place) so
+    // that it leaves in rows of 16-byte chunks
     __syncthreads();
     float* Gs = smem;
 #pragma unroll
@@ -2729,16 +2732,20 @@ __global__ void __launch_bounds__(256, 2) fc1_backward_kernel(Fc1BackwardArgs a)
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-                *(float2*)(Gs + (wm2 * 32 + mi * 16 + g + 8 * h) * FC1B_WLD + wn2 * 32 + ni * 8 + 2 * t) =
+            for (int ni = 0; ni < 3; ni++)
+                *(float2*)(Gs + (32 * wr + mi * 16 + g + 8 * h) * FC1B_WLD + wc + ni * 8 + 2 * t) =
                     make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     __syncthreads();
     TRACE_MARK(3);
 #pragma unroll
-    for (int i = 0; i < FC_H * FC1B_NC / 4 / 256; i++) {
-        int ch = tid + i * 256, j = ch / (FC1B_NC / 4), c4 = ch % (FC1B_NC / 4);
+    for (int i = 0; i < FC_H * CH / NT; i++) {
+        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
         *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
     }
+}
+// fc1's backward on the fast path (Fc1BackwardArgs): FC1B_BLOCKS + FC1B_EXTRA blocks of FC1B_THREADS
+static void fc1_backward(const Fc1BackwardArgs& a) {
+    launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, FC1B_THREADS, FC1B_SMEM, 1, a);
 }
 
 // Once per process: the conv2 kernels' launch configuration, the fc1 kernels' shared-memory limits, and whether the
@@ -2979,7 +2986,7 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
         a.gbf1 = G(m, P_BF1); a.gwf2 = G(m, P_WF2); a.gbf2 = G(m, P_BF2);
         a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
         a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
-        launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
+        fc1_backward(a);
         // the input gradient first: the weight-gradient kernel after it adds up both kernels' partial sums (and its
         // bands, which need only dpooled, overlap the input gradient's last blocks); fused with SGD, its idle warp
         // applies fc1.weight's optimizer step (98% of the parameters). AdamW's step (a square root and a division per

@@ -603,7 +603,10 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
 // dataset, nsteps steps of batch B then one of tail, SGD (momentum, weight decay) or AdamW with warm-up + cosine.
 // B = 64: the fused forward; B = 100: conv2's forward kernel alone, some blocks with two bands (the second band's
 // staged bytes loaded in the loop).
-static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t seed) {
+// vs_unfused: the same sequence (staged) against itself with g_fused_forward = false instead, over whole training
+// steps (forward, backward, optimizer): at batch <= 64 the fused forward (conv2's forward kernel with fc1 and the
+// head) against its three launches (conv2's forward, fc1_forward_kernel, head_kernel): the same bits required.
+static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t seed, bool vs_unfused = false) {
     const int n = nsteps * B + tail, steps = nsteps + (tail > 0);
     RandomDataset ds(n, seed, 0);
     const std::vector<uint8_t>& img = ds.img;
@@ -623,7 +626,11 @@ static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t 
         m.opt.weight_decay = opt == OPT_ADAMW ? 0.01f : 5e-4f;
         cudaCheck(cudaMemset(lbuf, 0xFF, n * 4));
         mnist_set_counters(&m, 0, 0);
-        if (seq) mnist_train_steps(&m, ds.d, ds.perm_dev, lbuf, B, nsteps, tail);
+        if (vs_unfused) {
+            g_fused_forward = seq == 1;
+            mnist_train_steps(&m, ds.d, ds.perm_dev, lbuf, B, nsteps, tail);
+            g_fused_forward = true;
+        } else if (seq) mnist_train_steps(&m, ds.d, ds.perm_dev, lbuf, B, nsteps, tail);
         else for (int i = 0; i < steps; i++) mnist_train_step(&m, ds.d, ds.perm_dev, lbuf, i < nsteps ? B : tail);
         cudaCheck(cudaDeviceSynchronize());
         const size_t nx = (size_t)last_B * IMG * IMG;
@@ -637,7 +644,7 @@ static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t 
         cudaCheck(cudaMemcpy(o, m.y, last_B * 4, cudaMemcpyDeviceToHost));
         ctr[seq].resize(3);
         cudaCheck(cudaMemcpy(ctr[seq].data(), m.counters, 3 * sizeof(int), cudaMemcpyDeviceToHost));
-        if (seq) {  // the staging ran: the buffer holds the last batch's bytes, gathered by the step before it
+        if (seq && steps > 1) {  // the staging ran: the buffer holds the last batch's bytes, gathered by the step before it
             std::vector<uint8_t> xb(nx);
             cudaCheck(cudaMemcpy(xb.data(), m.xb, nx, cudaMemcpyDeviceToHost));
             for (int b = 0; b < last_B; b++) staged_bad += memcmp(xb.data() + (size_t)b * IMG * IMG, img.data() + (size_t)perm[n - last_B + b] * IMG * IMG, IMG * IMG) != 0;
@@ -650,7 +657,9 @@ static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t 
     const bool ctr_ok = ctr[0] == ctr[1] && ctr[1][0] == steps && ctr[1][1] == n && ctr[1][2] == 0;
     const std::string tag = std::string(opt == OPT_ADAMW ? "adamw" : "sgd") + ", B=" + std::to_string(B) + ", " +
                             std::to_string(nsteps) + " steps + tail " + std::to_string(tail);
-    report(nbad == 0 && nonfinite == 0 && ctr_ok && staged_bad == 0, "gpu training steps with staged batches = one by one (" + tag + ")",
+    report(nbad == 0 && nonfinite == 0 && ctr_ok && staged_bad == 0,
+           std::string("gpu training steps ") + (vs_unfused ? "with the fused forward = its three launches (" :
+                                                               "with staged batches = one by one (") + tag + ")",
            std::to_string(nbad) + " of " + std::to_string(state[0].size()) + " words (parameters, m1, m2, losses, x, y) differ, " +
            std::to_string(nonfinite) + " floats not finite; counters " + std::to_string(ctr[1][0]) + "," +
            std::to_string(ctr[1][1]) + "," + std::to_string(ctr[1][2]) + " (" + std::to_string(steps) + "," + std::to_string(n) + ",0); " +
@@ -717,7 +726,7 @@ static void check_fc1_fast(int B, uint64_t seed) {
     Fc1BackwardArgs a;
     a.dpooled = d_dpooled; a.wf1 = d_w; a.gwf1 = d_gw; a.gbf1 = d_gbf1; a.gwf2 = d_gwf2; a.gbf2 = d_gbf2;
     a.dh = d_dh; a.pooled = d_pooled; a.dlogits = d_dlogits; a.h = d_h; a.counters = d_counters; a.B = B;
-    launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, 256, FC1B_SMEM, 1, a);
+    fc1_backward(a);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<float> gdp(npool), ggw(nw), ggb1(FC_H), ggw2(NCLS * FC_H), ggb2(NCLS);
     cudaCheck(cudaMemcpy(gdp.data(), d_dpooled, npool * 4, cudaMemcpyDeviceToHost));
@@ -866,6 +875,13 @@ int main() {
         check_staged_batches(64, 4, 21, OPT_SGD, 25);
         check_staged_batches(64, 3, 0, OPT_ADAMW, 26);
         check_staged_batches(100, 2, 37, OPT_SGD, 27);
+        if (g_fc1_cluster && g_conv2.fused_fwd) {  // (set up by mnist_build)
+            check_staged_batches(64, 3, 21, OPT_SGD, 28, true);
+            check_staged_batches(64, 2, 0, OPT_ADAMW, 29, true);
+            check_staged_batches(40, 2, 0, OPT_SGD, 30, true);
+        } else {
+            skip("gpu training steps with the fused forward", "the fused forward is off on this GPU");
+        }
         check_fc1_fast(5, 31);
         check_fc1_fast(70, 32);
         {   // the optimizer's fused counter advance (the last of its ~4700 blocks advances the counters)
