@@ -2616,10 +2616,10 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
 // The Wf1 slice is loaded before grid_dep_sync: the previous step's optimizer step wrote it, several launches back,
 // and the kernels in front only read it; dh, pooled and the rest wait.
 constexpr int FC1B_NC = FC1F_KC, FC1B_BLOCKS = FC_IN / FC1B_NC, FC1B_THREADS = 384;
-constexpr int FC1B_WLD = FC1B_NC + 32;  // Ws[128][104]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
+constexpr int FC1B_WLD = FC1B_NC;       // Ws[128][72]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
 constexpr int FC1B_HLD = FC_H + 4;      // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
                                         // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
-constexpr int FC1B_PLD = FC1B_NC + 32;  // Ps[64][104]: pooled [r][c], read as B[k = r][n = c]: conflict-free
+constexpr int FC1B_PLD = FC1B_NC;       // Ps[64][72]: pooled [r][c], read as B[k = r][n = c]: conflict-free
 static_assert(FC1B_WLD % 32 == 8 && FC1B_PLD % 32 == 8, "conflict-free B fragments; the gradient's float2 stores into Gs");
 static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384, "12 warps: 4 x 3 tiles of 16 x 24 and of 32 x 24");
 constexpr size_t FC1B_SMEM_USED = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
@@ -2723,7 +2723,7 @@ __global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1Backwa
         warp_mma_smem<2, 3, 64, 8>(acc, Hs + 32 * wr, 1, FC1B_HLD, Ps + wc, FC1B_PLD, 1, g, t);
     }
     TRACE_MARK(2);
-    // the weight gradient goes through shared memory (the operands are done with; Gs[128][104] takes Ws's place) so
+    // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so
     // that it leaves in rows of 16-byte chunks
     __syncthreads();
     float* Gs = smem;

@@ -644,7 +644,7 @@ static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t 
         cudaCheck(cudaMemcpy(o, m.y, last_B * 4, cudaMemcpyDeviceToHost));
         ctr[seq].resize(3);
         cudaCheck(cudaMemcpy(ctr[seq].data(), m.counters, 3 * sizeof(int), cudaMemcpyDeviceToHost));
-        if (seq && steps > 1) {  // the staging ran: the buffer holds the last batch's bytes, gathered by the step before it
+        if (seq) {  // the staging ran: the buffer holds the last batch's bytes, gathered by the step before it
             std::vector<uint8_t> xb(nx);
             cudaCheck(cudaMemcpy(xb.data(), m.xb, nx, cudaMemcpyDeviceToHost));
             for (int b = 0; b < last_B; b++) staged_bad += memcmp(xb.data() + (size_t)b * IMG * IMG, img.data() + (size_t)perm[n - last_B + b] * IMG * IMG, IMG * IMG) != 0;
