@@ -43,9 +43,17 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
+// The grid barriers' watchdog (wg_grid_wait): a kernel whose barrier never opens writes its name's index here (mapped
+// pinned host memory, still readable after the context has failed) before it traps, and cuda_check names the barrier.
+// (No printf in those kernels: a function call in a kernel that runs wgmma serializes its wgmma instructions.)
+static volatile int* g_watchdog = nullptr;
+static const char* const WATCHDOG_NAMES[] = {"", "conv2_band_tf32_kernel (fused forward)", "conv2_wgrad_tf32_kernel"};
 static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
         fprintf(stderr, "[CUDA ERROR] %s\n  in %s at %s:%d\n", cudaGetErrorString(err), call, file, line);
+        if (g_watchdog && *g_watchdog > 0 && *g_watchdog < 3)
+            fprintf(stderr, "  %s: grid barrier not reached by all blocks after 2 s (not co-resident? e.g. an SM limit "
+                            "imposed from outside, such as MPS)\n", WATCHDOG_NAMES[*g_watchdog]);
         exit(EXIT_FAILURE);
     }
 }
@@ -1017,6 +1025,68 @@ __device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
 }
+// Hopper warpgroup MMA (wgmma, sm_90a: the Makefile builds train_mnist for sm_90a where it builds sm_90; any other
+// target takes the mma.sync code, MNIST_WGMMA 0). Operands from shared memory in the "no swizzle" K-major layout: a
+// core matrix is 8 rows of 4 TF32 values, 16 contiguous bytes a row; a descriptor holds the start address, the byte
+// distance between the 2 core matrices of a k-step (LBO, along K) and between consecutive 8-row groups (SBO, along M
+// or N), each / 16 (bits 0-13, 16-29, 32-45; layout bits 62-63 = 0: no swizzle). A shared-memory offset of o bytes
+// is added to a descriptor as o / 16 (the address field never carries over: shared addresses are < 2^18).
+// The accumulators (fp32, N / 2 per thread): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8, in
+// d[4 i + 2 h + e] = D[16 w + g + 8 h][8 i + 2 t + e]. Stores into the operands go through the generic proxy:
+// fence_proxy_async, then a barrier, before a wgmma reads them.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MNIST_WGMMA 1
+#else
+#define MNIST_WGMMA 0
+#endif
+__device__ __forceinline__ uint64_t wgmma_desc(const float* p, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if MNIST_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if MNIST_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if MNIST_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N_PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+#if MNIST_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N_PENDING) : "memory");
+#endif
+}
+// keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma
+template <int NR>
+__device__ __forceinline__ void acc_fence(float (&d)[NR]) {
+#pragma unroll
+    for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// D (64 x N) += A (64 x 8) B (N x 8)^T, A and B by descriptor, TF32 in, fp32 accumulate
+__device__ __forceinline__ void wgmma_m64n96k8_ss(float (&d)[48], uint64_t da, uint64_t db) {
+#if MNIST_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 : "l"(da), "l"(db), "n"(1));
+#endif
+}
+__device__ __forceinline__ void wgmma_m64n48k8_ss(float (&d)[24], uint64_t da, uint64_t db) {
+#if MNIST_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 : "l"(da), "l"(db), "n"(1));
+#endif
+}
 // 16-byte asynchronous copy global -> shared (cp.async, sm_80+), and its group bookkeeping
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
@@ -1133,7 +1203,8 @@ __device__ WgBarrier wg_grid_arrive(unsigned long long* bar) {
     __syncthreads();
     return sb;
 }
-__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target, const char* kernel) {
+__device__ int* g_watchdog_dev = nullptr;  // g_watchdog's device address (set by conv2_tf32_setup)
+__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target, int watchdog_id) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned long long c, t0, t;
@@ -1145,7 +1216,7 @@ __device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target,
             // such as MPS), the barrier would never open; fail loudly instead of hanging
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
             if (t - t0 > 2000000000ull) {
-                printf("%s: grid barrier not reached by all %u blocks after 2 s (not co-resident?)\n", kernel, gridDim.x);
+                if (g_watchdog_dev) { *(volatile int*)g_watchdog_dev = watchdog_id; __threadfence_system(); }
                 __trap();
             }
         }
@@ -1575,7 +1646,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         float4* q = (float4*)(Wf + (ch / FCH) * FC1F_LD + 4 * (ch % FCH));
         *q = tf32_round4(*q);
     }
-    wg_grid_wait(fh.bar, gb.target, "conv2_band_tf32_kernel (fused forward)");
+    wg_grid_wait(fh.bar, gb.target, 1);
     TRACE_MARK(5);
     for (int ch = tid; ch < 64 * FCH; ch += NT) {  // written by the other blocks before the barrier: L2 loads
         const int r = ch / FCH, c4 = ch % FCH;
@@ -1613,7 +1684,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     for (int i = tid; i < NCLS * FC_H; i += NT) W2s[i] = __ldcg(fh.wf2 + i);
     if (tid < NCLS) B2s[tid] = __ldcg(fh.bf2 + tid);
     if (tid < FC_H) Bf1s[tid] = __ldcg(fh.bf1 + tid);
-    wg_grid_wait(fh.bar, gb.target, "conv2_band_tf32_kernel (fused forward)");
+    wg_grid_wait(fh.bar, gb.target, 1);
     // row s of h: warp k < 8 adds the groups 2k and 2k + 1 (8 slices each, in rank order, as a cluster of
     // fc1_forward_kernel), lane l columns 4l .. 4l + 3; then warp 0 adds the 16 groups in order (as head_kernel)
     float* gs = Ps;  // [FC1F_PARTS][FC_H]
@@ -2089,10 +2160,9 @@ __device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) 
 // Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co],
 // dact2 rebuilt while loading from the pooled gradient and the window codes (dact2_from_pooled).
 // GEMM m = co (64), n = (tap, ci) (288), k = pixel. A block takes bands of R = 6 output rows (144 pixels = 18
-// k-steps) of one image: Ds[144][64+8] (dact2, pixel-major: a fragment's A[co][pixel] reads are 8t + g banks apart)
-// and the act1 patch Ps[8*26][32+8]; 8 warps of 32 x 72 (2 m16 x 9 n8 tiles) hold the block's 64 x 288 sums.
-// The patch's pixel stride is 40 floats (8 mod 32 banks): a B fragment reads pixel t, channel g at 40 t + g, banks
-// 8 t + g, all 32 distinct (a stride of 36 gave banks 4 t + g: two-way conflicts on every B fragment load).
+// k-steps) of one image: dact2 and the act1 patch in shared memory in wgmma's K-major layout (Dt and Pt below). On
+// sm_90a two warpgroups run wgmma (tensor-core TF32 at about twice mma.sync's rate on the H100); elsewhere 8 warps of
+// 32 x 72 (2 m16 x 9 n8 tiles) run mma.sync on the same layout. Either way the block holds its 64 x 288 sums.
 // The bias gradient is summed from the unrounded dact2 as it is loaded (each thread always loads the same 4 channels).
 // After its bands the kernel also does the split reductions (see SplitsJob): `wgrad` (its own partial sums), `other`
 // (conv1's, from the input-gradient kernel, which must be the launch right before this one) and `extra` (any other
@@ -2100,7 +2170,21 @@ __device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) 
 // update_off >= 0, and with opt.advance_B >= 0 advances the counters. Every operand of the bands was written at least
 // two launches earlier, so the bands run before grid_dep_sync (with programmatic dependent launch they overlap the
 // input-gradient kernel's last blocks); the wait comes before the reductions read `other`.
-constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2, WG_DS = C2 + 8, WG_CS = C1 + 8;
+constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2;
+// The operands' shared-memory layout, one for both paths: K-major core matrices of 8 rows x 4 TF32 values (16 bytes a
+// row, 128 bytes contiguous), the "no swizzle" layout wgmma reads. A band's k order is (py, px, j): pixel x = px + 6 j
+// of row py (px < 6, j < 4), so a core matrix's 4 values are pixels px, px + 6, px + 12, px + 18, and tap dx only
+// moves px to c = px + dx (c < 8): every row of every tap starts 16-byte aligned, no shifted copies (patch columns
+// 6, 7, 12, 13, 18, 19 are stored twice). A k-step's 8 values are (py, px) and (py, px + 1), px even.
+//   Dt[py][px][co / 8][co % 8][j] (dact2) and Pt[c][prow][ci / 8][ci % 8][j] (the act1 patch, prow < R + 2): the
+//   8-row groups are WG_GS = 36 floats apart, not 32: a warp's 32 scalar stores (8 consecutive groups of 4 channels
+//   x 4 j) then hit 32 distinct banks, and so do the mma.sync path's fragment loads (g * 4 + t).
+// Over Pt's rows (prow, ci) the groups are uniformly WG_GS apart, so taps dy = 0, 1, 2 of one dx are one operand of
+// 96 rows (n = dy * 32 + ci).
+constexpr int WG_XC = H2 / 4, WG_GS = 36, WG_DT_P = C2 / 8 * WG_GS, WG_PT_R = C1 / 8 * WG_GS;
+constexpr int WG_PT_C = (WG_R + 2) * WG_PT_R, WG_DT = WG_R * WG_XC * WG_DT_P, WG_PT = (WG_XC + 2) * WG_PT_C;
+static_assert(C2 == 64 && C1 == 32 && WG_R + 2 == 8 && WG_XC + 2 == 8 && WG_XC + 1 + 3 * WG_XC == H1 - 1,
+              "the weight gradient's load mapping (bit fields of the chunk index) fits these sizes");
 constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
 // Row stride of a block's 64 x 288 sums staged in shared memory for the cluster's addition: 296 = 8 mod 32 banks, so
 // a half-warp's float2 stores (rows g = 0..3, columns 2t) hit 32 distinct banks (a stride of 288 put all 8 rows of
@@ -2109,50 +2193,47 @@ constexpr int WG_OS = KC2 + 8;
 // the operands; or (after the bands) the staged partial sums, the bias reduction's 256 float4 and the lane parts of
 // the jobs reduced before the grid barrier (past the staged sums, which the cluster's other blocks may still read)
 constexpr int WG_PART_PRE = C2 * WG_OS + C2 + 4 * 256;  // float offset of those lane parts
-constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_NPIX * WG_DS + (WG_R + 2) * H1 * WG_CS, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
+constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_DT + WG_PT, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
 static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0, "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
 static_assert(WG_NOUT / 4 / 2 <= 256 * 10, "one batch of distributed shared memory loads per thread (WG_DSM_BATCH)");
 static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free float2 staging; the bias reduction's float4 aligned");
+// a loaded float4 (4 consecutive channels) into its 4 rows of a core-matrix layout, rounded to TF32
+__device__ __forceinline__ void wg_put4(float* p, float4 v) {
+    p[0] = tf32_round(v.x); p[4] = tf32_round(v.y); p[8] = tf32_round(v.z); p[12] = tf32_round(v.w);
+}
 __global__ void __launch_bounds__(256)
 conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
                         SplitsJob extra, OptTarget opt, unsigned long long* bar, BatchPrefetch pf) {
     TRACE_SCOPE(5);
-    constexpr int NCH_D = WG_NPIX * C2 / 4, NCH_P = (WG_R + 2) * H1 * C1 / 4;
-    static_assert(NCH_D % 256 == 0 && 256 % (C2 / 4) == 0, "each thread loads the same 4 channels of dact2 every time");
-    static_assert(H2 % 8 == 0 && WG_NPIX % 8 == 0, "a k-step's 8 pixels lie in one image row");
+    // chunk ch (16 bytes) of a band: dact2 (ND per thread): channels 4 c4, c4 = bits 0-2 and 5 of ch (so a thread's
+    // c4 is fixed: tid's bits), j = bits 3-4, (py, px) = ch / 64; the patch (NP per thread): channels 4 (bits 0-2),
+    // j = bits 3-4, prow = bits 5-7, c = ch / 256; column c + 6 j
+    constexpr int ND = WG_NPIX * C2 / 4 / 256, NP = (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4) / 256;
+    static_assert(ND * 256 == WG_NPIX * C2 / 4 && NP * 256 == (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4), "whole rounds of chunks");
     extern __shared__ __align__(16) float smem[];
-    float* Ds = smem;
-    float* Ps = smem + WG_NPIX * WG_DS;
+    float* Dt = smem;
+    float* Pt = smem + WG_DT;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wm = warp / 4, wn = warp % 4;
-    int boff[9];
-#pragma unroll
-    for (int ni = 0; ni < 9; ni++) {
-        int n = wn * 72 + ni * 8, tap = n / C1, ci = n % C1;
-        boff[ni] = ((tap / 3) * H1 + tap % 3) * WG_CS + ci + g;
-    }
-    float acc[2][9][4];
-    acc_zero(acc);
+    const int c4 = (tid & 7) | ((tid >> 2) & 8);  // the thread's 4 dact2 channels
     float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
     // the next band's operands are loaded into registers (raw: pooled-gradient chunks, their codes, act1 chunks)
-    // before this band's mma loop and stored after it, so their latency hides behind the math
-    float4 vdp[NCH_D / 256], vp[(NCH_P + 255) / 256];
-    uint32_t vcd[NCH_D / 256];
+    // before this band's products and stored after them, so their latency hides behind the math
+    float4 vdp[ND], vp[NP];
+    uint32_t vcd[ND];
     auto load_band = [&](int band) {
         const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
-        const float4* srcp = (const float4*)(act1 + ((size_t)b * H1 + y0) * H1 * C1);   // rows y0 .. y0+7: contiguous
 #pragma unroll
-        for (int i = 0; i < NCH_D / 256; i++) {
-            int ch = tid + i * 256, p = ch / (C2 / 4), c4 = ch % (C2 / 4);
-            size_t pi = pooled_index(b, y0 + p / H2, p % H2, c4 * 4);
+        for (int i = 0; i < ND; i++) {
+            const int ch = tid + i * 256, pp = ch >> 6, x = pp % WG_XC + WG_XC * ((ch >> 3) & 3);
+            const size_t pi = pooled_index(b, y0 + pp / WG_XC, x, c4 * 4);
             vdp[i] = *(const float4*)(dpooled + pi);
             vcd[i] = *(const unsigned int*)(codes + pi);
         }
 #pragma unroll
-        for (int i = 0; i < (NCH_P + 255) / 256; i++) {
-            int ch = tid + i * 256;
-            vp[i] = ch < NCH_P ? srcp[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = 0; i < NP; i++) {
+            const int ch = tid + i * 256, col = (ch >> 8) + WG_XC * ((ch >> 3) & 3);
+            vp[i] = *(const float4*)(act1 + (((size_t)b * H1 + y0 + ((ch >> 5) & 7)) * H1 + col) * C1 + (ch & 7) * 4);
         }
     };
     if ((int)blockIdx.x < B * WG_BANDS) load_band(blockIdx.x);
@@ -2162,49 +2243,111 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     // only after this launch's barrier, which every block reaches after this read.
     __shared__ OptStep st_s;
     if (tid == 0 && opt.params) st_s = opt_step(opt.c, opt.counters[0]);
+#if MNIST_WGMMA
+    // sm_90a: warpgroup 0 takes taps dx = 0 (96 columns: n = dy * 32 + ci) and the first 48 of dx = 1, warpgroup 1
+    // dx = 2 and the other 48 of dx = 1; per k-step an m64n96k8 and an m64n48k8 wgmma, both operands from shared memory
+    const int wg = tid / 128, dxw = 2 * wg;
+    float d96[48], d48[24];
+#pragma unroll
+    for (int i = 0; i < 48; i++) d96[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 24; i++) d48[i] = 0.0f;
+    const uint64_t da0 = wgmma_desc(Dt, WG_DT_P * 4, WG_GS * 4);
+    const uint64_t db96 = wgmma_desc(Pt + dxw * WG_PT_C, WG_PT_C * 4, WG_GS * 4);
+    const uint64_t db48 = wgmma_desc(Pt + WG_PT_C + wg * 6 * WG_GS, WG_PT_C * 4, WG_GS * 4);
+#else
+    // mma.sync: 8 warps of 32 x 72 (2 m16 x 9 n8 tiles; an n8 tile lies in one tap)
+    const int wm = warp / 4, wn = warp % 4;
+    int boff[9];
+#pragma unroll
+    for (int ni = 0; ni < 9; ni++) {
+        const int n = wn * 72 + ni * 8, tap = n / C1;
+        boff[ni] = (tap % 3) * WG_PT_C + (tap / 3) * WG_PT_R + (n % C1 / 8) * WG_GS + g * 4 + t;
+    }
+    float acc[2][9][4];
+    acc_zero(acc);
+#endif
     for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
         const int y0 = (band % WG_BANDS) * WG_R;
-        __syncthreads();  // the previous band's fragment reads are done
+        __syncthreads();  // the previous band's products are done with Dt and Pt
 #pragma unroll
-        for (int i = 0; i < NCH_D / 256; i++) {
-            int ch = tid + i * 256, p = ch / (C2 / 4), c4 = ch % (C2 / 4);
-            float4 vd = dact2_expand(vdp[i], vcd[i], y0 + p / H2, p % H2);
+        for (int i = 0; i < ND; i++) {
+            const int ch = tid + i * 256, pp = ch >> 6, j = (ch >> 3) & 3;
+            float4 vd = dact2_expand(vdp[i], vcd[i], y0 + pp / WG_XC, pp % WG_XC + WG_XC * j);
             rs.x += vd.x; rs.y += vd.y; rs.z += vd.z; rs.w += vd.w;
-            *(float4*)(Ds + p * WG_DS + c4 * 4) = tf32_round4(vd);
+            wg_put4(Dt + pp * WG_DT_P + (c4 >> 1) * WG_GS + (c4 & 1) * 16 + j, vd);
         }
 #pragma unroll
-        for (int i = 0; i < (NCH_P + 255) / 256; i++) {
-            int ch = tid + i * 256, p = ch / (C1 / 4), c4 = ch % (C1 / 4);
-            if (ch < NCH_P) *(float4*)(Ps + p * WG_CS + c4 * 4) = tf32_round4(vp[i]);
+        for (int i = 0; i < NP; i++) {
+            const int ch = tid + i * 256;
+            wg_put4(Pt + (ch >> 8) * WG_PT_C + ((ch >> 5) & 7) * WG_PT_R + ((ch & 7) >> 1) * WG_GS + (ch & 1) * 16 + ((ch >> 3) & 3), vp[i]);
         }
+#if MNIST_WGMMA
+        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads
+#endif
         __syncthreads();
         if (band + (int)gridDim.x < B * WG_BANDS) load_band(band + gridDim.x);
+#if MNIST_WGMMA
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < WG_R * 3; s++) {
+            const int py = s / 3, px = 2 * (s % 3);
+            const uint64_t da = da0 + (uint64_t)((py * WG_XC + px) * WG_DT_P * 4 / 16);
+            const uint64_t dbo = (uint64_t)((px * WG_PT_C + py * WG_PT_R) * 4 / 16);
+            wgmma_m64n96k8_ss(d96, da, db96 + dbo);
+            wgmma_m64n48k8_ss(d48, da, db48 + dbo);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        acc_fence(d96);
+        acc_fence(d48);
+#else
 #pragma unroll 2
-        for (int k0 = 0; k0 < WG_NPIX; k0 += 8) {
-            const int pb = (k0 / H2) * H1 + k0 % H2;  // the patch pixel of the k-step's first pixel (tap 0)
+        for (int s = 0; s < WG_R * 3; s++) {
+            const int py = s / 3, px = 2 * (s % 3);
             uint32_t a[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {
-                const float* pa = Ds + (k0 + t) * WG_DS + wm * 32 + mi * 16 + g;
-                lds_a_frag(a[mi], pa, 1, WG_DS);
+                const float* pa = Dt + (py * WG_XC + px) * WG_DT_P + (wm * 4 + mi * 2) * WG_GS + g * 4 + t;
+                a[mi][0] = __float_as_uint(pa[0]); a[mi][1] = __float_as_uint(pa[WG_GS]);
+                a[mi][2] = __float_as_uint(pa[WG_DT_P]); a[mi][3] = __float_as_uint(pa[WG_DT_P + WG_GS]);
             }
-            const float* pp = Ps + (pb + t) * WG_CS;
+            const float* pp = Pt + px * WG_PT_C + py * WG_PT_R;
 #pragma unroll
             for (int ni = 0; ni < 9; ni++) {
-                uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[4 * WG_CS + boff[ni]]);
+                uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[WG_PT_C + boff[ni]]);
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
             }
         }
+#endif
     }
     TRACE_MARK(0);
     // the block's partial sums, [64][288] then the bias's 64: to global memory, or (cluster > 1, sm_90) to shared
     // memory first (row stride WG_OS), then added across the cluster's blocks through distributed shared memory in
     // rank order (block q adds the q-th slice of all of them): one partial sum per cluster
-    __syncthreads();  // every warp is done with Ds and Ps
+    __syncthreads();  // every warp is done with Dt and Pt
     const bool staged = cluster > 1;
     float* pout = staged ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
     const int os = staged ? WG_OS : KC2;
+#if MNIST_WGMMA
+    {
+        const int m = (warp % 4) * 16 + g;  // the accumulator rows of this warp of the warpgroup: m and m + 8
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int i = 0; i < 12; i++) {
+                const int n = 8 * i + 2 * t;  // dy = n / 32, ci = n % 32 of tap dx = dxw
+                *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + dxw) * C1 + n % C1) = make_float2(d96[4 * i + 2 * h], d96[4 * i + 2 * h + 1]);
+            }
+#pragma unroll
+            for (int i = 0; i < 6; i++) {
+                const int n = 48 * wg + 8 * i + 2 * t;  // of tap dx = 1
+                *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + 1) * C1 + n % C1) = make_float2(d48[4 * i + 2 * h], d48[4 * i + 2 * h + 1]);
+            }
+        }
+    }
+#else
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -2214,14 +2357,17 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
                 int m = wm * 32 + mi * 16 + g + 8 * h, n = wn * 72 + ni * 8 + 2 * t;
                 *(float2*)(pout + m * os + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
-    // bias: the 16 threads with the same tid % 16 hold the same 4 channels; added in thread order
+#endif
+    // bias: the 16 threads with c4 = q (tid bits 0-2 and 5 from q, bits 3-4 and 6-7 free) hold the same 4 channels;
+    // added in thread order
     float4* red = (float4*)(smem + C2 * WG_OS + C2);
     red[tid] = rs;
     __syncthreads();
     if (tid < C2 / 4) {
-        float4 s = red[tid];
-        for (int j = 1; j < 256 / (C2 / 4); j++) {
-            float4 o = red[j * (C2 / 4) + tid];
+        const int q = (tid & 7) | ((tid & 8) << 2);
+        float4 s = red[q];
+        for (int k = 1; k < 16; k++) {
+            float4 o = red[q | ((k & 3) << 3) | ((k >> 2) << 6)];
             s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
         }
         *(float4*)(pout + C2 * os + tid * 4) = s;
@@ -2285,7 +2431,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
     }
     TRACE_MARK(3);
-    wg_grid_wait(bar, wb.target, "conv2_wgrad_tf32_kernel");
+    wg_grid_wait(bar, wb.target, 2);
     TRACE_MARK(4);
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
     wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
@@ -2337,6 +2483,13 @@ static void conv2_tf32_setup() {
         fprintf(stderr, "conv2_tf32_setup: weight-gradient grid of %d blocks too large for its barrier\n", g_conv2.wgrad_ctas);
         exit(EXIT_FAILURE);
     }
+    int* wd;
+    cudaCheck(cudaHostAlloc(&wd, sizeof(int), cudaHostAllocMapped));
+    *wd = 0;
+    g_watchdog = wd;
+    int* wd_dev;
+    cudaCheck(cudaHostGetDevicePointer(&wd_dev, wd, 0));
+    cudaCheck(cudaMemcpyToSymbol(g_watchdog_dev, &wd_dev, sizeof(wd_dev)));
     cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
     size_t nd = 9 * C1 * (C2 + 4);
     cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
