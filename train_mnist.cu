@@ -979,8 +979,8 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 //    the same kernel, added in a fixed order (deterministic) together with conv1's, and the optimizer step applied.
 // Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
 // nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads or ldmatrix (row strides of 4 mod 32 banks
-// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation. Strict fp32 (--tf32 0) keeps
-// the generic kernel above.
+// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation; the weight gradient runs on
+// wgmma instead where the build has sm_90a code (MNIST_WGMMA). Strict fp32 (--tf32 0) keeps the generic kernel above.
 __device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
 __device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
 __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
