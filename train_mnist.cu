@@ -48,10 +48,11 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 // (No printf in those kernels: a function call in a kernel that runs wgmma serializes its wgmma instructions.)
 static volatile int* g_watchdog = nullptr;
 static const char* const WATCHDOG_NAMES[] = {"", "conv2_band_tf32_kernel (fused forward)", "conv2_wgrad_tf32_kernel"};
+constexpr int WATCHDOG_IDS = sizeof(WATCHDOG_NAMES) / sizeof(WATCHDOG_NAMES[0]);
 static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
         fprintf(stderr, "[CUDA ERROR] %s\n  in %s at %s:%d\n", cudaGetErrorString(err), call, file, line);
-        if (g_watchdog && *g_watchdog > 0 && *g_watchdog < 3)
+        if (g_watchdog && *g_watchdog > 0 && *g_watchdog < WATCHDOG_IDS)
             fprintf(stderr, "  %s: grid barrier not reached by all blocks after 2 s (not co-resident? e.g. an SM limit "
                             "imposed from outside, such as MPS)\n", WATCHDOG_NAMES[*g_watchdog]);
         exit(EXIT_FAILURE);
@@ -2282,9 +2283,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
             const int ch = tid + i * 256;
             wg_put4(Pt + (ch >> 8) * WG_PT_C + ((ch >> 5) & 7) * WG_PT_R + ((ch & 7) >> 1) * WG_GS + (ch & 1) * 16 + ((ch >> 3) & 3), vp[i]);
         }
-#if MNIST_WGMMA
-        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads
-#endif
+        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
         __syncthreads();
         if (band + (int)gridDim.x < B * WG_BANDS) load_band(band + gridDim.x);
 #if MNIST_WGMMA
