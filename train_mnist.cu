@@ -971,7 +971,7 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 // conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
 // 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
 // so that no operand byte is fetched twice from L2 for one band of image rows:
-//  - conv2_band_tf32_kernel (forward) and conv2_dgrad_band_kernel (input gradient): the 3x3 x C weights live in
+//  - conv2_band_tf32_kernel (forward) and conv2_dgrad_tf32_kernel (input gradient): the 3x3 x C weights live in
 //    shared memory for the whole (persistent) block; for each band of output rows (forward: R rows of one image;
 //    input gradient: a run of consecutive pixels) the block loads the input patch once and reads the 9 taps' im2col
 //    rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
@@ -980,7 +980,7 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 //    the same kernel, added in a fixed order (deterministic) together with conv1's, and the optimizer step applied.
 // Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
 // nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads or ldmatrix (row strides of 4 mod 32 banks
-// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation; the weight gradient runs on
+// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation; both gradients run on
 // wgmma instead where the build has sm_90a code (MNIST_WGMMA). Strict fp32 (--tf32 0) keeps the generic kernel above.
 __device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
 __device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
@@ -1353,8 +1353,8 @@ struct FwdHead {
 // the others rows y0 + 1..y0 + R, the last up to HIN - 1).
 //   in: the input x, or the dataset to gather it from (ConvInput).
 //   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it, and
-//   writes the input gradient's image of it to wimg_dgrad, a share per block: [8 - tap][ci][co (+4 pad)] (flipped,
-//   transposed, rounded to TF32; the pads are never read, zeroed once at allocation).
+//   writes the input gradient's image of it to wimg_dgrad, a share per block: [ky][co / 4][kx][ci][co % 4] for the
+//   flipped tap 8 - tap = 3 ky + kx (transposed, rounded to TF32; see conv2_dgrad_tf32_kernel).
 // Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
 // rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*HIN][CIN+4] (the
 // band's act1, rounded to TF32 as it is written), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into
@@ -1488,7 +1488,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         if (wimg_dgrad)
             for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
                 const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
-                wimg_dgrad[((8 - tap) * CIN + ci) * (COUT + 4) + co] = Ws[(tap * COUT + co) * CS + ci];
+                wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] = Ws[(tap * COUT + co) * CS + ci];
             }
     };
 
@@ -1759,219 +1759,282 @@ __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lan
     }
 }
 
-// conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c] where
-// act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2 (28 x 28 per image),
-// rebuilt while loading from dpooled and the window codes (dact2_expand); Wt[tap][ci][co] = conv2.weight[co][8 -
-// tap][ci] (flipped, transposed), the image [9][C1][C2+4] rounded to TF32. Fused: conv1's weight and bias gradient of
-// the produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial
-// sum per block in w1_partial ([32][9] then [32]), added in a fixed order at the end of conv2_wgrad_tf32_kernel.
-// Work split: the B*26*26 output pixels in order (b, y, x), cut into chunks of DG_CH consecutive pixels (one chunk per
-// block at batch 64: 129 chunks on 132 SMs, a single pass, no tail); a chunk may cross an image boundary. Its patch is
-// a range of rows of the images' padded dact2 stacked on top of each other (stacked row s = b * 28 + padded row): the
-// output pixel (b, y, x) reads stacked rows b*28 + y + ky, columns x + kx, so any run of pixels needs one contiguous
-// row range (at most 18 rows for 336 pixels: 14 output rows, 2 halo, 2 more across an image boundary). The image
-// rows under conv1's windows have the same stacked indices (28 rows per image): a copy of them, Xs, rides along.
-// Tile rows are pixels in order; rows of pixels beyond the chunk read the chunk's first pixel and are not stored.
-// Patch row stride DG_RS = 8 mod 32 floats: the 8 rows of an ldmatrix group hit distinct banks even where they
-// cross from pixel x = 25 of one output row to x = 0 of the next (pixel stride 4 mod 32).
-// 7 compute warps of 48 x 32 (the whole n; weights read once per k-step for 3 m16 tiles): 21 m16 tiles cover DG_CH
-// exactly (12 warps of 32 x 32, 168 registers with 8 bytes of spill: 19.4 us against 17.5 on the H100). An 8th warp
-// (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step (fc1_step_share); the
-// compute warps synchronise on a named barrier without it.
-constexpr int DG_WARPS = 8, DG_THREADS = 32 * DG_WARPS, DG_MI = 3, DG_NI = C1 / 8, DG_CH = 336;
-constexpr int DG_CS = C2 + 4, DG_WP = H1 + 2, DG_RS = DG_WP * DG_CS + 24, DG_PROWS = 18, DG_WS = 9 * C1 * DG_CS;
-static_assert(DG_WARPS * DG_MI * 16 >= DG_CH && DG_CH % 4 == 0, "the warp tiles cover a chunk");
-constexpr int DG_CW = DG_WARPS - 1, DG_CT = 32 * DG_CW;  // the compute warps; the last one applies fc1.weight's step
-static_assert(DG_CW * DG_MI * 16 >= DG_CH, "the compute warps cover a chunk");
-static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_PROWS && DG_CH < H1 * H1, "a chunk's stacked patch rows (at most one image boundary)");
-static_assert(DG_CS % 32 == 4 && DG_RS % 32 == 8 && DG_RS % 4 == 0 && DG_WP == IMG, "conflict-free, 16-byte aligned rows");
-constexpr size_t CONV2_DGRAD_SMEM = (DG_WS + DG_PROWS * DG_RS + DG_PROWS * IMG) * sizeof(float);
-static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_WS + DG_PROWS * DG_RS, "shared memory");
+// conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * conv2.weight[c][8 - (3 ky +
+// kx)][n] where act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2, rebuilt
+// while loading from dpooled and the window codes (dact2_expand). Fused: conv1's weight and bias gradient of the
+// produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial sum
+// per block in w1_partial ([32][9] then [32]), added in a fixed order at the end of conv2_wgrad_tf32_kernel.
+// The patch shares its zero padding between neighbours: padded rows of pitch 26 (2 zero columns, then the 24 of
+// dact2; a row's 2 trailing zero columns are the next row's leading ones) and images of 26 such rows (2 zero rows, 24
+// of dact2; the 2 trailing zero rows are the next image's leading ones). Padded pixel (b, py, px) is then slot
+// b * 676 + py * 26 + px, and output pixel q = (b, y, x) (26 x 26 per image) reads slot q + 26 ky + kx for tap (ky,
+// kx): a 1-D stencil over the output pixels in order, with no row of them wasted.
+// Work split: the B * 676 output pixels in order, chunks of DG_CH consecutive pixels (one chunk per block at batch 64:
+// 129 chunks on 132 SMs, a single pass); a chunk may cross an image boundary. Its patch is DG_NS consecutive slots,
+// as DG_PS: [c / 4][slot][c % 4] (each slot 16 bytes: wgmma's K-major "no swizzle" core matrices, 8 slots x 4
+// channels, 128 contiguous bytes, and a tap only moves the start by whole slots).
+// GEMM per tile: A = 64 consecutive slots (rows) x (ky, c) (k = 192), B = the weight image's (ky, c) x (kx, n) (n =
+// 96): D[r][32 kx + n] = sum_{ky, c} patch[r + 26 ky][c] W[ky][kx][c][n]. The three kx share A, which is therefore
+// read once for three taps (an m64n96k8 wgmma, both operands from shared memory: 5 KB per 98 KFLOP; one tap per
+// wgmma, m64n32k8, would read 3 KB per 33 KFLOP and be bound by shared memory), and output pixel r is
+// D[r][n] + D[r + 1][32 + n] + D[r + 2][64 + n] (dgrad_combine: rows r + 1 and r + 2 are other lanes' accumulators,
+// or the next warp's first rows, passed through shared memory). A tile's last 2 rows have no output: tiles are DG_TM
+// = 62 pixels apart, DG_TILES per chunk, the two warpgroups taking alternate tiles. Without wgmma (other targets)
+// each warp computes its 16 rows of the same D with mma.sync from the same layout.
+// The weight image Wimg[ky][c / 4][kx * 32 + n][c % 4] (conv2.weight flipped and transposed, rounded to TF32) is
+// written by the forward (conv2_band_tf32_kernel). Per block, before grid_dep_sync (written at least two launches
+// earlier): the image (cp.async), the patch's zero padding, the image rows of x under conv1's windows (Xs: conv1's
+// weight gradient) and the signs of act1 (Ms: a 32-bit mask per pixel, channel n at bit 8 (n % 4) + n / 4).
+// A 9th warp (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step
+// (fc1_step_share); the compute warps synchronise on named barriers without it.
+constexpr int DG_CW = 8, DG_CT = 32 * DG_CW, DG_THREADS = DG_CT + 32;  // 2 warpgroups of compute warps, the step warp
+constexpr int DG_CH = 336, DG_TM = 62, DG_TILES = (DG_CH + DG_TM - 1) / DG_TM, DG_N = 3 * C1;
+constexpr int DG_NS = (DG_TILES - 1) * DG_TM + 64 + 2 * H1, DG_PL = DG_NS | 1;  // slots; an odd plane stride (in slots)
+constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = 18, DG_XS = DG_XROWS * IMG, DG_EX = 2 * 2 * 4 * 96;
+static_assert(H1 * H1 == 676 && C2 == 64 && C1 == 32 && DG_N == 96, "the slot arithmetic and the weight image fit these sizes");
+static_assert(DG_TILES * DG_TM >= DG_CH && DG_TILES % 2 == 0, "the tiles cover a chunk, evenly over the two warpgroups");
+static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_XROWS && DG_CH < H1 * H1, "a chunk's x rows (at most one image boundary)");
+constexpr size_t CONV2_DGRAD_SMEM = (size_t)(DG_WS + DG_PS + DG_XS + DG_CH + DG_EX) * sizeof(float);
+static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_PS && (DG_WS + DG_PS + DG_XS) % 4 == 0, "shared memory");
+// Output rows r = 16 wq + g + 8 h (this lane's d[4 i + 2 h + e], i < 4: channel 8 i + 2 t + e) get D1 (= d[16 + ..],
+// kx = 1) of row r + 1 and D2 (d[32 + ..]) of row r + 2: from lane g + 1 (g + 2) of the same warp, where g = 0 (g < 2)
+// passes its h = 1 value for h = 0 and, for h = 1, the next warp's row 0 (rows 0, 1) of D1 (D2) from x1 (x2): [t][8]
+// ([g][t][8]) as the next warp left them in shared memory (not read where it does not exist: nx = false).
+// Summed (D0 + D1) + D2, into d[0..15].
+__device__ __forceinline__ void dgrad_combine(float (&d)[48], const float* x1, const float* x2, bool nx, int g, int t) {
+    const int src1 = ((g + 1) & 7) * 4 + t, src2 = ((g + 2) & 7) * 4 + t;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float a0 = d[16 + 4 * i + e], a1 = d[16 + 4 * i + 2 + e], c0 = d[32 + 4 * i + e], c1 = d[32 + 4 * i + 2 + e];
+            const float s10 = __shfl_sync(0xffffffffu, g == 0 ? a1 : a0, src1);
+            const float s11 = __shfl_sync(0xffffffffu, g == 0 ? (nx ? x1[t * 8 + 2 * i + e] : 0.0f) : a1, src1);
+            const float s20 = __shfl_sync(0xffffffffu, g < 2 ? c1 : c0, src2);
+            const float s21 = __shfl_sync(0xffffffffu, g < 2 ? (nx ? x2[(g * 4 + t) * 8 + 2 * i + e] : 0.0f) : c1, src2);
+            d[4 * i + e] = (d[4 * i + e] + s10) + s20;
+            d[4 * i + 2 + e] = (d[4 * i + 2 + e] + s11) + s21;
+        }
+}
 __global__ void __launch_bounds__(DG_THREADS, 1)
-conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
                         float* w1_partial, int B, Fc1Step fc1) {
     TRACE_SCOPE(4);
     extern __shared__ __align__(16) float smem[];
-    float* Ws = smem;
-    float* Ps = smem + DG_WS;
-    float* Xs = Ps + DG_PROWS * DG_RS;
+    float* Ws = smem;                          // [3][C2 / 4][DG_N][4]
+    float* Ps = Ws + DG_WS;                    // [C2 / 4][DG_PL][4]
+    float* Xs = Ps + DG_PS;                    // [DG_XROWS][IMG]
+    uint32_t* Ms = (uint32_t*)(Xs + DG_XS);    // [DG_CH]
+    float* Ex = (float*)(Ms + DG_CH);          // [tile parity][warpgroup][warp][96]: the next warp's first rows
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wg = warp / 4, wq = warp % 4;    // warpgroup, warp within it
     const int total = B * H1 * H1, nchunks = (total + DG_CH - 1) / DG_CH;
-    // the compute warps (0 .. DG_CW - 1) synchronise among themselves (named barrier 1); the last warp has no pixel
     auto sync_compute = [] { asm volatile("bar.sync 1, %0;" :: "n"(DG_CT) : "memory"); };
-    // a chunk's patch rows: stacked padded rows s_lo .. s_lo + nrows - 1 (rows beyond are never read)
-    auto chunk_rows = [&](int chunk, int& s_lo, int& nrows) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), ql = q0 + npix - 1;
-        s_lo = (q0 / (H1 * H1)) * IMG + (q0 % (H1 * H1)) / H1;  // stacked row of the first output row
-        nrows = (ql / (H1 * H1)) * IMG + (ql % (H1 * H1)) / H1 + 3 - s_lo;
-    };
-    // what a chunk needs of nothing the kernel in front writes: the patch's zero padding (a warp per patch row, the
-    // whole row where it is a padding row, else its 2 + 2 padding pixels) and the image rows under conv1's windows
-    // (x, written at least three launches earlier); the first chunk's before grid_dep_sync
+    auto xrow = [](int q) { return (q / (H1 * H1)) * IMG + (q % (H1 * H1)) / H1; };  // x's stacked row of pixel q's window
+    // what a chunk needs of nothing the kernel in front writes: the patch's zero padding (slots whose padded row or
+    // column is < 2, or past the batch), the x rows and act1's signs; the first chunk's before grid_dep_sync
     auto prepare = [&](int chunk) {
-        int s_lo, nrows;
-        chunk_rows(chunk, s_lo, nrows);
-        for (int r = warp; r < nrows; r += DG_CW) {
-            const int py = (s_lo + r) % IMG;
-            const bool pad_row = py < 2 || py >= H2 + 2;
-            for (int i = lane; i < (pad_row ? DG_WP : 4) * (C2 / 4); i += 32) {
-                int px = i / (C2 / 4), c4 = i % (C2 / 4);
-                if (!pad_row) px = px < 2 ? px : px + H2;  // 0, 1, 26, 27
-                *(float4*)(Ps + r * DG_RS + px * DG_CS + c4 * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0), nx = xrow(q0 + npix - 1) + 3 - xs_lo;
+        for (int i = tid; i < DG_NS * (C2 / 4); i += DG_CT) {
+            const int s = i / (C2 / 4), c4 = i % (C2 / 4), L = q0 + s, r = L % (H1 * H1);
+            if (L >= total || r < 2 * H1 || r % H1 < 2) *(float4*)(Ps + (c4 * DG_PL + s) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        for (int i = tid; i < nrows * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)s_lo * IMG + i);
+        for (int i = tid; i < nx * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)xs_lo * IMG + i);
+        // a float4 load per lane covers 4 pixels (lane / 8) x 4 channels (4 (lane % 8) + j); 4 ballots, one per j
+        constexpr int U = (DG_CH / 4 + DG_CW - 1) / DG_CW;
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = (warp + u * DG_CW) * 4 + lane / 8;
+            v[u] = p < npix ? __ldg((const float4*)(act1 + (size_t)(q0 + p) * C1) + lane % 8) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = (warp + u * DG_CW) * 4 + lane / 8, k = 8 * (lane / 8);
+            const uint32_t b0 = __ballot_sync(0xffffffffu, v[u].x > 0.0f), b1 = __ballot_sync(0xffffffffu, v[u].y > 0.0f);
+            const uint32_t b2 = __ballot_sync(0xffffffffu, v[u].z > 0.0f), b3 = __ballot_sync(0xffffffffu, v[u].w > 0.0f);
+            if (lane % 8 == 0 && p < npix)
+                Ms[p] = ((b0 >> k) & 255u) | (((b1 >> k) & 255u) << 8) | (((b2 >> k) & 255u) << 16) | (((b3 >> k) & 255u) << 24);
+        }
     };
-    // weights, once per block, before grid_dep_sync (the image is made at least three launches earlier)
+    // the weight image, once per block, before grid_dep_sync
     if (warp < DG_CW) {
         for (int i = tid; i < DG_WS / 4; i += DG_CT) cp_async16(Ws + 4 * i, w + 4 * i);
         cp_async_commit();
         if ((int)blockIdx.x < nchunks) prepare(blockIdx.x);
     }
     grid_dep_sync();
-    float w1acc[DG_NI][2][10];  // conv1's weight (9) and bias gradient of this thread's 8 channels
+    float w1acc[2][2][10];  // conv1's weight (9) and bias gradient of this thread's 4 channels (see the epilogue)
     if (warp == DG_CW) {
         // the step warp: a share of fc1.weight's optimizer step while the others compute
         if (fc1.p) fc1_step_share(fc1, blockIdx.x, gridDim.x, lane);
         TRACE_MARK(3);
     } else {
 #pragma unroll
-    for (int ni = 0; ni < DG_NI; ni++)
+    for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++)
+        for (int e = 0; e < 2; e++)
 #pragma unroll
-            for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
-    const uint32_t bbase = band_smem_u32(Ws + band_ldsm_b_n(lane) * DG_CS + band_ldsm_b_k(lane));
+            for (int k = 0; k < 10; k++) w1acc[i][e][k] = 0.0f;
+    int parity = 0;
     for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0);
-        int s_lo, nrows;
-        chunk_rows(chunk, s_lo, nrows);
+        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0);
         if (chunk != (int)blockIdx.x) {
-            sync_compute();  // the previous chunk's reads of Ps and Xs are done
+            sync_compute();  // the previous chunk's reads of Ps, Xs and Ms are done
             prepare(chunk);
         }
-        // the patch, rounded to TF32: its zero padding and x are in place (prepare); then dact2, a pooled value (and
-        // its 4 window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position,
-        // 0 at the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled
-        // row), tp_lo .. tp_lo + ntp - 1 touch the patch (the first and last may have one of their two rows outside it).
-        auto pooled_row = [](int s, bool last) {  // the stacked pooled row of stacked padded row s (first / last one in)
-            const int b = s / IMG, py = s % IMG;
-            if (py < 2) return b * HP - (last ? 1 : 0);
-            if (py >= H2 + 2) return b * HP + (last ? HP - 1 : HP);
-            return b * HP + (py - 2) / 2;
+        // the patch, rounded to TF32: its zero padding is in place (prepare); then dact2, a pooled value (and its 4
+        // window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position, 0 at
+        // the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled row);
+        // tp_lo .. tp_lo + ntp - 1 touch the slots (the first and last may have pixels outside them: not stored).
+        auto pooled_row = [](int L, bool last) {  // the stacked pooled row of slot L's padded row (first / last one in)
+            const int b = L / (H1 * H1), py = (L % (H1 * H1)) / H1;
+            return py < 2 ? b * HP - (last ? 1 : 0) : b * HP + (py - 2) / 2;
         };
-        const int tp_lo = pooled_row(s_lo, false), ntp = pooled_row(s_lo + nrows - 1, true) + 1 - tp_lo;
+        const int tp_lo = pooled_row(q0, false), ntp = min(pooled_row(q0 + DG_NS - 1, true), B * HP - 1) + 1 - tp_lo;
         const int npc = ntp * HP * (C2 / 4);
         for (int i0 = 0; i0 < npc; i0 += 8 * DG_CT) {
-            float4 d[8];
-            uint32_t k[8];
+            float4 dv[8];
+            uint32_t kv[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int i = i0 + u * DG_CT + tid;
                 const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;  // (tp, pooled column) = i / 16
-                d[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                k[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
+                dv[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                kv[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
             }
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int i = i0 + u * DG_CT + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP, c4 = i % (C2 / 4);
-                const int r0 = (tp / HP) * IMG + 2 * (tp % HP) + 2 - s_lo;  // the patch row of the window's top row
+                const int s0 = (tp / HP) * (H1 * H1) + (2 * (tp % HP) + 2) * H1 + 2 * pc + 2 - q0;  // the window's top left slot
 #pragma unroll
                 for (int dy = 0; dy < 2; dy++)
-                    if (i < npc && r0 + dy >= 0 && r0 + dy < nrows)
 #pragma unroll
-                        for (int dx = 0; dx < 2; dx++)
-                            *(float4*)(Ps + (r0 + dy) * DG_RS + (2 * pc + dx + 2) * DG_CS + c4 * 4) = tf32_round4(dact2_expand(d[u], k[u], dy, dx));
+                    for (int dx = 0; dx < 2; dx++) {
+                        const int s = s0 + dy * H1 + dx;
+                        if (i < npc && s >= 0 && s < DG_NS)
+                            *(float4*)(Ps + (c4 * DG_PL + s) * 4) = tf32_round4(dact2_expand(dv[u], kv[u], dy, dx));
+                    }
             }
         }
         cp_async_wait<0>();  // the weights (first chunk)
+        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
         sync_compute();
         TRACE_MARK(0);
-        // this lane's ldmatrix row of each of the warp's m16 tiles
-        uint32_t abase[DG_MI];
+        const int ntiles = (npix + DG_TM - 1) / DG_TM;
+        for (int tile = wg; tile < ntiles; tile += 2, parity ^= 1) {
+            float d[48];
 #pragma unroll
-        for (int mi = 0; mi < DG_MI; mi++) {
-            int m = (warp * DG_MI + mi) * 16 + band_ldsm_a_row(lane), q = q0 + (m < npix ? m : 0);
-            int b = q / (H1 * H1), y = (q % (H1 * H1)) / H1, x = q % H1;
-            abase[mi] = band_smem_u32(Ps + (b * IMG + y - s_lo) * DG_RS + x * DG_CS + band_ldsm_a_k(lane));
-        }
-        float acc[DG_MI][DG_NI][4];
-        acc_zero(acc);
+            for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+            // descriptors: a slot is 16 bytes, one unit of a descriptor's address; LBO = a plane (4 channels further
+            // along k), SBO = 8 slots (A) or 8 rows of n (B)
+            const uint64_t da0 = wgmma_desc(Ps + tile * DG_TM * 4, DG_PL * 16, 128), db0 = wgmma_desc(Ws, DG_N * 16, 128);
+            wgmma_fence();
+#pragma unroll
+            for (int ky = 0; ky < 3; ky++)
+#pragma unroll
+                for (int ks = 0; ks < C2 / 8; ks++)
+                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)(2 * ks * DG_PL + ky * H1), db0 + (uint64_t)((ky * (C2 / 4) + 2 * ks) * DG_N));
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(d);
+#else
+            // mma.sync: this warp's rows 16 wq .. 16 wq + 15 of the tile, the 12 n8 tiles of D (same fragment layout)
 #pragma unroll 1
-        for (int tap = 0; tap < (warp * DG_MI * 16 < npix ? 9 : 0); tap++) {  // a warp with no pixel skips
-            const uint32_t pa = ((tap / 3) * DG_RS + (tap % 3) * DG_CS) * 4, pb = bbase + tap * C1 * DG_CS * 4;
+            for (int ky = 0; ky < 3; ky++)
+#pragma unroll 1
+                for (int ks = 0; ks < C2 / 8; ks++) {
+                    const float* pa = Ps + (2 * ks * DG_PL + tile * DG_TM + ky * H1 + 16 * wq + g) * 4 + t;
+                    const float* pb = Ws + ((ky * (C2 / 4) + 2 * ks) * DG_N + g) * 4 + t;
+                    const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[DG_PL * 4]),
+                                           __float_as_uint(pa[DG_PL * 4 + 32])};
 #pragma unroll
-            for (int c0 = 0; c0 < C2; c0 += 8) {
-                uint32_t a[DG_MI][4], bf[DG_NI / 2][4];
-#pragma unroll
-                for (int mi = 0; mi < DG_MI; mi++) band_ldsm_x4(a[mi], abase[mi] + pa + c0 * 4);
-#pragma unroll
-                for (int np = 0; np < DG_NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * DG_CS + c0) * 4);
-#pragma unroll
-                for (int ni = 0; ni < DG_NI; ni++)
-#pragma unroll
-                    for (int mi = 0; mi < DG_MI; mi++)
-                        mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
-            }
-        }
-        TRACE_MARK(1);
-        // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
-#pragma unroll
-        for (int mi = 0; mi < DG_MI; mi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = (warp * DG_MI + mi) * 16 + g + 8 * h, q = q0 + m;
-                const bool ok = m < npix;
-                const int b = q / (H1 * H1), y = (q % (H1 * H1)) / H1, x = q % H1;
-                const float* xs = Xs + (b * IMG + y - s_lo) * IMG + x;
-                float xv[9];  // the image pixels under this output pixel's conv1 window
-#pragma unroll
-                for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
-#pragma unroll
-                for (int ni = 0; ni < DG_NI; ni++) {
-                    const int n = ni * 8 + 2 * t;
-                    float* v = &acc[mi][ni][2 * h];
-                    float2 mk = ok ? __ldg((const float2*)(act1 + (size_t)q * C1 + n)) : make_float2(0.f, 0.f);
-                    if (!(mk.x > 0.0f)) v[0] = 0.0f;
-                    if (!(mk.y > 0.0f)) v[1] = 0.0f;
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++) {
-                        w1acc[ni][jj][9] += v[jj];
-#pragma unroll
-                        for (int k = 0; k < 9; k++) w1acc[ni][jj][k] = fmaf(v[jj], xv[k], w1acc[ni][jj][k]);
-                    }
-                    if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n) = make_float2(v[0], v[1]);
+                    for (int i = 0; i < 12; i++)
+                        mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[32 * i]),
+                                        __float_as_uint(pb[DG_N * 4 + 32 * i]));
                 }
-            }
+#endif
+            if (tile == wg) TRACE_MARK(1);
+            // the next warp's row 0 of D1 and rows 0, 1 of D2 for this warp's last rows (double-buffered by the
+            // warpgroup's tile parity: a buffer is rewritten only after the warpgroup's next barrier)
+            float* ex = Ex + (parity * 2 + wg) * 4 * 96;
+            if (wq > 0 && g < 2)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (g == 0) ex[(wq - 1) * 96 + t * 8 + j] = d[16 + 4 * (j / 2) + j % 2];
+                    ex[(wq - 1) * 96 + 32 + (g * 4 + t) * 8 + j] = d[32 + 4 * (j / 2) + j % 2];
+                }
+            asm volatile("bar.sync %0, 128;" :: "r"(2 + wg) : "memory");
+            dgrad_combine(d, ex + wq * 96, ex + wq * 96 + 32, wq < 3, g, t);
+            // epilogue: d[4 i + 2 h + e] is output row 16 wq + g + 8 h of the tile, channel 8 i + 2 t + e. Lanes g and
+            // g ^ 1 swap halves first: lane (g, t) keeps channels 8 i + 2 t + e for i = 2 (g & 1) + ii (ii < 2) of
+            // its own rows and takes them for lane g ^ 1's (rows 16 wq + (g ^ j) + 8 h, j < 2), so that it holds 4
+            // channels of 4 rows and conv1's sums w1acc need 40 registers, not 80. Each output row (none for rows >=
+            // DG_TM) masked by act1's sign; conv1's gradient over the image pixels under its window.
+            float o[2][2][2][2];  // [j][h][ii][e]
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int ii = 0; ii < 2; ii++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float lo = d[4 * ii + 2 * h + e], hi = d[4 * (2 + ii) + 2 * h + e];  // (static indices: d stays in registers)
+                        const float keep = g & 1 ? hi : lo, give = g & 1 ? lo : hi;
+                        o[0][h][ii][e] = keep;
+                        o[1][h][ii][e] = __shfl_xor_sync(0xffffffffu, give, 4);
+                    }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = 16 * wq + (g ^ j) + 8 * h, m = tile * DG_TM + r, q = q0 + m;
+                    const bool ok = r < DG_TM && m < npix;
+                    const uint32_t mask = ok ? Ms[m] : 0u;
+                    const float* xs = Xs + (xrow(q) - xs_lo) * IMG + q % H1;
+                    float xv[9];
+#pragma unroll
+                    for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
+#pragma unroll
+                    for (int ii = 0; ii < 2; ii++) {
+                        const int n0 = 8 * (2 * (g & 1) + ii) + 2 * t;
+                        float v[2];
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int n = n0 + e;
+                            v[e] = (mask >> (8 * (n & 3) + (n >> 2))) & 1u ? o[j][h][ii][e] : 0.0f;
+                            w1acc[ii][e][9] += v[e];
+#pragma unroll
+                            for (int k = 0; k < 9; k++) w1acc[ii][e][k] = fmaf(v[e], xv[k], w1acc[ii][e][k]);
+                        }
+                        if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n0) = make_float2(v[0], v[1]);
+                    }
+                }
+        }
     }
     }
     TRACE_MARK(2);
-    // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 8 lanes with the same t
-    // hold the same 8 channels: a butterfly over g (lane bits 4, 3, 2) that halves the values each lane keeps leaves
-    // lane (g, t) with the warp's sums of its values 10g .. 10g + 9, i.e. (ni, jj) = (g / 2, g % 2): channel
-    // (g / 2) * 8 + 2t + g % 2, k = 0..9. Then the warps' sums are added in warp order through shared memory.
+    // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 4 lanes with the same t and
+    // g & 1 hold the same 4 channels: a butterfly over g's upper bits (lane bits 4, 3) that halves the values each
+    // lane keeps leaves lane (g, t) with the warp's sums of w1acc[ii][e] for ii = g >> 2, e = (g >> 1) & 1: channel
+    // 8 (2 (g & 1) + ii) + 2 t + e, k = 0..9. Then the warps' sums are added in warp order through shared memory.
     __syncthreads();  // every warp is done with shared memory (the step warp: its share of fc1's step)
-    float* red = smem;  // [DG_CW][C1 * 10]
+    float* red = Ps;  // [DG_CW][C1 * 10]
     if (warp < DG_CW) {
-        float v40[40], v20[20], v10[10];
-#pragma unroll
-        for (int i = 0; i < 40; i++) {
-            const float lo = w1acc[i / 20][(i / 10) % 2][i % 10], hi = w1acc[2 + i / 20][(i / 10) % 2][i % 10];
-            const bool up = lane & 16;
-            v40[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
-        }
+        float v20[20], v10[10];
 #pragma unroll
         for (int i = 0; i < 20; i++) {
-            const bool up = lane & 8;
-            v20[i] = (up ? v40[20 + i] : v40[i]) + __shfl_xor_sync(0xffffffffu, up ? v40[i] : v40[20 + i], 8);
+            const float lo = w1acc[0][i / 10][i % 10], hi = w1acc[1][i / 10][i % 10];
+            const bool up = lane & 16;
+            v20[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
         }
 #pragma unroll
         for (int i = 0; i < 10; i++) {
-            const bool up = lane & 4;
-            v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 4);
+            const bool up = lane & 8;
+            v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 8);
         }
-        const int c = (g / 2) * 8 + 2 * t + g % 2;
+        const int c = 8 * (2 * (g & 1) + (g >> 2)) + 2 * t + ((g >> 1) & 1);
 #pragma unroll
         for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
     }
@@ -2451,11 +2514,11 @@ static void conv2_tf32_setup() {
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_band_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
     cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_ff, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_band_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_tf32_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
     g_conv2.fused_fwd = occ_ff * sms >= FC1F_SPLITS;
@@ -2490,8 +2553,7 @@ static void conv2_tf32_setup() {
     cudaCheck(cudaHostGetDevicePointer(&wd_dev, wd, 0));
     cudaCheck(cudaMemcpyToSymbol(g_watchdog_dev, &wd_dev, sizeof(wd_dev)));
     cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
-    size_t nd = 9 * C1 * (C2 + 4);
-    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, DG_WS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, DG_WS * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, W2IMG_FLOATS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, W2IMG_FLOATS * sizeof(float)));
     g_conv2.ready = true;
@@ -2521,7 +2583,7 @@ static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
                                   const float* act1, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
     int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
-    launch_pdl(conv2_dgrad_band_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1,
+    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1,
                x, g_conv2.ws_w1, B, fc1);
     SplitsJob j;
     j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
