@@ -1350,7 +1350,8 @@ struct FwdHead {
 // stored only when not null (the tests). act1 is made here, in shared memory, from the band's rows of x (a band of
 // R output rows needs R + 2 act1 rows, made from R + 4 rows of x), and stored to
 // global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
-// the others rows y0 + 1..y0 + R, the last up to HIN - 1).
+// the others rows y0 + 1..y0 + R, the last up to HIN - 1), with its signs for the input gradient when act1_sign is
+// not null (a 32-bit word per pixel, bit n: act1[.., n] > 0).
 //   in: the input x, or the dataset to gather it from (ConvInput).
 //   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it, and
 //   writes the input gradient's image of it to wimg_dgrad, a share per block: [ky][co / 4][kx][ci][co % 4] for the
@@ -1368,8 +1369,8 @@ struct FwdHead {
 template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
 __global__ void __launch_bounds__(32 * WM * WN)
 conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
-                       float* act1, const float* __restrict__ w, const float* __restrict__ bias, float* pooled,
-                       uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
+                       float* act1, uint32_t* act1_sign, const float* __restrict__ w, const float* __restrict__ bias,
+                       float* pooled, uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
     TRACE_SCOPE(0);
     constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, XR = R + 4, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
     constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
@@ -1379,6 +1380,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     static_assert(HOUT % 8 == 0, "no 8-row ldmatrix group straddles an output row (conflict-free)");
     static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
     static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
+    static_assert(CIN == 32 && NT % 32 == 0, "act1's sign bits: a pixel's 4 lanes (aligned in their warp) hold its 32 channels");
     static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;
@@ -1545,10 +1547,20 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
             float* pp = Ps + pix * CS + c0;
             *(float4*)pp = tf32_round4(lo4);
             *(float4*)(pp + C1 / 2) = tf32_round4(hi4);
+            // act1's signs for the input gradient, bit n = channel n: the pixel's 4 lanes (all present or all
+            // past the patch) or their 8-channel parts together
+            uint32_t sgn = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) sgn |= (o[j] > 0.0f ? 1u : 0u) << (c0 + j) | (o[4 + j] > 0.0f ? 1u : 0u) << (c0 + C1 / 2 + j);
+            const unsigned grp = 0xFu << (lane & 28);
+            sgn |= __shfl_xor_sync(grp, sgn, 1);
+            sgn |= __shfl_xor_sync(grp, sgn, 2);
             if (r >= own_lo && r < own_hi) {
-                float* dst = act1 + (((size_t)b * HIN + y0 + r) * HIN + cx) * C1 + c0;
+                const size_t pi = ((size_t)b * HIN + y0 + r) * HIN + cx;
+                float* dst = act1 + pi * C1 + c0;
                 *(float4*)dst = lo4;
                 *(float4*)(dst + C1 / 2) = hi4;
+                if (act1_sign && (tid & 3) == 0) act1_sign[pi] = sgn;
             }
         }
         TRACE_MARK(4);
@@ -1784,7 +1796,7 @@ __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lan
 // The weight image Wimg[ky][c / 4][kx * 32 + n][c % 4] (conv2.weight flipped and transposed, rounded to TF32) is
 // written by the forward (conv2_band_tf32_kernel). Per block, before grid_dep_sync (written at least two launches
 // earlier): the image (cp.async), the patch's zero padding, the image rows of x under conv1's windows (Xs: conv1's
-// weight gradient) and the signs of act1 (Ms: a 32-bit mask per pixel, channel n at bit 8 (n % 4) + n / 4).
+// weight gradient) and act1's signs (Ms: the forward's 32-bit mask per pixel, bit n: act1[.., n] > 0).
 // A 9th warp (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step
 // (fc1_step_share); the compute warps synchronise on named barriers without it.
 constexpr int DG_CW = 8, DG_CT = 32 * DG_CW, DG_THREADS = DG_CT + 32;  // 2 warpgroups of compute warps, the step warp
@@ -1818,7 +1830,7 @@ __device__ __forceinline__ void dgrad_combine(float (&d)[48], const float* x1, c
 }
 __global__ void __launch_bounds__(DG_THREADS, 1)
 conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                        const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
+                        const float* __restrict__ w, const uint32_t* __restrict__ act1_sign, const float* __restrict__ ximg,
                         float* w1_partial, int B, Fc1Step fc1) {
     TRACE_SCOPE(4);
     extern __shared__ __align__(16) float smem[];
@@ -1841,22 +1853,7 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
             if (L >= total || r < 2 * H1 || r % H1 < 2) *(float4*)(Ps + (c4 * DG_PL + s) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
         }
         for (int i = tid; i < nx * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)xs_lo * IMG + i);
-        // a float4 load per lane covers 4 pixels (lane / 8) x 4 channels (4 (lane % 8) + j); 4 ballots, one per j
-        constexpr int U = (DG_CH / 4 + DG_CW - 1) / DG_CW;
-        float4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int p = (warp + u * DG_CW) * 4 + lane / 8;
-            v[u] = p < npix ? __ldg((const float4*)(act1 + (size_t)(q0 + p) * C1) + lane % 8) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int p = (warp + u * DG_CW) * 4 + lane / 8, k = 8 * (lane / 8);
-            const uint32_t b0 = __ballot_sync(0xffffffffu, v[u].x > 0.0f), b1 = __ballot_sync(0xffffffffu, v[u].y > 0.0f);
-            const uint32_t b2 = __ballot_sync(0xffffffffu, v[u].z > 0.0f), b3 = __ballot_sync(0xffffffffu, v[u].w > 0.0f);
-            if (lane % 8 == 0 && p < npix)
-                Ms[p] = ((b0 >> k) & 255u) | (((b1 >> k) & 255u) << 8) | (((b2 >> k) & 255u) << 16) | (((b3 >> k) & 255u) << 24);
-        }
+        for (int p = tid; p < npix; p += DG_CT) Ms[p] = __ldg(act1_sign + q0 + p);
     };
     // the weight image, once per block, before grid_dep_sync
     if (warp < DG_CW) {
@@ -2003,7 +2000,7 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             const int n = n0 + e;
-                            v[e] = (mask >> (8 * (n & 3) + (n >> 2))) & 1u ? o[j][h][ii][e] : 0.0f;
+                            v[e] = (mask >> n) & 1u ? o[j][h][ii][e] : 0.0f;
                             w1acc[ii][e][9] += v[e];
 #pragma unroll
                             for (int k = 0; k < 9; k++) w1acc[ii][e][k] = fmaf(v[e], xv[k], w1acc[ii][e][k]);
@@ -2560,11 +2557,12 @@ static void conv2_tf32_setup() {
 }
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
 // and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests). x
-// comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad), which
-// conv2_dgrad_tf32 reads before its wait: launch at least one kernel between the two.
+// comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad) and, when
+// act1_sign is not null, act1's signs (B,26,26 words, bit n: channel n > 0), which conv2_dgrad_tf32 reads before its
+// wait: launch at least one kernel between the two.
 // With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
-static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, const ConvInput& in, const float* w1,
-                               const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh = FwdHead()) {
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign, const ConvInput& in,
+                               const float* w1, const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh = FwdHead()) {
     const bool fused = fh.part != nullptr;
     if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
         fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its blocks at once\n",
@@ -2575,15 +2573,16 @@ static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float
     f.bar = g_conv2.wgrad_bar;
     const int grid = fused ? FC1F_SPLITS : std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
     launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, fused ? CONV2_FWD_SMEM_FUSED : CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1,
-               w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
+               act1_sign, w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
 }
-// dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
-// when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
+// dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (act1_sign: the
+// forward's signs of act1; stored only when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1
+// (32) with x the network's input.
 // Returns the reduction of the blocks' partial sums of dw1, db1 still to do (conv2_wgrad_tf32, launched next).
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
-                                  const float* act1, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
+                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
     int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
-    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1,
+    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1_sign,
                x, g_conv2.ws_w1, B, fc1);
     SplitsJob j;
     j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
@@ -2991,6 +2990,7 @@ struct Mnist {
     size_t n_params = 0;
     float *params = nullptr, *grads = nullptr, *m1 = nullptr, *m2 = nullptr;  // flat, internal layout
     float *x = nullptr, *act1 = nullptr, *act2 = nullptr, *pooled = nullptr, *h = nullptr, *logits = nullptr;
+    uint32_t* act1_sign = nullptr;  // act1's signs (a word per pixel), made by the TF32 forward for its input gradient
     int* y = nullptr;
     float *dlogits = nullptr, *dh = nullptr, *dpooled = nullptr, *dact2 = nullptr, *dact1 = nullptr;
     uint8_t* pool_codes = nullptr;  // fast path: the max-pool's window codes (B,12,12,64), instead of act2 and dact2
@@ -3018,6 +3018,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     m->m1 = mnist_alloc(m, m->n_params); m->m2 = mnist_alloc(m, m->n_params);
     size_t F = m->B_fwd;
     m->x = mnist_alloc(m, F * IMG * IMG); m->act1 = mnist_alloc(m, F * H1 * H1 * C1); m->act2 = mnist_alloc(m, F * H2 * H2 * C2);
+    m->act1_sign = (uint32_t*)mnist_alloc(m, F * H1 * H1);
     m->pooled = mnist_alloc(m, F * FC_IN); m->h = mnist_alloc(m, F * FC_H); m->logits = mnist_alloc(m, F * NCLS);
     m->y = (int*)mnist_alloc(m, F);
     m->dlogits = mnist_alloc(m, F * NCLS); m->dh = mnist_alloc(m, (size_t)B * FC_H); m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
@@ -3059,7 +3060,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     }
 }
 static void mnist_free(Mnist* m) {
-    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act2, m->pooled, m->h, m->logits, m->y,
+    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act1_sign, m->act2, m->pooled, m->h, m->logits, m->y,
                   m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
     for (void* p : ps) mnist_free_ptr(m, p);
     for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
@@ -3107,7 +3108,7 @@ static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
         ConvInput in;
         if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
         else in.x = m->x;
-        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
         if (g_fc1_cluster) {
             launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
                        m->pooled, P(m, P_WF1), B);
@@ -3184,7 +3185,7 @@ static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* 
     fh.wf1 = P(m, P_WF1); fh.bf1 = P(m, P_BF1); fh.wf2 = P(m, P_WF2); fh.bf2 = P(m, P_BF2);
     fh.part = m->fpart; fh.h = m->h; fh.logits = m->logits; fh.dlogits = grad ? m->dlogits : nullptr; fh.dh = m->dh;
     fh.losses = losses; fh.preds = preds; fh.y = m->y; fh.counters = counters; fh.offset = offset;
-    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
+    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
 }
 
 // backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
@@ -3215,7 +3216,7 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
             launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1), (const float*)G(m, P_WF1),
                        m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
         }
-        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1, m->x, B, f);  // + conv1's dW, db
+        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1_sign, m->x, B, f);  // + conv1's dW, db
         if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
         // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
         // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end

@@ -110,22 +110,10 @@ def run(B, grid, path, rng):
             assert nx <= DG_XROWS
             smem[Xs:Xs + DG_XS] = np.nan
             smem[Xs:Xs + nx * IMG] = xf[xs_lo * IMG:xs_lo * IMG + nx * IMG]
-            # act1's signs: warp, lane, u
-            U = (DG_CH // 4 + DG_CW - 1) // DG_CW
+            # act1's signs: the forward's words (bit n: act1[.., n] > 0), loaded per pixel
             Ms[:] = 0xDEADBEEF
-            for warp in range(DG_CW):
-                for u in range(U):
-                    lanes = np.arange(32)
-                    p = (warp + u * DG_CW) * 4 + lanes // 8
-                    v = np.zeros((32, 4))
-                    for ln in range(32):
-                        if p[ln] < npix:
-                            v[ln] = a1f[(q0 + p[ln]) * C1 + 4 * (ln % 8):(q0 + p[ln]) * C1 + 4 * (ln % 8) + 4]
-                    bal = [sum(1 << ln for ln in range(32) if v[ln, j] > 0) for j in range(4)]
-                    for ln in range(32):
-                        k = 8 * (ln // 8)
-                        if ln % 8 == 0 and p[ln] < npix:
-                            Ms[p[ln]] = ((bal[0] >> k) & 255) | (((bal[1] >> k) & 255) << 8) | (((bal[2] >> k) & 255) << 16) | (((bal[3] >> k) & 255) << 24)
+            for p in range(npix):
+                Ms[p] = sum(1 << n for n in range(C1) if a1f[(q0 + p) * C1 + n] > 0)
             # fill
             def pooled_row(L, last):
                 b = L // (H1 * H1); py = (L % (H1 * H1)) // H1
@@ -265,7 +253,7 @@ def run(B, grid, path, rng):
                                     v = [0.0, 0.0]
                                     for e in range(2):
                                         n = n0 + e
-                                        v[e] = o[ln, j, h, ii, e] if (mask >> (8 * (n & 3) + (n >> 2))) & 1 else 0.0
+                                        v[e] = o[ln, j, h, ii, e] if (mask >> n) & 1 else 0.0
                                         if ok:
                                             assert not np.isnan(v[e])
                                         w1acc[warp, ln, ii, e, 9] += v[e]
