@@ -1802,7 +1802,7 @@ __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lan
 constexpr int DG_CW = 8, DG_CT = 32 * DG_CW, DG_THREADS = DG_CT + 32;  // 2 warpgroups of compute warps, the step warp
 constexpr int DG_CH = 336, DG_TM = 62, DG_TILES = (DG_CH + DG_TM - 1) / DG_TM, DG_N = 3 * C1;
 constexpr int DG_NS = (DG_TILES - 1) * DG_TM + 64 + 2 * H1, DG_PL = DG_NS | 1;  // slots; an odd plane stride (in slots)
-constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = 18, DG_XS = DG_XROWS * IMG, DG_EX = 2 * 2 * 4 * 96;
+constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = (DG_CH - 1) / H1 + 6, DG_XS = DG_XROWS * IMG, DG_EX = 2 * 2 * 4 * 96;
 static_assert(H1 * H1 == 676 && C2 == 64 && C1 == 32 && DG_N == 96, "the slot arithmetic and the weight image fit these sizes");
 static_assert(DG_TILES * DG_TM >= DG_CH && DG_TILES % 2 == 0, "the tiles cover a chunk, evenly over the two warpgroups");
 static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_XROWS && DG_CH < H1 * H1, "a chunk's x rows (at most one image boundary)");
