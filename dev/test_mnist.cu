@@ -574,7 +574,7 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
         const Out outs[] = {{m.x, nx * 4, true}, {m.y, (size_t)B * 4, false}, {m.act1, n1 * 4, true}, {m.pooled, np * 4, true},
                             {m.pool_codes, np, false}, {m.h, nhh * 4, true}, {m.logits, nl * 4, true}, {m.dlogits, nl * 4, true},
                             {m.dh, nhh * 4, true}, {lbuf + off, (size_t)B * 4, true}, {pbuf + off, (size_t)B * 4, false},
-                            {g_conv2.wimg_dgrad, (size_t)9 * C1 * (C2 + 4) * 4, false}};
+                            {g_conv2.wimg_dgrad, (size_t)DG_WS * 4, false}};
         auto run_loss = [&](bool fused, bool with_perm) {
             for (const Out& o : outs) cudaCheck(cudaMemset((void*)o.p, 0xFF, o.bytes));
             mnist_set_counters(&m, 0, off);
