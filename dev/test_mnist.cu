@@ -612,7 +612,7 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
                    std::to_string(bad_codes) + " codes > 4");
         }
         cudaFree(lbuf); cudaFree(pbuf);
-        cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, (size_t)9 * C1 * (C2 + 4) * 4));  // its pads are zero (never written)
+        cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, (size_t)DG_WS * 4));  // back to its state at allocation
     }
     mnist_free(&m);
 }
