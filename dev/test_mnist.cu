@@ -603,8 +603,8 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
             }
             size_t bad_codes = 0;
             for (uint8_t c : got[4]) bad_codes += c > POOL_NO_GRAD;
-            const float* wi = (const float*)got.back().data();  // [9][C1][C2 + 4]: the 4 pads are never written
-            for (size_t i = 0; i < (size_t)9 * C1 * (C2 + 4); i++) nonfinite += i % (C2 + 4) < (size_t)C2 && !std::isfinite(wi[i]);
+            const float* wi = (const float*)got.back().data();  // [3][C2 / 4][3 C1][4], no pads
+            for (size_t i = 0; i < (size_t)DG_WS; i++) nonfinite += !std::isfinite(wi[i]);
             std::string tag = "B=" + std::to_string(B) + (with_perm ? ", perm at counters[1]" : ", offset");
             report(nbad == 0 && nonfinite == 0 && bad_codes == 0, "gpu fused forward + loss = forward, fc1, head (" + tag + ")",
                    std::to_string(nbad) + " of " + std::to_string(total) + " bytes of x, y, act1, pooled, codes, h, logits, dlogits, "
