@@ -1157,23 +1157,6 @@ __device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dp
     return dact2_expand(__ldg((const float4*)(dpooled + i)), __ldg((const unsigned int*)(codes + i)), y, x);
 }
 
-// ldmatrix.x4 (sm_75+) for TF32 operands: four 8 x 16-byte matrices, lane l giving the address of row l % 8 of matrix
-// l / 8; lane l receives 32-bit word l % 4 of row l / 4 of each matrix. An mma m16n8k8 A fragment (rows g, g + 8; k = t,
-// t + 4) is therefore one x4 of the matrices (rows 0-7, k 0-3), (rows 8-15, k 0-3), (rows 0-7, k 4-7), (rows 8-15, k 4-7),
-// and the B fragments (k = t, t + 4; n = g) of two n8 tiles of an [n][k] image are one x4 of (n 0-7, k 0-3), (n 0-7,
-// k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7). One instruction instead of four 32-bit loads; the same shared wavefronts.
-__device__ __forceinline__ uint32_t band_smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void band_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-// The lane's row and k offset of an ldmatrix.x4 A fragment (see band_ldsm_x4): row (l % 8) + 8 ((l / 8) % 2), k 4 (l / 16)
-__device__ __forceinline__ int band_ldsm_a_row(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }
-__device__ __forceinline__ int band_ldsm_a_k(int lane) { return (lane >> 4) * 4; }
-// ... and of a B pair (two n8 tiles): n (l % 8) + 8 (l / 16), k 4 ((l / 8) % 2)
-__device__ __forceinline__ int band_ldsm_b_n(int lane) { return (lane & 7) + (lane >> 4) * 8; }
-__device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1) * 4; }
-
 // Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient grid
 // by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on the SM
 // while it runs), and the fused forward only runs where its grid fits one block per SM; a successor launched with
@@ -1353,44 +1336,48 @@ struct FwdHead {
 // the others rows y0 + 1..y0 + R, the last up to HIN - 1), with its signs for the input gradient when act1_sign is
 // not null (a 32-bit word per pixel, bit n: act1[.., n] > 0).
 //   in: the input x, or the dataset to gather it from (ConvInput).
-//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it, and
+//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Ws (below), rounded to TF32, from it, and
 //   writes the input gradient's image of it to wimg_dgrad, a share per block: [ky][co / 4][kx][ci][co % 4] for the
 //   flipped tap 8 - tap = 3 ky + kx (transposed, rounded to TF32; see conv2_dgrad_tf32_kernel).
-// Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
-// rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*HIN][CIN+4] (the
-// band's act1, rounded to TF32 as it is written), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into
-// registers while this band is computed) and conv1's weights. Fragments by ldmatrix (band_ldsm_x4).
+// Block: 3 warpgroups; warpgroup w computes the band's 8 columns 8 w .. 8 w + 7 of all R rows (96 pixels) for all 64
+// channels: D = W x patch^T, m = channel, n = pixel, k = (tap, ci): on sm_90a one wgmma m64n96k8 per tap and k-step,
+// elsewhere mma.sync on the same layout. Shared memory, in wgmma's K-major "no swizzle" layout (core matrices of 8
+// rows x 4 TF32 values, 16 contiguous bytes a row): Ws[9][CIN / 4][COUT][4] (the weights), Ps[CIN / 4][PL][4] (the
+// band's act1 patch, slot = row * HIN + column, rounded to TF32 as it is written; tap (ky, kx) of pixel (y, x) reads
+// slot (y + ky) * HIN + x + kx), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into registers while
+// this band is computed) and conv1's weights. The accumulator layout puts a 2x2 pooling window in one thread.
 // Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
 // after grid_dep_sync: conv1's first, conv2.bias into registers for the epilogue, conv2.weight by cp.async once the x
 // rows have arrived (9.4 MB over all blocks, which the x rows and conv1's weights would otherwise queue behind), in
 // flight while conv1 is computed; or, staged (in.wimg), from its forward image by one bulk copy (TMA), issued by
 // thread 0 once its x rows have arrived. Input gathered from the dataset is loaded before the wait, staged input (and
 // x) after it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
-template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
-__global__ void __launch_bounds__(32 * WM * WN)
+template <int CIN, int COUT, int HIN, int HOUT, int R>
+__global__ void __launch_bounds__(384)
 conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
                        float* act1, uint32_t* act1_sign, const float* __restrict__ w, const float* __restrict__ bias,
                        float* pooled, uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
     TRACE_SCOPE(0);
-    constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, XR = R + 4, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
+    constexpr int NT = 384, PR = R + 2, XR = R + 4, NBAND = (HOUT + R - 1) / R;
+    constexpr int PL = PR * HIN + 2;  // the patch's plane stride (slots): 2 or 6 mod 8, conv1's float4 stores conflict-free
     constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
     constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;                   // conv2.weight's 16-byte chunks
-    static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT && NI % 2 == 0, "the warp tiles must cover a band exactly in n, at least in m");
-    static_assert(CS % 32 == 4 && CIN % 8 == 0, "pixel stride 4 mod 32 banks: a fragment's 8 rows x 4 k on 32 banks");
-    static_assert(HOUT % 8 == 0, "no 8-row ldmatrix group straddles an output row (conflict-free)");
+    static_assert(COUT == 64 && HOUT == 3 * 8 && R == 12 && CIN % 8 == 0, "3 warpgroups of m64 (channels) x n96 (8 columns x R rows)");
+    static_assert(PL % 8 == 2 || PL % 8 == 6, "conv1's stores: a quarter warp's 2 pixels x 4 planes on distinct 16-byte bank groups");
+    static_assert((R + 1) * HIN + 2 * 8 + 2 + 7 < PR * HIN, "the products read only slots conv1 writes");
     static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
     static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
     static_assert(CIN == 32 && NT % 32 == 0, "act1's sign bits: a pixel's 4 lanes (aligned in their warp) hold its 32 channels");
     static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
     extern __shared__ __align__(16) float smem[];
-    float* Ws = smem;
-    float* Ps = smem + 9 * COUT * CS;
-    float* Xs = Ps + PR * WP * CS;          // [XR][IMG]
+    float* Ws = smem;                       // [9][CIN / 4][COUT][4]
+    float* Ps = smem + 9 * COUT * CIN;      // [CIN / 4][PL][4]
+    float* Xs = Ps + CIN * PL;              // [XR][IMG]
     float* W1s = Xs + XR * IMG;             // [9][C1]: conv1's weights by tap, channels contiguous
     float* B1s = W1s + 9 * C1;              // [C1]
     float* Wf = B1s + C1;                   // the fused forward: fc1.weight's K slice [FC_H][FC1F_LD]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wm = warp / WN, wn = warp % WN;
+    const int wg = warp / 4, wq = warp % 4;  // warpgroup (the band's columns 8 wg .. 8 wg + 7), warp within it
     const bool staged = in.staged != nullptr, gather = in.images != nullptr || staged, fused = fh.part != nullptr;
     constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;  // the fc1.weight slice's 16-byte chunks per row, per thread
     static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256, "fc1's slice splits evenly; a conv1 weight per thread");
@@ -1437,29 +1424,19 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     if (tid < C1) B1s[tid] = b1v;
     auto load_weights = [&] {
         if (use_img) {
-            if (tid == 0) bulk_copy_issue(Ws, in.wimg, 9 * COUT * CS * sizeof(float), &wbar);
+            if (tid == 0) bulk_copy_issue(Ws, in.wimg, 9 * COUT * CIN * sizeof(float), &wbar);
             return;
         }
 #pragma unroll
         for (int i = 0; i < NW; i++) {
             const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            cp_async16(Ws + (tap * COUT + co) * CS + 4 * c4, w + 4 * ch);
+            cp_async16(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4, w + 4 * ch);
         }
         cp_async_commit();
     };
     if (!any) load_weights();  // a block without a band (the fused forward at B < 64): its share of the weight image
-    float2 bz[NI];
-#pragma unroll
-    for (int ni = 0; ni < NI; ni++) bz[ni] = __ldcg((const float2*)(bias + (wn * NI + ni) * 8 + 2 * t));
-    // this lane's ldmatrix row of each m16 tile (offset in the patch, floats) and of the B pairs
-    int aoff[MI];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++) {
-        int m = (wm * MI + mi) * 16 + band_ldsm_a_row(lane);
-        aoff[mi] = (m < R * HOUT ? ((m / HOUT) * WP + m % HOUT) * CS : 0) + band_ldsm_a_k(lane);
-    }
-    const uint32_t bbase = band_smem_u32(Ws + (wn * NI * 8 + band_ldsm_b_n(lane)) * CS + band_ldsm_b_k(lane));
-    const uint32_t pbase = band_smem_u32(Ps);
+    const int co = 16 * wq + g, x0 = 8 * wg;  // this thread's output channels co, co + 8; the warpgroup's first column
+    const float bz[2] = {__ldcg(bias + co), __ldcg(bias + co + 8)};
     // conv1: this thread's channels are c0..c0+3 and c0+16..c0+19, so that each of a warp's two 16-byte act1 stores
     // writes whole 32-byte sectors (8 pixels x 64 contiguous bytes)
     const int c0 = (tid % 4) * 4;
@@ -1471,7 +1448,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
 #pragma unroll
         for (int i = 0; i < NW; i++) {
             const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            float4* p = (float4*)(Ws + (tap * COUT + co) * CS + 4 * c4);
+            float4* p = (float4*)(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4);
             *p = tf32_round4(*p);
         }
     };
@@ -1490,7 +1467,8 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         if (wimg_dgrad)
             for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
                 const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
-                wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] = Ws[(tap * COUT + co) * CS + ci];
+                wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] =
+                    Ws[((tap * (CIN / 4) + ci / 4) * COUT + co) * 4 + ci % 4];
             }
     };
 
@@ -1544,9 +1522,9 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
                 o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
             }
             const float4 lo4 = make_float4(o[0], o[1], o[2], o[3]), hi4 = make_float4(o[4], o[5], o[6], o[7]);
-            float* pp = Ps + pix * CS + c0;
+            float* pp = Ps + ((c0 / 4) * PL + pix) * 4;  // pix = slot r * HIN + cx
             *(float4*)pp = tf32_round4(lo4);
-            *(float4*)(pp + C1 / 2) = tf32_round4(hi4);
+            *(float4*)(pp + (C1 / 8) * PL * 4) = tf32_round4(hi4);
             // act1's signs for the input gradient, bit n = channel n: the pixel's 4 lanes (all present or all
             // past the patch) or their 8-channel parts together
             uint32_t sgn = 0;
@@ -1565,6 +1543,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         }
         TRACE_MARK(4);
         if (it == 0) round_weights();
+        fence_proxy_async();  // the patch and the rounded weights, before the tensor core's (async proxy) reads
         __syncthreads();
         TRACE_MARK(1);
         if (it == 0) { write_wimg(); load_wf(); }
@@ -1572,70 +1551,67 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
             xin = load_x(next, s_next);
             if (gather && tid == 0) label = load_label(s_next);
         }
-        float acc[MI][NI][4];
-        acc_zero(acc);
-#pragma unroll 1
-        for (int tap = 0; tap < 9; tap++) {
-            const uint32_t pa = pbase + ((tap / 3) * WP + tap % 3) * CS * 4, pb = bbase + tap * COUT * CS * 4;
+        // D[co][n] = sum_(tap, ci) W[co][tap][ci] act1[pixel n + tap][ci]: m = co (64), n = the warpgroup's 96 pixels
+        // (8 columns x R rows; 8-pixel group i = row y0 + i), k = ci, per tap. Both operands K-major in the no-swizzle
+        // layout: A = Ws (a core matrix is 8 channels x 4 ci: SBO 128 bytes, LBO one plane of 4 ci), B = the patch (8
+        // consecutive pixels of a row: SBO one patch row, LBO one plane); tap (ky, kx) moves B's start by ky rows and
+        // kx slots. d[4 i + 2 h + e] = D[co + 8 h][pixel (y0 + i, x0 + 2 t + e)].
+        float d[48];
 #pragma unroll
-            for (int cc = 0; cc < CIN; cc += 8) {
-                uint32_t a[MI][4], bf[NI / 2][4];
+        for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+        {
+            const uint64_t da0 = wgmma_desc(Ws, COUT * 16, 128), db0 = wgmma_desc(Ps + x0 * 4, PL * 16, HIN * 16);
+            wgmma_fence();
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++) band_ldsm_x4(a[mi], pa + (aoff[mi] + cc) * 4);
+            for (int tap = 0; tap < 9; tap++)
 #pragma unroll
-                for (int np = 0; np < NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * CS + cc) * 4);
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                    for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
-            }
+                for (int ks = 0; ks < CIN / 8; ks++)
+                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)((tap * (CIN / 4) + 2 * ks) * COUT),
+                                      db0 + (uint64_t)(2 * ks * PL + (tap / 3) * HIN + tap % 3));
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(d);
         }
-        TRACE_MARK(2);
-        // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
+#else
+        // mma.sync: this warp's channels 16 wq .. 16 wq + 15, the 12 n8 tiles (the same fragment layout)
+#pragma unroll 1
+        for (int tap = 0; tap < 9; tap++)
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++)
+            for (int ks = 0; ks < CIN / 8; ks++) {
+                const float* pa = Ws + ((tap * (CIN / 4) + 2 * ks) * COUT + co) * 4 + t;
+                const float* pb = Ps + (2 * ks * PL + (tap / 3) * HIN + tap % 3 + x0 + g) * 4 + t;
+                const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[COUT * 4]),
+                                       __float_as_uint(pa[COUT * 4 + 32])};
+#pragma unroll
+                for (int i = 0; i < 12; i++)
+                    mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[i * HIN * 4]),
+                                    __float_as_uint(pb[(PL + i * HIN) * 4]));
+            }
+#endif
+        TRACE_MARK(2);
+        // epilogue: bias and ReLU; then the 2x2 max-pool and its window codes, all in this thread: the window of
+        // pooled (y0 / 2 + p, x0 / 2 + t) is pixels (rows 2p, 2p + 1) x (columns 2t, 2t + 1), d[8 p + 2 h + {0, 1, 4, 5}]
+#pragma unroll
+        for (int i = 0; i < 12; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& v = d[4 * i + 2 * h + e];
+                    v = fmaxf(v + bz[h], 0.0f);
+                    if (out) out[(((size_t)b * HOUT + y0 + i) * HOUT + x0 + 2 * t + e) * COUT + co + 8 * h] = v;
+                }
+#pragma unroll
+        for (int p = 0; p < 6; p++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                int m = (wm * MI + mi) * 16 + g + 8 * h, y = y0 + m / HOUT, x = m % HOUT;
-                bool ok = m < R * HOUT && y < HOUT;
-                size_t base = (((size_t)b * HOUT + y) * HOUT + x) * COUT;
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    int n = (wn * NI + ni) * 8 + 2 * t;
-                    float* v = &acc[mi][ni][2 * h];
-                    v[0] = fmaxf(v[0] + bz[ni].x, 0.0f); v[1] = fmaxf(v[1] + bz[ni].y, 0.0f);
-                    if (ok && out) *(float2*)(out + base + n) = make_float2(v[0], v[1]);
-                }
+                float m;
+                const uint8_t code = pool_window(d[8 * p + 2 * h], d[8 * p + 2 * h + 1], d[8 * p + 4 + 2 * h], d[8 * p + 5 + 2 * h], m);
+                const size_t pi = (((size_t)b * HP + y0 / 2 + p) * HP + x0 / 2 + t) * COUT + co + 8 * h;
+                pooled[pi] = m;
+                pool_codes[pi] = code;
             }
-        {
-            // max-pool 2x2 and its window codes: a warp holds output rows y0 + 2wm and y0 + 2wm + 1 (48 pixels); pixel
-            // m < 24 of the first row is (mi, h) = (0,0), (0,1), (1,0) for m = g, g + 8, g + 16, the pixel below it
-            // (m + 24) is (1,1), (2,0), (2,1) of the same thread, and the pixel to its right (m + 1) is lane ^ 4
-            static_assert(HOUT == 24 && MI == 3 && R % 2 == 0 && WM * 2 == R, "pooling layout");
-            const int py = (y0 + 2 * wm) / 2;
-#pragma unroll
-            for (int q = 0; q < 3; q++) {
-                const int ma = q < 2 ? 0 : 1, ha = q == 1 ? 1 : 0, mb = q == 0 ? 1 : 2, hb = q == 0 ? 1 : q == 1 ? 0 : 1;
-                const int x = q * 8 + g;
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    float2 v;
-                    uint8_t code[2];
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {  // channel n + j: top/bottom here, top/bottom right at lane ^ 4
-                        float top = acc[ma][ni][2 * ha + j], bot = acc[mb][ni][2 * hb + j];
-                        float top_r = __shfl_xor_sync(0xffffffffu, top, 4), bot_r = __shfl_xor_sync(0xffffffffu, bot, 4);
-                        code[j] = pool_window(top, top_r, bot, bot_r, j ? v.y : v.x);
-                    }
-                    int n = (wn * NI + ni) * 8 + 2 * t;
-                    size_t pi = (((size_t)b * HP + py) * HP + x / 2) * COUT + n;
-                    if (!(g & 1)) {  // the window's left column is here (x even)
-                        *(float2*)(pooled + pi) = v;
-                        *(uchar2*)(pool_codes + pi) = make_uchar2(code[0], code[1]);
-                    }
-                }
-            }
-        }
         TRACE_MARK(3);
         __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
     }
@@ -1726,15 +1702,15 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
 // R = 12 rows (half an image) = 288 pixels = 18 m16 tiles, 12 warps of 48 x 32 (6 row pairs x 2 channel halves; the
 // weights read once per k-step for 3 m16 tiles), 140 KB of shared memory: one block per SM, 128 bands at batch 64 = a
 // single round (H100, before conv1 was fused in: 14.0 us; R = 4 with 8 warps of 48 x 16, 2.9 rounds: 16.6 us).
-#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12, 6, 2, 3, 4>
-constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12;
-constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
+#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12>
+constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12, CONV2_FWD_PS = C1 * ((CONV2_FWD_R + 2) * H1 + 2);
+constexpr size_t CONV2_FWD_SMEM = (9 * C2 * C1 + CONV2_FWD_PS + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 // the fused forward (FwdHead) adds fc1.weight's K slice; its fc1 operand, partial-sum groups and the head's
 // parameters reuse the patch and the weight tile
 constexpr size_t CONV2_FWD_SMEM_FUSED = CONV2_FWD_SMEM + (size_t)FC_H * FC1F_LD * sizeof(float);
-static_assert((CONV2_FWD_R + 2) * H1 * (C1 + 4) >= 64 * FC1F_LD && (CONV2_FWD_R + 2) * H1 * (C1 + 4) >= FC1F_PARTS * FC_H &&
-              9 * C2 * (C1 + 4) >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
+static_assert(CONV2_FWD_PS >= 64 * FC1F_LD && CONV2_FWD_PS >= FC1F_PARTS * FC_H &&
+              9 * C2 * C1 >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
 constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
 static_assert(FUSED_MAX_B * CONV2_FWD_BANDS <= FC1F_SPLITS, "the fused forward's grid covers every band");
 
@@ -2066,8 +2042,8 @@ struct SplitsJob {
 // conv2.weight's forward image: [tap][co][ci (+4 pad)], rounded to TF32, the layout of conv2's forward kernel's Ws, so
 // that the next training step's forward copies it in one bulk copy (ConvInput::wimg) instead of 4608 16-byte
 // cp.async per block and a rounding pass. i: the weight's internal index, [co][tap][ci].
-constexpr int W2IMG_FLOATS = 9 * C2 * (C1 + 4);
-__host__ __device__ inline int conv2_fwd_img_index(int i) { return ((i / C1) % 9 * C2 + i / KC2) * (C1 + 4) + i % C1; }
+constexpr int W2IMG_FLOATS = 9 * C2 * C1;
+__host__ __device__ inline int conv2_fwd_img_index(int i) { return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4; }
 struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
 __device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
