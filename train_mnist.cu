@@ -971,7 +971,7 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 // conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
 // 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
 // so that no operand byte is fetched twice from L2 for one band of image rows:
-//  - conv2_band_tf32_kernel (forward) and conv2_dgrad_band_kernel (input gradient): the 3x3 x C weights live in
+//  - conv2_band_tf32_kernel (forward) and conv2_dgrad_tf32_kernel (input gradient): the 3x3 x C weights live in
 //    shared memory for the whole (persistent) block; for each band of output rows (forward: R rows of one image;
 //    input gradient: a run of consecutive pixels) the block loads the input patch once and reads the 9 taps' im2col
 //    rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
@@ -980,7 +980,7 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 //    the same kernel, added in a fixed order (deterministic) together with conv1's, and the optimizer step applied.
 // Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
 // nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads or ldmatrix (row strides of 4 mod 32 banks
-// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation; the weight gradient runs on
+// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation; both gradients run on
 // wgmma instead where the build has sm_90a code (MNIST_WGMMA). Strict fp32 (--tf32 0) keeps the generic kernel above.
 __device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
 __device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
@@ -1156,23 +1156,6 @@ __device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dp
     size_t i = pooled_index(b, y, x, c);
     return dact2_expand(__ldg((const float4*)(dpooled + i)), __ldg((const unsigned int*)(codes + i)), y, x);
 }
-
-// ldmatrix.x4 (sm_75+) for TF32 operands: four 8 x 16-byte matrices, lane l giving the address of row l % 8 of matrix
-// l / 8; lane l receives 32-bit word l % 4 of row l / 4 of each matrix. An mma m16n8k8 A fragment (rows g, g + 8; k = t,
-// t + 4) is therefore one x4 of the matrices (rows 0-7, k 0-3), (rows 8-15, k 0-3), (rows 0-7, k 4-7), (rows 8-15, k 4-7),
-// and the B fragments (k = t, t + 4; n = g) of two n8 tiles of an [n][k] image are one x4 of (n 0-7, k 0-3), (n 0-7,
-// k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7). One instruction instead of four 32-bit loads; the same shared wavefronts.
-__device__ __forceinline__ uint32_t band_smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void band_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-// The lane's row and k offset of an ldmatrix.x4 A fragment (see band_ldsm_x4): row (l % 8) + 8 ((l / 8) % 2), k 4 (l / 16)
-__device__ __forceinline__ int band_ldsm_a_row(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }
-__device__ __forceinline__ int band_ldsm_a_k(int lane) { return (lane >> 4) * 4; }
-// ... and of a B pair (two n8 tiles): n (l % 8) + 8 (l / 16), k 4 ((l / 8) % 2)
-__device__ __forceinline__ int band_ldsm_b_n(int lane) { return (lane & 7) + (lane >> 4) * 8; }
-__device__ __forceinline__ int band_ldsm_b_k(int lane) { return ((lane >> 3) & 1) * 4; }
 
 // Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient grid
 // by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on the SM
@@ -1350,45 +1333,51 @@ struct FwdHead {
 // stored only when not null (the tests). act1 is made here, in shared memory, from the band's rows of x (a band of
 // R output rows needs R + 2 act1 rows, made from R + 4 rows of x), and stored to
 // global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
-// the others rows y0 + 1..y0 + R, the last up to HIN - 1).
+// the others rows y0 + 1..y0 + R, the last up to HIN - 1), with its signs for the input gradient when act1_sign is
+// not null (a 32-bit word per pixel, bit n: act1[.., n] > 0).
 //   in: the input x, or the dataset to gather it from (ConvInput).
-//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Wt[9][COUT][CIN+4], rounded to TF32, from it, and
-//   writes the input gradient's image of it to wimg_dgrad, a share per block: [8 - tap][ci][co (+4 pad)] (flipped,
-//   transposed, rounded to TF32; the pads are never read, zeroed once at allocation).
-// Block: WM x WN warps, warp tile (MI x 16 pixels) x (NI x 8 channels); a band's R*HOUT pixels padded to WM*MI*16
-// rows (padding rows read pixel 0 and are not stored). Shared memory: Ws[9][COUT][CIN+4], Ps[(R+2)*HIN][CIN+4] (the
-// band's act1, rounded to TF32 as it is written), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into
-// registers while this band is computed) and conv1's weights. Fragments by ldmatrix (band_ldsm_x4).
+//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Ws (below), rounded to TF32, from it, and
+//   writes the input gradient's image of it to wimg_dgrad, a share per block: [ky][co / 4][kx][ci][co % 4] for the
+//   flipped tap 8 - tap = 3 ky + kx (transposed, rounded to TF32; see conv2_dgrad_tf32_kernel).
+// Block: 3 warpgroups; warpgroup w computes the band's 8 columns 8 w .. 8 w + 7 of all R rows (96 pixels) for all 64
+// channels: D = W x patch^T, m = channel, n = pixel, k = (tap, ci): on sm_90a one wgmma m64n96k8 per tap and k-step,
+// elsewhere mma.sync on the same layout. Shared memory, in wgmma's K-major "no swizzle" layout (core matrices of 8
+// rows x 4 TF32 values, 16 contiguous bytes a row): Ws[9][CIN / 4][COUT][4] (the weights), Ps[CIN / 4][PL][4] (the
+// band's act1 patch, slot = row * HIN + column, rounded to TF32 as it is written; tap (ky, kx) of pixel (y, x) reads
+// slot (y + ky) * HIN + x + kx), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into registers while
+// this band is computed) and conv1's weights. The accumulator layout puts a 2x2 pooling window in one thread.
 // Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
 // after grid_dep_sync: conv1's first, conv2.bias into registers for the epilogue, conv2.weight by cp.async once the x
 // rows have arrived (9.4 MB over all blocks, which the x rows and conv1's weights would otherwise queue behind), in
 // flight while conv1 is computed; or, staged (in.wimg), from its forward image by one bulk copy (TMA), issued by
 // thread 0 once its x rows have arrived. Input gathered from the dataset is loaded before the wait, staged input (and
 // x) after it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
-template <int CIN, int COUT, int HIN, int HOUT, int R, int WM, int WN, int MI, int NI>
-__global__ void __launch_bounds__(32 * WM * WN)
+template <int CIN, int COUT, int HIN, int HOUT, int R>
+__global__ void __launch_bounds__(384)
 conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
-                       float* act1, const float* __restrict__ w, const float* __restrict__ bias, float* pooled,
-                       uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
+                       float* act1, uint32_t* act1_sign, const float* __restrict__ w, const float* __restrict__ bias,
+                       float* pooled, uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
     TRACE_SCOPE(0);
-    constexpr int NT = 32 * WM * WN, WP = HIN, PR = R + 2, XR = R + 4, CS = CIN + 4, NBAND = (HOUT + R - 1) / R;
+    constexpr int NT = 384, PR = R + 2, XR = R + 4, NBAND = (HOUT + R - 1) / R;
+    constexpr int PL = PR * HIN + 2;  // the patch's plane stride (slots): 2 or 6 mod 8, conv1's float4 stores conflict-free
     constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
     constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;                   // conv2.weight's 16-byte chunks
-    static_assert(WN * NI * 8 == COUT && WM * MI * 16 >= R * HOUT && NI % 2 == 0, "the warp tiles must cover a band exactly in n, at least in m");
-    static_assert(CS % 32 == 4 && CIN % 8 == 0, "pixel stride 4 mod 32 banks: a fragment's 8 rows x 4 k on 32 banks");
-    static_assert(HOUT % 8 == 0, "no 8-row ldmatrix group straddles an output row (conflict-free)");
+    static_assert(COUT == 64 && HOUT == 3 * 8 && R == 12 && CIN % 8 == 0, "3 warpgroups of m64 (channels) x n96 (8 columns x R rows)");
+    static_assert(PL % 8 == 2 || PL % 8 == 6, "conv1's stores: a quarter warp's 2 pixels x 4 planes on distinct 16-byte bank groups");
+    static_assert((R + 1) * HIN + 2 * 8 + 2 + 7 < PR * HIN, "the products read only slots conv1 writes");
     static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
     static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
+    static_assert(CIN == 32 && NT % 32 == 0, "act1's sign bits: a pixel's 4 lanes (aligned in their warp) hold its 32 channels");
     static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
     extern __shared__ __align__(16) float smem[];
-    float* Ws = smem;
-    float* Ps = smem + 9 * COUT * CS;
-    float* Xs = Ps + PR * WP * CS;          // [XR][IMG]
+    float* Ws = smem;                       // [9][CIN / 4][COUT][4]
+    float* Ps = smem + 9 * COUT * CIN;      // [CIN / 4][PL][4]
+    float* Xs = Ps + CIN * PL;              // [XR][IMG]
     float* W1s = Xs + XR * IMG;             // [9][C1]: conv1's weights by tap, channels contiguous
     float* B1s = W1s + 9 * C1;              // [C1]
     float* Wf = B1s + C1;                   // the fused forward: fc1.weight's K slice [FC_H][FC1F_LD]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wm = warp / WN, wn = warp % WN;
+    const int wg = warp / 4, wq = warp % 4;  // warpgroup (the band's columns 8 wg .. 8 wg + 7), warp within it
     const bool staged = in.staged != nullptr, gather = in.images != nullptr || staged, fused = fh.part != nullptr;
     constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;  // the fc1.weight slice's 16-byte chunks per row, per thread
     static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256, "fc1's slice splits evenly; a conv1 weight per thread");
@@ -1435,29 +1424,19 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     if (tid < C1) B1s[tid] = b1v;
     auto load_weights = [&] {
         if (use_img) {
-            if (tid == 0) bulk_copy_issue(Ws, in.wimg, 9 * COUT * CS * sizeof(float), &wbar);
+            if (tid == 0) bulk_copy_issue(Ws, in.wimg, 9 * COUT * CIN * sizeof(float), &wbar);
             return;
         }
 #pragma unroll
         for (int i = 0; i < NW; i++) {
             const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            cp_async16(Ws + (tap * COUT + co) * CS + 4 * c4, w + 4 * ch);
+            cp_async16(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4, w + 4 * ch);
         }
         cp_async_commit();
     };
     if (!any) load_weights();  // a block without a band (the fused forward at B < 64): its share of the weight image
-    float2 bz[NI];
-#pragma unroll
-    for (int ni = 0; ni < NI; ni++) bz[ni] = __ldcg((const float2*)(bias + (wn * NI + ni) * 8 + 2 * t));
-    // this lane's ldmatrix row of each m16 tile (offset in the patch, floats) and of the B pairs
-    int aoff[MI];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++) {
-        int m = (wm * MI + mi) * 16 + band_ldsm_a_row(lane);
-        aoff[mi] = (m < R * HOUT ? ((m / HOUT) * WP + m % HOUT) * CS : 0) + band_ldsm_a_k(lane);
-    }
-    const uint32_t bbase = band_smem_u32(Ws + (wn * NI * 8 + band_ldsm_b_n(lane)) * CS + band_ldsm_b_k(lane));
-    const uint32_t pbase = band_smem_u32(Ps);
+    const int co = 16 * wq + g, x0 = 8 * wg;  // this thread's output channels co, co + 8; the warpgroup's first column
+    const float bz[2] = {__ldcg(bias + co), __ldcg(bias + co + 8)};
     // conv1: this thread's channels are c0..c0+3 and c0+16..c0+19, so that each of a warp's two 16-byte act1 stores
     // writes whole 32-byte sectors (8 pixels x 64 contiguous bytes)
     const int c0 = (tid % 4) * 4;
@@ -1469,7 +1448,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
 #pragma unroll
         for (int i = 0; i < NW; i++) {
             const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            float4* p = (float4*)(Ws + (tap * COUT + co) * CS + 4 * c4);
+            float4* p = (float4*)(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4);
             *p = tf32_round4(*p);
         }
     };
@@ -1488,7 +1467,8 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         if (wimg_dgrad)
             for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
                 const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
-                wimg_dgrad[((8 - tap) * CIN + ci) * (COUT + 4) + co] = Ws[(tap * COUT + co) * CS + ci];
+                wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] =
+                    Ws[((tap * (CIN / 4) + ci / 4) * COUT + co) * 4 + ci % 4];
             }
     };
 
@@ -1542,17 +1522,28 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
                 o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
             }
             const float4 lo4 = make_float4(o[0], o[1], o[2], o[3]), hi4 = make_float4(o[4], o[5], o[6], o[7]);
-            float* pp = Ps + pix * CS + c0;
+            float* pp = Ps + ((c0 / 4) * PL + pix) * 4;  // pix = slot r * HIN + cx
             *(float4*)pp = tf32_round4(lo4);
-            *(float4*)(pp + C1 / 2) = tf32_round4(hi4);
+            *(float4*)(pp + (C1 / 8) * PL * 4) = tf32_round4(hi4);
+            // act1's signs for the input gradient, bit n = channel n: the pixel's 4 lanes (all present or all
+            // past the patch) or their 8-channel parts together
+            uint32_t sgn = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) sgn |= (o[j] > 0.0f ? 1u : 0u) << (c0 + j) | (o[4 + j] > 0.0f ? 1u : 0u) << (c0 + C1 / 2 + j);
+            const unsigned grp = 0xFu << (lane & 28);
+            sgn |= __shfl_xor_sync(grp, sgn, 1);
+            sgn |= __shfl_xor_sync(grp, sgn, 2);
             if (r >= own_lo && r < own_hi) {
-                float* dst = act1 + (((size_t)b * HIN + y0 + r) * HIN + cx) * C1 + c0;
+                const size_t pi = ((size_t)b * HIN + y0 + r) * HIN + cx;
+                float* dst = act1 + pi * C1 + c0;
                 *(float4*)dst = lo4;
                 *(float4*)(dst + C1 / 2) = hi4;
+                if (act1_sign && (tid & 3) == 0) act1_sign[pi] = sgn;
             }
         }
         TRACE_MARK(4);
         if (it == 0) round_weights();
+        fence_proxy_async();  // the patch and the rounded weights, before the tensor core's (async proxy) reads
         __syncthreads();
         TRACE_MARK(1);
         if (it == 0) { write_wimg(); load_wf(); }
@@ -1560,70 +1551,67 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
             xin = load_x(next, s_next);
             if (gather && tid == 0) label = load_label(s_next);
         }
-        float acc[MI][NI][4];
-        acc_zero(acc);
-#pragma unroll 1
-        for (int tap = 0; tap < 9; tap++) {
-            const uint32_t pa = pbase + ((tap / 3) * WP + tap % 3) * CS * 4, pb = bbase + tap * COUT * CS * 4;
+        // D[co][n] = sum_(tap, ci) W[co][tap][ci] act1[pixel n + tap][ci]: m = co (64), n = the warpgroup's 96 pixels
+        // (8 columns x R rows; 8-pixel group i = row y0 + i), k = ci, per tap. Both operands K-major in the no-swizzle
+        // layout: A = Ws (a core matrix is 8 channels x 4 ci: SBO 128 bytes, LBO one plane of 4 ci), B = the patch (8
+        // consecutive pixels of a row: SBO one patch row, LBO one plane); tap (ky, kx) moves B's start by ky rows and
+        // kx slots. d[4 i + 2 h + e] = D[co + 8 h][pixel (y0 + i, x0 + 2 t + e)].
+        float d[48];
 #pragma unroll
-            for (int cc = 0; cc < CIN; cc += 8) {
-                uint32_t a[MI][4], bf[NI / 2][4];
+        for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+        {
+            const uint64_t da0 = wgmma_desc(Ws, COUT * 16, 128), db0 = wgmma_desc(Ps + x0 * 4, PL * 16, HIN * 16);
+            wgmma_fence();
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++) band_ldsm_x4(a[mi], pa + (aoff[mi] + cc) * 4);
+            for (int tap = 0; tap < 9; tap++)
 #pragma unroll
-                for (int np = 0; np < NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * CS + cc) * 4);
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                    for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
-            }
+                for (int ks = 0; ks < CIN / 8; ks++)
+                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)((tap * (CIN / 4) + 2 * ks) * COUT),
+                                      db0 + (uint64_t)(2 * ks * PL + (tap / 3) * HIN + tap % 3));
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(d);
         }
-        TRACE_MARK(2);
-        // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
+#else
+        // mma.sync: this warp's channels 16 wq .. 16 wq + 15, the 12 n8 tiles (the same fragment layout)
+#pragma unroll 1
+        for (int tap = 0; tap < 9; tap++)
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++)
+            for (int ks = 0; ks < CIN / 8; ks++) {
+                const float* pa = Ws + ((tap * (CIN / 4) + 2 * ks) * COUT + co) * 4 + t;
+                const float* pb = Ps + (2 * ks * PL + (tap / 3) * HIN + tap % 3 + x0 + g) * 4 + t;
+                const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[COUT * 4]),
+                                       __float_as_uint(pa[COUT * 4 + 32])};
+#pragma unroll
+                for (int i = 0; i < 12; i++)
+                    mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[i * HIN * 4]),
+                                    __float_as_uint(pb[(PL + i * HIN) * 4]));
+            }
+#endif
+        TRACE_MARK(2);
+        // epilogue: bias and ReLU; then the 2x2 max-pool and its window codes, all in this thread: the window of
+        // pooled (y0 / 2 + p, x0 / 2 + t) is pixels (rows 2p, 2p + 1) x (columns 2t, 2t + 1), d[8 p + 2 h + {0, 1, 4, 5}]
+#pragma unroll
+        for (int i = 0; i < 12; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& v = d[4 * i + 2 * h + e];
+                    v = fmaxf(v + bz[h], 0.0f);
+                    if (out) out[(((size_t)b * HOUT + y0 + i) * HOUT + x0 + 2 * t + e) * COUT + co + 8 * h] = v;
+                }
+#pragma unroll
+        for (int p = 0; p < 6; p++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                int m = (wm * MI + mi) * 16 + g + 8 * h, y = y0 + m / HOUT, x = m % HOUT;
-                bool ok = m < R * HOUT && y < HOUT;
-                size_t base = (((size_t)b * HOUT + y) * HOUT + x) * COUT;
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    int n = (wn * NI + ni) * 8 + 2 * t;
-                    float* v = &acc[mi][ni][2 * h];
-                    v[0] = fmaxf(v[0] + bz[ni].x, 0.0f); v[1] = fmaxf(v[1] + bz[ni].y, 0.0f);
-                    if (ok && out) *(float2*)(out + base + n) = make_float2(v[0], v[1]);
-                }
+                float m;
+                const uint8_t code = pool_window(d[8 * p + 2 * h], d[8 * p + 2 * h + 1], d[8 * p + 4 + 2 * h], d[8 * p + 5 + 2 * h], m);
+                const size_t pi = (((size_t)b * HP + y0 / 2 + p) * HP + x0 / 2 + t) * COUT + co + 8 * h;
+                pooled[pi] = m;
+                pool_codes[pi] = code;
             }
-        {
-            // max-pool 2x2 and its window codes: a warp holds output rows y0 + 2wm and y0 + 2wm + 1 (48 pixels); pixel
-            // m < 24 of the first row is (mi, h) = (0,0), (0,1), (1,0) for m = g, g + 8, g + 16, the pixel below it
-            // (m + 24) is (1,1), (2,0), (2,1) of the same thread, and the pixel to its right (m + 1) is lane ^ 4
-            static_assert(HOUT == 24 && MI == 3 && R % 2 == 0 && WM * 2 == R, "pooling layout");
-            const int py = (y0 + 2 * wm) / 2;
-#pragma unroll
-            for (int q = 0; q < 3; q++) {
-                const int ma = q < 2 ? 0 : 1, ha = q == 1 ? 1 : 0, mb = q == 0 ? 1 : 2, hb = q == 0 ? 1 : q == 1 ? 0 : 1;
-                const int x = q * 8 + g;
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    float2 v;
-                    uint8_t code[2];
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {  // channel n + j: top/bottom here, top/bottom right at lane ^ 4
-                        float top = acc[ma][ni][2 * ha + j], bot = acc[mb][ni][2 * hb + j];
-                        float top_r = __shfl_xor_sync(0xffffffffu, top, 4), bot_r = __shfl_xor_sync(0xffffffffu, bot, 4);
-                        code[j] = pool_window(top, top_r, bot, bot_r, j ? v.y : v.x);
-                    }
-                    int n = (wn * NI + ni) * 8 + 2 * t;
-                    size_t pi = (((size_t)b * HP + py) * HP + x / 2) * COUT + n;
-                    if (!(g & 1)) {  // the window's left column is here (x even)
-                        *(float2*)(pooled + pi) = v;
-                        *(uchar2*)(pool_codes + pi) = make_uchar2(code[0], code[1]);
-                    }
-                }
-            }
-        }
         TRACE_MARK(3);
         __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
     }
@@ -1714,15 +1702,15 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
 // R = 12 rows (half an image) = 288 pixels = 18 m16 tiles, 12 warps of 48 x 32 (6 row pairs x 2 channel halves; the
 // weights read once per k-step for 3 m16 tiles), 140 KB of shared memory: one block per SM, 128 bands at batch 64 = a
 // single round (H100, before conv1 was fused in: 14.0 us; R = 4 with 8 warps of 48 x 16, 2.9 rounds: 16.6 us).
-#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12, 6, 2, 3, 4>
-constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12;
-constexpr size_t CONV2_FWD_SMEM = (9 * C2 * (C1 + 4) + (CONV2_FWD_R + 2) * H1 * (C1 + 4) + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
+#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12>
+constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12, CONV2_FWD_PS = C1 * ((CONV2_FWD_R + 2) * H1 + 2);
+constexpr size_t CONV2_FWD_SMEM = (9 * C2 * C1 + CONV2_FWD_PS + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
 constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 // the fused forward (FwdHead) adds fc1.weight's K slice; its fc1 operand, partial-sum groups and the head's
 // parameters reuse the patch and the weight tile
 constexpr size_t CONV2_FWD_SMEM_FUSED = CONV2_FWD_SMEM + (size_t)FC_H * FC1F_LD * sizeof(float);
-static_assert((CONV2_FWD_R + 2) * H1 * (C1 + 4) >= 64 * FC1F_LD && (CONV2_FWD_R + 2) * H1 * (C1 + 4) >= FC1F_PARTS * FC_H &&
-              9 * C2 * (C1 + 4) >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
+static_assert(CONV2_FWD_PS >= 64 * FC1F_LD && CONV2_FWD_PS >= FC1F_PARTS * FC_H &&
+              9 * C2 * C1 >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
 constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
 static_assert(FUSED_MAX_B * CONV2_FWD_BANDS <= FC1F_SPLITS, "the fused forward's grid covers every band");
 
@@ -1759,219 +1747,267 @@ __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lan
     }
 }
 
-// conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c] where
-// act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2 (28 x 28 per image),
-// rebuilt while loading from dpooled and the window codes (dact2_expand); Wt[tap][ci][co] = conv2.weight[co][8 -
-// tap][ci] (flipped, transposed), the image [9][C1][C2+4] rounded to TF32. Fused: conv1's weight and bias gradient of
-// the produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial
-// sum per block in w1_partial ([32][9] then [32]), added in a fixed order at the end of conv2_wgrad_tf32_kernel.
-// Work split: the B*26*26 output pixels in order (b, y, x), cut into chunks of DG_CH consecutive pixels (one chunk per
-// block at batch 64: 129 chunks on 132 SMs, a single pass, no tail); a chunk may cross an image boundary. Its patch is
-// a range of rows of the images' padded dact2 stacked on top of each other (stacked row s = b * 28 + padded row): the
-// output pixel (b, y, x) reads stacked rows b*28 + y + ky, columns x + kx, so any run of pixels needs one contiguous
-// row range (at most 18 rows for 336 pixels: 14 output rows, 2 halo, 2 more across an image boundary). The image
-// rows under conv1's windows have the same stacked indices (28 rows per image): a copy of them, Xs, rides along.
-// Tile rows are pixels in order; rows of pixels beyond the chunk read the chunk's first pixel and are not stored.
-// Patch row stride DG_RS = 8 mod 32 floats: the 8 rows of an ldmatrix group hit distinct banks even where they
-// cross from pixel x = 25 of one output row to x = 0 of the next (pixel stride 4 mod 32).
-// 7 compute warps of 48 x 32 (the whole n; weights read once per k-step for 3 m16 tiles): 21 m16 tiles cover DG_CH
-// exactly (12 warps of 32 x 32, 168 registers with 8 bytes of spill: 19.4 us against 17.5 on the H100). An 8th warp
-// (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step (fc1_step_share); the
-// compute warps synchronise on a named barrier without it.
-constexpr int DG_WARPS = 8, DG_THREADS = 32 * DG_WARPS, DG_MI = 3, DG_NI = C1 / 8, DG_CH = 336;
-constexpr int DG_CS = C2 + 4, DG_WP = H1 + 2, DG_RS = DG_WP * DG_CS + 24, DG_PROWS = 18, DG_WS = 9 * C1 * DG_CS;
-static_assert(DG_WARPS * DG_MI * 16 >= DG_CH && DG_CH % 4 == 0, "the warp tiles cover a chunk");
-constexpr int DG_CW = DG_WARPS - 1, DG_CT = 32 * DG_CW;  // the compute warps; the last one applies fc1.weight's step
-static_assert(DG_CW * DG_MI * 16 >= DG_CH, "the compute warps cover a chunk");
-static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_PROWS && DG_CH < H1 * H1, "a chunk's stacked patch rows (at most one image boundary)");
-static_assert(DG_CS % 32 == 4 && DG_RS % 32 == 8 && DG_RS % 4 == 0 && DG_WP == IMG, "conflict-free, 16-byte aligned rows");
-constexpr size_t CONV2_DGRAD_SMEM = (DG_WS + DG_PROWS * DG_RS + DG_PROWS * IMG) * sizeof(float);
-static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_WS + DG_PROWS * DG_RS, "shared memory");
+// conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * conv2.weight[c][8 - (3 ky +
+// kx)][n] where act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2, rebuilt
+// while loading from dpooled and the window codes (dact2_expand). Fused: conv1's weight and bias gradient of the
+// produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial sum
+// per block in w1_partial ([32][9] then [32]), added in a fixed order at the end of conv2_wgrad_tf32_kernel.
+// The patch shares its zero padding between neighbours: padded rows of pitch 26 (2 zero columns, then the 24 of
+// dact2; a row's 2 trailing zero columns are the next row's leading ones) and images of 26 such rows (2 zero rows, 24
+// of dact2; the 2 trailing zero rows are the next image's leading ones). Padded pixel (b, py, px) is then slot
+// b * 676 + py * 26 + px, and output pixel q = (b, y, x) (26 x 26 per image) reads slot q + 26 ky + kx for tap (ky,
+// kx): a 1-D stencil over the output pixels in order, with no row of them wasted.
+// Work split: the B * 676 output pixels in order, chunks of DG_CH consecutive pixels (one chunk per block at batch 64:
+// 129 chunks on 132 SMs, a single pass); a chunk may cross an image boundary. Its patch is DG_NS consecutive slots,
+// as DG_PS: [c / 4][slot][c % 4] (each slot 16 bytes: wgmma's K-major "no swizzle" core matrices, 8 slots x 4
+// channels, 128 contiguous bytes, and a tap only moves the start by whole slots).
+// GEMM per tile: A = 64 consecutive slots (rows) x (ky, c) (k = 192), B = the weight image's (ky, c) x (kx, n) (n =
+// 96): D[r][32 kx + n] = sum_{ky, c} patch[r + 26 ky][c] W[ky][kx][c][n]. The three kx share A, which is therefore
+// read once for three taps (an m64n96k8 wgmma, both operands from shared memory: 5 KB per 98 KFLOP; one tap per
+// wgmma, m64n32k8, would read 3 KB per 33 KFLOP and be bound by shared memory), and output pixel r is
+// D[r][n] + D[r + 1][32 + n] + D[r + 2][64 + n] (dgrad_combine: rows r + 1 and r + 2 are other lanes' accumulators,
+// or the next warp's first rows, passed through shared memory). A tile's last 2 rows have no output: tiles are DG_TM
+// = 62 pixels apart, DG_TILES per chunk, the two warpgroups taking alternate tiles. Without wgmma (other targets)
+// each warp computes its 16 rows of the same D with mma.sync from the same layout.
+// The weight image Wimg[ky][c / 4][kx * 32 + n][c % 4] (conv2.weight flipped and transposed, rounded to TF32) is
+// written by the forward (conv2_band_tf32_kernel). Per block, before grid_dep_sync (written at least two launches
+// earlier): the image (cp.async), the patch's zero padding, the image rows of x under conv1's windows (Xs: conv1's
+// weight gradient) and act1's signs (Ms: the forward's 32-bit mask per pixel, bit n: act1[.., n] > 0).
+// A 9th warp (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step
+// (fc1_step_share); the compute warps synchronise on named barriers without it.
+constexpr int DG_CW = 8, DG_CT = 32 * DG_CW, DG_THREADS = DG_CT + 32;  // 2 warpgroups of compute warps, the step warp
+constexpr int DG_CH = 336, DG_TM = 62, DG_TILES = (DG_CH + DG_TM - 1) / DG_TM, DG_N = 3 * C1;
+constexpr int DG_NS = (DG_TILES - 1) * DG_TM + 64 + 2 * H1, DG_PL = DG_NS | 1;  // slots; an odd plane stride (in slots)
+constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = (DG_CH - 1) / H1 + 6, DG_XS = DG_XROWS * IMG, DG_EX = 2 * 2 * 4 * 96;
+static_assert(H1 * H1 == 676 && C2 == 64 && C1 == 32 && DG_N == 96, "the slot arithmetic and the weight image fit these sizes");
+static_assert(DG_TILES * DG_TM >= DG_CH && DG_TILES % 2 == 0, "the tiles cover a chunk, evenly over the two warpgroups");
+static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_XROWS && DG_CH < H1 * H1, "a chunk's x rows (at most one image boundary)");
+constexpr size_t CONV2_DGRAD_SMEM = (size_t)(DG_WS + DG_PS + DG_XS + DG_CH + DG_EX) * sizeof(float);
+static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_PS && (DG_WS + DG_PS + DG_XS) % 4 == 0, "shared memory");
+// Output rows r = 16 wq + g + 8 h (this lane's d[4 i + 2 h + e], i < 4: channel 8 i + 2 t + e) get D1 (= d[16 + ..],
+// kx = 1) of row r + 1 and D2 (d[32 + ..]) of row r + 2: from lane g + 1 (g + 2) of the same warp, where g = 0 (g < 2)
+// passes its h = 1 value for h = 0 and, for h = 1, the next warp's row 0 (rows 0, 1) of D1 (D2) from x1 (x2): [t][8]
+// ([g][t][8]) as the next warp left them in shared memory (not read where it does not exist: nx = false).
+// Summed (D0 + D1) + D2, into d[0..15].
+__device__ __forceinline__ void dgrad_combine(float (&d)[48], const float* x1, const float* x2, bool nx, int g, int t) {
+    const int src1 = ((g + 1) & 7) * 4 + t, src2 = ((g + 2) & 7) * 4 + t;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float a0 = d[16 + 4 * i + e], a1 = d[16 + 4 * i + 2 + e], c0 = d[32 + 4 * i + e], c1 = d[32 + 4 * i + 2 + e];
+            const float s10 = __shfl_sync(0xffffffffu, g == 0 ? a1 : a0, src1);
+            const float s11 = __shfl_sync(0xffffffffu, g == 0 ? (nx ? x1[t * 8 + 2 * i + e] : 0.0f) : a1, src1);
+            const float s20 = __shfl_sync(0xffffffffu, g < 2 ? c1 : c0, src2);
+            const float s21 = __shfl_sync(0xffffffffu, g < 2 ? (nx ? x2[(g * 4 + t) * 8 + 2 * i + e] : 0.0f) : c1, src2);
+            d[4 * i + e] = (d[4 * i + e] + s10) + s20;
+            d[4 * i + 2 + e] = (d[4 * i + 2 + e] + s11) + s21;
+        }
+}
 __global__ void __launch_bounds__(DG_THREADS, 1)
-conv2_dgrad_band_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                        const float* __restrict__ w, const float* __restrict__ act1, const float* __restrict__ ximg,
+conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+                        const float* __restrict__ w, const uint32_t* __restrict__ act1_sign, const float* __restrict__ ximg,
                         float* w1_partial, int B, Fc1Step fc1) {
     TRACE_SCOPE(4);
     extern __shared__ __align__(16) float smem[];
-    float* Ws = smem;
-    float* Ps = smem + DG_WS;
-    float* Xs = Ps + DG_PROWS * DG_RS;
+    float* Ws = smem;                          // [3][C2 / 4][DG_N][4]
+    float* Ps = Ws + DG_WS;                    // [C2 / 4][DG_PL][4]
+    float* Xs = Ps + DG_PS;                    // [DG_XROWS][IMG]
+    uint32_t* Ms = (uint32_t*)(Xs + DG_XS);    // [DG_CH]
+    float* Ex = (float*)(Ms + DG_CH);          // [tile parity][warpgroup][warp][96]: the next warp's first rows
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wg = warp / 4, wq = warp % 4;    // warpgroup, warp within it
     const int total = B * H1 * H1, nchunks = (total + DG_CH - 1) / DG_CH;
-    // the compute warps (0 .. DG_CW - 1) synchronise among themselves (named barrier 1); the last warp has no pixel
     auto sync_compute = [] { asm volatile("bar.sync 1, %0;" :: "n"(DG_CT) : "memory"); };
-    // a chunk's patch rows: stacked padded rows s_lo .. s_lo + nrows - 1 (rows beyond are never read)
-    auto chunk_rows = [&](int chunk, int& s_lo, int& nrows) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), ql = q0 + npix - 1;
-        s_lo = (q0 / (H1 * H1)) * IMG + (q0 % (H1 * H1)) / H1;  // stacked row of the first output row
-        nrows = (ql / (H1 * H1)) * IMG + (ql % (H1 * H1)) / H1 + 3 - s_lo;
-    };
-    // what a chunk needs of nothing the kernel in front writes: the patch's zero padding (a warp per patch row, the
-    // whole row where it is a padding row, else its 2 + 2 padding pixels) and the image rows under conv1's windows
-    // (x, written at least three launches earlier); the first chunk's before grid_dep_sync
+    auto xrow = [](int q) { return (q / (H1 * H1)) * IMG + (q % (H1 * H1)) / H1; };  // x's stacked row of pixel q's window
+    // what a chunk needs of nothing the kernel in front writes: the patch's zero padding (slots whose padded row or
+    // column is < 2, or past the batch), the x rows and act1's signs; the first chunk's before grid_dep_sync
     auto prepare = [&](int chunk) {
-        int s_lo, nrows;
-        chunk_rows(chunk, s_lo, nrows);
-        for (int r = warp; r < nrows; r += DG_CW) {
-            const int py = (s_lo + r) % IMG;
-            const bool pad_row = py < 2 || py >= H2 + 2;
-            for (int i = lane; i < (pad_row ? DG_WP : 4) * (C2 / 4); i += 32) {
-                int px = i / (C2 / 4), c4 = i % (C2 / 4);
-                if (!pad_row) px = px < 2 ? px : px + H2;  // 0, 1, 26, 27
-                *(float4*)(Ps + r * DG_RS + px * DG_CS + c4 * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0), nx = xrow(q0 + npix - 1) + 3 - xs_lo;
+        for (int i = tid; i < DG_NS * (C2 / 4); i += DG_CT) {
+            const int s = i / (C2 / 4), c4 = i % (C2 / 4), L = q0 + s, r = L % (H1 * H1);
+            if (L >= total || r < 2 * H1 || r % H1 < 2) *(float4*)(Ps + (c4 * DG_PL + s) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        for (int i = tid; i < nrows * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)s_lo * IMG + i);
+        for (int i = tid; i < nx * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)xs_lo * IMG + i);
+        for (int p = tid; p < npix; p += DG_CT) Ms[p] = __ldg(act1_sign + q0 + p);
     };
-    // weights, once per block, before grid_dep_sync (the image is made at least three launches earlier)
+    // the weight image, once per block, before grid_dep_sync
     if (warp < DG_CW) {
         for (int i = tid; i < DG_WS / 4; i += DG_CT) cp_async16(Ws + 4 * i, w + 4 * i);
         cp_async_commit();
         if ((int)blockIdx.x < nchunks) prepare(blockIdx.x);
     }
     grid_dep_sync();
-    float w1acc[DG_NI][2][10];  // conv1's weight (9) and bias gradient of this thread's 8 channels
+    float w1acc[2][2][10];  // conv1's weight (9) and bias gradient of this thread's 4 channels (see the epilogue)
     if (warp == DG_CW) {
         // the step warp: a share of fc1.weight's optimizer step while the others compute
         if (fc1.p) fc1_step_share(fc1, blockIdx.x, gridDim.x, lane);
         TRACE_MARK(3);
     } else {
 #pragma unroll
-    for (int ni = 0; ni < DG_NI; ni++)
+    for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++)
+        for (int e = 0; e < 2; e++)
 #pragma unroll
-            for (int k = 0; k < 10; k++) w1acc[ni][jj][k] = 0.0f;
-    const uint32_t bbase = band_smem_u32(Ws + band_ldsm_b_n(lane) * DG_CS + band_ldsm_b_k(lane));
+            for (int k = 0; k < 10; k++) w1acc[i][e][k] = 0.0f;
+    int parity = 0;
     for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0);
-        int s_lo, nrows;
-        chunk_rows(chunk, s_lo, nrows);
+        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0);
         if (chunk != (int)blockIdx.x) {
-            sync_compute();  // the previous chunk's reads of Ps and Xs are done
+            sync_compute();  // the previous chunk's reads of Ps, Xs and Ms are done
             prepare(chunk);
         }
-        // the patch, rounded to TF32: its zero padding and x are in place (prepare); then dact2, a pooled value (and
-        // its 4 window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position,
-        // 0 at the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled
-        // row), tp_lo .. tp_lo + ntp - 1 touch the patch (the first and last may have one of their two rows outside it).
-        auto pooled_row = [](int s, bool last) {  // the stacked pooled row of stacked padded row s (first / last one in)
-            const int b = s / IMG, py = s % IMG;
-            if (py < 2) return b * HP - (last ? 1 : 0);
-            if (py >= H2 + 2) return b * HP + (last ? HP - 1 : HP);
-            return b * HP + (py - 2) / 2;
+        // the patch, rounded to TF32: its zero padding is in place (prepare); then dact2, a pooled value (and its 4
+        // window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position, 0 at
+        // the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled row);
+        // tp_lo .. tp_lo + ntp - 1 touch the slots (the first and last may have pixels outside them: not stored).
+        auto pooled_row = [](int L, bool last) {  // the stacked pooled row of slot L's padded row (first / last one in)
+            const int b = L / (H1 * H1), py = (L % (H1 * H1)) / H1;
+            return py < 2 ? b * HP - (last ? 1 : 0) : b * HP + (py - 2) / 2;
         };
-        const int tp_lo = pooled_row(s_lo, false), ntp = pooled_row(s_lo + nrows - 1, true) + 1 - tp_lo;
+        const int tp_lo = pooled_row(q0, false), ntp = min(pooled_row(q0 + DG_NS - 1, true), B * HP - 1) + 1 - tp_lo;
         const int npc = ntp * HP * (C2 / 4);
         for (int i0 = 0; i0 < npc; i0 += 8 * DG_CT) {
-            float4 d[8];
-            uint32_t k[8];
+            float4 dv[8];
+            uint32_t kv[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int i = i0 + u * DG_CT + tid;
                 const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;  // (tp, pooled column) = i / 16
-                d[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                k[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
+                dv[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                kv[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
             }
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int i = i0 + u * DG_CT + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP, c4 = i % (C2 / 4);
-                const int r0 = (tp / HP) * IMG + 2 * (tp % HP) + 2 - s_lo;  // the patch row of the window's top row
+                const int s0 = (tp / HP) * (H1 * H1) + (2 * (tp % HP) + 2) * H1 + 2 * pc + 2 - q0;  // the window's top left slot
 #pragma unroll
                 for (int dy = 0; dy < 2; dy++)
-                    if (i < npc && r0 + dy >= 0 && r0 + dy < nrows)
 #pragma unroll
-                        for (int dx = 0; dx < 2; dx++)
-                            *(float4*)(Ps + (r0 + dy) * DG_RS + (2 * pc + dx + 2) * DG_CS + c4 * 4) = tf32_round4(dact2_expand(d[u], k[u], dy, dx));
+                    for (int dx = 0; dx < 2; dx++) {
+                        const int s = s0 + dy * H1 + dx;
+                        if (i < npc && s >= 0 && s < DG_NS)
+                            *(float4*)(Ps + (c4 * DG_PL + s) * 4) = tf32_round4(dact2_expand(dv[u], kv[u], dy, dx));
+                    }
             }
         }
         cp_async_wait<0>();  // the weights (first chunk)
+        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
         sync_compute();
         TRACE_MARK(0);
-        // this lane's ldmatrix row of each of the warp's m16 tiles
-        uint32_t abase[DG_MI];
+        const int ntiles = (npix + DG_TM - 1) / DG_TM;
+        for (int tile = wg; tile < ntiles; tile += 2, parity ^= 1) {
+            float d[48];
 #pragma unroll
-        for (int mi = 0; mi < DG_MI; mi++) {
-            int m = (warp * DG_MI + mi) * 16 + band_ldsm_a_row(lane), q = q0 + (m < npix ? m : 0);
-            int b = q / (H1 * H1), y = (q % (H1 * H1)) / H1, x = q % H1;
-            abase[mi] = band_smem_u32(Ps + (b * IMG + y - s_lo) * DG_RS + x * DG_CS + band_ldsm_a_k(lane));
-        }
-        float acc[DG_MI][DG_NI][4];
-        acc_zero(acc);
+            for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+            // descriptors: a slot is 16 bytes, one unit of a descriptor's address; LBO = a plane (4 channels further
+            // along k), SBO = 8 slots (A) or 8 rows of n (B)
+            const uint64_t da0 = wgmma_desc(Ps + tile * DG_TM * 4, DG_PL * 16, 128), db0 = wgmma_desc(Ws, DG_N * 16, 128);
+            wgmma_fence();
+#pragma unroll
+            for (int ky = 0; ky < 3; ky++)
+#pragma unroll
+                for (int ks = 0; ks < C2 / 8; ks++)
+                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)(2 * ks * DG_PL + ky * H1), db0 + (uint64_t)((ky * (C2 / 4) + 2 * ks) * DG_N));
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(d);
+#else
+            // mma.sync: this warp's rows 16 wq .. 16 wq + 15 of the tile, the 12 n8 tiles of D (same fragment layout)
 #pragma unroll 1
-        for (int tap = 0; tap < (warp * DG_MI * 16 < npix ? 9 : 0); tap++) {  // a warp with no pixel skips
-            const uint32_t pa = ((tap / 3) * DG_RS + (tap % 3) * DG_CS) * 4, pb = bbase + tap * C1 * DG_CS * 4;
+            for (int ky = 0; ky < 3; ky++)
+#pragma unroll 1
+                for (int ks = 0; ks < C2 / 8; ks++) {
+                    const float* pa = Ps + (2 * ks * DG_PL + tile * DG_TM + ky * H1 + 16 * wq + g) * 4 + t;
+                    const float* pb = Ws + ((ky * (C2 / 4) + 2 * ks) * DG_N + g) * 4 + t;
+                    const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[DG_PL * 4]),
+                                           __float_as_uint(pa[DG_PL * 4 + 32])};
 #pragma unroll
-            for (int c0 = 0; c0 < C2; c0 += 8) {
-                uint32_t a[DG_MI][4], bf[DG_NI / 2][4];
-#pragma unroll
-                for (int mi = 0; mi < DG_MI; mi++) band_ldsm_x4(a[mi], abase[mi] + pa + c0 * 4);
-#pragma unroll
-                for (int np = 0; np < DG_NI / 2; np++) band_ldsm_x4(bf[np], pb + (np * 16 * DG_CS + c0) * 4);
-#pragma unroll
-                for (int ni = 0; ni < DG_NI; ni++)
-#pragma unroll
-                    for (int mi = 0; mi < DG_MI; mi++)
-                        mma_tf32_16x8x8(acc[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
-            }
-        }
-        TRACE_MARK(1);
-        // epilogue: acc[mi][ni][2h + j] is pixel row g + 8h of the m16 tile, channel 2t + j of the n8 tile
-#pragma unroll
-        for (int mi = 0; mi < DG_MI; mi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = (warp * DG_MI + mi) * 16 + g + 8 * h, q = q0 + m;
-                const bool ok = m < npix;
-                const int b = q / (H1 * H1), y = (q % (H1 * H1)) / H1, x = q % H1;
-                const float* xs = Xs + (b * IMG + y - s_lo) * IMG + x;
-                float xv[9];  // the image pixels under this output pixel's conv1 window
-#pragma unroll
-                for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
-#pragma unroll
-                for (int ni = 0; ni < DG_NI; ni++) {
-                    const int n = ni * 8 + 2 * t;
-                    float* v = &acc[mi][ni][2 * h];
-                    float2 mk = ok ? __ldg((const float2*)(act1 + (size_t)q * C1 + n)) : make_float2(0.f, 0.f);
-                    if (!(mk.x > 0.0f)) v[0] = 0.0f;
-                    if (!(mk.y > 0.0f)) v[1] = 0.0f;
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++) {
-                        w1acc[ni][jj][9] += v[jj];
-#pragma unroll
-                        for (int k = 0; k < 9; k++) w1acc[ni][jj][k] = fmaf(v[jj], xv[k], w1acc[ni][jj][k]);
-                    }
-                    if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n) = make_float2(v[0], v[1]);
+                    for (int i = 0; i < 12; i++)
+                        mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[32 * i]),
+                                        __float_as_uint(pb[DG_N * 4 + 32 * i]));
                 }
-            }
+#endif
+            if (tile == wg) TRACE_MARK(1);
+            // the next warp's row 0 of D1 and rows 0, 1 of D2 for this warp's last rows (double-buffered by the
+            // warpgroup's tile parity: a buffer is rewritten only after the warpgroup's next barrier)
+            float* ex = Ex + (parity * 2 + wg) * 4 * 96;
+            if (wq > 0 && g < 2)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (g == 0) ex[(wq - 1) * 96 + t * 8 + j] = d[16 + 4 * (j / 2) + j % 2];
+                    ex[(wq - 1) * 96 + 32 + (g * 4 + t) * 8 + j] = d[32 + 4 * (j / 2) + j % 2];
+                }
+            asm volatile("bar.sync %0, 128;" :: "r"(2 + wg) : "memory");
+            dgrad_combine(d, ex + wq * 96, ex + wq * 96 + 32, wq < 3, g, t);
+            // epilogue: d[4 i + 2 h + e] is output row 16 wq + g + 8 h of the tile, channel 8 i + 2 t + e. Lanes g and
+            // g ^ 1 swap halves first: lane (g, t) keeps channels 8 i + 2 t + e for i = 2 (g & 1) + ii (ii < 2) of
+            // its own rows and takes them for lane g ^ 1's (rows 16 wq + (g ^ j) + 8 h, j < 2), so that it holds 4
+            // channels of 4 rows and conv1's sums w1acc need 40 registers, not 80. Each output row (none for rows >=
+            // DG_TM) masked by act1's sign; conv1's gradient over the image pixels under its window.
+            float o[2][2][2][2];  // [j][h][ii][e]
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int ii = 0; ii < 2; ii++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float lo = d[4 * ii + 2 * h + e], hi = d[4 * (2 + ii) + 2 * h + e];  // (static indices: d stays in registers)
+                        const float keep = g & 1 ? hi : lo, give = g & 1 ? lo : hi;
+                        o[0][h][ii][e] = keep;
+                        o[1][h][ii][e] = __shfl_xor_sync(0xffffffffu, give, 4);
+                    }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = 16 * wq + (g ^ j) + 8 * h, m = tile * DG_TM + r, q = q0 + m;
+                    const bool ok = r < DG_TM && m < npix;
+                    const uint32_t mask = ok ? Ms[m] : 0u;
+                    const float* xs = Xs + (xrow(q) - xs_lo) * IMG + q % H1;
+                    float xv[9];
+#pragma unroll
+                    for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
+#pragma unroll
+                    for (int ii = 0; ii < 2; ii++) {
+                        const int n0 = 8 * (2 * (g & 1) + ii) + 2 * t;
+                        float v[2];
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int n = n0 + e;
+                            v[e] = (mask >> n) & 1u ? o[j][h][ii][e] : 0.0f;
+                            w1acc[ii][e][9] += v[e];
+#pragma unroll
+                            for (int k = 0; k < 9; k++) w1acc[ii][e][k] = fmaf(v[e], xv[k], w1acc[ii][e][k]);
+                        }
+                        if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n0) = make_float2(v[0], v[1]);
+                    }
+                }
+        }
     }
     }
     TRACE_MARK(2);
-    // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 8 lanes with the same t
-    // hold the same 8 channels: a butterfly over g (lane bits 4, 3, 2) that halves the values each lane keeps leaves
-    // lane (g, t) with the warp's sums of its values 10g .. 10g + 9, i.e. (ni, jj) = (g / 2, g % 2): channel
-    // (g / 2) * 8 + 2t + g % 2, k = 0..9. Then the warps' sums are added in warp order through shared memory.
+    // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 4 lanes with the same t and
+    // g & 1 hold the same 4 channels: a butterfly over g's upper bits (lane bits 4, 3) that halves the values each
+    // lane keeps leaves lane (g, t) with the warp's sums of w1acc[ii][e] for ii = g >> 2, e = (g >> 1) & 1: channel
+    // 8 (2 (g & 1) + ii) + 2 t + e, k = 0..9. Then the warps' sums are added in warp order through shared memory.
     __syncthreads();  // every warp is done with shared memory (the step warp: its share of fc1's step)
-    float* red = smem;  // [DG_CW][C1 * 10]
+    float* red = Ps;  // [DG_CW][C1 * 10]
     if (warp < DG_CW) {
-        float v40[40], v20[20], v10[10];
-#pragma unroll
-        for (int i = 0; i < 40; i++) {
-            const float lo = w1acc[i / 20][(i / 10) % 2][i % 10], hi = w1acc[2 + i / 20][(i / 10) % 2][i % 10];
-            const bool up = lane & 16;
-            v40[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
-        }
+        float v20[20], v10[10];
 #pragma unroll
         for (int i = 0; i < 20; i++) {
-            const bool up = lane & 8;
-            v20[i] = (up ? v40[20 + i] : v40[i]) + __shfl_xor_sync(0xffffffffu, up ? v40[i] : v40[20 + i], 8);
+            const float lo = w1acc[0][i / 10][i % 10], hi = w1acc[1][i / 10][i % 10];
+            const bool up = lane & 16;
+            v20[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
         }
 #pragma unroll
         for (int i = 0; i < 10; i++) {
-            const bool up = lane & 4;
-            v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 4);
+            const bool up = lane & 8;
+            v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 8);
         }
-        const int c = (g / 2) * 8 + 2 * t + g % 2;
+        const int c = 8 * (2 * (g & 1) + (g >> 2)) + 2 * t + ((g >> 1) & 1);
 #pragma unroll
         for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
     }
@@ -2006,8 +2042,8 @@ struct SplitsJob {
 // conv2.weight's forward image: [tap][co][ci (+4 pad)], rounded to TF32, the layout of conv2's forward kernel's Ws, so
 // that the next training step's forward copies it in one bulk copy (ConvInput::wimg) instead of 4608 16-byte
 // cp.async per block and a rounding pass. i: the weight's internal index, [co][tap][ci].
-constexpr int W2IMG_FLOATS = 9 * C2 * (C1 + 4);
-__host__ __device__ inline int conv2_fwd_img_index(int i) { return ((i / C1) % 9 * C2 + i / KC2) * (C1 + 4) + i % C1; }
+constexpr int W2IMG_FLOATS = 9 * C2 * C1;
+__host__ __device__ inline int conv2_fwd_img_index(int i) { return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4; }
 struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
 __device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
@@ -2451,11 +2487,11 @@ static void conv2_tf32_setup() {
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_band_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
     cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_ff, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_band_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_tf32_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
     g_conv2.fused_fwd = occ_ff * sms >= FC1F_SPLITS;
@@ -2490,19 +2526,19 @@ static void conv2_tf32_setup() {
     cudaCheck(cudaHostGetDevicePointer(&wd_dev, wd, 0));
     cudaCheck(cudaMemcpyToSymbol(g_watchdog_dev, &wd_dev, sizeof(wd_dev)));
     cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
-    size_t nd = 9 * C1 * (C2 + 4);
-    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, nd * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, nd * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, DG_WS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, DG_WS * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, W2IMG_FLOATS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, W2IMG_FLOATS * sizeof(float)));
     g_conv2.ready = true;
 }
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
 // and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests). x
-// comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad), which
-// conv2_dgrad_tf32 reads before its wait: launch at least one kernel between the two.
+// comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad) and, when
+// act1_sign is not null, act1's signs (B,26,26 words, bit n: channel n > 0), which conv2_dgrad_tf32 reads before its
+// wait: launch at least one kernel between the two.
 // With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
-static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, const ConvInput& in, const float* w1,
-                               const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh = FwdHead()) {
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign, const ConvInput& in,
+                               const float* w1, const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh = FwdHead()) {
     const bool fused = fh.part != nullptr;
     if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
         fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its blocks at once\n",
@@ -2513,15 +2549,16 @@ static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float
     f.bar = g_conv2.wgrad_bar;
     const int grid = fused ? FC1F_SPLITS : std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
     launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, fused ? CONV2_FWD_SMEM_FUSED : CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1,
-               w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
+               act1_sign, w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
 }
-// dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (stored only
-// when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1 (32) with x the network's input.
+// dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (act1_sign: the
+// forward's signs of act1; stored only when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1
+// (32) with x the network's input.
 // Returns the reduction of the blocks' partial sums of dw1, db1 still to do (conv2_wgrad_tf32, launched next).
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
-                                  const float* act1, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
+                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
     int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
-    launch_pdl(conv2_dgrad_band_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1,
+    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1_sign,
                x, g_conv2.ws_w1, B, fc1);
     SplitsJob j;
     j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
@@ -2929,6 +2966,7 @@ struct Mnist {
     size_t n_params = 0;
     float *params = nullptr, *grads = nullptr, *m1 = nullptr, *m2 = nullptr;  // flat, internal layout
     float *x = nullptr, *act1 = nullptr, *act2 = nullptr, *pooled = nullptr, *h = nullptr, *logits = nullptr;
+    uint32_t* act1_sign = nullptr;  // act1's signs (a word per pixel), made by the TF32 forward for its input gradient
     int* y = nullptr;
     float *dlogits = nullptr, *dh = nullptr, *dpooled = nullptr, *dact2 = nullptr, *dact1 = nullptr;
     uint8_t* pool_codes = nullptr;  // fast path: the max-pool's window codes (B,12,12,64), instead of act2 and dact2
@@ -2956,6 +2994,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     m->m1 = mnist_alloc(m, m->n_params); m->m2 = mnist_alloc(m, m->n_params);
     size_t F = m->B_fwd;
     m->x = mnist_alloc(m, F * IMG * IMG); m->act1 = mnist_alloc(m, F * H1 * H1 * C1); m->act2 = mnist_alloc(m, F * H2 * H2 * C2);
+    m->act1_sign = (uint32_t*)mnist_alloc(m, F * H1 * H1);
     m->pooled = mnist_alloc(m, F * FC_IN); m->h = mnist_alloc(m, F * FC_H); m->logits = mnist_alloc(m, F * NCLS);
     m->y = (int*)mnist_alloc(m, F);
     m->dlogits = mnist_alloc(m, F * NCLS); m->dh = mnist_alloc(m, (size_t)B * FC_H); m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
@@ -2997,7 +3036,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     }
 }
 static void mnist_free(Mnist* m) {
-    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act2, m->pooled, m->h, m->logits, m->y,
+    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act1_sign, m->act2, m->pooled, m->h, m->logits, m->y,
                   m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
     for (void* p : ps) mnist_free_ptr(m, p);
     for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
@@ -3045,7 +3084,7 @@ static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
         ConvInput in;
         if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
         else in.x = m->x;
-        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
         if (g_fc1_cluster) {
             launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
                        m->pooled, P(m, P_WF1), B);
@@ -3122,7 +3161,7 @@ static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* 
     fh.wf1 = P(m, P_WF1); fh.bf1 = P(m, P_BF1); fh.wf2 = P(m, P_WF2); fh.bf2 = P(m, P_BF2);
     fh.part = m->fpart; fh.h = m->h; fh.logits = m->logits; fh.dlogits = grad ? m->dlogits : nullptr; fh.dh = m->dh;
     fh.losses = losses; fh.preds = preds; fh.y = m->y; fh.counters = counters; fh.offset = offset;
-    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
+    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
 }
 
 // backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
@@ -3153,7 +3192,7 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
             launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1), (const float*)G(m, P_WF1),
                        m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
         }
-        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1, m->x, B, f);  // + conv1's dW, db
+        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1_sign, m->x, B, f);  // + conv1's dW, db
         if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
         // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
         // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end

@@ -324,13 +324,22 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
     cudaCheck(cudaMemcpy(d_w2, w2.data(), C2 * KC2 * 4, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_b2, b2.data(), C2 * 4, cudaMemcpyHostToDevice));
     for (float* p : {d_act2, d_dact1, d_dw, d_db}) cudaCheck(cudaMemset(p, 0xFF, (p == d_act2 ? n2 : p == d_dact1 ? n1 : p == d_dw ? C2 * KC2 : C2) * 4));
+    // act1's signs: the forward's of the act1 it makes (poisoned first: every word must be written), and, for the
+    // input gradient, those of the random act1 above (from the host)
+    uint32_t *d_sign_f, *d_sign_in;
+    std::vector<uint32_t> sign_in((size_t)B * H1 * H1, 0u);
+    for (size_t q = 0; q < sign_in.size(); q++)
+        for (int c = 0; c < C1; c++) sign_in[q] |= (act1[q * C1 + c] > 0.0f ? 1u : 0u) << c;
+    cudaCheck(cudaMalloc(&d_sign_f, sign_in.size() * 4)); cudaCheck(cudaMalloc(&d_sign_in, sign_in.size() * 4));
+    cudaCheck(cudaMemset(d_sign_f, 0xAB, sign_in.size() * 4));
+    cudaCheck(cudaMemcpy(d_sign_in, sign_in.data(), sign_in.size() * 4, cudaMemcpyHostToDevice));
     ConvInput in;
     in.x = d_x;
-    conv2_forward_tf32(d_act2, d_pooled, d_codes_out, d_act1f, in, d_w1, d_b1, d_w2, d_b2, B);  // + conv1, into act1f
+    conv2_forward_tf32(d_act2, d_pooled, d_codes_out, d_act1f, d_sign_f, in, d_w1, d_b1, d_w2, d_b2, B);  // + conv1, into act1f
     // the forward made the input gradient's weight image, which that kernel loads before its wait: in the training
     // step three kernels run in between, here the host waits
     cudaCheck(cudaDeviceSynchronize());
-    SplitsJob jd = conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dpooled, d_codes_in, d_act1, d_x, B);
+    SplitsJob jd = conv2_dgrad_tf32(d_dact1, d_dw1, d_db1, d_dpooled, d_codes_in, d_sign_in, d_x, B);
     conv2_wgrad_tf32(d_dw, d_db, d_dpooled, d_codes_in, d_act1, B, jd);  // + the reduction of conv1's partial sums
     cudaCheck(cudaDeviceSynchronize());
     std::vector<uint8_t> codes_out(np);
@@ -429,6 +438,18 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
             }
         snprintf(buf, sizeof buf, "%s: worst error %.3g of the fp32 bound at [%zu]", tag.c_str(), worst, wi1);
         report(worst <= 1.0, "gpu conv1 forward (in conv2's forward kernel) + bias + relu", buf);
+        // its sign words, bit c: act1f[q][c] > 0 (exactly: the same values)
+        std::vector<uint32_t> sign_f(sign_in.size());
+        cudaCheck(cudaMemcpy(sign_f.data(), d_sign_f, sign_f.size() * 4, cudaMemcpyDeviceToHost));
+        size_t bad = 0, first = 0;
+        for (size_t q = 0; q < sign_f.size(); q++) {
+            uint32_t want = 0;
+            for (int c = 0; c < C1; c++) want |= (act1f[q * C1 + c] > 0.0f ? 1u : 0u) << c;
+            if (sign_f[q] != want && bad++ == 0) first = q;
+        }
+        snprintf(buf, sizeof buf, "%s: %zu of %zu pixels' sign words differ from act1's signs%s", tag.c_str(), bad, sign_f.size(),
+                 bad ? (" (first at pixel " + std::to_string(first) + ")").c_str() : "");
+        report(bad == 0, "gpu act1's sign words (in conv2's forward kernel)", buf);
     }
     // conv1's weight and bias gradient, fused into the input gradient: against the oracle on the dact1 it wrote
     // (checked above), fp32 bound (these sums take no TF32 rounding)
@@ -454,7 +475,7 @@ static void check_conv2_tf32(int B, int ctas, uint64_t seed) {
         report(worst <= 1.0, "gpu conv1 weight + bias gradient fused in conv2's input gradient", buf);
     }
     for (float* p : {d_act1, d_dpooled, d_w2, d_b2, d_act2, d_dact1, d_dw, d_db, d_x, d_w1, d_b1, d_pooled, d_act1f, d_dw1, d_db1}) cudaFree(p);
-    cudaFree(d_codes_in); cudaFree(d_codes_out);
+    cudaFree(d_codes_in); cudaFree(d_codes_out); cudaFree(d_sign_f); cudaFree(d_sign_in);
     g_conv2 = saved;
 }
 
@@ -553,7 +574,7 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
         const Out outs[] = {{m.x, nx * 4, true}, {m.y, (size_t)B * 4, false}, {m.act1, n1 * 4, true}, {m.pooled, np * 4, true},
                             {m.pool_codes, np, false}, {m.h, nhh * 4, true}, {m.logits, nl * 4, true}, {m.dlogits, nl * 4, true},
                             {m.dh, nhh * 4, true}, {lbuf + off, (size_t)B * 4, true}, {pbuf + off, (size_t)B * 4, false},
-                            {g_conv2.wimg_dgrad, (size_t)9 * C1 * (C2 + 4) * 4, false}};
+                            {g_conv2.wimg_dgrad, (size_t)DG_WS * 4, false}};
         auto run_loss = [&](bool fused, bool with_perm) {
             for (const Out& o : outs) cudaCheck(cudaMemset((void*)o.p, 0xFF, o.bytes));
             mnist_set_counters(&m, 0, off);
@@ -582,8 +603,8 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
             }
             size_t bad_codes = 0;
             for (uint8_t c : got[4]) bad_codes += c > POOL_NO_GRAD;
-            const float* wi = (const float*)got.back().data();  // [9][C1][C2 + 4]: the 4 pads are never written
-            for (size_t i = 0; i < (size_t)9 * C1 * (C2 + 4); i++) nonfinite += i % (C2 + 4) < (size_t)C2 && !std::isfinite(wi[i]);
+            const float* wi = (const float*)got.back().data();  // [3][C2 / 4][3 C1][4], no pads
+            for (size_t i = 0; i < (size_t)DG_WS; i++) nonfinite += !std::isfinite(wi[i]);
             std::string tag = "B=" + std::to_string(B) + (with_perm ? ", perm at counters[1]" : ", offset");
             report(nbad == 0 && nonfinite == 0 && bad_codes == 0, "gpu fused forward + loss = forward, fc1, head (" + tag + ")",
                    std::to_string(nbad) + " of " + std::to_string(total) + " bytes of x, y, act1, pooled, codes, h, logits, dlogits, "
@@ -591,7 +612,7 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
                    std::to_string(bad_codes) + " codes > 4");
         }
         cudaFree(lbuf); cudaFree(pbuf);
-        cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, (size_t)9 * C1 * (C2 + 4) * 4));  // its pads are zero (never written)
+        cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, (size_t)DG_WS * 4));  // back to its state at allocation
     }
     mnist_free(&m);
 }

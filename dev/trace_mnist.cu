@@ -33,7 +33,8 @@ static const char* MARK_NAMES[TRACE_KERNELS][TRACE_MARKS] = {
     {"h stored", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {"operands in shared memory", "dpooled done", "weight gradient products done", "gradient in shared memory", nullptr,
      "small gradients done (last blocks)", nullptr, nullptr},
-    {"patch in shared memory", "products done", "epilogue done", "step warp done (fc1.weight's step)", nullptr, nullptr, nullptr, nullptr},
+    {"patch in shared memory", "first tile's products done", "tiles done (products, combine, epilogue)", "step warp done (fc1.weight's step)",
+     nullptr, nullptr, nullptr, nullptr},
     {"bands done", "cluster's partial sums staged", "cluster sum stored", "jobs before the barrier done", "barrier open", nullptr, nullptr, nullptr}};
 
 // One replay's last step, per kernel (times in ns from the step's first warp; -1: nothing recorded); per mark, the
