@@ -4,14 +4,14 @@ connected layers, forward and backward) runs on our own kernels; `--matmul cubla
 (explicit im2col + cublasSgemm) so both are timed on the same work. CPU fallback with the same network.
 Two paths of ours:
   - the default fast path (GPU, --matmul ours, --tf32 1): conv2's forward, input and weight gradient on specialised
-    TF32 mma kernels (weights and input patch in shared memory, persistent bands), conv1 forward (direct fp32) made
-    inside conv2's forward kernel, fc1 on specialised TF32 kernels (split-K forward with a cluster reduction; one
-    backward kernel for its input and weight gradient), fc2 in a fused head (fc2 + log-softmax/NLL + fc2's input
-    gradient); in a training step at batch <= 64 conv2's forward kernel also runs fc1's forward and the head, after
-    grid barriers (the fused forward); max-pool (with window codes instead of act2 and dact2), its backward and conv1's
-    weight gradient fused into neighbouring kernels; fc1.weight's SGD step in the input gradient's idle warp, the other
-    parameters' step in the last gradient reduction; programmatic dependent launch between the 4 kernels of a step at
-    batch 64 (dev/mnist_NOTES.md).
+    TF32 tensor-core kernels (wgmma on sm_90a, mma.sync elsewhere; weights and input patch in shared memory,
+    persistent bands), conv1 forward (direct fp32) made inside conv2's forward kernel, fc1 on specialised TF32 kernels
+    (split-K forward with a cluster reduction; one backward kernel for its input and weight gradient), fc2 in a fused
+    head (fc2 + log-softmax/NLL + fc2's input gradient); in a training step at batch <= 64 conv2's forward kernel also
+    runs fc1's forward and the head, after grid barriers (the fused forward); max-pool (with window codes instead of
+    act2 and dact2), its backward and conv1's weight gradient fused into neighbouring kernels; fc1.weight's SGD step
+    in the input gradient's idle warp, the other parameters' step in the last gradient reduction; programmatic
+    dependent launch between the 4 kernels of a step at batch 64 (dev/mnist_NOTES.md).
   - the generic path (--tf32 0, what the PyTorch fp32 tests compare): every product on the generic tiled kernel.
 
 Network (the write-up's): conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max-pool 2, fc 9216->128, ReLU, fc 128->10,
@@ -979,9 +979,10 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 //    pixel), partial sums per block (pairs added through distributed shared memory), then, after a grid barrier in
 //    the same kernel, added in a fixed order (deterministic) together with conv1's, and the optimizer step applied.
 // Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
-// nearest, ties away, as cvt.rna), fragments are plain 32-bit shared loads or ldmatrix (row strides of 4 mod 32 banks
-// make a warp's 32 fragment reads conflict-free), mma.sync m16n8k8 with fp32 accumulation; both gradients run on
-// wgmma instead where the build has sm_90a code (MNIST_WGMMA). Strict fp32 (--tf32 0) keeps the generic kernel above.
+// nearest, ties away, as cvt.rna), laid out in wgmma's K-major "no swizzle" core matrices; where the build has sm_90a
+// code (MNIST_WGMMA) all three products run on wgmma (both operands from shared memory, fp32 accumulation), elsewhere
+// on mma.sync m16n8k8 with plain 32-bit shared loads of the same layout. Strict fp32 (--tf32 0) keeps the generic
+// kernel above.
 __device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
 __device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
 __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
