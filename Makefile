@@ -20,8 +20,8 @@ TRAINERS := $(basename $(wildcard train_*.cu))
 all: $(TRAINERS)
 
 train_mnist: LDLIBS += -lz
-# train_mnist's conv2 weight gradient runs on wgmma, which needs the architecture-specific sm_90a target: sm_90
-# becomes sm_90a for it (other targets compile its mma.sync path)
+# train_mnist's conv2 products (forward, input and weight gradient) run on wgmma, which needs the architecture-specific
+# sm_90a target: sm_90 becomes sm_90a for it (other targets compile its mma.sync path)
 train_mnist: GENCODE := $(subst code=sm_90,code=sm_90a,$(subst arch=compute_90,arch=compute_90a,$(GENCODE)))
 
 train_%: train_%.cu

@@ -17,6 +17,8 @@ Last line: N passed, N failed, N skipped; exit code 1 iff a check failed.
 */
 #define TESTING
 #include "../train_mnist.cu"
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int n_pass = 0, n_fail = 0, n_skip = 0;
 static void report(bool ok, const std::string& name, const std::string& detail) {
@@ -847,8 +849,49 @@ static void check_fc1_fast(int B, uint64_t seed) {
     cudaFree(d_y); cudaFree(d_counters);
 }
 
-int main() {
+// The grid barriers' watchdog (wg_grid_wait): one block waits on a barrier that never opens. Run in a child process
+// (`test_mnist --watchdog_probe`), since the trap ends its CUDA context: cuda_check must name the barrier and exit
+// non-zero; falling through is a failure of its own (exit 3).
+__global__ void watchdog_probe_kernel(unsigned long long* bar) { wg_grid_wait(bar, 1, 2); }
+static int watchdog_probe() {
+    conv2_tf32_setup();  // maps the watchdog's host word
+    cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
+    watchdog_probe_kernel<<<1, 32>>>(g_conv2.wgrad_bar);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaDeviceSynchronize());
+    printf("watchdog probe: the barrier's wait returned without its arrivals\n");
+    return 3;
+}
+static void check_watchdog() {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) { report(false, "gpu grid barrier watchdog", "cannot read /proc/self/exe"); return; }
+    self[n] = 0;
+    std::string cmd = "'" + std::string(self) + "' --watchdog_probe 2>&1";
+    auto t0 = std::chrono::steady_clock::now();
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) { report(false, "gpu grid barrier watchdog", "popen failed"); return; }
+    std::string out;
+    char buf[512];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    int st = pclose(p);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bool exited = st != -1 && WIFEXITED(st);
+    int rc = exited ? WEXITSTATUS(st) : -1;
+    bool named = out.find("conv2_wgrad_tf32_kernel: grid barrier not reached by all blocks after 2 s") != std::string::npos;
+    std::string last = out;
+    while (!last.empty() && last.back() == '\n') last.pop_back();
+    if (last.rfind('\n') != std::string::npos) last = last.substr(last.rfind('\n') + 1);
+    char d[160];
+    snprintf(d, sizeof d, "child exit %d after %.1f s; ", rc, secs);
+    report(exited && rc == EXIT_FAILURE && named && secs >= 2.0, "gpu grid barrier watchdog (a barrier that never opens)",
+           d + (named ? "message: " + last : "no barrier named in: " + out.substr(0, 300)));
+}
+
+int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (argc == 2 && !strcmp(argv[1], "--watchdog_probe")) return watchdog_probe();
+    if (argc > 1) { fprintf(stderr, "usage: %s (no arguments; --watchdog_probe is the watchdog test's child)\n", argv[0]); return 2; }
     g_cpu_threads = std::max(1u, std::thread::hardware_concurrency());
     const char* fixture_path = "dev/fixtures/mnist_fixture.bin";
     const char* debug_path = "dev/mnist_debug_state.bin";
@@ -905,6 +948,7 @@ int main() {
         }
         check_fc1_fast(5, 31);
         check_fc1_fast(70, 32);
+        check_watchdog();
         {   // the optimizer's fused counter advance (the last of its ~4700 blocks advances the counters)
             Mnist mc; mnist_build(&mc, false, 4, 4);
             mnist_set_counters(&mc, 0, 0);
