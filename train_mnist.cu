@@ -2013,7 +2013,10 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
         for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
     }
     __syncthreads();
-    for (int q = tid; q < C1 * 10; q += DG_THREADS) {
+    // (the compute warps only: compute-sanitizer's racecheck, which counts the compute warps' named barriers against
+    // the step warp, reported the step warp's reads here as racing with the stores above)
+    if (warp < DG_CW)
+    for (int q = tid; q < C1 * 10; q += DG_CT) {
         const int c = q / 10, k = q % 10;
         float sum = red[q];
 #pragma unroll
@@ -2447,7 +2450,10 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
                 if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
         }
         // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
-        // every block reaches only after its reads of the others' shared memory
+        // every block reaches only after its reads of the others' shared memory. That order is also stated to the
+        // hardware (and to compute-sanitizer, which cannot see the grid barrier): an arrival here, after the reads,
+        // waited for after the grid barrier (so it never waits) before the block writes its partial sums' space
+        asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
     }
 #endif
     // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
@@ -2468,6 +2474,9 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     }
     TRACE_MARK(3);
     wg_grid_wait(bar, wb.target, 2);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (staged) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // (see the arrival above)
+#endif
     TRACE_MARK(4);
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
     wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
@@ -2733,6 +2742,9 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
     float* Ws = smem + 64 * FC1F_LD;   // [128][76]: fc1.weight rows, columns k0..k0+71
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = warp / 4, wn = warp % 4, r0 = blockIdx.y * 64, k0 = blockIdx.x * FC1F_KC;
+    // a block may write another's shared memory only once that block has started: this arrival, waited for just
+    // before the stores below (the cluster's blocks are launched together, so the wait costs nothing in practice)
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
     {
         constexpr int CH = FC1F_KC / 4, NA = (64 * CH + 255) / 256, NW = FC_H * CH / 256;
         static_assert(FC_H * CH % 256 == 0, "fc1.weight chunks split evenly");
@@ -2773,6 +2785,7 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
     cg::cluster_group cluster = cg::this_cluster();
     const int q = (int)cluster.block_rank();
     float* inbox = smem + (64 + FC_H) * FC1F_LD;  // [FC1F_CLUSTER][8][FC_H]
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every block of the cluster has started
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
