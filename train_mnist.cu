@@ -2013,8 +2013,11 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
         for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
     }
     __syncthreads();
-    // (the compute warps only: compute-sanitizer's racecheck, which counts the compute warps' named barriers against
-    // the step warp, reported the step warp's reads here as racing with the stores above)
+    // (the compute warps only, the same sums: racecheck reported the step warp's reads here as racing with the stores
+    // above, 13205 reports at batch 512. 256 remain, in the block whose last chunk has an odd tile count, between
+    // the two warpgroups, and stay with a second __syncthreads before the stores: racecheck appears to pair barrier
+    // instances by count, and there one warpgroup has run one more of its named barriers (bar.sync 2 + wg) than the
+    // other. dev/mnist_NOTES.md, session 14.)
     if (warp < DG_CW)
     for (int q = tid; q < C1 * 10; q += DG_CT) {
         const int c = q / 10, k = q % 10;
