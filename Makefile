@@ -20,9 +20,9 @@ TRAINERS := $(basename $(wildcard train_*.cu))
 all: $(TRAINERS)
 
 train_mnist: LDLIBS += -lz
-# train_mnist's conv2 products (forward, input and weight gradient) run on wgmma, which needs the architecture-specific
-# sm_90a target: sm_90 becomes sm_90a for it (other targets compile its mma.sync path)
-train_mnist: GENCODE := $(subst code=sm_90,code=sm_90a,$(subst arch=compute_90,arch=compute_90a,$(GENCODE)))
+# train_mnist's conv2 products and train_unet's bf16 convolutions run on wgmma, which needs the architecture-specific
+# sm_90a target: sm_90 becomes sm_90a for them (other targets compile their mma.sync / TF32 paths)
+train_mnist train_unet: GENCODE := $(subst code=sm_90,code=sm_90a,$(subst arch=compute_90,arch=compute_90a,$(GENCODE)))
 
 train_%: train_%.cu
 	$(NVCC) $(NVCCFLAGS) $(GENCODE) -o $@ $< $(LDLIBS)

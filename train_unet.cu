@@ -18,6 +18,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 */
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +33,9 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <unistd.h>
 
 #include <cublas_v2.h>
+#include <cuda.h>  // CUtensorMap (TMA views); the driver entry point is reached through the runtime, no -lcuda
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <curand.h>
 #include <mma.h>
@@ -400,6 +404,18 @@ static std::string config_diff(const UNetConfig& a, const UNetConfig& b) {
 // ================================================================================================================
 
 static inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// Activations are float (--precision fp32, tf32) or bf16 (--precision bf16): kernels that touch them are templates
+// on the type T; loads widen to float, stores round to nearest.
+using bf16 = __nv_bfloat16;
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float v) { return __float2bfloat16_rn(v); }
 
 __device__ __forceinline__ float silu_f(float z) { return z / (1.0f + expf(-z)); }
 __device__ __forceinline__ float silu_grad(float z) {
@@ -1127,7 +1143,8 @@ conv_mma_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float
 }
 
 // MODE 0 split over K (version 6): out[m, n] (+)= sum_z ws[z][m][n] in a fixed order, + bias[n] + emb[m / HWo][n]
-__global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, float* __restrict__ out,
+template <typename T>
+__global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* __restrict__ out,
                                             const float* __restrict__ bias, const float* __restrict__ emb,
                                             int accumulate, int M, int N, int HWo, int splits) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, MN = (size_t)M * N;
@@ -1137,16 +1154,582 @@ __global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, float*
     for (int z = 0; z < splits; z++) v += ws[(size_t)z * MN + i];
     if (bias) v += bias[n];
     if (emb) v += emb[(size_t)(m / HWo) * N + n];
-    if (accumulate) v += out[i];
-    out[i] = v;
+    if (accumulate) v += to_float(out[i]);
+    out[i] = from_float<T>(v);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// bf16 3x3 convolution on Hopper (--precision bf16): dev/conv2d.cu version 7. The implicit GEMM of version 6 on
+// warpgroup MMA (wgmma, sm_90a) fed by TMA box copies through an mbarrier pipeline; fp32 accumulation.
+//  - Pixels are tiled in boxes of 64 (bw x bh x bb along x, y and images; powers of 2, masked at the edges). The
+//    input under a box shifted by one tap is one TMA copy whose out-of-image part reads as zeros: the padding.
+//    Stride 2 reads the input through 4 parity views (every other row and column), where every tap is a shift too.
+//  - MODE 0 (forward; backward-data is the forward of dY with the flipped, transposed weights): a block computes 2
+//    pixel boxes (one per consumer warpgroup, 64 rows each) x BN output channels over k-tiles (tap, 64 channels).
+//    A [pixel][channel] and B = weights [n][tap][channel] are K-major.
+//  - MODE 1 (weight gradient): dW[(tap, channel)][n] over k-tiles of one pixel box; consumer warpgroup w owns the
+//    64 rows of one (tap, 64-channel) slab. A = input [pixel][channel], B = dY [pixel][n]: both MN-major.
+//  - Block: a producer warpgroup (one thread issues the copies) and 2 consumer warpgroups; STAGES-deep ring of
+//    (A 16 KB, B BN x 128 B) stages, full[s] completing on the copies' bytes, empty[s] on the 8 consumer warps.
+//  - Split-K over blockIdx.z writes fp32 partial sums that a second kernel adds in a fixed order (deterministic).
+// Other GPUs run the same GEMMs on mma.sync (conv_bf16_mma_kernel below).
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define UNET_SM90A 1
+#else
+#define UNET_SM90A 0
+#endif
+
+constexpr int CW_BOX = 64;        // pixels per box = rows of a consumer warpgroup
+constexpr int CW_BK = 64;         // bf16 per k-tile row: one 128-byte swizzle row
+constexpr int CW_THREADS = 384;   // producer warpgroup + 2 consumer warpgroups
+constexpr int CW_SLAB = CW_BOX * CW_BK * 2;  // bytes of one 64 x 64 bf16 tile (8 KB)
+
+template <int BN>
+struct ConvWg {
+    static_assert(BN % 64 == 0 && BN <= 256, "B tiles are whole 64-channel slabs, wgmma N <= 256");
+    static constexpr int A_BYTES = 2 * CW_SLAB, B_BYTES = BN * CW_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int STAGES = (192 * 1024) / STAGE_BYTES < 8 ? (192 * 1024) / STAGE_BYTES : 8;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, + alignment
+    static constexpr int NR = BN / 2;  // fp32 accumulators per consumer thread
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+};
+
+// Geometry of one pass, computed on the host (conv_wg_geom)
+struct ConvWgGeom {
+    int B, C, N;          // images; channels of the gathered input; output channels (MODE 1: of dY)
+    int Ho, Wo;           // pixels of the output (MODE 1: of dY)
+    int stride;           // of the gather: 1, or 2 (parity views)
+    int kc;               // 64-channel chunks per tap, ceil(C / 64)
+    int bw, bh, bb;       // pixel box extent along x, y, images (bw * bh * bb = 64)
+    int nbx, nby, nbox;   // boxes along x, y, in all
+    int ktiles, kchunk;   // k-tiles in all, per blockIdx.z
+    int M;                // MODE 0: output pixels B*Ho*Wo; MODE 1: rows 9*C of dW
+};
+// the TMA views: the gathered input (a[0]; stride 2: a[2 * row parity + column parity]) and B (weights / dY)
+struct ConvWgMaps {
+    CUtensorMap a[4];
+    CUtensorMap b;
+};
+// epilogue of MODE 0 without a K split: out (+)= acc + bias[n] + emb[image][n]
+struct ConvWgOut {
+    __nv_bfloat16* out;
+    const float* bias;
+    const float* emb;
+    int accumulate;
+    float* ws;  // split K (and MODE 1): partial sums [z][M][N]
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if UNET_SM90A
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+#endif
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if UNET_SM90A
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if UNET_SM90A
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+// waits for the phase of this parity to complete (a fresh barrier counts "parity 1" as complete)
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if UNET_SM90A
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+#endif
+}
+// TMA box loads (coordinates innermost first) completing on bar's transaction count
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint64_t* bar) {
+#if UNET_SM90A
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];\n" ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1),
+                 "r"(c2), "r"(smem_u32(bar))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+#if UNET_SM90A
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4, %5}], [%6];\n" ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1),
+                 "r"(c2), "r"(c3), "r"(smem_u32(bar))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if UNET_SM90A
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if UNET_SM90A
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N_PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+#if UNET_SM90A
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N_PENDING) : "memory");
+#endif
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if UNET_SM90A
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if UNET_SM90A
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
+// keeps the compiler from moving accumulator accesses across the asynchronous wgmma
+template <int NR>
+__device__ __forceinline__ void acc_fence(float (&d)[NR]) {
+#pragma unroll
+    for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared-memory matrix descriptors, 128-byte swizzle (bits 62-63 = 1), tiles 1024-byte aligned. Fields: start
+// address / 16 (bits 0-13), leading byte offset / 16 (16-29), stride byte offset / 16 (32-45).
+// K-major: 8-row groups 1024 bytes apart (stride); a k16 step starts 32 bytes further (the swizzle is applied to
+// the address). MN-major: 64 MN-elements per 128-byte row, 8 K-rows per 1024-byte group (stride 1024), the next 64
+// MN-elements `lead` bytes further; a k16 step starts 2048 bytes (two groups) further.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lead) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lead >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+#if UNET_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+#endif
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+#if UNET_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+          "+f"(d[63])
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+#endif
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[96], uint64_t a_desc, uint64_t b_desc) {
+#if UNET_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+#endif
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[128], uint64_t a_desc, uint64_t b_desc) {
+#if UNET_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+          "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+          "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),
+          "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+          "+f"(d[126]), "+f"(d[127])
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+#endif
+}
+
+// origin (image, y, x) of pixel box i
+__device__ __forceinline__ void cw_box_origin(const ConvWgGeom& g, int i, int& b0, int& y0, int& x0) {
+    const int bx = i % g.nbx, r = i / g.nbx, by = r % g.nby;
+    x0 = bx * g.bw;
+    y0 = by * g.bh;
+    b0 = (r / g.nby) * g.bb;
+}
+// the output pixel (b * Ho + y) * Wo + x of row r of the box at (b0, y0, x0), or -1 outside the images
+__device__ __forceinline__ int cw_row_pixel(const ConvWgGeom& g, int b0, int y0, int x0, int r) {
+    const int x = x0 + r % g.bw, y = y0 + (r / g.bw) % g.bh, b = b0 + r / (g.bw * g.bh);
+    return (b < g.B && y < g.Ho && x < g.Wo) ? (b * g.Ho + y) * g.Wo + x : -1;
+}
+// copies channels c0..c0+63 of the input under the box at (b0, y0, x0) shifted by tap (64 rows of 128 bytes)
+__device__ __forceinline__ void cw_load_input(const ConvWgMaps& maps, const ConvWgGeom& g, void* dst, int tap, int c0,
+                                              int b0, int y0, int x0, uint64_t* bar) {
+    const int ky = tap / 3, kx = tap - 3 * ky;
+    if (g.stride == 1) tma_load_4d(dst, &maps.a[0], c0, x0 + kx - 1, y0 + ky - 1, b0, bar);
+    else tma_load_4d(dst, &maps.a[2 * (ky != 1) + (kx != 1)], c0, x0 - (kx == 0), y0 - (ky == 0), b0, bar);
+}
+
+// producer (one thread): the k-tiles [kbeg, kend) of this block into the ring of stages
+template <int MODE, int BN>
+__device__ __forceinline__ void conv_wg_produce(const ConvWgMaps& maps, const ConvWgGeom& g, uint8_t* smem,
+                                                uint64_t* full, uint64_t* empty, int kbeg, int kend, int n0) {
+    using Cfg = ConvWg<BN>;
+    int b0[2], y0[2], x0[2], tap[2], c0[2];  // MODE 0: each warpgroup's pixel box; MODE 1: its (tap, channels)
+    for (int w = 0; w < 2; w++) {
+        const int r = 2 * blockIdx.x + w;
+        if (MODE == 0) cw_box_origin(g, r, b0[w], y0[w], x0[w]);
+        tap[w] = min(r / g.kc, 8);  // MODE 1: the rows of a warpgroup past the last tap load tap 8, unused
+        c0[w] = (r % g.kc) * CW_BK;
+    }
+    for (int kt = kbeg, it = 0; kt < kend; kt++, it++) {
+        const int s = it % Cfg::STAGES;
+        mbar_wait(&empty[s], ((it / Cfg::STAGES) & 1) ^ 1);
+        mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);  // out-of-range box elements count too (zeros)
+        uint8_t* a = smem + s * Cfg::STAGE_BYTES;
+        uint8_t* b = a + Cfg::A_BYTES;
+        if (MODE == 0) {
+            const int t = kt / g.kc, c = (kt - t * g.kc) * CW_BK;
+            for (int w = 0; w < 2; w++) cw_load_input(maps, g, a + w * CW_SLAB, t, c, b0[w], y0[w], x0[w], &full[s]);
+            tma_load_3d(b, &maps.b, c, t, n0, &full[s]);  // weights [n][tap][c]: BN rows of 64 channels
+        } else {
+            int pb, py, px;
+            cw_box_origin(g, kt, pb, py, px);
+            for (int w = 0; w < 2; w++) cw_load_input(maps, g, a + w * CW_SLAB, tap[w], c0[w], pb, py, px, &full[s]);
+            for (int j = 0; j < BN / 64; j++) tma_load_4d(b + j * CW_SLAB, &maps.b, n0 + 64 * j, px, py, pb, &full[s]);
+        }
+    }
+}
+
+// consumer warpgroup c: acc (its 64 rows x BN) over the block's k-tiles; one wgmma group stays in flight
+template <int MODE, int BN>
+__device__ __forceinline__ void conv_wg_consume(uint8_t* smem, uint64_t* full, uint64_t* empty, int kbeg, int kend,
+                                                int c, float (&acc)[ConvWg<BN>::NR]) {
+    using Cfg = ConvWg<BN>;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < Cfg::NR; i++) acc[i] = 0.0f;
+    acc_fence(acc);
+    for (int kt = kbeg, it = 0; kt < kend; kt++, it++) {
+        const int s = it % Cfg::STAGES;
+        mbar_wait(&full[s], (it / Cfg::STAGES) & 1);
+        const uint32_t a = smem_u32(smem + s * Cfg::STAGE_BYTES) + c * CW_SLAB, b = a - c * CW_SLAB + Cfg::A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < CW_BK / 16; ks++) {
+            if (MODE == 0) wgmma_bf16<0, 0>(acc, wg_desc(a + 32 * ks, 16), wg_desc(b + 32 * ks, 16));
+            else wgmma_bf16<1, 1>(acc, wg_desc(a + 2048 * ks, CW_SLAB), wg_desc(b + 2048 * ks, CW_SLAB));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous k-tile's group is done: release its stage
+        __syncwarp();
+        if (lane == 0 && kt > kbeg) mbar_arrive(&empty[(it + Cfg::STAGES - 1) % Cfg::STAGES]);
+    }
+    wgmma_wait<0>();
+    acc_fence(acc);
+}
+
+// Accumulator fragment of m64nNk16 (warp w of the warpgroup, gq = lane / 4, tq = lane % 4): acc[4j + 2h + e] is row
+// 16w + gq + 8h, column 8j + 2tq + e. MODE 0 without a split: out (+)= acc + bias + emb as bf16 pairs; otherwise
+// the fp32 partial sums into ws[z][row][n] (MODE 1 rows: tap * C + channel, the layout of dW).
+template <int MODE, int BN>
+__device__ __forceinline__ void conv_wg_epilogue(const ConvWgGeom& g, const ConvWgOut& o,
+                                                 const float (&acc)[ConvWg<BN>::NR], int c, int n0) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int r0 = 2 * blockIdx.x + c;
+    int b0 = 0, y0 = 0, x0 = 0;
+    if (MODE == 0) cw_box_origin(g, r0, b0, y0, x0);
+    const int tap = r0 / g.kc, ch0 = (r0 % g.kc) * CW_BK;
+    const bool partial = MODE == 1 || gridDim.z > 1;
+    float* ws = o.ws + (size_t)blockIdx.z * g.M * g.N;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + gq + 8 * h;
+        int row;
+        if (MODE == 0) row = cw_row_pixel(g, b0, y0, x0, r);
+        else row = (tap < 9 && ch0 + r < g.C) ? tap * g.C + ch0 + r : -1;
+        if (row < 0) continue;
+        const int img = MODE == 0 ? row / (g.Ho * g.Wo) : 0;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int n = n0 + 8 * j + 2 * tq;
+            if (n >= g.N) continue;
+            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if (partial) {
+                *reinterpret_cast<float2*>(ws + (size_t)row * g.N + n) = make_float2(v0, v1);
+                continue;
+            }
+            if (o.bias) {
+                v0 += o.bias[n];
+                v1 += o.bias[n + 1];
+            }
+            if (o.emb) {
+                v0 += o.emb[(size_t)img * g.N + n];
+                v1 += o.emb[(size_t)img * g.N + n + 1];
+            }
+            __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(o.out + (size_t)row * g.N + n);
+            if (o.accumulate) {
+                const float2 old = __bfloat1622float2(*p);
+                v0 += old.x;
+                v1 += old.y;
+            }
+            *p = __floats2bfloat162_rn(v0, v1);
+        }
+    }
+}
+
+template <int MODE, int BN>
+__global__ void __launch_bounds__(CW_THREADS, 1)
+conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, const ConvWgOut o) {
+#if UNET_SM90A
+    using Cfg = ConvWg<BN>;
+    extern __shared__ uint8_t cw_smem_raw[];
+    uint8_t* smem = cw_smem_raw + ((1024 - (smem_u32(cw_smem_raw) & 1023)) & 1023);  // swizzled tiles: 1024-aligned
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::STAGES * Cfg::STAGE_BYTES);
+    uint64_t* empty = full + Cfg::STAGES;
+    const int wg = threadIdx.x / 128, n0 = blockIdx.y * BN;
+    const int kbeg = blockIdx.z * g.kchunk, kend = min(g.ktiles, kbeg + g.kchunk);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < Cfg::STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);  // one arrive per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (threadIdx.x == 0) conv_wg_produce<MODE, BN>(maps, g, smem, full, empty, kbeg, kend, n0);
+    } else {
+        setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+        float acc[Cfg::NR];
+        conv_wg_consume<MODE, BN>(smem, full, empty, kbeg, kend, wg - 1, acc);
+        conv_wg_epilogue<MODE, BN>(g, o, acc, wg - 1, n0);
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// bf16 3x3 convolutions too thin for the TMA path (channels % 8 != 0 on a side: the 3-channel input and output
+// convolutions): CUDA cores, fp32 weights and accumulation.
+
+// y (+)= conv + bias over the MODE 0 gather of ConvGeom (so backward-data runs here too): one thread per output
+// pixel and group of NT output channels (blockIdx.y), the (K x NT) slice of w (K x N) in shared memory.
+template <int NT>
+__global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __restrict__ w, bf16* __restrict__ y,
+                                 const float* __restrict__ bias, ConvGeom g, int accumulate) {
+    extern __shared__ float thin_w[];
+    const int n0 = blockIdx.y * NT, nn = min(NT, g.N - n0);
+    for (int i = threadIdx.x; i < g.K * NT; i += blockDim.x) {
+        const int k = i / NT, j = i - k * NT;
+        thin_w[i] = j < nn ? w[(size_t)k * g.N + n0 + j] : 0.f;
+    }
+    __syncthreads();
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= g.M) return;
+    const int HWo = g.Ho * g.Wo, b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+    float acc[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j] = 0.f;
+    for (int tap = 0; tap < 9; tap++) {
+        const int pix = conv_gather(g, b, oy, ox, tap);
+        if (pix < 0) continue;
+        const bf16* xp = x + (size_t)pix * g.C;
+        const float* wt = thin_w + (size_t)tap * g.C * NT;
+        for (int c = 0; c < g.C; c++) {
+            const float v = __bfloat162float(xp[c]);
+#pragma unroll
+            for (int j = 0; j < NT; j++) acc[j] = fmaf(v, wt[c * NT + j], acc[j]);
+        }
+    }
+    bf16* yp = y + (size_t)p * g.N + n0;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        if (j >= nn) break;
+        float v = acc[j] + (bias ? bias[n0 + j] : 0.f);
+        if (accumulate) v += __bfloat162float(yp[j]);
+        yp[j] = __float2bfloat16_rn(v);
+    }
+}
+
+// Weight gradient of a thin convolution, MODE 1 of ConvGeom (M = 9*C rows, N, K = pixels): each block stages
+// THIN_PIX pixels at a time (their gathered inputs, THIN_PIX x M, and dY, THIN_PIX x N, as fp32) and every thread
+// accumulates the products (row, n) = tid, tid + blockDim.x, ... over the block's pixels; ws[block][M][N] receives
+// the block's sums, added in a fixed order by wgrad_reduce_kernel.
+constexpr int THIN_PIX = 16;
+template <int PAIRS>
+__global__ void conv_thin_wgrad_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy, float* __restrict__ ws,
+                                       ConvGeom g) {
+    extern __shared__ float thin_s[];
+    float* xs = thin_s;                 // THIN_PIX x M
+    float* ds = thin_s + THIN_PIX * g.M;  // THIN_PIX x N
+    const int MN = g.M * g.N, HWo = g.Ho * g.Wo;
+    float acc[PAIRS];
+#pragma unroll
+    for (int q = 0; q < PAIRS; q++) acc[q] = 0.f;
+    for (int p0 = blockIdx.x * THIN_PIX; p0 < g.K; p0 += gridDim.x * THIN_PIX) {
+        for (int i = threadIdx.x; i < THIN_PIX * g.M; i += blockDim.x) {
+            const int pp = i / g.M, row = i - pp * g.M, p = p0 + pp;
+            float v = 0.f;
+            if (p < g.K) {
+                const int tap = row / g.C, c = row - tap * g.C;
+                const int b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                const int pix = conv_gather(g, b, oy, ox, tap);
+                if (pix >= 0) v = __bfloat162float(x[(size_t)pix * g.C + c]);
+            }
+            xs[i] = v;
+        }
+        for (int i = threadIdx.x; i < THIN_PIX * g.N; i += blockDim.x) {
+            const int pp = i / g.N, p = p0 + pp;
+            ds[i] = p < g.K ? __bfloat162float(dy[(size_t)p * g.N + i - pp * g.N]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < PAIRS; q++) {
+            const int pair = threadIdx.x + q * blockDim.x;
+            if (pair >= MN) break;
+            const int row = pair / g.N, n = pair - row * g.N;
+            for (int pp = 0; pp < THIN_PIX; pp++) acc[q] = fmaf(xs[pp * g.M + row], ds[pp * g.N + n], acc[q]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int q = 0; q < PAIRS; q++) {
+        const int pair = threadIdx.x + q * blockDim.x;
+        if (pair < MN) ws[(size_t)blockIdx.x * MN + pair] = acc[q];
+    }
+}
+
+// up (B, H, W, C) = dY (B, Ho, Wo, C) at the even pixels, zeros between: backward-data of a stride-2 convolution is
+// then the stride-1 one (the wgmma path's gather has no transposed stride)
+__global__ void dilate2_kernel(const bf16* __restrict__ dy, bf16* __restrict__ up, int B, int H, int W, int C) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * H * W * C) return;
+    const int c = (int)(i % C);
+    const size_t p = i / C;
+    const int x = (int)(p % W), y = (int)((p / W) % H), b = (int)(p / ((size_t)H * W));
+    const int Ho = (H + 1) / 2, Wo = (W + 1) / 2;
+    up[i] = (x % 2 || y % 2) ? __float2bfloat16_rn(0.f) : dy[(((size_t)b * Ho + y / 2) * Wo + x / 2) * C + c];
+}
+
+// The bf16 compute copy of the weights (--precision bf16), refreshed after every update: pw = every parameter in
+// bf16, 3x3 convolution weights transposed to the wgmma forward's B operand [cout][tap][cin]; wd = 3x3 convolution
+// weights in the backward-data layout [cin][8 - tap][cout] (flipped, transposed). One launch for all parameters:
+// block i works on tile i - tile0 of the table entry found by binary search (32 x 32 (cin, cout) tiles of one tap
+// for convolutions, 1024 elements otherwise). Block (32, 8).
+struct CastEntry {
+    int tile0, conv, cin, cout;
+    long long off, n;
+};
+__global__ void weights_to_bf16_kernel(const float* __restrict__ p, bf16* __restrict__ pw, bf16* __restrict__ wd,
+                                       const CastEntry* __restrict__ table, int entries) {
+    __shared__ float tile[32][33];
+    int lo = 0, hi = entries - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (table[mid].tile0 <= (int)blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    const CastEntry e = table[lo];
+    const int t = blockIdx.x - e.tile0, tx = threadIdx.x, ty = threadIdx.y;
+    if (!e.conv) {
+        const long long end = min(e.n, (long long)(t + 1) * 1024);
+        for (long long i = (long long)t * 1024 + ty * 32 + tx; i < end; i += 256) pw[e.off + i] = __float2bfloat16_rn(p[e.off + i]);
+        return;
+    }
+    const int tco = (e.cout + 31) / 32, tci = (e.cin + 31) / 32;
+    const int tap = t / (tci * tco), r = t - tap * tci * tco, ci0 = (r / tco) * 32, co0 = (r - (r / tco) * tco) * 32;
+    for (int i = ty; i < 32; i += 8) {  // read [tap][ci][co] along co; wd along co
+        const int ci = ci0 + i, co = co0 + tx;
+        const bool in = ci < e.cin && co < e.cout;
+        const float v = in ? p[e.off + ((size_t)tap * e.cin + ci) * e.cout + co] : 0.f;
+        tile[i][tx] = v;
+        if (in) wd[e.off + ((size_t)ci * 9 + (8 - tap)) * e.cout + co] = __float2bfloat16_rn(v);
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {  // pw along ci
+        const int co = co0 + i, ci = ci0 + tx;
+        if (ci < e.cin && co < e.cout) pw[e.off + ((size_t)co * 9 + tap) * e.cin + ci] = __float2bfloat16_rn(tile[tx][i]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // per-(b, channel) sums over pixels: x (Bq, P, C) -> partial (Bq, S, C) of double2, S pixel chunks per sample.
 // MODE 0: (x, x^2) (GroupNorm statistics). MODE 1: GroupNorm backward (dz, dz * xhat) with dz = dy * silu'(z) when
 // silu, z = xhat*gamma + beta. MODE 2: (x, 0) (bias and time-embedding gradients). From dev/groupnorm.cu.
-template <int MODE>
-__global__ void chan_reduce_kernel(const float* __restrict__ x, const float* __restrict__ dy,
+template <int MODE, typename T>
+__global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    const float* __restrict__ gamma, const float* __restrict__ beta, int P, int C,
                                    int G, int silu, double2* __restrict__ partial) {
@@ -1168,13 +1751,13 @@ __global__ void chan_reduce_kernel(const float* __restrict__ x, const float* __r
         }
         for (int p = p0 + lane; p < p1; p += lanes) {
             size_t idx = ((size_t)b * P + p) * C + c;
-            float v = x[idx];
+            float v = to_float(x[idx]);
             if (MODE == 0) {
                 ax += v;
                 ay += (double)v * v;
             } else if (MODE == 1) {
                 float xh = (v - mu) * rs;
-                float d = dy[idx];
+                float d = to_float(dy[idx]);
                 if (silu) d *= silu_grad(xh * ga + be);
                 ax += d;
                 ay += (double)d * xh;
@@ -1215,7 +1798,8 @@ __global__ void gn_stats_finalize_kernel(const double2* partial, float* mean, fl
 }
 
 // y = (x - mean) * rstd * gamma + beta, then SiLU when silu. x, y (Bq, P, C).
-__global__ void gn_apply_kernel(const float* __restrict__ x, float* __restrict__ y, const float* mean,
+template <typename T>
+__global__ void gn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* mean,
                                 const float* rstd, const float* gamma, const float* beta, int Bq, int P, int C,
                                 int G, int silu) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1224,8 +1808,8 @@ __global__ void gn_apply_kernel(const float* __restrict__ x, float* __restrict__
     int c = (int)(i % C);
     int b = (int)(i / ((size_t)P * C));
     int bg = b * G + c / (C / G);
-    float z = (x[i] - mean[bg]) * rstd[bg] * gamma[c] + beta[c];
-    y[i] = silu ? silu_f(z) : z;
+    float z = (to_float(x[i]) - mean[bg]) * rstd[bg] * gamma[c] + beta[c];
+    y[i] = from_float<T>(silu ? silu_f(z) : z);
 }
 
 // From MODE 1 partials: dgamma, dbeta (sums over b and chunks) and per (b, g) the two means of the backward:
@@ -1263,8 +1847,9 @@ __global__ void gn_bwd_finalize_kernel(const double2* partial, const float* gamm
 }
 
 // dx (+)= rstd * (dz*gamma - coef.x - xhat * coef.y)
-__global__ void gn_bwd_apply_kernel(const float* __restrict__ x, const float* __restrict__ dy,
-                                    float* __restrict__ dx, const float* mean, const float* rstd,
+template <typename T>
+__global__ void gn_bwd_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                                    const float* mean, const float* rstd,
                                     const float* gamma, const float* beta, const float2* coef, int Bq, int P, int C,
                                     int G, int silu, int accumulate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1274,12 +1859,12 @@ __global__ void gn_bwd_apply_kernel(const float* __restrict__ x, const float* __
     int b = (int)(i / ((size_t)P * C));
     int bg = b * G + c / (C / G);
     float rs = rstd[bg];
-    float xh = (x[i] - mean[bg]) * rs;
-    float d = dy[i];
+    float xh = (to_float(x[i]) - mean[bg]) * rs;
+    float d = to_float(dy[i]);
     if (silu) d *= silu_grad(xh * gamma[c] + beta[c]);
     float2 k = coef[bg];
     float v = rs * (d * gamma[c] - k.x - xh * k.y);
-    dx[i] = accumulate ? dx[i] + v : v;
+    dx[i] = from_float<T>(accumulate ? to_float(dx[i]) + v : v);
 }
 
 // out[c] (+)= sum over b and chunks (per_b = 0), or out[b*C + c] (+)= sum over chunks (per_b = 1)
@@ -1305,12 +1890,13 @@ __global__ void sums_finalize_kernel(const double2* partial, float* out, int Bq,
 // elementwise kernels
 
 // out[m, n] += bias[n] (+ res[m, n])
-__global__ void add_bias_kernel(float* out, const float* bias, const float* res, size_t M, int N) {
+template <typename T>
+__global__ void add_bias_kernel(T* out, const float* bias, const T* res, size_t M, int N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * N) return;
-    float v = out[i] + bias[i % N];
-    if (res) v += res[i];
-    out[i] = v;
+    float v = to_float(out[i]) + bias[i % N];
+    if (res) v += to_float(res[i]);
+    out[i] = from_float<T>(v);
 }
 
 __global__ void silu_kernel(const float* x, float* y, size_t n) {
@@ -1323,9 +1909,16 @@ __global__ void silu_backward_kernel(const float* x, const float* dy, float* dx,
     if (i < n) dx[i] = dy[i] * silu_grad(x[i]);
 }
 // y (+)= x
-__global__ void add_kernel(const float* x, float* y, size_t n, int accumulate) {
+template <typename T>
+__global__ void add_kernel(const T* x, T* y, size_t n, int accumulate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = accumulate ? y[i] + x[i] : x[i];
+    if (i < n) y[i] = accumulate ? from_float<T>(to_float(y[i]) + to_float(x[i])) : x[i];
+}
+// y = x converted (float <-> bf16)
+template <typename Tin, typename Tout>
+__global__ void convert_kernel(const Tin* x, Tout* y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = from_float<Tout>(to_float(x[i]));
 }
 
 // emb (B, dim) = cat[cos(t*f), sin(t*f)], f_k = exp(-ln(10000) * k / half), as dev/unet.py timestep_embedding
@@ -1344,7 +1937,8 @@ __global__ void timestep_embedding_kernel(const int* t, float* emb, int B, int d
 }
 
 // cat (B, P, C1+C2) = [a (B, P, C1), b (B, P, C2)]
-__global__ void concat_kernel(const float* a, const float* b, float* out, size_t BP, int C1, int C2) {
+template <typename T>
+__global__ void concat_kernel(const T* a, const T* b, T* out, size_t BP, int C1, int C2) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int C = C1 + C2;
     if (i >= BP * C) return;
@@ -1353,24 +1947,25 @@ __global__ void concat_kernel(const float* a, const float* b, float* out, size_t
     out[i] = c < C1 ? a[p * C1 + c] : b[p * C2 + c - C1];
 }
 // da (+)= dcat[:, :C1], db (+)= dcat[:, C1:]
-__global__ void split_backward_kernel(const float* dcat, float* da, float* db, size_t BP, int C1, int C2, int acc_a,
-                                      int acc_b) {
+template <typename T>
+__global__ void split_backward_kernel(const T* dcat, T* da, T* db, size_t BP, int C1, int C2, int acc_a, int acc_b) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int C = C1 + C2;
     if (i >= BP * C) return;
     size_t p = i / C;
     int c = (int)(i % C);
-    float v = dcat[i];
+    float v = to_float(dcat[i]);
     if (c < C1) {
         size_t j = p * C1 + c;
-        da[j] = acc_a ? da[j] + v : v;
+        da[j] = from_float<T>(acc_a ? to_float(da[j]) + v : v);
     } else {
         size_t j = p * C2 + c - C1;
-        db[j] = acc_b ? db[j] + v : v;
+        db[j] = from_float<T>(acc_b ? to_float(db[j]) + v : v);
     }
 }
 // nearest x2: out (B, 2H, 2W, C) from x (B, H, W, C)
-__global__ void upsample_kernel(const float* x, float* out, int B, int H, int W, int C) {
+template <typename T>
+__global__ void upsample_kernel(const T* x, T* out, int B, int H, int W, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t n = (size_t)B * 4 * H * W * C;
     if (i >= n) return;
@@ -1380,17 +1975,18 @@ __global__ void upsample_kernel(const float* x, float* out, int B, int H, int W,
     out[i] = x[(((size_t)b * H + oy / 2) * W + ox / 2) * C + c];
 }
 // dx (+)= sum of the 2x2 block of dout
-__global__ void upsample_backward_kernel(const float* dout, float* dx, int B, int H, int W, int C, int accumulate) {
+template <typename T>
+__global__ void upsample_backward_kernel(const T* dout, T* dx, int B, int H, int W, int C, int accumulate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t n = (size_t)B * H * W * C;
     if (i >= n) return;
     int c = (int)(i % C);
     size_t p = i / C;
     int x = (int)(p % W), y = (int)((p / W) % H), b = (int)(p / ((size_t)H * W));
-    const float* d = dout + (((size_t)b * 2 * H + 2 * y) * 2 * W + 2 * x) * C + c;
+    const T* d = dout + (((size_t)b * 2 * H + 2 * y) * 2 * W + 2 * x) * C + c;
     size_t row = (size_t)2 * W * C;
-    float v = (d[0] + d[C]) + (d[row] + d[row + C]);
-    dx[i] = accumulate ? dx[i] + v : v;
+    float v = (to_float(d[0]) + to_float(d[C])) + (to_float(d[row]) + to_float(d[row + C]));
+    dx[i] = from_float<T>(accumulate ? to_float(dx[i]) + v : v);
 }
 
 // Attention softmax and its backward: the softmax lab's short-row kernels (promoted from dev/softmax_forward.cu
@@ -1508,22 +2104,24 @@ __global__ void load_batch_kernel(const uint8_t* images, const int* code, float*
     x0[i] = (float)images[(((size_t)img * H + y) * W + sx) * 3 + c] / 127.5f - 1.0f;
 }
 // x_t = sqrt(acp[t]) x0 + sqrt(1 - acp[t]) noise, rounded as PyTorch's two products and a sum
+template <typename T>
 __global__ void q_sample_kernel(const float* x0, const float* noise, const int* t, const float* sa, const float* sb,
-                                float* xt, int B, int per) {
+                                T* xt, int B, int per) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)B * per) return;
     int ti = t[i / per];
-    xt[i] = __fadd_rn(__fmul_rn(sa[ti], x0[i]), __fmul_rn(sb[ti], noise[i]));
+    xt[i] = from_float<T>(__fadd_rn(__fmul_rn(sa[ti], x0[i]), __fmul_rn(sb[ti], noise[i])));
 }
 // per-block partial sums of (out - target)^2, and dout = 2 (out - target) / n
-__global__ void mse_kernel(const float* out, const float* target, float* dout, double* partial, size_t n) {
+template <typename T>
+__global__ void mse_kernel(const T* out, const float* target, T* dout, double* partial, size_t n) {
     __shared__ double red[256];
     double s = 0.0;
     float scale = 2.0f / (float)n;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float d = out[i] - target[i];
+        float d = to_float(out[i]) - target[i];
         s += (double)d * d;
-        dout[i] = scale * d;
+        dout[i] = from_float<T>(scale * d);
     }
     red[threadIdx.x] = s;
     __syncthreads();
@@ -1582,12 +2180,13 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
 // x0 = clip(x/sqrt(acp) - sqrt(1/acp - 1) eps, -1, 1); ddpm: x = c1 x0 + c2 x + sigma z (sigma 0 at t = 0);
 // ddim (eta 0): eps' = (x/sqrt(acp) - x0) / sqrt(1/acp - 1); x = sqrt(acp_prev) x0 + sqrt(1 - acp_prev) eps'.
 // k: a = sqrt(1/acp), b = sqrt(1/acp - 1), c1/sqrt(acp_prev), c2/sqrt(1-acp_prev), sigma
-__global__ void sample_step_kernel(float* x, const float* eps, const float* z, size_t n, int ddim, float a, float b,
+template <typename T>
+__global__ void sample_step_kernel(float* x, const T* eps, const float* z, size_t n, int ddim, float a, float b,
                                    float c1, float c2, float sigma) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float xi = x[i];
-    float x0 = fminf(fmaxf(a * xi - b * eps[i], -1.f), 1.f);
+    float x0 = fminf(fmaxf(a * xi - b * to_float(eps[i]), -1.f), 1.f);
     if (ddim) {
         float e = (a * xi - x0) / b;
         x[i] = c1 * x0 + c2 * e;
@@ -1608,15 +2207,22 @@ __global__ void to_uint8_kernel(const float* x, uint8_t* out, size_t n) {
 // model
 // ================================================================================================================
 
+// --precision: bf16 activations and compute weights (fp32 master weights, optimizer state and accumulation), TF32
+// tensor cores on fp32 activations, or strict fp32 (the mode dev/test_unet.cu compares with PyTorch tensor for tensor)
+enum Precision { PREC_FP32 = 0, PREC_TF32 = 1, PREC_BF16 = 2 };
+static const char* PREC_NAME[3] = {"fp32", "tf32", "bf16"};
+
 static cublasHandle_t g_cublas;
 static cudaStream_t g_stream = 0;  // every launch of the model goes here (a capturable stream: CUDA graphs)
 static int g_num_sms = 132;
-static bool g_tf32 = true;  // TF32 tensor cores for convolutions and cuBLAS products
+static bool g_tf32 = true;  // TF32 tensor cores for the fp32 convolutions and cuBLAS products
 static const int EW = 256;  // elementwise block size
 
 static void* g_cublas_ws = nullptr;
-// cuBLAS handle on a fresh stream with a fixed workspace (nothing allocated while a CUDA graph is captured)
-static void gpu_init(bool tf32) {
+// cuBLAS handle on a fresh stream with a fixed workspace (nothing allocated while a CUDA graph is captured); the
+// fp32 products that remain in a bf16 run (time embedding, attention core) use TF32
+static void gpu_init(Precision prec) {
+    const bool tf32 = prec != PREC_FP32;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     g_num_sms = prop.multiProcessorCount;
@@ -1650,14 +2256,30 @@ struct Param {
     size_t off, n;
 };
 
-// an activation and its gradient; g_written tracks whether the gradient holds a value in this backward pass
+// an activation and its gradient, float (x, g) or bf16 (xb, gb) as the run's precision says (the other pair stays
+// null); g_written tracks whether the gradient holds a value in this backward pass
 struct Buf {
     float* x = nullptr;
     float* g = nullptr;
+    bf16* xb = nullptr;
+    bf16* gb = nullptr;
     size_t n = 0;
     int H = 0, W = 0, C = 0;
     bool g_written = false;
 };
+
+template <typename T>
+static T* act(const Buf* b);
+template <>
+float* act<float>(const Buf* b) { return b->x; }
+template <>
+bf16* act<bf16>(const Buf* b) { return b->xb; }
+template <typename T>
+static T* grad(const Buf* b);
+template <>
+float* grad<float>(const Buf* b) { return b->g; }
+template <>
+bf16* grad<bf16>(const Buf* b) { return b->gb; }
 
 struct ConvP { int cin = 0, cout = 0, stride = 1; size_t w = 0, b = 0; };  // 3x3, padding 1
 struct LinP { int in = 0, out = 0; size_t w = 0, b = 0; };                // (out, in): Linear, 1x1 conv, conv1d
@@ -1683,10 +2305,15 @@ struct Op {
 
 struct UNet {
     UNetConfig cfg;
+    Precision prec = PREC_TF32;
     int B = 0, E = 0;  // batch, time embedding width 4C
     std::vector<Param> params;
     size_t n_params = 0;
     float *p = nullptr, *g = nullptr, *m = nullptr, *v = nullptr, *ema = nullptr;
+    // bf16: the compute copy of the weights (weights_to_bf16_kernel), refreshed after every update
+    bf16 *pw = nullptr, *wd = nullptr;
+    CastEntry* cast_table = nullptr;
+    int cast_entries = 0, cast_tiles = 0;
     std::vector<Op> ops;
     std::vector<Buf*> bufs;
     LinP te0, te2;
@@ -1713,6 +2340,10 @@ struct UNet {
     float2* gn_coef = nullptr;
     float* dS = nullptr;  // attention score gradients (max over layers)
     size_t dS_floats = 0;
+    bf16* dy_up = nullptr;  // bf16: dY of a stride-2 convolution with zeros inserted (backward-data)
+    size_t dy_up_elems = 0;
+    float* attn32 = nullptr;  // bf16: fp32 scratch of the attention core: qkv, dqkv, a, da (attn32_part floats each)
+    size_t attn32_part = 0;
     int adam_t = 0;  // completed AdamW steps
     int* adam_dev = nullptr;       // the same count on the device
     float* adam_hyper = nullptr;   // (step size, sqrt of bias correction 2, EMA decay) of the current step
@@ -1732,7 +2363,7 @@ static size_t add_param(UNet* m, const std::string& name, int kind, std::vector<
         if (d < p.ndim) p.n *= (size_t)shape[d];
     }
     p.off = m->n_params;
-    m->n_params += (p.n + 3) / 4 * 4;  // every parameter 16-byte aligned (float4 loads of biases)
+    m->n_params += (p.n + 7) / 8 * 8;  // every parameter 32-byte aligned: float4 loads, 16-byte aligned bf16 copies
     m->params.push_back(p);
     return p.off;
 }
@@ -1826,6 +2457,180 @@ static size_t conv_scratch_floats_need(int B, const ConvP& c, int H, int W) {
     size_t need = 9 * (size_t)c.cin * c.cout;
     if (c.cout % 4) need = std::max({need, 9 * (size_t)c.cin * 8, (size_t)B * Ho * Wo * 8});
     return need;
+}
+
+// bf16 convolutions on wgmma: the TMA views, the geometry and the plan of each pass (launched below)
+
+// true when this binary carries sm_90a code and the GPU is compute capability 9.0 (the wgmma path can run)
+__global__ void sm90a_probe_kernel(int* flag) { *flag = UNET_SM90A; }
+static bool have_sm90a() {
+    static int cached = -1;
+    if (cached >= 0) return cached == 1;
+    cached = 0;
+    int dev, major, minor;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) return false;
+    int* d_flag;
+    cudaCheck(cudaMalloc(&d_flag, sizeof(int)));
+    sm90a_probe_kernel<<<1, 1>>>(d_flag);
+    cudaCheck(cudaGetLastError());
+    int flag = 0;
+    cudaCheck(cudaMemcpy(&flag, d_flag, sizeof(int), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(d_flag));
+    cached = flag;
+    return cached == 1;
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda)
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (fn == nullptr) {
+        cudaDriverEntryPointQueryResult q;
+        void* p = nullptr;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || p == nullptr) {
+            fprintf(stderr, "error: cuTensorMapEncodeTiled: driver entry point not found (query result %d)\n", (int)q);
+            exit(EXIT_FAILURE);
+        }
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+    return fn;
+}
+// A bf16 TMA view: dims innermost first, strides (bytes) of dims 1.., box extents; 128-byte swizzle, zero fill
+static CUtensorMap tensor_map_bf16(const void* base, int rank, const uint64_t* dims, const uint64_t* strides,
+                                   const uint32_t* box) {
+    CUtensorMap map;
+    cuuint64_t d[5], s[4];
+    cuuint32_t bx[5], es[5];
+    for (int i = 0; i < rank; i++) {
+        d[i] = dims[i];
+        bx[i] = box[i];
+        es[i] = 1;
+        if (i + 1 < rank) s[i] = strides[i];
+    }
+    CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), d, s, bx,
+                                      es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "internal error: cuTensorMapEncodeTiled failed (%d): rank %d, dims %llu %llu %llu, box %u %u "
+                "%u, base %p\n", (int)r, rank, (unsigned long long)dims[0], (unsigned long long)dims[1],
+                (unsigned long long)dims[2], box[0], box[1], box[2], base);
+        exit(EXIT_FAILURE);
+    }
+    return map;
+}
+
+// Geometry of a pass gathering input (B, H, W, C) with `stride` into Ho x Wo pixels of N channels: pixel boxes of
+// 64 (powers of 2 along x, then y, then images) and the k-tiles of the mode (0: taps x channel chunks, 1: boxes).
+static ConvWgGeom conv_wg_geom(int mode, int B, int H, int W, int C, int N, int stride) {
+    ConvWgGeom g;
+    g.B = B; g.C = C; g.N = N; g.stride = stride;
+    g.Ho = (H - 1) / stride + 1; g.Wo = (W - 1) / stride + 1;
+    g.kc = ceil_div(C, CW_BK);
+    g.bw = 1;
+    while (g.bw < g.Wo && g.bw < CW_BOX) g.bw *= 2;
+    g.bh = 1;
+    while (g.bh < g.Ho && g.bw * g.bh < CW_BOX) g.bh *= 2;
+    g.bb = CW_BOX / (g.bw * g.bh);
+    g.nbx = ceil_div(g.Wo, g.bw);
+    g.nby = ceil_div(g.Ho, g.bh);
+    g.nbox = g.nbx * g.nby * ceil_div(B, g.bb);
+    g.ktiles = mode == 0 ? 9 * g.kc : g.nbox;
+    g.M = mode == 0 ? B * g.Ho * g.Wo : 9 * C;
+    g.kchunk = g.ktiles;
+    return g;
+}
+// The TMA views of a pass: the gathered input x (stride 2: its 4 parity views) and B (mode 0: the weights
+// [N][9][C], boxes of bn rows; mode 1: dY (B, Ho, Wo, N)), every box 64 channels wide.
+static ConvWgMaps conv_wg_maps(int mode, const ConvWgGeom& g, int H, int W, const __nv_bfloat16* x,
+                               const __nv_bfloat16* bm, int bn) {
+    ConvWgMaps maps;
+    const uint64_t e = sizeof(__nv_bfloat16), C = g.C;
+    const uint32_t box_px[4] = {CW_BK, (uint32_t)g.bw, (uint32_t)g.bh, (uint32_t)g.bb};
+    for (int v = 0; v < (g.stride == 1 ? 1 : 4); v++) {
+        const int py = v / 2, px = v % 2, s = g.stride;
+        const uint64_t dims[4] = {C, (uint64_t)(W - px + s - 1) / s, (uint64_t)(H - py + s - 1) / s, (uint64_t)g.B};
+        const uint64_t strides[3] = {s * C * e, s * W * C * e, (uint64_t)H * W * C * e};
+        maps.a[v] = tensor_map_bf16(x + ((size_t)py * W + px) * C, 4, dims, strides, box_px);
+    }
+    for (int v = g.stride == 1 ? 1 : 4; v < 4; v++) maps.a[v] = maps.a[0];
+    if (mode == 0) {  // box: bn rows (output channels) of one tap's 64 channels
+        const uint64_t dims[3] = {C, 9, (uint64_t)g.N}, strides[2] = {C * e, 9 * C * e};
+        const uint32_t box[3] = {CW_BK, 1, (uint32_t)bn};
+        maps.b = tensor_map_bf16(bm, 3, dims, strides, box);
+    } else {
+        const uint64_t N = g.N;
+        const uint64_t dims[4] = {N, (uint64_t)g.Wo, (uint64_t)g.Ho, (uint64_t)g.B};
+        const uint64_t strides[3] = {N * e, (uint64_t)g.Wo * N * e, (uint64_t)g.Ho * g.Wo * N * e};
+        maps.b = tensor_map_bf16(bm, 4, dims, strides, box_px);
+    }
+    return maps;
+}
+
+// dev/conv2d.cu forces a B tile width / a K split (0: the plan's)
+static int g_cw_bn = 0, g_cw_splits = 0;
+// The B tile width for N channels: the fewest n-tiles x (width + 64), the 64 standing for the A tile that every
+// n-tile loads again (64 -> 64, 128 -> 128, 192 -> 192, 256 -> 256, 320 -> 192, 448 and 512 -> 256).
+static int conv_wg_bn(int N) {
+    if (g_cw_bn > 0) return g_cw_bn;
+    int best = 64;
+    long long best_cost = LLONG_MAX;
+    for (int bn : {256, 192, 128, 64}) {
+        long long cost = (long long)ceil_div(N, bn) * (bn + 64);
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = bn;
+        }
+    }
+    return best;
+}
+// K split of a pass with few output tiles (one block per SM): mode 0 fills one wave, mode 1 (the weight gradient,
+// long K) two; every part keeps >= 4 k-tiles. Sets g->kchunk, returns the number of parts.
+static int conv_wg_split(int mode, ConvWgGeom* g, int bn) {
+    const int blocks = (mode == 0 ? ceil_div(g->nbox, 2) : ceil_div(9 * g->kc, 2)) * ceil_div(g->N, bn);
+    int want = mode == 0 ? (blocks >= g_num_sms ? 1 : g_num_sms / blocks) : 2 * g_num_sms / blocks;
+    if (g_cw_splits > 0) want = g_cw_splits;
+    const int splits = std::max(1, std::min(want, std::max(1, g->ktiles / 4)));
+    g->kchunk = ceil_div(g->ktiles, splits);
+    return ceil_div(g->ktiles, g->kchunk);
+}
+// fp32 workspace (floats) of the split-K partial sums a bf16 3x3 conv needs in any pass (forced widths and splits
+// of dev/conv2d.cu included when set)
+static size_t conv_wg_ws_floats(int B, const ConvP& c, int H, int W) {
+    size_t need = 0;
+    for (int mode = 0; mode < 3; mode++) {  // forward, backward-data (on stride 1 geometry), weight gradient
+        int Ci = mode == 1 ? c.cout : c.cin, N = mode == 1 ? c.cin : c.cout, s = mode == 1 ? 1 : c.stride;
+        ConvWgGeom g = conv_wg_geom(mode == 2 ? 1 : 0, B, H, W, Ci, N, s);
+        int splits = conv_wg_split(mode == 2 ? 1 : 0, &g, conv_wg_bn(N));
+        if (mode == 2 || splits > 1) need = std::max(need, (size_t)splits * g.M * g.N);
+    }
+    return need;
+}
+
+template <int MODE, int BN>
+static void conv_wg_launch_bn(const ConvWgMaps& maps, const ConvWgGeom& g, const ConvWgOut& o, int splits) {
+    using Cfg = ConvWg<BN>;
+    static bool attr_set = false;  // > 48 KB of dynamic shared memory needs an opt-in, once per instantiation
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(conv_wgmma_kernel<MODE, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::SMEM_BYTES));
+        attr_set = true;
+    }
+    dim3 grid(MODE == 0 ? ceil_div(g.nbox, 2) : ceil_div(9 * g.kc, 2), ceil_div(g.N, BN), splits);
+    conv_wgmma_kernel<MODE, BN><<<grid, CW_THREADS, Cfg::SMEM_BYTES, g_stream>>>(maps, g, o);
+    cudaCheck(cudaGetLastError());
+}
+template <int MODE>
+static void conv_wg_launch(int bn, const ConvWgMaps& maps, const ConvWgGeom& g, const ConvWgOut& o, int splits) {
+    switch (bn) {
+    case 64: conv_wg_launch_bn<MODE, 64>(maps, g, o, splits); break;
+    case 128: conv_wg_launch_bn<MODE, 128>(maps, g, o, splits); break;
+    case 192: conv_wg_launch_bn<MODE, 192>(maps, g, o, splits); break;
+    case 256: conv_wg_launch_bn<MODE, 256>(maps, g, o, splits); break;
+    default: fprintf(stderr, "internal error: conv B tile width %d\n", bn); exit(EXIT_FAILURE);
+    }
 }
 
 static ConvP add_conv(UNet* m, const std::string& name, int cin, int cout, int stride) {
@@ -2009,6 +2814,33 @@ static void unet_define(UNet* m, const UNetConfig& cfg, int B) {
     }
 }
 
+// bf16: the compute copies of the weights (pw, wd) and the table weights_to_bf16_kernel walks (one entry per
+// parameter of m->params)
+static void unet_allocate_bf16_weights(UNet* m) {
+    const size_t np = m->n_params;
+    cudaCheck(cudaMalloc(&m->pw, np * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&m->wd, np * sizeof(bf16)));
+    cudaCheck(cudaMemset(m->pw, 0, np * sizeof(bf16)));
+    cudaCheck(cudaMemset(m->wd, 0, np * sizeof(bf16)));
+    std::vector<CastEntry> table;
+    int tiles = 0;
+    for (const Param& p : m->params) {
+        CastEntry e;
+        e.tile0 = tiles;
+        e.conv = p.kind == PK_CONV3;
+        e.cout = p.shape[0];
+        e.cin = e.conv ? p.shape[1] : 0;
+        e.off = (long long)p.off;
+        e.n = (long long)p.n;
+        tiles += e.conv ? 9 * ceil_div(e.cin, 32) * ceil_div(e.cout, 32) : ceil_div(p.n, 1024);
+        table.push_back(e);
+    }
+    m->cast_entries = (int)table.size();
+    m->cast_tiles = tiles;
+    cudaCheck(cudaMalloc(&m->cast_table, table.size() * sizeof(CastEntry)));
+    cudaCheck(cudaMemcpy(m->cast_table, table.data(), table.size() * sizeof(CastEntry), cudaMemcpyHostToDevice));
+}
+
 // Allocates every device buffer of a defined model, once.
 static void unet_allocate(UNet* m) {
     const int B = m->B, MC = m->cfg.model_channels;
@@ -2023,10 +2855,15 @@ static void unet_allocate(UNet* m) {
     cudaCheck(cudaMemset(m->m, 0, np * 4));
     cudaCheck(cudaMemset(m->v, 0, np * 4));
     cudaCheck(cudaMemset(m->g, 0, np * 4));
-    // activations and their gradients
+    // activations and their gradients, in the run's precision
     for (Buf* b : m->bufs) {
-        b->x = dev_alloc(b->n);
-        b->g = dev_alloc(b->n);
+        if (m->prec == PREC_BF16) {
+            cudaCheck(cudaMalloc(&b->xb, std::max<size_t>(b->n, 1) * sizeof(bf16)));
+            cudaCheck(cudaMalloc(&b->gb, std::max<size_t>(b->n, 1) * sizeof(bf16)));
+        } else {
+            b->x = dev_alloc(b->n);
+            b->g = dev_alloc(b->n);
+        }
     }
     m->x0 = dev_alloc(m->xt->n);
     m->noise = dev_alloc(m->xt->n);
@@ -2049,9 +2886,14 @@ static void unet_allocate(UNet* m) {
     // per-op state and workspace sizes
     size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0;
     int G = 32;
+    size_t dy_up = 0;
     auto conv_ws_need = [&](const ConvP& c, int H, int W) {  // H, W: the conv's input
         ws = std::max(ws, conv_ws_floats_need(B, c, H, W));
         wf = std::max(wf, conv_scratch_floats_need(B, c, H, W));
+        if (m->prec == PREC_BF16) {
+            ws = std::max(ws, conv_wg_ws_floats(B, c, H, W));
+            if (c.stride == 2) dy_up = std::max(dy_up, (size_t)B * H * W * c.cout);
+        }
     };
     red = (size_t)1024 * 2048;  // chan_reduce partials: Bq*S <= 1024 blocks, C <= 2048 (checked at launch)
     for (Op& o : m->ops) {
@@ -2095,24 +2937,38 @@ static void unet_allocate(UNet* m) {
     cudaCheck(cudaMalloc(&m->gn_coef, gncoef * sizeof(float2)));
     m->dS_floats = dS;
     m->dS = dev_alloc(dS);
-    // attention pointer arrays: Q, K, V, P, O, dQ, dK, dV, dO, dS for each (b, head)
+    if (m->prec == PREC_BF16) {
+        m->dy_up_elems = dy_up;
+        cudaCheck(cudaMalloc(&m->dy_up, std::max<size_t>(dy_up, 1) * sizeof(bf16)));
+        for (Op& o : m->ops)
+            if (o.kind == OP_ATTN) m->attn32_part = std::max(m->attn32_part, o.qkvb->n);
+        m->attn32 = dev_alloc(4 * m->attn32_part);
+        unet_allocate_bf16_weights(m);
+    }
+    // attention pointer arrays: Q, K, V, P, O, dQ, dK, dV, dO, dS for each (b, head); the core runs in fp32, on
+    // the activations themselves or (bf16) on the fp32 scratch m->attn32
     for (Op& o : m->ops) {
         if (o.kind != OP_ATTN) continue;
         int C = o.in->C, d = C / o.heads, nb = B * o.heads, L = o.L;
+        const size_t part = m->attn32_part;
+        float* qkv = m->prec == PREC_BF16 ? m->attn32 : o.qkvb->x;
+        float* dqkv = m->prec == PREC_BF16 ? m->attn32 + part : o.qkvb->g;
+        float* a = m->prec == PREC_BF16 ? m->attn32 + 2 * part : o.att->x;
+        float* da = m->prec == PREC_BF16 ? m->attn32 + 3 * part : o.att->g;
         std::vector<const float*> h_ptrs(10 * (size_t)nb);
         for (int b = 0; b < B; b++)
             for (int hd = 0; hd < o.heads; hd++) {
                 int i = b * o.heads + hd;
                 size_t tok = (size_t)b * L;
-                h_ptrs[0 * nb + i] = o.qkvb->x + tok * 3 * C + hd * 3 * d;
-                h_ptrs[1 * nb + i] = o.qkvb->x + tok * 3 * C + hd * 3 * d + d;
-                h_ptrs[2 * nb + i] = o.qkvb->x + tok * 3 * C + hd * 3 * d + 2 * d;
+                h_ptrs[0 * nb + i] = qkv + tok * 3 * C + hd * 3 * d;
+                h_ptrs[1 * nb + i] = qkv + tok * 3 * C + hd * 3 * d + d;
+                h_ptrs[2 * nb + i] = qkv + tok * 3 * C + hd * 3 * d + 2 * d;
                 h_ptrs[3 * nb + i] = o.P + (size_t)i * L * L;
-                h_ptrs[4 * nb + i] = o.att->x + tok * C + hd * d;
-                h_ptrs[5 * nb + i] = o.qkvb->g + tok * 3 * C + hd * 3 * d;
-                h_ptrs[6 * nb + i] = o.qkvb->g + tok * 3 * C + hd * 3 * d + d;
-                h_ptrs[7 * nb + i] = o.qkvb->g + tok * 3 * C + hd * 3 * d + 2 * d;
-                h_ptrs[8 * nb + i] = o.att->g + tok * C + hd * d;
+                h_ptrs[4 * nb + i] = a + tok * C + hd * d;
+                h_ptrs[5 * nb + i] = dqkv + tok * 3 * C + hd * 3 * d;
+                h_ptrs[6 * nb + i] = dqkv + tok * 3 * C + hd * 3 * d + d;
+                h_ptrs[7 * nb + i] = dqkv + tok * 3 * C + hd * 3 * d + 2 * d;
+                h_ptrs[8 * nb + i] = da + tok * C + hd * d;
                 h_ptrs[9 * nb + i] = m->dS + (size_t)i * L * L;
             }
         cudaCheck(cudaMalloc(&o.ptrs, h_ptrs.size() * sizeof(float*)));
@@ -2139,8 +2995,9 @@ static void unet_allocate(UNet* m) {
 
 static void unet_free(UNet* m) {
     for (Buf* b : m->bufs) {
-        cudaCheck(cudaFree(b->x));
-        cudaCheck(cudaFree(b->g));
+        void* ps[4] = {b->x, b->g, b->xb, b->gb};
+        for (void* p : ps)
+            if (p) cudaCheck(cudaFree(p));
         delete b;
     }
     m->bufs.clear();
@@ -2151,10 +3008,14 @@ static void unet_free(UNet* m) {
         if (o.ptrs) cudaCheck(cudaFree(o.ptrs));
     }
     m->ops.clear();
-    float* fs[] = {m->p, m->g, m->m, m->v, m->ema, m->x0, m->noise, m->temb, m->te_h, m->te_a, m->emb, m->emb_s,
-                   m->d_te, m->d_emb, m->d_emb_s, m->loss, m->sqrt_acp, m->sqrt_1m_acp, m->conv_ws, m->wflip, m->dS};
-    for (float* f : fs)
+    void* fs[] = {m->p, m->g, m->m, m->v, m->ema, m->x0, m->noise, m->temb, m->te_h, m->te_a, m->emb, m->emb_s,
+                  m->d_te, m->d_emb, m->d_emb_s, m->loss, m->sqrt_acp, m->sqrt_1m_acp, m->conv_ws, m->wflip, m->dS,
+                  m->pw, m->wd, m->cast_table, m->dy_up, m->attn32};
+    for (void* f : fs)
         if (f) cudaCheck(cudaFree(f));
+    m->pw = m->wd = m->dy_up = nullptr;
+    m->cast_table = nullptr;
+    m->attn32 = nullptr;
     cudaCheck(cudaFree(m->t));
     cudaCheck(cudaFree(m->adam_dev));
     cudaCheck(cudaFree(m->adam_hyper));
@@ -2225,10 +3086,27 @@ static std::vector<float> unet_init_host(const UNet* m, uint64_t seed) {
     for (const Param& p : m->params) param_from_torch(p, h.data() + p.off, ours.data() + p.off);
     return ours;
 }
+// bf16: the compute copy of the weights from m->p; to be called after anything writes m->p (load, init, update)
+static void unet_weights_changed(UNet* m) {
+    if (m->prec != PREC_BF16) return;
+    weights_to_bf16_kernel<<<m->cast_tiles, dim3(32, 8), 0, g_stream>>>(m->p, m->pw, m->wd, m->cast_table,
+                                                                         m->cast_entries);
+    cudaCheck(cudaGetLastError());
+}
 static void unet_init_weights(UNet* m, uint64_t seed) {
     std::vector<float> ours = unet_init_host(m, seed);
     cudaCheck(cudaMemcpy(m->p, ours.data(), m->n_params * 4, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
+    unet_weights_changed(m);
+}
+// bf16 attention operands in and out of the fp32 scratch of the attention core
+static void attn_to_fp32(const bf16* x, size_t n, float* y) {
+    convert_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(x, y, n);
+    cudaCheck(cudaGetLastError());
+}
+static void attn_from_fp32(const float* x, bf16* y, size_t n) {
+    convert_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(x, y, n);
+    cudaCheck(cudaGetLastError());
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -2359,59 +3237,176 @@ static void conv6_weight_grad(const UNet* m, ConvGeom g, const float* x, const f
     cudaCheck(cudaGetLastError());
 }
 
-// y (B, Ho, Wo, cout) (+)= conv3x3(x (B, H, W, cin)) + bias (+ emb[b, cout])
-static void conv3x3_forward(const UNet* m, const ConvP& c, const float* x, float* y, int H, int W,
-                            const float* emb, bool accumulate) {
-    ConvGeom g = conv_geom_forward(m->B, c, H, W);
-    if (g_tf32 && g_conv_v == 6 && conv6_forward_ok(c)) {
-        conv6_forward_mode(m, g, x, m->p + c.w, y, m->p + c.b, emb, accumulate);
-        return;
+// bf16 3x3 convolutions: the TMA path needs 16-byte pixel rows (channels % 8 == 0) on both sides; the others
+// (the 3-channel input and output convolutions) take the thin kernels
+static bool conv_wg_ok(const ConvP& c) { return c.cin % 8 == 0 && c.cout % 8 == 0; }
+
+// out (B, Ho, Wo, N) (+)= conv(x (B, H, W, C), w [N][9][C]) + bias (+ emb (B, N)) on wgmma (mode 0)
+static void conv_wg_forward(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x, const bf16* w,
+                            bf16* out, const float* bias, const float* emb, bool accumulate) {
+    ConvWgGeom g = conv_wg_geom(0, m->B, H, W, C, N, stride);
+    const int bn = conv_wg_bn(N), splits = conv_wg_split(0, &g, bn);
+    const ConvWgMaps maps = conv_wg_maps(0, g, H, W, x, w, bn);
+    ConvWgOut o = {out, bias, emb, accumulate, m->conv_ws};
+    if (splits > 1) conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
+    conv_wg_launch<0>(bn, maps, g, o, splits);
+    if (splits == 1) return;
+    const size_t n = (size_t)g.M * g.N;
+    conv_splitk_epilogue_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, out, bias, emb, accumulate, g.M,
+                                                                      g.N, g.Ho * g.Wo, splits);
+    cudaCheck(cudaGetLastError());
+}
+// dw [9][C][N] (fp32) = weight gradient from x (B, H, W, C) and dy (B, Ho, Wo, N) on wgmma (mode 1)
+static void conv_wg_weight_grad(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x,
+                                const bf16* dy, float* dw) {
+    ConvWgGeom g = conv_wg_geom(1, m->B, H, W, C, N, stride);
+    const int bn = conv_wg_bn(N), splits = conv_wg_split(1, &g, bn);
+    const ConvWgMaps maps = conv_wg_maps(1, g, H, W, x, dy, bn);
+    ConvWgOut o = {nullptr, nullptr, nullptr, 0, m->conv_ws};
+    conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
+    conv_wg_launch<1>(bn, maps, g, o, splits);
+    const size_t n = (size_t)g.M * g.N;
+    wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, dw, n, splits, 0);
+    cudaCheck(cudaGetLastError());
+}
+// thin bf16 convolutions (conv_thin_kernel): w (K x N) fp32, any ConvGeom of MODE 0
+static void conv_thin(ConvGeom g, const bf16* x, const float* w, bf16* y, const float* bias, bool accumulate) {
+    const size_t smem8 = (size_t)g.K * 8 * sizeof(float), smem64 = (size_t)g.K * 64 * sizeof(float);
+    if (g.N <= 8) {
+        static int attr = 0;
+        if ((int)smem8 > attr) {
+            cudaCheck(cudaFuncSetAttribute(conv_thin_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem8));
+            attr = (int)smem8;
+        }
+        conv_thin_kernel<8><<<dim3(ceil_div(g.M, 128), 1), 128, smem8, g_stream>>>(x, w, y, bias, g, accumulate);
+    } else {
+        static int attr = 0;
+        if ((int)smem64 > attr) {
+            cudaCheck(cudaFuncSetAttribute(conv_thin_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem64));
+            attr = (int)smem64;
+        }
+        conv_thin_kernel<64><<<dim3(ceil_div(g.M, 128), ceil_div(g.N, 64)), 128, smem64, g_stream>>>(x, w, y, bias, g,
+                                                                                                     accumulate);
     }
-    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
-    bool vec = c.cin % CONV_BK == 0 && c.cout % 4 == 0;
-    launch_conv_igemm<0>(grid, vec, x, m->p + c.w, y, m->p + c.b, emb, accumulate, g, 0);
+    cudaCheck(cudaGetLastError());
+}
+template <int PAIRS>
+static void conv_thin_wgrad_launch(int blocks, size_t smem, const bf16* x, const bf16* dy, float* ws, ConvGeom g) {
+    static int attr = 0;
+    if ((int)smem > attr) {
+        cudaCheck(cudaFuncSetAttribute(conv_thin_wgrad_kernel<PAIRS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+        attr = (int)smem;
+    }
+    conv_thin_wgrad_kernel<PAIRS><<<blocks, 512, smem, g_stream>>>(x, dy, ws, g);
+    cudaCheck(cudaGetLastError());
+}
+// dW (9*C x N, fp32) of a thin bf16 convolution: per-block partial sums, then added in a fixed order
+static void conv_thin_weight_grad(const UNet* m, ConvGeom g, const bf16* x, const bf16* dy, float* dw) {
+    const int MN = g.M * g.N, pairs = ceil_div(MN, 512);
+    const int blocks = std::min(ceil_div(g.K, THIN_PIX), 2 * g_num_sms);
+    const size_t smem = (size_t)THIN_PIX * (g.M + g.N) * sizeof(float);
+    conv_ws_check(m->conv_ws_floats, (size_t)blocks * MN, "workspace");
+    if (pairs <= 4) conv_thin_wgrad_launch<4>(blocks, smem, x, dy, m->conv_ws, g);
+    else if (pairs <= 8) conv_thin_wgrad_launch<8>(blocks, smem, x, dy, m->conv_ws, g);
+    else if (pairs <= 16) conv_thin_wgrad_launch<16>(blocks, smem, x, dy, m->conv_ws, g);
+    else if (pairs <= 32) conv_thin_wgrad_launch<32>(blocks, smem, x, dy, m->conv_ws, g);
+    else {
+        fprintf(stderr, "internal error: thin convolution with %d x %d weights\n", g.M, g.N);
+        exit(EXIT_FAILURE);
+    }
+    wgrad_reduce_kernel<<<ceil_div(MN, EW), EW, 0, g_stream>>>(m->conv_ws, dw, MN, blocks, 0);
+    cudaCheck(cudaGetLastError());
+}
+
+// y (B, Ho, Wo, cout) (+)= conv3x3(x (B, H, W, cin)) + bias (+ emb[b, cout])
+template <typename T>
+static void conv3x3_forward(const UNet* m, const ConvP& c, const T* x, T* y, int H, int W, const float* emb,
+                            bool accumulate) {
+    ConvGeom g = conv_geom_forward(m->B, c, H, W);
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (conv_wg_ok(c)) conv_wg_forward(m, H, W, c.cin, c.cout, c.stride, x, m->pw + c.w, y, m->p + c.b, emb,
+                                           accumulate);
+        else if (!emb) conv_thin(g, x, m->p + c.w, y, m->p + c.b, accumulate);
+        else {
+            fprintf(stderr, "internal error: a thin bf16 convolution with a time embedding\n");
+            exit(EXIT_FAILURE);
+        }
+        return;
+    } else {
+        if (g_tf32 && g_conv_v == 6 && conv6_forward_ok(c)) {
+            conv6_forward_mode(m, g, x, m->p + c.w, y, m->p + c.b, emb, accumulate);
+            return;
+        }
+        dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
+        bool vec = c.cin % CONV_BK == 0 && c.cout % 4 == 0;
+        launch_conv_igemm<0>(grid, vec, x, m->p + c.w, y, m->p + c.b, emb, accumulate, g, 0);
+    }
 }
 // dx (B, H, W, cin) (+)= conv3x3 backward-data of dy (B, Ho, Wo, cout)
-static void conv3x3_backward_data(const UNet* m, const ConvP& c, const float* dy, float* dx, int H, int W,
-                                  bool accumulate) {
+template <typename T>
+static void conv3x3_backward_data(const UNet* m, const ConvP& c, const T* dy, T* dx, int H, int W, bool accumulate) {
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (conv_wg_ok(c)) {
+            const bf16* d = dy;
+            if (c.stride == 2) {  // zero-inserted dY: the stride-1 backward-data
+                const size_t n = (size_t)m->B * H * W * c.cout;
+                conv_ws_check(m->dy_up_elems, n, "stride-2 scratch");
+                dilate2_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(dy, m->dy_up, m->B, H, W, c.cout);
+                cudaCheck(cudaGetLastError());
+                d = m->dy_up;
+            }
+            conv_wg_forward(m, H, W, c.cout, c.cin, 1, d, m->wd + c.w, dx, nullptr, nullptr, accumulate);
+            return;
+        }
+    }
     int n = 9 * c.cin * c.cout;
     conv_flip_weights_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->p + c.w, m->wflip, c.cin, c.cout);
     cudaCheck(cudaGetLastError());
     ConvGeom g = conv_geom_backward_data(m->B, c, H, W);
-    if (g_tf32 && g_conv_v == 6 && conv6_backward_data_ok(c)) {
-        conv6_forward_mode(m, g, dy, m->wflip, dx, nullptr, nullptr, accumulate);
-        return;
+    if constexpr (std::is_same<T, bf16>::value) {
+        conv_thin(g, dy, m->wflip, dx, nullptr, accumulate);
+    } else {
+        if (g_tf32 && g_conv_v == 6 && conv6_backward_data_ok(c)) {
+            conv6_forward_mode(m, g, dy, m->wflip, dx, nullptr, nullptr, accumulate);
+            return;
+        }
+        dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
+        bool vec = c.cout % CONV_BK == 0 && c.cin % 4 == 0;
+        launch_conv_igemm<0>(grid, vec, dy, m->wflip, dx, nullptr, nullptr, accumulate, g, 0);
     }
-    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
-    bool vec = c.cout % CONV_BK == 0 && c.cin % 4 == 0;
-    launch_conv_igemm<0>(grid, vec, dy, m->wflip, dx, nullptr, nullptr, accumulate, g, 0);
 }
 // dW = conv3x3 weight gradient from x (B, H, W, cin) and dy (B, Ho, Wo, cout)
-static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const float* x, const float* dy, int H, int W) {
+template <typename T>
+static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const T* x, const T* dy, int H, int W) {
     ConvGeom g = conv_geom_weight(m->B, c, H, W);
-    if (g_tf32 && g_conv_v == 6 && conv6_weight_ok(c)) {
-        conv6_weight_grad(m, g, x, dy, m->g + c.w);
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (conv_wg_ok(c)) conv_wg_weight_grad(m, H, W, c.cin, c.cout, c.stride, x, dy, m->g + c.w);
+        else conv_thin_weight_grad(m, g, x, dy, m->g + c.w);
         return;
+    } else {
+        if (g_tf32 && g_conv_v == 6 && conv6_weight_ok(c)) {
+            conv6_weight_grad(m, g, x, dy, m->g + c.w);
+            return;
+        }
+        int tiles = ceil_div(g.M, CONV_BM) * ceil_div(g.N, CONV_BN);
+        int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), std::max(1, g.K / 256)));
+        int kchunk = ceil_div(ceil_div(g.K, splits), CONV_BK) * CONV_BK;
+        splits = ceil_div(g.K, kchunk);
+        conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
+        dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN), splits);
+        bool vec = c.cin % 4 == 0 && c.cout % 4 == 0;
+        launch_conv_igemm<1>(grid, vec, x, dy, m->conv_ws, nullptr, nullptr, 0, g, kchunk);
+        size_t n = (size_t)g.M * g.N;
+        wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, m->g + c.w, n, splits, 0);
+        cudaCheck(cudaGetLastError());
     }
-    int tiles = ceil_div(g.M, CONV_BM) * ceil_div(g.N, CONV_BN);
-    int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), std::max(1, g.K / 256)));
-    int kchunk = ceil_div(ceil_div(g.K, splits), CONV_BK) * CONV_BK;
-    splits = ceil_div(g.K, kchunk);
-    if ((size_t)splits * g.M * g.N > m->conv_ws_floats) {
-        fprintf(stderr, "internal error: conv workspace too small\n");
-        exit(EXIT_FAILURE);
-    }
-    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN), splits);
-    bool vec = c.cin % 4 == 0 && c.cout % 4 == 0;
-    launch_conv_igemm<1>(grid, vec, x, dy, m->conv_ws, nullptr, nullptr, 0, g, kchunk);
-    size_t n = (size_t)g.M * g.N;
-    wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, m->g + c.w, n, splits, 0);
-    cudaCheck(cudaGetLastError());
 }
 
 // per-(b, c) partial sums of x (Bq, P, C); returns the number of chunks S
-template <int MODE>
-static int chan_reduce(const UNet* m, const float* x, const float* dy, const float* mean, const float* rstd,
+template <int MODE, typename T>
+static int chan_reduce(const UNet* m, const T* x, const T* dy, const float* mean, const float* rstd,
                        const float* gamma, const float* beta, int Bq, int P, int C, int G, int silu) {
     int S = std::max(1, std::min(std::max(1, P / 32), ceil_div(4 * g_num_sms, Bq)));
     S = std::min(S, std::max(1, 1024 / Bq));
@@ -2422,32 +3417,36 @@ static int chan_reduce(const UNet* m, const float* x, const float* dy, const flo
     int threads = 512;
     int lanes = std::max(1, threads / C);
     size_t smem = (size_t)lanes * C * sizeof(double2);
-    chan_reduce_kernel<MODE><<<dim3(Bq, S), threads, smem, g_stream>>>(x, dy, mean, rstd, gamma, beta, P, C, G, silu, m->red_ws);
+    chan_reduce_kernel<MODE, T><<<dim3(Bq, S), threads, smem, g_stream>>>(x, dy, mean, rstd, gamma, beta, P, C, G,
+                                                                          silu, m->red_ws);
     cudaCheck(cudaGetLastError());
     return S;
 }
 // out[c] = sum over (b, p) of x (Bq, P, C) (per_b = 0) or out[b, c] = sum over p (per_b = 1)
-static void channel_sums(const UNet* m, const float* x, float* out, int Bq, int P, int C, int per_b, int accumulate) {
-    int S = chan_reduce<2>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, Bq, P, C, 1, 0);
+template <typename T>
+static void channel_sums(const UNet* m, const T* x, float* out, int Bq, int P, int C, int per_b, int accumulate) {
+    int S = chan_reduce<2, T>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, Bq, P, C, 1, 0);
     sums_finalize_kernel<<<ceil_div(per_b ? Bq * C : C, EW), EW, 0, g_stream>>>(m->red_ws, out, Bq, S, C, per_b, accumulate);
     cudaCheck(cudaGetLastError());
 }
 
-static void groupnorm_forward(const UNet* m, const NormP& n, const float* x, float* y, float* mean, float* rstd, int P,
+template <typename T>
+static void groupnorm_forward(const UNet* m, const NormP& n, const T* x, T* y, float* mean, float* rstd, int P,
                               int silu) {
     const int G = 32, B = m->B;
-    int S = chan_reduce<0>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, n.C, G, 0);
+    int S = chan_reduce<0, T>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, n.C, G, 0);
     gn_stats_finalize_kernel<<<ceil_div(B * G, EW), EW, 0, g_stream>>>(m->red_ws, mean, rstd, B, S, n.C, G, P, 1e-5f);
     cudaCheck(cudaGetLastError());
     size_t total = (size_t)B * P * n.C;
     gn_apply_kernel<<<ceil_div(total, EW), EW, 0, g_stream>>>(x, y, mean, rstd, m->p + n.w, m->p + n.b, B, P, n.C, G, silu);
     cudaCheck(cudaGetLastError());
 }
-static void groupnorm_backward(const UNet* m, const NormP& n, const float* x, const float* dy, float* dx,
-                               const float* mean, const float* rstd, int P, int silu, bool accumulate) {
+template <typename T>
+static void groupnorm_backward(const UNet* m, const NormP& n, const T* x, const T* dy, T* dx, const float* mean,
+                               const float* rstd, int P, int silu, bool accumulate) {
     const int G = 32, B = m->B;
     const float *gamma = m->p + n.w, *beta = m->p + n.b;
-    int S = chan_reduce<1>(m, x, dy, mean, rstd, gamma, beta, B, P, n.C, G, silu);
+    int S = chan_reduce<1, T>(m, x, dy, mean, rstd, gamma, beta, B, P, n.C, G, silu);
     gn_bwd_finalize_kernel<<<ceil_div(std::max(n.C, B * G), EW), EW, 0, g_stream>>>(m->red_ws, gamma, m->g + n.w, m->g + n.b,
                                                                        m->gn_coef, B, S, n.C, G, P);
     cudaCheck(cudaGetLastError());
@@ -2457,19 +3456,37 @@ static void groupnorm_backward(const UNet* m, const NormP& n, const float* x, co
     cudaCheck(cudaGetLastError());
 }
 
+// row-major C (M x N) = alpha op(A) op(B) + beta C for bf16 A and B, fp32 accumulation; C bf16 or fp32 (ctype)
+static void gemm_rm_bf16(bool tA, bool tB, int M, int N, int K, const bf16* A, int lda, const bf16* Bm, int ldb,
+                         void* C, cudaDataType ctype, int ldc, float alpha, float beta) {
+    cublasCheck(cublasGemmEx(g_cublas, tB ? CUBLAS_OP_T : CUBLAS_OP_N, tA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
+                             Bm, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, ctype, ldc, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT));
+}
 // y (rows, out) = x (rows, in) W^T + b (+ res)
-static void linear_forward(const UNet* m, const LinP& l, const float* x, float* y, int rows, const float* res) {
-    gemm_rm(false, true, rows, l.out, l.in, x, l.in, m->p + l.w, l.in, y, l.out, 1.f, 0.f);
+template <typename T>
+static void linear_forward(const UNet* m, const LinP& l, const T* x, T* y, int rows, const T* res) {
+    if constexpr (std::is_same<T, bf16>::value)
+        gemm_rm_bf16(false, true, rows, l.out, l.in, x, l.in, m->pw + l.w, l.in, y, CUDA_R_16BF, l.out, 1.f, 0.f);
+    else gemm_rm(false, true, rows, l.out, l.in, x, l.in, m->p + l.w, l.in, y, l.out, 1.f, 0.f);
     add_bias_kernel<<<ceil_div((size_t)rows * l.out, EW), EW, 0, g_stream>>>(y, m->p + l.b, res, rows, l.out);
     cudaCheck(cudaGetLastError());
 }
 // dW = dy^T x, db = column sums of dy (rows = Bq * P), dx (+)= dy W (skipped when dx is null)
-static void linear_backward(const UNet* m, const LinP& l, const float* x, const float* dy, float* dx, int Bq, int P,
+template <typename T>
+static void linear_backward(const UNet* m, const LinP& l, const T* x, const T* dy, T* dx, int Bq, int P,
                             bool accumulate) {
     int rows = Bq * P;
-    gemm_rm(true, false, l.out, l.in, rows, dy, l.out, x, l.in, m->g + l.w, l.in, 1.f, 0.f);
+    if constexpr (std::is_same<T, bf16>::value) {
+        gemm_rm_bf16(true, false, l.out, l.in, rows, dy, l.out, x, l.in, m->g + l.w, CUDA_R_32F, l.in, 1.f, 0.f);
+        if (dx) gemm_rm_bf16(false, false, rows, l.in, l.out, dy, l.out, m->pw + l.w, l.in, dx, CUDA_R_16BF, l.in,
+                             1.f, accumulate ? 1.f : 0.f);
+    } else {
+        gemm_rm(true, false, l.out, l.in, rows, dy, l.out, x, l.in, m->g + l.w, l.in, 1.f, 0.f);
+        if (dx) gemm_rm(false, false, rows, l.in, l.out, dy, l.out, m->p + l.w, l.in, dx, l.in, 1.f,
+                        accumulate ? 1.f : 0.f);
+    }
     channel_sums(m, dy, m->g + l.b, Bq, P, l.out, 0, 0);
-    if (dx) gemm_rm(false, false, rows, l.in, l.out, dy, l.out, m->p + l.w, l.in, dx, l.in, 1.f, accumulate ? 1.f : 0.f);
 }
 
 static bool take_flag(Buf* b) {  // true if b's gradient already holds a value (so accumulate), then marks it
@@ -2513,15 +3530,17 @@ static void profile_report(int steps) {
 // ---------------------------------------------------------------------------------------------------------------
 // forward
 
+template <typename T>
 static void res_forward(UNet* m, Op& o) {
     int P = o.H * o.W, B = m->B;
-    groupnorm_forward(m, o.n1, o.in->x, o.a1->x, o.mean1, o.rstd1, P, 1);
-    linear_forward(m, o.emb, m->emb_s, o.embo, B, nullptr);
-    conv3x3_forward(m, o.c1, o.a1->x, o.h1->x, o.H, o.W, o.embo, false);
-    groupnorm_forward(m, o.n2, o.h1->x, o.a2->x, o.mean2, o.rstd2, P, 1);
-    if (o.has_skip) linear_forward(m, o.skip, o.in->x, o.out->x, B * P, nullptr);
-    else cudaCheck(cudaMemcpyAsync(o.out->x, o.in->x, o.in->n * 4, cudaMemcpyDeviceToDevice, g_stream));
-    conv3x3_forward(m, o.c2, o.a2->x, o.out->x, o.H, o.W, nullptr, true);  // out = skip(x) + h
+    groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.a1), o.mean1, o.rstd1, P, 1);
+    linear_forward<float>(m, o.emb, m->emb_s, o.embo, B, nullptr);
+    conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.h1), o.H, o.W, o.embo, false);
+    groupnorm_forward(m, o.n2, act<T>(o.h1), act<T>(o.a2), o.mean2, o.rstd2, P, 1);
+    if (o.has_skip) linear_forward(m, o.skip, act<T>(o.in), act<T>(o.out), B * P, (const T*)nullptr);
+    else cudaCheck(cudaMemcpyAsync(act<T>(o.out), act<T>(o.in), o.in->n * sizeof(T), cudaMemcpyDeviceToDevice,
+                                   g_stream));
+    conv3x3_forward(m, o.c2, act<T>(o.a2), act<T>(o.out), o.H, o.W, nullptr, true);  // out = skip(x) + h
 }
 
 // The softmax lab's choice of (GROUP, CHUNKS) for a row of `need` 16-byte chunks (its by_row_chunks): 256 columns
@@ -2560,10 +3579,14 @@ static void softmax_backward(const float* P, float* dP, int rows, int L) {
     });
 }
 
+// the attention core runs in fp32 (cuBLAS, TF32 unless strict); a bf16 run converts its operands in and out of
+// m->attn32 (qkv, a and their gradients)
+template <typename T>
 static void attn_forward(UNet* m, Op& o) {
     int B = m->B, L = o.L, C = o.in->C, d = C / o.heads, nb = B * o.heads;
-    groupnorm_forward(m, o.n1, o.in->x, o.xn->x, o.mean1, o.rstd1, L, 0);
-    linear_forward(m, o.qkv, o.xn->x, o.qkvb->x, B * L, nullptr);
+    groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.xn), o.mean1, o.rstd1, L, 0);
+    linear_forward(m, o.qkv, act<T>(o.xn), act<T>(o.qkvb), B * L, (const T*)nullptr);
+    if constexpr (std::is_same<T, bf16>::value) attn_to_fp32(o.qkvb->xb, o.qkvb->n, m->attn32);
     const float* const* pp = o.ptrs;
     float scale2 = (float)(1.0 / sqrt((double)d));  // (q d^-1/4) . (k d^-1/4)
     // S = Q K^T scale2 (L x L per (b, head)), softmax over keys, O = P V
@@ -2573,19 +3596,21 @@ static void attn_forward(UNet* m, Op& o) {
     softmax_forward(o.P, rows, L);
     gemm_rm_batched(false, false, L, d, L, pp + 3 * nb, L, pp + 2 * nb, 3 * C, (float* const*)(pp + 4 * nb), C, 1.f,
                     0.f, nb);
-    linear_forward(m, o.proj, o.att->x, o.out->x, B * L, o.in->x);  // x + proj_out(a)
+    if constexpr (std::is_same<T, bf16>::value) attn_from_fp32(m->attn32 + 2 * m->attn32_part, o.att->xb, o.att->n);
+    linear_forward(m, o.proj, act<T>(o.att), act<T>(o.out), B * L, (const T*)act<T>(o.in));  // x + proj_out(a)
 }
 
-static void unet_forward(UNet* m) {
+template <typename T>
+static void unet_forward_t(UNet* m) {
     int B = m->B, MC = m->cfg.model_channels;
     prof_begin();
     timestep_embedding_kernel<<<ceil_div(B * MC, EW), EW, 0, g_stream>>>(m->t, m->temb, B, MC);
     cudaCheck(cudaGetLastError());
-    linear_forward(m, m->te0, m->temb, m->te_h, B, nullptr);
+    linear_forward<float>(m, m->te0, m->temb, m->te_h, B, nullptr);
     size_t ne = (size_t)B * m->E;
     silu_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->te_h, m->te_a, ne);
     cudaCheck(cudaGetLastError());
-    linear_forward(m, m->te2, m->te_a, m->emb, B, nullptr);
+    linear_forward<float>(m, m->te2, m->te_a, m->emb, B, nullptr);
     silu_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->emb, m->emb_s, ne);
     cudaCheck(cudaGetLastError());
     prof_end(0, 7);
@@ -2593,82 +3618,99 @@ static void unet_forward(UNet* m) {
         prof_begin();
         switch (o.kind) {
         case OP_CONV_IN:
-        case OP_DOWN: conv3x3_forward(m, o.c1, o.in->x, o.out->x, o.H, o.W, nullptr, false); break;
-        case OP_RES: res_forward(m, o); break;
-        case OP_ATTN: attn_forward(m, o); break;
+        case OP_DOWN: conv3x3_forward(m, o.c1, act<T>(o.in), act<T>(o.out), o.H, o.W, nullptr, false); break;
+        case OP_RES: res_forward<T>(m, o); break;
+        case OP_ATTN: attn_forward<T>(m, o); break;
         case OP_UP:
-            upsample_kernel<<<ceil_div(o.up->n, EW), EW, 0, g_stream>>>(o.in->x, o.up->x, B, o.H, o.W, o.in->C);
+            upsample_kernel<<<ceil_div(o.up->n, EW), EW, 0, g_stream>>>(act<T>(o.in), act<T>(o.up), B, o.H, o.W,
+                                                                         o.in->C);
             cudaCheck(cudaGetLastError());
-            conv3x3_forward(m, o.c1, o.up->x, o.out->x, 2 * o.H, 2 * o.W, nullptr, false);
+            conv3x3_forward(m, o.c1, act<T>(o.up), act<T>(o.out), 2 * o.H, 2 * o.W, nullptr, false);
             break;
         case OP_CAT:
-            concat_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(o.in->x, o.in2->x, o.out->x, (size_t)B * o.H * o.W,
-                                                         o.in->C, o.in2->C);
+            concat_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(act<T>(o.in), act<T>(o.in2), act<T>(o.out),
+                                                                        (size_t)B * o.H * o.W, o.in->C, o.in2->C);
             cudaCheck(cudaGetLastError());
             break;
         case OP_OUT:
-            groupnorm_forward(m, o.n1, o.in->x, o.a1->x, o.mean1, o.rstd1, o.H * o.W, 1);
-            conv3x3_forward(m, o.c1, o.a1->x, o.out->x, o.H, o.W, nullptr, false);
+            groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.a1), o.mean1, o.rstd1, o.H * o.W, 1);
+            conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.out), o.H, o.W, nullptr, false);
             break;
         }
         prof_end(0, (int)o.kind);
     }
 }
+// m->out = model(m->xt, m->t) in the model's precision
+static void unet_forward(UNet* m) {
+    if (m->prec == PREC_BF16) unet_forward_t<bf16>(m);
+    else unet_forward_t<float>(m);
+}
 
 // loss = mean((out - noise)^2) into m->loss (device), and out's gradient
-static void unet_loss(UNet* m) {
+template <typename T>
+static void unet_loss_t(UNet* m) {
     size_t n = m->out->n;
-    mse_kernel<<<m->loss_blocks, 256, 0, g_stream>>>(m->out->x, m->noise, m->out->g, m->loss_partial, n);
+    mse_kernel<<<m->loss_blocks, 256, 0, g_stream>>>(act<T>(m->out), m->noise, grad<T>(m->out), m->loss_partial, n);
     cudaCheck(cudaGetLastError());
     loss_finalize_kernel<<<1, 32, 0, g_stream>>>(m->loss_partial, m->loss_blocks, n, m->loss);
     cudaCheck(cudaGetLastError());
+}
+static void unet_loss(UNet* m) {
+    if (m->prec == PREC_BF16) unet_loss_t<bf16>(m);
+    else unet_loss_t<float>(m);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // backward (every parameter gradient is written, not accumulated: no zeroing needed)
 
+template <typename T>
 static void res_backward(UNet* m, Op& o) {
     int P = o.H * o.W, B = m->B;
-    float* dout = o.out->g;
+    T* dout = grad<T>(o.out);
     // out = skip(x) + conv2(a2)
-    conv3x3_backward_weight(m, o.c2, o.a2->x, dout, o.H, o.W);
+    conv3x3_backward_weight(m, o.c2, act<T>(o.a2), (const T*)dout, o.H, o.W);
     channel_sums(m, dout, m->g + o.c2.b, B, P, o.c2.cout, 0, 0);
-    conv3x3_backward_data(m, o.c2, dout, o.a2->g, o.H, o.W, false);
-    if (o.has_skip) {
-        bool acc = take_flag(o.in);
-        linear_backward(m, o.skip, o.in->x, dout, o.in->g, B, P, acc);
-    } else {
-        bool acc = take_flag(o.in);
-        add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(dout, o.in->g, o.in->n, acc);
+    conv3x3_backward_data(m, o.c2, (const T*)dout, grad<T>(o.a2), o.H, o.W, false);
+    bool acc = take_flag(o.in);
+    if (o.has_skip) linear_backward(m, o.skip, act<T>(o.in), (const T*)dout, grad<T>(o.in), B, P, acc);
+    else {
+        add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>((const T*)dout, grad<T>(o.in), o.in->n, acc);
         cudaCheck(cudaGetLastError());
     }
     // a2 = silu(gn2(h1))
-    groupnorm_backward(m, o.n2, o.h1->x, o.a2->g, o.h1->g, o.mean2, o.rstd2, P, 1, false);
+    groupnorm_backward(m, o.n2, act<T>(o.h1), grad<T>(o.a2), grad<T>(o.h1), o.mean2, o.rstd2, P, 1, false);
     // h1 = conv1(a1) + bias + embo[b]
-    int S = chan_reduce<2>(m, o.h1->g, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, o.c1.cout, 1, 0);
-    sums_finalize_kernel<<<ceil_div(B * o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, o.d_embo, B, S, o.c1.cout, 1, 0);
+    int S = chan_reduce<2, T>(m, grad<T>(o.h1), nullptr, nullptr, nullptr, nullptr, nullptr, B, P, o.c1.cout, 1, 0);
+    sums_finalize_kernel<<<ceil_div(B * o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, o.d_embo, B, S, o.c1.cout, 1,
+                                                                            0);
     cudaCheck(cudaGetLastError());
-    sums_finalize_kernel<<<ceil_div(o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0, 0);
+    sums_finalize_kernel<<<ceil_div(o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0,
+                                                                        0);
     cudaCheck(cudaGetLastError());
-    bool acc = m->d_emb_s_written;
+    acc = m->d_emb_s_written;
     m->d_emb_s_written = true;
-    linear_backward(m, o.emb, m->emb_s, o.d_embo, m->d_emb_s, B, 1, acc);
-    conv3x3_backward_weight(m, o.c1, o.a1->x, o.h1->g, o.H, o.W);
-    conv3x3_backward_data(m, o.c1, o.h1->g, o.a1->g, o.H, o.W, false);
+    linear_backward<float>(m, o.emb, m->emb_s, o.d_embo, m->d_emb_s, B, 1, acc);
+    conv3x3_backward_weight(m, o.c1, act<T>(o.a1), (const T*)grad<T>(o.h1), o.H, o.W);
+    conv3x3_backward_data(m, o.c1, (const T*)grad<T>(o.h1), grad<T>(o.a1), o.H, o.W, false);
     // a1 = silu(gn1(x))
     acc = take_flag(o.in);
-    groupnorm_backward(m, o.n1, o.in->x, o.a1->g, o.in->g, o.mean1, o.rstd1, P, 1, acc);
+    groupnorm_backward(m, o.n1, act<T>(o.in), grad<T>(o.a1), grad<T>(o.in), o.mean1, o.rstd1, P, 1, acc);
 }
 
+template <typename T>
 static void attn_backward(UNet* m, Op& o) {
     int B = m->B, L = o.L, C = o.in->C, d = C / o.heads, nb = B * o.heads;
     const float* const* pp = o.ptrs;
-    float* dout = o.out->g;
+    T* dout = grad<T>(o.out);
     // out = x + att W^T + b
     bool acc = take_flag(o.in);
-    add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(dout, o.in->g, o.in->n, acc);
+    add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>((const T*)dout, grad<T>(o.in), o.in->n, acc);
     cudaCheck(cudaGetLastError());
-    linear_backward(m, o.proj, o.att->x, dout, o.att->g, B, L, false);
+    linear_backward(m, o.proj, act<T>(o.att), (const T*)dout, grad<T>(o.att), B, L, false);
+    if constexpr (std::is_same<T, bf16>::value) {  // the core's fp32 operands: q, k, v again (shared scratch), dO
+        attn_to_fp32(o.qkvb->xb, o.qkvb->n, m->attn32);
+        attn_to_fp32(o.att->gb, o.att->n, m->attn32 + 3 * m->attn32_part);
+    }
     // O = P V: dV = P^T dO, dP = dO V^T; softmax backward; dQ = scale2 dS K, dK = scale2 dS^T Q
     float scale2 = (float)(1.0 / sqrt((double)d));
     gemm_rm_batched(true, false, L, d, L, pp + 3 * nb, L, pp + 8 * nb, C, (float* const*)(pp + 7 * nb), 3 * C, 1.f,
@@ -2681,13 +3723,15 @@ static void attn_backward(UNet* m, Op& o) {
                     scale2, 0.f, nb);
     gemm_rm_batched(true, false, L, d, L, pp + 9 * nb, L, pp + 0 * nb, 3 * C, (float* const*)(pp + 6 * nb), 3 * C,
                     scale2, 0.f, nb);
+    if constexpr (std::is_same<T, bf16>::value) attn_from_fp32(m->attn32 + m->attn32_part, o.qkvb->gb, o.qkvb->n);
     // qkv = xn W^T + b; xn = gn(x)
-    linear_backward(m, o.qkv, o.xn->x, o.qkvb->g, o.xn->g, B, L, false);
+    linear_backward(m, o.qkv, act<T>(o.xn), (const T*)grad<T>(o.qkvb), grad<T>(o.xn), B, L, false);
     acc = take_flag(o.in);
-    groupnorm_backward(m, o.n1, o.in->x, o.xn->g, o.in->g, o.mean1, o.rstd1, L, 0, acc);
+    groupnorm_backward(m, o.n1, act<T>(o.in), grad<T>(o.xn), grad<T>(o.in), o.mean1, o.rstd1, L, 0, acc);
 }
 
-static void unet_backward(UNet* m) {
+template <typename T>
+static void unet_backward_t(UNet* m) {
     int B = m->B;
     for (Buf* b : m->bufs) b->g_written = false;
     m->out->g_written = true;  // written by unet_loss
@@ -2697,41 +3741,43 @@ static void unet_backward(UNet* m) {
         prof_begin();
         switch (o.kind) {
         case OP_CONV_IN:  // the input needs no gradient
-            conv3x3_backward_weight(m, o.c1, o.in->x, o.out->g, o.H, o.W);
-            channel_sums(m, o.out->g, m->g + o.c1.b, B, o.H * o.W, o.c1.cout, 0, 0);
+            conv3x3_backward_weight(m, o.c1, act<T>(o.in), (const T*)grad<T>(o.out), o.H, o.W);
+            channel_sums(m, grad<T>(o.out), m->g + o.c1.b, B, o.H * o.W, o.c1.cout, 0, 0);
             break;
         case OP_DOWN: {
             int P = (o.H / 2) * (o.W / 2);
-            conv3x3_backward_weight(m, o.c1, o.in->x, o.out->g, o.H, o.W);
-            channel_sums(m, o.out->g, m->g + o.c1.b, B, P, o.c1.cout, 0, 0);
-            conv3x3_backward_data(m, o.c1, o.out->g, o.in->g, o.H, o.W, take_flag(o.in));
+            conv3x3_backward_weight(m, o.c1, act<T>(o.in), (const T*)grad<T>(o.out), o.H, o.W);
+            channel_sums(m, grad<T>(o.out), m->g + o.c1.b, B, P, o.c1.cout, 0, 0);
+            conv3x3_backward_data(m, o.c1, (const T*)grad<T>(o.out), grad<T>(o.in), o.H, o.W, take_flag(o.in));
             break;
         }
-        case OP_RES: res_backward(m, o); break;
-        case OP_ATTN: attn_backward(m, o); break;
+        case OP_RES: res_backward<T>(m, o); break;
+        case OP_ATTN: attn_backward<T>(m, o); break;
         case OP_UP: {
             int H2 = 2 * o.H, W2 = 2 * o.W;
-            conv3x3_backward_weight(m, o.c1, o.up->x, o.out->g, H2, W2);
-            channel_sums(m, o.out->g, m->g + o.c1.b, B, H2 * W2, o.c1.cout, 0, 0);
-            conv3x3_backward_data(m, o.c1, o.out->g, o.up->g, H2, W2, false);
+            conv3x3_backward_weight(m, o.c1, act<T>(o.up), (const T*)grad<T>(o.out), H2, W2);
+            channel_sums(m, grad<T>(o.out), m->g + o.c1.b, B, H2 * W2, o.c1.cout, 0, 0);
+            conv3x3_backward_data(m, o.c1, (const T*)grad<T>(o.out), grad<T>(o.up), H2, W2, false);
             bool acc = take_flag(o.in);
-            upsample_backward_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(o.up->g, o.in->g, B, o.H, o.W, o.in->C, acc);
+            upsample_backward_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(grad<T>(o.up), grad<T>(o.in), B, o.H,
+                                                                                  o.W, o.in->C, acc);
             cudaCheck(cudaGetLastError());
             break;
         }
         case OP_CAT: {
             bool acc_a = take_flag(o.in), acc_b = take_flag(o.in2);
-            split_backward_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(o.out->g, o.in->g, o.in2->g, (size_t)B * o.H * o.W,
-                                                                 o.in->C, o.in2->C, acc_a, acc_b);
+            split_backward_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(
+                grad<T>(o.out), grad<T>(o.in), grad<T>(o.in2), (size_t)B * o.H * o.W, o.in->C, o.in2->C, acc_a, acc_b);
             cudaCheck(cudaGetLastError());
             break;
         }
         case OP_OUT: {
             int P = o.H * o.W;
-            conv3x3_backward_weight(m, o.c1, o.a1->x, o.out->g, o.H, o.W);
-            channel_sums(m, o.out->g, m->g + o.c1.b, B, P, o.c1.cout, 0, 0);
-            conv3x3_backward_data(m, o.c1, o.out->g, o.a1->g, o.H, o.W, false);
-            groupnorm_backward(m, o.n1, o.in->x, o.a1->g, o.in->g, o.mean1, o.rstd1, P, 1, take_flag(o.in));
+            conv3x3_backward_weight(m, o.c1, act<T>(o.a1), (const T*)grad<T>(o.out), o.H, o.W);
+            channel_sums(m, grad<T>(o.out), m->g + o.c1.b, B, P, o.c1.cout, 0, 0);
+            conv3x3_backward_data(m, o.c1, (const T*)grad<T>(o.out), grad<T>(o.a1), o.H, o.W, false);
+            groupnorm_backward(m, o.n1, act<T>(o.in), grad<T>(o.a1), grad<T>(o.in), o.mean1, o.rstd1, P, 1,
+                               take_flag(o.in));
             break;
         }
         }
@@ -2742,11 +3788,16 @@ static void unet_backward(UNet* m) {
     size_t ne = (size_t)B * m->E;
     silu_backward_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->emb, m->d_emb_s, m->d_emb, ne);
     cudaCheck(cudaGetLastError());
-    linear_backward(m, m->te2, m->te_a, m->d_emb, m->d_te, B, 1, false);
+    linear_backward<float>(m, m->te2, m->te_a, m->d_emb, m->d_te, B, 1, false);
     silu_backward_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->te_h, m->d_te, m->d_te, ne);
     cudaCheck(cudaGetLastError());
-    linear_backward(m, m->te0, m->temb, m->d_te, nullptr, B, 1, false);
+    linear_backward<float>(m, m->te0, m->temb, m->d_te, nullptr, B, 1, false);
     prof_end(1, 7);
+}
+// every parameter gradient into m->g from out's gradient (unet_loss)
+static void unet_backward(UNet* m) {
+    if (m->prec == PREC_BF16) unet_backward_t<bf16>(m);
+    else unet_backward_t<float>(m);
 }
 
 // one AdamW step (PyTorch's formula with bias correction), then the EMA update (warmed up) when ema_rate >= 0
@@ -2758,6 +3809,7 @@ static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, 
     adamw_kernel<<<ceil_div(m->n_params, EW), EW, 0, g_stream>>>(m->p, m->g, m->m, m->v, ema_rate >= 0.f ? m->ema : nullptr,
                                                    m->n_params, beta1, beta2, lr * weight_decay, eps, m->adam_hyper);
     cudaCheck(cudaGetLastError());
+    unet_weights_changed(m);
 }
 // sets the optimizer's step count on both sides (fresh model: 0; resumed: the checkpoint's step)
 static void unet_set_adam_step(UNet* m, int t) {
@@ -2768,8 +3820,13 @@ static void unet_set_adam_step(UNet* m, int t) {
 // x_t from m->x0, m->noise, m->t
 static void unet_q_sample(UNet* m) {
     int per = m->cfg.image_size * m->cfg.image_size * m->cfg.in_channels;
-    q_sample_kernel<<<ceil_div((size_t)m->B * per, EW), EW, 0, g_stream>>>(m->x0, m->noise, m->t, m->sqrt_acp, m->sqrt_1m_acp,
-                                                             m->xt->x, m->B, per);
+    dim3 grid(ceil_div((size_t)m->B * per, EW));
+    if (m->prec == PREC_BF16)
+        q_sample_kernel<<<grid, EW, 0, g_stream>>>(m->x0, m->noise, m->t, m->sqrt_acp, m->sqrt_1m_acp, m->xt->xb, m->B,
+                                                   per);
+    else
+        q_sample_kernel<<<grid, EW, 0, g_stream>>>(m->x0, m->noise, m->t, m->sqrt_acp, m->sqrt_1m_acp, m->xt->x, m->B,
+                                                   per);
     cudaCheck(cudaGetLastError());
 }
 
@@ -2913,7 +3970,8 @@ static void batch_draws(int seed, int N, int T, long long step0, int nsteps, int
 
 struct TrainArgs {
     std::string data_file = "data/sunflowers64.bin", output_dir = "out/unet", resume, load;
-    int batch_size = 32, steps = 4000, log_every = 10, save_every = 1000, seed = 1337, tf32 = 1;
+    int batch_size = 32, steps = 4000, log_every = 10, save_every = 1000, seed = 1337;
+    Precision precision = PREC_TF32;
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
     UNetConfig cfg;
     bool quiet = false;
@@ -2961,7 +4019,16 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    gpu_init(a.tf32 != 0);
+    if (a.precision == PREC_BF16 && !have_sm90a()) {
+        fprintf(stderr, "error: --precision bf16 runs on Hopper's wgmma: it needs a compute capability 9.0 GPU (this "
+                "is %s, %d.%d) and the sm_90a build (make builds it where nvidia-smi reports 9.0); use --precision "
+                "tf32\n", prop.name, prop.major, prop.minor);
+        return 1;
+    }
+    size_t mem_free0, mem_total;
+    cudaCheck(cudaMemGetInfo(&mem_free0, &mem_total));
+    gpu_init(a.precision);
+    m->prec = a.precision;
     const char* env_conv = getenv("UNET_CONV_V");  // 5: the previous TF32 convolution kernels (timing old vs new)
     if (env_conv && env_conv[0]) {
         if (strcmp(env_conv, "5") && strcmp(env_conv, "6")) {
@@ -2991,9 +4058,11 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         st.step = ck.hdr[18];
         st.seed = ck.hdr[20];
         unet_set_adam_step(m, st.step);
+        unet_weights_changed(m);
     } else if (!a.load.empty()) {
         unet_load_tensors(m, &ck, "", m->p);
         cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
+        unet_weights_changed(m);
     } else {
         unet_init_weights(m, (uint64_t)a.seed);
     }
@@ -3039,8 +4108,10 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         row("steps", buf);
         snprintf(buf, sizeof buf, "%d", st.seed);
         row("seed", buf);
-        row("tf32", !a.tf32 ? "off (strict fp32)" : g_conv_v == 6 ? "on (convolutions and cuBLAS)"
-                                                                    : "on (convolutions: UNET_CONV_V=5 kernels)");
+        row("precision", a.precision == PREC_BF16 ? "bf16 (wgmma convolutions, fp32 master weights)"
+                         : a.precision == PREC_FP32 ? "fp32 (strict)"
+                         : g_conv_v == 6          ? "tf32 (convolutions and cuBLAS)"
+                                                  : "tf32 (convolutions: UNET_CONV_V=5 kernels)");
         row("init", !a.resume.empty() ? "resume " + a.resume : !a.load.empty() ? "load " + a.load : "own (PyTorch defaults)");
         row("checkpoint", ckpt_path);
         printf("+-----------------------+----------------------------------------------+\n");
@@ -3173,6 +4244,12 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         }
     }
     cudaCheck(cudaDeviceSynchronize());
+    if (!a.quiet && rc == 0) {  // everything is allocated up front: what the device has lost since start is the peak
+        size_t mem_free1;
+        cudaCheck(cudaMemGetInfo(&mem_free1, &mem_total));
+        printf("GPU memory: %.0f MiB used by this run (of %.0f MiB; CUDA context excluded)\n",
+               (double)(mem_free0 - mem_free1) / (1 << 20), (double)mem_total / (1 << 20));
+    }
     if (graph_exec) cudaCheck(cudaGraphExecDestroy(graph_exec));
     if (g_profile) profile_report(a.steps - (a.steps - nsteps));
     fclose(logf);
@@ -3190,7 +4267,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
 
 struct SampleArgs {
     std::string out_file, load, sampler = "ddim";
-    int num_samples = 16, sample_steps = 50, use_ema = 1, batch_size = 32, seed = 1337, tf32 = 1;
+    int num_samples = 16, sample_steps = 50, use_ema = 1, batch_size = 32, seed = 1337;
+    Precision precision = PREC_TF32;
 };
 
 // Samples with the checkpoint's model (DDPM over all steps or DDIM eta 0, as scripts/generate.py) and writes a
@@ -3222,9 +4300,16 @@ static int unet_sample(const SampleArgs& a) {
                 "--device cpu samples on the CPU)\n");
         return 1;
     }
-    gpu_init(a.tf32 != 0);
+    if (a.precision == PREC_BF16 && !have_sm90a()) {
+        fprintf(stderr, "error: --precision bf16 needs a compute capability 9.0 GPU and the sm_90a build; use "
+                "--precision tf32\n");
+        return 1;
+    }
+    gpu_init(a.precision);
+    m->prec = a.precision;
     unet_allocate(m);
     unet_load_tensors(m, &ck, a.use_ema ? "ema." : "", m->p);
+    unet_weights_changed(m);
 
     int T = cfg.diffusion_steps, S = cfg.image_size;
     std::vector<int> taus;
@@ -3245,6 +4330,7 @@ static int unet_sample(const SampleArgs& a) {
     uint8_t* d_u8;
     cudaCheck(cudaMalloc(&d_u8, (size_t)B * per));
     float* z = dev_alloc((size_t)B * per);
+    float* xs = dev_alloc((size_t)B * per);  // the sampler's state x, fp32 whatever the model's precision
     curandGenerator_t gen;
     curandCheck(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
     curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)a.seed));
@@ -3259,7 +4345,7 @@ static int unet_sample(const SampleArgs& a) {
     auto t0 = std::chrono::steady_clock::now();
     for (int start = 0; start < a.num_samples; start += B) {
         size_t n = (size_t)B * per;
-        curandCheck(curandGenerateNormal(gen, m->xt->x, n, 0.f, 1.f));
+        curandCheck(curandGenerateNormal(gen, xs, n, 0.f, 1.f));
         if (init_path && start == 0) {
             BinFile fi;
             std::string err = bin_open(&fi, init_path, UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "sample init");
@@ -3270,13 +4356,16 @@ static int unet_sample(const SampleArgs& a) {
                         err.empty() ? "expected x_init float32 (N >= batch, H, W, 3)" : err.c_str());
                 return 1;
             }
-            cudaCheck(cudaMemcpy(m->xt->x, fi.data.data() + e->offset, n * 4, cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(xs, fi.data.data() + e->offset, n * 4, cudaMemcpyHostToDevice));
         }
         for (int k = (int)taus.size() - 1; k >= 0; k--) {
             int tau = taus[k];
             std::fill(tvec.begin(), tvec.end(), tau);
             cudaCheck(cudaMemcpyAsync(m->t, tvec.data(), B * sizeof(int), cudaMemcpyHostToDevice, g_stream));
             cudaCheck(cudaStreamSynchronize(g_stream));  // tvec is reused next step
+            if (m->prec == PREC_BF16) convert_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(xs, m->xt->xb, n);
+            else convert_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(xs, m->xt->x, n);
+            cudaCheck(cudaGetLastError());
             unet_forward(m);
             double acp = m->acp[tau];
             float a_ = (float)sqrt(1.0 / acp), b_ = (float)sqrt(1.0 / acp - 1.0), c1, c2, sigma = 0.f;
@@ -3293,11 +4382,16 @@ static int unet_sample(const SampleArgs& a) {
                     curandCheck(curandGenerateNormal(gen, z, n, 0.f, 1.f));
                 }
             }
-            sample_step_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->xt->x, m->out->x, z, n, ddim, a_, b_, c1, c2, sigma);
+            if (m->prec == PREC_BF16)
+                sample_step_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(xs, m->out->xb, z, n, ddim, a_, b_, c1, c2,
+                                                                          sigma);
+            else
+                sample_step_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(xs, m->out->x, z, n, ddim, a_, b_, c1, c2,
+                                                                          sigma);
             cudaCheck(cudaGetLastError());
             if (trace_path && start == 0) {
                 trace.resize(trace.size() + n);
-                cudaCheck(cudaMemcpy(trace.data() + trace.size() - n, m->xt->x, n * 4, cudaMemcpyDeviceToHost));
+                cudaCheck(cudaMemcpy(trace.data() + trace.size() - n, xs, n * 4, cudaMemcpyDeviceToHost));
             }
         }
         if (trace_path && start == 0) {
@@ -3308,7 +4402,7 @@ static int unet_sample(const SampleArgs& a) {
             std::string err = binw_write(&tw, trace_path);
             if (!err.empty()) fprintf(stderr, "warning: UNET_SAMPLE_TRACE: %s\n", err.c_str());
         }
-        to_uint8_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->xt->x, d_u8, n);
+        to_uint8_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(xs, d_u8, n);
         cudaCheck(cudaGetLastError());
         int take = std::min(B, a.num_samples - start);
         cudaCheck(cudaMemcpy(images.data() + (size_t)start * per, d_u8, (size_t)take * per, cudaMemcpyDeviceToHost));
@@ -3326,6 +4420,7 @@ static int unet_sample(const SampleArgs& a) {
     curandCheck(curandDestroyGenerator(gen));
     cudaCheck(cudaFree(d_u8));
     cudaCheck(cudaFree(z));
+    cudaCheck(cudaFree(xs));
     unet_free(m);
     gpu_free();
     if (!e.empty()) {
@@ -3399,6 +4494,7 @@ int main(int argc, char** argv) {
     int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
     float beta_start = 1e-4f, beta_end = 0.02f;
     int num_samples = 16, sample_steps = 50, use_ema = 1;
+    std::string precision = PREC_NAME[a.precision];
     std::vector<Flag> flags = {
         {"data_file", F_STR, &a.data_file, 0, 0, "UNET_DATASET of uint8 images (scripts/prepare_data.py)", false, ""},
         {"output_dir", F_STR, &a.output_dir, 0, 0, "checkpoint model.bin and log.csv go here", false, ""},
@@ -3415,7 +4511,8 @@ int main(int argc, char** argv) {
         {"ema_rate", F_FLOAT, &a.ema_rate, 0.0, 1.0, "EMA of the weights: ema = d*ema + (1-d)*w, d = min(rate, (1+t)/(10+t)) at step t", false, ""},
         {"resume", F_STR, &a.resume, 0, 0, "checkpoint to continue (weights, EMA, AdamW, step, RNG)", false, ""},
         {"load", F_STR, &a.load, 0, 0, "checkpoint to take the initial weights from (or to sample)", false, ""},
-        {"tf32", F_INT, &a.tf32, 0, 1, "1: TF32 tensor cores (as PyTorch's convolutions), 0: strict fp32", false, ""},
+        {"precision", F_STR, &precision, 0, 0, "bf16 (wgmma, Hopper), tf32 (tensor cores on fp32) or fp32 (strict)",
+         false, ""},
         {"image_size", F_INT, &image_size, 8, 4096, "model image size (the data must match)", false, ""},
         {"model_channels", F_INT, &model_channels, 32, 4096, "base channels C", false, ""},
         {"channel_mult", F_STR, &channel_mult, 0, 0, "channel multipliers per level (1 to 4 levels)", false, ""},
@@ -3472,6 +4569,10 @@ int main(int argc, char** argv) {
         return false;
     };
 
+    if (precision == "bf16") a.precision = PREC_BF16;
+    else if (precision == "tf32") a.precision = PREC_TF32;
+    else if (precision == "fp32") a.precision = PREC_FP32;
+    else die("--precision expects bf16, tf32 or fp32, found '%s'", precision.c_str());
     // the model from the flags
     UNetConfig cfg;
     std::vector<int> mult, ds;
@@ -3508,7 +4609,7 @@ int main(int argc, char** argv) {
         sa.use_ema = use_ema;
         sa.batch_size = a.batch_size;
         sa.seed = a.seed;
-        sa.tf32 = a.tf32;
+        sa.precision = a.precision;
         return unet_sample(sa);
     }
     if (!a.resume.empty() && !a.load.empty()) die("give --resume or --load, not both");

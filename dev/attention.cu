@@ -321,9 +321,9 @@ static bool gpu_run(int B, int S, int C, int head_channels, const AttnParams& w,
     poison(o.out->x, o.out->n);
     poison(o.in->g, o.in->n);
     poison(m->g, m->n_params);
-    attn_forward(m, o);
+    attn_forward<float>(m, o);
     for (Buf* b : m->bufs) b->g_written = false;
-    attn_backward(m, o);
+    attn_backward<float>(m, o);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<double> out = fetch(o.out->x, o.out->n), dx = fetch(o.in->g, o.in->n);
     r->out.assign(out.begin(), out.end());
@@ -438,10 +438,10 @@ static void bench_case(int B, int S, int C) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < 23; i++) {
             if (i == 3) cudaCheck(cudaEventRecord(e0));
-            if (pass == 0) attn_forward(m, o);
+            if (pass == 0) attn_forward<float>(m, o);
             else {
                 for (Buf* b : m->bufs) b->g_written = false;
-                attn_backward(m, o);
+                attn_backward<float>(m, o);
             }
         }
         cudaCheck(cudaEventRecord(e1));

@@ -5,7 +5,8 @@ and weight gradient, checked against a CPU oracle (dev/unet_layers.cuh) and a Py
 
   make -C dev conv2d && ./dev/conv2d --test      # every version, awkward sizes, poisoned outputs, vs the CPU
   ./dev/conv2d [version]                          # validate + benchmark the UNet's 3x3 layer shapes at batch 32
-                                                  # (default 6; 6 also times every tile and rounding variant)
+                                                  # (default 6; 6 also times every tile and rounding variant, 7
+                                                  # every tile width)
 
 version 1: naive direct convolution, one thread per output element (reference on the GPU)
 version 2: implicit GEMM, 128x64x32 tiles through shared memory, fp32 FMAs (train_unet.cu conv_igemm_kernel,
@@ -20,6 +21,10 @@ version 6: mma.sync m16n8k8 TF32 through inline PTX (train_unet.cu conv_mma_kern
            pipeline, the tile picked per layer (conv6_plan: 128x128, 64x64, 128x8 for N <= 8), K split over
            blocks for layers with few output tiles: the training default for layers whose channels fit the tile
            (N <= 8 output channels padded to 8; the others take version 3)
+version 7: bf16 (--precision bf16) on Hopper wgmma fed by TMA box copies through an mbarrier ring (train_unet.cu
+           conv_wgmma_kernel, sm_90a): 64-pixel boxes, the padding read as TMA's out-of-bounds zeros, stride 2
+           through 4 parity views, weight gradient with both operands MN-major; thin layers (channels % 8 != 0)
+           on CUDA cores (conv_thin_kernel). `./dev/conv2d 7` times it beside version 6 and every tile width.
 Backward-data runs the forward kernel on dY with flipped, transposed weights (stride 2: a gather that skips odd
 positions); the weight gradient is the GEMM (9*Cin x Cout) over B*Ho*Wo pixels split in chunks (split-K) and
 summed in a fixed order.
@@ -505,9 +510,232 @@ static void bench(int version) {
     select_version(6);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// version 7: bf16 on Hopper wgmma fed by TMA (train_unet.cu conv_wgmma_kernel, --precision bf16), thin layers on
+// CUDA cores (conv_thin_kernel, conv_thin_wgrad_kernel). Inputs and weights are bf16 values (rounded on the host),
+// so the CPU oracle sees the operands the GPU multiplies: the products are exact and the only errors are the
+// fp32 accumulation (<= ~1e-4 of sum|products| for K <= 4608 terms, tensor-core adds included) and, for the
+// forward and backward-data outputs, the rounding to bf16 (half an ulp: <= 2^-8 of |ref|).
+
+static const int CW_BNS[4] = {64, 128, 192, 256};
+// the bf16 shell: the weights as a parameter table (for weights_to_bf16_kernel), their bf16 copies, the zero-
+// inserted dY of stride 2 and a workspace for every forced tile width and split of the variants below
+static void lab_init_bf16(ConvLab* L, int B, int H, int W, int cin, int cout, int s) {
+    lab_init(L, B, H, W, cin, cout, s);
+    UNet& m = L->m;
+    m.prec = PREC_BF16;
+    Param pw_{"w", PK_CONV3, 4, {cout, cin, 3, 3}, 0, (size_t)9 * cin * cout};
+    Param pb_{"b", PK_PLAIN, 1, {cout, 0, 0, 0}, L->c.b, (size_t)cout};
+    m.params = {pw_, pb_};
+    unet_allocate_bf16_weights(&m);
+    size_t ws = m.conv_ws_floats;
+    for (int bn : CW_BNS)
+        for (int sp : {0, 1, 3}) {
+            g_cw_bn = bn;
+            g_cw_splits = sp;
+            ws = std::max(ws, conv_wg_ws_floats(B, L->c, H, W));
+        }
+    g_cw_bn = g_cw_splits = 0;
+    ws = std::max(ws, (size_t)2 * g_num_sms * 9 * (cin + cout) * 64);  // thin weight gradients: per-block sums
+    cudaCheck(cudaFree(m.conv_ws));
+    m.conv_ws_floats = ws;
+    m.conv_ws = dev_alloc(ws);
+    m.dy_up_elems = (size_t)B * H * W * cout;
+    cudaCheck(cudaMalloc(&m.dy_up, m.dy_up_elems * sizeof(bf16)));
+}
+static void lab_free_bf16(ConvLab* L) {
+    cudaCheck(cudaFree(L->m.pw));
+    cudaCheck(cudaFree(L->m.wd));
+    cudaCheck(cudaFree(L->m.cast_table));
+    cudaCheck(cudaFree(L->m.dy_up));
+    L->m.pw = L->m.wd = L->m.dy_up = nullptr;
+    L->m.cast_table = nullptr;
+    lab_free(L);
+}
+static float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+static bf16* to_device_bf16(const std::vector<float>& h) {
+    std::vector<bf16> b(h.size());
+    for (size_t i = 0; i < h.size(); i++) b[i] = __float2bfloat16_rn(h[i]);
+    bf16* d;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(bf16)));
+    cudaCheck(cudaMemcpy(d, b.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    return d;
+}
+static std::vector<float> to_host_bf16(const bf16* d, size_t n) {
+    std::vector<bf16> b(n);
+    cudaCheck(cudaMemcpy(b.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; i++) h[i] = __bfloat162float(b[i]);
+    return h;
+}
+static void poison_bf16(bf16* d, size_t n) { cudaCheck(cudaMemset(d, 0xFF, n * sizeof(bf16))); }  // NaN
+// |got - ref| <= rtol_ref * |ref| + rtol_mag * sum|products| elementwise (NaN fails)
+static void check_bf16(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
+                       const std::vector<float>& mag, double rtol_ref, double rtol_mag) {
+    double max_err = 0.0;
+    size_t max_i = 0, bad = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double err = fabs((double)got[i] - ref[i]);
+        if (!(err == err)) err = INFINITY;
+        const double tol = rtol_ref * fabs((double)ref[i]) + rtol_mag * mag[i] + 1e-30;
+        if (!(err <= tol)) bad++;
+        if (err > max_err || (bad == 1 && !(err <= tol))) {
+            max_err = err;
+            max_i = i;
+        }
+    }
+    char line[512];
+    snprintf(line, sizeof line, "%s: max |err| %.3e at [%zu] (got %.7g, ref %.7g), %zu of %zu above %.1e*|ref| + "
+             "%.0e*sum|products|", name.c_str(), max_err, max_i, got.empty() ? 0.f : got[max_i],
+             ref.empty() ? 0.f : ref[max_i], bad, got.size(), rtol_ref, rtol_mag);
+    report(bad == 0, line);
+}
+static const double V7_RTOL_OUT = 1.0 / 256, V7_RTOL_MAG = 1e-4;
+
+struct V7Variant { int bn, splits; };
+static void run_case_bf16(int B, int H, int W, int cin, int cout, int s, uint64_t seed) {
+    ConvLab L;
+    lab_init_bf16(&L, B, H, W, cin, cout, s);
+    size_t nx = (size_t)B * H * W * cin, ny = (size_t)B * L.Ho * L.Wo * cout, nw = 9 * (size_t)cin * cout;
+    std::vector<float> x(nx), w(nw), bias(cout), dy(ny);
+    uint64_t k = 0;
+    for (auto& v : x) v = bf16_round(2.f * rng_uniform(seed, 7, k++) - 1.f);
+    for (auto& v : w) v = bf16_round((2.f * rng_uniform(seed, 8, k++) - 1.f) / sqrtf(9.f * cin));
+    for (auto& v : bias) v = 2.f * rng_uniform(seed, 9, k++) - 1.f;
+    for (auto& v : dy) v = bf16_round(2.f * rng_uniform(seed, 10, k++) - 1.f);
+    std::vector<float> y(ny), ymag(ny), dx(nx), dxmag(nx), dw(nw), dwmag(nw);
+    conv3x3_cpu_forward(x.data(), w.data(), bias.data(), y.data(), ymag.data(), B, H, W, cin, cout, s);
+    conv3x3_cpu_backward(x.data(), w.data(), dy.data(), dx.data(), dxmag.data(), dw.data(), dwmag.data(), nullptr, B,
+                         H, W, cin, cout, s);
+    bf16 *d_x = to_device_bf16(x), *d_dy = to_device_bf16(dy), *d_y, *d_dx;
+    cudaCheck(cudaMalloc(&d_y, ny * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_dx, nx * sizeof(bf16)));
+    cudaCheck(cudaMemcpy(L.m.p, w.data(), nw * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(L.m.p + L.c.b, bias.data(), cout * 4, cudaMemcpyHostToDevice));
+    unet_weights_changed(&L.m);
+    char name[160];
+    snprintf(name, sizeof name, "v7 B%d %dx%d cin %d cout %d stride %d", B, H, W, cin, cout, s);
+    const bool wg = conv_wg_ok(L.c);
+    std::vector<V7Variant> vars = {{0, 0}};
+    if (wg)
+        for (int bn : CW_BNS) {
+            vars.push_back({bn, 1});
+            vars.push_back({bn, 3});
+        }
+    std::vector<std::vector<float>> first(3);
+    bool agree = true;
+    for (const V7Variant& v : vars) {
+        g_cw_bn = v.bn;
+        g_cw_splits = v.splits;
+        std::string nm = std::string(name) + (wg ? v.bn ? " [bn " + std::to_string(v.bn) + " splits " +
+                                                              std::to_string(v.splits) + "]"
+                                                        : " [plan]"
+                                                 : " [thin]");
+        poison_bf16(d_y, ny);
+        conv3x3_forward(&L.m, L.c, (const bf16*)d_x, d_y, H, W, nullptr, false);
+        std::vector<float> gy = to_host_bf16(d_y, ny);
+        check_bf16(nm + " forward", gy, y, ymag, V7_RTOL_OUT, V7_RTOL_MAG);
+        poison_bf16(d_dx, nx);
+        conv3x3_backward_data(&L.m, L.c, (const bf16*)d_dy, d_dx, H, W, false);
+        std::vector<float> gdx = to_host_bf16(d_dx, nx);
+        check_bf16(nm + " backward-data", gdx, dx, dxmag, V7_RTOL_OUT, V7_RTOL_MAG);
+        fill_nan(L.m.g, nw);
+        conv3x3_backward_weight(&L.m, L.c, (const bf16*)d_x, (const bf16*)d_dy, H, W);
+        std::vector<float> gdw = to_host(L.m.g, nw);
+        check_bf16(nm + " weight-grad", gdw, dw, dwmag, 0.0, V7_RTOL_MAG);
+        if (v.splits == 1) {
+            if (first[0].empty()) first = {gy, gdx, gdw};
+            else agree = agree && bits_equal(gy, first[0]) && bits_equal(gdx, first[1]) && bits_equal(gdw, first[2]);
+        }
+    }
+    g_cw_bn = g_cw_splits = 0;
+    if (wg) printf("info %s: the tile widths with K whole give %s bits\n", name, agree ? "the same" : "different");
+    bf16* fs[] = {d_x, d_dy, d_y, d_dx};
+    for (bf16* q : fs) cudaCheck(cudaFree(q));
+    lab_free_bf16(&L);
+}
+
+// version 7 timings at every UNet layer shape (batch 32), the plan and each forced tile width; version 6 (TF32)
+// timed in the same run for the ratio
+static void bench7() {
+    printf("version 7 (bf16 wgmma), batch %d; ms per pass and TFLOP/s (v6 TF32 beside it, same run)\n", BENCH_B);
+    printf("%-24s %29s %29s %29s\n", "shape", "forward", "backward-data", "weight-grad");
+    double total7 = 0, total6 = 0, total_flops = 0;
+    for (const BenchShape& sh : UNET_SHAPES) {
+        ConvLab L;
+        lab_init_bf16(&L, BENCH_B, sh.H, sh.H, sh.cin, sh.cout, sh.s);
+        size_t nx = (size_t)BENCH_B * sh.H * sh.H * sh.cin, ny = (size_t)BENCH_B * L.Ho * L.Wo * sh.cout;
+        std::vector<float> hx(nx), hy(ny);
+        uint64_t k = 0;
+        for (auto& v : hx) v = 2.f * rng_uniform(5, 1, k++) - 1.f;  // random data: zeros run faster than real data
+        for (auto& v : hy) v = 2.f * rng_uniform(5, 2, k++) - 1.f;
+        bf16 *x = to_device_bf16(hx), *y = to_device_bf16(hy), *dx;
+        cudaCheck(cudaMalloc(&dx, nx * sizeof(bf16)));
+        std::vector<float> hw(L.m.n_params);
+        for (auto& v : hw) v = 0.05f * (2.f * rng_uniform(5, 3, k++) - 1.f);
+        cudaCheck(cudaMemcpy(L.m.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+        unet_weights_changed(&L.m);
+        float *x6 = dev_alloc(nx), *y6 = dev_alloc(ny), *dx6 = dev_alloc(nx);
+        cudaCheck(cudaMemcpy(x6, hx.data(), nx * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(y6, hy.data(), ny * 4, cudaMemcpyHostToDevice));
+        const double flops = 2.0 * BENCH_B * L.Ho * L.Wo * 9.0 * sh.cin * sh.cout;
+        char name[64];
+        snprintf(name, sizeof name, "%dx%d %d->%d s%d x%d", sh.H, sh.H, sh.cin, sh.cout, sh.s, sh.count);
+        printf("%-24s", name);
+        for (int pass = 0; pass < 3; pass++) {
+            auto run7 = [&]() {
+                if (pass == 0) conv3x3_forward(&L.m, L.c, (const bf16*)x, y, sh.H, sh.H, nullptr, false);
+                else if (pass == 1) conv3x3_backward_data(&L.m, L.c, (const bf16*)y, dx, sh.H, sh.H, false);
+                else conv3x3_backward_weight(&L.m, L.c, (const bf16*)x, (const bf16*)y, sh.H, sh.H);
+            };
+            auto run6 = [&]() {
+                if (pass == 0) conv3x3_forward(&L.m, L.c, (const float*)x6, y6, sh.H, sh.H, nullptr, false);
+                else if (pass == 1) conv3x3_backward_data(&L.m, L.c, (const float*)y6, dx6, sh.H, sh.H, false);
+                else conv3x3_backward_weight(&L.m, L.c, (const float*)x6, (const float*)y6, sh.H, sh.H);
+            };
+            float ms7 = time_ms(run7);
+            select_version(6);
+            float ms6 = time_ms(run6);
+            printf("  %7.3f ms %5.1f (v6 %5.1f)", ms7, flops / (ms7 * 1e-3) / 1e12, flops / (ms6 * 1e-3) / 1e12);
+            if (!(pass == 1 && sh.cin == 3)) {
+                total7 += sh.count * ms7;
+                total6 += sh.count * ms6;
+                total_flops += sh.count * flops;
+            }
+        }
+        printf("\n");
+        if (conv_wg_ok(L.c)) {  // each tile width, the plan's K split
+            printf("%-24s", "  widths 64/128/192/256");
+            for (int pass = 0; pass < 3; pass++) {
+                printf("  ");
+                for (int bn : CW_BNS) {
+                    g_cw_bn = bn;
+                    float ms = time_ms([&]() {
+                        if (pass == 0) conv3x3_forward(&L.m, L.c, (const bf16*)x, y, sh.H, sh.H, nullptr, false);
+                        else if (pass == 1) conv3x3_backward_data(&L.m, L.c, (const bf16*)y, dx, sh.H, sh.H, false);
+                        else conv3x3_backward_weight(&L.m, L.c, (const bf16*)x, (const bf16*)y, sh.H, sh.H);
+                    });
+                    printf(" %5.0f", flops / (ms * 1e-3) / 1e12);
+                }
+                g_cw_bn = 0;
+            }
+            printf("\n");
+        }
+        bf16* fs[] = {x, y, dx};
+        for (bf16* q : fs) cudaCheck(cudaFree(q));
+        float* f6[] = {x6, y6, dx6};
+        for (float* q : f6) cudaCheck(cudaFree(q));
+        lab_free_bf16(&L);
+    }
+    printf("version 7: every 3x3 convolution of a training step (weighted by count): %.2f ms, %.1f TFLOP/s\n", total7,
+           total_flops / (total7 * 1e-3) / 1e12);
+    printf("version 6 (same run): %.2f ms, %.1f TFLOP/s\n", total6, total_flops / (total6 * 1e-3) / 1e12);
+}
+
 int main(int argc, char** argv) {
-    int version = lab_version(argc, argv, 6, 6,
-                              "1 naive, 2/3 implicit GEMM fp32/TF32, 4/5 pipelined fp32/TF32, 6 mma.sync TF32");
+    int version = lab_version(argc, argv, 7, 6,
+                              "1 naive, 2/3 implicit GEMM fp32/TF32, 4/5 pipelined fp32/TF32, 6 mma.sync TF32, "
+                              "7 bf16 wgmma");
     bool test = version == 0;
     ConvFixture fx;
     bool have_fx = conv_fixture_load(&fx, "conv3x3", 1001, "", 1, false);
@@ -523,9 +751,23 @@ int main(int argc, char** argv) {
         {3, 7, 5, 3, 37, 1}, {2, 9, 9, 40, 3, 1}, {3, 7, 7, 64, 96, 1}, {2, 9, 11, 96, 64, 2}, {1, 8, 8, 32, 32, 2},
         {2, 13, 6, 20, 12, 2}, {5, 16, 16, 64, 128, 1}, {3, 10, 10, 160, 36, 1}, {2, 11, 7, 32, 200, 2},
         {2, 9, 7, 64, 32, 2}, {4, 12, 12, 96, 160, 1}, {2, 9, 7, 64, 3, 1}, {3, 8, 8, 32, 5, 2}, {2, 6, 10, 32, 8, 1}};
-    std::vector<int> versions = test ? std::vector<int>{1, 2, 3, 4, 5, 6} : std::vector<int>{version};
+    std::vector<int> versions = test ? std::vector<int>{1, 2, 3, 4, 5, 6, 7} : std::vector<int>{version};
     uint64_t seed = 1;
     for (int v : versions) {
+        if (v == 7) {  // bf16: the wgmma path needs an sm_90a build on a compute capability 9.0 GPU
+            if (!have_sm90a()) {
+                skip("conv2d version 7: needs the sm_90a build on a compute capability 9.0 GPU");
+                continue;
+            }
+            for (const Case& c : cases) run_case_bf16(c.B, c.H, c.W, c.cin, c.cout, c.s, seed++);
+            // model-like layers: 64-channel multiples, the 8x8 boxes of two images, 32 channels (boxes half empty)
+            run_case_bf16(3, 8, 8, 256, 256, 1, seed++);
+            run_case_bf16(2, 16, 16, 192, 192, 2, seed++);
+            run_case_bf16(1, 32, 32, 128, 64, 1, seed++);
+            run_case_bf16(2, 64, 64, 64, 64, 1, seed++);
+            run_case_bf16(7, 8, 8, 512, 256, 1, seed++);
+            continue;
+        }
         for (const Case& c : cases) run_case(v, c.B, c.H, c.W, c.cin, c.cout, c.s, seed++);
         if (have_fx) fixture_gpu(fx, "conv3x3", 1, v);
         if (have_fx && v == 6) {
@@ -533,7 +775,10 @@ int main(int argc, char** argv) {
             fixture_gpu_padded(fx, "conv3x3", 1, false);
         }
     }
-    if (!test) bench(version);
+    if (!test) {
+        if (version == 7) bench7();
+        else bench(version);
+    }
     gpu_teardown();
     return finish();
 }

@@ -9,6 +9,8 @@ Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32
     x_t, the model output, the loss, every parameter gradient by name, and the n_steps AdamW-step losses;
   forward fixture (UNET_FIXTURE, dev/unet.py --forward_fixture): the output on the fixture's x_t and t;
   resume: 2N steps in one run vs N steps + --resume + N steps on data/sunflowers64.bin: identical losses.
+--precision bf16 (debug states given on the command line, made with --autocast_bf16 1; sm_90a on a 9.0 GPU): our
+  error against the fp32 reference is at most 2x PyTorch bf16 autocast's own error, tensor by tensor (L2).
 CPU checks (also without a GPU, so in CI): the parameter table, the initialisation's distributions, the weight
 layout conversion, the loader's draws. Without a GPU every other check is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
 */
@@ -249,6 +251,155 @@ static void test_debug_state(const std::string& path, bool required) {
     unet_free(m);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// --precision bf16 against the same debug state (python3 dev/unet.py --debug_state F --autocast_bf16 1 ...): for the
+// output, the loss, every parameter gradient and the AdamW-step losses, our error against the fp32 reference must be
+// at most BF16_ERR_RATIO times PyTorch's own bf16-autocast error against it (autocast.* tensors), tensor by tensor.
+// The error of a tensor is the L2 norm of its difference (robust to the single elements where two bf16 roundings
+// happen to land on opposite sides); the max-abs ratio is printed beside it. Tensors whose reference is zero and
+// that both reproduce exactly (zero-initialised layers) pass with both errors 0.
+static const double BF16_ERR_RATIO = 2.0;
+
+static double l2_diff(const float* a, const float* b, size_t n, double* max_abs = nullptr) {
+    double s = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        if (!(d == d)) d = INFINITY;
+        s += d * d;
+        mx = std::max(mx, fabs(d));
+    }
+    if (max_abs) *max_abs = mx;
+    return sqrt(s);
+}
+// ours vs PyTorch bf16, both against ref; returns pass
+static bool check_bf16_ratio(const std::string& name, const float* ours, const float* torch_bf16, const float* ref,
+                             size_t n, bool quiet_pass, double* worst_ratio, std::string* worst_name) {
+    double mo, mt;
+    const double eo = l2_diff(ours, ref, n, &mo), et = l2_diff(torch_bf16, ref, n, &mt);
+    double norm = 0.0;
+    for (size_t i = 0; i < n; i++) norm += (double)ref[i] * ref[i];
+    norm = sqrt(norm);
+    // the floor: fp32 rounding of the reference itself (a tensor both reproduce to ~1e-7 relative passes)
+    const bool ok = eo <= BF16_ERR_RATIO * et + 1e-6 * norm;
+    const double ratio = et > 0 ? eo / et : (eo > 0 ? INFINITY : 0.0);
+    if (ratio > *worst_ratio && norm > 0) {
+        *worst_ratio = ratio;
+        *worst_name = name;
+    }
+    char buf[400];
+    snprintf(buf, sizeof buf, "L2 err ours %.3e, PyTorch bf16 %.3e (ratio %.2f, limit %.1f), |ref| %.3e; max |err| ours "
+             "%.3e, PyTorch %.3e", eo, et, ratio, BF16_ERR_RATIO, norm, mo, mt);
+    if (!ok) report("FAIL", name, buf);
+    else if (!quiet_pass) report("PASS", name, buf);
+    else n_pass++;
+    return ok;
+}
+static std::vector<float> download_nchw_bf16(const bf16* d_nhwc, int B, int C, int H, int W) {
+    size_t n = (size_t)B * C * H * W;
+    std::vector<bf16> hb(n);
+    cudaCheck(cudaMemcpy(hb.data(), d_nhwc, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    std::vector<float> nhwc(n), nchw(n);
+    for (size_t i = 0; i < n; i++) nhwc[i] = __bfloat162float(hb[i]);
+    nhwc_to_nchw(nhwc.data(), nchw.data(), B, C, H, W);
+    return nchw;
+}
+
+static void test_debug_state_bf16(const std::string& path) {
+    std::string tag = base_name(path) + " bf16";
+    BinFile f;
+    std::string e = bin_open(&f, path.c_str(), UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
+    if (!e.empty()) {
+        report("FAIL", tag, e);
+        return;
+    }
+    if (!bin_find(&f, "autocast.out")) {
+        report("SKIP", tag, "no autocast.* tensors (make the state with python3 dev/unet.py ... --autocast_bf16 1)");
+        return;
+    }
+    UNetConfig cfg;
+    if (!config_from_file(f, tag, &cfg)) return;
+    const int32_t* h = f.hdr;
+    int B = h[18], S = h[19], H = cfg.image_size;
+    float lr = hdr_float(h, 20), beta1 = hdr_float(h, 21), beta2 = hdr_float(h, 22), eps = hdr_float(h, 23),
+          wd = hdr_float(h, 24);
+    UNet model;
+    UNet* m = &model;
+    unet_define(m, cfg, B);
+    m->prec = PREC_BF16;
+    unet_allocate(m);
+    printf("---- %s: B=%d, image %d, %d AdamW steps, --precision bf16 against PyTorch bf16 autocast\n", tag.c_str(), B,
+           H, S);
+    if (!load_weights(m, &f, tag)) {
+        unet_free(m);
+        return;
+    }
+    unet_weights_changed(m);
+    int s4[4] = {B, 3, H, H}, s1[1] = {B}, s2[2] = {S, B}, sS[1] = {S}, sN[4] = {S * B, 3, H, H};
+    const float* x0 = (const float*)bin_expect(&f, "x0", DT_F32, 4, s4, &e);
+    const int* t = x0 ? (const int*)bin_expect(&f, "t", DT_I32, 1, s1, &e) : nullptr;
+    const float* noise = t ? (const float*)bin_expect(&f, "noise", DT_F32, 4, s4, &e) : nullptr;
+    const float* out_ref = noise ? (const float*)bin_expect(&f, "out", DT_F32, 4, s4, &e) : nullptr;
+    const float* out_bf = out_ref ? (const float*)bin_expect(&f, "autocast.out", DT_F32, 4, s4, &e) : nullptr;
+    const float* loss_ref = out_bf ? (const float*)bin_expect(&f, "loss", DT_F32, 0, s1, &e) : nullptr;
+    const float* loss_bf = loss_ref ? (const float*)bin_expect(&f, "autocast.loss", DT_F32, 0, s1, &e) : nullptr;
+    const int* step_t = loss_bf ? (const int*)bin_expect(&f, "step_t", DT_I32, 2, s2, &e) : nullptr;
+    const float* step_noise = step_t ? (const float*)bin_expect(&f, "step_noise", DT_F32, 4, sN, &e) : nullptr;
+    const float* sl_ref = step_noise ? (const float*)bin_expect(&f, "step_losses", DT_F32, 1, sS, &e) : nullptr;
+    const float* sl_bf = sl_ref ? (const float*)bin_expect(&f, "autocast.step_losses", DT_F32, 1, sS, &e) : nullptr;
+    if (!sl_bf) {
+        report("FAIL", tag, e);
+        unet_free(m);
+        return;
+    }
+    upload_nchw(x0, m->x0, B, 3, H, H);
+    upload_nchw(noise, m->noise, B, 3, H, H);
+    cudaCheck(cudaMemcpy(m->t, t, B * sizeof(int), cudaMemcpyHostToDevice));
+    unet_q_sample(m);
+    unet_forward(m);
+    unet_loss(m);
+    double worst = 0.0;
+    std::string worst_name;
+    size_t nimg = (size_t)B * 3 * H * H;
+    std::vector<float> out = download_nchw_bf16(m->out->xb, B, 3, H, H);
+    check_bf16_ratio(tag + " out", out.data(), out_bf, out_ref, nimg, false, &worst, &worst_name);
+    float loss;
+    cudaCheck(cudaMemcpy(&loss, m->loss, 4, cudaMemcpyDeviceToHost));
+    check_bf16_ratio(tag + " loss", &loss, loss_bf, loss_ref, 1, false, &worst, &worst_name);
+    unet_backward(m);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> g(m->n_params);
+    cudaCheck(cudaMemcpy(g.data(), m->g, m->n_params * 4, cudaMemcpyDeviceToHost));
+    int fails = 0;
+    for (const Param& p : m->params) {
+        const float* ref = (const float*)bin_expect(&f, "grad." + p.name, DT_F32, p.ndim, p.shape, &e);
+        const float* tb = ref ? (const float*)bin_expect(&f, "autocast.grad." + p.name, DT_F32, p.ndim, p.shape, &e)
+                              : nullptr;
+        if (!tb) {
+            report("FAIL", tag + " grad." + p.name, e);
+            fails++;
+            continue;
+        }
+        std::vector<float> ours(p.n);
+        param_to_torch(p, g.data() + p.off, ours.data());
+        if (!check_bf16_ratio(tag + " grad." + p.name, ours.data(), tb, ref, p.n, true, &worst, &worst_name)) fails++;
+    }
+    printf("     %s: %zu gradients, %d failed; largest ratio of L2 errors ours/PyTorch %.2f (%s)\n", tag.c_str(),
+           m->params.size(), fails, worst, worst_name.c_str());
+    std::vector<float> losses(S);
+    for (int i = 0; i < S; i++) {
+        upload_nchw(step_noise + (size_t)i * nimg, m->noise, B, 3, H, H);
+        cudaCheck(cudaMemcpy(m->t, step_t + (size_t)i * B, B * sizeof(int), cudaMemcpyHostToDevice));
+        unet_q_sample(m);
+        unet_forward(m);
+        unet_loss(m);
+        unet_backward(m);
+        unet_update(m, lr, beta1, beta2, eps, wd, -1.f);
+        cudaCheck(cudaMemcpy(&losses[i], m->loss, 4, cudaMemcpyDeviceToHost));
+    }
+    if (S > 0) check_bf16_ratio(tag + " step_losses", losses.data(), sl_bf, sl_ref, S, false, &worst, &worst_name);
+    unet_free(m);
+}
+
 // UNET_FIXTURE: weights, x_t (B, 3, H, W), t, out = model(x_t, t)
 static void test_forward_fixture(const std::string& path) {
     std::string tag = base_name(path);
@@ -346,7 +497,7 @@ static void test_resume() {
     a.cfg.num_head_channels = 32;
     a.batch_size = 5;
     a.log_every = 1;
-    a.tf32 = 1;  // the training default; determinism does not depend on it
+    a.precision = PREC_TF32;  // the training default; determinism does not depend on it
     a.quiet = true;
     const int N = 4;
     std::vector<float> whole, first, second;
@@ -512,6 +663,8 @@ int main(int argc, char** argv) {
             cublasCheck(cublasCreate(&g_cublas));
             set_tf32(false);
             test_debug_state(p, true);
+            if (have_sm90a()) test_debug_state_bf16(p);
+            else report("SKIP", base_name(p) + " bf16", "needs the sm_90a build on a compute capability 9.0 GPU");
             cublasCheck(cublasDestroy(g_cublas));
         }
     }

@@ -42,6 +42,7 @@ grad.<name>, then n_steps AdamW steps on the same x0, step i drawing step_t[i] (
 is the loss of step i's forward, with the weights after i updates (so before update i+1).
 """
 import argparse
+import copy
 import math
 import os
 import sys
@@ -324,6 +325,38 @@ def build_model(args):
                      args.num_head_channels, zero_init=bool(args.zero_init))
 
 
+def autocast_reference(model, diffusion, x0, t, noise, step_t, step_noise, args):
+    """The debug state's step under torch.autocast(bfloat16) from the same initial weights (a copy of the model,
+    before any update): autocast.out (float32 of the bf16 output), autocast.loss, autocast.grad.<name>, and
+    autocast.step_losses of the same n_steps AdamW steps (fp32 master weights and optimizer, as PyTorch's AMP).
+    dev/test_unet.cu measures --precision bf16 against the fp32 reference with PyTorch's own bf16 error as the yardstick."""
+    if x0.device.type != "cuda":
+        sys.exit("error: --autocast_bf16 needs --device cuda (bf16 autocast on the GPU is the yardstick)")
+    m = copy.deepcopy(model)
+    m.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = m(diffusion.q_sample(x0, t, noise), t)
+        loss = F.mse_loss(out, noise)
+    loss.backward()
+    res = {"autocast.out": out.detach().float().cpu().numpy(),
+           "autocast.loss": np.array(loss.item(), dtype=np.float32)}
+    res.update({"autocast.grad." + n: p.grad.detach().float().cpu().numpy().copy() for n, p in m.named_parameters()})
+    print(f"autocast bf16 loss {loss.item():.6f}")
+    opt = torch.optim.AdamW(m.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                            weight_decay=args.weight_decay)
+    losses = []
+    for i in range(args.n_steps):
+        opt.zero_grad(set_to_none=True)
+        ti, ni = step_t[i].to(x0.device), step_noise[i].to(x0.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            li = F.mse_loss(m(diffusion.q_sample(x0, ti, ni), ti), ni)
+        li.backward()
+        opt.step()
+        losses.append(li.item())
+    res["autocast.step_losses"] = np.array(losses, dtype=np.float32).reshape(args.n_steps)
+    return res
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # main
 
@@ -356,6 +389,8 @@ def main():
     p.add_argument("--ema_rate", type=float, default=0.9999, help="stored in the init checkpoint's header")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed of the init; draws use seed+1")
     p.add_argument("--data_file", default="", help="UNET_DATASET to take x0 from (default: uniform random in [-1,1])")
+    p.add_argument("--autocast_bf16", type=int, default=0, choices=[0, 1],
+                   help="also record the same step under torch.autocast(bfloat16) (autocast.* tensors; GPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"],
                    help="where the debug state is computed (weights are made on the CPU either way)")
     args = p.parse_args()
@@ -436,6 +471,9 @@ def main():
     loss.backward()
     grads = {"grad." + n: p.grad.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
     print(f"loss {loss.item():.6f}")
+    autocast = {}
+    if args.autocast_bf16:
+        autocast = autocast_reference(model, diffusion, x0_d, t_d, noise_d, step_t, step_noise, args)
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                             weight_decay=args.weight_decay)
@@ -462,6 +500,7 @@ def main():
     tensors.update(step_t=step_t.numpy().astype(np.int32),
                    step_noise=step_noise.numpy().reshape(S * B, 3, H, H),  # 5 dims do not fit the table
                    step_losses=np.array(step_losses, dtype=np.float32).reshape(S))
+    tensors.update(autocast)
     binio.write(args.debug_state, binio.UNET_DEBUG_STATE, config, tensors)
     print(f"wrote {args.debug_state} ({os.path.getsize(args.debug_state)} bytes, {len(tensors)} tensors)")
 
