@@ -1585,34 +1585,35 @@ conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, c
 // convolutions): CUDA cores, fp32 weights and accumulation.
 
 // y (+)= conv + bias over the MODE 0 gather of ConvGeom (so backward-data runs here too): one thread per output
-// pixel and group of NT output channels (blockIdx.y), the (K x NT) slice of w (K x N) in shared memory.
+// pixel and group of NT output channels (blockIdx.y); each tap's (C x NT) slice of w (K x N) in shared memory.
 template <int NT>
 __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __restrict__ w, bf16* __restrict__ y,
                                  const float* __restrict__ bias, ConvGeom g, int accumulate) {
     extern __shared__ float thin_w[];
     const int n0 = blockIdx.y * NT, nn = min(NT, g.N - n0);
-    for (int i = threadIdx.x; i < g.K * NT; i += blockDim.x) {
-        const int k = i / NT, j = i - k * NT;
-        thin_w[i] = j < nn ? w[(size_t)k * g.N + n0 + j] : 0.f;
-    }
-    __syncthreads();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= g.M) return;
-    const int HWo = g.Ho * g.Wo, b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+    const int HWo = g.Ho * g.Wo, pc = min(p, g.M - 1), b = pc / HWo, r = pc - b * HWo, oy = r / g.Wo;
+    const int ox = r - oy * g.Wo;
     float acc[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j] = 0.f;
     for (int tap = 0; tap < 9; tap++) {
+        __syncthreads();  // the previous tap's slice is no longer read
+        for (int i = threadIdx.x; i < g.C * NT; i += blockDim.x) {
+            const int c = i / NT, j = i - c * NT;
+            thin_w[i] = j < nn ? w[((size_t)tap * g.C + c) * g.N + n0 + j] : 0.f;
+        }
+        __syncthreads();
         const int pix = conv_gather(g, b, oy, ox, tap);
         if (pix < 0) continue;
         const bf16* xp = x + (size_t)pix * g.C;
-        const float* wt = thin_w + (size_t)tap * g.C * NT;
         for (int c = 0; c < g.C; c++) {
             const float v = __bfloat162float(xp[c]);
 #pragma unroll
-            for (int j = 0; j < NT; j++) acc[j] = fmaf(v, wt[c * NT + j], acc[j]);
+            for (int j = 0; j < NT; j++) acc[j] = fmaf(v, thin_w[c * NT + j], acc[j]);
         }
     }
+    if (p >= g.M) return;
     bf16* yp = y + (size_t)p * g.N + n0;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -1625,12 +1626,13 @@ __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __rest
 
 // Weight gradient of a thin convolution, MODE 1 of ConvGeom (M = 9*C rows, N, K = pixels): each block stages
 // THIN_PIX pixels at a time (their gathered inputs, THIN_PIX x M, and dY, THIN_PIX x N, as fp32) and every thread
-// accumulates the products (row, n) = tid, tid + blockDim.x, ... over the block's pixels; ws[block][M][N] receives
-// the block's sums, added in a fixed order by wgrad_reduce_kernel.
-constexpr int THIN_PIX = 16;
+// accumulates the products (row, n) = q0 + tid, q0 + tid + blockDim.x, ... (q0 = blockIdx.y * PAIRS * blockDim.x)
+// over the block's pixels; ws[blockIdx.x][M][N] receives the sums, added in a fixed order by wgrad_reduce_kernel.
+constexpr int THIN_PIX = 16, THIN_PAIRS = 8;
 template <int PAIRS>
 __global__ void conv_thin_wgrad_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy, float* __restrict__ ws,
                                        ConvGeom g) {
+    const int q0 = blockIdx.y * PAIRS * blockDim.x;
     extern __shared__ float thin_s[];
     float* xs = thin_s;                 // THIN_PIX x M
     float* ds = thin_s + THIN_PIX * g.M;  // THIN_PIX x N
@@ -1657,7 +1659,7 @@ __global__ void conv_thin_wgrad_kernel(const bf16* __restrict__ x, const bf16* _
         __syncthreads();
 #pragma unroll
         for (int q = 0; q < PAIRS; q++) {
-            const int pair = threadIdx.x + q * blockDim.x;
+            const int pair = q0 + threadIdx.x + q * blockDim.x;
             if (pair >= MN) break;
             const int row = pair / g.N, n = pair - row * g.N;
             for (int pp = 0; pp < THIN_PIX; pp++) acc[q] = fmaf(xs[pp * g.M + row], ds[pp * g.N + n], acc[q]);
@@ -1666,7 +1668,7 @@ __global__ void conv_thin_wgrad_kernel(const bf16* __restrict__ x, const bf16* _
     }
 #pragma unroll
     for (int q = 0; q < PAIRS; q++) {
-        const int pair = threadIdx.x + q * blockDim.x;
+        const int pair = q0 + threadIdx.x + q * blockDim.x;
         if (pair < MN) ws[(size_t)blockIdx.x * MN + pair] = acc[q];
     }
 }
@@ -3271,7 +3273,7 @@ static void conv_wg_weight_grad(const UNet* m, int H, int W, int C, int N, int s
 }
 // thin bf16 convolutions (conv_thin_kernel): w (K x N) fp32, any ConvGeom of MODE 0
 static void conv_thin(ConvGeom g, const bf16* x, const float* w, bf16* y, const float* bias, bool accumulate) {
-    const size_t smem8 = (size_t)g.K * 8 * sizeof(float), smem64 = (size_t)g.K * 64 * sizeof(float);
+    const size_t smem8 = (size_t)g.C * 8 * sizeof(float), smem64 = (size_t)g.C * 64 * sizeof(float);
     if (g.N <= 8) {
         static int attr = 0;
         if ((int)smem8 > attr) {
@@ -3291,31 +3293,21 @@ static void conv_thin(ConvGeom g, const bf16* x, const float* w, bf16* y, const 
     }
     cudaCheck(cudaGetLastError());
 }
-template <int PAIRS>
-static void conv_thin_wgrad_launch(int blocks, size_t smem, const bf16* x, const bf16* dy, float* ws, ConvGeom g) {
-    static int attr = 0;
-    if ((int)smem > attr) {
-        cudaCheck(cudaFuncSetAttribute(conv_thin_wgrad_kernel<PAIRS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-        attr = (int)smem;
-    }
-    conv_thin_wgrad_kernel<PAIRS><<<blocks, 512, smem, g_stream>>>(x, dy, ws, g);
-    cudaCheck(cudaGetLastError());
-}
 // dW (9*C x N, fp32) of a thin bf16 convolution: per-block partial sums, then added in a fixed order
 static void conv_thin_weight_grad(const UNet* m, ConvGeom g, const bf16* x, const bf16* dy, float* dw) {
-    const int MN = g.M * g.N, pairs = ceil_div(MN, 512);
+    const int MN = g.M * g.N;
     const int blocks = std::min(ceil_div(g.K, THIN_PIX), 2 * g_num_sms);
     const size_t smem = (size_t)THIN_PIX * (g.M + g.N) * sizeof(float);
-    conv_ws_check(m->conv_ws_floats, (size_t)blocks * MN, "workspace");
-    if (pairs <= 4) conv_thin_wgrad_launch<4>(blocks, smem, x, dy, m->conv_ws, g);
-    else if (pairs <= 8) conv_thin_wgrad_launch<8>(blocks, smem, x, dy, m->conv_ws, g);
-    else if (pairs <= 16) conv_thin_wgrad_launch<16>(blocks, smem, x, dy, m->conv_ws, g);
-    else if (pairs <= 32) conv_thin_wgrad_launch<32>(blocks, smem, x, dy, m->conv_ws, g);
-    else {
-        fprintf(stderr, "internal error: thin convolution with %d x %d weights\n", g.M, g.N);
-        exit(EXIT_FAILURE);
+    static int attr = 0;
+    if ((int)smem > attr) {
+        cudaCheck(cudaFuncSetAttribute(conv_thin_wgrad_kernel<THIN_PAIRS>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = (int)smem;
     }
+    conv_ws_check(m->conv_ws_floats, (size_t)blocks * MN, "workspace");
+    dim3 grid(blocks, ceil_div(MN, THIN_PAIRS * 512));
+    conv_thin_wgrad_kernel<THIN_PAIRS><<<grid, 512, smem, g_stream>>>(x, dy, m->conv_ws, g);
+    cudaCheck(cudaGetLastError());
     wgrad_reduce_kernel<<<ceil_div(MN, EW), EW, 0, g_stream>>>(m->conv_ws, dw, MN, blocks, 0);
     cudaCheck(cudaGetLastError());
 }

@@ -141,14 +141,18 @@ class ResBlock(TimestepBlock):
 
 
 class QKVAttentionLegacy(nn.Module):
-    def __init__(self, n_heads):
+    def __init__(self, n_heads, sdpa=False):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.sdpa = n_heads, sdpa
 
     def forward(self, qkv):  # (B, 3*H*d, T) -> (B, H*d, T)
         bs, width, length = qkv.shape
         d = width // (3 * self.n_heads)
         q, k, v = qkv.reshape(bs * self.n_heads, 3 * d, length).split(d, dim=1)
+        if self.sdpa:  # the same function through F.scaled_dot_product_attention (scale 1/sqrt(d)), for benchmarks
+            q, k, v = (t.reshape(bs, self.n_heads, d, length).transpose(-1, -2) for t in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, d)
+            return a.transpose(-1, -2).reshape(bs, -1, length)
         scale = 1.0 / math.sqrt(math.sqrt(d))
         weight = torch.einsum("bct,bcs->bts", q * scale, k * scale)  # (B*H, T, T)
         weight = torch.softmax(weight.float(), dim=-1).type(weight.dtype)
@@ -157,13 +161,13 @@ class QKVAttentionLegacy(nn.Module):
 
 
 class AttentionBlock(nn.Module):
-    def __init__(self, channels, num_head_channels, zero_init=True):
+    def __init__(self, channels, num_head_channels, zero_init=True, sdpa=False):
         super().__init__()
         assert channels % num_head_channels == 0, (channels, num_head_channels)
         self.num_heads = channels // num_head_channels
         self.norm = normalization(channels)
         self.qkv = nn.Conv1d(channels, 3 * channels, 1)
-        self.attention = QKVAttentionLegacy(self.num_heads)
+        self.attention = QKVAttentionLegacy(self.num_heads, sdpa)
         proj = nn.Conv1d(channels, channels, 1)
         self.proj_out = zero_module(proj) if zero_init else proj
 
@@ -176,7 +180,7 @@ class AttentionBlock(nn.Module):
 
 class UNetModel(nn.Module):
     def __init__(self, image_size=64, in_channels=3, model_channels=64, out_channels=3, num_res_blocks=2,
-                 attention_ds=(4, 8), channel_mult=(1, 2, 3, 4), num_head_channels=32, zero_init=True):
+                 attention_ds=(4, 8), channel_mult=(1, 2, 3, 4), num_head_channels=32, zero_init=True, sdpa=False):
         super().__init__()
         self.image_size, self.in_channels, self.model_channels = image_size, in_channels, model_channels
         self.out_channels, self.num_res_blocks, self.channel_mult = out_channels, num_res_blocks, tuple(channel_mult)
@@ -193,7 +197,7 @@ class UNetModel(nn.Module):
                 layers = [ResBlock(ch, emb_dim, int(mult * model_channels), zero_init)]
                 ch = int(mult * model_channels)
                 if ds in attention_ds:
-                    layers.append(AttentionBlock(ch, num_head_channels, zero_init))
+                    layers.append(AttentionBlock(ch, num_head_channels, zero_init, sdpa))
                 self.input_blocks.append(TimestepEmbedSequential(*layers))
                 input_block_chans.append(ch)
             if level != len(channel_mult) - 1:
@@ -202,7 +206,7 @@ class UNetModel(nn.Module):
                 ds *= 2
 
         self.middle_block = TimestepEmbedSequential(
-            ResBlock(ch, emb_dim, ch, zero_init), AttentionBlock(ch, num_head_channels, zero_init),
+            ResBlock(ch, emb_dim, ch, zero_init), AttentionBlock(ch, num_head_channels, zero_init, sdpa),
             ResBlock(ch, emb_dim, ch, zero_init))
 
         self.output_blocks = nn.ModuleList([])
@@ -212,7 +216,7 @@ class UNetModel(nn.Module):
                 layers = [ResBlock(ch + ich, emb_dim, int(model_channels * mult), zero_init)]
                 ch = int(model_channels * mult)
                 if ds in attention_ds:
-                    layers.append(AttentionBlock(ch, num_head_channels, zero_init))
+                    layers.append(AttentionBlock(ch, num_head_channels, zero_init, sdpa))
                 if level and i == num_res_blocks:
                     layers.append(Upsample(ch, ch))
                     ds //= 2
