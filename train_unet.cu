@@ -417,6 +417,43 @@ __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ bf16 from_float<bf16>(float v) { return __float2bfloat16_rn(v); }
 
+// 16-byte vectors of activations (8 bf16 or 4 float), widened to float. The launchers take V = VEC<T> where the
+// channel counts allow it (16-byte aligned pixel rows) and V = 1 otherwise (the 3-channel input and output).
+template <typename T>
+constexpr int VEC = (int)(16 / sizeof(T));
+template <typename T, int V>
+__device__ __forceinline__ void vload(const T* p, float (&v)[V]) {
+    if constexpr (V == 1) {
+        v[0] = to_float(p[0]);
+    } else if constexpr (std::is_same<T, float>::value) {
+        const float4 u = *reinterpret_cast<const float4*>(p);
+        v[0] = u.x; v[1] = u.y; v[2] = u.z; v[3] = u.w;
+    } else {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __bfloat1622float2(h[i]);
+            v[2 * i] = f.x;
+            v[2 * i + 1] = f.y;
+        }
+    }
+}
+template <typename T, int V>
+__device__ __forceinline__ void vstore(T* p, const float (&v)[V]) {
+    if constexpr (V == 1) {
+        p[0] = from_float<T>(v[0]);
+    } else if constexpr (std::is_same<T, float>::value) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        uint4 u;
+        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *reinterpret_cast<uint4*>(p) = u;
+    }
+}
+
 __device__ __forceinline__ float silu_f(float z) { return z / (1.0f + expf(-z)); }
 __device__ __forceinline__ float silu_grad(float z) {
     float s = 1.0f / (1.0f + expf(-z));
@@ -837,6 +874,21 @@ conv_igemm_pipe_kernel(const float* __restrict__ X, const float* __restrict__ Bm
 }
 
 // dW[i] (+)= sum_z ws[z][i], in a fixed order
+// dW[i] (+)= sum_z ws[z][i], in a fixed order; 4 elements per thread (n % 4 == 0, wgrad_reduce launches it)
+__global__ void wgrad_reduce4_kernel(const float4* ws, float4* dw, size_t n4, int splits, int accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int z = 0; z < splits; z++) {
+        const float4 w = ws[(size_t)z * n4 + i];
+        s.x += w.x; s.y += w.y; s.z += w.z; s.w += w.w;
+    }
+    if (accumulate) {
+        const float4 d = dw[i];
+        s.x += d.x; s.y += d.y; s.z += d.z; s.w += d.w;
+    }
+    dw[i] = s;
+}
 __global__ void wgrad_reduce_kernel(const float* ws, float* dw, size_t n, int splits, int accumulate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -1143,19 +1195,32 @@ conv_mma_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float
 }
 
 // MODE 0 split over K (version 6): out[m, n] (+)= sum_z ws[z][m][n] in a fixed order, + bias[n] + emb[m / HWo][n]
-template <typename T>
+// (V = 4 elements per thread when N % 4 == 0)
+template <typename T, int V>
 __global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* __restrict__ out,
                                             const float* __restrict__ bias, const float* __restrict__ emb,
                                             int accumulate, int M, int N, int HWo, int splits) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, MN = (size_t)M * N;
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V, MN = (size_t)M * N;
     if (i >= MN) return;
-    int n = (int)(i % N), m = (int)(i / N);
-    float v = 0.f;
-    for (int z = 0; z < splits; z++) v += ws[(size_t)z * MN + i];
-    if (bias) v += bias[n];
-    if (emb) v += emb[(size_t)(m / HWo) * N + n];
-    if (accumulate) v += to_float(out[i]);
-    out[i] = from_float<T>(v);
+    const int n = (int)(i % N), m = (int)(i / N);
+    float v[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) v[k] = 0.f;
+    for (int z = 0; z < splits; z++) {
+        if (V == 4) {
+            const float4 w = *reinterpret_cast<const float4*>(ws + (size_t)z * MN + i);
+            v[0] += w.x; v[1] += w.y; v[2 % V] += w.z; v[3 % V] += w.w;
+        } else {
+            v[0] += ws[(size_t)z * MN + i];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        if (bias) v[k] += bias[n + k];
+        if (emb) v[k] += emb[(size_t)(m / HWo) * N + n + k];
+        if (accumulate) v[k] += to_float(out[i + k]);
+        out[i + k] = from_float<T>(v[k]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1171,6 +1236,9 @@ __global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* __r
 //    64 rows of one (tap, 64-channel) slab. A = input [pixel][channel], B = dY [pixel][n]: both MN-major.
 //  - Block: a producer warpgroup (one thread issues the copies) and 2 consumer warpgroups; STAGES-deep ring of
 //    (A 16 KB, B BN x 128 B) stages, full[s] completing on the copies' bytes, empty[s] on the 8 consumer warps.
+//    Blocks are persistent: each walks output tiles blockIdx.x, + gridDim.x, ... (n-tiles of one m-tile next to
+//    each other), so the producer fills the next tile's stages while the consumers run the epilogue. The narrowest
+//    tile (BN = 64) runs 2 blocks per SM.
 //  - Split-K over blockIdx.z writes fp32 partial sums that a second kernel adds in a fixed order (deterministic).
 // Other GPUs run the same GEMMs on mma.sync (conv_bf16_mma_kernel below).
 
@@ -1189,10 +1257,14 @@ template <int BN>
 struct ConvWg {
     static_assert(BN % 64 == 0 && BN <= 256, "B tiles are whole 64-channel slabs, wgmma N <= 256");
     static constexpr int A_BYTES = 2 * CW_SLAB, B_BYTES = BN * CW_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-    static constexpr int STAGES = (192 * 1024) / STAGE_BYTES < 8 ? (192 * 1024) / STAGE_BYTES : 8;
+    static constexpr int MINB = BN == 64 ? 2 : 1;  // blocks per SM (the 80 registers of 2 fit no wider wgmma)
+    static constexpr int STAGES = (MINB == 2 ? 96 * 1024 : 192 * 1024) / STAGE_BYTES;
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, + alignment
     static constexpr int NR = BN / 2;  // fp32 accumulators per consumer thread
-    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+    // setmaxnreg: the producer drops to 40, the consumers take the rest of the registers the block holds
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = MINB == 2 ? 104 : 232;
+    static_assert(STAGES >= 3, "a pipeline of at least 3 stages");
+    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 65536 / MINB, "registers of MINB blocks per SM");
 };
 
 // Geometry of one pass, computed on the host (conv_wg_geom)
@@ -1205,6 +1277,7 @@ struct ConvWgGeom {
     int nbx, nby, nbox;   // boxes along x, y, in all
     int ktiles, kchunk;   // k-tiles in all, per blockIdx.z
     int M;                // MODE 0: output pixels B*Ho*Wo; MODE 1: rows 9*C of dW
+    int tiles;            // output tiles (m-tiles x n-tiles): the persistent blocks' work
 };
 // the TMA views: the gathered input (a[0]; stride 2: a[2 * row parity + column parity]) and B (weights / dY)
 struct ConvWgMaps {
@@ -1441,47 +1514,57 @@ __device__ __forceinline__ void cw_load_input(const ConvWgMaps& maps, const Conv
     else tma_load_4d(dst, &maps.a[2 * (ky != 1) + (kx != 1)], c0, x0 - (kx == 0), y0 - (ky == 0), b0, bar);
 }
 
-// producer (one thread): the k-tiles [kbeg, kend) of this block into the ring of stages
+// producer (one thread): the k-tiles [kbeg, kend) of each of this block's tiles into the ring of stages (`it`
+// counts k-tiles over the tiles: stage it % STAGES, phase (it / STAGES) & 1)
 template <int MODE, int BN>
 __device__ __forceinline__ void conv_wg_produce(const ConvWgMaps& maps, const ConvWgGeom& g, uint8_t* smem,
-                                                uint64_t* full, uint64_t* empty, int kbeg, int kend, int n0) {
+                                                uint64_t* full, uint64_t* empty, int kbeg, int kend) {
     using Cfg = ConvWg<BN>;
-    int b0[2], y0[2], x0[2], tap[2], c0[2];  // MODE 0: each warpgroup's pixel box; MODE 1: its (tap, channels)
-    for (int w = 0; w < 2; w++) {
-        const int r = 2 * blockIdx.x + w;
-        if (MODE == 0) cw_box_origin(g, r, b0[w], y0[w], x0[w]);
-        tap[w] = min(r / g.kc, 8);  // MODE 1: the rows of a warpgroup past the last tap load tap 8, unused
-        c0[w] = (r % g.kc) * CW_BK;
-    }
-    for (int kt = kbeg, it = 0; kt < kend; kt++, it++) {
-        const int s = it % Cfg::STAGES;
-        mbar_wait(&empty[s], ((it / Cfg::STAGES) & 1) ^ 1);
-        mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);  // out-of-range box elements count too (zeros)
-        uint8_t* a = smem + s * Cfg::STAGE_BYTES;
-        uint8_t* b = a + Cfg::A_BYTES;
-        if (MODE == 0) {
-            const int t = kt / g.kc, c = (kt - t * g.kc) * CW_BK;
-            for (int w = 0; w < 2; w++) cw_load_input(maps, g, a + w * CW_SLAB, t, c, b0[w], y0[w], x0[w], &full[s]);
-            tma_load_3d(b, &maps.b, c, t, n0, &full[s]);  // weights [n][tap][c]: BN rows of 64 channels
-        } else {
-            int pb, py, px;
-            cw_box_origin(g, kt, pb, py, px);
-            for (int w = 0; w < 2; w++) cw_load_input(maps, g, a + w * CW_SLAB, tap[w], c0[w], pb, py, px, &full[s]);
-            for (int j = 0; j < BN / 64; j++) tma_load_4d(b + j * CW_SLAB, &maps.b, n0 + 64 * j, px, py, pb, &full[s]);
+    const int ntiles = (g.N + BN - 1) / BN;
+    uint32_t it = 0;
+    for (int tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
+        const int mb = tile / ntiles, n0 = (tile - mb * ntiles) * BN;
+        int b0[2], y0[2], x0[2], tap[2], c0[2];  // MODE 0: each warpgroup's pixel box; MODE 1: (tap, channels)
+        for (int w = 0; w < 2; w++) {
+            const int r = 2 * mb + w;
+            if (MODE == 0) cw_box_origin(g, r, b0[w], y0[w], x0[w]);
+            tap[w] = min(r / g.kc, 8);  // MODE 1: the rows of a warpgroup past the last tap load tap 8, unused
+            c0[w] = (r % g.kc) * CW_BK;
+        }
+        for (int kt = kbeg; kt < kend; kt++, it++) {
+            const int s = it % Cfg::STAGES;
+            mbar_wait(&empty[s], ((it / Cfg::STAGES) & 1) ^ 1);
+            mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);  // out-of-range box elements count too (zeros)
+            uint8_t* a = smem + s * Cfg::STAGE_BYTES;
+            uint8_t* b = a + Cfg::A_BYTES;
+            if (MODE == 0) {
+                const int t = kt / g.kc, c = (kt - t * g.kc) * CW_BK;
+                for (int w = 0; w < 2; w++)
+                    cw_load_input(maps, g, a + w * CW_SLAB, t, c, b0[w], y0[w], x0[w], &full[s]);
+                tma_load_3d(b, &maps.b, c, t, n0, &full[s]);  // weights [n][tap][c]: BN rows of 64 channels
+            } else {
+                int pb, py, px;
+                cw_box_origin(g, kt, pb, py, px);
+                for (int w = 0; w < 2; w++)
+                    cw_load_input(maps, g, a + w * CW_SLAB, tap[w], c0[w], pb, py, px, &full[s]);
+                for (int j = 0; j < BN / 64; j++)
+                    tma_load_4d(b + j * CW_SLAB, &maps.b, n0 + 64 * j, px, py, pb, &full[s]);
+            }
         }
     }
 }
 
-// consumer warpgroup c: acc (its 64 rows x BN) over the block's k-tiles; one wgmma group stays in flight
+// consumer warpgroup c: acc (its 64 rows x BN) over one tile's k-tiles; one wgmma group stays in flight, and the
+// last stage is released once the group is done (`it` runs on over the block's tiles)
 template <int MODE, int BN>
 __device__ __forceinline__ void conv_wg_consume(uint8_t* smem, uint64_t* full, uint64_t* empty, int kbeg, int kend,
-                                                int c, float (&acc)[ConvWg<BN>::NR]) {
+                                                int c, uint32_t& it, float (&acc)[ConvWg<BN>::NR]) {
     using Cfg = ConvWg<BN>;
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < Cfg::NR; i++) acc[i] = 0.0f;
     acc_fence(acc);
-    for (int kt = kbeg, it = 0; kt < kend; kt++, it++) {
+    for (int kt = kbeg; kt < kend; kt++, it++) {
         const int s = it % Cfg::STAGES;
         mbar_wait(&full[s], (it / Cfg::STAGES) & 1);
         const uint32_t a = smem_u32(smem + s * Cfg::STAGE_BYTES) + c * CW_SLAB, b = a - c * CW_SLAB + Cfg::A_BYTES;
@@ -1498,6 +1581,8 @@ __device__ __forceinline__ void conv_wg_consume(uint8_t* smem, uint64_t* full, u
     }
     wgmma_wait<0>();
     acc_fence(acc);
+    __syncwarp();
+    if (lane == 0 && kend > kbeg) mbar_arrive(&empty[(it + Cfg::STAGES - 1) % Cfg::STAGES]);
 }
 
 // Accumulator fragment of m64nNk16 (warp w of the warpgroup, gq = lane / 4, tq = lane % 4): acc[4j + 2h + e] is row
@@ -1505,9 +1590,9 @@ __device__ __forceinline__ void conv_wg_consume(uint8_t* smem, uint64_t* full, u
 // the fp32 partial sums into ws[z][row][n] (MODE 1 rows: tap * C + channel, the layout of dW).
 template <int MODE, int BN>
 __device__ __forceinline__ void conv_wg_epilogue(const ConvWgGeom& g, const ConvWgOut& o,
-                                                 const float (&acc)[ConvWg<BN>::NR], int c, int n0) {
+                                                 const float (&acc)[ConvWg<BN>::NR], int c, int mb, int n0) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-    const int r0 = 2 * blockIdx.x + c;
+    const int r0 = 2 * mb + c;
     int b0 = 0, y0 = 0, x0 = 0;
     if (MODE == 0) cw_box_origin(g, r0, b0, y0, x0);
     const int tap = r0 / g.kc, ch0 = (r0 % g.kc) * CW_BK;
@@ -1550,7 +1635,7 @@ __device__ __forceinline__ void conv_wg_epilogue(const ConvWgGeom& g, const Conv
 }
 
 template <int MODE, int BN>
-__global__ void __launch_bounds__(CW_THREADS, 1)
+__global__ void __launch_bounds__(CW_THREADS, ConvWg<BN>::MINB)
 conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, const ConvWgOut o) {
 #if UNET_SM90A
     using Cfg = ConvWg<BN>;
@@ -1558,7 +1643,7 @@ conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, c
     uint8_t* smem = cw_smem_raw + ((1024 - (smem_u32(cw_smem_raw) & 1023)) & 1023);  // swizzled tiles: 1024-aligned
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::STAGES * Cfg::STAGE_BYTES);
     uint64_t* empty = full + Cfg::STAGES;
-    const int wg = threadIdx.x / 128, n0 = blockIdx.y * BN;
+    const int wg = threadIdx.x / 128, ntiles = (g.N + BN - 1) / BN;
     const int kbeg = blockIdx.z * g.kchunk, kend = min(g.ktiles, kbeg + g.kchunk);
     if (threadIdx.x == 0) {
         for (int s = 0; s < Cfg::STAGES; s++) {
@@ -1570,12 +1655,16 @@ conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, c
     __syncthreads();
     if (wg == 0) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-        if (threadIdx.x == 0) conv_wg_produce<MODE, BN>(maps, g, smem, full, empty, kbeg, kend, n0);
+        if (threadIdx.x == 0) conv_wg_produce<MODE, BN>(maps, g, smem, full, empty, kbeg, kend);
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
         float acc[Cfg::NR];
-        conv_wg_consume<MODE, BN>(smem, full, empty, kbeg, kend, wg - 1, acc);
-        conv_wg_epilogue<MODE, BN>(g, o, acc, wg - 1, n0);
+        uint32_t it = 0;
+        for (int tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
+            const int mb = tile / ntiles;
+            conv_wg_consume<MODE, BN>(smem, full, empty, kbeg, kend, wg - 1, it, acc);
+            conv_wg_epilogue<MODE, BN>(g, o, acc, wg - 1, mb, (tile - mb * ntiles) * BN);
+        }
     }
 #endif
 }
@@ -1585,11 +1674,12 @@ conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, c
 // convolutions): CUDA cores, fp32 weights and accumulation.
 
 // y (+)= conv + bias over the MODE 0 gather of ConvGeom (so backward-data runs here too): one thread per output
-// pixel and group of NT output channels (blockIdx.y); each tap's (C x NT) slice of w (K x N) in shared memory.
-template <int NT>
+// pixel and group of NT output channels (blockIdx.y). The weights w (K x N) are staged in shared memory `taps` taps
+// at a time (all 9 where they fit); inputs are read 8 channels at a time where C % 8 == 0 (V = 8).
+template <int NT, int V>
 __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __restrict__ w, bf16* __restrict__ y,
-                                 const float* __restrict__ bias, ConvGeom g, int accumulate) {
-    extern __shared__ float thin_w[];
+                                 const float* __restrict__ bias, ConvGeom g, int taps, int accumulate) {
+    extern __shared__ float thin_w[];  // (taps * C) x NT
     const int n0 = blockIdx.y * NT, nn = min(NT, g.N - n0);
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     const int HWo = g.Ho * g.Wo, pc = min(p, g.M - 1), b = pc / HWo, r = pc - b * HWo, oy = r / g.Wo;
@@ -1597,20 +1687,27 @@ __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __rest
     float acc[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j] = 0.f;
-    for (int tap = 0; tap < 9; tap++) {
-        __syncthreads();  // the previous tap's slice is no longer read
-        for (int i = threadIdx.x; i < g.C * NT; i += blockDim.x) {
-            const int c = i / NT, j = i - c * NT;
-            thin_w[i] = j < nn ? w[((size_t)tap * g.C + c) * g.N + n0 + j] : 0.f;
+    for (int t0 = 0; t0 < 9; t0 += taps) {
+        const int t1 = min(9, t0 + taps);
+        if (t0 > 0) __syncthreads();  // the previous taps' weights are no longer read
+        for (int i = threadIdx.x; i < (t1 - t0) * g.C * NT; i += blockDim.x) {
+            const int kc = i / NT, j = i - kc * NT;
+            thin_w[i] = j < nn ? w[((size_t)t0 * g.C + kc) * g.N + n0 + j] : 0.f;
         }
         __syncthreads();
-        const int pix = conv_gather(g, b, oy, ox, tap);
-        if (pix < 0) continue;
-        const bf16* xp = x + (size_t)pix * g.C;
-        for (int c = 0; c < g.C; c++) {
-            const float v = __bfloat162float(xp[c]);
+        for (int tap = t0; tap < t1; tap++) {
+            const int pix = conv_gather(g, b, oy, ox, tap);
+            if (pix < 0) continue;
+            const bf16* xp = x + (size_t)pix * g.C;
+            const float* wt = thin_w + (size_t)(tap - t0) * g.C * NT;
+            for (int c = 0; c < g.C; c += V) {
+                float v[V];
+                vload<bf16, V>(xp + c, v);
 #pragma unroll
-            for (int j = 0; j < NT; j++) acc[j] = fmaf(v, thin_w[c * NT + j], acc[j]);
+                for (int e = 0; e < V; e++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) acc[j] = fmaf(v[e], wt[(c + e) * NT + j], acc[j]);
+            }
         }
     }
     if (p >= g.M) return;
@@ -1625,51 +1722,66 @@ __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __rest
 }
 
 // Weight gradient of a thin convolution, MODE 1 of ConvGeom (M = 9*C rows, N, K = pixels): each block stages
-// THIN_PIX pixels at a time (their gathered inputs, THIN_PIX x M, and dY, THIN_PIX x N, as fp32) and every thread
-// accumulates the products (row, n) = q0 + tid, q0 + tid + blockDim.x, ... (q0 = blockIdx.y * PAIRS * blockDim.x)
-// over the block's pixels; ws[blockIdx.x][M][N] receives the sums, added in a fixed order by wgrad_reduce_kernel.
-constexpr int THIN_PIX = 16, THIN_PAIRS = 8;
-template <int PAIRS>
+// THIN_PIX pixels at a time (their gathered inputs, THIN_PIX x M, and dY, THIN_PIX x N4 with N4 = N rounded up to 4,
+// as fp32); a task is (row, 4 columns) and each thread accumulates TPT tasks (q0 + tid + k * blockDim.x, q0 =
+// blockIdx.y * TPT * blockDim.x) over the block's pixels; ws[blockIdx.x][M][N] receives the sums, added in a fixed
+// order by wgrad_reduce. Inputs are gathered 8 channels at a time where C % 8 == 0 (V = 8).
+constexpr int THIN_PIX = 32, THIN_TPT = 2;
+template <int TPT, int V>
 __global__ void conv_thin_wgrad_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy, float* __restrict__ ws,
                                        ConvGeom g) {
-    const int q0 = blockIdx.y * PAIRS * blockDim.x;
     extern __shared__ float thin_s[];
-    float* xs = thin_s;                 // THIN_PIX x M
-    float* ds = thin_s + THIN_PIX * g.M;  // THIN_PIX x N
-    const int MN = g.M * g.N, HWo = g.Ho * g.Wo;
-    float acc[PAIRS];
+    const int N4 = (g.N + 3) / 4 * 4, tasks = g.M * (N4 / 4), HWo = g.Ho * g.Wo;
+    float* xs = thin_s;                   // THIN_PIX x M
+    float* ds = thin_s + THIN_PIX * g.M;  // THIN_PIX x N4
+    const int q0 = blockIdx.y * TPT * blockDim.x;
+    float4 acc[TPT];
 #pragma unroll
-    for (int q = 0; q < PAIRS; q++) acc[q] = 0.f;
+    for (int q = 0; q < TPT; q++) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int p0 = blockIdx.x * THIN_PIX; p0 < g.K; p0 += gridDim.x * THIN_PIX) {
-        for (int i = threadIdx.x; i < THIN_PIX * g.M; i += blockDim.x) {
-            const int pp = i / g.M, row = i - pp * g.M, p = p0 + pp;
-            float v = 0.f;
+        for (int i = threadIdx.x; i < THIN_PIX * (g.M / V); i += blockDim.x) {  // V consecutive (tap, c) rows
+            const int pp = i / (g.M / V), row = (i - pp * (g.M / V)) * V, p = p0 + pp;
+            float v[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) v[e] = 0.f;
             if (p < g.K) {
                 const int tap = row / g.C, c = row - tap * g.C;
                 const int b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
                 const int pix = conv_gather(g, b, oy, ox, tap);
-                if (pix >= 0) v = __bfloat162float(x[(size_t)pix * g.C + c]);
+                if (pix >= 0) vload<bf16, V>(x + (size_t)pix * g.C + c, v);
             }
-            xs[i] = v;
+#pragma unroll
+            for (int e = 0; e < V; e++) xs[pp * g.M + row + e] = v[e];
         }
-        for (int i = threadIdx.x; i < THIN_PIX * g.N; i += blockDim.x) {
-            const int pp = i / g.N, p = p0 + pp;
-            ds[i] = p < g.K ? __bfloat162float(dy[(size_t)p * g.N + i - pp * g.N]) : 0.f;
+        for (int i = threadIdx.x; i < THIN_PIX * N4; i += blockDim.x) {
+            const int pp = i / N4, n = i - pp * N4, p = p0 + pp;
+            ds[i] = p < g.K && n < g.N ? __bfloat162float(dy[(size_t)p * g.N + n]) : 0.f;
         }
         __syncthreads();
 #pragma unroll
-        for (int q = 0; q < PAIRS; q++) {
-            const int pair = q0 + threadIdx.x + q * blockDim.x;
-            if (pair >= MN) break;
-            const int row = pair / g.N, n = pair - row * g.N;
-            for (int pp = 0; pp < THIN_PIX; pp++) acc[q] = fmaf(xs[pp * g.M + row], ds[pp * g.N + n], acc[q]);
+        for (int q = 0; q < TPT; q++) {
+            const int task = q0 + threadIdx.x + q * blockDim.x;
+            if (task >= tasks) break;
+            const int row = task / (N4 / 4), n4 = (task - row * (N4 / 4)) * 4;
+            for (int pp = 0; pp < THIN_PIX; pp++) {
+                const float xv = xs[pp * g.M + row];
+                const float4 d = *reinterpret_cast<const float4*>(ds + pp * N4 + n4);
+                acc[q].x = fmaf(xv, d.x, acc[q].x);
+                acc[q].y = fmaf(xv, d.y, acc[q].y);
+                acc[q].z = fmaf(xv, d.z, acc[q].z);
+                acc[q].w = fmaf(xv, d.w, acc[q].w);
+            }
         }
         __syncthreads();
     }
 #pragma unroll
-    for (int q = 0; q < PAIRS; q++) {
-        const int pair = q0 + threadIdx.x + q * blockDim.x;
-        if (pair < MN) ws[(size_t)blockIdx.x * MN + pair] = acc[q];
+    for (int q = 0; q < TPT; q++) {
+        const int task = q0 + threadIdx.x + q * blockDim.x;
+        if (task >= tasks) break;
+        const int row = task / (N4 / 4), n4 = (task - row * (N4 / 4)) * 4;
+        float* o = ws + (size_t)blockIdx.x * g.M * g.N + (size_t)row * g.N;
+        const float a[4] = {acc[q].x, acc[q].y, acc[q].z, acc[q].w};
+        for (int e = 0; e < 4 && n4 + e < g.N; e++) o[n4 + e] = a[e];
     }
 }
 
@@ -1726,11 +1838,20 @@ __global__ void weights_to_bf16_kernel(const float* __restrict__ p, bf16* __rest
     }
 }
 
+// sum over the 32 lanes of a warp in a fixed order (deterministic)
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
-// per-(b, channel) sums over pixels: x (Bq, P, C) -> partial (Bq, S, C) of double2, S pixel chunks per sample.
+// per-(b, channel) sums over pixels: x (Bq, P, C) -> partial (Bq, S, C) of double2, S pixel chunks per sample
+// (blockIdx.y). A thread owns V channels (one 16-byte vector) and a pixel lane: blockDim.x / (C / V) lanes walk the
+// chunk's pixels; each sums in double, the lanes are added in order through shared memory (lanes x C double2).
 // MODE 0: (x, x^2) (GroupNorm statistics). MODE 1: GroupNorm backward (dz, dz * xhat) with dz = dy * silu'(z) when
 // silu, z = xhat*gamma + beta. MODE 2: (x, 0) (bias and time-embedding gradients). From dev/groupnorm.cu.
-template <int MODE, typename T>
+template <int MODE, typename T, int V>
 __global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    const float* __restrict__ gamma, const float* __restrict__ beta, int P, int C,
@@ -1738,36 +1859,45 @@ __global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict_
     extern __shared__ double2 red[];
     const int b = blockIdx.x, s = blockIdx.y, S = gridDim.y;
     const int p0 = (int)((long long)P * s / S), p1 = (int)((long long)P * (s + 1) / S);
-    const int lanes = max(1, (int)blockDim.x / C);
-    const int items = lanes * C;
+    const int VC = C / V, lanes = blockDim.x / VC, lane = threadIdx.x / VC, c0 = (threadIdx.x - lane * VC) * V;
     const int cg = C / max(G, 1);
-    for (int item = threadIdx.x; item < items; item += blockDim.x) {
-        int lane = item / C, c = item - lane * C;
-        double ax = 0.0, ay = 0.0;
-        float mu = 0.f, rs = 0.f, ga = 0.f, be = 0.f;
-        if (MODE == 1) {
-            mu = mean[b * G + c / cg];
-            rs = rstd[b * G + c / cg];
-            ga = gamma[c];
-            be = beta[c];
-        }
-        for (int p = p0 + lane; p < p1; p += lanes) {
-            size_t idx = ((size_t)b * P + p) * C + c;
-            float v = to_float(x[idx]);
-            if (MODE == 0) {
-                ax += v;
-                ay += (double)v * v;
-            } else if (MODE == 1) {
-                float xh = (v - mu) * rs;
-                float d = to_float(dy[idx]);
-                if (silu) d *= silu_grad(xh * ga + be);
-                ax += d;
-                ay += (double)d * xh;
-            } else {
-                ax += v;
+    if (lane < lanes) {
+        double ax[V], ay[V];
+        float mu[V], rs[V], ga[V], be[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            ax[v] = ay[v] = 0.0;
+            if (MODE == 1) {
+                const int c = c0 + v, bg = b * G + c / cg;
+                mu[v] = mean[bg];
+                rs[v] = rstd[bg];
+                ga[v] = gamma[c];
+                be[v] = beta[c];
             }
         }
-        red[item] = make_double2(ax, ay);
+        for (int p = p0 + lane; p < p1; p += lanes) {
+            const size_t idx = ((size_t)b * P + p) * C + c0;
+            float xv[V], dv[V];
+            vload<T, V>(x + idx, xv);
+            if (MODE == 1) vload<T, V>(dy + idx, dv);
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                if (MODE == 0) {
+                    ax[v] += xv[v];
+                    ay[v] += (double)xv[v] * xv[v];
+                } else if (MODE == 1) {
+                    const float xh = (xv[v] - mu[v]) * rs[v];
+                    float d = dv[v];
+                    if (silu) d *= silu_grad(xh * ga[v] + be[v]);
+                    ax[v] += d;
+                    ay[v] += (double)d * xh;
+                } else {
+                    ax[v] += xv[v];
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++) red[lane * C + c0 + v] = make_double2(ax[v], ay[v]);
     }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -1780,125 +1910,149 @@ __global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict_
     }
 }
 
-// mean and 1/sqrt(var + eps) per (b, group) from MODE 0 partials
-__global__ void gn_stats_finalize_kernel(const double2* partial, float* mean, float* rstd, int Bq, int S, int C,
-                                         int G, int P, float eps) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= Bq * G) return;
-    int b = i / G, g = i % G, cg = C / G;
+// One warp per (b, group) (the reductions below: a warp per output, lanes over the partials, warp_sum): mean and
+// 1/sqrt(var + eps) from MODE 0 partials, and the apply's per-(b, channel) coefficients (rstd*gamma, beta -
+// mean*rstd*gamma)
+__global__ void gn_stats_finalize_kernel(const double2* __restrict__ partial, const float* __restrict__ gamma,
+                                         const float* __restrict__ beta, float* mean, float* rstd, float2* coef,
+                                         int Bq, int S, int C, int G, int P, float eps) {
+    const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (w >= Bq * G) return;
+    const int b = w / G, g = w % G, cg = C / G;
     double sx = 0.0, sxx = 0.0;
-    for (int s = 0; s < S; s++)
-        for (int c = g * cg; c < (g + 1) * cg; c++) {
-            double2 t = partial[((size_t)b * S + s) * C + c];
-            sx += t.x;
-            sxx += t.y;
-        }
-    double n = (double)P * cg;
-    double mu = sx / n, var = fmax(sxx / n - mu * mu, 0.0);
-    mean[i] = (float)mu;
-    rstd[i] = (float)(1.0 / sqrt(var + (double)eps));
+    for (int i = lane; i < S * cg; i += 32) {
+        const int s = i / cg, c = g * cg + i % cg;
+        const double2 t = partial[((size_t)b * S + s) * C + c];
+        sx += t.x;
+        sxx += t.y;
+    }
+    sx = warp_sum(sx);
+    sxx = warp_sum(sxx);
+    const double n = (double)P * cg, mu = sx / n, var = fmax(sxx / n - mu * mu, 0.0);
+    const float m = (float)mu, r = (float)(1.0 / sqrt(var + (double)eps));
+    if (lane == 0) {
+        mean[w] = m;
+        rstd[w] = r;
+    }
+    for (int c = g * cg + lane; c < (g + 1) * cg; c += 32) {
+        const float a = r * gamma[c];
+        coef[(size_t)b * C + c] = make_float2(a, beta[c] - m * a);
+    }
 }
 
-// y = (x - mean) * rstd * gamma + beta, then SiLU when silu. x, y (Bq, P, C).
-template <typename T>
-__global__ void gn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* mean,
-                                const float* rstd, const float* gamma, const float* beta, int Bq, int P, int C,
-                                int G, int silu) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t n = (size_t)Bq * P * C;
+// y = x * coef.x + coef.y per (b, channel) (= (x - mean) * rstd * gamma + beta), then SiLU when silu; V channels
+template <typename T, int V>
+__global__ void gn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float2* __restrict__ coef, int P,
+                                int C, size_t n, int silu) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= n) return;
-    int c = (int)(i % C);
-    int b = (int)(i / ((size_t)P * C));
-    int bg = b * G + c / (C / G);
-    float z = (to_float(x[i]) - mean[bg]) * rstd[bg] * gamma[c] + beta[c];
-    y[i] = from_float<T>(silu ? silu_f(z) : z);
+    const int c = (int)(i % C);
+    const size_t bc = i / ((size_t)P * C) * C + c;
+    float v[V];
+    vload<T, V>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const float2 a = coef[bc + k];
+        const float z = fmaf(v[k], a.x, a.y);
+        v[k] = silu ? silu_f(z) : z;
+    }
+    vstore<T, V>(y + i, v);
 }
 
-// From MODE 1 partials: dgamma, dbeta (sums over b and chunks) and per (b, g) the two means of the backward:
-// coef[bg] = (mean over the group of dxhat, mean of dxhat * xhat), dxhat = dz * gamma.
-__global__ void gn_bwd_finalize_kernel(const double2* partial, const float* gamma, float* dgamma, float* dbeta,
-                                       float2* coef, int Bq, int S, int C, int G, int P) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) {
+// From MODE 1 partials: warps 0..C-1 dbeta, dgamma of channel c (sums over b and chunks); warps C.. per (b, g) the
+// two means of the backward: coef[bg] = (mean over the group of dxhat, mean of dxhat * xhat), dxhat = dz * gamma.
+__global__ void gn_bwd_finalize_kernel(const double2* __restrict__ partial, const float* __restrict__ gamma,
+                                       float* dgamma, float* dbeta, float2* coef, int Bq, int S, int C, int G, int P) {
+    const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (w < C) {
         double s1 = 0.0, s2 = 0.0;
-        for (int b = 0; b < Bq; b++)
-            for (int s = 0; s < S; s++) {
-                double2 t = partial[((size_t)b * S + s) * C + i];
-                s1 += t.x;
-                s2 += t.y;
-            }
-        dbeta[i] = (float)s1;
-        dgamma[i] = (float)s2;
-    }
-    if (i < Bq * G) {
-        int b = i / G, g = i % G, cg = C / G;
-        double a1 = 0.0, a2 = 0.0;
-        for (int c = g * cg; c < (g + 1) * cg; c++) {
-            double t1 = 0.0, t2 = 0.0;
-            for (int s = 0; s < S; s++) {
-                double2 t = partial[((size_t)b * S + s) * C + c];
-                t1 += t.x;
-                t2 += t.y;
-            }
-            a1 += (double)gamma[c] * t1;
-            a2 += (double)gamma[c] * t2;
+        for (int i = lane; i < Bq * S; i += 32) {
+            const double2 t = partial[(size_t)i * C + w];
+            s1 += t.x;
+            s2 += t.y;
         }
-        double n = (double)P * cg;
-        coef[i] = make_float2((float)(a1 / n), (float)(a2 / n));
+        s1 = warp_sum(s1);
+        s2 = warp_sum(s2);
+        if (lane == 0) {
+            dbeta[w] = (float)s1;
+            dgamma[w] = (float)s2;
+        }
+        return;
     }
+    const int bg = w - C;
+    if (bg >= Bq * G) return;
+    const int b = bg / G, g = bg % G, cg = C / G;
+    double a1 = 0.0, a2 = 0.0;
+    for (int i = lane; i < S * cg; i += 32) {
+        const int s = i / cg, c = g * cg + i % cg;
+        const double2 t = partial[((size_t)b * S + s) * C + c];
+        a1 += (double)gamma[c] * t.x;
+        a2 += (double)gamma[c] * t.y;
+    }
+    a1 = warp_sum(a1);
+    a2 = warp_sum(a2);
+    const double n = (double)P * cg;
+    if (lane == 0) coef[bg] = make_float2((float)(a1 / n), (float)(a2 / n));
 }
 
-// dx (+)= rstd * (dz*gamma - coef.x - xhat * coef.y)
-template <typename T>
+// dx (+)= rstd * (dz*gamma - coef.x - xhat * coef.y); V channels
+template <typename T, int V>
 __global__ void gn_bwd_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                                    const float* mean, const float* rstd,
-                                    const float* gamma, const float* beta, const float2* coef, int Bq, int P, int C,
-                                    int G, int silu, int accumulate) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t n = (size_t)Bq * P * C;
+                                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                                    const float* __restrict__ gamma, const float* __restrict__ beta,
+                                    const float2* __restrict__ coef, int P, int C, int G, size_t n, int silu,
+                                    int accumulate) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= n) return;
-    int c = (int)(i % C);
-    int b = (int)(i / ((size_t)P * C));
-    int bg = b * G + c / (C / G);
-    float rs = rstd[bg];
-    float xh = (to_float(x[i]) - mean[bg]) * rs;
-    float d = to_float(dy[i]);
-    if (silu) d *= silu_grad(xh * gamma[c] + beta[c]);
-    float2 k = coef[bg];
-    float v = rs * (d * gamma[c] - k.x - xh * k.y);
-    dx[i] = from_float<T>(accumulate ? to_float(dx[i]) + v : v);
+    const int c0 = (int)(i % C), b = (int)(i / ((size_t)P * C)), cg = C / G;
+    float xv[V], dv[V], out[V];
+    vload<T, V>(x + i, xv);
+    vload<T, V>(dy + i, dv);
+    if (accumulate) vload<T, V>(dx + i, out);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const int c = c0 + k, bg = b * G + c / cg;
+        const float rs = rstd[bg], xh = (xv[k] - mean[bg]) * rs;
+        float d = dv[k];
+        if (silu) d *= silu_grad(xh * gamma[c] + beta[c]);
+        const float2 q = coef[bg];
+        const float v = rs * (d * gamma[c] - q.x - xh * q.y);
+        out[k] = accumulate ? out[k] + v : v;
+    }
+    vstore<T, V>(dx + i, out);
 }
 
-// out[c] (+)= sum over b and chunks (per_b = 0), or out[b*C + c] (+)= sum over chunks (per_b = 1)
-__global__ void sums_finalize_kernel(const double2* partial, float* out, int Bq, int S, int C, int per_b,
+// out[c] (+)= sum over b and chunks (per_b = 0), or out[b*C + c] (+)= sum over chunks (per_b = 1): a warp per output
+__global__ void sums_finalize_kernel(const double2* __restrict__ partial, float* out, int Bq, int S, int C, int per_b,
                                      int accumulate) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (w >= (per_b ? Bq * C : C)) return;
+    double t = 0.0;
     if (per_b) {
-        if (i >= Bq * C) return;
-        int b = i / C, c = i % C;
-        double t = 0.0;
-        for (int s = 0; s < S; s++) t += partial[((size_t)b * S + s) * C + c].x;
-        out[i] = accumulate ? out[i] + (float)t : (float)t;
+        const int b = w / C, c = w % C;
+        for (int s = lane; s < S; s += 32) t += partial[((size_t)b * S + s) * C + c].x;
     } else {
-        if (i >= C) return;
-        double t = 0.0;
-        for (int b = 0; b < Bq; b++)
-            for (int s = 0; s < S; s++) t += partial[((size_t)b * S + s) * C + i].x;
-        out[i] = accumulate ? out[i] + (float)t : (float)t;
+        for (int i = lane; i < Bq * S; i += 32) t += partial[(size_t)i * C + w].x;
     }
+    t = warp_sum(t);
+    if (lane == 0) out[w] = accumulate ? out[w] + (float)t : (float)t;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// elementwise kernels
+// elementwise kernels (V elements per thread: V channels of one pixel)
 
 // out[m, n] += bias[n] (+ res[m, n])
-template <typename T>
-__global__ void add_bias_kernel(T* out, const float* bias, const T* res, size_t M, int N) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= M * N) return;
-    float v = to_float(out[i]) + bias[i % N];
-    if (res) v += to_float(res[i]);
-    out[i] = from_float<T>(v);
+template <typename T, int V>
+__global__ void add_bias_kernel(T* out, const float* __restrict__ bias, const T* __restrict__ res, size_t n, int N) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) return;
+    const int c = (int)(i % N);
+    float v[V], r[V];
+    vload<T, V>(out + i, v);
+    if (res) vload<T, V>(res + i, r);
+#pragma unroll
+    for (int k = 0; k < V; k++) v[k] += bias[c + k] + (res ? r[k] : 0.f);
+    vstore<T, V>(out + i, v);
 }
 
 __global__ void silu_kernel(const float* x, float* y, size_t n) {
@@ -1911,10 +2065,18 @@ __global__ void silu_backward_kernel(const float* x, const float* dy, float* dx,
     if (i < n) dx[i] = dy[i] * silu_grad(x[i]);
 }
 // y (+)= x
-template <typename T>
-__global__ void add_kernel(const T* x, T* y, size_t n, int accumulate) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = accumulate ? from_float<T>(to_float(y[i]) + to_float(x[i])) : x[i];
+template <typename T, int V>
+__global__ void add_kernel(const T* __restrict__ x, T* __restrict__ y, size_t n, int accumulate) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) return;
+    float v[V], o[V];
+    vload<T, V>(x + i, v);
+    if (accumulate) {
+        vload<T, V>(y + i, o);
+#pragma unroll
+        for (int k = 0; k < V; k++) v[k] += o[k];
+    }
+    vstore<T, V>(y + i, v);
 }
 // y = x converted (float <-> bf16)
 template <typename Tin, typename Tout>
@@ -1938,57 +2100,74 @@ __global__ void timestep_embedding_kernel(const int* t, float* emb, int B, int d
     emb[i] = v;
 }
 
-// cat (B, P, C1+C2) = [a (B, P, C1), b (B, P, C2)]
-template <typename T>
-__global__ void concat_kernel(const T* a, const T* b, T* out, size_t BP, int C1, int C2) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int C = C1 + C2;
+// cat (B, P, C1+C2) = [a (B, P, C1), b (B, P, C2)]; V divides C1 and C2
+template <typename T, int V>
+__global__ void concat_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, size_t BP,
+                              int C1, int C2) {
+    const int C = C1 + C2;
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= BP * C) return;
-    size_t p = i / C;
-    int c = (int)(i % C);
-    out[i] = c < C1 ? a[p * C1 + c] : b[p * C2 + c - C1];
+    const size_t p = i / C;
+    const int c = (int)(i % C);
+    float v[V];
+    vload<T, V>(c < C1 ? a + p * C1 + c : b + p * C2 + c - C1, v);
+    vstore<T, V>(out + i, v);
 }
-// da (+)= dcat[:, :C1], db (+)= dcat[:, C1:]
-template <typename T>
-__global__ void split_backward_kernel(const T* dcat, T* da, T* db, size_t BP, int C1, int C2, int acc_a, int acc_b) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int C = C1 + C2;
+// da (+)= dcat[:, :C1], db (+)= dcat[:, C1:]; V divides C1 and C2
+template <typename T, int V>
+__global__ void split_backward_kernel(const T* __restrict__ dcat, T* __restrict__ da, T* __restrict__ db, size_t BP,
+                                      int C1, int C2, int acc_a, int acc_b) {
+    const int C = C1 + C2;
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= BP * C) return;
-    size_t p = i / C;
-    int c = (int)(i % C);
-    float v = to_float(dcat[i]);
-    if (c < C1) {
-        size_t j = p * C1 + c;
-        da[j] = from_float<T>(acc_a ? to_float(da[j]) + v : v);
-    } else {
-        size_t j = p * C2 + c - C1;
-        db[j] = from_float<T>(acc_b ? to_float(db[j]) + v : v);
+    const size_t p = i / C;
+    const int c = (int)(i % C);
+    T* dst = c < C1 ? da + p * C1 + c : db + p * C2 + c - C1;
+    const int acc = c < C1 ? acc_a : acc_b;
+    float v[V], o[V];
+    vload<T, V>(dcat + i, v);
+    if (acc) {
+        vload<T, V>(dst, o);
+#pragma unroll
+        for (int k = 0; k < V; k++) v[k] += o[k];
     }
+    vstore<T, V>(dst, v);
 }
-// nearest x2: out (B, 2H, 2W, C) from x (B, H, W, C)
-template <typename T>
-__global__ void upsample_kernel(const T* x, T* out, int B, int H, int W, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t n = (size_t)B * 4 * H * W * C;
-    if (i >= n) return;
-    int c = (int)(i % C);
-    size_t p = i / C;
-    int ox = (int)(p % (2 * W)), oy = (int)((p / (2 * W)) % (2 * H)), b = (int)(p / (4 * (size_t)H * W));
-    out[i] = x[(((size_t)b * H + oy / 2) * W + ox / 2) * C + c];
+// nearest x2: out (B, 2H, 2W, C) from x (B, H, W, C); V divides C
+template <typename T, int V>
+__global__ void upsample_kernel(const T* __restrict__ x, T* __restrict__ out, int B, int H, int W, int C) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= (size_t)B * 4 * H * W * C) return;
+    const int c = (int)(i % C);
+    const size_t p = i / C;
+    const int ox = (int)(p % (2 * W)), oy = (int)((p / (2 * W)) % (2 * H)), b = (int)(p / (4 * (size_t)H * W));
+    float v[V];
+    vload<T, V>(x + (((size_t)b * H + oy / 2) * W + ox / 2) * C + c, v);
+    vstore<T, V>(out + i, v);
 }
-// dx (+)= sum of the 2x2 block of dout
-template <typename T>
-__global__ void upsample_backward_kernel(const T* dout, T* dx, int B, int H, int W, int C, int accumulate) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t n = (size_t)B * H * W * C;
-    if (i >= n) return;
-    int c = (int)(i % C);
-    size_t p = i / C;
-    int x = (int)(p % W), y = (int)((p / W) % H), b = (int)(p / ((size_t)H * W));
+// dx (+)= sum of the 2x2 block of dout; V divides C
+template <typename T, int V>
+__global__ void upsample_backward_kernel(const T* __restrict__ dout, T* __restrict__ dx, int B, int H, int W, int C,
+                                         int accumulate) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= (size_t)B * H * W * C) return;
+    const int c = (int)(i % C);
+    const size_t p = i / C;
+    const int x = (int)(p % W), y = (int)((p / W) % H), b = (int)(p / ((size_t)H * W));
     const T* d = dout + (((size_t)b * 2 * H + 2 * y) * 2 * W + 2 * x) * C + c;
-    size_t row = (size_t)2 * W * C;
-    float v = (to_float(d[0]) + to_float(d[C])) + (to_float(d[row]) + to_float(d[row + C]));
-    dx[i] = from_float<T>(accumulate ? to_float(dx[i]) + v : v);
+    const size_t row = (size_t)2 * W * C;
+    float d0[V], d1[V], d2[V], d3[V], o[V];
+    vload<T, V>(d, d0);
+    vload<T, V>(d + C, d1);
+    vload<T, V>(d + row, d2);
+    vload<T, V>(d + row + C, d3);
+    if (accumulate) vload<T, V>(dx + i, o);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const float v = (d0[k] + d1[k]) + (d2[k] + d3[k]);
+        o[k] = accumulate ? o[k] + v : v;
+    }
+    vstore<T, V>(dx + i, o);
 }
 
 // Attention softmax and its backward: the softmax lab's short-row kernels (promoted from dev/softmax_forward.cu
@@ -2088,6 +2267,337 @@ __global__ void softmax_backward_kernel3(float* dx, const float* y, const float*
         b[k].x = a[k].x * (b[k].x - dot); b[k].y = a[k].y * (b[k].y - dot);
         b[k].z = a[k].z * (b[k].z - dot); b[k].w = a[k].w * (b[k].w - dot);
         softmax_store_chunk(dx + base, n, off, g + GROUP * k, vec_dx, b[k]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Fused attention core (--precision bf16; dev/attention.cu version 2): a = softmax(Q K^T / sqrt(D)) V per (sample,
+// head) over qkv (B, L, 3C) in the legacy channel order (head h: q, k, v at channels 3Dh, 3Dh + D, 3Dh + 2D), for
+// L <= ATT_LMAX tokens and head width D = 16, 32 or 64. Tensor cores through mma.sync m16n8k16 (bf16 operands,
+// fp32 accumulation); a warp owns 16 rows and keeps their scores in registers, where an accumulator tile of S is
+// already an operand tile of P (flash attention's register reuse); the pair's K and V (and Q, dO in the backward)
+// sit in shared memory with rows padded to D + 8 elements, so the ldmatrix row reads hit distinct banks. The
+// forward keeps each row's log-sum-exp; the backward recomputes P from it without atomics: attn_bwd_dq_kernel over
+// query rows (D_i = rowsum(dO O), dQ), then attn_bwd_dkv_kernel over key rows (dK, dV). Probabilities and dS are
+// rounded to bf16 as operands, as in flash attention and PyTorch's bf16 paths.
+constexpr int ATT_LMAX = 256, ATT_ROWS = 64;  // tokens at most; rows per block (4 warps x 16)
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// ldmatrix x4: lane l addresses row l % 8 of matrix l / 8; register i holds matrix i (transposed with .trans)
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+// Fragment addressing (g = lane / 4, t = lane % 4, i = lane / 8): an A tile (16 rows x 16 k) from row-major rows:
+// row + lane % 8 + 8 (i % 2), k + 8 (i / 2). B tiles of two n8 blocks from rows holding n (K for S = Q K^T):
+// n + lane % 8 + 8 (i / 2), k + 8 (i % 2) -> b0, b1 of block 0, b0, b1 of block 1. B tiles from rows holding k
+// (V for P V), with .trans: k + lane % 8 + 8 (i % 2), n + 8 (i / 2). Accumulator: c0, c1 row g, columns 2t, 2t+1;
+// c2, c3 row g + 8. An A operand from two accumulator blocks (j, j+1 over k): {c0c1 of j, c2c3 of j, c0c1 of j+1,
+// c2c3 of j+1}.
+template <int LD>
+__device__ __forceinline__ const bf16* frag_a(const bf16* s, int row, int k, int lane) {
+    return s + (row + lane % 8 + 8 * ((lane / 8) % 2)) * LD + k + 8 * (lane / 16);
+}
+template <int LD>
+__device__ __forceinline__ const bf16* frag_b_nrows(const bf16* s, int n, int k, int lane) {
+    return s + (n + lane % 8 + 8 * (lane / 16)) * LD + k + 8 * ((lane / 8) % 2);
+}
+template <int LD>
+__device__ __forceinline__ const bf16* frag_b_krows(const bf16* s, int k, int n, int lane) {
+    return s + (k + lane % 8 + 8 * ((lane / 8) % 2)) * LD + n + 8 * (lane / 16);
+}
+// rows [r0, r0 + n) of one head's D channels (row stride `stride` elements) into shared rows of LD, zeros past L
+template <int D, int LD>
+__device__ __forceinline__ void att_stage(bf16* dst, const bf16* src, size_t stride, int r0, int n, int L) {
+    for (int i = threadIdx.x; i < n * (D / 8); i += blockDim.x) {
+        const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r0 + r < L) v = *reinterpret_cast<const uint4*>(src + (size_t)(r0 + r) * stride + c);
+        *reinterpret_cast<uint4*>(dst + r * LD + c) = v;
+    }
+}
+
+// out (B, L, C) = softmax(Q K^T scale) V for rows blockIdx.y * 64.. of pair blockIdx.x; lse (B*heads, L)
+template <int D>
+__global__ void __launch_bounds__(128) attn_fwd_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ out,
+                                                       float* __restrict__ lse, int L, int heads, float scale) {
+    constexpr int LD = D + 8, NT = ATT_LMAX / 8;
+    extern __shared__ __align__(16) bf16 att_smem[];
+    const int Lp = (L + 15) / 16 * 16, C = heads * D, bh = blockIdx.x, b = bh / heads, h = bh % heads;
+    const int q0 = blockIdx.y * ATT_ROWS;
+    bf16 *Ks = att_smem, *Vs = Ks + Lp * LD, *Qs = Vs + Lp * LD;
+    const bf16* base = qkv + (size_t)b * L * 3 * C + h * 3 * D;
+    att_stage<D, LD>(Ks, base + D, 3 * C, 0, Lp, L);
+    att_stage<D, LD>(Vs, base + 2 * D, 3 * C, 0, Lp, L);
+    att_stage<D, LD>(Qs, base, 3 * C, q0, ATT_ROWS, L);
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, r0 = warp * 16;
+    if (q0 + r0 >= L) return;
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) ldsm_x4(qa[ks], frag_a<LD>(Qs, r0, 16 * ks, lane));
+    float s[NT][4];
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {  // S = Q K^T scale, keys past L at -inf
+        if (nt * 8 >= Lp) break;
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = s[nt + 1][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t kb[4];
+            ldsm_x4(kb, frag_b_nrows<LD>(Ks, nt * 8, 16 * ks, lane));
+            mma_16816(s[nt], qa[ks], kb[0], kb[1]);
+            mma_16816(s[nt + 1], qa[ks], kb[2], kb[3]);
+        }
+#pragma unroll
+        for (int j = nt; j < nt + 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const bool in = j * 8 + 2 * t + (e & 1) < L;
+                s[j][e] = in ? s[j][e] * scale : -INFINITY;
+                if (e < 2) mx0 = fmaxf(mx0, s[j][e]);
+                else mx1 = fmaxf(mx1, s[j][e]);
+            }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float sum0 = 0.f, sum1 = 0.f, o[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {  // P = exp(S - max), O += P V over 16 keys at a time
+        if (nt * 8 >= Lp) break;
+#pragma unroll
+        for (int j = nt; j < nt + 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[j][e] = __expf(s[j][e] - (e < 2 ? mx0 : mx1));
+                if (e < 2) sum0 += s[j][e];
+                else sum1 += s[j][e];
+            }
+        const uint32_t pa[4] = {pack_bf16(s[nt][0], s[nt][1]), pack_bf16(s[nt][2], s[nt][3]),
+                                pack_bf16(s[nt + 1][0], s[nt + 1][1]), pack_bf16(s[nt + 1][2], s[nt + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+            uint32_t vb[4];
+            ldsm_x4_t(vb, frag_b_krows<LD>(Vs, nt * 8, nd * 8, lane));
+            mma_16816(o[nd], pa, vb[0], vb[1]);
+            mma_16816(o[nd + 1], pa, vb[2], vb[3]);
+        }
+    }
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int q = q0 + r0 + g + 8 * hr;
+        if (q >= L) continue;
+        const float inv = 1.f / (hr ? sum1 : sum0);
+        bf16* orow = out + ((size_t)b * L + q) * C + h * D;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++)
+            *reinterpret_cast<uint32_t*>(orow + nd * 8 + 2 * t) = pack_bf16(o[nd][2 * hr] * inv, o[nd][2 * hr + 1] * inv);
+        if (t == 0) lse[(size_t)bh * L + q] = (hr ? mx1 : mx0) + logf(hr ? sum1 : sum0);
+    }
+}
+
+// Backward over query rows: Di = rowsum(dO O) (stored for attn_bwd_dkv_kernel), dQ = scale dS K with
+// dS = P (dO V^T - Di), P recomputed from lse, 16 keys at a time
+template <int D>
+__global__ void __launch_bounds__(128) attn_bwd_dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ out,
+                                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                                          float* __restrict__ Di, bf16* __restrict__ dqkv, int L,
+                                                          int heads, float scale) {
+    constexpr int LD = D + 8;
+    extern __shared__ __align__(16) bf16 att_smem[];
+    const int Lp = (L + 15) / 16 * 16, C = heads * D, bh = blockIdx.x, b = bh / heads, h = bh % heads;
+    const int q0 = blockIdx.y * ATT_ROWS;
+    bf16 *Ks = att_smem, *Vs = Ks + Lp * LD, *Qs = Vs + Lp * LD, *dOs = Qs + ATT_ROWS * LD;
+    const bf16* base = qkv + (size_t)b * L * 3 * C + h * 3 * D;
+    att_stage<D, LD>(Ks, base + D, 3 * C, 0, Lp, L);
+    att_stage<D, LD>(Vs, base + 2 * D, 3 * C, 0, Lp, L);
+    att_stage<D, LD>(Qs, base, 3 * C, q0, ATT_ROWS, L);
+    att_stage<D, LD>(dOs, dout + (size_t)b * L * C + h * D, C, q0, ATT_ROWS, L);
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, r0 = warp * 16;
+    if (q0 + r0 >= L) return;
+    float di[2], ls[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {  // Di from the rows' O and dO (each lane of a quad: D / 4 channels)
+        const int q = min(q0 + r0 + g + 8 * hr, L - 1);
+        const bf16* orow = out + ((size_t)b * L + q) * C + h * D;
+        const bf16* drow = dOs + (r0 + g + 8 * hr) * LD;
+        float acc = 0.f;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            const float2 ov = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(orow + nd * 8 + 2 * t));
+            const float2 dv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(drow + nd * 8 + 2 * t));
+            acc += ov.x * dv.x + ov.y * dv.y;
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        di[hr] = acc;
+        ls[hr] = lse[(size_t)bh * L + q];
+        if (t == 0 && q0 + r0 + g + 8 * hr < L) Di[(size_t)bh * L + q] = acc;
+    }
+    uint32_t qa[D / 16][4], da[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        ldsm_x4(qa[ks], frag_a<LD>(Qs, r0, 16 * ks, lane));
+        ldsm_x4(da[ks], frag_a<LD>(dOs, r0, 16 * ks, lane));
+    }
+    float dq[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dq[nd][e] = 0.f;
+    for (int k0 = 0; k0 < Lp; k0 += 16) {
+        float s[2][4] = {}, dp[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t kb[4], vb[4];
+            ldsm_x4(kb, frag_b_nrows<LD>(Ks, k0, 16 * ks, lane));
+            ldsm_x4(vb, frag_b_nrows<LD>(Vs, k0, 16 * ks, lane));
+            mma_16816(s[0], qa[ks], kb[0], kb[1]);
+            mma_16816(s[1], qa[ks], kb[2], kb[3]);
+            mma_16816(dp[0], da[ks], vb[0], vb[1]);
+            mma_16816(dp[1], da[ks], vb[2], vb[3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {  // dS = P (dP - Di), keys past L give P = 0
+                const bool in = k0 + 8 * j + 2 * t + (e & 1) < L;
+                const float p = in ? __expf(s[j][e] * scale - ls[e / 2]) : 0.f;
+                s[j][e] = p * (dp[j][e] - di[e / 2]);
+            }
+        const uint32_t sa[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
+                                pack_bf16(s[1][2], s[1][3])};
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+            uint32_t kb[4];
+            ldsm_x4_t(kb, frag_b_krows<LD>(Ks, k0, nd * 8, lane));
+            mma_16816(dq[nd], sa, kb[0], kb[1]);
+            mma_16816(dq[nd + 1], sa, kb[2], kb[3]);
+        }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int q = q0 + r0 + g + 8 * hr;
+        if (q >= L) continue;
+        bf16* row = dqkv + ((size_t)b * L + q) * 3 * C + h * 3 * D;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++)
+            *reinterpret_cast<uint32_t*>(row + nd * 8 + 2 * t) = pack_bf16(dq[nd][2 * hr] * scale,
+                                                                            dq[nd][2 * hr + 1] * scale);
+    }
+}
+
+// Backward over key rows: dV = P^T dO, dK = scale dS^T Q, P^T and dS^T recomputed from lse and Di, 16 queries at a
+// time
+template <int D>
+__global__ void __launch_bounds__(128) attn_bwd_dkv_kernel(const bf16* __restrict__ qkv,
+                                                           const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                                           const float* __restrict__ Di, bf16* __restrict__ dqkv,
+                                                           int L, int heads, float scale) {
+    constexpr int LD = D + 8;
+    extern __shared__ __align__(16) bf16 att_smem[];
+    const int Lp = (L + 15) / 16 * 16, C = heads * D, bh = blockIdx.x, b = bh / heads, h = bh % heads;
+    const int k0b = blockIdx.y * ATT_ROWS;
+    bf16 *Qs = att_smem, *dOs = Qs + Lp * LD, *Ks = dOs + Lp * LD, *Vs = Ks + ATT_ROWS * LD;
+    float* lse_s = reinterpret_cast<float*>(Vs + ATT_ROWS * LD);
+    float* di_s = lse_s + Lp;
+    const bf16* base = qkv + (size_t)b * L * 3 * C + h * 3 * D;
+    att_stage<D, LD>(Qs, base, 3 * C, 0, Lp, L);
+    att_stage<D, LD>(dOs, dout + (size_t)b * L * C + h * D, C, 0, Lp, L);
+    att_stage<D, LD>(Ks, base + D, 3 * C, k0b, ATT_ROWS, L);
+    att_stage<D, LD>(Vs, base + 2 * D, 3 * C, k0b, ATT_ROWS, L);
+    for (int i = threadIdx.x; i < Lp; i += blockDim.x) {
+        lse_s[i] = i < L ? lse[(size_t)bh * L + i] : 0.f;
+        di_s[i] = i < L ? Di[(size_t)bh * L + i] : 0.f;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, r0 = warp * 16;
+    if (k0b + r0 >= L) return;
+    uint32_t ka[D / 16][4], va[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        ldsm_x4(ka[ks], frag_a<LD>(Ks, r0, 16 * ks, lane));
+        ldsm_x4(va[ks], frag_a<LD>(Vs, r0, 16 * ks, lane));
+    }
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[nd][e] = dv[nd][e] = 0.f;
+    for (int qb = 0; qb < Lp; qb += 16) {
+        float st[2][4] = {}, dpt[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t qbf[4], db[4];
+            ldsm_x4(qbf, frag_b_nrows<LD>(Qs, qb, 16 * ks, lane));
+            ldsm_x4(db, frag_b_nrows<LD>(dOs, qb, 16 * ks, lane));
+            mma_16816(st[0], ka[ks], qbf[0], qbf[1]);
+            mma_16816(st[1], ka[ks], qbf[2], qbf[3]);
+            mma_16816(dpt[0], va[ks], db[0], db[1]);
+            mma_16816(dpt[1], va[ks], db[2], db[3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {  // P^T (queries past L: 0) and dS^T = P^T (dP^T - Di)
+                const int q = qb + 8 * j + 2 * t + (e & 1);
+                const float p = q < L ? __expf(st[j][e] * scale - lse_s[q]) : 0.f;
+                st[j][e] = p;
+                dpt[j][e] = p * (dpt[j][e] - di_s[q]);
+            }
+        const uint32_t pa[4] = {pack_bf16(st[0][0], st[0][1]), pack_bf16(st[0][2], st[0][3]),
+                                pack_bf16(st[1][0], st[1][1]), pack_bf16(st[1][2], st[1][3])};
+        const uint32_t sa[4] = {pack_bf16(dpt[0][0], dpt[0][1]), pack_bf16(dpt[0][2], dpt[0][3]),
+                                pack_bf16(dpt[1][0], dpt[1][1]), pack_bf16(dpt[1][2], dpt[1][3])};
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+            uint32_t db[4], qbf[4];
+            ldsm_x4_t(db, frag_b_krows<LD>(dOs, qb, nd * 8, lane));
+            ldsm_x4_t(qbf, frag_b_krows<LD>(Qs, qb, nd * 8, lane));
+            mma_16816(dv[nd], pa, db[0], db[1]);
+            mma_16816(dv[nd + 1], pa, db[2], db[3]);
+            mma_16816(dk[nd], sa, qbf[0], qbf[1]);
+            mma_16816(dk[nd + 1], sa, qbf[2], qbf[3]);
+        }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int k = k0b + r0 + g + 8 * hr;
+        if (k >= L) continue;
+        bf16* row = dqkv + ((size_t)b * L + k) * 3 * C + h * 3 * D;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            *reinterpret_cast<uint32_t*>(row + D + nd * 8 + 2 * t) = pack_bf16(dk[nd][2 * hr] * scale,
+                                                                                dk[nd][2 * hr + 1] * scale);
+            *reinterpret_cast<uint32_t*>(row + 2 * D + nd * 8 + 2 * t) = pack_bf16(dv[nd][2 * hr], dv[nd][2 * hr + 1]);
+        }
     }
 }
 
@@ -2301,7 +2811,8 @@ struct Op {
     float *mean1 = nullptr, *rstd1 = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
     float *embo = nullptr, *d_embo = nullptr;  // (B, cout)
     int heads = 0, L = 0;
-    float* P = nullptr;  // softmax (B*heads, L, L)
+    float* P = nullptr;    // softmax (B*heads, L, L) of the fp32 attention core
+    float* lse = nullptr;  // bf16 fused attention: the rows' log-sum-exp (B*heads, L)
     const float** ptrs = nullptr;  // device pointer arrays for the batched attention products, 10 x B*heads
 };
 
@@ -2339,13 +2850,15 @@ struct UNet {
     size_t wflip_floats = 0;
     double2* red_ws = nullptr;
     size_t red_ws_items = 0;
-    float2* gn_coef = nullptr;
+    float2* gn_coef = nullptr;   // GroupNorm backward: per (b, group)
+    float2* gn_scale = nullptr;  // GroupNorm forward: per (b, channel) (rstd*gamma, beta - mean*rstd*gamma)
     float* dS = nullptr;  // attention score gradients (max over layers)
     size_t dS_floats = 0;
     bf16* dy_up = nullptr;  // bf16: dY of a stride-2 convolution with zeros inserted (backward-data)
     size_t dy_up_elems = 0;
     float* attn32 = nullptr;  // bf16: fp32 scratch of the attention core: qkv, dqkv, a, da (attn32_part floats each)
     size_t attn32_part = 0;
+    float* attn_di = nullptr;  // bf16 fused attention backward: rowsum(dO O) (B*heads, L), max over layers
     int adam_t = 0;  // completed AdamW steps
     int* adam_dev = nullptr;       // the same count on the device
     float* adam_hyper = nullptr;   // (step size, sqrt of bias correction 2, EMA decay) of the current step
@@ -2588,11 +3101,12 @@ static int conv_wg_bn(int N) {
     }
     return best;
 }
-// K split of a pass with few output tiles (one block per SM): mode 0 fills one wave, mode 1 (the weight gradient,
-// long K) two; every part keeps >= 4 k-tiles. Sets g->kchunk, returns the number of parts.
+// K split of a pass with few output tiles: mode 0 fills the resident blocks once, mode 1 (the weight gradient,
+// long K) twice; every part keeps >= 4 k-tiles. Sets g->kchunk, returns the number of parts.
 static int conv_wg_split(int mode, ConvWgGeom* g, int bn) {
     const int blocks = (mode == 0 ? ceil_div(g->nbox, 2) : ceil_div(9 * g->kc, 2)) * ceil_div(g->N, bn);
-    int want = mode == 0 ? (blocks >= g_num_sms ? 1 : g_num_sms / blocks) : 2 * g_num_sms / blocks;
+    const int slots = (bn == 64 ? 2 : 1) * g_num_sms;  // resident blocks (ConvWg<BN>::MINB per SM)
+    int want = mode == 0 ? (blocks >= slots ? 1 : slots / blocks) : 2 * slots / blocks;
     if (g_cw_splits > 0) want = g_cw_splits;
     const int splits = std::max(1, std::min(want, std::max(1, g->ktiles / 4)));
     g->kchunk = ceil_div(g->ktiles, splits);
@@ -2620,8 +3134,10 @@ static void conv_wg_launch_bn(const ConvWgMaps& maps, const ConvWgGeom& g, const
                                        Cfg::SMEM_BYTES));
         attr_set = true;
     }
-    dim3 grid(MODE == 0 ? ceil_div(g.nbox, 2) : ceil_div(9 * g.kc, 2), ceil_div(g.N, BN), splits);
-    conv_wgmma_kernel<MODE, BN><<<grid, CW_THREADS, Cfg::SMEM_BYTES, g_stream>>>(maps, g, o);
+    ConvWgGeom gt = g;
+    gt.tiles = (MODE == 0 ? ceil_div(g.nbox, 2) : ceil_div(9 * g.kc, 2)) * ceil_div(g.N, BN);
+    dim3 grid(std::min(gt.tiles, Cfg::MINB * g_num_sms), 1, splits);
+    conv_wgmma_kernel<MODE, BN><<<grid, CW_THREADS, Cfg::SMEM_BYTES, g_stream>>>(maps, gt, o);
     cudaCheck(cudaGetLastError());
 }
 template <int MODE>
@@ -2816,6 +3332,12 @@ static void unet_define(UNet* m, const UNetConfig& cfg, int B) {
     }
 }
 
+// the bf16 attention layers the fused kernels take (the others run the fp32 core on converted operands)
+static bool attn_fused_ok(const Op& o) {
+    const int d = o.in->C / o.heads;
+    return o.L <= ATT_LMAX && (d == 16 || d == 32 || d == 64);
+}
+
 // bf16: the compute copies of the weights (pw, wd) and the table weights_to_bf16_kernel walks (one entry per
 // parameter of m->params)
 static void unet_allocate_bf16_weights(UNet* m) {
@@ -2886,7 +3408,7 @@ static void unet_allocate(UNet* m) {
     m->adam_hyper = dev_alloc(3);
 
     // per-op state and workspace sizes
-    size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0;
+    size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0, di = 0;
     int G = 32;
     size_t dy_up = 0;
     auto conv_ws_need = [&](const ConvP& c, int H, int W) {  // H, W: the conv's input
@@ -2921,6 +3443,11 @@ static void unet_allocate(UNet* m) {
         case OP_ATTN: {
             o.mean1 = dev_alloc((size_t)B * G);
             o.rstd1 = dev_alloc((size_t)B * G);
+            if (m->prec == PREC_BF16 && attn_fused_ok(o)) {
+                o.lse = dev_alloc((size_t)B * o.heads * o.L);
+                di = std::max(di, (size_t)B * o.heads * o.L);
+                break;
+            }
             size_t nS = (size_t)B * o.heads * o.L * o.L;
             o.P = dev_alloc(nS);
             dS = std::max(dS, nS);
@@ -2930,6 +3457,10 @@ static void unet_allocate(UNet* m) {
         }
     }
     gncoef = (size_t)B * G;
+    int cmax = 0;
+    for (Op& o : m->ops)
+        if (o.kind == OP_RES || o.kind == OP_ATTN || o.kind == OP_OUT) cmax = std::max({cmax, o.n1.C, o.n2.C});
+    cudaCheck(cudaMalloc(&m->gn_scale, std::max<size_t>(1, (size_t)B * cmax) * sizeof(float2)));
     m->conv_ws_floats = ws;
     m->conv_ws = dev_alloc(ws);
     m->wflip_floats = wf;
@@ -2943,14 +3474,15 @@ static void unet_allocate(UNet* m) {
         m->dy_up_elems = dy_up;
         cudaCheck(cudaMalloc(&m->dy_up, std::max<size_t>(dy_up, 1) * sizeof(bf16)));
         for (Op& o : m->ops)
-            if (o.kind == OP_ATTN) m->attn32_part = std::max(m->attn32_part, o.qkvb->n);
-        m->attn32 = dev_alloc(4 * m->attn32_part);
+            if (o.kind == OP_ATTN && !o.lse) m->attn32_part = std::max(m->attn32_part, o.qkvb->n);
+        if (m->attn32_part) m->attn32 = dev_alloc(4 * m->attn32_part);
+        if (di) m->attn_di = dev_alloc(di);
         unet_allocate_bf16_weights(m);
     }
     // attention pointer arrays: Q, K, V, P, O, dQ, dK, dV, dO, dS for each (b, head); the core runs in fp32, on
     // the activations themselves or (bf16) on the fp32 scratch m->attn32
     for (Op& o : m->ops) {
-        if (o.kind != OP_ATTN) continue;
+        if (o.kind != OP_ATTN || o.lse) continue;
         int C = o.in->C, d = C / o.heads, nb = B * o.heads, L = o.L;
         const size_t part = m->attn32_part;
         float* qkv = m->prec == PREC_BF16 ? m->attn32 : o.qkvb->x;
@@ -3004,7 +3536,7 @@ static void unet_free(UNet* m) {
     }
     m->bufs.clear();
     for (Op& o : m->ops) {
-        float* fs[] = {o.mean1, o.rstd1, o.mean2, o.rstd2, o.embo, o.d_embo, o.P};
+        float* fs[] = {o.mean1, o.rstd1, o.mean2, o.rstd2, o.embo, o.d_embo, o.P, o.lse};
         for (float* f : fs)
             if (f) cudaCheck(cudaFree(f));
         if (o.ptrs) cudaCheck(cudaFree(o.ptrs));
@@ -3012,18 +3544,19 @@ static void unet_free(UNet* m) {
     m->ops.clear();
     void* fs[] = {m->p, m->g, m->m, m->v, m->ema, m->x0, m->noise, m->temb, m->te_h, m->te_a, m->emb, m->emb_s,
                   m->d_te, m->d_emb, m->d_emb_s, m->loss, m->sqrt_acp, m->sqrt_1m_acp, m->conv_ws, m->wflip, m->dS,
-                  m->pw, m->wd, m->cast_table, m->dy_up, m->attn32};
+                  m->pw, m->wd, m->cast_table, m->dy_up, m->attn32, m->attn_di};
     for (void* f : fs)
         if (f) cudaCheck(cudaFree(f));
     m->pw = m->wd = m->dy_up = nullptr;
     m->cast_table = nullptr;
-    m->attn32 = nullptr;
+    m->attn32 = m->attn_di = nullptr;
     cudaCheck(cudaFree(m->t));
     cudaCheck(cudaFree(m->adam_dev));
     cudaCheck(cudaFree(m->adam_hyper));
     cudaCheck(cudaFree(m->loss_partial));
     cudaCheck(cudaFree(m->red_ws));
     cudaCheck(cudaFree(m->gn_coef));
+    cudaCheck(cudaFree(m->gn_scale));
     m->params.clear();
     m->n_params = 0;
 }
@@ -3186,6 +3719,26 @@ static void launch_conv6(const Conv6Plan& p, const float* X, const float* Bm, fl
     default: fprintf(stderr, "internal error: conv tile %d\n", p.tile); exit(EXIT_FAILURE);
     }
 }
+// dw (+)= the K chunks' partial sums ws[splits][n], added in a fixed order
+static void wgrad_reduce(const float* ws, float* dw, size_t n, int splits, bool accumulate) {
+    if (n % 4 == 0 && (uintptr_t)dw % 16 == 0)
+        wgrad_reduce4_kernel<<<ceil_div(n / 4, EW), EW, 0, g_stream>>>((const float4*)ws, (float4*)dw, n / 4, splits,
+                                                                        accumulate);
+    else wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(ws, dw, n, splits, accumulate);
+    cudaCheck(cudaGetLastError());
+}
+// out (+)= the K chunks' partial sums + bias + emb (MODE 0 with K split)
+template <typename T>
+static void splitk_epilogue(const float* ws, T* out, const float* bias, const float* emb, bool accumulate, int M,
+                            int N, int HWo, int splits) {
+    const size_t n = (size_t)M * N;
+    if (N % 4 == 0)
+        conv_splitk_epilogue_kernel<T, 4><<<ceil_div(n / 4, EW), EW, 0, g_stream>>>(ws, out, bias, emb, accumulate, M,
+                                                                                     N, HWo, splits);
+    else conv_splitk_epilogue_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(ws, out, bias, emb, accumulate, M, N,
+                                                                                  HWo, splits);
+    cudaCheck(cudaGetLastError());
+}
 static void conv_ws_check(size_t have, size_t need, const char* what) {
     if (need > have) {
         fprintf(stderr, "internal error: conv %s too small (%zu floats, %zu needed)\n", what, have, need);
@@ -3222,10 +3775,7 @@ static void conv6_forward_mode(const UNet* m, ConvGeom g, const float* X, const 
     }
     conv_ws_check(m->conv_ws_floats, (size_t)p.splits * g.M * g.N, "workspace");
     launch_conv6<0, RND>(p, X, Wt, m->conv_ws, nullptr, nullptr, 0, g);
-    size_t n = (size_t)g.M * g.N;
-    conv_splitk_epilogue_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, out, bias, emb, accumulate, g.M,
-                                                                      g.N, g.Ho * g.Wo, p.splits);
-    cudaCheck(cudaGetLastError());
+    splitk_epilogue(m->conv_ws, out, bias, emb, accumulate, g.M, g.N, g.Ho * g.Wo, p.splits);
 }
 // MODE 1 on version 6: dW = the K chunks' partial sums, added in a fixed order
 template <int RND = CONV6_RND>
@@ -3235,8 +3785,7 @@ static void conv6_weight_grad(const UNet* m, ConvGeom g, const float* x, const f
     conv_ws_check(m->conv_ws_floats, (size_t)p.splits * g.M * g.N, "workspace");
     launch_conv6<1, RND>(p, x, dy, m->conv_ws, nullptr, nullptr, 0, g);
     size_t n = (size_t)g.M * g.N;
-    wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, dw, n, p.splits, 0);
-    cudaCheck(cudaGetLastError());
+    wgrad_reduce(m->conv_ws, dw, n, p.splits, false);
 }
 
 // bf16 3x3 convolutions: the TMA path needs 16-byte pixel rows (channels % 8 == 0) on both sides; the others
@@ -3253,10 +3802,7 @@ static void conv_wg_forward(const UNet* m, int H, int W, int C, int N, int strid
     if (splits > 1) conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
     conv_wg_launch<0>(bn, maps, g, o, splits);
     if (splits == 1) return;
-    const size_t n = (size_t)g.M * g.N;
-    conv_splitk_epilogue_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, out, bias, emb, accumulate, g.M,
-                                                                      g.N, g.Ho * g.Wo, splits);
-    cudaCheck(cudaGetLastError());
+    splitk_epilogue(m->conv_ws, out, bias, emb, accumulate, g.M, g.N, g.Ho * g.Wo, splits);
 }
 // dw [9][C][N] (fp32) = weight gradient from x (B, H, W, C) and dy (B, Ho, Wo, N) on wgmma (mode 1)
 static void conv_wg_weight_grad(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x,
@@ -3268,48 +3814,50 @@ static void conv_wg_weight_grad(const UNet* m, int H, int W, int C, int N, int s
     conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
     conv_wg_launch<1>(bn, maps, g, o, splits);
     const size_t n = (size_t)g.M * g.N;
-    wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, dw, n, splits, 0);
-    cudaCheck(cudaGetLastError());
+    wgrad_reduce(m->conv_ws, dw, n, splits, false);
 }
 // thin bf16 convolutions (conv_thin_kernel): w (K x N) fp32, any ConvGeom of MODE 0
-static void conv_thin(ConvGeom g, const bf16* x, const float* w, bf16* y, const float* bias, bool accumulate) {
-    const size_t smem8 = (size_t)g.C * 8 * sizeof(float), smem64 = (size_t)g.C * 64 * sizeof(float);
-    if (g.N <= 8) {
-        static int attr = 0;
-        if ((int)smem8 > attr) {
-            cudaCheck(cudaFuncSetAttribute(conv_thin_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem8));
-            attr = (int)smem8;
-        }
-        conv_thin_kernel<8><<<dim3(ceil_div(g.M, 128), 1), 128, smem8, g_stream>>>(x, w, y, bias, g, accumulate);
-    } else {
-        static int attr = 0;
-        if ((int)smem64 > attr) {
-            cudaCheck(cudaFuncSetAttribute(conv_thin_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem64));
-            attr = (int)smem64;
-        }
-        conv_thin_kernel<64><<<dim3(ceil_div(g.M, 128), ceil_div(g.N, 64)), 128, smem64, g_stream>>>(x, w, y, bias, g,
-                                                                                                     accumulate);
+template <int NT, int V>
+static void conv_thin_launch(ConvGeom g, const bf16* x, const float* w, bf16* y, const float* bias, bool accumulate) {
+    const int taps = std::max(1, std::min(9, (48 * 1024) / (g.C * NT * (int)sizeof(float))));
+    const size_t smem = (size_t)taps * g.C * NT * sizeof(float);
+    static size_t attr = 48 * 1024;
+    if (smem > attr) {  // more than 48 KB only where one tap's slice needs it (C > 192 at NT = 64)
+        cudaCheck(cudaFuncSetAttribute(conv_thin_kernel<NT, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+        attr = smem;
     }
+    dim3 grid(ceil_div(g.M, 128), ceil_div(g.N, NT));
+    conv_thin_kernel<NT, V><<<grid, 128, smem, g_stream>>>(x, w, y, bias, g, taps, accumulate);
     cudaCheck(cudaGetLastError());
 }
+static void conv_thin(ConvGeom g, const bf16* x, const float* w, bf16* y, const float* bias, bool accumulate) {
+    const bool v8 = g.C % 8 == 0;
+    if (g.N <= 4) v8 ? conv_thin_launch<4, 8>(g, x, w, y, bias, accumulate) : conv_thin_launch<4, 1>(g, x, w, y, bias, accumulate);
+    else if (g.N <= 8) v8 ? conv_thin_launch<8, 8>(g, x, w, y, bias, accumulate) : conv_thin_launch<8, 1>(g, x, w, y, bias, accumulate);
+    else v8 ? conv_thin_launch<64, 8>(g, x, w, y, bias, accumulate) : conv_thin_launch<64, 1>(g, x, w, y, bias, accumulate);
+}
 // dW (9*C x N, fp32) of a thin bf16 convolution: per-block partial sums, then added in a fixed order
-static void conv_thin_weight_grad(const UNet* m, ConvGeom g, const bf16* x, const bf16* dy, float* dw) {
-    const int MN = g.M * g.N;
+template <int V>
+static void conv_thin_wgrad_launch(const UNet* m, ConvGeom g, const bf16* x, const bf16* dy, float* dw) {
+    const int N4 = (g.N + 3) / 4 * 4, tasks = g.M * (N4 / 4);
     const int blocks = std::min(ceil_div(g.K, THIN_PIX), 2 * g_num_sms);
-    const size_t smem = (size_t)THIN_PIX * (g.M + g.N) * sizeof(float);
-    static int attr = 0;
-    if ((int)smem > attr) {
-        cudaCheck(cudaFuncSetAttribute(conv_thin_wgrad_kernel<THIN_PAIRS>,
+    const size_t smem = (size_t)THIN_PIX * (g.M + N4) * sizeof(float);
+    static size_t attr = 48 * 1024;
+    if (smem > attr) {
+        cudaCheck(cudaFuncSetAttribute(conv_thin_wgrad_kernel<THIN_TPT, V>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr = (int)smem;
+        attr = smem;
     }
-    conv_ws_check(m->conv_ws_floats, (size_t)blocks * MN, "workspace");
-    dim3 grid(blocks, ceil_div(MN, THIN_PAIRS * 512));
-    conv_thin_wgrad_kernel<THIN_PAIRS><<<grid, 512, smem, g_stream>>>(x, dy, m->conv_ws, g);
+    conv_ws_check(m->conv_ws_floats, (size_t)blocks * g.M * g.N, "workspace");
+    dim3 grid(blocks, ceil_div(tasks, THIN_TPT * 256));
+    conv_thin_wgrad_kernel<THIN_TPT, V><<<grid, 256, smem, g_stream>>>(x, dy, m->conv_ws, g);
     cudaCheck(cudaGetLastError());
-    wgrad_reduce_kernel<<<ceil_div(MN, EW), EW, 0, g_stream>>>(m->conv_ws, dw, MN, blocks, 0);
-    cudaCheck(cudaGetLastError());
+    wgrad_reduce(m->conv_ws, dw, (size_t)g.M * g.N, blocks, false);
+}
+static void conv_thin_weight_grad(const UNet* m, ConvGeom g, const bf16* x, const bf16* dy, float* dw) {
+    if (g.C % 8 == 0) conv_thin_wgrad_launch<8>(m, g, x, dy, dw);
+    else conv_thin_wgrad_launch<1>(m, g, x, dy, dw);
 }
 
 // y (B, Ho, Wo, cout) (+)= conv3x3(x (B, H, W, cin)) + bias (+ emb[b, cout])
@@ -3391,8 +3939,7 @@ static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const T* x, c
         bool vec = c.cin % 4 == 0 && c.cout % 4 == 0;
         launch_conv_igemm<1>(grid, vec, x, dy, m->conv_ws, nullptr, nullptr, 0, g, kchunk);
         size_t n = (size_t)g.M * g.N;
-        wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->conv_ws, m->g + c.w, n, splits, 0);
-        cudaCheck(cudaGetLastError());
+        wgrad_reduce(m->conv_ws, m->g + c.w, n, splits, false);
     }
 }
 
@@ -3406,19 +3953,32 @@ static int chan_reduce(const UNet* m, const T* x, const T* dy, const float* mean
         fprintf(stderr, "internal error: reduction workspace too small\n");
         exit(EXIT_FAILURE);
     }
-    int threads = 512;
-    int lanes = std::max(1, threads / C);
-    size_t smem = (size_t)lanes * C * sizeof(double2);
-    chan_reduce_kernel<MODE, T><<<dim3(Bq, S), threads, smem, g_stream>>>(x, dy, mean, rstd, gamma, beta, P, C, G,
-                                                                          silu, m->red_ws);
+    const int threads = 256;
+    const bool vec = C % VEC<T> == 0 && C / VEC<T> <= threads;
+    const int v = vec ? VEC<T> : 1, lanes = std::max(1, threads / (C / v));
+    const size_t smem = (size_t)lanes * C * sizeof(double2);
+    if (C / v > threads || smem > 48 * 1024) {
+        fprintf(stderr, "internal error: channel reduction over %d channels\n", C);
+        exit(EXIT_FAILURE);
+    }
+    dim3 grid(Bq, S);
+    if (vec)
+        chan_reduce_kernel<MODE, T, VEC<T>><<<grid, threads, smem, g_stream>>>(x, dy, mean, rstd, gamma, beta, P, C, G,
+                                                                              silu, m->red_ws);
+    else
+        chan_reduce_kernel<MODE, T, 1><<<grid, threads, smem, g_stream>>>(x, dy, mean, rstd, gamma, beta, P, C, G,
+                                                                         silu, m->red_ws);
     cudaCheck(cudaGetLastError());
     return S;
 }
+// blocks of EW threads for `warps` warps (the reductions' finalize kernels: a warp per output)
+static int warp_blocks(int warps) { return ceil_div((long long)warps * 32, EW); }
 // out[c] = sum over (b, p) of x (Bq, P, C) (per_b = 0) or out[b, c] = sum over p (per_b = 1)
 template <typename T>
 static void channel_sums(const UNet* m, const T* x, float* out, int Bq, int P, int C, int per_b, int accumulate) {
     int S = chan_reduce<2, T>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, Bq, P, C, 1, 0);
-    sums_finalize_kernel<<<ceil_div(per_b ? Bq * C : C, EW), EW, 0, g_stream>>>(m->red_ws, out, Bq, S, C, per_b, accumulate);
+    sums_finalize_kernel<<<warp_blocks(per_b ? Bq * C : C), EW, 0, g_stream>>>(m->red_ws, out, Bq, S, C, per_b,
+                                                                                accumulate);
     cudaCheck(cudaGetLastError());
 }
 
@@ -3427,10 +3987,14 @@ static void groupnorm_forward(const UNet* m, const NormP& n, const T* x, T* y, f
                               int silu) {
     const int G = 32, B = m->B;
     int S = chan_reduce<0, T>(m, x, nullptr, nullptr, nullptr, nullptr, nullptr, B, P, n.C, G, 0);
-    gn_stats_finalize_kernel<<<ceil_div(B * G, EW), EW, 0, g_stream>>>(m->red_ws, mean, rstd, B, S, n.C, G, P, 1e-5f);
+    gn_stats_finalize_kernel<<<warp_blocks(B * G), EW, 0, g_stream>>>(m->red_ws, m->p + n.w, m->p + n.b, mean, rstd,
+                                                                       m->gn_scale, B, S, n.C, G, P, 1e-5f);
     cudaCheck(cudaGetLastError());
-    size_t total = (size_t)B * P * n.C;
-    gn_apply_kernel<<<ceil_div(total, EW), EW, 0, g_stream>>>(x, y, mean, rstd, m->p + n.w, m->p + n.b, B, P, n.C, G, silu);
+    const size_t total = (size_t)B * P * n.C;
+    if (n.C % VEC<T> == 0)
+        gn_apply_kernel<T, VEC<T>><<<ceil_div(total / VEC<T>, EW), EW, 0, g_stream>>>(x, y, m->gn_scale, P, n.C, total,
+                                                                                      silu);
+    else gn_apply_kernel<T, 1><<<ceil_div(total, EW), EW, 0, g_stream>>>(x, y, m->gn_scale, P, n.C, total, silu);
     cudaCheck(cudaGetLastError());
 }
 template <typename T>
@@ -3439,12 +4003,65 @@ static void groupnorm_backward(const UNet* m, const NormP& n, const T* x, const 
     const int G = 32, B = m->B;
     const float *gamma = m->p + n.w, *beta = m->p + n.b;
     int S = chan_reduce<1, T>(m, x, dy, mean, rstd, gamma, beta, B, P, n.C, G, silu);
-    gn_bwd_finalize_kernel<<<ceil_div(std::max(n.C, B * G), EW), EW, 0, g_stream>>>(m->red_ws, gamma, m->g + n.w, m->g + n.b,
-                                                                       m->gn_coef, B, S, n.C, G, P);
+    gn_bwd_finalize_kernel<<<warp_blocks(n.C + B * G), EW, 0, g_stream>>>(m->red_ws, gamma, m->g + n.w, m->g + n.b,
+                                                                           m->gn_coef, B, S, n.C, G, P);
     cudaCheck(cudaGetLastError());
-    size_t total = (size_t)B * P * n.C;
-    gn_bwd_apply_kernel<<<ceil_div(total, EW), EW, 0, g_stream>>>(x, dy, dx, mean, rstd, gamma, beta, m->gn_coef, B, P, n.C, G,
-                                                     silu, accumulate);
+    const size_t total = (size_t)B * P * n.C;
+    if (n.C % VEC<T> == 0)
+        gn_bwd_apply_kernel<T, VEC<T>><<<ceil_div(total / VEC<T>, EW), EW, 0, g_stream>>>(
+            x, dy, dx, mean, rstd, gamma, beta, m->gn_coef, P, n.C, G, total, silu, accumulate);
+    else
+        gn_bwd_apply_kernel<T, 1><<<ceil_div(total, EW), EW, 0, g_stream>>>(x, dy, dx, mean, rstd, gamma, beta,
+                                                                            m->gn_coef, P, n.C, G, total, silu,
+                                                                            accumulate);
+    cudaCheck(cudaGetLastError());
+}
+
+// elementwise launchers: 16-byte vectors where the channel counts allow (C: the innermost extent)
+template <typename T>
+static void add_act(const T* x, T* y, size_t n, int C, bool accumulate) {
+    if (C % VEC<T> == 0) add_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(x, y, n, accumulate);
+    else add_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(x, y, n, accumulate);
+    cudaCheck(cudaGetLastError());
+}
+template <typename T>
+static void add_bias(T* out, const float* bias, const T* res, size_t rows, int N) {
+    const size_t n = rows * N;
+    if (N % VEC<T> == 0) add_bias_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(out, bias, res, n, N);
+    else add_bias_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(out, bias, res, n, N);
+    cudaCheck(cudaGetLastError());
+}
+template <typename T>
+static void concat_act(const T* a, const T* b, T* out, size_t BP, int C1, int C2) {
+    const size_t n = BP * (C1 + C2);
+    if (C1 % VEC<T> == 0 && C2 % VEC<T> == 0)
+        concat_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(a, b, out, BP, C1, C2);
+    else concat_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(a, b, out, BP, C1, C2);
+    cudaCheck(cudaGetLastError());
+}
+template <typename T>
+static void split_backward_act(const T* dcat, T* da, T* db, size_t BP, int C1, int C2, bool acc_a, bool acc_b) {
+    const size_t n = BP * (C1 + C2);
+    if (C1 % VEC<T> == 0 && C2 % VEC<T> == 0)
+        split_backward_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(dcat, da, db, BP, C1, C2,
+                                                                                       acc_a, acc_b);
+    else split_backward_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(dcat, da, db, BP, C1, C2, acc_a, acc_b);
+    cudaCheck(cudaGetLastError());
+}
+template <typename T>
+static void upsample_act(const T* x, T* out, int B, int H, int W, int C) {
+    const size_t n = (size_t)B * 4 * H * W * C;
+    if (C % VEC<T> == 0) upsample_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(x, out, B, H, W, C);
+    else upsample_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(x, out, B, H, W, C);
+    cudaCheck(cudaGetLastError());
+}
+template <typename T>
+static void upsample_backward_act(const T* dout, T* dx, int B, int H, int W, int C, bool accumulate) {
+    const size_t n = (size_t)B * H * W * C;
+    if (C % VEC<T> == 0)
+        upsample_backward_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(dout, dx, B, H, W, C,
+                                                                                           accumulate);
+    else upsample_backward_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(dout, dx, B, H, W, C, accumulate);
     cudaCheck(cudaGetLastError());
 }
 
@@ -3461,8 +4078,7 @@ static void linear_forward(const UNet* m, const LinP& l, const T* x, T* y, int r
     if constexpr (std::is_same<T, bf16>::value)
         gemm_rm_bf16(false, true, rows, l.out, l.in, x, l.in, m->pw + l.w, l.in, y, CUDA_R_16BF, l.out, 1.f, 0.f);
     else gemm_rm(false, true, rows, l.out, l.in, x, l.in, m->p + l.w, l.in, y, l.out, 1.f, 0.f);
-    add_bias_kernel<<<ceil_div((size_t)rows * l.out, EW), EW, 0, g_stream>>>(y, m->p + l.b, res, rows, l.out);
-    cudaCheck(cudaGetLastError());
+    add_bias(y, m->p + l.b, res, rows, l.out);
 }
 // dW = dy^T x, db = column sums of dy (rows = Bq * P), dx (+)= dy W (skipped when dx is null)
 template <typename T>
@@ -3571,14 +4187,64 @@ static void softmax_backward(const float* P, float* dP, int rows, int L) {
     });
 }
 
-// the attention core runs in fp32 (cuBLAS, TF32 unless strict); a bf16 run converts its operands in and out of
-// m->attn32 (qkv, a and their gradients)
+// bf16 fused attention (attn_fwd_kernel, attn_bwd_dq_kernel, attn_bwd_dkv_kernel) of one layer: grids of (pair,
+// 64-row blocks), the pair's keys and values in shared memory
+template <int D>
+static size_t attn_smem(int L, int kind) {  // kind 0 forward, 1 dQ, 2 dK dV
+    const int Lp = (L + 15) / 16 * 16;
+    return (size_t)(2 * Lp + (kind == 0 ? 1 : 2) * ATT_ROWS) * (D + 8) * sizeof(bf16) + (kind == 2 ? 2 * Lp * 4 : 0);
+}
+template <int D>
+static void attn_fused_launch(const UNet* m, const Op& o, bool forward) {
+    static bool attr_set = false;  // up to 94 KB of shared memory (D = 64, L = 256): an opt-in, once per D
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)attn_smem<D>(ATT_LMAX, 0)));
+        cudaCheck(cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)attn_smem<D>(ATT_LMAX, 1)));
+        cudaCheck(cudaFuncSetAttribute(attn_bwd_dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)attn_smem<D>(ATT_LMAX, 2)));
+        attr_set = true;
+    }
+    const int L = o.L;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    dim3 grid(m->B * o.heads, ceil_div(L, ATT_ROWS));
+    if (forward) {
+        attn_fwd_kernel<D><<<grid, 128, attn_smem<D>(L, 0), g_stream>>>(o.qkvb->xb, o.att->xb, o.lse, L, o.heads,
+                                                                         scale);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+    attn_bwd_dq_kernel<D><<<grid, 128, attn_smem<D>(L, 1), g_stream>>>(o.qkvb->xb, o.att->xb, o.att->gb, o.lse,
+                                                                        m->attn_di, o.qkvb->gb, L, o.heads, scale);
+    cudaCheck(cudaGetLastError());
+    attn_bwd_dkv_kernel<D><<<grid, 128, attn_smem<D>(L, 2), g_stream>>>(o.qkvb->xb, o.att->gb, o.lse, m->attn_di,
+                                                                         o.qkvb->gb, L, o.heads, scale);
+    cudaCheck(cudaGetLastError());
+}
+static void attn_fused(const UNet* m, const Op& o, bool forward) {
+    switch (o.in->C / o.heads) {
+    case 16: attn_fused_launch<16>(m, o, forward); break;
+    case 32: attn_fused_launch<32>(m, o, forward); break;
+    default: attn_fused_launch<64>(m, o, forward); break;
+    }
+}
+
+// the attention core: fused (bf16, attn_fused_ok) or fp32 (cuBLAS, TF32 unless strict); a bf16 layer the fused
+// kernels cannot take converts its operands in and out of m->attn32 (qkv, a and their gradients)
 template <typename T>
 static void attn_forward(UNet* m, Op& o) {
     int B = m->B, L = o.L, C = o.in->C, d = C / o.heads, nb = B * o.heads;
     groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.xn), o.mean1, o.rstd1, L, 0);
     linear_forward(m, o.qkv, act<T>(o.xn), act<T>(o.qkvb), B * L, (const T*)nullptr);
-    if constexpr (std::is_same<T, bf16>::value) attn_to_fp32(o.qkvb->xb, o.qkvb->n, m->attn32);
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (o.lse) {
+            attn_fused(m, o, true);
+            linear_forward(m, o.proj, act<T>(o.att), act<T>(o.out), B * L, (const T*)act<T>(o.in));
+            return;
+        }
+        attn_to_fp32(o.qkvb->xb, o.qkvb->n, m->attn32);
+    }
     const float* const* pp = o.ptrs;
     float scale2 = (float)(1.0 / sqrt((double)d));  // (q d^-1/4) . (k d^-1/4)
     // S = Q K^T scale2 (L x L per (b, head)), softmax over keys, O = P V
@@ -3614,15 +4280,11 @@ static void unet_forward_t(UNet* m) {
         case OP_RES: res_forward<T>(m, o); break;
         case OP_ATTN: attn_forward<T>(m, o); break;
         case OP_UP:
-            upsample_kernel<<<ceil_div(o.up->n, EW), EW, 0, g_stream>>>(act<T>(o.in), act<T>(o.up), B, o.H, o.W,
-                                                                         o.in->C);
-            cudaCheck(cudaGetLastError());
+            upsample_act(act<T>(o.in), act<T>(o.up), B, o.H, o.W, o.in->C);
             conv3x3_forward(m, o.c1, act<T>(o.up), act<T>(o.out), 2 * o.H, 2 * o.W, nullptr, false);
             break;
         case OP_CAT:
-            concat_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(act<T>(o.in), act<T>(o.in2), act<T>(o.out),
-                                                                        (size_t)B * o.H * o.W, o.in->C, o.in2->C);
-            cudaCheck(cudaGetLastError());
+            concat_act(act<T>(o.in), act<T>(o.in2), act<T>(o.out), (size_t)B * o.H * o.W, o.in->C, o.in2->C);
             break;
         case OP_OUT:
             groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.a1), o.mean1, o.rstd1, o.H * o.W, 1);
@@ -3666,18 +4328,15 @@ static void res_backward(UNet* m, Op& o) {
     bool acc = take_flag(o.in);
     if (o.has_skip) linear_backward(m, o.skip, act<T>(o.in), (const T*)dout, grad<T>(o.in), B, P, acc);
     else {
-        add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>((const T*)dout, grad<T>(o.in), o.in->n, acc);
-        cudaCheck(cudaGetLastError());
+        add_act((const T*)dout, grad<T>(o.in), o.in->n, o.in->C, acc);
     }
     // a2 = silu(gn2(h1))
     groupnorm_backward(m, o.n2, act<T>(o.h1), grad<T>(o.a2), grad<T>(o.h1), o.mean2, o.rstd2, P, 1, false);
     // h1 = conv1(a1) + bias + embo[b]
     int S = chan_reduce<2, T>(m, grad<T>(o.h1), nullptr, nullptr, nullptr, nullptr, nullptr, B, P, o.c1.cout, 1, 0);
-    sums_finalize_kernel<<<ceil_div(B * o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, o.d_embo, B, S, o.c1.cout, 1,
-                                                                            0);
+    sums_finalize_kernel<<<warp_blocks(B * o.c1.cout), EW, 0, g_stream>>>(m->red_ws, o.d_embo, B, S, o.c1.cout, 1, 0);
     cudaCheck(cudaGetLastError());
-    sums_finalize_kernel<<<ceil_div(o.c1.cout, EW), EW, 0, g_stream>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0,
-                                                                        0);
+    sums_finalize_kernel<<<warp_blocks(o.c1.cout), EW, 0, g_stream>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0, 0);
     cudaCheck(cudaGetLastError());
     acc = m->d_emb_s_written;
     m->d_emb_s_written = true;
@@ -3689,20 +4348,11 @@ static void res_backward(UNet* m, Op& o) {
     groupnorm_backward(m, o.n1, act<T>(o.in), grad<T>(o.a1), grad<T>(o.in), o.mean1, o.rstd1, P, 1, acc);
 }
 
+// the fp32 core's backward (cuBLAS batched products, the softmax lab's backward)
 template <typename T>
-static void attn_backward(UNet* m, Op& o) {
+static void attn_core_backward(UNet* m, Op& o) {
     int B = m->B, L = o.L, C = o.in->C, d = C / o.heads, nb = B * o.heads;
     const float* const* pp = o.ptrs;
-    T* dout = grad<T>(o.out);
-    // out = x + att W^T + b
-    bool acc = take_flag(o.in);
-    add_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>((const T*)dout, grad<T>(o.in), o.in->n, acc);
-    cudaCheck(cudaGetLastError());
-    linear_backward(m, o.proj, act<T>(o.att), (const T*)dout, grad<T>(o.att), B, L, false);
-    if constexpr (std::is_same<T, bf16>::value) {  // the core's fp32 operands: q, k, v again (shared scratch), dO
-        attn_to_fp32(o.qkvb->xb, o.qkvb->n, m->attn32);
-        attn_to_fp32(o.att->gb, o.att->n, m->attn32 + 3 * m->attn32_part);
-    }
     // O = P V: dV = P^T dO, dP = dO V^T; softmax backward; dQ = scale2 dS K, dK = scale2 dS^T Q
     float scale2 = (float)(1.0 / sqrt((double)d));
     gemm_rm_batched(true, false, L, d, L, pp + 3 * nb, L, pp + 8 * nb, C, (float* const*)(pp + 7 * nb), 3 * C, 1.f,
@@ -3716,6 +4366,27 @@ static void attn_backward(UNet* m, Op& o) {
     gemm_rm_batched(true, false, L, d, L, pp + 9 * nb, L, pp + 0 * nb, 3 * C, (float* const*)(pp + 6 * nb), 3 * C,
                     scale2, 0.f, nb);
     if constexpr (std::is_same<T, bf16>::value) attn_from_fp32(m->attn32 + m->attn32_part, o.qkvb->gb, o.qkvb->n);
+}
+
+template <typename T>
+static void attn_backward(UNet* m, Op& o) {
+    int B = m->B, L = o.L;
+    T* dout = grad<T>(o.out);
+    // out = x + att W^T + b
+    bool acc = take_flag(o.in);
+    add_act((const T*)dout, grad<T>(o.in), o.in->n, o.in->C, acc);
+    linear_backward(m, o.proj, act<T>(o.att), (const T*)dout, grad<T>(o.att), B, L, false);
+    bool core = true;
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (o.lse) {
+            attn_fused(m, o, false);
+            core = false;
+        } else {  // the core's fp32 operands: q, k, v again (shared scratch), dO
+            attn_to_fp32(o.qkvb->xb, o.qkvb->n, m->attn32);
+            attn_to_fp32(o.att->gb, o.att->n, m->attn32 + 3 * m->attn32_part);
+        }
+    }
+    if (core) attn_core_backward<T>(m, o);
     // qkv = xn W^T + b; xn = gn(x)
     linear_backward(m, o.qkv, act<T>(o.xn), (const T*)grad<T>(o.qkvb), grad<T>(o.xn), B, L, false);
     acc = take_flag(o.in);
@@ -3751,16 +4422,13 @@ static void unet_backward_t(UNet* m) {
             channel_sums(m, grad<T>(o.out), m->g + o.c1.b, B, H2 * W2, o.c1.cout, 0, 0);
             conv3x3_backward_data(m, o.c1, (const T*)grad<T>(o.out), grad<T>(o.up), H2, W2, false);
             bool acc = take_flag(o.in);
-            upsample_backward_kernel<<<ceil_div(o.in->n, EW), EW, 0, g_stream>>>(grad<T>(o.up), grad<T>(o.in), B, o.H,
-                                                                                  o.W, o.in->C, acc);
-            cudaCheck(cudaGetLastError());
+            upsample_backward_act(grad<T>(o.up), grad<T>(o.in), B, o.H, o.W, o.in->C, acc);
             break;
         }
         case OP_CAT: {
             bool acc_a = take_flag(o.in), acc_b = take_flag(o.in2);
-            split_backward_kernel<<<ceil_div(o.out->n, EW), EW, 0, g_stream>>>(
-                grad<T>(o.out), grad<T>(o.in), grad<T>(o.in2), (size_t)B * o.H * o.W, o.in->C, o.in2->C, acc_a, acc_b);
-            cudaCheck(cudaGetLastError());
+            split_backward_act(grad<T>(o.out), grad<T>(o.in), grad<T>(o.in2), (size_t)B * o.H * o.W, o.in->C,
+                               o.in2->C, acc_a, acc_b);
             break;
         }
         case OP_OUT: {

@@ -80,9 +80,9 @@ static void gpu_concat(const std::vector<float>& a, const std::vector<float>& b,
     poison(d_y, n);
     poison(d_da, BP * C1);
     poison(d_db, BP * C2);
-    concat_kernel<<<ceil_div(n, EW), EW>>>(d_a, d_b, d_y, BP, C1, C2);
+    concat_act((const float*)d_a, (const float*)d_b, d_y, BP, C1, C2);
     cudaCheck(cudaGetLastError());
-    split_backward_kernel<<<ceil_div(n, EW), EW>>>(d_dy, d_da, d_db, BP, C1, C2, 0, 0);
+    split_backward_act((const float*)d_dy, d_da, d_db, BP, C1, C2, false, false);
     cudaCheck(cudaGetLastError());
     *y = to_host(d_y, n);
     *da = to_host(d_da, BP * C1);

@@ -84,6 +84,7 @@ static void run_case(int B, int P, int C, int silu, uint64_t seed, bool bench) {
     m.red_ws_items = (size_t)1024 * 2048;
     cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
     cudaCheck(cudaMalloc(&m.gn_coef, (size_t)B * 32 * sizeof(float2)));
+    cudaCheck(cudaMalloc(&m.gn_scale, (size_t)B * C * sizeof(float2)));
     size_t N = (size_t)B * P * C;
     std::vector<float> x(N), dy(N), gb(2 * C), y(N), dx(N), dg(C), db(C);
     uint64_t k = 0;
@@ -135,6 +136,7 @@ static void run_case(int B, int P, int C, int silu, uint64_t seed, bool bench) {
     for (float* f : fs) cudaCheck(cudaFree(f));
     cudaCheck(cudaFree(m.red_ws));
     cudaCheck(cudaFree(m.gn_coef));
+    cudaCheck(cudaFree(m.gn_scale));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -185,6 +187,7 @@ static void fixture_case(const std::string& name, int code, int silu) {
     m.red_ws_items = (size_t)1024 * 2048;
     cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
     cudaCheck(cudaMalloc(&m.gn_coef, (size_t)B * 32 * sizeof(float2)));
+    cudaCheck(cudaMalloc(&m.gn_scale, (size_t)B * C * sizeof(float2)));
     float *d_x = to_device(x), *d_dy = to_device(dy), *d_y = dev_alloc(N), *d_dx = dev_alloc(N);
     float *mean = dev_alloc(B * 32), *rstd = dev_alloc(B * 32);
     poison(d_y, N);
@@ -200,6 +203,7 @@ static void fixture_case(const std::string& name, int code, int silu) {
     for (float* f : fs) cudaCheck(cudaFree(f));
     cudaCheck(cudaFree(m.red_ws));
     cudaCheck(cudaFree(m.gn_coef));
+    cudaCheck(cudaFree(m.gn_scale));
 }
 
 int main(int argc, char** argv) {

@@ -65,7 +65,7 @@ static LinOut gpu_linear(const std::vector<float>& x, const std::vector<float>& 
     poison(d_y, (size_t)R * out);
     poison(d_dx, (size_t)R * in);
     poison(m.g, m.n_params);
-    linear_forward(&m, l, d_x, d_y, R, nullptr);
+    linear_forward<float>(&m, l, d_x, d_y, R, nullptr);
     linear_backward(&m, l, d_x, d_dy, d_dx, Bq, P, false);
     LinOut o;
     o.y = to_host(d_y, (size_t)R * out);
@@ -166,7 +166,7 @@ static void bench() {
         cudaCheck(cudaMemset(y, 0, (size_t)R * s.out * 4));
         for (int i = 0; i < 23; i++) {
             if (i == 3) cudaCheck(cudaEventRecord(e0));
-            linear_forward(&m, l, x, y, R, nullptr);
+            linear_forward<float>(&m, l, x, y, R, nullptr);
             linear_backward(&m, l, x, y, dx, s.Bq, s.P, false);
         }
         cudaCheck(cudaEventRecord(e1));

@@ -74,13 +74,13 @@ static ResampleOut gpu_resample(const ConvFixture& f, bool up, bool tf32) {
     if (up) {
         poison(d_up, nup);
         poison(d_dup, nup);
-        upsample_kernel<<<ceil_div(nup, EW), EW, 0, g_stream>>>(d_x, d_up, f.B, Hin, Win, f.Cin);
+        upsample_act((const float*)d_x, d_up, f.B, Hin, Win, f.Cin);
         cudaCheck(cudaGetLastError());
         conv3x3_forward(&L.m, L.c, d_up, d_y, f.H, f.W, nullptr, false);
         conv3x3_backward_weight(&L.m, L.c, d_up, d_dy, f.H, f.W);
         channel_sums(&L.m, d_dy, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);
         conv3x3_backward_data(&L.m, L.c, d_dy, d_dup, f.H, f.W, false);
-        upsample_backward_kernel<<<ceil_div(f.x.size(), EW), EW, 0, g_stream>>>(d_dup, d_dx, f.B, Hin, Win, f.Cin, 0);
+        upsample_backward_act((const float*)d_dup, d_dx, f.B, Hin, Win, f.Cin, false);
         cudaCheck(cudaGetLastError());
     } else {
         conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, false);
@@ -157,13 +157,13 @@ static void bench(bool tf32) {
                 if (i == 3) cudaCheck(cudaEventRecord(e0));
                 const float* in = s.up ? upb : x;
                 if (pass == 0) {
-                    if (s.up) upsample_kernel<<<ceil_div(nup, EW), EW>>>(x, upb, f.B, s.Hin, s.Hin, f.Cin);
+                    if (s.up) upsample_act((const float*)x, upb, f.B, s.Hin, s.Hin, f.Cin);
                     conv3x3_forward(&L.m, L.c, in, y, f.H, f.W, nullptr, false);
                 } else {
                     conv3x3_backward_weight(&L.m, L.c, in, y, f.H, f.W);
                     channel_sums(&L.m, y, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);
                     conv3x3_backward_data(&L.m, L.c, y, s.up ? dup : dx, f.H, f.W, false);
-                    if (s.up) upsample_backward_kernel<<<ceil_div(f.x.size(), EW), EW>>>(dup, dx, f.B, s.Hin, s.Hin, f.Cin, 0);
+                    if (s.up) upsample_backward_act((const float*)dup, dx, f.B, s.Hin, s.Hin, f.Cin, false);
                 }
             }
             cudaCheck(cudaEventRecord(e1));

@@ -114,10 +114,10 @@ static MlpOut gpu_mlp(const std::vector<float>& emb, const MlpW& w, const std::v
     float* outs[] = {h, a, y, da, demb, m.g};
     size_t sizes[] = {ne, ne, ne, ne, (size_t)B * C, m.n_params};
     for (int i = 0; i < 6; i++) poison(outs[i], sizes[i]);
-    linear_forward(&m, l0, d_emb, h, B, nullptr);
+    linear_forward<float>(&m, l0, d_emb, h, B, nullptr);
     silu_kernel<<<ceil_div(ne, EW), EW>>>(h, a, ne);
     cudaCheck(cudaGetLastError());
-    linear_forward(&m, l2, a, y, B, nullptr);
+    linear_forward<float>(&m, l2, a, y, B, nullptr);
     linear_backward(&m, l2, a, d_dy, da, B, 1, false);
     silu_backward_kernel<<<ceil_div(ne, EW), EW>>>(h, da, da, ne);
     cudaCheck(cudaGetLastError());
