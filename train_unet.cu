@@ -1261,10 +1261,12 @@ struct ConvWg {
     static constexpr int STAGES = (MINB == 2 ? 96 * 1024 : 192 * 1024) / STAGE_BYTES;
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, + alignment
     static constexpr int NR = BN / 2;  // fp32 accumulators per consumer thread
-    // setmaxnreg: the producer drops to 40, the consumers take the rest of the registers the block holds
-    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = MINB == 2 ? 104 : 232;
+    // setmaxnreg: the producer drops to 40 registers and the consumers take what it frees; the pool is the block's
+    // own (the registers it was launched with: 65536 / (384 MINB), a multiple of 8), so more would wait forever
+    static constexpr int LAUNCH_REGS = 65536 / (CW_THREADS * MINB) / 8 * 8;
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = (3 * LAUNCH_REGS - PRODUCER_REGS) / 2 / 8 * 8;
     static_assert(STAGES >= 3, "a pipeline of at least 3 stages");
-    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 65536 / MINB, "registers of MINB blocks per SM");
+    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= CW_THREADS * LAUNCH_REGS, "the block's registers");
 };
 
 // Geometry of one pass, computed on the host (conv_wg_geom)
@@ -2642,6 +2644,24 @@ __global__ void mse_kernel(const T* out, const float* target, T* dout, double* p
         __syncthreads();
     }
     if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+}
+// per_sample[b] = mean over the sample's per elements of (out - target)^2 (the evaluation loss); a block per sample
+template <typename T>
+__global__ void sample_mse_kernel(const T* out, const float* target, float* per_sample, int per) {
+    __shared__ double red[256];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < per; i += blockDim.x) {
+        const size_t j = (size_t)blockIdx.x * per + i;
+        const float d = to_float(out[j]) - target[j];
+        s += (double)d * d;
+    }
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o /= 2) {
+        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) per_sample[blockIdx.x] = (float)(red[0] / per);
 }
 __global__ void loss_finalize_kernel(const double* partial, int nblocks, size_t n, float* loss) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -4313,6 +4333,13 @@ static void unet_loss(UNet* m) {
     if (m->prec == PREC_BF16) unet_loss_t<bf16>(m);
     else unet_loss_t<float>(m);
 }
+// per_sample (B, device) = each sample's loss
+static void unet_loss_per_sample(UNet* m, float* per_sample) {
+    const int per = (int)(m->out->n / m->B);
+    if (m->prec == PREC_BF16) sample_mse_kernel<<<m->B, 256, 0, g_stream>>>(m->out->xb, m->noise, per_sample, per);
+    else sample_mse_kernel<<<m->B, 256, 0, g_stream>>>(m->out->x, m->noise, per_sample, per);
+    cudaCheck(cudaGetLastError());
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // backward (every parameter gradient is written, not accumulated: no zeroing needed)
@@ -5091,6 +5118,97 @@ static int unet_sample(const SampleArgs& a) {
     return 0;
 }
 
+struct EvalArgs {
+    std::string load, data_file = "data/sunflowers64.bin";
+    int n = 1024, use_ema = 1, batch_size = 32;
+    Precision precision = PREC_TF32;
+};
+// The evaluation loss of a checkpoint: the mean epsilon-prediction MSE over n fixed (image, timestep, noise)
+// triples, the same for every checkpoint and run: image i % N of the dataset (flipped for odd i / N), timestep and
+// noise from EVAL_SEED, a stream no training run draws from. Prints one line; returns a process exit code.
+static const uint64_t EVAL_SEED = 20261126;
+static int unet_eval(const EvalArgs& a) {
+    BinFile ck;
+    std::string e = bin_open(&ck, a.load.c_str(), UNET_CHECKPOINT_MAGIC, UNET_FORMAT_VERSION, "unet checkpoint");
+    UNetConfig cfg = config_from_header(ck.hdr);
+    if (e.empty()) {
+        std::string c = config_check(cfg);
+        if (!c.empty()) e = a.load + ": header describes a model this trainer cannot build: " + c;
+    }
+    UNet model;
+    UNet* m = &model;
+    const int B = std::min(a.batch_size, a.n);
+    if (e.empty()) {
+        unet_define(m, cfg, B);
+        e = checkpoint_validate(m, &ck, a.use_ema != 0, false);
+    }
+    Dataset data;
+    if (e.empty()) e = dataset_open(&data, a.data_file.c_str(), cfg.image_size);
+    if (!e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+    if (cuda_device_count() == 0) {
+        fprintf(stderr, "error: no CUDA GPU found: train_unet --eval_loss runs on the GPU\n");
+        return 1;
+    }
+    if (a.precision == PREC_BF16 && !have_sm90a()) {
+        fprintf(stderr, "error: --precision bf16 needs a compute capability 9.0 GPU and the sm_90a build; use "
+                "--precision tf32\n");
+        return 1;
+    }
+    gpu_init(a.precision);
+    m->prec = a.precision;
+    unet_allocate(m);
+    unet_load_tensors(m, &ck, a.use_ema ? "ema." : "", m->p);
+    unet_weights_changed(m);
+    uint8_t* d_images;
+    const size_t img_bytes = (size_t)data.n * data.H * data.W * 3, per = (size_t)data.H * data.W * 3;
+    cudaCheck(cudaMalloc(&d_images, img_bytes));
+    cudaCheck(cudaMemcpy(d_images, data.images, img_bytes, cudaMemcpyHostToDevice));
+    int* d_codes;
+    cudaCheck(cudaMalloc(&d_codes, B * sizeof(int)));
+    float* d_loss = dev_alloc(B);
+    curandGenerator_t gen;
+    curandCheck(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
+    curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)EVAL_SEED));
+    curandCheck(curandSetStream(gen, g_stream));
+    std::vector<int> codes(B), ts(B);
+    double sum = 0.0;
+    int done = 0;
+    for (int start = 0; start < a.n; start += B) {
+        const int take = std::min(B, a.n - start);
+        for (int b = 0; b < B; b++) {  // a short last batch repeats its last triple; only `take` count
+            const int i = start + std::min(b, take - 1);
+            codes[b] = (i % data.n) * 2 + (i / data.n) % 2;
+            ts[b] = (int)(rng_hash(EVAL_SEED, RNG_TIMESTEP, (uint64_t)i) % (uint64_t)cfg.diffusion_steps);
+        }
+        cudaCheck(cudaMemcpy(d_codes, codes.data(), B * sizeof(int), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m->t, ts.data(), B * sizeof(int), cudaMemcpyHostToDevice));
+        load_batch_kernel<<<ceil_div((size_t)B * per, EW), EW, 0, g_stream>>>(d_images, d_codes, m->x0, B, data.H,
+                                                                              data.W);
+        cudaCheck(cudaGetLastError());
+        curandCheck(curandSetGeneratorOffset(gen, (unsigned long long)start * per));
+        curandCheck(curandGenerateNormal(gen, m->noise, (size_t)B * per, 0.f, 1.f));
+        unet_q_sample(m);
+        unet_forward(m);
+        unet_loss_per_sample(m, d_loss);
+        std::vector<float> ls(B);
+        cudaCheck(cudaMemcpy(ls.data(), d_loss, B * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int b = 0; b < take; b++) sum += ls[b];
+        done += take;
+    }
+    printf("eval loss %.6f over %d fixed (image, timestep, noise) triples (%s weights, --precision %s)\n", sum / done,
+           done, a.use_ema ? "EMA" : "raw", PREC_NAME[a.precision]);
+    curandCheck(curandDestroyGenerator(gen));
+    cudaCheck(cudaFree(d_images));
+    cudaCheck(cudaFree(d_codes));
+    cudaCheck(cudaFree(d_loss));
+    unet_free(m);
+    gpu_free();
+    return 0;
+}
+
 // ================================================================================================================
 // command line
 // ================================================================================================================
@@ -5153,7 +5271,7 @@ int main(int argc, char** argv) {
     std::string channel_mult = "1,2,3,4", attn_ds = "4,8", sample_file, sampler = "ddim";
     int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
     float beta_start = 1e-4f, beta_end = 0.02f;
-    int num_samples = 16, sample_steps = 50, use_ema = 1;
+    int num_samples = 16, sample_steps = 50, use_ema = 1, eval_loss = 0;
     std::string precision = PREC_NAME[a.precision];
     std::vector<Flag> flags = {
         {"data_file", F_STR, &a.data_file, 0, 0, "UNET_DATASET of uint8 images (scripts/prepare_data.py)", false, ""},
@@ -5186,7 +5304,9 @@ int main(int argc, char** argv) {
         {"num_samples", F_INT, &num_samples, 1, 1000000, "sampling: number of images", false, ""},
         {"sampler", F_STR, &sampler, 0, 0, "sampling: ddpm (all steps) or ddim (eta 0)", false, ""},
         {"sample_steps", F_INT, &sample_steps, 1, 100000, "sampling: ddim steps", false, ""},
-        {"use_ema", F_INT, &use_ema, 0, 1, "sampling: 1 the EMA weights, 0 the raw weights", false, ""},
+        {"use_ema", F_INT, &use_ema, 0, 1, "sampling and --eval_loss: 1 the EMA weights, 0 the raw weights", false, ""},
+        {"eval_loss", F_INT, &eval_loss, 0, 10000000, "evaluation mode: the mean loss of --load over this many fixed "
+         "(image, timestep, noise) triples of --data_file (0: train)", false, ""},
     };
     for (Flag& f : flags) f.dflt = flag_value_str(f);
     for (int i = 1; i < argc; i++) {
@@ -5258,6 +5378,18 @@ int main(int argc, char** argv) {
     std::string ce = config_check(cfg);
     if (!ce.empty()) die("model flags: %s", ce.c_str());
 
+    if (eval_loss > 0) {
+        if (a.load.empty()) die("--eval_loss needs --load CHECKPOINT");
+        if (!sample_file.empty()) die("give --eval_loss or --sample, not both");
+        EvalArgs ea;
+        ea.load = a.load;
+        ea.data_file = a.data_file;
+        ea.n = eval_loss;
+        ea.use_ema = use_ema;
+        ea.batch_size = a.batch_size;
+        ea.precision = a.precision;
+        return unet_eval(ea);
+    }
     if (!sample_file.empty()) {
         if (a.load.empty()) die("--sample needs --load CHECKPOINT");
         if (sampler != "ddpm" && sampler != "ddim") die("--sampler expects ddpm or ddim, found '%s'", sampler.c_str());
