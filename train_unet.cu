@@ -1681,7 +1681,7 @@ conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, c
 template <int NT, int V>
 __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __restrict__ w, bf16* __restrict__ y,
                                  const float* __restrict__ bias, ConvGeom g, int taps, int accumulate) {
-    extern __shared__ float thin_w[];  // (taps * C) x NT
+    extern __shared__ __align__(16) float thin_w[];  // (taps * C) x NT
     const int n0 = blockIdx.y * NT, nn = min(NT, g.N - n0);
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     const int HWo = g.Ho * g.Wo, pc = min(p, g.M - 1), b = pc / HWo, r = pc - b * HWo, oy = r / g.Wo;
@@ -1708,7 +1708,13 @@ __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __rest
 #pragma unroll
                 for (int e = 0; e < V; e++)
 #pragma unroll
-                    for (int j = 0; j < NT; j++) acc[j] = fmaf(v[e], wt[(c + e) * NT + j], acc[j]);
+                    for (int j = 0; j < NT; j += 4) {  // 4 weights per shared-memory load
+                        const float4 w4 = *reinterpret_cast<const float4*>(wt + (c + e) * NT + j);
+                        acc[j] = fmaf(v[e], w4.x, acc[j]);
+                        acc[j + 1] = fmaf(v[e], w4.y, acc[j + 1]);
+                        acc[j + 2] = fmaf(v[e], w4.z, acc[j + 2]);
+                        acc[j + 3] = fmaf(v[e], w4.w, acc[j + 3]);
+                    }
             }
         }
     }
@@ -1784,6 +1790,70 @@ __global__ void conv_thin_wgrad_kernel(const bf16* __restrict__ x, const bf16* _
         float* o = ws + (size_t)blockIdx.x * g.M * g.N + (size_t)row * g.N;
         const float a[4] = {acc[q].x, acc[q].y, acc[q].z, acc[q].w};
         for (int e = 0; e < 4 && n4 + e < g.N; e++) o[n4 + e] = a[e];
+    }
+}
+
+// Weight gradient of a stride-1 convolution with at most 4 output channels and C % 8 == 0 (the output conv):
+// dW[tap][c][n] = sum over input pixels q of x[q][c] dY[q - shift(tap)][n], so a block stages THIN_PIX2 input pixels
+// of x once (no gather of the wide operand) and, for each tap, the 4-channel dY rows they meet; a task is one (tap,
+// c) row of 4 products, TPT tasks per thread; ws[blockIdx.x][9*C][N] as conv_thin_wgrad_kernel.
+constexpr int THIN_PIX2 = 64;
+template <int TPT>
+__global__ void conv_thin_wgrad_dy_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy,
+                                          float* __restrict__ ws, ConvGeom g) {
+    extern __shared__ __align__(16) float thin_s[];
+    float* xs = thin_s;                                    // THIN_PIX2 x C
+    float4* ds = reinterpret_cast<float4*>(xs + THIN_PIX2 * g.C);  // 9 x THIN_PIX2
+    const int HW = g.H * g.W, npix = g.B * HW, rows = 9 * g.C;
+    float4 acc[TPT];
+#pragma unroll
+    for (int q = 0; q < TPT; q++) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q0 = blockIdx.x * THIN_PIX2; q0 < npix; q0 += gridDim.x * THIN_PIX2) {
+        for (int i = threadIdx.x; i < THIN_PIX2 * (g.C / 8); i += blockDim.x) {
+            const int qq = i / (g.C / 8), c = (i - qq * (g.C / 8)) * 8;
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = 0.f;
+            if (q0 + qq < npix) vload<bf16, 8>(x + (size_t)(q0 + qq) * g.C + c, v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) xs[qq * g.C + c + e] = v[e];
+        }
+        for (int i = threadIdx.x; i < 9 * THIN_PIX2; i += blockDim.x) {
+            const int tap = i / THIN_PIX2, qq = i - tap * THIN_PIX2, q = q0 + qq;
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            if (q < npix) {
+                const int b = q / HW, r = q - b * HW, iy = r / g.W, ix = r - iy * g.W;
+                const int oy = iy - tap / 3 + 1, ox = ix - tap % 3 + 1;
+                if (oy >= 0 && oy < g.H && ox >= 0 && ox < g.W)
+                    for (int n = 0; n < g.N; n++)
+                        d[n] = __bfloat162float(dy[((size_t)(b * g.H + oy) * g.W + ox) * g.N + n]);
+            }
+            ds[i] = make_float4(d[0], d[1], d[2], d[3]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < TPT; q++) {
+            const int row = threadIdx.x + q * blockDim.x;
+            if (row >= rows) break;
+            const int tap = row / g.C, c = row - tap * g.C;
+            for (int qq = 0; qq < THIN_PIX2; qq++) {
+                const float xv = xs[qq * g.C + c];
+                const float4 d = ds[tap * THIN_PIX2 + qq];
+                acc[q].x = fmaf(xv, d.x, acc[q].x);
+                acc[q].y = fmaf(xv, d.y, acc[q].y);
+                acc[q].z = fmaf(xv, d.z, acc[q].z);
+                acc[q].w = fmaf(xv, d.w, acc[q].w);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int q = 0; q < TPT; q++) {
+        const int row = threadIdx.x + q * blockDim.x;
+        if (row >= rows) break;
+        float* o = ws + ((size_t)blockIdx.x * rows + row) * g.N;
+        const float a[4] = {acc[q].x, acc[q].y, acc[q].z, acc[q].w};
+        for (int n = 0; n < g.N; n++) o[n] = a[n];
     }
 }
 
@@ -1877,24 +1947,32 @@ __global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict_
                 be[v] = beta[c];
             }
         }
-        for (int p = p0 + lane; p < p1; p += lanes) {
-            const size_t idx = ((size_t)b * P + p) * C + c0;
-            float xv[V], dv[V];
-            vload<T, V>(x + idx, xv);
-            if (MODE == 1) vload<T, V>(dy + idx, dv);
+        for (int p = p0 + lane; p < p1; p += 2 * lanes) {  // two pixels per pass: their loads in flight together
+            const bool two = p + lanes < p1;
+            const size_t idx = ((size_t)b * P + p) * C + c0, idx2 = idx + (size_t)lanes * C;
+            float xv[2][V], dv[2][V];
+            vload<T, V>(x + idx, xv[0]);
+            if (MODE == 1) vload<T, V>(dy + idx, dv[0]);
+            if (two) {
+                vload<T, V>(x + idx2, xv[1]);
+                if (MODE == 1) vload<T, V>(dy + idx2, dv[1]);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++)
 #pragma unroll
             for (int v = 0; v < V; v++) {
+                if (u == 1 && !two) break;
                 if (MODE == 0) {
-                    ax[v] += xv[v];
-                    ay[v] += (double)xv[v] * xv[v];
+                    ax[v] += xv[u][v];
+                    ay[v] += (double)xv[u][v] * xv[u][v];
                 } else if (MODE == 1) {
-                    const float xh = (xv[v] - mu[v]) * rs[v];
-                    float d = dv[v];
+                    const float xh = (xv[u][v] - mu[v]) * rs[v];
+                    float d = dv[u][v];
                     if (silu) d *= silu_grad(xh * ga[v] + be[v]);
                     ax[v] += d;
                     ay[v] += (double)d * xh;
                 } else {
-                    ax[v] += xv[v];
+                    ax[v] += xv[u][v];
                 }
             }
         }
@@ -1962,9 +2040,12 @@ __global__ void gn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, cons
 }
 
 // From MODE 1 partials: warps 0..C-1 dbeta, dgamma of channel c (sums over b and chunks); warps C.. per (b, g) the
-// two means of the backward: coef[bg] = (mean over the group of dxhat, mean of dxhat * xhat), dxhat = dz * gamma.
+// two means of the backward, k = (mean over the group of dxhat, mean of dxhat * xhat), dxhat = dz * gamma, folded
+// into the apply's per-(b, channel) coefficients coef = (rstd gamma, beta, rstd^2 k.y, rstd k.x):
+// z = (x - mean) coef.x + coef.y, dx = coef.x dz - coef.z (x - mean) - coef.w.
 __global__ void gn_bwd_finalize_kernel(const double2* __restrict__ partial, const float* __restrict__ gamma,
-                                       float* dgamma, float* dbeta, float2* coef, int Bq, int S, int C, int G, int P) {
+                                       const float* __restrict__ beta, const float* __restrict__ rstd, float* dgamma,
+                                       float* dbeta, float4* coef, int Bq, int S, int C, int G, int P) {
     const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (w < C) {
         double s1 = 0.0, s2 = 0.0;
@@ -1994,16 +2075,17 @@ __global__ void gn_bwd_finalize_kernel(const double2* __restrict__ partial, cons
     a1 = warp_sum(a1);
     a2 = warp_sum(a2);
     const double n = (double)P * cg;
-    if (lane == 0) coef[bg] = make_float2((float)(a1 / n), (float)(a2 / n));
+    const float kx = (float)(a1 / n), ky = (float)(a2 / n), rs = rstd[bg];
+    for (int c = g * cg + lane; c < (g + 1) * cg; c += 32)
+        coef[(size_t)b * C + c] = make_float4(rs * gamma[c], beta[c], rs * rs * ky, rs * kx);
 }
 
-// dx (+)= rstd * (dz*gamma - coef.x - xhat * coef.y); V channels
+// dx (+)= rstd * (dz*gamma - k.x - xhat * k.y) through the per-(b, channel) coefficients of gn_bwd_finalize_kernel;
+// V channels
 template <typename T, int V>
 __global__ void gn_bwd_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                                    const float* __restrict__ mean, const float* __restrict__ rstd,
-                                    const float* __restrict__ gamma, const float* __restrict__ beta,
-                                    const float2* __restrict__ coef, int P, int C, int G, size_t n, int silu,
-                                    int accumulate) {
+                                    const float* __restrict__ mean, const float4* __restrict__ coef, int P, int C,
+                                    int G, size_t n, int silu, int accumulate) {
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= n) return;
     const int c0 = (int)(i % C), b = (int)(i / ((size_t)P * C)), cg = C / G;
@@ -2013,12 +2095,12 @@ __global__ void gn_bwd_apply_kernel(const T* __restrict__ x, const T* __restrict
     if (accumulate) vload<T, V>(dx + i, out);
 #pragma unroll
     for (int k = 0; k < V; k++) {
-        const int c = c0 + k, bg = b * G + c / cg;
-        const float rs = rstd[bg], xh = (xv[k] - mean[bg]) * rs;
+        const int c = c0 + k;
+        const float4 q = coef[(size_t)b * C + c];
+        const float xc = xv[k] - mean[b * G + c / cg];
         float d = dv[k];
-        if (silu) d *= silu_grad(xh * gamma[c] + beta[c]);
-        const float2 q = coef[bg];
-        const float v = rs * (d * gamma[c] - q.x - xh * q.y);
+        if (silu) d *= silu_grad(fmaf(xc, q.x, q.y));
+        const float v = q.x * d - q.z * xc - q.w;
         out[k] = accumulate ? out[k] + v : v;
     }
     vstore<T, V>(dx + i, out);
@@ -2085,6 +2167,73 @@ template <typename Tin, typename Tout>
 __global__ void convert_kernel(const Tin* x, Tout* y, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = from_float<Tout>(to_float(x[i]));
+}
+
+// The resblocks' emb_layers (Linear(E, cout) on silu(emb), fp32 in every precision) of all layers at once: they
+// read the same emb_s, so one launch each way replaces a GEMM, a bias and two reductions per layer. Row r of the
+// layers' concatenated outputs belongs to the table entry whose [row0, row0 + cout) holds it.
+struct EmbRow {
+    int row0, cout;
+    long long w, b;   // parameter offsets
+    float *out, *dout;  // (B, cout) of the layer: embo, d_embo
+};
+__device__ __forceinline__ int emb_entry(const EmbRow* tab, int n, int r) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (tab[mid].row0 <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+// out_l[b][o] = emb_s[b] . W_l[o] + bias_l[o]: a warp per concatenated row (l, o), lanes over E, all B samples
+__global__ void emb_layers_forward_kernel(const float* __restrict__ p, const float* __restrict__ emb_s,
+                                          const EmbRow* __restrict__ tab, int n, int rows, int B, int E) {
+    const int r = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const EmbRow e = tab[emb_entry(tab, n, r)];
+    const int o = r - e.row0;
+    const float* w = p + e.w + (size_t)o * E;
+    for (int b = 0; b < B; b++) {
+        float acc = 0.f;
+        for (int k = lane; k < E; k += 32) acc = fmaf(emb_s[(size_t)b * E + k], w[k], acc);
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+        if (lane == 0) e.out[(size_t)b * e.cout + o] = acc + p[e.b + o];
+    }
+}
+// dW_l[o][k] = sum_b dout_l[b][o] emb_s[b][k], db_l[o] = sum_b dout_l[b][o]: a warp per row (l, o), lanes over E
+__global__ void emb_layers_weight_grad_kernel(float* __restrict__ g, const float* __restrict__ emb_s,
+                                              const EmbRow* __restrict__ tab, int n, int rows, int B, int E) {
+    const int r = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const EmbRow e = tab[emb_entry(tab, n, r)];
+    const int o = r - e.row0;
+    for (int k = lane; k < E; k += 32) {
+        float acc = 0.f;
+        for (int b = 0; b < B; b++) acc = fmaf(e.dout[(size_t)b * e.cout + o], emb_s[(size_t)b * E + k], acc);
+        g[e.w + (size_t)o * E + k] = acc;
+    }
+    if (lane == 0) {
+        float acc = 0.f;
+        for (int b = 0; b < B; b++) acc += e.dout[(size_t)b * e.cout + o];
+        g[e.b + o] = acc;
+    }
+}
+// d_emb_s[b][k] = sum over every layer l and row o of dout_l[b][o] W_l[o][k] (layers in order): a thread per (b, k)
+__global__ void emb_layers_input_grad_kernel(const float* __restrict__ p, float* __restrict__ d_emb_s,
+                                             const EmbRow* __restrict__ tab, int n, int B, int E) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * E) return;
+    const int b = i / E, k = i - b * E;
+    float acc = 0.f;
+    for (int l = 0; l < n; l++) {
+        const EmbRow e = tab[l];
+        const float* w = p + e.w + k;
+        const float* d = e.dout + (size_t)b * e.cout;
+        for (int o = 0; o < e.cout; o++) acc = fmaf(d[o], w[(size_t)o * E], acc);
+    }
+    d_emb_s[i] = acc;
 }
 
 // emb (B, dim) = cat[cos(t*f), sin(t*f)], f_k = exp(-ln(10000) * k / half), as dev/unet.py timestep_embedding
@@ -2849,6 +2998,7 @@ struct UNet {
     int cast_entries = 0, cast_tiles = 0;
     std::vector<Op> ops;
     std::vector<Buf*> bufs;
+    void* grad_arena = nullptr;  // every activation gradient (unet_plan_grads places them)
     LinP te0, te2;
     // inputs and time embedding
     float *x0 = nullptr, *noise = nullptr;
@@ -2856,7 +3006,8 @@ struct UNet {
     int* t = nullptr;
     float *temb = nullptr, *te_h = nullptr, *te_a = nullptr, *emb = nullptr, *emb_s = nullptr;  // (B, C|E)
     float *d_te = nullptr, *d_emb = nullptr, *d_emb_s = nullptr;
-    bool d_emb_s_written = false;
+    EmbRow* emb_rows = nullptr;  // the resblocks' emb_layers (emb_layers_*_kernel)
+    int emb_layers = 0, emb_total = 0;
     Buf* out = nullptr;  // model output (B, H, W, 3)
     float* loss = nullptr;
     double* loss_partial = nullptr;
@@ -2870,7 +3021,7 @@ struct UNet {
     size_t wflip_floats = 0;
     double2* red_ws = nullptr;
     size_t red_ws_items = 0;
-    float2* gn_coef = nullptr;   // GroupNorm backward: per (b, group)
+    float4* gn_coef = nullptr;   // GroupNorm backward: per (b, channel)
     float2* gn_scale = nullptr;  // GroupNorm forward: per (b, channel) (rstd*gamma, beta - mean*rstd*gamma)
     float* dS = nullptr;  // attention score gradients (max over layers)
     size_t dS_floats = 0;
@@ -3385,6 +3536,53 @@ static void unet_allocate_bf16_weights(UNet* m) {
     cudaCheck(cudaMemcpy(m->cast_table, table.data(), table.size() * sizeof(CastEntry), cudaMemcpyHostToDevice));
 }
 
+// Byte offsets of the activation gradients in one arena. In the backward pass the gradient of an activation is live
+// from the backward of the last op that reads it to the backward of the op that made it (an op's intermediates:
+// within its own backward); gradients never live at the same time share bytes (first fit, largest first). The
+// first write of a gradient in a backward pass overwrites (take_flag), so what an earlier tenant left is harmless.
+static size_t unet_plan_grads(const UNet* m, size_t elem, std::vector<size_t>* offsets) {
+    const int nb = (int)m->bufs.size(), nops = (int)m->ops.size();
+    std::vector<int> lo(nb, INT_MAX), hi(nb, INT_MIN);  // op indices between which the gradient is live
+    auto idx = [&](const Buf* b) { return (int)(std::find(m->bufs.begin(), m->bufs.end(), b) - m->bufs.begin()); };
+    auto touch = [&](const Buf* b, int i) {
+        if (!b) return;
+        const int k = idx(b);
+        lo[k] = std::min(lo[k], i);
+        hi[k] = std::max(hi[k], i);
+    };
+    for (int i = 0; i < nops; i++) {
+        const Op& o = m->ops[i];
+        const Buf* own[] = {o.out, o.a1, o.h1, o.a2, o.up, o.xn, o.qkvb, o.att, o.in, o.in2};
+        for (const Buf* b : own) touch(b, i);
+    }
+    touch(m->out, nops);  // written by the loss before the backward
+    std::vector<int> order(nb);
+    for (int k = 0; k < nb; k++) order[k] = k;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return m->bufs[a]->n > m->bufs[b]->n; });
+    offsets->assign(nb, 0);
+    std::vector<int> placed;
+    size_t total = 0;
+    for (int k : order) {
+        const size_t bytes = (m->bufs[k]->n * elem + 255) / 256 * 256;
+        size_t off = 0;
+        for (bool moved = true; moved;) {  // lowest offset clear of every placed gradient live at the same time
+            moved = false;
+            for (int j : placed) {
+                const bool together = lo[j] <= hi[k] && lo[k] <= hi[j];
+                const size_t bj = (m->bufs[j]->n * elem + 255) / 256 * 256;
+                if (together && off < (*offsets)[j] + bj && (*offsets)[j] < off + bytes) {
+                    off = (*offsets)[j] + bj;
+                    moved = true;
+                }
+            }
+        }
+        (*offsets)[k] = off;
+        placed.push_back(k);
+        total = std::max(total, off + bytes);
+    }
+    return total;
+}
+
 // Allocates every device buffer of a defined model, once.
 static void unet_allocate(UNet* m) {
     const int B = m->B, MC = m->cfg.model_channels;
@@ -3399,14 +3597,20 @@ static void unet_allocate(UNet* m) {
     cudaCheck(cudaMemset(m->m, 0, np * 4));
     cudaCheck(cudaMemset(m->v, 0, np * 4));
     cudaCheck(cudaMemset(m->g, 0, np * 4));
-    // activations and their gradients, in the run's precision
-    for (Buf* b : m->bufs) {
+    // activations, and their gradients in one arena (unet_plan_grads), in the run's precision
+    const size_t elem = m->prec == PREC_BF16 ? sizeof(bf16) : sizeof(float);
+    std::vector<size_t> goff;
+    const size_t arena = unet_plan_grads(m, elem, &goff);
+    cudaCheck(cudaMalloc(&m->grad_arena, std::max<size_t>(arena, 256)));
+    for (size_t k = 0; k < m->bufs.size(); k++) {
+        Buf* b = m->bufs[k];
+        uint8_t* g = (uint8_t*)m->grad_arena + goff[k];
         if (m->prec == PREC_BF16) {
             cudaCheck(cudaMalloc(&b->xb, std::max<size_t>(b->n, 1) * sizeof(bf16)));
-            cudaCheck(cudaMalloc(&b->gb, std::max<size_t>(b->n, 1) * sizeof(bf16)));
+            b->gb = (bf16*)g;
         } else {
             b->x = dev_alloc(b->n);
-            b->g = dev_alloc(b->n);
+            b->g = (float*)g;
         }
     }
     m->x0 = dev_alloc(m->xt->n);
@@ -3428,7 +3632,7 @@ static void unet_allocate(UNet* m) {
     m->adam_hyper = dev_alloc(3);
 
     // per-op state and workspace sizes
-    size_t ws = 0, wf = 0, red = 0, gncoef = 0, dS = 0, di = 0;
+    size_t ws = 0, wf = 0, red = 0, dS = 0, di = 0;
     int G = 32;
     size_t dy_up = 0;
     auto conv_ws_need = [&](const ConvP& c, int H, int W) {  // H, W: the conv's input
@@ -3476,7 +3680,6 @@ static void unet_allocate(UNet* m) {
         default: break;
         }
     }
-    gncoef = (size_t)B * G;
     int cmax = 0;
     for (Op& o : m->ops)
         if (o.kind == OP_RES || o.kind == OP_ATTN || o.kind == OP_OUT) cmax = std::max({cmax, o.n1.C, o.n2.C});
@@ -3487,7 +3690,7 @@ static void unet_allocate(UNet* m) {
     m->wflip = dev_alloc(wf);
     m->red_ws_items = red;
     cudaCheck(cudaMalloc(&m->red_ws, red * sizeof(double2)));
-    cudaCheck(cudaMalloc(&m->gn_coef, gncoef * sizeof(float2)));
+    cudaCheck(cudaMalloc(&m->gn_coef, std::max<size_t>(1, (size_t)B * cmax) * sizeof(float4)));
     m->dS_floats = dS;
     m->dS = dev_alloc(dS);
     if (m->prec == PREC_BF16) {
@@ -3498,6 +3701,17 @@ static void unet_allocate(UNet* m) {
         if (m->attn32_part) m->attn32 = dev_alloc(4 * m->attn32_part);
         if (di) m->attn_di = dev_alloc(di);
         unet_allocate_bf16_weights(m);
+    }
+    std::vector<EmbRow> rows;
+    for (Op& o : m->ops)
+        if (o.kind == OP_RES) {
+            rows.push_back({m->emb_total, o.emb.out, (long long)o.emb.w, (long long)o.emb.b, o.embo, o.d_embo});
+            m->emb_total += o.emb.out;
+        }
+    m->emb_layers = (int)rows.size();
+    if (!rows.empty()) {
+        cudaCheck(cudaMalloc(&m->emb_rows, rows.size() * sizeof(EmbRow)));
+        cudaCheck(cudaMemcpy(m->emb_rows, rows.data(), rows.size() * sizeof(EmbRow), cudaMemcpyHostToDevice));
     }
     // attention pointer arrays: Q, K, V, P, O, dQ, dK, dV, dO, dS for each (b, head); the core runs in fp32, on
     // the activations themselves or (bf16) on the fp32 scratch m->attn32
@@ -3549,11 +3763,13 @@ static void unet_allocate(UNet* m) {
 
 static void unet_free(UNet* m) {
     for (Buf* b : m->bufs) {
-        void* ps[4] = {b->x, b->g, b->xb, b->gb};
+        void* ps[2] = {b->x, b->xb};
         for (void* p : ps)
             if (p) cudaCheck(cudaFree(p));
         delete b;
     }
+    if (m->grad_arena) cudaCheck(cudaFree(m->grad_arena));
+    m->grad_arena = nullptr;
     m->bufs.clear();
     for (Op& o : m->ops) {
         float* fs[] = {o.mean1, o.rstd1, o.mean2, o.rstd2, o.embo, o.d_embo, o.P, o.lse};
@@ -3564,12 +3780,14 @@ static void unet_free(UNet* m) {
     m->ops.clear();
     void* fs[] = {m->p, m->g, m->m, m->v, m->ema, m->x0, m->noise, m->temb, m->te_h, m->te_a, m->emb, m->emb_s,
                   m->d_te, m->d_emb, m->d_emb_s, m->loss, m->sqrt_acp, m->sqrt_1m_acp, m->conv_ws, m->wflip, m->dS,
-                  m->pw, m->wd, m->cast_table, m->dy_up, m->attn32, m->attn_di};
+                  m->pw, m->wd, m->cast_table, m->dy_up, m->attn32, m->attn_di, m->emb_rows};
     for (void* f : fs)
         if (f) cudaCheck(cudaFree(f));
     m->pw = m->wd = m->dy_up = nullptr;
     m->cast_table = nullptr;
     m->attn32 = m->attn_di = nullptr;
+    m->emb_rows = nullptr;
+    m->emb_layers = m->emb_total = 0;
     cudaCheck(cudaFree(m->t));
     cudaCheck(cudaFree(m->adam_dev));
     cudaCheck(cudaFree(m->adam_hyper));
@@ -3876,6 +4094,21 @@ static void conv_thin_wgrad_launch(const UNet* m, ConvGeom g, const bf16* x, con
     wgrad_reduce(m->conv_ws, dw, (size_t)g.M * g.N, blocks, false);
 }
 static void conv_thin_weight_grad(const UNet* m, ConvGeom g, const bf16* x, const bf16* dy, float* dw) {
+    if (g.fs == 1 && g.ts == 1 && g.N <= 4 && g.C % 8 == 0 && 9 * g.C <= 4 * 256) {  // the output conv
+        const int blocks = std::min(ceil_div((long long)g.B * g.H * g.W, THIN_PIX2), 2 * g_num_sms);
+        const size_t smem = (size_t)THIN_PIX2 * g.C * sizeof(float) + 9 * THIN_PIX2 * sizeof(float4);
+        static size_t attr = 48 * 1024;
+        if (smem > attr) {
+            cudaCheck(cudaFuncSetAttribute(conv_thin_wgrad_dy_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+            attr = smem;
+        }
+        conv_ws_check(m->conv_ws_floats, (size_t)blocks * g.M * g.N, "workspace");
+        conv_thin_wgrad_dy_kernel<4><<<blocks, 256, smem, g_stream>>>(x, dy, m->conv_ws, g);
+        cudaCheck(cudaGetLastError());
+        wgrad_reduce(m->conv_ws, dw, (size_t)g.M * g.N, blocks, false);
+        return;
+    }
     if (g.C % 8 == 0) conv_thin_wgrad_launch<8>(m, g, x, dy, dw);
     else conv_thin_wgrad_launch<1>(m, g, x, dy, dw);
 }
@@ -4023,17 +4256,16 @@ static void groupnorm_backward(const UNet* m, const NormP& n, const T* x, const 
     const int G = 32, B = m->B;
     const float *gamma = m->p + n.w, *beta = m->p + n.b;
     int S = chan_reduce<1, T>(m, x, dy, mean, rstd, gamma, beta, B, P, n.C, G, silu);
-    gn_bwd_finalize_kernel<<<warp_blocks(n.C + B * G), EW, 0, g_stream>>>(m->red_ws, gamma, m->g + n.w, m->g + n.b,
-                                                                           m->gn_coef, B, S, n.C, G, P);
+    gn_bwd_finalize_kernel<<<warp_blocks(n.C + B * G), EW, 0, g_stream>>>(m->red_ws, gamma, beta, rstd, m->g + n.w,
+                                                                           m->g + n.b, m->gn_coef, B, S, n.C, G, P);
     cudaCheck(cudaGetLastError());
     const size_t total = (size_t)B * P * n.C;
     if (n.C % VEC<T> == 0)
         gn_bwd_apply_kernel<T, VEC<T>><<<ceil_div(total / VEC<T>, EW), EW, 0, g_stream>>>(
-            x, dy, dx, mean, rstd, gamma, beta, m->gn_coef, P, n.C, G, total, silu, accumulate);
+            x, dy, dx, mean, m->gn_coef, P, n.C, G, total, silu, accumulate);
     else
-        gn_bwd_apply_kernel<T, 1><<<ceil_div(total, EW), EW, 0, g_stream>>>(x, dy, dx, mean, rstd, gamma, beta,
-                                                                            m->gn_coef, P, n.C, G, total, silu,
-                                                                            accumulate);
+        gn_bwd_apply_kernel<T, 1><<<ceil_div(total, EW), EW, 0, g_stream>>>(x, dy, dx, mean, m->gn_coef, P, n.C, G,
+                                                                            total, silu, accumulate);
     cudaCheck(cudaGetLastError());
 }
 
@@ -4162,8 +4394,7 @@ template <typename T>
 static void res_forward(UNet* m, Op& o) {
     int P = o.H * o.W, B = m->B;
     groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.a1), o.mean1, o.rstd1, P, 1);
-    linear_forward<float>(m, o.emb, m->emb_s, o.embo, B, nullptr);
-    conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.h1), o.H, o.W, o.embo, false);
+    conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.h1), o.H, o.W, o.embo, false);  // embo: emb_layers_forward
     groupnorm_forward(m, o.n2, act<T>(o.h1), act<T>(o.a2), o.mean2, o.rstd2, P, 1);
     if (o.has_skip) linear_forward(m, o.skip, act<T>(o.in), act<T>(o.out), B * P, (const T*)nullptr);
     else cudaCheck(cudaMemcpyAsync(act<T>(o.out), act<T>(o.in), o.in->n * sizeof(T), cudaMemcpyDeviceToDevice,
@@ -4291,6 +4522,12 @@ static void unet_forward_t(UNet* m) {
     linear_forward<float>(m, m->te2, m->te_a, m->emb, B, nullptr);
     silu_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->emb, m->emb_s, ne);
     cudaCheck(cudaGetLastError());
+    if (m->emb_layers) {  // every resblock's emb_layers output (embo), added in its first conv's epilogue
+        emb_layers_forward_kernel<<<warp_blocks(m->emb_total), EW, 0, g_stream>>>(m->p, m->emb_s, m->emb_rows,
+                                                                                  m->emb_layers, m->emb_total, B,
+                                                                                  m->E);
+        cudaCheck(cudaGetLastError());
+    }
     prof_end(0, 7);
     for (Op& o : m->ops) {
         prof_begin();
@@ -4365,9 +4602,6 @@ static void res_backward(UNet* m, Op& o) {
     cudaCheck(cudaGetLastError());
     sums_finalize_kernel<<<warp_blocks(o.c1.cout), EW, 0, g_stream>>>(m->red_ws, m->g + o.c1.b, B, S, o.c1.cout, 0, 0);
     cudaCheck(cudaGetLastError());
-    acc = m->d_emb_s_written;
-    m->d_emb_s_written = true;
-    linear_backward<float>(m, o.emb, m->emb_s, o.d_embo, m->d_emb_s, B, 1, acc);
     conv3x3_backward_weight(m, o.c1, act<T>(o.a1), (const T*)grad<T>(o.h1), o.H, o.W);
     conv3x3_backward_data(m, o.c1, (const T*)grad<T>(o.h1), grad<T>(o.a1), o.H, o.W, false);
     // a1 = silu(gn1(x))
@@ -4425,7 +4659,6 @@ static void unet_backward_t(UNet* m) {
     int B = m->B;
     for (Buf* b : m->bufs) b->g_written = false;
     m->out->g_written = true;  // written by unet_loss
-    m->d_emb_s_written = false;
     for (int i = (int)m->ops.size() - 1; i >= 0; i--) {
         Op& o = m->ops[i];
         prof_begin();
@@ -4471,6 +4704,18 @@ static void unet_backward_t(UNet* m) {
         prof_end(1, (int)o.kind);
     }
     prof_begin();
+    // the resblocks' emb_layers (their d_embo from res_backward): weight gradients and d_emb_s
+    if (m->emb_layers) {
+        emb_layers_weight_grad_kernel<<<warp_blocks(m->emb_total), EW, 0, g_stream>>>(m->g, m->emb_s, m->emb_rows,
+                                                                                      m->emb_layers, m->emb_total, B,
+                                                                                      m->E);
+        cudaCheck(cudaGetLastError());
+        emb_layers_input_grad_kernel<<<ceil_div(B * m->E, EW), EW, 0, g_stream>>>(m->p, m->d_emb_s, m->emb_rows,
+                                                                                  m->emb_layers, B, m->E);
+        cudaCheck(cudaGetLastError());
+    } else {
+        cudaCheck(cudaMemsetAsync(m->d_emb_s, 0, (size_t)B * m->E * sizeof(float), g_stream));
+    }
     // time embedding: emb_s = silu(emb), emb = te2(silu(te0(temb)))
     size_t ne = (size_t)B * m->E;
     silu_backward_kernel<<<ceil_div(ne, EW), EW, 0, g_stream>>>(m->emb, m->d_emb_s, m->d_emb, ne);

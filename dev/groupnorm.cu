@@ -83,7 +83,7 @@ static void run_case(int B, int P, int C, int silu, uint64_t seed, bool bench) {
     m.g = dev_alloc(2 * C);
     m.red_ws_items = (size_t)1024 * 2048;
     cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
-    cudaCheck(cudaMalloc(&m.gn_coef, (size_t)B * 32 * sizeof(float2)));
+    cudaCheck(cudaMalloc(&m.gn_coef, (size_t)B * C * sizeof(float4)));
     cudaCheck(cudaMalloc(&m.gn_scale, (size_t)B * C * sizeof(float2)));
     size_t N = (size_t)B * P * C;
     std::vector<float> x(N), dy(N), gb(2 * C), y(N), dx(N), dg(C), db(C);
@@ -186,7 +186,7 @@ static void fixture_case(const std::string& name, int code, int silu) {
     m.g = dev_alloc(2 * C);
     m.red_ws_items = (size_t)1024 * 2048;
     cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
-    cudaCheck(cudaMalloc(&m.gn_coef, (size_t)B * 32 * sizeof(float2)));
+    cudaCheck(cudaMalloc(&m.gn_coef, (size_t)B * C * sizeof(float4)));
     cudaCheck(cudaMalloc(&m.gn_scale, (size_t)B * C * sizeof(float2)));
     float *d_x = to_device(x), *d_dy = to_device(dy), *d_y = dev_alloc(N), *d_dx = dev_alloc(N);
     float *mean = dev_alloc(B * 32), *rstd = dev_alloc(B * 32);
