@@ -1720,6 +1720,17 @@ __global__ void conv_thin_kernel(const bf16* __restrict__ x, const float* __rest
     }
     if (p >= g.M) return;
     bf16* yp = y + (size_t)p * g.N + n0;
+    if (NT % 8 == 0 && g.N % 8 == 0 && nn == NT) {  // 16-byte stores
+#pragma unroll
+        for (int j = 0; j < NT; j += 8) {
+            float v[8], o[8];
+            if (accumulate) vload<bf16, 8>(yp + j, o);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = acc[j + e] + (bias ? bias[n0 + j + e] : 0.f) + (accumulate ? o[e] : 0.f);
+            vstore<bf16, 8>(yp + j, v);
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         if (j >= nn) break;
@@ -1920,11 +1931,12 @@ __device__ __forceinline__ double warp_sum(double v) {
 // ---------------------------------------------------------------------------------------------------------------
 // per-(b, channel) sums over pixels: x (Bq, P, C) -> partial (Bq, S, C) of double2, S pixel chunks per sample
 // (blockIdx.y). A thread owns V channels (one 16-byte vector) and a pixel lane: blockDim.x / (C / V) lanes walk the
-// chunk's pixels; each sums in double, the lanes are added in order through shared memory (lanes x C double2).
+// chunk's pixels (a few dozen at most per lane: float sums), and the lanes are added in order, in double, through
+// shared memory (lanes x C double2).
 // MODE 0: (x, x^2) (GroupNorm statistics). MODE 1: GroupNorm backward (dz, dz * xhat) with dz = dy * silu'(z) when
 // silu, z = xhat*gamma + beta. MODE 2: (x, 0) (bias and time-embedding gradients). From dev/groupnorm.cu.
 template <int MODE, typename T, int V>
-__global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+__global__ void __launch_bounds__(256, 3) chan_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    const float* __restrict__ gamma, const float* __restrict__ beta, int P, int C,
                                    int G, int silu, double2* __restrict__ partial) {
@@ -1934,11 +1946,10 @@ __global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict_
     const int VC = C / V, lanes = blockDim.x / VC, lane = threadIdx.x / VC, c0 = (threadIdx.x - lane * VC) * V;
     const int cg = C / max(G, 1);
     if (lane < lanes) {
-        double ax[V], ay[V];
-        float mu[V], rs[V], ga[V], be[V];
+        float ax[V], ay[V], mu[V], rs[V], ga[V], be[V];
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            ax[v] = ay[v] = 0.0;
+            ax[v] = ay[v] = 0.f;
             if (MODE == 1) {
                 const int c = c0 + v, bg = b * G + c / cg;
                 mu[v] = mean[bg];
@@ -1947,37 +1958,29 @@ __global__ void chan_reduce_kernel(const T* __restrict__ x, const T* __restrict_
                 be[v] = beta[c];
             }
         }
-        for (int p = p0 + lane; p < p1; p += 2 * lanes) {  // two pixels per pass: their loads in flight together
-            const bool two = p + lanes < p1;
-            const size_t idx = ((size_t)b * P + p) * C + c0, idx2 = idx + (size_t)lanes * C;
-            float xv[2][V], dv[2][V];
-            vload<T, V>(x + idx, xv[0]);
-            if (MODE == 1) vload<T, V>(dy + idx, dv[0]);
-            if (two) {
-                vload<T, V>(x + idx2, xv[1]);
-                if (MODE == 1) vload<T, V>(dy + idx2, dv[1]);
-            }
-#pragma unroll
-            for (int u = 0; u < 2; u++)
+        for (int p = p0 + lane; p < p1; p += lanes) {
+            const size_t idx = ((size_t)b * P + p) * C + c0;
+            float xv[V], dv[V];
+            vload<T, V>(x + idx, xv);
+            if (MODE == 1) vload<T, V>(dy + idx, dv);
 #pragma unroll
             for (int v = 0; v < V; v++) {
-                if (u == 1 && !two) break;
                 if (MODE == 0) {
-                    ax[v] += xv[u][v];
-                    ay[v] += (double)xv[u][v] * xv[u][v];
+                    ax[v] += xv[v];
+                    ay[v] = fmaf(xv[v], xv[v], ay[v]);
                 } else if (MODE == 1) {
-                    const float xh = (xv[u][v] - mu[v]) * rs[v];
-                    float d = dv[u][v];
+                    const float xh = (xv[v] - mu[v]) * rs[v];
+                    float d = dv[v];
                     if (silu) d *= silu_grad(xh * ga[v] + be[v]);
                     ax[v] += d;
-                    ay[v] += (double)d * xh;
+                    ay[v] = fmaf(d, xh, ay[v]);
                 } else {
-                    ax[v] += xv[u][v];
+                    ax[v] += xv[v];
                 }
             }
         }
 #pragma unroll
-        for (int v = 0; v < V; v++) red[lane * C + c0 + v] = make_double2(ax[v], ay[v]);
+        for (int v = 0; v < V; v++) red[lane * C + c0 + v] = make_double2((double)ax[v], (double)ay[v]);
     }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -2220,20 +2223,26 @@ __global__ void emb_layers_weight_grad_kernel(float* __restrict__ g, const float
         g[e.b + o] = acc;
     }
 }
-// d_emb_s[b][k] = sum over every layer l and row o of dout_l[b][o] W_l[o][k] (layers in order): a thread per (b, k)
+// d_emb_s[b][k] = sum over every layer l and row o of dout_l[b][o] W_l[o][k]: block (sample b, 32 columns k),
+// its 8 warps take every 8th concatenated row, and the warps' sums are added in order
 __global__ void emb_layers_input_grad_kernel(const float* __restrict__ p, float* __restrict__ d_emb_s,
-                                             const EmbRow* __restrict__ tab, int n, int B, int E) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= B * E) return;
-    const int b = i / E, k = i - b * E;
+                                             const EmbRow* __restrict__ tab, int n, int rows, int E) {
+    __shared__ float part[8][32];
+    const int b = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, k = blockIdx.x * 32 + lane;
     float acc = 0.f;
-    for (int l = 0; l < n; l++) {
-        const EmbRow e = tab[l];
-        const float* w = p + e.w + k;
-        const float* d = e.dout + (size_t)b * e.cout;
-        for (int o = 0; o < e.cout; o++) acc = fmaf(d[o], w[(size_t)o * E], acc);
+    if (k < E)
+        for (int r = warp; r < rows; r += 8) {
+            const EmbRow e = tab[emb_entry(tab, n, r)];
+            const int o = r - e.row0;
+            acc = fmaf(e.dout[(size_t)b * e.cout + o], p[e.w + (size_t)o * E + k], acc);
+        }
+    part[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && k < E) {
+        float t = 0.f;
+        for (int w = 0; w < 8; w++) t += part[w][lane];
+        d_emb_s[(size_t)b * E + k] = t;
     }
-    d_emb_s[i] = acc;
 }
 
 // emb (B, dim) = cat[cos(t*f), sin(t*f)], f_k = exp(-ln(10000) * k / half), as dev/unet.py timestep_embedding
@@ -4200,7 +4209,9 @@ static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const T* x, c
 template <int MODE, typename T>
 static int chan_reduce(const UNet* m, const T* x, const T* dy, const float* mean, const float* rstd,
                        const float* gamma, const float* beta, int Bq, int P, int C, int G, int silu) {
+    const int lanes_hint = std::max(1, 256 / std::max(1, C / VEC<T>));  // pixel lanes of a block
     int S = std::max(1, std::min(std::max(1, P / 32), ceil_div(4 * g_num_sms, Bq)));
+    S = std::max(S, ceil_div(P, 64 * lanes_hint));  // float sums of at most 64 pixels per lane
     S = std::min(S, std::max(1, 1024 / Bq));
     if ((size_t)Bq * S * C > m->red_ws_items) {
         fprintf(stderr, "internal error: reduction workspace too small\n");
@@ -4332,10 +4343,11 @@ static void linear_forward(const UNet* m, const LinP& l, const T* x, T* y, int r
     else gemm_rm(false, true, rows, l.out, l.in, x, l.in, m->p + l.w, l.in, y, l.out, 1.f, 0.f);
     add_bias(y, m->p + l.b, res, rows, l.out);
 }
-// dW = dy^T x, db = column sums of dy (rows = Bq * P), dx (+)= dy W (skipped when dx is null)
+// dW = dy^T x, db = column sums of dy (rows = Bq * P; `db_from`: the same sums already made for another layer),
+// dx (+)= dy W (skipped when dx is null)
 template <typename T>
 static void linear_backward(const UNet* m, const LinP& l, const T* x, const T* dy, T* dx, int Bq, int P,
-                            bool accumulate) {
+                            bool accumulate, const float* db_from = nullptr) {
     int rows = Bq * P;
     if constexpr (std::is_same<T, bf16>::value) {
         gemm_rm_bf16(true, false, l.out, l.in, rows, dy, l.out, x, l.in, m->g + l.w, CUDA_R_32F, l.in, 1.f, 0.f);
@@ -4346,7 +4358,9 @@ static void linear_backward(const UNet* m, const LinP& l, const T* x, const T* d
         if (dx) gemm_rm(false, false, rows, l.in, l.out, dy, l.out, m->p + l.w, l.in, dx, l.in, 1.f,
                         accumulate ? 1.f : 0.f);
     }
-    channel_sums(m, dy, m->g + l.b, Bq, P, l.out, 0, 0);
+    if (db_from)
+        cudaCheck(cudaMemcpyAsync(m->g + l.b, db_from, l.out * sizeof(float), cudaMemcpyDeviceToDevice, g_stream));
+    else channel_sums(m, dy, m->g + l.b, Bq, P, l.out, 0, 0);
 }
 
 static bool take_flag(Buf* b) {  // true if b's gradient already holds a value (so accumulate), then marks it
@@ -4590,7 +4604,8 @@ static void res_backward(UNet* m, Op& o) {
     channel_sums(m, dout, m->g + o.c2.b, B, P, o.c2.cout, 0, 0);
     conv3x3_backward_data(m, o.c2, (const T*)dout, grad<T>(o.a2), o.H, o.W, false);
     bool acc = take_flag(o.in);
-    if (o.has_skip) linear_backward(m, o.skip, act<T>(o.in), (const T*)dout, grad<T>(o.in), B, P, acc);
+    if (o.has_skip)  // its bias gradient: the column sums of dout, as conv2's
+        linear_backward(m, o.skip, act<T>(o.in), (const T*)dout, grad<T>(o.in), B, P, acc, m->g + o.c2.b);
     else {
         add_act((const T*)dout, grad<T>(o.in), o.in->n, o.in->C, acc);
     }
@@ -4710,8 +4725,8 @@ static void unet_backward_t(UNet* m) {
                                                                                       m->emb_layers, m->emb_total, B,
                                                                                       m->E);
         cudaCheck(cudaGetLastError());
-        emb_layers_input_grad_kernel<<<ceil_div(B * m->E, EW), EW, 0, g_stream>>>(m->p, m->d_emb_s, m->emb_rows,
-                                                                                  m->emb_layers, B, m->E);
+        emb_layers_input_grad_kernel<<<dim3(ceil_div(m->E, 32), B), 256, 0, g_stream>>>(
+            m->p, m->d_emb_s, m->emb_rows, m->emb_layers, m->emb_total, m->E);
         cudaCheck(cudaGetLastError());
     } else {
         cudaCheck(cudaMemsetAsync(m->d_emb_s, 0, (size_t)B * m->E * sizeof(float), g_stream));
