@@ -2223,18 +2223,20 @@ __global__ void emb_layers_weight_grad_kernel(float* __restrict__ g, const float
         g[e.b + o] = acc;
     }
 }
-// d_emb_s[b][k] = sum over every layer l and row o of dout_l[b][o] W_l[o][k]: block (sample b, 32 columns k),
-// its 8 warps take every 8th concatenated row, and the warps' sums are added in order
+// d_emb_s[b][k] = sum over every layer l and row o of dout_l[b][o] W_l[o][k]: block (sample b, 32 columns k), its
+// 8 warps take every 8th row of each layer (independent loads in flight), and the warps' sums are added in order
 __global__ void emb_layers_input_grad_kernel(const float* __restrict__ p, float* __restrict__ d_emb_s,
-                                             const EmbRow* __restrict__ tab, int n, int rows, int E) {
+                                             const EmbRow* __restrict__ tab, int n, int E) {
     __shared__ float part[8][32];
     const int b = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, k = blockIdx.x * 32 + lane;
     float acc = 0.f;
     if (k < E)
-        for (int r = warp; r < rows; r += 8) {
-            const EmbRow e = tab[emb_entry(tab, n, r)];
-            const int o = r - e.row0;
-            acc = fmaf(e.dout[(size_t)b * e.cout + o], p[e.w + (size_t)o * E + k], acc);
+        for (int l = 0; l < n; l++) {
+            const EmbRow e = tab[l];
+            const float* d = e.dout + (size_t)b * e.cout;
+            const float* w = p + e.w + k;
+#pragma unroll 4
+            for (int o = warp; o < e.cout; o += 8) acc = fmaf(d[o], w[(size_t)o * E], acc);
         }
     part[warp][lane] = acc;
     __syncthreads();
@@ -4725,8 +4727,9 @@ static void unet_backward_t(UNet* m) {
                                                                                       m->emb_layers, m->emb_total, B,
                                                                                       m->E);
         cudaCheck(cudaGetLastError());
-        emb_layers_input_grad_kernel<<<dim3(ceil_div(m->E, 32), B), 256, 0, g_stream>>>(
-            m->p, m->d_emb_s, m->emb_rows, m->emb_layers, m->emb_total, m->E);
+        emb_layers_input_grad_kernel<<<dim3(ceil_div(m->E, 32), B), 256, 0, g_stream>>>(m->p, m->d_emb_s,
+                                                                                        m->emb_rows, m->emb_layers,
+                                                                                        m->E);
         cudaCheck(cudaGetLastError());
     } else {
         cudaCheck(cudaMemsetAsync(m->d_emb_s, 0, (size_t)B * m->E * sizeof(float), g_stream));
