@@ -14,7 +14,10 @@ import sys
 import time
 
 import numpy as np
-import torch
+try:
+    import torch
+except ImportError:  # a reference tool of the GPU machine: one line, not a traceback, elsewhere
+    sys.exit("error: dev/linreg.py needs PyTorch (the GPU machine has it; pip install torch)")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 import binio  # noqa: E402
