@@ -285,8 +285,8 @@ def read(path, fmt):
                 raise FormatError(f"{path}: tensor {i} ({name}) has negative shape {shape}")
             nbytes = math.prod(shape) * DTYPES[code].itemsize  # Python ints: no int64 overflow
             if total + nbytes > size:
-                raise FormatError(f"{path}: tensor {i} ({name}) of shape {shape} ({nbytes} bytes) runs past the end "
-                                  f"of the file ({size} bytes): file length and tensor table disagree")
+                raise FormatError(f"{path}: file length is {size} bytes, the header and tensor table say more "
+                                  f"(tensor {i}, {name}, of shape {shape}, runs past the end)")
             entries.append((name, DTYPES[code], shape, nbytes))
             total += nbytes
         if total != size:
