@@ -21,8 +21,15 @@ all: $(TRAINERS)
 
 train_mnist: LDLIBS += -lz
 # train_mnist's conv2 products and train_unet's bf16 convolutions run on wgmma, which needs the architecture-specific
-# sm_90a target: sm_90 becomes sm_90a for them (other targets compile their mma.sync / TF32 paths)
-train_mnist train_unet: GENCODE := $(subst code=sm_90,code=sm_90a,$(subst arch=compute_90,arch=compute_90a,$(GENCODE)))
+# sm_90a target: sm_90 becomes sm_90a for them (other targets compile their mma.sync / TF32 paths), in every spelling
+# (-gencode arch=compute_90,code=sm_90, code=[sm_90,compute_90], -arch=sm_90; 90a stays 90a). `override`: a GENCODE
+# given on the command line replaces the Makefile's assignments, target-specific ones too, unless they say override.
+SM90A = $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(subst compute_90a,compute_90,$(subst sm_90a,sm_90,$(1)))))
+train_mnist train_unet: override GENCODE := $(call SM90A,$(GENCODE))
+ifneq ($(filter %native %all %all-major,$(GENCODE)),)
+  $(warning GENCODE "$(GENCODE)" names no architecture: train_mnist and train_unet cannot get sm_90a from it and build \
+    their mma.sync / TF32 paths on an H100; for the wgmma paths pass -gencode arch=compute_90a,code=sm_90a)
+endif
 
 train_%: train_%.cu
 	$(NVCC) $(NVCCFLAGS) $(GENCODE) -o $@ $< $(LDLIBS)

@@ -21,8 +21,13 @@ Build: make train_linreg          Run: ./train_linreg [--help]
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <string>
 #include <vector>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cuda_runtime.h>
 #include <curand.h>
 
@@ -69,6 +74,136 @@ static int cuda_device_count(void) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// files. A reader opens a regular file or says what the path is (a directory, a device, a FIFO: refused from its
+// stat before any read, so nothing hangs). A writer checks its output at start-up (output_check), then writes a
+// temporary file in the same folder, fsyncs and renames it over the path (write_atomic): a directory, device or
+// FIFO is never replaced, a symlink is written through (its target replaced, the link kept) and the temporary file
+// never stays behind.
+
+static const char* file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+// Opens path for reading; NULL with *err naming the path when it is missing, unreadable or not a regular file.
+static FILE* open_regular(const char* path, const char* what, long long* size, std::string* err) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        *err = std::string(path) + ": cannot open " + what + " (" + strerror(errno) + ")";
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *err = std::string(path) + ": is " + file_kind(st.st_mode) + ", not a regular file (expected a " + what + ")";
+        return NULL;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        *err = std::string(path) + ": cannot open " + what + " (" + strerror(errno) + ")";
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // what was opened, in case the path changed meanwhile
+        *err = std::string(path) + ": is not a regular file (expected a " + what + ")";
+        close(fd);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE* f = fdopen(fd, "rb");
+    if (f == NULL) {
+        *err = std::string(path) + ": cannot open " + what + " (" + strerror(errno) + ")";
+        close(fd);
+        return NULL;
+    }
+    *size = (long long)st.st_size;
+    return f;
+}
+
+static std::string folder_of(const std::string& path) {
+    size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Checks, before any work, that path can be written: "" and the path to write (a symlink's target) in *real, or
+// a message naming the path: a missing folder, a folder that takes no new file, a directory, device or FIFO.
+static std::string output_check(const char* path, const char* what, std::string* real) {
+    struct stat st;
+    *real = path;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        char buf[PATH_MAX];
+        if (realpath(path, buf) != NULL) {
+            *real = buf;
+        } else {  // a symlink to a file still to be made: write it where the link points
+            ssize_t n = readlink(path, buf, sizeof buf - 1);
+            if (n <= 0)
+                return std::string(path) + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
+            buf[n] = 0;
+            *real = buf[0] == '/' ? std::string(buf) : folder_of(path) + "/" + buf;
+        }
+    }
+    std::string folder = folder_of(*real);
+    if (stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        return std::string(path) + ": " + what + ": folder " + folder + " does not exist";
+    if (stat(real->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return std::string(path) + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file: refusing to "
+               "replace it";
+    std::string probe = folder + "/.linreg_probe.XXXXXX";  // the folder takes a new file: the real write's test
+    int fd = mkstemp(&probe[0]);
+    if (fd < 0) return std::string(path) + ": " + what + ": cannot write in folder " + folder + " (" + strerror(errno) + ")";
+    close(fd);
+    unlink(probe.c_str());
+    return "";
+}
+
+// Writes path through a temporary file in its folder, fsync and rename; body writes the content and returns false
+// on a failed write. Returns 0, or -1 after printing an error (the old file kept, no temporary file left).
+static int write_atomic(const char* path, const char* what, const std::function<bool(FILE*)>& body) {
+    std::string real;
+    std::string e = output_check(path, what, &real);
+    if (!e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return -1;
+    }
+    if (real != path) printf("note: %s is a symlink: writing through to %s\n", path, real.c_str());
+    std::string tmp = real + ".XXXXXX";
+    int fd = mkstemp(&tmp[0]);
+    FILE* f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (f == NULL) {
+        fprintf(stderr, "error: %s: cannot write %s (%s)\n", path, what, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp.c_str());
+        }
+        return -1;
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    bool ok = body(f);
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fd) == 0 && ok;
+    int saved = errno;
+    ok = fclose(f) == 0 && ok;
+    if (ok && rename(tmp.c_str(), real.c_str()) != 0) {
+        ok = false;
+        saved = errno;
+    }
+    if (!ok) {
+        fprintf(stderr, "error: %s: cannot write %s (%s)\n", path, what, strerror(saved ? saved : errno));
+        unlink(tmp.c_str());
+        return -1;
+    }
+    int dfd = open(folder_of(real).c_str(), O_RDONLY);  // the rename itself reaches the disk
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // the project's binary file layout (data/README.md): 256 int32 header, 128-byte tensor table entries, data
 
 #define HEADER_INTS 256
@@ -110,14 +245,13 @@ static void linreg_data_free(LinregData* d) {
 // trusting a byte. Returns 0 on success; on failure prints which field is wrong and returns -1.
 static int linreg_read_dataset(const char* path, LinregData* out) {
     memset(out, 0, sizeof(*out));
-    FILE* f = fopen(path, "rb");
+    long long size = 0;
+    std::string err;
+    FILE* f = open_regular(path, "data file", &size, &err);
     if (f == NULL) {
-        fprintf(stderr, "error: cannot open data file %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "error: %s\n", err.c_str());
         return -1;
     }
-    fseek(f, 0, SEEK_END);
-    long long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
     int32_t header[HEADER_INTS];
     if (size < (long long)sizeof(header) || fread(header, sizeof(header), 1, f) != 1) {
         fprintf(stderr, "error: %s: file is %lld bytes, shorter than the %zu-byte header\n", path, size, sizeof(header));
@@ -184,14 +318,8 @@ static int linreg_read_dataset(const char* path, LinregData* out) {
     return 0;
 }
 
-// Writes the dataset through path.tmp and a rename, so a crash never leaves a torn file.
+// Writes the dataset through write_atomic, so a crash never leaves a torn file.
 static int linreg_write_dataset(const char* path, const LinregData* d) {
-    std::string tmp = std::string(path) + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (f == NULL) {
-        fprintf(stderr, "error: cannot write %s: %s\n", tmp.c_str(), strerror(errno));
-        return -1;
-    }
     int32_t header[HEADER_INTS] = {0};
     header[0] = LINREG_DATASET_MAGIC;
     header[1] = LINREG_DATASET_VERSION;
@@ -215,16 +343,10 @@ static int linreg_write_dataset(const char* path, const LinregData* d) {
     table[1].ndim = 1;
     table[1].shape[0] = d->n_points;
     size_t nx = (size_t)d->n_points * d->n_features;
-    bool ok = fwrite(header, sizeof(header), 1, f) == 1 && fwrite(table, sizeof(table), 1, f) == 1 &&
-              fwrite(d->x, sizeof(float), nx, f) == nx && fwrite(d->y, sizeof(float), d->n_points, f) == (size_t)d->n_points;
-    ok = (fflush(f) == 0) && ok;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp.c_str(), path) != 0) {
-        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
-        remove(tmp.c_str());
-        return -1;
-    }
-    return 0;
+    return write_atomic(path, "--save_data", [&](FILE* f) {
+        return fwrite(header, sizeof(header), 1, f) == 1 && fwrite(table, sizeof(table), 1, f) == 1 &&
+               fwrite(d->x, sizeof(float), nx, f) == nx && fwrite(d->y, sizeof(float), d->n_points, f) == (size_t)d->n_points;
+    });
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1056,34 +1178,33 @@ static Args parse_args(int argc, char** argv) {
 }
 
 static int write_result_json(const char* path, const Args* a, const LinregData* d, const TrainResult* r, const char* device, float gen_ms) {
-    std::string tmp = std::string(path) + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "w");
-    if (f == NULL) {
-        fprintf(stderr, "error: cannot write %s: %s\n", tmp.c_str(), strerror(errno));
-        return -1;
-    }
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"kernel\": %d,\n  \"n_points\": %d,\n  \"n_features\": %d,\n  \"n_train\": %d,\n",
-            device, strcmp(device, "gpu") == 0 ? a->kernel : 0, d->n_points, d->n_features, d->n_train);
-    fprintf(f, "  \"epochs\": %d,\n  \"lr\": %.9g,\n  \"w\": [", (int)r->train_losses.size(), a->lr);
-    for (size_t i = 0; i < r->w.size(); i++) fprintf(f, "%s%.9g", i ? ", " : "", r->w[i]);
-    fprintf(f, "],\n  \"b\": %.9g,\n  \"test_loss\": %.9g,\n  \"train_ms\": %.6f,\n  \"eval_ms\": %.6f,\n  \"datagen_ms\": %.6f,\n",
-            r->b, r->test_loss, r->train_ms, r->eval_ms, gen_ms);
-    fprintf(f, "  \"diverged_epoch\": %d,\n  \"train_losses\": [", r->diverged_epoch);
-    for (size_t i = 0; i < r->train_losses.size(); i++) {
-        if (std::isfinite(r->train_losses[i])) fprintf(f, "%s%.9g", i ? ", " : "", r->train_losses[i]);
-        else fprintf(f, "%snull", i ? ", " : "");
-    }
-    fprintf(f, "]\n}\n");
-    bool ok = fclose(f) == 0;
-    if (!ok || rename(tmp.c_str(), path) != 0) {
-        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
-        return -1;
-    }
-    return 0;
+    return write_atomic(path, "--result_file", [&](FILE* f) {
+        fprintf(f, "{\n  \"device\": \"%s\",\n  \"kernel\": %d,\n  \"n_points\": %d,\n  \"n_features\": %d,\n  \"n_train\": %d,\n",
+                device, strcmp(device, "gpu") == 0 ? a->kernel : 0, d->n_points, d->n_features, d->n_train);
+        fprintf(f, "  \"epochs\": %d,\n  \"lr\": %.9g,\n  \"w\": [", (int)r->train_losses.size(), a->lr);
+        for (size_t i = 0; i < r->w.size(); i++) fprintf(f, "%s%.9g", i ? ", " : "", r->w[i]);
+        fprintf(f, "],\n  \"b\": %.9g,\n  \"test_loss\": %.9g,\n  \"train_ms\": %.6f,\n  \"eval_ms\": %.6f,\n  \"datagen_ms\": %.6f,\n",
+                r->b, r->test_loss, r->train_ms, r->eval_ms, gen_ms);
+        fprintf(f, "  \"diverged_epoch\": %d,\n  \"train_losses\": [", r->diverged_epoch);
+        for (size_t i = 0; i < r->train_losses.size(); i++) {
+            if (std::isfinite(r->train_losses[i])) fprintf(f, "%s%.9g", i ? ", " : "", r->train_losses[i]);
+            else fprintf(f, "%snull", i ? ", " : "");
+        }
+        return fprintf(f, "]\n}\n") > 0;
+    });
 }
 
 int main(int argc, char** argv) {
     Args a = parse_args(argc, argv);
+    // the outputs before any work: a bad path must not cost the training
+    const char* outputs[2][2] = {{a.save_data, "--save_data"}, {a.result_file, "--result_file"}};
+    for (auto& o : outputs) {
+        std::string real, e = o[0] ? output_check(o[0], o[1], &real) : "";
+        if (!e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return EXIT_FAILURE;
+        }
+    }
     int n_devices = cuda_device_count();
     bool use_gpu;
     if (a.device == NULL) {
@@ -1163,9 +1284,18 @@ int main(int argc, char** argv) {
         }
     }
     int status = EXIT_SUCCESS;
+    int last = a.epochs - 1;
     if (res.diverged_epoch >= 0) {
         fprintf(stderr, "error: the training loss became %g at epoch %d; training stopped (try a smaller --lr)\n",
                 res.train_losses[res.diverged_epoch], res.diverged_epoch);
+        status = EXIT_FAILURE;
+    } else if (last >= 1 && res.train_losses[last] > 2.0f * res.train_losses[0]) {
+        // gradient descent on the MSE with a stable lr never raises the loss: a rise is divergence, even while finite
+        fprintf(stderr, "error: the training loss rose from %g (epoch 0) to %g (epoch %d): gradient descent diverges "
+                "at --lr %g (try a smaller --lr)\n", res.train_losses[0], res.train_losses[last], last, a.lr);
+        status = EXIT_FAILURE;
+    } else if (!std::isfinite(res.test_loss)) {
+        fprintf(stderr, "error: the test loss is %g after the last update (try a smaller --lr)\n", res.test_loss);
         status = EXIT_FAILURE;
     }
     printf("w =");

@@ -25,9 +25,12 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -133,28 +136,53 @@ struct BinFile {
 static size_t dtype_size(int dt) { return dt == DT_U8 ? 1 : 4; }
 static const char* dtype_name(int dt) { return dt == DT_F32 ? "float32" : dt == DT_I32 ? "int32" : "uint8"; }
 
-// Returns "" on success, else a message naming the file and the wrong field.
+static const char* file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+static std::string folder_of(const std::string& path) {
+    size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Returns "" on success, else a message naming the file and the wrong field. Only a regular file is read: a
+// directory, device or FIFO is refused from its stat, before any read (no hang, no size taken from a directory).
 static std::string bin_open(BinFile* f, const char* path, int magic, int version, const char* kind) {
     char msg[512];
     f->path = path;
-    FILE* fp = fopen(path, "rb");
-    if (!fp) {
+    struct stat st;
+    int fd = stat(path, &st) != 0 ? -2 : S_ISREG(st.st_mode) ? open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -3;
+    if (fd == -2 || fd == -1) {  // missing, or no permission
         snprintf(msg, sizeof msg, "%s: cannot open %s (%s)", path, kind, strerror(errno));
         return msg;
     }
-    fseek(fp, 0, SEEK_END);
-    long size = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // also what was opened, if the path changed
+        if (fd >= 0) close(fd);
+        snprintf(msg, sizeof msg, "%s: is %s, not a regular file (expected a %s)", path, file_kind(st.st_mode), kind);
+        return msg;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE* fp = fdopen(fd, "rb");
+    if (!fp) {
+        close(fd);
+        snprintf(msg, sizeof msg, "%s: cannot open %s (%s)", path, kind, strerror(errno));
+        return msg;
+    }
+    long long size = (long long)st.st_size;
     if (size < HDR_INTS * 4) {
         fclose(fp);
-        snprintf(msg, sizeof msg, "%s: file is %ld bytes, shorter than the 1024-byte header", path, size);
+        snprintf(msg, sizeof msg, "%s: file is %lld bytes, shorter than the 1024-byte header", path, size);
         return msg;
     }
     f->data.resize((size_t)size);
     size_t got = fread(f->data.data(), 1, (size_t)size, fp);
     fclose(fp);
     if (got != (size_t)size) {
-        snprintf(msg, sizeof msg, "%s: read %zu of %ld bytes", path, got, size);
+        snprintf(msg, sizeof msg, "%s: read %zu of %lld bytes", path, got, size);
         return msg;
     }
     memcpy(f->hdr, f->data.data(), sizeof f->hdr);
@@ -168,7 +196,7 @@ static std::string bin_open(BinFile* f, const char* path, int magic, int version
     }
     long long count = f->hdr[2];
     if (count < 0 || HDR_INTS * 4 + ENTRY_BYTES * count > size) {
-        snprintf(msg, sizeof msg, "%s: header[2] tensor count %lld does not fit a file of %ld bytes", path, count,
+        snprintf(msg, sizeof msg, "%s: header[2] tensor count %lld does not fit a file of %lld bytes", path, count,
                  size);
         return msg;
     }
@@ -178,39 +206,49 @@ static std::string bin_open(BinFile* f, const char* path, int magic, int version
         const char* raw = f->data.data() + HDR_INTS * 4 + ENTRY_BYTES * i;
         BinEntry e;
         e.name = std::string(raw, strnlen(raw, NAME_BYTES));
+        std::string shown;  // a corrupt table holds any bytes: shown escaped
+        for (unsigned char c : e.name) {
+            char hex[8];
+            snprintf(hex, sizeof hex, "\\x%02x", c);
+            shown += c >= 32 && c < 127 ? std::string(1, (char)c) : std::string(hex);
+        }
         int32_t meta[8];
         memcpy(meta, raw + NAME_BYTES, sizeof meta);
         e.dtype = meta[0];
         e.ndim = meta[1];
         if (e.dtype < 0 || e.dtype > 2) {
             snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has dtype code %d, expected 0, 1 or 2", path, i,
-                     e.name.c_str(), e.dtype);
+                     shown.c_str(), e.dtype);
             return msg;
         }
         if (e.ndim < 0 || e.ndim > 4) {
-            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has ndim %d, expected 0..4", path, i, e.name.c_str(),
+            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has ndim %d, expected 0..4", path, i, shown.c_str(),
                      e.ndim);
             return msg;
         }
-        size_t n = 1;
+        size_t n = 1;  // elements; bounded by the file length at every factor, so it never overflows
         for (int d = 0; d < 4; d++) {
             e.shape[d] = d < e.ndim ? meta[2 + d] : 0;
             if (d < e.ndim) {
                 if (e.shape[d] < 0) {
-                    snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has a negative dimension", path, i,
-                             e.name.c_str());
+                    snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has a negative dimension", path, i, shown.c_str());
                     return msg;
                 }
-                n *= (size_t)e.shape[d];
+                n = e.shape[d] == 0 || n <= (size_t)size / (size_t)e.shape[d] ? n * (size_t)e.shape[d] : (size_t)size + 1;
             }
         }
         e.offset = offset;
         e.nbytes = n * dtype_size(e.dtype);
+        if (n > (size_t)size || e.nbytes > (size_t)size - offset) {
+            snprintf(msg, sizeof msg, "%s: file length is %lld bytes, the header and tensor table say more (tensor "
+                     "%lld, %s, runs past the end)", path, size, i, shown.c_str());
+            return msg;
+        }
         offset += e.nbytes;
         f->entries.push_back(e);
     }
     if (offset != (size_t)size) {
-        snprintf(msg, sizeof msg, "%s: file length is %ld bytes, the header and tensor table say %zu", path, size,
+        snprintf(msg, sizeof msg, "%s: file length is %lld bytes, the header and tensor table say %zu", path, size,
                  offset);
         return msg;
     }
@@ -266,7 +304,7 @@ static int32_t float_bits(float v) {
     return r;
 }
 
-// A file being written: tensors appended in order, then written through path.tmp and a rename.
+// A file being written: tensors appended in order, then written by binw_write (a temporary file and a rename).
 struct BinWriter {
     int32_t hdr[HDR_INTS];
     std::vector<BinEntry> entries;
@@ -294,12 +332,58 @@ static void binw_add(BinWriter* w, const std::string& name, int dtype, int ndim,
     w->entries.push_back(e);
     w->ptrs.push_back(p);
 }
-// Returns "" or an error message.
+// Checks, before any work, that path can be written: "" and the path to write (a symlink's target: written through,
+// the link kept) in *real, or a message naming the path: a missing folder, a folder that takes no new file, or a
+// directory, device or FIFO (never replaced).
+static std::string output_check(const std::string& path, const char* what, std::string* real) {
+    struct stat st;
+    *real = path;
+    if (lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+        char buf[PATH_MAX];
+        if (realpath(path.c_str(), buf) != NULL) {
+            *real = buf;
+        } else {  // a symlink to a file still to be made: write it where the link points
+            ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
+            if (n <= 0) return path + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
+            buf[n] = 0;
+            *real = buf[0] == '/' ? std::string(buf) : folder_of(path) + "/" + buf;
+        }
+    }
+    std::string folder = folder_of(*real);
+    if (stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        return path + ": " + what + ": folder " + folder + " does not exist";
+    if (stat(real->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file: refusing to replace it";
+    std::string probe = folder + "/.unet_probe.XXXXXX";  // the folder takes a new file: the real write's test
+    int fd = mkstemp(&probe[0]);
+    if (fd < 0) return path + ": " + what + ": cannot write in folder " + folder + " (" + strerror(errno) + ")";
+    close(fd);
+    unlink(probe.c_str());
+    return "";
+}
+
+// Writes through a temporary file in the path's folder, fsync, rename (and an fsync of the folder); the temporary
+// file never stays behind and the old file is kept on failure. Returns "" or an error message.
 static std::string binw_write(BinWriter* w, const std::string& path) {
     w->hdr[2] = (int32_t)w->entries.size();
-    std::string tmp = path + ".tmp";
-    FILE* fp = fopen(tmp.c_str(), "wb");
-    if (!fp) return tmp + ": cannot open for writing (" + strerror(errno) + ")";
+    std::string real;
+    std::string e = output_check(path, "output", &real);
+    if (!e.empty()) return e;
+    if (real != path) printf("note: %s is a symlink: writing through to %s\n", path.c_str(), real.c_str());
+    std::string tmp = real + ".XXXXXX";
+    int fd = mkstemp(&tmp[0]);
+    FILE* fp = fd < 0 ? nullptr : fdopen(fd, "wb");
+    if (!fp) {
+        std::string why = strerror(errno);
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp.c_str());
+        }
+        return path + ": cannot open for writing (" + why + ")";
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
     bool ok = fwrite(w->hdr, 4, HDR_INTS, fp) == (size_t)HDR_INTS;
     for (const BinEntry& e : w->entries) {
         char raw[ENTRY_BYTES];
@@ -312,10 +396,22 @@ static std::string binw_write(BinWriter* w, const std::string& path) {
     for (size_t i = 0; i < w->entries.size(); i++)
         ok = ok && fwrite(w->ptrs[i], 1, w->entries[i].nbytes, fp) == w->entries[i].nbytes;
     ok = (fflush(fp) == 0) && ok;
-    ok = (fsync(fileno(fp)) == 0) && ok;
+    ok = (fsync(fd) == 0) && ok;
+    std::string why = strerror(errno);
     ok = (fclose(fp) == 0) && ok;
-    if (!ok) return tmp + ": write failed (" + strerror(errno) + ")";
-    if (rename(tmp.c_str(), path.c_str()) != 0) return "rename " + tmp + " -> " + path + " failed";
+    if (ok && rename(tmp.c_str(), real.c_str()) != 0) {
+        ok = false;
+        why = strerror(errno);
+    }
+    if (!ok) {
+        unlink(tmp.c_str());
+        return path + ": write failed (" + why + "); the previous file is kept";
+    }
+    int dfd = open(folder_of(real).c_str(), O_RDONLY);  // the rename itself reaches the disk
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
     return "";
 }
 
@@ -354,8 +450,22 @@ static std::string config_check(const UNetConfig& c) {
     char msg[256];
     if (c.in_channels != 3 || c.out_channels != 3) return "in_channels and out_channels must be 3";
     if (c.n_levels < 1 || c.n_levels > 4) return "n_levels must be 1..4, found " + std::to_string(c.n_levels);
-    if (c.num_res_blocks < 1) return "num_res_blocks must be >= 1";
-    if (c.model_channels < 1 || c.num_head_channels < 1) return "model_channels and num_head_channels must be >= 1";
+    // bounds (the flags' ranges) before any size is computed from them: a corrupt header never sizes an allocation
+    if (c.num_res_blocks < 1 || c.num_res_blocks > 16)
+        return "num_res_blocks must be 1..16, found " + std::to_string(c.num_res_blocks);
+    if (c.model_channels < 1 || c.model_channels > 4096 || c.num_head_channels < 1 || c.num_head_channels > 65536)
+        return "model_channels must be 1..4096 and num_head_channels 1..65536, found " +
+               std::to_string(c.model_channels) + " and " + std::to_string(c.num_head_channels);
+    if (c.image_size > 4096) return "image_size must be at most 4096, found " + std::to_string(c.image_size);
+    for (int l = c.n_levels; l < 4; l++)
+        if (c.mult[l] != 0) return "mult" + std::to_string(l) + " must be 0 (unused level), found " + std::to_string(c.mult[l]);
+    for (int l = 0; l < c.n_levels; l++)
+        if (c.mult[l] < 1 || (long long)c.model_channels * c.mult[l] > 65536)
+            return "mult" + std::to_string(l) + " must be >= 1 with model_channels x mult at most 65536, found " +
+                   std::to_string(c.mult[l]);
+    if (c.attn_ds_mask < 0 || c.attn_ds_mask >= 1 << c.n_levels)
+        return "attn_ds_mask must be 0.." + std::to_string((1 << c.n_levels) - 1) + " (bit k: attention at ds 2^k), found " +
+               std::to_string(c.attn_ds_mask);
     if (c.image_size < 1 || c.image_size % (1 << (c.n_levels - 1))) {
         snprintf(msg, sizeof msg, "image_size %d is not a positive multiple of 2^(levels-1) = %d", c.image_size,
                  1 << (c.n_levels - 1));
@@ -374,7 +484,8 @@ static std::string config_check(const UNetConfig& c) {
             return msg;
         }
     }
-    if (c.diffusion_steps < 1) return "diffusion_steps must be >= 1";
+    if (c.diffusion_steps < 1 || c.diffusion_steps > 100000)
+        return "diffusion_steps must be 1..100000, found " + std::to_string(c.diffusion_steps);
     if (!(c.beta_start > 0.f && c.beta_end < 1.f && c.beta_start <= c.beta_end)) return "need 0 < beta_start <= beta_end < 1";
     return "";
 }
@@ -4798,23 +4909,80 @@ static std::string unet_load_tensors(UNet* m, const BinFile* f, const std::strin
     return "";
 }
 
-// Checks that a checkpoint file holds this model's tensors (host only). "" or an error.
+// The training fields of a checkpoint header (slots 18..24) in the ranges train_unet writes. "" or an error.
+static std::string checkpoint_fields_check(const BinFile* f) {
+    const int32_t* h = f->hdr;
+    auto bad = [&](const char* field, const std::string& found, const char* expected) {
+        return f->path + ": header field " + field + " is " + found + ", expected " + expected;
+    };
+    float lr = hdr_float(h, 21), ema_rate = hdr_float(h, 22);
+    char buf[64];
+    if (h[18] < 0 || h[18] > 1000000000) return bad("step", std::to_string(h[18]), "0..1000000000");
+    if (h[19] < 1 || h[19] > 4096) return bad("batch_size", std::to_string(h[19]), "1..4096");
+    if (h[20] < 0) return bad("seed", std::to_string(h[20]), "0..2147483647");
+    snprintf(buf, sizeof buf, "%g", lr);
+    if (!(lr > 0.f && lr <= 1.f)) return bad("lr", buf, "a learning rate in (0, 1]");
+    snprintf(buf, sizeof buf, "%g", ema_rate);
+    if (!(ema_rate >= 0.f && ema_rate <= 1.f)) return bad("ema_rate", buf, "a rate in [0, 1]");
+    if (h[23] != 0 && h[23] != 1) return bad("has_ema", std::to_string(h[23]), "0 or 1");
+    if (h[24] != 0 && h[24] != 1) return bad("has_optimizer", std::to_string(h[24]), "0 or 1");
+    return "";
+}
+
+// Checks everything a checkpoint claims before a byte of it is used (host only; nothing allocated beyond the file
+// already read): the model of its header, its training fields, exactly the tensors this model and its has_ema /
+// has_optimizer flags call for with their dtypes and shapes, every float finite, AdamW's second moments >= 0, and
+// rng_state = {seed, step, ...} of the header. need_ema / need_optimizer: what the caller will load. "" or an error.
 static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema, bool need_optimizer) {
     std::string d = config_diff(config_from_header(f->hdr), m->cfg);
     if (!d.empty()) return f->path + ": header field " + d + " (the model)";
-    std::string e = unet_load_tensors(m, f, "", nullptr);
+    std::string e = checkpoint_fields_check(f);
     if (!e.empty()) return e;
-    if (need_ema) {
-        if (!f->hdr[23]) return f->path + ": header field has_ema is 0, expected 1";
-        if (!(e = unet_load_tensors(m, f, "ema.", nullptr)).empty()) return e;
+    const int32_t* h = f->hdr;
+    static const char* prefixes[4] = {"", "ema.", "adam_m.", "adam_v."};
+    const bool stored[4] = {true, h[23] == 1, h[24] == 1, h[24] == 1};
+    std::set<std::string> names;
+    char msg[512];
+    for (int k = 0; k < 4; k++) {
+        if (!stored[k]) continue;
+        for (const Param& p : m->params) {
+            std::string name = prefixes[k] + p.name;
+            const char* x = (const char*)bin_expect(f, name, DT_F32, p.ndim, p.shape, &e);
+            if (!x) return e;
+            for (size_t i = 0; i < p.n; i++) {
+                float v;
+                memcpy(&v, x + 4 * i, 4);
+                if (!std::isfinite(v) || (k == 3 && v < 0.f)) {
+                    snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected %s", f->path.c_str(), name.c_str(),
+                             i, v, k == 3 ? "a finite second moment >= 0 (not negative)" : "a finite number");
+                    return msg;
+                }
+            }
+            names.insert(name);
+        }
     }
-    if (need_optimizer) {
-        if (!f->hdr[24]) return f->path + ": header field has_optimizer is 0, expected 1";
-        if (!(e = unet_load_tensors(m, f, "adam_m.", nullptr)).empty()) return e;
-        if (!(e = unet_load_tensors(m, f, "adam_v.", nullptr)).empty()) return e;
+    if (h[24] == 1) {
         int shape[1] = {4};
-        if (!bin_expect(f, "rng_state", DT_I32, 1, shape, &e)) return e;
+        const char* r = (const char*)bin_expect(f, "rng_state", DT_I32, 1, shape, &e);
+        if (!r) return e;
+        int32_t rng[4];
+        memcpy(rng, r, sizeof rng);
+        if (rng[0] != h[20] || rng[1] != h[18]) {
+            snprintf(msg, sizeof msg, "%s: tensor rng_state is {%d, %d, ...}, expected {seed %d, step %d, ...} as the "
+                     "header", f->path.c_str(), rng[0], rng[1], h[20], h[18]);
+            return msg;
+        }
+        names.insert("rng_state");
     }
+    for (const BinEntry& be : f->entries)
+        if (!names.count(be.name))
+            return f->path + ": tensor " + be.name + " is not one of this model's (has_ema " + std::to_string(h[23]) +
+                   ", has_optimizer " + std::to_string(h[24]) + ")";
+    if (f->entries.size() != names.size())
+        return f->path + ": holds " + std::to_string(f->entries.size()) + " tensors, this model " +
+               std::to_string(names.size()) + " (a tensor appears twice)";
+    if (need_ema && !h[23]) return f->path + ": header field has_ema is 0, expected 1";
+    if (need_optimizer && !h[24]) return f->path + ": header field has_optimizer is 0, expected 1";
     return "";
 }
 
@@ -4823,7 +4991,7 @@ struct TrainState {
     float lr = 1e-4f, ema_rate = 0.999f;
 };
 
-// Writes weights, EMA, AdamW moments, step and RNG state atomically (path.tmp then rename). "" or an error.
+// Writes weights, EMA, AdamW moments, step and RNG state atomically (binw_write). "" or an error.
 static std::string unet_save_checkpoint(UNet* m, const std::string& path, const TrainState& st) {
     size_t np = m->n_params;
     std::vector<float> dev(np);
@@ -4954,10 +5122,6 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     if (!ckpath.empty()) {
         e = bin_open(&ck, ckpath.c_str(), UNET_CHECKPOINT_MAGIC, UNET_FORMAT_VERSION, "unet checkpoint");
         if (e.empty()) e = checkpoint_validate(m, &ck, !a.resume.empty(), !a.resume.empty());
-        if (e.empty() && !a.resume.empty() && ck.hdr[19] != a.batch_size) {
-            e = ckpath + ": header field batch_size is " + std::to_string(ck.hdr[19]) + ", this run's --batch_size is " +
-                std::to_string(a.batch_size) + " (a resumed run keeps its batch size)";
-        }
         if (!e.empty()) {
             fprintf(stderr, "error: %s\n", e.c_str());
             return 1;
@@ -5005,8 +5169,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         unet_load_tensors(m, &ck, "ema.", m->ema);
         unet_load_tensors(m, &ck, "adam_m.", m->m);
         unet_load_tensors(m, &ck, "adam_v.", m->v);
-        st.step = ck.hdr[18];
-        st.seed = ck.hdr[20];
+        st.step = ck.hdr[18];  // seed, lr, batch size: the stored ones unless --allow_change (main)
         unet_set_adam_step(m, st.step);
         unet_weights_changed(m);
     } else if (!a.load.empty()) {
@@ -5510,6 +5673,28 @@ static void die(const char* fmt, const char* a = "", const char* b = "", const c
     exit(1);
 }
 
+// --output_dir before any work: an existing path must be a folder whose model.bin and log.csv can be written (not a
+// directory, device or FIFO); a missing one is made later, under its nearest existing folder, which must take files.
+static std::string output_dir_check(const std::string& dir) {
+    struct stat st;
+    std::string real;
+    if (stat(dir.c_str(), &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) return dir + ": --output_dir is " + file_kind(st.st_mode) + ", not a directory";
+        for (const char* name : {"model.bin", "log.csv"}) {
+            std::string e = output_check(dir + "/" + name, "--output_dir file", &real);
+            if (!e.empty()) return e;
+        }
+        return "";
+    }
+    std::string up = dir;
+    do up = folder_of(up);
+    while (stat(up.c_str(), &st) != 0 && up != "." && up != "/");
+    if (stat(up.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        return dir + ": --output_dir cannot be made: " + up + " is not a directory";
+    std::string e = output_check(up + "/.unet_output_dir", "--output_dir", &real);
+    return e.empty() ? "" : dir + ": --output_dir cannot be made in " + up + " (" + e + ")";
+}
+
 // "1,2,3,4" -> values (1..4 entries, each >= 1); false on a bad list
 static bool parse_int_list(const std::string& s, std::vector<int>* out) {
     out->clear();
@@ -5535,7 +5720,7 @@ int main(int argc, char** argv) {
     int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
     float beta_start = 1e-4f, beta_end = 0.02f;
     int num_samples = 16, sample_steps = 50, use_ema = 1, eval_loss = 0;
-    std::string precision = PREC_NAME[a.precision];
+    std::string precision = PREC_NAME[a.precision], allow_change;
     std::vector<Flag> flags = {
         {"data_file", F_STR, &a.data_file, 0, 0, "UNET_DATASET of uint8 images (scripts/prepare_data.py)", false, ""},
         {"output_dir", F_STR, &a.output_dir, 0, 0, "checkpoint model.bin and log.csv go here", false, ""},
@@ -5551,6 +5736,8 @@ int main(int argc, char** argv) {
         {"seed", F_INT, &a.seed, 0, 2147483647.0, "weights init, shuffling, flips, timesteps, noise", false, ""},
         {"ema_rate", F_FLOAT, &a.ema_rate, 0.0, 1.0, "EMA of the weights: ema = d*ema + (1-d)*w, d = min(rate, (1+t)/(10+t)) at step t", false, ""},
         {"resume", F_STR, &a.resume, 0, 0, "checkpoint to continue (weights, EMA, AdamW, step, RNG)", false, ""},
+        {"allow_change", F_STR, &allow_change, 0, 0, "with --resume: stored settings this run may change knowingly "
+         "(comma list of lr, seed, batch_size, ema_rate); without it a differing one is an error", false, ""},
         {"load", F_STR, &a.load, 0, 0, "checkpoint to take the initial weights from (or to sample)", false, ""},
         {"precision", F_STR, &precision, 0, 0, "bf16 (wgmma, Hopper), tf32 (tensor cores on fp32) or fp32 (strict)",
          false, ""},
@@ -5653,9 +5840,12 @@ int main(int argc, char** argv) {
         ea.precision = a.precision;
         return unet_eval(ea);
     }
+    std::string real;
     if (!sample_file.empty()) {
         if (a.load.empty()) die("--sample needs --load CHECKPOINT");
         if (sampler != "ddpm" && sampler != "ddim") die("--sampler expects ddpm or ddim, found '%s'", sampler.c_str());
+        std::string oe = output_check(sample_file, "--sample", &real);  // before the sampling, not after it
+        if (!oe.empty()) die("%s", oe.c_str());
         sa.out_file = sample_file;
         sa.load = a.load;
         sa.sampler = sampler;
@@ -5668,6 +5858,9 @@ int main(int argc, char** argv) {
         return unet_sample(sa);
     }
     if (!a.resume.empty() && !a.load.empty()) die("give --resume or --load, not both");
+    if (!allow_change.empty() && a.resume.empty()) die("--allow_change applies to --resume only");
+    std::string oe = output_dir_check(a.output_dir);  // before any work: a bad path must not cost the training
+    if (!oe.empty()) die("%s", oe.c_str());
     // a checkpoint brings its own model shape: explicit model flags must agree with it
     const std::string& ckpath = !a.resume.empty() ? a.resume : a.load;
     if (!ckpath.empty()) {
@@ -5694,9 +5887,52 @@ int main(int argc, char** argv) {
         if (!d.empty()) die("model flags disagree with %s: %s", ckpath.c_str(), d.c_str());
         cfg = ccfg;
         if (!a.resume.empty()) {
-            if (!is_set("batch_size")) a.batch_size = ck.hdr[19];
-            if (is_set("seed") && a.seed != ck.hdr[20]) die("--seed differs from the seed of %s (a resumed run keeps it)", ckpath.c_str());
-            a.seed = ck.hdr[20];
+            // a resumed run continues the stored trajectory: a flag that would change it is an error unless the
+            // user names it in --allow_change; one not given takes the stored value
+            std::string fe = checkpoint_fields_check(&ck);
+            if (!fe.empty()) die("%s", fe.c_str());
+            std::vector<std::string> allowed;
+            for (size_t i = 0; i <= allow_change.size() && !allow_change.empty();) {
+                size_t j = std::min(allow_change.find(',', i), allow_change.size());
+                allowed.push_back(allow_change.substr(i, j - i));
+                if (allowed.back() != "lr" && allowed.back() != "seed" && allowed.back() != "batch_size" &&
+                    allowed.back() != "ema_rate")
+                    die("--allow_change expects a comma list of lr, seed, batch_size, ema_rate, found '%s'",
+                        allow_change.c_str());
+                i = j + 1;
+            }
+            auto keep = [&](const char* flag, bool differs, const std::string& given, const std::string& stored) {
+                if (!is_set(flag) || !differs) return true;  // the stored value
+                if (std::find(allowed.begin(), allowed.end(), flag) != allowed.end()) {
+                    printf("note: --%s %s replaces the %s stored in %s (--allow_change)\n", flag, given.c_str(),
+                           stored.c_str(), ckpath.c_str());
+                    return false;
+                }
+                std::string msg = "--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored +
+                                  " stored in " + ckpath + ": a resumed run continues the stored trajectory (drop --" +
+                                  flag + ", or add --allow_change " + flag + " to change it knowingly)";
+                die("%s", msg.c_str());
+                return false;
+            };
+            float lr0 = hdr_float(ck.hdr, 21), ema0 = hdr_float(ck.hdr, 22);
+            char g[32], st[32];
+            snprintf(g, sizeof g, "%g", a.lr);
+            snprintf(st, sizeof st, "%g", lr0);
+            if (keep("lr", a.lr != lr0, g, st)) a.lr = lr0;
+            if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20]))) a.seed = ck.hdr[20];
+            if (keep("batch_size", a.batch_size != ck.hdr[19], std::to_string(a.batch_size), std::to_string(ck.hdr[19])))
+                a.batch_size = ck.hdr[19];
+            snprintf(g, sizeof g, "%g", a.ema_rate);
+            snprintf(st, sizeof st, "%g", ema0);
+            if (keep("ema_rate", a.ema_rate != ema0, g, st)) a.ema_rate = ema0;
+            if (a.steps <= ck.hdr[18]) {
+                std::string msg = ckpath + " is at step " + std::to_string(ck.hdr[18]) + ", --steps is " +
+                                  std::to_string(a.steps) + ": nothing left to train (--steps is the total; raise it)";
+                die("%s", msg.c_str());
+            }
+            printf("resuming %s at step %d of %d: lr %g, seed %d, batch_size %d, ema_rate %g\n", ckpath.c_str(),
+                   ck.hdr[18], a.steps, a.lr, a.seed, a.batch_size, a.ema_rate);
+            fflush(stdout);
         }
     }
     a.cfg = cfg;

@@ -16,7 +16,10 @@ import subprocess
 import sys
 import time
 
-import torch
+try:
+    import torch
+except ImportError:  # a reference tool of the GPU machine: one line, not a traceback, elsewhere
+    sys.exit("error: dev/bench_linreg.py needs PyTorch (the GPU machine has it; pip install torch)")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = [500, 5000, 50000, 500000, 5000000, 50000000, 100000000]

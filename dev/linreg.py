@@ -14,7 +14,10 @@ import sys
 import time
 
 import numpy as np
-import torch
+try:
+    import torch
+except ImportError:  # a reference tool of the GPU machine: one line, not a traceback, elsewhere
+    sys.exit("error: dev/linreg.py needs PyTorch (the GPU machine has it; pip install torch)")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 import binio  # noqa: E402
@@ -65,13 +68,18 @@ def main():
     ap.add_argument("--b_init", type=float, default=0.7645)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    _, cfg, tensors = binio.read(args.data_file, binio.LINREG_DATASET)
-    x = binio.expect(args.data_file, tensors, "x", (cfg["n_points"], cfg["n_features"]), np.float32)
-    y = binio.expect(args.data_file, tensors, "y", (cfg["n_points"],), np.float32)
+    try:  # the file contract of binio: a clear error, the output checked before the training
+        binio.check_output(args.out, "--out")
+        _, cfg, tensors = binio.read(args.data_file, binio.LINREG_DATASET)
+        x = binio.expect(args.data_file, tensors, "x", (cfg["n_points"], cfg["n_features"]), np.float32)
+        y = binio.expect(args.data_file, tensors, "y", (cfg["n_points"],), np.float32)
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
     result = train(x, y, cfg["n_train"], args.epochs, args.lr, args.w_init, args.b_init, args.device)
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+    try:
+        binio.write_file(args.out, json.dumps(result, indent=1).encode(), "--out")
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
     print(f"torch ({args.device}): w {result['w']} b {result['b']:.7f} final loss {result['train_losses'][-1]:.7f} "
           f"test loss {result['test_loss']:.7f} ({result['train_ms']:.1f} ms)")
 

@@ -297,7 +297,15 @@ if __name__ == "__main__":
     ok = True
     cases = [(1, 2, 'wgmma'), (3, 4, 'wgmma'), (3, 3, 'mma')]
     if len(sys.argv) > 1:
-        cases = [(int(a.split(',')[0]), int(a.split(',')[1]), a.split(',')[2]) for a in sys.argv[1:]]
+        if sys.argv[1] in ("-h", "--help"):
+            print(__doc__)
+            sys.exit(0)
+        try:
+            cases = [(int(a.split(',')[0]), int(a.split(',')[1]), a.split(',')[2]) for a in sys.argv[1:]]
+        except (ValueError, IndexError):
+            sys.exit(f"error: expected cases B,grid,wgmma|mma (e.g. 3,4,wgmma), found {' '.join(sys.argv[1:])}")
+        if any(B < 1 or grid < 1 or path not in ("wgmma", "mma") for B, grid, path in cases):
+            sys.exit(f"error: expected cases B,grid,wgmma|mma with B, grid >= 1, found {' '.join(sys.argv[1:])}")
     for B, grid, path in cases:
         ok &= run(B, grid, path, rng)
     print("PASS" if ok else "FAIL")

@@ -20,6 +20,7 @@ tests and benchmark, and includes this file at its top.
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <sys/stat.h>
 
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
@@ -273,6 +274,8 @@ struct FixtureTensor { std::string name; int dtype; int ndim; int shape[4]; std:
 // Reads every tensor after checking the header, the table and the file length; on a mismatch returns false with
 // the wrong field, the expected and the found value in err.
 static bool read_fixture(const char* path, int& n_cases, std::vector<FixtureTensor>& tensors, std::string& err) {
+    struct stat st;  // a regular file only: a FIFO would block fopen, a directory would give ftell a huge size
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) { err = std::string(path) + ": not a regular file"; return false; }
     FILE* f = fopen(path, "rb");
     if (!f) { err = std::string("cannot open ") + path; return false; }
     fseek(f, 0, SEEK_END);
@@ -372,9 +375,8 @@ static std::string describe(const CompareResult& c, int cols, const float* out, 
 // Reads the fixture for the "cpu oracle vs torch fixture" checks; a missing or malformed file is one FAIL.
 static bool load_fixture(Tally& tally, const char* path, int& n_cases, std::vector<FixtureTensor>& t) {
     std::string err;
-    FILE* probe = fopen(path, "rb");
-    if (!probe) { report(tally, false, "cpu oracle vs torch fixture", std::string(path) + " is missing (it is committed; regenerate with python3 dev/softmax.py --make_fixture PATH on the GPU machine)"); return false; }
-    fclose(probe);
+    struct stat st;  // only whether it exists: opening a FIFO would block
+    if (stat(path, &st) != 0) { report(tally, false, "cpu oracle vs torch fixture", std::string(path) + " is missing (it is committed; regenerate with python3 dev/softmax.py --make_fixture PATH on the GPU machine)"); return false; }
     if (!read_fixture(path, n_cases, t, err)) { report(tally, false, "cpu oracle vs torch fixture", err); return false; }
     return true;
 }

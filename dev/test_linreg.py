@@ -177,6 +177,18 @@ def test_command_line(tmp):
     p = run(["--device", "cpu", "--points", "1000", "--lr", "5", "--log_every", "0"])
     report(p.returncode != 0 and "training loss became" in p.stderr, "divergence stops with a message",
            p.stderr.strip()[:160])
+    # issue 26: a loss that grows but stays finite (2 epochs at lr 1e9) is divergence too, not exit 0
+    p = run(["--device", "cpu", "--points", "1000", "--lr", "1e9", "--epochs", "2", "--log_every", "0"])
+    report(p.returncode == 1 and "training loss rose from" in p.stderr and "--lr" in p.stderr,
+           "a finite but growing loss is divergence", p.stderr.strip()[:160])
+    # issue 26: a directory is reported as such, and bad outputs are refused before training
+    p = run(["--data_file", tmp])
+    report(p.returncode == 1 and "is a directory" in p.stderr, "--data_file DIR is reported as a directory",
+           p.stderr.strip()[:160])
+    for flag in ("--save_data", "--result_file"):
+        p = run(["--device", "cpu", "--points", "1000", flag, tmp])
+        report(p.returncode == 1 and "is a directory" in p.stderr and "epoch" not in p.stdout,
+               f"{flag} DIR is refused before training", p.stderr.strip()[:160])
 
 
 def test_files_and_cpu(tmp):

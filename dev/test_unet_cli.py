@@ -30,9 +30,9 @@ SMALL_FLAGS = ["--image_size", "16", "--model_channels", "32", "--channel_mult",
 NO_GPU = "no CUDA GPU found"
 
 FLAGS = ["data_file", "output_dir", "batch_size", "lr", "beta1", "beta2", "adam_eps", "weight_decay", "steps",
-         "log_every", "save_every", "seed", "ema_rate", "resume", "load", "tf32", "image_size", "model_channels",
+         "log_every", "save_every", "seed", "ema_rate", "resume", "load", "precision", "image_size", "model_channels",
          "channel_mult", "num_res_blocks", "attn_ds", "num_head_channels", "diffusion_steps", "beta_start",
-         "beta_end", "sample", "num_samples", "sampler", "sample_steps", "use_ema"]
+         "beta_end", "sample", "num_samples", "sampler", "sample_steps", "use_ema", "allow_change", "eval_loss"]
 
 
 def report(status, name, detail):
@@ -121,7 +121,12 @@ def main():
     expect_error("zero batch", ["--batch_size", "0"], "--batch_size", "[1, 4096]", "'0'")
     expect_error("negative lr", ["--lr", "-1"], "--lr", "'-1'")
     expect_error("nan lr", ["--lr", "nan"], "--lr", "nan")
-    expect_error("tf32 out of range", ["--tf32", "2"], "--tf32", "[0, 1]")
+    expect_error("unknown precision", ["--precision", "fp16"], "--precision", "bf16, tf32 or fp32", "fp16")
+    expect_error("the old --tf32 flag", ["--tf32", "1"], "unknown flag", "--tf32")
+    expect_error("eval_loss without a checkpoint", ["--eval_loss", "64"], "--eval_loss needs --load")
+    expect_error("eval_loss and sample", ["--eval_loss", "64", "--load", "x.bin", "--sample", "y.bin"],
+                 "--eval_loss or --sample")
+    expect_error("negative eval_loss", ["--eval_loss", "-1"], "--eval_loss", "'-1'")
     expect_error("bad channel_mult", ["--channel_mult", "1,x"], "--channel_mult", "1,x")
     expect_error("five levels", ["--channel_mult", "1,1,1,1,1"], "--channel_mult")
     expect_error("attn_ds not a power of 2", ["--attn_ds", "3"], "--attn_ds", "powers of 2")
@@ -185,7 +190,7 @@ def main():
         expect_valid("valid checkpoint (--load)", ["--load", ckpt, "--data_file", good_data, "--output_dir", out_dir,
                                                    "--batch_size", "4", "--steps", "0", "--save_every", "0"])
         expect_valid("valid checkpoint (--resume)", ["--resume", ckpt, "--data_file", good_data, "--output_dir",
-                                                     out_dir, "--steps", "0", "--save_every", "0"])
+                                                     out_dir, "--steps", "1", "--save_every", "0"])
 
         def load_case(name, path, *words, extra=()):
             expect_error(name, ["--load", path, "--data_file", good_data, "--output_dir", out_dir, "--steps", "0"]
@@ -220,7 +225,7 @@ def main():
         bad = os.path.join(tmp, "wnoopt.bin")
         write_checkpoint(bad, ema=True, optimizer=False)
         expect_error("resume: checkpoint without optimizer state",
-                     ["--resume", bad, "--data_file", good_data, "--output_dir", out_dir, "--steps", "0"],
+                     ["--resume", bad, "--data_file", good_data, "--output_dir", out_dir, "--steps", "1"],
                      "has_optimizer is 0, expected 1")
         big = os.path.join(tmp, "w32.bin")
         write_checkpoint(big, cfg=dict(SMALL, image_size=32))
@@ -239,8 +244,69 @@ def main():
         expect_error("sample: wrong magic", ["--sample", os.path.join(tmp, "s.bin"), "--load", good_data],
                      "magic is 20260301, expected 20260302")
 
+        resume_and_paths(tmp, good_data)
+
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return 1 if counts["FAIL"] else 0
+
+
+def resume_and_paths(tmp, good_data):
+    """Issue 26: a resumed run keeps the stored trajectory (item 3 of its build list); paths that are not regular files
+    (item 1); outputs checked at start-up (item 2); checkpoint contents (item 5). All before the GPU is needed."""
+    out_dir = os.path.join(tmp, "out_resume")
+    ckpt = os.path.join(tmp, "traj.bin")  # stored: step 5, seed 7, lr 2e-4, batch_size 4, ema_rate 0.999
+    params = small_params()
+    tensors = dict(params)
+    tensors.update({"ema." + n: v for n, v in params.items()})
+    tensors.update({"adam_m." + n: np.zeros_like(v) for n, v in params.items()})
+    tensors.update({"adam_v." + n: np.zeros_like(v) for n, v in params.items()})
+    tensors["rng_state"] = np.array([7, 5, 5, 0], dtype=np.int32)
+    stored = dict(SMALL, step=5, batch_size=4, seed=7, lr=2e-4, ema_rate=0.999, has_ema=1, has_optimizer=1)
+    binio.write(ckpt, binio.UNET_CHECKPOINT, stored, tensors)
+    base = ["--resume", ckpt, "--data_file", good_data, "--output_dir", out_dir, "--steps", "10"]
+    for flag, value, shown in (("lr", "0.001", "0.0002"), ("seed", "8", "7"), ("batch_size", "8", "4"),
+                               ("ema_rate", "0.99", "0.999")):
+        expect_error(f"resume: a changed --{flag} is refused", base + [f"--{flag}", value],
+                     f"--{flag} {value}", f"{flag} {shown} stored in {ckpt}", f"--allow_change {flag}")
+        expect_valid(f"resume: --{flag} changed knowingly (--allow_change {flag})",
+                     base + [f"--{flag}", value, "--allow_change", flag])
+    expect_valid("resume: the stored value given again", base + ["--lr", "2e-4", "--seed", "7", "--batch_size", "4"])
+    code, out = run(base)
+    ok = "resuming" in out and "lr 0.0002, seed 7, batch_size 4, ema_rate 0.999" in out
+    report("PASS" if ok else "FAIL", "resume: flags not given take the stored values",
+           out.strip().splitlines()[0] if out.strip() else "(no output)")
+    expect_error("resume: --steps not beyond the stored step", base[:-2] + ["--steps", "5"], "at step 5",
+                 "nothing left to train")
+    expect_error("resume: --allow_change of an unknown flag", base + ["--allow_change", "lr,bogus"],
+                 "--allow_change", "bogus")
+    expect_error("--allow_change without --resume", ["--allow_change", "lr"], "--allow_change", "--resume")
+    # checkpoint contents
+    for name, patch_fn, words in (
+            ("a negative step", lambda c, t: c.update(step=-1), ["step is -1"]),
+            ("a NaN weight", lambda c, t: t["ema.out.2.bias"].__setitem__(0, np.nan), ["ema.out.2.bias", "finite"]),
+            ("rng_state of another step", lambda c, t: t["rng_state"].__setitem__(1, 6), ["rng_state"])):
+        cfg, ts = dict(stored), {k: v.copy() for k, v in tensors.items()}
+        patch_fn(cfg, ts)
+        bad = os.path.join(tmp, "bad_contents.bin")
+        binio.write(bad, binio.UNET_CHECKPOINT, cfg, ts)
+        expect_error(f"checkpoint contents: {name} (--resume)", ["--resume", bad] + base[2:], bad, *words)
+        expect_error(f"checkpoint contents: {name} (--sample)", ["--sample", os.path.join(tmp, "s.bin"), "--load",
+                                                                  bad], bad, *words)
+    # paths that are not regular files: a directory must not abort (std::bad_alloc, exit 134)
+    folder = os.path.join(tmp, "a_folder")
+    os.makedirs(folder, exist_ok=True)
+    for flag, args in (("--data_file", ["--data_file", folder] + SMALL_FLAGS), ("--load", ["--load", folder]),
+                       ("--resume", ["--resume", folder]), ("--sample --load", ["--sample", "s.bin", "--load", folder])):
+        expect_error(f"{flag} DIR is named a directory", args + ["--output_dir", out_dir], folder, "is a directory")
+    # outputs at start-up, before the GPU is needed
+    expect_error("--sample DIR is refused at start-up", ["--sample", folder, "--load", ckpt], folder, "directory")
+    afile = os.path.join(tmp, "a_file")
+    open(afile, "w").close()
+    expect_error("--output_dir a file is refused at start-up", ["--data_file", good_data, "--output_dir", afile]
+                 + SMALL_FLAGS, afile, "not a directory")
+    os.makedirs(os.path.join(folder, "model.bin"), exist_ok=True)
+    expect_error("--output_dir with model.bin a directory is refused at start-up",
+                 ["--data_file", good_data, "--output_dir", folder] + SMALL_FLAGS, "model.bin", "directory")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,10 @@ import sys
 import time
 
 import numpy as np
-import torch
+try:
+    import torch
+except ImportError:  # a reference tool of the GPU machine: one line, not a traceback, elsewhere
+    sys.exit("error: dev/unet.py needs PyTorch (the GPU machine has it; pip install torch)")
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -20,7 +20,10 @@ import os
 import sys
 
 import numpy as np
-import torch
+try:
+    import torch
+except ImportError:  # a reference tool of the GPU machine: one line, not a traceback, elsewhere
+    sys.exit("error: dev/unet_layers.py needs PyTorch (the GPU machine has it; pip install torch)")
 import torch.nn as nn
 import torch.nn.functional as F
 

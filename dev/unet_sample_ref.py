@@ -20,7 +20,10 @@ import sys
 import time
 
 import numpy as np
-import torch
+try:
+    import torch
+except ImportError:  # a reference tool of the GPU machine: one line, not a traceback, elsewhere
+    sys.exit("error: dev/unet_sample_ref.py needs PyTorch (the GPU machine has it; pip install torch)")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "scripts"))

@@ -1,4 +1,5 @@
-"""The one reader and writer of the project's binary files (datasets, checkpoints, debug states, fixtures).
+"""The one reader and writer of the project's binary files (datasets, checkpoints, debug states, fixtures), and the
+one way every script opens a file: a regular file or a clear error (PathError), never a traceback, never a hang.
 
 Layout (data/README.md documents every format field by field):
   bytes [0, 1024)     header: 256 little-endian int32: [0] magic, [1] version, [2] tensor count T,
@@ -7,8 +8,19 @@ Layout (data/README.md documents every format field by field):
                       int32 ndim (0..4), int32 shape[4] (unused dims 0), int32 reserved[2] (0)
   then                each tensor's data in table order, C order, little-endian, no padding
 The file length must equal 1024 + 128*T + the tensors' bytes. Only NumPy is needed.
+
+Files in and out (every script uses these):
+  open_input(path)      a regular file opened for reading (a directory, device, FIFO or socket is refused before
+                        it is read, so /dev/zero or a FIFO never hangs); read_text(path) its UTF-8 text
+  check_output(path)    at start-up, before any long work: the folder exists and takes a new file; an existing path
+                        is a regular file, or a symlink to one (written through: its target is replaced, the link kept)
+  write_file(path, b)   bytes through a temporary file in the same folder, fsync, rename, fsync of the folder; the
+                        temporary file never stays behind; -> the path written (a symlink's target)
 """
+import math
 import os
+import stat
+import tempfile
 from collections import OrderedDict
 
 import numpy as np
@@ -22,10 +34,16 @@ FIRST_FIELD = 3  # header slot of the first config field
 DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4"), 2: np.dtype("u1")}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 DTYPE_NAMES = {0: "float32", 1: "int32", 2: "uint8"}
+_UMASK = os.umask(0)  # read once, at import (single-threaded): a new file gets 0666 & ~umask, as open() gives it
+os.umask(_UMASK)
 
 
 class FormatError(ValueError):
     """A file that does not match its format; the message names the file and the field."""
+
+
+class PathError(FormatError):
+    """A path that cannot be read or written as asked: missing, a directory, a device, no permission, a full disk."""
 
 
 class Format:
@@ -37,6 +55,147 @@ class Format:
         self.name, self.magic, self.version, self.fields = name, magic, version, list(fields)
 
 
+def _kind(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse(path, mode, doing):
+    if stat.S_ISDIR(mode):
+        return PathError(f"{path}: is a directory, not a regular file ({doing})")
+    return PathError(f"{path}: is {_kind(mode)}, not a regular file ({doing})")
+
+
+def open_input(path, what="file"):
+    """Opens path for reading -> (binary file object, size in bytes). Raises PathError naming the path when it is
+    missing, unreadable, or not a regular file (refused from its stat, before any read: no hang on a FIFO)."""
+    path = str(path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise PathError(f"{path}: cannot open {what} ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, st.st_mode, f"expected a {what}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise PathError(f"{path}: cannot open {what} ({e.strerror})") from None
+    st = os.fstat(fd)  # what was opened, in case the path changed in between
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _refuse(path, st.st_mode, f"expected a {what}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def read_bytes(path, what="file", max_bytes=1 << 30):
+    """The whole content of a regular file of at most max_bytes. Raises PathError."""
+    f, size = open_input(path, what)
+    with f:
+        if size > max_bytes:
+            raise PathError(f"{path}: {what} is {size} bytes, more than the {max_bytes} this reads")
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise PathError(f"{path}: cannot read {what} ({e.strerror})") from None
+    if len(data) > max_bytes:
+        raise PathError(f"{path}: {what} grew past {max_bytes} bytes while it was read")
+    return data
+
+
+def read_text(path, what="text file", max_bytes=1 << 30):
+    """The UTF-8 text of a regular file. Raises PathError, or FormatError naming the line of a byte that is not
+    UTF-8 or of a NUL byte (not a text file)."""
+    data = read_bytes(path, what, max_bytes)
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise FormatError(f"{path}: line {line} holds a NUL byte: not a text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise FormatError(f"{path}: line {line} is not UTF-8 (byte 0x{data[e.start]:02x}); save the file as UTF-8")\
+            from None
+
+
+def check_output(path, what="output"):
+    """Checks that path can be written, before any long work: -> the path that will be written (a symlink's
+    target). Raises PathError when the folder is missing or takes no new file, or the path (or what a symlink names)
+    exists and is not a regular file: a directory, a device or a FIFO is never replaced."""
+    path = str(path)
+    real = os.path.realpath(path) if os.path.islink(path) else path
+    folder = os.path.dirname(os.path.abspath(real))
+    if not os.path.isdir(folder):
+        raise PathError(f"{path}: {what}: folder {folder} does not exist")
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise PathError(f"{path}: {what}: cannot check it ({e.strerror})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, st.st_mode, f"{what}: refusing to replace it")
+    try:  # the folder takes a new file (permissions, a read-only file system): the same test as the real write
+        fd, probe = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(real) + ".", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise PathError(f"{path}: {what}: cannot write in folder {folder} ({e.strerror})") from None
+    return real
+
+
+def written_note(path, real):
+    """' (a symlink: written through to TARGET)' when path was a symlink, else ''."""
+    return f" (a symlink: written through to {real})" if real != str(path) else ""
+
+
+def write_file(path, data, what="output"):
+    """Writes data (bytes, or a list of bytes objects) to path atomically: a temporary file in the same folder,
+    fsync, rename over the path, fsync of the folder. A symlink is written through. On any failure (a full disk)
+    the temporary file is removed and the old file kept. -> the path written. Raises PathError."""
+    real = check_output(path, what)
+    folder = os.path.dirname(os.path.abspath(real))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(real) + ".", suffix=".tmp")
+    try:
+        try:
+            os.fchmod(fd, 0o666 & ~_UMASK)
+            with os.fdopen(fd, "wb") as f:
+                fd = -1
+                for chunk in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, real)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise PathError(f"{path}: cannot write {what} ({e.strerror})") from None
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass  # some file systems cannot fsync a folder; the file itself is synced
+    return real
+
+
 def magic_number(model, kind):
     """20260000 + 100*model + kind; model 1 linreg, 2 mnist, 3 unet, 4 matmul, 5 softmax;
     kind 1 dataset, 2 checkpoint, 3 debug state, 4 fixture."""
@@ -44,8 +203,9 @@ def magic_number(model, kind):
 
 
 def write(path, fmt, config, tensors):
-    """Writes config (dict name -> value for every field of fmt) and tensors (dict name -> array) to path,
-    through path.tmp and a rename so that a crash never leaves a torn file."""
+    """Writes config (dict name -> value for every field of fmt) and tensors (dict name -> array) to path through
+    write_file (a temporary file and a rename: a crash never leaves a torn file). -> the path written (a symlink's
+    target). Raises FormatError (a bad config or tensor) or PathError (the path)."""
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = fmt.magic, fmt.version, len(tensors)
     missing = [n for n, _ in fmt.fields if n not in config]
@@ -79,29 +239,26 @@ def write(path, fmt, config, tensors):
         raw[:len(encoded)] = encoded
         table += raw
         blobs.append(array.astype(dtype, copy=False).tobytes())
-    tmp = str(path) + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(bytes(table))
-        for blob in blobs:
-            f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return write_file(path, [header.tobytes(), bytes(table)] + blobs, fmt.name)
+
+
+def _printable(raw):
+    """A tensor name from the table, shown safely whatever its bytes (a corrupt table holds anything)."""
+    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" for c in raw.decode("latin-1"))
 
 
 def read(path, fmt):
     """Returns (header int32 array, config dict, OrderedDict of tensors), after checking magic, version,
-    the tensor table and the file length. Raises FormatError naming the file and the wrong field."""
+    the tensor table and the file length. Raises FormatError naming the file and the wrong field (PathError for
+    a path that is not a readable regular file)."""
     path = str(path)
-    try:
-        size = os.path.getsize(path)
-    except OSError as e:
-        raise FormatError(f"{path}: cannot open ({e.strerror})") from None
-    if size < HEADER_BYTES:
-        raise FormatError(f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header")
-    with open(path, "rb") as f:
+    f, size = open_input(path, fmt.name)
+    with f:
+        if size < HEADER_BYTES:
+            raise FormatError(f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header")
         header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4").copy()
+        if header.size != HEADER_INTS:
+            raise FormatError(f"{path}: the file ends inside the header (it changed while it was read)")
         if header[0] != fmt.magic:
             raise FormatError(f"{path}: header[0] magic is {header[0]}, expected {fmt.magic} ({fmt.name})")
         if header[1] != fmt.version:
@@ -110,11 +267,13 @@ def read(path, fmt):
         if count < 0 or HEADER_BYTES + ENTRY_BYTES * count > size:
             raise FormatError(f"{path}: header[2] tensor count {count} does not fit a file of {size} bytes")
         table = f.read(ENTRY_BYTES * count)
+        if len(table) != ENTRY_BYTES * count:
+            raise FormatError(f"{path}: the file ends inside the tensor table (it changed while it was read)")
         entries = []
         total = HEADER_BYTES + ENTRY_BYTES * count
         for i in range(count):
             raw = table[i * ENTRY_BYTES:(i + 1) * ENTRY_BYTES]
-            name = raw[:NAME_BYTES].split(b"\0", 1)[0].decode("ascii", "replace")
+            name = _printable(raw[:NAME_BYTES].split(b"\0", 1)[0])
             meta = np.frombuffer(raw[NAME_BYTES:], dtype="<i4")
             code, ndim = int(meta[0]), int(meta[1])
             if code not in DTYPES:
@@ -124,14 +283,20 @@ def read(path, fmt):
             shape = tuple(int(s) for s in meta[2:2 + ndim])
             if any(s < 0 for s in shape):
                 raise FormatError(f"{path}: tensor {i} ({name}) has negative shape {shape}")
-            nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[code].itemsize
+            nbytes = math.prod(shape) * DTYPES[code].itemsize  # Python ints: no int64 overflow
+            if total + nbytes > size:
+                raise FormatError(f"{path}: file length is {size} bytes, the header and tensor table say more "
+                                  f"(tensor {i}, {name}, of shape {shape}, runs past the end)")
             entries.append((name, DTYPES[code], shape, nbytes))
             total += nbytes
         if total != size:
             raise FormatError(f"{path}: file length is {size} bytes, the header and tensor table say {total}")
         tensors = OrderedDict()
         for name, dtype, shape, nbytes in entries:
-            tensors[name] = np.frombuffer(f.read(nbytes), dtype=dtype).reshape(shape).copy()
+            data = f.read(nbytes)
+            if len(data) != nbytes:
+                raise FormatError(f"{path}: the file ends inside tensor {name} (it changed while it was read)")
+            tensors[name] = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
     config = {}
     for slot, (name, kind) in enumerate(fmt.fields, start=FIRST_FIELD):
         config[name] = float(header[slot:slot + 1].view("<f4")[0]) if kind == "f" else int(header[slot])

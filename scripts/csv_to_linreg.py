@@ -7,6 +7,7 @@ the first --split of them become the training split.
 """
 import argparse
 import csv
+import io
 import math
 import os
 import sys
@@ -35,11 +36,18 @@ def main():
     args = ap.parse_args()
     if not 0.0 < args.split < 1.0:
         fail(f"--split must be in (0, 1), got {args.split}")
+    if not 0 <= args.seed <= 2**31 - 1:
+        fail(f"--seed must be in 0..2147483647, got {args.seed}")
     try:
-        with open(args.csv_file, newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError as e:
-        fail(f"cannot read {args.csv_file}: {e.strerror}")
+        binio.check_output(args.out_file, "output file")
+        text = binio.read_text(args.csv_file, "CSV file")
+    except binio.FormatError as e:
+        fail(str(e))
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as e:
+        fail(f"{args.csv_file}: line {reader.line_num}: {e}")
     rows = [r for r in rows if any(cell.strip() for cell in r)]
     if len(rows) < 3:
         fail(f"{args.csv_file}: expected a header line and at least 2 data rows, found {len(rows)} lines")
@@ -73,12 +81,15 @@ def main():
     x = np.delete(data, t, axis=1).astype(np.float32)
     y = data[:, t].astype(np.float32)
     nan = float("nan")
-    binio.write(args.out_file, binio.LINREG_DATASET,
-                {"n_points": n, "n_features": x.shape[1], "n_train": n_train, "seed": 0,
-                 "w_true": nan, "b_true": nan, "noise_std": nan, "x_min": nan, "x_max": nan},
-                {"x": x, "y": y})
-    print(f"wrote {args.out_file}: {n} rows ({n_train} train), {x.shape[1]} features, target {target!r}")
-
+    try:
+        real = binio.write(args.out_file, binio.LINREG_DATASET,
+                           {"n_points": n, "n_features": x.shape[1], "n_train": n_train, "seed": 0,
+                            "w_true": nan, "b_true": nan, "noise_std": nan, "x_min": nan, "x_max": nan},
+                           {"x": x, "y": y})
+    except binio.FormatError as e:
+        fail(str(e))
+    print(f"wrote {args.out_file}{binio.written_note(args.out_file, real)}: {n} rows ({n_train} train), "
+          f"{x.shape[1]} features, target {target!r}")
 
 if __name__ == "__main__":
     main()

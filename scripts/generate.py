@@ -41,19 +41,29 @@ GROUPS, GN_EPS = 32, 1e-5
 # the model's structure, read from a header (UNET_MODEL_FIELDS)
 
 
+# Bounds on what a header may claim (the ranges of train_unet's flags): a corrupt header never sizes an allocation.
+MAX_IMAGE_SIZE, MAX_CHANNELS, MAX_RES_BLOCKS, MAX_DIFFUSION_STEPS, MAX_STEP = 4096, 65536, 16, 100000, 10**9
+
+
 class ModelConfig:
     def __init__(self, cfg, path="checkpoint"):
         def bad(field, expected):
             raise binio.FormatError(f"{path}: header field {field} is {cfg[field]}, expected {expected}")
+
+        def bounded(field, lo, hi):
+            if not lo <= cfg[field] <= hi:
+                bad(field, f"{lo}..{hi}")
 
         self.image_size, self.model_channels = cfg["image_size"], cfg["model_channels"]
         self.in_channels, self.out_channels = cfg["in_channels"], cfg["out_channels"]
         self.num_res_blocks, self.num_head_channels = cfg["num_res_blocks"], cfg["num_head_channels"]
         self.diffusion_steps = cfg["diffusion_steps"]
         self.beta_start, self.beta_end = cfg["beta_start"], cfg["beta_end"]
-        for field in ["image_size", "model_channels", "num_res_blocks", "num_head_channels", "diffusion_steps"]:
-            if cfg[field] < 1:
-                bad(field, ">= 1")
+        bounded("image_size", 1, MAX_IMAGE_SIZE)
+        bounded("model_channels", 1, MAX_CHANNELS)
+        bounded("num_res_blocks", 1, MAX_RES_BLOCKS)
+        bounded("num_head_channels", 1, MAX_CHANNELS)
+        bounded("diffusion_steps", 1, MAX_DIFFUSION_STEPS)
         for field in ["in_channels", "out_channels"]:
             if cfg[field] != 3:
                 bad(field, 3)
@@ -62,15 +72,19 @@ class ModelConfig:
         self.channel_mult = [cfg[f"mult{i}"] for i in range(cfg["n_levels"])]
         for i, m in enumerate(self.channel_mult):
             ch = m * self.model_channels
-            if m < 1 or ch % GROUPS or ch % self.num_head_channels:
-                bad(f"mult{i}", f">= 1 with model_channels*mult a multiple of {GROUPS} and of num_head_channels")
+            if m < 1 or ch > MAX_CHANNELS or ch % GROUPS or ch % self.num_head_channels:
+                bad(f"mult{i}", f">= 1 with model_channels*mult a multiple of {GROUPS} and of num_head_channels, "
+                    f"at most {MAX_CHANNELS}")
+        for i in range(cfg["n_levels"], 4):
+            if cfg[f"mult{i}"] != 0:
+                bad(f"mult{i}", f"0 (the model has {cfg['n_levels']} levels)")
         if self.image_size % (2 ** (len(self.channel_mult) - 1)):
             bad("image_size", f"a multiple of 2^(n_levels-1) = {2 ** (len(self.channel_mult) - 1)}")
         mask = cfg["attn_ds_mask"]
         if mask < 0 or mask >= 1 << len(self.channel_mult):
             bad("attn_ds_mask", f"0..{(1 << len(self.channel_mult)) - 1} (bit k = attention at ds 2^k)")
         self.attention_ds = [1 << k for k in range(len(self.channel_mult)) if mask >> k & 1]
-        if not 0 < self.beta_start <= self.beta_end < 1:
+        if not 0 < self.beta_start <= self.beta_end < 1:  # NaN fails too
             bad("beta_start", f"0 < beta_start <= beta_end < 1 (beta_end {self.beta_end})")
 
     def blocks(self):
@@ -337,7 +351,9 @@ def to_uint8(x):
 
 
 def save_grid(images, path, pad=2):
-    """images (N, H, W, 3) uint8 -> a PNG grid of ceil(sqrt(N)) columns on a white background."""
+    """images (N, H, W, 3) uint8 -> a PNG grid of ceil(sqrt(N)) columns on a white background, written through
+    binio.write_file (atomic; a symlink written through). -> the path written. Raises binio.PathError."""
+    import io
     from PIL import Image
     n, h, w, _ = images.shape
     cols = int(math.ceil(math.sqrt(n)))
@@ -346,25 +362,80 @@ def save_grid(images, path, pad=2):
     for i in range(n):
         r, c = divmod(i, cols)
         grid[pad + r * (h + pad):pad + r * (h + pad) + h, pad + c * (w + pad):pad + c * (w + pad) + w] = images[i]
-    Image.fromarray(grid).save(path)
+    buf = io.BytesIO()
+    Image.fromarray(grid).save(buf, format="PNG")
+    return binio.write_file(path, buf.getvalue(), "PNG grid")
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # main
 
 
+def checkpoint_fields(path, cfg):
+    """The training fields of a checkpoint header in the ranges train_unet writes; else FormatError naming one."""
+    def bad(field, expected):
+        raise binio.FormatError(f"{path}: header field {field} is {cfg[field]}, expected {expected}")
+
+    if not 0 <= cfg["step"] <= MAX_STEP:
+        bad("step", f"0..{MAX_STEP}")
+    if not 1 <= cfg["batch_size"] <= 4096:
+        bad("batch_size", "1..4096")
+    if cfg["seed"] < 0:
+        bad("seed", "0..2147483647")
+    if not 0 < cfg["lr"] <= 1:  # NaN fails too
+        bad("lr", "a learning rate in (0, 1]")
+    if not 0 <= cfg["ema_rate"] <= 1:
+        bad("ema_rate", "a rate in [0, 1]")
+    for field in ("has_ema", "has_optimizer"):
+        if cfg[field] not in (0, 1):
+            bad(field, "0 or 1")
+
+
 def load_checkpoint(path, weights_choice):
-    """-> (ModelConfig, weights dict, 'ema'|'raw', header config). Raises FormatError on a bad file."""
+    """-> (ModelConfig, weights dict, 'ema'|'raw', header config). Raises FormatError on a bad file: every header
+    field in range, exactly the tensors of the model it claims (with EMA, AdamW moments and rng_state as its
+    header says), every float finite."""
     _, cfg, tensors = binio.read(path, binio.UNET_CHECKPOINT)
     config = ModelConfig(cfg, path)
+    checkpoint_fields(path, cfg)
+    shapes = config.param_shapes()
+    expected = {n: (s, np.float32) for n, s in shapes.items()}
+    if cfg["has_ema"]:
+        expected.update({"ema." + n: (s, np.float32) for n, s in shapes.items()})
+    if cfg["has_optimizer"]:
+        for prefix in ("adam_m.", "adam_v."):
+            expected.update({prefix + n: (s, np.float32) for n, s in shapes.items()})
+        expected["rng_state"] = ((4,), np.int32)
+    for name, (shape, dtype) in expected.items():
+        binio.expect(path, tensors, name, shape, dtype)
+    for name, t in tensors.items():
+        if name not in expected:
+            raise binio.FormatError(f"{path}: tensor {name} is not one of the model's (has_ema {cfg['has_ema']}, "
+                                    f"has_optimizer {cfg['has_optimizer']})")
+        if t.dtype == np.float32 and not np.isfinite(t).all():
+            i = np.unravel_index(np.argmin(np.isfinite(t)), t.shape)
+            raise binio.FormatError(f"{path}: tensor {name}{list(i)} is {t[i]}, expected a finite number")
     if weights_choice == "ema" and not cfg["has_ema"]:
         raise binio.FormatError(f"{path}: --weights ema but the checkpoint has no EMA weights (has_ema 0)")
     use = weights_choice if weights_choice != "auto" else ("ema" if cfg["has_ema"] else "raw")
     prefix = "ema." if use == "ema" else ""
-    weights = {}
-    for name, shape in config.param_shapes().items():
-        weights[name] = binio.expect(path, tensors, prefix + name, shape, np.float32)
+    weights = {name: tensors[prefix + name] for name in shapes}
     return config, weights, use, cfg
+
+
+def memory_check(config, num_samples, batch_size):
+    """An error message when sampling would need more memory than the machine has, else ''."""
+    S = config.image_size
+    widest = max(config.channel_mult) * config.model_channels
+    need = 4 * num_samples * 3 * S * S * 4 + 24 * min(batch_size, num_samples) * S * S * widest * 4
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return ""
+    if need > have:
+        return (f"sampling {num_samples} images of {S}x{S} (batch {batch_size}) needs about {need / 2**30:.1f} GB, "
+                f"this machine has {have / 2**30:.1f} GB: lower --num_samples or --batch_size")
+    return ""
 
 
 def gpu_available(binary):
@@ -394,9 +465,12 @@ def sample_gpu(args, use, image_size):
         r = subprocess.run(cmd)
         if r.returncode != 0:
             sys.exit(f"error: {args.binary} exited with code {r.returncode}")
-        _, cfg, tensors = binio.read(out, binio.UNET_DATASET)
-        shape = (args.num_samples, image_size, image_size, 3)
-        return binio.expect(out, tensors, "images", shape, np.uint8)
+        try:
+            _, cfg, tensors = binio.read(out, binio.UNET_DATASET)
+            shape = (args.num_samples, image_size, image_size, 3)
+            return binio.expect(out, tensors, "images", shape, np.uint8)
+        except binio.FormatError as e:
+            sys.exit(f"error: {args.binary} wrote a bad sample file: {e}")
 
 
 def main(argv=None):
@@ -416,15 +490,20 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=16, help="cpu: images per forward")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial noise and of the ddpm noise")
     args = p.parse_args(argv)
-    if args.num_samples < 1:
-        sys.exit(f"error: --num_samples must be >= 1, found {args.num_samples}")
-    if args.batch_size < 1:
-        sys.exit(f"error: --batch_size must be >= 1, found {args.batch_size}")
+    if not 1 <= args.num_samples <= 1000000:
+        sys.exit(f"error: --num_samples must be in 1..1000000, found {args.num_samples}")
+    if not 1 <= args.batch_size <= 4096:
+        sys.exit(f"error: --batch_size must be in 1..4096, found {args.batch_size}")
     if args.steps < 0:
         sys.exit(f"error: --steps must be >= 0, found {args.steps}")
+    if not 0 <= args.seed <= 2**31 - 1:
+        sys.exit(f"error: --seed must be in 0..2147483647, found {args.seed}")
     if not args.out.lower().endswith(".png"):
         sys.exit(f"error: --out {args.out}: expected a .png path")
-    try:
+    try:  # the outputs before any work: a bad --out must not cost the whole sampling
+        binio.check_output(args.out, "--out")
+        if args.out_bin:
+            binio.check_output(args.out_bin, "--out_bin")
         config, weights, use, cfg = load_checkpoint(args.checkpoint, args.weights)
     except binio.FormatError as e:
         sys.exit(f"error: {e}")
@@ -437,6 +516,9 @@ def main(argv=None):
         args.steps = args.steps or min(50, T)
         if args.steps > T:
             sys.exit(f"error: --steps {args.steps} is more than the checkpoint's diffusion_steps {T}")
+    too_big = memory_check(config, args.num_samples, args.batch_size)
+    if too_big:
+        sys.exit(f"error: {too_big}")
 
     if args.device == "auto":
         ok, why = gpu_available(args.binary)
@@ -457,13 +539,17 @@ def main(argv=None):
         schedule = Schedule(T, config.beta_start, config.beta_end)
         x = sample_cpu(model, schedule, args.num_samples, args.sampler, args.steps, args.seed, args.batch_size)
         images = to_uint8(x)
-    save_grid(images, args.out)
-    if args.out_bin:
-        n, s = images.shape[0], images.shape[1]
-        binio.write(args.out_bin, binio.UNET_DATASET, dict(n_images=n, height=s, width=s, channels=3),
-                    {"images": images})
-    print(f"wrote {args.out} ({images.shape[0]} samples, {time.time() - t0:.1f} s)")
-
+    try:
+        real = save_grid(images, args.out)
+        print(f"wrote {args.out}{binio.written_note(args.out, real)} ({images.shape[0]} samples, "
+              f"{time.time() - t0:.1f} s)")
+        if args.out_bin:
+            n, s = images.shape[0], images.shape[1]
+            real = binio.write(args.out_bin, binio.UNET_DATASET, dict(n_images=n, height=s, width=s, channels=3),
+                               {"images": images})
+            print(f"wrote {args.out_bin}{binio.written_note(args.out_bin, real)}")
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
 
 if __name__ == "__main__":
     main()

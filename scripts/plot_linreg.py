@@ -5,13 +5,14 @@ at 5M points, per operation, fused against unfused).
   python3 scripts/plot_linreg.py bench_results/linreg.json [--out bench_results]
 """
 import argparse
+import io
 import json
 import os
+import sys
 
-import matplotlib
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import binio  # noqa: E402
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main():
@@ -19,8 +20,39 @@ def main():
     ap.add_argument("json_file")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    with open(args.json_file) as f:
-        r = json.load(f)
+    if not os.path.isdir(args.out):
+        what = "not a directory" if os.path.exists(args.out) else "does not exist"
+        sys.exit(f"error: --out {args.out}: {what} (the folder for linreg_sweep.png and linreg_breakdown.png)")
+    outs = [os.path.join(args.out, n) for n in ("linreg_sweep.png", "linreg_breakdown.png")]
+    try:
+        for o in outs:
+            binio.check_output(o, "--out")
+        text = binio.read_text(args.json_file, "JSON file")
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
+    try:
+        r = json.loads(text)
+        draw(r, outs)
+    except json.JSONDecodeError as e:
+        sys.exit(f"error: {args.json_file}: not JSON: {e}")
+    except binio.FormatError as e:  # writing a chart (a ValueError too: caught first)
+        sys.exit(f"error: {e}")
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        sys.exit(f"error: {args.json_file}: not a bench_linreg.py result ({type(e).__name__}: {e}; expected "
+                 "keys rows, epochs, gpu, date, breakdown_us)")
+    print(f"wrote {outs[0]} and linreg_breakdown.png")
+
+
+def save(fig, path):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    binio.write_file(path, buf.getvalue(), "--out")
+
+
+def draw(r, outs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     rows = r["rows"]
     n = [row["points"] for row in rows]
     series = [("torch_cpu_ms", "PyTorch CPU"), ("torch_eager_ms", "PyTorch eager (GPU)"),
@@ -39,7 +71,7 @@ def main():
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "linreg_sweep.png"), dpi=120)
+    save(fig, outs[0])
 
     b = r["breakdown_us"]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -54,8 +86,7 @@ def main():
     ax.set_title("One epoch, per operation")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "linreg_breakdown.png"), dpi=120)
-    print(f"wrote {os.path.join(args.out, 'linreg_sweep.png')} and linreg_breakdown.png")
+    save(fig, outs[1])
 
 
 if __name__ == "__main__":

@@ -9,8 +9,12 @@ naming the file and line on a missing file, a wrong header, a bad row or an empt
 """
 import argparse
 import csv
+import io
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import binio  # noqa: E402
 
 HEADER = ["step", "loss", "ms", "images_per_s"]
 
@@ -20,11 +24,14 @@ def read_log(path):
     if os.path.isdir(path):
         path = os.path.join(path, "log.csv")
     try:
-        f = open(path, newline="")
-    except OSError as e:
-        raise ValueError(f"{path}: cannot open ({e.strerror})") from None
-    with f:
-        rows = list(csv.reader(f))
+        text = binio.read_text(path, "log")
+    except binio.FormatError as e:
+        raise ValueError(str(e)) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as e:
+        raise ValueError(f"{path}: line {reader.line_num}: {e}") from None
     if not rows:
         raise ValueError(f"{path}: empty file, expected the header {','.join(HEADER)}")
     header = [h.strip() for h in rows[0]]
@@ -62,11 +69,12 @@ def main(argv=None):
     p.add_argument("--smooth", type=float, default=-1, help="EMA factor in [0, 1); -1: auto, 1 - 25/points")
     p.add_argument("--title", default="", help="title prefix (default: the log's path)")
     args = p.parse_args(argv)
-    if not (0 <= args.smooth < 1 or args.smooth == -1):
+    if not (0 <= args.smooth < 1 or args.smooth == -1):  # NaN fails too
         sys.exit(f"error: --smooth must be in [0, 1) or -1 (auto), found {args.smooth}")
     try:
+        binio.check_output(args.out, "--out")  # before the log is read and drawn
         cols = read_log(args.log)
-    except ValueError as e:
+    except ValueError as e:  # binio.FormatError is a ValueError
         sys.exit(f"error: {e}")
 
     import matplotlib
@@ -90,8 +98,14 @@ def main(argv=None):
     ax.set_title(f"{args.title or args.log}: step {int(steps[-1])}, loss {smoothed[-1]:.4f}, "
                  f"median {ms[len(ms) // 2]:.1f} ms/step", fontsize=10)
     fig.tight_layout()
-    fig.savefig(args.out)
-    print(f"wrote {args.out} ({len(steps)} points, steps {int(steps[0])}..{int(steps[-1])})")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    try:
+        real = binio.write_file(args.out, buf.getvalue(), "--out")
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {args.out}{binio.written_note(args.out, real)} ({len(steps)} points, "
+          f"steps {int(steps[0])}..{int(steps[-1])})")
 
 
 if __name__ == "__main__":

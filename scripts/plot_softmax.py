@@ -5,8 +5,14 @@ one line per implementation, the device copy bandwidth as a dashed line.
 """
 import argparse
 import csv
+import io
+import math
+import os
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import binio  # noqa: E402
 
 
 def main():
@@ -15,23 +21,38 @@ def main():
     ap.add_argument("--copy_gbps", type=float, default=0.0, help="copy bandwidth to draw, GB/s (default 0: none)")
     ap.add_argument("--out", default="bench_results/softmax_sweep.png", help="PNG to write (default bench_results/softmax_sweep.png)")
     args = ap.parse_args()
+    if not (math.isfinite(args.copy_gbps) and args.copy_gbps >= 0):
+        print(f"error: --copy_gbps must be a bandwidth >= 0, got {args.copy_gbps}", file=sys.stderr)
+        return 1
     try:
-        with open(args.csv, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as e:
-        print(f"error: cannot read --csv {args.csv}: {e.strerror}", file=sys.stderr)
+        binio.check_output(args.out, "--out")
+        text = binio.read_text(args.csv, "--csv")
+    except binio.FormatError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as e:
+        print(f"error: {args.csv}: line {reader.line_num}: {e}", file=sys.stderr)
         return 1
     need = {"op", "cols", "impl", "gbps"}
     if not rows or not need <= set(rows[0]):
         print(f"error: {args.csv} needs columns {sorted(need)} and at least one row", file=sys.stderr)
         return 1
+    series = defaultdict(list)  # (op, impl) -> [(cols, gbps)]
+    for line, r in enumerate(rows, start=2):
+        try:
+            cols, gbps = int(r["cols"]), float(r["gbps"])
+        except (TypeError, ValueError):
+            print(f"error: {args.csv}: line {line}: cols {r['cols']!r} and gbps {r['gbps']!r} must be numbers",
+                  file=sys.stderr)
+            return 1
+        series[(r["op"], r["impl"])].append((cols, gbps))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = defaultdict(list)  # (op, impl) -> [(cols, gbps)]
-    for r in rows:
-        series[(r["op"], r["impl"])].append((int(r["cols"]), float(r["gbps"])))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for ax, op in zip(axes, ("forward", "backward")):
         for (o, impl), pts in sorted(series.items()):
@@ -50,8 +71,14 @@ def main():
         ax.legend(fontsize=8)
     axes[0].set_ylabel("GB/s (forward 2*N*4 bytes, backward 3*N*4)")
     fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    try:
+        real = binio.write_file(args.out, buf.getvalue(), "--out")
+    except binio.FormatError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}{binio.written_note(args.out, real)}")
     return 0
 
 

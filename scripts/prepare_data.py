@@ -56,8 +56,16 @@ def main(argv=None):
     if not 1 <= args.image_size <= 4096:
         sys.exit(f"error: --image_size must be in 1..4096, found {args.image_size}")
     if not os.path.isdir(args.input_dir):
-        sys.exit(f"error: --input_dir {args.input_dir}: no such folder")
-    names = list_images(args.input_dir)
+        what = "not a folder" if os.path.exists(args.input_dir) else "no such folder"
+        sys.exit(f"error: --input_dir {args.input_dir}: {what}")
+    try:  # before reading every image
+        binio.check_output(args.output, "--output")
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
+    try:
+        names = list_images(args.input_dir)
+    except OSError as e:
+        sys.exit(f"error: --input_dir {args.input_dir}: cannot list it ({e.strerror})")
     if not names:
         sys.exit(f"error: --input_dir {args.input_dir}: no image files (expected one of {sorted(EXTENSIONS)})")
 
@@ -76,14 +84,14 @@ def main(argv=None):
 
     data = np.stack(images)  # (N, S, S, 3) uint8
     n, s = data.shape[0], args.image_size
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):
-        sys.exit(f"error: --output {args.output}: folder {out_dir} does not exist")
-    binio.write(args.output, binio.UNET_DATASET, dict(n_images=n, height=s, width=s, channels=3), {"images": data})
+    try:
+        real = binio.write(args.output, binio.UNET_DATASET, dict(n_images=n, height=s, width=s, channels=3),
+                           {"images": data})
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
     mean = data.reshape(-1, 3).mean(axis=0)
-    print(f"wrote {args.output}: {n} images {s}x{s}x3 uint8 ({os.path.getsize(args.output)} bytes), "
-          f"{len(skipped)} skipped, mean RGB {mean[0]:.1f} {mean[1]:.1f} {mean[2]:.1f}")
-
+    print(f"wrote {args.output}{binio.written_note(args.output, real)}: {n} images {s}x{s}x3 uint8 "
+          f"({os.path.getsize(real)} bytes), {len(skipped)} skipped, mean RGB {mean[0]:.1f} {mean[1]:.1f} {mean[2]:.1f}")
 
 if __name__ == "__main__":
     main()
