@@ -41,6 +41,17 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <utility>
 #include <vector>
 
+// The file reads top to bottom in seven parts, each opened by a banner of '=':
+//   1. utilities and formats                  2. the generic kernels (every product of the --tf32 0 path)
+//   3. the fast path's interface to the model  4. the model: forward, loss, backward, update
+//   5. the training loop and checkpoints       6. the fast path: conv2 on tensor cores, fc1, the head, fused
+//   7. the command line (main; left out of TESTING builds)
+
+// ================================================================================================================
+// 1. UTILITIES AND FORMATS
+//   error checks, the network's shape and parameter layouts, the binary file format, MNIST's IDX files, the
+//   timeline tracing of dev/trace_mnist, programmatic dependent launch
+// ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
 // The grid barriers' watchdog (wg_grid_wait): a kernel whose barrier never opens writes its name's index here (mapped
@@ -428,6 +439,11 @@ __device__ __forceinline__ void grid_dep_sync() {
     grid_dep_launch();
 }
 
+// ================================================================================================================
+// 2. THE GENERIC KERNELS
+//   the matrix products through operand views (every product of the --tf32 0 path, which the PyTorch fp32 tests
+//   compare; the same calls run cuBLAS or the CPU), the small kernels of a step, the optimizer
+// ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // Matrix views: every operand of every matrix product is a logical (rows x cols) matrix read through one of these,
 // so the convolutions are implicit GEMMs (no im2col buffer on our path).
@@ -894,6 +910,84 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// the other kernels of a step (each with a CPU twin below)
+// (The fast path's training step has no gather: conv2's forward kernel reads the bytes itself, see ConvInput.)
+__global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
+                                    const int* counters, int offset_const, int B) {
+    grid_dep_sync();
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * IMG * IMG) return;
+    int b = idx / (IMG * IMG), p = idx % (IMG * IMG);
+    int pos = (counters ? counters[1] : offset_const) + b;
+    int s = perm ? perm[pos] : pos;
+    x[idx] = mnist_normalize(images[(size_t)s * IMG * IMG + p]);
+    if (p == 0) y[b] = labels[s];
+}
+
+__global__ void maxpool_forward_kernel(float* pooled, const float* act2, int B) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (b, py, px, c)
+    if (idx >= B * FC_IN) return;
+    int c = idx % C2, px = (idx / C2) % HP, py = (idx / (C2 * HP)) % HP, b = idx / FC_IN;
+    const float* base = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+    float m = base[0];
+    m = fmaxf(m, base[C2]);
+    m = fmaxf(m, base[H2 * C2]);
+    m = fmaxf(m, base[H2 * C2 + C2]);
+    pooled[idx] = m;
+}
+// dact2[b,y,x,c] = dpooled at its window iff (y,x) is the window's first maximum (PyTorch's choice) and act2 > 0
+// (the ReLU in front of the pool). A gather: each element decides for itself, no atomics, no zero fill.
+__host__ __device__ inline float maxpool_backward_elem(const float* dpooled, const float* act2, int b, int y, int x, int c) {
+    int py = y / 2, px = x / 2;
+    const float* win = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+    float best = win[0]; int arg = 0;
+    const int offs[4] = {0, C2, H2 * C2, H2 * C2 + C2};
+    for (int i = 1; i < 4; i++) if (win[offs[i]] > best) { best = win[offs[i]]; arg = i; }
+    int me = (y % 2) * 2 + (x % 2);
+    float v = act2[(((size_t)b * H2 + y) * H2 + x) * C2 + c];
+    if (me != arg || !(v > 0.0f)) return 0.0f;
+    return dpooled[(((size_t)b * HP + py) * HP + px) * C2 + c];
+}
+__global__ void maxpool_backward_kernel(float* dact2, const float* dpooled, const float* act2, int B) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * H2 * H2 * C2) return;
+    int c = idx % C2, x = (idx / C2) % H2, y = (idx / (C2 * H2)) % H2, b = idx / (C2 * H2 * H2);
+    dact2[idx] = maxpool_backward_elem(dpooled, act2, b, y, x, c);
+}
+
+// One warp holds one row of NCLS logits (lane j: logit j; lanes >= NCLS: -inf): log-softmax + NLL. Writes the row's
+// loss and prediction (argmax, lowest index on ties) at its position in the epoch's arrays when those are given;
+// returns through e, sum and label what the gradient (softmax - onehot) / B = (e / sum - [lane == label]) / B needs.
+__device__ __forceinline__ void warp_log_softmax_nll(float v, int lane, const int* y, int row, const int* counters,
+                                                     int offset_const, float* losses, int* preds, float& e, float& sum,
+                                                     int& label) {
+    float mx = v; int arg = lane;
+    for (int o = 16; o > 0; o /= 2) {
+        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
+        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
+    }
+    e = lane < NCLS ? expf(v - mx) : 0.0f;
+    sum = e;
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    label = y[row];
+    float logp = v - mx - logf(sum);
+    int pos = (counters ? counters[1] : offset_const) + row;
+    if (lane == label && losses) losses[pos] = -logp;
+    if (lane == 0 && preds) preds[pos] = arg;
+}
+// Fused log-softmax + NLL, one warp per row: per-sample loss, prediction, and dlogits = (softmax - onehot) / B.
+__global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, const float* logits, const int* y,
+                                    const int* counters, int offset_const, int B) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= B) return;
+    float v = lane < NCLS ? logits[row * NCLS + lane] : -INFINITY;
+    float e, sum;
+    int label;
+    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
+    if (lane < NCLS && dlogits) dlogits[row * NCLS + lane] = (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
 enum { OPT_SGD = 0, OPT_ADAMW = 1 };
 enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
@@ -967,6 +1061,654 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
         *p = opt_sub(*p, opt_mul(s.lr / s.bc1, mm) / denom);
     }
 }
+// ----------------------------------------------------------------------------------------------------------------
+// the optimizer step over the flat parameter buffer
+// One launch over every parameter; a thread updates 4 consecutive elements with 16-byte accesses (the buffers are
+// cudaMalloc'd, so aligned), the last thread also the n % 4 tail. With advance_B >= 0 the kernel also advances the
+// counters (as advance_counters_kernel, one launch less): the last block to finish does it, when every block has read
+// counters[0] (a ticket in counters[2], reset by that block). (The fast path's training step does not use this
+// kernel: its updates run in fc1_backward_kernel and conv2_wgrad_tf32_kernel.)
+__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, int* counters,
+                                 int advance_B) {
+    grid_dep_sync();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
+    const OptStep st = opt_step(c, counters[0]);
+    if (advance_B >= 0) {
+        __syncthreads();  // every thread of the block has read counters[0]
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(&counters[2], 1) == (int)gridDim.x - 1) { counters[0] += 1; counters[1] += advance_B; counters[2] = 0; }
+        }
+    }
+    if (i > n4) return;
+    if (i < n4) {
+        float4 p = ((float4*)params)[i], g = ((const float4*)grads)[i], mm = ((float4*)m)[i];
+        float4 vv = c.optimizer == OPT_ADAMW ? ((float4*)v)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        opt_update_elem(c, st, &p.x, g.x, &mm.x, &vv.x);
+        opt_update_elem(c, st, &p.y, g.y, &mm.y, &vv.y);
+        opt_update_elem(c, st, &p.z, g.z, &mm.z, &vv.z);
+        opt_update_elem(c, st, &p.w, g.w, &mm.w, &vv.w);
+        ((float4*)params)[i] = p; ((float4*)m)[i] = mm;
+        if (c.optimizer == OPT_ADAMW) ((float4*)v)[i] = vv;
+    } else {
+        for (size_t j = 4 * n4; j < n; j++) opt_update_elem(c, st, &params[j], grads[j], &m[j], &v[j]);
+    }
+}
+// counters[0] = updates done, counters[1] = position in the epoch's permutation; advanced once per step.
+__global__ void advance_counters_kernel(int* counters, int B) {
+    grid_dep_sync();
+    counters[0] += 1; counters[1] += B;
+}
+
+// ================================================================================================================
+// 3. THE FAST PATH'S INTERFACE
+//   the constants, types and entry points that the model (part 4) uses behind conv2_fast(m), the default GPU path
+//   (--matmul ours --tf32 1); the kernels and their launchers are in part 6
+// ================================================================================================================
+// fc1's split of K on the fast path (fc1_forward_kernel below; the fused forward inside conv2's forward kernel)
+constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
+constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
+constexpr size_t FC1F_SMEM = ((size_t)(64 + FC_H) * FC1F_LD + 64 * FC_H) * sizeof(float);  // operands, then the inbox
+static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
+constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
+
+// Where conv2's forward kernel takes the network's input from: x (B,28,28), normalized, written by an earlier kernel;
+// or (images not null: the training step, no gather kernel) the dataset's bytes, sample perm[pos + b] (pos + b without
+// perm) with pos = counters[1] (offset when counters is null), normalized by mnist_normalize; x_out and y_out then get
+// the batch's x (conv1's weight gradient reads it) and labels. Those reads run before grid_dep_sync: the dataset and
+// the permutation change only between epochs, and counters[1] was advanced by the previous step's
+// fc1_backward_kernel, three launches back. Or (staged not null: a training step after another in the same sequence,
+// see mnist_train_steps) the batch's bytes [B][784] and labels [B] that the previous step's weight-gradient kernel
+// gathered (BatchPrefetch::xb): one load after grid_dep_sync instead of three dependent ones (position, permutation,
+// image) before it; x_out and y_out as above.
+struct ConvInput {
+    const float* x = nullptr;
+    const uint8_t *images = nullptr, *labels = nullptr;
+    const int *perm = nullptr, *counters = nullptr;
+    int offset = 0;
+    const uint8_t* staged = nullptr;
+    const int* staged_y = nullptr;
+    const float* wimg = nullptr;  // staged too: conv2.weight's forward image, by the previous step's update (SplitsJob::w2img)
+    float* x_out = nullptr;
+    int* y_out = nullptr;
+};
+
+// The training step's fc1 and head inside conv2's forward kernel (the fused forward; part not null): the grid is then
+// FC1F_SPLITS blocks, all resident at once (one per SM), B <= 64, and the blocks past the batch's bands skip the
+// convolutions. Block s loads fc1.weight's K slice s (columns 72 s .. 72 s + 71) by cp.async once conv2's weights have
+// landed; after its bands and a grid barrier (every pooled row stored) it computes fc1's partial sum over that slice
+// exactly as fc1_forward_kernel's block s does (the same rounded operands, the same products: the same bits) and stores
+// it to part[s][B][128] (4 MB at batch 64, stored and loaded with streaming hints: read once; plain accesses kept them
+// in L2 at the expense of what the backward reads next, measured on the H100: 0.8 ms per epoch); after a second
+// barrier, which also releases fc1's backward (released at the wait, its blocks sat early on this kernel's first free
+// SMs: 0.4 ms slower), block b < B adds row b's 128 partial sums in the order fc1_forward_kernel's clusters and
+// head_kernel<FC1F_PARTS> add them (the 8 of a group in rank order, then the 16 groups), then fc1's bias and ReLU (h),
+// and runs head_row. So the fused forward is bit-identical to conv2's forward + fc1_forward_kernel + head_kernel, with
+// two grid barriers in place of two launches and their ramps.
+struct FwdHead {
+    const float *wf1 = nullptr, *bf1 = nullptr, *wf2 = nullptr, *bf2 = nullptr;
+    float *part = nullptr, *h = nullptr, *logits = nullptr, *dlogits = nullptr, *dh = nullptr, *losses = nullptr;
+    int* preds = nullptr;
+    const int *y = nullptr, *counters = nullptr;
+    int offset = 0;
+    unsigned long long* bar = nullptr;
+};
+
+// fc1.weight's SGD step in the input-gradient kernel's idle warp (fc1_step_share, part 6)
+struct Fc1Step { float *p = nullptr, *m1 = nullptr; const float* g = nullptr; const int* counters = nullptr; OptConfig c; };
+
+// The split reductions: conv2's weight gradient over the weight-gradient blocks' partial sums and conv1's over the
+// input-gradient kernel's, both at the end of conv2_wgrad_tf32_kernel (after a grid-wide barrier). A SplitsJob is
+// one of them: dst[i] = sum_{s < splits} src[s * stride + i] for i < n (i >= n_head goes to dst_tail[i - n_head]), or,
+// with update_off >= 0, no store: the optimizer step with that sum applied to the parameters update_off + i of the
+// flat buffers of an OptTarget (the same opt_update_elem as optimizer_kernel: the same result, bit for bit, as storing
+// the gradient and running optimizer_kernel). The summation order is fixed (deterministic for a given split count):
+// 32 lanes k = 0..31 each add the splits s = k, k + 32, k + 64, ... into four accumulators (a[u] gets s = k + 32 u
+// + 128 j, in groups of four while s + 96 < splits, the remaining ones in a[0], a[1], ...), lane k's part is
+// (a[0] + a[1]) + (a[2] + a[3]), and the sum is part_0 + part_1 + ... + part_31 in that order (lanes past the split
+// count add +0). That is the order of the former splits_reduce_kernel (its warp k summed lane k's splits), so the
+// gradients are bit-identical to it.
+constexpr int SR_LANES = 32;
+struct SplitsJob {
+    float *dst = nullptr, *dst_tail = nullptr; int n_head = 0;
+    const float* src = nullptr; size_t stride = 0; int splits = 0, n = 0;
+    int update_off = -1;
+    float* w2img = nullptr;  // conv2's update only: also each updated weight (i < n_head), see conv2_fwd_img_index
+};
+struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
+
+// The next step's batch, for conv2's forward kernel right after this kernel (ConvInput): the samples at the
+// permutation's entries from counters[1] (advanced by fc1_backward_kernel, complete here); n: the dataset's size,
+// positions past it are skipped. xb not null (the next step is in the same sequence, mnist_train_steps): their bytes
+// and labels gathered into xb [B][784] and yb [B] (ConvInput::staged); else an L2 prefetch of the images' bytes (a
+// hint: no effect on any value; the next forward gathers them itself).
+constexpr int GATHER_CH = IMG * IMG / 16, GATHER_ITEMS = GATHER_CH + 1;  // a sample's 49 16-byte image chunks, its label
+static_assert(IMG * IMG % 16 == 0, "16-byte chunks of an image (every image starts 16-byte aligned: 784 = 49 x 16)");
+struct BatchPrefetch {
+    const uint8_t *images = nullptr, *labels = nullptr; const int* perm = nullptr; const int* counters = nullptr; int n = 0, B = 0;
+    uint8_t* xb = nullptr; int* yb = nullptr;
+};
+
+// fc1's backward kernel (fc1_backward_kernel, part 6)
+struct Fc1BackwardArgs {
+    float *dpooled, *gwf1, *gbf1, *gwf2, *gbf2;
+    const float *wf1, *dh, *pooled, *dlogits, *h;
+    int* counters;
+    int B;
+    int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
+};
+
+// Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
+struct Conv2Tf32 {
+    bool ready = false;
+    int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
+    bool fused_fwd = false;  // the fused forward's FC1F_SPLITS blocks fit on the GPU at once (one per SM)
+    unsigned long long* wgrad_bar = nullptr;  // the grid barrier of the weight gradient and the fused forward (see wg_grid_arrive)
+    float *ws = nullptr, *ws_w1 = nullptr, *wimg_dgrad = nullptr;
+    float* wimg_fwd = nullptr;  // conv2.weight's forward image, written by the training step's update (SplitsJob::w2img)
+};
+static Conv2Tf32 g_conv2;
+// whether the device takes thread-block clusters and bulk copies (sm_90+), set by fast_path_setup (part 6)
+static bool g_fc1_cluster = false;
+static bool g_bulk_copy = false;  // sm_90: conv2.weight's forward image by one bulk copy (ConvInput::wimg)
+
+// the fast path's kernels and launchers that the model calls (defined in part 6)
+__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled,
+                                                          const float* __restrict__ wf1, int B);
+template <int NPARTS>
+__global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, float* h,
+                            const float* __restrict__ hpart, const float* __restrict__ bf1,
+                            const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y,
+                            const int* counters, int offset_const, int B);
+static void fast_path_setup();
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign,
+                               const ConvInput& in, const float* w1, const float* b1, const float* w2, const float* b2,
+                               int B, const FwdHead& fh = FwdHead());
+static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
+                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1 = Fc1Step());
+static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1,
+                             int B, const SplitsJob& dgrad, const SplitsJob& extra = SplitsJob(),
+                             const OptTarget& opt = OptTarget(), int update_off = -1,
+                             const BatchPrefetch& pf = BatchPrefetch());
+static void fc1_backward(const Fc1BackwardArgs& a);
+
+// ================================================================================================================
+// 4. THE MODEL
+//   parameters, activations, forward, loss, backward, update; in each the --tf32 0 path is the straight line of
+//   matmul_forward calls, and the branch on conv2_fast(m) leads into the fast path (part 6)
+// ================================================================================================================
+struct Mnist {
+    bool cpu = false;
+    int B = 0;           // largest batch of forward + backward
+    int B_fwd = 0;       // largest forward-only batch (evaluation)
+    size_t n_params = 0;
+    float *params = nullptr, *grads = nullptr, *m1 = nullptr, *m2 = nullptr;  // flat, internal layout
+    float *x = nullptr, *act1 = nullptr, *act2 = nullptr, *pooled = nullptr, *h = nullptr, *logits = nullptr;
+    uint32_t* act1_sign = nullptr;  // act1's signs (a word per pixel), made by the TF32 forward for its input gradient
+    int* y = nullptr;
+    float *dlogits = nullptr, *dh = nullptr, *dpooled = nullptr, *dact2 = nullptr, *dact1 = nullptr;
+    uint8_t* pool_codes = nullptr;  // fast path: the max-pool's window codes (B,12,12,64), instead of act2 and dact2
+    float* hpart = nullptr;         // fast path on sm_90: fc1's 16 split-K partial sums (16,B,128)
+    float* fpart = nullptr;         // the fused forward's 128 split-K partial sums (128,B,128), B <= FUSED_MAX_B
+    uint8_t* xb = nullptr;          // GPU: the next training step's batch bytes (B,28,28) and labels (B), gathered by
+    int* yb = nullptr;              // the weight-gradient kernel (BatchPrefetch::xb, ConvInput::staged)
+    int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
+    OptConfig opt;
+};
+
+static float* mnist_alloc(const Mnist* m, size_t n) {
+    float* p;
+    if (m->cpu) { p = (float*)mallocCheck(n * sizeof(float)); memset(p, 0, n * sizeof(float)); }
+    else { cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float))); cudaCheck(cudaMemset(p, 0, n * sizeof(float))); }
+    return p;
+}
+static void mnist_free_ptr(const Mnist* m, void* p) { if (m->cpu) free(p); else cudaCheck(cudaFree(p)); }
+
+// Allocates parameters, optimizer state and activations for batches up to B (training) and B_fwd (evaluation).
+static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
+    m->cpu = cpu; m->B = B; m->B_fwd = std::max(B, B_fwd);
+    m->n_params = params_setup();
+    m->params = mnist_alloc(m, m->n_params); m->grads = mnist_alloc(m, m->n_params);
+    m->m1 = mnist_alloc(m, m->n_params); m->m2 = mnist_alloc(m, m->n_params);
+    size_t F = m->B_fwd;
+    m->x = mnist_alloc(m, F * IMG * IMG); m->act1 = mnist_alloc(m, F * H1 * H1 * C1); m->act2 = mnist_alloc(m, F * H2 * H2 * C2);
+    m->act1_sign = (uint32_t*)mnist_alloc(m, F * H1 * H1);
+    m->pooled = mnist_alloc(m, F * FC_IN); m->h = mnist_alloc(m, F * FC_H); m->logits = mnist_alloc(m, F * NCLS);
+    m->y = (int*)mnist_alloc(m, F);
+    m->dlogits = mnist_alloc(m, F * NCLS); m->dh = mnist_alloc(m, (size_t)B * FC_H); m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
+    m->dact2 = mnist_alloc(m, (size_t)B * H2 * H2 * C2); m->dact1 = mnist_alloc(m, (size_t)B * H1 * H1 * C1);
+    m->counters = (int*)mnist_alloc(m, 3);
+    m->pool_codes = (uint8_t*)mnist_alloc(m, ceil_div((int)(F * FC_IN), 4));
+    m->hpart = mnist_alloc(m, (size_t)FC1F_PARTS * F * FC_H);
+    if (!cpu) {
+        m->fpart = mnist_alloc(m, (size_t)FC1F_SPLITS * std::min(B, FUSED_MAX_B) * FC_H);
+        m->xb = (uint8_t*)mnist_alloc(m, (size_t)B * IMG * IMG / 4);
+        m->yb = (int*)mnist_alloc(m, B);
+    }
+    if (!cpu) {
+        if (!g_mm.ws_partial) {  // shared by every model of the process (the tests build several)
+            g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
+            cudaCheck(cudaMalloc(&g_mm.ws_partial, g_mm.ws_partial_size * sizeof(float)));
+            cudaCheck(cudaMalloc(&g_mm.ws_rowsum, g_mm.ws_rowsum_size * sizeof(float)));
+        }
+        fast_path_setup();
+        if (!g_mm.cublas) cublasCheck(cublasCreate(&g_mm.cublas));
+        // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
+        cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+        cublasCheck(cublasSetStream(g_mm.cublas, g_mm.stream));
+        if (g_mm.backend == BACKEND_CUBLAS) {
+            cudaCheck(cudaFree(g_mm.ws_a)); cudaCheck(cudaFree(g_mm.ws_b)); cudaCheck(cudaFree(g_mm.ones));
+            // the largest im2col operands: conv2 input (F*576 x 288), the input gradient's (B*676 x 576)
+            g_mm.ws_a_size = std::max({F * H2 * H2 * KC2, (size_t)B * H1 * H1 * 9 * C2, F * H1 * H1 * K1});
+            g_mm.ws_b_size = std::max({(size_t)B * H2 * H2 * KC2, (size_t)B * H1 * H1 * K1, (size_t)9 * C2 * C1});
+            cudaCheck(cudaMalloc(&g_mm.ws_a, g_mm.ws_a_size * sizeof(float)));
+            cudaCheck(cudaMalloc(&g_mm.ws_b, g_mm.ws_b_size * sizeof(float)));
+            g_mm.ones_size = B * H1 * H1;
+            std::vector<float> ones(g_mm.ones_size, 1.0f);
+            cudaCheck(cudaMalloc(&g_mm.ones, ones.size() * sizeof(float)));
+            cudaCheck(cudaMemcpy(g_mm.ones, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+            static float* cublas_ws = nullptr;  // a fixed workspace so cuBLAS never allocates inside graph capture
+            if (!cublas_ws) cudaCheck(cudaMalloc(&cublas_ws, 32u << 20));
+            cublasCheck(cublasSetWorkspace(g_mm.cublas, cublas_ws, 32u << 20));
+        }
+    }
+}
+static void mnist_free(Mnist* m) {
+    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act1_sign, m->act2, m->pooled, m->h, m->logits, m->y,
+                  m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
+    for (void* p : ps) mnist_free_ptr(m, p);
+    for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
+}
+static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
+static float* G(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
+
+// PyTorch's default init for conv and linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, drawn from
+// splitmix64 (our own stream; the tests load PyTorch's weights instead of reproducing its generator).
+static uint64_t splitmix64(uint64_t* s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float rand_uniform(uint64_t* s) { return (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f); }
+static void mnist_init_params(Mnist* m, uint64_t seed) {
+    std::vector<float> host(m->n_params);
+    uint64_t s = seed * 0x2545F4914F6CDD1Dull + 1;
+    const int fan_in[8] = {9, 9, KC2, KC2, FC_IN, FC_IN, FC_H, FC_H};
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        float bound = (float)(1.0 / sqrt((double)fan_in[i]));
+        for (size_t j = 0; j < PARAMS[i].numel; j++) host[PARAMS[i].offset + j] = bound * (2.0f * rand_uniform(&s) - 1.0f);
+    }
+    if (m->cpu) memcpy(m->params, host.data(), host.size() * sizeof(float));
+    else cudaCheck(cudaMemcpy(m->params, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+// Copies between a host buffer in the internal layout and the model's buffer (device or host).
+static void mnist_copy_out(const Mnist* m, const float* src, float* host_dst, size_t n) {
+    if (m->cpu) memcpy(host_dst, src, n * sizeof(float));
+    else cudaCheck(cudaMemcpy(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, size_t n) {
+    if (m->cpu) memcpy(dst, host_src, n * sizeof(float));
+    else cudaCheck(cudaMemcpy(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
+static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKEND_OURS && g_mm.tf32; }
+
+// forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
+// h, the rest comes from mnist_loss's head. gather (fast path only): conv2's forward kernel loads the batch from the
+// dataset itself (ConvInput) and writes x and y, instead of reading x.
+static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
+    if (conv2_fast(m)) {  // conv1 inside conv2's kernel, the pooling (and its window codes) in its epilogue, act2 not stored
+        ConvInput in;
+        if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
+        else in.x = m->x;
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
+        if (g_fc1_cluster) {
+            launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
+                       m->pooled, P(m, P_WF1), B);
+            return;  // the head adds the partial sums, bias and ReLU, and does fc2
+        }
+    } else {
+        Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
+        matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
+        Epilogue e2; e2.bias = P(m, P_B2); e2.relu = 1;
+        matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
+    }
+    if (m->cpu) {
+        for (int b = 0; b < B; b++) for (int py = 0; py < HP; py++) for (int px = 0; px < HP; px++) for (int c = 0; c < C2; c++) {
+            const float* base = m->act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+            m->pooled[(((size_t)b * HP + py) * HP + px) * C2 + c] = fmaxf(fmaxf(base[0], base[C2]), fmaxf(base[H2 * C2], base[H2 * C2 + C2]));
+        }
+    } else if (!conv2_fast(m)) {
+        maxpool_forward_kernel<<<ceil_div(B * FC_IN, 256), 256, 0, g_mm.stream>>>(m->pooled, m->act2, B);
+        launch_check();
+    }
+    Epilogue e3; e3.bias = P(m, P_BF1); e3.relu = 1;
+    matmul_forward(m->h, FC_H, {V_ROW, m->pooled, FC_IN}, {V_COL, P(m, P_WF1), FC_IN}, B, FC_H, FC_IN, e3);
+    if (conv2_fast(m)) return;  // fc2 is part of the fused head in mnist_loss
+    Epilogue e4; e4.bias = P(m, P_BF2);
+    matmul_forward(m->logits, NCLS, {V_ROW, m->h, FC_H}, {V_COL, P(m, P_WF2), FC_H}, B, NCLS, FC_H, e4);
+}
+
+// fused log-softmax + NLL: losses[offset + b], preds[offset + b] (either may be null), dlogits (null: no gradient)
+static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* counters, int offset, bool grad) {
+    if (m->cpu) {
+        int off = counters ? counters[1] : offset;
+        for (int b = 0; b < B; b++) {
+            const float* l = m->logits + b * NCLS;
+            float mx = l[0]; int arg = 0;
+            for (int j = 1; j < NCLS; j++) if (l[j] > mx) { mx = l[j]; arg = j; }
+            float sum = 0.0f;
+            for (int j = 0; j < NCLS; j++) sum += expf(l[j] - mx);
+            int label = m->y[b];
+            if (losses) losses[off + b] = -(l[label] - mx - logf(sum));
+            if (preds) preds[off + b] = arg;
+            if (grad) for (int j = 0; j < NCLS; j++) m->dlogits[b * NCLS + j] = (expf(l[j] - mx) / sum - (j == label ? 1.0f : 0.0f)) / (float)B;
+        }
+        return;
+    }
+    if (conv2_fast(m)) {
+        auto head = g_fc1_cluster ? head_kernel<FC1F_PARTS> : head_kernel<0>;
+        launch_pdl(head, ceil_div(B, 8), 256, 0, 1, m->logits, grad ? m->dlogits : nullptr, m->dh, losses, preds, m->h,
+                   m->hpart, P(m, P_BF1), P(m, P_WF2), P(m, P_BF2), m->y, counters, offset, B);
+        return;
+    }
+    softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits, m->y, counters, offset, B);
+    launch_check();
+}
+
+// forward + loss: mnist_forward then mnist_loss, or on the fast path (sm_90, a batch of at most FUSED_MAX_B within the
+// training batch the model was built for, the GPU holding the fused grid at once) the fused forward, one launch:
+// conv1, conv2, the pooling, fc1 and the head (FwdHead), bit-identical to the three launches. g_fused_forward = false
+// (the tests) keeps the three launches.
+static bool g_fused_forward = true;
+static bool mnist_fused_forward(const Mnist* m, int B) {
+    return conv2_fast(m) && g_fc1_cluster && g_fused_forward && g_conv2.fused_fwd && B <= std::min(m->B, FUSED_MAX_B);
+}
+static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* losses, int* preds, const int* counters,
+                               int offset, bool grad) {
+    if (!mnist_fused_forward(m, B)) {
+        mnist_forward(m, B, gather);
+        mnist_loss(m, B, losses, preds, counters, offset, grad);
+        return;
+    }
+    ConvInput in;
+    if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
+    else in.x = m->x;
+    FwdHead fh;
+    fh.wf1 = P(m, P_WF1); fh.bf1 = P(m, P_BF1); fh.wf2 = P(m, P_WF2); fh.bf2 = P(m, P_BF2);
+    fh.part = m->fpart; fh.h = m->h; fh.logits = m->logits; fh.dlogits = grad ? m->dlogits : nullptr; fh.dh = m->dh;
+    fh.losses = losses; fh.preds = preds; fh.y = m->y; fh.counters = counters; fh.offset = offset;
+    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
+}
+
+// backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
+// With update_advance_B >= 0 on the fast path, the backward's kernels apply the optimizer step to every parameter
+// instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in conv2_wgrad_tf32_kernel's split reduction) and
+// advance the counters by update_advance_B: mnist_update and mnist_advance in the same launches (not called then).
+static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const BatchPrefetch& pf = BatchPrefetch()) {
+    Epilogue e;
+    if (conv2_fast(m)) {  // dh came out of the fused head
+        const bool fuse = update_advance_B >= 0;
+        Fc1BackwardArgs a;
+        a.dpooled = m->dpooled; a.wf1 = P(m, P_WF1); a.gwf1 = G(m, P_WF1);
+        a.gbf1 = G(m, P_BF1); a.gwf2 = G(m, P_WF2); a.gbf2 = G(m, P_BF2);
+        a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
+        a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
+        fc1_backward(a);
+        // the input gradient first: the weight-gradient kernel after it adds up both kernels' partial sums (and its
+        // bands, which need only dpooled, overlap the input gradient's last blocks); fused with SGD, its idle warp
+        // applies fc1.weight's optimizer step (98% of the parameters). AdamW's step (a square root and a division per
+        // element) is too slow for one warp per SM (measured on the H100: 2 epochs at batch 128 took 212 ms instead of
+        // ~130): optimizer_kernel does it, launched here, before the weight-gradient kernel advances the step counter.
+        Fc1Step f;
+        if (fuse && m->opt.optimizer == OPT_SGD) {
+            f.p = P(m, P_WF1); f.g = G(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset;
+            f.counters = m->counters; f.c = m->opt;
+        } else if (fuse) {
+            const size_t n = PARAMS[P_WF1].numel, off = PARAMS[P_WF1].offset;
+            launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1), (const float*)G(m, P_WF1),
+                       m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
+        }
+        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1_sign, m->x, B, f);  // + conv1's dW, db
+        if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
+        // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
+        // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end
+        // of the flat buffer) through the same reduction as a 1-way "split"
+        jd.update_off = (int)PARAMS[P_W1].offset;
+        SplitsJob jr;
+        jr.src = G(m, P_BF1); jr.stride = 0; jr.splits = 1; jr.n = (int)(m->n_params - PARAMS[P_BF1].offset);
+        jr.update_off = (int)PARAMS[P_BF1].offset;
+        OptTarget t;
+        // the step counter advances after the barrier of the weight-gradient kernel (every block has read it), the
+        // batch position in fc1_backward_kernel (a.advance_pos), three launches before the next step's forward reads it
+        t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = 0; t.c = m->opt;
+        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t, (int)PARAMS[P_W2].offset, pf);
+        return;
+    }
+    e = Epilogue(); e.rowsum = G(m, P_BF2);
+    matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
+    e = Epilogue(); e.mask = m->h;
+    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
+    e = Epilogue(); e.rowsum = G(m, P_BF1);
+    matmul_forward(G(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
+    e = Epilogue();
+    matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, P(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
+    if (m->cpu) {
+        for (int b = 0; b < B; b++) for (int y = 0; y < H2; y++) for (int x = 0; x < H2; x++) for (int c = 0; c < C2; c++)
+            m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] = maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
+    } else {
+        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2, B);
+        launch_check();
+    }
+    e = Epilogue(); e.rowsum = G(m, P_B2);
+    matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
+    e = Epilogue(); e.mask = m->act1;
+    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
+    e = Epilogue(); e.rowsum = G(m, P_B1);
+    matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
+}
+
+// The optimizer step of every parameter; advance_B >= 0: then also mnist_advance(m, advance_B), in the same launch on
+// the GPU.
+static void mnist_advance(Mnist* m, int B);
+static void mnist_update(Mnist* m, int advance_B = -1) {
+    if (m->cpu) {
+        const OptStep st = opt_step(m->opt, m->counters[0]);
+        for (size_t i = 0; i < m->n_params; i++) opt_update_elem(m->opt, st, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
+        if (advance_B >= 0) mnist_advance(m, advance_B);
+        return;
+    }
+    size_t threads = m->n_params / 4 + 1;  // the last thread does the n % 4 tail
+    launch_pdl(optimizer_kernel, (unsigned)((threads + 255) / 256), 256, 0, 1, m->params, m->grads, m->m1, m->m2, m->n_params,
+               m->opt, m->counters, advance_B);
+}
+static void mnist_advance(Mnist* m, int B) {
+    if (m->cpu) { m->counters[0] += 1; m->counters[1] += B; return; }
+    launch_pdl(advance_counters_kernel, 1, 1, 0, 1, m->counters, B);
+}
+static void mnist_set_counters(Mnist* m, int step, int offset) {
+    int c[2] = {step, offset};
+    if (m->cpu) memcpy(m->counters, c, sizeof(c));
+    else cudaCheck(cudaMemcpyAsync(m->counters, c, sizeof(c), cudaMemcpyHostToDevice, g_mm.stream));
+}
+
+// ================================================================================================================
+// 5. THE TRAINING LOOP AND CHECKPOINTS
+//   a training step (gather, forward and loss, backward, update), steps captured in CUDA graphs, an epoch's order,
+//   then the checkpoint files
+// ================================================================================================================
+// Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y.
+struct DeviceData { uint8_t* images = nullptr; uint8_t* labels = nullptr; int n = 0; };
+static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B) {
+    if (m->cpu) {
+        int off = counters ? counters[1] : offset;
+        for (int b = 0; b < B; b++) {
+            int s = perm ? perm[off + b] : off + b;
+            for (int p = 0; p < IMG * IMG; p++) m->x[b * IMG * IMG + p] = mnist_normalize(d.images[(size_t)s * IMG * IMG + p]);
+            m->y[b] = d.labels[s];
+        }
+        return;
+    }
+    launch_pdl(gather_batch_kernel, ceil_div(B * IMG * IMG, 256), 256, 0, 1, m->x, m->y, d.images, d.labels, perm, counters,
+               offset, B);
+}
+// One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
+// The fast path has no gather launch: conv2's forward kernel loads the batch; at batch <= FUSED_MAX_B it also runs fc1
+// and the head (the fused forward): 4 launches per step (5 with AdamW), 6 (7) at larger batches.
+// staged: the previous step gathered this batch (it was called with next_B = B); next_B > 0: gather the next step's
+// batch of next_B (at most the model's batch) for it, and return whether it was (the fast path only).
+static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, bool staged = false,
+                             int next_B = 0) {
+    const bool fast = conv2_fast(m);
+    if (next_B > m->B) {
+        fprintf(stderr, "mnist_train_step: the next batch (%d) is larger than the model's (%d)\n", next_B, m->B);
+        exit(EXIT_FAILURE);
+    }
+    if (fast) {
+        ConvInput in;
+        in.images = d.images; in.labels = d.labels; in.perm = perm; in.counters = m->counters;
+        if (staged) { in.staged = m->xb; in.staged_y = m->yb; in.wimg = g_bulk_copy ? g_conv2.wimg_fwd : nullptr; }
+        mnist_forward_loss(m, B, &in, losses, nullptr, m->counters, 0, true);
+    } else {
+        mnist_gather(m, d, perm, m->counters, 0, B);
+        mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
+    }
+    if (fast) {
+        BatchPrefetch pf;  // the next step's batch: gathered for it, or into L2
+        pf.images = d.images; pf.labels = d.labels; pf.perm = perm; pf.counters = m->counters; pf.n = d.n;
+        pf.B = next_B > 0 ? next_B : B;
+        if (next_B > 0) { pf.xb = m->xb; pf.yb = m->yb; }
+        mnist_backward(m, B, B, pf);  // with the optimizer step of every parameter and the counters' advance
+        return next_B > 0;
+    }
+    mnist_backward(m, B);
+    mnist_update(m, B);       // and the counters' advance
+    return false;
+}
+// nsteps training steps of batch B, then (tail_B > 0) one of batch tail_B; on the fast path each step gathers the
+// next one's batch (BatchPrefetch::xb) and the next forward reads it from there (ConvInput::staged): the same values
+// as steps that each gather their own batch.
+static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps, int tail_B = 0) {
+    const int total = nsteps + (tail_B > 0 ? 1 : 0);
+    bool staged = false;
+    for (int i = 0; i < total; i++)
+        staged = mnist_train_step(m, d, perm, losses, i < nsteps ? B : tail_B, staged,
+                                  i + 1 < total ? (i + 1 < nsteps ? B : tail_B) : 0);
+}
+
+// Fisher-Yates from splitmix64 seeded by (seed, epoch): an epoch's order never depends on earlier epochs, so
+// resuming at an epoch boundary replays the same trajectory.
+static void epoch_permutation(std::vector<int>& perm, int n, int seed, int epoch) {
+    perm.resize(n);
+    for (int i = 0; i < n; i++) perm[i] = i;
+    uint64_t s = (uint64_t)seed * 1000003ull + (uint64_t)epoch * 7919ull + 12345;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(splitmix64(&s) % (uint64_t)(i + 1));
+        std::swap(perm[i], perm[j]);
+    }
+}
+
+static DeviceData upload_split(const MnistSplit& s, bool cpu) {
+    DeviceData d; d.n = s.n;
+    if (cpu) { d.images = (uint8_t*)s.images.data(); d.labels = (uint8_t*)s.labels.data(); return d; }
+    cudaCheck(cudaMalloc(&d.images, s.images.size()));
+    cudaCheck(cudaMalloc(&d.labels, s.labels.size()));
+    cudaCheck(cudaMemcpy(d.images, s.images.data(), s.images.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.labels, s.labels.data(), s.labels.size(), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// An epoch's training steps in CUDA graphs of mnist_train_steps: GRAPH_STEPS full batches in one (fewer graph
+// launches, the steps' kernels overlap across step boundaries, and every step but the first has its batch gathered by
+// the step before), and one graph for the rest: the remaining full batches and the last partial batch
+constexpr int GRAPH_STEPS = 32;
+// mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded
+static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps,
+                                           int tail_B = 0) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
+    mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B);
+    cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
+    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
+    cudaCheck(cudaGraphUpload(ge, g_mm.stream));
+    cudaCheck(cudaGraphDestroy(g));
+    return ge;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// checkpoints: magic 20260202; parameters (and optimizer state) by PyTorch names in PyTorch layout
+struct CheckpointMeta { int epoch = 0, step = 0, batch_size = 0, seed = 0, optimizer = 0, has_optimizer = 0, epochs = 0; float lr = 0, test_accuracy = 0; };
+
+static void mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
+    std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
+    mnist_copy_out(m, m->params, internal.data(), m->n_params);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
+    std::vector<BinWriterTensor> ts;
+    std::vector<std::string> names;
+    names.reserve(3 * N_PARAM_TENSORS);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        const ParamInfo& pi = PARAMS[i];
+        ts.push_back({pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, p.data() + pi.offset});
+    }
+    if (meta.has_optimizer) {
+        mnist_copy_out(m, m->m1, internal.data(), m->n_params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s1.data() + PARAMS[i].offset);
+        mnist_copy_out(m, m->m2, internal.data(), m->n_params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
+        const char* pre1 = meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.";
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const ParamInfo& pi = PARAMS[i];
+            ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s1.data() + pi.offset});
+        }
+        if (meta.optimizer == OPT_ADAMW)
+            for (int i = 0; i < N_PARAM_TENSORS; i++) {
+                const ParamInfo& pi = PARAMS[i];
+                ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
+            }
+    }
+    std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, meta.optimizer, meta.has_optimizer,
+                                   meta.epochs, fbits(meta.lr), fbits(meta.test_accuracy)};
+    bin_write(path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
+}
+// Loads parameters (and, when with_optimizer, the optimizer state) after checking every name, dtype and shape.
+static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer, int expect_optimizer) {
+    BinFile bf;
+    bin_read(&bf, path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION);
+    CheckpointMeta meta;
+    meta.epoch = bf.header[3]; meta.step = bf.header[4]; meta.batch_size = bf.header[5]; meta.seed = bf.header[6];
+    meta.optimizer = bf.header[7]; meta.has_optimizer = bf.header[8]; meta.epochs = bf.header[9];
+    meta.lr = bin_field_f(&bf, 10); meta.test_accuracy = bin_field_f(&bf, 11);
+    std::vector<float> internal(m->n_params);
+    auto load_set = [&](const char* prefix, float* dst) {
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            std::string name = std::string(prefix) + PARAMS[i].name;
+            const float* src = (const float*)bin_expect(&bf, name.c_str(), 0, PARAMS[i].ndim, PARAMS[i].shape);
+            param_from_torch(i, src, internal.data() + PARAMS[i].offset);
+        }
+        mnist_copy_in(m, dst, internal.data(), m->n_params);
+    };
+    load_set("", m->params);
+    if (with_optimizer) {
+        if (!meta.has_optimizer) { fprintf(stderr, "error: %s: header[8] has_optimizer is 0, --resume needs the optimizer state (1)\n", path); exit(EXIT_FAILURE); }
+        if (meta.optimizer != expect_optimizer) {
+            fprintf(stderr, "error: %s: header[7] optimizer is %d, expected %d (--optimizer %s)\n", path, meta.optimizer, expect_optimizer, expect_optimizer ? "adamw" : "sgd");
+            exit(EXIT_FAILURE);
+        }
+        load_set(meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.", m->m1);
+        if (meta.optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
+    }
+    return meta;
+}
+
+// ================================================================================================================
+// 6. THE FAST PATH
+//   conv2's forward, input gradient and weight gradient on TF32 tensor cores (wgmma on sm_90a, mma.sync elsewhere)
+//   with conv1 and the max-pool fused into them; fc1's forward and backward kernels; the head; the fused forward.
+//   Forward: conv2_forward_tf32, fc1_forward_kernel, head_kernel (or the fused forward: conv2_forward_tf32 with a
+//   FwdHead); backward: fc1_backward, conv2_dgrad_tf32, conv2_wgrad_tf32 (mnist_forward_loss, mnist_backward)
+// ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
 // 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
@@ -1209,26 +1951,6 @@ __device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target,
     }
     __syncthreads();
 }
-// One warp holds one row of NCLS logits (lane j: logit j; lanes >= NCLS: -inf): log-softmax + NLL. Writes the row's
-// loss and prediction (argmax, lowest index on ties) at its position in the epoch's arrays when those are given;
-// returns through e, sum and label what the gradient (softmax - onehot) / B = (e / sum - [lane == label]) / B needs.
-__device__ __forceinline__ void warp_log_softmax_nll(float v, int lane, const int* y, int row, const int* counters,
-                                                     int offset_const, float* losses, int* preds, float& e, float& sum,
-                                                     int& label) {
-    float mx = v; int arg = lane;
-    for (int o = 16; o > 0; o /= 2) {
-        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
-        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
-    }
-    e = lane < NCLS ? expf(v - mx) : 0.0f;
-    sum = e;
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    label = y[row];
-    float logp = v - mx - logf(sum);
-    int pos = (counters ? counters[1] : offset_const) + row;
-    if (lane == label && losses) losses[pos] = -logp;
-    if (lane == 0 && preds) preds[pos] = arg;
-}
 // The head of one row, by one warp, from fc1's output h (lane l holds h[4l .. 4l + 3], ReLU applied): logits = h
 // Wf2^T + bf2 (ws: Wf2 [10][128], bs: bf2, in shared memory; fp32 FMAs, a lane's 4 inputs then butterfly sums), the
 // fused log-softmax + NLL (warp_log_softmax_nll), and when dlogits is given dlogits = (softmax - onehot) / B and fc2's
@@ -1279,54 +2001,6 @@ template <int N> __device__ __forceinline__ float4 f4_sum_in_order(const float4 
 __device__ __forceinline__ float4 f4_bias_relu(float4 h, float4 b) {
     return make_float4(fmaxf(h.x + b.x, 0.0f), fmaxf(h.y + b.y, 0.0f), fmaxf(h.z + b.z, 0.0f), fmaxf(h.w + b.w, 0.0f));
 }
-
-// fc1's split of K on the fast path (fc1_forward_kernel below; the fused forward inside conv2's forward kernel)
-constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
-constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
-constexpr size_t FC1F_SMEM = ((size_t)(64 + FC_H) * FC1F_LD + 64 * FC_H) * sizeof(float);  // operands, then the inbox
-static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
-
-// Where conv2's forward kernel takes the network's input from: x (B,28,28), normalized, written by an earlier kernel;
-// or (images not null: the training step, no gather kernel) the dataset's bytes, sample perm[pos + b] (pos + b without
-// perm) with pos = counters[1] (offset when counters is null), normalized by mnist_normalize; x_out and y_out then get
-// the batch's x (conv1's weight gradient reads it) and labels. Those reads run before grid_dep_sync: the dataset and
-// the permutation change only between epochs, and counters[1] was advanced by the previous step's
-// fc1_backward_kernel, three launches back. Or (staged not null: a training step after another in the same sequence,
-// see mnist_train_steps) the batch's bytes [B][784] and labels [B] that the previous step's weight-gradient kernel
-// gathered (BatchPrefetch::xb): one load after grid_dep_sync instead of three dependent ones (position, permutation,
-// image) before it; x_out and y_out as above.
-struct ConvInput {
-    const float* x = nullptr;
-    const uint8_t *images = nullptr, *labels = nullptr;
-    const int *perm = nullptr, *counters = nullptr;
-    int offset = 0;
-    const uint8_t* staged = nullptr;
-    const int* staged_y = nullptr;
-    const float* wimg = nullptr;  // staged too: conv2.weight's forward image, by the previous step's update (SplitsJob::w2img)
-    float* x_out = nullptr;
-    int* y_out = nullptr;
-};
-
-// The training step's fc1 and head inside conv2's forward kernel (the fused forward; part not null): the grid is then
-// FC1F_SPLITS blocks, all resident at once (one per SM), B <= 64, and the blocks past the batch's bands skip the
-// convolutions. Block s loads fc1.weight's K slice s (columns 72 s .. 72 s + 71) by cp.async once conv2's weights have
-// landed; after its bands and a grid barrier (every pooled row stored) it computes fc1's partial sum over that slice
-// exactly as fc1_forward_kernel's block s does (the same rounded operands, the same products: the same bits) and stores
-// it to part[s][B][128] (4 MB at batch 64, stored and loaded with streaming hints: read once; plain accesses kept them
-// in L2 at the expense of what the backward reads next, measured on the H100: 0.8 ms per epoch); after a second
-// barrier, which also releases fc1's backward (released at the wait, its blocks sat early on this kernel's first free
-// SMs: 0.4 ms slower), block b < B adds row b's 128 partial sums in the order fc1_forward_kernel's clusters and
-// head_kernel<FC1F_PARTS> add them (the 8 of a group in rank order, then the 16 groups), then fc1's bias and ReLU (h),
-// and runs head_row. So the fused forward is bit-identical to conv2's forward + fc1_forward_kernel + head_kernel, with
-// two grid barriers in place of two launches and their ramps.
-struct FwdHead {
-    const float *wf1 = nullptr, *bf1 = nullptr, *wf2 = nullptr, *bf2 = nullptr;
-    float *part = nullptr, *h = nullptr, *logits = nullptr, *dlogits = nullptr, *dh = nullptr, *losses = nullptr;
-    int* preds = nullptr;
-    const int *y = nullptr, *counters = nullptr;
-    int offset = 0;
-    unsigned long long* bar = nullptr;
-};
 
 // conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
 // then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
@@ -1712,7 +2386,6 @@ constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
 constexpr size_t CONV2_FWD_SMEM_FUSED = CONV2_FWD_SMEM + (size_t)FC_H * FC1F_LD * sizeof(float);
 static_assert(CONV2_FWD_PS >= 64 * FC1F_LD && CONV2_FWD_PS >= FC1F_PARTS * FC_H &&
               9 * C2 * C1 >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
-constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
 static_assert(FUSED_MAX_B * CONV2_FWD_BANDS <= FC1F_SPLITS, "the fused forward's grid covers every band");
 
 // fc1.weight's SGD step (p, m1: its slices of the flat buffers; g: its gradient, as fc1_backward_kernel stored it),
@@ -1723,7 +2396,6 @@ static_assert(FUSED_MAX_B * CONV2_FWD_BANDS <= FC1F_SPLITS, "the fused forward's
 // the gradient's kernel is complete, and fc1.weight is next read by the next step's fc1 forward, three launches
 // later. (AdamW's step, with a square root and a division per element, is too slow for one warp per SM: the training
 // step runs optimizer_kernel for it instead.)
-struct Fc1Step { float *p = nullptr, *m1 = nullptr; const float* g = nullptr; const int* counters = nullptr; OptConfig c; };
 __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lane) {
     constexpr size_t N4 = (size_t)FC_H * FC_IN / 4;
     constexpr int U = 12;
@@ -2028,30 +2700,11 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
     }
 }
 
-// The split reductions: conv2's weight gradient over the weight-gradient blocks' partial sums and conv1's over the
-// input-gradient kernel's, both at the end of conv2_wgrad_tf32_kernel (after a grid-wide barrier). A SplitsJob is
-// one of them: dst[i] = sum_{s < splits} src[s * stride + i] for i < n (i >= n_head goes to dst_tail[i - n_head]), or,
-// with update_off >= 0, no store: the optimizer step with that sum applied to the parameters update_off + i of the
-// flat buffers of an OptTarget (the same opt_update_elem as optimizer_kernel: the same result, bit for bit, as storing
-// the gradient and running optimizer_kernel). The summation order is fixed (deterministic for a given split count):
-// 32 lanes k = 0..31 each add the splits s = k, k + 32, k + 64, ... into four accumulators (a[u] gets s = k + 32 u
-// + 128 j, in groups of four while s + 96 < splits, the remaining ones in a[0], a[1], ...), lane k's part is
-// (a[0] + a[1]) + (a[2] + a[3]), and the sum is part_0 + part_1 + ... + part_31 in that order (lanes past the split
-// count add +0). That is the order of the former splits_reduce_kernel (its warp k summed lane k's splits), so the
-// gradients are bit-identical to it.
-constexpr int SR_LANES = 32;
-struct SplitsJob {
-    float *dst = nullptr, *dst_tail = nullptr; int n_head = 0;
-    const float* src = nullptr; size_t stride = 0; int splits = 0, n = 0;
-    int update_off = -1;
-    float* w2img = nullptr;  // conv2's update only: also each updated weight (i < n_head), see conv2_fwd_img_index
-};
 // conv2.weight's forward image: [tap][co][ci (+4 pad)], rounded to TF32, the layout of conv2's forward kernel's Ws, so
 // that the next training step's forward copies it in one bulk copy (ConvInput::wimg) instead of 4608 16-byte
 // cp.async per block and a rounding pass. i: the weight's internal index, [co][tap][ci].
 constexpr int W2IMG_FLOATS = 9 * C2 * C1;
 __host__ __device__ inline int conv2_fwd_img_index(int i) { return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4; }
-struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
 __device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
 template <typename T> __device__ __forceinline__ T wg_zero() { T z; memset(&z, 0, sizeof z); return z; }
@@ -2166,17 +2819,6 @@ __device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, floa
 // shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
 // last blocks to finish their bands (the barrier's critical path) go straight to the wait.
 constexpr int WG_PRE_O = 40, WG_PRE_X = 16, WG_PRE_P = 8;
-// The next step's batch, for conv2's forward kernel right after this kernel (ConvInput): the samples at the
-// permutation's entries from counters[1] (advanced by fc1_backward_kernel, complete here); n: the dataset's size,
-// positions past it are skipped. xb not null (the next step is in the same sequence, mnist_train_steps): their bytes
-// and labels gathered into xb [B][784] and yb [B] (ConvInput::staged); else an L2 prefetch of the images' bytes (a
-// hint: no effect on any value; the next forward gathers them itself).
-constexpr int GATHER_CH = IMG * IMG / 16, GATHER_ITEMS = GATHER_CH + 1;  // a sample's 49 16-byte image chunks, its label
-static_assert(IMG * IMG % 16 == 0, "16-byte chunks of an image (every image starts 16-byte aligned: 784 = 49 x 16)");
-struct BatchPrefetch {
-    const uint8_t *images = nullptr, *labels = nullptr; const int* perm = nullptr; const int* counters = nullptr; int n = 0, B = 0;
-    uint8_t* xb = nullptr; int* yb = nullptr;
-};
 __device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) {
     if (!pf.images) return;
     if (pf.xb) {
@@ -2484,16 +3126,6 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
     wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
 }
-// Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
-struct Conv2Tf32 {
-    bool ready = false;
-    int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
-    bool fused_fwd = false;  // the fused forward's FC1F_SPLITS blocks fit on the GPU at once (one per SM)
-    unsigned long long* wgrad_bar = nullptr;  // the grid barrier of the weight gradient and the fused forward (see wg_grid_arrive)
-    float *ws = nullptr, *ws_w1 = nullptr, *wimg_dgrad = nullptr;
-    float* wimg_fwd = nullptr;  // conv2.weight's forward image, written by the training step's update (SplitsJob::w2img)
-};
-static Conv2Tf32 g_conv2;
 static void conv2_tf32_setup() {
     if (g_conv2.ready) return;
     int dev, sms, occ_f, occ_ff, occ_d, occ_w;
@@ -2551,7 +3183,7 @@ static void conv2_tf32_setup() {
 // wait: launch at least one kernel between the two.
 // With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
 static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign, const ConvInput& in,
-                               const float* w1, const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh = FwdHead()) {
+                               const float* w1, const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh) {
     const bool fused = fh.part != nullptr;
     if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
         fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its blocks at once\n",
@@ -2569,7 +3201,7 @@ static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float
 // (32) with x the network's input.
 // Returns the reduction of the blocks' partial sums of dw1, db1 still to do (conv2_wgrad_tf32, launched next).
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
-                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
+                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1) {
     int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
     launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1_sign,
                x, g_conv2.ws_w1, B, fc1);
@@ -2583,8 +3215,8 @@ static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const fl
 // conv2's weight and bias (contiguous) get the optimizer step in `opt` at that flat offset instead of dw2/db2; `extra`
 // is one more job for the same reduction (see conv2_wgrad_tf32_kernel).
 static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B,
-                             const SplitsJob& dgrad, const SplitsJob& extra = SplitsJob(), const OptTarget& opt = OptTarget(),
-                             int update_off = -1, const BatchPrefetch& pf = BatchPrefetch()) {
+                             const SplitsJob& dgrad, const SplitsJob& extra, const OptTarget& opt,
+                             int update_off, const BatchPrefetch& pf) {
     const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
     SplitsJob j;
     j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
@@ -2592,64 +3224,6 @@ static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const
     if (update_off >= 0) j.w2img = g_conv2.wimg_fwd;
     launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j, dgrad, extra,
                opt, g_conv2.wgrad_bar, pf);
-}
-
-// ----------------------------------------------------------------------------------------------------------------
-// the other kernels of a step (each with a CPU twin below)
-// (The fast path's training step has no gather: conv2's forward kernel reads the bytes itself, see ConvInput.)
-__global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
-                                    const int* counters, int offset_const, int B) {
-    grid_dep_sync();
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= B * IMG * IMG) return;
-    int b = idx / (IMG * IMG), p = idx % (IMG * IMG);
-    int pos = (counters ? counters[1] : offset_const) + b;
-    int s = perm ? perm[pos] : pos;
-    x[idx] = mnist_normalize(images[(size_t)s * IMG * IMG + p]);
-    if (p == 0) y[b] = labels[s];
-}
-
-__global__ void maxpool_forward_kernel(float* pooled, const float* act2, int B) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (b, py, px, c)
-    if (idx >= B * FC_IN) return;
-    int c = idx % C2, px = (idx / C2) % HP, py = (idx / (C2 * HP)) % HP, b = idx / FC_IN;
-    const float* base = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
-    float m = base[0];
-    m = fmaxf(m, base[C2]);
-    m = fmaxf(m, base[H2 * C2]);
-    m = fmaxf(m, base[H2 * C2 + C2]);
-    pooled[idx] = m;
-}
-// dact2[b,y,x,c] = dpooled at its window iff (y,x) is the window's first maximum (PyTorch's choice) and act2 > 0
-// (the ReLU in front of the pool). A gather: each element decides for itself, no atomics, no zero fill.
-__host__ __device__ inline float maxpool_backward_elem(const float* dpooled, const float* act2, int b, int y, int x, int c) {
-    int py = y / 2, px = x / 2;
-    const float* win = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
-    float best = win[0]; int arg = 0;
-    const int offs[4] = {0, C2, H2 * C2, H2 * C2 + C2};
-    for (int i = 1; i < 4; i++) if (win[offs[i]] > best) { best = win[offs[i]]; arg = i; }
-    int me = (y % 2) * 2 + (x % 2);
-    float v = act2[(((size_t)b * H2 + y) * H2 + x) * C2 + c];
-    if (me != arg || !(v > 0.0f)) return 0.0f;
-    return dpooled[(((size_t)b * HP + py) * HP + px) * C2 + c];
-}
-__global__ void maxpool_backward_kernel(float* dact2, const float* dpooled, const float* act2, int B) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= B * H2 * H2 * C2) return;
-    int c = idx % C2, x = (idx / C2) % H2, y = (idx / (C2 * H2)) % H2, b = idx / (C2 * H2 * H2);
-    dact2[idx] = maxpool_backward_elem(dpooled, act2, b, y, x, c);
-}
-
-// Fused log-softmax + NLL, one warp per row: per-sample loss, prediction, and dlogits = (softmax - onehot) / B.
-__global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, const float* logits, const int* y,
-                                    const int* counters, int offset_const, int B) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= B) return;
-    float v = lane < NCLS ? logits[row * NCLS + lane] : -INFINITY;
-    float e, sum;
-    int label;
-    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
-    if (lane < NCLS && dlogits) dlogits[row * NCLS + lane] = (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B;
 }
 
 // The network's head on the fast path, one warp per row (the one-warp-per-row layout of dev/softmax_forward.cu
@@ -2685,45 +3259,6 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
     }
     head_row(hv, row, lane, ws, bs, logits, dlogits, dh, losses, preds, y, counters, offset_const, B);
 }
-// ----------------------------------------------------------------------------------------------------------------
-// the optimizer step over the flat parameter buffer
-// One launch over every parameter; a thread updates 4 consecutive elements with 16-byte accesses (the buffers are
-// cudaMalloc'd, so aligned), the last thread also the n % 4 tail. With advance_B >= 0 the kernel also advances the
-// counters (as advance_counters_kernel, one launch less): the last block to finish does it, when every block has read
-// counters[0] (a ticket in counters[2], reset by that block). (The fast path's training step does not use this
-// kernel: its updates run in fc1_backward_kernel and conv2_wgrad_tf32_kernel.)
-__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, int* counters,
-                                 int advance_B) {
-    grid_dep_sync();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
-    const OptStep st = opt_step(c, counters[0]);
-    if (advance_B >= 0) {
-        __syncthreads();  // every thread of the block has read counters[0]
-        if (threadIdx.x == 0) {
-            __threadfence();
-            if (atomicAdd(&counters[2], 1) == (int)gridDim.x - 1) { counters[0] += 1; counters[1] += advance_B; counters[2] = 0; }
-        }
-    }
-    if (i > n4) return;
-    if (i < n4) {
-        float4 p = ((float4*)params)[i], g = ((const float4*)grads)[i], mm = ((float4*)m)[i];
-        float4 vv = c.optimizer == OPT_ADAMW ? ((float4*)v)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        opt_update_elem(c, st, &p.x, g.x, &mm.x, &vv.x);
-        opt_update_elem(c, st, &p.y, g.y, &mm.y, &vv.y);
-        opt_update_elem(c, st, &p.z, g.z, &mm.z, &vv.z);
-        opt_update_elem(c, st, &p.w, g.w, &mm.w, &vv.w);
-        ((float4*)params)[i] = p; ((float4*)m)[i] = mm;
-        if (c.optimizer == OPT_ADAMW) ((float4*)v)[i] = vv;
-    } else {
-        for (size_t j = 4 * n4; j < n; j++) opt_update_elem(c, st, &params[j], grads[j], &m[j], &v[j]);
-    }
-}
-// counters[0] = updates done, counters[1] = position in the epoch's permutation; advanced once per step.
-__global__ void advance_counters_kernel(int* counters, int B) {
-    grid_dep_sync();
-    counters[0] += 1; counters[1] += B;
-}
-
 // ----------------------------------------------------------------------------------------------------------------
 // fc1 on the fast path (TF32 mma, operands rounded once as they land in shared memory, as the conv2 kernels)
 
@@ -2831,13 +3366,6 @@ static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384, "12 
 constexpr size_t FC1B_SMEM_USED = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
 constexpr size_t FC1B_SMEM = FC1B_SMEM_USED > 116 * 1024 ? FC1B_SMEM_USED : 116 * 1024;  // one block per SM
 constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + FC1B_THREADS - 1) / FC1B_THREADS;
-struct Fc1BackwardArgs {
-    float *dpooled, *gwf1, *gbf1, *gwf2, *gbf2;
-    const float *wf1, *dh, *pooled, *dlogits, *h;
-    int* counters;
-    int B;
-    int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
-};
 __global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1BackwardArgs a) {
     TRACE_SCOPE(3);
     const int tid = threadIdx.x, B = a.B;
@@ -2957,8 +3485,6 @@ static void fc1_backward(const Fc1BackwardArgs& a) {
 // Once per process: the conv2 kernels' launch configuration, the fc1 kernels' shared-memory limits, and whether the
 // device takes programmatic dependent launch and thread-block clusters (sm_90+; else fc1's forward stays on the
 // generic kernel and every launch is an ordinary one).
-static bool g_fc1_cluster = false;
-static bool g_bulk_copy = false;  // sm_90: conv2.weight's forward image by one bulk copy (ConvInput::wimg)
 static void fast_path_setup() {
     static bool done = false;
     if (done) return;
@@ -2974,468 +3500,10 @@ static void fast_path_setup() {
     done = true;
 }
 
-// ----------------------------------------------------------------------------------------------------------------
-// the model
-struct Mnist {
-    bool cpu = false;
-    int B = 0;           // largest batch of forward + backward
-    int B_fwd = 0;       // largest forward-only batch (evaluation)
-    size_t n_params = 0;
-    float *params = nullptr, *grads = nullptr, *m1 = nullptr, *m2 = nullptr;  // flat, internal layout
-    float *x = nullptr, *act1 = nullptr, *act2 = nullptr, *pooled = nullptr, *h = nullptr, *logits = nullptr;
-    uint32_t* act1_sign = nullptr;  // act1's signs (a word per pixel), made by the TF32 forward for its input gradient
-    int* y = nullptr;
-    float *dlogits = nullptr, *dh = nullptr, *dpooled = nullptr, *dact2 = nullptr, *dact1 = nullptr;
-    uint8_t* pool_codes = nullptr;  // fast path: the max-pool's window codes (B,12,12,64), instead of act2 and dact2
-    float* hpart = nullptr;         // fast path on sm_90: fc1's 16 split-K partial sums (16,B,128)
-    float* fpart = nullptr;         // the fused forward's 128 split-K partial sums (128,B,128), B <= FUSED_MAX_B
-    uint8_t* xb = nullptr;          // GPU: the next training step's batch bytes (B,28,28) and labels (B), gathered by
-    int* yb = nullptr;              // the weight-gradient kernel (BatchPrefetch::xb, ConvInput::staged)
-    int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
-    OptConfig opt;
-};
-
-static float* mnist_alloc(const Mnist* m, size_t n) {
-    float* p;
-    if (m->cpu) { p = (float*)mallocCheck(n * sizeof(float)); memset(p, 0, n * sizeof(float)); }
-    else { cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float))); cudaCheck(cudaMemset(p, 0, n * sizeof(float))); }
-    return p;
-}
-static void mnist_free_ptr(const Mnist* m, void* p) { if (m->cpu) free(p); else cudaCheck(cudaFree(p)); }
-
-// Allocates parameters, optimizer state and activations for batches up to B (training) and B_fwd (evaluation).
-static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
-    m->cpu = cpu; m->B = B; m->B_fwd = std::max(B, B_fwd);
-    m->n_params = params_setup();
-    m->params = mnist_alloc(m, m->n_params); m->grads = mnist_alloc(m, m->n_params);
-    m->m1 = mnist_alloc(m, m->n_params); m->m2 = mnist_alloc(m, m->n_params);
-    size_t F = m->B_fwd;
-    m->x = mnist_alloc(m, F * IMG * IMG); m->act1 = mnist_alloc(m, F * H1 * H1 * C1); m->act2 = mnist_alloc(m, F * H2 * H2 * C2);
-    m->act1_sign = (uint32_t*)mnist_alloc(m, F * H1 * H1);
-    m->pooled = mnist_alloc(m, F * FC_IN); m->h = mnist_alloc(m, F * FC_H); m->logits = mnist_alloc(m, F * NCLS);
-    m->y = (int*)mnist_alloc(m, F);
-    m->dlogits = mnist_alloc(m, F * NCLS); m->dh = mnist_alloc(m, (size_t)B * FC_H); m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
-    m->dact2 = mnist_alloc(m, (size_t)B * H2 * H2 * C2); m->dact1 = mnist_alloc(m, (size_t)B * H1 * H1 * C1);
-    m->counters = (int*)mnist_alloc(m, 3);
-    m->pool_codes = (uint8_t*)mnist_alloc(m, ceil_div((int)(F * FC_IN), 4));
-    m->hpart = mnist_alloc(m, (size_t)FC1F_PARTS * F * FC_H);
-    if (!cpu) {
-        m->fpart = mnist_alloc(m, (size_t)FC1F_SPLITS * std::min(B, FUSED_MAX_B) * FC_H);
-        m->xb = (uint8_t*)mnist_alloc(m, (size_t)B * IMG * IMG / 4);
-        m->yb = (int*)mnist_alloc(m, B);
-    }
-    if (!cpu) {
-        if (!g_mm.ws_partial) {  // shared by every model of the process (the tests build several)
-            g_mm.ws_partial_size = 4u << 20; g_mm.ws_rowsum_size = 1u << 16;
-            cudaCheck(cudaMalloc(&g_mm.ws_partial, g_mm.ws_partial_size * sizeof(float)));
-            cudaCheck(cudaMalloc(&g_mm.ws_rowsum, g_mm.ws_rowsum_size * sizeof(float)));
-        }
-        fast_path_setup();
-        if (!g_mm.cublas) cublasCheck(cublasCreate(&g_mm.cublas));
-        // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
-        cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-        cublasCheck(cublasSetStream(g_mm.cublas, g_mm.stream));
-        if (g_mm.backend == BACKEND_CUBLAS) {
-            cudaCheck(cudaFree(g_mm.ws_a)); cudaCheck(cudaFree(g_mm.ws_b)); cudaCheck(cudaFree(g_mm.ones));
-            // the largest im2col operands: conv2 input (F*576 x 288), the input gradient's (B*676 x 576)
-            g_mm.ws_a_size = std::max({F * H2 * H2 * KC2, (size_t)B * H1 * H1 * 9 * C2, F * H1 * H1 * K1});
-            g_mm.ws_b_size = std::max({(size_t)B * H2 * H2 * KC2, (size_t)B * H1 * H1 * K1, (size_t)9 * C2 * C1});
-            cudaCheck(cudaMalloc(&g_mm.ws_a, g_mm.ws_a_size * sizeof(float)));
-            cudaCheck(cudaMalloc(&g_mm.ws_b, g_mm.ws_b_size * sizeof(float)));
-            g_mm.ones_size = B * H1 * H1;
-            std::vector<float> ones(g_mm.ones_size, 1.0f);
-            cudaCheck(cudaMalloc(&g_mm.ones, ones.size() * sizeof(float)));
-            cudaCheck(cudaMemcpy(g_mm.ones, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
-            static float* cublas_ws = nullptr;  // a fixed workspace so cuBLAS never allocates inside graph capture
-            if (!cublas_ws) cudaCheck(cudaMalloc(&cublas_ws, 32u << 20));
-            cublasCheck(cublasSetWorkspace(g_mm.cublas, cublas_ws, 32u << 20));
-        }
-    }
-}
-static void mnist_free(Mnist* m) {
-    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act1_sign, m->act2, m->pooled, m->h, m->logits, m->y,
-                  m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
-    for (void* p : ps) mnist_free_ptr(m, p);
-    for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
-}
-static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
-static float* G(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
-
-// PyTorch's default init for conv and linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, drawn from
-// splitmix64 (our own stream; the tests load PyTorch's weights instead of reproducing its generator).
-static uint64_t splitmix64(uint64_t* s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float rand_uniform(uint64_t* s) { return (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f); }
-static void mnist_init_params(Mnist* m, uint64_t seed) {
-    std::vector<float> host(m->n_params);
-    uint64_t s = seed * 0x2545F4914F6CDD1Dull + 1;
-    const int fan_in[8] = {9, 9, KC2, KC2, FC_IN, FC_IN, FC_H, FC_H};
-    for (int i = 0; i < N_PARAM_TENSORS; i++) {
-        float bound = (float)(1.0 / sqrt((double)fan_in[i]));
-        for (size_t j = 0; j < PARAMS[i].numel; j++) host[PARAMS[i].offset + j] = bound * (2.0f * rand_uniform(&s) - 1.0f);
-    }
-    if (m->cpu) memcpy(m->params, host.data(), host.size() * sizeof(float));
-    else cudaCheck(cudaMemcpy(m->params, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-}
-// Copies between a host buffer in the internal layout and the model's buffer (device or host).
-static void mnist_copy_out(const Mnist* m, const float* src, float* host_dst, size_t n) {
-    if (m->cpu) memcpy(host_dst, src, n * sizeof(float));
-    else cudaCheck(cudaMemcpy(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
-}
-static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, size_t n) {
-    if (m->cpu) memcpy(dst, host_src, n * sizeof(float));
-    else cudaCheck(cudaMemcpy(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice));
-}
-
-// conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
-static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKEND_OURS && g_mm.tf32; }
-
-// forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
-// h, the rest comes from mnist_loss's head. gather (fast path only): conv2's forward kernel loads the batch from the
-// dataset itself (ConvInput) and writes x and y, instead of reading x.
-static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
-    if (conv2_fast(m)) {  // conv1 inside conv2's kernel, the pooling (and its window codes) in its epilogue, act2 not stored
-        ConvInput in;
-        if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
-        else in.x = m->x;
-        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
-        if (g_fc1_cluster) {
-            launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
-                       m->pooled, P(m, P_WF1), B);
-            return;  // the head adds the partial sums, bias and ReLU, and does fc2
-        }
-    } else {
-        Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
-        matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
-        Epilogue e2; e2.bias = P(m, P_B2); e2.relu = 1;
-        matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
-    }
-    if (m->cpu) {
-        for (int b = 0; b < B; b++) for (int py = 0; py < HP; py++) for (int px = 0; px < HP; px++) for (int c = 0; c < C2; c++) {
-            const float* base = m->act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
-            m->pooled[(((size_t)b * HP + py) * HP + px) * C2 + c] = fmaxf(fmaxf(base[0], base[C2]), fmaxf(base[H2 * C2], base[H2 * C2 + C2]));
-        }
-    } else if (!conv2_fast(m)) {
-        maxpool_forward_kernel<<<ceil_div(B * FC_IN, 256), 256, 0, g_mm.stream>>>(m->pooled, m->act2, B);
-        launch_check();
-    }
-    Epilogue e3; e3.bias = P(m, P_BF1); e3.relu = 1;
-    matmul_forward(m->h, FC_H, {V_ROW, m->pooled, FC_IN}, {V_COL, P(m, P_WF1), FC_IN}, B, FC_H, FC_IN, e3);
-    if (conv2_fast(m)) return;  // fc2 is part of the fused head in mnist_loss
-    Epilogue e4; e4.bias = P(m, P_BF2);
-    matmul_forward(m->logits, NCLS, {V_ROW, m->h, FC_H}, {V_COL, P(m, P_WF2), FC_H}, B, NCLS, FC_H, e4);
-}
-
-// fused log-softmax + NLL: losses[offset + b], preds[offset + b] (either may be null), dlogits (null: no gradient)
-static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* counters, int offset, bool grad) {
-    if (m->cpu) {
-        int off = counters ? counters[1] : offset;
-        for (int b = 0; b < B; b++) {
-            const float* l = m->logits + b * NCLS;
-            float mx = l[0]; int arg = 0;
-            for (int j = 1; j < NCLS; j++) if (l[j] > mx) { mx = l[j]; arg = j; }
-            float sum = 0.0f;
-            for (int j = 0; j < NCLS; j++) sum += expf(l[j] - mx);
-            int label = m->y[b];
-            if (losses) losses[off + b] = -(l[label] - mx - logf(sum));
-            if (preds) preds[off + b] = arg;
-            if (grad) for (int j = 0; j < NCLS; j++) m->dlogits[b * NCLS + j] = (expf(l[j] - mx) / sum - (j == label ? 1.0f : 0.0f)) / (float)B;
-        }
-        return;
-    }
-    if (conv2_fast(m)) {
-        auto head = g_fc1_cluster ? head_kernel<FC1F_PARTS> : head_kernel<0>;
-        launch_pdl(head, ceil_div(B, 8), 256, 0, 1, m->logits, grad ? m->dlogits : nullptr, m->dh, losses, preds, m->h,
-                   m->hpart, P(m, P_BF1), P(m, P_WF2), P(m, P_BF2), m->y, counters, offset, B);
-        return;
-    }
-    softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits, m->y, counters, offset, B);
-    launch_check();
-}
-
-// forward + loss: mnist_forward then mnist_loss, or on the fast path (sm_90, a batch of at most FUSED_MAX_B within the
-// training batch the model was built for, the GPU holding the fused grid at once) the fused forward, one launch:
-// conv1, conv2, the pooling, fc1 and the head (FwdHead), bit-identical to the three launches. g_fused_forward = false
-// (the tests) keeps the three launches.
-static bool g_fused_forward = true;
-static bool mnist_fused_forward(const Mnist* m, int B) {
-    return conv2_fast(m) && g_fc1_cluster && g_fused_forward && g_conv2.fused_fwd && B <= std::min(m->B, FUSED_MAX_B);
-}
-static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* losses, int* preds, const int* counters,
-                               int offset, bool grad) {
-    if (!mnist_fused_forward(m, B)) {
-        mnist_forward(m, B, gather);
-        mnist_loss(m, B, losses, preds, counters, offset, grad);
-        return;
-    }
-    ConvInput in;
-    if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
-    else in.x = m->x;
-    FwdHead fh;
-    fh.wf1 = P(m, P_WF1); fh.bf1 = P(m, P_BF1); fh.wf2 = P(m, P_WF2); fh.bf2 = P(m, P_BF2);
-    fh.part = m->fpart; fh.h = m->h; fh.logits = m->logits; fh.dlogits = grad ? m->dlogits : nullptr; fh.dh = m->dh;
-    fh.losses = losses; fh.preds = preds; fh.y = m->y; fh.counters = counters; fh.offset = offset;
-    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
-}
-
-// backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
-// With update_advance_B >= 0 on the fast path, the backward's kernels apply the optimizer step to every parameter
-// instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in conv2_wgrad_tf32_kernel's split reduction) and
-// advance the counters by update_advance_B: mnist_update and mnist_advance in the same launches (not called then).
-static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const BatchPrefetch& pf = BatchPrefetch()) {
-    Epilogue e;
-    if (conv2_fast(m)) {  // dh came out of the fused head
-        const bool fuse = update_advance_B >= 0;
-        Fc1BackwardArgs a;
-        a.dpooled = m->dpooled; a.wf1 = P(m, P_WF1); a.gwf1 = G(m, P_WF1);
-        a.gbf1 = G(m, P_BF1); a.gwf2 = G(m, P_WF2); a.gbf2 = G(m, P_BF2);
-        a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
-        a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
-        fc1_backward(a);
-        // the input gradient first: the weight-gradient kernel after it adds up both kernels' partial sums (and its
-        // bands, which need only dpooled, overlap the input gradient's last blocks); fused with SGD, its idle warp
-        // applies fc1.weight's optimizer step (98% of the parameters). AdamW's step (a square root and a division per
-        // element) is too slow for one warp per SM (measured on the H100: 2 epochs at batch 128 took 212 ms instead of
-        // ~130): optimizer_kernel does it, launched here, before the weight-gradient kernel advances the step counter.
-        Fc1Step f;
-        if (fuse && m->opt.optimizer == OPT_SGD) {
-            f.p = P(m, P_WF1); f.g = G(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset;
-            f.counters = m->counters; f.c = m->opt;
-        } else if (fuse) {
-            const size_t n = PARAMS[P_WF1].numel, off = PARAMS[P_WF1].offset;
-            launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1), (const float*)G(m, P_WF1),
-                       m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
-        }
-        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1_sign, m->x, B, f);  // + conv1's dW, db
-        if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
-        // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
-        // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end
-        // of the flat buffer) through the same reduction as a 1-way "split"
-        jd.update_off = (int)PARAMS[P_W1].offset;
-        SplitsJob jr;
-        jr.src = G(m, P_BF1); jr.stride = 0; jr.splits = 1; jr.n = (int)(m->n_params - PARAMS[P_BF1].offset);
-        jr.update_off = (int)PARAMS[P_BF1].offset;
-        OptTarget t;
-        // the step counter advances after the barrier of the weight-gradient kernel (every block has read it), the
-        // batch position in fc1_backward_kernel (a.advance_pos), three launches before the next step's forward reads it
-        t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = 0; t.c = m->opt;
-        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t, (int)PARAMS[P_W2].offset, pf);
-        return;
-    }
-    e = Epilogue(); e.rowsum = G(m, P_BF2);
-    matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
-    e = Epilogue(); e.mask = m->h;
-    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
-    e = Epilogue(); e.rowsum = G(m, P_BF1);
-    matmul_forward(G(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
-    e = Epilogue();
-    matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, P(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
-    if (m->cpu) {
-        for (int b = 0; b < B; b++) for (int y = 0; y < H2; y++) for (int x = 0; x < H2; x++) for (int c = 0; c < C2; c++)
-            m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] = maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
-    } else {
-        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2, B);
-        launch_check();
-    }
-    e = Epilogue(); e.rowsum = G(m, P_B2);
-    matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
-    e = Epilogue(); e.mask = m->act1;
-    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
-    e = Epilogue(); e.rowsum = G(m, P_B1);
-    matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
-}
-
-// The optimizer step of every parameter; advance_B >= 0: then also mnist_advance(m, advance_B), in the same launch on
-// the GPU.
-static void mnist_advance(Mnist* m, int B);
-static void mnist_update(Mnist* m, int advance_B = -1) {
-    if (m->cpu) {
-        const OptStep st = opt_step(m->opt, m->counters[0]);
-        for (size_t i = 0; i < m->n_params; i++) opt_update_elem(m->opt, st, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
-        if (advance_B >= 0) mnist_advance(m, advance_B);
-        return;
-    }
-    size_t threads = m->n_params / 4 + 1;  // the last thread does the n % 4 tail
-    launch_pdl(optimizer_kernel, (unsigned)((threads + 255) / 256), 256, 0, 1, m->params, m->grads, m->m1, m->m2, m->n_params,
-               m->opt, m->counters, advance_B);
-}
-static void mnist_advance(Mnist* m, int B) {
-    if (m->cpu) { m->counters[0] += 1; m->counters[1] += B; return; }
-    launch_pdl(advance_counters_kernel, 1, 1, 0, 1, m->counters, B);
-}
-static void mnist_set_counters(Mnist* m, int step, int offset) {
-    int c[2] = {step, offset};
-    if (m->cpu) memcpy(m->counters, c, sizeof(c));
-    else cudaCheck(cudaMemcpyAsync(m->counters, c, sizeof(c), cudaMemcpyHostToDevice, g_mm.stream));
-}
-
-// Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y.
-struct DeviceData { uint8_t* images = nullptr; uint8_t* labels = nullptr; int n = 0; };
-static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B) {
-    if (m->cpu) {
-        int off = counters ? counters[1] : offset;
-        for (int b = 0; b < B; b++) {
-            int s = perm ? perm[off + b] : off + b;
-            for (int p = 0; p < IMG * IMG; p++) m->x[b * IMG * IMG + p] = mnist_normalize(d.images[(size_t)s * IMG * IMG + p]);
-            m->y[b] = d.labels[s];
-        }
-        return;
-    }
-    launch_pdl(gather_batch_kernel, ceil_div(B * IMG * IMG, 256), 256, 0, 1, m->x, m->y, d.images, d.labels, perm, counters,
-               offset, B);
-}
-// One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
-// The fast path has no gather launch: conv2's forward kernel loads the batch; at batch <= FUSED_MAX_B it also runs fc1
-// and the head (the fused forward): 4 launches per step (5 with AdamW), 6 (7) at larger batches.
-// staged: the previous step gathered this batch (it was called with next_B = B); next_B > 0: gather the next step's
-// batch of next_B (at most the model's batch) for it, and return whether it was (the fast path only).
-static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, bool staged = false,
-                             int next_B = 0) {
-    const bool fast = conv2_fast(m);
-    if (next_B > m->B) {
-        fprintf(stderr, "mnist_train_step: the next batch (%d) is larger than the model's (%d)\n", next_B, m->B);
-        exit(EXIT_FAILURE);
-    }
-    if (fast) {
-        ConvInput in;
-        in.images = d.images; in.labels = d.labels; in.perm = perm; in.counters = m->counters;
-        if (staged) { in.staged = m->xb; in.staged_y = m->yb; in.wimg = g_bulk_copy ? g_conv2.wimg_fwd : nullptr; }
-        mnist_forward_loss(m, B, &in, losses, nullptr, m->counters, 0, true);
-    } else {
-        mnist_gather(m, d, perm, m->counters, 0, B);
-        mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
-    }
-    if (fast) {
-        BatchPrefetch pf;  // the next step's batch: gathered for it, or into L2
-        pf.images = d.images; pf.labels = d.labels; pf.perm = perm; pf.counters = m->counters; pf.n = d.n;
-        pf.B = next_B > 0 ? next_B : B;
-        if (next_B > 0) { pf.xb = m->xb; pf.yb = m->yb; }
-        mnist_backward(m, B, B, pf);  // with the optimizer step of every parameter and the counters' advance
-        return next_B > 0;
-    }
-    mnist_backward(m, B);
-    mnist_update(m, B);       // and the counters' advance
-    return false;
-}
-// nsteps training steps of batch B, then (tail_B > 0) one of batch tail_B; on the fast path each step gathers the
-// next one's batch (BatchPrefetch::xb) and the next forward reads it from there (ConvInput::staged): the same values
-// as steps that each gather their own batch.
-static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps, int tail_B = 0) {
-    const int total = nsteps + (tail_B > 0 ? 1 : 0);
-    bool staged = false;
-    for (int i = 0; i < total; i++)
-        staged = mnist_train_step(m, d, perm, losses, i < nsteps ? B : tail_B, staged,
-                                  i + 1 < total ? (i + 1 < nsteps ? B : tail_B) : 0);
-}
-
-// ----------------------------------------------------------------------------------------------------------------
-// checkpoints: magic 20260202; parameters (and optimizer state) by PyTorch names in PyTorch layout
-struct CheckpointMeta { int epoch = 0, step = 0, batch_size = 0, seed = 0, optimizer = 0, has_optimizer = 0, epochs = 0; float lr = 0, test_accuracy = 0; };
-
-static void mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
-    std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
-    mnist_copy_out(m, m->params, internal.data(), m->n_params);
-    for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
-    std::vector<BinWriterTensor> ts;
-    std::vector<std::string> names;
-    names.reserve(3 * N_PARAM_TENSORS);
-    for (int i = 0; i < N_PARAM_TENSORS; i++) {
-        const ParamInfo& pi = PARAMS[i];
-        ts.push_back({pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, p.data() + pi.offset});
-    }
-    if (meta.has_optimizer) {
-        mnist_copy_out(m, m->m1, internal.data(), m->n_params);
-        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s1.data() + PARAMS[i].offset);
-        mnist_copy_out(m, m->m2, internal.data(), m->n_params);
-        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
-        const char* pre1 = meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.";
-        for (int i = 0; i < N_PARAM_TENSORS; i++) {
-            const ParamInfo& pi = PARAMS[i];
-            ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s1.data() + pi.offset});
-        }
-        if (meta.optimizer == OPT_ADAMW)
-            for (int i = 0; i < N_PARAM_TENSORS; i++) {
-                const ParamInfo& pi = PARAMS[i];
-                ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
-            }
-    }
-    std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, meta.optimizer, meta.has_optimizer,
-                                   meta.epochs, fbits(meta.lr), fbits(meta.test_accuracy)};
-    bin_write(path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
-}
-// Loads parameters (and, when with_optimizer, the optimizer state) after checking every name, dtype and shape.
-static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer, int expect_optimizer) {
-    BinFile bf;
-    bin_read(&bf, path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION);
-    CheckpointMeta meta;
-    meta.epoch = bf.header[3]; meta.step = bf.header[4]; meta.batch_size = bf.header[5]; meta.seed = bf.header[6];
-    meta.optimizer = bf.header[7]; meta.has_optimizer = bf.header[8]; meta.epochs = bf.header[9];
-    meta.lr = bin_field_f(&bf, 10); meta.test_accuracy = bin_field_f(&bf, 11);
-    std::vector<float> internal(m->n_params);
-    auto load_set = [&](const char* prefix, float* dst) {
-        for (int i = 0; i < N_PARAM_TENSORS; i++) {
-            std::string name = std::string(prefix) + PARAMS[i].name;
-            const float* src = (const float*)bin_expect(&bf, name.c_str(), 0, PARAMS[i].ndim, PARAMS[i].shape);
-            param_from_torch(i, src, internal.data() + PARAMS[i].offset);
-        }
-        mnist_copy_in(m, dst, internal.data(), m->n_params);
-    };
-    load_set("", m->params);
-    if (with_optimizer) {
-        if (!meta.has_optimizer) { fprintf(stderr, "error: %s: header[8] has_optimizer is 0, --resume needs the optimizer state (1)\n", path); exit(EXIT_FAILURE); }
-        if (meta.optimizer != expect_optimizer) {
-            fprintf(stderr, "error: %s: header[7] optimizer is %d, expected %d (--optimizer %s)\n", path, meta.optimizer, expect_optimizer, expect_optimizer ? "adamw" : "sgd");
-            exit(EXIT_FAILURE);
-        }
-        load_set(meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.", m->m1);
-        if (meta.optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
-    }
-    return meta;
-}
-
-// Fisher-Yates from splitmix64 seeded by (seed, epoch): an epoch's order never depends on earlier epochs, so
-// resuming at an epoch boundary replays the same trajectory.
-static void epoch_permutation(std::vector<int>& perm, int n, int seed, int epoch) {
-    perm.resize(n);
-    for (int i = 0; i < n; i++) perm[i] = i;
-    uint64_t s = (uint64_t)seed * 1000003ull + (uint64_t)epoch * 7919ull + 12345;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(splitmix64(&s) % (uint64_t)(i + 1));
-        std::swap(perm[i], perm[j]);
-    }
-}
-
-static DeviceData upload_split(const MnistSplit& s, bool cpu) {
-    DeviceData d; d.n = s.n;
-    if (cpu) { d.images = (uint8_t*)s.images.data(); d.labels = (uint8_t*)s.labels.data(); return d; }
-    cudaCheck(cudaMalloc(&d.images, s.images.size()));
-    cudaCheck(cudaMalloc(&d.labels, s.labels.size()));
-    cudaCheck(cudaMemcpy(d.images, s.images.data(), s.images.size(), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d.labels, s.labels.data(), s.labels.size(), cudaMemcpyHostToDevice));
-    return d;
-}
-
-// An epoch's training steps in CUDA graphs of mnist_train_steps: GRAPH_STEPS full batches in one (fewer graph
-// launches, the steps' kernels overlap across step boundaries, and every step but the first has its batch gathered by
-// the step before), and one graph for the rest: the remaining full batches and the last partial batch
-constexpr int GRAPH_STEPS = 32;
-// mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded
-static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps,
-                                           int tail_B = 0) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
-    mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B);
-    cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
-    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
-    cudaCheck(cudaGraphUpload(ge, g_mm.stream));
-    cudaCheck(cudaGraphDestroy(g));
-    return ge;
-}
-
+// ================================================================================================================
+// 7. THE COMMAND LINE
+//   arguments, evaluation, main; left out of TESTING builds (dev/test_mnist.cu includes this file)
+// ================================================================================================================
 #ifndef TESTING
 // ----------------------------------------------------------------------------------------------------------------
 // CLI
