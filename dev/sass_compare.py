@@ -10,16 +10,19 @@ nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm: point CUOBJDUMP at the binary, o
 
 Usage (from anywhere in the repository):
   python3 dev/sass_compare.py REV_A REV_B [--file train_mnist.cu] [--arch sm_90a] [--arch sm_80]
-                              [--variant plain] [--variant MNIST_TRACE] [--strict] [--keep DIR] [-j N]
+                              [--variant plain] [--variant MNIST_TRACE] [--strict] [--keep DIR] [--cache DIR] [-j N]
   REV: a git revision, or WORKTREE for the file as it is on disk.
   --arch: default sm_90a and sm_80 (the targets the Makefile builds train_mnist for where no GPU is present).
   --variant: plain, or a macro NAME for a build with -DNAME (default: plain and MNIST_TRACE, dev/trace_mnist's).
+  --cache: reuse the SASS and report of a build with the same source, command and nvcc (one compiled side instead of
+           two when comparing a series of edits against one revision).
 Prints one line per target and variant, the functions that differ with the first lines of their diff, and exits 1
 if anything differs (0 when every function's SASS and report are identical).
 """
 import argparse
 import concurrent.futures
 import difflib
+import hashlib
 import os
 import re
 import shutil
@@ -58,21 +61,42 @@ def source_at(rev, path, dst):
         f.write(proc.stdout)
 
 
-def build(src, arch, define, out_dir, cuobjdump):
-    """Compiles src for one target; returns ({function: [instruction lines]}, {function: [report lines]})."""
+def compile_and_disassemble(src, arch, define, out_dir, cuobjdump, cache):
+    """nvcc -cubin (with the ptxas report) and cuobjdump -sass; returns (report text, SASS text)."""
     os.makedirs(out_dir, exist_ok=True)
     cubin = os.path.join(out_dir, "out.cubin")
     virt = arch.replace("sm_", "compute_")
     cmd = ["nvcc", *NVCCFLAGS, "-gencode", f"arch={virt},code={arch}", "-cubin", "-Xptxas", "-v", "-o", cubin, src]
     if define:
         cmd.insert(1, f"-D{define}")
+    key = None
+    if cache:
+        nvcc = subprocess.run(["nvcc", "--version"], stdout=subprocess.PIPE, text=True).stdout
+        with open(src, "rb") as f:
+            key = hashlib.sha256(f.read() + " ".join(cmd[:-3]).encode() + nvcc.encode()).hexdigest()[:24]
+        hit = os.path.join(cache, key)
+        if os.path.exists(os.path.join(hit, "out.sass")):
+            with open(os.path.join(hit, "ptxas.txt")) as f, open(os.path.join(hit, "out.sass")) as g:
+                return f.read(), g.read()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with open(os.path.join(out_dir, "ptxas.txt"), "w") as f:
-        f.write(" ".join(cmd) + "\n" + proc.stdout)
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} failed:\n{proc.stdout[-3000:]}")
+    sass = subprocess.run([cuobjdump, "-sass", cubin], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if sass.returncode != 0:
+        sys.exit(f"error: cuobjdump -sass {cubin}: {sass.stderr.strip()}")
+    for d in [out_dir] + ([os.path.join(cache, key)] if key else []):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "ptxas.txt"), "w") as f, open(os.path.join(d, "out.sass"), "w") as g:
+            f.write(proc.stdout)
+            g.write(sass.stdout)
+    return proc.stdout, sass.stdout
+
+
+def build(src, arch, define, out_dir, cuobjdump, cache):
+    """Compiles src for one target; returns ({function: [instruction lines]}, {function: [report lines]})."""
+    ptxas, sass = compile_and_disassemble(src, arch, define, out_dir, cuobjdump, cache)
     report, cur = {}, None
-    for line in proc.stdout.splitlines():
+    for line in ptxas.splitlines():
         m = PTXAS_FUNC.search(line)
         if m:
             cur = m.group(1) or m.group(2)
@@ -80,13 +104,8 @@ def build(src, arch, define, out_dir, cuobjdump):
             continue
         if cur and ("bytes stack frame" in line or "ptxas info    : Used" in line):
             report[cur].append(line.replace("ptxas info    :", "").strip())
-    sass = subprocess.run([cuobjdump, "-sass", cubin], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if sass.returncode != 0:
-        sys.exit(f"error: cuobjdump -sass {cubin}: {sass.stderr.strip()}")
-    with open(os.path.join(out_dir, "out.sass"), "w") as f:
-        f.write(sass.stdout)
     funcs, cur = {}, None
-    for line in sass.stdout.splitlines():
+    for line in sass.splitlines():
         m = FUNC.match(line)
         if m:
             cur = m.group(1)
@@ -113,6 +132,7 @@ def main():
     ap.add_argument("--variant", action="append", help="plain, or NAME: built with -DNAME (repeatable)")
     ap.add_argument("--strict", action="store_true", help="also compare the instruction encodings (control bits)")
     ap.add_argument("--keep", help="keep the cubins, SASS and ptxas reports in this folder")
+    ap.add_argument("--cache", help="reuse builds of identical sources from this folder (and add to it)")
     ap.add_argument("-j", type=int, default=os.cpu_count() or 1, help="parallel compilations")
     args = ap.parse_args()
     archs = args.arch or ["sm_90a", "sm_80"]
@@ -130,7 +150,7 @@ def main():
             for var in variants:
                 for side in ("a", "b"):
                     out = os.path.join(work, side, f"{arch}{'-' + var if var else ''}")
-                    jobs[(arch, var, side)] = pool.submit(build, srcs[side], arch, var, out, cuobjdump)
+                    jobs[(arch, var, side)] = pool.submit(build, srcs[side], arch, var, out, cuobjdump, args.cache)
     differ = 0
     for arch in archs:
         for var in variants:
