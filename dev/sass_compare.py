@@ -76,6 +76,8 @@ def compile_and_disassemble(src, arch, define, out_dir, cuobjdump, cache):
             key = hashlib.sha256(f.read() + " ".join(cmd[:-3]).encode() + nvcc.encode()).hexdigest()[:24]
         hit = os.path.join(cache, key)
         if os.path.exists(os.path.join(hit, "out.sass")):
+            for name in ("ptxas.txt", "out.sass"):
+                shutil.copyfile(os.path.join(hit, name), os.path.join(out_dir, name))
             with open(os.path.join(hit, "ptxas.txt")) as f, open(os.path.join(hit, "out.sass")) as g:
                 return f.read(), g.read()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
