@@ -2002,6 +2002,272 @@ __device__ __forceinline__ float4 f4_bias_relu(float4 h, float4 b) {
     return make_float4(fmaxf(h.x + b.x, 0.0f), fmaxf(h.y + b.y, 0.0f), fmaxf(h.z + b.z, 0.0f), fmaxf(h.w + b.w, 0.0f));
 }
 
+// The phases of conv2_band_tf32_kernel (below), in the order it runs them.
+// conv2.weight into Ws, issued: from its forward image (use_img) by one bulk copy from thread 0, else raw
+// [co][tap][ci] into [tap][ci / 4][co][ci % 4] by 16-byte cp.async
+template <int CIN, int COUT, int NW, int NT>
+__device__ __forceinline__ void band_weights_issue(float* Ws, const float* __restrict__ w, bool use_img,
+                                                   const float* wimg, uint64_t* wbar, int tid) {
+    if (use_img) {
+        if (tid == 0) bulk_copy_issue(Ws, wimg, 9 * COUT * CIN * sizeof(float), wbar);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+        cp_async16(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4, w + 4 * ch);
+    }
+    cp_async_commit();
+}
+// conv2's weights landed: the bulk copy's image is already rounded; cp.async chunks are rounded by the thread that
+// copied them
+template <int CIN, int COUT, int NW, int NT>
+__device__ __forceinline__ void band_weights_land(float* Ws, bool use_img, uint64_t* wbar, int tid) {
+    if (use_img) { bulk_copy_wait(wbar); return; }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+        float4* p = (float4*)(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4);
+        *p = tf32_round4(*p);
+    }
+}
+// the fused forward: fc1.weight's K slice of this block into Wf (raw; rounded after the bands), by cp.async
+template <int NT, int NWF, int FCH>
+__device__ __forceinline__ void fused_wf1_issue(float* Wf, bool fused, const float* wf1, int tid) {
+    if (!fused) return;
+#pragma unroll 1
+    for (int i = 0; i < NWF; i++) {
+        const int ch = tid + i * NT, j = ch / FCH, c4 = ch % FCH;
+        cp_async16(Wf + j * FC1F_LD + 4 * c4, wf1 + (size_t)j * FC_IN + blockIdx.x * FC1F_KC + 4 * c4);
+    }
+    cp_async_commit();
+}
+// this block's share of the input gradient's weight image (see conv2_dgrad_tf32_kernel) from the rounded Ws:
+// [ky][co / 4][kx][ci][co % 4] for the flipped tap 8 - tap = 3 ky + kx
+template <int CIN, int COUT, int NT>
+__device__ __forceinline__ void band_write_dgrad_image(float* wimg_dgrad, const float* Ws, int tid) {
+    if (wimg_dgrad)
+        for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
+            const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
+            wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] =
+                Ws[((tap * (CIN / 4) + ci / 4) * COUT + co) * 4 + ci % 4];
+        }
+}
+// conv1 of the band's act1 rows y0 .. y0 + PR - 1 into the patch Ps (rounded to TF32), a pixel's 8 channels
+// c0..c0+3 and c0+16..c0+19 per thread (strict fp32: per channel 9 fmaf in tap order from 0, then the bias and the
+// ReLU); the patch rows [own_lo, own_hi) this band owns go to act1 unrounded, and their signs to act1_sign
+template <int HIN, int PR, int PL, int NC1, int NT>
+__device__ __forceinline__ void band_conv1(float* Ps, const float* Xs, const float* W1s, const float* B1s, float* act1,
+                                           uint32_t* act1_sign, int b, int y0, int own_lo, int own_hi, int tid,
+                                           int lane, int c0) {
+    float4 w1r[2][9], b1r[2];  // this thread's 8 channels' weights and biases, read from shared memory once
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int k = 0; k < 9; k++) w1r[h][k] = *(const float4*)(W1s + k * C1 + c0 + h * (C1 / 2));
+        b1r[h] = *(const float4*)(B1s + c0 + h * (C1 / 2));
+    }
+#pragma unroll
+    for (int i = 0; i < NC1; i++) {
+        const int pix = (tid + i * NT) / 4;  // patch pixel: row pix / HIN, column pix % HIN
+        if (pix >= PR * HIN) break;
+        const int r = pix / HIN, cx = pix % HIN;
+        float xv[9];
+#pragma unroll
+        for (int k = 0; k < 9; k++) xv[k] = Xs[(r + k / 3) * IMG + cx + k % 3];
+        float o[8];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int k = 0; k < 9; k++) {
+                const float4 wv = w1r[h][k];
+                sacc[0] = fmaf(xv[k], wv.x, sacc[0]); sacc[1] = fmaf(xv[k], wv.y, sacc[1]);
+                sacc[2] = fmaf(xv[k], wv.z, sacc[2]); sacc[3] = fmaf(xv[k], wv.w, sacc[3]);
+            }
+            const float4 bv = b1r[h];
+            o[4 * h + 0] = fmaxf(sacc[0] + bv.x, 0.0f); o[4 * h + 1] = fmaxf(sacc[1] + bv.y, 0.0f);
+            o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
+        }
+        const float4 lo4 = make_float4(o[0], o[1], o[2], o[3]), hi4 = make_float4(o[4], o[5], o[6], o[7]);
+        float* pp = Ps + ((c0 / 4) * PL + pix) * 4;  // pix = slot r * HIN + cx
+        *(float4*)pp = tf32_round4(lo4);
+        *(float4*)(pp + (C1 / 8) * PL * 4) = tf32_round4(hi4);
+        // act1's signs for the input gradient, bit n = channel n: the pixel's 4 lanes (all present or all
+        // past the patch) or their 8-channel parts together
+        uint32_t sgn = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            sgn |= (o[j] > 0.0f ? 1u : 0u) << (c0 + j) | (o[4 + j] > 0.0f ? 1u : 0u) << (c0 + C1 / 2 + j);
+        const unsigned grp = 0xFu << (lane & 28);
+        sgn |= __shfl_xor_sync(grp, sgn, 1);
+        sgn |= __shfl_xor_sync(grp, sgn, 2);
+        if (r >= own_lo && r < own_hi) {
+            const size_t pi = ((size_t)b * HIN + y0 + r) * HIN + cx;
+            float* dst = act1 + pi * C1 + c0;
+            *(float4*)dst = lo4;
+            *(float4*)(dst + C1 / 2) = hi4;
+            if (act1_sign && (tid & 3) == 0) act1_sign[pi] = sgn;
+        }
+    }
+}
+// conv2's products of the band, one warpgroup's 96 pixels: D[co][n] = sum_(tap, ci) W[co][tap][ci] act1[pixel n +
+// tap][ci]: m = co (64), n = the warpgroup's 96 pixels (8 columns x R rows; 8-pixel group i = row y0 + i), k = ci,
+// per tap. Both operands K-major in the no-swizzle layout: A = Ws (a core matrix is 8 channels x 4 ci: SBO 128 bytes,
+// LBO one plane of 4 ci), B = the patch (8 consecutive pixels of a row: SBO one patch row, LBO one plane); tap (ky,
+// kx) moves B's start by ky rows and kx slots. d[4 i + 2 h + e] = D[co + 8 h][pixel (y0 + i, x0 + 2 t + e)].
+template <int CIN, int COUT, int HIN, int PL>
+__device__ __forceinline__ void band_conv2_products(float (&d)[48], const float* Ws, const float* Ps, int x0, int co,
+                                                    int g, int t) {
+#pragma unroll
+    for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+    {
+        const uint64_t da0 = wgmma_desc(Ws, COUT * 16, 128), db0 = wgmma_desc(Ps + x0 * 4, PL * 16, HIN * 16);
+        wgmma_fence();
+#pragma unroll
+        for (int tap = 0; tap < 9; tap++)
+#pragma unroll
+            for (int ks = 0; ks < CIN / 8; ks++)
+                wgmma_m64n96k8_ss(d, da0 + (uint64_t)((tap * (CIN / 4) + 2 * ks) * COUT),
+                                  db0 + (uint64_t)(2 * ks * PL + (tap / 3) * HIN + tap % 3));
+        wgmma_commit();
+        wgmma_wait<0>();
+        acc_fence(d);
+    }
+#else
+    // mma.sync: this warp's channels 16 wq .. 16 wq + 15, the 12 n8 tiles (the same fragment layout)
+#pragma unroll 1
+    for (int tap = 0; tap < 9; tap++)
+#pragma unroll
+        for (int ks = 0; ks < CIN / 8; ks++) {
+            const float* pa = Ws + ((tap * (CIN / 4) + 2 * ks) * COUT + co) * 4 + t;
+            const float* pb = Ps + (2 * ks * PL + (tap / 3) * HIN + tap % 3 + x0 + g) * 4 + t;
+            const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[COUT * 4]),
+                                   __float_as_uint(pa[COUT * 4 + 32])};
+#pragma unroll
+            for (int i = 0; i < 12; i++)
+                mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[i * HIN * 4]),
+                                __float_as_uint(pb[(PL + i * HIN) * 4]));
+        }
+#endif
+}
+// The band's epilogue: bias and ReLU (act2 stored to out when not null: the tests); then the 2x2 max-pool into
+// pooled and its window codes, all in this thread: the window of pooled (y0 / 2 + p, x0 / 2 + t) is pixels (rows 2p,
+// 2p + 1) x (columns 2t, 2t + 1), d[8 p + 2 h + {0, 1, 4, 5}]
+template <int COUT, int HOUT>
+__device__ __forceinline__ void band_bias_relu_pool(float (&d)[48], const float (&bz)[2], float* out, float* pooled,
+                                                    uint8_t* pool_codes, int b, int y0, int x0, int co, int t) {
+#pragma unroll
+    for (int i = 0; i < 12; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float& v = d[4 * i + 2 * h + e];
+                v = fmaxf(v + bz[h], 0.0f);
+                if (out) out[(((size_t)b * HOUT + y0 + i) * HOUT + x0 + 2 * t + e) * COUT + co + 8 * h] = v;
+            }
+#pragma unroll
+    for (int p = 0; p < 6; p++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float m;
+            const uint8_t code =
+                pool_window(d[8 * p + 2 * h], d[8 * p + 2 * h + 1], d[8 * p + 4 + 2 * h], d[8 * p + 5 + 2 * h], m);
+            const size_t pi = (((size_t)b * HP + y0 / 2 + p) * HP + x0 / 2 + t) * COUT + co + 8 * h;
+            pooled[pi] = m;
+            pool_codes[pi] = code;
+        }
+}
+// The fused forward after the bands: fc1, this block's K slice s: the partial sum of all B rows over columns k0 ..
+// k0 + 71, into fh.part (see FwdHead), after the first grid barrier (every block's pooled rows are stored)
+template <int NT, int NWF, int FCH>
+__device__ __forceinline__ void fused_fc1_slice(const FwdHead& fh, float* Ps, float* Wf, const float* pooled, int B,
+                                                int tid, int warp, int g, int t) {
+    const int s = blockIdx.x, k0 = s * FC1F_KC;
+    float* Af = Ps;  // [64][FC1F_LD]: pooled's rows, columns k0 .. (the patch is free after the bands)
+    WgBarrier gb = wg_grid_arrive(fh.bar);  // this block's pooled rows are stored
+    cp_async_wait<0>();  // the slice landed: each thread rounds what it copied
+#pragma unroll
+    for (int i = 0; i < NWF; i++) {
+        const int ch = tid + i * NT;
+        float4* q = (float4*)(Wf + (ch / FCH) * FC1F_LD + 4 * (ch % FCH));
+        *q = tf32_round4(*q);
+    }
+    wg_grid_wait(fh.bar, gb.target, 1);
+    TRACE_MARK(5);
+    for (int ch = tid; ch < 64 * FCH; ch += NT) {  // written by the other blocks before the barrier: L2 loads
+        const int r = ch / FCH, c4 = ch % FCH;
+        const float4 v = r < B ? __ldcg((const float4*)(pooled + (size_t)r * FC_IN + k0) + c4)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+        *(float4*)(Af + r * FC1F_LD + 4 * c4) = tf32_round4(v);
+    }
+    __syncthreads();
+    if (warp < 8) {  // fc1_forward_kernel's warp layout: 2 x 4 warps of 32 x 32
+        const int wm2 = warp / 4, wn2 = warp % 4;
+        float acc[2][4][4];
+        acc_zero(acc);
+        warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, Af + wm2 * 32 * FC1F_LD, FC1F_LD, 1, Wf + wn2 * 32 * FC1F_LD, 1,
+                                                  FC1F_LD, g, t);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = wm2 * 32 + mi * 16 + g + 8 * h;
+                if (m >= B) continue;
+                float* dst = fh.part + ((size_t)s * B + m) * FC_H + wn2 * 32 + 2 * t;
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+                    __stcs((float2*)(dst + ni * 8), make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+            }
+    }
+    TRACE_MARK(6);
+}
+// The fused forward's end, block s < B: the head's parameters into Ws, then, once the second grid barrier (arrived at
+// by the caller: every slice's partial sums are stored) opens, row s's partial sums added in fc1_forward_kernel's
+// and head_kernel's order, fc1's bias and ReLU, and head_row
+template <int NT>
+__device__ __forceinline__ void fused_head_row(const FwdHead& fh, float* Ws, float* Ps, int B, int tid, int warp,
+                                               int lane, unsigned long long bar_target) {
+    const int s = blockIdx.x;
+    // the head's parameters (written by the previous step's optimizer step, complete) into Ws, free after the bands
+    float* W2s = Ws;            // [NCLS][FC_H]
+    float* B2s = W2s + NCLS * FC_H;
+    float* Bf1s = B2s + 32;     // [FC_H]
+    for (int i = tid; i < NCLS * FC_H; i += NT) W2s[i] = __ldcg(fh.wf2 + i);
+    if (tid < NCLS) B2s[tid] = __ldcg(fh.bf2 + tid);
+    if (tid < FC_H) Bf1s[tid] = __ldcg(fh.bf1 + tid);
+    wg_grid_wait(fh.bar, bar_target, 1);
+    // row s of h: warp k < 8 adds the groups 2k and 2k + 1 (8 slices each, in rank order, as a cluster of
+    // fc1_forward_kernel), lane l columns 4l .. 4l + 3; then warp 0 adds the 16 groups in order (as head_kernel)
+    float* gs = Ps;  // [FC1F_PARTS][FC_H]
+    static_assert(FC1F_PARTS == 16 && FC1F_CLUSTER == 8 && FC_H == 128,
+                  "8 warps of 2 groups of 8 slices; a float4 per lane");
+    if (warp < 8) {
+        float4 v[2][FC1F_CLUSTER];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int r = 0; r < FC1F_CLUSTER; r++)
+                v[j][r] = __ldcs((const float4*)(fh.part + ((size_t)((2 * warp + j) * FC1F_CLUSTER + r) * B + s) * FC_H)
+                                 + lane);
+#pragma unroll
+        for (int j = 0; j < 2; j++) *(float4*)(gs + (2 * warp + j) * FC_H + 4 * lane) = f4_sum_in_order(v[j]);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float4 p[FC1F_PARTS];
+#pragma unroll
+        for (int q = 0; q < FC1F_PARTS; q++) p[q] = *(const float4*)(gs + q * FC_H + 4 * lane);
+        const float4 hv = f4_bias_relu(f4_sum_in_order(p), *(const float4*)(Bf1s + 4 * lane));
+        *(float4*)(fh.h + (size_t)s * FC_H + 4 * lane) = hv;
+        head_row(hv, s, lane, W2s, B2s, fh.logits, fh.dlogits, fh.dh, fh.losses, fh.preds, fh.y, fh.counters,
+                 fh.offset, B);
+    }
+    TRACE_MARK(7);
+}
 // conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
 // then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
 // HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself is
@@ -2097,18 +2363,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     const float w1v = tid < 9 * C1 ? __ldcg(w1 + tid) : 0.0f, b1v = tid < C1 ? __ldcg(b1 + tid) : 0.0f;
     if (tid < 9 * C1) W1s[(tid % 9) * C1 + tid / 9] = w1v;
     if (tid < C1) B1s[tid] = b1v;
-    auto load_weights = [&] {
-        if (use_img) {
-            if (tid == 0) bulk_copy_issue(Ws, in.wimg, 9 * COUT * CIN * sizeof(float), &wbar);
-            return;
-        }
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            cp_async16(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4, w + 4 * ch);
-        }
-        cp_async_commit();
-    };
+    auto load_weights = [&] { band_weights_issue<CIN, COUT, NW, NT>(Ws, w, use_img, in.wimg, &wbar, tid); };
     if (!any) load_weights();  // a block without a band (the fused forward at B < 64): its share of the weight image
     const int co = 16 * wq + g, x0 = 8 * wg;  // this thread's output channels co, co + 8; the warpgroup's first column
     const float bz[2] = {__ldcg(bias + co), __ldcg(bias + co + 8)};
@@ -2117,35 +2372,11 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     const int c0 = (tid % 4) * 4;
     // conv2's weights landed (each thread rounds the chunks it copied), and this block's share of the input
     // gradient's weight image (after a barrier: from every thread's rounded chunks)
-    auto round_weights = [&] {
-        if (use_img) { bulk_copy_wait(&wbar); return; }
-        cp_async_wait<0>();
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            float4* p = (float4*)(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4);
-            *p = tf32_round4(*p);
-        }
-    };
+    auto round_weights = [&] { band_weights_land<CIN, COUT, NW, NT>(Ws, use_img, &wbar, tid); };
     // the fused forward: fc1.weight's K slice (raw; rounded after the bands), issued once conv2's weights have landed,
     // so that it does not delay them (it was written by the previous step's optimizer step, complete)
-    auto load_wf = [&] {
-        if (!fused) return;
-#pragma unroll 1
-        for (int i = 0; i < NWF; i++) {
-            const int ch = tid + i * NT, j = ch / FCH, c4 = ch % FCH;
-            cp_async16(Wf + j * FC1F_LD + 4 * c4, fh.wf1 + (size_t)j * FC_IN + blockIdx.x * FC1F_KC + 4 * c4);
-        }
-        cp_async_commit();
-    };
-    auto write_wimg = [&] {
-        if (wimg_dgrad)
-            for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
-                const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
-                wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] =
-                    Ws[((tap * (CIN / 4) + ci / 4) * COUT + co) * 4 + ci % 4];
-            }
-    };
+    auto load_wf = [&] { fused_wf1_issue<NT, NWF, FCH>(Wf, fused, fh.wf1, tid); };
+    auto write_wimg = [&] { band_write_dgrad_image<CIN, COUT, NT>(wimg_dgrad, Ws, tid); };
 
     int it = 0;
     for (int band = blockIdx.x; band < B * NBAND; band += gridDim.x, it++) {
@@ -2167,55 +2398,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
         TRACE_MARK(0);
         // conv1 of act1 rows y0 .. y0 + R + 1 into Ps (rounded to TF32); the rows this band owns go to act1 unrounded
         const int own_lo = yb == 0 ? 0 : 1, own_hi = yb == NBAND - 1 ? PR : PR - 1;  // patch rows [lo, hi)
-        float4 w1r[2][9], b1r[2];  // this thread's 8 channels' weights and biases, read from shared memory once
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int k = 0; k < 9; k++) w1r[h][k] = *(const float4*)(W1s + k * C1 + c0 + h * (C1 / 2));
-            b1r[h] = *(const float4*)(B1s + c0 + h * (C1 / 2));
-        }
-#pragma unroll
-        for (int i = 0; i < NC1; i++) {
-            const int pix = (tid + i * NT) / 4;  // patch pixel: row pix / HIN, column pix % HIN
-            if (pix >= PR * HIN) break;
-            const int r = pix / HIN, cx = pix % HIN;
-            float xv[9];
-#pragma unroll
-            for (int k = 0; k < 9; k++) xv[k] = Xs[(r + k / 3) * IMG + cx + k % 3];
-            float o[8];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int k = 0; k < 9; k++) {
-                    const float4 wv = w1r[h][k];
-                    sacc[0] = fmaf(xv[k], wv.x, sacc[0]); sacc[1] = fmaf(xv[k], wv.y, sacc[1]);
-                    sacc[2] = fmaf(xv[k], wv.z, sacc[2]); sacc[3] = fmaf(xv[k], wv.w, sacc[3]);
-                }
-                const float4 bv = b1r[h];
-                o[4 * h + 0] = fmaxf(sacc[0] + bv.x, 0.0f); o[4 * h + 1] = fmaxf(sacc[1] + bv.y, 0.0f);
-                o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
-            }
-            const float4 lo4 = make_float4(o[0], o[1], o[2], o[3]), hi4 = make_float4(o[4], o[5], o[6], o[7]);
-            float* pp = Ps + ((c0 / 4) * PL + pix) * 4;  // pix = slot r * HIN + cx
-            *(float4*)pp = tf32_round4(lo4);
-            *(float4*)(pp + (C1 / 8) * PL * 4) = tf32_round4(hi4);
-            // act1's signs for the input gradient, bit n = channel n: the pixel's 4 lanes (all present or all
-            // past the patch) or their 8-channel parts together
-            uint32_t sgn = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) sgn |= (o[j] > 0.0f ? 1u : 0u) << (c0 + j) | (o[4 + j] > 0.0f ? 1u : 0u) << (c0 + C1 / 2 + j);
-            const unsigned grp = 0xFu << (lane & 28);
-            sgn |= __shfl_xor_sync(grp, sgn, 1);
-            sgn |= __shfl_xor_sync(grp, sgn, 2);
-            if (r >= own_lo && r < own_hi) {
-                const size_t pi = ((size_t)b * HIN + y0 + r) * HIN + cx;
-                float* dst = act1 + pi * C1 + c0;
-                *(float4*)dst = lo4;
-                *(float4*)(dst + C1 / 2) = hi4;
-                if (act1_sign && (tid & 3) == 0) act1_sign[pi] = sgn;
-            }
-        }
+        band_conv1<HIN, PR, PL, NC1, NT>(Ps, Xs, W1s, B1s, act1, act1_sign, b, y0, own_lo, own_hi, tid, lane, c0);
         TRACE_MARK(4);
         if (it == 0) round_weights();
         fence_proxy_async();  // the patch and the rounded weights, before the tensor core's (async proxy) reads
@@ -2226,67 +2409,10 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
             xin = load_x(next, s_next);
             if (gather && tid == 0) label = load_label(s_next);
         }
-        // D[co][n] = sum_(tap, ci) W[co][tap][ci] act1[pixel n + tap][ci]: m = co (64), n = the warpgroup's 96 pixels
-        // (8 columns x R rows; 8-pixel group i = row y0 + i), k = ci, per tap. Both operands K-major in the no-swizzle
-        // layout: A = Ws (a core matrix is 8 channels x 4 ci: SBO 128 bytes, LBO one plane of 4 ci), B = the patch (8
-        // consecutive pixels of a row: SBO one patch row, LBO one plane); tap (ky, kx) moves B's start by ky rows and
-        // kx slots. d[4 i + 2 h + e] = D[co + 8 h][pixel (y0 + i, x0 + 2 t + e)].
         float d[48];
-#pragma unroll
-        for (int i = 0; i < 48; i++) d[i] = 0.0f;
-#if MNIST_WGMMA
-        {
-            const uint64_t da0 = wgmma_desc(Ws, COUT * 16, 128), db0 = wgmma_desc(Ps + x0 * 4, PL * 16, HIN * 16);
-            wgmma_fence();
-#pragma unroll
-            for (int tap = 0; tap < 9; tap++)
-#pragma unroll
-                for (int ks = 0; ks < CIN / 8; ks++)
-                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)((tap * (CIN / 4) + 2 * ks) * COUT),
-                                      db0 + (uint64_t)(2 * ks * PL + (tap / 3) * HIN + tap % 3));
-            wgmma_commit();
-            wgmma_wait<0>();
-            acc_fence(d);
-        }
-#else
-        // mma.sync: this warp's channels 16 wq .. 16 wq + 15, the 12 n8 tiles (the same fragment layout)
-#pragma unroll 1
-        for (int tap = 0; tap < 9; tap++)
-#pragma unroll
-            for (int ks = 0; ks < CIN / 8; ks++) {
-                const float* pa = Ws + ((tap * (CIN / 4) + 2 * ks) * COUT + co) * 4 + t;
-                const float* pb = Ps + (2 * ks * PL + (tap / 3) * HIN + tap % 3 + x0 + g) * 4 + t;
-                const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[COUT * 4]),
-                                       __float_as_uint(pa[COUT * 4 + 32])};
-#pragma unroll
-                for (int i = 0; i < 12; i++)
-                    mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[i * HIN * 4]),
-                                    __float_as_uint(pb[(PL + i * HIN) * 4]));
-            }
-#endif
+        band_conv2_products<CIN, COUT, HIN, PL>(d, Ws, Ps, x0, co, g, t);
         TRACE_MARK(2);
-        // epilogue: bias and ReLU; then the 2x2 max-pool and its window codes, all in this thread: the window of
-        // pooled (y0 / 2 + p, x0 / 2 + t) is pixels (rows 2p, 2p + 1) x (columns 2t, 2t + 1), d[8 p + 2 h + {0, 1, 4, 5}]
-#pragma unroll
-        for (int i = 0; i < 12; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float& v = d[4 * i + 2 * h + e];
-                    v = fmaxf(v + bz[h], 0.0f);
-                    if (out) out[(((size_t)b * HOUT + y0 + i) * HOUT + x0 + 2 * t + e) * COUT + co + 8 * h] = v;
-                }
-#pragma unroll
-        for (int p = 0; p < 6; p++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float m;
-                const uint8_t code = pool_window(d[8 * p + 2 * h], d[8 * p + 2 * h + 1], d[8 * p + 4 + 2 * h], d[8 * p + 5 + 2 * h], m);
-                const size_t pi = (((size_t)b * HP + y0 / 2 + p) * HP + x0 / 2 + t) * COUT + co + 8 * h;
-                pooled[pi] = m;
-                pool_codes[pi] = code;
-            }
+        band_bias_relu_pool<COUT, HOUT>(d, bz, out, pooled, pool_codes, b, y0, x0, co, t);
         TRACE_MARK(3);
         __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
     }
@@ -2299,80 +2425,13 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     }
     if (!fused) return;
 
-    // fc1, this block's K slice s: the partial sum of all B rows over columns k0 .. k0 + 71 (see FwdHead)
-    const int s = blockIdx.x, k0 = s * FC1F_KC;
-    float* Af = Ps;  // [64][FC1F_LD]: pooled's rows, columns k0 .. (the patch is free after the bands)
-    WgBarrier gb = wg_grid_arrive(fh.bar);  // this block's pooled rows are stored
-    cp_async_wait<0>();  // the slice landed: each thread rounds what it copied
-#pragma unroll
-    for (int i = 0; i < NWF; i++) {
-        const int ch = tid + i * NT;
-        float4* q = (float4*)(Wf + (ch / FCH) * FC1F_LD + 4 * (ch % FCH));
-        *q = tf32_round4(*q);
-    }
-    wg_grid_wait(fh.bar, gb.target, 1);
-    TRACE_MARK(5);
-    for (int ch = tid; ch < 64 * FCH; ch += NT) {  // written by the other blocks before the barrier: L2 loads
-        const int r = ch / FCH, c4 = ch % FCH;
-        const float4 v = r < B ? __ldcg((const float4*)(pooled + (size_t)r * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-        *(float4*)(Af + r * FC1F_LD + 4 * c4) = tf32_round4(v);
-    }
-    __syncthreads();
-    if (warp < 8) {  // fc1_forward_kernel's warp layout: 2 x 4 warps of 32 x 32
-        const int wm2 = warp / 4, wn2 = warp % 4;
-        float acc[2][4][4];
-        acc_zero(acc);
-        warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, Af + wm2 * 32 * FC1F_LD, FC1F_LD, 1, Wf + wn2 * 32 * FC1F_LD, 1,
-                                                  FC1F_LD, g, t);
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = wm2 * 32 + mi * 16 + g + 8 * h;
-                if (m >= B) continue;
-                float* dst = fh.part + ((size_t)s * B + m) * FC_H + wn2 * 32 + 2 * t;
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) __stcs((float2*)(dst + ni * 8), make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
-            }
-    }
-    TRACE_MARK(6);
-    gb = wg_grid_arrive(fh.bar);  // every slice's partial sums are stored
+    fused_fc1_slice<NT, NWF, FCH>(fh, Ps, Wf, pooled, B, tid, warp, g, t);
+    const WgBarrier gb = wg_grid_arrive(fh.bar);  // every slice's partial sums are stored
     // fc1's backward may take SMs from here on (measured: released at the wait, its blocks sat on the SMs of this
     // kernel's first blocks to leave, and the step was 0.4 ms per epoch slower)
     grid_dep_launch();
-    if (s >= B) return;  // (after arriving: the barrier counts every block)
-    // the head's parameters (written by the previous step's optimizer step, complete) into Ws, free after the bands
-    float* W2s = Ws;            // [NCLS][FC_H]
-    float* B2s = W2s + NCLS * FC_H;
-    float* Bf1s = B2s + 32;     // [FC_H]
-    for (int i = tid; i < NCLS * FC_H; i += NT) W2s[i] = __ldcg(fh.wf2 + i);
-    if (tid < NCLS) B2s[tid] = __ldcg(fh.bf2 + tid);
-    if (tid < FC_H) Bf1s[tid] = __ldcg(fh.bf1 + tid);
-    wg_grid_wait(fh.bar, gb.target, 1);
-    // row s of h: warp k < 8 adds the groups 2k and 2k + 1 (8 slices each, in rank order, as a cluster of
-    // fc1_forward_kernel), lane l columns 4l .. 4l + 3; then warp 0 adds the 16 groups in order (as head_kernel)
-    float* gs = Ps;  // [FC1F_PARTS][FC_H]
-    static_assert(FC1F_PARTS == 16 && FC1F_CLUSTER == 8 && FC_H == 128, "8 warps of 2 groups of 8 slices; a float4 per lane");
-    if (warp < 8) {
-        float4 v[2][FC1F_CLUSTER];
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int r = 0; r < FC1F_CLUSTER; r++)
-                v[j][r] = __ldcs((const float4*)(fh.part + ((size_t)((2 * warp + j) * FC1F_CLUSTER + r) * B + s) * FC_H) + lane);
-#pragma unroll
-        for (int j = 0; j < 2; j++) *(float4*)(gs + (2 * warp + j) * FC_H + 4 * lane) = f4_sum_in_order(v[j]);
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float4 p[FC1F_PARTS];
-#pragma unroll
-        for (int q = 0; q < FC1F_PARTS; q++) p[q] = *(const float4*)(gs + q * FC_H + 4 * lane);
-        const float4 hv = f4_bias_relu(f4_sum_in_order(p), *(const float4*)(Bf1s + 4 * lane));
-        *(float4*)(fh.h + (size_t)s * FC_H + 4 * lane) = hv;
-        head_row(hv, s, lane, W2s, B2s, fh.logits, fh.dlogits, fh.dh, fh.losses, fh.preds, fh.y, fh.counters, fh.offset, B);
-    }
-    TRACE_MARK(7);
+    if ((int)blockIdx.x >= B) return;  // (after arriving: the barrier counts every block)
+    fused_head_row<NT>(fh, Ws, Ps, B, tid, warp, lane, gb.target);
 }
 // R = 12 rows (half an image) = 288 pixels = 18 m16 tiles, 12 warps of 48 x 32 (6 row pairs x 2 channel halves; the
 // weights read once per k-step for 3 m16 tiles), 140 KB of shared memory: one block per SM, 128 bands at batch 64 = a
