@@ -2946,14 +2946,192 @@ static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free floa
 __device__ __forceinline__ void wg_put4(float* p, float4 v) {
     p[0] = tf32_round(v.x); p[4] = tf32_round(v.y); p[8] = tf32_round(v.z); p[12] = tf32_round(v.w);
 }
+// The phases of conv2_wgrad_tf32_kernel (below), in the order it runs them.
+// A band's operands into registers, raw: the pooled gradient's chunks and their window codes, act1's chunks.
+// Chunk ch (16 bytes) of a band: dact2 (ND per thread): channels 4 c4, c4 = bits 0-2 and 5 of ch (so a thread's
+// c4 is fixed: tid's bits), j = bits 3-4, (py, px) = ch / 64; the patch (NP per thread): channels 4 (bits 0-2),
+// j = bits 3-4, prow = bits 5-7, c = ch / 256; column c + 6 j
+template <int ND, int NP>
+__device__ __forceinline__ void wgrad_load_band(float4 (&vdp)[ND], uint32_t (&vcd)[ND], float4 (&vp)[NP],
+                                                const float* dpooled, const uint8_t* codes, const float* act1,
+                                                int band, int tid, int c4) {
+    const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        const int ch = tid + i * 256, pp = ch >> 6, x = pp % WG_XC + WG_XC * ((ch >> 3) & 3);
+        const size_t pi = pooled_index(b, y0 + pp / WG_XC, x, c4 * 4);
+        vdp[i] = *(const float4*)(dpooled + pi);
+        vcd[i] = *(const unsigned int*)(codes + pi);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        const int ch = tid + i * 256, col = (ch >> 8) + WG_XC * ((ch >> 3) & 3);
+        vp[i] = *(const float4*)(act1 + (((size_t)b * H1 + y0 + ((ch >> 5) & 7)) * H1 + col) * C1 + (ch & 7) * 4);
+    }
+}
+// A band's operands from the registers into Dt and Pt, rounded to TF32: dact2 rebuilt from the pooled gradient and
+// the window codes (and summed unrounded into rs, this thread's 4 channels of the bias gradient), act1's patch
+template <int ND, int NP>
+__device__ __forceinline__ void wgrad_store_band(float* Dt, float* Pt, const float4 (&vdp)[ND],
+                                                 const uint32_t (&vcd)[ND], const float4 (&vp)[NP], float4& rs, int y0,
+                                                 int tid, int c4) {
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        const int ch = tid + i * 256, pp = ch >> 6, j = (ch >> 3) & 3;
+        float4 vd = dact2_expand(vdp[i], vcd[i], y0 + pp / WG_XC, pp % WG_XC + WG_XC * j);
+        rs.x += vd.x; rs.y += vd.y; rs.z += vd.z; rs.w += vd.w;
+        wg_put4(Dt + pp * WG_DT_P + (c4 >> 1) * WG_GS + (c4 & 1) * 16 + j, vd);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        const int ch = tid + i * 256;
+        wg_put4(Pt + (ch >> 8) * WG_PT_C + ((ch >> 5) & 7) * WG_PT_R + ((ch & 7) >> 1) * WG_GS + (ch & 1) * 16
+                    + ((ch >> 3) & 3),
+                vp[i]);
+    }
+}
+// sm_90a: a band's products on wgmma, 18 k-steps of 8 pixels: per k-step an m64n96k8 (d96) and an m64n48k8 (d48)
+// from the descriptors of Dt and of this warpgroup's taps in Pt
+__device__ __forceinline__ void wgrad_band_wgmma(float (&d96)[48], float (&d48)[24], uint64_t da0, uint64_t db96,
+                                                 uint64_t db48) {
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < WG_R * 3; s++) {
+        const int py = s / 3, px = 2 * (s % 3);
+        const uint64_t da = da0 + (uint64_t)((py * WG_XC + px) * WG_DT_P * 4 / 16);
+        const uint64_t dbo = (uint64_t)((px * WG_PT_C + py * WG_PT_R) * 4 / 16);
+        wgmma_m64n96k8_ss(d96, da, db96 + dbo);
+        wgmma_m64n48k8_ss(d48, da, db48 + dbo);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    acc_fence(d96);
+    acc_fence(d48);
+}
+// elsewhere: a band's products on mma.sync, this warp's 32 x 72 tile (2 m16 x 9 n8) from the same layout
+__device__ __forceinline__ void wgrad_band_mma_sync(float (&acc)[2][9][4], const float* Dt, const float* Pt,
+                                                    const int (&boff)[9], int wm, int g, int t) {
+#pragma unroll 2
+    for (int s = 0; s < WG_R * 3; s++) {
+        const int py = s / 3, px = 2 * (s % 3);
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            const float* pa = Dt + (py * WG_XC + px) * WG_DT_P + (wm * 4 + mi * 2) * WG_GS + g * 4 + t;
+            a[mi][0] = __float_as_uint(pa[0]); a[mi][1] = __float_as_uint(pa[WG_GS]);
+            a[mi][2] = __float_as_uint(pa[WG_DT_P]); a[mi][3] = __float_as_uint(pa[WG_DT_P + WG_GS]);
+        }
+        const float* pp = Pt + px * WG_PT_C + py * WG_PT_R;
+#pragma unroll
+        for (int ni = 0; ni < 9; ni++) {
+            uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[WG_PT_C + boff[ni]]);
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+        }
+    }
+}
+// The block's partial sums of the weight gradient from the accumulators into pout (row stride os): wgmma's layout
+__device__ __forceinline__ void wgrad_store_acc_wgmma(float* pout, int os, const float (&d96)[48],
+                                                      const float (&d48)[24], int warp, int wg, int dxw, int g, int t) {
+    const int m = (warp % 4) * 16 + g;  // the accumulator rows of this warp of the warpgroup: m and m + 8
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int i = 0; i < 12; i++) {
+            const int n = 8 * i + 2 * t;  // dy = n / 32, ci = n % 32 of tap dx = dxw
+            *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + dxw) * C1 + n % C1) =
+                make_float2(d96[4 * i + 2 * h], d96[4 * i + 2 * h + 1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 6; i++) {
+            const int n = 48 * wg + 8 * i + 2 * t;  // of tap dx = 1
+            *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + 1) * C1 + n % C1) =
+                make_float2(d48[4 * i + 2 * h], d48[4 * i + 2 * h + 1]);
+        }
+    }
+}
+// the same from mma.sync's accumulators
+__device__ __forceinline__ void wgrad_store_acc_mma_sync(float* pout, int os, const float (&acc)[2][9][4], int wm,
+                                                         int wn, int g, int t) {
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ni = 0; ni < 9; ni++) {
+                int m = wm * 32 + mi * 16 + g + 8 * h, n = wn * 72 + ni * 8 + 2 * t;
+                *(float2*)(pout + m * os + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            }
+}
+// The bias gradient's partial sum into pout's last 64 floats: the 16 threads with c4 = q (tid bits 0-2 and 5 from q,
+// bits 3-4 and 6-7 free) hold the same 4 channels; added in thread order
+__device__ __forceinline__ void wgrad_bias_sum(float* smem, float4 rs, float* pout, int os, int tid) {
+    float4* red = (float4*)(smem + C2 * WG_OS + C2);
+    red[tid] = rs;
+    __syncthreads();
+    if (tid < C2 / 4) {
+        const int q = (tid & 7) | ((tid & 8) << 2);
+        float4 s = red[q];
+        for (int k = 1; k < 16; k++) {
+            float4 o = red[q | ((k & 3) << 3) | ((k >> 2) << 6)];
+            s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
+        }
+        *(float4*)(pout + C2 * os + tid * 4) = s;
+    }
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// sm_90, clusters of 2 or 4: the cluster's partial sums (each block's in its shared memory, row stride WG_OS) added
+// through distributed shared memory in rank order, block q adding the q-th slice: one partial sum per cluster
+__device__ __forceinline__ void wgrad_cluster_sum(float* smem, float* partial, int cluster, int tid) {
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();  // every block's partial sums are in its shared memory
+    TRACE_MARK(1);
+    // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
+    // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
+    // block's own rank through its local shared memory
+    constexpr int WG_DSM_BATCH = 10;
+    const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
+    float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
+    for (int i0 = tid; i0 < per; i0 += 256 * WG_DSM_BATCH) {
+        float4 sum[WG_DSM_BATCH];
+        int off[WG_DSM_BATCH];
+#pragma unroll
+        for (int b = 0; b < WG_DSM_BATCH; b++) {
+            const int e = q * per + i0 + 256 * b, row = e / (KC2 / 4);
+            off[b] = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
+        }
+        for (int r0 = 0; r0 < cluster; r0 += 2) {
+            const float4* s0 = r0 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0);
+            const float4* s1 = r0 + 1 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0 + 1);
+            float4 v[WG_DSM_BATCH][2];
+#pragma unroll
+            for (int b = 0; b < WG_DSM_BATCH; b++)
+                if (i0 + 256 * b < per) { v[b][0] = s0[off[b]]; v[b][1] = s1[off[b]]; }
+#pragma unroll
+            for (int b = 0; b < WG_DSM_BATCH; b++) {
+                float4 s = r0 == 0 ? v[b][0] : sum[b];  // rank order: ((r0 + r1) + r2) + r3
+                if (r0 > 0) { s.x += v[b][0].x; s.y += v[b][0].y; s.z += v[b][0].z; s.w += v[b][0].w; }
+                s.x += v[b][1].x; s.y += v[b][1].y; s.z += v[b][1].z; s.w += v[b][1].w;
+                sum[b] = s;
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < WG_DSM_BATCH; b++)
+            if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
+    }
+    // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
+    // every block reaches only after its reads of the others' shared memory. That order is also stated to the
+    // hardware (and to compute-sanitizer, which cannot see the grid barrier): an arrival here, after the reads,
+    // waited for after the grid barrier (so it never waits) before the block writes its partial sums' space
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+#endif
 __global__ void __launch_bounds__(256)
 conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
                         SplitsJob extra, OptTarget opt, unsigned long long* bar, BatchPrefetch pf) {
     TRACE_SCOPE(5);
-    // chunk ch (16 bytes) of a band: dact2 (ND per thread): channels 4 c4, c4 = bits 0-2 and 5 of ch (so a thread's
-    // c4 is fixed: tid's bits), j = bits 3-4, (py, px) = ch / 64; the patch (NP per thread): channels 4 (bits 0-2),
-    // j = bits 3-4, prow = bits 5-7, c = ch / 256; column c + 6 j
+    // (chunk ch of a band: see wgrad_load_band)
     constexpr int ND = WG_NPIX * C2 / 4 / 256, NP = (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4) / 256;
     static_assert(ND * 256 == WG_NPIX * C2 / 4 && NP * 256 == (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4), "whole rounds of chunks");
     extern __shared__ __align__(16) float smem[];
@@ -2966,22 +3144,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     // before this band's products and stored after them, so their latency hides behind the math
     float4 vdp[ND], vp[NP];
     uint32_t vcd[ND];
-    auto load_band = [&](int band) {
-        const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            const int ch = tid + i * 256, pp = ch >> 6, x = pp % WG_XC + WG_XC * ((ch >> 3) & 3);
-            const size_t pi = pooled_index(b, y0 + pp / WG_XC, x, c4 * 4);
-            vdp[i] = *(const float4*)(dpooled + pi);
-            vcd[i] = *(const unsigned int*)(codes + pi);
-        }
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-            const int ch = tid + i * 256, col = (ch >> 8) + WG_XC * ((ch >> 3) & 3);
-            vp[i] = *(const float4*)(act1 + (((size_t)b * H1 + y0 + ((ch >> 5) & 7)) * H1 + col) * C1 + (ch & 7) * 4);
-        }
-    };
-    if ((int)blockIdx.x < B * WG_BANDS) load_band(blockIdx.x);
+    if ((int)blockIdx.x < B * WG_BANDS) wgrad_load_band(vdp, vcd, vp, dpooled, codes, act1, blockIdx.x, tid, c4);
     // the per-step scalars of the update (a load of the step counter, cosf, powf: ~0.5 us of dependent latency) while
     // the first band's loads are in flight, not on the way to the barrier. The counter was last written by the
     // previous step's launch of this kernel (block 0, after its barrier), many launches back; block 0 advances it
@@ -3015,54 +3178,15 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
         const int y0 = (band % WG_BANDS) * WG_R;
         __syncthreads();  // the previous band's products are done with Dt and Pt
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            const int ch = tid + i * 256, pp = ch >> 6, j = (ch >> 3) & 3;
-            float4 vd = dact2_expand(vdp[i], vcd[i], y0 + pp / WG_XC, pp % WG_XC + WG_XC * j);
-            rs.x += vd.x; rs.y += vd.y; rs.z += vd.z; rs.w += vd.w;
-            wg_put4(Dt + pp * WG_DT_P + (c4 >> 1) * WG_GS + (c4 & 1) * 16 + j, vd);
-        }
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-            const int ch = tid + i * 256;
-            wg_put4(Pt + (ch >> 8) * WG_PT_C + ((ch >> 5) & 7) * WG_PT_R + ((ch & 7) >> 1) * WG_GS + (ch & 1) * 16 + ((ch >> 3) & 3), vp[i]);
-        }
+        wgrad_store_band(Dt, Pt, vdp, vcd, vp, rs, y0, tid, c4);
         fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
         __syncthreads();
-        if (band + (int)gridDim.x < B * WG_BANDS) load_band(band + gridDim.x);
+        if (band + (int)gridDim.x < B * WG_BANDS)
+            wgrad_load_band(vdp, vcd, vp, dpooled, codes, act1, band + gridDim.x, tid, c4);
 #if MNIST_WGMMA
-        wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < WG_R * 3; s++) {
-            const int py = s / 3, px = 2 * (s % 3);
-            const uint64_t da = da0 + (uint64_t)((py * WG_XC + px) * WG_DT_P * 4 / 16);
-            const uint64_t dbo = (uint64_t)((px * WG_PT_C + py * WG_PT_R) * 4 / 16);
-            wgmma_m64n96k8_ss(d96, da, db96 + dbo);
-            wgmma_m64n48k8_ss(d48, da, db48 + dbo);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        acc_fence(d96);
-        acc_fence(d48);
+        wgrad_band_wgmma(d96, d48, da0, db96, db48);
 #else
-#pragma unroll 2
-        for (int s = 0; s < WG_R * 3; s++) {
-            const int py = s / 3, px = 2 * (s % 3);
-            uint32_t a[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                const float* pa = Dt + (py * WG_XC + px) * WG_DT_P + (wm * 4 + mi * 2) * WG_GS + g * 4 + t;
-                a[mi][0] = __float_as_uint(pa[0]); a[mi][1] = __float_as_uint(pa[WG_GS]);
-                a[mi][2] = __float_as_uint(pa[WG_DT_P]); a[mi][3] = __float_as_uint(pa[WG_DT_P + WG_GS]);
-            }
-            const float* pp = Pt + px * WG_PT_C + py * WG_PT_R;
-#pragma unroll
-            for (int ni = 0; ni < 9; ni++) {
-                uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[WG_PT_C + boff[ni]]);
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
-            }
-        }
+        wgrad_band_mma_sync(acc, Dt, Pt, boff, wm, g, t);
 #endif
     }
     TRACE_MARK(0);
@@ -3074,91 +3198,13 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     float* pout = staged ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
     const int os = staged ? WG_OS : KC2;
 #if MNIST_WGMMA
-    {
-        const int m = (warp % 4) * 16 + g;  // the accumulator rows of this warp of the warpgroup: m and m + 8
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int i = 0; i < 12; i++) {
-                const int n = 8 * i + 2 * t;  // dy = n / 32, ci = n % 32 of tap dx = dxw
-                *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + dxw) * C1 + n % C1) = make_float2(d96[4 * i + 2 * h], d96[4 * i + 2 * h + 1]);
-            }
-#pragma unroll
-            for (int i = 0; i < 6; i++) {
-                const int n = 48 * wg + 8 * i + 2 * t;  // of tap dx = 1
-                *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + 1) * C1 + n % C1) = make_float2(d48[4 * i + 2 * h], d48[4 * i + 2 * h + 1]);
-            }
-        }
-    }
+    wgrad_store_acc_wgmma(pout, os, d96, d48, warp, wg, dxw, g, t);
 #else
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int ni = 0; ni < 9; ni++) {
-                int m = wm * 32 + mi * 16 + g + 8 * h, n = wn * 72 + ni * 8 + 2 * t;
-                *(float2*)(pout + m * os + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-            }
+    wgrad_store_acc_mma_sync(pout, os, acc, wm, wn, g, t);
 #endif
-    // bias: the 16 threads with c4 = q (tid bits 0-2 and 5 from q, bits 3-4 and 6-7 free) hold the same 4 channels;
-    // added in thread order
-    float4* red = (float4*)(smem + C2 * WG_OS + C2);
-    red[tid] = rs;
-    __syncthreads();
-    if (tid < C2 / 4) {
-        const int q = (tid & 7) | ((tid & 8) << 2);
-        float4 s = red[q];
-        for (int k = 1; k < 16; k++) {
-            float4 o = red[q | ((k & 3) << 3) | ((k >> 2) << 6)];
-            s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
-        }
-        *(float4*)(pout + C2 * os + tid * 4) = s;
-    }
+    wgrad_bias_sum(smem, rs, pout, os, tid);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (staged) {
-        cg::cluster_group cl = cg::this_cluster();
-        cl.sync();  // every block's partial sums are in its shared memory
-        TRACE_MARK(1);
-        // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
-        // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
-        // block's own rank through its local shared memory
-        constexpr int WG_DSM_BATCH = 10;
-        const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
-        float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
-        for (int i0 = tid; i0 < per; i0 += 256 * WG_DSM_BATCH) {
-            float4 sum[WG_DSM_BATCH];
-            int off[WG_DSM_BATCH];
-#pragma unroll
-            for (int b = 0; b < WG_DSM_BATCH; b++) {
-                const int e = q * per + i0 + 256 * b, row = e / (KC2 / 4);
-                off[b] = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
-            }
-            for (int r0 = 0; r0 < cluster; r0 += 2) {
-                const float4* s0 = r0 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0);
-                const float4* s1 = r0 + 1 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0 + 1);
-                float4 v[WG_DSM_BATCH][2];
-#pragma unroll
-                for (int b = 0; b < WG_DSM_BATCH; b++)
-                    if (i0 + 256 * b < per) { v[b][0] = s0[off[b]]; v[b][1] = s1[off[b]]; }
-#pragma unroll
-                for (int b = 0; b < WG_DSM_BATCH; b++) {
-                    float4 s = r0 == 0 ? v[b][0] : sum[b];  // rank order: ((r0 + r1) + r2) + r3
-                    if (r0 > 0) { s.x += v[b][0].x; s.y += v[b][0].y; s.z += v[b][0].z; s.w += v[b][0].w; }
-                    s.x += v[b][1].x; s.y += v[b][1].y; s.z += v[b][1].z; s.w += v[b][1].w;
-                    sum[b] = s;
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < WG_DSM_BATCH; b++)
-                if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
-        }
-        // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
-        // every block reaches only after its reads of the others' shared memory. That order is also stated to the
-        // hardware (and to compute-sanitizer, which cannot see the grid barrier): an arrival here, after the reads,
-        // waited for after the grid barrier (so it never waits) before the block writes its partial sums' space
-        asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    }
+    if (staged) wgrad_cluster_sum(smem, partial, cluster, tid);
 #endif
     // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
     // the first blocks to arrive at the grid barrier do them while the last ones finish their bands (WG_PRE_O);
