@@ -2536,6 +2536,181 @@ __device__ __forceinline__ void dgrad_combine(float (&d)[48], const float* x1, c
             d[4 * i + 2 + e] = (d[4 * i + 2 + e] + s11) + s21;
         }
 }
+// The phases of conv2_dgrad_tf32_kernel (below), in the order it runs them.
+// x's stacked row (image b's rows counted from b * IMG) of the top of output pixel q's 3x3 window
+__device__ __forceinline__ int dgrad_xrow(int q) { return (q / (H1 * H1)) * IMG + (q % (H1 * H1)) / H1; }
+// What a chunk needs of nothing the kernel in front writes: the patch's zero padding (slots whose padded row or
+// column is < 2, or past the batch), the x rows and act1's signs; the first chunk's before grid_dep_sync
+__device__ __forceinline__ void dgrad_prepare(float* Ps, float* Xs, uint32_t* Ms, const float* ximg,
+                                              const uint32_t* act1_sign, int chunk, int total, int tid) {
+    const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = dgrad_xrow(q0);
+    const int nx = dgrad_xrow(q0 + npix - 1) + 3 - xs_lo;
+    for (int i = tid; i < DG_NS * (C2 / 4); i += DG_CT) {
+        const int s = i / (C2 / 4), c4 = i % (C2 / 4), L = q0 + s, r = L % (H1 * H1);
+        if (L >= total || r < 2 * H1 || r % H1 < 2)
+            *(float4*)(Ps + (c4 * DG_PL + s) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int i = tid; i < nx * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)xs_lo * IMG + i);
+    for (int p = tid; p < npix; p += DG_CT) Ms[p] = __ldg(act1_sign + q0 + p);
+}
+// The patch, rounded to TF32: its zero padding is in place (dgrad_prepare); then dact2, a pooled value (and its 4
+// window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position, 0 at
+// the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled row);
+// tp_lo .. tp_lo + ntp - 1 touch the slots (the first and last may have pixels outside them: not stored).
+__device__ __forceinline__ void dgrad_load_dact2(float* Ps, const float* dpooled, const uint8_t* codes, int q0, int B,
+                                                 int tid) {
+    auto pooled_row = [](int L, bool last) {  // the stacked pooled row of slot L's padded row (first / last one in)
+        const int b = L / (H1 * H1), py = (L % (H1 * H1)) / H1;
+        return py < 2 ? b * HP - (last ? 1 : 0) : b * HP + (py - 2) / 2;
+    };
+    const int tp_lo = pooled_row(q0, false), ntp = min(pooled_row(q0 + DG_NS - 1, true), B * HP - 1) + 1 - tp_lo;
+    const int npc = ntp * HP * (C2 / 4);
+    for (int i0 = 0; i0 < npc; i0 += 8 * DG_CT) {
+        float4 dv[8];
+        uint32_t kv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * DG_CT + tid;
+            // (tp, pooled column) = i / 16
+            const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;
+            dv[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            kv[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * DG_CT + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP;
+            const int c4 = i % (C2 / 4);
+            const int s0 = (tp / HP) * (H1 * H1) + (2 * (tp % HP) + 2) * H1 + 2 * pc + 2 - q0;  // window's top left
+#pragma unroll
+            for (int dy = 0; dy < 2; dy++)
+#pragma unroll
+                for (int dx = 0; dx < 2; dx++) {
+                    const int s = s0 + dy * H1 + dx;
+                    if (i < npc && s >= 0 && s < DG_NS)
+                        *(float4*)(Ps + (c4 * DG_PL + s) * 4) = tf32_round4(dact2_expand(dv[u], kv[u], dy, dx));
+                }
+        }
+    }
+}
+// A tile's products: D = 64 consecutive slots of the patch x the weight image, d as described above
+__device__ __forceinline__ void dgrad_tile_products(float (&d)[48], const float* Ps, const float* Ws, int tile, int wq,
+                                                    int g, int t) {
+#pragma unroll
+    for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+    // descriptors: a slot is 16 bytes, one unit of a descriptor's address; LBO = a plane (4 channels further
+    // along k), SBO = 8 slots (A) or 8 rows of n (B)
+    const uint64_t da0 = wgmma_desc(Ps + tile * DG_TM * 4, DG_PL * 16, 128);
+    const uint64_t db0 = wgmma_desc(Ws, DG_N * 16, 128);
+    wgmma_fence();
+#pragma unroll
+    for (int ky = 0; ky < 3; ky++)
+#pragma unroll
+        for (int ks = 0; ks < C2 / 8; ks++)
+            wgmma_m64n96k8_ss(d, da0 + (uint64_t)(2 * ks * DG_PL + ky * H1),
+                              db0 + (uint64_t)((ky * (C2 / 4) + 2 * ks) * DG_N));
+    wgmma_commit();
+    wgmma_wait<0>();
+    acc_fence(d);
+#else
+    // mma.sync: this warp's rows 16 wq .. 16 wq + 15 of the tile, the 12 n8 tiles of D (same fragment layout)
+#pragma unroll 1
+    for (int ky = 0; ky < 3; ky++)
+#pragma unroll 1
+        for (int ks = 0; ks < C2 / 8; ks++) {
+            const float* pa = Ps + (2 * ks * DG_PL + tile * DG_TM + ky * H1 + 16 * wq + g) * 4 + t;
+            const float* pb = Ws + ((ky * (C2 / 4) + 2 * ks) * DG_N + g) * 4 + t;
+            const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]),
+                                   __float_as_uint(pa[DG_PL * 4]), __float_as_uint(pa[DG_PL * 4 + 32])};
+#pragma unroll
+            for (int i = 0; i < 12; i++)
+                mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[32 * i]),
+                                __float_as_uint(pb[DG_N * 4 + 32 * i]));
+        }
+#endif
+}
+// A tile's output rows from D (dgrad_combine), with the rows the next warp holds passed through shared memory
+__device__ __forceinline__ void dgrad_exchange_combine(float (&d)[48], float* Ex, int parity, int wg, int wq, int g,
+                                                       int t) {
+    // the next warp's row 0 of D1 and rows 0, 1 of D2 for this warp's last rows (double-buffered by the
+    // warpgroup's tile parity: a buffer is rewritten only after the warpgroup's next barrier)
+    float* ex = Ex + (parity * 2 + wg) * 4 * 96;
+    if (wq > 0 && g < 2)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (g == 0) ex[(wq - 1) * 96 + t * 8 + j] = d[16 + 4 * (j / 2) + j % 2];
+            ex[(wq - 1) * 96 + 32 + (g * 4 + t) * 8 + j] = d[32 + 4 * (j / 2) + j % 2];
+        }
+    asm volatile("bar.sync %0, 128;" :: "r"(2 + wg) : "memory");
+    dgrad_combine(d, ex + wq * 96, ex + wq * 96 + 32, wq < 3, g, t);
+}
+// A tile's epilogue: d[4 i + 2 h + e] is output row 16 wq + g + 8 h of the tile, channel 8 i + 2 t + e. Lanes g
+// and g ^ 1 swap halves first: lane (g, t) keeps channels 8 i + 2 t + e for i = 2 (g & 1) + ii (ii < 2) of its own
+// rows and takes them for lane g ^ 1's (rows 16 wq + (g ^ j) + 8 h, j < 2), so that it holds 4 channels of 4 rows
+// and conv1's sums w1acc need 40 registers, not 80. Each output row (none for rows >= DG_TM) masked by act1's sign;
+// conv1's gradient over the image pixels under its window.
+__device__ __forceinline__ void dgrad_tile_epilogue(const float (&d)[48], float (&w1acc)[2][2][10], float* dact1,
+                                                    const uint32_t* Ms, const float* Xs, int tile, int q0, int npix,
+                                                    int xs_lo, int wq, int g, int t) {
+    float o[2][2][2][2];  // [j][h][ii][e]
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ii = 0; ii < 2; ii++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                // (static indices: d stays in registers)
+                const float lo = d[4 * ii + 2 * h + e], hi = d[4 * (2 + ii) + 2 * h + e];
+                const float keep = g & 1 ? hi : lo, give = g & 1 ? lo : hi;
+                o[0][h][ii][e] = keep;
+                o[1][h][ii][e] = __shfl_xor_sync(0xffffffffu, give, 4);
+            }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * wq + (g ^ j) + 8 * h, m = tile * DG_TM + r, q = q0 + m;
+            const bool ok = r < DG_TM && m < npix;
+            const uint32_t mask = ok ? Ms[m] : 0u;
+            const float* xs = Xs + (dgrad_xrow(q) - xs_lo) * IMG + q % H1;
+            float xv[9];
+#pragma unroll
+            for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
+#pragma unroll
+            for (int ii = 0; ii < 2; ii++) {
+                const int n0 = 8 * (2 * (g & 1) + ii) + 2 * t;
+                float v[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int n = n0 + e;
+                    v[e] = (mask >> n) & 1u ? o[j][h][ii][e] : 0.0f;
+                    w1acc[ii][e][9] += v[e];
+#pragma unroll
+                    for (int k = 0; k < 9; k++) w1acc[ii][e][k] = fmaf(v[e], xv[k], w1acc[ii][e][k]);
+                }
+                if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n0) = make_float2(v[0], v[1]);
+            }
+        }
+}
+// conv1's gradient sums of a compute warp (the butterfly described in the kernel) into red[warp]
+__device__ __forceinline__ void dgrad_w1_warp_sums(float* red, const float (&w1acc)[2][2][10], int warp, int lane,
+                                                   int g, int t) {
+    float v20[20], v10[10];
+#pragma unroll
+    for (int i = 0; i < 20; i++) {
+        const float lo = w1acc[0][i / 10][i % 10], hi = w1acc[1][i / 10][i % 10];
+        const bool up = lane & 16;
+        v20[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 10; i++) {
+        const bool up = lane & 8;
+        v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 8);
+    }
+    const int c = 8 * (2 * (g & 1) + (g >> 2)) + 2 * t + ((g >> 1) & 1);
+#pragma unroll
+    for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
+}
 __global__ void __launch_bounds__(DG_THREADS, 1)
 conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
                         const float* __restrict__ w, const uint32_t* __restrict__ act1_sign, const float* __restrict__ ximg,
@@ -2551,23 +2726,11 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
     const int wg = warp / 4, wq = warp % 4;    // warpgroup, warp within it
     const int total = B * H1 * H1, nchunks = (total + DG_CH - 1) / DG_CH;
     auto sync_compute = [] { asm volatile("bar.sync 1, %0;" :: "n"(DG_CT) : "memory"); };
-    auto xrow = [](int q) { return (q / (H1 * H1)) * IMG + (q % (H1 * H1)) / H1; };  // x's stacked row of pixel q's window
-    // what a chunk needs of nothing the kernel in front writes: the patch's zero padding (slots whose padded row or
-    // column is < 2, or past the batch), the x rows and act1's signs; the first chunk's before grid_dep_sync
-    auto prepare = [&](int chunk) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0), nx = xrow(q0 + npix - 1) + 3 - xs_lo;
-        for (int i = tid; i < DG_NS * (C2 / 4); i += DG_CT) {
-            const int s = i / (C2 / 4), c4 = i % (C2 / 4), L = q0 + s, r = L % (H1 * H1);
-            if (L >= total || r < 2 * H1 || r % H1 < 2) *(float4*)(Ps + (c4 * DG_PL + s) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        for (int i = tid; i < nx * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)xs_lo * IMG + i);
-        for (int p = tid; p < npix; p += DG_CT) Ms[p] = __ldg(act1_sign + q0 + p);
-    };
     // the weight image, once per block, before grid_dep_sync
     if (warp < DG_CW) {
         for (int i = tid; i < DG_WS / 4; i += DG_CT) cp_async16(Ws + 4 * i, w + 4 * i);
         cp_async_commit();
-        if ((int)blockIdx.x < nchunks) prepare(blockIdx.x);
+        if ((int)blockIdx.x < nchunks) dgrad_prepare(Ps, Xs, Ms, ximg, act1_sign, blockIdx.x, total, tid);
     }
     grid_dep_sync();
     float w1acc[2][2][10];  // conv1's weight (9) and bias gradient of this thread's 4 channels (see the epilogue)
@@ -2577,147 +2740,33 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
         TRACE_MARK(3);
     } else {
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int e = 0; e < 2; e++)
+            for (int e = 0; e < 2; e++)
 #pragma unroll
-            for (int k = 0; k < 10; k++) w1acc[i][e][k] = 0.0f;
-    int parity = 0;
-    for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0);
-        if (chunk != (int)blockIdx.x) {
-            sync_compute();  // the previous chunk's reads of Ps, Xs and Ms are done
-            prepare(chunk);
-        }
-        // the patch, rounded to TF32: its zero padding is in place (prepare); then dact2, a pooled value (and its 4
-        // window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position, 0 at
-        // the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled row);
-        // tp_lo .. tp_lo + ntp - 1 touch the slots (the first and last may have pixels outside them: not stored).
-        auto pooled_row = [](int L, bool last) {  // the stacked pooled row of slot L's padded row (first / last one in)
-            const int b = L / (H1 * H1), py = (L % (H1 * H1)) / H1;
-            return py < 2 ? b * HP - (last ? 1 : 0) : b * HP + (py - 2) / 2;
-        };
-        const int tp_lo = pooled_row(q0, false), ntp = min(pooled_row(q0 + DG_NS - 1, true), B * HP - 1) + 1 - tp_lo;
-        const int npc = ntp * HP * (C2 / 4);
-        for (int i0 = 0; i0 < npc; i0 += 8 * DG_CT) {
-            float4 dv[8];
-            uint32_t kv[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int i = i0 + u * DG_CT + tid;
-                const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;  // (tp, pooled column) = i / 16
-                dv[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                kv[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
+                for (int k = 0; k < 10; k++) w1acc[i][e][k] = 0.0f;
+        int parity = 0;
+        for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
+            const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = dgrad_xrow(q0);
+            if (chunk != (int)blockIdx.x) {
+                sync_compute();  // the previous chunk's reads of Ps, Xs and Ms are done
+                dgrad_prepare(Ps, Xs, Ms, ximg, act1_sign, chunk, total, tid);
             }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int i = i0 + u * DG_CT + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP, c4 = i % (C2 / 4);
-                const int s0 = (tp / HP) * (H1 * H1) + (2 * (tp % HP) + 2) * H1 + 2 * pc + 2 - q0;  // the window's top left slot
-#pragma unroll
-                for (int dy = 0; dy < 2; dy++)
-#pragma unroll
-                    for (int dx = 0; dx < 2; dx++) {
-                        const int s = s0 + dy * H1 + dx;
-                        if (i < npc && s >= 0 && s < DG_NS)
-                            *(float4*)(Ps + (c4 * DG_PL + s) * 4) = tf32_round4(dact2_expand(dv[u], kv[u], dy, dx));
-                    }
+            dgrad_load_dact2(Ps, dpooled, codes, q0, B, tid);
+            cp_async_wait<0>();  // the weights (first chunk)
+            // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
+            fence_proxy_async();
+            sync_compute();
+            TRACE_MARK(0);
+            const int ntiles = (npix + DG_TM - 1) / DG_TM;
+            for (int tile = wg; tile < ntiles; tile += 2, parity ^= 1) {
+                float d[48];
+                dgrad_tile_products(d, Ps, Ws, tile, wq, g, t);
+                if (tile == wg) TRACE_MARK(1);
+                dgrad_exchange_combine(d, Ex, parity, wg, wq, g, t);
+                dgrad_tile_epilogue(d, w1acc, dact1, Ms, Xs, tile, q0, npix, xs_lo, wq, g, t);
             }
         }
-        cp_async_wait<0>();  // the weights (first chunk)
-        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
-        sync_compute();
-        TRACE_MARK(0);
-        const int ntiles = (npix + DG_TM - 1) / DG_TM;
-        for (int tile = wg; tile < ntiles; tile += 2, parity ^= 1) {
-            float d[48];
-#pragma unroll
-            for (int i = 0; i < 48; i++) d[i] = 0.0f;
-#if MNIST_WGMMA
-            // descriptors: a slot is 16 bytes, one unit of a descriptor's address; LBO = a plane (4 channels further
-            // along k), SBO = 8 slots (A) or 8 rows of n (B)
-            const uint64_t da0 = wgmma_desc(Ps + tile * DG_TM * 4, DG_PL * 16, 128), db0 = wgmma_desc(Ws, DG_N * 16, 128);
-            wgmma_fence();
-#pragma unroll
-            for (int ky = 0; ky < 3; ky++)
-#pragma unroll
-                for (int ks = 0; ks < C2 / 8; ks++)
-                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)(2 * ks * DG_PL + ky * H1), db0 + (uint64_t)((ky * (C2 / 4) + 2 * ks) * DG_N));
-            wgmma_commit();
-            wgmma_wait<0>();
-            acc_fence(d);
-#else
-            // mma.sync: this warp's rows 16 wq .. 16 wq + 15 of the tile, the 12 n8 tiles of D (same fragment layout)
-#pragma unroll 1
-            for (int ky = 0; ky < 3; ky++)
-#pragma unroll 1
-                for (int ks = 0; ks < C2 / 8; ks++) {
-                    const float* pa = Ps + (2 * ks * DG_PL + tile * DG_TM + ky * H1 + 16 * wq + g) * 4 + t;
-                    const float* pb = Ws + ((ky * (C2 / 4) + 2 * ks) * DG_N + g) * 4 + t;
-                    const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[DG_PL * 4]),
-                                           __float_as_uint(pa[DG_PL * 4 + 32])};
-#pragma unroll
-                    for (int i = 0; i < 12; i++)
-                        mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[32 * i]),
-                                        __float_as_uint(pb[DG_N * 4 + 32 * i]));
-                }
-#endif
-            if (tile == wg) TRACE_MARK(1);
-            // the next warp's row 0 of D1 and rows 0, 1 of D2 for this warp's last rows (double-buffered by the
-            // warpgroup's tile parity: a buffer is rewritten only after the warpgroup's next barrier)
-            float* ex = Ex + (parity * 2 + wg) * 4 * 96;
-            if (wq > 0 && g < 2)
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    if (g == 0) ex[(wq - 1) * 96 + t * 8 + j] = d[16 + 4 * (j / 2) + j % 2];
-                    ex[(wq - 1) * 96 + 32 + (g * 4 + t) * 8 + j] = d[32 + 4 * (j / 2) + j % 2];
-                }
-            asm volatile("bar.sync %0, 128;" :: "r"(2 + wg) : "memory");
-            dgrad_combine(d, ex + wq * 96, ex + wq * 96 + 32, wq < 3, g, t);
-            // epilogue: d[4 i + 2 h + e] is output row 16 wq + g + 8 h of the tile, channel 8 i + 2 t + e. Lanes g and
-            // g ^ 1 swap halves first: lane (g, t) keeps channels 8 i + 2 t + e for i = 2 (g & 1) + ii (ii < 2) of
-            // its own rows and takes them for lane g ^ 1's (rows 16 wq + (g ^ j) + 8 h, j < 2), so that it holds 4
-            // channels of 4 rows and conv1's sums w1acc need 40 registers, not 80. Each output row (none for rows >=
-            // DG_TM) masked by act1's sign; conv1's gradient over the image pixels under its window.
-            float o[2][2][2][2];  // [j][h][ii][e]
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int ii = 0; ii < 2; ii++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float lo = d[4 * ii + 2 * h + e], hi = d[4 * (2 + ii) + 2 * h + e];  // (static indices: d stays in registers)
-                        const float keep = g & 1 ? hi : lo, give = g & 1 ? lo : hi;
-                        o[0][h][ii][e] = keep;
-                        o[1][h][ii][e] = __shfl_xor_sync(0xffffffffu, give, 4);
-                    }
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = 16 * wq + (g ^ j) + 8 * h, m = tile * DG_TM + r, q = q0 + m;
-                    const bool ok = r < DG_TM && m < npix;
-                    const uint32_t mask = ok ? Ms[m] : 0u;
-                    const float* xs = Xs + (xrow(q) - xs_lo) * IMG + q % H1;
-                    float xv[9];
-#pragma unroll
-                    for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
-#pragma unroll
-                    for (int ii = 0; ii < 2; ii++) {
-                        const int n0 = 8 * (2 * (g & 1) + ii) + 2 * t;
-                        float v[2];
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int n = n0 + e;
-                            v[e] = (mask >> n) & 1u ? o[j][h][ii][e] : 0.0f;
-                            w1acc[ii][e][9] += v[e];
-#pragma unroll
-                            for (int k = 0; k < 9; k++) w1acc[ii][e][k] = fmaf(v[e], xv[k], w1acc[ii][e][k]);
-                        }
-                        if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n0) = make_float2(v[0], v[1]);
-                    }
-                }
-        }
-    }
     }
     TRACE_MARK(2);
     // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 4 lanes with the same t and
@@ -2726,23 +2775,7 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
     // 8 (2 (g & 1) + ii) + 2 t + e, k = 0..9. Then the warps' sums are added in warp order through shared memory.
     __syncthreads();  // every warp is done with shared memory (the step warp: its share of fc1's step)
     float* red = Ps;  // [DG_CW][C1 * 10]
-    if (warp < DG_CW) {
-        float v20[20], v10[10];
-#pragma unroll
-        for (int i = 0; i < 20; i++) {
-            const float lo = w1acc[0][i / 10][i % 10], hi = w1acc[1][i / 10][i % 10];
-            const bool up = lane & 16;
-            v20[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
-        }
-#pragma unroll
-        for (int i = 0; i < 10; i++) {
-            const bool up = lane & 8;
-            v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 8);
-        }
-        const int c = 8 * (2 * (g & 1) + (g >> 2)) + 2 * t + ((g >> 1) & 1);
-#pragma unroll
-        for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
-    }
+    if (warp < DG_CW) dgrad_w1_warp_sums(red, w1acc, warp, lane, g, t);
     __syncthreads();
     // (the compute warps only, the same sums: racecheck reported the step warp's reads here as racing with the stores
     // above, 13205 reports at batch 512. 256 remain, in the block whose last chunk has an odd tile count, between
