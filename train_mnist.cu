@@ -536,6 +536,64 @@ __device__ __forceinline__ uint32_t f32_to_tf32(float x) {
     return r;
 }
 
+// The phases of matmul_tiled_kernel (below). sA(m, k) and sB(k, n): the kernel's accessors of the K-tile in shared
+// memory. One K-tile of the warp's 32 x BN/2 tile on tensor cores: mma.sync m16n8k8, operands rounded to TF32 as
+// they are read (cvt.rna)
+template <int NI, class SA, class SB>
+__device__ __forceinline__ void mm_ktile_tf32(float (&acc)[2][NI][4], SA sA, SB sB, int wm, int wn, int g, int t) {
+#pragma unroll
+    for (int kk = 0; kk < MM_BK; kk += 8) {
+        uint32_t af[2][4], bf[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            int r = wm + mi * 16 + g;
+            af[mi][0] = f32_to_tf32(sA(r, kk + t));
+            af[mi][1] = f32_to_tf32(sA(r + 8, kk + t));
+            af[mi][2] = f32_to_tf32(sA(r, kk + t + 4));
+            af[mi][3] = f32_to_tf32(sA(r + 8, kk + t + 4));
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            int c = wn + ni * 8 + g;
+            bf[ni][0] = f32_to_tf32(sB(kk + t, c));
+            bf[ni][1] = f32_to_tf32(sB(kk + t + 4, c));
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+                asm volatile(
+                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                    "{%0,%1,%2,%3};\n"
+                    : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
+                    : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]),
+                      "r"(bf[ni][1]));
+    }
+}
+// The epilogue of the warp's tile (rows m0 + wm .., columns n0 + wn ..): split-K partial sums out as they are, else
+// bias, ReLU, mask and the store, or the max-pool backward's scatter (Epilogue). Element e of fragment (mi, ni) is
+// row g (+8 for e >= 2), column 2t (+1 for odd e), as mma's C layout.
+template <int NI>
+__device__ __forceinline__ void mm_epilogue(const float (&acc)[2][NI][4], float* C, int ldc, float* partial, int M,
+                                            int N, int m0, int n0, int wm, int wn, int g, int t, const float* bias,
+                                            int relu, const float* mask, const float* pool_act2, float* pool_dact2) {
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = m0 + wm + mi * 16 + g + (e >= 2 ? 8 : 0), c = n0 + wn + ni * 8 + 2 * t + (e & 1);
+                if (r >= M || c >= N) continue;
+                float v = acc[mi][ni][e];
+                if (partial) { partial[((size_t)blockIdx.z * M + r) * N + c] = v; continue; }
+                if (bias) v += bias[c];
+                if (relu) v = fmaxf(v, 0.0f);
+                if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
+                if (pool_act2) { maxpool_backward_scatter(pool_dact2, pool_act2, r, c, v); continue; }
+                C[(size_t)r * ldc + c] = v;
+            }
+}
 template <int AK, int BKIND, bool TF32, int BN>
 __global__ void __launch_bounds__(MM_THREADS, 3)
 matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__ A, int lda, const float* __restrict__ Bm,
@@ -637,42 +695,21 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
 #pragma unroll 8
             for (int kk = 0; kk < MM_BK; kk++) rs += sA(tid, kk);
         if constexpr (TF32) {
-#pragma unroll
-            for (int kk = 0; kk < MM_BK; kk += 8) {
-                uint32_t af[2][4], bf[NI][2];
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    int r = wm + mi * 16 + g;
-                    af[mi][0] = f32_to_tf32(sA(r, kk + t));
-                    af[mi][1] = f32_to_tf32(sA(r + 8, kk + t));
-                    af[mi][2] = f32_to_tf32(sA(r, kk + t + 4));
-                    af[mi][3] = f32_to_tf32(sA(r + 8, kk + t + 4));
-                }
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    int c = wn + ni * 8 + g;
-                    bf[ni][0] = f32_to_tf32(sB(kk + t, c));
-                    bf[ni][1] = f32_to_tf32(sB(kk + t + 4, c));
-                }
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < NI; ni++)
-                        asm volatile(
-                            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                            "{%0,%1,%2,%3};\n"
-                            : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
-                            : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]),
-                              "r"(bf[ni][1]));
-            }
+            mm_ktile_tf32(acc, sA, sB, wm, wn, g, t);
         } else {
 #pragma unroll 4
             for (int kk = 0; kk < MM_BK; kk++) {
                 float a[2][2], b[NI][2];
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) { a[mi][0] = sA(wm + mi * 16 + g, kk); a[mi][1] = sA(wm + mi * 16 + g + 8, kk); }
+                for (int mi = 0; mi < 2; mi++) {
+                    a[mi][0] = sA(wm + mi * 16 + g, kk);
+                    a[mi][1] = sA(wm + mi * 16 + g + 8, kk);
+                }
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) { b[ni][0] = sB(kk, wn + ni * 8 + 2 * t); b[ni][1] = sB(kk, wn + ni * 8 + 2 * t + 1); }
+                for (int ni = 0; ni < NI; ni++) {
+                    b[ni][0] = sB(kk, wn + ni * 8 + 2 * t);
+                    b[ni][1] = sB(kk, wn + ni * 8 + 2 * t + 1);
+                }
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -686,23 +723,7 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
         }
         __syncthreads();
     }
-    // epilogue: element e of fragment (mi, ni) is row g (+8 for e >= 2), column 2t (+1 for odd e), as mma's C layout
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = m0 + wm + mi * 16 + g + (e >= 2 ? 8 : 0), c = n0 + wn + ni * 8 + 2 * t + (e & 1);
-                if (r >= M || c >= N) continue;
-                float v = acc[mi][ni][e];
-                if (partial) { partial[((size_t)blockIdx.z * M + r) * N + c] = v; continue; }
-                if (bias) v += bias[c];
-                if (relu) v = fmaxf(v, 0.0f);
-                if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
-                if (pool_act2) { maxpool_backward_scatter(pool_dact2, pool_act2, r, c, v); continue; }
-                C[(size_t)r * ldc + c] = v;
-            }
+    mm_epilogue(acc, C, ldc, partial, M, N, m0, n0, wm, wn, g, t, bias, relu, mask, pool_act2, pool_dact2);
     if (do_rowsum && tid < MM_BM && m0 + tid < M) rowsum[(partial ? (size_t)blockIdx.z * M : 0) + m0 + tid] = rs;
 }
 
