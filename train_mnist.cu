@@ -3525,32 +3525,110 @@ static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384, "12 
 constexpr size_t FC1B_SMEM_USED = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
 constexpr size_t FC1B_SMEM = FC1B_SMEM_USED > 116 * 1024 ? FC1B_SMEM_USED : 116 * 1024;  // one block per SM
 constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + FC1B_THREADS - 1) / FC1B_THREADS;
+// The phases of fc1_backward_kernel (below), in the order it runs them.
+// The last FC1B_EXTRA blocks: fc1.bias's gradient (dh summed over the batch), fc2's weight and bias gradients (a
+// thread per output, fp32 FMAs over the batch in order), and the counters' advance
+__device__ __forceinline__ void fc1b_small_grads(const Fc1BackwardArgs& a, int tid) {
+    const int B = a.B;
+    // the batch's position: every reader of it in this step (conv2's forward, the head) is complete
+    if (a.advance_pos >= 0 && blockIdx.x == FC1B_BLOCKS && tid == 0) a.counters[1] += a.advance_pos;
+    int i = (blockIdx.x - FC1B_BLOCKS) * FC1B_THREADS + tid;
+    if (i < FC_H) {
+        float s = 0.0f;
+#pragma unroll 16
+        for (int b = 0; b < B; b++) s += a.dh[(size_t)b * FC_H + i];
+        a.gbf1[i] = s;
+    } else if (i < FC_H + NCLS * FC_H) {
+        int j = (i - FC_H) / FC_H, k = (i - FC_H) % FC_H;
+        float s = 0.0f;
+#pragma unroll 16
+        for (int b = 0; b < B; b++) s = fmaf(a.dlogits[b * NCLS + j], a.h[(size_t)b * FC_H + k], s);
+        a.gwf2[j * FC_H + k] = s;
+    } else if (i < FC1B_SMALL) {
+        int j = i - FC_H - NCLS * FC_H;
+        float s = 0.0f;
+#pragma unroll 16
+        for (int b = 0; b < B; b++) s += a.dlogits[b * NCLS + j];
+        a.gbf2[j] = s;
+    }
+}
+// A chunk of 64 batch rows from r0 into shared memory, rounded to TF32: dh into Hs, the pooled slice into Ps
+// (zeros past the batch); all loads before any store
+template <int NT, int CH>
+__device__ __forceinline__ void fc1b_load_rows(float* Hs, float* Ps, const Fc1BackwardArgs& a, int r0, int k0,
+                                               int tid) {
+    const int B = a.B;
+    constexpr int NH = (64 * FC_H / 4 + NT - 1) / NT, NP = 64 * CH / NT;
+    float4 vh[NH], vp[NP];
+#pragma unroll
+    for (int i = 0; i < NH; i++) {
+        int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+        vh[i] = r < 64 && r0 + r < B ? __ldg((const float4*)(a.dh + (size_t)(r0 + r) * FC_H) + c4)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
+        vp[i] = r0 + r < B ? ((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0))[c4]
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < NH; i++) {
+        int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+        if (r < 64) *(float4*)(Hs + r * FC1B_HLD + 4 * c4) = tf32_round4(vh[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
+        *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
+    }
+}
+// dpooled rows r0.. of the slice (64 x 72, k = the 128 fc1 outputs): this warp's 16 x 24
+__device__ __forceinline__ void fc1b_dpooled_rows(const Fc1BackwardArgs& a, const float* Hs, const float* Ws, int r0,
+                                                  int k0, int wr, int wc, int g, int t) {
+    const int B = a.B;
+    float d[1][3][4];
+    acc_zero(d);
+    warp_mma_smem<1, 3, FC_H, 4>(d, Hs + 16 * wr * FC1B_HLD, FC1B_HLD, 1, Ws + wc, FC1B_WLD, 1, g, t);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + 16 * wr + g + 8 * h;
+        if (r >= B) continue;
+#pragma unroll
+        for (int ni = 0; ni < 3; ni++)
+            *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wc + ni * 8 + 2 * t) =
+                make_float2(d[0][ni][2 * h], d[0][ni][2 * h + 1]);
+    }
+}
+// The slice's weight gradient (the block's accumulators) out through shared memory (the operands are done with;
+// Gs[128][72] takes Ws's place), so that it leaves in rows of 16-byte chunks
+template <int NT, int CH>
+__device__ __forceinline__ void fc1b_store_wgrad(float* smem, const Fc1BackwardArgs& a, const float (&acc)[2][3][4],
+                                                 int k0, int tid, int wr, int wc, int g, int t) {
+    __syncthreads();
+    float* Gs = smem;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ni = 0; ni < 3; ni++)
+                *(float2*)(Gs + (32 * wr + mi * 16 + g + 8 * h) * FC1B_WLD + wc + ni * 8 + 2 * t) =
+                    make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    __syncthreads();
+    TRACE_MARK(3);
+#pragma unroll
+    for (int i = 0; i < FC_H * CH / NT; i++) {
+        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
+        *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
+    }
+}
 __global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1BackwardArgs a) {
     TRACE_SCOPE(3);
     const int tid = threadIdx.x, B = a.B;
     if (blockIdx.x >= FC1B_BLOCKS) {
         grid_dep_sync();
-        // the batch's position: every reader of it in this step (conv2's forward, the head) is complete
-        if (a.advance_pos >= 0 && blockIdx.x == FC1B_BLOCKS && tid == 0) a.counters[1] += a.advance_pos;
-        int i = (blockIdx.x - FC1B_BLOCKS) * FC1B_THREADS + tid;
-        if (i < FC_H) {
-            float s = 0.0f;
-#pragma unroll 16
-            for (int b = 0; b < B; b++) s += a.dh[(size_t)b * FC_H + i];
-            a.gbf1[i] = s;
-        } else if (i < FC_H + NCLS * FC_H) {
-            int j = (i - FC_H) / FC_H, k = (i - FC_H) % FC_H;
-            float s = 0.0f;
-#pragma unroll 16
-            for (int b = 0; b < B; b++) s = fmaf(a.dlogits[b * NCLS + j], a.h[(size_t)b * FC_H + k], s);
-            a.gwf2[j * FC_H + k] = s;
-        } else if (i < FC1B_SMALL) {
-            int j = i - FC_H - NCLS * FC_H;
-            float s = 0.0f;
-#pragma unroll 16
-            for (int b = 0; b < B; b++) s += a.dlogits[b * NCLS + j];
-            a.gbf2[j] = s;
-        }
+        fc1b_small_grads(a, tid);
         TRACE_MARK(5);
         return;
     }
@@ -3572,69 +3650,16 @@ __global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1Backwa
     acc_zero(acc);
     for (int r0 = 0; r0 < B; r0 += 64) {
         __syncthreads();  // the previous chunk's fragment reads are done
-        {
-            constexpr int NH = (64 * FC_H / 4 + NT - 1) / NT, NP = 64 * CH / NT;
-            float4 vh[NH], vp[NP];
-#pragma unroll
-            for (int i = 0; i < NH; i++) {
-                int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
-                vh[i] = r < 64 && r0 + r < B ? __ldg((const float4*)(a.dh + (size_t)(r0 + r) * FC_H) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int i = 0; i < NP; i++) {
-                int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
-                vp[i] = r0 + r < B ? ((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0))[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int i = 0; i < NH; i++) {
-                int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
-                if (r < 64) *(float4*)(Hs + r * FC1B_HLD + 4 * c4) = tf32_round4(vh[i]);
-            }
-#pragma unroll
-            for (int i = 0; i < NP; i++) {
-                int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
-                *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
-            }
-        }
+        fc1b_load_rows<NT, CH>(Hs, Ps, a, r0, k0, tid);
         __syncthreads();
         TRACE_MARK(0);
-        {   // dpooled rows r0.. (64 x 72, k = the 128 fc1 outputs)
-            float d[1][3][4];
-            acc_zero(d);
-            warp_mma_smem<1, 3, FC_H, 4>(d, Hs + 16 * wr * FC1B_HLD, FC1B_HLD, 1, Ws + wc, FC1B_WLD, 1, g, t);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = r0 + 16 * wr + g + 8 * h;
-                if (r >= B) continue;
-#pragma unroll
-                for (int ni = 0; ni < 3; ni++)
-                    *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wc + ni * 8 + 2 * t) = make_float2(d[0][ni][2 * h], d[0][ni][2 * h + 1]);
-            }
-        }
+        fc1b_dpooled_rows(a, Hs, Ws, r0, k0, wr, wc, g, t);
         TRACE_MARK(1);
         // dWf1 += dh^T pooled over this chunk's 64 rows (zero rows past B add nothing)
         warp_mma_smem<2, 3, 64, 8>(acc, Hs + 32 * wr, 1, FC1B_HLD, Ps + wc, FC1B_PLD, 1, g, t);
     }
     TRACE_MARK(2);
-    // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so
-    // that it leaves in rows of 16-byte chunks
-    __syncthreads();
-    float* Gs = smem;
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int ni = 0; ni < 3; ni++)
-                *(float2*)(Gs + (32 * wr + mi * 16 + g + 8 * h) * FC1B_WLD + wc + ni * 8 + 2 * t) =
-                    make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    __syncthreads();
-    TRACE_MARK(3);
-#pragma unroll
-    for (int i = 0; i < FC_H * CH / NT; i++) {
-        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
-        *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
-    }
+    fc1b_store_wgrad<NT, CH>(smem, a, acc, k0, tid, wr, wc, g, t);
 }
 // fc1's backward on the fast path (Fc1BackwardArgs): FC1B_BLOCKS + FC1B_EXTRA blocks of FC1B_THREADS
 static void fc1_backward(const Fc1BackwardArgs& a) {
