@@ -41,6 +41,17 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <utility>
 #include <vector>
 
+// The file reads top to bottom in seven parts, each opened by a banner of '=':
+//   1. utilities and formats                  2. the generic kernels (every product of the --tf32 0 path)
+//   3. the fast path's interface to the model  4. the model: forward, loss, backward, update
+//   5. the training loop and checkpoints       6. the fast path: conv2 on tensor cores, fc1, the head, fused
+//   7. the command line (main; left out of TESTING builds)
+
+// ================================================================================================================
+// 1. UTILITIES AND FORMATS
+//   error checks, the network's shape and parameter layouts, the binary file format, MNIST's IDX files, the
+//   timeline tracing of dev/trace_mnist, programmatic dependent launch
+// ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
 // The grid barriers' watchdog (wg_grid_wait): a kernel whose barrier never opens writes its name's index here (mapped
@@ -428,6 +439,11 @@ __device__ __forceinline__ void grid_dep_sync() {
     grid_dep_launch();
 }
 
+// ================================================================================================================
+// 2. THE GENERIC KERNELS
+//   the matrix products through operand views (every product of the --tf32 0 path, which the PyTorch fp32 tests
+//   compare; the same calls run cuBLAS or the CPU), the small kernels of a step, the optimizer
+// ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // Matrix views: every operand of every matrix product is a logical (rows x cols) matrix read through one of these,
 // so the convolutions are implicit GEMMs (no im2col buffer on our path).
@@ -520,6 +536,64 @@ __device__ __forceinline__ uint32_t f32_to_tf32(float x) {
     return r;
 }
 
+// The phases of matmul_tiled_kernel (below). sA(m, k) and sB(k, n): the kernel's accessors of the K-tile in shared
+// memory. One K-tile of the warp's 32 x BN/2 tile on tensor cores: mma.sync m16n8k8, operands rounded to TF32 as
+// they are read (cvt.rna)
+template <int NI, class SA, class SB>
+__device__ __forceinline__ void mm_ktile_tf32(float (&acc)[2][NI][4], SA sA, SB sB, int wm, int wn, int g, int t) {
+#pragma unroll
+    for (int kk = 0; kk < MM_BK; kk += 8) {
+        uint32_t af[2][4], bf[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            int r = wm + mi * 16 + g;
+            af[mi][0] = f32_to_tf32(sA(r, kk + t));
+            af[mi][1] = f32_to_tf32(sA(r + 8, kk + t));
+            af[mi][2] = f32_to_tf32(sA(r, kk + t + 4));
+            af[mi][3] = f32_to_tf32(sA(r + 8, kk + t + 4));
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            int c = wn + ni * 8 + g;
+            bf[ni][0] = f32_to_tf32(sB(kk + t, c));
+            bf[ni][1] = f32_to_tf32(sB(kk + t + 4, c));
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+                asm volatile(
+                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                    "{%0,%1,%2,%3};\n"
+                    : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
+                    : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]),
+                      "r"(bf[ni][1]));
+    }
+}
+// The epilogue of the warp's tile (rows m0 + wm .., columns n0 + wn ..): split-K partial sums out as they are, else
+// bias, ReLU, mask and the store, or the max-pool backward's scatter (Epilogue). Element e of fragment (mi, ni) is
+// row g (+8 for e >= 2), column 2t (+1 for odd e), as mma's C layout.
+template <int NI>
+__device__ __forceinline__ void mm_epilogue(const float (&acc)[2][NI][4], float* C, int ldc, float* partial, int M,
+                                            int N, int m0, int n0, int wm, int wn, int g, int t, const float* bias,
+                                            int relu, const float* mask, const float* pool_act2, float* pool_dact2) {
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = m0 + wm + mi * 16 + g + (e >= 2 ? 8 : 0), c = n0 + wn + ni * 8 + 2 * t + (e & 1);
+                if (r >= M || c >= N) continue;
+                float v = acc[mi][ni][e];
+                if (partial) { partial[((size_t)blockIdx.z * M + r) * N + c] = v; continue; }
+                if (bias) v += bias[c];
+                if (relu) v = fmaxf(v, 0.0f);
+                if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
+                if (pool_act2) { maxpool_backward_scatter(pool_dact2, pool_act2, r, c, v); continue; }
+                C[(size_t)r * ldc + c] = v;
+            }
+}
 template <int AK, int BKIND, bool TF32, int BN>
 __global__ void __launch_bounds__(MM_THREADS, 3)
 matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__ A, int lda, const float* __restrict__ Bm,
@@ -621,42 +695,21 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
 #pragma unroll 8
             for (int kk = 0; kk < MM_BK; kk++) rs += sA(tid, kk);
         if constexpr (TF32) {
-#pragma unroll
-            for (int kk = 0; kk < MM_BK; kk += 8) {
-                uint32_t af[2][4], bf[NI][2];
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    int r = wm + mi * 16 + g;
-                    af[mi][0] = f32_to_tf32(sA(r, kk + t));
-                    af[mi][1] = f32_to_tf32(sA(r + 8, kk + t));
-                    af[mi][2] = f32_to_tf32(sA(r, kk + t + 4));
-                    af[mi][3] = f32_to_tf32(sA(r + 8, kk + t + 4));
-                }
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    int c = wn + ni * 8 + g;
-                    bf[ni][0] = f32_to_tf32(sB(kk + t, c));
-                    bf[ni][1] = f32_to_tf32(sB(kk + t + 4, c));
-                }
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < NI; ni++)
-                        asm volatile(
-                            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                            "{%0,%1,%2,%3};\n"
-                            : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
-                            : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]),
-                              "r"(bf[ni][1]));
-            }
+            mm_ktile_tf32(acc, sA, sB, wm, wn, g, t);
         } else {
 #pragma unroll 4
             for (int kk = 0; kk < MM_BK; kk++) {
                 float a[2][2], b[NI][2];
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) { a[mi][0] = sA(wm + mi * 16 + g, kk); a[mi][1] = sA(wm + mi * 16 + g + 8, kk); }
+                for (int mi = 0; mi < 2; mi++) {
+                    a[mi][0] = sA(wm + mi * 16 + g, kk);
+                    a[mi][1] = sA(wm + mi * 16 + g + 8, kk);
+                }
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) { b[ni][0] = sB(kk, wn + ni * 8 + 2 * t); b[ni][1] = sB(kk, wn + ni * 8 + 2 * t + 1); }
+                for (int ni = 0; ni < NI; ni++) {
+                    b[ni][0] = sB(kk, wn + ni * 8 + 2 * t);
+                    b[ni][1] = sB(kk, wn + ni * 8 + 2 * t + 1);
+                }
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -670,23 +723,7 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
         }
         __syncthreads();
     }
-    // epilogue: element e of fragment (mi, ni) is row g (+8 for e >= 2), column 2t (+1 for odd e), as mma's C layout
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = m0 + wm + mi * 16 + g + (e >= 2 ? 8 : 0), c = n0 + wn + ni * 8 + 2 * t + (e & 1);
-                if (r >= M || c >= N) continue;
-                float v = acc[mi][ni][e];
-                if (partial) { partial[((size_t)blockIdx.z * M + r) * N + c] = v; continue; }
-                if (bias) v += bias[c];
-                if (relu) v = fmaxf(v, 0.0f);
-                if (mask && !(mask[(size_t)r * ldc + c] > 0.0f)) v = 0.0f;
-                if (pool_act2) { maxpool_backward_scatter(pool_dact2, pool_act2, r, c, v); continue; }
-                C[(size_t)r * ldc + c] = v;
-            }
+    mm_epilogue(acc, C, ldc, partial, M, N, m0, n0, wm, wn, g, t, bias, relu, mask, pool_act2, pool_dact2);
     if (do_rowsum && tid < MM_BM && m0 + tid < M) rowsum[(partial ? (size_t)blockIdx.z * M : 0) + m0 + tid] = rs;
 }
 
@@ -894,6 +931,84 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// the other kernels of a step (each with a CPU twin below)
+// (The fast path's training step has no gather: conv2's forward kernel reads the bytes itself, see ConvInput.)
+__global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
+                                    const int* counters, int offset_const, int B) {
+    grid_dep_sync();
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * IMG * IMG) return;
+    int b = idx / (IMG * IMG), p = idx % (IMG * IMG);
+    int pos = (counters ? counters[1] : offset_const) + b;
+    int s = perm ? perm[pos] : pos;
+    x[idx] = mnist_normalize(images[(size_t)s * IMG * IMG + p]);
+    if (p == 0) y[b] = labels[s];
+}
+
+__global__ void maxpool_forward_kernel(float* pooled, const float* act2, int B) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (b, py, px, c)
+    if (idx >= B * FC_IN) return;
+    int c = idx % C2, px = (idx / C2) % HP, py = (idx / (C2 * HP)) % HP, b = idx / FC_IN;
+    const float* base = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+    float m = base[0];
+    m = fmaxf(m, base[C2]);
+    m = fmaxf(m, base[H2 * C2]);
+    m = fmaxf(m, base[H2 * C2 + C2]);
+    pooled[idx] = m;
+}
+// dact2[b,y,x,c] = dpooled at its window iff (y,x) is the window's first maximum (PyTorch's choice) and act2 > 0
+// (the ReLU in front of the pool). A gather: each element decides for itself, no atomics, no zero fill.
+__host__ __device__ inline float maxpool_backward_elem(const float* dpooled, const float* act2, int b, int y, int x, int c) {
+    int py = y / 2, px = x / 2;
+    const float* win = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+    float best = win[0]; int arg = 0;
+    const int offs[4] = {0, C2, H2 * C2, H2 * C2 + C2};
+    for (int i = 1; i < 4; i++) if (win[offs[i]] > best) { best = win[offs[i]]; arg = i; }
+    int me = (y % 2) * 2 + (x % 2);
+    float v = act2[(((size_t)b * H2 + y) * H2 + x) * C2 + c];
+    if (me != arg || !(v > 0.0f)) return 0.0f;
+    return dpooled[(((size_t)b * HP + py) * HP + px) * C2 + c];
+}
+__global__ void maxpool_backward_kernel(float* dact2, const float* dpooled, const float* act2, int B) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * H2 * H2 * C2) return;
+    int c = idx % C2, x = (idx / C2) % H2, y = (idx / (C2 * H2)) % H2, b = idx / (C2 * H2 * H2);
+    dact2[idx] = maxpool_backward_elem(dpooled, act2, b, y, x, c);
+}
+
+// One warp holds one row of NCLS logits (lane j: logit j; lanes >= NCLS: -inf): log-softmax + NLL. Writes the row's
+// loss and prediction (argmax, lowest index on ties) at its position in the epoch's arrays when those are given;
+// returns through e, sum and label what the gradient (softmax - onehot) / B = (e / sum - [lane == label]) / B needs.
+__device__ __forceinline__ void warp_log_softmax_nll(float v, int lane, const int* y, int row, const int* counters,
+                                                     int offset_const, float* losses, int* preds, float& e, float& sum,
+                                                     int& label) {
+    float mx = v; int arg = lane;
+    for (int o = 16; o > 0; o /= 2) {
+        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
+        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
+    }
+    e = lane < NCLS ? expf(v - mx) : 0.0f;
+    sum = e;
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    label = y[row];
+    float logp = v - mx - logf(sum);
+    int pos = (counters ? counters[1] : offset_const) + row;
+    if (lane == label && losses) losses[pos] = -logp;
+    if (lane == 0 && preds) preds[pos] = arg;
+}
+// Fused log-softmax + NLL, one warp per row: per-sample loss, prediction, and dlogits = (softmax - onehot) / B.
+__global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, const float* logits, const int* y,
+                                    const int* counters, int offset_const, int B) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= B) return;
+    float v = lane < NCLS ? logits[row * NCLS + lane] : -INFINITY;
+    float e, sum;
+    int label;
+    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
+    if (lane < NCLS && dlogits) dlogits[row * NCLS + lane] = (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
 enum { OPT_SGD = 0, OPT_ADAMW = 1 };
 enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
@@ -968,323 +1083,55 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
     }
 }
 // ----------------------------------------------------------------------------------------------------------------
-// conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
-// 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
-// so that no operand byte is fetched twice from L2 for one band of image rows:
-//  - conv2_band_tf32_kernel (forward) and conv2_dgrad_tf32_kernel (input gradient): the 3x3 x C weights live in
-//    shared memory for the whole (persistent) block; for each band of output rows (forward: R rows of one image;
-//    input gradient: a run of consecutive pixels) the block loads the input patch once and reads the 9 taps' im2col
-//    rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
-//  - conv2_wgrad_tf32_kernel: a block owns the whole 64 x 288 weight gradient for the bands it is given (GEMM k =
-//    pixel), partial sums per block (pairs added through distributed shared memory), then, after a grid barrier in
-//    the same kernel, added in a fixed order (deterministic) together with conv1's, and the optimizer step applied.
-// Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
-// nearest, ties away, as cvt.rna), laid out in wgmma's K-major "no swizzle" core matrices; where the build has sm_90a
-// code (MNIST_WGMMA) all three products run on wgmma (both operands from shared memory, fp32 accumulation), elsewhere
-// on mma.sync m16n8k8 with plain 32-bit shared loads of the same layout. Strict fp32 (--tf32 0) keeps the generic
-// kernel above.
-__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
-__device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
-__device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// A fragment of mma m16n8k8 (.row A, 16 x 8) from shared memory: p points at element (m = g, k = t) of the tile,
-// ms and ks are the distances between consecutive m and consecutive k (row-major A: ld, 1; k-major A: 1, ld)
-__device__ __forceinline__ void lds_a_frag(uint32_t (&a)[4], const float* p, int ms, int ks) {
-    a[0] = __float_as_uint(p[0]);
-    a[1] = __float_as_uint(p[8 * ms]);
-    a[2] = __float_as_uint(p[4 * ks]);
-    a[3] = __float_as_uint(p[8 * ms + 4 * ks]);
-}
-// One warp's tile of C += A B from shared memory on mma m16n8k8: acc[MI][NI] holds rows 0..16MI of A times columns
-// 0..8NI of B (A and B point at the warp's first row / column), summed over k in [0, K) in steps of 8. A's element
-// (m, k) is A[m * ams + k * aks], B's (k, n) is B[k * bks + n * bns]; both already rounded to TF32.
-template <int MI, int NI, int K, int UNROLL>
-__device__ __forceinline__ void warp_mma_smem(float (&acc)[MI][NI][4], const float* A, int ams, int aks,
-                                              const float* B, int bks, int bns, int g, int t) {
-#pragma unroll UNROLL
-    for (int kk = 0; kk < K; kk += 8) {
-        uint32_t a[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) lds_a_frag(a[mi], A + (mi * 16 + g) * ams + (kk + t) * aks, ams, aks);
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++) {
-            const float* pb = B + (kk + t) * bks + (ni * 8 + g) * bns;
-            uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4 * bks]);
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+// the optimizer step over the flat parameter buffer
+// One launch over every parameter; a thread updates 4 consecutive elements with 16-byte accesses (the buffers are
+// cudaMalloc'd, so aligned), the last thread also the n % 4 tail. With advance_B >= 0 the kernel also advances the
+// counters (as advance_counters_kernel, one launch less): the last block to finish does it, when every block has read
+// counters[0] (a ticket in counters[2], reset by that block). (The fast path's training step does not use this
+// kernel: its updates run in fc1_backward_kernel and conv2_wgrad_tf32_kernel.)
+__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, int* counters,
+                                 int advance_B) {
+    grid_dep_sync();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
+    const OptStep st = opt_step(c, counters[0]);
+    if (advance_B >= 0) {
+        __syncthreads();  // every thread of the block has read counters[0]
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(&counters[2], 1) == (int)gridDim.x - 1) { counters[0] += 1; counters[1] += advance_B; counters[2] = 0; }
         }
     }
+    if (i > n4) return;
+    if (i < n4) {
+        float4 p = ((float4*)params)[i], g = ((const float4*)grads)[i], mm = ((float4*)m)[i];
+        float4 vv = c.optimizer == OPT_ADAMW ? ((float4*)v)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        opt_update_elem(c, st, &p.x, g.x, &mm.x, &vv.x);
+        opt_update_elem(c, st, &p.y, g.y, &mm.y, &vv.y);
+        opt_update_elem(c, st, &p.z, g.z, &mm.z, &vv.z);
+        opt_update_elem(c, st, &p.w, g.w, &mm.w, &vv.w);
+        ((float4*)params)[i] = p; ((float4*)m)[i] = mm;
+        if (c.optimizer == OPT_ADAMW) ((float4*)v)[i] = vv;
+    } else {
+        for (size_t j = 4 * n4; j < n; j++) opt_update_elem(c, st, &params[j], grads[j], &m[j], &v[j]);
+    }
 }
-template <int MI, int NI>
-__device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
-}
-// Hopper warpgroup MMA (wgmma, sm_90a: the Makefile builds train_mnist for sm_90a where it builds sm_90; any other
-// target takes the mma.sync code, MNIST_WGMMA 0). Operands from shared memory in the "no swizzle" K-major layout: a
-// core matrix is 8 rows of 4 TF32 values, 16 contiguous bytes a row; a descriptor holds the start address, the byte
-// distance between the 2 core matrices of a k-step (LBO, along K) and between consecutive 8-row groups (SBO, along M
-// or N), each / 16 (bits 0-13, 16-29, 32-45; layout bits 62-63 = 0: no swizzle). A shared-memory offset of o bytes
-// is added to a descriptor as o / 16 (the address field never carries over: shared addresses are < 2^18).
-// The accumulators (fp32, N / 2 per thread): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8, in
-// d[4 i + 2 h + e] = D[16 w + g + 8 h][8 i + 2 t + e]. Stores into the operands go through the generic proxy:
-// fence_proxy_async, then a barrier, before a wgmma reads them.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MNIST_WGMMA 1
-#else
-#define MNIST_WGMMA 0
-#endif
-__device__ __forceinline__ uint64_t wgmma_desc(const float* p, uint32_t lbo, uint32_t sbo) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    return (uint64_t)((a & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-__device__ __forceinline__ void fence_proxy_async() {
-#if MNIST_WGMMA
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_fence() {
-#if MNIST_WGMMA
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if MNIST_WGMMA
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N_PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-#if MNIST_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N_PENDING) : "memory");
-#endif
-}
-// keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma
-template <int NR>
-__device__ __forceinline__ void acc_fence(float (&d)[NR]) {
-#pragma unroll
-    for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-// D (64 x N) += A (64 x 8) B (N x 8)^T, A and B by descriptor, TF32 in, fp32 accumulate
-__device__ __forceinline__ void wgmma_m64n96k8_ss(float (&d)[48], uint64_t da, uint64_t db) {
-#if MNIST_WGMMA
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-                 : "l"(da), "l"(db), "n"(1));
-#endif
-}
-__device__ __forceinline__ void wgmma_m64n48k8_ss(float (&d)[24], uint64_t da, uint64_t db) {
-#if MNIST_WGMMA
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-                 : "l"(da), "l"(db), "n"(1));
-#endif
-}
-// 16-byte asynchronous copy global -> shared (cp.async, sm_80+), and its group bookkeeping
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
-// A bulk copy global -> shared by the tensor memory accelerator (cp.async.bulk, sm_90): one instruction for `bytes`
-// (a multiple of 16, both addresses 16-byte aligned), its completion counted on a shared-memory mbarrier. One thread
-// initialises the barrier (arrival count 1; a __syncthreads must follow before any thread waits on it), one thread
-// issues the expected byte count and the copy (any time after), and every thread that reads the data waits for phase
-// 0 (which completes only once both the arrival and the bytes are in). Before sm_90 the three trap: the host uses
-// them only where g_bulk_copy says the GPU has them.
-__device__ __forceinline__ void bulk_copy_init(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
-                 "fence.mbarrier_init.release.cluster;\n"
-                 "fence.proxy.async.shared::cta;\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void bulk_copy_issue(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void bulk_copy_wait(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n.reg .pred p;\nBULK_WAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
-                 "@!p bra BULK_WAIT_%=;\n}\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
-#else
-    __trap();
-#endif
+// counters[0] = updates done, counters[1] = position in the epoch's permutation; advanced once per step.
+__global__ void advance_counters_kernel(int* counters, int B) {
+    grid_dep_sync();
+    counters[0] += 1; counters[1] += B;
 }
 
-// The max-pool's window codes (fast path): the forward stores, next to each pooled value, which of its 2x2 window's
-// act2 values it is (0..3 = (dy, dx) = (0,0), (0,1), (1,0), (1,1): the first maximum in that order, PyTorch's choice)
-// or 4 when the pooled value is not > 0 (then the ReLU in front of the pool passes no gradient). The backward then
-// never needs act2 (9.4 MB at batch 64) nor a materialised dact2: dact2 = the pooled gradient at the window's code
-// position, 0 at the other three, rebuilt by the kernels that read it. A byte per pooled value (0.6 MB at batch 64).
-constexpr uint8_t POOL_NO_GRAD = 4;
-__device__ __forceinline__ uint8_t pool_window(float tl, float tr, float bl, float br, float& m) {
-    uint8_t a = 0;
-    m = tl;
-    if (tr > m) { m = tr; a = 1; }
-    if (bl > m) { m = bl; a = 2; }
-    if (br > m) { m = br; a = 3; }
-    return m > 0.0f ? a : POOL_NO_GRAD;
-}
-// dact2[b, y, x, c..c+3] from the pooled gradient dpooled (B,12,12,64) and the window codes (same layout): the index
-// of the pooled chunk, the expansion of a loaded chunk d and its 4 codes k, and both in one
-__device__ __forceinline__ size_t pooled_index(int b, int y, int x, int c) { return (((size_t)b * HP + (y >> 1)) * HP + (x >> 1)) * C2 + c; }
-__device__ __forceinline__ float4 dact2_expand(float4 d, uint32_t k, int y, int x) {
-    const uint32_t me = ((y & 1) << 1) | (x & 1);
-    return make_float4((k & 255u) == me ? d.x : 0.0f, ((k >> 8) & 255u) == me ? d.y : 0.0f,
-                       ((k >> 16) & 255u) == me ? d.z : 0.0f, (k >> 24) == me ? d.w : 0.0f);
-}
-__device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                                                    int b, int y, int x, int c) {
-    size_t i = pooled_index(b, y, x, c);
-    return dact2_expand(__ldg((const float4*)(dpooled + i)), __ldg((const unsigned int*)(codes + i)), y, x);
-}
-
-// Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient grid
-// by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on the SM
-// while it runs), and the fused forward only runs where its grid fits one block per SM; a successor launched with
-// programmatic dependent launch cannot take an SM before every block of this grid has started (it is released by
-// grid_dep_sync or grid_dep_launch, which every block executes). The kernels that use it (the weight gradient once, the
-// fused forward twice) share one counter: they run one after the other in the stream. *bar only grows (64 bits: it
-// never wraps): every barrier adds exactly WG_BAR_K to it, whatever its grid size (block b adds K / G, plus 1 for the
-// first K % G blocks), so a barrier starts at a multiple of K, a block's arrival (which returns the count before it)
-// tells which, and the block spins (one thread, an L2 load per round trip) until the count reaches the next multiple.
-// (A block can arrive at a kernel's second barrier only after every block arrived at its first: the count has passed
-// the first's target by then, which its last waiters still see.) One atomic per block, no reset: nothing but the last
-// arrival itself on the barrier's critical path. Writes before the barrier are visible to every block after it
-// (__syncthreads + __threadfence, as cooperative groups' grid sync). Split in two: wg_grid_arrive returns the block's
-// arrival rank in this launch (the count before it, in units of K / G: 0 for the first block to arrive), so that the
-// first blocks can do work that the barrier does not guard while the others are still coming; wg_grid_wait then waits.
-constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
-struct WgBarrier { unsigned long long target; int rank; };
-__device__ WgBarrier wg_grid_arrive(unsigned long long* bar) {
-    __shared__ WgBarrier sb;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
-        __threadfence();
-        const unsigned long long old = atomicAdd(bar, add);
-        sb.target = (old / WG_BAR_K + 1) * WG_BAR_K;
-        sb.rank = (int)((old % WG_BAR_K) / (WG_BAR_K / G));  // r arrivals added between r * (K / G) and r * (K / G + 1)
-    }
-    __syncthreads();
-    return sb;
-}
-__device__ int* g_watchdog_dev = nullptr;  // g_watchdog's device address (set by conv2_tf32_setup)
-__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target, int watchdog_id) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long c, t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
-            if (c >= target) break;
-            // a watchdog, not a timing: if the blocks were not all resident (e.g. an SM limit imposed from outside,
-            // such as MPS), the barrier would never open; fail loudly instead of hanging
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 > 2000000000ull) {
-                if (g_watchdog_dev) { *(volatile int*)g_watchdog_dev = watchdog_id; __threadfence_system(); }
-                __trap();
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-// One warp holds one row of NCLS logits (lane j: logit j; lanes >= NCLS: -inf): log-softmax + NLL. Writes the row's
-// loss and prediction (argmax, lowest index on ties) at its position in the epoch's arrays when those are given;
-// returns through e, sum and label what the gradient (softmax - onehot) / B = (e / sum - [lane == label]) / B needs.
-__device__ __forceinline__ void warp_log_softmax_nll(float v, int lane, const int* y, int row, const int* counters,
-                                                     int offset_const, float* losses, int* preds, float& e, float& sum,
-                                                     int& label) {
-    float mx = v; int arg = lane;
-    for (int o = 16; o > 0; o /= 2) {
-        float om = __shfl_xor_sync(0xffffffff, mx, o); int oa = __shfl_xor_sync(0xffffffff, arg, o);
-        if (om > mx || (om == mx && oa < arg)) { mx = om; arg = oa; }
-    }
-    e = lane < NCLS ? expf(v - mx) : 0.0f;
-    sum = e;
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    label = y[row];
-    float logp = v - mx - logf(sum);
-    int pos = (counters ? counters[1] : offset_const) + row;
-    if (lane == label && losses) losses[pos] = -logp;
-    if (lane == 0 && preds) preds[pos] = arg;
-}
-// The head of one row, by one warp, from fc1's output h (lane l holds h[4l .. 4l + 3], ReLU applied): logits = h
-// Wf2^T + bf2 (ws: Wf2 [10][128], bs: bf2, in shared memory; fp32 FMAs, a lane's 4 inputs then butterfly sums), the
-// fused log-softmax + NLL (warp_log_softmax_nll), and when dlogits is given dlogits = (softmax - onehot) / B and fc2's
-// input gradient dh = dlogits Wf2, zeroed where h <= 0 (fc1's ReLU). head_kernel and the fused forward run it.
-__device__ __forceinline__ void head_row(float4 hv, int row, int lane, const float* ws, const float* bs, float* logits,
-                                         float* dlogits, float* dh, float* losses, int* preds, const int* y,
-                                         const int* counters, int offset_const, int B) {
-    static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
-    float v = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < NCLS; j++) {
-        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
-        float d = hv.x * wv.x;
-        d = fmaf(hv.y, wv.y, d); d = fmaf(hv.z, wv.z, d); d = fmaf(hv.w, wv.w, d);
-        for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffff, d, o);
-        if (lane == j) v = d + bs[j];
-    }
-    if (lane < NCLS) logits[row * NCLS + lane] = v;
-    float e, sum;
-    int label;
-    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
-    if (!dlogits) return;
-    float gl = lane < NCLS ? (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B : 0.0f;
-    if (lane < NCLS) dlogits[row * NCLS + lane] = gl;
-    float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int j = 0; j < NCLS; j++) {
-        float gj = __shfl_sync(0xffffffff, gl, j);
-        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
-        d.x = fmaf(gj, wv.x, d.x); d.y = fmaf(gj, wv.y, d.y); d.z = fmaf(gj, wv.z, d.z); d.w = fmaf(gj, wv.w, d.w);
-    }
-    if (!(hv.x > 0.0f)) d.x = 0.0f;
-    if (!(hv.y > 0.0f)) d.y = 0.0f;
-    if (!(hv.z > 0.0f)) d.z = 0.0f;
-    if (!(hv.w > 0.0f)) d.w = 0.0f;
-    *(float4*)(dh + (size_t)row * FC_H + 4 * lane) = d;
-}
-
-// fc1's split-K partial sums are added by these two everywhere (fc1_forward_kernel's clusters, head_kernel, the fused
-// forward), so every path adds them in the same order: v[0] + v[1] + ... left to right, per component; then fc1's
-// bias and ReLU
-template <int N> __device__ __forceinline__ float4 f4_sum_in_order(const float4 (&v)[N]) {
-    float4 s = v[0];
-#pragma unroll
-    for (int i = 1; i < N; i++) { s.x += v[i].x; s.y += v[i].y; s.z += v[i].z; s.w += v[i].w; }
-    return s;
-}
-__device__ __forceinline__ float4 f4_bias_relu(float4 h, float4 b) {
-    return make_float4(fmaxf(h.x + b.x, 0.0f), fmaxf(h.y + b.y, 0.0f), fmaxf(h.z + b.z, 0.0f), fmaxf(h.w + b.w, 0.0f));
-}
-
+// ================================================================================================================
+// 3. THE FAST PATH'S INTERFACE
+//   the constants, types and entry points that the model (part 4) uses behind conv2_fast(m), the default GPU path
+//   (--matmul ours --tf32 1); the kernels and their launchers are in part 6
+// ================================================================================================================
 // fc1's split of K on the fast path (fc1_forward_kernel below; the fused forward inside conv2's forward kernel)
 constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
 constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
 constexpr size_t FC1F_SMEM = ((size_t)(64 + FC_H) * FC1F_LD + 64 * FC_H) * sizeof(float);  // operands, then the inbox
 static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
+constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
 
 // Where conv2's forward kernel takes the network's input from: x (B,28,28), normalized, written by an earlier kernel;
 // or (images not null: the training step, no gather kernel) the dataset's bytes, sample perm[pos + b] (pos + b without
@@ -1328,705 +1175,8 @@ struct FwdHead {
     unsigned long long* bar = nullptr;
 };
 
-// conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
-// then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
-// HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself is
-// stored only when not null (the tests). act1 is made here, in shared memory, from the band's rows of x (a band of
-// R output rows needs R + 2 act1 rows, made from R + 4 rows of x), and stored to
-// global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
-// the others rows y0 + 1..y0 + R, the last up to HIN - 1), with its signs for the input gradient when act1_sign is
-// not null (a 32-bit word per pixel, bit n: act1[.., n] > 0).
-//   in: the input x, or the dataset to gather it from (ConvInput).
-//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Ws (below), rounded to TF32, from it, and
-//   writes the input gradient's image of it to wimg_dgrad, a share per block: [ky][co / 4][kx][ci][co % 4] for the
-//   flipped tap 8 - tap = 3 ky + kx (transposed, rounded to TF32; see conv2_dgrad_tf32_kernel).
-// Block: 3 warpgroups; warpgroup w computes the band's 8 columns 8 w .. 8 w + 7 of all R rows (96 pixels) for all 64
-// channels: D = W x patch^T, m = channel, n = pixel, k = (tap, ci): on sm_90a one wgmma m64n96k8 per tap and k-step,
-// elsewhere mma.sync on the same layout. Shared memory, in wgmma's K-major "no swizzle" layout (core matrices of 8
-// rows x 4 TF32 values, 16 contiguous bytes a row): Ws[9][CIN / 4][COUT][4] (the weights), Ps[CIN / 4][PL][4] (the
-// band's act1 patch, slot = row * HIN + column, rounded to TF32 as it is written; tap (ky, kx) of pixel (y, x) reads
-// slot (y + ky) * HIN + x + kx), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into registers while
-// this band is computed) and conv1's weights. The accumulator layout puts a 2x2 pooling window in one thread.
-// Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
-// after grid_dep_sync: conv1's first, conv2.bias into registers for the epilogue, conv2.weight by cp.async once the x
-// rows have arrived (9.4 MB over all blocks, which the x rows and conv1's weights would otherwise queue behind), in
-// flight while conv1 is computed; or, staged (in.wimg), from its forward image by one bulk copy (TMA), issued by
-// thread 0 once its x rows have arrived. Input gathered from the dataset is loaded before the wait, staged input (and
-// x) after it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
-template <int CIN, int COUT, int HIN, int HOUT, int R>
-__global__ void __launch_bounds__(384)
-conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
-                       float* act1, uint32_t* act1_sign, const float* __restrict__ w, const float* __restrict__ bias,
-                       float* pooled, uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
-    TRACE_SCOPE(0);
-    constexpr int NT = 384, PR = R + 2, XR = R + 4, NBAND = (HOUT + R - 1) / R;
-    constexpr int PL = PR * HIN + 2;  // the patch's plane stride (slots): 2 or 6 mod 8, conv1's float4 stores conflict-free
-    constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
-    constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;                   // conv2.weight's 16-byte chunks
-    static_assert(COUT == 64 && HOUT == 3 * 8 && R == 12 && CIN % 8 == 0, "3 warpgroups of m64 (channels) x n96 (8 columns x R rows)");
-    static_assert(PL % 8 == 2 || PL % 8 == 6, "conv1's stores: a quarter warp's 2 pixels x 4 planes on distinct 16-byte bank groups");
-    static_assert((R + 1) * HIN + 2 * 8 + 2 + 7 < PR * HIN, "the products read only slots conv1 writes");
-    static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
-    static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
-    static_assert(CIN == 32 && NT % 32 == 0, "act1's sign bits: a pixel's 4 lanes (aligned in their warp) hold its 32 channels");
-    static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
-    extern __shared__ __align__(16) float smem[];
-    float* Ws = smem;                       // [9][CIN / 4][COUT][4]
-    float* Ps = smem + 9 * COUT * CIN;      // [CIN / 4][PL][4]
-    float* Xs = Ps + CIN * PL;              // [XR][IMG]
-    float* W1s = Xs + XR * IMG;             // [9][C1]: conv1's weights by tap, channels contiguous
-    float* B1s = W1s + 9 * C1;              // [C1]
-    float* Wf = B1s + C1;                   // the fused forward: fc1.weight's K slice [FC_H][FC1F_LD]
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wg = warp / 4, wq = warp % 4;  // warpgroup (the band's columns 8 wg .. 8 wg + 7), warp within it
-    const bool staged = in.staged != nullptr, gather = in.images != nullptr || staged, fused = fh.part != nullptr;
-    constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;  // the fc1.weight slice's 16-byte chunks per row, per thread
-    static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256, "fc1's slice splits evenly; a conv1 weight per thread");
-
-    // chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3, and (gather) its label; s = the band's sample
-    // (staged: the sample is the batch row itself; the staged bytes come from the kernel in front: L2 loads)
-    const int pos0 = gather && !staged ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
-    auto sample_of = [&](int band) { const int p = pos0 + band / NBAND; return staged || !in.perm ? p : __ldcg(in.perm + p); };
-    auto load_x = [&](int band, int s) {
-        const int b = band / NBAND, y0 = (band % NBAND) * R;
-        if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
-        if (!gather) return __ldcg((const float4*)(in.x + ((size_t)b * IMG + y0) * IMG) + tid);
-        const uchar4 u = staged ? __ldcg((const uchar4*)(in.staged + (size_t)s * IMG * IMG + y0 * IMG) + tid)
-                                : ((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG))[tid];
-        return make_float4(mnist_normalize(u.x), mnist_normalize(u.y), mnist_normalize(u.z), mnist_normalize(u.w));
-    };
-    auto load_label = [&](int s) { return staged ? __ldcg(in.staged_y + s) : (int)__ldg(in.labels + s); };
-    const bool any = (int)blockIdx.x < B * NBAND;
-    int label = 0;
-    float4 xin = make_float4(0.f, 0.f, 0.f, 0.f);
-    auto load_first = [&] {
-        const int s0 = sample_of(blockIdx.x);
-        xin = load_x(blockIdx.x, s0);
-        if (gather && tid == 0) label = load_label(s0);
-    };
-    const bool early = gather && !staged;  // the dataset's bytes: before the wait; x or the staged bytes: after it
-    if (any && early) load_first();
-    // conv2.weight from its forward image (staged): one bulk copy into Ws, already laid out and rounded, issued where
-    // the cp.async would be (load_weights: after the x rows, which it would otherwise delay); its barrier initialised
-    // here (the band loop's first __syncthreads, or the one before a bandless block's wait, orders it)
-    __shared__ __align__(8) uint64_t wbar;
-    const bool use_img = in.wimg != nullptr;
-    if (use_img && tid == 0) bulk_copy_init(&wbar);
-    grid_dep_wait();
-    if (any && !early) load_first();
-    if (!fused) grid_dep_launch();  // the fused forward releases its successor after its second grid barrier
-    // conv1's weights and bias, conv2.bias (this thread's epilogue channels); L2 loads: no stale L1 line. conv2.weight
-    // [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2, rounded in place after conv1) is issued in the band
-    // loop after the x rows are stored, so a thread that loads x rows issues its share once they have arrived: issued
-    // here, all blocks' 9.4 MB of cp.async delayed those few bytes by ~1 us (measured on the H100, 0.45 ms per epoch;
-    // dev/mnist_NOTES.md session 8)
-    const float w1v = tid < 9 * C1 ? __ldcg(w1 + tid) : 0.0f, b1v = tid < C1 ? __ldcg(b1 + tid) : 0.0f;
-    if (tid < 9 * C1) W1s[(tid % 9) * C1 + tid / 9] = w1v;
-    if (tid < C1) B1s[tid] = b1v;
-    auto load_weights = [&] {
-        if (use_img) {
-            if (tid == 0) bulk_copy_issue(Ws, in.wimg, 9 * COUT * CIN * sizeof(float), &wbar);
-            return;
-        }
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            cp_async16(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4, w + 4 * ch);
-        }
-        cp_async_commit();
-    };
-    if (!any) load_weights();  // a block without a band (the fused forward at B < 64): its share of the weight image
-    const int co = 16 * wq + g, x0 = 8 * wg;  // this thread's output channels co, co + 8; the warpgroup's first column
-    const float bz[2] = {__ldcg(bias + co), __ldcg(bias + co + 8)};
-    // conv1: this thread's channels are c0..c0+3 and c0+16..c0+19, so that each of a warp's two 16-byte act1 stores
-    // writes whole 32-byte sectors (8 pixels x 64 contiguous bytes)
-    const int c0 = (tid % 4) * 4;
-    // conv2's weights landed (each thread rounds the chunks it copied), and this block's share of the input
-    // gradient's weight image (after a barrier: from every thread's rounded chunks)
-    auto round_weights = [&] {
-        if (use_img) { bulk_copy_wait(&wbar); return; }
-        cp_async_wait<0>();
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
-            float4* p = (float4*)(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4);
-            *p = tf32_round4(*p);
-        }
-    };
-    // the fused forward: fc1.weight's K slice (raw; rounded after the bands), issued once conv2's weights have landed,
-    // so that it does not delay them (it was written by the previous step's optimizer step, complete)
-    auto load_wf = [&] {
-        if (!fused) return;
-#pragma unroll 1
-        for (int i = 0; i < NWF; i++) {
-            const int ch = tid + i * NT, j = ch / FCH, c4 = ch % FCH;
-            cp_async16(Wf + j * FC1F_LD + 4 * c4, fh.wf1 + (size_t)j * FC_IN + blockIdx.x * FC1F_KC + 4 * c4);
-        }
-        cp_async_commit();
-    };
-    auto write_wimg = [&] {
-        if (wimg_dgrad)
-            for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
-                const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
-                wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] =
-                    Ws[((tap * (CIN / 4) + ci / 4) * COUT + co) * 4 + ci % 4];
-            }
-    };
-
-    int it = 0;
-    for (int band = blockIdx.x; band < B * NBAND; band += gridDim.x, it++) {
-        const int b = band / NBAND, yb = band % NBAND, y0 = yb * R;
-        // this band's x rows into Xs (the previous band's conv1 is done: the barrier after it); gathered: the x rows
-        // this band owns (the first band of an image rows 0..R+1, the others from y0 + 2, the last up to IMG - 1) and
-        // the label go to x_out, y_out
-        if (tid < XCH) {
-            *(float4*)(Xs + 4 * tid) = xin;
-            const int r = 4 * tid / IMG;
-            if (gather && in.x_out && r >= (yb == 0 ? 0 : 2) && r < (yb == NBAND - 1 ? XR : R + 2))
-                *(float4*)(in.x_out + ((size_t)b * IMG + y0) * IMG + 4 * tid) = xin;
-            if (gather && in.y_out && yb == 0 && tid == 0) in.y_out[b] = label;
-        }
-        if (it == 0) load_weights();  // after this thread's x rows (if any) have arrived: the stores above wait for them
-        const int next = band + (int)gridDim.x;
-        const int s_next = gather && next < B * NBAND ? sample_of(next) : 0;  // its rows are loaded after conv1
-        __syncthreads();     // Xs, W1s, B1s are written; Ps is free (the previous band's barrier)
-        TRACE_MARK(0);
-        // conv1 of act1 rows y0 .. y0 + R + 1 into Ps (rounded to TF32); the rows this band owns go to act1 unrounded
-        const int own_lo = yb == 0 ? 0 : 1, own_hi = yb == NBAND - 1 ? PR : PR - 1;  // patch rows [lo, hi)
-        float4 w1r[2][9], b1r[2];  // this thread's 8 channels' weights and biases, read from shared memory once
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int k = 0; k < 9; k++) w1r[h][k] = *(const float4*)(W1s + k * C1 + c0 + h * (C1 / 2));
-            b1r[h] = *(const float4*)(B1s + c0 + h * (C1 / 2));
-        }
-#pragma unroll
-        for (int i = 0; i < NC1; i++) {
-            const int pix = (tid + i * NT) / 4;  // patch pixel: row pix / HIN, column pix % HIN
-            if (pix >= PR * HIN) break;
-            const int r = pix / HIN, cx = pix % HIN;
-            float xv[9];
-#pragma unroll
-            for (int k = 0; k < 9; k++) xv[k] = Xs[(r + k / 3) * IMG + cx + k % 3];
-            float o[8];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int k = 0; k < 9; k++) {
-                    const float4 wv = w1r[h][k];
-                    sacc[0] = fmaf(xv[k], wv.x, sacc[0]); sacc[1] = fmaf(xv[k], wv.y, sacc[1]);
-                    sacc[2] = fmaf(xv[k], wv.z, sacc[2]); sacc[3] = fmaf(xv[k], wv.w, sacc[3]);
-                }
-                const float4 bv = b1r[h];
-                o[4 * h + 0] = fmaxf(sacc[0] + bv.x, 0.0f); o[4 * h + 1] = fmaxf(sacc[1] + bv.y, 0.0f);
-                o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
-            }
-            const float4 lo4 = make_float4(o[0], o[1], o[2], o[3]), hi4 = make_float4(o[4], o[5], o[6], o[7]);
-            float* pp = Ps + ((c0 / 4) * PL + pix) * 4;  // pix = slot r * HIN + cx
-            *(float4*)pp = tf32_round4(lo4);
-            *(float4*)(pp + (C1 / 8) * PL * 4) = tf32_round4(hi4);
-            // act1's signs for the input gradient, bit n = channel n: the pixel's 4 lanes (all present or all
-            // past the patch) or their 8-channel parts together
-            uint32_t sgn = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) sgn |= (o[j] > 0.0f ? 1u : 0u) << (c0 + j) | (o[4 + j] > 0.0f ? 1u : 0u) << (c0 + C1 / 2 + j);
-            const unsigned grp = 0xFu << (lane & 28);
-            sgn |= __shfl_xor_sync(grp, sgn, 1);
-            sgn |= __shfl_xor_sync(grp, sgn, 2);
-            if (r >= own_lo && r < own_hi) {
-                const size_t pi = ((size_t)b * HIN + y0 + r) * HIN + cx;
-                float* dst = act1 + pi * C1 + c0;
-                *(float4*)dst = lo4;
-                *(float4*)(dst + C1 / 2) = hi4;
-                if (act1_sign && (tid & 3) == 0) act1_sign[pi] = sgn;
-            }
-        }
-        TRACE_MARK(4);
-        if (it == 0) round_weights();
-        fence_proxy_async();  // the patch and the rounded weights, before the tensor core's (async proxy) reads
-        __syncthreads();
-        TRACE_MARK(1);
-        if (it == 0) { write_wimg(); load_wf(); }
-        if (next < B * NBAND) {  // the next band's x rows, in flight during this band's products
-            xin = load_x(next, s_next);
-            if (gather && tid == 0) label = load_label(s_next);
-        }
-        // D[co][n] = sum_(tap, ci) W[co][tap][ci] act1[pixel n + tap][ci]: m = co (64), n = the warpgroup's 96 pixels
-        // (8 columns x R rows; 8-pixel group i = row y0 + i), k = ci, per tap. Both operands K-major in the no-swizzle
-        // layout: A = Ws (a core matrix is 8 channels x 4 ci: SBO 128 bytes, LBO one plane of 4 ci), B = the patch (8
-        // consecutive pixels of a row: SBO one patch row, LBO one plane); tap (ky, kx) moves B's start by ky rows and
-        // kx slots. d[4 i + 2 h + e] = D[co + 8 h][pixel (y0 + i, x0 + 2 t + e)].
-        float d[48];
-#pragma unroll
-        for (int i = 0; i < 48; i++) d[i] = 0.0f;
-#if MNIST_WGMMA
-        {
-            const uint64_t da0 = wgmma_desc(Ws, COUT * 16, 128), db0 = wgmma_desc(Ps + x0 * 4, PL * 16, HIN * 16);
-            wgmma_fence();
-#pragma unroll
-            for (int tap = 0; tap < 9; tap++)
-#pragma unroll
-                for (int ks = 0; ks < CIN / 8; ks++)
-                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)((tap * (CIN / 4) + 2 * ks) * COUT),
-                                      db0 + (uint64_t)(2 * ks * PL + (tap / 3) * HIN + tap % 3));
-            wgmma_commit();
-            wgmma_wait<0>();
-            acc_fence(d);
-        }
-#else
-        // mma.sync: this warp's channels 16 wq .. 16 wq + 15, the 12 n8 tiles (the same fragment layout)
-#pragma unroll 1
-        for (int tap = 0; tap < 9; tap++)
-#pragma unroll
-            for (int ks = 0; ks < CIN / 8; ks++) {
-                const float* pa = Ws + ((tap * (CIN / 4) + 2 * ks) * COUT + co) * 4 + t;
-                const float* pb = Ps + (2 * ks * PL + (tap / 3) * HIN + tap % 3 + x0 + g) * 4 + t;
-                const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[COUT * 4]),
-                                       __float_as_uint(pa[COUT * 4 + 32])};
-#pragma unroll
-                for (int i = 0; i < 12; i++)
-                    mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[i * HIN * 4]),
-                                    __float_as_uint(pb[(PL + i * HIN) * 4]));
-            }
-#endif
-        TRACE_MARK(2);
-        // epilogue: bias and ReLU; then the 2x2 max-pool and its window codes, all in this thread: the window of
-        // pooled (y0 / 2 + p, x0 / 2 + t) is pixels (rows 2p, 2p + 1) x (columns 2t, 2t + 1), d[8 p + 2 h + {0, 1, 4, 5}]
-#pragma unroll
-        for (int i = 0; i < 12; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float& v = d[4 * i + 2 * h + e];
-                    v = fmaxf(v + bz[h], 0.0f);
-                    if (out) out[(((size_t)b * HOUT + y0 + i) * HOUT + x0 + 2 * t + e) * COUT + co + 8 * h] = v;
-                }
-#pragma unroll
-        for (int p = 0; p < 6; p++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float m;
-                const uint8_t code = pool_window(d[8 * p + 2 * h], d[8 * p + 2 * h + 1], d[8 * p + 4 + 2 * h], d[8 * p + 5 + 2 * h], m);
-                const size_t pi = (((size_t)b * HP + y0 / 2 + p) * HP + x0 / 2 + t) * COUT + co + 8 * h;
-                pooled[pi] = m;
-                pool_codes[pi] = code;
-            }
-        TRACE_MARK(3);
-        __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
-    }
-    if (it == 0) {  // a block without a band (the fused forward's grid at B < 64) still makes its share of the image
-        __syncthreads();  // (the bulk copy's barrier is initialised)
-        round_weights();
-        __syncthreads();
-        write_wimg();
-        load_wf();
-    }
-    if (!fused) return;
-
-    // fc1, this block's K slice s: the partial sum of all B rows over columns k0 .. k0 + 71 (see FwdHead)
-    const int s = blockIdx.x, k0 = s * FC1F_KC;
-    float* Af = Ps;  // [64][FC1F_LD]: pooled's rows, columns k0 .. (the patch is free after the bands)
-    WgBarrier gb = wg_grid_arrive(fh.bar);  // this block's pooled rows are stored
-    cp_async_wait<0>();  // the slice landed: each thread rounds what it copied
-#pragma unroll
-    for (int i = 0; i < NWF; i++) {
-        const int ch = tid + i * NT;
-        float4* q = (float4*)(Wf + (ch / FCH) * FC1F_LD + 4 * (ch % FCH));
-        *q = tf32_round4(*q);
-    }
-    wg_grid_wait(fh.bar, gb.target, 1);
-    TRACE_MARK(5);
-    for (int ch = tid; ch < 64 * FCH; ch += NT) {  // written by the other blocks before the barrier: L2 loads
-        const int r = ch / FCH, c4 = ch % FCH;
-        const float4 v = r < B ? __ldcg((const float4*)(pooled + (size_t)r * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-        *(float4*)(Af + r * FC1F_LD + 4 * c4) = tf32_round4(v);
-    }
-    __syncthreads();
-    if (warp < 8) {  // fc1_forward_kernel's warp layout: 2 x 4 warps of 32 x 32
-        const int wm2 = warp / 4, wn2 = warp % 4;
-        float acc[2][4][4];
-        acc_zero(acc);
-        warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, Af + wm2 * 32 * FC1F_LD, FC1F_LD, 1, Wf + wn2 * 32 * FC1F_LD, 1,
-                                                  FC1F_LD, g, t);
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = wm2 * 32 + mi * 16 + g + 8 * h;
-                if (m >= B) continue;
-                float* dst = fh.part + ((size_t)s * B + m) * FC_H + wn2 * 32 + 2 * t;
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) __stcs((float2*)(dst + ni * 8), make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
-            }
-    }
-    TRACE_MARK(6);
-    gb = wg_grid_arrive(fh.bar);  // every slice's partial sums are stored
-    // fc1's backward may take SMs from here on (measured: released at the wait, its blocks sat on the SMs of this
-    // kernel's first blocks to leave, and the step was 0.4 ms per epoch slower)
-    grid_dep_launch();
-    if (s >= B) return;  // (after arriving: the barrier counts every block)
-    // the head's parameters (written by the previous step's optimizer step, complete) into Ws, free after the bands
-    float* W2s = Ws;            // [NCLS][FC_H]
-    float* B2s = W2s + NCLS * FC_H;
-    float* Bf1s = B2s + 32;     // [FC_H]
-    for (int i = tid; i < NCLS * FC_H; i += NT) W2s[i] = __ldcg(fh.wf2 + i);
-    if (tid < NCLS) B2s[tid] = __ldcg(fh.bf2 + tid);
-    if (tid < FC_H) Bf1s[tid] = __ldcg(fh.bf1 + tid);
-    wg_grid_wait(fh.bar, gb.target, 1);
-    // row s of h: warp k < 8 adds the groups 2k and 2k + 1 (8 slices each, in rank order, as a cluster of
-    // fc1_forward_kernel), lane l columns 4l .. 4l + 3; then warp 0 adds the 16 groups in order (as head_kernel)
-    float* gs = Ps;  // [FC1F_PARTS][FC_H]
-    static_assert(FC1F_PARTS == 16 && FC1F_CLUSTER == 8 && FC_H == 128, "8 warps of 2 groups of 8 slices; a float4 per lane");
-    if (warp < 8) {
-        float4 v[2][FC1F_CLUSTER];
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int r = 0; r < FC1F_CLUSTER; r++)
-                v[j][r] = __ldcs((const float4*)(fh.part + ((size_t)((2 * warp + j) * FC1F_CLUSTER + r) * B + s) * FC_H) + lane);
-#pragma unroll
-        for (int j = 0; j < 2; j++) *(float4*)(gs + (2 * warp + j) * FC_H + 4 * lane) = f4_sum_in_order(v[j]);
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float4 p[FC1F_PARTS];
-#pragma unroll
-        for (int q = 0; q < FC1F_PARTS; q++) p[q] = *(const float4*)(gs + q * FC_H + 4 * lane);
-        const float4 hv = f4_bias_relu(f4_sum_in_order(p), *(const float4*)(Bf1s + 4 * lane));
-        *(float4*)(fh.h + (size_t)s * FC_H + 4 * lane) = hv;
-        head_row(hv, s, lane, W2s, B2s, fh.logits, fh.dlogits, fh.dh, fh.losses, fh.preds, fh.y, fh.counters, fh.offset, B);
-    }
-    TRACE_MARK(7);
-}
-// R = 12 rows (half an image) = 288 pixels = 18 m16 tiles, 12 warps of 48 x 32 (6 row pairs x 2 channel halves; the
-// weights read once per k-step for 3 m16 tiles), 140 KB of shared memory: one block per SM, 128 bands at batch 64 = a
-// single round (H100, before conv1 was fused in: 14.0 us; R = 4 with 8 warps of 48 x 16, 2.9 rounds: 16.6 us).
-#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12>
-constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12, CONV2_FWD_PS = C1 * ((CONV2_FWD_R + 2) * H1 + 2);
-constexpr size_t CONV2_FWD_SMEM = (9 * C2 * C1 + CONV2_FWD_PS + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
-constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
-// the fused forward (FwdHead) adds fc1.weight's K slice; its fc1 operand, partial-sum groups and the head's
-// parameters reuse the patch and the weight tile
-constexpr size_t CONV2_FWD_SMEM_FUSED = CONV2_FWD_SMEM + (size_t)FC_H * FC1F_LD * sizeof(float);
-static_assert(CONV2_FWD_PS >= 64 * FC1F_LD && CONV2_FWD_PS >= FC1F_PARTS * FC_H &&
-              9 * C2 * C1 >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
-constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
-static_assert(FUSED_MAX_B * CONV2_FWD_BANDS <= FC1F_SPLITS, "the fused forward's grid covers every band");
-
-// fc1.weight's SGD step (p, m1: its slices of the flat buffers; g: its gradient, as fc1_backward_kernel stored it),
-// `share` of `nshares` of its float4 units, by one warp: sgd_update_elem with the step optimizer_kernel would use, so
-// the same bits. 12 units' p, g and m per lane are loaded before any is updated; g and m with streaming hints (read
-// or written once per step: measured on the H100, 1.2 ms per epoch at batch 64 against plain accesses, which pushed
-// the weight gradient's operands out of L2). Run by the input-gradient kernel's idle warp while the others compute:
-// the gradient's kernel is complete, and fc1.weight is next read by the next step's fc1 forward, three launches
-// later. (AdamW's step, with a square root and a division per element, is too slow for one warp per SM: the training
-// step runs optimizer_kernel for it instead.)
+// fc1.weight's SGD step in the input-gradient kernel's idle warp (fc1_step_share, part 6)
 struct Fc1Step { float *p = nullptr, *m1 = nullptr; const float* g = nullptr; const int* counters = nullptr; OptConfig c; };
-__device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lane) {
-    constexpr size_t N4 = (size_t)FC_H * FC_IN / 4;
-    constexpr int U = 12;
-    const size_t lo = share * N4 / nshares, hi = (share + 1) * N4 / nshares;
-    const OptStep st = opt_step(u.c, __ldcg(u.counters));
-    for (size_t i0 = lo + lane; i0 < hi; i0 += 32 * U) {
-        float4 p[U], g[U], m[U];
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            const size_t i = i0 + 32 * k;
-            if (i >= hi) break;
-            p[k] = __ldcg((const float4*)u.p + i); g[k] = __ldcs((const float4*)u.g + i); m[k] = __ldcs((const float4*)u.m1 + i);
-        }
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            const size_t i = i0 + 32 * k;
-            if (i >= hi) break;
-            sgd_update_elem(u.c, st, &p[k].x, g[k].x, &m[k].x); sgd_update_elem(u.c, st, &p[k].y, g[k].y, &m[k].y);
-            sgd_update_elem(u.c, st, &p[k].z, g[k].z, &m[k].z); sgd_update_elem(u.c, st, &p[k].w, g[k].w, &m[k].w);
-            ((float4*)u.p)[i] = p[k]; __stcs((float4*)u.m1 + i, m[k]);
-        }
-    }
-}
-
-// conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * conv2.weight[c][8 - (3 ky +
-// kx)][n] where act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2, rebuilt
-// while loading from dpooled and the window codes (dact2_expand). Fused: conv1's weight and bias gradient of the
-// produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial sum
-// per block in w1_partial ([32][9] then [32]), added in a fixed order at the end of conv2_wgrad_tf32_kernel.
-// The patch shares its zero padding between neighbours: padded rows of pitch 26 (2 zero columns, then the 24 of
-// dact2; a row's 2 trailing zero columns are the next row's leading ones) and images of 26 such rows (2 zero rows, 24
-// of dact2; the 2 trailing zero rows are the next image's leading ones). Padded pixel (b, py, px) is then slot
-// b * 676 + py * 26 + px, and output pixel q = (b, y, x) (26 x 26 per image) reads slot q + 26 ky + kx for tap (ky,
-// kx): a 1-D stencil over the output pixels in order, with no row of them wasted.
-// Work split: the B * 676 output pixels in order, chunks of DG_CH consecutive pixels (one chunk per block at batch 64:
-// 129 chunks on 132 SMs, a single pass); a chunk may cross an image boundary. Its patch is DG_NS consecutive slots,
-// as DG_PS: [c / 4][slot][c % 4] (each slot 16 bytes: wgmma's K-major "no swizzle" core matrices, 8 slots x 4
-// channels, 128 contiguous bytes, and a tap only moves the start by whole slots).
-// GEMM per tile: A = 64 consecutive slots (rows) x (ky, c) (k = 192), B = the weight image's (ky, c) x (kx, n) (n =
-// 96): D[r][32 kx + n] = sum_{ky, c} patch[r + 26 ky][c] W[ky][kx][c][n]. The three kx share A, which is therefore
-// read once for three taps (an m64n96k8 wgmma, both operands from shared memory: 5 KB per 98 KFLOP; one tap per
-// wgmma, m64n32k8, would read 3 KB per 33 KFLOP and be bound by shared memory), and output pixel r is
-// D[r][n] + D[r + 1][32 + n] + D[r + 2][64 + n] (dgrad_combine: rows r + 1 and r + 2 are other lanes' accumulators,
-// or the next warp's first rows, passed through shared memory). A tile's last 2 rows have no output: tiles are DG_TM
-// = 62 pixels apart, DG_TILES per chunk, the two warpgroups taking alternate tiles. Without wgmma (other targets)
-// each warp computes its 16 rows of the same D with mma.sync from the same layout.
-// The weight image Wimg[ky][c / 4][kx * 32 + n][c % 4] (conv2.weight flipped and transposed, rounded to TF32) is
-// written by the forward (conv2_band_tf32_kernel). Per block, before grid_dep_sync (written at least two launches
-// earlier): the image (cp.async), the patch's zero padding, the image rows of x under conv1's windows (Xs: conv1's
-// weight gradient) and act1's signs (Ms: the forward's 32-bit mask per pixel, bit n: act1[.., n] > 0).
-// A 9th warp (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step
-// (fc1_step_share); the compute warps synchronise on named barriers without it.
-constexpr int DG_CW = 8, DG_CT = 32 * DG_CW, DG_THREADS = DG_CT + 32;  // 2 warpgroups of compute warps, the step warp
-constexpr int DG_CH = 336, DG_TM = 62, DG_TILES = (DG_CH + DG_TM - 1) / DG_TM, DG_N = 3 * C1;
-constexpr int DG_NS = (DG_TILES - 1) * DG_TM + 64 + 2 * H1, DG_PL = DG_NS | 1;  // slots; an odd plane stride (in slots)
-constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = (DG_CH - 1) / H1 + 6, DG_XS = DG_XROWS * IMG, DG_EX = 2 * 2 * 4 * 96;
-static_assert(H1 * H1 == 676 && C2 == 64 && C1 == 32 && DG_N == 96, "the slot arithmetic and the weight image fit these sizes");
-static_assert(DG_TILES * DG_TM >= DG_CH && DG_TILES % 2 == 0, "the tiles cover a chunk, evenly over the two warpgroups");
-static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_XROWS && DG_CH < H1 * H1, "a chunk's x rows (at most one image boundary)");
-constexpr size_t CONV2_DGRAD_SMEM = (size_t)(DG_WS + DG_PS + DG_XS + DG_CH + DG_EX) * sizeof(float);
-static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_PS && (DG_WS + DG_PS + DG_XS) % 4 == 0, "shared memory");
-// Output rows r = 16 wq + g + 8 h (this lane's d[4 i + 2 h + e], i < 4: channel 8 i + 2 t + e) get D1 (= d[16 + ..],
-// kx = 1) of row r + 1 and D2 (d[32 + ..]) of row r + 2: from lane g + 1 (g + 2) of the same warp, where g = 0 (g < 2)
-// passes its h = 1 value for h = 0 and, for h = 1, the next warp's row 0 (rows 0, 1) of D1 (D2) from x1 (x2): [t][8]
-// ([g][t][8]) as the next warp left them in shared memory (not read where it does not exist: nx = false).
-// Summed (D0 + D1) + D2, into d[0..15].
-__device__ __forceinline__ void dgrad_combine(float (&d)[48], const float* x1, const float* x2, bool nx, int g, int t) {
-    const int src1 = ((g + 1) & 7) * 4 + t, src2 = ((g + 2) & 7) * 4 + t;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const float a0 = d[16 + 4 * i + e], a1 = d[16 + 4 * i + 2 + e], c0 = d[32 + 4 * i + e], c1 = d[32 + 4 * i + 2 + e];
-            const float s10 = __shfl_sync(0xffffffffu, g == 0 ? a1 : a0, src1);
-            const float s11 = __shfl_sync(0xffffffffu, g == 0 ? (nx ? x1[t * 8 + 2 * i + e] : 0.0f) : a1, src1);
-            const float s20 = __shfl_sync(0xffffffffu, g < 2 ? c1 : c0, src2);
-            const float s21 = __shfl_sync(0xffffffffu, g < 2 ? (nx ? x2[(g * 4 + t) * 8 + 2 * i + e] : 0.0f) : c1, src2);
-            d[4 * i + e] = (d[4 * i + e] + s10) + s20;
-            d[4 * i + 2 + e] = (d[4 * i + 2 + e] + s11) + s21;
-        }
-}
-__global__ void __launch_bounds__(DG_THREADS, 1)
-conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                        const float* __restrict__ w, const uint32_t* __restrict__ act1_sign, const float* __restrict__ ximg,
-                        float* w1_partial, int B, Fc1Step fc1) {
-    TRACE_SCOPE(4);
-    extern __shared__ __align__(16) float smem[];
-    float* Ws = smem;                          // [3][C2 / 4][DG_N][4]
-    float* Ps = Ws + DG_WS;                    // [C2 / 4][DG_PL][4]
-    float* Xs = Ps + DG_PS;                    // [DG_XROWS][IMG]
-    uint32_t* Ms = (uint32_t*)(Xs + DG_XS);    // [DG_CH]
-    float* Ex = (float*)(Ms + DG_CH);          // [tile parity][warpgroup][warp][96]: the next warp's first rows
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wg = warp / 4, wq = warp % 4;    // warpgroup, warp within it
-    const int total = B * H1 * H1, nchunks = (total + DG_CH - 1) / DG_CH;
-    auto sync_compute = [] { asm volatile("bar.sync 1, %0;" :: "n"(DG_CT) : "memory"); };
-    auto xrow = [](int q) { return (q / (H1 * H1)) * IMG + (q % (H1 * H1)) / H1; };  // x's stacked row of pixel q's window
-    // what a chunk needs of nothing the kernel in front writes: the patch's zero padding (slots whose padded row or
-    // column is < 2, or past the batch), the x rows and act1's signs; the first chunk's before grid_dep_sync
-    auto prepare = [&](int chunk) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0), nx = xrow(q0 + npix - 1) + 3 - xs_lo;
-        for (int i = tid; i < DG_NS * (C2 / 4); i += DG_CT) {
-            const int s = i / (C2 / 4), c4 = i % (C2 / 4), L = q0 + s, r = L % (H1 * H1);
-            if (L >= total || r < 2 * H1 || r % H1 < 2) *(float4*)(Ps + (c4 * DG_PL + s) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        for (int i = tid; i < nx * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)xs_lo * IMG + i);
-        for (int p = tid; p < npix; p += DG_CT) Ms[p] = __ldg(act1_sign + q0 + p);
-    };
-    // the weight image, once per block, before grid_dep_sync
-    if (warp < DG_CW) {
-        for (int i = tid; i < DG_WS / 4; i += DG_CT) cp_async16(Ws + 4 * i, w + 4 * i);
-        cp_async_commit();
-        if ((int)blockIdx.x < nchunks) prepare(blockIdx.x);
-    }
-    grid_dep_sync();
-    float w1acc[2][2][10];  // conv1's weight (9) and bias gradient of this thread's 4 channels (see the epilogue)
-    if (warp == DG_CW) {
-        // the step warp: a share of fc1.weight's optimizer step while the others compute
-        if (fc1.p) fc1_step_share(fc1, blockIdx.x, gridDim.x, lane);
-        TRACE_MARK(3);
-    } else {
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int e = 0; e < 2; e++)
-#pragma unroll
-            for (int k = 0; k < 10; k++) w1acc[i][e][k] = 0.0f;
-    int parity = 0;
-    for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
-        const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = xrow(q0);
-        if (chunk != (int)blockIdx.x) {
-            sync_compute();  // the previous chunk's reads of Ps, Xs and Ms are done
-            prepare(chunk);
-        }
-        // the patch, rounded to TF32: its zero padding is in place (prepare); then dact2, a pooled value (and its 4
-        // window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position, 0 at
-        // the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled row);
-        // tp_lo .. tp_lo + ntp - 1 touch the slots (the first and last may have pixels outside them: not stored).
-        auto pooled_row = [](int L, bool last) {  // the stacked pooled row of slot L's padded row (first / last one in)
-            const int b = L / (H1 * H1), py = (L % (H1 * H1)) / H1;
-            return py < 2 ? b * HP - (last ? 1 : 0) : b * HP + (py - 2) / 2;
-        };
-        const int tp_lo = pooled_row(q0, false), ntp = min(pooled_row(q0 + DG_NS - 1, true), B * HP - 1) + 1 - tp_lo;
-        const int npc = ntp * HP * (C2 / 4);
-        for (int i0 = 0; i0 < npc; i0 += 8 * DG_CT) {
-            float4 dv[8];
-            uint32_t kv[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int i = i0 + u * DG_CT + tid;
-                const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;  // (tp, pooled column) = i / 16
-                dv[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                kv[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int i = i0 + u * DG_CT + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP, c4 = i % (C2 / 4);
-                const int s0 = (tp / HP) * (H1 * H1) + (2 * (tp % HP) + 2) * H1 + 2 * pc + 2 - q0;  // the window's top left slot
-#pragma unroll
-                for (int dy = 0; dy < 2; dy++)
-#pragma unroll
-                    for (int dx = 0; dx < 2; dx++) {
-                        const int s = s0 + dy * H1 + dx;
-                        if (i < npc && s >= 0 && s < DG_NS)
-                            *(float4*)(Ps + (c4 * DG_PL + s) * 4) = tf32_round4(dact2_expand(dv[u], kv[u], dy, dx));
-                    }
-            }
-        }
-        cp_async_wait<0>();  // the weights (first chunk)
-        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
-        sync_compute();
-        TRACE_MARK(0);
-        const int ntiles = (npix + DG_TM - 1) / DG_TM;
-        for (int tile = wg; tile < ntiles; tile += 2, parity ^= 1) {
-            float d[48];
-#pragma unroll
-            for (int i = 0; i < 48; i++) d[i] = 0.0f;
-#if MNIST_WGMMA
-            // descriptors: a slot is 16 bytes, one unit of a descriptor's address; LBO = a plane (4 channels further
-            // along k), SBO = 8 slots (A) or 8 rows of n (B)
-            const uint64_t da0 = wgmma_desc(Ps + tile * DG_TM * 4, DG_PL * 16, 128), db0 = wgmma_desc(Ws, DG_N * 16, 128);
-            wgmma_fence();
-#pragma unroll
-            for (int ky = 0; ky < 3; ky++)
-#pragma unroll
-                for (int ks = 0; ks < C2 / 8; ks++)
-                    wgmma_m64n96k8_ss(d, da0 + (uint64_t)(2 * ks * DG_PL + ky * H1), db0 + (uint64_t)((ky * (C2 / 4) + 2 * ks) * DG_N));
-            wgmma_commit();
-            wgmma_wait<0>();
-            acc_fence(d);
-#else
-            // mma.sync: this warp's rows 16 wq .. 16 wq + 15 of the tile, the 12 n8 tiles of D (same fragment layout)
-#pragma unroll 1
-            for (int ky = 0; ky < 3; ky++)
-#pragma unroll 1
-                for (int ks = 0; ks < C2 / 8; ks++) {
-                    const float* pa = Ps + (2 * ks * DG_PL + tile * DG_TM + ky * H1 + 16 * wq + g) * 4 + t;
-                    const float* pb = Ws + ((ky * (C2 / 4) + 2 * ks) * DG_N + g) * 4 + t;
-                    const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[DG_PL * 4]),
-                                           __float_as_uint(pa[DG_PL * 4 + 32])};
-#pragma unroll
-                    for (int i = 0; i < 12; i++)
-                        mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[32 * i]),
-                                        __float_as_uint(pb[DG_N * 4 + 32 * i]));
-                }
-#endif
-            if (tile == wg) TRACE_MARK(1);
-            // the next warp's row 0 of D1 and rows 0, 1 of D2 for this warp's last rows (double-buffered by the
-            // warpgroup's tile parity: a buffer is rewritten only after the warpgroup's next barrier)
-            float* ex = Ex + (parity * 2 + wg) * 4 * 96;
-            if (wq > 0 && g < 2)
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    if (g == 0) ex[(wq - 1) * 96 + t * 8 + j] = d[16 + 4 * (j / 2) + j % 2];
-                    ex[(wq - 1) * 96 + 32 + (g * 4 + t) * 8 + j] = d[32 + 4 * (j / 2) + j % 2];
-                }
-            asm volatile("bar.sync %0, 128;" :: "r"(2 + wg) : "memory");
-            dgrad_combine(d, ex + wq * 96, ex + wq * 96 + 32, wq < 3, g, t);
-            // epilogue: d[4 i + 2 h + e] is output row 16 wq + g + 8 h of the tile, channel 8 i + 2 t + e. Lanes g and
-            // g ^ 1 swap halves first: lane (g, t) keeps channels 8 i + 2 t + e for i = 2 (g & 1) + ii (ii < 2) of
-            // its own rows and takes them for lane g ^ 1's (rows 16 wq + (g ^ j) + 8 h, j < 2), so that it holds 4
-            // channels of 4 rows and conv1's sums w1acc need 40 registers, not 80. Each output row (none for rows >=
-            // DG_TM) masked by act1's sign; conv1's gradient over the image pixels under its window.
-            float o[2][2][2][2];  // [j][h][ii][e]
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int ii = 0; ii < 2; ii++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float lo = d[4 * ii + 2 * h + e], hi = d[4 * (2 + ii) + 2 * h + e];  // (static indices: d stays in registers)
-                        const float keep = g & 1 ? hi : lo, give = g & 1 ? lo : hi;
-                        o[0][h][ii][e] = keep;
-                        o[1][h][ii][e] = __shfl_xor_sync(0xffffffffu, give, 4);
-                    }
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = 16 * wq + (g ^ j) + 8 * h, m = tile * DG_TM + r, q = q0 + m;
-                    const bool ok = r < DG_TM && m < npix;
-                    const uint32_t mask = ok ? Ms[m] : 0u;
-                    const float* xs = Xs + (xrow(q) - xs_lo) * IMG + q % H1;
-                    float xv[9];
-#pragma unroll
-                    for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
-#pragma unroll
-                    for (int ii = 0; ii < 2; ii++) {
-                        const int n0 = 8 * (2 * (g & 1) + ii) + 2 * t;
-                        float v[2];
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int n = n0 + e;
-                            v[e] = (mask >> n) & 1u ? o[j][h][ii][e] : 0.0f;
-                            w1acc[ii][e][9] += v[e];
-#pragma unroll
-                            for (int k = 0; k < 9; k++) w1acc[ii][e][k] = fmaf(v[e], xv[k], w1acc[ii][e][k]);
-                        }
-                        if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n0) = make_float2(v[0], v[1]);
-                    }
-                }
-        }
-    }
-    }
-    TRACE_MARK(2);
-    // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 4 lanes with the same t and
-    // g & 1 hold the same 4 channels: a butterfly over g's upper bits (lane bits 4, 3) that halves the values each
-    // lane keeps leaves lane (g, t) with the warp's sums of w1acc[ii][e] for ii = g >> 2, e = (g >> 1) & 1: channel
-    // 8 (2 (g & 1) + ii) + 2 t + e, k = 0..9. Then the warps' sums are added in warp order through shared memory.
-    __syncthreads();  // every warp is done with shared memory (the step warp: its share of fc1's step)
-    float* red = Ps;  // [DG_CW][C1 * 10]
-    if (warp < DG_CW) {
-        float v20[20], v10[10];
-#pragma unroll
-        for (int i = 0; i < 20; i++) {
-            const float lo = w1acc[0][i / 10][i % 10], hi = w1acc[1][i / 10][i % 10];
-            const bool up = lane & 16;
-            v20[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
-        }
-#pragma unroll
-        for (int i = 0; i < 10; i++) {
-            const bool up = lane & 8;
-            v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 8);
-        }
-        const int c = 8 * (2 * (g & 1) + (g >> 2)) + 2 * t + ((g >> 1) & 1);
-#pragma unroll
-        for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
-    }
-    __syncthreads();
-    // (the compute warps only, the same sums: racecheck reported the step warp's reads here as racing with the stores
-    // above, 13205 reports at batch 512. 256 remain, in the block whose last chunk has an odd tile count, between
-    // the two warpgroups, and stay with a second __syncthreads before the stores: racecheck appears to pair barrier
-    // instances by count, and there one warpgroup has run one more of its named barriers (bar.sync 2 + wg) than the
-    // other. dev/mnist_NOTES.md, session 14.)
-    if (warp < DG_CW)
-    for (int q = tid; q < C1 * 10; q += DG_CT) {
-        const int c = q / 10, k = q % 10;
-        float sum = red[q];
-#pragma unroll
-        for (int w = 1; w < DG_CW; w++) sum += red[w * C1 * 10 + q];
-        w1_partial[(size_t)blockIdx.x * C1 * 10 + (k < 9 ? c * 9 + k : C1 * 9 + c)] = sum;  // [32][9] then [32]
-    }
-}
 
 // The split reductions: conv2's weight gradient over the weight-gradient blocks' partial sums and conv1's over the
 // input-gradient kernel's, both at the end of conv2_wgrad_tf32_kernel (after a grid-wide barrier). A SplitsJob is
@@ -2046,126 +1196,8 @@ struct SplitsJob {
     int update_off = -1;
     float* w2img = nullptr;  // conv2's update only: also each updated weight (i < n_head), see conv2_fwd_img_index
 };
-// conv2.weight's forward image: [tap][co][ci (+4 pad)], rounded to TF32, the layout of conv2's forward kernel's Ws, so
-// that the next training step's forward copies it in one bulk copy (ConvInput::wimg) instead of 4608 16-byte
-// cp.async per block and a rounding pass. i: the weight's internal index, [co][tap][ci].
-constexpr int W2IMG_FLOATS = 9 * C2 * C1;
-__host__ __device__ inline int conv2_fwd_img_index(int i) { return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4; }
 struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
-__device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
-template <typename T> __device__ __forceinline__ T wg_zero() { T z; memset(&z, 0, sizeof z); return z; }
-// lane k's part of unit i (T = float4: 4 elements, each with the scalar order) for any split count. (src is written
-// by this kernel's other blocks before the grid barrier: plain coherent loads, never the read-only path.)
-// Up to three groups of four are loaded before they are added (conv1's 264 splits: 8 of a lane's 8-9 loads at once).
-template <typename T>
-__device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int splits, int k, size_t i) {
-    T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
-    int s = k;
-    while (s + 3 * SR_LANES < splits) {
-        T x[3][4];
-#pragma unroll
-        for (int b = 0; b < 3; b++)
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                x[b][u] = s + 4 * SR_LANES * b + 3 * SR_LANES < splits ? src[(size_t)(s + 4 * SR_LANES * b + SR_LANES * u) * stride + i]
-                                                                        : wg_zero<T>();
-#pragma unroll
-        for (int b = 0; b < 3; b++)
-            if (s + 3 * SR_LANES < splits) {  // the group at s (the condition of the plain loop)
-#pragma unroll
-                for (int u = 0; u < 4; u++) a[u] = wg_add(a[u], x[b][u]);
-                s += 4 * SR_LANES;
-            }
-    }
-#pragma unroll
-    for (int u = 0; u < 3; u++)  // here s + 96 >= splits: at most three left
-        if (s + SR_LANES * u < splits) a[u] = wg_add(a[u], src[(size_t)(s + SR_LANES * u) * stride + i]);
-    return wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
-}
-// A block's share of one job: units [lo, hi) (a unit is 4 elements when T = float4), in chunks of at most
-// WG_CHUNK_E elements: the lane parts of a chunk into shared memory (part[k * WG_CHUNK_E + e], 256 threads, each
-// item = (unit, lane)), then thread e adds element e's 32 parts in lane order and stores the sum or applies the
-// optimizer step. With at most 96 splits (conv2's 66 pair sums) a thread loads all of its (up to WG_IPT) items'
-// splits before adding any: ~15 16-byte loads in flight instead of a dependent chain per item; the parameters and
-// optimizer state of the update are loaded with them (one round trip to L2 per chunk, not two).
-constexpr int WG_CHUNK_E = 160, WG_IPT = 5, WG_ITEMS = 256 * WG_IPT;
-static_assert(WG_CHUNK_E <= 256, "one element per thread in the final sums");
-template <typename T>
-__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt, const OptStep& st) {
-    constexpr int V = sizeof(T) / sizeof(float);
-    const int nk = min(j.splits, SR_LANES), cu = min(WG_CHUNK_E / V, WG_ITEMS / nk), splits = j.splits;
-    const T* src = (const T*)j.src;
-    const size_t stride = j.stride / V;
-    const bool adamw = opt.c.optimizer == OPT_ADAMW;
-    for (int c0 = lo; c0 < hi; c0 += cu) {
-        const int nu = min(cu, hi - c0), items = nu * nk, e = threadIdx.x, i = c0 * V + e;
-        const bool mine = e < nu * V;
-        float p = 0.0f, m = 0.0f, vv = 0.0f;
-        if (mine && j.update_off >= 0) {
-            const size_t o = (size_t)j.update_off + i;
-            p = opt.params[o]; m = opt.m1[o];
-            if (adamw) vv = opt.m2[o];
-        }
-        if (splits <= 3 * SR_LANES) {
-            T x[WG_IPT][3];
-#pragma unroll
-            for (int r = 0; r < WG_IPT; r++) {
-                const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
-#pragma unroll
-                for (int q = 0; q < 3; q++)
-                    x[r][q] = it < items && k + SR_LANES * q < splits ? src[(size_t)(k + SR_LANES * q) * stride + c0 + u] : wg_zero<T>();
-            }
-#pragma unroll
-            for (int r = 0; r < WG_IPT; r++) {
-                const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
-                if (it >= items) break;
-                T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
-#pragma unroll
-                for (int q = 0; q < 3; q++)
-                    if (k + SR_LANES * q < splits) a[q] = wg_add(a[q], x[r][q]);
-                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
-            }
-        } else {
-            for (int it = threadIdx.x; it < items; it += 256) {
-                const int u = it % nu, k = it / nu;
-                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_split_part(src, stride, splits, k, (size_t)c0 + u);
-            }
-        }
-        __syncthreads();
-        if (mine) {
-            float v = part[e];
-#pragma unroll
-            for (int k = 1; k < SR_LANES; k++) v += k < nk ? part[k * WG_CHUNK_E + e] : 0.0f;
-            if (j.update_off >= 0) {
-                const size_t o = (size_t)j.update_off + i;
-                opt_update_elem(opt.c, st, &p, v, &m, &vv);
-                opt.params[o] = p; opt.m1[o] = m;
-                if (j.w2img && i < j.n_head) j.w2img[conv2_fwd_img_index(i)] = tf32_round(p);
-                if (adamw) opt.m2[o] = vv;
-            } else if (i < j.n_head) {
-                j.dst[i] = v;
-            } else {
-                j.dst_tail[i - j.n_head] = v;
-            }
-        }
-        __syncthreads();  // part is rewritten by the next chunk
-    }
-}
-// Share `share` of `nshares` of a job (the units split evenly), with float4 units when the job's layout allows. Which
-// block does which share does not matter for the result: every element's summation order is the lane order above.
-__device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, float* part, const OptTarget& opt, const OptStep& st) {
-    if (j.n <= 0) return;
-    const bool vec = j.n % 4 == 0 && j.stride % 4 == 0 && ((size_t)j.src & 15) == 0;
-    const long long units = vec ? j.n / 4 : j.n, G = nshares, b = share;
-    const int lo = (int)(b * units / G), hi = (int)((b + 1) * units / G);
-    if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, st);
-    else wg_reduce_job<float>(j, lo, hi, part, opt, st);
-}
-// The jobs the barrier does not guard (`other`, `extra`) go to the first blocks to arrive: `other` in WG_PRE_O
-// shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
-// last blocks to finish their bands (the barrier's critical path) go straight to the wait.
-constexpr int WG_PRE_O = 40, WG_PRE_X = 16, WG_PRE_P = 8;
+
 // The next step's batch, for conv2's forward kernel right after this kernel (ConvInput): the samples at the
 // permutation's entries from counters[1] (advanced by fc1_backward_kernel, complete here); n: the dataset's size,
 // positions past it are skipped. xb not null (the next step is in the same sequence, mnist_train_steps): their bytes
@@ -2177,313 +1209,16 @@ struct BatchPrefetch {
     const uint8_t *images = nullptr, *labels = nullptr; const int* perm = nullptr; const int* counters = nullptr; int n = 0, B = 0;
     uint8_t* xb = nullptr; int* yb = nullptr;
 };
-__device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) {
-    if (!pf.images) return;
-    if (pf.xb) {
-        const int pos = __ldcg(pf.counters + 1);
-        for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * GATHER_ITEMS; i += nshares * (int)blockDim.x) {
-            const int b = i / GATHER_ITEMS, c = i % GATHER_ITEMS, p = pos + b;
-            if (p >= pf.n) break;
-            const int smp = pf.perm ? __ldcg(pf.perm + p) : p;
-            if (c < GATHER_CH) ((uint4*)(pf.xb + (size_t)b * IMG * IMG))[c] = __ldg((const uint4*)(pf.images + (size_t)smp * IMG * IMG) + c);
-            else pf.yb[b] = pf.labels[smp];
-        }
-        return;
-    }
-    constexpr int LINES = (IMG * IMG + 127) / 128 + 1;  // 128-byte lines an image's 784 bytes can touch
-    const int pos = __ldcg(pf.counters + 1);
-    for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * LINES; i += nshares * (int)blockDim.x) {
-        const int p = pos + i / LINES;
-        if (p >= pf.n) break;
-        const char* img = (const char*)(pf.images + (size_t)(pf.perm ? __ldcg(pf.perm + p) : p) * IMG * IMG);
-        const char* a = (const char*)((uintptr_t)img & ~(uintptr_t)127) + 128 * (i % LINES);
-        if (a < img + IMG * IMG) asm volatile("prefetch.global.L2 [%0];" :: "l"(a));
-    }
-}
 
-// Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co],
-// dact2 rebuilt while loading from the pooled gradient and the window codes (dact2_from_pooled).
-// GEMM m = co (64), n = (tap, ci) (288), k = pixel. A block takes bands of R = 6 output rows (144 pixels = 18
-// k-steps) of one image: dact2 and the act1 patch in shared memory in wgmma's K-major layout (Dt and Pt below). On
-// sm_90a two warpgroups run wgmma (tensor-core TF32 at about twice mma.sync's rate on the H100); elsewhere 8 warps of
-// 32 x 72 (2 m16 x 9 n8 tiles) run mma.sync on the same layout. Either way the block holds its 64 x 288 sums.
-// The bias gradient is summed from the unrounded dact2 as it is loaded (each thread always loads the same 4 channels).
-// After its bands the kernel also does the split reductions (see SplitsJob): `wgrad` (its own partial sums), `other`
-// (conv1's, from the input-gradient kernel, which must be the launch right before this one) and `extra` (any other
-// job, e.g. the small gradients fc1_backward_kernel stored, as a 1-way split), with the optimizer step when their
-// update_off >= 0, and with opt.advance_B >= 0 advances the counters. Every operand of the bands was written at least
-// two launches earlier, so the bands run before grid_dep_sync (with programmatic dependent launch they overlap the
-// input-gradient kernel's last blocks); the wait comes before the reductions read `other`.
-constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2;
-// The operands' shared-memory layout, one for both paths: K-major core matrices of 8 rows x 4 TF32 values (16 bytes a
-// row, 128 bytes contiguous), the "no swizzle" layout wgmma reads. A band's k order is (py, px, j): pixel x = px + 6 j
-// of row py (px < 6, j < 4), so a core matrix's 4 values are pixels px, px + 6, px + 12, px + 18, and tap dx only
-// moves px to c = px + dx (c < 8): every row of every tap starts 16-byte aligned, no shifted copies (patch columns
-// 6, 7, 12, 13, 18, 19 are stored twice). A k-step's 8 values are (py, px) and (py, px + 1), px even.
-//   Dt[py][px][co / 8][co % 8][j] (dact2) and Pt[c][prow][ci / 8][ci % 8][j] (the act1 patch, prow < R + 2): the
-//   8-row groups are WG_GS = 36 floats apart, not 32: a warp's 32 scalar stores (8 consecutive groups of 4 channels
-//   x 4 j) then hit 32 distinct banks, and so do the mma.sync path's fragment loads (g * 4 + t).
-// Over Pt's rows (prow, ci) the groups are uniformly WG_GS apart, so taps dy = 0, 1, 2 of one dx are one operand of
-// 96 rows (n = dy * 32 + ci).
-constexpr int WG_XC = H2 / 4, WG_GS = 36, WG_DT_P = C2 / 8 * WG_GS, WG_PT_R = C1 / 8 * WG_GS;
-constexpr int WG_PT_C = (WG_R + 2) * WG_PT_R, WG_DT = WG_R * WG_XC * WG_DT_P, WG_PT = (WG_XC + 2) * WG_PT_C;
-static_assert(C2 == 64 && C1 == 32 && WG_R + 2 == 8 && WG_XC + 2 == 8 && WG_XC + 1 + 3 * WG_XC == H1 - 1,
-              "the weight gradient's load mapping (bit fields of the chunk index) fits these sizes");
-constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
-// Row stride of a block's 64 x 288 sums staged in shared memory for the cluster's addition: 296 = 8 mod 32 banks, so
-// a half-warp's float2 stores (rows g = 0..3, columns 2t) hit 32 distinct banks (a stride of 288 put all 8 rows of
-// a fragment on the same 8 banks: 4-way conflicts on every store)
-constexpr int WG_OS = KC2 + 8;
-// the operands; or (after the bands) the staged partial sums, the bias reduction's 256 float4 and the lane parts of
-// the jobs reduced before the grid barrier (past the staged sums, which the cluster's other blocks may still read)
-constexpr int WG_PART_PRE = C2 * WG_OS + C2 + 4 * 256;  // float offset of those lane parts
-constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_DT + WG_PT, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
-static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0, "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
-static_assert(WG_NOUT / 4 / 2 <= 256 * 10, "one batch of distributed shared memory loads per thread (WG_DSM_BATCH)");
-static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free float2 staging; the bias reduction's float4 aligned");
-// a loaded float4 (4 consecutive channels) into its 4 rows of a core-matrix layout, rounded to TF32
-__device__ __forceinline__ void wg_put4(float* p, float4 v) {
-    p[0] = tf32_round(v.x); p[4] = tf32_round(v.y); p[8] = tf32_round(v.z); p[12] = tf32_round(v.w);
-}
-__global__ void __launch_bounds__(256)
-conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                        const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
-                        SplitsJob extra, OptTarget opt, unsigned long long* bar, BatchPrefetch pf) {
-    TRACE_SCOPE(5);
-    // chunk ch (16 bytes) of a band: dact2 (ND per thread): channels 4 c4, c4 = bits 0-2 and 5 of ch (so a thread's
-    // c4 is fixed: tid's bits), j = bits 3-4, (py, px) = ch / 64; the patch (NP per thread): channels 4 (bits 0-2),
-    // j = bits 3-4, prow = bits 5-7, c = ch / 256; column c + 6 j
-    constexpr int ND = WG_NPIX * C2 / 4 / 256, NP = (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4) / 256;
-    static_assert(ND * 256 == WG_NPIX * C2 / 4 && NP * 256 == (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4), "whole rounds of chunks");
-    extern __shared__ __align__(16) float smem[];
-    float* Dt = smem;
-    float* Pt = smem + WG_DT;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int c4 = (tid & 7) | ((tid >> 2) & 8);  // the thread's 4 dact2 channels
-    float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
-    // the next band's operands are loaded into registers (raw: pooled-gradient chunks, their codes, act1 chunks)
-    // before this band's products and stored after them, so their latency hides behind the math
-    float4 vdp[ND], vp[NP];
-    uint32_t vcd[ND];
-    auto load_band = [&](int band) {
-        const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            const int ch = tid + i * 256, pp = ch >> 6, x = pp % WG_XC + WG_XC * ((ch >> 3) & 3);
-            const size_t pi = pooled_index(b, y0 + pp / WG_XC, x, c4 * 4);
-            vdp[i] = *(const float4*)(dpooled + pi);
-            vcd[i] = *(const unsigned int*)(codes + pi);
-        }
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-            const int ch = tid + i * 256, col = (ch >> 8) + WG_XC * ((ch >> 3) & 3);
-            vp[i] = *(const float4*)(act1 + (((size_t)b * H1 + y0 + ((ch >> 5) & 7)) * H1 + col) * C1 + (ch & 7) * 4);
-        }
-    };
-    if ((int)blockIdx.x < B * WG_BANDS) load_band(blockIdx.x);
-    // the per-step scalars of the update (a load of the step counter, cosf, powf: ~0.5 us of dependent latency) while
-    // the first band's loads are in flight, not on the way to the barrier. The counter was last written by the
-    // previous step's launch of this kernel (block 0, after its barrier), many launches back; block 0 advances it
-    // only after this launch's barrier, which every block reaches after this read.
-    __shared__ OptStep st_s;
-    if (tid == 0 && opt.params) st_s = opt_step(opt.c, opt.counters[0]);
-#if MNIST_WGMMA
-    // sm_90a: warpgroup 0 takes taps dx = 0 (96 columns: n = dy * 32 + ci) and the first 48 of dx = 1, warpgroup 1
-    // dx = 2 and the other 48 of dx = 1; per k-step an m64n96k8 and an m64n48k8 wgmma, both operands from shared memory
-    const int wg = tid / 128, dxw = 2 * wg;
-    float d96[48], d48[24];
-#pragma unroll
-    for (int i = 0; i < 48; i++) d96[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 24; i++) d48[i] = 0.0f;
-    const uint64_t da0 = wgmma_desc(Dt, WG_DT_P * 4, WG_GS * 4);
-    const uint64_t db96 = wgmma_desc(Pt + dxw * WG_PT_C, WG_PT_C * 4, WG_GS * 4);
-    const uint64_t db48 = wgmma_desc(Pt + WG_PT_C + wg * 6 * WG_GS, WG_PT_C * 4, WG_GS * 4);
-#else
-    // mma.sync: 8 warps of 32 x 72 (2 m16 x 9 n8 tiles; an n8 tile lies in one tap)
-    const int wm = warp / 4, wn = warp % 4;
-    int boff[9];
-#pragma unroll
-    for (int ni = 0; ni < 9; ni++) {
-        const int n = wn * 72 + ni * 8, tap = n / C1;
-        boff[ni] = (tap % 3) * WG_PT_C + (tap / 3) * WG_PT_R + (n % C1 / 8) * WG_GS + g * 4 + t;
-    }
-    float acc[2][9][4];
-    acc_zero(acc);
-#endif
-    for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
-        const int y0 = (band % WG_BANDS) * WG_R;
-        __syncthreads();  // the previous band's products are done with Dt and Pt
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            const int ch = tid + i * 256, pp = ch >> 6, j = (ch >> 3) & 3;
-            float4 vd = dact2_expand(vdp[i], vcd[i], y0 + pp / WG_XC, pp % WG_XC + WG_XC * j);
-            rs.x += vd.x; rs.y += vd.y; rs.z += vd.z; rs.w += vd.w;
-            wg_put4(Dt + pp * WG_DT_P + (c4 >> 1) * WG_GS + (c4 & 1) * 16 + j, vd);
-        }
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-            const int ch = tid + i * 256;
-            wg_put4(Pt + (ch >> 8) * WG_PT_C + ((ch >> 5) & 7) * WG_PT_R + ((ch & 7) >> 1) * WG_GS + (ch & 1) * 16 + ((ch >> 3) & 3), vp[i]);
-        }
-        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
-        __syncthreads();
-        if (band + (int)gridDim.x < B * WG_BANDS) load_band(band + gridDim.x);
-#if MNIST_WGMMA
-        wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < WG_R * 3; s++) {
-            const int py = s / 3, px = 2 * (s % 3);
-            const uint64_t da = da0 + (uint64_t)((py * WG_XC + px) * WG_DT_P * 4 / 16);
-            const uint64_t dbo = (uint64_t)((px * WG_PT_C + py * WG_PT_R) * 4 / 16);
-            wgmma_m64n96k8_ss(d96, da, db96 + dbo);
-            wgmma_m64n48k8_ss(d48, da, db48 + dbo);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        acc_fence(d96);
-        acc_fence(d48);
-#else
-#pragma unroll 2
-        for (int s = 0; s < WG_R * 3; s++) {
-            const int py = s / 3, px = 2 * (s % 3);
-            uint32_t a[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                const float* pa = Dt + (py * WG_XC + px) * WG_DT_P + (wm * 4 + mi * 2) * WG_GS + g * 4 + t;
-                a[mi][0] = __float_as_uint(pa[0]); a[mi][1] = __float_as_uint(pa[WG_GS]);
-                a[mi][2] = __float_as_uint(pa[WG_DT_P]); a[mi][3] = __float_as_uint(pa[WG_DT_P + WG_GS]);
-            }
-            const float* pp = Pt + px * WG_PT_C + py * WG_PT_R;
-#pragma unroll
-            for (int ni = 0; ni < 9; ni++) {
-                uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[WG_PT_C + boff[ni]]);
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
-            }
-        }
-#endif
-    }
-    TRACE_MARK(0);
-    // the block's partial sums, [64][288] then the bias's 64: to global memory, or (cluster > 1, sm_90) to shared
-    // memory first (row stride WG_OS), then added across the cluster's blocks through distributed shared memory in
-    // rank order (block q adds the q-th slice of all of them): one partial sum per cluster
-    __syncthreads();  // every warp is done with Dt and Pt
-    const bool staged = cluster > 1;
-    float* pout = staged ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
-    const int os = staged ? WG_OS : KC2;
-#if MNIST_WGMMA
-    {
-        const int m = (warp % 4) * 16 + g;  // the accumulator rows of this warp of the warpgroup: m and m + 8
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int i = 0; i < 12; i++) {
-                const int n = 8 * i + 2 * t;  // dy = n / 32, ci = n % 32 of tap dx = dxw
-                *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + dxw) * C1 + n % C1) = make_float2(d96[4 * i + 2 * h], d96[4 * i + 2 * h + 1]);
-            }
-#pragma unroll
-            for (int i = 0; i < 6; i++) {
-                const int n = 48 * wg + 8 * i + 2 * t;  // of tap dx = 1
-                *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + 1) * C1 + n % C1) = make_float2(d48[4 * i + 2 * h], d48[4 * i + 2 * h + 1]);
-            }
-        }
-    }
-#else
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int ni = 0; ni < 9; ni++) {
-                int m = wm * 32 + mi * 16 + g + 8 * h, n = wn * 72 + ni * 8 + 2 * t;
-                *(float2*)(pout + m * os + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-            }
-#endif
-    // bias: the 16 threads with c4 = q (tid bits 0-2 and 5 from q, bits 3-4 and 6-7 free) hold the same 4 channels;
-    // added in thread order
-    float4* red = (float4*)(smem + C2 * WG_OS + C2);
-    red[tid] = rs;
-    __syncthreads();
-    if (tid < C2 / 4) {
-        const int q = (tid & 7) | ((tid & 8) << 2);
-        float4 s = red[q];
-        for (int k = 1; k < 16; k++) {
-            float4 o = red[q | ((k & 3) << 3) | ((k >> 2) << 6)];
-            s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
-        }
-        *(float4*)(pout + C2 * os + tid * 4) = s;
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (staged) {
-        cg::cluster_group cl = cg::this_cluster();
-        cl.sync();  // every block's partial sums are in its shared memory
-        TRACE_MARK(1);
-        // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
-        // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
-        // block's own rank through its local shared memory
-        constexpr int WG_DSM_BATCH = 10;
-        const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
-        float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
-        for (int i0 = tid; i0 < per; i0 += 256 * WG_DSM_BATCH) {
-            float4 sum[WG_DSM_BATCH];
-            int off[WG_DSM_BATCH];
-#pragma unroll
-            for (int b = 0; b < WG_DSM_BATCH; b++) {
-                const int e = q * per + i0 + 256 * b, row = e / (KC2 / 4);
-                off[b] = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
-            }
-            for (int r0 = 0; r0 < cluster; r0 += 2) {
-                const float4* s0 = r0 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0);
-                const float4* s1 = r0 + 1 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0 + 1);
-                float4 v[WG_DSM_BATCH][2];
-#pragma unroll
-                for (int b = 0; b < WG_DSM_BATCH; b++)
-                    if (i0 + 256 * b < per) { v[b][0] = s0[off[b]]; v[b][1] = s1[off[b]]; }
-#pragma unroll
-                for (int b = 0; b < WG_DSM_BATCH; b++) {
-                    float4 s = r0 == 0 ? v[b][0] : sum[b];  // rank order: ((r0 + r1) + r2) + r3
-                    if (r0 > 0) { s.x += v[b][0].x; s.y += v[b][0].y; s.z += v[b][0].z; s.w += v[b][0].w; }
-                    s.x += v[b][1].x; s.y += v[b][1].y; s.z += v[b][1].z; s.w += v[b][1].w;
-                    sum[b] = s;
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < WG_DSM_BATCH; b++)
-                if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
-        }
-        // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
-        // every block reaches only after its reads of the others' shared memory. That order is also stated to the
-        // hardware (and to compute-sanitizer, which cannot see the grid barrier): an arrival here, after the reads,
-        // waited for after the grid barrier (so it never waits) before the block writes its partial sums' space
-        asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    }
-#endif
-    // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
-    // the first blocks to arrive at the grid barrier do them while the last ones finish their bands (WG_PRE_O);
-    // this kernel's own partial sums after the barrier, on every block. The step counter is read by every block at
-    // its start and advanced by block 0 after the barrier.
-    TRACE_MARK(2);
-    grid_dep_sync();
-    const OptStep st = st_s;  // (written before the bands, read after their barriers)
-    const WgBarrier wb = wg_grid_arrive(bar);
-    {
-        const int G = gridDim.x, no = min(G, WG_PRE_O), nx = min(G, WG_PRE_X), xo = G >= no + nx ? no : 0;
-        if (wb.rank < no) wg_reduce_share(other, wb.rank, no, smem + WG_PART_PRE, opt, st);
-        if (wb.rank >= xo && wb.rank < xo + nx) wg_reduce_share(extra, wb.rank - xo, nx, smem + WG_PART_PRE, opt, st);
-        // (the gather of the next batch: up to 2 items per thread, on more ranks at larger batches)
-        const int np = min(G, pf.xb ? max(WG_PRE_P, (pf.B * GATHER_ITEMS + 511) / 512) : WG_PRE_P), po = G >= xo + nx + np ? xo + nx : 0;
-        if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
-    }
-    TRACE_MARK(3);
-    wg_grid_wait(bar, wb.target, 2);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (staged) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // (see the arrival above)
-#endif
-    TRACE_MARK(4);
-    if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
-    wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
-}
+// fc1's backward kernel (fc1_backward_kernel, part 6)
+struct Fc1BackwardArgs {
+    float *dpooled, *gwf1, *gbf1, *gwf2, *gbf2;
+    const float *wf1, *dh, *pooled, *dlogits, *h;
+    int* counters;
+    int B;
+    int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
+};
+
 // Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
 struct Conv2Tf32 {
     bool ready = false;
@@ -2494,488 +1229,35 @@ struct Conv2Tf32 {
     float* wimg_fwd = nullptr;  // conv2.weight's forward image, written by the training step's update (SplitsJob::w2img)
 };
 static Conv2Tf32 g_conv2;
-static void conv2_tf32_setup() {
-    if (g_conv2.ready) return;
-    int dev, sms, occ_f, occ_ff, occ_d, occ_w;
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
-    cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_ff, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_tf32_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
-    g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
-    g_conv2.fused_fwd = occ_ff * sms >= FC1F_SPLITS;
-    g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
-    g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
-    int major;
-    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    // sm_90: clusters of 4 or 2 blocks add their partial sums (a quarter or half as many to reduce), where that keeps
-    // (nearly) every SM busy: on an H100 only 30 clusters of 4 are co-resident (120 blocks: three rounds of bands for
-    // some blocks, measured slower), 66 of 2.
-    for (int cl = 4; major >= 9 && occ_w == 1 && cl >= 2; cl /= 2) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(sms / cl * cl); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = CONV2_WGRAD_SMEM;
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeClusterDimension;
-        at.val.clusterDim.x = cl; at.val.clusterDim.y = 1; at.val.clusterDim.z = 1;
-        cfg.attrs = &at; cfg.numAttrs = 1;
-        int nclusters = 0;
-        cudaCheck(cudaOccupancyMaxActiveClusters(&nclusters, conv2_wgrad_tf32_kernel, &cfg));
-        if (cl * std::min(nclusters, sms / cl) >= sms - 1) { g_conv2.wgrad_cluster = cl; g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl); break; }
-    }
-    cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
-    if ((unsigned long long)g_conv2.wgrad_ctas * g_conv2.wgrad_ctas > WG_BAR_K) {  // wg_grid_arrive's rank needs G - 1 < K / G
-        fprintf(stderr, "conv2_tf32_setup: weight-gradient grid of %d blocks too large for its barrier\n", g_conv2.wgrad_ctas);
-        exit(EXIT_FAILURE);
-    }
-    int* wd;
-    cudaCheck(cudaHostAlloc(&wd, sizeof(int), cudaHostAllocMapped));
-    *wd = 0;
-    g_watchdog = wd;
-    int* wd_dev;
-    cudaCheck(cudaHostGetDevicePointer(&wd_dev, wd, 0));
-    cudaCheck(cudaMemcpyToSymbol(g_watchdog_dev, &wd_dev, sizeof(wd_dev)));
-    cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
-    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, DG_WS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, DG_WS * sizeof(float)));
-    cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
-    cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, W2IMG_FLOATS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, W2IMG_FLOATS * sizeof(float)));
-    g_conv2.ready = true;
-}
-// act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
-// and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests). x
-// comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad) and, when
-// act1_sign is not null, act1's signs (B,26,26 words, bit n: channel n > 0), which conv2_dgrad_tf32 reads before its
-// wait: launch at least one kernel between the two.
-// With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
-static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign, const ConvInput& in,
-                               const float* w1, const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh = FwdHead()) {
-    const bool fused = fh.part != nullptr;
-    if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
-        fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its blocks at once\n",
-                FUSED_MAX_B, FC1F_SPLITS);
-        exit(EXIT_FAILURE);
-    }
-    FwdHead f = fh;
-    f.bar = g_conv2.wgrad_bar;
-    const int grid = fused ? FC1F_SPLITS : std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, fused ? CONV2_FWD_SMEM_FUSED : CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1,
-               act1_sign, w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
-}
-// dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (act1_sign: the
-// forward's signs of act1; stored only when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1
-// (32) with x the network's input.
-// Returns the reduction of the blocks' partial sums of dw1, db1 still to do (conv2_wgrad_tf32, launched next).
-static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
-                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1 = Fc1Step()) {
-    int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
-    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1_sign,
-               x, g_conv2.ws_w1, B, fc1);
-    SplitsJob j;
-    j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
-    return j;
-}
-// dw2 (64, 3,3,32 internal) and db2 (64) from dact2 (from dpooled and the window codes) and act1, and the split
-// reduction `dgrad` that conv2_dgrad_tf32 returned. Launch it right after conv2_dgrad_tf32, with dpooled, codes and
-// act1 written at least two launches earlier (the kernel reads them before grid_dep_sync). With update_off >= 0
-// conv2's weight and bias (contiguous) get the optimizer step in `opt` at that flat offset instead of dw2/db2; `extra`
-// is one more job for the same reduction (see conv2_wgrad_tf32_kernel).
-static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B,
-                             const SplitsJob& dgrad, const SplitsJob& extra = SplitsJob(), const OptTarget& opt = OptTarget(),
-                             int update_off = -1, const BatchPrefetch& pf = BatchPrefetch()) {
-    const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
-    SplitsJob j;
-    j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
-    j.update_off = update_off;
-    if (update_off >= 0) j.w2img = g_conv2.wimg_fwd;
-    launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j, dgrad, extra,
-               opt, g_conv2.wgrad_bar, pf);
-}
+// whether the device takes thread-block clusters and bulk copies (sm_90+), set by fast_path_setup (part 6)
+static bool g_fc1_cluster = false;
+static bool g_bulk_copy = false;  // sm_90: conv2.weight's forward image by one bulk copy (ConvInput::wimg)
 
-// ----------------------------------------------------------------------------------------------------------------
-// the other kernels of a step (each with a CPU twin below)
-// (The fast path's training step has no gather: conv2's forward kernel reads the bytes itself, see ConvInput.)
-__global__ void gather_batch_kernel(float* x, int* y, const uint8_t* images, const uint8_t* labels, const int* perm,
-                                    const int* counters, int offset_const, int B) {
-    grid_dep_sync();
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= B * IMG * IMG) return;
-    int b = idx / (IMG * IMG), p = idx % (IMG * IMG);
-    int pos = (counters ? counters[1] : offset_const) + b;
-    int s = perm ? perm[pos] : pos;
-    x[idx] = mnist_normalize(images[(size_t)s * IMG * IMG + p]);
-    if (p == 0) y[b] = labels[s];
-}
-
-__global__ void maxpool_forward_kernel(float* pooled, const float* act2, int B) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (b, py, px, c)
-    if (idx >= B * FC_IN) return;
-    int c = idx % C2, px = (idx / C2) % HP, py = (idx / (C2 * HP)) % HP, b = idx / FC_IN;
-    const float* base = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
-    float m = base[0];
-    m = fmaxf(m, base[C2]);
-    m = fmaxf(m, base[H2 * C2]);
-    m = fmaxf(m, base[H2 * C2 + C2]);
-    pooled[idx] = m;
-}
-// dact2[b,y,x,c] = dpooled at its window iff (y,x) is the window's first maximum (PyTorch's choice) and act2 > 0
-// (the ReLU in front of the pool). A gather: each element decides for itself, no atomics, no zero fill.
-__host__ __device__ inline float maxpool_backward_elem(const float* dpooled, const float* act2, int b, int y, int x, int c) {
-    int py = y / 2, px = x / 2;
-    const float* win = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
-    float best = win[0]; int arg = 0;
-    const int offs[4] = {0, C2, H2 * C2, H2 * C2 + C2};
-    for (int i = 1; i < 4; i++) if (win[offs[i]] > best) { best = win[offs[i]]; arg = i; }
-    int me = (y % 2) * 2 + (x % 2);
-    float v = act2[(((size_t)b * H2 + y) * H2 + x) * C2 + c];
-    if (me != arg || !(v > 0.0f)) return 0.0f;
-    return dpooled[(((size_t)b * HP + py) * HP + px) * C2 + c];
-}
-__global__ void maxpool_backward_kernel(float* dact2, const float* dpooled, const float* act2, int B) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= B * H2 * H2 * C2) return;
-    int c = idx % C2, x = (idx / C2) % H2, y = (idx / (C2 * H2)) % H2, b = idx / (C2 * H2 * H2);
-    dact2[idx] = maxpool_backward_elem(dpooled, act2, b, y, x, c);
-}
-
-// Fused log-softmax + NLL, one warp per row: per-sample loss, prediction, and dlogits = (softmax - onehot) / B.
-__global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, const float* logits, const int* y,
-                                    const int* counters, int offset_const, int B) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= B) return;
-    float v = lane < NCLS ? logits[row * NCLS + lane] : -INFINITY;
-    float e, sum;
-    int label;
-    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
-    if (lane < NCLS && dlogits) dlogits[row * NCLS + lane] = (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B;
-}
-
-// The network's head on the fast path, one warp per row (the one-warp-per-row layout of dev/softmax_forward.cu
-// version 3; a 10-wide row is one element per lane, so no online rescaling): with NPARTS > 0, first fc1's output
-// h = ReLU(sum of the NPARTS split-K partial sums hpart of fc1_forward_kernel, added in order, + bf1), stored; then
-// head_row: logits, the fused log-softmax + NLL as softmax_xent_kernel, and when dh is given dlogits and fc2's input
-// gradient dh. (The training step at batch <= 64 does all of this inside conv2's forward kernel instead.)
+// the fast path's kernels and launchers that the model calls (defined in part 6)
+__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled,
+                                                          const float* __restrict__ wf1, int B);
 template <int NPARTS>
 __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, float* h,
                             const float* __restrict__ hpart, const float* __restrict__ bf1,
-                            const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
-                            int offset_const, int B) {
-    TRACE_SCOPE(2);
-    __shared__ __align__(16) float ws[NCLS * FC_H];
-    __shared__ float bs[NCLS];
-    // the parameters before grid_dep_sync: the optimizer wrote them at least two launches earlier
-    for (int i = threadIdx.x; i < NCLS * FC_H; i += blockDim.x) ws[i] = wf2[i];
-    if (threadIdx.x < NCLS) bs[threadIdx.x] = bf2[threadIdx.x];
-    grid_dep_sync();
-    __syncthreads();
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= B) return;
-    float4 hv;
-    if constexpr (NPARTS > 0) {
-        float4 p[NPARTS > 0 ? NPARTS : 1];  // all partial sums in flight, then added in order
-#pragma unroll
-        for (int q = 0; q < NPARTS; q++) p[q] = ((const float4*)(hpart + ((size_t)q * B + row) * FC_H))[lane];
-        hv = f4_bias_relu(f4_sum_in_order(p), __ldg((const float4*)bf1 + lane));
-        *(float4*)(h + (size_t)row * FC_H + 4 * lane) = hv;
-        TRACE_MARK(0);
-    } else {
-        hv = *(const float4*)(h + (size_t)row * FC_H + 4 * lane);
-    }
-    head_row(hv, row, lane, ws, bs, logits, dlogits, dh, losses, preds, y, counters, offset_const, B);
-}
-// ----------------------------------------------------------------------------------------------------------------
-// the optimizer step over the flat parameter buffer
-// One launch over every parameter; a thread updates 4 consecutive elements with 16-byte accesses (the buffers are
-// cudaMalloc'd, so aligned), the last thread also the n % 4 tail. With advance_B >= 0 the kernel also advances the
-// counters (as advance_counters_kernel, one launch less): the last block to finish does it, when every block has read
-// counters[0] (a ticket in counters[2], reset by that block). (The fast path's training step does not use this
-// kernel: its updates run in fc1_backward_kernel and conv2_wgrad_tf32_kernel.)
-__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, int* counters,
-                                 int advance_B) {
-    grid_dep_sync();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
-    const OptStep st = opt_step(c, counters[0]);
-    if (advance_B >= 0) {
-        __syncthreads();  // every thread of the block has read counters[0]
-        if (threadIdx.x == 0) {
-            __threadfence();
-            if (atomicAdd(&counters[2], 1) == (int)gridDim.x - 1) { counters[0] += 1; counters[1] += advance_B; counters[2] = 0; }
-        }
-    }
-    if (i > n4) return;
-    if (i < n4) {
-        float4 p = ((float4*)params)[i], g = ((const float4*)grads)[i], mm = ((float4*)m)[i];
-        float4 vv = c.optimizer == OPT_ADAMW ? ((float4*)v)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        opt_update_elem(c, st, &p.x, g.x, &mm.x, &vv.x);
-        opt_update_elem(c, st, &p.y, g.y, &mm.y, &vv.y);
-        opt_update_elem(c, st, &p.z, g.z, &mm.z, &vv.z);
-        opt_update_elem(c, st, &p.w, g.w, &mm.w, &vv.w);
-        ((float4*)params)[i] = p; ((float4*)m)[i] = mm;
-        if (c.optimizer == OPT_ADAMW) ((float4*)v)[i] = vv;
-    } else {
-        for (size_t j = 4 * n4; j < n; j++) opt_update_elem(c, st, &params[j], grads[j], &m[j], &v[j]);
-    }
-}
-// counters[0] = updates done, counters[1] = position in the epoch's permutation; advanced once per step.
-__global__ void advance_counters_kernel(int* counters, int B) {
-    grid_dep_sync();
-    counters[0] += 1; counters[1] += B;
-}
+                            const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y,
+                            const int* counters, int offset_const, int B);
+static void fast_path_setup();
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign,
+                               const ConvInput& in, const float* w1, const float* b1, const float* w2, const float* b2,
+                               int B, const FwdHead& fh = FwdHead());
+static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
+                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1 = Fc1Step());
+static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1,
+                             int B, const SplitsJob& dgrad, const SplitsJob& extra = SplitsJob(),
+                             const OptTarget& opt = OptTarget(), int update_off = -1,
+                             const BatchPrefetch& pf = BatchPrefetch());
+static void fc1_backward(const Fc1BackwardArgs& a);
 
-// ----------------------------------------------------------------------------------------------------------------
-// fc1 on the fast path (TF32 mma, operands rounded once as they land in shared memory, as the conv2 kernels)
-
-// Forward (sm_90: thread-block clusters): h = ReLU(pooled Wf1^T + bf1) is 64 x 128 x 9216 at batch 64, too little
-// output for 132 SMs, so K is split 128 ways: block (s, rt) computes rows rt*64.. of all 128 outputs over k in
-// [72 s, 72 s + 72) (8 warps of 32 x 32). The 8 blocks of a cluster then add their partial sums through distributed
-// shared memory, in rank order (block q adds rows 8q..8q+7 of all eight), and write one partial sum per cluster:
-// hpart[16][B][128]. head_kernel adds the 16 in order, then the bias and the ReLU. Deterministic; 0.5 MB of partial
-// sums at batch 64 instead of the 2.4 MB that the 72-way split of the generic kernel wrote and re-read.
-// The fc1.weight loads are issued before grid_dep_sync (only pooled comes from the kernel in front, conv2's forward;
-// the weight was last written by the previous step's optimizer step, three or more launches back), so with
-// programmatic dependent launch they overlap conv2's tail.
-static_assert(64 / FC1F_CLUSTER == 8 && (64 / FC1F_CLUSTER) * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
-__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
-    TRACE_SCOPE(1);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(16) float smem[];
-    float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
-    float* Ws = smem + 64 * FC1F_LD;   // [128][76]: fc1.weight rows, columns k0..k0+71
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wm = warp / 4, wn = warp % 4, r0 = blockIdx.y * 64, k0 = blockIdx.x * FC1F_KC;
-    // a block may write another's shared memory only once that block has started: this arrival, waited for just
-    // before the stores below (the cluster's blocks are launched together, so the wait costs nothing in practice)
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-    {
-        constexpr int CH = FC1F_KC / 4, NA = (64 * CH + 255) / 256, NW = FC_H * CH / 256;
-        static_assert(FC_H * CH % 256 == 0, "fc1.weight chunks split evenly");
-        float4 va[NA], vw[NW];
-#pragma unroll
-        for (int i = 0; i < NW; i++) {  // issued before the wait, in flight across it
-            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
-            vw[i] = __ldg((const float4*)(wf1 + (size_t)j * FC_IN + k0) + c4);
-        }
-        grid_dep_sync();
-#pragma unroll
-        for (int i = 0; i < NA; i++) {
-            int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
-            va[i] = ch < 64 * CH && r0 + r < B ? __ldg((const float4*)(pooled + (size_t)(r0 + r) * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int i = 0; i < NA; i++) {
-            int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
-            if (ch < 64 * CH) *(float4*)(As + r * FC1F_LD + 4 * c4) = tf32_round4(va[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
-            *(float4*)(Ws + j * FC1F_LD + 4 * c4) = tf32_round4(vw[i]);
-        }
-    }
-    __syncthreads();
-    TRACE_MARK(0);
-    float acc[2][4][4];
-    acc_zero(acc);
-    warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, As + wm * 32 * FC1F_LD, FC1F_LD, 1, Ws + wn * 32 * FC1F_LD, 1,
-                                              FC1F_LD, g, t);
-    TRACE_MARK(1);
-    // each block sends rows 8q .. 8q + 7 of its partial sum to block q of the cluster (distributed shared memory
-    // stores into q's inbox, slot = the sender's rank; the inbox lies past the operands, which q may still read);
-    // after the cluster barrier block q adds its 8 slots in rank order, reading only its own shared memory, so no
-    // second barrier has to keep a block alive for the others' reads
-    cg::cluster_group cluster = cg::this_cluster();
-    const int q = (int)cluster.block_rank();
-    float* inbox = smem + (64 + FC_H) * FC1F_LD;  // [FC1F_CLUSTER][8][FC_H]
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every block of the cluster has started
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int m = wm * 32 + mi * 16 + g + 8 * h;
-            float* dst = cluster.map_shared_rank(inbox, m / 8) + (q * 8 + m % 8) * FC_H + wn * 32 + 2 * t;
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) *(float2*)(dst + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-        }
-    cluster.sync();  // every block's rows are in their owners' inboxes
-    TRACE_MARK(2);
-    const int row = 8 * q + tid / 32, c4 = tid % 32;
-    float4 v[FC1F_CLUSTER];
-#pragma unroll
-    for (int r = 0; r < FC1F_CLUSTER; r++) v[r] = *(const float4*)(inbox + (r * 8 + tid / 32) * FC_H + 4 * c4);
-    if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = f4_sum_in_order(v);
-    TRACE_MARK(3);
-#endif
-}
-
-// Backward: block k < FC1B_BLOCKS (128) owns fc1's inputs k0 = 72k .. k0+71 (the forward's K slices):
-//   dpooled[:, k0:k0+72] = dh Wf1[:, k0:k0+72]           (B x 72 x 128; dh is already zeroed where h <= 0)
-//   dWf1[:, k0:k0+72]   = dh^T pooled[:, k0:k0+72]        (128 x 72 x B, the batch in chunks of 64 rows)
-// 12 warps; warp w: dpooled rows 16 (w / 3) .. + 15 of a chunk and dWf1 rows 32 (w / 3) .. + 31, both in columns
-// 24 (w % 3) .. + 23 of the slice. The weight gradient is stored (in a training step the input-gradient kernel's idle
-// warp applies its optimizer step, fc1_step_share). The last FC1B_EXTRA blocks compute the small gradients: fc1's bias
-// (sum over the batch of dh), fc2's weight and bias (a thread per output, fp32 FMAs over the batch in order).
-// One block per SM (the shared memory asked for is more than half an SM's): the 132 blocks fill an H100 in one wave.
-// (With 64-column slices, 8 warps and two blocks per SM, 150 blocks, the blocks that shared an SM finished their
-// products up to 3.7 us after the median block; measured on the H100, dev/mnist_NOTES.md session 10.)
-// The Wf1 slice is loaded before grid_dep_sync: the previous step's optimizer step wrote it, several launches back,
-// and the kernels in front only read it; dh, pooled and the rest wait.
-constexpr int FC1B_NC = FC1F_KC, FC1B_BLOCKS = FC_IN / FC1B_NC, FC1B_THREADS = 384;
-constexpr int FC1B_WLD = FC1B_NC;       // Ws[128][72]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
-constexpr int FC1B_HLD = FC_H + 4;      // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
-                                        // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
-constexpr int FC1B_PLD = FC1B_NC;       // Ps[64][72]: pooled [r][c], read as B[k = r][n = c]: conflict-free
-static_assert(FC1B_WLD % 32 == 8 && FC1B_PLD % 32 == 8, "conflict-free B fragments; the gradient's float2 stores into Gs");
-static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384, "12 warps: 4 x 3 tiles of 16 x 24 and of 32 x 24");
-constexpr size_t FC1B_SMEM_USED = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
-constexpr size_t FC1B_SMEM = FC1B_SMEM_USED > 116 * 1024 ? FC1B_SMEM_USED : 116 * 1024;  // one block per SM
-constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + FC1B_THREADS - 1) / FC1B_THREADS;
-struct Fc1BackwardArgs {
-    float *dpooled, *gwf1, *gbf1, *gwf2, *gbf2;
-    const float *wf1, *dh, *pooled, *dlogits, *h;
-    int* counters;
-    int B;
-    int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
-};
-__global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1BackwardArgs a) {
-    TRACE_SCOPE(3);
-    const int tid = threadIdx.x, B = a.B;
-    if (blockIdx.x >= FC1B_BLOCKS) {
-        grid_dep_sync();
-        // the batch's position: every reader of it in this step (conv2's forward, the head) is complete
-        if (a.advance_pos >= 0 && blockIdx.x == FC1B_BLOCKS && tid == 0) a.counters[1] += a.advance_pos;
-        int i = (blockIdx.x - FC1B_BLOCKS) * FC1B_THREADS + tid;
-        if (i < FC_H) {
-            float s = 0.0f;
-#pragma unroll 16
-            for (int b = 0; b < B; b++) s += a.dh[(size_t)b * FC_H + i];
-            a.gbf1[i] = s;
-        } else if (i < FC_H + NCLS * FC_H) {
-            int j = (i - FC_H) / FC_H, k = (i - FC_H) % FC_H;
-            float s = 0.0f;
-#pragma unroll 16
-            for (int b = 0; b < B; b++) s = fmaf(a.dlogits[b * NCLS + j], a.h[(size_t)b * FC_H + k], s);
-            a.gwf2[j * FC_H + k] = s;
-        } else if (i < FC1B_SMALL) {
-            int j = i - FC_H - NCLS * FC_H;
-            float s = 0.0f;
-#pragma unroll 16
-            for (int b = 0; b < B; b++) s += a.dlogits[b * NCLS + j];
-            a.gbf2[j] = s;
-        }
-        TRACE_MARK(5);
-        return;
-    }
-    extern __shared__ __align__(16) float smem[];
-    float* Ws = smem;
-    float* Hs = Ws + FC_H * FC1B_WLD;
-    float* Ps = Hs + 64 * FC1B_HLD;
-    constexpr int NT = FC1B_THREADS, CH = FC1B_NC / 4;  // the slice's 16-byte chunks per row
-    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3, k0 = blockIdx.x * FC1B_NC;
-    const int wr = warp / 3, wc = 24 * (warp % 3);
-    float acc[2][3][4];
-    static_assert(FC_H * CH % NT == 0 && 64 * CH % NT == 0, "the Wf1 and pooled slices' chunks split evenly");
-#pragma unroll
-    for (int i = 0; i < FC_H * CH / NT; i++) {  // the Wf1 slice: 128 rows of 18 float4 (before the wait)
-        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
-        *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
-    }
-    grid_dep_sync();
-    acc_zero(acc);
-    for (int r0 = 0; r0 < B; r0 += 64) {
-        __syncthreads();  // the previous chunk's fragment reads are done
-        {
-            constexpr int NH = (64 * FC_H / 4 + NT - 1) / NT, NP = 64 * CH / NT;
-            float4 vh[NH], vp[NP];
-#pragma unroll
-            for (int i = 0; i < NH; i++) {
-                int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
-                vh[i] = r < 64 && r0 + r < B ? __ldg((const float4*)(a.dh + (size_t)(r0 + r) * FC_H) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int i = 0; i < NP; i++) {
-                int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
-                vp[i] = r0 + r < B ? ((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0))[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int i = 0; i < NH; i++) {
-                int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
-                if (r < 64) *(float4*)(Hs + r * FC1B_HLD + 4 * c4) = tf32_round4(vh[i]);
-            }
-#pragma unroll
-            for (int i = 0; i < NP; i++) {
-                int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
-                *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
-            }
-        }
-        __syncthreads();
-        TRACE_MARK(0);
-        {   // dpooled rows r0.. (64 x 72, k = the 128 fc1 outputs)
-            float d[1][3][4];
-            acc_zero(d);
-            warp_mma_smem<1, 3, FC_H, 4>(d, Hs + 16 * wr * FC1B_HLD, FC1B_HLD, 1, Ws + wc, FC1B_WLD, 1, g, t);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = r0 + 16 * wr + g + 8 * h;
-                if (r >= B) continue;
-#pragma unroll
-                for (int ni = 0; ni < 3; ni++)
-                    *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wc + ni * 8 + 2 * t) = make_float2(d[0][ni][2 * h], d[0][ni][2 * h + 1]);
-            }
-        }
-        TRACE_MARK(1);
-        // dWf1 += dh^T pooled over this chunk's 64 rows (zero rows past B add nothing)
-        warp_mma_smem<2, 3, 64, 8>(acc, Hs + 32 * wr, 1, FC1B_HLD, Ps + wc, FC1B_PLD, 1, g, t);
-    }
-    TRACE_MARK(2);
-    // the weight gradient goes through shared memory (the operands are done with; Gs[128][72] takes Ws's place) so
-    // that it leaves in rows of 16-byte chunks
-    __syncthreads();
-    float* Gs = smem;
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int ni = 0; ni < 3; ni++)
-                *(float2*)(Gs + (32 * wr + mi * 16 + g + 8 * h) * FC1B_WLD + wc + ni * 8 + 2 * t) =
-                    make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    __syncthreads();
-    TRACE_MARK(3);
-#pragma unroll
-    for (int i = 0; i < FC_H * CH / NT; i++) {
-        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
-        *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
-    }
-}
-// fc1's backward on the fast path (Fc1BackwardArgs): FC1B_BLOCKS + FC1B_EXTRA blocks of FC1B_THREADS
-static void fc1_backward(const Fc1BackwardArgs& a) {
-    launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, FC1B_THREADS, FC1B_SMEM, 1, a);
-}
-
-// Once per process: the conv2 kernels' launch configuration, the fc1 kernels' shared-memory limits, and whether the
-// device takes programmatic dependent launch and thread-block clusters (sm_90+; else fc1's forward stays on the
-// generic kernel and every launch is an ordinary one).
-static bool g_fc1_cluster = false;
-static bool g_bulk_copy = false;  // sm_90: conv2.weight's forward image by one bulk copy (ConvInput::wimg)
-static void fast_path_setup() {
-    static bool done = false;
-    if (done) return;
-    conv2_tf32_setup();
-    int dev, major;
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    g_pdl = major >= 9;
-    g_fc1_cluster = major >= 9;
-    g_bulk_copy = major >= 9;
-    if (g_fc1_cluster) cudaCheck(cudaFuncSetAttribute(fc1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1F_SMEM));
-    cudaCheck(cudaFuncSetAttribute(fc1_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1B_SMEM));
-    done = true;
-}
-
-// ----------------------------------------------------------------------------------------------------------------
-// the model
+// ================================================================================================================
+// 4. THE MODEL
+//   parameters, activations, forward, loss, backward, update; in each the --tf32 0 path is the straight line of
+//   matmul_forward calls, and the branch on conv2_fast(m) leads into the fast path (part 6)
+// ================================================================================================================
 struct Mnist {
     bool cpu = false;
     int B = 0;           // largest batch of forward + backward
@@ -3272,6 +1554,11 @@ static void mnist_set_counters(Mnist* m, int step, int offset) {
     else cudaCheck(cudaMemcpyAsync(m->counters, c, sizeof(c), cudaMemcpyHostToDevice, g_mm.stream));
 }
 
+// ================================================================================================================
+// 5. THE TRAINING LOOP AND CHECKPOINTS
+//   a training step (gather, forward and loss, backward, update), steps captured in CUDA graphs, an epoch's order,
+//   then the checkpoint files
+// ================================================================================================================
 // Loads a batch (positions counters[1].. of perm, or offset.. when counters is null) into x, y.
 struct DeviceData { uint8_t* images = nullptr; uint8_t* labels = nullptr; int n = 0; };
 static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const int* counters, int offset, int B) {
@@ -3329,6 +1616,46 @@ static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, fl
     for (int i = 0; i < total; i++)
         staged = mnist_train_step(m, d, perm, losses, i < nsteps ? B : tail_B, staged,
                                   i + 1 < total ? (i + 1 < nsteps ? B : tail_B) : 0);
+}
+
+// Fisher-Yates from splitmix64 seeded by (seed, epoch): an epoch's order never depends on earlier epochs, so
+// resuming at an epoch boundary replays the same trajectory.
+static void epoch_permutation(std::vector<int>& perm, int n, int seed, int epoch) {
+    perm.resize(n);
+    for (int i = 0; i < n; i++) perm[i] = i;
+    uint64_t s = (uint64_t)seed * 1000003ull + (uint64_t)epoch * 7919ull + 12345;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(splitmix64(&s) % (uint64_t)(i + 1));
+        std::swap(perm[i], perm[j]);
+    }
+}
+
+static DeviceData upload_split(const MnistSplit& s, bool cpu) {
+    DeviceData d; d.n = s.n;
+    if (cpu) { d.images = (uint8_t*)s.images.data(); d.labels = (uint8_t*)s.labels.data(); return d; }
+    cudaCheck(cudaMalloc(&d.images, s.images.size()));
+    cudaCheck(cudaMalloc(&d.labels, s.labels.size()));
+    cudaCheck(cudaMemcpy(d.images, s.images.data(), s.images.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.labels, s.labels.data(), s.labels.size(), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// An epoch's training steps in CUDA graphs of mnist_train_steps: GRAPH_STEPS full batches in one (fewer graph
+// launches, the steps' kernels overlap across step boundaries, and every step but the first has its batch gathered by
+// the step before), and one graph for the rest: the remaining full batches and the last partial batch
+constexpr int GRAPH_STEPS = 32;
+// mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded
+static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps,
+                                           int tail_B = 0) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
+    mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B);
+    cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
+    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
+    cudaCheck(cudaGraphUpload(ge, g_mm.stream));
+    cudaCheck(cudaGraphDestroy(g));
+    return ge;
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -3396,46 +1723,1971 @@ static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool wit
     return meta;
 }
 
-// Fisher-Yates from splitmix64 seeded by (seed, epoch): an epoch's order never depends on earlier epochs, so
-// resuming at an epoch boundary replays the same trajectory.
-static void epoch_permutation(std::vector<int>& perm, int n, int seed, int epoch) {
-    perm.resize(n);
-    for (int i = 0; i < n; i++) perm[i] = i;
-    uint64_t s = (uint64_t)seed * 1000003ull + (uint64_t)epoch * 7919ull + 12345;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(splitmix64(&s) % (uint64_t)(i + 1));
-        std::swap(perm[i], perm[j]);
+// ================================================================================================================
+// 6. THE FAST PATH
+//   conv2's forward, input gradient and weight gradient on TF32 tensor cores (wgmma on sm_90a, mma.sync elsewhere)
+//   with conv1 and the max-pool fused into them; fc1's forward and backward kernels; the head; the fused forward.
+//   Forward: conv2_forward_tf32, fc1_forward_kernel, head_kernel (or the fused forward: conv2_forward_tf32 with a
+//   FwdHead); backward: fc1_backward, conv2_dgrad_tf32, conv2_wgrad_tf32 (mnist_forward_loss, mnist_backward)
+// ================================================================================================================
+// ----------------------------------------------------------------------------------------------------------------
+// conv2 on TF32 tensor cores (the default: --matmul ours --tf32 1). The same implicit GEMMs as above (forward
+// 36864x64x288, input gradient 43264x32x576, weight gradient 64x288x36864 at batch 64), specialised to the layer
+// so that no operand byte is fetched twice from L2 for one band of image rows:
+//  - conv2_band_tf32_kernel (forward) and conv2_dgrad_tf32_kernel (input gradient): the 3x3 x C weights live in
+//    shared memory for the whole (persistent) block; for each band of output rows (forward: R rows of one image;
+//    input gradient: a run of consecutive pixels) the block loads the input patch once and reads the 9 taps' im2col
+//    rows out of it (a GEMM row is a pixel, its k = (tap, channel)).
+//  - conv2_wgrad_tf32_kernel: a block owns the whole 64 x 288 weight gradient for the bands it is given (GEMM k =
+//    pixel), partial sums per block (pairs added through distributed shared memory), then, after a grid barrier in
+//    the same kernel, added in a fixed order (deterministic) together with conv1's, and the optimizer step applied.
+// Every operand is rounded once to TF32 when it lands in shared memory ((bits + 0x1000) & ~0x1fff: round to
+// nearest, ties away, as cvt.rna), laid out in wgmma's K-major "no swizzle" core matrices; where the build has sm_90a
+// code (MNIST_WGMMA) all three products run on wgmma (both operands from shared memory, fp32 accumulation), elsewhere
+// on mma.sync m16n8k8 with plain 32-bit shared loads of the same layout. Strict fp32 (--tf32 0) keeps the generic
+// kernel above.
+__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
+__device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// A fragment of mma m16n8k8 (.row A, 16 x 8) from shared memory: p points at element (m = g, k = t) of the tile,
+// ms and ks are the distances between consecutive m and consecutive k (row-major A: ld, 1; k-major A: 1, ld)
+__device__ __forceinline__ void lds_a_frag(uint32_t (&a)[4], const float* p, int ms, int ks) {
+    a[0] = __float_as_uint(p[0]);
+    a[1] = __float_as_uint(p[8 * ms]);
+    a[2] = __float_as_uint(p[4 * ks]);
+    a[3] = __float_as_uint(p[8 * ms + 4 * ks]);
+}
+// One warp's tile of C += A B from shared memory on mma m16n8k8: acc[MI][NI] holds rows 0..16MI of A times columns
+// 0..8NI of B (A and B point at the warp's first row / column), summed over k in [0, K) in steps of 8. A's element
+// (m, k) is A[m * ams + k * aks], B's (k, n) is B[k * bks + n * bns]; both already rounded to TF32.
+template <int MI, int NI, int K, int UNROLL>
+__device__ __forceinline__ void warp_mma_smem(float (&acc)[MI][NI][4], const float* A, int ams, int aks,
+                                              const float* B, int bks, int bns, int g, int t) {
+#pragma unroll UNROLL
+    for (int kk = 0; kk < K; kk += 8) {
+        uint32_t a[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) lds_a_frag(a[mi], A + (mi * 16 + g) * ams + (kk + t) * aks, ams, aks);
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            const float* pb = B + (kk + t) * bks + (ni * 8 + g) * bns;
+            uint32_t b0 = __float_as_uint(pb[0]), b1 = __float_as_uint(pb[4 * bks]);
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+        }
+    }
+}
+template <int MI, int NI>
+__device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+}
+// Hopper warpgroup MMA (wgmma, sm_90a: the Makefile builds train_mnist for sm_90a where it builds sm_90; any other
+// target takes the mma.sync code, MNIST_WGMMA 0). Operands from shared memory in the "no swizzle" K-major layout: a
+// core matrix is 8 rows of 4 TF32 values, 16 contiguous bytes a row; a descriptor holds the start address, the byte
+// distance between the 2 core matrices of a k-step (LBO, along K) and between consecutive 8-row groups (SBO, along M
+// or N), each / 16 (bits 0-13, 16-29, 32-45; layout bits 62-63 = 0: no swizzle). A shared-memory offset of o bytes
+// is added to a descriptor as o / 16 (the address field never carries over: shared addresses are < 2^18).
+// The accumulators (fp32, N / 2 per thread): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8, in
+// d[4 i + 2 h + e] = D[16 w + g + 8 h][8 i + 2 t + e]. Stores into the operands go through the generic proxy:
+// fence_proxy_async, then a barrier, before a wgmma reads them.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MNIST_WGMMA 1
+#else
+#define MNIST_WGMMA 0
+#endif
+__device__ __forceinline__ uint64_t wgmma_desc(const float* p, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if MNIST_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if MNIST_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if MNIST_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N_PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+#if MNIST_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N_PENDING) : "memory");
+#endif
+}
+// keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma
+template <int NR>
+__device__ __forceinline__ void acc_fence(float (&d)[NR]) {
+#pragma unroll
+    for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// D (64 x N) += A (64 x 8) B (N x 8)^T, A and B by descriptor, TF32 in, fp32 accumulate
+__device__ __forceinline__ void wgmma_m64n96k8_ss(float (&d)[48], uint64_t da, uint64_t db) {
+#if MNIST_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 : "l"(da), "l"(db), "n"(1));
+#endif
+}
+__device__ __forceinline__ void wgmma_m64n48k8_ss(float (&d)[24], uint64_t da, uint64_t db) {
+#if MNIST_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 : "l"(da), "l"(db), "n"(1));
+#endif
+}
+// 16-byte asynchronous copy global -> shared (cp.async, sm_80+), and its group bookkeeping
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+// A bulk copy global -> shared by the tensor memory accelerator (cp.async.bulk, sm_90): one instruction for `bytes`
+// (a multiple of 16, both addresses 16-byte aligned), its completion counted on a shared-memory mbarrier. One thread
+// initialises the barrier (arrival count 1; a __syncthreads must follow before any thread waits on it), one thread
+// issues the expected byte count and the copy (any time after), and every thread that reads the data waits for phase
+// 0 (which completes only once both the arrival and the bytes are in). Before sm_90 the three trap: the host uses
+// them only where g_bulk_copy says the GPU has them.
+__device__ __forceinline__ void bulk_copy_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
+                 "fence.mbarrier_init.release.cluster;\n"
+                 "fence.proxy.async.shared::cta;\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_copy_issue(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_copy_wait(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .pred p;\nBULK_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
+                 "@!p bra BULK_WAIT_%=;\n}\n" :: "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#else
+    __trap();
+#endif
+}
+
+// The max-pool's window codes (fast path): the forward stores, next to each pooled value, which of its 2x2 window's
+// act2 values it is (0..3 = (dy, dx) = (0,0), (0,1), (1,0), (1,1): the first maximum in that order, PyTorch's choice)
+// or 4 when the pooled value is not > 0 (then the ReLU in front of the pool passes no gradient). The backward then
+// never needs act2 (9.4 MB at batch 64) nor a materialised dact2: dact2 = the pooled gradient at the window's code
+// position, 0 at the other three, rebuilt by the kernels that read it. A byte per pooled value (0.6 MB at batch 64).
+constexpr uint8_t POOL_NO_GRAD = 4;
+__device__ __forceinline__ uint8_t pool_window(float tl, float tr, float bl, float br, float& m) {
+    uint8_t a = 0;
+    m = tl;
+    if (tr > m) { m = tr; a = 1; }
+    if (bl > m) { m = bl; a = 2; }
+    if (br > m) { m = br; a = 3; }
+    return m > 0.0f ? a : POOL_NO_GRAD;
+}
+// dact2[b, y, x, c..c+3] from the pooled gradient dpooled (B,12,12,64) and the window codes (same layout): the index
+// of the pooled chunk, the expansion of a loaded chunk d and its 4 codes k, and both in one
+__device__ __forceinline__ size_t pooled_index(int b, int y, int x, int c) { return (((size_t)b * HP + (y >> 1)) * HP + (x >> 1)) * C2 + c; }
+__device__ __forceinline__ float4 dact2_expand(float4 d, uint32_t k, int y, int x) {
+    const uint32_t me = ((y & 1) << 1) | (x & 1);
+    return make_float4((k & 255u) == me ? d.x : 0.0f, ((k >> 8) & 255u) == me ? d.y : 0.0f,
+                       ((k >> 16) & 255u) == me ? d.z : 0.0f, (k >> 24) == me ? d.w : 0.0f);
+}
+__device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+                                                    int b, int y, int x, int c) {
+    size_t i = pooled_index(b, y, x, c);
+    return dact2_expand(__ldg((const float4*)(dpooled + i)), __ldg((const unsigned int*)(codes + i)), y, x);
+}
+
+// Grid-wide barrier, for a grid whose blocks are all resident at once: conv2_tf32_setup sizes the weight-gradient grid
+// by the occupancy calculator (one block, or one cluster of blocks, per SM or SM group, nothing else of ours on the SM
+// while it runs), and the fused forward only runs where its grid fits one block per SM; a successor launched with
+// programmatic dependent launch cannot take an SM before every block of this grid has started (it is released by
+// grid_dep_sync or grid_dep_launch, which every block executes). The kernels that use it (the weight gradient once, the
+// fused forward twice) share one counter: they run one after the other in the stream. *bar only grows (64 bits: it
+// never wraps): every barrier adds exactly WG_BAR_K to it, whatever its grid size (block b adds K / G, plus 1 for the
+// first K % G blocks), so a barrier starts at a multiple of K, a block's arrival (which returns the count before it)
+// tells which, and the block spins (one thread, an L2 load per round trip) until the count reaches the next multiple.
+// (A block can arrive at a kernel's second barrier only after every block arrived at its first: the count has passed
+// the first's target by then, which its last waiters still see.) One atomic per block, no reset: nothing but the last
+// arrival itself on the barrier's critical path. Writes before the barrier are visible to every block after it
+// (__syncthreads + __threadfence, as cooperative groups' grid sync). Split in two: wg_grid_arrive returns the block's
+// arrival rank in this launch (the count before it, in units of K / G: 0 for the first block to arrive), so that the
+// first blocks can do work that the barrier does not guard while the others are still coming; wg_grid_wait then waits.
+constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
+struct WgBarrier { unsigned long long target; int rank; };
+__device__ WgBarrier wg_grid_arrive(unsigned long long* bar) {
+    __shared__ WgBarrier sb;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
+        __threadfence();
+        const unsigned long long old = atomicAdd(bar, add);
+        sb.target = (old / WG_BAR_K + 1) * WG_BAR_K;
+        sb.rank = (int)((old % WG_BAR_K) / (WG_BAR_K / G));  // r arrivals added between r * (K / G) and r * (K / G + 1)
+    }
+    __syncthreads();
+    return sb;
+}
+__device__ int* g_watchdog_dev = nullptr;  // g_watchdog's device address (set by conv2_tf32_setup)
+__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target, int watchdog_id) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long c, t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+            if (c >= target) break;
+            // a watchdog, not a timing: if the blocks were not all resident (e.g. an SM limit imposed from outside,
+            // such as MPS), the barrier would never open; fail loudly instead of hanging
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > 2000000000ull) {
+                if (g_watchdog_dev) { *(volatile int*)g_watchdog_dev = watchdog_id; __threadfence_system(); }
+                __trap();
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+// The head of one row, by one warp, from fc1's output h (lane l holds h[4l .. 4l + 3], ReLU applied): logits = h
+// Wf2^T + bf2 (ws: Wf2 [10][128], bs: bf2, in shared memory; fp32 FMAs, a lane's 4 inputs then butterfly sums), the
+// fused log-softmax + NLL (warp_log_softmax_nll), and when dlogits is given dlogits = (softmax - onehot) / B and fc2's
+// input gradient dh = dlogits Wf2, zeroed where h <= 0 (fc1's ReLU). head_kernel and the fused forward run it.
+__device__ __forceinline__ void head_row(float4 hv, int row, int lane, const float* ws, const float* bs, float* logits,
+                                         float* dlogits, float* dh, float* losses, int* preds, const int* y,
+                                         const int* counters, int offset_const, int B) {
+    static_assert(FC_H == 128 && NCLS <= 32, "a lane holds 4 of fc1's 128 outputs; a class per lane");
+    float v = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NCLS; j++) {
+        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
+        float d = hv.x * wv.x;
+        d = fmaf(hv.y, wv.y, d); d = fmaf(hv.z, wv.z, d); d = fmaf(hv.w, wv.w, d);
+        for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffff, d, o);
+        if (lane == j) v = d + bs[j];
+    }
+    if (lane < NCLS) logits[row * NCLS + lane] = v;
+    float e, sum;
+    int label;
+    warp_log_softmax_nll(v, lane, y, row, counters, offset_const, losses, preds, e, sum, label);
+    if (!dlogits) return;
+    float gl = lane < NCLS ? (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)B : 0.0f;
+    if (lane < NCLS) dlogits[row * NCLS + lane] = gl;
+    float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < NCLS; j++) {
+        float gj = __shfl_sync(0xffffffff, gl, j);
+        float4 wv = *(const float4*)(ws + j * FC_H + 4 * lane);
+        d.x = fmaf(gj, wv.x, d.x); d.y = fmaf(gj, wv.y, d.y); d.z = fmaf(gj, wv.z, d.z); d.w = fmaf(gj, wv.w, d.w);
+    }
+    if (!(hv.x > 0.0f)) d.x = 0.0f;
+    if (!(hv.y > 0.0f)) d.y = 0.0f;
+    if (!(hv.z > 0.0f)) d.z = 0.0f;
+    if (!(hv.w > 0.0f)) d.w = 0.0f;
+    *(float4*)(dh + (size_t)row * FC_H + 4 * lane) = d;
+}
+
+// fc1's split-K partial sums are added by these two everywhere (fc1_forward_kernel's clusters, head_kernel, the fused
+// forward), so every path adds them in the same order: v[0] + v[1] + ... left to right, per component; then fc1's
+// bias and ReLU
+template <int N> __device__ __forceinline__ float4 f4_sum_in_order(const float4 (&v)[N]) {
+    float4 s = v[0];
+#pragma unroll
+    for (int i = 1; i < N; i++) { s.x += v[i].x; s.y += v[i].y; s.z += v[i].z; s.w += v[i].w; }
+    return s;
+}
+__device__ __forceinline__ float4 f4_bias_relu(float4 h, float4 b) {
+    return make_float4(fmaxf(h.x + b.x, 0.0f), fmaxf(h.y + b.y, 0.0f), fmaxf(h.z + b.z, 0.0f), fmaxf(h.w + b.w, 0.0f));
+}
+
+// The phases of conv2_band_tf32_kernel (below), in the order it runs them.
+// conv2.weight into Ws, issued: from its forward image (use_img) by one bulk copy from thread 0, else raw
+// [co][tap][ci] into [tap][ci / 4][co][ci % 4] by 16-byte cp.async
+template <int CIN, int COUT, int NW, int NT>
+__device__ __forceinline__ void band_weights_issue(float* Ws, const float* __restrict__ w, bool use_img,
+                                                   const float* wimg, uint64_t* wbar, int tid) {
+    if (use_img) {
+        if (tid == 0) bulk_copy_issue(Ws, wimg, 9 * COUT * CIN * sizeof(float), wbar);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+        cp_async16(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4, w + 4 * ch);
+    }
+    cp_async_commit();
+}
+// conv2's weights landed: the bulk copy's image is already rounded; cp.async chunks are rounded by the thread that
+// copied them
+template <int CIN, int COUT, int NW, int NT>
+__device__ __forceinline__ void band_weights_land(float* Ws, bool use_img, uint64_t* wbar, int tid) {
+    if (use_img) { bulk_copy_wait(wbar); return; }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        const int ch = tid + i * NT, co = ch / (9 * CIN / 4), tap = (ch / (CIN / 4)) % 9, c4 = ch % (CIN / 4);
+        float4* p = (float4*)(Ws + ((tap * (CIN / 4) + c4) * COUT + co) * 4);
+        *p = tf32_round4(*p);
+    }
+}
+// the fused forward: fc1.weight's K slice of this block into Wf (raw; rounded after the bands), by cp.async
+template <int NT, int NWF, int FCH>
+__device__ __forceinline__ void fused_wf1_issue(float* Wf, bool fused, const float* wf1, int tid) {
+    if (!fused) return;
+#pragma unroll 1
+    for (int i = 0; i < NWF; i++) {
+        const int ch = tid + i * NT, j = ch / FCH, c4 = ch % FCH;
+        cp_async16(Wf + j * FC1F_LD + 4 * c4, wf1 + (size_t)j * FC_IN + blockIdx.x * FC1F_KC + 4 * c4);
+    }
+    cp_async_commit();
+}
+// this block's share of the input gradient's weight image (see conv2_dgrad_tf32_kernel) from the rounded Ws:
+// [ky][co / 4][kx][ci][co % 4] for the flipped tap 8 - tap = 3 ky + kx
+template <int CIN, int COUT, int NT>
+__device__ __forceinline__ void band_write_dgrad_image(float* wimg_dgrad, const float* Ws, int tid) {
+    if (wimg_dgrad)
+        for (int i = blockIdx.x * NT + tid; i < COUT * 9 * CIN; i += gridDim.x * NT) {
+            const int co = i / (9 * CIN), tap = (i / CIN) % 9, ci = i % CIN;
+            wimg_dgrad[((((8 - tap) / 3 * (COUT / 4) + co / 4) * 3 + (8 - tap) % 3) * CIN + ci) * 4 + co % 4] =
+                Ws[((tap * (CIN / 4) + ci / 4) * COUT + co) * 4 + ci % 4];
+        }
+}
+// conv1 of the band's act1 rows y0 .. y0 + PR - 1 into the patch Ps (rounded to TF32), a pixel's 8 channels
+// c0..c0+3 and c0+16..c0+19 per thread (strict fp32: per channel 9 fmaf in tap order from 0, then the bias and the
+// ReLU); the patch rows [own_lo, own_hi) this band owns go to act1 unrounded, and their signs to act1_sign
+template <int HIN, int PR, int PL, int NC1, int NT>
+__device__ __forceinline__ void band_conv1(float* Ps, const float* Xs, const float* W1s, const float* B1s, float* act1,
+                                           uint32_t* act1_sign, int b, int y0, int own_lo, int own_hi, int tid,
+                                           int lane, int c0) {
+    float4 w1r[2][9], b1r[2];  // this thread's 8 channels' weights and biases, read from shared memory once
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int k = 0; k < 9; k++) w1r[h][k] = *(const float4*)(W1s + k * C1 + c0 + h * (C1 / 2));
+        b1r[h] = *(const float4*)(B1s + c0 + h * (C1 / 2));
+    }
+#pragma unroll
+    for (int i = 0; i < NC1; i++) {
+        const int pix = (tid + i * NT) / 4;  // patch pixel: row pix / HIN, column pix % HIN
+        if (pix >= PR * HIN) break;
+        const int r = pix / HIN, cx = pix % HIN;
+        float xv[9];
+#pragma unroll
+        for (int k = 0; k < 9; k++) xv[k] = Xs[(r + k / 3) * IMG + cx + k % 3];
+        float o[8];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int k = 0; k < 9; k++) {
+                const float4 wv = w1r[h][k];
+                sacc[0] = fmaf(xv[k], wv.x, sacc[0]); sacc[1] = fmaf(xv[k], wv.y, sacc[1]);
+                sacc[2] = fmaf(xv[k], wv.z, sacc[2]); sacc[3] = fmaf(xv[k], wv.w, sacc[3]);
+            }
+            const float4 bv = b1r[h];
+            o[4 * h + 0] = fmaxf(sacc[0] + bv.x, 0.0f); o[4 * h + 1] = fmaxf(sacc[1] + bv.y, 0.0f);
+            o[4 * h + 2] = fmaxf(sacc[2] + bv.z, 0.0f); o[4 * h + 3] = fmaxf(sacc[3] + bv.w, 0.0f);
+        }
+        const float4 lo4 = make_float4(o[0], o[1], o[2], o[3]), hi4 = make_float4(o[4], o[5], o[6], o[7]);
+        float* pp = Ps + ((c0 / 4) * PL + pix) * 4;  // pix = slot r * HIN + cx
+        *(float4*)pp = tf32_round4(lo4);
+        *(float4*)(pp + (C1 / 8) * PL * 4) = tf32_round4(hi4);
+        // act1's signs for the input gradient, bit n = channel n: the pixel's 4 lanes (all present or all
+        // past the patch) or their 8-channel parts together
+        uint32_t sgn = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            sgn |= (o[j] > 0.0f ? 1u : 0u) << (c0 + j) | (o[4 + j] > 0.0f ? 1u : 0u) << (c0 + C1 / 2 + j);
+        const unsigned grp = 0xFu << (lane & 28);
+        sgn |= __shfl_xor_sync(grp, sgn, 1);
+        sgn |= __shfl_xor_sync(grp, sgn, 2);
+        if (r >= own_lo && r < own_hi) {
+            const size_t pi = ((size_t)b * HIN + y0 + r) * HIN + cx;
+            float* dst = act1 + pi * C1 + c0;
+            *(float4*)dst = lo4;
+            *(float4*)(dst + C1 / 2) = hi4;
+            if (act1_sign && (tid & 3) == 0) act1_sign[pi] = sgn;
+        }
+    }
+}
+// conv2's products of the band, one warpgroup's 96 pixels: D[co][n] = sum_(tap, ci) W[co][tap][ci] act1[pixel n +
+// tap][ci]: m = co (64), n = the warpgroup's 96 pixels (8 columns x R rows; 8-pixel group i = row y0 + i), k = ci,
+// per tap. Both operands K-major in the no-swizzle layout: A = Ws (a core matrix is 8 channels x 4 ci: SBO 128 bytes,
+// LBO one plane of 4 ci), B = the patch (8 consecutive pixels of a row: SBO one patch row, LBO one plane); tap (ky,
+// kx) moves B's start by ky rows and kx slots. d[4 i + 2 h + e] = D[co + 8 h][pixel (y0 + i, x0 + 2 t + e)].
+template <int CIN, int COUT, int HIN, int PL>
+__device__ __forceinline__ void band_conv2_products(float (&d)[48], const float* Ws, const float* Ps, int x0, int co,
+                                                    int g, int t) {
+#pragma unroll
+    for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+    {
+        const uint64_t da0 = wgmma_desc(Ws, COUT * 16, 128), db0 = wgmma_desc(Ps + x0 * 4, PL * 16, HIN * 16);
+        wgmma_fence();
+#pragma unroll
+        for (int tap = 0; tap < 9; tap++)
+#pragma unroll
+            for (int ks = 0; ks < CIN / 8; ks++)
+                wgmma_m64n96k8_ss(d, da0 + (uint64_t)((tap * (CIN / 4) + 2 * ks) * COUT),
+                                  db0 + (uint64_t)(2 * ks * PL + (tap / 3) * HIN + tap % 3));
+        wgmma_commit();
+        wgmma_wait<0>();
+        acc_fence(d);
+    }
+#else
+    // mma.sync: this warp's channels 16 wq .. 16 wq + 15, the 12 n8 tiles (the same fragment layout)
+#pragma unroll 1
+    for (int tap = 0; tap < 9; tap++)
+#pragma unroll
+        for (int ks = 0; ks < CIN / 8; ks++) {
+            const float* pa = Ws + ((tap * (CIN / 4) + 2 * ks) * COUT + co) * 4 + t;
+            const float* pb = Ps + (2 * ks * PL + (tap / 3) * HIN + tap % 3 + x0 + g) * 4 + t;
+            const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]), __float_as_uint(pa[COUT * 4]),
+                                   __float_as_uint(pa[COUT * 4 + 32])};
+#pragma unroll
+            for (int i = 0; i < 12; i++)
+                mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[i * HIN * 4]),
+                                __float_as_uint(pb[(PL + i * HIN) * 4]));
+        }
+#endif
+}
+// The band's epilogue: bias and ReLU (act2 stored to out when not null: the tests); then the 2x2 max-pool into
+// pooled and its window codes, all in this thread: the window of pooled (y0 / 2 + p, x0 / 2 + t) is pixels (rows 2p,
+// 2p + 1) x (columns 2t, 2t + 1), d[8 p + 2 h + {0, 1, 4, 5}]
+template <int COUT, int HOUT>
+__device__ __forceinline__ void band_bias_relu_pool(float (&d)[48], const float (&bz)[2], float* out, float* pooled,
+                                                    uint8_t* pool_codes, int b, int y0, int x0, int co, int t) {
+#pragma unroll
+    for (int i = 0; i < 12; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float& v = d[4 * i + 2 * h + e];
+                v = fmaxf(v + bz[h], 0.0f);
+                if (out) out[(((size_t)b * HOUT + y0 + i) * HOUT + x0 + 2 * t + e) * COUT + co + 8 * h] = v;
+            }
+#pragma unroll
+    for (int p = 0; p < 6; p++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float m;
+            const uint8_t code =
+                pool_window(d[8 * p + 2 * h], d[8 * p + 2 * h + 1], d[8 * p + 4 + 2 * h], d[8 * p + 5 + 2 * h], m);
+            const size_t pi = (((size_t)b * HP + y0 / 2 + p) * HP + x0 / 2 + t) * COUT + co + 8 * h;
+            pooled[pi] = m;
+            pool_codes[pi] = code;
+        }
+}
+// The fused forward after the bands: fc1, this block's K slice s: the partial sum of all B rows over columns k0 ..
+// k0 + 71, into fh.part (see FwdHead), after the first grid barrier (every block's pooled rows are stored)
+template <int NT, int NWF, int FCH>
+__device__ __forceinline__ void fused_fc1_slice(const FwdHead& fh, float* Ps, float* Wf, const float* pooled, int B,
+                                                int tid, int warp, int g, int t) {
+    const int s = blockIdx.x, k0 = s * FC1F_KC;
+    float* Af = Ps;  // [64][FC1F_LD]: pooled's rows, columns k0 .. (the patch is free after the bands)
+    WgBarrier gb = wg_grid_arrive(fh.bar);  // this block's pooled rows are stored
+    cp_async_wait<0>();  // the slice landed: each thread rounds what it copied
+#pragma unroll
+    for (int i = 0; i < NWF; i++) {
+        const int ch = tid + i * NT;
+        float4* q = (float4*)(Wf + (ch / FCH) * FC1F_LD + 4 * (ch % FCH));
+        *q = tf32_round4(*q);
+    }
+    wg_grid_wait(fh.bar, gb.target, 1);
+    TRACE_MARK(5);
+    for (int ch = tid; ch < 64 * FCH; ch += NT) {  // written by the other blocks before the barrier: L2 loads
+        const int r = ch / FCH, c4 = ch % FCH;
+        const float4 v = r < B ? __ldcg((const float4*)(pooled + (size_t)r * FC_IN + k0) + c4)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+        *(float4*)(Af + r * FC1F_LD + 4 * c4) = tf32_round4(v);
+    }
+    __syncthreads();
+    if (warp < 8) {  // fc1_forward_kernel's warp layout: 2 x 4 warps of 32 x 32
+        const int wm2 = warp / 4, wn2 = warp % 4;
+        float acc[2][4][4];
+        acc_zero(acc);
+        warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, Af + wm2 * 32 * FC1F_LD, FC1F_LD, 1, Wf + wn2 * 32 * FC1F_LD, 1,
+                                                  FC1F_LD, g, t);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = wm2 * 32 + mi * 16 + g + 8 * h;
+                if (m >= B) continue;
+                float* dst = fh.part + ((size_t)s * B + m) * FC_H + wn2 * 32 + 2 * t;
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+                    __stcs((float2*)(dst + ni * 8), make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+            }
+    }
+    TRACE_MARK(6);
+}
+// The fused forward's end, block s < B: the head's parameters into Ws, then, once the second grid barrier (arrived at
+// by the caller: every slice's partial sums are stored) opens, row s's partial sums added in fc1_forward_kernel's
+// and head_kernel's order, fc1's bias and ReLU, and head_row
+template <int NT>
+__device__ __forceinline__ void fused_head_row(const FwdHead& fh, float* Ws, float* Ps, int B, int tid, int warp,
+                                               int lane, unsigned long long bar_target) {
+    const int s = blockIdx.x;
+    // the head's parameters (written by the previous step's optimizer step, complete) into Ws, free after the bands
+    float* W2s = Ws;            // [NCLS][FC_H]
+    float* B2s = W2s + NCLS * FC_H;
+    float* Bf1s = B2s + 32;     // [FC_H]
+    for (int i = tid; i < NCLS * FC_H; i += NT) W2s[i] = __ldcg(fh.wf2 + i);
+    if (tid < NCLS) B2s[tid] = __ldcg(fh.bf2 + tid);
+    if (tid < FC_H) Bf1s[tid] = __ldcg(fh.bf1 + tid);
+    wg_grid_wait(fh.bar, bar_target, 1);
+    // row s of h: warp k < 8 adds the groups 2k and 2k + 1 (8 slices each, in rank order, as a cluster of
+    // fc1_forward_kernel), lane l columns 4l .. 4l + 3; then warp 0 adds the 16 groups in order (as head_kernel)
+    float* gs = Ps;  // [FC1F_PARTS][FC_H]
+    static_assert(FC1F_PARTS == 16 && FC1F_CLUSTER == 8 && FC_H == 128,
+                  "8 warps of 2 groups of 8 slices; a float4 per lane");
+    if (warp < 8) {
+        float4 v[2][FC1F_CLUSTER];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int r = 0; r < FC1F_CLUSTER; r++)
+                v[j][r] = __ldcs((const float4*)(fh.part + ((size_t)((2 * warp + j) * FC1F_CLUSTER + r) * B + s) * FC_H)
+                                 + lane);
+#pragma unroll
+        for (int j = 0; j < 2; j++) *(float4*)(gs + (2 * warp + j) * FC_H + 4 * lane) = f4_sum_in_order(v[j]);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float4 p[FC1F_PARTS];
+#pragma unroll
+        for (int q = 0; q < FC1F_PARTS; q++) p[q] = *(const float4*)(gs + q * FC_H + 4 * lane);
+        const float4 hv = f4_bias_relu(f4_sum_in_order(p), *(const float4*)(Bf1s + 4 * lane));
+        *(float4*)(fh.h + (size_t)s * FC_H + 4 * lane) = hv;
+        head_row(hv, s, lane, W2s, B2s, fh.logits, fh.dlogits, fh.dh, fh.losses, fh.preds, fh.y, fh.counters,
+                 fh.offset, B);
+    }
+    TRACE_MARK(7);
+}
+// conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
+// then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
+// HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself is
+// stored only when not null (the tests). act1 is made here, in shared memory, from the band's rows of x (a band of
+// R output rows needs R + 2 act1 rows, made from R + 4 rows of x), and stored to
+// global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
+// the others rows y0 + 1..y0 + R, the last up to HIN - 1), with its signs for the input gradient when act1_sign is
+// not null (a 32-bit word per pixel, bit n: act1[.., n] > 0).
+//   in: the input x, or the dataset to gather it from (ConvInput).
+//   w: conv2.weight, internal layout [co][tap][ci]; the kernel makes Ws (below), rounded to TF32, from it, and
+//   writes the input gradient's image of it to wimg_dgrad, a share per block: [ky][co / 4][kx][ci][co % 4] for the
+//   flipped tap 8 - tap = 3 ky + kx (transposed, rounded to TF32; see conv2_dgrad_tf32_kernel).
+// Block: 3 warpgroups; warpgroup w computes the band's 8 columns 8 w .. 8 w + 7 of all R rows (96 pixels) for all 64
+// channels: D = W x patch^T, m = channel, n = pixel, k = (tap, ci): on sm_90a one wgmma m64n96k8 per tap and k-step,
+// elsewhere mma.sync on the same layout. Shared memory, in wgmma's K-major "no swizzle" layout (core matrices of 8
+// rows x 4 TF32 values, 16 contiguous bytes a row): Ws[9][CIN / 4][COUT][4] (the weights), Ps[CIN / 4][PL][4] (the
+// band's act1 patch, slot = row * HIN + column, rounded to TF32 as it is written; tap (ky, kx) of pixel (y, x) reads
+// slot (y + ky) * HIN + x + kx), Xs[R+4][IMG] (the band's x rows; the next band's are loaded into registers while
+// this band is computed) and conv1's weights. The accumulator layout puts a 2x2 pooling window in one thread.
+// Every parameter was written by the kernel in front (the previous step's weight-gradient kernel): they are loaded
+// after grid_dep_sync: conv1's first, conv2.bias into registers for the epilogue, conv2.weight by cp.async once the x
+// rows have arrived (9.4 MB over all blocks, which the x rows and conv1's weights would otherwise queue behind), in
+// flight while conv1 is computed; or, staged (in.wimg), from its forward image by one bulk copy (TMA), issued by
+// thread 0 once its x rows have arrived. Input gathered from the dataset is loaded before the wait, staged input (and
+// x) after it. fh: the fused forward's fc1 and head (FwdHead), or part = null.
+template <int CIN, int COUT, int HIN, int HOUT, int R>
+__global__ void __launch_bounds__(384)
+conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, const float* __restrict__ b1,
+                       float* act1, uint32_t* act1_sign, const float* __restrict__ w, const float* __restrict__ bias,
+                       float* pooled, uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
+    TRACE_SCOPE(0);
+    constexpr int NT = 384, PR = R + 2, XR = R + 4, NBAND = (HOUT + R - 1) / R;
+    constexpr int PL = PR * HIN + 2;  // the patch's plane stride (slots): 2 or 6 mod 8, conv1's float4 stores conflict-free
+    constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
+    constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;                   // conv2.weight's 16-byte chunks
+    static_assert(COUT == 64 && HOUT == 3 * 8 && R == 12 && CIN % 8 == 0, "3 warpgroups of m64 (channels) x n96 (8 columns x R rows)");
+    static_assert(PL % 8 == 2 || PL % 8 == 6, "conv1's stores: a quarter warp's 2 pixels x 4 planes on distinct 16-byte bank groups");
+    static_assert((R + 1) * HIN + 2 * 8 + 2 + 7 < PR * HIN, "the products read only slots conv1 writes");
+    static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
+    static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
+    static_assert(CIN == 32 && NT % 32 == 0, "act1's sign bits: a pixel's 4 lanes (aligned in their warp) hold its 32 channels");
+    static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
+    extern __shared__ __align__(16) float smem[];
+    float* Ws = smem;                       // [9][CIN / 4][COUT][4]
+    float* Ps = smem + 9 * COUT * CIN;      // [CIN / 4][PL][4]
+    float* Xs = Ps + CIN * PL;              // [XR][IMG]
+    float* W1s = Xs + XR * IMG;             // [9][C1]: conv1's weights by tap, channels contiguous
+    float* B1s = W1s + 9 * C1;              // [C1]
+    float* Wf = B1s + C1;                   // the fused forward: fc1.weight's K slice [FC_H][FC1F_LD]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wg = warp / 4, wq = warp % 4;  // warpgroup (the band's columns 8 wg .. 8 wg + 7), warp within it
+    const bool staged = in.staged != nullptr, gather = in.images != nullptr || staged, fused = fh.part != nullptr;
+    constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;  // the fc1.weight slice's 16-byte chunks per row, per thread
+    static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256, "fc1's slice splits evenly; a conv1 weight per thread");
+
+    // chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3, and (gather) its label; s = the band's sample
+    // (staged: the sample is the batch row itself; the staged bytes come from the kernel in front: L2 loads)
+    const int pos0 = gather && !staged ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
+    auto sample_of = [&](int band) { const int p = pos0 + band / NBAND; return staged || !in.perm ? p : __ldcg(in.perm + p); };
+    auto load_x = [&](int band, int s) {
+        const int b = band / NBAND, y0 = (band % NBAND) * R;
+        if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
+        if (!gather) return __ldcg((const float4*)(in.x + ((size_t)b * IMG + y0) * IMG) + tid);
+        const uchar4 u = staged ? __ldcg((const uchar4*)(in.staged + (size_t)s * IMG * IMG + y0 * IMG) + tid)
+                                : ((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG))[tid];
+        return make_float4(mnist_normalize(u.x), mnist_normalize(u.y), mnist_normalize(u.z), mnist_normalize(u.w));
+    };
+    auto load_label = [&](int s) { return staged ? __ldcg(in.staged_y + s) : (int)__ldg(in.labels + s); };
+    const bool any = (int)blockIdx.x < B * NBAND;
+    int label = 0;
+    float4 xin = make_float4(0.f, 0.f, 0.f, 0.f);
+    auto load_first = [&] {
+        const int s0 = sample_of(blockIdx.x);
+        xin = load_x(blockIdx.x, s0);
+        if (gather && tid == 0) label = load_label(s0);
+    };
+    const bool early = gather && !staged;  // the dataset's bytes: before the wait; x or the staged bytes: after it
+    if (any && early) load_first();
+    // conv2.weight from its forward image (staged): one bulk copy into Ws, already laid out and rounded, issued where
+    // the cp.async would be (load_weights: after the x rows, which it would otherwise delay); its barrier initialised
+    // here (the band loop's first __syncthreads, or the one before a bandless block's wait, orders it)
+    __shared__ __align__(8) uint64_t wbar;
+    const bool use_img = in.wimg != nullptr;
+    if (use_img && tid == 0) bulk_copy_init(&wbar);
+    grid_dep_wait();
+    if (any && !early) load_first();
+    if (!fused) grid_dep_launch();  // the fused forward releases its successor after its second grid barrier
+    // conv1's weights and bias, conv2.bias (this thread's epilogue channels); L2 loads: no stale L1 line. conv2.weight
+    // [co][tap][ci] raw into Ws[tap][co][ci] (16-byte cp.async, L2, rounded in place after conv1) is issued in the band
+    // loop after the x rows are stored, so a thread that loads x rows issues its share once they have arrived: issued
+    // here, all blocks' 9.4 MB of cp.async delayed those few bytes by ~1 us (measured on the H100, 0.45 ms per epoch;
+    // dev/mnist_NOTES.md session 8)
+    const float w1v = tid < 9 * C1 ? __ldcg(w1 + tid) : 0.0f, b1v = tid < C1 ? __ldcg(b1 + tid) : 0.0f;
+    if (tid < 9 * C1) W1s[(tid % 9) * C1 + tid / 9] = w1v;
+    if (tid < C1) B1s[tid] = b1v;
+    auto load_weights = [&] { band_weights_issue<CIN, COUT, NW, NT>(Ws, w, use_img, in.wimg, &wbar, tid); };
+    if (!any) load_weights();  // a block without a band (the fused forward at B < 64): its share of the weight image
+    const int co = 16 * wq + g, x0 = 8 * wg;  // this thread's output channels co, co + 8; the warpgroup's first column
+    const float bz[2] = {__ldcg(bias + co), __ldcg(bias + co + 8)};
+    // conv1: this thread's channels are c0..c0+3 and c0+16..c0+19, so that each of a warp's two 16-byte act1 stores
+    // writes whole 32-byte sectors (8 pixels x 64 contiguous bytes)
+    const int c0 = (tid % 4) * 4;
+    // conv2's weights landed (each thread rounds the chunks it copied), and this block's share of the input
+    // gradient's weight image (after a barrier: from every thread's rounded chunks)
+    auto round_weights = [&] { band_weights_land<CIN, COUT, NW, NT>(Ws, use_img, &wbar, tid); };
+    // the fused forward: fc1.weight's K slice (raw; rounded after the bands), issued once conv2's weights have landed,
+    // so that it does not delay them (it was written by the previous step's optimizer step, complete)
+    auto load_wf = [&] { fused_wf1_issue<NT, NWF, FCH>(Wf, fused, fh.wf1, tid); };
+    auto write_wimg = [&] { band_write_dgrad_image<CIN, COUT, NT>(wimg_dgrad, Ws, tid); };
+
+    int it = 0;
+    for (int band = blockIdx.x; band < B * NBAND; band += gridDim.x, it++) {
+        const int b = band / NBAND, yb = band % NBAND, y0 = yb * R;
+        // this band's x rows into Xs (the previous band's conv1 is done: the barrier after it); gathered: the x rows
+        // this band owns (the first band of an image rows 0..R+1, the others from y0 + 2, the last up to IMG - 1) and
+        // the label go to x_out, y_out
+        if (tid < XCH) {
+            *(float4*)(Xs + 4 * tid) = xin;
+            const int r = 4 * tid / IMG;
+            if (gather && in.x_out && r >= (yb == 0 ? 0 : 2) && r < (yb == NBAND - 1 ? XR : R + 2))
+                *(float4*)(in.x_out + ((size_t)b * IMG + y0) * IMG + 4 * tid) = xin;
+            if (gather && in.y_out && yb == 0 && tid == 0) in.y_out[b] = label;
+        }
+        if (it == 0) load_weights();  // after this thread's x rows (if any) have arrived: the stores above wait for them
+        const int next = band + (int)gridDim.x;
+        const int s_next = gather && next < B * NBAND ? sample_of(next) : 0;  // its rows are loaded after conv1
+        __syncthreads();     // Xs, W1s, B1s are written; Ps is free (the previous band's barrier)
+        TRACE_MARK(0);
+        // conv1 of act1 rows y0 .. y0 + R + 1 into Ps (rounded to TF32); the rows this band owns go to act1 unrounded
+        const int own_lo = yb == 0 ? 0 : 1, own_hi = yb == NBAND - 1 ? PR : PR - 1;  // patch rows [lo, hi)
+        band_conv1<HIN, PR, PL, NC1, NT>(Ps, Xs, W1s, B1s, act1, act1_sign, b, y0, own_lo, own_hi, tid, lane, c0);
+        TRACE_MARK(4);
+        if (it == 0) round_weights();
+        fence_proxy_async();  // the patch and the rounded weights, before the tensor core's (async proxy) reads
+        __syncthreads();
+        TRACE_MARK(1);
+        if (it == 0) { write_wimg(); load_wf(); }
+        if (next < B * NBAND) {  // the next band's x rows, in flight during this band's products
+            xin = load_x(next, s_next);
+            if (gather && tid == 0) label = load_label(s_next);
+        }
+        float d[48];
+        band_conv2_products<CIN, COUT, HIN, PL>(d, Ws, Ps, x0, co, g, t);
+        TRACE_MARK(2);
+        band_bias_relu_pool<COUT, HOUT>(d, bz, out, pooled, pool_codes, b, y0, x0, co, t);
+        TRACE_MARK(3);
+        __syncthreads();  // Ps is read by all warps before the next band's conv1 writes it
+    }
+    if (it == 0) {  // a block without a band (the fused forward's grid at B < 64) still makes its share of the image
+        __syncthreads();  // (the bulk copy's barrier is initialised)
+        round_weights();
+        __syncthreads();
+        write_wimg();
+        load_wf();
+    }
+    if (!fused) return;
+
+    fused_fc1_slice<NT, NWF, FCH>(fh, Ps, Wf, pooled, B, tid, warp, g, t);
+    const WgBarrier gb = wg_grid_arrive(fh.bar);  // every slice's partial sums are stored
+    // fc1's backward may take SMs from here on (measured: released at the wait, its blocks sat on the SMs of this
+    // kernel's first blocks to leave, and the step was 0.4 ms per epoch slower)
+    grid_dep_launch();
+    if ((int)blockIdx.x >= B) return;  // (after arriving: the barrier counts every block)
+    fused_head_row<NT>(fh, Ws, Ps, B, tid, warp, lane, gb.target);
+}
+// R = 12 rows (half an image) = 288 pixels = 18 m16 tiles, 12 warps of 48 x 32 (6 row pairs x 2 channel halves; the
+// weights read once per k-step for 3 m16 tiles), 140 KB of shared memory: one block per SM, 128 bands at batch 64 = a
+// single round (H100, before conv1 was fused in: 14.0 us; R = 4 with 8 warps of 48 x 16, 2.9 rounds: 16.6 us).
+#define CONV2_FWD_KERNEL conv2_band_tf32_kernel<C1, C2, H1, H2, 12>
+constexpr int CONV2_FWD_THREADS = 384, CONV2_FWD_R = 12, CONV2_FWD_PS = C1 * ((CONV2_FWD_R + 2) * H1 + 2);
+constexpr size_t CONV2_FWD_SMEM = (9 * C2 * C1 + CONV2_FWD_PS + (CONV2_FWD_R + 4) * IMG + 10 * C1) * sizeof(float);
+constexpr int CONV2_FWD_BANDS = H2 / CONV2_FWD_R;
+// the fused forward (FwdHead) adds fc1.weight's K slice; its fc1 operand, partial-sum groups and the head's
+// parameters reuse the patch and the weight tile
+constexpr size_t CONV2_FWD_SMEM_FUSED = CONV2_FWD_SMEM + (size_t)FC_H * FC1F_LD * sizeof(float);
+static_assert(CONV2_FWD_PS >= 64 * FC1F_LD && CONV2_FWD_PS >= FC1F_PARTS * FC_H &&
+              9 * C2 * C1 >= NCLS * FC_H + 32 + FC_H && CONV2_FWD_SMEM % 16 == 0, "the fused forward's shared memory");
+static_assert(FUSED_MAX_B * CONV2_FWD_BANDS <= FC1F_SPLITS, "the fused forward's grid covers every band");
+
+// fc1.weight's SGD step (p, m1: its slices of the flat buffers; g: its gradient, as fc1_backward_kernel stored it),
+// `share` of `nshares` of its float4 units, by one warp: sgd_update_elem with the step optimizer_kernel would use, so
+// the same bits. 12 units' p, g and m per lane are loaded before any is updated; g and m with streaming hints (read
+// or written once per step: measured on the H100, 1.2 ms per epoch at batch 64 against plain accesses, which pushed
+// the weight gradient's operands out of L2). Run by the input-gradient kernel's idle warp while the others compute:
+// the gradient's kernel is complete, and fc1.weight is next read by the next step's fc1 forward, three launches
+// later. (AdamW's step, with a square root and a division per element, is too slow for one warp per SM: the training
+// step runs optimizer_kernel for it instead.)
+__device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lane) {
+    constexpr size_t N4 = (size_t)FC_H * FC_IN / 4;
+    constexpr int U = 12;
+    const size_t lo = share * N4 / nshares, hi = (share + 1) * N4 / nshares;
+    const OptStep st = opt_step(u.c, __ldcg(u.counters));
+    for (size_t i0 = lo + lane; i0 < hi; i0 += 32 * U) {
+        float4 p[U], g[U], m[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            const size_t i = i0 + 32 * k;
+            if (i >= hi) break;
+            p[k] = __ldcg((const float4*)u.p + i); g[k] = __ldcs((const float4*)u.g + i); m[k] = __ldcs((const float4*)u.m1 + i);
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            const size_t i = i0 + 32 * k;
+            if (i >= hi) break;
+            sgd_update_elem(u.c, st, &p[k].x, g[k].x, &m[k].x); sgd_update_elem(u.c, st, &p[k].y, g[k].y, &m[k].y);
+            sgd_update_elem(u.c, st, &p[k].z, g[k].z, &m[k].z); sgd_update_elem(u.c, st, &p[k].w, g[k].w, &m[k].w);
+            ((float4*)u.p)[i] = p[k]; __stcs((float4*)u.m1 + i, m[k]);
+        }
     }
 }
 
-static DeviceData upload_split(const MnistSplit& s, bool cpu) {
-    DeviceData d; d.n = s.n;
-    if (cpu) { d.images = (uint8_t*)s.images.data(); d.labels = (uint8_t*)s.labels.data(); return d; }
-    cudaCheck(cudaMalloc(&d.images, s.images.size()));
-    cudaCheck(cudaMalloc(&d.labels, s.labels.size()));
-    cudaCheck(cudaMemcpy(d.images, s.images.data(), s.images.size(), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d.labels, s.labels.data(), s.labels.size(), cudaMemcpyHostToDevice));
-    return d;
+// conv2's input gradient: dact1[b, y, x, n] = sum_{ky,kx,c} dact2p[b, y + ky, x + kx, c] * conv2.weight[c][8 - (3 ky +
+// kx)][n] where act1[b, y, x, n] > 0, else 0 (the ReLU in front of conv2); dact2p is dact2 zero-padded by 2, rebuilt
+// while loading from dpooled and the window codes (dact2_expand). Fused: conv1's weight and bias gradient of the
+// produced pixels (dact1 feeds nothing else, so it is stored only when dact1 is not null: the tests), one partial sum
+// per block in w1_partial ([32][9] then [32]), added in a fixed order at the end of conv2_wgrad_tf32_kernel.
+// The patch shares its zero padding between neighbours: padded rows of pitch 26 (2 zero columns, then the 24 of
+// dact2; a row's 2 trailing zero columns are the next row's leading ones) and images of 26 such rows (2 zero rows, 24
+// of dact2; the 2 trailing zero rows are the next image's leading ones). Padded pixel (b, py, px) is then slot
+// b * 676 + py * 26 + px, and output pixel q = (b, y, x) (26 x 26 per image) reads slot q + 26 ky + kx for tap (ky,
+// kx): a 1-D stencil over the output pixels in order, with no row of them wasted.
+// Work split: the B * 676 output pixels in order, chunks of DG_CH consecutive pixels (one chunk per block at batch 64:
+// 129 chunks on 132 SMs, a single pass); a chunk may cross an image boundary. Its patch is DG_NS consecutive slots,
+// as DG_PS: [c / 4][slot][c % 4] (each slot 16 bytes: wgmma's K-major "no swizzle" core matrices, 8 slots x 4
+// channels, 128 contiguous bytes, and a tap only moves the start by whole slots).
+// GEMM per tile: A = 64 consecutive slots (rows) x (ky, c) (k = 192), B = the weight image's (ky, c) x (kx, n) (n =
+// 96): D[r][32 kx + n] = sum_{ky, c} patch[r + 26 ky][c] W[ky][kx][c][n]. The three kx share A, which is therefore
+// read once for three taps (an m64n96k8 wgmma, both operands from shared memory: 5 KB per 98 KFLOP; one tap per
+// wgmma, m64n32k8, would read 3 KB per 33 KFLOP and be bound by shared memory), and output pixel r is
+// D[r][n] + D[r + 1][32 + n] + D[r + 2][64 + n] (dgrad_combine: rows r + 1 and r + 2 are other lanes' accumulators,
+// or the next warp's first rows, passed through shared memory). A tile's last 2 rows have no output: tiles are DG_TM
+// = 62 pixels apart, DG_TILES per chunk, the two warpgroups taking alternate tiles. Without wgmma (other targets)
+// each warp computes its 16 rows of the same D with mma.sync from the same layout.
+// The weight image Wimg[ky][c / 4][kx * 32 + n][c % 4] (conv2.weight flipped and transposed, rounded to TF32) is
+// written by the forward (conv2_band_tf32_kernel). Per block, before grid_dep_sync (written at least two launches
+// earlier): the image (cp.async), the patch's zero padding, the image rows of x under conv1's windows (Xs: conv1's
+// weight gradient) and act1's signs (Ms: the forward's 32-bit mask per pixel, bit n: act1[.., n] > 0).
+// A 9th warp (the step warp) applies a share of fc1.weight's optimizer step meanwhile in an SGD training step
+// (fc1_step_share); the compute warps synchronise on named barriers without it.
+constexpr int DG_CW = 8, DG_CT = 32 * DG_CW, DG_THREADS = DG_CT + 32;  // 2 warpgroups of compute warps, the step warp
+constexpr int DG_CH = 336, DG_TM = 62, DG_TILES = (DG_CH + DG_TM - 1) / DG_TM, DG_N = 3 * C1;
+constexpr int DG_NS = (DG_TILES - 1) * DG_TM + 64 + 2 * H1, DG_PL = DG_NS | 1;  // slots; an odd plane stride (in slots)
+constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = (DG_CH - 1) / H1 + 6, DG_XS = DG_XROWS * IMG, DG_EX = 2 * 2 * 4 * 96;
+static_assert(H1 * H1 == 676 && C2 == 64 && C1 == 32 && DG_N == 96, "the slot arithmetic and the weight image fit these sizes");
+static_assert(DG_TILES * DG_TM >= DG_CH && DG_TILES % 2 == 0, "the tiles cover a chunk, evenly over the two warpgroups");
+static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_XROWS && DG_CH < H1 * H1, "a chunk's x rows (at most one image boundary)");
+constexpr size_t CONV2_DGRAD_SMEM = (size_t)(DG_WS + DG_PS + DG_XS + DG_CH + DG_EX) * sizeof(float);
+static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_PS && (DG_WS + DG_PS + DG_XS) % 4 == 0, "shared memory");
+// Output rows r = 16 wq + g + 8 h (this lane's d[4 i + 2 h + e], i < 4: channel 8 i + 2 t + e) get D1 (= d[16 + ..],
+// kx = 1) of row r + 1 and D2 (d[32 + ..]) of row r + 2: from lane g + 1 (g + 2) of the same warp, where g = 0 (g < 2)
+// passes its h = 1 value for h = 0 and, for h = 1, the next warp's row 0 (rows 0, 1) of D1 (D2) from x1 (x2): [t][8]
+// ([g][t][8]) as the next warp left them in shared memory (not read where it does not exist: nx = false).
+// Summed (D0 + D1) + D2, into d[0..15].
+__device__ __forceinline__ void dgrad_combine(float (&d)[48], const float* x1, const float* x2, bool nx, int g, int t) {
+    const int src1 = ((g + 1) & 7) * 4 + t, src2 = ((g + 2) & 7) * 4 + t;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float a0 = d[16 + 4 * i + e], a1 = d[16 + 4 * i + 2 + e], c0 = d[32 + 4 * i + e], c1 = d[32 + 4 * i + 2 + e];
+            const float s10 = __shfl_sync(0xffffffffu, g == 0 ? a1 : a0, src1);
+            const float s11 = __shfl_sync(0xffffffffu, g == 0 ? (nx ? x1[t * 8 + 2 * i + e] : 0.0f) : a1, src1);
+            const float s20 = __shfl_sync(0xffffffffu, g < 2 ? c1 : c0, src2);
+            const float s21 = __shfl_sync(0xffffffffu, g < 2 ? (nx ? x2[(g * 4 + t) * 8 + 2 * i + e] : 0.0f) : c1, src2);
+            d[4 * i + e] = (d[4 * i + e] + s10) + s20;
+            d[4 * i + 2 + e] = (d[4 * i + 2 + e] + s11) + s21;
+        }
+}
+// The phases of conv2_dgrad_tf32_kernel (below), in the order it runs them.
+// x's stacked row (image b's rows counted from b * IMG) of the top of output pixel q's 3x3 window
+__device__ __forceinline__ int dgrad_xrow(int q) { return (q / (H1 * H1)) * IMG + (q % (H1 * H1)) / H1; }
+// What a chunk needs of nothing the kernel in front writes: the patch's zero padding (slots whose padded row or
+// column is < 2, or past the batch), the x rows and act1's signs; the first chunk's before grid_dep_sync
+__device__ __forceinline__ void dgrad_prepare(float* Ps, float* Xs, uint32_t* Ms, const float* ximg,
+                                              const uint32_t* act1_sign, int chunk, int total, int tid) {
+    const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = dgrad_xrow(q0);
+    const int nx = dgrad_xrow(q0 + npix - 1) + 3 - xs_lo;
+    for (int i = tid; i < DG_NS * (C2 / 4); i += DG_CT) {
+        const int s = i / (C2 / 4), c4 = i % (C2 / 4), L = q0 + s, r = L % (H1 * H1);
+        if (L >= total || r < 2 * H1 || r % H1 < 2)
+            *(float4*)(Ps + (c4 * DG_PL + s) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int i = tid; i < nx * IMG; i += DG_CT) Xs[i] = __ldg(ximg + (size_t)xs_lo * IMG + i);
+    for (int p = tid; p < npix; p += DG_CT) Ms[p] = __ldg(act1_sign + q0 + p);
+}
+// The patch, rounded to TF32: its zero padding is in place (dgrad_prepare); then dact2, a pooled value (and its 4
+// window codes) per thread and chunk of 4 channels: it is the 2x2 window's dact2 at its code's position, 0 at
+// the other three (dact2_expand). Pooled rows are counted over the stacked images (tp = b * 12 + pooled row);
+// tp_lo .. tp_lo + ntp - 1 touch the slots (the first and last may have pixels outside them: not stored).
+__device__ __forceinline__ void dgrad_load_dact2(float* Ps, const float* dpooled, const uint8_t* codes, int q0, int B,
+                                                 int tid) {
+    auto pooled_row = [](int L, bool last) {  // the stacked pooled row of slot L's padded row (first / last one in)
+        const int b = L / (H1 * H1), py = (L % (H1 * H1)) / H1;
+        return py < 2 ? b * HP - (last ? 1 : 0) : b * HP + (py - 2) / 2;
+    };
+    const int tp_lo = pooled_row(q0, false), ntp = min(pooled_row(q0 + DG_NS - 1, true), B * HP - 1) + 1 - tp_lo;
+    const int npc = ntp * HP * (C2 / 4);
+    for (int i0 = 0; i0 < npc; i0 += 8 * DG_CT) {
+        float4 dv[8];
+        uint32_t kv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * DG_CT + tid;
+            // (tp, pooled column) = i / 16
+            const size_t pi = ((size_t)tp_lo * HP + i / (C2 / 4)) * C2 + (i % (C2 / 4)) * 4;
+            dv[u] = i < npc ? __ldg((const float4*)(dpooled + pi)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            kv[u] = i < npc ? __ldg((const unsigned int*)(codes + pi)) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * DG_CT + tid, tp = tp_lo + i / (HP * (C2 / 4)), pc = (i / (C2 / 4)) % HP;
+            const int c4 = i % (C2 / 4);
+            const int s0 = (tp / HP) * (H1 * H1) + (2 * (tp % HP) + 2) * H1 + 2 * pc + 2 - q0;  // window's top left
+#pragma unroll
+            for (int dy = 0; dy < 2; dy++)
+#pragma unroll
+                for (int dx = 0; dx < 2; dx++) {
+                    const int s = s0 + dy * H1 + dx;
+                    if (i < npc && s >= 0 && s < DG_NS)
+                        *(float4*)(Ps + (c4 * DG_PL + s) * 4) = tf32_round4(dact2_expand(dv[u], kv[u], dy, dx));
+                }
+        }
+    }
+}
+// A tile's products: D = 64 consecutive slots of the patch x the weight image, d as described above
+__device__ __forceinline__ void dgrad_tile_products(float (&d)[48], const float* Ps, const float* Ws, int tile, int wq,
+                                                    int g, int t) {
+#pragma unroll
+    for (int i = 0; i < 48; i++) d[i] = 0.0f;
+#if MNIST_WGMMA
+    // descriptors: a slot is 16 bytes, one unit of a descriptor's address; LBO = a plane (4 channels further
+    // along k), SBO = 8 slots (A) or 8 rows of n (B)
+    const uint64_t da0 = wgmma_desc(Ps + tile * DG_TM * 4, DG_PL * 16, 128);
+    const uint64_t db0 = wgmma_desc(Ws, DG_N * 16, 128);
+    wgmma_fence();
+#pragma unroll
+    for (int ky = 0; ky < 3; ky++)
+#pragma unroll
+        for (int ks = 0; ks < C2 / 8; ks++)
+            wgmma_m64n96k8_ss(d, da0 + (uint64_t)(2 * ks * DG_PL + ky * H1),
+                              db0 + (uint64_t)((ky * (C2 / 4) + 2 * ks) * DG_N));
+    wgmma_commit();
+    wgmma_wait<0>();
+    acc_fence(d);
+#else
+    // mma.sync: this warp's rows 16 wq .. 16 wq + 15 of the tile, the 12 n8 tiles of D (same fragment layout)
+#pragma unroll 1
+    for (int ky = 0; ky < 3; ky++)
+#pragma unroll 1
+        for (int ks = 0; ks < C2 / 8; ks++) {
+            const float* pa = Ps + (2 * ks * DG_PL + tile * DG_TM + ky * H1 + 16 * wq + g) * 4 + t;
+            const float* pb = Ws + ((ky * (C2 / 4) + 2 * ks) * DG_N + g) * 4 + t;
+            const uint32_t a[4] = {__float_as_uint(pa[0]), __float_as_uint(pa[32]),
+                                   __float_as_uint(pa[DG_PL * 4]), __float_as_uint(pa[DG_PL * 4 + 32])};
+#pragma unroll
+            for (int i = 0; i < 12; i++)
+                mma_tf32_16x8x8(*reinterpret_cast<float(*)[4]>(d + 4 * i), a, __float_as_uint(pb[32 * i]),
+                                __float_as_uint(pb[DG_N * 4 + 32 * i]));
+        }
+#endif
+}
+// A tile's output rows from D (dgrad_combine), with the rows the next warp holds passed through shared memory
+__device__ __forceinline__ void dgrad_exchange_combine(float (&d)[48], float* Ex, int parity, int wg, int wq, int g,
+                                                       int t) {
+    // the next warp's row 0 of D1 and rows 0, 1 of D2 for this warp's last rows (double-buffered by the
+    // warpgroup's tile parity: a buffer is rewritten only after the warpgroup's next barrier)
+    float* ex = Ex + (parity * 2 + wg) * 4 * 96;
+    if (wq > 0 && g < 2)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (g == 0) ex[(wq - 1) * 96 + t * 8 + j] = d[16 + 4 * (j / 2) + j % 2];
+            ex[(wq - 1) * 96 + 32 + (g * 4 + t) * 8 + j] = d[32 + 4 * (j / 2) + j % 2];
+        }
+    asm volatile("bar.sync %0, 128;" :: "r"(2 + wg) : "memory");
+    dgrad_combine(d, ex + wq * 96, ex + wq * 96 + 32, wq < 3, g, t);
+}
+// A tile's epilogue: d[4 i + 2 h + e] is output row 16 wq + g + 8 h of the tile, channel 8 i + 2 t + e. Lanes g
+// and g ^ 1 swap halves first: lane (g, t) keeps channels 8 i + 2 t + e for i = 2 (g & 1) + ii (ii < 2) of its own
+// rows and takes them for lane g ^ 1's (rows 16 wq + (g ^ j) + 8 h, j < 2), so that it holds 4 channels of 4 rows
+// and conv1's sums w1acc need 40 registers, not 80. Each output row (none for rows >= DG_TM) masked by act1's sign;
+// conv1's gradient over the image pixels under its window.
+__device__ __forceinline__ void dgrad_tile_epilogue(const float (&d)[48], float (&w1acc)[2][2][10], float* dact1,
+                                                    const uint32_t* Ms, const float* Xs, int tile, int q0, int npix,
+                                                    int xs_lo, int wq, int g, int t) {
+    float o[2][2][2][2];  // [j][h][ii][e]
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ii = 0; ii < 2; ii++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                // (static indices: d stays in registers)
+                const float lo = d[4 * ii + 2 * h + e], hi = d[4 * (2 + ii) + 2 * h + e];
+                const float keep = g & 1 ? hi : lo, give = g & 1 ? lo : hi;
+                o[0][h][ii][e] = keep;
+                o[1][h][ii][e] = __shfl_xor_sync(0xffffffffu, give, 4);
+            }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * wq + (g ^ j) + 8 * h, m = tile * DG_TM + r, q = q0 + m;
+            const bool ok = r < DG_TM && m < npix;
+            const uint32_t mask = ok ? Ms[m] : 0u;
+            const float* xs = Xs + (dgrad_xrow(q) - xs_lo) * IMG + q % H1;
+            float xv[9];
+#pragma unroll
+            for (int k = 0; k < 9; k++) xv[k] = ok ? xs[(k / 3) * IMG + k % 3] : 0.0f;
+#pragma unroll
+            for (int ii = 0; ii < 2; ii++) {
+                const int n0 = 8 * (2 * (g & 1) + ii) + 2 * t;
+                float v[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int n = n0 + e;
+                    v[e] = (mask >> n) & 1u ? o[j][h][ii][e] : 0.0f;
+                    w1acc[ii][e][9] += v[e];
+#pragma unroll
+                    for (int k = 0; k < 9; k++) w1acc[ii][e][k] = fmaf(v[e], xv[k], w1acc[ii][e][k]);
+                }
+                if (ok && dact1) *(float2*)(dact1 + (size_t)q * C1 + n0) = make_float2(v[0], v[1]);
+            }
+        }
+}
+// conv1's gradient sums of a compute warp (the butterfly described in the kernel) into red[warp]
+__device__ __forceinline__ void dgrad_w1_warp_sums(float* red, const float (&w1acc)[2][2][10], int warp, int lane,
+                                                   int g, int t) {
+    float v20[20], v10[10];
+#pragma unroll
+    for (int i = 0; i < 20; i++) {
+        const float lo = w1acc[0][i / 10][i % 10], hi = w1acc[1][i / 10][i % 10];
+        const bool up = lane & 16;
+        v20[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 10; i++) {
+        const bool up = lane & 8;
+        v10[i] = (up ? v20[10 + i] : v20[i]) + __shfl_xor_sync(0xffffffffu, up ? v20[i] : v20[10 + i], 8);
+    }
+    const int c = 8 * (2 * (g & 1) + (g >> 2)) + 2 * t + ((g >> 1) & 1);
+#pragma unroll
+    for (int k = 0; k < 10; k++) red[warp * C1 * 10 + c * 10 + k] = v10[k];
+}
+__global__ void __launch_bounds__(DG_THREADS, 1)
+conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+                        const float* __restrict__ w, const uint32_t* __restrict__ act1_sign, const float* __restrict__ ximg,
+                        float* w1_partial, int B, Fc1Step fc1) {
+    TRACE_SCOPE(4);
+    extern __shared__ __align__(16) float smem[];
+    float* Ws = smem;                          // [3][C2 / 4][DG_N][4]
+    float* Ps = Ws + DG_WS;                    // [C2 / 4][DG_PL][4]
+    float* Xs = Ps + DG_PS;                    // [DG_XROWS][IMG]
+    uint32_t* Ms = (uint32_t*)(Xs + DG_XS);    // [DG_CH]
+    float* Ex = (float*)(Ms + DG_CH);          // [tile parity][warpgroup][warp][96]: the next warp's first rows
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wg = warp / 4, wq = warp % 4;    // warpgroup, warp within it
+    const int total = B * H1 * H1, nchunks = (total + DG_CH - 1) / DG_CH;
+    auto sync_compute = [] { asm volatile("bar.sync 1, %0;" :: "n"(DG_CT) : "memory"); };
+    // the weight image, once per block, before grid_dep_sync
+    if (warp < DG_CW) {
+        for (int i = tid; i < DG_WS / 4; i += DG_CT) cp_async16(Ws + 4 * i, w + 4 * i);
+        cp_async_commit();
+        if ((int)blockIdx.x < nchunks) dgrad_prepare(Ps, Xs, Ms, ximg, act1_sign, blockIdx.x, total, tid);
+    }
+    grid_dep_sync();
+    float w1acc[2][2][10];  // conv1's weight (9) and bias gradient of this thread's 4 channels (see the epilogue)
+    if (warp == DG_CW) {
+        // the step warp: a share of fc1.weight's optimizer step while the others compute
+        if (fc1.p) fc1_step_share(fc1, blockIdx.x, gridDim.x, lane);
+        TRACE_MARK(3);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int k = 0; k < 10; k++) w1acc[i][e][k] = 0.0f;
+        int parity = 0;
+        for (int chunk = blockIdx.x; chunk < nchunks; chunk += gridDim.x) {
+            const int q0 = chunk * DG_CH, npix = min(DG_CH, total - q0), xs_lo = dgrad_xrow(q0);
+            if (chunk != (int)blockIdx.x) {
+                sync_compute();  // the previous chunk's reads of Ps, Xs and Ms are done
+                dgrad_prepare(Ps, Xs, Ms, ximg, act1_sign, chunk, total, tid);
+            }
+            dgrad_load_dact2(Ps, dpooled, codes, q0, B, tid);
+            cp_async_wait<0>();  // the weights (first chunk)
+            // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
+            fence_proxy_async();
+            sync_compute();
+            TRACE_MARK(0);
+            const int ntiles = (npix + DG_TM - 1) / DG_TM;
+            for (int tile = wg; tile < ntiles; tile += 2, parity ^= 1) {
+                float d[48];
+                dgrad_tile_products(d, Ps, Ws, tile, wq, g, t);
+                if (tile == wg) TRACE_MARK(1);
+                dgrad_exchange_combine(d, Ex, parity, wg, wq, g, t);
+                dgrad_tile_epilogue(d, w1acc, dact1, Ms, Xs, tile, q0, npix, xs_lo, wq, g, t);
+            }
+        }
+    }
+    TRACE_MARK(2);
+    // conv1's weight and bias gradient of this block's pixels. Within a compute warp, the 4 lanes with the same t and
+    // g & 1 hold the same 4 channels: a butterfly over g's upper bits (lane bits 4, 3) that halves the values each
+    // lane keeps leaves lane (g, t) with the warp's sums of w1acc[ii][e] for ii = g >> 2, e = (g >> 1) & 1: channel
+    // 8 (2 (g & 1) + ii) + 2 t + e, k = 0..9. Then the warps' sums are added in warp order through shared memory.
+    __syncthreads();  // every warp is done with shared memory (the step warp: its share of fc1's step)
+    float* red = Ps;  // [DG_CW][C1 * 10]
+    if (warp < DG_CW) dgrad_w1_warp_sums(red, w1acc, warp, lane, g, t);
+    __syncthreads();
+    // (the compute warps only, the same sums: racecheck reported the step warp's reads here as racing with the stores
+    // above, 13205 reports at batch 512. 256 remain, in the block whose last chunk has an odd tile count, between
+    // the two warpgroups, and stay with a second __syncthreads before the stores: racecheck appears to pair barrier
+    // instances by count, and there one warpgroup has run one more of its named barriers (bar.sync 2 + wg) than the
+    // other. dev/mnist_NOTES.md, session 14.)
+    if (warp < DG_CW)
+    for (int q = tid; q < C1 * 10; q += DG_CT) {
+        const int c = q / 10, k = q % 10;
+        float sum = red[q];
+#pragma unroll
+        for (int w = 1; w < DG_CW; w++) sum += red[w * C1 * 10 + q];
+        w1_partial[(size_t)blockIdx.x * C1 * 10 + (k < 9 ? c * 9 + k : C1 * 9 + c)] = sum;  // [32][9] then [32]
+    }
 }
 
-// An epoch's training steps in CUDA graphs of mnist_train_steps: GRAPH_STEPS full batches in one (fewer graph
-// launches, the steps' kernels overlap across step boundaries, and every step but the first has its batch gathered by
-// the step before), and one graph for the rest: the remaining full batches and the last partial batch
-constexpr int GRAPH_STEPS = 32;
-// mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded
-static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps,
-                                           int tail_B = 0) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
-    mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B);
-    cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
-    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
-    cudaCheck(cudaGraphUpload(ge, g_mm.stream));
-    cudaCheck(cudaGraphDestroy(g));
-    return ge;
+// conv2.weight's forward image: [tap][co][ci (+4 pad)], rounded to TF32, the layout of conv2's forward kernel's Ws, so
+// that the next training step's forward copies it in one bulk copy (ConvInput::wimg) instead of 4608 16-byte
+// cp.async per block and a rounding pass. i: the weight's internal index, [co][tap][ci].
+constexpr int W2IMG_FLOATS = 9 * C2 * C1;
+__host__ __device__ inline int conv2_fwd_img_index(int i) { return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4; }
+__device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+template <typename T> __device__ __forceinline__ T wg_zero() { T z; memset(&z, 0, sizeof z); return z; }
+// lane k's part of unit i (T = float4: 4 elements, each with the scalar order) for any split count. (src is written
+// by this kernel's other blocks before the grid barrier: plain coherent loads, never the read-only path.)
+// Up to three groups of four are loaded before they are added (conv1's 264 splits: 8 of a lane's 8-9 loads at once).
+template <typename T>
+__device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int splits, int k, size_t i) {
+    T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
+    int s = k;
+    while (s + 3 * SR_LANES < splits) {
+        T x[3][4];
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                x[b][u] = s + 4 * SR_LANES * b + 3 * SR_LANES < splits ? src[(size_t)(s + 4 * SR_LANES * b + SR_LANES * u) * stride + i]
+                                                                        : wg_zero<T>();
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+            if (s + 3 * SR_LANES < splits) {  // the group at s (the condition of the plain loop)
+#pragma unroll
+                for (int u = 0; u < 4; u++) a[u] = wg_add(a[u], x[b][u]);
+                s += 4 * SR_LANES;
+            }
+    }
+#pragma unroll
+    for (int u = 0; u < 3; u++)  // here s + 96 >= splits: at most three left
+        if (s + SR_LANES * u < splits) a[u] = wg_add(a[u], src[(size_t)(s + SR_LANES * u) * stride + i]);
+    return wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
+}
+// A block's share of one job: units [lo, hi) (a unit is 4 elements when T = float4), in chunks of at most
+// WG_CHUNK_E elements: the lane parts of a chunk into shared memory (part[k * WG_CHUNK_E + e], 256 threads, each
+// item = (unit, lane)), then thread e adds element e's 32 parts in lane order and stores the sum or applies the
+// optimizer step. With at most 96 splits (conv2's 66 pair sums) a thread loads all of its (up to WG_IPT) items'
+// splits before adding any: ~15 16-byte loads in flight instead of a dependent chain per item; the parameters and
+// optimizer state of the update are loaded with them (one round trip to L2 per chunk, not two).
+constexpr int WG_CHUNK_E = 160, WG_IPT = 5, WG_ITEMS = 256 * WG_IPT;
+static_assert(WG_CHUNK_E <= 256, "one element per thread in the final sums");
+template <typename T>
+__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt, const OptStep& st) {
+    constexpr int V = sizeof(T) / sizeof(float);
+    const int nk = min(j.splits, SR_LANES), cu = min(WG_CHUNK_E / V, WG_ITEMS / nk), splits = j.splits;
+    const T* src = (const T*)j.src;
+    const size_t stride = j.stride / V;
+    const bool adamw = opt.c.optimizer == OPT_ADAMW;
+    for (int c0 = lo; c0 < hi; c0 += cu) {
+        const int nu = min(cu, hi - c0), items = nu * nk, e = threadIdx.x, i = c0 * V + e;
+        const bool mine = e < nu * V;
+        float p = 0.0f, m = 0.0f, vv = 0.0f;
+        if (mine && j.update_off >= 0) {
+            const size_t o = (size_t)j.update_off + i;
+            p = opt.params[o]; m = opt.m1[o];
+            if (adamw) vv = opt.m2[o];
+        }
+        if (splits <= 3 * SR_LANES) {
+            T x[WG_IPT][3];
+#pragma unroll
+            for (int r = 0; r < WG_IPT; r++) {
+                const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    x[r][q] = it < items && k + SR_LANES * q < splits ? src[(size_t)(k + SR_LANES * q) * stride + c0 + u] : wg_zero<T>();
+            }
+#pragma unroll
+            for (int r = 0; r < WG_IPT; r++) {
+                const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
+                if (it >= items) break;
+                T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    if (k + SR_LANES * q < splits) a[q] = wg_add(a[q], x[r][q]);
+                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
+            }
+        } else {
+            for (int it = threadIdx.x; it < items; it += 256) {
+                const int u = it % nu, k = it / nu;
+                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_split_part(src, stride, splits, k, (size_t)c0 + u);
+            }
+        }
+        __syncthreads();
+        if (mine) {
+            float v = part[e];
+#pragma unroll
+            for (int k = 1; k < SR_LANES; k++) v += k < nk ? part[k * WG_CHUNK_E + e] : 0.0f;
+            if (j.update_off >= 0) {
+                const size_t o = (size_t)j.update_off + i;
+                opt_update_elem(opt.c, st, &p, v, &m, &vv);
+                opt.params[o] = p; opt.m1[o] = m;
+                if (j.w2img && i < j.n_head) j.w2img[conv2_fwd_img_index(i)] = tf32_round(p);
+                if (adamw) opt.m2[o] = vv;
+            } else if (i < j.n_head) {
+                j.dst[i] = v;
+            } else {
+                j.dst_tail[i - j.n_head] = v;
+            }
+        }
+        __syncthreads();  // part is rewritten by the next chunk
+    }
+}
+// Share `share` of `nshares` of a job (the units split evenly), with float4 units when the job's layout allows. Which
+// block does which share does not matter for the result: every element's summation order is the lane order above.
+__device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, float* part, const OptTarget& opt, const OptStep& st) {
+    if (j.n <= 0) return;
+    const bool vec = j.n % 4 == 0 && j.stride % 4 == 0 && ((size_t)j.src & 15) == 0;
+    const long long units = vec ? j.n / 4 : j.n, G = nshares, b = share;
+    const int lo = (int)(b * units / G), hi = (int)((b + 1) * units / G);
+    if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, st);
+    else wg_reduce_job<float>(j, lo, hi, part, opt, st);
+}
+// The jobs the barrier does not guard (`other`, `extra`) go to the first blocks to arrive: `other` in WG_PRE_O
+// shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
+// last blocks to finish their bands (the barrier's critical path) go straight to the wait.
+constexpr int WG_PRE_O = 40, WG_PRE_X = 16, WG_PRE_P = 8;
+__device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) {
+    if (!pf.images) return;
+    if (pf.xb) {
+        const int pos = __ldcg(pf.counters + 1);
+        for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * GATHER_ITEMS; i += nshares * (int)blockDim.x) {
+            const int b = i / GATHER_ITEMS, c = i % GATHER_ITEMS, p = pos + b;
+            if (p >= pf.n) break;
+            const int smp = pf.perm ? __ldcg(pf.perm + p) : p;
+            if (c < GATHER_CH) ((uint4*)(pf.xb + (size_t)b * IMG * IMG))[c] = __ldg((const uint4*)(pf.images + (size_t)smp * IMG * IMG) + c);
+            else pf.yb[b] = pf.labels[smp];
+        }
+        return;
+    }
+    constexpr int LINES = (IMG * IMG + 127) / 128 + 1;  // 128-byte lines an image's 784 bytes can touch
+    const int pos = __ldcg(pf.counters + 1);
+    for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * LINES; i += nshares * (int)blockDim.x) {
+        const int p = pos + i / LINES;
+        if (p >= pf.n) break;
+        const char* img = (const char*)(pf.images + (size_t)(pf.perm ? __ldcg(pf.perm + p) : p) * IMG * IMG);
+        const char* a = (const char*)((uintptr_t)img & ~(uintptr_t)127) + 128 * (i % LINES);
+        if (a < img + IMG * IMG) asm volatile("prefetch.global.L2 [%0];" :: "l"(a));
+    }
 }
 
+// Weight gradient: dW[co][tap*32 + ci] = sum_pixels dact2[p][co] * act1[p + tap][ci] and db[co] = sum_p dact2[p][co],
+// dact2 rebuilt while loading from the pooled gradient and the window codes (dact2_from_pooled).
+// GEMM m = co (64), n = (tap, ci) (288), k = pixel. A block takes bands of R = 6 output rows (144 pixels = 18
+// k-steps) of one image: dact2 and the act1 patch in shared memory in wgmma's K-major layout (Dt and Pt below). On
+// sm_90a two warpgroups run wgmma (tensor-core TF32 at about twice mma.sync's rate on the H100); elsewhere 8 warps of
+// 32 x 72 (2 m16 x 9 n8 tiles) run mma.sync on the same layout. Either way the block holds its 64 x 288 sums.
+// The bias gradient is summed from the unrounded dact2 as it is loaded (each thread always loads the same 4 channels).
+// After its bands the kernel also does the split reductions (see SplitsJob): `wgrad` (its own partial sums), `other`
+// (conv1's, from the input-gradient kernel, which must be the launch right before this one) and `extra` (any other
+// job, e.g. the small gradients fc1_backward_kernel stored, as a 1-way split), with the optimizer step when their
+// update_off >= 0, and with opt.advance_B >= 0 advances the counters. Every operand of the bands was written at least
+// two launches earlier, so the bands run before grid_dep_sync (with programmatic dependent launch they overlap the
+// input-gradient kernel's last blocks); the wait comes before the reductions read `other`.
+constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2;
+// The operands' shared-memory layout, one for both paths: K-major core matrices of 8 rows x 4 TF32 values (16 bytes a
+// row, 128 bytes contiguous), the "no swizzle" layout wgmma reads. A band's k order is (py, px, j): pixel x = px + 6 j
+// of row py (px < 6, j < 4), so a core matrix's 4 values are pixels px, px + 6, px + 12, px + 18, and tap dx only
+// moves px to c = px + dx (c < 8): every row of every tap starts 16-byte aligned, no shifted copies (patch columns
+// 6, 7, 12, 13, 18, 19 are stored twice). A k-step's 8 values are (py, px) and (py, px + 1), px even.
+//   Dt[py][px][co / 8][co % 8][j] (dact2) and Pt[c][prow][ci / 8][ci % 8][j] (the act1 patch, prow < R + 2): the
+//   8-row groups are WG_GS = 36 floats apart, not 32: a warp's 32 scalar stores (8 consecutive groups of 4 channels
+//   x 4 j) then hit 32 distinct banks, and so do the mma.sync path's fragment loads (g * 4 + t).
+// Over Pt's rows (prow, ci) the groups are uniformly WG_GS apart, so taps dy = 0, 1, 2 of one dx are one operand of
+// 96 rows (n = dy * 32 + ci).
+constexpr int WG_XC = H2 / 4, WG_GS = 36, WG_DT_P = C2 / 8 * WG_GS, WG_PT_R = C1 / 8 * WG_GS;
+constexpr int WG_PT_C = (WG_R + 2) * WG_PT_R, WG_DT = WG_R * WG_XC * WG_DT_P, WG_PT = (WG_XC + 2) * WG_PT_C;
+static_assert(C2 == 64 && C1 == 32 && WG_R + 2 == 8 && WG_XC + 2 == 8 && WG_XC + 1 + 3 * WG_XC == H1 - 1,
+              "the weight gradient's load mapping (bit fields of the chunk index) fits these sizes");
+constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
+// Row stride of a block's 64 x 288 sums staged in shared memory for the cluster's addition: 296 = 8 mod 32 banks, so
+// a half-warp's float2 stores (rows g = 0..3, columns 2t) hit 32 distinct banks (a stride of 288 put all 8 rows of
+// a fragment on the same 8 banks: 4-way conflicts on every store)
+constexpr int WG_OS = KC2 + 8;
+// the operands; or (after the bands) the staged partial sums, the bias reduction's 256 float4 and the lane parts of
+// the jobs reduced before the grid barrier (past the staged sums, which the cluster's other blocks may still read)
+constexpr int WG_PART_PRE = C2 * WG_OS + C2 + 4 * 256;  // float offset of those lane parts
+constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_DT + WG_PT, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
+static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0, "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
+static_assert(WG_NOUT / 4 / 2 <= 256 * 10, "one batch of distributed shared memory loads per thread (WG_DSM_BATCH)");
+static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free float2 staging; the bias reduction's float4 aligned");
+// a loaded float4 (4 consecutive channels) into its 4 rows of a core-matrix layout, rounded to TF32
+__device__ __forceinline__ void wg_put4(float* p, float4 v) {
+    p[0] = tf32_round(v.x); p[4] = tf32_round(v.y); p[8] = tf32_round(v.z); p[12] = tf32_round(v.w);
+}
+// The phases of conv2_wgrad_tf32_kernel (below), in the order it runs them.
+// A band's operands into registers, raw: the pooled gradient's chunks and their window codes, act1's chunks.
+// Chunk ch (16 bytes) of a band: dact2 (ND per thread): channels 4 c4, c4 = bits 0-2 and 5 of ch (so a thread's
+// c4 is fixed: tid's bits), j = bits 3-4, (py, px) = ch / 64; the patch (NP per thread): channels 4 (bits 0-2),
+// j = bits 3-4, prow = bits 5-7, c = ch / 256; column c + 6 j
+template <int ND, int NP>
+__device__ __forceinline__ void wgrad_load_band(float4 (&vdp)[ND], uint32_t (&vcd)[ND], float4 (&vp)[NP],
+                                                const float* dpooled, const uint8_t* codes, const float* act1,
+                                                int band, int tid, int c4) {
+    const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        const int ch = tid + i * 256, pp = ch >> 6, x = pp % WG_XC + WG_XC * ((ch >> 3) & 3);
+        const size_t pi = pooled_index(b, y0 + pp / WG_XC, x, c4 * 4);
+        vdp[i] = *(const float4*)(dpooled + pi);
+        vcd[i] = *(const unsigned int*)(codes + pi);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        const int ch = tid + i * 256, col = (ch >> 8) + WG_XC * ((ch >> 3) & 3);
+        vp[i] = *(const float4*)(act1 + (((size_t)b * H1 + y0 + ((ch >> 5) & 7)) * H1 + col) * C1 + (ch & 7) * 4);
+    }
+}
+// A band's operands from the registers into Dt and Pt, rounded to TF32: dact2 rebuilt from the pooled gradient and
+// the window codes (and summed unrounded into rs, this thread's 4 channels of the bias gradient), act1's patch
+template <int ND, int NP>
+__device__ __forceinline__ void wgrad_store_band(float* Dt, float* Pt, const float4 (&vdp)[ND],
+                                                 const uint32_t (&vcd)[ND], const float4 (&vp)[NP], float4& rs, int y0,
+                                                 int tid, int c4) {
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        const int ch = tid + i * 256, pp = ch >> 6, j = (ch >> 3) & 3;
+        float4 vd = dact2_expand(vdp[i], vcd[i], y0 + pp / WG_XC, pp % WG_XC + WG_XC * j);
+        rs.x += vd.x; rs.y += vd.y; rs.z += vd.z; rs.w += vd.w;
+        wg_put4(Dt + pp * WG_DT_P + (c4 >> 1) * WG_GS + (c4 & 1) * 16 + j, vd);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        const int ch = tid + i * 256;
+        wg_put4(Pt + (ch >> 8) * WG_PT_C + ((ch >> 5) & 7) * WG_PT_R + ((ch & 7) >> 1) * WG_GS + (ch & 1) * 16
+                    + ((ch >> 3) & 3),
+                vp[i]);
+    }
+}
+// sm_90a: a band's products on wgmma, 18 k-steps of 8 pixels: per k-step an m64n96k8 (d96) and an m64n48k8 (d48)
+// from the descriptors of Dt and of this warpgroup's taps in Pt
+__device__ __forceinline__ void wgrad_band_wgmma(float (&d96)[48], float (&d48)[24], uint64_t da0, uint64_t db96,
+                                                 uint64_t db48) {
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < WG_R * 3; s++) {
+        const int py = s / 3, px = 2 * (s % 3);
+        const uint64_t da = da0 + (uint64_t)((py * WG_XC + px) * WG_DT_P * 4 / 16);
+        const uint64_t dbo = (uint64_t)((px * WG_PT_C + py * WG_PT_R) * 4 / 16);
+        wgmma_m64n96k8_ss(d96, da, db96 + dbo);
+        wgmma_m64n48k8_ss(d48, da, db48 + dbo);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    acc_fence(d96);
+    acc_fence(d48);
+}
+// elsewhere: a band's products on mma.sync, this warp's 32 x 72 tile (2 m16 x 9 n8) from the same layout
+__device__ __forceinline__ void wgrad_band_mma_sync(float (&acc)[2][9][4], const float* Dt, const float* Pt,
+                                                    const int (&boff)[9], int wm, int g, int t) {
+#pragma unroll 2
+    for (int s = 0; s < WG_R * 3; s++) {
+        const int py = s / 3, px = 2 * (s % 3);
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            const float* pa = Dt + (py * WG_XC + px) * WG_DT_P + (wm * 4 + mi * 2) * WG_GS + g * 4 + t;
+            a[mi][0] = __float_as_uint(pa[0]); a[mi][1] = __float_as_uint(pa[WG_GS]);
+            a[mi][2] = __float_as_uint(pa[WG_DT_P]); a[mi][3] = __float_as_uint(pa[WG_DT_P + WG_GS]);
+        }
+        const float* pp = Pt + px * WG_PT_C + py * WG_PT_R;
+#pragma unroll
+        for (int ni = 0; ni < 9; ni++) {
+            uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[WG_PT_C + boff[ni]]);
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
+        }
+    }
+}
+// The block's partial sums of the weight gradient from the accumulators into pout (row stride os): wgmma's layout
+__device__ __forceinline__ void wgrad_store_acc_wgmma(float* pout, int os, const float (&d96)[48],
+                                                      const float (&d48)[24], int warp, int wg, int dxw, int g, int t) {
+    const int m = (warp % 4) * 16 + g;  // the accumulator rows of this warp of the warpgroup: m and m + 8
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int i = 0; i < 12; i++) {
+            const int n = 8 * i + 2 * t;  // dy = n / 32, ci = n % 32 of tap dx = dxw
+            *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + dxw) * C1 + n % C1) =
+                make_float2(d96[4 * i + 2 * h], d96[4 * i + 2 * h + 1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 6; i++) {
+            const int n = 48 * wg + 8 * i + 2 * t;  // of tap dx = 1
+            *(float2*)(pout + (m + 8 * h) * os + ((n / C1) * 3 + 1) * C1 + n % C1) =
+                make_float2(d48[4 * i + 2 * h], d48[4 * i + 2 * h + 1]);
+        }
+    }
+}
+// the same from mma.sync's accumulators
+__device__ __forceinline__ void wgrad_store_acc_mma_sync(float* pout, int os, const float (&acc)[2][9][4], int wm,
+                                                         int wn, int g, int t) {
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ni = 0; ni < 9; ni++) {
+                int m = wm * 32 + mi * 16 + g + 8 * h, n = wn * 72 + ni * 8 + 2 * t;
+                *(float2*)(pout + m * os + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            }
+}
+// The bias gradient's partial sum into pout's last 64 floats: the 16 threads with c4 = q (tid bits 0-2 and 5 from q,
+// bits 3-4 and 6-7 free) hold the same 4 channels; added in thread order
+__device__ __forceinline__ void wgrad_bias_sum(float* smem, float4 rs, float* pout, int os, int tid) {
+    float4* red = (float4*)(smem + C2 * WG_OS + C2);
+    red[tid] = rs;
+    __syncthreads();
+    if (tid < C2 / 4) {
+        const int q = (tid & 7) | ((tid & 8) << 2);
+        float4 s = red[q];
+        for (int k = 1; k < 16; k++) {
+            float4 o = red[q | ((k & 3) << 3) | ((k >> 2) << 6)];
+            s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
+        }
+        *(float4*)(pout + C2 * os + tid * 4) = s;
+    }
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// sm_90, clusters of 2 or 4: the cluster's partial sums (each block's in its shared memory, row stride WG_OS) added
+// through distributed shared memory in rank order, block q adding the q-th slice: one partial sum per cluster
+__device__ __forceinline__ void wgrad_cluster_sum(float* smem, float* partial, int cluster, int tid) {
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();  // every block's partial sums are in its shared memory
+    TRACE_MARK(1);
+    // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
+    // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
+    // block's own rank through its local shared memory
+    constexpr int WG_DSM_BATCH = 10;
+    const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
+    float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
+    for (int i0 = tid; i0 < per; i0 += 256 * WG_DSM_BATCH) {
+        float4 sum[WG_DSM_BATCH];
+        int off[WG_DSM_BATCH];
+#pragma unroll
+        for (int b = 0; b < WG_DSM_BATCH; b++) {
+            const int e = q * per + i0 + 256 * b, row = e / (KC2 / 4);
+            off[b] = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
+        }
+        for (int r0 = 0; r0 < cluster; r0 += 2) {
+            const float4* s0 = r0 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0);
+            const float4* s1 = r0 + 1 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0 + 1);
+            float4 v[WG_DSM_BATCH][2];
+#pragma unroll
+            for (int b = 0; b < WG_DSM_BATCH; b++)
+                if (i0 + 256 * b < per) { v[b][0] = s0[off[b]]; v[b][1] = s1[off[b]]; }
+#pragma unroll
+            for (int b = 0; b < WG_DSM_BATCH; b++) {
+                float4 s = r0 == 0 ? v[b][0] : sum[b];  // rank order: ((r0 + r1) + r2) + r3
+                if (r0 > 0) { s.x += v[b][0].x; s.y += v[b][0].y; s.z += v[b][0].z; s.w += v[b][0].w; }
+                s.x += v[b][1].x; s.y += v[b][1].y; s.z += v[b][1].z; s.w += v[b][1].w;
+                sum[b] = s;
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < WG_DSM_BATCH; b++)
+            if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
+    }
+    // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
+    // every block reaches only after its reads of the others' shared memory. That order is also stated to the
+    // hardware (and to compute-sanitizer, which cannot see the grid barrier): an arrival here, after the reads,
+    // waited for after the grid barrier (so it never waits) before the block writes its partial sums' space
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+#endif
+__global__ void __launch_bounds__(256)
+conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
+                        const float* __restrict__ act1, int B, int cluster, SplitsJob wgrad, SplitsJob other,
+                        SplitsJob extra, OptTarget opt, unsigned long long* bar, BatchPrefetch pf) {
+    TRACE_SCOPE(5);
+    // (chunk ch of a band: see wgrad_load_band)
+    constexpr int ND = WG_NPIX * C2 / 4 / 256, NP = (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4) / 256;
+    static_assert(ND * 256 == WG_NPIX * C2 / 4 && NP * 256 == (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4), "whole rounds of chunks");
+    extern __shared__ __align__(16) float smem[];
+    float* Dt = smem;
+    float* Pt = smem + WG_DT;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int c4 = (tid & 7) | ((tid >> 2) & 8);  // the thread's 4 dact2 channels
+    float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
+    // the next band's operands are loaded into registers (raw: pooled-gradient chunks, their codes, act1 chunks)
+    // before this band's products and stored after them, so their latency hides behind the math
+    float4 vdp[ND], vp[NP];
+    uint32_t vcd[ND];
+    if ((int)blockIdx.x < B * WG_BANDS) wgrad_load_band(vdp, vcd, vp, dpooled, codes, act1, blockIdx.x, tid, c4);
+    // the per-step scalars of the update (a load of the step counter, cosf, powf: ~0.5 us of dependent latency) while
+    // the first band's loads are in flight, not on the way to the barrier. The counter was last written by the
+    // previous step's launch of this kernel (block 0, after its barrier), many launches back; block 0 advances it
+    // only after this launch's barrier, which every block reaches after this read.
+    __shared__ OptStep st_s;
+    if (tid == 0 && opt.params) st_s = opt_step(opt.c, opt.counters[0]);
+#if MNIST_WGMMA
+    // sm_90a: warpgroup 0 takes taps dx = 0 (96 columns: n = dy * 32 + ci) and the first 48 of dx = 1, warpgroup 1
+    // dx = 2 and the other 48 of dx = 1; per k-step an m64n96k8 and an m64n48k8 wgmma, both operands from shared memory
+    const int wg = tid / 128, dxw = 2 * wg;
+    float d96[48], d48[24];
+#pragma unroll
+    for (int i = 0; i < 48; i++) d96[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 24; i++) d48[i] = 0.0f;
+    const uint64_t da0 = wgmma_desc(Dt, WG_DT_P * 4, WG_GS * 4);
+    const uint64_t db96 = wgmma_desc(Pt + dxw * WG_PT_C, WG_PT_C * 4, WG_GS * 4);
+    const uint64_t db48 = wgmma_desc(Pt + WG_PT_C + wg * 6 * WG_GS, WG_PT_C * 4, WG_GS * 4);
+#else
+    // mma.sync: 8 warps of 32 x 72 (2 m16 x 9 n8 tiles; an n8 tile lies in one tap)
+    const int wm = warp / 4, wn = warp % 4;
+    int boff[9];
+#pragma unroll
+    for (int ni = 0; ni < 9; ni++) {
+        const int n = wn * 72 + ni * 8, tap = n / C1;
+        boff[ni] = (tap % 3) * WG_PT_C + (tap / 3) * WG_PT_R + (n % C1 / 8) * WG_GS + g * 4 + t;
+    }
+    float acc[2][9][4];
+    acc_zero(acc);
+#endif
+    for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
+        const int y0 = (band % WG_BANDS) * WG_R;
+        __syncthreads();  // the previous band's products are done with Dt and Pt
+        wgrad_store_band(Dt, Pt, vdp, vcd, vp, rs, y0, tid, c4);
+        fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
+        __syncthreads();
+        if (band + (int)gridDim.x < B * WG_BANDS)
+            wgrad_load_band(vdp, vcd, vp, dpooled, codes, act1, band + gridDim.x, tid, c4);
+#if MNIST_WGMMA
+        wgrad_band_wgmma(d96, d48, da0, db96, db48);
+#else
+        wgrad_band_mma_sync(acc, Dt, Pt, boff, wm, g, t);
+#endif
+    }
+    TRACE_MARK(0);
+    // the block's partial sums, [64][288] then the bias's 64: to global memory, or (cluster > 1, sm_90) to shared
+    // memory first (row stride WG_OS), then added across the cluster's blocks through distributed shared memory in
+    // rank order (block q adds the q-th slice of all of them): one partial sum per cluster
+    __syncthreads();  // every warp is done with Dt and Pt
+    const bool staged = cluster > 1;
+    float* pout = staged ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
+    const int os = staged ? WG_OS : KC2;
+#if MNIST_WGMMA
+    wgrad_store_acc_wgmma(pout, os, d96, d48, warp, wg, dxw, g, t);
+#else
+    wgrad_store_acc_mma_sync(pout, os, acc, wm, wn, g, t);
+#endif
+    wgrad_bias_sum(smem, rs, pout, os, tid);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (staged) wgrad_cluster_sum(smem, partial, cluster, tid);
+#endif
+    // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
+    // the first blocks to arrive at the grid barrier do them while the last ones finish their bands (WG_PRE_O);
+    // this kernel's own partial sums after the barrier, on every block. The step counter is read by every block at
+    // its start and advanced by block 0 after the barrier.
+    TRACE_MARK(2);
+    grid_dep_sync();
+    const OptStep st = st_s;  // (written before the bands, read after their barriers)
+    const WgBarrier wb = wg_grid_arrive(bar);
+    {
+        const int G = gridDim.x, no = min(G, WG_PRE_O), nx = min(G, WG_PRE_X), xo = G >= no + nx ? no : 0;
+        if (wb.rank < no) wg_reduce_share(other, wb.rank, no, smem + WG_PART_PRE, opt, st);
+        if (wb.rank >= xo && wb.rank < xo + nx) wg_reduce_share(extra, wb.rank - xo, nx, smem + WG_PART_PRE, opt, st);
+        // (the gather of the next batch: up to 2 items per thread, on more ranks at larger batches)
+        const int np = min(G, pf.xb ? max(WG_PRE_P, (pf.B * GATHER_ITEMS + 511) / 512) : WG_PRE_P), po = G >= xo + nx + np ? xo + nx : 0;
+        if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
+    }
+    TRACE_MARK(3);
+    wg_grid_wait(bar, wb.target, 2);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (staged) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // (see the arrival above)
+#endif
+    TRACE_MARK(4);
+    if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
+    wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
+}
+static void conv2_tf32_setup() {
+    if (g_conv2.ready) return;
+    int dev, sms, occ_f, occ_ff, occ_d, occ_w;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM_FUSED));
+    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_ff, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM_FUSED));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_tf32_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
+    g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
+    g_conv2.fused_fwd = occ_ff * sms >= FC1F_SPLITS;
+    g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
+    g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
+    int major;
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    // sm_90: clusters of 4 or 2 blocks add their partial sums (a quarter or half as many to reduce), where that keeps
+    // (nearly) every SM busy: on an H100 only 30 clusters of 4 are co-resident (120 blocks: three rounds of bands for
+    // some blocks, measured slower), 66 of 2.
+    for (int cl = 4; major >= 9 && occ_w == 1 && cl >= 2; cl /= 2) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(sms / cl * cl); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = CONV2_WGRAD_SMEM;
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = cl; at.val.clusterDim.y = 1; at.val.clusterDim.z = 1;
+        cfg.attrs = &at; cfg.numAttrs = 1;
+        int nclusters = 0;
+        cudaCheck(cudaOccupancyMaxActiveClusters(&nclusters, conv2_wgrad_tf32_kernel, &cfg));
+        if (cl * std::min(nclusters, sms / cl) >= sms - 1) { g_conv2.wgrad_cluster = cl; g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl); break; }
+    }
+    cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
+    if ((unsigned long long)g_conv2.wgrad_ctas * g_conv2.wgrad_ctas > WG_BAR_K) {  // wg_grid_arrive's rank needs G - 1 < K / G
+        fprintf(stderr, "conv2_tf32_setup: weight-gradient grid of %d blocks too large for its barrier\n", g_conv2.wgrad_ctas);
+        exit(EXIT_FAILURE);
+    }
+    int* wd;
+    cudaCheck(cudaHostAlloc(&wd, sizeof(int), cudaHostAllocMapped));
+    *wd = 0;
+    g_watchdog = wd;
+    int* wd_dev;
+    cudaCheck(cudaHostGetDevicePointer(&wd_dev, wd, 0));
+    cudaCheck(cudaMemcpyToSymbol(g_watchdog_dev, &wd_dev, sizeof(wd_dev)));
+    cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, DG_WS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, DG_WS * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, W2IMG_FLOATS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, W2IMG_FLOATS * sizeof(float)));
+    g_conv2.ready = true;
+}
+// act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
+// and its window codes (B,12,12,64); act2 (B,24,24,64) itself is stored only when act2 is not null (the tests). x
+// comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad) and, when
+// act1_sign is not null, act1's signs (B,26,26 words, bit n: channel n > 0), which conv2_dgrad_tf32 reads before its
+// wait: launch at least one kernel between the two.
+// With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign, const ConvInput& in,
+                               const float* w1, const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh) {
+    const bool fused = fh.part != nullptr;
+    if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
+        fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its blocks at once\n",
+                FUSED_MAX_B, FC1F_SPLITS);
+        exit(EXIT_FAILURE);
+    }
+    FwdHead f = fh;
+    f.bar = g_conv2.wgrad_bar;
+    const int grid = fused ? FC1F_SPLITS : std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
+    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, fused ? CONV2_FWD_SMEM_FUSED : CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1,
+               act1_sign, w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
+}
+// dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (act1_sign: the
+// forward's signs of act1; stored only when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1
+// (32) with x the network's input.
+// Returns the reduction of the blocks' partial sums of dw1, db1 still to do (conv2_wgrad_tf32, launched next).
+static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
+                                  const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1) {
+    int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
+    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1_sign,
+               x, g_conv2.ws_w1, B, fc1);
+    SplitsJob j;
+    j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
+    return j;
+}
+// dw2 (64, 3,3,32 internal) and db2 (64) from dact2 (from dpooled and the window codes) and act1, and the split
+// reduction `dgrad` that conv2_dgrad_tf32 returned. Launch it right after conv2_dgrad_tf32, with dpooled, codes and
+// act1 written at least two launches earlier (the kernel reads them before grid_dep_sync). With update_off >= 0
+// conv2's weight and bias (contiguous) get the optimizer step in `opt` at that flat offset instead of dw2/db2; `extra`
+// is one more job for the same reduction (see conv2_wgrad_tf32_kernel).
+static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B,
+                             const SplitsJob& dgrad, const SplitsJob& extra, const OptTarget& opt,
+                             int update_off, const BatchPrefetch& pf) {
+    const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
+    SplitsJob j;
+    j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
+    j.update_off = update_off;
+    if (update_off >= 0) j.w2img = g_conv2.wimg_fwd;
+    launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j, dgrad, extra,
+               opt, g_conv2.wgrad_bar, pf);
+}
+
+// The network's head on the fast path, one warp per row (the one-warp-per-row layout of dev/softmax_forward.cu
+// version 3; a 10-wide row is one element per lane, so no online rescaling): with NPARTS > 0, first fc1's output
+// h = ReLU(sum of the NPARTS split-K partial sums hpart of fc1_forward_kernel, added in order, + bf1), stored; then
+// head_row: logits, the fused log-softmax + NLL as softmax_xent_kernel, and when dh is given dlogits and fc2's input
+// gradient dh. (The training step at batch <= 64 does all of this inside conv2's forward kernel instead.)
+template <int NPARTS>
+__global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, float* h,
+                            const float* __restrict__ hpart, const float* __restrict__ bf1,
+                            const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
+                            int offset_const, int B) {
+    TRACE_SCOPE(2);
+    __shared__ __align__(16) float ws[NCLS * FC_H];
+    __shared__ float bs[NCLS];
+    // the parameters before grid_dep_sync: the optimizer wrote them at least two launches earlier
+    for (int i = threadIdx.x; i < NCLS * FC_H; i += blockDim.x) ws[i] = wf2[i];
+    if (threadIdx.x < NCLS) bs[threadIdx.x] = bf2[threadIdx.x];
+    grid_dep_sync();
+    __syncthreads();
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= B) return;
+    float4 hv;
+    if constexpr (NPARTS > 0) {
+        float4 p[NPARTS > 0 ? NPARTS : 1];  // all partial sums in flight, then added in order
+#pragma unroll
+        for (int q = 0; q < NPARTS; q++) p[q] = ((const float4*)(hpart + ((size_t)q * B + row) * FC_H))[lane];
+        hv = f4_bias_relu(f4_sum_in_order(p), __ldg((const float4*)bf1 + lane));
+        *(float4*)(h + (size_t)row * FC_H + 4 * lane) = hv;
+        TRACE_MARK(0);
+    } else {
+        hv = *(const float4*)(h + (size_t)row * FC_H + 4 * lane);
+    }
+    head_row(hv, row, lane, ws, bs, logits, dlogits, dh, losses, preds, y, counters, offset_const, B);
+}
+// ----------------------------------------------------------------------------------------------------------------
+// fc1 on the fast path (TF32 mma, operands rounded once as they land in shared memory, as the conv2 kernels)
+
+// Forward (sm_90: thread-block clusters): h = ReLU(pooled Wf1^T + bf1) is 64 x 128 x 9216 at batch 64, too little
+// output for 132 SMs, so K is split 128 ways: block (s, rt) computes rows rt*64.. of all 128 outputs over k in
+// [72 s, 72 s + 72) (8 warps of 32 x 32). The 8 blocks of a cluster then add their partial sums through distributed
+// shared memory, in rank order (block q adds rows 8q..8q+7 of all eight), and write one partial sum per cluster:
+// hpart[16][B][128]. head_kernel adds the 16 in order, then the bias and the ReLU. Deterministic; 0.5 MB of partial
+// sums at batch 64 instead of the 2.4 MB that the 72-way split of the generic kernel wrote and re-read.
+// The fc1.weight loads are issued before grid_dep_sync (only pooled comes from the kernel in front, conv2's forward;
+// the weight was last written by the previous step's optimizer step, three or more launches back), so with
+// programmatic dependent launch they overlap conv2's tail.
+static_assert(64 / FC1F_CLUSTER == 8 && (64 / FC1F_CLUSTER) * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
+__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
+    TRACE_SCOPE(1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) float smem[];
+    float* As = smem;                  // [64][76]: pooled rows r0.., columns k0..k0+71
+    float* Ws = smem + 64 * FC1F_LD;   // [128][76]: fc1.weight rows, columns k0..k0+71
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wm = warp / 4, wn = warp % 4, r0 = blockIdx.y * 64, k0 = blockIdx.x * FC1F_KC;
+    // a block may write another's shared memory only once that block has started: this arrival, waited for just
+    // before the stores below (the cluster's blocks are launched together, so the wait costs nothing in practice)
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    {
+        constexpr int CH = FC1F_KC / 4, NA = (64 * CH + 255) / 256, NW = FC_H * CH / 256;
+        static_assert(FC_H * CH % 256 == 0, "fc1.weight chunks split evenly");
+        float4 va[NA], vw[NW];
+#pragma unroll
+        for (int i = 0; i < NW; i++) {  // issued before the wait, in flight across it
+            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
+            vw[i] = __ldg((const float4*)(wf1 + (size_t)j * FC_IN + k0) + c4);
+        }
+        grid_dep_sync();
+#pragma unroll
+        for (int i = 0; i < NA; i++) {
+            int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
+            va[i] = ch < 64 * CH && r0 + r < B ? __ldg((const float4*)(pooled + (size_t)(r0 + r) * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < NA; i++) {
+            int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
+            if (ch < 64 * CH) *(float4*)(As + r * FC1F_LD + 4 * c4) = tf32_round4(va[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            int ch = tid + i * 256, j = ch / CH, c4 = ch % CH;
+            *(float4*)(Ws + j * FC1F_LD + 4 * c4) = tf32_round4(vw[i]);
+        }
+    }
+    __syncthreads();
+    TRACE_MARK(0);
+    float acc[2][4][4];
+    acc_zero(acc);
+    warp_mma_smem<2, 4, FC1F_KC, FC1F_KC / 8>(acc, As + wm * 32 * FC1F_LD, FC1F_LD, 1, Ws + wn * 32 * FC1F_LD, 1,
+                                              FC1F_LD, g, t);
+    TRACE_MARK(1);
+    // each block sends rows 8q .. 8q + 7 of its partial sum to block q of the cluster (distributed shared memory
+    // stores into q's inbox, slot = the sender's rank; the inbox lies past the operands, which q may still read);
+    // after the cluster barrier block q adds its 8 slots in rank order, reading only its own shared memory, so no
+    // second barrier has to keep a block alive for the others' reads
+    cg::cluster_group cluster = cg::this_cluster();
+    const int q = (int)cluster.block_rank();
+    float* inbox = smem + (64 + FC_H) * FC1F_LD;  // [FC1F_CLUSTER][8][FC_H]
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every block of the cluster has started
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int m = wm * 32 + mi * 16 + g + 8 * h;
+            float* dst = cluster.map_shared_rank(inbox, m / 8) + (q * 8 + m % 8) * FC_H + wn * 32 + 2 * t;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) *(float2*)(dst + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
+    cluster.sync();  // every block's rows are in their owners' inboxes
+    TRACE_MARK(2);
+    const int row = 8 * q + tid / 32, c4 = tid % 32;
+    float4 v[FC1F_CLUSTER];
+#pragma unroll
+    for (int r = 0; r < FC1F_CLUSTER; r++) v[r] = *(const float4*)(inbox + (r * 8 + tid / 32) * FC_H + 4 * c4);
+    if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = f4_sum_in_order(v);
+    TRACE_MARK(3);
+#endif
+}
+
+// Backward: block k < FC1B_BLOCKS (128) owns fc1's inputs k0 = 72k .. k0+71 (the forward's K slices):
+//   dpooled[:, k0:k0+72] = dh Wf1[:, k0:k0+72]           (B x 72 x 128; dh is already zeroed where h <= 0)
+//   dWf1[:, k0:k0+72]   = dh^T pooled[:, k0:k0+72]        (128 x 72 x B, the batch in chunks of 64 rows)
+// 12 warps; warp w: dpooled rows 16 (w / 3) .. + 15 of a chunk and dWf1 rows 32 (w / 3) .. + 31, both in columns
+// 24 (w % 3) .. + 23 of the slice. The weight gradient is stored (in a training step the input-gradient kernel's idle
+// warp applies its optimizer step, fc1_step_share). The last FC1B_EXTRA blocks compute the small gradients: fc1's bias
+// (sum over the batch of dh), fc2's weight and bias (a thread per output, fp32 FMAs over the batch in order).
+// One block per SM (the shared memory asked for is more than half an SM's): the 132 blocks fill an H100 in one wave.
+// (With 64-column slices, 8 warps and two blocks per SM, 150 blocks, the blocks that shared an SM finished their
+// products up to 3.7 us after the median block; measured on the H100, dev/mnist_NOTES.md session 10.)
+// The Wf1 slice is loaded before grid_dep_sync: the previous step's optimizer step wrote it, several launches back,
+// and the kernels in front only read it; dh, pooled and the rest wait.
+constexpr int FC1B_NC = FC1F_KC, FC1B_BLOCKS = FC_IN / FC1B_NC, FC1B_THREADS = 384;
+constexpr int FC1B_WLD = FC1B_NC;       // Ws[128][72]: Wf1[j][k0 + c], read as B[k = j][n = c]: 8 mod 32, conflict-free
+constexpr int FC1B_HLD = FC_H + 4;      // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
+                                        // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
+constexpr int FC1B_PLD = FC1B_NC;       // Ps[64][72]: pooled [r][c], read as B[k = r][n = c]: conflict-free
+static_assert(FC1B_WLD % 32 == 8 && FC1B_PLD % 32 == 8, "conflict-free B fragments; the gradient's float2 stores into Gs");
+static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384, "12 warps: 4 x 3 tiles of 16 x 24 and of 32 x 24");
+constexpr size_t FC1B_SMEM_USED = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
+constexpr size_t FC1B_SMEM = FC1B_SMEM_USED > 116 * 1024 ? FC1B_SMEM_USED : 116 * 1024;  // one block per SM
+constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + FC1B_THREADS - 1) / FC1B_THREADS;
+// The phases of fc1_backward_kernel (below), in the order it runs them.
+// The last FC1B_EXTRA blocks: fc1.bias's gradient (dh summed over the batch), fc2's weight and bias gradients (a
+// thread per output, fp32 FMAs over the batch in order), and the counters' advance
+__device__ __forceinline__ void fc1b_small_grads(const Fc1BackwardArgs& a, int tid) {
+    const int B = a.B;
+    // the batch's position: every reader of it in this step (conv2's forward, the head) is complete
+    if (a.advance_pos >= 0 && blockIdx.x == FC1B_BLOCKS && tid == 0) a.counters[1] += a.advance_pos;
+    int i = (blockIdx.x - FC1B_BLOCKS) * FC1B_THREADS + tid;
+    if (i < FC_H) {
+        float s = 0.0f;
+#pragma unroll 16
+        for (int b = 0; b < B; b++) s += a.dh[(size_t)b * FC_H + i];
+        a.gbf1[i] = s;
+    } else if (i < FC_H + NCLS * FC_H) {
+        int j = (i - FC_H) / FC_H, k = (i - FC_H) % FC_H;
+        float s = 0.0f;
+#pragma unroll 16
+        for (int b = 0; b < B; b++) s = fmaf(a.dlogits[b * NCLS + j], a.h[(size_t)b * FC_H + k], s);
+        a.gwf2[j * FC_H + k] = s;
+    } else if (i < FC1B_SMALL) {
+        int j = i - FC_H - NCLS * FC_H;
+        float s = 0.0f;
+#pragma unroll 16
+        for (int b = 0; b < B; b++) s += a.dlogits[b * NCLS + j];
+        a.gbf2[j] = s;
+    }
+}
+// A chunk of 64 batch rows from r0 into shared memory, rounded to TF32: dh into Hs, the pooled slice into Ps
+// (zeros past the batch); all loads before any store
+template <int NT, int CH>
+__device__ __forceinline__ void fc1b_load_rows(float* Hs, float* Ps, const Fc1BackwardArgs& a, int r0, int k0,
+                                               int tid) {
+    const int B = a.B;
+    constexpr int NH = (64 * FC_H / 4 + NT - 1) / NT, NP = 64 * CH / NT;
+    float4 vh[NH], vp[NP];
+#pragma unroll
+    for (int i = 0; i < NH; i++) {
+        int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+        vh[i] = r < 64 && r0 + r < B ? __ldg((const float4*)(a.dh + (size_t)(r0 + r) * FC_H) + c4)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
+        vp[i] = r0 + r < B ? ((const float4*)(a.pooled + (size_t)(r0 + r) * FC_IN + k0))[c4]
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < NH; i++) {
+        int ch = tid + i * NT, r = ch / (FC_H / 4), c4 = ch % (FC_H / 4);
+        if (r < 64) *(float4*)(Hs + r * FC1B_HLD + 4 * c4) = tf32_round4(vh[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int ch = tid + i * NT, r = ch / CH, c4 = ch % CH;
+        *(float4*)(Ps + r * FC1B_PLD + 4 * c4) = tf32_round4(vp[i]);
+    }
+}
+// dpooled rows r0.. of the slice (64 x 72, k = the 128 fc1 outputs): this warp's 16 x 24
+__device__ __forceinline__ void fc1b_dpooled_rows(const Fc1BackwardArgs& a, const float* Hs, const float* Ws, int r0,
+                                                  int k0, int wr, int wc, int g, int t) {
+    const int B = a.B;
+    float d[1][3][4];
+    acc_zero(d);
+    warp_mma_smem<1, 3, FC_H, 4>(d, Hs + 16 * wr * FC1B_HLD, FC1B_HLD, 1, Ws + wc, FC1B_WLD, 1, g, t);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + 16 * wr + g + 8 * h;
+        if (r >= B) continue;
+#pragma unroll
+        for (int ni = 0; ni < 3; ni++)
+            *(float2*)(a.dpooled + (size_t)r * FC_IN + k0 + wc + ni * 8 + 2 * t) =
+                make_float2(d[0][ni][2 * h], d[0][ni][2 * h + 1]);
+    }
+}
+// The slice's weight gradient (the block's accumulators) out through shared memory (the operands are done with;
+// Gs[128][72] takes Ws's place), so that it leaves in rows of 16-byte chunks
+template <int NT, int CH>
+__device__ __forceinline__ void fc1b_store_wgrad(float* smem, const Fc1BackwardArgs& a, const float (&acc)[2][3][4],
+                                                 int k0, int tid, int wr, int wc, int g, int t) {
+    __syncthreads();
+    float* Gs = smem;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ni = 0; ni < 3; ni++)
+                *(float2*)(Gs + (32 * wr + mi * 16 + g + 8 * h) * FC1B_WLD + wc + ni * 8 + 2 * t) =
+                    make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    __syncthreads();
+    TRACE_MARK(3);
+#pragma unroll
+    for (int i = 0; i < FC_H * CH / NT; i++) {
+        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
+        *(float4*)(a.gwf1 + (size_t)j * FC_IN + k0 + 4 * c4) = *(const float4*)(Gs + j * FC1B_WLD + 4 * c4);
+    }
+}
+__global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1BackwardArgs a) {
+    TRACE_SCOPE(3);
+    const int tid = threadIdx.x, B = a.B;
+    if (blockIdx.x >= FC1B_BLOCKS) {
+        grid_dep_sync();
+        fc1b_small_grads(a, tid);
+        TRACE_MARK(5);
+        return;
+    }
+    extern __shared__ __align__(16) float smem[];
+    float* Ws = smem;
+    float* Hs = Ws + FC_H * FC1B_WLD;
+    float* Ps = Hs + 64 * FC1B_HLD;
+    constexpr int NT = FC1B_THREADS, CH = FC1B_NC / 4;  // the slice's 16-byte chunks per row
+    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3, k0 = blockIdx.x * FC1B_NC;
+    const int wr = warp / 3, wc = 24 * (warp % 3);
+    float acc[2][3][4];
+    static_assert(FC_H * CH % NT == 0 && 64 * CH % NT == 0, "the Wf1 and pooled slices' chunks split evenly");
+#pragma unroll
+    for (int i = 0; i < FC_H * CH / NT; i++) {  // the Wf1 slice: 128 rows of 18 float4 (before the wait)
+        int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
+        *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
+    }
+    grid_dep_sync();
+    acc_zero(acc);
+    for (int r0 = 0; r0 < B; r0 += 64) {
+        __syncthreads();  // the previous chunk's fragment reads are done
+        fc1b_load_rows<NT, CH>(Hs, Ps, a, r0, k0, tid);
+        __syncthreads();
+        TRACE_MARK(0);
+        fc1b_dpooled_rows(a, Hs, Ws, r0, k0, wr, wc, g, t);
+        TRACE_MARK(1);
+        // dWf1 += dh^T pooled over this chunk's 64 rows (zero rows past B add nothing)
+        warp_mma_smem<2, 3, 64, 8>(acc, Hs + 32 * wr, 1, FC1B_HLD, Ps + wc, FC1B_PLD, 1, g, t);
+    }
+    TRACE_MARK(2);
+    fc1b_store_wgrad<NT, CH>(smem, a, acc, k0, tid, wr, wc, g, t);
+}
+// fc1's backward on the fast path (Fc1BackwardArgs): FC1B_BLOCKS + FC1B_EXTRA blocks of FC1B_THREADS
+static void fc1_backward(const Fc1BackwardArgs& a) {
+    launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, FC1B_THREADS, FC1B_SMEM, 1, a);
+}
+
+// Once per process: the conv2 kernels' launch configuration, the fc1 kernels' shared-memory limits, and whether the
+// device takes programmatic dependent launch and thread-block clusters (sm_90+; else fc1's forward stays on the
+// generic kernel and every launch is an ordinary one).
+static void fast_path_setup() {
+    static bool done = false;
+    if (done) return;
+    conv2_tf32_setup();
+    int dev, major;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    g_pdl = major >= 9;
+    g_fc1_cluster = major >= 9;
+    g_bulk_copy = major >= 9;
+    if (g_fc1_cluster) cudaCheck(cudaFuncSetAttribute(fc1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1F_SMEM));
+    cudaCheck(cudaFuncSetAttribute(fc1_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1B_SMEM));
+    done = true;
+}
+
+// ================================================================================================================
+// 7. THE COMMAND LINE
+//   arguments, evaluation, main; left out of TESTING builds (dev/test_mnist.cu includes this file)
+// ================================================================================================================
 #ifndef TESTING
 // ----------------------------------------------------------------------------------------------------------------
 // CLI
