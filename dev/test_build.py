@@ -66,13 +66,13 @@ def main():
               ["sm_80"], ["sm_90", "sm_90a"])
         check("command-line -arch=native: a plain warning", ".", "train_mnist", "-arch=native", [], [],
               warn="sm_90a")
-        check("command-line sm_90: train_unet keeps sm_90", ".", "train_unet", "-gencode arch=compute_90,code=sm_90",
-              ["sm_90"], ["sm_90a"])
-        for target in ("test_mnist", "trace_mnist", "matmul"):
+        check("command-line sm_90: train_unet (bf16 on wgmma)", ".", "train_unet",
+              "-gencode arch=compute_90,code=sm_90", ["sm_90a"], ["sm_90"])
+        for target in ("test_mnist", "trace_mnist", "matmul", "conv2d", "test_unet"):
             check(f"command-line sm_90: dev/{target}", "dev", target, "-gencode arch=compute_90,code=sm_90",
                   ["sm_90a"], ["sm_90"])
-        check("command-line sm_90: dev/conv2d keeps sm_90", "dev", "conv2d", "-gencode arch=compute_90,code=sm_90",
-              ["sm_90"], ["sm_90a"])
+        check("command-line sm_90: dev/softmax_forward keeps sm_90", "dev", "softmax_forward",
+              "-gencode arch=compute_90,code=sm_90", ["sm_90"], ["sm_90a"])
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return 1 if counts["FAIL"] else 0
 
