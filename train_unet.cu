@@ -5086,10 +5086,30 @@ static void batch_draws(int seed, int N, int T, long long step0, int nsteps, int
         }
 }
 
+// The precision a run gets. bf16, the default, runs on Hopper's wgmma: it needs a compute capability 9.0 GPU and
+// the sm_90a build (make builds it where nvidia-smi reports 9.0). Without them the default falls back to tf32 and
+// says so (*note); an explicit --precision bf16 is an error (false, after the message).
+static bool precision_resolve(Precision* p, bool given, std::string* note) {
+    if (*p != PREC_BF16 || have_sm90a()) return true;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    char why[256];
+    snprintf(why, sizeof why, "bf16 runs on Hopper's wgmma: it needs a compute capability 9.0 GPU (this is %s, %d.%d) "
+             "and the sm_90a build", prop.name, prop.major, prop.minor);
+    if (given) {
+        fprintf(stderr, "error: --precision %s; use --precision tf32\n", why);
+        return false;
+    }
+    *p = PREC_TF32;
+    *note = std::string(" (the default bf16 is not available: ") + why + ")";
+    return true;
+}
+
 struct TrainArgs {
     std::string data_file = "data/sunflowers64.bin", output_dir = "out/unet", resume, load;
     int batch_size = 32, steps = 4000, log_every = 10, save_every = 1000, seed = 1337;
-    Precision precision = PREC_TF32;
+    Precision precision = PREC_BF16;
+    bool precision_given = false;  // an explicit --precision (no fallback from bf16)
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
     UNetConfig cfg;
     bool quiet = false;
@@ -5133,16 +5153,13 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    if (a.precision == PREC_BF16 && !have_sm90a()) {
-        fprintf(stderr, "error: --precision bf16 runs on Hopper's wgmma: it needs a compute capability 9.0 GPU (this "
-                "is %s, %d.%d) and the sm_90a build (make builds it where nvidia-smi reports 9.0); use --precision "
-                "tf32\n", prop.name, prop.major, prop.minor);
-        return 1;
-    }
+    Precision prec = a.precision;
+    std::string prec_note;
+    if (!precision_resolve(&prec, a.precision_given, &prec_note)) return 1;
     size_t mem_free0, mem_total;
     cudaCheck(cudaMemGetInfo(&mem_free0, &mem_total));
-    gpu_init(a.precision);
-    m->prec = a.precision;
+    gpu_init(prec);
+    m->prec = prec;
     const char* env_conv = getenv("UNET_CONV_V");  // 5: the previous TF32 convolution kernels (timing old vs new)
     if (env_conv && env_conv[0]) {
         if (strcmp(env_conv, "5") && strcmp(env_conv, "6")) {
@@ -5221,10 +5238,11 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         row("steps", buf);
         snprintf(buf, sizeof buf, "%d", st.seed);
         row("seed", buf);
-        row("precision", a.precision == PREC_BF16 ? "bf16 (wgmma convolutions, fp32 master weights)"
-                         : a.precision == PREC_FP32 ? "fp32 (strict)"
-                         : g_conv_v == 6          ? "tf32 (convolutions and cuBLAS)"
-                                                  : "tf32 (convolutions: UNET_CONV_V=5 kernels)");
+        row("precision", prec == PREC_BF16 ? "bf16 (wgmma convolutions, fp32 master weights)"
+                         : prec == PREC_FP32 ? "fp32 (strict)"
+                         : g_conv_v == 6     ? "tf32 (convolutions and cuBLAS)"
+                                             : "tf32 (convolutions: UNET_CONV_V=5 kernels)");
+        if (!prec_note.empty()) printf("note: precision tf32%s\n", prec_note.c_str());
         row("init", !a.resume.empty() ? "resume " + a.resume : !a.load.empty() ? "load " + a.load : "own (PyTorch defaults)");
         row("checkpoint", ckpt_path);
         printf("+-----------------------+----------------------------------------------+\n");
@@ -5381,7 +5399,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
 struct SampleArgs {
     std::string out_file, load, sampler = "ddim";
     int num_samples = 16, sample_steps = 50, use_ema = 1, batch_size = 32, seed = 1337;
-    Precision precision = PREC_TF32;
+    Precision precision = PREC_BF16;
+    bool precision_given = false;
 };
 
 // Samples with the checkpoint's model (DDPM over all steps or DDIM eta 0, as scripts/generate.py) and writes a
@@ -5413,13 +5432,12 @@ static int unet_sample(const SampleArgs& a) {
                 "--device cpu samples on the CPU)\n");
         return 1;
     }
-    if (a.precision == PREC_BF16 && !have_sm90a()) {
-        fprintf(stderr, "error: --precision bf16 needs a compute capability 9.0 GPU and the sm_90a build; use "
-                "--precision tf32\n");
-        return 1;
-    }
-    gpu_init(a.precision);
-    m->prec = a.precision;
+    Precision prec = a.precision;
+    std::string prec_note;
+    if (!precision_resolve(&prec, a.precision_given, &prec_note)) return 1;
+    if (!prec_note.empty()) printf("note: sampling in tf32%s\n", prec_note.c_str());
+    gpu_init(prec);
+    m->prec = prec;
     unet_allocate(m);
     unet_load_tensors(m, &ck, a.use_ema ? "ema." : "", m->p);
     unet_weights_changed(m);
@@ -5547,7 +5565,8 @@ static int unet_sample(const SampleArgs& a) {
 struct EvalArgs {
     std::string load, data_file = "data/sunflowers64.bin";
     int n = 1024, use_ema = 1, batch_size = 32;
-    Precision precision = PREC_TF32;
+    Precision precision = PREC_BF16;
+    bool precision_given = false;
 };
 // The evaluation loss of a checkpoint: the mean epsilon-prediction MSE over n fixed (image, timestep, noise)
 // triples, the same for every checkpoint and run: image i % N of the dataset (flipped for odd i / N), timestep and
@@ -5578,13 +5597,11 @@ static int unet_eval(const EvalArgs& a) {
         fprintf(stderr, "error: no CUDA GPU found: train_unet --eval_loss runs on the GPU\n");
         return 1;
     }
-    if (a.precision == PREC_BF16 && !have_sm90a()) {
-        fprintf(stderr, "error: --precision bf16 needs a compute capability 9.0 GPU and the sm_90a build; use "
-                "--precision tf32\n");
-        return 1;
-    }
-    gpu_init(a.precision);
-    m->prec = a.precision;
+    Precision prec = a.precision;
+    std::string prec_note;
+    if (!precision_resolve(&prec, a.precision_given, &prec_note)) return 1;
+    gpu_init(prec);
+    m->prec = prec;
     unet_allocate(m);
     unet_load_tensors(m, &ck, a.use_ema ? "ema." : "", m->p);
     unet_weights_changed(m);
@@ -5624,8 +5641,8 @@ static int unet_eval(const EvalArgs& a) {
         for (int b = 0; b < take; b++) sum += ls[b];
         done += take;
     }
-    printf("eval loss %.6f over %d fixed (image, timestep, noise) triples (%s weights, --precision %s)\n", sum / done,
-           done, a.use_ema ? "EMA" : "raw", PREC_NAME[a.precision]);
+    printf("eval loss %.6f over %d fixed (image, timestep, noise) triples (%s weights, --precision %s%s)\n",
+           sum / done, done, a.use_ema ? "EMA" : "raw", PREC_NAME[prec], prec_note.c_str());
     curandCheck(curandDestroyGenerator(gen));
     cudaCheck(cudaFree(d_images));
     cudaCheck(cudaFree(d_codes));
@@ -5739,8 +5756,8 @@ int main(int argc, char** argv) {
         {"allow_change", F_STR, &allow_change, 0, 0, "with --resume: stored settings this run may change knowingly "
          "(comma list of lr, seed, batch_size, ema_rate); without it a differing one is an error", false, ""},
         {"load", F_STR, &a.load, 0, 0, "checkpoint to take the initial weights from (or to sample)", false, ""},
-        {"precision", F_STR, &precision, 0, 0, "bf16 (wgmma, Hopper), tf32 (tensor cores on fp32) or fp32 (strict)",
-         false, ""},
+        {"precision", F_STR, &precision, 0, 0, "bf16 (wgmma: a Hopper GPU; the default falls back to tf32 elsewhere), "
+         "tf32 (tensor cores on fp32) or fp32 (strict)", false, ""},
         {"image_size", F_INT, &image_size, 8, 4096, "model image size (the data must match)", false, ""},
         {"model_channels", F_INT, &model_channels, 32, 4096, "base channels C", false, ""},
         {"channel_mult", F_STR, &channel_mult, 0, 0, "channel multipliers per level (1 to 4 levels)", false, ""},
@@ -5803,6 +5820,7 @@ int main(int argc, char** argv) {
     else if (precision == "tf32") a.precision = PREC_TF32;
     else if (precision == "fp32") a.precision = PREC_FP32;
     else die("--precision expects bf16, tf32 or fp32, found '%s'", precision.c_str());
+    a.precision_given = is_set("precision");
     // the model from the flags
     UNetConfig cfg;
     std::vector<int> mult, ds;
@@ -5838,6 +5856,7 @@ int main(int argc, char** argv) {
         ea.use_ema = use_ema;
         ea.batch_size = a.batch_size;
         ea.precision = a.precision;
+        ea.precision_given = a.precision_given;
         return unet_eval(ea);
     }
     std::string real;
@@ -5855,6 +5874,7 @@ int main(int argc, char** argv) {
         sa.batch_size = a.batch_size;
         sa.seed = a.seed;
         sa.precision = a.precision;
+        sa.precision_given = a.precision_given;
         return unet_sample(sa);
     }
     if (!a.resume.empty() && !a.load.empty()) die("give --resume or --load, not both");

@@ -8,7 +8,8 @@ Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32
   debug state (UNET_DEBUG_STATE, python3 dev/unet.py --debug_state F [--batch_size B --zero_init 0|1 ...]):
     x_t, the model output, the loss, every parameter gradient by name, and the n_steps AdamW-step losses;
   forward fixture (UNET_FIXTURE, dev/unet.py --forward_fixture): the output on the fixture's x_t and t;
-  resume: 2N steps in one run vs N steps + --resume + N steps on data/sunflowers64.bin: identical losses.
+  resume: 2N steps in one run vs N steps + --resume + N steps on data/sunflowers64.bin: identical losses (tf32,
+  and bf16 where it runs).
 --precision bf16 (debug states given on the command line, made with --autocast_bf16 1; sm_90a on a 9.0 GPU): our
   error against the fp32 reference is at most 2x PyTorch bf16 autocast's own error, tensor by tensor (L2).
 CPU checks (also without a GPU, so in CI): the parameter table, the initialisation's distributions, the weight
@@ -475,15 +476,15 @@ static void test_ema_warmup() {
     cudaCheck(cudaFree(m.adam_dev));
 }
 
-static void test_resume() {
+static void test_resume(Precision prec) {
     const char* data = "data/sunflowers64.bin";
     if (access(data, F_OK) != 0) {
-        report("SKIP", "resume", std::string("no ") + data);
+        report("SKIP", std::string("resume ") + PREC_NAME[prec], std::string("no ") + data);
         return;
     }
     char dir[] = "/tmp/test_unet_XXXXXX";
     if (!mkdtemp(dir)) {
-        report("FAIL", "resume", "mkdtemp failed");
+        report("FAIL", std::string("resume ") + PREC_NAME[prec], "mkdtemp failed");
         return;
     }
     TrainArgs a;
@@ -497,7 +498,8 @@ static void test_resume() {
     a.cfg.num_head_channels = 32;
     a.batch_size = 5;
     a.log_every = 1;
-    a.precision = PREC_TF32;  // the training default; determinism does not depend on it
+    a.precision = prec;
+    a.precision_given = true;
     a.quiet = true;
     const int N = 4;
     std::vector<float> whole, first, second;
@@ -518,7 +520,7 @@ static void test_resume() {
         char buf[128];
         snprintf(buf, sizeof buf, "runs returned %d %d %d with %zu, %zu, %zu losses", rc1, rc2, rc3, whole.size(),
                  first.size(), second.size());
-        report("FAIL", "resume", buf);
+        report("FAIL", std::string("resume ") + PREC_NAME[prec], buf);
         return;
     }
     std::vector<float> joined = first;
@@ -532,9 +534,11 @@ static void test_resume() {
         snprintf(buf, sizeof buf, " %.7f/%.7f", whole[i], joined[i]);
         l += buf;
     }
-    if (diff < 0) report("PASS", "resume", std::to_string(2 * N) + " steps vs " + std::to_string(N) + " + resume + " +
-                         std::to_string(N) + ": identical losses (whole/split:" + l + ")");
-    else report("FAIL", "resume", "first difference at step " + std::to_string(diff) + " (whole/split:" + l + ")");
+    const std::string tag = std::string("resume ") + PREC_NAME[prec];
+    if (diff < 0)
+        report("PASS", tag, std::to_string(2 * N) + " steps vs " + std::to_string(N) + " + resume + " +
+                                std::to_string(N) + ": identical losses (whole/split:" + l + ")");
+    else report("FAIL", tag, "first difference at step " + std::to_string(diff) + " (whole/split:" + l + ")");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -656,7 +660,9 @@ int main(int argc, char** argv) {
         test_debug_state("dev/fixtures/unet_debug_small.bin", false);
         test_forward_fixture("dev/fixtures/unet_forward_small.bin");
         cublasCheck(cublasDestroy(g_cublas));
-        test_resume();
+        test_resume(PREC_TF32);
+        if (have_sm90a()) test_resume(PREC_BF16);
+        else report("SKIP", "resume bf16", "needs the sm_90a build on a compute capability 9.0 GPU");
         test_ema_warmup();
     } else {
         for (const std::string& p : paths) {
