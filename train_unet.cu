@@ -6,13 +6,15 @@ trained in CUDA C++: data loader, forward and backward kernels, AdamW, EMA, chec
   ./train_unet --help                                  # every flag with its default
   ./train_unet --sample s.bin --load out/unet/model.bin --num_samples 16 --sampler ddim --sample_steps 50
 
-Layout: activations NHWC (B, H, W, C), all allocated once in unet_allocate. 3x3 convolutions are implicit GEMMs over
-contiguous channels: with --tf32 1 on TF32 tensor cores (conv_mma_kernel, mma.sync m16n8k8, dev/conv2d.cu
-version 6; UNET_CONV_V=5 selects the previous wmma kernels), with --tf32 0 plain fp32 FMAs (conv_igemm_kernel,
-versions 2/4: the mode dev/test_unet.cu compares with PyTorch). Linear layers, 1x1
-convolutions and attention products go through cuBLAS (TF32 math with --tf32 1). Reductions (GroupNorm
-statistics, bias gradients, the loss) are two-stage and deterministic, so a run is reproducible bit for bit and
---resume continues the identical trajectory.
+Layout: activations NHWC (B, H, W, C), allocated once in unet_allocate (the activations' gradients share one arena
+by liveness). --precision bf16 (the default on Hopper): bf16 activations and compute copies of the weights, fp32
+master weights, AdamW state, EMA and accumulation; 3x3 convolutions on warpgroup MMA (wgmma) fed by TMA
+(conv_wgmma_kernel, dev/conv2d.cu version 7), fused attention (attn_*_kernel, dev/attention.cu version 2), cuBLAS
+bf16 for the linear layers. --precision tf32: fp32 activations, convolutions on TF32 mma.sync (conv_mma_kernel,
+version 6), cuBLAS in TF32. --precision fp32: strict fp32 everywhere (conv_igemm_kernel, versions 2/4), the mode
+dev/test_unet.cu compares with PyTorch tensor for tensor. Reductions (GroupNorm statistics, bias gradients, split-K
+partial sums, the loss) run in a fixed order, so a run is reproducible bit for bit and --resume continues the
+identical trajectory; from the second step on, a training step is one CUDA graph.
 Sections: utilities and file reader | kernels | model (build, forward, backward, update) | training and sampling
 | CLI (main, inside #ifndef TESTING so that dev/test_unet.cu includes this file).
 */
@@ -234,7 +236,8 @@ static std::string bin_open(BinFile* f, const char* path, int magic, int version
                     snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has a negative dimension", path, i, shown.c_str());
                     return msg;
                 }
-                n = e.shape[d] == 0 || n <= (size_t)size / (size_t)e.shape[d] ? n * (size_t)e.shape[d] : (size_t)size + 1;
+                n = e.shape[d] == 0 || n <= (size_t)size / (size_t)e.shape[d] ? n * (size_t)e.shape[d]
+                                                                                : (size_t)size + 1;
             }
         }
         e.offset = offset;
@@ -458,14 +461,15 @@ static std::string config_check(const UNetConfig& c) {
                std::to_string(c.model_channels) + " and " + std::to_string(c.num_head_channels);
     if (c.image_size > 4096) return "image_size must be at most 4096, found " + std::to_string(c.image_size);
     for (int l = c.n_levels; l < 4; l++)
-        if (c.mult[l] != 0) return "mult" + std::to_string(l) + " must be 0 (unused level), found " + std::to_string(c.mult[l]);
+        if (c.mult[l] != 0)
+            return "mult" + std::to_string(l) + " must be 0 (unused level), found " + std::to_string(c.mult[l]);
     for (int l = 0; l < c.n_levels; l++)
         if (c.mult[l] < 1 || (long long)c.model_channels * c.mult[l] > 65536)
             return "mult" + std::to_string(l) + " must be >= 1 with model_channels x mult at most 65536, found " +
                    std::to_string(c.mult[l]);
     if (c.attn_ds_mask < 0 || c.attn_ds_mask >= 1 << c.n_levels)
-        return "attn_ds_mask must be 0.." + std::to_string((1 << c.n_levels) - 1) + " (bit k: attention at ds 2^k), found " +
-               std::to_string(c.attn_ds_mask);
+        return "attn_ds_mask must be 0.." + std::to_string((1 << c.n_levels) - 1) +
+               " (bit k: attention at ds 2^k), found " + std::to_string(c.attn_ds_mask);
     if (c.image_size < 1 || c.image_size % (1 << (c.n_levels - 1))) {
         snprintf(msg, sizeof msg, "image_size %d is not a positive multiple of 2^(levels-1) = %d", c.image_size,
                  1 << (c.n_levels - 1));
@@ -2013,7 +2017,8 @@ __global__ void weights_to_bf16_kernel(const float* __restrict__ p, bf16* __rest
     const int t = blockIdx.x - e.tile0, tx = threadIdx.x, ty = threadIdx.y;
     if (!e.conv) {
         const long long end = min(e.n, (long long)(t + 1) * 1024);
-        for (long long i = (long long)t * 1024 + ty * 32 + tx; i < end; i += 256) pw[e.off + i] = __float2bfloat16_rn(p[e.off + i]);
+        for (long long i = (long long)t * 1024 + ty * 32 + tx; i < end; i += 256)
+            pw[e.off + i] = __float2bfloat16_rn(p[e.off + i]);
         return;
     }
     const int tco = (e.cout + 31) / 32, tci = (e.cin + 31) / 32;
@@ -2028,7 +2033,8 @@ __global__ void weights_to_bf16_kernel(const float* __restrict__ p, bf16* __rest
     __syncthreads();
     for (int i = ty; i < 32; i += 8) {  // pw along ci
         const int co = co0 + i, ci = ci0 + tx;
-        if (ci < e.cin && co < e.cout) pw[e.off + ((size_t)co * 9 + tap) * e.cin + ci] = __float2bfloat16_rn(tile[tx][i]);
+        if (ci < e.cin && co < e.cout)
+            pw[e.off + ((size_t)co * 9 + tap) * e.cin + ci] = __float2bfloat16_rn(tile[tx][i]);
     }
 }
 
@@ -2690,7 +2696,8 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(const bf16* __restrict__ 
         bf16* orow = out + ((size_t)b * L + q) * C + h * D;
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd++)
-            *reinterpret_cast<uint32_t*>(orow + nd * 8 + 2 * t) = pack_bf16(o[nd][2 * hr] * inv, o[nd][2 * hr + 1] * inv);
+            *reinterpret_cast<uint32_t*>(orow + nd * 8 + 2 * t) =
+                pack_bf16(o[nd][2 * hr] * inv, o[nd][2 * hr + 1] * inv);
         if (t == 0) lse[(size_t)bh * L + q] = (hr ? mx1 : mx0) + logf(hr ? sum1 : sum0);
     }
 }
@@ -4193,9 +4200,14 @@ static void conv_thin_launch(ConvGeom g, const bf16* x, const float* w, bf16* y,
 }
 static void conv_thin(ConvGeom g, const bf16* x, const float* w, bf16* y, const float* bias, bool accumulate) {
     const bool v8 = g.C % 8 == 0;
-    if (g.N <= 4) v8 ? conv_thin_launch<4, 8>(g, x, w, y, bias, accumulate) : conv_thin_launch<4, 1>(g, x, w, y, bias, accumulate);
-    else if (g.N <= 8) v8 ? conv_thin_launch<8, 8>(g, x, w, y, bias, accumulate) : conv_thin_launch<8, 1>(g, x, w, y, bias, accumulate);
-    else v8 ? conv_thin_launch<64, 8>(g, x, w, y, bias, accumulate) : conv_thin_launch<64, 1>(g, x, w, y, bias, accumulate);
+    auto launch = [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        if (v8) conv_thin_launch<NT, 8>(g, x, w, y, bias, accumulate);
+        else conv_thin_launch<NT, 1>(g, x, w, y, bias, accumulate);
+    };
+    if (g.N <= 4) launch(std::integral_constant<int, 4>{});
+    else if (g.N <= 8) launch(std::integral_constant<int, 8>{});
+    else launch(std::integral_constant<int, 64>{});
 }
 // dW (9*C x N, fp32) of a thin bf16 convolution: per-block partial sums, then added in a fixed order
 template <int V>
@@ -4403,7 +4415,8 @@ static void add_act(const T* x, T* y, size_t n, int C, bool accumulate) {
 template <typename T>
 static void add_bias(T* out, const float* bias, const T* res, size_t rows, int N) {
     const size_t n = rows * N;
-    if (N % VEC<T> == 0) add_bias_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(out, bias, res, n, N);
+    if (N % VEC<T> == 0)
+        add_bias_kernel<T, VEC<T>><<<ceil_div(n / VEC<T>, EW), EW, 0, g_stream>>>(out, bias, res, n, N);
     else add_bias_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(out, bias, res, n, N);
     cudaCheck(cudaGetLastError());
 }
@@ -5939,8 +5952,10 @@ int main(int argc, char** argv) {
             snprintf(g, sizeof g, "%g", a.lr);
             snprintf(st, sizeof st, "%g", lr0);
             if (keep("lr", a.lr != lr0, g, st)) a.lr = lr0;
-            if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20]))) a.seed = ck.hdr[20];
-            if (keep("batch_size", a.batch_size != ck.hdr[19], std::to_string(a.batch_size), std::to_string(ck.hdr[19])))
+            if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20])))
+                a.seed = ck.hdr[20];
+            if (keep("batch_size", a.batch_size != ck.hdr[19], std::to_string(a.batch_size),
+                     std::to_string(ck.hdr[19])))
                 a.batch_size = ck.hdr[19];
             snprintf(g, sizeof g, "%g", a.ema_rate);
             snprintf(st, sizeof st, "%g", ema0);

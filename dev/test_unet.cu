@@ -288,8 +288,8 @@ static bool check_bf16_ratio(const std::string& name, const float* ours, const f
         *worst_name = name;
     }
     char buf[400];
-    snprintf(buf, sizeof buf, "L2 err ours %.3e, PyTorch bf16 %.3e (ratio %.2f, limit %.1f), |ref| %.3e; max |err| ours "
-             "%.3e, PyTorch %.3e", eo, et, ratio, BF16_ERR_RATIO, norm, mo, mt);
+    snprintf(buf, sizeof buf, "L2 err ours %.3e, PyTorch bf16 %.3e (ratio %.2f, limit %.1f), |ref| %.3e; max |err| "
+             "ours %.3e, PyTorch %.3e", eo, et, ratio, BF16_ERR_RATIO, norm, mo, mt);
     if (!ok) report("FAIL", name, buf);
     else if (!quiet_pass) report("PASS", name, buf);
     else n_pass++;

@@ -336,7 +336,8 @@ def autocast_reference(model, diffusion, x0, t, noise, step_t, step_noise, args)
     """The debug state's step under torch.autocast(bfloat16) from the same initial weights (a copy of the model,
     before any update): autocast.out (float32 of the bf16 output), autocast.loss, autocast.grad.<name>, and
     autocast.step_losses of the same n_steps AdamW steps (fp32 master weights and optimizer, as PyTorch's AMP).
-    dev/test_unet.cu measures --precision bf16 against the fp32 reference with PyTorch's own bf16 error as the yardstick."""
+    dev/test_unet.cu measures --precision bf16 against the fp32 reference with PyTorch's own bf16 error as the
+    yardstick."""
     if x0.device.type != "cuda":
         sys.exit("error: --autocast_bf16 needs --device cuda (bf16 autocast on the GPU is the yardstick)")
     m = copy.deepcopy(model)
