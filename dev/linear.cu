@@ -8,7 +8,7 @@ rows), forward and backward, checked against a CPU oracle (double) and PyTorch f
 
 version 1 (train_unet.cu, the only one): y = x W^T (cuBLAS sgemm, row-major view) then a bias kernel (+ residual);
 dW = dy^T x (sgemm), db = deterministic column sums of dy (channel_sums), dx = dy W (sgemm). Strict fp32 here
-(cuBLAS default math); the trainer's --tf32 1 allows TF32 in these products.
+(cuBLAS default math); the trainer's --precision tf32 allows TF32 in these products (bf16: cublasGemmEx).
 */
 #define TESTING
 #include "../train_unet.cu"

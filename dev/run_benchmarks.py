@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = [  # (name, script in dev/, flags under --quick)
     ("linreg", "bench_linreg.py", ["--quick"]),
     ("mnist", "bench_mnist.py", ["--skip_compile", "--epochs", "2"]),
-    ("unet", "bench_unet.py", ["--modes", "eager", "--steps", "10"]),
+    ("unet", "bench_unet.py", ["--modes", "eager", "--batch_sizes", "32", "--precisions", "bf16", "--steps", "10"]),
     ("softmax", "softmax.py", ["--quick", "--no_sweep", "--no_compile"]),
 ]
 
