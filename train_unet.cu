@@ -3386,10 +3386,13 @@ static ConvWgMaps conv_wg_maps(int mode, const ConvWgGeom& g, int H, int W, cons
 
 // dev/conv2d.cu forces a B tile width / a K split (0: the plan's)
 static int g_cw_bn = 0, g_cw_splits = 0;
-// The B tile width for N channels: the fewest n-tiles x (width + 64), the 64 standing for the A tile that every
-// n-tile loads again (64 -> 64, 128 -> 128, 192 -> 192, 256 -> 256, 320 -> 192, 448 and 512 -> 256).
-static int conv_wg_bn(int N) {
+// The B tile width for N channels over images of `pixels` output pixels: the fewest n-tiles x (width + 64), the 64
+// standing for the A tile that every n-tile loads again (64 -> 64, 128 -> 128, 192 -> 192, 256 -> 256, 320 -> 192,
+// 448 and 512 -> 256); but 128 for N = 256 on 16x16 and 8x8 images, whose few pixel tiles fill the GPU better as
+// two n-tiles than through a K split (`./dev/conv2d 7`, H100: 8x8 256->256 forward 131 -> 162 TFLOP/s).
+static int conv_wg_bn(int N, int pixels) {
     if (g_cw_bn > 0) return g_cw_bn;
+    if (N == 256 && pixels <= 256) return 128;
     int best = 64;
     long long best_cost = LLONG_MAX;
     for (int bn : {256, 192, 128, 64}) {
@@ -3419,7 +3422,7 @@ static size_t conv_wg_ws_floats(int B, const ConvP& c, int H, int W) {
     for (int mode = 0; mode < 3; mode++) {  // forward, backward-data (on stride 1 geometry), weight gradient
         int Ci = mode == 1 ? c.cout : c.cin, N = mode == 1 ? c.cin : c.cout, s = mode == 1 ? 1 : c.stride;
         ConvWgGeom g = conv_wg_geom(mode == 2 ? 1 : 0, B, H, W, Ci, N, s);
-        int splits = conv_wg_split(mode == 2 ? 1 : 0, &g, conv_wg_bn(N));
+        int splits = conv_wg_split(mode == 2 ? 1 : 0, &g, conv_wg_bn(N, g.Ho * g.Wo));
         if (mode == 2 || splits > 1) need = std::max(need, (size_t)splits * g.M * g.N);
     }
     return need;
@@ -4163,7 +4166,7 @@ static bool conv_wg_ok(const ConvP& c) { return c.cin % 8 == 0 && c.cout % 8 == 
 static void conv_wg_forward(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x, const bf16* w,
                             bf16* out, const float* bias, const float* emb, bool accumulate) {
     ConvWgGeom g = conv_wg_geom(0, m->B, H, W, C, N, stride);
-    const int bn = conv_wg_bn(N), splits = conv_wg_split(0, &g, bn);
+    const int bn = conv_wg_bn(N, g.Ho * g.Wo), splits = conv_wg_split(0, &g, bn);
     const ConvWgMaps maps = conv_wg_maps(0, g, H, W, x, w, bn);
     ConvWgOut o = {out, bias, emb, accumulate, m->conv_ws};
     if (splits > 1) conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
@@ -4175,7 +4178,7 @@ static void conv_wg_forward(const UNet* m, int H, int W, int C, int N, int strid
 static void conv_wg_weight_grad(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x,
                                 const bf16* dy, float* dw) {
     ConvWgGeom g = conv_wg_geom(1, m->B, H, W, C, N, stride);
-    const int bn = conv_wg_bn(N), splits = conv_wg_split(1, &g, bn);
+    const int bn = conv_wg_bn(N, g.Ho * g.Wo), splits = conv_wg_split(1, &g, bn);
     const ConvWgMaps maps = conv_wg_maps(1, g, H, W, x, dy, bn);
     ConvWgOut o = {nullptr, nullptr, nullptr, 0, m->conv_ws};
     conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
