@@ -1355,7 +1355,7 @@ __global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* __r
 //    each other), so the producer fills the next tile's stages while the consumers run the epilogue. The narrowest
 //    tile (BN = 64) runs 2 blocks per SM.
 //  - Split-K over blockIdx.z writes fp32 partial sums that a second kernel adds in a fixed order (deterministic).
-// Other GPUs run the same GEMMs on mma.sync (conv_bf16_mma_kernel below).
+// Without sm_90a (other GPUs) --precision bf16 is refused and the default falls back to tf32 (precision_resolve).
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define UNET_SM90A 1
