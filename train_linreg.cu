@@ -1109,7 +1109,7 @@ static void print_help(Args& a) {
     printf("  --%-18s this help\n", "help");
 }
 
-[[noreturn]] static void flag_error(const char* fmt, ...) {
+[[noreturn]] static void die(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "error: ");
@@ -1126,46 +1126,46 @@ static Args parse_args(int argc, char** argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { print_help(a); exit(EXIT_SUCCESS); }
     for (int i = 1; i < argc; i += 2) {
         const char* arg = argv[i];
-        if (strncmp(arg, "--", 2) != 0) flag_error("expected a flag like --name, found '%s' (see --help)", arg);
+        if (strncmp(arg, "--", 2) != 0) die("expected a flag like --name, found '%s' (see --help)", arg);
         const FlagSpec* f = nullptr;
         for (auto& s : specs) if (!strcmp(s.name, arg + 2)) f = &s;
-        if (!f) flag_error("unknown flag %s (see --help)", arg);
-        if (i + 1 >= argc) flag_error("flag %s expects a value, found none", arg);
+        if (!f) die("unknown flag %s (see --help)", arg);
+        if (i + 1 >= argc) die("flag %s expects a value, found none", arg);
         const char* v = argv[i + 1];
         char* end = nullptr;
         errno = 0;
         if (f->type == 'i') {
             long long x = strtoll(v, &end, 10);
-            if (!*v || *end || errno) flag_error("flag %s expects an integer, found '%s'", arg, v);
+            if (!*v || *end || errno) die("flag %s expects an integer, found '%s'", arg, v);
             if (x < f->lo || x > f->hi)
-                flag_error("flag %s expects an integer in [%.0f, %.0f], found %s", arg, f->lo, f->hi, v);
+                die("flag %s expects an integer in [%.0f, %.0f], found %s", arg, f->lo, f->hi, v);
             *(int*)f->ptr = (int)x;
         } else if (f->type == 'f') {
             double x = strtod(v, &end);
-            if (!*v || *end || errno || !std::isfinite(x)) flag_error("flag %s expects a number, found '%s'", arg, v);
+            if (!*v || *end || errno || !std::isfinite(x)) die("flag %s expects a number, found '%s'", arg, v);
             if (x < f->lo || x > f->hi)
-                flag_error("flag %s expects a number in [%g, %g], found %s", arg, f->lo, f->hi, v);
+                die("flag %s expects a number in [%g, %g], found %s", arg, f->lo, f->hi, v);
             *(float*)f->ptr = (float)x;
         } else if (f->type == 'c') {
             std::string choices = std::string(",") + f->choices + ",";
             if (!*v || choices.find(std::string(",") + v + ",") == std::string::npos)
-                flag_error("flag %s expects one of %s, found '%s'", arg, f->choices, v);
+                die("flag %s expects one of %s, found '%s'", arg, f->choices, v);
             *(std::string*)f->ptr = v;
         } else {
             *(std::string*)f->ptr = v;
         }
         if (!strcmp(f->name, "split")) a.split_given = true;
     }
-    if (!(a.lr > 0.0f)) flag_error("flag --lr expects a number > 0, found %g", a.lr);
-    if (!(a.split > 0.0f && a.split < 1.0f)) flag_error("flag --split expects a number in (0, 1), found %g", a.split);
-    if (!(a.x_max > a.x_min)) flag_error("flag --x_max expects a value > --x_min (%g), found %g", a.x_min, a.x_max);
+    if (!(a.lr > 0.0f)) die("flag --lr expects a number > 0, found %g", a.lr);
+    if (!(a.split > 0.0f && a.split < 1.0f)) die("flag --split expects a number in (0, 1), found %g", a.split);
+    if (!(a.x_max > a.x_min)) die("flag --x_max expects a value > --x_min (%g), found %g", a.x_min, a.x_max);
     if (!a.data_file.empty() && a.split_given)
-        flag_error("flag --split applies to generated data only, found it with --data_file (whose header[5] n_train "
+        die("flag --split applies to generated data only, found it with --data_file (whose header[5] n_train "
                    "sets the split)");
     if (a.data_file.empty()) {
         long long n_train = llround((double)a.split * a.points);
         if (n_train < 1 || n_train >= a.points)
-            flag_error("flag --split %g of --points %d leaves an empty training or test split", a.split, a.points);
+            die("flag --split %g of --points %d leaves an empty training or test split", a.split, a.points);
     }
     return a;
 }
