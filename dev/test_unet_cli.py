@@ -123,7 +123,8 @@ def main():
     expect_error("missing value", ["--steps"], "error: flag --steps expects a value, found none")
     expect_error("non-numeric int", ["--batch_size", "abc"], "error: flag --batch_size expects an integer, found 'abc'")
     expect_error("int with trailing junk", ["--steps", "10x"], "flag --steps expects an integer, found '10x'")
-    expect_error("zero batch", ["--batch_size", "0"], "error: flag --batch_size expects an integer in [1, 4096], found 0")
+    expect_error("zero batch", ["--batch_size", "0"],
+                 "error: flag --batch_size expects an integer in [1, 4096], found 0")
     expect_error("negative lr", ["--lr", "-1"], "flag --lr expects a number in [1e-12, 1], found -1")
     expect_error("nan lr", ["--lr", "nan"], "error: flag --lr expects a number, found 'nan'")
     expect_error("unknown precision", ["--precision", "fp16"],
