@@ -15,6 +15,7 @@ Every version reduces block partial sums in double, in a fixed order, so each ru
 Build: make train_linreg          Run: ./train_linreg [--help]
 */
 #include <cerrno>
+#include <cstdarg>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -32,41 +33,63 @@ Build: make train_linreg          Run: ./train_linreg [--help]
 #include <curand.h>
 
 // ----------------------------------------------------------------------------------------------------------------
-// error checking
+// error checking: the same family and message shape in the three trainers. A library failure prints
+// "[<LIBRARY> ERROR] <what>", then "  in <call> at <file>:<line>", then a "  hint:" line where the usual cause is
+// known.
 
 static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
-        fprintf(stderr, "[CUDA ERROR] %s failed at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
-        if (err == cudaErrorMemoryAllocation) {
-            fprintf(stderr, "hint: the dataset does not fit in GPU memory; try fewer --points\n");
-        }
+        fprintf(stderr, "[CUDA ERROR] %s\n  in %s at %s:%d\n", cudaGetErrorString(err), call, file, line);
+        if (err == cudaErrorMemoryAllocation)
+            fprintf(stderr, "  hint: the dataset does not fit in GPU memory; try fewer --points\n");
         exit(EXIT_FAILURE);
     }
 }
 #define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
 
-static void curand_check(curandStatus_t status, const char* call, const char* file, int line) {
-    if (status != CURAND_STATUS_SUCCESS) {
-        fprintf(stderr, "[cuRAND ERROR] %s failed at %s:%d: status %d\n", call, file, line, (int)status);
+static const char* curand_status_name(curandStatus_t s) {
+    switch (s) {
+        case CURAND_STATUS_VERSION_MISMATCH: return "version mismatch";
+        case CURAND_STATUS_NOT_INITIALIZED: return "not initialized";
+        case CURAND_STATUS_ALLOCATION_FAILED: return "allocation failed";
+        case CURAND_STATUS_TYPE_ERROR: return "type error";
+        case CURAND_STATUS_OUT_OF_RANGE: return "out of range";
+        case CURAND_STATUS_LENGTH_NOT_MULTIPLE: return "length not a multiple of the dimension";
+        case CURAND_STATUS_DOUBLE_PRECISION_REQUIRED: return "double precision required";
+        case CURAND_STATUS_LAUNCH_FAILURE: return "kernel launch failure";
+        case CURAND_STATUS_PREEXISTING_FAILURE: return "pre-existing failure";
+        case CURAND_STATUS_INITIALIZATION_FAILED: return "initialization failed";
+        case CURAND_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+        case CURAND_STATUS_INTERNAL_ERROR: return "internal error";
+        default: return "unknown status";
+    }
+}
+static void curand_check(curandStatus_t st, const char* call, const char* file, int line) {
+    if (st != CURAND_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuRAND ERROR] status %d (%s)\n  in %s at %s:%d\n", (int)st, curand_status_name(st), call,
+                file, line);
         exit(EXIT_FAILURE);
     }
 }
 #define curandCheck(call) curand_check((call), #call, __FILE__, __LINE__)
 
-static void* malloc_check(size_t size, const char* file, int line) {
-    void* p = malloc(size);
-    if (p == NULL && size > 0) {
-        fprintf(stderr, "[ERROR] malloc of %zu bytes failed at %s:%d\n", size, file, line);
+static void* malloc_check(size_t n, const char* file, int line) {
+    void* p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "error: malloc of %zu bytes failed at %s:%d\n", n, file, line);
         exit(EXIT_FAILURE);
     }
     return p;
 }
-#define mallocCheck(size) malloc_check((size), __FILE__, __LINE__)
+#define mallocCheck(n) malloc_check((n), __FILE__, __LINE__)
 
-// Number of usable CUDA devices; 0 when there is no GPU or no driver (the error is cleared, not fatal).
-static int cuda_device_count(void) {
+// Number of usable CUDA devices; 0 when there is no GPU or no driver (the error is cleared, not fatal, and its text
+// goes to *why when given).
+static int cuda_device_count(const char** why = NULL) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (why) *why = err == cudaSuccess ? "no device" : cudaGetErrorString(err);
+    if (err != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -1024,166 +1047,139 @@ static TrainResult linreg_train_cpu(const LinregData* data, const TrainConfig* c
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// command line
+// command line: the conventions of the three trainers. Flags are --name value; every flag is one row of the table
+// below, which drives the parser, --help ("  --name  help [default]  one of: ...") and the start-up table. A bad
+// value is "error: flag --name expects <what>, found '<value>'" and exit 1.
 #ifndef TESTING
 
-typedef struct {
-    const char* device;  // "gpu", "cpu" or NULL for automatic
-    int kernel, streams;
-    long long points;
-    float x_min, x_max, w_true, b_true, noise_std, split;
-    int seed;
-    const char* data_file;
-    const char* save_data;
-    int epochs;
-    float lr, w_init, b_init;
-    int log_every;
-    const char* result_file;
-    bool split_given;
-} Args;
+struct Args {
+    std::string data_file, save_data, device = "auto", result_file;
+    int points = 5000000, seed = 1337, epochs = 200, kernel = 4, streams = 4, log_every = 20;
+    float x_min = 0.0f, x_max = 10.0f, w_true = 0.7f, b_true = 0.3f, noise_std = 0.1f, split = 0.8f;
+    float lr = 0.01f, w_init = 0.83f, b_init = 0.7645f;
+    bool split_given = false;
+};
+// type: 'i' int, 'f' float, 'c' one of the comma-separated choices, 's' string; numbers must lie in [lo, hi]
+struct FlagSpec { const char* name; char type; void* ptr; double lo, hi; const char* choices; const char* help; };
 
-static void print_usage(void) {
-    printf("usage: ./train_linreg [flags]\n"
-           "Linear regression by full-batch gradient descent (MSE, SGD), on the GPU or the CPU.\n\n"
-           "data\n"
-           "  --data_file FILE    train on a linreg dataset file (data/README.md); default: generate data\n"
-           "  --save_data FILE    write the generated dataset to FILE (then train on it)\n"
-           "  --points N          generated points, train + test (default 5000000)\n"
-           "  --x_min X           lower end of the uniform x range (default 0)\n"
-           "  --x_max X           upper end of the x range (default 10)\n"
-           "  --w_true W          slope of the generated data (default 0.7)\n"
-           "  --b_true B          intercept of the generated data (default 0.3)\n"
-           "  --noise_std S       standard deviation of the Gaussian noise on y (default 0.1)\n"
-           "  --split F           training fraction of generated points, in (0, 1) (default 0.8)\n"
-           "  --seed N            cuRAND seed of the generated data (default 1337)\n"
-           "training\n"
-           "  --epochs N          full-batch gradient steps, >= 0 (default 200)\n"
-           "  --lr F              learning rate, > 0 (default 0.01)\n"
-           "  --w_init F          initial value of every weight (default 0.83)\n"
-           "  --b_init F          initial bias (default 0.7645)\n"
-           "  --kernel K          GPU kernel version: 1 unfused, 2 fused, 3 streams, 4 persistent (default 4)\n"
-           "  --streams N         CUDA streams of version 3, 1 to %d (default 4)\n"
-           "  --device D          gpu or cpu (default: gpu when one is present, else cpu)\n"
-           "output\n"
-           "  --log_every N       print the training loss every N epochs, 0 for none (default 20)\n"
-           "  --result_file FILE  write w, b, every epoch's loss, test loss and timings as JSON\n"
-           "  --help              print this and exit\n", MAX_STREAMS);
+static std::vector<FlagSpec> flag_specs(Args& a) {
+    const double BIG = 3.0e38;  // a finite float
+    return {
+        {"data_file", 's', &a.data_file, 0, 0, nullptr,
+         "train on this linreg dataset (data/README.md; empty: generate)"},
+        {"save_data", 's', &a.save_data, 0, 0, nullptr, "write the generated dataset here, then train on it"},
+        {"points", 'i', &a.points, 2, 2000000000, nullptr, "generated points, train + test"},
+        {"x_min", 'f', &a.x_min, -BIG, BIG, nullptr, "lower end of the uniform x range of generated data"},
+        {"x_max", 'f', &a.x_max, -BIG, BIG, nullptr, "upper end of the x range"},
+        {"w_true", 'f', &a.w_true, -BIG, BIG, nullptr, "slope of the generated data"},
+        {"b_true", 'f', &a.b_true, -BIG, BIG, nullptr, "intercept of the generated data"},
+        {"noise_std", 'f', &a.noise_std, 0, BIG, nullptr, "standard deviation of the Gaussian noise on y"},
+        {"split", 'f', &a.split, 0, 1, nullptr, "training fraction of generated points, strictly between 0 and 1"},
+        {"seed", 'i', &a.seed, 0, 2147483647, nullptr, "cuRAND seed of the generated data"},
+        {"epochs", 'i', &a.epochs, 0, 100000000, nullptr, "full-batch gradient steps"},
+        {"lr", 'f', &a.lr, 0, BIG, nullptr, "learning rate, > 0"},
+        {"w_init", 'f', &a.w_init, -BIG, BIG, nullptr, "initial value of every weight"},
+        {"b_init", 'f', &a.b_init, -BIG, BIG, nullptr, "initial bias"},
+        {"kernel", 'i', &a.kernel, 1, 4, nullptr, "GPU kernel version: 1 unfused, 2 fused, 3 streams, 4 persistent"},
+        {"streams", 'i', &a.streams, 1, MAX_STREAMS, nullptr, "CUDA streams of version 3"},
+        {"device", 'c', &a.device, 0, 0, "auto,cuda,cpu", "auto: CUDA when a device is present, else the CPU"},
+        {"log_every", 'i', &a.log_every, 0, 2147483647, nullptr, "print the training loss every N epochs (0: none)"},
+        {"result_file", 's', &a.result_file, 0, 0, nullptr,
+         "write w, b, every epoch's loss, test loss and timings as JSON"},
+    };
 }
 
-static void arg_error(const char* flag, const char* expected, const char* found) {
-    fprintf(stderr, "error: %s expects %s, got '%s' (see --help)\n", flag, expected, found);
+static std::string flag_value_str(const FlagSpec& f) {
+    char buf[64];
+    switch (f.type) {
+        case 'i': snprintf(buf, sizeof buf, "%d", *(int*)f.ptr); return buf;
+        case 'f': snprintf(buf, sizeof buf, "%g", *(float*)f.ptr); return buf;
+        default: { std::string s = *(std::string*)f.ptr; return s.empty() ? "\"\"" : s; }
+    }
+}
+
+static void print_help(Args& a) {
+    printf("usage: ./train_linreg [--flag value ...]\n\nLinear regression by full-batch gradient descent (MSE, SGD), "
+           "on the GPU or the CPU. Flags (default in brackets):\n");
+    for (auto& f : flag_specs(a)) {
+        std::string d = flag_value_str(f);
+        printf("  --%-18s %s [%s]%s%s\n", f.name, f.help, d.c_str(), f.choices ? "  one of: " : "",
+               f.choices ? f.choices : "");
+    }
+    printf("  --%-18s this help\n", "help");
+}
+
+[[noreturn]] static void die(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
     exit(EXIT_FAILURE);
 }
 
-static long long parse_int(const char* flag, const char* s) {
-    char* end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (*s == 0 || *end != 0 || errno != 0) arg_error(flag, "an integer", s);
-    return v;
-}
-
-static float parse_float(const char* flag, const char* s) {
-    char* end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (*s == 0 || *end != 0 || errno != 0) arg_error(flag, "a number", s);
-    if (!std::isfinite(v) || fabs(v) > 3.0e38) arg_error(flag, "a finite number", s);
-    return (float)v;
-}
-
 static Args parse_args(int argc, char** argv) {
-    Args a = {NULL, 4, 4, 5000000, 0.0f, 10.0f, 0.7f, 0.3f, 0.1f, 0.8f, 1337, NULL, NULL, 200, 0.01f, 0.83f, 0.7645f, 20, NULL, false};
-    for (int i = 1; i < argc; i++) {
-        const char* flag = argv[i];
-        if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) {
-            print_usage();
-            exit(EXIT_SUCCESS);
+    Args a;
+    std::vector<FlagSpec> specs = flag_specs(a);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { print_help(a); exit(EXIT_SUCCESS); }
+    for (int i = 1; i < argc; i += 2) {
+        const char* arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0) die("expected a flag like --name, found '%s' (see --help)", arg);
+        const FlagSpec* f = nullptr;
+        for (auto& s : specs) if (!strcmp(s.name, arg + 2)) f = &s;
+        if (!f) die("unknown flag %s (see --help)", arg);
+        if (i + 1 >= argc) die("flag %s expects a value, found none", arg);
+        const char* v = argv[i + 1];
+        char* end = nullptr;
+        errno = 0;
+        if (f->type == 'i') {
+            long long x = strtoll(v, &end, 10);
+            if (!*v || *end || errno) die("flag %s expects an integer, found '%s'", arg, v);
+            if (x < f->lo || x > f->hi)
+                die("flag %s expects an integer in [%.0f, %.0f], found %s", arg, f->lo, f->hi, v);
+            *(int*)f->ptr = (int)x;
+        } else if (f->type == 'f') {
+            double x = strtod(v, &end);
+            if (!*v || *end || errno || !std::isfinite(x)) die("flag %s expects a number, found '%s'", arg, v);
+            if (x < f->lo || x > f->hi)
+                die("flag %s expects a number in [%g, %g], found %s", arg, f->lo, f->hi, v);
+            *(float*)f->ptr = (float)x;
+        } else if (f->type == 'c') {
+            std::string choices = std::string(",") + f->choices + ",";
+            if (!*v || choices.find(std::string(",") + v + ",") == std::string::npos)
+                die("flag %s expects one of %s, found '%s'", arg, f->choices, v);
+            *(std::string*)f->ptr = v;
+        } else {
+            *(std::string*)f->ptr = v;
         }
-        if (strncmp(flag, "--", 2) != 0) {
-            fprintf(stderr, "error: unexpected argument '%s' (flags are --name value; see --help)\n", flag);
-            exit(EXIT_FAILURE);
-        }
-        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
-            fprintf(stderr, "error: %s needs a value (see --help)\n", flag);
-            exit(EXIT_FAILURE);
-        }
-        const char* v = argv[++i];
-        if (strcmp(flag, "--device") == 0) {
-            if (strcmp(v, "gpu") != 0 && strcmp(v, "cpu") != 0) arg_error(flag, "gpu or cpu", v);
-            a.device = v;
-        } else if (strcmp(flag, "--kernel") == 0) {
-            long long k = parse_int(flag, v);
-            if (k < 1 || k > 4) arg_error(flag, "a version from 1 to 4", v);
-            a.kernel = (int)k;
-        } else if (strcmp(flag, "--streams") == 0) {
-            long long s = parse_int(flag, v);
-            if (s < 1 || s > MAX_STREAMS) arg_error(flag, "1 to 64 streams", v);
-            a.streams = (int)s;
-        } else if (strcmp(flag, "--points") == 0) {
-            a.points = parse_int(flag, v);
-            if (a.points < 2 || a.points > 2000000000LL) arg_error(flag, "a number of points from 2 to 2000000000", v);
-        } else if (strcmp(flag, "--x_min") == 0) a.x_min = parse_float(flag, v);
-        else if (strcmp(flag, "--x_max") == 0) a.x_max = parse_float(flag, v);
-        else if (strcmp(flag, "--w_true") == 0) a.w_true = parse_float(flag, v);
-        else if (strcmp(flag, "--b_true") == 0) a.b_true = parse_float(flag, v);
-        else if (strcmp(flag, "--noise_std") == 0) {
-            a.noise_std = parse_float(flag, v);
-            if (a.noise_std < 0) arg_error(flag, "a standard deviation >= 0", v);
-        } else if (strcmp(flag, "--split") == 0) {
-            a.split = parse_float(flag, v);
-            if (!(a.split > 0.0f && a.split < 1.0f)) arg_error(flag, "a training fraction strictly between 0 and 1", v);
-            a.split_given = true;
-        } else if (strcmp(flag, "--seed") == 0) {
-            long long s = parse_int(flag, v);
-            if (s < 0 || s > 2147483647LL) arg_error(flag, "a seed from 0 to 2147483647", v);
-            a.seed = (int)s;
-        } else if (strcmp(flag, "--data_file") == 0) a.data_file = v;
-        else if (strcmp(flag, "--save_data") == 0) a.save_data = v;
-        else if (strcmp(flag, "--epochs") == 0) {
-            long long e = parse_int(flag, v);
-            if (e < 0 || e > 100000000LL) arg_error(flag, "a number of epochs from 0 to 100000000", v);
-            a.epochs = (int)e;
-        } else if (strcmp(flag, "--lr") == 0) {
-            a.lr = parse_float(flag, v);
-            if (!(a.lr > 0.0f)) arg_error(flag, "a learning rate > 0", v);
-        } else if (strcmp(flag, "--w_init") == 0) a.w_init = parse_float(flag, v);
-        else if (strcmp(flag, "--b_init") == 0) a.b_init = parse_float(flag, v);
-        else if (strcmp(flag, "--log_every") == 0) {
-            long long l = parse_int(flag, v);
-            if (l < 0 || l > 2147483647LL) arg_error(flag, "an interval >= 0", v);
-            a.log_every = (int)l;
-        } else if (strcmp(flag, "--result_file") == 0) a.result_file = v;
-        else {
-            fprintf(stderr, "error: unknown flag %s (see --help)\n", flag);
-            exit(EXIT_FAILURE);
-        }
+        if (!strcmp(f->name, "split")) a.split_given = true;
     }
-    if (!(a.x_max > a.x_min)) {
-        fprintf(stderr, "error: --x_max (%g) must be greater than --x_min (%g)\n", a.x_max, a.x_min);
-        exit(EXIT_FAILURE);
-    }
-    if (a.data_file != NULL && a.split_given) {
-        fprintf(stderr, "error: --split applies to generated data; a --data_file sets its own split (n_train)\n");
-        exit(EXIT_FAILURE);
-    }
-    if (a.data_file == NULL) {
+    if (!(a.lr > 0.0f)) die("flag --lr expects a number > 0, found %g", a.lr);
+    if (!(a.split > 0.0f && a.split < 1.0f)) die("flag --split expects a number in (0, 1), found %g", a.split);
+    if (!(a.x_max > a.x_min)) die("flag --x_max expects a value > --x_min (%g), found %g", a.x_min, a.x_max);
+    if (!a.data_file.empty() && a.split_given)
+        die("flag --split applies to generated data only, found it with --data_file (whose header[5] n_train "
+                   "sets the split)");
+    if (a.data_file.empty()) {
         long long n_train = llround((double)a.split * a.points);
-        if (n_train < 1 || n_train >= a.points) {
-            fprintf(stderr, "error: --split %g of --points %lld leaves an empty training or test split\n", a.split, a.points);
-            exit(EXIT_FAILURE);
-        }
+        if (n_train < 1 || n_train >= a.points)
+            die("flag --split %g of --points %d leaves an empty training or test split", a.split, a.points);
     }
     return a;
 }
 
-static int write_result_json(const char* path, const Args* a, const LinregData* d, const TrainResult* r, const char* device, float gen_ms) {
+static int write_result_json(const char* path, const Args* a, const LinregData* d, const TrainResult* r,
+                             const char* device, float gen_ms) {
     return write_atomic(path, "--result_file", [&](FILE* f) {
-        fprintf(f, "{\n  \"device\": \"%s\",\n  \"kernel\": %d,\n  \"n_points\": %d,\n  \"n_features\": %d,\n  \"n_train\": %d,\n",
-                device, strcmp(device, "gpu") == 0 ? a->kernel : 0, d->n_points, d->n_features, d->n_train);
+        fprintf(f, "{\n  \"device\": \"%s\",\n  \"kernel\": %d,\n  \"n_points\": %d,\n  \"n_features\": %d,\n"
+                "  \"n_train\": %d,\n", device, strcmp(device, "cuda") == 0 ? a->kernel : 0, d->n_points,
+                d->n_features, d->n_train);
         fprintf(f, "  \"epochs\": %d,\n  \"lr\": %.9g,\n  \"w\": [", (int)r->train_losses.size(), a->lr);
         for (size_t i = 0; i < r->w.size(); i++) fprintf(f, "%s%.9g", i ? ", " : "", r->w[i]);
-        fprintf(f, "],\n  \"b\": %.9g,\n  \"test_loss\": %.9g,\n  \"train_ms\": %.6f,\n  \"eval_ms\": %.6f,\n  \"datagen_ms\": %.6f,\n",
+        fprintf(f, "],\n  \"b\": %.9g,\n  \"test_loss\": %.9g,\n  \"train_ms\": %.6f,\n  \"eval_ms\": %.6f,\n"
+                "  \"datagen_ms\": %.6f,\n",
                 r->b, r->test_loss, r->train_ms, r->eval_ms, gen_ms);
         fprintf(f, "  \"diverged_epoch\": %d,\n  \"train_losses\": [", r->diverged_epoch);
         for (size_t i = 0; i < r->train_losses.size(); i++) {
@@ -1194,68 +1190,61 @@ static int write_result_json(const char* path, const Args* a, const LinregData* 
     });
 }
 
+static void table_rule() { printf("+-----------------------+----------------------------------------------+\n"); }
+static void table_row(const char* key, const std::string& value) { printf("| %-21s | %-44s |\n", key, value.c_str()); }
+
 int main(int argc, char** argv) {
     Args a = parse_args(argc, argv);
     // the outputs before any work: a bad path must not cost the training
-    const char* outputs[2][2] = {{a.save_data, "--save_data"}, {a.result_file, "--result_file"}};
-    for (auto& o : outputs) {
-        std::string real, e = o[0] ? output_check(o[0], o[1], &real) : "";
+    const std::string* outputs[2] = {&a.save_data, &a.result_file};
+    const char* output_flags[2] = {"--save_data", "--result_file"};
+    for (int i = 0; i < 2; i++) {
+        std::string real, e = outputs[i]->empty() ? "" : output_check(outputs[i]->c_str(), output_flags[i], &real);
         if (!e.empty()) {
             fprintf(stderr, "error: %s\n", e.c_str());
             return EXIT_FAILURE;
         }
     }
-    int n_devices = cuda_device_count();
-    bool use_gpu;
-    if (a.device == NULL) {
-        use_gpu = n_devices > 0;
-        if (!use_gpu) printf("no CUDA device found: training on the CPU (--device cpu)\n");
-    } else {
-        use_gpu = strcmp(a.device, "gpu") == 0;
-        if (use_gpu && n_devices == 0) {
-            fprintf(stderr, "error: --device gpu but no CUDA device is available (use --device cpu)\n");
-            return EXIT_FAILURE;
-        }
+    const char* why = NULL;
+    int n_devices = cuda_device_count(&why);
+    if (a.device == "cuda" && n_devices == 0) {
+        fprintf(stderr, "error: --device cuda but no CUDA device is available (%s)\n", why);
+        return EXIT_FAILURE;
     }
+    if (a.device == "auto" && n_devices == 0)
+        printf("no CUDA device found (%s): training on the CPU (--device cpu)\n", why);
+    bool use_gpu = a.device != "cpu" && n_devices > 0;
 
     LinregData data;
     float gen_ms = 0.0f;
     float *d_x = NULL, *d_y = NULL;
-    if (a.data_file != NULL) {
-        if (linreg_read_dataset(a.data_file, &data) != 0) return EXIT_FAILURE;
+    if (!a.data_file.empty()) {
+        if (linreg_read_dataset(a.data_file.c_str(), &data) != 0) return EXIT_FAILURE;
     } else {
-        linreg_generate(&data, (int)a.points, a.split, a.seed, a.x_min, a.x_max, a.w_true, a.b_true, a.noise_std, use_gpu, &gen_ms, &d_x, &d_y);
+        linreg_generate(&data, a.points, a.split, a.seed, a.x_min, a.x_max, a.w_true, a.b_true, a.noise_std, use_gpu,
+                        &gen_ms, &d_x, &d_y);
     }
-    if (a.save_data != NULL) {
-        if (linreg_write_dataset(a.save_data, &data) != 0) return EXIT_FAILURE;
+    if (!a.save_data.empty()) {
+        if (linreg_write_dataset(a.save_data.c_str(), &data) != 0) return EXIT_FAILURE;
     }
     TrainConfig cfg = {a.epochs, a.lr, a.w_init, a.b_init, a.kernel, a.streams};
 
-    printf("+-----------------------+--------------------------------------------+\n");
-    printf("| %-21s | %-42s |\n", "parameter", "value");
-    printf("+-----------------------+--------------------------------------------+\n");
-    printf("| %-21s | %-42s |\n", "device", use_gpu ? "gpu" : "cpu");
+    // the boxed table of the run's settings: the device, every flag, then what the data brought
+    std::string device = "cpu";
     if (use_gpu) {
-        const char* names[] = {"", "1 (unfused)", "2 (fused)", "3 (streams)", "4 (persistent)"};
-        printf("| %-21s | %-42s |\n", "kernel", names[a.kernel]);
-        if (a.kernel == 3) printf("| %-21s | %-42d |\n", "streams", a.streams);
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+        device = std::string("cuda (") + prop.name + ")";
     }
-    printf("| %-21s | %-42s |\n", "data", a.data_file ? a.data_file : "generated (cuRAND Philox)");
-    printf("| %-21s | %-42d |\n", "points (train/test)", data.n_points);
-    printf("| %-21s | %-42d |\n", "train points", data.n_train);
-    printf("| %-21s | %-42d |\n", "features", data.n_features);
-    char text[128];
-    if (a.data_file == NULL) {
-        snprintf(text, sizeof(text), "y = %g x + %g + N(0, %g^2)", a.w_true, a.b_true, a.noise_std);
-        printf("| %-21s | %-42s |\n", "generator", text);
-        snprintf(text, sizeof(text), "x in [%g, %g), seed %d", a.x_min, a.x_max, a.seed);
-        printf("| %-21s | %-42s |\n", "x range", text);
-    }
-    printf("| %-21s | %-42d |\n", "epochs", a.epochs);
-    printf("| %-21s | %-42g |\n", "lr", a.lr);
-    snprintf(text, sizeof(text), "w %g, b %g", a.w_init, a.b_init);
-    printf("| %-21s | %-42s |\n", "init", text);
-    printf("+-----------------------+--------------------------------------------+\n");
+    table_rule();
+    table_row("device", device);
+    for (auto& f : flag_specs(a))
+        if (strcmp(f.name, "device") != 0) table_row(f.name, flag_value_str(f));
+    table_row("data", a.data_file.empty() ? "generated (cuRAND Philox)" : a.data_file);
+    int n_test = data.n_points - data.n_train;
+    table_row("train / test points", std::to_string(data.n_train) + " / " + std::to_string(n_test));
+    table_row("features", std::to_string(data.n_features));
+    table_rule();
 
     TrainResult res;
     if (use_gpu) {
@@ -1276,23 +1265,29 @@ int main(int argc, char** argv) {
         res = linreg_train_cpu(&data, &cfg);
     }
 
-    // per-epoch lines come from the recorded losses: the timed loop never waits on the host
-    if (a.log_every > 0) {
+    // The per-epoch lines come from the losses recorded during training: the timed loop never waits on the host,
+    // so an epoch's own time is not measured and each line gives the timed run's mean (epochs numbered from 1).
+    if (a.log_every > 0 && a.epochs > 0) {
+        double ms = res.train_ms / a.epochs, points_per_s = res.train_ms > 0 ? data.n_train / (ms * 1e-3) : 0.0;
+        printf("note: the epochs run without waiting on the host: ms/epoch and points/s are the means of the run\n");
         for (int e = 0; e < a.epochs; e++) {
-            if (e % a.log_every == 0 || e == a.epochs - 1) printf("epoch %6d | train loss %.7f\n", e, res.train_losses[e]);
+            int n = e + 1;  // the first epoch, every log_every-th and the last
+            if (n == 1 || n % a.log_every == 0 || n == a.epochs)
+                printf("epoch %6d/%d | train loss %.7f | %.4f ms/epoch | %.4g points/s\n", n, a.epochs,
+                       res.train_losses[e], ms, points_per_s);
             if (e == res.diverged_epoch) break;
         }
     }
     int status = EXIT_SUCCESS;
     int last = a.epochs - 1;
     if (res.diverged_epoch >= 0) {
-        fprintf(stderr, "error: the training loss became %g at epoch %d; training stopped (try a smaller --lr)\n",
-                res.train_losses[res.diverged_epoch], res.diverged_epoch);
+        fprintf(stderr, "error: the training loss became %g in epoch %d; training stopped (try a smaller --lr)\n",
+                res.train_losses[res.diverged_epoch], res.diverged_epoch + 1);
         status = EXIT_FAILURE;
     } else if (last >= 1 && res.train_losses[last] > 2.0f * res.train_losses[0]) {
         // gradient descent on the MSE with a stable lr never raises the loss: a rise is divergence, even while finite
-        fprintf(stderr, "error: the training loss rose from %g (epoch 0) to %g (epoch %d): gradient descent diverges "
-                "at --lr %g (try a smaller --lr)\n", res.train_losses[0], res.train_losses[last], last, a.lr);
+        fprintf(stderr, "error: the training loss rose from %g (epoch 1) to %g (epoch %d): gradient descent diverges "
+                "at --lr %g (try a smaller --lr)\n", res.train_losses[0], res.train_losses[last], last + 1, a.lr);
         status = EXIT_FAILURE;
     } else if (!std::isfinite(res.test_loss)) {
         fprintf(stderr, "error: the test loss is %g after the last update (try a smaller --lr)\n", res.test_loss);
@@ -1301,16 +1296,15 @@ int main(int argc, char** argv) {
     printf("w =");
     for (size_t d = 0; d < res.w.size(); d++) printf(" %.7f", res.w[d]);
     printf("\nb = %.7f\n", res.b);
-    if (a.epochs > 0) printf("final train loss %.7f (before the last update)\n", res.train_losses[a.epochs - 1]);
-    printf("test loss %.7f\n", res.test_loss);
-    if (use_gpu) {
-        printf("data generation %.3f ms (GPU, CUDA events)%s\n", gen_ms, a.data_file ? ", none: data from file" : "");
-        printf("training %.3f ms (GPU, CUDA events, %d epochs, %.2f us/epoch); test evaluation %.3f ms\n",
-               res.train_ms, a.epochs, a.epochs ? 1000.0f * res.train_ms / a.epochs : 0.0f, res.eval_ms);
-    } else {
-        printf("training %.3f ms (CPU wall clock, %d epochs); test evaluation %.3f ms\n", res.train_ms, a.epochs, res.eval_ms);
-    }
-    if (a.result_file != NULL && write_result_json(a.result_file, &a, &data, &res, use_gpu ? "gpu" : "cpu", gen_ms) != 0) {
+    if (use_gpu && a.data_file.empty()) printf("data generation %.3f ms (GPU, CUDA events)\n", gen_ms);
+    printf("training %.3f ms for %d epochs (%.2f us/epoch, %s); test evaluation %.3f ms\n", res.train_ms, a.epochs,
+           a.epochs ? 1000.0f * res.train_ms / a.epochs : 0.0f, use_gpu ? "GPU, CUDA events" : "CPU wall clock",
+           res.eval_ms);
+    // the train loss is that of the last epoch's forward pass, before its update
+    printf("final | train_loss %.7f | test_loss %.7f | train_ms %.3f\n", a.epochs > 0 ? res.train_losses[last] : NAN,
+           res.test_loss, res.train_ms);
+    if (!a.result_file.empty() &&
+        write_result_json(a.result_file.c_str(), &a, &data, &res, use_gpu ? "cuda" : "cpu", gen_ms) != 0) {
         status = EXIT_FAILURE;
     }
     linreg_data_free(&data);

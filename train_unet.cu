@@ -20,6 +20,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 */
 #include <algorithm>
 #include <cerrno>
+#include <cstdarg>
 #include <climits>
 #include <chrono>
 #include <cmath>
@@ -46,11 +47,13 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <mma.h>
 
 // ----------------------------------------------------------------------------------------------------------------
-// error checking
+// error checking: the same family and message shape in the three trainers. A library failure prints
+// "[<LIBRARY> ERROR] <what>", then "  in <call> at <file>:<line>", then a "  hint:" line where the usual cause is
+// known.
 
 static void cuda_check(cudaError_t e, const char* call, const char* file, int line) {
     if (e != cudaSuccess) {
-        fprintf(stderr, "[CUDA ERROR] %s at %s:%d: %s\n", call, file, line, cudaGetErrorString(e));
+        fprintf(stderr, "[CUDA ERROR] %s\n  in %s at %s:%d\n", cudaGetErrorString(e), call, file, line);
         if (e == cudaErrorMemoryAllocation) fprintf(stderr, "  hint: lower --batch_size\n");
         exit(EXIT_FAILURE);
     }
@@ -59,15 +62,34 @@ static void cuda_check(cudaError_t e, const char* call, const char* file, int li
 
 static void cublas_check(cublasStatus_t s, const char* call, const char* file, int line) {
     if (s != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "[cuBLAS ERROR] %s at %s:%d: status %d\n", call, file, line, (int)s);
+        fprintf(stderr, "[cuBLAS ERROR] status %d (%s)\n  in %s at %s:%d\n", (int)s, cublasGetStatusString(s), call,
+                file, line);
         exit(EXIT_FAILURE);
     }
 }
 #define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
 
+static const char* curand_status_name(curandStatus_t s) {
+    switch (s) {
+        case CURAND_STATUS_VERSION_MISMATCH: return "version mismatch";
+        case CURAND_STATUS_NOT_INITIALIZED: return "not initialized";
+        case CURAND_STATUS_ALLOCATION_FAILED: return "allocation failed";
+        case CURAND_STATUS_TYPE_ERROR: return "type error";
+        case CURAND_STATUS_OUT_OF_RANGE: return "out of range";
+        case CURAND_STATUS_LENGTH_NOT_MULTIPLE: return "length not a multiple of the dimension";
+        case CURAND_STATUS_DOUBLE_PRECISION_REQUIRED: return "double precision required";
+        case CURAND_STATUS_LAUNCH_FAILURE: return "kernel launch failure";
+        case CURAND_STATUS_PREEXISTING_FAILURE: return "pre-existing failure";
+        case CURAND_STATUS_INITIALIZATION_FAILED: return "initialization failed";
+        case CURAND_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+        case CURAND_STATUS_INTERNAL_ERROR: return "internal error";
+        default: return "unknown status";
+    }
+}
 static void curand_check(curandStatus_t s, const char* call, const char* file, int line) {
     if (s != CURAND_STATUS_SUCCESS) {
-        fprintf(stderr, "[cuRAND ERROR] %s at %s:%d: status %d\n", call, file, line, (int)s);
+        fprintf(stderr, "[cuRAND ERROR] status %d (%s)\n  in %s at %s:%d\n", (int)s, curand_status_name(s), call,
+                file, line);
         exit(EXIT_FAILURE);
     }
 }
@@ -76,17 +98,20 @@ static void curand_check(curandStatus_t s, const char* call, const char* file, i
 [[maybe_unused]] static void* malloc_check(size_t n, const char* file, int line) {
     void* p = malloc(n ? n : 1);
     if (!p) {
-        fprintf(stderr, "[malloc ERROR] %zu bytes at %s:%d\n", n, file, line);
+        fprintf(stderr, "error: malloc of %zu bytes failed at %s:%d\n", n, file, line);
         exit(EXIT_FAILURE);
     }
     return p;
 }
 #define mallocCheck(n) malloc_check((n), __FILE__, __LINE__)
 
-// Number of CUDA devices; 0 (with the error cleared) on a machine without a GPU or driver.
-static int cuda_device_count() {
+// Number of CUDA devices; 0 (with the error cleared) on a machine without a GPU or driver; the error's text goes to
+// *why when given.
+static int cuda_device_count(const char** why = nullptr) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (why) *why = e == cudaSuccess ? "no device" : cudaGetErrorString(e);
+    if (e != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -5121,8 +5146,20 @@ static bool precision_resolve(Precision* p, bool given, std::string* note) {
     return true;
 }
 
+// Whether a GPU is there for a mode that needs one; else false after the error: with --device cuda the three
+// trainers' message, with auto "no CUDA GPU found: <what>". (--device cpu is refused when the flags are read.)
+static bool gpu_for(const std::string& device, const char* what) {
+    const char* why = nullptr;
+    if (cuda_device_count(&why) > 0) return true;
+    if (device == "cuda") fprintf(stderr, "error: --device cuda but no CUDA device is available (%s)\n", why);
+    else fprintf(stderr, "error: no CUDA GPU found: %s\n", what);
+    return false;
+}
+
 struct TrainArgs {
-    std::string data_file = "data/sunflowers64.bin", output_dir = "out/unet", resume, load;
+    std::string data_file = "data/sunflowers64.bin", output_dir = "out/unet", resume, load, device = "auto";
+    // the start-up table's rows after the device: every flag with the value this run uses (filled by main)
+    std::vector<std::pair<std::string, std::string>> settings;
     int batch_size = 32, steps = 4000, log_every = 10, save_every = 1000, seed = 1337;
     Precision precision = PREC_BF16;
     bool precision_given = false;  // an explicit --precision (no fallback from bf16)
@@ -5163,10 +5200,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
             return 1;
         }
     }
-    if (cuda_device_count() == 0) {
-        fprintf(stderr, "error: no CUDA GPU found: train_unet trains on the GPU\n");
-        return 1;
-    }
+    if (!gpu_for(a.device, "train_unet trains on the GPU")) return 1;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     Precision prec = a.precision;
@@ -5225,43 +5259,23 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     }
     if (a.resume.empty() || !log_exists) fprintf(logf, "step,loss,ms,images_per_s\n");
 
-    if (!a.quiet) {
-        printf("+-----------------------+----------------------------------------------+\n");
+    if (!a.quiet) {  // the boxed table of the run's settings: the device, every flag, then what the run found
+        auto rule = []() { printf("+-----------------------+----------------------------------------------+\n"); };
         auto row = [](const char* k, const std::string& v) { printf("| %-21s | %-44s |\n", k, v.c_str()); };
-        char buf[128];
-        row("device", prop.name);
-        row("data_file", a.data_file + " (" + std::to_string(data.n) + " images)");
-        snprintf(buf, sizeof buf, "%d x %d x 3", a.cfg.image_size, a.cfg.image_size);
-        row("image", buf);
-        std::string mult;
-        for (int l = 0; l < a.cfg.n_levels; l++) mult += std::to_string(a.cfg.mult[l]) + (l + 1 < a.cfg.n_levels ? "," : "");
-        snprintf(buf, sizeof buf, "%d x (%s), %d res blocks, attn mask %d, heads of %d", a.cfg.model_channels,
-                 mult.c_str(), a.cfg.num_res_blocks, a.cfg.attn_ds_mask, a.cfg.num_head_channels);
-        row("model", buf);
-        row("parameters", std::to_string(m->n_params));
-        snprintf(buf, sizeof buf, "%d steps, linear betas %g..%g", a.cfg.diffusion_steps, a.cfg.beta_start,
-                 a.cfg.beta_end);
-        row("diffusion", buf);
-        snprintf(buf, sizeof buf, "%d", a.batch_size);
-        row("batch_size", buf);
-        snprintf(buf, sizeof buf, "AdamW lr %g betas (%g, %g) eps %g wd %g", a.lr, a.beta1, a.beta2, a.adam_eps,
-                 a.weight_decay);
-        row("optimizer", buf);
-        snprintf(buf, sizeof buf, "%g", a.ema_rate);
-        row("ema_rate", buf);
-        snprintf(buf, sizeof buf, "%d to %d (log every %d, save every %d)", st.step, a.steps, a.log_every,
-                 a.save_every);
-        row("steps", buf);
-        snprintf(buf, sizeof buf, "%d", st.seed);
-        row("seed", buf);
-        row("precision", prec == PREC_BF16 ? "bf16 (wgmma convolutions, fp32 master weights)"
-                         : prec == PREC_FP32 ? "fp32 (strict)"
-                         : g_conv_v == 6     ? "tf32 (convolutions and cuBLAS)"
-                                             : "tf32 (convolutions: UNET_CONV_V=5 kernels)");
         if (!prec_note.empty()) printf("note: precision tf32%s\n", prec_note.c_str());
+        rule();
+        row("device", std::string("cuda (") + prop.name + ")");
+        for (const auto& s : a.settings) row(s.first.c_str(), s.first == "precision" ? PREC_NAME[prec] : s.second);
+        row("convolutions", prec == PREC_BF16 ? "bf16 wgmma + TMA (fp32 master weights)"
+                            : prec == PREC_FP32 ? "fp32 implicit GEMM (strict)"
+                            : g_conv_v == 6     ? "tf32 mma.sync"
+                                                : "tf32 wmma (UNET_CONV_V=5 kernels)");
+        row("images", std::to_string(data.n) + " in " + a.data_file);
+        row("parameters", std::to_string(m->n_params));
+        row("start step", std::to_string(st.step));
         row("init", !a.resume.empty() ? "resume " + a.resume : !a.load.empty() ? "load " + a.load : "own (PyTorch defaults)");
         row("checkpoint", ckpt_path);
-        printf("+-----------------------+----------------------------------------------+\n");
+        rule();
         fflush(stdout);
     }
 
@@ -5298,6 +5312,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     cudaCheck(cudaEventCreate(&ev1));
     cudaCheck(cudaEventRecord(ev0, g_stream));
     int in_window = 0, last_logged = st.step;
+    double train_ms = 0.0;  // the logged windows' time: training steps only, saves excluded
+    float last_loss = NAN;
     const int first_step = st.step;
     int rc = 0;
     for (int step = st.step; step < a.steps; step++) {
@@ -5357,8 +5373,11 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
             }
             double per = ms / (done - last_logged);
             float mean_loss = (float)(sum / in_window);
-            if (!a.quiet) printf("step %6d | loss %.6f | %8.2f ms/step | %8.1f images/s\n", done, mean_loss, per,
-                                 1000.0 * B / per);
+            if (!a.quiet)
+                printf("step %6d/%d | train loss %.6f | %8.2f ms/step | %8.1f images/s\n", done, a.steps, mean_loss,
+                       per, 1000.0 * B / per);
+            train_ms += ms;
+            last_loss = mean_loss;
             fprintf(logf, "%d,%.6f,%.3f,%.1f\n", done, mean_loss, per, 1000.0 * B / per);
             fflush(logf);
             fflush(stdout);
@@ -5396,6 +5415,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         cudaCheck(cudaMemGetInfo(&mem_free1, &mem_total));
         printf("GPU memory: %.0f MiB used by this run (of %.0f MiB; CUDA context excluded)\n",
                (double)(mem_free0 - mem_free1) / (1 << 20), (double)mem_total / (1 << 20));
+        printf("final | step %d | train_loss %.6f | train_ms %.1f\n", std::max(a.steps, first_step), last_loss,
+               train_ms);
     }
     if (graph_exec) cudaCheck(cudaGraphExecDestroy(graph_exec));
     if (g_profile) profile_report(a.steps - (a.steps - nsteps));
@@ -5413,7 +5434,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
 }
 
 struct SampleArgs {
-    std::string out_file, load, sampler = "ddim";
+    std::string out_file, load, sampler = "ddim", device = "auto";
     int num_samples = 16, sample_steps = 50, use_ema = 1, batch_size = 32, seed = 1337;
     Precision precision = PREC_BF16;
     bool precision_given = false;
@@ -5443,11 +5464,9 @@ static int unet_sample(const SampleArgs& a) {
         fprintf(stderr, "error: %s\n", e.c_str());
         return 1;
     }
-    if (cuda_device_count() == 0) {
-        fprintf(stderr, "error: no CUDA GPU found: train_unet --sample runs on the GPU (scripts/generate.py "
-                "--device cpu samples on the CPU)\n");
+    if (!gpu_for(a.device, "train_unet --sample runs on the GPU (scripts/generate.py --device cpu samples on "
+                 "the CPU)"))
         return 1;
-    }
     Precision prec = a.precision;
     std::string prec_note;
     if (!precision_resolve(&prec, a.precision_given, &prec_note)) return 1;
@@ -5579,7 +5598,7 @@ static int unet_sample(const SampleArgs& a) {
 }
 
 struct EvalArgs {
-    std::string load, data_file = "data/sunflowers64.bin";
+    std::string load, data_file = "data/sunflowers64.bin", device = "auto";
     int n = 1024, use_ema = 1, batch_size = 32;
     Precision precision = PREC_BF16;
     bool precision_given = false;
@@ -5609,10 +5628,7 @@ static int unet_eval(const EvalArgs& a) {
         fprintf(stderr, "error: %s\n", e.c_str());
         return 1;
     }
-    if (cuda_device_count() == 0) {
-        fprintf(stderr, "error: no CUDA GPU found: train_unet --eval_loss runs on the GPU\n");
-        return 1;
-    }
+    if (!gpu_for(a.device, "train_unet --eval_loss runs on the GPU")) return 1;
     Precision prec = a.precision;
     std::string prec_note;
     if (!precision_resolve(&prec, a.precision_given, &prec_note)) return 1;
@@ -5669,41 +5685,137 @@ static int unet_eval(const EvalArgs& a) {
 }
 
 // ================================================================================================================
-// command line
+// command line: the conventions of the three trainers. Flags are --name value; every flag is one row of the table
+// below, which drives the parser, --help ("  --name  help [default]  one of: ...") and the start-up table. A bad
+// value is "error: flag --name expects <what>, found '<value>'" and exit 1.
 // ================================================================================================================
 #ifndef TESTING
 
-enum FlagType { F_INT, F_FLOAT, F_STR };
-struct Flag {
-    const char* name;
-    FlagType type;
-    void* ptr;
-    double lo, hi;  // valid range for numbers
-    const char* help;
-    bool set;
-    std::string dflt;
+// Every flag's value: a TrainArgs, and the model, sampling and evaluation flags main turns into the other modes' args.
+struct Args {
+    TrainArgs t;
+    std::string device = "auto", precision = PREC_NAME[PREC_BF16], allow_change;
+    std::string channel_mult = "1,2,3,4", attn_ds = "4,8", sample_file, sampler = "ddim";
+    int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
+    float beta_start = 1e-4f, beta_end = 0.02f;
+    int num_samples = 16, sample_steps = 50, use_ema = 1, eval_loss = 0;
+    std::set<std::string> given;  // the flags on the command line
 };
+// type: 'i' int, 'f' float, 'c' one of the comma-separated choices, 's' string; numbers must lie in [lo, hi]
+struct FlagSpec { const char* name; char type; void* ptr; double lo, hi; const char* choices; const char* help; };
 
-static void usage(const std::vector<Flag>& flags) {
-    printf("usage: ./train_unet [--flag value ...]      train a diffusion UNet (guided-diffusion UNetModel)\n"
-           "       ./train_unet --sample FILE.bin --load CKPT [--num_samples N --sampler ddpm|ddim ...]\n\nflags:\n");
-    for (const Flag& f : flags)
-        printf("  --%-18s %-24s %s\n", f.name, ("(default " + (f.dflt.empty() ? std::string("\"\"") : f.dflt) + ")").c_str(), f.help);
+static std::vector<FlagSpec> flag_specs(Args& a) {
+    TrainArgs& t = a.t;
+    return {
+        {"data_file", 's', &t.data_file, 0, 0, nullptr, "UNET_DATASET of uint8 images (scripts/prepare_data.py)"},
+        {"output_dir", 's', &t.output_dir, 0, 0, nullptr, "checkpoint model.bin and log.csv go here"},
+        {"device", 'c', &a.device, 0, 0, "auto,cuda,cpu",
+         "auto or cuda: the GPU, which every mode needs; cpu: refused (see scripts/generate.py --device cpu)"},
+        {"batch_size", 'i', &t.batch_size, 1, 4096, nullptr, "images per step (also the sampling batch)"},
+        {"lr", 'f', &t.lr, 1e-12, 1.0, nullptr, "AdamW learning rate"},
+        {"beta1", 'f', &t.beta1, 0.0, 0.999999, nullptr, "AdamW beta1"},
+        {"beta2", 'f', &t.beta2, 0.0, 0.999999, nullptr, "AdamW beta2"},
+        {"adam_eps", 'f', &t.adam_eps, 1e-30, 1.0, nullptr, "AdamW epsilon"},
+        {"weight_decay", 'f', &t.weight_decay, 0.0, 1.0, nullptr, "AdamW decoupled weight decay"},
+        {"steps", 'i', &t.steps, 0, 1e9, nullptr, "total training steps (a resumed run continues to this step)"},
+        {"log_every", 'i', &t.log_every, 1, 1e9, nullptr, "steps per log line (loss averaged over them)"},
+        {"save_every", 'i', &t.save_every, 0, 1e9, nullptr, "steps per checkpoint, and one at the end (0: never)"},
+        {"seed", 'i', &t.seed, 0, 2147483647.0, nullptr, "weights init, shuffling, flips, timesteps, noise"},
+        {"ema_rate", 'f', &t.ema_rate, 0.0, 1.0, nullptr,
+         "EMA of the weights: ema = d*ema + (1-d)*w, d = min(rate, (1+t)/(10+t)) at step t"},
+        {"resume", 's', &t.resume, 0, 0, nullptr, "checkpoint to continue (weights, EMA, AdamW, step, RNG)"},
+        {"allow_change", 's', &a.allow_change, 0, 0, nullptr, "with --resume: stored settings this run may change "
+         "knowingly (comma list of lr, seed, batch_size, ema_rate); without it a differing one is an error"},
+        {"load", 's', &t.load, 0, 0, nullptr, "checkpoint to take the initial weights from (or to sample)"},
+        {"precision", 'c', &a.precision, 0, 0, "bf16,tf32,fp32", "bf16 (wgmma: a Hopper GPU; the default falls back "
+         "to tf32 elsewhere), tf32 (tensor cores on fp32) or fp32 (strict)"},
+        {"image_size", 'i', &a.image_size, 8, 4096, nullptr, "model image size (the data must match)"},
+        {"model_channels", 'i', &a.model_channels, 32, 4096, nullptr, "base channels C"},
+        {"channel_mult", 's', &a.channel_mult, 0, 0, nullptr, "channel multipliers per level (1 to 4 levels)"},
+        {"num_res_blocks", 'i', &a.num_res_blocks, 1, 16, nullptr, "residual blocks per level"},
+        {"attn_ds", 's', &a.attn_ds, 0, 0, nullptr, "downsample factors with attention (64px: 4,8 = 16x16, 8x8)"},
+        {"num_head_channels", 'i', &a.num_head_channels, 1, 4096, nullptr, "channels per attention head"},
+        {"diffusion_steps", 'i', &a.diffusion_steps, 1, 100000, nullptr, "diffusion steps T"},
+        {"beta_start", 'f', &a.beta_start, 1e-12, 0.999, nullptr, "first beta of the linear schedule"},
+        {"beta_end", 'f', &a.beta_end, 1e-12, 0.999, nullptr, "last beta of the linear schedule"},
+        {"sample", 's', &a.sample_file, 0, 0, nullptr, "sampling mode: write generated images (UNET_DATASET) here"},
+        {"num_samples", 'i', &a.num_samples, 1, 1000000, nullptr, "sampling: number of images"},
+        {"sampler", 'c', &a.sampler, 0, 0, "ddpm,ddim", "sampling: ddpm (all steps) or ddim (eta 0)"},
+        {"sample_steps", 'i', &a.sample_steps, 1, 100000, nullptr, "sampling: ddim steps"},
+        {"use_ema", 'i', &a.use_ema, 0, 1, nullptr, "sampling and --eval_loss: 1 the EMA weights, 0 the raw weights"},
+        {"eval_loss", 'i', &a.eval_loss, 0, 10000000, nullptr, "evaluation mode: the mean loss of --load over this "
+         "many fixed (image, timestep, noise) triples of --data_file (0: train)"},
+    };
 }
 
-static std::string flag_value_str(const Flag& f) {
+static std::string flag_value_str(const FlagSpec& f) {
     char buf[64];
-    if (f.type == F_INT) snprintf(buf, sizeof buf, "%d", *(int*)f.ptr);
-    else if (f.type == F_FLOAT) snprintf(buf, sizeof buf, "%g", *(float*)f.ptr);
-    else return *(std::string*)f.ptr;
-    return buf;
+    switch (f.type) {
+        case 'i': snprintf(buf, sizeof buf, "%d", *(int*)f.ptr); return buf;
+        case 'f': snprintf(buf, sizeof buf, "%g", *(float*)f.ptr); return buf;
+        default: { std::string s = *(std::string*)f.ptr; return s.empty() ? "\"\"" : s; }
+    }
 }
 
-static void die(const char* fmt, const char* a = "", const char* b = "", const char* c = "") {
+static void print_help(Args& a) {
+    printf("usage: ./train_unet [--flag value ...]\n"
+           "       ./train_unet --sample FILE.bin --load CKPT [--num_samples N --sampler ddpm|ddim ...]\n"
+           "       ./train_unet --eval_loss N --load CKPT\n\n"
+           "Trains a diffusion UNet (guided-diffusion's UNetModel) on the GPU. Flags (default in brackets):\n");
+    for (auto& f : flag_specs(a)) {
+        std::string d = flag_value_str(f);
+        printf("  --%-18s %s [%s]%s%s\n", f.name, f.help, d.c_str(), f.choices ? "  one of: " : "",
+               f.choices ? f.choices : "");
+    }
+    printf("  --%-18s this help\n", "help");
+}
+
+[[noreturn]] static void die(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "error: ");
-    fprintf(stderr, fmt, a, b, c);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
-    exit(1);
+    va_end(ap);
+    exit(EXIT_FAILURE);
+}
+
+static void parse_args(int argc, char** argv, Args& a) {
+    std::vector<FlagSpec> specs = flag_specs(a);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { print_help(a); exit(EXIT_SUCCESS); }
+    for (int i = 1; i < argc; i += 2) {
+        const char* arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0) die("expected a flag like --name, found '%s' (see --help)", arg);
+        const FlagSpec* f = nullptr;
+        for (auto& s : specs) if (!strcmp(s.name, arg + 2)) f = &s;
+        if (!f) die("unknown flag %s (see --help)", arg);
+        if (i + 1 >= argc) die("flag %s expects a value, found none", arg);
+        const char* v = argv[i + 1];
+        char* end = nullptr;
+        errno = 0;
+        if (f->type == 'i') {
+            long long x = strtoll(v, &end, 10);
+            if (!*v || *end || errno) die("flag %s expects an integer, found '%s'", arg, v);
+            if (x < f->lo || x > f->hi)
+                die("flag %s expects an integer in [%.0f, %.0f], found %s", arg, f->lo, f->hi, v);
+            *(int*)f->ptr = (int)x;
+        } else if (f->type == 'f') {
+            double x = strtod(v, &end);
+            if (!*v || *end || errno || !std::isfinite(x)) die("flag %s expects a number, found '%s'", arg, v);
+            if (x < f->lo || x > f->hi)
+                die("flag %s expects a number in [%g, %g], found %s", arg, f->lo, f->hi, v);
+            *(float*)f->ptr = (float)x;
+        } else if (f->type == 'c') {
+            std::string choices = std::string(",") + f->choices + ",";
+            if (!*v || choices.find(std::string(",") + v + ",") == std::string::npos)
+                die("flag %s expects one of %s, found '%s'", arg, f->choices, v);
+            *(std::string*)f->ptr = v;
+        } else {
+            *(std::string*)f->ptr = v;
+        }
+        a.given.insert(f->name);
+    }
 }
 
 // --output_dir before any work: an existing path must be a folder whose model.bin and log.csv can be written (not a
@@ -5747,154 +5859,77 @@ static bool parse_int_list(const std::string& s, std::vector<int>* out) {
 }
 
 int main(int argc, char** argv) {
-    TrainArgs a;
+    Args args;
+    parse_args(argc, argv, args);
+    TrainArgs& a = args.t;
     SampleArgs sa;
-    std::string channel_mult = "1,2,3,4", attn_ds = "4,8", sample_file, sampler = "ddim";
-    int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
-    float beta_start = 1e-4f, beta_end = 0.02f;
-    int num_samples = 16, sample_steps = 50, use_ema = 1, eval_loss = 0;
-    std::string precision = PREC_NAME[a.precision], allow_change;
-    std::vector<Flag> flags = {
-        {"data_file", F_STR, &a.data_file, 0, 0, "UNET_DATASET of uint8 images (scripts/prepare_data.py)", false, ""},
-        {"output_dir", F_STR, &a.output_dir, 0, 0, "checkpoint model.bin and log.csv go here", false, ""},
-        {"batch_size", F_INT, &a.batch_size, 1, 4096, "images per step (also the sampling batch)", false, ""},
-        {"lr", F_FLOAT, &a.lr, 1e-12, 1.0, "AdamW learning rate", false, ""},
-        {"beta1", F_FLOAT, &a.beta1, 0.0, 0.999999, "AdamW beta1", false, ""},
-        {"beta2", F_FLOAT, &a.beta2, 0.0, 0.999999, "AdamW beta2", false, ""},
-        {"adam_eps", F_FLOAT, &a.adam_eps, 1e-30, 1.0, "AdamW epsilon", false, ""},
-        {"weight_decay", F_FLOAT, &a.weight_decay, 0.0, 1.0, "AdamW decoupled weight decay", false, ""},
-        {"steps", F_INT, &a.steps, 0, 1e9, "total training steps (a resumed run continues to this step)", false, ""},
-        {"log_every", F_INT, &a.log_every, 1, 1e9, "steps per log line (loss averaged over them)", false, ""},
-        {"save_every", F_INT, &a.save_every, 0, 1e9, "steps per checkpoint, and one at the end (0: never)", false, ""},
-        {"seed", F_INT, &a.seed, 0, 2147483647.0, "weights init, shuffling, flips, timesteps, noise", false, ""},
-        {"ema_rate", F_FLOAT, &a.ema_rate, 0.0, 1.0, "EMA of the weights: ema = d*ema + (1-d)*w, d = min(rate, (1+t)/(10+t)) at step t", false, ""},
-        {"resume", F_STR, &a.resume, 0, 0, "checkpoint to continue (weights, EMA, AdamW, step, RNG)", false, ""},
-        {"allow_change", F_STR, &allow_change, 0, 0, "with --resume: stored settings this run may change knowingly "
-         "(comma list of lr, seed, batch_size, ema_rate); without it a differing one is an error", false, ""},
-        {"load", F_STR, &a.load, 0, 0, "checkpoint to take the initial weights from (or to sample)", false, ""},
-        {"precision", F_STR, &precision, 0, 0, "bf16 (wgmma: a Hopper GPU; the default falls back to tf32 elsewhere), "
-         "tf32 (tensor cores on fp32) or fp32 (strict)", false, ""},
-        {"image_size", F_INT, &image_size, 8, 4096, "model image size (the data must match)", false, ""},
-        {"model_channels", F_INT, &model_channels, 32, 4096, "base channels C", false, ""},
-        {"channel_mult", F_STR, &channel_mult, 0, 0, "channel multipliers per level (1 to 4 levels)", false, ""},
-        {"num_res_blocks", F_INT, &num_res_blocks, 1, 16, "residual blocks per level", false, ""},
-        {"attn_ds", F_STR, &attn_ds, 0, 0, "downsample factors with attention (64px: 4,8 = 16x16, 8x8)", false, ""},
-        {"num_head_channels", F_INT, &num_head_channels, 1, 4096, "channels per attention head", false, ""},
-        {"diffusion_steps", F_INT, &diffusion_steps, 1, 100000, "diffusion steps T", false, ""},
-        {"beta_start", F_FLOAT, &beta_start, 1e-12, 0.999, "first beta of the linear schedule", false, ""},
-        {"beta_end", F_FLOAT, &beta_end, 1e-12, 0.999, "last beta of the linear schedule", false, ""},
-        {"sample", F_STR, &sample_file, 0, 0, "sampling mode: write generated images (UNET_DATASET) here", false, ""},
-        {"num_samples", F_INT, &num_samples, 1, 1000000, "sampling: number of images", false, ""},
-        {"sampler", F_STR, &sampler, 0, 0, "sampling: ddpm (all steps) or ddim (eta 0)", false, ""},
-        {"sample_steps", F_INT, &sample_steps, 1, 100000, "sampling: ddim steps", false, ""},
-        {"use_ema", F_INT, &use_ema, 0, 1, "sampling and --eval_loss: 1 the EMA weights, 0 the raw weights", false, ""},
-        {"eval_loss", F_INT, &eval_loss, 0, 10000000, "evaluation mode: the mean loss of --load over this many fixed "
-         "(image, timestep, noise) triples of --data_file (0: train)", false, ""},
-    };
-    for (Flag& f : flags) f.dflt = flag_value_str(f);
-    for (int i = 1; i < argc; i++) {
-        std::string arg = argv[i];
-        if (arg == "--help" || arg == "-h") {
-            usage(flags);
-            return 0;
-        }
-        Flag* f = nullptr;
-        if (arg.rfind("--", 0) == 0)
-            for (Flag& g : flags)
-                if (arg.substr(2) == g.name) f = &g;
-        if (!f) die("unknown flag '%s' (see --help)", arg.c_str());
-        if (i + 1 >= argc) die("--%s expects a value, found none", f->name);
-        std::string val = argv[++i];
-        char* end;
-        errno = 0;
-        if (f->type == F_INT) {
-            long long v = strtoll(val.c_str(), &end, 10);
-            char range[96];
-            snprintf(range, sizeof range, "an integer in [%.0f, %.0f]", f->lo, f->hi);
-            if (val.empty() || *end || errno || v < f->lo || v > f->hi)
-                die("--%s expects %s, found '%s'", f->name, range, val.c_str());
-            *(int*)f->ptr = (int)v;
-        } else if (f->type == F_FLOAT) {
-            double v = strtod(val.c_str(), &end);
-            char range[96];
-            snprintf(range, sizeof range, "a number in [%g, %g]", f->lo, f->hi);
-            if (val.empty() || *end || errno || !std::isfinite(v) || v < f->lo || v > f->hi)
-                die("--%s expects %s, found '%s'", f->name, range, val.c_str());
-            *(float*)f->ptr = (float)v;
-        } else {
-            *(std::string*)f->ptr = val;
-        }
-        f->set = true;
-    }
-    auto is_set = [&](const char* name) {
-        for (const Flag& f : flags)
-            if (!strcmp(f.name, name)) return f.set;
-        return false;
-    };
-
-    if (precision == "bf16") a.precision = PREC_BF16;
-    else if (precision == "tf32") a.precision = PREC_TF32;
-    else if (precision == "fp32") a.precision = PREC_FP32;
-    else die("--precision expects bf16, tf32 or fp32, found '%s'", precision.c_str());
+    auto is_set = [&](const char* name) { return args.given.count(name) > 0; };
+    if (args.device == "cpu")
+        die("--device cpu: train_unet trains, samples and evaluates on a CUDA GPU only (to sample on the CPU: "
+            "python3 scripts/generate.py --checkpoint CKPT --device cpu)");
+    a.device = args.device;
+    a.precision = args.precision == "bf16" ? PREC_BF16 : args.precision == "tf32" ? PREC_TF32 : PREC_FP32;
     a.precision_given = is_set("precision");
     // the model from the flags
     UNetConfig cfg;
     std::vector<int> mult, ds;
-    if (!parse_int_list(channel_mult, &mult) || mult.size() > 4)
-        die("--channel_mult expects 1 to 4 comma-separated integers >= 1, found '%s'", channel_mult.c_str());
-    if (!parse_int_list(attn_ds, &ds)) die("--attn_ds expects comma-separated powers of 2, found '%s'", attn_ds.c_str());
-    cfg.image_size = image_size;
-    cfg.model_channels = model_channels;
+    if (!parse_int_list(args.channel_mult, &mult) || mult.size() > 4)
+        die("flag --channel_mult expects 1 to 4 comma-separated integers >= 1, found '%s'", args.channel_mult.c_str());
+    if (!parse_int_list(args.attn_ds, &ds))
+        die("flag --attn_ds expects comma-separated powers of 2, found '%s'", args.attn_ds.c_str());
+    cfg.image_size = args.image_size;
+    cfg.model_channels = args.model_channels;
     cfg.n_levels = (int)mult.size();
     for (int l = 0; l < 4; l++) cfg.mult[l] = l < cfg.n_levels ? mult[l] : 0;
     cfg.attn_ds_mask = 0;
     for (int d : ds) {
-        if (d & (d - 1) || d > (1 << 30)) die("--attn_ds expects powers of 2, found '%s'", attn_ds.c_str());
+        if (d & (d - 1) || d > (1 << 30)) die("flag --attn_ds expects powers of 2, found '%s'", args.attn_ds.c_str());
         int k = 0;
         while ((1 << k) != d) k++;
         cfg.attn_ds_mask |= 1 << k;
     }
-    cfg.num_res_blocks = num_res_blocks;
-    cfg.num_head_channels = num_head_channels;
-    cfg.diffusion_steps = diffusion_steps;
-    cfg.beta_start = beta_start;
-    cfg.beta_end = beta_end;
+    cfg.num_res_blocks = args.num_res_blocks;
+    cfg.num_head_channels = args.num_head_channels;
+    cfg.diffusion_steps = args.diffusion_steps;
+    cfg.beta_start = args.beta_start;
+    cfg.beta_end = args.beta_end;
     std::string ce = config_check(cfg);
     if (!ce.empty()) die("model flags: %s", ce.c_str());
 
-    if (eval_loss > 0) {
-        if (a.load.empty()) die("--eval_loss needs --load CHECKPOINT");
-        if (!sample_file.empty()) die("give --eval_loss or --sample, not both");
+    if (args.eval_loss > 0) {
+        if (a.load.empty()) die("--eval_loss needs --load FILE, found none");
+        if (!args.sample_file.empty()) die("--eval_loss and --sample exclude each other, found both");
         EvalArgs ea;
+        ea.device = a.device;
         ea.load = a.load;
         ea.data_file = a.data_file;
-        ea.n = eval_loss;
-        ea.use_ema = use_ema;
+        ea.n = args.eval_loss;
+        ea.use_ema = args.use_ema;
         ea.batch_size = a.batch_size;
         ea.precision = a.precision;
         ea.precision_given = a.precision_given;
         return unet_eval(ea);
     }
     std::string real;
-    if (!sample_file.empty()) {
-        if (a.load.empty()) die("--sample needs --load CHECKPOINT");
-        if (sampler != "ddpm" && sampler != "ddim") die("--sampler expects ddpm or ddim, found '%s'", sampler.c_str());
-        std::string oe = output_check(sample_file, "--sample", &real);  // before the sampling, not after it
+    if (!args.sample_file.empty()) {
+        if (a.load.empty()) die("--sample needs --load FILE, found none");
+        std::string oe = output_check(args.sample_file, "--sample", &real);  // before the sampling, not after it
         if (!oe.empty()) die("%s", oe.c_str());
-        sa.out_file = sample_file;
+        sa.device = a.device;
+        sa.out_file = args.sample_file;
         sa.load = a.load;
-        sa.sampler = sampler;
-        sa.num_samples = num_samples;
-        sa.sample_steps = sample_steps;
-        sa.use_ema = use_ema;
+        sa.sampler = args.sampler;
+        sa.num_samples = args.num_samples;
+        sa.sample_steps = args.sample_steps;
+        sa.use_ema = args.use_ema;
         sa.batch_size = a.batch_size;
         sa.seed = a.seed;
         sa.precision = a.precision;
         sa.precision_given = a.precision_given;
         return unet_sample(sa);
     }
-    if (!a.resume.empty() && !a.load.empty()) die("give --resume or --load, not both");
-    if (!allow_change.empty() && a.resume.empty()) die("--allow_change applies to --resume only");
+    if (!a.resume.empty() && !a.load.empty()) die("--resume and --load exclude each other, found both");
+    if (!args.allow_change.empty() && a.resume.empty()) die("--allow_change needs --resume FILE, found none");
     std::string oe = output_dir_check(a.output_dir);  // before any work: a bad path must not cost the training
     if (!oe.empty()) die("%s", oe.c_str());
     // a checkpoint brings its own model shape: explicit model flags must agree with it
@@ -5928,13 +5963,13 @@ int main(int argc, char** argv) {
             std::string fe = checkpoint_fields_check(&ck);
             if (!fe.empty()) die("%s", fe.c_str());
             std::vector<std::string> allowed;
-            for (size_t i = 0; i <= allow_change.size() && !allow_change.empty();) {
-                size_t j = std::min(allow_change.find(',', i), allow_change.size());
-                allowed.push_back(allow_change.substr(i, j - i));
+            for (size_t i = 0; i <= args.allow_change.size() && !args.allow_change.empty();) {
+                size_t j = std::min(args.allow_change.find(',', i), args.allow_change.size());
+                allowed.push_back(args.allow_change.substr(i, j - i));
                 if (allowed.back() != "lr" && allowed.back() != "seed" && allowed.back() != "batch_size" &&
                     allowed.back() != "ema_rate")
-                    die("--allow_change expects a comma list of lr, seed, batch_size, ema_rate, found '%s'",
-                        allow_change.c_str());
+                    die("flag --allow_change expects a comma list of lr, seed, batch_size, ema_rate, found '%s'",
+                        args.allow_change.c_str());
                 i = j + 1;
             }
             auto keep = [&](const char* flag, bool differs, const std::string& given, const std::string& stored) {
@@ -5948,7 +5983,6 @@ int main(int argc, char** argv) {
                                   " stored in " + ckpath + ": a resumed run continues the stored trajectory (drop --" +
                                   flag + ", or add --allow_change " + flag + " to change it knowingly)";
                 die("%s", msg.c_str());
-                return false;
             };
             float lr0 = hdr_float(ck.hdr, 21), ema0 = hdr_float(ck.hdr, 22);
             char g[32], st[32];
@@ -5974,7 +6008,22 @@ int main(int argc, char** argv) {
         }
     }
     a.cfg = cfg;
-    if (!sampler.empty() && sampler != "ddim" && sampler != "ddpm") die("--sampler expects ddpm or ddim, found '%s'", sampler.c_str());
+    // the start-up table: every flag but --device (its own row) with the value the run uses, the model's from a
+    // checkpoint when one is given
+    args.image_size = cfg.image_size;
+    args.model_channels = cfg.model_channels;
+    args.channel_mult.clear();
+    for (int l = 0; l < cfg.n_levels; l++) args.channel_mult += (l ? "," : "") + std::to_string(cfg.mult[l]);
+    args.attn_ds.clear();
+    for (int k = 0; k < 31; k++)
+        if (cfg.attn_ds_mask >> k & 1) args.attn_ds += (args.attn_ds.empty() ? "" : ",") + std::to_string(1 << k);
+    args.num_res_blocks = cfg.num_res_blocks;
+    args.num_head_channels = cfg.num_head_channels;
+    args.diffusion_steps = cfg.diffusion_steps;
+    args.beta_start = cfg.beta_start;
+    args.beta_end = cfg.beta_end;
+    for (auto& f : flag_specs(args))
+        if (strcmp(f.name, "device") != 0) a.settings.push_back({f.name, flag_value_str(f)});
     return unet_train(a, nullptr);
 }
 #endif  // TESTING

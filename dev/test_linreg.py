@@ -113,40 +113,57 @@ def write_dataset(path, x, y, n_train, header_patch=None, truncate=0):
 
 def test_command_line(tmp):
     cases = [
-        (["--bogus", "1"], "unknown flag --bogus"),
-        (["--epochs"], "--epochs needs a value"),
-        (["--lr", "--epochs", "5"], "--lr needs a value"),
-        (["--points", "abc"], "--points expects"),
-        (["--points", "0"], "--points expects"),
-        (["--points", "-5"], "--points expects"),
-        (["--points", "1e3"], "--points expects an integer"),
-        (["--lr", "0"], "--lr expects a learning rate > 0"),
-        (["--lr", "-0.1"], "--lr expects a learning rate > 0"),
-        (["--lr", "nan"], "--lr expects a finite number"),
-        (["--lr", "inf"], "--lr expects a finite number"),
-        (["--epochs", "-1"], "--epochs expects"),
-        (["--epochs", "2.5"], "--epochs expects an integer"),
-        (["--split", "0"], "--split expects"),
-        (["--split", "1"], "--split expects"),
-        (["--split", "1.5"], "--split expects"),
-        (["--split", "-0.2"], "--split expects"),
-        (["--kernel", "5"], "--kernel expects"),
-        (["--device", "tpu"], "--device expects gpu or cpu"),
-        (["--noise_std", "-1"], "--noise_std expects"),
-        (["--x_min", "5", "--x_max", "1"], "--x_max (1) must be greater"),
+        (["--bogus", "1"], "error: unknown flag --bogus (see --help)"),
+        (["--epochs"], "error: flag --epochs expects a value, found none"),
+        (["--lr", "--epochs", "5"], "error: flag --lr expects a number, found '--epochs'"),
+        (["--points", "abc"], "error: flag --points expects an integer, found 'abc'"),
+        (["--points", "0"], "error: flag --points expects an integer in [2, 2000000000], found 0"),
+        (["--points", "-5"], "flag --points expects an integer in [2, 2000000000], found -5"),
+        (["--points", "1e3"], "flag --points expects an integer, found '1e3'"),
+        (["--lr", "0"], "error: flag --lr expects a number > 0, found 0"),
+        (["--lr", "-0.1"], "flag --lr expects a number in [0, 3e+38], found -0.1"),
+        (["--lr", "nan"], "error: flag --lr expects a number, found 'nan'"),
+        (["--lr", "inf"], "flag --lr expects a number, found 'inf'"),
+        (["--lr", "1e39"], "flag --lr expects a number in [0, 3e+38], found 1e39"),
+        (["--epochs", "-1"], "flag --epochs expects an integer in [0, 100000000], found -1"),
+        (["--epochs", "2.5"], "flag --epochs expects an integer, found '2.5'"),
+        (["--split", "0"], "flag --split expects a number in (0, 1), found 0"),
+        (["--split", "1"], "flag --split expects a number in (0, 1), found 1"),
+        (["--split", "1.5"], "flag --split expects a number in [0, 1], found 1.5"),
+        (["--split", "-0.2"], "flag --split expects a number in [0, 1], found -0.2"),
+        (["--kernel", "5"], "flag --kernel expects an integer in [1, 4], found 5"),
+        (["--device", "tpu"], "error: flag --device expects one of auto,cuda,cpu, found 'tpu'"),
+        (["--device", "gpu"], "error: flag --device expects one of auto,cuda,cpu, found 'gpu'"),
+        (["--noise_std", "-1"], "flag --noise_std expects a number in [0, 3e+38], found -1"),
+        (["--x_min", "5", "--x_max", "1"], "flag --x_max expects a value > --x_min (5), found 1"),
         (["--points", "3", "--split", "0.1"], "empty training or test split"),
-        (["stray"], "unexpected argument 'stray'"),
+        (["stray"], "error: expected a flag like --name, found 'stray' (see --help)"),
     ]
     for args, needle in cases:
         p = run(args)
-        report(p.returncode != 0 and needle in p.stderr, f"bad flags {' '.join(args)}",
+        report(p.returncode == 1 and needle in p.stderr, f"bad flags {' '.join(args)}",
                f"exit {p.returncode}, stderr: {p.stderr.strip()[:160]}")
     p = run(["--help"])
     source = open(os.path.join(ROOT, "train_linreg.cu")).read()
-    flags = sorted(set(re.findall(r'strcmp\(flag, "(--[a-z_]+)"\)', source)))
-    missing = [f for f in flags if f not in p.stdout]
-    report(p.returncode == 0 and len(flags) > 15 and not missing, "--help lists every flag with its default",
-           f"{len(flags)} flags, missing {missing}")
+    flags = sorted(set(re.findall(r'\{"([a-z_]+)", \'[ifcs]\', &a\.', source)))
+    lines = {m.group(1): m.group(2) for m in re.finditer(r"^  --([a-z_]+) +(.*)$", p.stdout, flags=re.M)}
+    missing = [f for f in flags if not re.search(r"\[[^\]]*\]", lines.get(f, ""))]
+    report(p.returncode == 0 and len(flags) > 15 and not missing and "help" in lines,
+           "--help lists every flag with its default in brackets", f"{len(flags)} flags, missing {missing}")
+    report("[auto]  one of: auto,cuda,cpu" in lines.get("device", ""), "--help: --device auto|cuda|cpu, default auto",
+           lines.get("device", "(no --device line)"))
+    if not have_gpu():
+        p = run(["--device", "cuda", "--points", "1000"])
+        report(p.returncode == 1 and "error: --device cuda but no CUDA device is available" in p.stderr,
+               "--device cuda without a GPU is an error", p.stderr.strip()[:160])
+        p = run(["--points", "1000", "--epochs", "3"])
+        report(p.returncode == 0 and p.stdout.startswith("no CUDA device found (") and
+               "training on the CPU (--device cpu)" in p.stdout, "--device auto without a GPU trains on the CPU",
+               p.stdout.splitlines()[0] if p.stdout else p.stderr.strip()[:160])
+    else:
+        skip("--device cuda without a GPU is an error", "a GPU is present")
+        skip("--device auto without a GPU trains on the CPU", "a GPU is present")
+    start_table_and_log_lines()
 
     # bad data files
     rng = np.random.default_rng(0)
@@ -189,6 +206,29 @@ def test_command_line(tmp):
         p = run(["--device", "cpu", "--points", "1000", flag, tmp])
         report(p.returncode == 1 and "is a directory" in p.stderr and "epoch" not in p.stdout,
                f"{flag} DIR is refused before training", p.stderr.strip()[:160])
+
+
+def start_table_and_log_lines():
+    """The dialect of the three trainers: a boxed table of every flag's value after the device row, then one line per
+    logged epoch, 'epoch N/TOTAL | train loss X | Y ms/epoch | Z points/s', and a closing 'final | ...' line."""
+    p = run(["--device", "cpu", "--points", "2000", "--epochs", "45", "--log_every", "20"])
+    out = p.stdout.splitlines()
+    rule = "+" + "-" * 23 + "+" + "-" * 46 + "+"
+    rules = [i for i, line in enumerate(out) if line == rule]
+    rows = out[rules[0] + 1:rules[1]] if len(rules) == 2 else []
+    keys = [r[2:23].strip() for r in rows]
+    shaped = all(re.fullmatch(r"\| .{21} \| .{44,} \|", r) for r in rows)
+    source = open(os.path.join(ROOT, "train_linreg.cu")).read()
+    flags = [f for f in re.findall(r'\{"([a-z_]+)", \'[ifcs]\', &a\.', source) if f != "device"]
+    device_row = rows[0].startswith("| device" + " " * 16 + "| cpu ") if rows else False
+    report(p.returncode == 0 and shaped and keys[:1] == ["device"] and device_row and keys[1:1 + len(flags)] == flags,
+           "start-up table: boxed, the device, then every flag", f"{len(rows)} rows: {keys[:4]}...")
+    logged = [m.groups() for m in re.finditer(
+        r"^epoch +(\d+)/45 \| train loss ([0-9.]+) \| ([0-9.]+) ms/epoch \| ([0-9.e+]+) points/s$", p.stdout, re.M)]
+    report([int(g[0]) for g in logged] == [1, 20, 40, 45],
+           "log lines: epoch N/TOTAL | train loss | ms/epoch | points/s", f"epochs {[g[0] for g in logged]}")
+    report(re.search(r"^final \| train_loss [0-9.]+ \| test_loss [0-9.]+ \| train_ms [0-9.]+$", p.stdout, re.M)
+           is not None, "closing line: final | train_loss | test_loss | train_ms", out[-1] if out else "")
 
 
 def test_files_and_cpu(tmp):
@@ -256,14 +296,14 @@ def test_gpu(tmp):
         return
     want = json.load(open(FIXTURE_TORCH))
     for v in range(1, 5):
-        got = train_json(["--device", "gpu", "--kernel", str(v), "--data_file", FIXTURE_DATA], tmp, f"v{v} fixture")
+        got = train_json(["--device", "cuda", "--kernel", str(v), "--data_file", FIXTURE_DATA], tmp, f"v{v} fixture")
         if got:
             compare(f"version {v} against PyTorch (fixture, 20000 points)", got, want)
     if not have_torch():
         skip("every version and the CPU path against PyTorch at 5M points", "torch is not installed")
         return
     big = os.path.join(tmp, "big.bin")
-    gen = train_json(["--device", "gpu", "--save_data", big], tmp, "generate 5M")
+    gen = train_json(["--device", "cuda", "--save_data", big], tmp, "generate 5M")
     ref_path = os.path.join(tmp, "torch_5m.json")
     p = subprocess.run([sys.executable, "dev/linreg.py", "--data_file", big, "--out", ref_path, "--device", "cuda"],
                        cwd=ROOT, capture_output=True, text=True)
@@ -273,7 +313,7 @@ def test_gpu(tmp):
     want = json.load(open(ref_path))
     compare("version 4 on generated data (in memory) against PyTorch, 5M points", gen, want)
     for v in range(1, 5):
-        got = train_json(["--device", "gpu", "--kernel", str(v), "--data_file", big], tmp, f"v{v} 5M")
+        got = train_json(["--device", "cuda", "--kernel", str(v), "--data_file", big], tmp, f"v{v} 5M")
         if got:
             compare(f"version {v} against PyTorch, 5M points (4M train), 200 epochs", got, want)
             if v == 4:

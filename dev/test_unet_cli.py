@@ -7,6 +7,7 @@ Each check runs the binary in a subprocess and requires a non-zero exit code AND
 message. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ SMALL_FLAGS = ["--image_size", "16", "--model_channels", "32", "--channel_mult",
                "--attn_ds", "2", "--num_head_channels", "16"]
 NO_GPU = "no CUDA GPU found"
 
-FLAGS = ["data_file", "output_dir", "batch_size", "lr", "beta1", "beta2", "adam_eps", "weight_decay", "steps",
+FLAGS = ["data_file", "output_dir", "device", "batch_size", "lr", "beta1", "beta2", "adam_eps", "weight_decay", "steps",
          "log_every", "save_every", "seed", "ema_rate", "resume", "load", "precision", "image_size", "model_channels",
          "channel_mult", "num_res_blocks", "attn_ds", "num_head_channels", "diffusion_steps", "beta_start",
          "beta_end", "sample", "num_samples", "sampler", "sample_steps", "use_ema", "allow_change", "eval_loss"]
@@ -104,29 +105,39 @@ def main():
         report("FAIL", "binary", f"{BINARY} not found: run `make train_unet` first")
         print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
         return 1
-    # --help lists every flag with its default
+    # --help lists every flag with its default, in the three trainers' layout: "  --name  help [default]"
     code, out = run(["--help"])
-    missing = [f for f in FLAGS if not any(line.strip().startswith(f"--{f} ") and "(default" in line
-                                           for line in out.splitlines())]
-    if code == 0 and not missing:
-        report("PASS", "help", f"exit 0, {len(FLAGS)} flags each with its default")
+    lines = {m.group(1): m.group(2) for m in re.finditer(r"^  --([a-z0-9_]+) +(.*)$", out, flags=re.M)}
+    missing = [f for f in FLAGS if not re.search(r"\[[^\]]*\]", lines.get(f, ""))]
+    if code == 0 and not missing and "help" in lines and "Flags (default in brackets):" in out:
+        report("PASS", "help", f"exit 0, {len(FLAGS)} flags each with its default in brackets")
     else:
         report("FAIL", "help", f"exit {code}, flags missing or without a default: {missing}")
+    device = lines.get("device", "")
+    report("PASS" if device.endswith("[auto]  one of: auto,cuda,cpu") else "FAIL", "help: --device",
+           device or "no --device line")
 
     # bad flags
-    expect_error("unknown flag", ["--bogus", "1"], "unknown flag", "--bogus")
-    expect_error("missing value", ["--steps"], "--steps expects a value")
-    expect_error("non-numeric int", ["--batch_size", "abc"], "--batch_size", "integer", "abc")
-    expect_error("int with trailing junk", ["--steps", "10x"], "--steps", "10x")
-    expect_error("zero batch", ["--batch_size", "0"], "--batch_size", "[1, 4096]", "'0'")
-    expect_error("negative lr", ["--lr", "-1"], "--lr", "'-1'")
-    expect_error("nan lr", ["--lr", "nan"], "--lr", "nan")
-    expect_error("unknown precision", ["--precision", "fp16"], "--precision", "bf16, tf32 or fp32", "fp16")
-    expect_error("the old --tf32 flag", ["--tf32", "1"], "unknown flag", "--tf32")
-    expect_error("eval_loss without a checkpoint", ["--eval_loss", "64"], "--eval_loss needs --load")
+    expect_error("unknown flag", ["--bogus", "1"], "error: unknown flag --bogus (see --help)")
+    expect_error("not a flag", ["stray"], "error: expected a flag like --name, found 'stray' (see --help)")
+    expect_error("missing value", ["--steps"], "error: flag --steps expects a value, found none")
+    expect_error("non-numeric int", ["--batch_size", "abc"], "error: flag --batch_size expects an integer, found 'abc'")
+    expect_error("int with trailing junk", ["--steps", "10x"], "flag --steps expects an integer, found '10x'")
+    expect_error("zero batch", ["--batch_size", "0"],
+                 "error: flag --batch_size expects an integer in [1, 4096], found 0")
+    expect_error("negative lr", ["--lr", "-1"], "flag --lr expects a number in [1e-12, 1], found -1")
+    expect_error("nan lr", ["--lr", "nan"], "error: flag --lr expects a number, found 'nan'")
+    expect_error("unknown precision", ["--precision", "fp16"],
+                 "error: flag --precision expects one of bf16,tf32,fp32, found 'fp16'")
+    expect_error("the old --tf32 flag", ["--tf32", "1"], "unknown flag --tf32")
+    expect_error("--device gpu", ["--device", "gpu"], "error: flag --device expects one of auto,cuda,cpu, found 'gpu'")
+    expect_error("--device cpu points to generate.py", ["--device", "cpu"],
+                 "error: --device cpu: train_unet trains, samples and evaluates on a CUDA GPU only",
+                 "scripts/generate.py --checkpoint CKPT --device cpu")
+    expect_error("eval_loss without a checkpoint", ["--eval_loss", "64"], "error: --eval_loss needs --load FILE")
     expect_error("eval_loss and sample", ["--eval_loss", "64", "--load", "x.bin", "--sample", "y.bin"],
-                 "--eval_loss or --sample")
-    expect_error("negative eval_loss", ["--eval_loss", "-1"], "--eval_loss", "'-1'")
+                 "--eval_loss and --sample exclude each other")
+    expect_error("negative eval_loss", ["--eval_loss", "-1"], "flag --eval_loss expects an integer in", "found -1")
     expect_error("bad channel_mult", ["--channel_mult", "1,x"], "--channel_mult", "1,x")
     expect_error("five levels", ["--channel_mult", "1,1,1,1,1"], "--channel_mult")
     expect_error("attn_ds not a power of 2", ["--attn_ds", "3"], "--attn_ds", "powers of 2")
@@ -134,7 +145,8 @@ def main():
     expect_error("heads do not divide channels", ["--num_head_channels", "48"], "num_head_channels")
     expect_error("image size not divisible", ["--image_size", "20"], "image_size 20")
     expect_error("sample without load", ["--sample", "x.bin"], "--sample needs --load")
-    expect_error("resume and load", ["--resume", "a.bin", "--load", "b.bin"], "--resume or --load")
+    expect_error("resume and load", ["--resume", "a.bin", "--load", "b.bin"],
+                 "error: --resume and --load exclude each other, found both")
 
     with tempfile.TemporaryDirectory() as tmp:
         good_data = os.path.join(tmp, "data16.bin")
@@ -238,13 +250,14 @@ def main():
         expect_error("sample: --use_ema 1 without EMA", ["--sample", os.path.join(tmp, "s.bin"), "--load", noema],
                      "has_ema is 0, expected 1")
         expect_error("sample: bad sampler", ["--sample", os.path.join(tmp, "s.bin"), "--load", ckpt, "--sampler",
-                                             "euler"], "--sampler expects ddpm or ddim", "euler")
+                                             "euler"], "flag --sampler expects one of ddpm,ddim, found 'euler'")
         expect_error("sample: too many ddim steps", ["--sample", os.path.join(tmp, "s.bin"), "--load", ckpt,
                                                      "--sample_steps", "2000"], "--sample_steps 2000")
         expect_error("sample: wrong magic", ["--sample", os.path.join(tmp, "s.bin"), "--load", good_data],
                      "magic is 20260301, expected 20260302")
 
         resume_and_paths(tmp, good_data)
+        table_and_log_lines(base)
 
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return 1 if counts["FAIL"] else 0
@@ -307,6 +320,39 @@ def resume_and_paths(tmp, good_data):
     os.makedirs(os.path.join(folder, "model.bin"), exist_ok=True)
     expect_error("--output_dir with model.bin a directory is refused at start-up",
                  ["--data_file", good_data, "--output_dir", folder] + SMALL_FLAGS, "model.bin", "directory")
+
+
+def have_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def table_and_log_lines(base):
+    """The three trainers' dialect: --device cuda without a GPU (no GPU), or a short run's boxed start-up table (the
+    device, then every flag) and its log lines 'step N/TOTAL | train loss X | Y ms/step | Z images/s' (GPU)."""
+    if not have_gpu():
+        expect_error("--device cuda without a GPU", base + ["--device", "cuda"],
+                     "error: --device cuda but no CUDA device is available")
+        report("SKIP", "start-up table and log lines", "no GPU")
+        return
+    i = base.index("--steps")
+    args = base[:i] + base[i + 2:] + ["--steps", "20", "--log_every", "10"]
+    code, out = run(args, timeout=600)
+    lines = out.splitlines()
+    rule = "+" + "-" * 23 + "+" + "-" * 46 + "+"
+    rules = [i for i, line in enumerate(lines) if line == rule]
+    rows = lines[rules[0] + 1:rules[1]] if len(rules) >= 2 else []
+    keys = [r[2:23].strip() for r in rows]
+    ok = (code == 0 and rows and all(re.fullmatch(r"\| .{21} \| .{44,} \|", r) for r in rows) and
+          rows[0].startswith("| device                | cuda (") and set(FLAGS) - {"device"} <= set(keys[1:]))
+    report("PASS" if ok else "FAIL", "start-up table: boxed, the device, then every flag",
+           f"exit {code}, {len(rows)} rows: {keys[:4]}...")
+    steps = re.findall(r"^step +(\d+)/20 \| train loss [0-9.]+ \| +[0-9.]+ ms/step \| +[0-9.]+ images/s$", out, re.M)
+    final = re.search(r"^final \| step 20 \| train_loss [0-9.]+ \| train_ms [0-9.]+$", out, re.M)
+    report("PASS" if steps == ["10", "20"] and final else "FAIL",
+           "log lines: step N/TOTAL | train loss | ms/step | images/s, then final |", f"steps {steps}")
 
 
 if __name__ == "__main__":

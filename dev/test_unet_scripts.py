@@ -374,14 +374,17 @@ def test_generate_bad_inputs():
     details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--num_samples", 0),
                                "--num_samples"))
     details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--bogus", 1), "--bogus"))
-    details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--device", "gpu",
-                                   "--binary", os.path.join(TMP, "no_train_unet")), "--device gpu"))
+    details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--device", "cuda",
+                                   "--binary", os.path.join(TMP, "no_train_unet")), "--device cuda"))
+    details.append(expect_fail(run("generate.py", "--checkpoint", ckpt, "--out", png, "--device", "gpu"),
+                               "--device", "'gpu'", "'cuda'"))
     return f"{len(details)} bad inputs rejected (no ema, wrong magic, missing file, truncated, missing tensor, " \
-           f"wrong width, bad n_levels, ddpm --steps, --num_samples 0, unknown flag, gpu without binary)"
+           f"wrong width, bad n_levels, ddpm --steps, --num_samples 0, unknown flag, cuda without binary, " \
+           f"--device gpu)"
 
 
 def test_generate_gpu_path():
-    """generate.py --device gpu through ./train_unet --sample (GPU machine only)."""
+    """generate.py --device cuda through ./train_unet --sample (GPU machine only)."""
     ok, why = generate.gpu_available(os.path.join(ROOT, "train_unet"))
     if not ok:
         raise Skip(f"{why} (needs a GPU and a built ./train_unet)")
@@ -389,7 +392,7 @@ def test_generate_gpu_path():
     config = fixture_checkpoint(ckpt, ema=True)
     png, out = os.path.join(TMP, "gpu.png"), os.path.join(TMP, "gpu.bin")
     code, log = run("generate.py", "--checkpoint", ckpt, "--out", png, "--out_bin", out, "--num_samples", 5,
-                    "--sampler", "ddim", "--steps", 10, "--device", "gpu", "--binary", "./train_unet")
+                    "--sampler", "ddim", "--steps", 10, "--device", "cuda", "--binary", "./train_unet")
     assert code == 0, log
     images = binio.read(out, binio.UNET_DATASET)[2]["images"]
     s = config.image_size

@@ -17,7 +17,7 @@ timeout 120 ./dev/test_unet > $OUT/test_default.log 2>&1; grep -vE "^PASS" $OUT/
 timeout 150 ./dev/test_unet /tmp/full32.bin /tmp/full7.bin > $OUT/test_full.log 2>&1; grep -vE "^PASS" $OUT/test_full.log | tail -12
 el tests done
 timeout 60 ./train_unet --steps 200 --log_every 50 --save_every 200 --output_dir /tmp/run > $OUT/train.log 2>&1; tail -4 $OUT/train.log
-timeout 40 python3 scripts/generate.py --checkpoint /tmp/run/model.bin --out $OUT/samples_200.png --sampler ddim --steps 50 --device gpu 2>&1 | tail -1
+timeout 40 python3 scripts/generate.py --checkpoint /tmp/run/model.bin --out $OUT/samples_200.png --sampler ddim --steps 50 --device cuda 2>&1 | tail -1
 el train+sample done
 timeout $(( 590 - ($(date +%s) - T0) )) python3 dev/bench_unet.py --out $OUT/bench --modes best --batch_sizes 32,128 --precisions bf16 2>&1 | tail -12
 el end

@@ -1,7 +1,7 @@
 """Samples images from a saved UNET_CHECKPOINT and writes them as a PNG grid.
 
   python3 scripts/generate.py --checkpoint out/unet/model.bin --out samples.png --num_samples 16 \
-      [--sampler ddpm | --sampler ddim --steps 50] [--weights ema|raw] [--device gpu|cpu] [--seed 0]
+      [--sampler ddpm | --sampler ddim --steps 50] [--weights ema|raw] [--device auto|cuda|cpu] [--seed 0]
 
 Samplers (the model predicts epsilon; linear betas from the checkpoint header, float64 schedule as dev/unet.py):
   ddpm  all diffusion_steps steps, t = T-1 .. 0: x0_hat = clip(x_t/sqrt(acp_t) - sqrt(1/acp_t - 1) eps, -1, 1),
@@ -10,12 +10,12 @@ Samplers (the model predicts epsilon; linear betas from the checkpoint header, f
         at t = 0 to that of t = 1, as guided-diffusion.
   ddim  eta 0 over --steps S timesteps tau_i = floor(i*T/S), i = S-1 .. 0: x0_hat as above (clipped), eps recomputed
         from the clipped x0_hat, x_prev = sqrt(acp_prev) x0_hat + sqrt(1 - acp_prev) eps (acp_prev = 1 after tau_0).
-Devices:
-  gpu   runs `BINARY --sample FILE --load CKPT --num_samples N --sampler S --sample_steps K --use_ema 0|1 --seed N`
-        (train_unet writes the samples as a UNET_DATASET) and reads FILE back.
+Devices (--device, the trainers' values):
+  cuda  runs `BINARY --sample FILE --load CKPT --num_samples N --sampler S --sample_steps K --use_ema 0|1 --seed N
+        --device cuda` (train_unet writes the samples as a UNET_DATASET) and reads FILE back.
   cpu   a NumPy implementation of dev/unet.py's forward (NHWC, 3x3 convolutions as im2col + one matmul): slow but
         dependency-free (about a second per image per step for the 64x64 default model on a few cores).
-Default: gpu when the binary exists and nvidia-smi lists a GPU, else cpu; the choice is printed in one line.
+Default (auto): cuda when the binary exists and nvidia-smi lists a GPU, else cpu; the choice is printed in one line.
 Weights: the EMA weights when the checkpoint has them (--weights ema), else the raw ones; --weights forces one.
 Checkpoints written by train_unet before its EMA warm-up (2026-11-22) hold an EMA that still carries ema_rate^step
 of the zero-initialised output layers: DDPM is fine with it, DDIM gives saturated noise; use --weights raw there.
@@ -460,7 +460,7 @@ def sample_gpu(args, use, image_size):
         out = os.path.join(tmp, "samples.bin")
         cmd = [args.binary, "--sample", out, "--load", args.checkpoint, "--num_samples", str(args.num_samples),
                "--sampler", args.sampler, "--sample_steps", str(args.steps), "--use_ema", "1" if use == "ema" else "0",
-               "--seed", str(args.seed)]
+               "--seed", str(args.seed), "--device", "cuda"]
         print("running: " + " ".join(cmd), flush=True)
         r = subprocess.run(cmd)
         if r.returncode != 0:
@@ -484,9 +484,9 @@ def main(argv=None):
     p.add_argument("--sampler", default="ddpm", choices=["ddpm", "ddim"], help="ddpm: all diffusion steps; ddim: eta 0")
     p.add_argument("--steps", type=int, default=0, help="ddim steps (0: 50); ddpm always takes diffusion_steps")
     p.add_argument("--weights", default="auto", choices=["auto", "ema", "raw"], help="auto: ema when present")
-    p.add_argument("--device", default="auto", choices=["auto", "gpu", "cpu"],
-                   help="auto: gpu when the binary and a GPU are present, else cpu")
-    p.add_argument("--binary", default="./train_unet", help="the trainer, for --device gpu")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="auto: cuda when the binary and a GPU are present, else cpu")
+    p.add_argument("--binary", default="./train_unet", help="the trainer, for --device cuda")
     p.add_argument("--batch_size", type=int, default=16, help="cpu: images per forward")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial noise and of the ddpm noise")
     args = p.parse_args(argv)
@@ -522,17 +522,17 @@ def main(argv=None):
 
     if args.device == "auto":
         ok, why = gpu_available(args.binary)
-        args.device = "gpu" if ok else "cpu"
+        args.device = "cuda" if ok else "cpu"
         print(f"device: {args.device} ({why})")
-    elif args.device == "gpu":
+    elif args.device == "cuda":
         ok, why = gpu_available(args.binary)
         if not ok:
-            sys.exit(f"error: --device gpu: {why}")
+            sys.exit(f"error: --device cuda: {why}")
     print(f"checkpoint {args.checkpoint}: step {cfg['step']}, {use} weights, image {config.image_size}, "
           f"{args.sampler} {args.steps} steps, {args.num_samples} samples, seed {args.seed}", flush=True)
 
     t0 = time.time()
-    if args.device == "gpu":
+    if args.device == "cuda":
         images = sample_gpu(args, use, config.image_size)
     else:
         model = NumpyUNet(config, weights)
