@@ -40,6 +40,11 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <thread>
 #include <utility>
 #include <vector>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 // The file reads top to bottom in seven parts, each opened by a banner of '=':
 //   1. utilities and formats                  2. the generic kernels (every product of the --tf32 0 path)
@@ -49,8 +54,8 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 
 // ================================================================================================================
 // 1. UTILITIES AND FORMATS
-//   error checks, the network's shape and parameter layouts, the binary file format, MNIST's IDX files, the
-//   timeline tracing of dev/trace_mnist, programmatic dependent launch
+//   error checks, the network's shape and parameter layouts, files in and out, the binary file format, MNIST's IDX
+//   files, the timeline tracing of dev/trace_mnist, programmatic dependent launch
 // ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
@@ -78,15 +83,6 @@ static void cublas_check(cublasStatus_t st, const char* call, const char* file, 
     }
 }
 #define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
-static FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
-    FILE* f = fopen(path, mode);
-    if (!f) {
-        fprintf(stderr, "error: cannot open %s (mode %s): %s\n  at %s:%d\n", path, mode, strerror(errno), file, line);
-        exit(EXIT_FAILURE);
-    }
-    return f;
-}
-#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 static void* malloc_check(size_t n, const char* file, int line) {
     void* p = malloc(n ? n : 1);
     if (!p) {
@@ -96,11 +92,10 @@ static void* malloc_check(size_t n, const char* file, int line) {
     return p;
 }
 #define mallocCheck(n) malloc_check(n, __FILE__, __LINE__)
-static void fwrite_check(const void* p, size_t sz, size_t n, FILE* f, const char* path) {
-    if (fwrite(p, sz, n, f) != n) {
-        fprintf(stderr, "error: short write to %s: %s\n", path, strerror(errno));
-        exit(EXIT_FAILURE);
-    }
+// A bad input or output ends the run with one line naming it (issue 26: no crash, no hang, one clear error).
+static void die(const std::string& msg) {
+    fprintf(stderr, "error: %s\n", msg.c_str());
+    exit(EXIT_FAILURE);
 }
 
 namespace cg = cooperative_groups;
@@ -170,8 +165,133 @@ static void param_from_torch(int idx, const float* torch_in, float* internal) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// files in and out (issue 26): every input is a regular file or one clear error naming the path and what it is (a
+// directory, a device or a FIFO is refused from its stat, before a byte is read: no size taken from a directory, no
+// hang on a FIFO); every output is checked at start-up and written through a temporary file in its folder, fsync and
+// rename, so a crash never leaves a torn file and a failure keeps the old one and leaves no temporary file behind; a
+// directory, device or FIFO is never replaced, and a symlink is written through to its target.
+static const char* file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+static std::string folder_of(const std::string& path) {
+    size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// The whole content of the regular file `path` (what: its role, as "--load checkpoint", for the messages), at most
+// max_bytes. "" or a message naming the path.
+static std::string file_read_all(const std::string& path, const char* what, size_t max_bytes, std::vector<char>* out) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return path + ": cannot open " + what + " (" + strerror(errno) + ")";
+    if (!S_ISREG(st.st_mode)) return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file";
+    int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // O_NONBLOCK: no hang if it became a FIFO
+    if (fd < 0) return path + ": cannot open " + what + " (" + strerror(errno) + ")";
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // what was opened, in case the path changed in between
+        close(fd);
+        return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file";
+    }
+    if ((unsigned long long)st.st_size > max_bytes) {
+        close(fd);
+        return path + ": " + what + " is " + std::to_string((long long)st.st_size) + " bytes, more than the " +
+               std::to_string(max_bytes) + " it can be";
+    }
+    out->resize((size_t)st.st_size);
+    size_t done = 0;
+    while (done < out->size()) {
+        ssize_t got = read(fd, out->data() + done, std::min<size_t>(out->size() - done, 1u << 30));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        done += (size_t)got;
+    }
+    std::string why = strerror(errno);
+    close(fd);
+    if (done != out->size())
+        return path + ": read " + std::to_string(done) + " of the " + std::to_string(out->size()) + " bytes of " +
+               what + (done < out->size() ? " (" + why + ")" : "");
+    return "";
+}
+
+// Checks, before any work, that `path` can be written: "" and in *real the file that will be written (a symlink's
+// target: written through, the link kept), or a message naming the path: a missing folder, a folder that takes no
+// new file, or a directory, device or FIFO (never replaced).
+static std::string output_check(const std::string& path, const char* what, std::string* real) {
+    struct stat st;
+    *real = path;
+    if (lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+        char buf[PATH_MAX];
+        if (realpath(path.c_str(), buf) != nullptr) {
+            *real = buf;
+        } else {  // a symlink to a file still to be made: write it where the link points
+            ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
+            if (n <= 0) return path + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
+            buf[n] = 0;
+            *real = buf[0] == '/' ? std::string(buf) : folder_of(path) + "/" + buf;
+        }
+    }
+    std::string folder = folder_of(*real);
+    if (stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        return path + ": " + what + " cannot be written: folder " + folder + " does not exist";
+    if (stat(real->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file: refusing to replace it";
+    std::string probe = folder + "/.mnist_probe.XXXXXX.tmp";  // the folder takes a new file: the real write's test
+    int fd = mkstemps(&probe[0], 4);
+    if (fd < 0) return path + ": " + what + " cannot be written in folder " + folder + " (" + strerror(errno) + ")";
+    close(fd);
+    unlink(probe.c_str());
+    return "";
+}
+
+// Writes the chunks to `path` through a temporary file in its folder (path.XXXXXX.tmp), fsync, rename and an fsync of
+// the folder: the temporary file never stays behind and the old file is kept on failure. "" or a message.
+struct WriteChunk { const void* p; size_t n; };
+static std::string file_write_atomic(const std::string& path, const char* what, const std::vector<WriteChunk>& chunks) {
+    std::string real;
+    std::string e = output_check(path, what, &real);
+    if (!e.empty()) return e;
+    std::string tmp = real + ".XXXXXX.tmp";
+    int fd = mkstemps(&tmp[0], 4);
+    if (fd < 0) return path + ": cannot write " + what + " (" + strerror(errno) + ")";
+    mode_t mask = umask(0);  // the permissions a plain open() would give, not mkstemp's 0600
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    bool ok = true;
+    std::string why;
+    for (const WriteChunk& c : chunks) {
+        for (size_t done = 0; ok && done < c.n;) {
+            ssize_t put = write(fd, (const char*)c.p + done, std::min<size_t>(c.n - done, 1u << 30));
+            if (put < 0 && errno == EINTR) continue;
+            if (put <= 0) {
+                ok = false;
+                why = put < 0 ? strerror(errno) : "no space written";
+            } else {
+                done += (size_t)put;
+            }
+        }
+    }
+    if (ok && fsync(fd) != 0) ok = false, why = strerror(errno);
+    if (close(fd) != 0 && ok) ok = false, why = strerror(errno);
+    if (ok && rename(tmp.c_str(), real.c_str()) != 0) ok = false, why = strerror(errno);
+    if (!ok) {
+        unlink(tmp.c_str());
+        return path + ": cannot write " + what + " (" + why + "); the previous file is kept";
+    }
+    int dfd = open(folder_of(real).c_str(), O_RDONLY);  // the rename itself reaches the disk
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return "";
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // the project's binary file layout: 1024-byte header of 256 int32, a 128-byte table entry per tensor, then data
 constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 1;
+constexpr size_t BIN_MAX_BYTES = size_t(1) << 30;  // a checkpoint is 14 MB, a debug state less: a bound, not a limit
 
 struct BinTensor { std::string name; int dtype, ndim, shape[4]; size_t offset, nbytes; };
 struct BinFile {
@@ -183,114 +303,159 @@ struct BinFile {
 static const int DTYPE_SIZE[3] = {4, 4, 1};
 static const char* DTYPE_NAME[3] = {"float32", "int32", "uint8"};
 
-// Reads and validates the layout (magic, version, table, length); exits with a message naming the field.
-static void bin_read(BinFile* bf, const char* path, int magic, int version) {
-    bf->path = path;
-    FILE* f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno)); exit(EXIT_FAILURE); }
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    bf->data.resize(size > 0 ? size : 0);
-    if (size > 0 && fread(bf->data.data(), 1, size, f) != (size_t)size) {
-        fprintf(stderr, "error: short read of %s\n", path); exit(EXIT_FAILURE);
+// A tensor name from a table, shown escaped: a corrupt table holds any bytes.
+static std::string printable(const std::string& name) {
+    std::string shown;
+    for (unsigned char c : name) {
+        char hex[8];
+        snprintf(hex, sizeof hex, "\\x%02x", c);
+        shown += c >= 32 && c < 127 ? std::string(1, (char)c) : std::string(hex);
     }
-    fclose(f);
-    if (size < 1024) { fprintf(stderr, "error: %s: file is %ld bytes, shorter than the 1024-byte header\n", path, size); exit(EXIT_FAILURE); }
+    return shown;
+}
+
+// Reads the file and checks its layout (magic, version, table, every shape against the file length, the length)
+// before a byte of it is trusted. what: its role for the messages. "" or a message naming the file and the field.
+static std::string bin_open(BinFile* bf, const char* path, int magic, int version, const char* what) {
+    char msg[512];
+    bf->path = path;
+    bf->tensors.clear();
+    std::string e = file_read_all(path, what, BIN_MAX_BYTES, &bf->data);
+    if (!e.empty()) return e;
+    const size_t size = bf->data.size();
+    if (size < 1024) {
+        snprintf(msg, sizeof msg, "%s: file is %zu bytes, shorter than the 1024-byte header", path, size);
+        return msg;
+    }
     memcpy(bf->header, bf->data.data(), 1024);
     if (bf->header[0] != magic) {
-        fprintf(stderr, "error: %s: header[0] magic is %d, expected %d\n", path, bf->header[0], magic); exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: header[0] magic is %d, expected %d (%s)", path, bf->header[0], magic, what);
+        return msg;
     }
     if (bf->header[1] != version) {
-        fprintf(stderr, "error: %s: header[1] version is %d, expected %d (re-create the file with this version of the "
-                "writer)\n", path, bf->header[1], version); exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: header[1] version is %d, expected %d (re-create the file with this version of "
+                 "the writer)", path, bf->header[1], version);
+        return msg;
     }
-    int T = bf->header[2];
-    if (T < 0 || 1024 + 128L * T > size) {
-        fprintf(stderr, "error: %s: header[2] tensor count %d does not fit a file of %ld bytes\n", path, T, size); exit(EXIT_FAILURE);
+    long long T = bf->header[2];
+    if (T < 0 || 1024 + 128 * T > (long long)size) {
+        snprintf(msg, sizeof msg, "%s: header[2] tensor count %lld does not fit a file of %zu bytes", path, T, size);
+        return msg;
     }
     size_t total = 1024 + 128 * (size_t)T;
-    for (int i = 0; i < T; i++) {
-        const char* e = bf->data.data() + 1024 + 128 * i;
+    for (long long i = 0; i < T; i++) {
+        const char* raw = bf->data.data() + 1024 + 128 * i;
         BinTensor t;
-        char name[97]; memcpy(name, e, 96); name[96] = 0;
-        t.name = name;
-        int32_t meta[8]; memcpy(meta, e + 96, 32);
-        t.dtype = meta[0]; t.ndim = meta[1];
-        if (t.dtype < 0 || t.dtype > 2) { fprintf(stderr, "error: %s: tensor %d (%s) dtype code %d, expected 0, 1 or 2\n", path, i, name, t.dtype); exit(EXIT_FAILURE); }
-        if (t.ndim < 0 || t.ndim > 4) { fprintf(stderr, "error: %s: tensor %d (%s) ndim %d, expected 0..4\n", path, i, name, t.ndim); exit(EXIT_FAILURE); }
-        size_t n = 1;
+        t.name = std::string(raw, strnlen(raw, 96));
+        std::string shown = printable(t.name);
+        int32_t meta[8];
+        memcpy(meta, raw + 96, 32);
+        t.dtype = meta[0];
+        t.ndim = meta[1];
+        if (t.dtype < 0 || t.dtype > 2) {
+            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has dtype code %d, expected 0, 1 or 2", path, i,
+                     shown.c_str(), t.dtype);
+            return msg;
+        }
+        if (t.ndim < 0 || t.ndim > 4) {
+            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has ndim %d, expected 0..4", path, i, shown.c_str(),
+                     t.ndim);
+            return msg;
+        }
+        size_t n = 1;  // elements; bounded by the file length at every factor, so it never overflows
         for (int d = 0; d < 4; d++) {
             t.shape[d] = d < t.ndim ? meta[2 + d] : 0;
-            if (d < t.ndim) {
-                if (t.shape[d] < 0) { fprintf(stderr, "error: %s: tensor %s has negative dim %d\n", path, name, t.shape[d]); exit(EXIT_FAILURE); }
-                n *= t.shape[d];
+            if (d >= t.ndim) continue;
+            if (t.shape[d] < 0) {
+                snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has dimension %d of %d, expected >= 0", path, i,
+                         shown.c_str(), d, t.shape[d]);
+                return msg;
             }
+            n = t.shape[d] == 0 || n <= size / (size_t)t.shape[d] ? n * (size_t)t.shape[d] : size + 1;
         }
         t.nbytes = n * DTYPE_SIZE[t.dtype];
         t.offset = total;
+        if (n > size || t.nbytes > size - total) {
+            snprintf(msg, sizeof msg, "%s: file length is %zu bytes, the header and tensor table say more (tensor "
+                     "%lld, %s, runs past the end)", path, size, i, shown.c_str());
+            return msg;
+        }
         total += t.nbytes;
         bf->tensors.push_back(t);
     }
-    if (total != (size_t)size) {
-        fprintf(stderr, "error: %s: file length is %ld bytes, the header and tensor table say %zu\n", path, size, total);
-        exit(EXIT_FAILURE);
+    if (total != size) {
+        snprintf(msg, sizeof msg, "%s: file length is %zu bytes, the header and tensor table say %zu", path, size,
+                 total);
+        return msg;
     }
+    return "";
+}
+static const char* bin_kind(int magic) {
+    return magic == 20260202 ? "mnist checkpoint" : magic == 20260203 ? "mnist debug state" : "mnist fixture";
+}
+// bin_open, ending the run with its message on a bad file.
+static void bin_read(BinFile* bf, const char* path, int magic, int version) {
+    std::string e = bin_open(bf, path, magic, version, bin_kind(magic));
+    if (!e.empty()) die(e);
 }
 [[maybe_unused]] static bool bin_has(const BinFile* bf, const char* name) {
     for (auto& t : bf->tensors) if (t.name == name) return true;
     return false;
 }
-// Returns the data of tensor `name` after checking its dtype and shape (ndim entries of shape; -1 = any).
-static const void* bin_expect(const BinFile* bf, const char* name, int dtype, int ndim, const int* shape) {
+// The data of tensor `name` after checking its dtype and shape (ndim entries of shape; -1 = any); nullptr and *err
+// naming the file and the tensor when it is missing or differs.
+static const void* bin_find(const BinFile* bf, const std::string& name, int dtype, int ndim, const int* shape,
+                            std::string* err) {
     for (auto& t : bf->tensors) {
         if (t.name != name) continue;
         if (t.dtype != dtype) {
-            fprintf(stderr, "error: %s: tensor %s has dtype %s, expected %s\n", bf->path.c_str(), name, DTYPE_NAME[t.dtype], DTYPE_NAME[dtype]);
-            exit(EXIT_FAILURE);
+            *err = bf->path + ": tensor " + name + " has dtype " + DTYPE_NAME[t.dtype] + ", expected " +
+                   DTYPE_NAME[dtype];
+            return nullptr;
         }
         bool ok = t.ndim == ndim;
         for (int d = 0; ok && d < ndim; d++) ok = shape[d] < 0 || shape[d] == t.shape[d];
         if (!ok) {
-            char found[64] = "", want[64] = "";
-            for (int d = 0; d < t.ndim; d++) snprintf(found + strlen(found), 64 - strlen(found), "%d%s", t.shape[d], d + 1 < t.ndim ? "," : "");
-            for (int d = 0; d < ndim; d++) snprintf(want + strlen(want), 64 - strlen(want), "%d%s", shape[d], d + 1 < ndim ? "," : "");
-            fprintf(stderr, "error: %s: tensor %s has shape (%s), expected (%s)\n", bf->path.c_str(), name, found, want);
-            exit(EXIT_FAILURE);
+            std::string found, want;
+            for (int d = 0; d < t.ndim; d++) found += (d ? "," : "") + std::to_string(t.shape[d]);
+            for (int d = 0; d < ndim; d++) want += (d ? "," : "") + std::to_string(shape[d]);
+            *err = bf->path + ": tensor " + name + " has shape (" + found + "), expected (" + want + ")";
+            return nullptr;
         }
         return bf->data.data() + t.offset;
     }
-    fprintf(stderr, "error: %s: tensor %s is missing\n", bf->path.c_str(), name);
-    exit(EXIT_FAILURE);
+    *err = bf->path + ": tensor " + name + " is missing";
+    return nullptr;
+}
+// bin_find, ending the run with its message.
+static const void* bin_expect(const BinFile* bf, const char* name, int dtype, int ndim, const int* shape) {
+    std::string e;
+    const void* p = bin_find(bf, name, dtype, ndim, shape, &e);
+    if (!p) die(e);
+    return p;
 }
 static float bin_field_f(const BinFile* bf, int slot) { float f; memcpy(&f, &bf->header[slot], 4); return f; }
 
 struct BinWriterTensor { std::string name; int dtype, ndim, shape[4]; const void* data; };
-// Writes path.tmp, then renames it to path: a crash never leaves a torn file.
-static void bin_write(const char* path, int magic, int version, const std::vector<int32_t>& fields,
-                      const std::vector<BinWriterTensor>& ts) {
+// Writes the file through file_write_atomic (a crash never leaves a torn file). "" or a message naming the path.
+static std::string bin_write(const char* path, const char* what, int magic, int version,
+                             const std::vector<int32_t>& fields, const std::vector<BinWriterTensor>& ts) {
     int32_t header[256] = {0};
     header[0] = magic; header[1] = version; header[2] = (int)ts.size();
     for (size_t i = 0; i < fields.size(); i++) header[3 + i] = fields[i];
-    std::string tmp = std::string(path) + ".tmp";
-    FILE* f = fopenCheck(tmp.c_str(), "wb");
-    fwrite_check(header, 4, 256, f, tmp.c_str());
-    for (auto& t : ts) {
-        char e[128] = {0};
-        if (t.name.size() >= 96) { fprintf(stderr, "error: tensor name %s too long\n", t.name.c_str()); exit(EXIT_FAILURE); }
-        memcpy(e, t.name.c_str(), t.name.size());
+    std::vector<char> table(128 * ts.size(), 0);
+    std::vector<WriteChunk> chunks = {{header, sizeof header}, {table.data(), table.size()}};
+    for (size_t i = 0; i < ts.size(); i++) {
+        const BinWriterTensor& t = ts[i];
+        if (t.name.size() >= 96) return std::string(path) + ": tensor name " + t.name + " is too long";
+        memcpy(&table[128 * i], t.name.c_str(), t.name.size());
         int32_t meta[8] = {t.dtype, t.ndim, 0, 0, 0, 0, 0, 0};
-        for (int d = 0; d < t.ndim; d++) meta[2 + d] = t.shape[d];
-        memcpy(e + 96, meta, 32);
-        fwrite_check(e, 1, 128, f, tmp.c_str());
-    }
-    for (auto& t : ts) {
         size_t n = 1;
-        for (int d = 0; d < t.ndim; d++) n *= t.shape[d];
-        fwrite_check(t.data, DTYPE_SIZE[t.dtype], n, f, tmp.c_str());
+        for (int d = 0; d < t.ndim; d++) meta[2 + d] = t.shape[d], n *= t.shape[d];
+        memcpy(&table[128 * i + 96], meta, 32);
+        chunks.push_back({t.data, n * DTYPE_SIZE[t.dtype]});
     }
-    if (fflush(f) != 0 || fclose(f) != 0) { fprintf(stderr, "error: cannot finish writing %s\n", tmp.c_str()); exit(EXIT_FAILURE); }
-    if (rename(tmp.c_str(), path) != 0) { fprintf(stderr, "error: cannot rename %s to %s: %s\n", tmp.c_str(), path, strerror(errno)); exit(EXIT_FAILURE); }
+    return file_write_atomic(path, what, chunks);
 }
 static int32_t fbits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 
@@ -300,66 +465,148 @@ struct MnistSplit { int n = 0; std::vector<uint8_t> images; std::vector<uint8_t>
 
 static uint32_t be32(const uint8_t* b) { return ((uint32_t)b[0] << 24) | ((uint32_t)b[1] << 16) | ((uint32_t)b[2] << 8) | b[3]; }
 
-static void idx_read_exact(gzFile gz, const char* path, void* dst, size_t n, const char* what) {
-    size_t done = 0;
-    while (done < n) {
-        unsigned chunk = (unsigned)std::min<size_t>(n - done, 1u << 30);
-        int got = gzread(gz, (char*)dst + done, chunk);
-        if (got < 0) {
-            int errnum; const char* msg = gzerror(gz, &errnum);
-            fprintf(stderr, "error: %s: cannot decompress %s: %s\n", path, what, msg); exit(EXIT_FAILURE);
+// A gzip file held in memory and inflated on demand by zlib's inflate with the gzip wrapper, which checks each
+// member's CRC-32 and length (the 8-byte trailer) when it reaches the member's end. Members may follow each other
+// (gzip allows it); anything else after the last one is an error, and so is a stream that ends early.
+struct GzFile {
+    std::string path;
+    std::vector<char> raw;  // the compressed file
+    z_stream zs;
+    bool live = false, ended = false;
+};
+constexpr size_t GZ_MAX_BYTES = size_t(1) << 31;  // MNIST's training images are 9.9 MB compressed
+constexpr size_t DEFLATE_MAX_RATIO = 1032;        // deflate expands data at most 1032 times (258 bytes per 2 bits)
+static std::string gz_open(GzFile* g, const char* path) {
+    g->path = path;
+    std::string e = file_read_all(path, "MNIST file", GZ_MAX_BYTES, &g->raw);
+    if (!e.empty()) return e;
+    const uint8_t* b = (const uint8_t*)g->raw.data();
+    if (g->raw.size() < 2 || b[0] != 0x1f || b[1] != 0x8b) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: not a gzip file (%s, not 1f 8b; an uncompressed IDX file must be gzipped)",
+                 path, g->raw.size() < 2 ? "shorter than the 2-byte gzip magic" : "it starts with bytes");
+        std::string m = msg;
+        if (g->raw.size() >= 2) {
+            snprintf(msg, sizeof msg, " %02x %02x", b[0], b[1]);
+            m.insert(m.find("bytes") + 5, msg);
         }
-        if (got == 0) {
-            fprintf(stderr, "error: %s: truncated: %s needs %zu bytes, found %zu\n", path, what, n, done); exit(EXIT_FAILURE);
-        }
-        done += got;
+        return m;
     }
+    memset(&g->zs, 0, sizeof g->zs);
+    if (inflateInit2(&g->zs, 16 + MAX_WBITS) != Z_OK) return g->path + ": cannot start zlib's inflate";
+    g->live = true;
+    g->zs.next_in = (Bytef*)g->raw.data();
+    g->zs.avail_in = (uInt)g->raw.size();  // < 2^31
+    return "";
+}
+static void gz_close(GzFile* g) {
+    if (g->live) inflateEnd(&g->zs);
+    g->live = false;
+}
+// Inflates up to n bytes into dst; *got: how many (fewer only at the end of the last member). "" or a message.
+static std::string gz_read(GzFile* g, void* dst, size_t n, size_t* got) {
+    *got = 0;
+    while (*got < n && !g->ended) {
+        g->zs.next_out = (Bytef*)dst + *got;
+        g->zs.avail_out = (uInt)std::min<size_t>(n - *got, 1u << 30);
+        const uInt room = g->zs.avail_out;
+        int r = inflate(&g->zs, Z_NO_FLUSH);
+        *got += room - g->zs.avail_out;
+        if (r == Z_STREAM_END) {  // this member's CRC-32 and length matched its data
+            const uint8_t* next = g->zs.next_in;
+            if (g->zs.avail_in == 0) {
+                g->ended = true;
+            } else if (g->zs.avail_in >= 2 && next[0] == 0x1f && next[1] == 0x8b) {
+                inflateReset(&g->zs);  // another member
+            } else {
+                return g->path + ": " + std::to_string(g->zs.avail_in) + " bytes after the gzip stream that are not a "
+                       "gzip member (a corrupt file)";
+            }
+        } else if (r == Z_BUF_ERROR && g->zs.avail_in == 0) {
+            return g->path + ": truncated: the gzip stream stops before its end (the file is cut short: deflate data "
+                   "or the 8-byte CRC-32 and length trailer is missing)";
+        } else if (r == Z_DATA_ERROR) {
+            std::string why = g->zs.msg ? g->zs.msg : "";
+            if (why == "incorrect data check")
+                return g->path + ": the gzip CRC-32 does not match the data (a corrupt file)";
+            if (why == "incorrect length check")
+                return g->path + ": the gzip length field does not match the data's length (a corrupt file)";
+            return g->path + ": corrupt gzip data (zlib: " + why + ")";
+        } else if (r != Z_OK) {
+            return g->path + ": cannot decompress (zlib error " + std::to_string(r) + ")";
+        }
+    }
+    return "";
 }
 // Reads one IDX file: magic 2051 (images, dims count,28,28) or 2049 (labels, dim count). Returns the count.
 static int idx_read(const char* path, bool images, std::vector<uint8_t>* out) {
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) { fprintf(stderr, "error: cannot open MNIST file %s: %s\n", path, strerror(errno)); exit(EXIT_FAILURE); }
+    GzFile g;
+    char msg[512];
+    auto fail = [&](const std::string& m) { gz_close(&g); die(m); };
+    std::string e = gz_open(&g, path);
+    if (!e.empty()) fail(e);
     uint8_t hdr[16];
-    int hdr_bytes = images ? 16 : 8;
-    idx_read_exact(gz, path, hdr, hdr_bytes, "the IDX header");
+    size_t hdr_bytes = images ? 16 : 8, got = 0;
+    if (!(e = gz_read(&g, hdr, hdr_bytes, &got)).empty()) fail(e);
+    if (got < hdr_bytes) {
+        snprintf(msg, sizeof msg, "%s: truncated: the IDX header needs %zu bytes, found %zu", path, hdr_bytes, got);
+        fail(msg);
+    }
     uint32_t magic = be32(hdr), count = be32(hdr + 4);
     uint32_t want_magic = images ? 2051 : 2049;
     if (magic != want_magic) {
-        fprintf(stderr, "error: %s: magic number is %u, expected %u (%s IDX file)\n", path, magic, want_magic, images ? "an images" : "a labels");
-        exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: magic number is %u, expected %u (%s IDX file)", path, magic, want_magic,
+                 images ? "an images" : "a labels");
+        fail(msg);
     }
     if (count == 0 || count > 10000000) {
-        fprintf(stderr, "error: %s: item count is %u, expected 1..10000000\n", path, count); exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: item count is %u, expected 1..10000000", path, count);
+        fail(msg);
     }
     if (images) {
         uint32_t rows = be32(hdr + 8), cols = be32(hdr + 12);
-        if (rows != IMG) { fprintf(stderr, "error: %s: rows is %u, expected %d\n", path, rows, IMG); exit(EXIT_FAILURE); }
-        if (cols != IMG) { fprintf(stderr, "error: %s: cols is %u, expected %d\n", path, cols, IMG); exit(EXIT_FAILURE); }
+        if (rows != IMG) { snprintf(msg, sizeof msg, "%s: rows is %u, expected %d", path, rows, IMG); fail(msg); }
+        if (cols != IMG) { snprintf(msg, sizeof msg, "%s: cols is %u, expected %d", path, cols, IMG); fail(msg); }
     }
     size_t n = (size_t)count * (images ? IMG * IMG : 1);
-    out->resize(n);
-    idx_read_exact(gz, path, out->data(), n, images ? "the pixels" : "the labels");
-    char extra;
-    int more = gzread(gz, &extra, 1);
-    if (more != 0) {
-        fprintf(stderr, "error: %s: %s after the %u items the header announces (file longer than expected)\n", path,
-                more > 0 ? "trailing bytes" : "unreadable data", count);
-        exit(EXIT_FAILURE);
+    if (n > g.raw.size() * DEFLATE_MAX_RATIO) {  // the header's size against the file's, before allocating
+        snprintf(msg, sizeof msg, "%s: item count is %u: %zu bytes of %s, more than a gzip file of %zu bytes can hold "
+                 "(deflate expands at most %zux): the count is wrong or the file truncated", path, count, n,
+                 images ? "pixels" : "labels", g.raw.size(), DEFLATE_MAX_RATIO);
+        fail(msg);
     }
-    gzclose(gz);
+    out->resize(n);
+    if (!(e = gz_read(&g, out->data(), n, &got)).empty()) fail(e);
+    if (got < n) {
+        snprintf(msg, sizeof msg, "%s: truncated: %s needs %zu bytes, found %zu", path,
+                 images ? "the pixels" : "the labels", n, got);
+        fail(msg);
+    }
+    char extra;
+    if (!(e = gz_read(&g, &extra, 1, &got)).empty()) fail(e);  // also reaches the trailer: CRC-32 and length checked
+    if (got != 0) {
+        snprintf(msg, sizeof msg, "%s: trailing bytes after the %u items the header announces (file longer than "
+                 "expected)", path, count);
+        fail(msg);
+    }
+    gz_close(&g);
     if (!images)
         for (size_t i = 0; i < n; i++)
-            if ((*out)[i] > 9) { fprintf(stderr, "error: %s: label %zu is %d, expected 0..9\n", path, i, (*out)[i]); exit(EXIT_FAILURE); }
+            if ((*out)[i] > 9) {
+                snprintf(msg, sizeof msg, "%s: label %zu is %d, expected 0..9", path, i, (*out)[i]);
+                die(msg);
+            }
     return (int)count;
 }
+// The split's two files from dir; limit > 0: its first `limit` items only.
 static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, int limit) {
     MnistSplit s;
     std::string ip = dir + "/" + prefix + "-images-idx3-ubyte.gz", lp = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
     int ni = idx_read(ip.c_str(), true, &s.images);
     int nl = idx_read(lp.c_str(), false, &s.labels);
     if (ni != nl) {
-        fprintf(stderr, "error: image and label counts disagree: %s has %d images, %s has %d labels\n", ip.c_str(), ni, lp.c_str(), nl);
-        exit(EXIT_FAILURE);
+        die("image and label counts disagree: " + ip + " has " + std::to_string(ni) + " images, " + lp + " has " +
+            std::to_string(nl) + " labels");
     }
     s.n = (limit > 0 && limit < ni) ? limit : ni;
     s.images.resize((size_t)s.n * IMG * IMG);
@@ -1662,7 +1909,8 @@ static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const 
 // checkpoints: magic 20260202; parameters (and optimizer state) by PyTorch names in PyTorch layout
 struct CheckpointMeta { int epoch = 0, step = 0, batch_size = 0, seed = 0, optimizer = 0, has_optimizer = 0, epochs = 0; float lr = 0, test_accuracy = 0; };
 
-static void mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
+// Returns "" or a message naming the path.
+static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
     std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
     mnist_copy_out(m, m->params, internal.data(), m->n_params);
     for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
@@ -1691,7 +1939,7 @@ static void mnist_save_checkpoint(const Mnist* m, const char* path, const Checkp
     }
     std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, meta.optimizer, meta.has_optimizer,
                                    meta.epochs, fbits(meta.lr), fbits(meta.test_accuracy)};
-    bin_write(path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
+    return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
 // Loads parameters (and, when with_optimizer, the optimizer state) after checking every name, dtype and shape.
 static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer, int expect_optimizer) {
@@ -3823,6 +4071,18 @@ int main(int argc, char** argv) {
     Args a;
     parse_args(argc, argv, a);
 
+    // every path before any work: a bad one costs no training (issue 26)
+    struct stat st;
+    if (stat(a.data_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+        die(a.data_dir + ": --data_dir is " + (S_ISREG(st.st_mode) ? "a regular file" : file_kind(st.st_mode)) +
+            ", not a directory (the folder of the four MNIST IDX .gz files)");
+    if (!a.checkpoint.empty()) {
+        std::string real, e = output_check(a.checkpoint, "--checkpoint", &real);
+        if (!e.empty()) die(e);
+        if (real != a.checkpoint)
+            printf("note: --checkpoint %s is a symlink: writing through to %s\n", a.checkpoint.c_str(), real.c_str());
+    }
+
     // device: a machine without a driver or GPU answers cudaGetDeviceCount with an error; that means zero devices
     int ndev = 0;
     cudaError_t derr = cudaGetDeviceCount(&ndev);
@@ -3867,13 +4127,6 @@ int main(int argc, char** argv) {
             fprintf(stderr, "error: %s: header[3] epoch is %d, --epochs is %d: nothing left to train (raise --epochs)\n", a.resume.c_str(), start_epoch, a.epochs);
             exit(1);
         }
-    }
-    if (!a.checkpoint.empty()) {  // fail now, not after the first epoch, when the checkpoint cannot be written
-        std::string tmp = a.checkpoint + ".tmp";
-        FILE* f = fopen(tmp.c_str(), "wb");
-        if (!f) { fprintf(stderr, "error: --checkpoint %s: cannot write %s: %s\n", a.checkpoint.c_str(), tmp.c_str(), strerror(errno)); exit(1); }
-        fclose(f);
-        remove(tmp.c_str());
     }
 
     // the boxed table of the run's parameters
@@ -3969,7 +4222,8 @@ int main(int argc, char** argv) {
                a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
         if (!a.checkpoint.empty()) {
             meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
-            mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
+            std::string e = mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
+            if (!e.empty()) die(e);
         }
         if (a.stop_at_accuracy > 0 && last.accuracy >= a.stop_at_accuracy) {
             printf("reached %.2f%% >= --stop_at_accuracy %g after %d epochs, %.1f ms of training\n", last.accuracy, a.stop_at_accuracy, epoch + 1, total_train_ms);

@@ -3,12 +3,18 @@
 Bad flags, missing / wrong-magic / truncated / mismatched MNIST files and bad checkpoints must each give a clear
 message and a non-zero exit; then the CPU fallback trains on a small subset (the loss falls, the accuracy rises),
 a checkpoint reloads with --eval_only, and a NaN loss stops training keeping the last good checkpoint.
+Issue 26 (each check failed before its fix): special paths as inputs (a directory, a device, a FIFO: one clear
+error, no std::bad_alloc, no hang), header sizes bounded by the file before allocating, the gzip CRC-32 and length
+trailer, outputs checked at start-up and written through a temporary file (devices and FIFOs refused, symlinks
+written through, nothing left behind on a full disk), checkpoint contents validated, --resume refusing a changed
+setting unless --allow_change names it, and a finite but diverging loss stopping the run.
 Run from the repo root: python3 dev/test_mnist_cli.py   (last line: N passed, N failed, N skipped)
 """
 import gzip
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -25,17 +31,35 @@ def report(ok, name, detail):
     results["passed" if ok else "failed"] += 1
 
 
-def run(args, timeout=300):
-    p = subprocess.run([BIN] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+HAVE_GPU = shutil.which("nvidia-smi") is not None
+VMEM_KB = 3 * 1024 * 1024  # "no allocation beyond a bound" (where no GPU: the CUDA runtime maps more than this)
+
+
+def run(args, timeout=300, vmem_kb=None, fsize_kb=None):
+    """Runs the binary (no stdin); vmem_kb: an address-space limit; fsize_kb: a full disk after that many KB (writes
+    fail with EFBIG, SIGXFSZ ignored). A hang is exit code None with what was printed."""
+    cmd = [BIN] + args
+    shell = (f"ulimit -v {vmem_kb}; " if vmem_kb else "") + (f"ulimit -f {fsize_kb}; trap '' XFSZ; "
+                                                              if fsize_kb is not None else "")
+    if shell:
+        cmd = ["bash", "-c", shell + 'exec "$@"', "run"] + cmd
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, errors="replace", timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out + f"\n(no answer after {timeout} s: a hang)"
     return p.returncode, p.stdout + p.stderr
 
 
-def expect_error(name, args, *needles):
-    """The binary must exit non-zero and its output must contain every needle."""
-    rc, out = run(args)
+def expect_error(name, args, *needles, code=None, timeout=300, vmem_kb=None, fsize_kb=None):
+    """The binary must exit non-zero (or with `code`) and its output must contain every needle."""
+    rc, out = run(args, timeout=timeout, vmem_kb=vmem_kb, fsize_kb=fsize_kb)
     missing = [n for n in needles if n not in out]
     last = out.strip().splitlines()[-1] if out.strip() else "(no output)"
-    report(rc != 0 and not missing, name, f"exit {rc}, message: {last[:160]}" + (f"; missing {missing}" if missing else ""))
+    ok = rc is not None and rc != 0 and (code is None or rc == code) and not missing
+    report(ok, name, f"exit {rc}, message: {last[:200]}" + (f"; missing {missing}" if missing else ""))
+    return out
 
 
 def idx_images(count, rows=28, cols=28, magic=2051, pixels=None):
@@ -65,6 +89,129 @@ def epochs_of(out):
     """[(train_loss, test_loss, test_acc)] from the per-epoch lines."""
     pat = r"epoch +\d+/\d+ \| train loss ([\d.]+) \| test loss ([\d.]+) \| test acc ([\d.]+)%"
     return [tuple(float(v) for v in m) for m in re.findall(pat, out)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 26: every check below failed on the trainer before its fix
+
+
+def patched(raw, offset, fmt, *values):
+    out = bytearray(raw)
+    struct.pack_into(fmt, out, offset, *values)
+    return bytes(out)
+
+
+def gz_stored(data):
+    """gzip with stored (uncompressed) deflate blocks: a flipped data byte changes the data, never the stream."""
+    return gzip.compress(data, compresslevel=0, mtime=0)
+
+
+def write_data_dir(tmp, name, train_images_gz=None, train_labels_gz=None):
+    """A valid small data folder (30 training, 20 test images), gzipped; the train files replaceable by raw bytes."""
+    d = make_dir(tmp, name, idx_images(30), idx_labels(30))
+    for fname, raw in (("train-images-idx3-ubyte.gz", train_images_gz),
+                       ("train-labels-idx1-ubyte.gz", train_labels_gz)):
+        if raw is not None:
+            with open(os.path.join(d, fname), "wb") as f:
+                f.write(raw)
+    return d
+
+
+def issue26(tmp, common):
+    vmem = None if HAVE_GPU else VMEM_KB
+    small = ["--device", "cpu", "--data_dir", DATA, "--train_limit", "32", "--test_limit", "50", "--batch_size", "16",
+             "--lr", "0.05", "--warmup_steps", "2", "--seed", "5", "--confusion", "0"]
+    folder = os.path.join(tmp, "a_folder")
+    os.makedirs(folder)
+    fifo = os.path.join(tmp, "a_fifo")
+    os.mkfifo(fifo)
+
+    # 1. special paths as inputs: one clear error naming the path and what it is; no std::bad_alloc, no hang
+    expect_error("--load DIR is named a directory", ["--device", "cpu", "--eval_only", "1", "--load", folder],
+                 folder, "is a directory", code=1)
+    expect_error("--resume DIR is named a directory", small + ["--resume", folder], folder, "is a directory", code=1)
+    expect_error("--load /dev/zero is named a device", ["--device", "cpu", "--eval_only", "1", "--load", "/dev/zero"],
+                 "/dev/zero", "character device", code=1)
+    expect_error("--load FIFO: no hang", ["--device", "cpu", "--eval_only", "1", "--load", fifo], fifo, "FIFO",
+                 code=1, timeout=30)
+    d = write_data_dir(tmp, "images_dir")
+    os.unlink(os.path.join(d, "train-images-idx3-ubyte.gz"))
+    os.mkdir(os.path.join(d, "train-images-idx3-ubyte.gz"))
+    expect_error("an MNIST file that is a directory", ["--device", "cpu", "--data_dir", d],
+                 "train-images-idx3-ubyte.gz", "is a directory", code=1)
+    d = write_data_dir(tmp, "labels_fifo")
+    os.unlink(os.path.join(d, "train-labels-idx1-ubyte.gz"))
+    os.mkfifo(os.path.join(d, "train-labels-idx1-ubyte.gz"))
+    expect_error("an MNIST file that is a FIFO: no hang", ["--device", "cpu", "--data_dir", d],
+                 "train-labels-idx1-ubyte.gz", "FIFO", code=1, timeout=30)
+    d = write_data_dir(tmp, "images_zero")
+    os.unlink(os.path.join(d, "train-images-idx3-ubyte.gz"))
+    os.symlink("/dev/zero", os.path.join(d, "train-images-idx3-ubyte.gz"))
+    expect_error("an MNIST file that is /dev/zero", ["--device", "cpu", "--data_dir", d],
+                 "train-images-idx3-ubyte.gz", "character device", code=1, timeout=30)
+    a_file = os.path.join(tmp, "a_file")
+    open(a_file, "wb").write(b"x")
+    expect_error("--data_dir a file", ["--device", "cpu", "--data_dir", a_file], a_file, "--data_dir",
+                 "not a directory", code=1)
+    d = write_data_dir(tmp, "count_huge", train_images_gz=gzip.compress(idx_images(30)[:4] + struct.pack(
+        ">I", 10_000_000) + idx_images(30)[8:]))
+    expect_error("an image count the file cannot hold is refused before allocating", ["--device", "cpu",
+                 "--data_dir", d], "train-images-idx3-ubyte.gz", "10000000", code=1, vmem_kb=vmem)
+
+    # 2. the gzip trailer (CRC-32, length) and stream
+    good = gz_stored(idx_images(30))
+    cases = [("the last 8 bytes (CRC-32 and length) missing", good[:-8], "truncated"),
+             ("the last 4 bytes (length) missing", good[:-4], "truncated"),
+             ("the CRC-32 flipped", patched(good, len(good) - 6, "<B", good[-6] ^ 0x10), "CRC"),
+             ("a data byte flipped", patched(good, 400, "<B", good[400] ^ 0x01), "CRC"),
+             ("the length field off by one", patched(good, len(good) - 4, "<I", len(idx_images(30)) + 1),
+              "length field"),
+             ("garbage after the gzip stream", good + b"garbage!", "after the gzip stream"),
+             ("an uncompressed IDX file", idx_images(30), "not a gzip file")]
+    for i, (label, raw, word) in enumerate(cases):
+        d = write_data_dir(tmp, f"gz_case{i}", train_images_gz=raw)
+        expect_error(f"gzip: {label}", ["--device", "cpu", "--data_dir", d, "--epochs", "1", "--batch_size", "10"],
+                     "train-images-idx3-ubyte.gz", word, code=1)
+
+    # 3. outputs: checked at start-up, written through a temporary file, never replacing a device or FIFO
+    out = expect_error("--checkpoint DIR is refused at start-up", small + ["--epochs", "1", "--checkpoint", folder],
+                       folder, "is a directory", code=1)
+    report("epoch " not in out, "--checkpoint DIR: refused before any training", "no epoch line printed")
+    out = expect_error("--checkpoint FIFO is refused at start-up", small + ["--epochs", "1", "--checkpoint", fifo],
+                       fifo, "FIFO", code=1, timeout=60)
+    report(stat.S_ISFIFO(os.lstat(fifo).st_mode) and "epoch " not in out, "--checkpoint FIFO: kept, no training",
+           "the FIFO is still a FIFO")
+    target = os.path.join(tmp, "target.bin")
+    open(target, "wb").write(b"old")
+    link = os.path.join(tmp, "link.bin")
+    os.symlink(target, link)
+    rc, out = run(small + ["--epochs", "1", "--checkpoint", link])
+    raw = open(target, "rb").read()
+    report(rc == 0 and os.path.islink(link) and raw[:4] == struct.pack("<i", 20260202) and "symlink" in out
+           and target in out, "--checkpoint SYMLINK is written through to its target",
+           f"exit {rc}, link kept: {os.path.islink(link)}, target {len(raw)} bytes, said: {'symlink' in out}")
+    full = os.path.join(tmp, "full")
+    os.makedirs(full)
+    ckf = os.path.join(full, "ck.bin")
+    open(ckf, "wb").write(b"old")
+    rc, out = run(small + ["--epochs", "1", "--checkpoint", ckf], fsize_kb=1)
+    left = sorted(set(os.listdir(full)) - {"ck.bin"})
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    report(rc == 1 and len(errors) == 1 and ckf in errors[0] and open(ckf, "rb").read() == b"old" and not left,
+           "a full disk: one error, the previous checkpoint kept, no temporary file left",
+           f"exit {rc}, left behind: {left}: {errors}")
+
+    # a checkpoint of a short run, its table's first shape made huge
+    ck_sgd = os.path.join(tmp, "ck_sgd.bin")
+    rc, _ = run(small + ["--epochs", "1", "--checkpoint", ck_sgd])
+    if rc != 0 or not os.path.exists(ck_sgd):
+        report(False, "issue 26 checkpoint", f"the short run failed (exit {rc})")
+        return
+    sgd = open(ck_sgd, "rb").read()
+    bad = os.path.join(tmp, "bad_shape.bin")
+    open(bad, "wb").write(patched(sgd, 1024 + 104, "<4i", *[2**31 - 1] * 4))
+    expect_error("checkpoint: a shape whose product overflows", ["--device", "cpu", "--data_dir", DATA, "--test_limit",
+                 "50", "--eval_only", "1", "--load", bad], bad, "conv1.weight", "runs past the end", code=1)
 
 
 def main():
@@ -142,8 +289,9 @@ def main():
         report(ok, "cpu training: loss falls, accuracy rises",
                f"exit {rc}; epochs (train loss, test loss, test acc): {ep}")
         report("confusion matrix" in out, "cpu training: confusion matrix", "printed at the end")
-        report(os.path.exists(ck) and not os.path.exists(ck + ".tmp"), "cpu checkpoint written atomically",
-               f"{ck} exists, no .tmp left")
+        left = [f for f in os.listdir(tmp) if ".tmp" in f]
+        report(os.path.exists(ck) and not left, "cpu checkpoint written atomically",
+               f"{ck} exists, left behind: {left}")
         rc, out2 = run(["--device", "cpu", "--data_dir", DATA, "--test_limit", "200", "--eval_only", "1", "--load", ck])
         m = re.search(r"final \| test_acc ([\d.]+)", out2)
         acc = float(m.group(1)) if m else None
@@ -161,7 +309,7 @@ def main():
         expect_error("resume with nothing left to train", common + ["--epochs", "3", "--resume", ck], "epoch is 3",
                      "--epochs is 3")
         expect_error("checkpoint folder missing", common + ["--epochs", "1", "--checkpoint",
-                     os.path.join(tmp, "no_such_dir", "ck.bin")], "--checkpoint", "cannot write")
+                     os.path.join(tmp, "no_such_dir", "ck.bin")], "--checkpoint", "does not exist")
 
         # NaN: resume with an absurd learning rate; the last good checkpoint stays as it was
         before = open(ck, "rb").read()
@@ -171,6 +319,8 @@ def main():
         report(rc != 0 and "training loss is" in out4 and "kept" in out4 and before == after,
                "nan loss stops training, checkpoint kept",
                f"exit {rc}: {out4.strip().splitlines()[-1][:150] if out4.strip() else ''}; checkpoint unchanged: {before == after}")
+
+        issue26(tmp, common)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped")
