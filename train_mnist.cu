@@ -36,6 +36,7 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -290,7 +291,7 @@ static std::string file_write_atomic(const std::string& path, const char* what, 
 
 // ----------------------------------------------------------------------------------------------------------------
 // the project's binary file layout: 1024-byte header of 256 int32, a 128-byte table entry per tensor, then data
-constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 1;
+constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 2;
 constexpr size_t BIN_MAX_BYTES = size_t(1) << 30;  // a checkpoint is 14 MB, a debug state less: a bound, not a limit
 
 struct BinTensor { std::string name; int dtype, ndim, shape[4]; size_t offset, nbytes; };
@@ -393,8 +394,8 @@ static std::string bin_open(BinFile* bf, const char* path, int magic, int versio
 static const char* bin_kind(int magic) {
     return magic == 20260202 ? "mnist checkpoint" : magic == 20260203 ? "mnist debug state" : "mnist fixture";
 }
-// bin_open, ending the run with its message on a bad file.
-static void bin_read(BinFile* bf, const char* path, int magic, int version) {
+// bin_open, ending the run with its message on a bad file (dev/test_mnist.cu's fixtures).
+[[maybe_unused]] static void bin_read(BinFile* bf, const char* path, int magic, int version) {
     std::string e = bin_open(bf, path, magic, version, bin_kind(magic));
     if (!e.empty()) die(e);
 }
@@ -1906,8 +1907,27 @@ static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const 
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// checkpoints: magic 20260202; parameters (and optimizer state) by PyTorch names in PyTorch layout
-struct CheckpointMeta { int epoch = 0, step = 0, batch_size = 0, seed = 0, optimizer = 0, has_optimizer = 0, epochs = 0; float lr = 0, test_accuracy = 0; };
+// checkpoints: magic 20260202, version 2; parameters (and optimizer state) by PyTorch names in PyTorch layout; the
+// header holds every setting the run's trajectory depends on, so that --resume can continue it (data/README.md)
+enum {
+    CK_EPOCH = 3, CK_STEP, CK_BATCH_SIZE, CK_SEED, CK_OPTIMIZER, CK_HAS_OPTIMIZER, CK_EPOCHS, CK_LR, CK_TEST_ACCURACY,
+    CK_LR_SCHEDULE, CK_WARMUP_STEPS, CK_LR_MIN, CK_MOMENTUM, CK_WEIGHT_DECAY, CK_BETA1, CK_BETA2, CK_EPS,
+    CK_TRAIN_IMAGES, CK_FIELDS_END
+};
+static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
+    "magic", "version", "tensor count", "epoch", "step", "batch_size", "seed", "optimizer", "has_optimizer",
+    "epochs", "lr", "test_accuracy", "lr_schedule", "warmup_steps", "lr_min", "momentum", "weight_decay", "beta1",
+    "beta2", "eps", "train_images"};
+static const char* const OPTIMIZER_NAMES[2] = {"sgd", "adamw"};
+static const char* const SCHEDULE_NAMES[3] = {"constant", "cosine", "linear"};
+// epoch: epochs completed; step: optimizer steps done (epoch * ceil(train_images / batch_size)); opt: the optimizer
+// and schedule (total_steps is not stored: it is epochs * steps per epoch); train_images: the training images used.
+struct CheckpointMeta {
+    int epoch = 0, step = 0, batch_size = 0, seed = 0, has_optimizer = 0, epochs = 0, train_images = 0;
+    float test_accuracy = 0;
+    OptConfig opt;
+};
+static const char* optimizer_prefix(int optimizer) { return optimizer == OPT_SGD ? "momentum_buffer." : "adam_m."; }
 
 // Returns "" or a message naming the path.
 static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
@@ -1915,8 +1935,6 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
     mnist_copy_out(m, m->params, internal.data(), m->n_params);
     for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
     std::vector<BinWriterTensor> ts;
-    std::vector<std::string> names;
-    names.reserve(3 * N_PARAM_TENSORS);
     for (int i = 0; i < N_PARAM_TENSORS; i++) {
         const ParamInfo& pi = PARAMS[i];
         ts.push_back({pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, p.data() + pi.offset});
@@ -1926,48 +1944,157 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
         for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s1.data() + PARAMS[i].offset);
         mnist_copy_out(m, m->m2, internal.data(), m->n_params);
         for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
-        const char* pre1 = meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.";
+        const char* pre1 = optimizer_prefix(meta.opt.optimizer);
         for (int i = 0; i < N_PARAM_TENSORS; i++) {
             const ParamInfo& pi = PARAMS[i];
             ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s1.data() + pi.offset});
         }
-        if (meta.optimizer == OPT_ADAMW)
+        if (meta.opt.optimizer == OPT_ADAMW)
             for (int i = 0; i < N_PARAM_TENSORS; i++) {
                 const ParamInfo& pi = PARAMS[i];
                 ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
             }
     }
-    std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, meta.optimizer, meta.has_optimizer,
-                                   meta.epochs, fbits(meta.lr), fbits(meta.test_accuracy)};
+    const OptConfig& o = meta.opt;
+    std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, o.optimizer, meta.has_optimizer,
+                                   meta.epochs, fbits(o.lr), fbits(meta.test_accuracy), o.schedule, o.warmup_steps,
+                                   fbits(o.lr_min), fbits(o.momentum), fbits(o.weight_decay), fbits(o.beta1),
+                                   fbits(o.beta2), fbits(o.eps), meta.train_images};
     return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
-// Loads parameters (and, when with_optimizer, the optimizer state) after checking every name, dtype and shape.
-static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer, int expect_optimizer) {
-    BinFile bf;
-    bin_read(&bf, path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION);
+static CheckpointMeta checkpoint_meta(const BinFile* bf) {
+    const int32_t* h = bf->header;
     CheckpointMeta meta;
-    meta.epoch = bf.header[3]; meta.step = bf.header[4]; meta.batch_size = bf.header[5]; meta.seed = bf.header[6];
-    meta.optimizer = bf.header[7]; meta.has_optimizer = bf.header[8]; meta.epochs = bf.header[9];
-    meta.lr = bin_field_f(&bf, 10); meta.test_accuracy = bin_field_f(&bf, 11);
-    std::vector<float> internal(m->n_params);
-    auto load_set = [&](const char* prefix, float* dst) {
+    meta.epoch = h[CK_EPOCH]; meta.step = h[CK_STEP]; meta.batch_size = h[CK_BATCH_SIZE]; meta.seed = h[CK_SEED];
+    meta.has_optimizer = h[CK_HAS_OPTIMIZER]; meta.epochs = h[CK_EPOCHS]; meta.train_images = h[CK_TRAIN_IMAGES];
+    meta.test_accuracy = bin_field_f(bf, CK_TEST_ACCURACY);
+    OptConfig& o = meta.opt;
+    o.optimizer = h[CK_OPTIMIZER]; o.schedule = h[CK_LR_SCHEDULE]; o.warmup_steps = h[CK_WARMUP_STEPS];
+    o.lr = bin_field_f(bf, CK_LR); o.lr_min = bin_field_f(bf, CK_LR_MIN); o.momentum = bin_field_f(bf, CK_MOMENTUM);
+    o.weight_decay = bin_field_f(bf, CK_WEIGHT_DECAY); o.beta1 = bin_field_f(bf, CK_BETA1);
+    o.beta2 = bin_field_f(bf, CK_BETA2); o.eps = bin_field_f(bf, CK_EPS);
+    o.total_steps = 1;  // set by the run from epochs and its steps per epoch
+    return meta;
+}
+// Checks everything a checkpoint claims before a byte of it is used: every header field in the range of its flag
+// (the ranges train_mnist can write), step = epoch x steps per epoch, exactly the tensors of the model and of the
+// optimizer state the header announces with their shapes, every value finite and AdamW's second moments >= 0.
+// "" or a message naming the file and the field or tensor.
+static std::string checkpoint_validate(const BinFile* bf) {
+    params_setup();  // the tensors' sizes (before any model is built)
+    const int32_t* h = bf->header;
+    for (int k = CK_FIELDS_END; k < 256; k++)
+        if (h[k] != 0) return bf->path + ": header[" + std::to_string(k) + "] is " + std::to_string(h[k]) +
+                              ", expected 0 (unused)";
+    auto bad = [&](int slot, const std::string& found, const char* expected) {
+        return bf->path + ": header[" + std::to_string(slot) + "] " + CK_FIELD_NAMES[slot] + " is " + found +
+               ", expected " + expected;
+    };
+    struct IntField { int slot; long long lo, hi; const char* expected; };
+    const IntField ints[] = {
+        {CK_EPOCHS, 1, 10000, "1..10000 (--epochs)"}, {CK_EPOCH, 1, h[CK_EPOCHS], "1..epochs (epochs completed)"},
+        {CK_BATCH_SIZE, 1, 2048, "1..2048 (--batch_size)"}, {CK_SEED, 0, INT_MAX, "0..2147483647 (--seed)"},
+        {CK_OPTIMIZER, 0, 1, "0 (sgd) or 1 (adamw)"}, {CK_HAS_OPTIMIZER, 0, 1, "0 or 1"},
+        {CK_LR_SCHEDULE, 0, 2, "0 (constant), 1 (cosine) or 2 (linear)"},
+        {CK_WARMUP_STEPS, 0, 100000000, "0..100000000 (--warmup_steps)"},
+        {CK_TRAIN_IMAGES, h[CK_BATCH_SIZE], 10000000, "batch_size..10000000 (the training images used)"}};
+    for (const IntField& f : ints)
+        if (h[f.slot] < f.lo || h[f.slot] > f.hi) return bad(f.slot, std::to_string(h[f.slot]), f.expected);
+    struct FloatField { int slot; float lo, hi; const char* expected; };
+    const FloatField floats[] = {
+        {CK_LR, 1e-9f, 1e9f, "a learning rate in [1e-9, 1e9] (--lr)"},
+        {CK_LR_MIN, 0.f, bin_field_f(bf, CK_LR), "0..lr (--lr_min)"},
+        {CK_MOMENTUM, 0.f, 0.999999f, "0..0.999999 (--momentum)"},
+        {CK_WEIGHT_DECAY, 0.f, 10.f, "0..10 (--weight_decay)"},
+        {CK_BETA1, 0.f, 0.999999f, "0..0.999999 (--beta1)"}, {CK_BETA2, 0.f, 0.999999f, "0..0.999999 (--beta2)"},
+        {CK_EPS, 1e-30f, 1.f, "1e-30..1 (--eps)"}, {CK_TEST_ACCURACY, 0.f, 100.f, "a percentage 0..100"}};
+    for (const FloatField& f : floats) {
+        float v = bin_field_f(bf, f.slot);
+        if (!(v >= f.lo && v <= f.hi)) {  // NaN fails too
+            char buf[32];
+            snprintf(buf, sizeof buf, "%g", v);
+            return bad(f.slot, buf, f.expected);
+        }
+    }
+    const long long steps_per_epoch = (h[CK_TRAIN_IMAGES] + h[CK_BATCH_SIZE] - 1) / h[CK_BATCH_SIZE];
+    if (h[CK_STEP] != h[CK_EPOCH] * steps_per_epoch)
+        return bad(CK_STEP, std::to_string(h[CK_STEP]), (std::to_string(h[CK_EPOCH] * steps_per_epoch) + " (epoch " +
+                   std::to_string(h[CK_EPOCH]) + " x " + std::to_string(steps_per_epoch) + " steps of batch_size " +
+                   std::to_string(h[CK_BATCH_SIZE]) + " over train_images " + std::to_string(h[CK_TRAIN_IMAGES]) +
+                   ")").c_str());
+    const int optimizer = h[CK_OPTIMIZER];
+    std::vector<std::string> prefixes = {""};
+    if (h[CK_HAS_OPTIMIZER]) prefixes.push_back(optimizer_prefix(optimizer));
+    if (h[CK_HAS_OPTIMIZER] && optimizer == OPT_ADAMW) prefixes.push_back("adam_v.");
+    std::set<std::string> names;
+    std::string e;
+    char msg[512];
+    for (const std::string& prefix : prefixes)
         for (int i = 0; i < N_PARAM_TENSORS; i++) {
-            std::string name = std::string(prefix) + PARAMS[i].name;
-            const float* src = (const float*)bin_expect(&bf, name.c_str(), 0, PARAMS[i].ndim, PARAMS[i].shape);
+            const ParamInfo& pi = PARAMS[i];
+            std::string name = prefix + pi.name;
+            const char* x = (const char*)bin_find(bf, name, 0, pi.ndim, pi.shape, &e);
+            if (!x) return e;
+            const bool second_moment = prefix == "adam_v.";
+            for (size_t j = 0; j < pi.numel; j++) {
+                float v;
+                memcpy(&v, x + 4 * j, 4);
+                if (!std::isfinite(v) || (second_moment && v < 0.f)) {
+                    snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected %s", bf->path.c_str(),
+                             name.c_str(), j, v, second_moment ? "a finite second moment >= 0 (not negative)"
+                                                              : "a finite number");
+                    return msg;
+                }
+            }
+            names.insert(name);
+        }
+    for (const BinTensor& t : bf->tensors)
+        if (!names.count(t.name))
+            return bf->path + ": tensor " + printable(t.name) + " is not one of this checkpoint's (the model's "
+                   "parameters" + (h[CK_HAS_OPTIMIZER] ? std::string(" and ") + OPTIMIZER_NAMES[optimizer] +
+                   "'s state" : std::string("")) + ")";
+    if (bf->tensors.size() != names.size())
+        return bf->path + ": holds " + std::to_string(bf->tensors.size()) + " tensors, expected " +
+               std::to_string(names.size()) + " (a tensor appears twice)";
+    return "";
+}
+// Reads and validates a checkpoint (what: its role, as "--load checkpoint"). "" or a message.
+static std::string checkpoint_read(BinFile* bf, const char* path, const char* what) {
+    std::string e = bin_open(bf, path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, what);
+    return e.empty() ? checkpoint_validate(bf) : e;
+}
+// Loads a validated checkpoint's parameters and, when with_optimizer, its optimizer state into the model.
+static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_optimizer) {
+    std::vector<float> internal(m->n_params);
+    auto load_set = [&](const std::string& prefix, float* dst) {
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const float* src = (const float*)bin_expect(bf, (prefix + PARAMS[i].name).c_str(), 0, PARAMS[i].ndim,
+                                                        PARAMS[i].shape);
             param_from_torch(i, src, internal.data() + PARAMS[i].offset);
         }
         mnist_copy_in(m, dst, internal.data(), m->n_params);
     };
     load_set("", m->params);
     if (with_optimizer) {
-        if (!meta.has_optimizer) { fprintf(stderr, "error: %s: header[8] has_optimizer is 0, --resume needs the optimizer state (1)\n", path); exit(EXIT_FAILURE); }
-        if (meta.optimizer != expect_optimizer) {
-            fprintf(stderr, "error: %s: header[7] optimizer is %d, expected %d (--optimizer %s)\n", path, meta.optimizer, expect_optimizer, expect_optimizer ? "adamw" : "sgd");
-            exit(EXIT_FAILURE);
-        }
-        load_set(meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.", m->m1);
-        if (meta.optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
+        const int optimizer = bf->header[CK_OPTIMIZER];
+        load_set(optimizer_prefix(optimizer), m->m1);
+        if (optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
     }
+}
+// Reads, validates and loads a checkpoint (with_optimizer: its optimizer state too, which must be expect_optimizer's);
+// ends the run with a message on a bad file (dev/test_mnist.cu).
+[[maybe_unused]] static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer,
+                                                             int expect_optimizer) {
+    BinFile bf;
+    std::string e = checkpoint_read(&bf, path, "checkpoint");
+    if (!e.empty()) die(e);
+    CheckpointMeta meta = checkpoint_meta(&bf);
+    if (with_optimizer && !meta.has_optimizer)
+        die(std::string(path) + ": header[8] has_optimizer is 0, expected 1 (the optimizer state is needed)");
+    if (with_optimizer && meta.opt.optimizer != expect_optimizer)
+        die(std::string(path) + ": header[7] optimizer is " + std::to_string(meta.opt.optimizer) + ", expected " +
+            std::to_string(expect_optimizer) + " (" + OPTIMIZER_NAMES[expect_optimizer] + ")");
+    mnist_load_checkpoint_state(m, &bf, with_optimizer);
     return meta;
 }
 
@@ -3941,11 +4068,12 @@ static void fast_path_setup() {
 // CLI
 struct Args {
     std::string data_dir = "data/mnist", device = "auto", matmul = "ours", optimizer = "sgd", lr_schedule = "cosine";
-    std::string checkpoint = "", resume = "", load = "";
+    std::string checkpoint = "", resume = "", load = "", allow_change = "";
     int tf32 = 1, epochs = 20, batch_size = 64, warmup_steps = 300, seed = 1, train_limit = 0, test_limit = 0;
     int eval_batch_size = 1000, eval_only = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
     float lr = 0.03f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     float stop_at_accuracy = 0.0f;
+    std::set<std::string> given;  // the flags on the command line
 };
 struct FlagSpec { const char* name; char type; void* ptr; double lo, hi; const char* choices; const char* help; };
 
@@ -3974,6 +4102,9 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"stop_at_accuracy", 'f', &a.stop_at_accuracy, 0, 100, nullptr, "stop after the first epoch whose test accuracy (%) reaches this (0: off)"},
         {"checkpoint", 's', &a.checkpoint, 0, 0, nullptr, "write a checkpoint here after every epoch (atomic; empty: none)"},
         {"resume", 's', &a.resume, 0, 0, nullptr, "continue training from this checkpoint (weights, optimizer state, epoch, step)"},
+        {"allow_change", 's', &a.allow_change, 0, 0, nullptr, "with --resume: stored settings this run changes "
+         "knowingly (comma list of lr, seed, batch_size, epochs, lr_schedule, warmup_steps, lr_min, momentum, "
+         "weight_decay, beta1, beta2, eps, train_limit); without it a differing one is an error"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
         {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr, "1: replay the training steps as CUDA graphs (32 steps each)"},
@@ -4007,6 +4138,7 @@ static void parse_args(int argc, char** argv, Args& a) {
         for (auto& s : specs) if (!strcmp(s.name, arg + 2)) f = &s;
         if (!f) { fprintf(stderr, "error: unknown flag %s (see --help)\n", arg); exit(1); }
         if (i + 1 >= argc) { fprintf(stderr, "error: flag %s expects a value, found none\n", arg); exit(1); }
+        a.given.insert(f->name);
         const char* v = argv[i + 1];
         char* end = nullptr;
         if (f->type == 'i') {
@@ -4033,6 +4165,7 @@ static void parse_args(int argc, char** argv, Args& a) {
     }
     if (a.eval_only && a.load.empty()) { fprintf(stderr, "error: --eval_only 1 needs --load FILE, found none\n"); exit(1); }
     if (!a.resume.empty() && !a.load.empty()) { fprintf(stderr, "error: --resume and --load exclude each other, found both\n"); exit(1); }
+    if (!a.allow_change.empty() && a.resume.empty()) die("--allow_change applies to --resume only, found no --resume");
     if (a.lr_min > a.lr) { fprintf(stderr, "error: flag --lr_min expects a value <= --lr (%g), found %g\n", a.lr, a.lr_min); exit(1); }
 }
 
@@ -4065,6 +4198,82 @@ static EvalResult evaluate(Mnist* m, const DeviceData& d, const std::vector<uint
 }
 
 
+// --resume continues the stored trajectory: every setting it depends on comes from the checkpoint. A flag not given
+// takes the stored value; one given with another value is an error naming the flag and the stored value, unless
+// --allow_change names it (then it is taken, and said). A setting without effect on this run is left as given
+// (momentum under AdamW, beta1/beta2/eps under SGD, epochs and lr_min under a constant schedule). The optimizer
+// cannot change (its state would not fit); the training images are checked once the data is loaded (main).
+static const char* const ALLOW_CHANGE_NAMES[] = {"lr", "seed", "batch_size", "epochs", "lr_schedule", "warmup_steps",
+                                                 "lr_min", "momentum", "weight_decay", "beta1", "beta2", "eps",
+                                                 "train_limit"};
+static std::set<std::string> parse_allow_change(const std::string& list) {
+    std::set<std::string> out;
+    for (size_t i = 0; i < list.size();) {
+        size_t j = std::min(list.find(',', i), list.size());
+        std::string name = list.substr(i, j - i);
+        bool known = false;
+        for (const char* n : ALLOW_CHANGE_NAMES) known = known || name == n;
+        if (!known) {
+            std::string names;
+            for (const char* n : ALLOW_CHANGE_NAMES) names += std::string(names.empty() ? "" : ", ") + n;
+            die("--allow_change expects a comma list of " + names + ", found '" + name + "' in '" + list + "'");
+        }
+        out.insert(name);
+        i = j + 1;
+    }
+    return out;
+}
+static void resume_settings(Args& a, const CheckpointMeta& s, const std::string& path,
+                            const std::set<std::string>& allowed) {
+    const OptConfig& o = s.opt;
+    const std::string stored_optimizer = OPTIMIZER_NAMES[o.optimizer];
+    if (a.given.count("optimizer") && a.optimizer != stored_optimizer)
+        die("--optimizer " + a.optimizer + " differs from the optimizer " + stored_optimizer + " stored in " + path +
+            ": its optimizer state cannot continue as " + a.optimizer + "'s (start a new run from its weights with "
+            "--load instead)");
+    a.optimizer = stored_optimizer;
+    // true: take the stored value
+    auto keep = [&](const char* flag, bool matters, bool differs, const std::string& given, const std::string& stored) {
+        if (!a.given.count(flag) || !differs) return true;
+        if (!matters) return false;
+        if (allowed.count(flag)) {
+            printf("note: --%s %s replaces the %s %s stored in %s (--allow_change)\n", flag, given.c_str(), flag,
+                   stored.c_str(), path.c_str());
+            return false;
+        }
+        die("--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored + " stored in " + path +
+            ": a resumed run continues the stored trajectory (drop --" + flag + ", or add --allow_change " + flag +
+            " to change it knowingly)");
+        return false;
+    };
+    auto str = [](float v) { char b[32]; snprintf(b, sizeof b, "%g", v); return std::string(b); };
+    const std::string schedule = SCHEDULE_NAMES[o.schedule];
+    if (keep("lr_schedule", true, a.lr_schedule != schedule, a.lr_schedule, schedule)) a.lr_schedule = schedule;
+    const bool decays = a.lr_schedule != "constant", sgd = o.optimizer == OPT_SGD;
+    if (keep("lr", true, a.lr != o.lr, str(a.lr), str(o.lr))) a.lr = o.lr;
+    if (keep("lr_min", decays, a.lr_min != o.lr_min, str(a.lr_min), str(o.lr_min))) a.lr_min = o.lr_min;
+    if (keep("epochs", decays, a.epochs != s.epochs, std::to_string(a.epochs), std::to_string(s.epochs)))
+        a.epochs = s.epochs;
+    if (keep("warmup_steps", true, a.warmup_steps != o.warmup_steps, std::to_string(a.warmup_steps),
+             std::to_string(o.warmup_steps)))
+        a.warmup_steps = o.warmup_steps;
+    if (keep("seed", true, a.seed != s.seed, std::to_string(a.seed), std::to_string(s.seed))) a.seed = s.seed;
+    if (keep("batch_size", true, a.batch_size != s.batch_size, std::to_string(a.batch_size),
+             std::to_string(s.batch_size)))
+        a.batch_size = s.batch_size;
+    if (keep("weight_decay", true, a.weight_decay != o.weight_decay, str(a.weight_decay), str(o.weight_decay)))
+        a.weight_decay = o.weight_decay;
+    if (keep("momentum", sgd, a.momentum != o.momentum, str(a.momentum), str(o.momentum))) a.momentum = o.momentum;
+    if (keep("beta1", !sgd, a.beta1 != o.beta1, str(a.beta1), str(o.beta1))) a.beta1 = o.beta1;
+    if (keep("beta2", !sgd, a.beta2 != o.beta2, str(a.beta2), str(o.beta2))) a.beta2 = o.beta2;
+    if (keep("eps", !sgd, a.eps != o.eps, str(a.eps), str(o.eps))) a.eps = o.eps;
+    if (a.lr_min > a.lr) die("--lr_min " + str(a.lr_min) + " is above --lr " + str(a.lr) + " (with " + path + "'s)");
+    if (s.epoch >= a.epochs)
+        die(path + ": header[3] epoch is " + std::to_string(s.epoch) + ", --epochs is " + std::to_string(a.epochs) +
+            ": nothing left to train (a larger --epochs" + (decays ? " with --allow_change epochs: the schedule's end "
+            "moves)" : ")"));
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // load every kernel up front, never during graph capture or timing
@@ -4081,6 +4290,22 @@ int main(int argc, char** argv) {
         if (!e.empty()) die(e);
         if (real != a.checkpoint)
             printf("note: --checkpoint %s is a symlink: writing through to %s\n", a.checkpoint.c_str(), real.c_str());
+    }
+    const std::string& ckpath = a.resume.empty() ? a.load : a.resume;
+    BinFile ck;
+    CheckpointMeta stored;
+    std::set<std::string> allowed = parse_allow_change(a.allow_change);
+    if (!ckpath.empty()) {
+        std::string e = checkpoint_read(&ck, ckpath.c_str(),
+                                        a.resume.empty() ? "--load checkpoint" : "--resume checkpoint");
+        if (!e.empty()) die(e);
+        stored = checkpoint_meta(&ck);
+    }
+    if (!a.resume.empty()) {
+        if (!stored.has_optimizer)
+            die(a.resume + ": header[8] has_optimizer is 0, expected 1 (--resume needs the optimizer state; --load "
+                "takes the weights alone)");
+        resume_settings(a, stored, a.resume, allowed);
     }
 
     // device: a machine without a driver or GPU answers cudaGetDeviceCount with an error; that means zero devices
@@ -4101,8 +4326,24 @@ int main(int argc, char** argv) {
     if (!cpu) cudaCheck(cudaStreamCreate(&g_mm.stream));
 
     MnistSplit train, test;
-    if (!a.eval_only) train = mnist_load_split(a.data_dir, "train", a.train_limit);
+    // a resumed run trains on the stored number of images unless --train_limit is given
+    const bool resume = !a.resume.empty(), limit_given = a.given.count("train_limit") > 0;
+    if (!a.eval_only)
+        train = mnist_load_split(a.data_dir, "train", resume && !limit_given ? stored.train_images : a.train_limit);
     test = mnist_load_split(a.data_dir, "t10k", a.test_limit);
+    if (resume && train.n != stored.train_images) {
+        std::string n = std::to_string(train.n), sn = std::to_string(stored.train_images);
+        if (!limit_given)
+            die(a.resume + " was trained on " + sn + " images (train_images), --data_dir " + a.data_dir + " holds " +
+                n);
+        if (!allowed.count("train_limit"))
+            die("--train_limit " + std::to_string(a.train_limit) + " gives " + n + " training images, not the " +
+                "train_images " + sn + " stored in " + a.resume + ": a resumed run continues the stored trajectory "
+                "(drop --train_limit, or add --allow_change train_limit to change it knowingly)");
+        printf("note: --train_limit %d gives %s training images instead of the train_images %s stored in %s "
+               "(--allow_change)\n", a.train_limit, n.c_str(), sn.c_str(), a.resume.c_str());
+    }
+    if (resume && !limit_given) a.train_limit = train.n;  // for the table: the images this run uses
     int B = a.batch_size;
     if (!a.eval_only && B > train.n) { fprintf(stderr, "error: flag --batch_size expects at most the %d training images, found %d\n", train.n, B); exit(1); }
     int eval_batch = cpu ? std::min(a.eval_batch_size, 100) : a.eval_batch_size;
@@ -4118,15 +4359,18 @@ int main(int argc, char** argv) {
     mnist_init_params(&model, (uint64_t)a.seed);
 
     int start_epoch = 0, step = 0;
-    if (!a.load.empty()) mnist_load_checkpoint(&model, a.load.c_str(), false, 0);
-    if (!a.resume.empty()) {
-        CheckpointMeta meta = mnist_load_checkpoint(&model, a.resume.c_str(), true, model.opt.optimizer);
-        if (meta.batch_size != B) { fprintf(stderr, "error: %s: header[5] batch_size is %d, --batch_size is %d (resume needs the same)\n", a.resume.c_str(), meta.batch_size, B); exit(1); }
-        start_epoch = meta.epoch; step = meta.step;
-        if (start_epoch >= a.epochs) {
-            fprintf(stderr, "error: %s: header[3] epoch is %d, --epochs is %d: nothing left to train (raise --epochs)\n", a.resume.c_str(), start_epoch, a.epochs);
-            exit(1);
-        }
+    if (!a.load.empty()) mnist_load_checkpoint_state(&model, &ck, false);
+    if (resume) {
+        mnist_load_checkpoint_state(&model, &ck, true);
+        start_epoch = stored.epoch;
+        step = start_epoch * steps_per_epoch;  // the stored step, unless the batch size or the images changed
+        if (step != stored.step)
+            printf("note: %d steps per epoch instead of %d: the schedule goes on from step %d (epoch %d), not %d\n",
+                   steps_per_epoch, (stored.train_images + stored.batch_size - 1) / stored.batch_size, step,
+                   start_epoch, stored.step);
+        printf("resuming %s at epoch %d of %d (step %d): %s, lr %g, %s schedule, seed %d, batch_size %d, %d training "
+               "images\n", a.resume.c_str(), start_epoch, a.epochs, step, a.optimizer.c_str(), a.lr,
+               a.lr_schedule.c_str(), a.seed, B, train.n);
     }
 
     // the boxed table of the run's parameters
@@ -4179,7 +4423,16 @@ int main(int argc, char** argv) {
     double total_train_ms = 0;
     EvalResult last;
     CheckpointMeta meta;
-    meta.batch_size = B; meta.seed = a.seed; meta.optimizer = model.opt.optimizer; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.lr = a.lr;
+    meta.batch_size = B; meta.seed = a.seed; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.opt = model.opt;
+    meta.train_images = train.n;
+    // what became of the checkpoint when a run stops on its loss
+    auto checkpoint_state = [&]() -> std::string {
+        struct stat cs;
+        if (a.checkpoint.empty()) return "no checkpoint was requested (--checkpoint)";
+        if (stat(a.checkpoint.c_str(), &cs) == 0)
+            return "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)";
+        return "no good checkpoint was written yet";
+    };
     for (int epoch = start_epoch; epoch < a.epochs; epoch++) {
         epoch_permutation(perm, train.n, a.seed, epoch);
         double ms = 0;
@@ -4210,11 +4463,8 @@ int main(int argc, char** argv) {
         for (float l : host_losses) train_loss += l;
         train_loss /= train.n;
         if (!std::isfinite(train_loss)) {
-            FILE* ck = a.checkpoint.empty() ? nullptr : fopen(a.checkpoint.c_str(), "rb");
-            if (ck) fclose(ck);
-            std::string what = ck ? "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)"
-                                  : a.checkpoint.empty() ? "no checkpoint was requested (--checkpoint)" : "no good checkpoint was written yet";
-            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1, what.c_str());
+            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1,
+                    checkpoint_state().c_str());
             exit(2);
         }
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);

@@ -95,10 +95,34 @@ def epochs_of(out):
 # issue 26: every check below failed on the trainer before its fix
 
 
+def ck_table(raw):
+    """{tensor name: (table entry offset, data offset, bytes)} of a checkpoint written by the trainer."""
+    count = struct.unpack_from("<i", raw, 8)[0]
+    out, data = {}, 1024 + 128 * count
+    for i in range(count):
+        off = 1024 + 128 * i
+        name = raw[off:off + 96].split(b"\0", 1)[0].decode()
+        dtype, ndim, *shape = struct.unpack_from("<6i", raw, off + 96)
+        n = 1
+        for d in shape[:ndim]:
+            n *= d
+        out[name] = (off, data, n * (1 if dtype == 2 else 4))
+        data += out[name][2]
+    return out
+
+
 def patched(raw, offset, fmt, *values):
     out = bytearray(raw)
     struct.pack_into(fmt, out, offset, *values)
     return bytes(out)
+
+
+def with_extra_tensor(raw, name):
+    """raw with one more float32 tensor `name` of shape (3,) at the end of the table and of the data."""
+    count = struct.unpack_from("<i", raw, 8)[0]
+    end = 1024 + 128 * count
+    entry = name.encode().ljust(96, b"\0") + struct.pack("<8i", 0, 1, 3, 0, 0, 0, 0, 0)
+    return patched(raw[:end], 8, "<i", count + 1) + entry + raw[end:] + struct.pack("<3f", 1, 2, 3)
 
 
 def gz_stored(data):
@@ -201,17 +225,66 @@ def issue26(tmp, common):
            "a full disk: one error, the previous checkpoint kept, no temporary file left",
            f"exit {rc}, left behind: {left}: {errors}")
 
-    # a checkpoint of a short run, its table's first shape made huge
-    ck_sgd = os.path.join(tmp, "ck_sgd.bin")
-    rc, _ = run(small + ["--epochs", "1", "--checkpoint", ck_sgd])
-    if rc != 0 or not os.path.exists(ck_sgd):
-        report(False, "issue 26 checkpoint", f"the short run failed (exit {rc})")
+    # checkpoints of two short runs (SGD and AdamW), stopped after epoch 1 of 3 to be resumed
+    ck_sgd, ck_adam = os.path.join(tmp, "ck_sgd.bin"), os.path.join(tmp, "ck_adam.bin")
+    rc1, _ = run(small + ["--epochs", "3", "--checkpoint", ck_sgd, "--stop_at_accuracy", "0.001"])
+    rc2, _ = run(small + ["--epochs", "3", "--checkpoint", ck_adam, "--stop_at_accuracy", "0.001", "--optimizer",
+                          "adamw", "--lr", "0.001"])
+    if rc1 != 0 or rc2 != 0 or not os.path.exists(ck_sgd) or not os.path.exists(ck_adam):
+        report(False, "issue 26 checkpoints", f"the short runs failed (exit {rc1}, {rc2})")
         return
-    sgd = open(ck_sgd, "rb").read()
-    bad = os.path.join(tmp, "bad_shape.bin")
-    open(bad, "wb").write(patched(sgd, 1024 + 104, "<4i", *[2**31 - 1] * 4))
-    expect_error("checkpoint: a shape whose product overflows", ["--device", "cpu", "--data_dir", DATA, "--test_limit",
-                 "50", "--eval_only", "1", "--load", bad], bad, "conv1.weight", "runs past the end", code=1)
+    sgd, adam = open(ck_sgd, "rb").read(), open(ck_adam, "rb").read()
+    ts, ta = ck_table(sgd), ck_table(adam)
+
+    # 4. checkpoint contents
+    def bad_ck(name, raw, args, *words):
+        path = os.path.join(tmp, f"bad_ck{len(os.listdir(tmp))}.bin")  # a name without the words looked for
+        open(path, "wb").write(raw)
+        expect_error(f"checkpoint: {name}", [a if a != "CK" else path for a in args], path, *words, code=1)
+
+    load = ["--device", "cpu", "--data_dir", DATA, "--test_limit", "50", "--eval_only", "1", "--load", "CK"]
+    resume = small + ["--resume", "CK"]
+    bad_ck("NaN in conv1.weight (--load)", patched(sgd, ts["conv1.weight"][1], "<f", float("nan")), load,
+           "conv1.weight", "finite")
+    bad_ck("inf in momentum_buffer.fc2.bias (--resume)", patched(sgd, ts["momentum_buffer.fc2.bias"][1] + 12, "<f",
+           float("inf")), resume, "momentum_buffer.fc2.bias", "finite")
+    bad_ck("a negative adam_v (--resume)", patched(adam, ta["adam_v.conv1.bias"][1], "<f", -1.0),
+           small + ["--optimizer", "adamw", "--lr", "0.001", "--resume", "CK"], "adam_v.conv1.bias", "negative")
+    bad_ck("epoch -1", patched(sgd, 12, "<i", -1), resume, "epoch", "-1")
+    bad_ck("step 999 (epoch 1 is 2 steps)", patched(sgd, 16, "<i", 999), resume, "step", "999")
+    bad_ck("epochs 0 (--load)", patched(sgd, 36, "<i", 0), load, "epochs", "0")
+    bad_ck("lr NaN (--load)", patched(sgd, 40, "<f", float("nan")), load, "lr", "nan")
+    bad_ck("an extra tensor", with_extra_tensor(sgd, "bogus.weight"), load, "bogus.weight")
+    bad_ck("a shape whose product overflows", patched(sgd, 1024 + 104, "<4i", *[2**31 - 1] * 4), load,
+           "conv1.weight", "runs past the end")
+
+    # 5. --resume continues the stored trajectory: a changed setting is an error unless --allow_change names it
+    straight = epochs_of(run(small + ["--epochs", "3"])[1])
+    rc, out = run(["--device", "cpu", "--data_dir", DATA, "--test_limit", "50", "--confusion", "0", "--resume",
+                   ck_sgd])
+    ep = epochs_of(out)
+    report(rc == 0 and len(ep) == 2 and ep == straight[1:], "--resume without the flags takes the stored settings",
+           f"exit {rc}; resumed {ep} vs straight {straight[1:]}: {out.strip().splitlines()[-1][:150]}")
+    changes = [("lr", "0.1", "0.05"), ("seed", "6", "5"), ("epochs", "4", "3"), ("lr_schedule", "linear", "cosine"),
+               ("batch_size", "8", "16"), ("warmup_steps", "3", "2"), ("momentum", "0.8", "0.9"),
+               ("weight_decay", "0.001", "0.0005"), ("train_limit", "48", "32")]
+    for flag, value, stored in changes:
+        expect_error(f"--resume with a changed --{flag}", small + ["--resume", ck_sgd, f"--{flag}", value],
+                     f"--{flag} {value}", stored, ck_sgd, f"--allow_change {flag}", code=1)
+    for flag, value, stored in (("beta2", "0.99", "0.999"), ("eps", "1e-06", "1e-08")):
+        expect_error(f"--resume with a changed --{flag} (AdamW)", small + ["--optimizer", "adamw", "--lr", "0.001",
+                     "--resume", ck_adam, f"--{flag}", value], f"--{flag} {value}", stored, f"--allow_change {flag}",
+                     code=1)
+    expect_error("--resume with another --optimizer", small + ["--resume", ck_sgd, "--optimizer", "adamw"],
+                 "--optimizer adamw", "sgd", "--load", code=1)
+    rc, out = run(small + ["--resume", ck_sgd, "--lr", "0.1", "--epochs", "4", "--allow_change", "lr,epochs"])
+    report(rc == 0 and len(epochs_of(out)) == 3 and "--allow_change" in out and "0.05" in out,
+           "--allow_change lr,epochs: the changes are taken and named",
+           f"exit {rc}: {[line for line in out.splitlines() if line.startswith('note:')]}")
+    expect_error("--allow_change without --resume", small + ["--allow_change", "lr"], "--allow_change", "--resume",
+                 code=1)
+    expect_error("--allow_change with an unknown name", small + ["--resume", ck_sgd, "--allow_change", "lr,bogus"],
+                 "--allow_change", "bogus", code=1)
 
 
 def main():
@@ -314,7 +387,7 @@ def main():
         # NaN: resume with an absurd learning rate; the last good checkpoint stays as it was
         before = open(ck, "rb").read()
         rc, out4 = run(common + ["--epochs", "5", "--resume", ck, "--lr", "1e9", "--lr_schedule", "constant",
-                                 "--checkpoint", ck])
+                                 "--checkpoint", ck, "--allow_change", "epochs,lr,lr_schedule"])
         after = open(ck, "rb").read()
         report(rc != 0 and "training loss is" in out4 and "kept" in out4 and before == after,
                "nan loss stops training, checkpoint kept",
