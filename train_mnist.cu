@@ -4433,6 +4433,8 @@ int main(int argc, char** argv) {
             return "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)";
         return "no good checkpoint was written yet";
     };
+    const double chance_loss = std::log((double)NCLS);  // a uniform guess's loss, ln 10 = 2.30
+    double best_loss = INFINITY;  // the lowest epoch loss of this run
     for (int epoch = start_epoch; epoch < a.epochs; epoch++) {
         epoch_permutation(perm, train.n, a.seed, epoch);
         double ms = 0;
@@ -4467,6 +4469,17 @@ int main(int argc, char** argv) {
                     checkpoint_state().c_str());
             exit(2);
         }
+        // a finite loss diverges too (--lr 10 reaches 1e30 in an epoch): an epoch's mean loss above 4x a uniform
+        // guess's, or above a uniform guess's again and twice this run's best epoch, means the weights blow up
+        if (train_loss > 4 * chance_loss || (train_loss > chance_loss && train_loss > 2 * best_loss)) {
+            char best[64] = "";
+            if (std::isfinite(best_loss)) snprintf(best, sizeof best, ", this run's best epoch %.4g", best_loss);
+            fprintf(stderr, "error: the training loss diverges: %.4g in epoch %d (a uniform guess scores %.2f%s); "
+                    "stopping at --lr %g (try a smaller --lr). %s\n", train_loss, epoch + 1, chance_loss, best, a.lr,
+                    checkpoint_state().c_str());
+            exit(1);
+        }
+        best_loss = std::min(best_loss, train_loss);
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
         printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n", epoch + 1,
                a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);

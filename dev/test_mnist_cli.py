@@ -286,6 +286,13 @@ def issue26(tmp, common):
     expect_error("--allow_change with an unknown name", small + ["--resume", ck_sgd, "--allow_change", "lr,bogus"],
                  "--allow_change", "bogus", code=1)
 
+    # 6. a finite but diverging loss stops the run (exit 1), writing no checkpoint
+    ckd = os.path.join(tmp, "ck_lr10.bin")
+    out = expect_error("a finite but diverging loss (--lr 10) stops the run", common + ["--epochs", "1", "--lr", "10",
+                       "--checkpoint", ckd], "diverg", "--lr", code=1)
+    report(not os.path.exists(ckd) and "training loss is nan" not in out, "a diverging loss: no checkpoint written",
+           f"{ckd} exists: {os.path.exists(ckd)}")
+
 
 def main():
     if not os.path.exists(BIN):
