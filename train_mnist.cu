@@ -36,10 +36,16 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 // The file reads top to bottom in seven parts, each opened by a banner of '=':
 //   1. utilities and formats                  2. the generic kernels (every product of the --tf32 0 path)
@@ -49,8 +55,8 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 
 // ================================================================================================================
 // 1. UTILITIES AND FORMATS
-//   error checks, the network's shape and parameter layouts, the binary file format, MNIST's IDX files, the
-//   timeline tracing of dev/trace_mnist, programmatic dependent launch
+//   error checks, the network's shape and parameter layouts, files in and out, the binary file format, MNIST's IDX
+//   files, the timeline tracing of dev/trace_mnist, programmatic dependent launch
 // ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
@@ -78,15 +84,6 @@ static void cublas_check(cublasStatus_t st, const char* call, const char* file, 
     }
 }
 #define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
-static FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
-    FILE* f = fopen(path, mode);
-    if (!f) {
-        fprintf(stderr, "error: cannot open %s (mode %s): %s\n  at %s:%d\n", path, mode, strerror(errno), file, line);
-        exit(EXIT_FAILURE);
-    }
-    return f;
-}
-#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 static void* malloc_check(size_t n, const char* file, int line) {
     void* p = malloc(n ? n : 1);
     if (!p) {
@@ -96,11 +93,10 @@ static void* malloc_check(size_t n, const char* file, int line) {
     return p;
 }
 #define mallocCheck(n) malloc_check(n, __FILE__, __LINE__)
-static void fwrite_check(const void* p, size_t sz, size_t n, FILE* f, const char* path) {
-    if (fwrite(p, sz, n, f) != n) {
-        fprintf(stderr, "error: short write to %s: %s\n", path, strerror(errno));
-        exit(EXIT_FAILURE);
-    }
+// A bad input or output ends the run with one line naming it (issue 26: no crash, no hang, one clear error).
+static void die(const std::string& msg) {
+    fprintf(stderr, "error: %s\n", msg.c_str());
+    exit(EXIT_FAILURE);
 }
 
 namespace cg = cooperative_groups;
@@ -170,8 +166,133 @@ static void param_from_torch(int idx, const float* torch_in, float* internal) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// files in and out (issue 26): every input is a regular file or one clear error naming the path and what it is (a
+// directory, a device or a FIFO is refused from its stat, before a byte is read: no size taken from a directory, no
+// hang on a FIFO); every output is checked at start-up and written through a temporary file in its folder, fsync and
+// rename, so a crash never leaves a torn file and a failure keeps the old one and leaves no temporary file behind; a
+// directory, device or FIFO is never replaced, and a symlink is written through to its target.
+static const char* file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+static std::string folder_of(const std::string& path) {
+    size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// The whole content of the regular file `path` (what: its role, as "--load checkpoint", for the messages), at most
+// max_bytes. "" or a message naming the path.
+static std::string file_read_all(const std::string& path, const char* what, size_t max_bytes, std::vector<char>* out) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return path + ": cannot open " + what + " (" + strerror(errno) + ")";
+    if (!S_ISREG(st.st_mode)) return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file";
+    int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // O_NONBLOCK: no hang if it became a FIFO
+    if (fd < 0) return path + ": cannot open " + what + " (" + strerror(errno) + ")";
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // what was opened, in case the path changed in between
+        close(fd);
+        return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file";
+    }
+    if ((unsigned long long)st.st_size > max_bytes) {
+        close(fd);
+        return path + ": " + what + " is " + std::to_string((long long)st.st_size) + " bytes, more than the " +
+               std::to_string(max_bytes) + " it can be";
+    }
+    out->resize((size_t)st.st_size);
+    size_t done = 0;
+    while (done < out->size()) {
+        ssize_t got = read(fd, out->data() + done, std::min<size_t>(out->size() - done, 1u << 30));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        done += (size_t)got;
+    }
+    std::string why = strerror(errno);
+    close(fd);
+    if (done != out->size())
+        return path + ": read " + std::to_string(done) + " of the " + std::to_string(out->size()) + " bytes of " +
+               what + (done < out->size() ? " (" + why + ")" : "");
+    return "";
+}
+
+// Checks, before any work, that `path` can be written: "" and in *real the file that will be written (a symlink's
+// target: written through, the link kept), or a message naming the path: a missing folder, a folder that takes no
+// new file, or a directory, device or FIFO (never replaced).
+static std::string output_check(const std::string& path, const char* what, std::string* real) {
+    struct stat st;
+    *real = path;
+    if (lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+        char buf[PATH_MAX];
+        if (realpath(path.c_str(), buf) != nullptr) {
+            *real = buf;
+        } else {  // a symlink to a file still to be made: write it where the link points
+            ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
+            if (n <= 0) return path + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
+            buf[n] = 0;
+            *real = buf[0] == '/' ? std::string(buf) : folder_of(path) + "/" + buf;
+        }
+    }
+    std::string folder = folder_of(*real);
+    if (stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        return path + ": " + what + " cannot be written: folder " + folder + " does not exist";
+    if (stat(real->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file: refusing to replace it";
+    std::string probe = folder + "/.mnist_probe.XXXXXX.tmp";  // the folder takes a new file: the real write's test
+    int fd = mkstemps(&probe[0], 4);
+    if (fd < 0) return path + ": " + what + " cannot be written in folder " + folder + " (" + strerror(errno) + ")";
+    close(fd);
+    unlink(probe.c_str());
+    return "";
+}
+
+// Writes the chunks to `path` through a temporary file in its folder (path.XXXXXX.tmp), fsync, rename and an fsync of
+// the folder: the temporary file never stays behind and the old file is kept on failure. "" or a message.
+struct WriteChunk { const void* p; size_t n; };
+static std::string file_write_atomic(const std::string& path, const char* what, const std::vector<WriteChunk>& chunks) {
+    std::string real;
+    std::string e = output_check(path, what, &real);
+    if (!e.empty()) return e;
+    std::string tmp = real + ".XXXXXX.tmp";
+    int fd = mkstemps(&tmp[0], 4);
+    if (fd < 0) return path + ": cannot write " + what + " (" + strerror(errno) + ")";
+    mode_t mask = umask(0);  // the permissions a plain open() would give, not mkstemp's 0600
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    bool ok = true;
+    std::string why;
+    for (const WriteChunk& c : chunks) {
+        for (size_t done = 0; ok && done < c.n;) {
+            ssize_t put = write(fd, (const char*)c.p + done, std::min<size_t>(c.n - done, 1u << 30));
+            if (put < 0 && errno == EINTR) continue;
+            if (put <= 0) {
+                ok = false;
+                why = put < 0 ? strerror(errno) : "no space written";
+            } else {
+                done += (size_t)put;
+            }
+        }
+    }
+    if (ok && fsync(fd) != 0) ok = false, why = strerror(errno);
+    if (close(fd) != 0 && ok) ok = false, why = strerror(errno);
+    if (ok && rename(tmp.c_str(), real.c_str()) != 0) ok = false, why = strerror(errno);
+    if (!ok) {
+        unlink(tmp.c_str());
+        return path + ": cannot write " + what + " (" + why + "); the previous file is kept";
+    }
+    int dfd = open(folder_of(real).c_str(), O_RDONLY);  // the rename itself reaches the disk
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return "";
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // the project's binary file layout: 1024-byte header of 256 int32, a 128-byte table entry per tensor, then data
-constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 1;
+constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 2;
+constexpr size_t BIN_MAX_BYTES = size_t(1) << 30;  // a checkpoint is 14 MB, a debug state less: a bound, not a limit
 
 struct BinTensor { std::string name; int dtype, ndim, shape[4]; size_t offset, nbytes; };
 struct BinFile {
@@ -183,114 +304,159 @@ struct BinFile {
 static const int DTYPE_SIZE[3] = {4, 4, 1};
 static const char* DTYPE_NAME[3] = {"float32", "int32", "uint8"};
 
-// Reads and validates the layout (magic, version, table, length); exits with a message naming the field.
-static void bin_read(BinFile* bf, const char* path, int magic, int version) {
-    bf->path = path;
-    FILE* f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno)); exit(EXIT_FAILURE); }
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    bf->data.resize(size > 0 ? size : 0);
-    if (size > 0 && fread(bf->data.data(), 1, size, f) != (size_t)size) {
-        fprintf(stderr, "error: short read of %s\n", path); exit(EXIT_FAILURE);
+// A tensor name from a table, shown escaped: a corrupt table holds any bytes.
+static std::string printable(const std::string& name) {
+    std::string shown;
+    for (unsigned char c : name) {
+        char hex[8];
+        snprintf(hex, sizeof hex, "\\x%02x", c);
+        shown += c >= 32 && c < 127 ? std::string(1, (char)c) : std::string(hex);
     }
-    fclose(f);
-    if (size < 1024) { fprintf(stderr, "error: %s: file is %ld bytes, shorter than the 1024-byte header\n", path, size); exit(EXIT_FAILURE); }
+    return shown;
+}
+
+// Reads the file and checks its layout (magic, version, table, every shape against the file length, the length)
+// before a byte of it is trusted. what: its role for the messages. "" or a message naming the file and the field.
+static std::string bin_open(BinFile* bf, const char* path, int magic, int version, const char* what) {
+    char msg[512];
+    bf->path = path;
+    bf->tensors.clear();
+    std::string e = file_read_all(path, what, BIN_MAX_BYTES, &bf->data);
+    if (!e.empty()) return e;
+    const size_t size = bf->data.size();
+    if (size < 1024) {
+        snprintf(msg, sizeof msg, "%s: file is %zu bytes, shorter than the 1024-byte header", path, size);
+        return msg;
+    }
     memcpy(bf->header, bf->data.data(), 1024);
     if (bf->header[0] != magic) {
-        fprintf(stderr, "error: %s: header[0] magic is %d, expected %d\n", path, bf->header[0], magic); exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: header[0] magic is %d, expected %d (%s)", path, bf->header[0], magic, what);
+        return msg;
     }
     if (bf->header[1] != version) {
-        fprintf(stderr, "error: %s: header[1] version is %d, expected %d (re-create the file with this version of the "
-                "writer)\n", path, bf->header[1], version); exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: header[1] version is %d, expected %d (re-create the file with this version of "
+                 "the writer)", path, bf->header[1], version);
+        return msg;
     }
-    int T = bf->header[2];
-    if (T < 0 || 1024 + 128L * T > size) {
-        fprintf(stderr, "error: %s: header[2] tensor count %d does not fit a file of %ld bytes\n", path, T, size); exit(EXIT_FAILURE);
+    long long T = bf->header[2];
+    if (T < 0 || 1024 + 128 * T > (long long)size) {
+        snprintf(msg, sizeof msg, "%s: header[2] tensor count %lld does not fit a file of %zu bytes", path, T, size);
+        return msg;
     }
     size_t total = 1024 + 128 * (size_t)T;
-    for (int i = 0; i < T; i++) {
-        const char* e = bf->data.data() + 1024 + 128 * i;
+    for (long long i = 0; i < T; i++) {
+        const char* raw = bf->data.data() + 1024 + 128 * i;
         BinTensor t;
-        char name[97]; memcpy(name, e, 96); name[96] = 0;
-        t.name = name;
-        int32_t meta[8]; memcpy(meta, e + 96, 32);
-        t.dtype = meta[0]; t.ndim = meta[1];
-        if (t.dtype < 0 || t.dtype > 2) { fprintf(stderr, "error: %s: tensor %d (%s) dtype code %d, expected 0, 1 or 2\n", path, i, name, t.dtype); exit(EXIT_FAILURE); }
-        if (t.ndim < 0 || t.ndim > 4) { fprintf(stderr, "error: %s: tensor %d (%s) ndim %d, expected 0..4\n", path, i, name, t.ndim); exit(EXIT_FAILURE); }
-        size_t n = 1;
+        t.name = std::string(raw, strnlen(raw, 96));
+        std::string shown = printable(t.name);
+        int32_t meta[8];
+        memcpy(meta, raw + 96, 32);
+        t.dtype = meta[0];
+        t.ndim = meta[1];
+        if (t.dtype < 0 || t.dtype > 2) {
+            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has dtype code %d, expected 0, 1 or 2", path, i,
+                     shown.c_str(), t.dtype);
+            return msg;
+        }
+        if (t.ndim < 0 || t.ndim > 4) {
+            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has ndim %d, expected 0..4", path, i, shown.c_str(),
+                     t.ndim);
+            return msg;
+        }
+        size_t n = 1;  // elements; bounded by the file length at every factor, so it never overflows
         for (int d = 0; d < 4; d++) {
             t.shape[d] = d < t.ndim ? meta[2 + d] : 0;
-            if (d < t.ndim) {
-                if (t.shape[d] < 0) { fprintf(stderr, "error: %s: tensor %s has negative dim %d\n", path, name, t.shape[d]); exit(EXIT_FAILURE); }
-                n *= t.shape[d];
+            if (d >= t.ndim) continue;
+            if (t.shape[d] < 0) {
+                snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has dimension %d of %d, expected >= 0", path, i,
+                         shown.c_str(), d, t.shape[d]);
+                return msg;
             }
+            n = t.shape[d] == 0 || n <= size / (size_t)t.shape[d] ? n * (size_t)t.shape[d] : size + 1;
         }
         t.nbytes = n * DTYPE_SIZE[t.dtype];
         t.offset = total;
+        if (n > size || t.nbytes > size - total) {
+            snprintf(msg, sizeof msg, "%s: file length is %zu bytes, the header and tensor table say more (tensor "
+                     "%lld, %s, runs past the end)", path, size, i, shown.c_str());
+            return msg;
+        }
         total += t.nbytes;
         bf->tensors.push_back(t);
     }
-    if (total != (size_t)size) {
-        fprintf(stderr, "error: %s: file length is %ld bytes, the header and tensor table say %zu\n", path, size, total);
-        exit(EXIT_FAILURE);
+    if (total != size) {
+        snprintf(msg, sizeof msg, "%s: file length is %zu bytes, the header and tensor table say %zu", path, size,
+                 total);
+        return msg;
     }
+    return "";
+}
+static const char* bin_kind(int magic) {
+    return magic == 20260202 ? "mnist checkpoint" : magic == 20260203 ? "mnist debug state" : "mnist fixture";
+}
+// bin_open, ending the run with its message on a bad file (dev/test_mnist.cu's fixtures).
+[[maybe_unused]] static void bin_read(BinFile* bf, const char* path, int magic, int version) {
+    std::string e = bin_open(bf, path, magic, version, bin_kind(magic));
+    if (!e.empty()) die(e);
 }
 [[maybe_unused]] static bool bin_has(const BinFile* bf, const char* name) {
     for (auto& t : bf->tensors) if (t.name == name) return true;
     return false;
 }
-// Returns the data of tensor `name` after checking its dtype and shape (ndim entries of shape; -1 = any).
-static const void* bin_expect(const BinFile* bf, const char* name, int dtype, int ndim, const int* shape) {
+// The data of tensor `name` after checking its dtype and shape (ndim entries of shape; -1 = any); nullptr and *err
+// naming the file and the tensor when it is missing or differs.
+static const void* bin_find(const BinFile* bf, const std::string& name, int dtype, int ndim, const int* shape,
+                            std::string* err) {
     for (auto& t : bf->tensors) {
         if (t.name != name) continue;
         if (t.dtype != dtype) {
-            fprintf(stderr, "error: %s: tensor %s has dtype %s, expected %s\n", bf->path.c_str(), name, DTYPE_NAME[t.dtype], DTYPE_NAME[dtype]);
-            exit(EXIT_FAILURE);
+            *err = bf->path + ": tensor " + name + " has dtype " + DTYPE_NAME[t.dtype] + ", expected " +
+                   DTYPE_NAME[dtype];
+            return nullptr;
         }
         bool ok = t.ndim == ndim;
         for (int d = 0; ok && d < ndim; d++) ok = shape[d] < 0 || shape[d] == t.shape[d];
         if (!ok) {
-            char found[64] = "", want[64] = "";
-            for (int d = 0; d < t.ndim; d++) snprintf(found + strlen(found), 64 - strlen(found), "%d%s", t.shape[d], d + 1 < t.ndim ? "," : "");
-            for (int d = 0; d < ndim; d++) snprintf(want + strlen(want), 64 - strlen(want), "%d%s", shape[d], d + 1 < ndim ? "," : "");
-            fprintf(stderr, "error: %s: tensor %s has shape (%s), expected (%s)\n", bf->path.c_str(), name, found, want);
-            exit(EXIT_FAILURE);
+            std::string found, want;
+            for (int d = 0; d < t.ndim; d++) found += (d ? "," : "") + std::to_string(t.shape[d]);
+            for (int d = 0; d < ndim; d++) want += (d ? "," : "") + std::to_string(shape[d]);
+            *err = bf->path + ": tensor " + name + " has shape (" + found + "), expected (" + want + ")";
+            return nullptr;
         }
         return bf->data.data() + t.offset;
     }
-    fprintf(stderr, "error: %s: tensor %s is missing\n", bf->path.c_str(), name);
-    exit(EXIT_FAILURE);
+    *err = bf->path + ": tensor " + name + " is missing";
+    return nullptr;
+}
+// bin_find, ending the run with its message.
+static const void* bin_expect(const BinFile* bf, const char* name, int dtype, int ndim, const int* shape) {
+    std::string e;
+    const void* p = bin_find(bf, name, dtype, ndim, shape, &e);
+    if (!p) die(e);
+    return p;
 }
 static float bin_field_f(const BinFile* bf, int slot) { float f; memcpy(&f, &bf->header[slot], 4); return f; }
 
 struct BinWriterTensor { std::string name; int dtype, ndim, shape[4]; const void* data; };
-// Writes path.tmp, then renames it to path: a crash never leaves a torn file.
-static void bin_write(const char* path, int magic, int version, const std::vector<int32_t>& fields,
-                      const std::vector<BinWriterTensor>& ts) {
+// Writes the file through file_write_atomic (a crash never leaves a torn file). "" or a message naming the path.
+static std::string bin_write(const char* path, const char* what, int magic, int version,
+                             const std::vector<int32_t>& fields, const std::vector<BinWriterTensor>& ts) {
     int32_t header[256] = {0};
     header[0] = magic; header[1] = version; header[2] = (int)ts.size();
     for (size_t i = 0; i < fields.size(); i++) header[3 + i] = fields[i];
-    std::string tmp = std::string(path) + ".tmp";
-    FILE* f = fopenCheck(tmp.c_str(), "wb");
-    fwrite_check(header, 4, 256, f, tmp.c_str());
-    for (auto& t : ts) {
-        char e[128] = {0};
-        if (t.name.size() >= 96) { fprintf(stderr, "error: tensor name %s too long\n", t.name.c_str()); exit(EXIT_FAILURE); }
-        memcpy(e, t.name.c_str(), t.name.size());
+    std::vector<char> table(128 * ts.size(), 0);
+    std::vector<WriteChunk> chunks = {{header, sizeof header}, {table.data(), table.size()}};
+    for (size_t i = 0; i < ts.size(); i++) {
+        const BinWriterTensor& t = ts[i];
+        if (t.name.size() >= 96) return std::string(path) + ": tensor name " + t.name + " is too long";
+        memcpy(&table[128 * i], t.name.c_str(), t.name.size());
         int32_t meta[8] = {t.dtype, t.ndim, 0, 0, 0, 0, 0, 0};
-        for (int d = 0; d < t.ndim; d++) meta[2 + d] = t.shape[d];
-        memcpy(e + 96, meta, 32);
-        fwrite_check(e, 1, 128, f, tmp.c_str());
-    }
-    for (auto& t : ts) {
         size_t n = 1;
-        for (int d = 0; d < t.ndim; d++) n *= t.shape[d];
-        fwrite_check(t.data, DTYPE_SIZE[t.dtype], n, f, tmp.c_str());
+        for (int d = 0; d < t.ndim; d++) meta[2 + d] = t.shape[d], n *= t.shape[d];
+        memcpy(&table[128 * i + 96], meta, 32);
+        chunks.push_back({t.data, n * DTYPE_SIZE[t.dtype]});
     }
-    if (fflush(f) != 0 || fclose(f) != 0) { fprintf(stderr, "error: cannot finish writing %s\n", tmp.c_str()); exit(EXIT_FAILURE); }
-    if (rename(tmp.c_str(), path) != 0) { fprintf(stderr, "error: cannot rename %s to %s: %s\n", tmp.c_str(), path, strerror(errno)); exit(EXIT_FAILURE); }
+    return file_write_atomic(path, what, chunks);
 }
 static int32_t fbits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 
@@ -300,66 +466,148 @@ struct MnistSplit { int n = 0; std::vector<uint8_t> images; std::vector<uint8_t>
 
 static uint32_t be32(const uint8_t* b) { return ((uint32_t)b[0] << 24) | ((uint32_t)b[1] << 16) | ((uint32_t)b[2] << 8) | b[3]; }
 
-static void idx_read_exact(gzFile gz, const char* path, void* dst, size_t n, const char* what) {
-    size_t done = 0;
-    while (done < n) {
-        unsigned chunk = (unsigned)std::min<size_t>(n - done, 1u << 30);
-        int got = gzread(gz, (char*)dst + done, chunk);
-        if (got < 0) {
-            int errnum; const char* msg = gzerror(gz, &errnum);
-            fprintf(stderr, "error: %s: cannot decompress %s: %s\n", path, what, msg); exit(EXIT_FAILURE);
+// A gzip file held in memory and inflated on demand by zlib's inflate with the gzip wrapper, which checks each
+// member's CRC-32 and length (the 8-byte trailer) when it reaches the member's end. Members may follow each other
+// (gzip allows it); anything else after the last one is an error, and so is a stream that ends early.
+struct GzFile {
+    std::string path;
+    std::vector<char> raw;  // the compressed file
+    z_stream zs;
+    bool live = false, ended = false;
+};
+constexpr size_t GZ_MAX_BYTES = size_t(1) << 31;  // MNIST's training images are 9.9 MB compressed
+constexpr size_t DEFLATE_MAX_RATIO = 1032;        // deflate expands data at most 1032 times (258 bytes per 2 bits)
+static std::string gz_open(GzFile* g, const char* path) {
+    g->path = path;
+    std::string e = file_read_all(path, "MNIST file", GZ_MAX_BYTES, &g->raw);
+    if (!e.empty()) return e;
+    const uint8_t* b = (const uint8_t*)g->raw.data();
+    if (g->raw.size() < 2 || b[0] != 0x1f || b[1] != 0x8b) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: not a gzip file (%s, not 1f 8b; an uncompressed IDX file must be gzipped)",
+                 path, g->raw.size() < 2 ? "shorter than the 2-byte gzip magic" : "it starts with bytes");
+        std::string m = msg;
+        if (g->raw.size() >= 2) {
+            snprintf(msg, sizeof msg, " %02x %02x", b[0], b[1]);
+            m.insert(m.find("bytes") + 5, msg);
         }
-        if (got == 0) {
-            fprintf(stderr, "error: %s: truncated: %s needs %zu bytes, found %zu\n", path, what, n, done); exit(EXIT_FAILURE);
-        }
-        done += got;
+        return m;
     }
+    memset(&g->zs, 0, sizeof g->zs);
+    if (inflateInit2(&g->zs, 16 + MAX_WBITS) != Z_OK) return g->path + ": cannot start zlib's inflate";
+    g->live = true;
+    g->zs.next_in = (Bytef*)g->raw.data();
+    g->zs.avail_in = (uInt)g->raw.size();  // < 2^31
+    return "";
+}
+static void gz_close(GzFile* g) {
+    if (g->live) inflateEnd(&g->zs);
+    g->live = false;
+}
+// Inflates up to n bytes into dst; *got: how many (fewer only at the end of the last member). "" or a message.
+static std::string gz_read(GzFile* g, void* dst, size_t n, size_t* got) {
+    *got = 0;
+    while (*got < n && !g->ended) {
+        g->zs.next_out = (Bytef*)dst + *got;
+        g->zs.avail_out = (uInt)std::min<size_t>(n - *got, 1u << 30);
+        const uInt room = g->zs.avail_out;
+        int r = inflate(&g->zs, Z_NO_FLUSH);
+        *got += room - g->zs.avail_out;
+        if (r == Z_STREAM_END) {  // this member's CRC-32 and length matched its data
+            const uint8_t* next = g->zs.next_in;
+            if (g->zs.avail_in == 0) {
+                g->ended = true;
+            } else if (g->zs.avail_in >= 2 && next[0] == 0x1f && next[1] == 0x8b) {
+                inflateReset(&g->zs);  // another member
+            } else {
+                return g->path + ": " + std::to_string(g->zs.avail_in) + " bytes after the gzip stream that are not a "
+                       "gzip member (a corrupt file)";
+            }
+        } else if (r == Z_BUF_ERROR && g->zs.avail_in == 0) {
+            return g->path + ": truncated: the gzip stream stops before its end (the file is cut short: deflate data "
+                   "or the 8-byte CRC-32 and length trailer is missing)";
+        } else if (r == Z_DATA_ERROR) {
+            std::string why = g->zs.msg ? g->zs.msg : "";
+            if (why == "incorrect data check")
+                return g->path + ": the gzip CRC-32 does not match the data (a corrupt file)";
+            if (why == "incorrect length check")
+                return g->path + ": the gzip length field does not match the data's length (a corrupt file)";
+            return g->path + ": corrupt gzip data (zlib: " + why + ")";
+        } else if (r != Z_OK) {
+            return g->path + ": cannot decompress (zlib error " + std::to_string(r) + ")";
+        }
+    }
+    return "";
 }
 // Reads one IDX file: magic 2051 (images, dims count,28,28) or 2049 (labels, dim count). Returns the count.
 static int idx_read(const char* path, bool images, std::vector<uint8_t>* out) {
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) { fprintf(stderr, "error: cannot open MNIST file %s: %s\n", path, strerror(errno)); exit(EXIT_FAILURE); }
+    GzFile g;
+    char msg[512];
+    auto fail = [&](const std::string& m) { gz_close(&g); die(m); };
+    std::string e = gz_open(&g, path);
+    if (!e.empty()) fail(e);
     uint8_t hdr[16];
-    int hdr_bytes = images ? 16 : 8;
-    idx_read_exact(gz, path, hdr, hdr_bytes, "the IDX header");
+    size_t hdr_bytes = images ? 16 : 8, got = 0;
+    if (!(e = gz_read(&g, hdr, hdr_bytes, &got)).empty()) fail(e);
+    if (got < hdr_bytes) {
+        snprintf(msg, sizeof msg, "%s: truncated: the IDX header needs %zu bytes, found %zu", path, hdr_bytes, got);
+        fail(msg);
+    }
     uint32_t magic = be32(hdr), count = be32(hdr + 4);
     uint32_t want_magic = images ? 2051 : 2049;
     if (magic != want_magic) {
-        fprintf(stderr, "error: %s: magic number is %u, expected %u (%s IDX file)\n", path, magic, want_magic, images ? "an images" : "a labels");
-        exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: magic number is %u, expected %u (%s IDX file)", path, magic, want_magic,
+                 images ? "an images" : "a labels");
+        fail(msg);
     }
     if (count == 0 || count > 10000000) {
-        fprintf(stderr, "error: %s: item count is %u, expected 1..10000000\n", path, count); exit(EXIT_FAILURE);
+        snprintf(msg, sizeof msg, "%s: item count is %u, expected 1..10000000", path, count);
+        fail(msg);
     }
     if (images) {
         uint32_t rows = be32(hdr + 8), cols = be32(hdr + 12);
-        if (rows != IMG) { fprintf(stderr, "error: %s: rows is %u, expected %d\n", path, rows, IMG); exit(EXIT_FAILURE); }
-        if (cols != IMG) { fprintf(stderr, "error: %s: cols is %u, expected %d\n", path, cols, IMG); exit(EXIT_FAILURE); }
+        if (rows != IMG) { snprintf(msg, sizeof msg, "%s: rows is %u, expected %d", path, rows, IMG); fail(msg); }
+        if (cols != IMG) { snprintf(msg, sizeof msg, "%s: cols is %u, expected %d", path, cols, IMG); fail(msg); }
     }
     size_t n = (size_t)count * (images ? IMG * IMG : 1);
-    out->resize(n);
-    idx_read_exact(gz, path, out->data(), n, images ? "the pixels" : "the labels");
-    char extra;
-    int more = gzread(gz, &extra, 1);
-    if (more != 0) {
-        fprintf(stderr, "error: %s: %s after the %u items the header announces (file longer than expected)\n", path,
-                more > 0 ? "trailing bytes" : "unreadable data", count);
-        exit(EXIT_FAILURE);
+    if (n > g.raw.size() * DEFLATE_MAX_RATIO) {  // the header's size against the file's, before allocating
+        snprintf(msg, sizeof msg, "%s: item count is %u: %zu bytes of %s, more than a gzip file of %zu bytes can hold "
+                 "(deflate expands at most %zux): the count is wrong or the file truncated", path, count, n,
+                 images ? "pixels" : "labels", g.raw.size(), DEFLATE_MAX_RATIO);
+        fail(msg);
     }
-    gzclose(gz);
+    out->resize(n);
+    if (!(e = gz_read(&g, out->data(), n, &got)).empty()) fail(e);
+    if (got < n) {
+        snprintf(msg, sizeof msg, "%s: truncated: %s needs %zu bytes, found %zu", path,
+                 images ? "the pixels" : "the labels", n, got);
+        fail(msg);
+    }
+    char extra;
+    if (!(e = gz_read(&g, &extra, 1, &got)).empty()) fail(e);  // also reaches the trailer: CRC-32 and length checked
+    if (got != 0) {
+        snprintf(msg, sizeof msg, "%s: trailing bytes after the %u items the header announces (file longer than "
+                 "expected)", path, count);
+        fail(msg);
+    }
+    gz_close(&g);
     if (!images)
         for (size_t i = 0; i < n; i++)
-            if ((*out)[i] > 9) { fprintf(stderr, "error: %s: label %zu is %d, expected 0..9\n", path, i, (*out)[i]); exit(EXIT_FAILURE); }
+            if ((*out)[i] > 9) {
+                snprintf(msg, sizeof msg, "%s: label %zu is %d, expected 0..9", path, i, (*out)[i]);
+                die(msg);
+            }
     return (int)count;
 }
+// The split's two files from dir; limit > 0: its first `limit` items only.
 static MnistSplit mnist_load_split(const std::string& dir, const char* prefix, int limit) {
     MnistSplit s;
     std::string ip = dir + "/" + prefix + "-images-idx3-ubyte.gz", lp = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
     int ni = idx_read(ip.c_str(), true, &s.images);
     int nl = idx_read(lp.c_str(), false, &s.labels);
     if (ni != nl) {
-        fprintf(stderr, "error: image and label counts disagree: %s has %d images, %s has %d labels\n", ip.c_str(), ni, lp.c_str(), nl);
-        exit(EXIT_FAILURE);
+        die("image and label counts disagree: " + ip + " has " + std::to_string(ni) + " images, " + lp + " has " +
+            std::to_string(nl) + " labels");
     }
     s.n = (limit > 0 && limit < ni) ? limit : ni;
     s.images.resize((size_t)s.n * IMG * IMG);
@@ -1659,16 +1907,34 @@ static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const 
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// checkpoints: magic 20260202; parameters (and optimizer state) by PyTorch names in PyTorch layout
-struct CheckpointMeta { int epoch = 0, step = 0, batch_size = 0, seed = 0, optimizer = 0, has_optimizer = 0, epochs = 0; float lr = 0, test_accuracy = 0; };
+// checkpoints: magic 20260202, version 2; parameters (and optimizer state) by PyTorch names in PyTorch layout; the
+// header holds every setting the run's trajectory depends on, so that --resume can continue it (data/README.md)
+enum {
+    CK_EPOCH = 3, CK_STEP, CK_BATCH_SIZE, CK_SEED, CK_OPTIMIZER, CK_HAS_OPTIMIZER, CK_EPOCHS, CK_LR, CK_TEST_ACCURACY,
+    CK_LR_SCHEDULE, CK_WARMUP_STEPS, CK_LR_MIN, CK_MOMENTUM, CK_WEIGHT_DECAY, CK_BETA1, CK_BETA2, CK_EPS,
+    CK_TRAIN_IMAGES, CK_FIELDS_END
+};
+static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
+    "magic", "version", "tensor count", "epoch", "step", "batch_size", "seed", "optimizer", "has_optimizer",
+    "epochs", "lr", "test_accuracy", "lr_schedule", "warmup_steps", "lr_min", "momentum", "weight_decay", "beta1",
+    "beta2", "eps", "train_images"};
+static const char* const OPTIMIZER_NAMES[2] = {"sgd", "adamw"};
+static const char* const SCHEDULE_NAMES[3] = {"constant", "cosine", "linear"};
+// epoch: epochs completed; step: optimizer steps done (epoch * ceil(train_images / batch_size)); opt: the optimizer
+// and schedule (total_steps is not stored: it is epochs * steps per epoch); train_images: the training images used.
+struct CheckpointMeta {
+    int epoch = 0, step = 0, batch_size = 0, seed = 0, has_optimizer = 0, epochs = 0, train_images = 0;
+    float test_accuracy = 0;
+    OptConfig opt;
+};
+static const char* optimizer_prefix(int optimizer) { return optimizer == OPT_SGD ? "momentum_buffer." : "adam_m."; }
 
-static void mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
+// Returns "" or a message naming the path.
+static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
     std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
     mnist_copy_out(m, m->params, internal.data(), m->n_params);
     for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
     std::vector<BinWriterTensor> ts;
-    std::vector<std::string> names;
-    names.reserve(3 * N_PARAM_TENSORS);
     for (int i = 0; i < N_PARAM_TENSORS; i++) {
         const ParamInfo& pi = PARAMS[i];
         ts.push_back({pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, p.data() + pi.offset});
@@ -1678,48 +1944,157 @@ static void mnist_save_checkpoint(const Mnist* m, const char* path, const Checkp
         for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s1.data() + PARAMS[i].offset);
         mnist_copy_out(m, m->m2, internal.data(), m->n_params);
         for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
-        const char* pre1 = meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.";
+        const char* pre1 = optimizer_prefix(meta.opt.optimizer);
         for (int i = 0; i < N_PARAM_TENSORS; i++) {
             const ParamInfo& pi = PARAMS[i];
             ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s1.data() + pi.offset});
         }
-        if (meta.optimizer == OPT_ADAMW)
+        if (meta.opt.optimizer == OPT_ADAMW)
             for (int i = 0; i < N_PARAM_TENSORS; i++) {
                 const ParamInfo& pi = PARAMS[i];
                 ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
             }
     }
-    std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, meta.optimizer, meta.has_optimizer,
-                                   meta.epochs, fbits(meta.lr), fbits(meta.test_accuracy)};
-    bin_write(path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
+    const OptConfig& o = meta.opt;
+    std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, o.optimizer, meta.has_optimizer,
+                                   meta.epochs, fbits(o.lr), fbits(meta.test_accuracy), o.schedule, o.warmup_steps,
+                                   fbits(o.lr_min), fbits(o.momentum), fbits(o.weight_decay), fbits(o.beta1),
+                                   fbits(o.beta2), fbits(o.eps), meta.train_images};
+    return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
-// Loads parameters (and, when with_optimizer, the optimizer state) after checking every name, dtype and shape.
-static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer, int expect_optimizer) {
-    BinFile bf;
-    bin_read(&bf, path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION);
+static CheckpointMeta checkpoint_meta(const BinFile* bf) {
+    const int32_t* h = bf->header;
     CheckpointMeta meta;
-    meta.epoch = bf.header[3]; meta.step = bf.header[4]; meta.batch_size = bf.header[5]; meta.seed = bf.header[6];
-    meta.optimizer = bf.header[7]; meta.has_optimizer = bf.header[8]; meta.epochs = bf.header[9];
-    meta.lr = bin_field_f(&bf, 10); meta.test_accuracy = bin_field_f(&bf, 11);
-    std::vector<float> internal(m->n_params);
-    auto load_set = [&](const char* prefix, float* dst) {
+    meta.epoch = h[CK_EPOCH]; meta.step = h[CK_STEP]; meta.batch_size = h[CK_BATCH_SIZE]; meta.seed = h[CK_SEED];
+    meta.has_optimizer = h[CK_HAS_OPTIMIZER]; meta.epochs = h[CK_EPOCHS]; meta.train_images = h[CK_TRAIN_IMAGES];
+    meta.test_accuracy = bin_field_f(bf, CK_TEST_ACCURACY);
+    OptConfig& o = meta.opt;
+    o.optimizer = h[CK_OPTIMIZER]; o.schedule = h[CK_LR_SCHEDULE]; o.warmup_steps = h[CK_WARMUP_STEPS];
+    o.lr = bin_field_f(bf, CK_LR); o.lr_min = bin_field_f(bf, CK_LR_MIN); o.momentum = bin_field_f(bf, CK_MOMENTUM);
+    o.weight_decay = bin_field_f(bf, CK_WEIGHT_DECAY); o.beta1 = bin_field_f(bf, CK_BETA1);
+    o.beta2 = bin_field_f(bf, CK_BETA2); o.eps = bin_field_f(bf, CK_EPS);
+    o.total_steps = 1;  // set by the run from epochs and its steps per epoch
+    return meta;
+}
+// Checks everything a checkpoint claims before a byte of it is used: every header field in the range of its flag
+// (the ranges train_mnist can write), step = epoch x steps per epoch, exactly the tensors of the model and of the
+// optimizer state the header announces with their shapes, every value finite and AdamW's second moments >= 0.
+// "" or a message naming the file and the field or tensor.
+static std::string checkpoint_validate(const BinFile* bf) {
+    params_setup();  // the tensors' sizes (before any model is built)
+    const int32_t* h = bf->header;
+    for (int k = CK_FIELDS_END; k < 256; k++)
+        if (h[k] != 0) return bf->path + ": header[" + std::to_string(k) + "] is " + std::to_string(h[k]) +
+                              ", expected 0 (unused)";
+    auto bad = [&](int slot, const std::string& found, const char* expected) {
+        return bf->path + ": header[" + std::to_string(slot) + "] " + CK_FIELD_NAMES[slot] + " is " + found +
+               ", expected " + expected;
+    };
+    struct IntField { int slot; long long lo, hi; const char* expected; };
+    const IntField ints[] = {
+        {CK_EPOCHS, 1, 10000, "1..10000 (--epochs)"}, {CK_EPOCH, 1, h[CK_EPOCHS], "1..epochs (epochs completed)"},
+        {CK_BATCH_SIZE, 1, 2048, "1..2048 (--batch_size)"}, {CK_SEED, 0, INT_MAX, "0..2147483647 (--seed)"},
+        {CK_OPTIMIZER, 0, 1, "0 (sgd) or 1 (adamw)"}, {CK_HAS_OPTIMIZER, 0, 1, "0 or 1"},
+        {CK_LR_SCHEDULE, 0, 2, "0 (constant), 1 (cosine) or 2 (linear)"},
+        {CK_WARMUP_STEPS, 0, 100000000, "0..100000000 (--warmup_steps)"},
+        {CK_TRAIN_IMAGES, h[CK_BATCH_SIZE], 10000000, "batch_size..10000000 (the training images used)"}};
+    for (const IntField& f : ints)
+        if (h[f.slot] < f.lo || h[f.slot] > f.hi) return bad(f.slot, std::to_string(h[f.slot]), f.expected);
+    struct FloatField { int slot; float lo, hi; const char* expected; };
+    const FloatField floats[] = {
+        {CK_LR, 1e-9f, 1e9f, "a learning rate in [1e-9, 1e9] (--lr)"},
+        {CK_LR_MIN, 0.f, bin_field_f(bf, CK_LR), "0..lr (--lr_min)"},
+        {CK_MOMENTUM, 0.f, 0.999999f, "0..0.999999 (--momentum)"},
+        {CK_WEIGHT_DECAY, 0.f, 10.f, "0..10 (--weight_decay)"},
+        {CK_BETA1, 0.f, 0.999999f, "0..0.999999 (--beta1)"}, {CK_BETA2, 0.f, 0.999999f, "0..0.999999 (--beta2)"},
+        {CK_EPS, 1e-30f, 1.f, "1e-30..1 (--eps)"}, {CK_TEST_ACCURACY, 0.f, 100.f, "a percentage 0..100"}};
+    for (const FloatField& f : floats) {
+        float v = bin_field_f(bf, f.slot);
+        if (!(v >= f.lo && v <= f.hi)) {  // NaN fails too
+            char buf[32];
+            snprintf(buf, sizeof buf, "%g", v);
+            return bad(f.slot, buf, f.expected);
+        }
+    }
+    const long long steps_per_epoch = (h[CK_TRAIN_IMAGES] + h[CK_BATCH_SIZE] - 1) / h[CK_BATCH_SIZE];
+    if (h[CK_STEP] != h[CK_EPOCH] * steps_per_epoch)
+        return bad(CK_STEP, std::to_string(h[CK_STEP]), (std::to_string(h[CK_EPOCH] * steps_per_epoch) + " (epoch " +
+                   std::to_string(h[CK_EPOCH]) + " x " + std::to_string(steps_per_epoch) + " steps of batch_size " +
+                   std::to_string(h[CK_BATCH_SIZE]) + " over train_images " + std::to_string(h[CK_TRAIN_IMAGES]) +
+                   ")").c_str());
+    const int optimizer = h[CK_OPTIMIZER];
+    std::vector<std::string> prefixes = {""};
+    if (h[CK_HAS_OPTIMIZER]) prefixes.push_back(optimizer_prefix(optimizer));
+    if (h[CK_HAS_OPTIMIZER] && optimizer == OPT_ADAMW) prefixes.push_back("adam_v.");
+    std::set<std::string> names;
+    std::string e;
+    char msg[512];
+    for (const std::string& prefix : prefixes)
         for (int i = 0; i < N_PARAM_TENSORS; i++) {
-            std::string name = std::string(prefix) + PARAMS[i].name;
-            const float* src = (const float*)bin_expect(&bf, name.c_str(), 0, PARAMS[i].ndim, PARAMS[i].shape);
+            const ParamInfo& pi = PARAMS[i];
+            std::string name = prefix + pi.name;
+            const char* x = (const char*)bin_find(bf, name, 0, pi.ndim, pi.shape, &e);
+            if (!x) return e;
+            const bool second_moment = prefix == "adam_v.";
+            for (size_t j = 0; j < pi.numel; j++) {
+                float v;
+                memcpy(&v, x + 4 * j, 4);
+                if (!std::isfinite(v) || (second_moment && v < 0.f)) {
+                    snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected %s", bf->path.c_str(),
+                             name.c_str(), j, v, second_moment ? "a finite second moment >= 0 (not negative)"
+                                                              : "a finite number");
+                    return msg;
+                }
+            }
+            names.insert(name);
+        }
+    for (const BinTensor& t : bf->tensors)
+        if (!names.count(t.name))
+            return bf->path + ": tensor " + printable(t.name) + " is not one of this checkpoint's (the model's "
+                   "parameters" + (h[CK_HAS_OPTIMIZER] ? std::string(" and ") + OPTIMIZER_NAMES[optimizer] +
+                   "'s state" : std::string("")) + ")";
+    if (bf->tensors.size() != names.size())
+        return bf->path + ": holds " + std::to_string(bf->tensors.size()) + " tensors, expected " +
+               std::to_string(names.size()) + " (a tensor appears twice)";
+    return "";
+}
+// Reads and validates a checkpoint (what: its role, as "--load checkpoint"). "" or a message.
+static std::string checkpoint_read(BinFile* bf, const char* path, const char* what) {
+    std::string e = bin_open(bf, path, MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, what);
+    return e.empty() ? checkpoint_validate(bf) : e;
+}
+// Loads a validated checkpoint's parameters and, when with_optimizer, its optimizer state into the model.
+static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_optimizer) {
+    std::vector<float> internal(m->n_params);
+    auto load_set = [&](const std::string& prefix, float* dst) {
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const float* src = (const float*)bin_expect(bf, (prefix + PARAMS[i].name).c_str(), 0, PARAMS[i].ndim,
+                                                        PARAMS[i].shape);
             param_from_torch(i, src, internal.data() + PARAMS[i].offset);
         }
         mnist_copy_in(m, dst, internal.data(), m->n_params);
     };
     load_set("", m->params);
     if (with_optimizer) {
-        if (!meta.has_optimizer) { fprintf(stderr, "error: %s: header[8] has_optimizer is 0, --resume needs the optimizer state (1)\n", path); exit(EXIT_FAILURE); }
-        if (meta.optimizer != expect_optimizer) {
-            fprintf(stderr, "error: %s: header[7] optimizer is %d, expected %d (--optimizer %s)\n", path, meta.optimizer, expect_optimizer, expect_optimizer ? "adamw" : "sgd");
-            exit(EXIT_FAILURE);
-        }
-        load_set(meta.optimizer == OPT_SGD ? "momentum_buffer." : "adam_m.", m->m1);
-        if (meta.optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
+        const int optimizer = bf->header[CK_OPTIMIZER];
+        load_set(optimizer_prefix(optimizer), m->m1);
+        if (optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
     }
+}
+// Reads, validates and loads a checkpoint (with_optimizer: its optimizer state too, which must be expect_optimizer's);
+// ends the run with a message on a bad file (dev/test_mnist.cu).
+[[maybe_unused]] static CheckpointMeta mnist_load_checkpoint(Mnist* m, const char* path, bool with_optimizer,
+                                                             int expect_optimizer) {
+    BinFile bf;
+    std::string e = checkpoint_read(&bf, path, "checkpoint");
+    if (!e.empty()) die(e);
+    CheckpointMeta meta = checkpoint_meta(&bf);
+    if (with_optimizer && !meta.has_optimizer)
+        die(std::string(path) + ": header[8] has_optimizer is 0, expected 1 (the optimizer state is needed)");
+    if (with_optimizer && meta.opt.optimizer != expect_optimizer)
+        die(std::string(path) + ": header[7] optimizer is " + std::to_string(meta.opt.optimizer) + ", expected " +
+            std::to_string(expect_optimizer) + " (" + OPTIMIZER_NAMES[expect_optimizer] + ")");
+    mnist_load_checkpoint_state(m, &bf, with_optimizer);
     return meta;
 }
 
@@ -3693,11 +4068,12 @@ static void fast_path_setup() {
 // CLI
 struct Args {
     std::string data_dir = "data/mnist", device = "auto", matmul = "ours", optimizer = "sgd", lr_schedule = "cosine";
-    std::string checkpoint = "", resume = "", load = "";
+    std::string checkpoint = "", resume = "", load = "", allow_change = "";
     int tf32 = 1, epochs = 20, batch_size = 64, warmup_steps = 300, seed = 1, train_limit = 0, test_limit = 0;
     int eval_batch_size = 1000, eval_only = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
     float lr = 0.03f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     float stop_at_accuracy = 0.0f;
+    std::set<std::string> given;  // the flags on the command line
 };
 struct FlagSpec { const char* name; char type; void* ptr; double lo, hi; const char* choices; const char* help; };
 
@@ -3726,6 +4102,9 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"stop_at_accuracy", 'f', &a.stop_at_accuracy, 0, 100, nullptr, "stop after the first epoch whose test accuracy (%) reaches this (0: off)"},
         {"checkpoint", 's', &a.checkpoint, 0, 0, nullptr, "write a checkpoint here after every epoch (atomic; empty: none)"},
         {"resume", 's', &a.resume, 0, 0, nullptr, "continue training from this checkpoint (weights, optimizer state, epoch, step)"},
+        {"allow_change", 's', &a.allow_change, 0, 0, nullptr, "with --resume: stored settings this run changes "
+         "knowingly (comma list of lr, seed, batch_size, epochs, lr_schedule, warmup_steps, lr_min, momentum, "
+         "weight_decay, beta1, beta2, eps, train_limit); without it a differing one is an error"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
         {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr, "1: replay the training steps as CUDA graphs (32 steps each)"},
@@ -3759,6 +4138,7 @@ static void parse_args(int argc, char** argv, Args& a) {
         for (auto& s : specs) if (!strcmp(s.name, arg + 2)) f = &s;
         if (!f) { fprintf(stderr, "error: unknown flag %s (see --help)\n", arg); exit(1); }
         if (i + 1 >= argc) { fprintf(stderr, "error: flag %s expects a value, found none\n", arg); exit(1); }
+        a.given.insert(f->name);
         const char* v = argv[i + 1];
         char* end = nullptr;
         if (f->type == 'i') {
@@ -3785,6 +4165,7 @@ static void parse_args(int argc, char** argv, Args& a) {
     }
     if (a.eval_only && a.load.empty()) { fprintf(stderr, "error: --eval_only 1 needs --load FILE, found none\n"); exit(1); }
     if (!a.resume.empty() && !a.load.empty()) { fprintf(stderr, "error: --resume and --load exclude each other, found both\n"); exit(1); }
+    if (!a.allow_change.empty() && a.resume.empty()) die("--allow_change applies to --resume only, found no --resume");
     if (a.lr_min > a.lr) { fprintf(stderr, "error: flag --lr_min expects a value <= --lr (%g), found %g\n", a.lr, a.lr_min); exit(1); }
 }
 
@@ -3817,11 +4198,115 @@ static EvalResult evaluate(Mnist* m, const DeviceData& d, const std::vector<uint
 }
 
 
+// --resume continues the stored trajectory: every setting it depends on comes from the checkpoint. A flag not given
+// takes the stored value; one given with another value is an error naming the flag and the stored value, unless
+// --allow_change names it (then it is taken, and said). A setting without effect on this run is left as given
+// (momentum under AdamW, beta1/beta2/eps under SGD, epochs and lr_min under a constant schedule). The optimizer
+// cannot change (its state would not fit); the training images are checked once the data is loaded (main).
+static const char* const ALLOW_CHANGE_NAMES[] = {"lr", "seed", "batch_size", "epochs", "lr_schedule", "warmup_steps",
+                                                 "lr_min", "momentum", "weight_decay", "beta1", "beta2", "eps",
+                                                 "train_limit"};
+static std::set<std::string> parse_allow_change(const std::string& list) {
+    std::set<std::string> out;
+    for (size_t i = 0; i < list.size();) {
+        size_t j = std::min(list.find(',', i), list.size());
+        std::string name = list.substr(i, j - i);
+        bool known = false;
+        for (const char* n : ALLOW_CHANGE_NAMES) known = known || name == n;
+        if (!known) {
+            std::string names;
+            for (const char* n : ALLOW_CHANGE_NAMES) names += std::string(names.empty() ? "" : ", ") + n;
+            die("--allow_change expects a comma list of " + names + ", found '" + name + "' in '" + list + "'");
+        }
+        out.insert(name);
+        i = j + 1;
+    }
+    return out;
+}
+static void resume_settings(Args& a, const CheckpointMeta& s, const std::string& path,
+                            const std::set<std::string>& allowed) {
+    const OptConfig& o = s.opt;
+    const std::string stored_optimizer = OPTIMIZER_NAMES[o.optimizer];
+    if (a.given.count("optimizer") && a.optimizer != stored_optimizer)
+        die("--optimizer " + a.optimizer + " differs from the optimizer " + stored_optimizer + " stored in " + path +
+            ": its optimizer state cannot continue as " + a.optimizer + "'s (start a new run from its weights with "
+            "--load instead)");
+    a.optimizer = stored_optimizer;
+    // true: take the stored value
+    auto keep = [&](const char* flag, bool matters, bool differs, const std::string& given, const std::string& stored) {
+        if (!a.given.count(flag) || !differs) return true;
+        if (!matters) return false;
+        if (allowed.count(flag)) {
+            printf("note: --%s %s replaces the %s %s stored in %s (--allow_change)\n", flag, given.c_str(), flag,
+                   stored.c_str(), path.c_str());
+            return false;
+        }
+        die("--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored + " stored in " + path +
+            ": a resumed run continues the stored trajectory (drop --" + flag + ", or add --allow_change " + flag +
+            " to change it knowingly)");
+        return false;
+    };
+    auto str = [](float v) { char b[32]; snprintf(b, sizeof b, "%g", v); return std::string(b); };
+    const std::string schedule = SCHEDULE_NAMES[o.schedule];
+    if (keep("lr_schedule", true, a.lr_schedule != schedule, a.lr_schedule, schedule)) a.lr_schedule = schedule;
+    const bool decays = a.lr_schedule != "constant", sgd = o.optimizer == OPT_SGD;
+    if (keep("lr", true, a.lr != o.lr, str(a.lr), str(o.lr))) a.lr = o.lr;
+    if (keep("lr_min", decays, a.lr_min != o.lr_min, str(a.lr_min), str(o.lr_min))) a.lr_min = o.lr_min;
+    if (keep("epochs", decays, a.epochs != s.epochs, std::to_string(a.epochs), std::to_string(s.epochs)))
+        a.epochs = s.epochs;
+    if (keep("warmup_steps", true, a.warmup_steps != o.warmup_steps, std::to_string(a.warmup_steps),
+             std::to_string(o.warmup_steps)))
+        a.warmup_steps = o.warmup_steps;
+    if (keep("seed", true, a.seed != s.seed, std::to_string(a.seed), std::to_string(s.seed))) a.seed = s.seed;
+    if (keep("batch_size", true, a.batch_size != s.batch_size, std::to_string(a.batch_size),
+             std::to_string(s.batch_size)))
+        a.batch_size = s.batch_size;
+    if (keep("weight_decay", true, a.weight_decay != o.weight_decay, str(a.weight_decay), str(o.weight_decay)))
+        a.weight_decay = o.weight_decay;
+    if (keep("momentum", sgd, a.momentum != o.momentum, str(a.momentum), str(o.momentum))) a.momentum = o.momentum;
+    if (keep("beta1", !sgd, a.beta1 != o.beta1, str(a.beta1), str(o.beta1))) a.beta1 = o.beta1;
+    if (keep("beta2", !sgd, a.beta2 != o.beta2, str(a.beta2), str(o.beta2))) a.beta2 = o.beta2;
+    if (keep("eps", !sgd, a.eps != o.eps, str(a.eps), str(o.eps))) a.eps = o.eps;
+    if (a.lr_min > a.lr) die("--lr_min " + str(a.lr_min) + " is above --lr " + str(a.lr) + " (with " + path + "'s)");
+    if (s.epoch >= a.epochs)
+        die(path + ": header[3] epoch is " + std::to_string(s.epoch) + ", --epochs is " + std::to_string(a.epochs) +
+            ": nothing left to train (a larger --epochs" + (decays ? " with --allow_change epochs: the schedule's end "
+            "moves)" : ")"));
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // load every kernel up front, never during graph capture or timing
     Args a;
     parse_args(argc, argv, a);
+
+    // every path before any work: a bad one costs no training (issue 26)
+    struct stat st;
+    if (stat(a.data_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+        die(a.data_dir + ": --data_dir is " + (S_ISREG(st.st_mode) ? "a regular file" : file_kind(st.st_mode)) +
+            ", not a directory (the folder of the four MNIST IDX .gz files)");
+    if (!a.checkpoint.empty()) {
+        std::string real, e = output_check(a.checkpoint, "--checkpoint", &real);
+        if (!e.empty()) die(e);
+        if (real != a.checkpoint)
+            printf("note: --checkpoint %s is a symlink: writing through to %s\n", a.checkpoint.c_str(), real.c_str());
+    }
+    const std::string& ckpath = a.resume.empty() ? a.load : a.resume;
+    BinFile ck;
+    CheckpointMeta stored;
+    std::set<std::string> allowed = parse_allow_change(a.allow_change);
+    if (!ckpath.empty()) {
+        std::string e = checkpoint_read(&ck, ckpath.c_str(),
+                                        a.resume.empty() ? "--load checkpoint" : "--resume checkpoint");
+        if (!e.empty()) die(e);
+        stored = checkpoint_meta(&ck);
+    }
+    if (!a.resume.empty()) {
+        if (!stored.has_optimizer)
+            die(a.resume + ": header[8] has_optimizer is 0, expected 1 (--resume needs the optimizer state; --load "
+                "takes the weights alone)");
+        resume_settings(a, stored, a.resume, allowed);
+    }
 
     // device: a machine without a driver or GPU answers cudaGetDeviceCount with an error; that means zero devices
     int ndev = 0;
@@ -3841,8 +4326,24 @@ int main(int argc, char** argv) {
     if (!cpu) cudaCheck(cudaStreamCreate(&g_mm.stream));
 
     MnistSplit train, test;
-    if (!a.eval_only) train = mnist_load_split(a.data_dir, "train", a.train_limit);
+    // a resumed run trains on the stored number of images unless --train_limit is given
+    const bool resume = !a.resume.empty(), limit_given = a.given.count("train_limit") > 0;
+    if (!a.eval_only)
+        train = mnist_load_split(a.data_dir, "train", resume && !limit_given ? stored.train_images : a.train_limit);
     test = mnist_load_split(a.data_dir, "t10k", a.test_limit);
+    if (resume && train.n != stored.train_images) {
+        std::string n = std::to_string(train.n), sn = std::to_string(stored.train_images);
+        if (!limit_given)
+            die(a.resume + " was trained on " + sn + " images (train_images), --data_dir " + a.data_dir + " holds " +
+                n);
+        if (!allowed.count("train_limit"))
+            die("--train_limit " + std::to_string(a.train_limit) + " gives " + n + " training images, not the " +
+                "train_images " + sn + " stored in " + a.resume + ": a resumed run continues the stored trajectory "
+                "(drop --train_limit, or add --allow_change train_limit to change it knowingly)");
+        printf("note: --train_limit %d gives %s training images instead of the train_images %s stored in %s "
+               "(--allow_change)\n", a.train_limit, n.c_str(), sn.c_str(), a.resume.c_str());
+    }
+    if (resume && !limit_given) a.train_limit = train.n;  // for the table: the images this run uses
     int B = a.batch_size;
     if (!a.eval_only && B > train.n) { fprintf(stderr, "error: flag --batch_size expects at most the %d training images, found %d\n", train.n, B); exit(1); }
     int eval_batch = cpu ? std::min(a.eval_batch_size, 100) : a.eval_batch_size;
@@ -3858,22 +4359,18 @@ int main(int argc, char** argv) {
     mnist_init_params(&model, (uint64_t)a.seed);
 
     int start_epoch = 0, step = 0;
-    if (!a.load.empty()) mnist_load_checkpoint(&model, a.load.c_str(), false, 0);
-    if (!a.resume.empty()) {
-        CheckpointMeta meta = mnist_load_checkpoint(&model, a.resume.c_str(), true, model.opt.optimizer);
-        if (meta.batch_size != B) { fprintf(stderr, "error: %s: header[5] batch_size is %d, --batch_size is %d (resume needs the same)\n", a.resume.c_str(), meta.batch_size, B); exit(1); }
-        start_epoch = meta.epoch; step = meta.step;
-        if (start_epoch >= a.epochs) {
-            fprintf(stderr, "error: %s: header[3] epoch is %d, --epochs is %d: nothing left to train (raise --epochs)\n", a.resume.c_str(), start_epoch, a.epochs);
-            exit(1);
-        }
-    }
-    if (!a.checkpoint.empty()) {  // fail now, not after the first epoch, when the checkpoint cannot be written
-        std::string tmp = a.checkpoint + ".tmp";
-        FILE* f = fopen(tmp.c_str(), "wb");
-        if (!f) { fprintf(stderr, "error: --checkpoint %s: cannot write %s: %s\n", a.checkpoint.c_str(), tmp.c_str(), strerror(errno)); exit(1); }
-        fclose(f);
-        remove(tmp.c_str());
+    if (!a.load.empty()) mnist_load_checkpoint_state(&model, &ck, false);
+    if (resume) {
+        mnist_load_checkpoint_state(&model, &ck, true);
+        start_epoch = stored.epoch;
+        step = start_epoch * steps_per_epoch;  // the stored step, unless the batch size or the images changed
+        if (step != stored.step)
+            printf("note: %d steps per epoch instead of %d: the schedule goes on from step %d (epoch %d), not %d\n",
+                   steps_per_epoch, (stored.train_images + stored.batch_size - 1) / stored.batch_size, step,
+                   start_epoch, stored.step);
+        printf("resuming %s at epoch %d of %d (step %d): %s, lr %g, %s schedule, seed %d, batch_size %d, %d training "
+               "images\n", a.resume.c_str(), start_epoch, a.epochs, step, a.optimizer.c_str(), a.lr,
+               a.lr_schedule.c_str(), a.seed, B, train.n);
     }
 
     // the boxed table of the run's parameters
@@ -3926,7 +4423,18 @@ int main(int argc, char** argv) {
     double total_train_ms = 0;
     EvalResult last;
     CheckpointMeta meta;
-    meta.batch_size = B; meta.seed = a.seed; meta.optimizer = model.opt.optimizer; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.lr = a.lr;
+    meta.batch_size = B; meta.seed = a.seed; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.opt = model.opt;
+    meta.train_images = train.n;
+    // what became of the checkpoint when a run stops on its loss
+    auto checkpoint_state = [&]() -> std::string {
+        struct stat cs;
+        if (a.checkpoint.empty()) return "no checkpoint was requested (--checkpoint)";
+        if (stat(a.checkpoint.c_str(), &cs) == 0)
+            return "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)";
+        return "no good checkpoint was written yet";
+    };
+    const double chance_loss = std::log((double)NCLS);  // a uniform guess's loss, ln 10 = 2.30
+    double best_loss = INFINITY;  // the lowest epoch loss of this run
     for (int epoch = start_epoch; epoch < a.epochs; epoch++) {
         epoch_permutation(perm, train.n, a.seed, epoch);
         double ms = 0;
@@ -3957,19 +4465,28 @@ int main(int argc, char** argv) {
         for (float l : host_losses) train_loss += l;
         train_loss /= train.n;
         if (!std::isfinite(train_loss)) {
-            FILE* ck = a.checkpoint.empty() ? nullptr : fopen(a.checkpoint.c_str(), "rb");
-            if (ck) fclose(ck);
-            std::string what = ck ? "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)"
-                                  : a.checkpoint.empty() ? "no checkpoint was requested (--checkpoint)" : "no good checkpoint was written yet";
-            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1, what.c_str());
+            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1,
+                    checkpoint_state().c_str());
             exit(2);
         }
+        // a finite loss diverges too (--lr 10 reaches 1e30 in an epoch): an epoch's mean loss above 4x a uniform
+        // guess's, or above a uniform guess's again and twice this run's best epoch, means the weights blow up
+        if (train_loss > 4 * chance_loss || (train_loss > chance_loss && train_loss > 2 * best_loss)) {
+            char best[64] = "";
+            if (std::isfinite(best_loss)) snprintf(best, sizeof best, ", this run's best epoch %.4g", best_loss);
+            fprintf(stderr, "error: the training loss diverges: %.4g in epoch %d (a uniform guess scores %.2f%s); "
+                    "stopping at --lr %g (try a smaller --lr). %s\n", train_loss, epoch + 1, chance_loss, best, a.lr,
+                    checkpoint_state().c_str());
+            exit(1);
+        }
+        best_loss = std::min(best_loss, train_loss);
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
         printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n", epoch + 1,
                a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
         if (!a.checkpoint.empty()) {
             meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
-            mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
+            std::string e = mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
+            if (!e.empty()) die(e);
         }
         if (a.stop_at_accuracy > 0 && last.accuracy >= a.stop_at_accuracy) {
             printf("reached %.2f%% >= --stop_at_accuracy %g after %d epochs, %.1f ms of training\n", last.accuracy, a.stop_at_accuracy, epoch + 1, total_train_ms);

@@ -11,9 +11,9 @@ Everything in true fp32: TF32 off for matmul and cuDNN. Formats: scripts/binio.p
 """
 import argparse
 import copy
-import gzip
 import os
 import sys
+import zlib
 
 import numpy as np
 
@@ -24,17 +24,102 @@ MEAN, STD = np.float32(0.1307), np.float32(0.3081)
 FAN_IN = {"conv1": 9, "conv2": 288, "fc1": 9216, "fc2": 128}
 
 
+IDX_MAX_COUNT = 10_000_000  # as ./train_mnist
+DEFLATE_MAX_RATIO = 1032    # deflate expands data at most 1032 times
+
+
+class GzStream:
+    """A gzip file's bytes inflated on demand, member after member, as ./train_mnist reads them: zlib checks each
+    member's CRC-32 and length trailer at its end; anything after the last member, or a stream that stops early, is
+    an error. Raises binio.FormatError naming the file."""
+
+    def __init__(self, path, raw):
+        self.path, self.rest, self.ended = path, raw, False
+        self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def read(self, n):
+        out = bytearray()
+        while len(out) < n and not self.ended:
+            try:
+                chunk = self.z.decompress(self.rest, n - len(out))
+            except zlib.error as e:
+                if "incorrect data check" in str(e):
+                    raise binio.FormatError(f"{self.path}: the gzip CRC-32 does not match the data (a corrupt file)")\
+                        from None
+                if "incorrect length check" in str(e):
+                    raise binio.FormatError(f"{self.path}: the gzip length field does not match the data's length (a "
+                                            "corrupt file)") from None
+                raise binio.FormatError(f"{self.path}: corrupt gzip data (zlib: {e})") from None
+            out += chunk
+            self.rest = self.z.unconsumed_tail
+            if self.z.eof:  # this member's CRC-32 and length matched its data
+                after = self.z.unused_data
+                if not after:
+                    self.ended = True
+                elif after[:2] == b"\x1f\x8b":
+                    self.z, self.rest = zlib.decompressobj(16 + zlib.MAX_WBITS), after
+                else:
+                    raise binio.FormatError(f"{self.path}: {len(after)} bytes after the gzip stream that are not a "
+                                            "gzip member (a corrupt file)")
+            elif not chunk and not self.rest:
+                raise binio.FormatError(f"{self.path}: truncated: the gzip stream stops before its end (the file is "
+                                        "cut short: deflate data or the 8-byte CRC-32 and length trailer is missing)")
+        return bytes(out)
+
+
+def read_idx(path, images):
+    """The items of one IDX .gz file, checked as ./train_mnist checks them (a regular file, gzip with every CRC-32 and
+    length, magic 2051 or 2049, count 1..10^7 within what the file can hold, rows and cols 28, nothing short, nothing
+    after the data, labels 0..9): uint8 (N,28,28) or (N,). Raises binio.FormatError naming the file and the field."""
+    raw = binio.read_bytes(path, "MNIST file", max_bytes=1 << 31)
+    if raw[:2] != b"\x1f\x8b":
+        found = f"it starts with bytes {raw[:2].hex(' ')}" if len(raw) >= 2 else "shorter than the 2-byte gzip magic"
+        raise binio.FormatError(f"{path}: not a gzip file ({found}, not 1f 8b; an uncompressed IDX file must be "
+                                "gzipped)")
+    gz = GzStream(path, raw)
+    hdr_bytes = 16 if images else 8
+    hdr = gz.read(hdr_bytes)
+    if len(hdr) < hdr_bytes:
+        raise binio.FormatError(f"{path}: truncated: the IDX header needs {hdr_bytes} bytes, found {len(hdr)}")
+    magic, count = int.from_bytes(hdr[0:4], "big"), int.from_bytes(hdr[4:8], "big")
+    want = 2051 if images else 2049
+    if magic != want:
+        raise binio.FormatError(f"{path}: magic number is {magic}, expected {want} "
+                                f"({'an images' if images else 'a labels'} IDX file)")
+    if not 1 <= count <= IDX_MAX_COUNT:
+        raise binio.FormatError(f"{path}: item count is {count}, expected 1..{IDX_MAX_COUNT}")
+    if images:
+        for name, value in (("rows", hdr[8:12]), ("cols", hdr[12:16])):
+            if int.from_bytes(value, "big") != 28:
+                raise binio.FormatError(f"{path}: {name} is {int.from_bytes(value, 'big')}, expected 28")
+    n = count * (28 * 28 if images else 1)
+    if n > len(raw) * DEFLATE_MAX_RATIO:  # the header's size against the file's, before allocating
+        raise binio.FormatError(f"{path}: item count is {count}: {n} bytes of {'pixels' if images else 'labels'}, "
+                                f"more than a gzip file of {len(raw)} bytes can hold (deflate expands at most "
+                                f"{DEFLATE_MAX_RATIO}x): the count is wrong or the file truncated")
+    data = gz.read(n)
+    if len(data) < n:
+        raise binio.FormatError(f"{path}: truncated: {'the pixels' if images else 'the labels'} needs {n} bytes, "
+                                f"found {len(data)}")
+    if gz.read(1):  # also reaches the trailer: CRC-32 and length checked
+        raise binio.FormatError(f"{path}: trailing bytes after the {count} items the header announces (file longer "
+                                "than expected)")
+    items = np.frombuffer(data, dtype=np.uint8)
+    if not images and items.size and items.max() > 9:
+        i = int(np.argmax(items > 9))
+        raise binio.FormatError(f"{path}: label {i} is {items[i]}, expected 0..9")
+    return items.reshape(count, 28, 28) if images else items
+
+
 def load_idx(data_dir, prefix, limit):
-    """Returns (images uint8 (N,28,28), labels uint8 (N,)) from the original IDX .gz files."""
-    with gzip.open(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"), "rb") as f:
-        raw = f.read()
-    assert int.from_bytes(raw[0:4], "big") == 2051, "images magic"
-    n = int.from_bytes(raw[4:8], "big")
-    images = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, 28, 28)
-    with gzip.open(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"), "rb") as f:
-        raw = f.read()
-    assert int.from_bytes(raw[0:4], "big") == 2049, "labels magic"
-    labels = np.frombuffer(raw, dtype=np.uint8, offset=8)
+    """Returns (images uint8 (N,28,28), labels uint8 (N,)) from the original IDX .gz files, the first `limit`.
+    Raises binio.FormatError naming the file."""
+    ip = os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz")
+    lp = os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz")
+    images, labels = read_idx(ip, True), read_idx(lp, False)
+    if len(images) != len(labels):
+        raise binio.FormatError(f"image and label counts disagree: {ip} has {len(images)} images, {lp} has "
+                                f"{len(labels)} labels")
     return images[:limit], labels[:limit]
 
 
@@ -130,19 +215,35 @@ def main():
     ap.add_argument("--device", default="cuda", help="cuda (when present) or cpu")
     ap.add_argument("--eval_checkpoint", default="", help="evaluate a ./train_mnist checkpoint on the test set and exit")
     args = ap.parse_args()
+    try:
+        run(args)
+    except binio.FormatError as e:  # a bad file or path: one line, not a traceback
+        sys.exit(f"error: {e}")
 
-    import torch
+
+def run(args):
+    # the inputs first: a bad file is reported without PyTorch
+    if args.eval_checkpoint:
+        _, cfg, tensors = binio.read(args.eval_checkpoint, binio.MNIST_CHECKPOINT)
+        weights = {n: binio.expect(args.eval_checkpoint, tensors, n, s, np.float32)
+                   for n, s in binio.MNIST_PARAM_SHAPES}
+        images, labels = load_idx(args.data_dir, "t10k", 10000)
+    else:
+        images, labels = load_idx(args.data_dir, "train", max(args.batch_size, args.fixture_batch_size))
+        if args.fixture:
+            timg, tlab = load_idx(args.data_dir, "t10k", args.fixture_batch_size)
+    try:
+        import torch
+    except ImportError:  # a reference tool of the GPU machine: one line, not a traceback, elsewhere
+        sys.exit("error: dev/mnist.py needs PyTorch (the GPU machine has it; pip install torch)")
     torch.backends.cuda.matmul.allow_tf32 = False  # true fp32 on both sides
     torch.backends.cudnn.allow_tf32 = False
     device = args.device if (args.device == "cpu" or torch.cuda.is_available()) else "cpu"
     Net = build_net(torch)
 
     if args.eval_checkpoint:
-        _, cfg, tensors = binio.read(args.eval_checkpoint, binio.MNIST_CHECKPOINT)
         net = Net().to(device)
-        net.load_state_dict({n: torch.from_numpy(binio.expect(args.eval_checkpoint, tensors, n, s, np.float32))
-                             for n, s in binio.MNIST_PARAM_SHAPES})
-        images, labels = load_idx(args.data_dir, "t10k", 10000)
+        net.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()})
         x = torch.from_numpy(normalize(images)).to(device)
         y = torch.from_numpy(labels.astype(np.int64)).to(device)
         with torch.no_grad():
@@ -155,7 +256,6 @@ def main():
 
     cfg = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, adam_lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                adam_weight_decay=0.01)
-    images, labels = load_idx(args.data_dir, "train", max(args.batch_size, args.fixture_batch_size))
 
     # the debug state: PyTorch's own init (seeded), the first batch_size training images
     torch.manual_seed(args.seed)
@@ -177,7 +277,6 @@ def main():
         net = Net()
         w = hash_init(args.init_seed)
         net.load_state_dict({n: torch.from_numpy(v) for n, v in w.items()})
-        timg, tlab = load_idx(args.data_dir, "t10k", Bf)
         x = torch.from_numpy(normalize(timg))
         y = torch.from_numpy(tlab.astype(np.int64))
         res = reference(torch, net, x, y, cfg, args.n_steps)

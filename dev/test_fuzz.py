@@ -1,25 +1,29 @@
 """Fuzz suite (issue 26): bad inputs through every reader and writer of the project's files. Runs in CI (no GPU).
 
-For every binary format the project reads (UNet datasets and checkpoints, linreg datasets, the committed fixtures)
-a small valid file is written, then mutated: every header field set to 0, -1, INT32_MAX, INT32_MIN and its value
-+-1 (float fields to NaN, inf, 0, -1, 2 and 1.5x), truncations at many points, trailing bytes, bit flips in the
-tensor table (names, dtype, ndim, shape, reserved), NaN and inf in the data; and special paths (a directory, a
-character device, a FIFO, /dev/zero, symlinks, an unreadable file, a missing folder). Each file goes through every
+For every binary format the project reads (UNet datasets and checkpoints, linreg datasets, MNIST checkpoints, the
+committed fixtures) a small valid file is written, then mutated: every header field set to 0, -1, INT32_MAX,
+INT32_MIN and its value +-1 (float fields to NaN, inf, 0, -1, 2 and 1.5x), truncations at many points, trailing
+bytes, bit flips in the tensor table (names, dtype, ndim, shape, reserved), NaN and inf in the data; the MNIST IDX
+.gz files get their header fields (magic, count, rows, cols) and the gzip stream's faults (truncations, appended
+bytes, flips in the gzip header, the deflate data and the CRC-32 / length trailer); and special paths (a directory,
+a character device, a FIFO, /dev/zero, symlinks, an unreadable file, a missing folder). Each file goes through every
 program that reads it: ./train_unet (--data_file, --load, --resume, --sample), ./train_linreg --data_file,
-./dev/softmax_forward --fixture, scripts/generate.py, and scripts/binio.py's read in process. Every writer's output
-path gets the same treatment (directory, device node, FIFO, symlink, missing folder, a full disk), and the scripts'
-text inputs their own (non-UTF-8, NUL bytes, /dev/zero, a negative seed).
+./train_mnist (--data_dir, --load, --resume), ./dev/softmax_forward --fixture, scripts/generate.py, dev/mnist.py
+(its IDX reader in process, --eval_checkpoint), and scripts/binio.py's read in process. Every writer's output path
+gets the same treatment (directory, device node, FIFO, symlink, missing folder, a full disk), and the scripts' text
+inputs their own (non-UTF-8, NUL bytes, /dev/zero, a negative seed).
 
 A case passes when the program accepts a valid input, or refuses a bad one cleanly: exit 1 with exactly one
 `error:` line that names the file (and, for a mutation that must be refused, the field); never a signal, exit
 134/139, a hang (timeout), a Python traceback or an allocation past a bound (Python runs under a 3 GB address space
 limit, the C++ readers too where no GPU is present). Trainers run with CUDA_VISIBLE_DEVICES="" so that they stop
-right after validation on every machine. Known defects of train_mnist (fixed after the mnist-reorder merge) are
-run and reported as SKIP while they still fail.
+right after validation on every machine (train_mnist trains on the CPU on 8 images: a run that starts and stops on
+its loss accepted the file).
 
   python3 dev/test_fuzz.py [-v] [substring ...]     from the repository root, after `make` and `make -C dev`
 """
 import concurrent.futures
+import gzip
 import json
 import os
 import shutil
@@ -675,6 +679,8 @@ def special_input_cases(tmp):
                base_ck: ["train_unet --load", "train_unet --resume", "train_unet --sample", "generate.py",
                          "binio.read unet checkpoint"],
                base_lr: ["train_linreg --data_file", "binio.read linreg dataset"],
+               MNIST_CK: ["train_mnist --load", "train_mnist --resume", "dev/mnist.py --eval_checkpoint",
+                          "binio.read mnist checkpoint"],
                os.path.join(FIXTURES, "softmax_fixture.bin"): ["softmax_forward --fixture"]}
     for good, names in readers.items():
         for label, path, expect, words, no_dac in special_inputs(tmp, good):
@@ -774,6 +780,9 @@ def output_cases(tmp):
                                              o], None),
         ("train_unet --sample", lambda o: [UNET, "--sample", o, "--load", ck, "--use_ema", "1", "--num_samples",
                                            "1"], None),
+        ("train_mnist --checkpoint", lambda o: [MNIST, "--device", "cpu", "--data_dir", MNIST_DATA, "--epochs", "1",
+                                                "--batch_size", "4", "--confusion", "0", "--checkpoint", o],
+         "epoch "),
     ]
     cases = []
     for name, argv, work_word in writers:
@@ -1091,24 +1100,293 @@ def dev_tool_cases():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# train_mnist: its readers are fixed after the mnist-reorder merge (issue 26); run, reported as SKIP while failing
+# train_mnist: its checkpoints and the MNIST IDX .gz files through ./train_mnist and dev/mnist.py, special paths,
+# its --checkpoint output (with the output cases above)
+
+MNIST_PY = os.path.join(ROOT, "dev", "mnist.py")
+MNIST_CK_META = dict(epoch=1, step=2, batch_size=4, seed=7, optimizer=0, has_optimizer=1, epochs=2, lr=0.05,
+                     test_accuracy=50.0, lr_schedule=1, warmup_steps=2, lr_min=0.0, momentum=0.9, weight_decay=5e-4,
+                     beta1=0.9, beta2=0.999, eps=1e-8, train_images=8)  # epoch 1 of 2: 2 steps of 4 over 8 images
+# every field a checkpoint header may hold, as data/README.md documents (inclusive); lr_min: up to lr
+MNIST_CK_RANGES = {"epochs": (1, 10000), "batch_size": (1, 2048), "seed": (0, INT_MAX), "lr_schedule": (0, 2),
+                   "warmup_steps": (0, 10**8), "lr": (1e-9, 1e9), "test_accuracy": (0.0, 100.0),
+                   "lr_min": (0.0, 0.05), "momentum": (0.0, 0.999999), "weight_decay": (0.0, 10.0),
+                   "beta1": (0.0, 0.999999), "beta2": (0.0, 0.999999), "eps": (1e-30, 1.0)}
+TRAINING_STOPS = ["error: training loss is", "error: the training loss diverges"]  # a run that started: accepted
+NO_TORCH = "needs PyTorch"  # dev/mnist.py after its inputs passed, where PyTorch is missing
 
 
-def mnist_cases(tmp):
-    known = "train_mnist, fixed after the mnist-reorder merge"
+def mnist_idx(count, images, seed=4):
+    rng = np.random.default_rng(seed)
+    if images:
+        return (np.array([2051, count, 28, 28], ">u4").tobytes()
+                + rng.integers(0, 256, count * 784, dtype=np.uint8).tobytes())
+    return np.array([2049, count], ">u4").tobytes() + (np.arange(count) % 10).astype(np.uint8).tobytes()
+
+
+MNIST_FILES = {"train-images-idx3-ubyte.gz": (8, True), "train-labels-idx1-ubyte.gz": (8, False),
+               "t10k-images-idx3-ubyte.gz": (8, True), "t10k-labels-idx1-ubyte.gz": (8, False)}
+
+
+def mnist_data_dir(path, replace=None):
+    """A data folder of 8 training and 8 test images (gzip, stored blocks so that a flipped byte changes data, not
+    the stream); replace: {file name: raw bytes to write instead} (None: leave the file out)."""
+    os.makedirs(path, exist_ok=True)
+    for name, (count, images) in MNIST_FILES.items():
+        raw = gzip.compress(mnist_idx(count, images), compresslevel=0, mtime=0)
+        if replace and name in replace:
+            raw = replace[name]
+        if raw is not None:
+            with open(os.path.join(path, name), "wb") as f:
+                f.write(raw)
+    return path
+
+
+def mnist_checkpoint(path, optimizer=0, **over):
+    rng = np.random.default_rng(5)
+    tensors = {n: rng.uniform(-0.05, 0.05, s).astype(np.float32) for n, s in binio.MNIST_PARAM_SHAPES}
+    first = ["momentum_buffer."] if optimizer == 0 else ["adam_m.", "adam_v."]
+    for prefix in first:
+        tensors.update({prefix + n: np.abs(tensors[n]) * np.float32(0.01) for n, _ in binio.MNIST_PARAM_SHAPES})
+    cfg = dict(MNIST_CK_META, optimizer=optimizer, **over)
+    binio.write(path, binio.MNIST_CHECKPOINT, cfg, tensors)
+
+
+def mnist_judge(res, expect, path, words):
+    """judge, with a run that passed validation and stopped on its loss (NaN: exit 2) or found no PyTorch counted as
+    an acceptance of the file: what the file said was valid, the training it asked for was not."""
+    errors = error_lines(res.out)
+    if len(errors) == 1 and (any(errors[0].startswith(w) for w in TRAINING_STOPS) or NO_TORCH in errors[0]):
+        res = Res(0, res.out, res.secs)
+    return judge(res, expect, path, words)
+
+
+def mnist_reader(argv_fn):
+    def read(path, work, expect, words):
+        return mnist_judge(run(argv_fn(path, work)), expect, path, words)
+    return read
+
+
+def mnist_idx_reader(fname, argv_fn):
+    """A reader of one MNIST file: the mutant is put in a data folder of valid others."""
+    def read(path, work, expect, words):
+        d = mnist_data_dir(os.path.join(work, "data"), {fname: None})
+        os.symlink(path, os.path.join(d, fname))
+        return mnist_judge(run(argv_fn(d, work)), expect, [path, os.path.join(d, fname)], words)
+    return read
+
+
+def mnist_read_idx(images):
+    def read(path, work, expect, words):
+        import mnist  # dev/mnist.py (its readers need no PyTorch)
+        return judge_inproc(lambda: mnist.read_idx(path, images), expect, path, words)
+    return read
+
+
+def setup_mnist(tmp):
+    global MNIST_DATA, MNIST_CK
+    MNIST_DATA = mnist_data_dir(os.path.join(tmp, "mnist_data"))
+    MNIST_CK = os.path.join(tmp, "mnist_ck.bin")
+    mnist_checkpoint(MNIST_CK)
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    base = [MNIST, "--device", "cpu", "--confusion", "0"]
+    READERS.update({
+        "train_mnist --load": mnist_reader(lambda p, w: base + ["--data_dir", MNIST_DATA, "--eval_only", "1",
+                                                                "--load", p]),
+        "train_mnist --resume": mnist_reader(lambda p, w: base + ["--data_dir", MNIST_DATA, "--resume", p]),
+        "dev/mnist.py --eval_checkpoint": mnist_reader(lambda p, w: [PY, MNIST_PY, "--device", "cpu", "--data_dir",
+                                                                     MNIST_DATA, "--eval_checkpoint", p]),
+        "binio.read mnist checkpoint": inproc_reader(binio.MNIST_CHECKPOINT),
+        "mnist.py read_idx images": mnist_read_idx(True),
+        "mnist.py read_idx labels": mnist_read_idx(False),
+    })
+    for fname in MNIST_FILES:
+        if fname.startswith("train"):
+            READERS[f"train_mnist --data_dir ({fname})"] = mnist_idx_reader(fname, lambda d, w: base + [
+                "--data_dir", d, "--epochs", "1", "--batch_size", "4"])
+        else:
+            READERS[f"train_mnist --eval_only ({fname})"] = mnist_idx_reader(fname, lambda d, w: base + [
+                "--data_dir", d, "--eval_only", "1", "--load", MNIST_CK])
+    NO_DAC_ARGV.update({
+        "train_mnist --load": lambda p, w: base + ["--data_dir", MNIST_DATA, "--eval_only", "1", "--load", p],
+        "train_mnist --resume": lambda p, w: base + ["--data_dir", MNIST_DATA, "--resume", p],
+        "dev/mnist.py --eval_checkpoint": lambda p, w: [PY, MNIST_PY, "--device", "cpu", "--data_dir", MNIST_DATA,
+                                                        "--eval_checkpoint", p],
+    })
+
+
+def mnist_checkpoint_mutants(tmp):
+    raw = open(MNIST_CK, "rb").read()
+    g = "mnist checkpoint"
+    load, resume, py, bio = ("train_mnist --load", "train_mnist --resume", "dev/mnist.py --eval_checkpoint",
+                             "binio.read mnist checkpoint")
+    trainer = [load, resume]
+
+    structural = {"magic": ["magic"], "version": ["version"], "tensor count": ["tensor count", "file length", "tensor"]}
+
+    def policy(field, label, value, near):
+        if field in structural:  # dev/mnist.py reads through binio: the structure only (and PyTorch loads slowly)
+            return {r: ("reject", structural[field]) for r in trainer + [bio, py]}
+        e = {bio: ("either", [])}
+        if field in MNIST_CK_RANGES:
+            lo, hi = MNIST_CK_RANGES[field]
+            ok = lo <= np.float32(value) <= hi if isinstance(lo, float) else lo <= value <= hi
+            if ok and field in ("epochs", "batch_size"):  # may disagree with epoch and step: refused by the step
+                return dict(e, **{r: ("either", [field, "step", "epoch", "nothing left"]) for r in trainer})
+            return dict(e, **{r: ("either" if ok else "reject", [field]) for r in trainer})
+        if field == "train_images" and near:  # 7 images are 2 steps of 4 too
+            return dict(e, **{r: ("either", [field, "step"]) for r in trainer})
+        # epoch, step, optimizer, has_optimizer, train_images: every other value contradicts the file
+        return dict(e, **{r: ("reject", [field, "step", "tensor", "missing"]) for r in trainer})
+
+    reject_all = {r: ("reject", []) for r in trainer + [bio, py]}
+    strict = dict({r: ("reject", []) for r in trainer}, **{bio: ("either", [])})
+    loose = {r: ("either", []) for r in trainer + [bio]}
+    out = header_mutants(g, raw, binio.MNIST_CHECKPOINT, policy)
+    out += truncation_mutants(g, raw, reject_all)
+    rows = table(raw)
+    out += table_mutants(g, raw, [0, 4, len(rows) - 1], strict, loose)
+    nan, inf = f32(float("nan")), f32(float("inf"))
+    bad_data = dict({r: ("reject", ["finite"]) for r in trainer}, **{bio: ("either", [])})
+    out += data_mutants(g, raw, [("conv1.weight", 0, nan, "NaN", bad_data), ("fc1.weight", 9215, inf, "inf", bad_data),
+                                 ("momentum_buffer.fc2.bias", 9, f32(float("-inf")), "-inf", bad_data)])
+    _, cfg, tensors = binio.read(MNIST_CK, binio.MNIST_CHECKPOINT)
+    extra = os.path.join(tmp, "mnist_extra.bin")
+    binio.write(extra, binio.MNIST_CHECKPOINT, cfg, dict(tensors, **{"bogus.weight": np.zeros(3, np.float32)}))
+    out.append(Mutant(g, "an extra tensor bogus.weight", open(extra, "rb").read(),
+                      dict({r: ("reject", ["bogus.weight"]) for r in trainer}, **{bio: ("accept", [])})))
+    adam = os.path.join(tmp, "mnist_adam.bin")
+    mnist_checkpoint(adam, optimizer=1)
+    adam_raw = open(adam, "rb").read()
+    out += data_mutants(g + " (adamw)", adam_raw, [
+        ("adam_v.conv1.bias", 3, f32(-1.0), "-1 (a negative second moment)",
+         dict({r: ("reject", ["adam_v", "negative"]) for r in trainer}, **{bio: ("either", [])})),
+        ("adam_m.fc2.weight", 0, nan, "NaN", bad_data)])
+    out.append(Mutant(g + " (adamw)", "the adamw checkpoint as written", adam_raw,
+                      {load: ("accept", []), resume: ("accept", []), bio: ("accept", [])}))
+    for p in (extra, adam):
+        os.unlink(p)
+    return out
+
+
+def mnist_idx_mutants():
+    """The IDX files: every header field, then the gzip stream: truncations, appended bytes, flips in the gzip header,
+    the deflate data and the CRC-32 / length trailer; through ./train_mnist and dev/mnist.py."""
+    out = []
+    for fname, (count, images) in MNIST_FILES.items():
+        if fname.startswith("t10k-labels"):
+            continue
+        g = f"mnist {fname}"
+        cli = f"train_mnist --data_dir ({fname})" if fname.startswith("train") else f"train_mnist --eval_only ({fname})"
+        py = f"mnist.py read_idx {'images' if images else 'labels'}"
+        raw = mnist_idx(count, images)
+        gz = gzip.compress(raw, compresslevel=0, mtime=0)
+
+        def rj(*words):
+            return {cli: ("reject", list(words)), py: ("reject", list(words))}
+
+        accept = {cli: ("accept", []), py: ("accept", [])}
+        fields = ["magic", "count"] + (["rows", "cols"] if images else [])
+        for slot, field in enumerate(fields):
+            v = int.from_bytes(raw[4 * slot:4 * slot + 4], "big")
+            for label, value in (("0", 0), ("0xffffffff", 2**32 - 1), ("INT32_MAX", INT_MAX), ("2^31", 2**31),
+                                 ("v+1", v + 1), ("v-1", v - 1)):
+                if value == v or value < 0:
+                    continue
+                words = {"magic": ["magic"], "rows": ["rows"], "cols": ["cols"]}.get(field)
+                if words is None:  # the count: out of range, or more or fewer items than the data holds
+                    words = ["count"] if label not in ("v+1", "v-1") else ["truncated", "trailing"]
+                mutated = set_bytes(raw, 4 * slot, int(value).to_bytes(4, "big"))
+                out.append(Mutant(g, f"{field} = {label}", gzip.compress(mutated, compresslevel=0, mtime=0),
+                                  rj(*words)))
+        if not images:
+            out.append(Mutant(g, "a label of 10", gzip.compress(raw[:-1] + b"\x0a", mtime=0), rj("label")))
+        out.append(Mutant(g, "uncompressed", raw, rj("not a gzip file")))
+        out.append(Mutant(g, "compressed (level 9)", gzip.compress(raw, compresslevel=9), accept))
+        out.append(Mutant(g, "two gzip members", gzip.compress(raw[:10], mtime=0) + gzip.compress(raw[10:], mtime=0),
+                          accept))
+        out.append(Mutant(g, "an empty gzip member appended", gz + gzip.compress(b"", mtime=0), accept))
+        out.append(Mutant(g, "a member with more data appended", gz + gzip.compress(b"\x01\x02", mtime=0),
+                          rj("trailing bytes")))
+        for label, tail_bytes in (("1 zero byte", b"\0"), ("8 bytes of garbage", b"garbage!"),
+                                  ("a gzip magic alone", b"\x1f\x8b")):
+            out.append(Mutant(g, f"{label} appended", gz + tail_bytes, rj("gzip", "truncated")))
+        cuts = {0, 1, 2, 9, 10, 11, 15, len(gz) // 2, len(gz) - 9, len(gz) - 8, len(gz) - 5, len(gz) - 4, len(gz) - 1}
+        for c in sorted(cuts):
+            out.append(Mutant(g, f"truncated to {c} of {len(gz)} bytes", gz[:c],
+                              rj("truncated", "not a gzip file", "gzip")))
+        for i in range(8):  # the trailer: CRC-32 (4 bytes), then the length mod 2^32
+            flipped = set_bytes(gz, len(gz) - 8 + i, bytes([gz[len(gz) - 8 + i] ^ 0x04]))
+            out.append(Mutant(g, f"trailer byte {i} flipped", flipped, rj("CRC-32" if i < 4 else "length field")))
+        first = 15 + (16 if images else 8)  # gzip header 10 + stored block header 5, then the IDX header
+        for label, pos in (("the first item's byte", first), ("a middle data byte", 15 + len(raw) // 2),
+                           ("the last data byte", len(gz) - 9)):
+            out.append(Mutant(g, f"{label} flipped", set_bytes(gz, pos, bytes([gz[pos] ^ 0x80])), rj("CRC-32")))
+        for label, pos, bit, expect in (("magic byte 0", 0, 0x01, rj("not a gzip file")),
+                                        ("the method byte", 2, 0x01, rj("gzip")),
+                                        ("FHCRC in the flags", 3, 0x02, rj("gzip", "truncated")),
+                                        ("the mtime", 5, 0x10, accept),
+                                        ("a stored block's length", 11, 0x01, rj("gzip", "truncated", "CRC-32"))):
+            out.append(Mutant(g, f"{label} flipped", set_bytes(gz, pos, bytes([gz[pos] ^ bit])), expect))
+    return out
+
+
+def mnist_special_cases(tmp):
+    """(group, case, fn): special paths as an MNIST file, as --data_dir, as a checkpoint (through every reader);
+    the cases that were train_mnist's known defects before issue 26's fix are among them."""
+    cases = []
+    good = os.path.join(tmp, "mnist_good_images.gz")
+    with open(good, "wb") as f:
+        f.write(gzip.compress(mnist_idx(8, True), mtime=0))
+    for label, path, expect, words, no_dac in special_inputs(tmp, good):
+        for reader in ("train_mnist --data_dir (train-images-idx3-ubyte.gz)", "mnist.py read_idx images"):
+            def fn(reader=reader, path=path, expect=expect, words=words, no_dac=no_dac):
+                work = tempfile.mkdtemp(dir=tmp)
+                try:
+                    if no_dac and reader.startswith("train_mnist"):
+                        d = mnist_data_dir(os.path.join(work, "data"), {"train-images-idx3-ubyte.gz": None})
+                        os.symlink(path, os.path.join(d, "train-images-idx3-ubyte.gz"))
+                        res = run([MNIST, "--device", "cpu", "--data_dir", d, "--epochs", "1", "--batch_size", "4"],
+                                  no_dac=True)
+                        if res.code == 97:
+                            raise SkipCase("cannot drop CAP_DAC_OVERRIDE here")
+                        return judge(res, expect, [path, os.path.join(d, "train-images-idx3-ubyte.gz")], words)
+                    if no_dac:
+                        argv = [PY, "-c", "import sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])"
+                                "\nimport binio, mnist\ntry:\n    mnist.read_idx(sys.argv[3], True)\n"
+                                "except binio.FormatError as e:\n    sys.exit(f'error: {e}')", SCRIPTS,
+                                os.path.join(ROOT, "dev"), path]
+                        res = run(argv, no_dac=True)
+                        if res.code == 97:
+                            raise SkipCase("cannot drop CAP_DAC_OVERRIDE here")
+                        return judge(res, expect, path, words)
+                    return READERS[reader](path, work, expect, words)
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+            cases.append(("special input paths", f"{reader}: {label}", fn))
+    fifo = os.path.join(tmp, "mnist_special_fifo")
+    os.mkfifo(fifo)
+    a_file = os.path.join(tmp, "mnist_special_file")
+    open(a_file, "w").close()
+    for label, path, words in (("a regular file", a_file, ["not a directory"]),
+                               ("/dev/zero", "/dev/zero", ["not a directory"]), ("a FIFO", fifo, ["not a directory"]),
+                               ("a missing folder", os.path.join(tmp, "mnist_nowhere"), ["No such file"])):
+        cases.append(("special input paths", f"train_mnist --data_dir: {label}",
+                      lambda path=path, words=words: judge(run([MNIST, "--device", "cpu", "--data_dir", path]),
+                                                           "reject", path, words)))
     d = os.path.join(tmp, "mnist_special")
     os.makedirs(d, exist_ok=True)
-    cases = [
+    for name, argv, path, words in [  # the known defects of train_mnist before issue 26's fix
         ("--eval_only 1 --load DIR", [MNIST, "--device", "cpu", "--eval_only", "1", "--load", d], d, ["directory"]),
         ("--resume DIR", [MNIST, "--device", "cpu", "--resume", d, "--train_limit", "64", "--epochs", "1"], d,
          ["directory"]),
         ("--checkpoint DIR", [MNIST, "--device", "cpu", "--checkpoint", d, "--train_limit", "64", "--test_limit",
                               "64", "--epochs", "1"], d, ["directory"]),
         ("--load /dev/zero", [MNIST, "--device", "cpu", "--eval_only", "1", "--load", "/dev/zero"], "/dev/zero",
-         ["not a regular file"]),
-    ]
-    return [("train_mnist (known defects)", name, lambda argv=argv, path=path, words=words:
-             (judge(run(argv), "reject", path, words), known)) for name, argv, path, words in cases]
+         ["not a regular file"])]:
+        cases.append(("train_mnist paths", name, lambda argv=argv, path=path, words=words:
+                      judge(run(argv), "reject", path, words)))
+    return cases
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1141,7 +1419,7 @@ def main(argv):
     global VERBOSE
     VERBOSE = "-v" in argv
     wanted = [a for a in argv if a != "-v"]
-    missing = [p for p in (UNET, LINREG, SOFTMAX) if not os.path.isfile(p)]
+    missing = [p for p in (UNET, LINREG, MNIST, SOFTMAX) if not os.path.isfile(p)]
     if missing:
         print(f"FAIL binaries: {missing} not found (run make and make -C dev first)")
         print("0 passed, 1 failed, 0 skipped")
@@ -1151,12 +1429,12 @@ def main(argv):
     os.chmod(tmp, 0o755)
     try:
         setup_common(tmp)
+        setup_mnist(tmp)
         mutants = (unet_dataset_mutants(tmp) + unet_checkpoint_mutants(tmp) + linreg_mutants(tmp)
-                   + fixture_mutants())
+                   + fixture_mutants() + mnist_checkpoint_mutants(tmp) + mnist_idx_mutants())
         cases = mutant_cases(tmp, mutants)
         cases += special_input_cases(tmp) + output_cases(tmp) + script_input_cases(tmp) + dev_tool_cases()
-        if os.path.isfile(MNIST):
-            cases += mnist_cases(tmp)
+        cases += mnist_special_cases(tmp)
         if wanted:
             cases = [c for c in cases if any(w in f"{c[0]}: {c[1]}" for w in wanted)]
         workers = max(4, min(8, 2 * (os.cpu_count() or 2)))  # mostly waiting on child processes

@@ -196,8 +196,11 @@ static void check_checkpoint_resume(const Reference& r) {
     set_params_torch(&b, r.params); set_batch(&b, r.x.data(), r.y.data(), r.B); mnist_set_counters(&b, 0, 0);
     for (int s = 0; s < 2; s++) { forward_loss(&b, r.B, lbuf.data(), true); mnist_update(&b); mnist_advance(&b, 0); }
     const char* path = "dev/test_mnist_ckpt.bin";
-    CheckpointMeta meta; meta.step = 2; meta.batch_size = r.B; meta.optimizer = OPT_ADAMW; meta.has_optimizer = 1;
-    mnist_save_checkpoint(&b, path, meta);
+    // a checkpoint as the trainer writes it after epoch 1 of 2 over 2 batches (the header must pass its validation)
+    CheckpointMeta meta; meta.epoch = 1; meta.step = 2; meta.batch_size = r.B; meta.train_images = 2 * r.B;
+    meta.epochs = 2; meta.has_optimizer = 1; meta.opt = b.opt;
+    std::string err = mnist_save_checkpoint(&b, path, meta);
+    if (!err.empty()) report(false, "cpu checkpoint round trip", "the save failed: " + err);
     Mnist c; make(&c);
     CheckpointMeta got = mnist_load_checkpoint(&c, path, true, OPT_ADAMW);
     set_batch(&c, r.x.data(), r.y.data(), r.B); mnist_set_counters(&c, got.step, 0);

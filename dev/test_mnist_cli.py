@@ -3,12 +3,18 @@
 Bad flags, missing / wrong-magic / truncated / mismatched MNIST files and bad checkpoints must each give a clear
 message and a non-zero exit; then the CPU fallback trains on a small subset (the loss falls, the accuracy rises),
 a checkpoint reloads with --eval_only, and a NaN loss stops training keeping the last good checkpoint.
+Issue 26 (each check failed before its fix): special paths as inputs (a directory, a device, a FIFO: one clear
+error, no std::bad_alloc, no hang), header sizes bounded by the file before allocating, the gzip CRC-32 and length
+trailer, outputs checked at start-up and written through a temporary file (devices and FIFOs refused, symlinks
+written through, nothing left behind on a full disk), checkpoint contents validated, --resume refusing a changed
+setting unless --allow_change names it, and a finite but diverging loss stopping the run.
 Run from the repo root: python3 dev/test_mnist_cli.py   (last line: N passed, N failed, N skipped)
 """
 import gzip
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -25,17 +31,35 @@ def report(ok, name, detail):
     results["passed" if ok else "failed"] += 1
 
 
-def run(args, timeout=300):
-    p = subprocess.run([BIN] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+HAVE_GPU = shutil.which("nvidia-smi") is not None
+VMEM_KB = 3 * 1024 * 1024  # "no allocation beyond a bound" (where no GPU: the CUDA runtime maps more than this)
+
+
+def run(args, timeout=300, vmem_kb=None, fsize_kb=None):
+    """Runs the binary (no stdin); vmem_kb: an address-space limit; fsize_kb: a full disk after that many KB (writes
+    fail with EFBIG, SIGXFSZ ignored). A hang is exit code None with what was printed."""
+    cmd = [BIN] + args
+    shell = (f"ulimit -v {vmem_kb}; " if vmem_kb else "") + (f"ulimit -f {fsize_kb}; trap '' XFSZ; "
+                                                              if fsize_kb is not None else "")
+    if shell:
+        cmd = ["bash", "-c", shell + 'exec "$@"', "run"] + cmd
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, errors="replace", timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out + f"\n(no answer after {timeout} s: a hang)"
     return p.returncode, p.stdout + p.stderr
 
 
-def expect_error(name, args, *needles):
-    """The binary must exit non-zero and its output must contain every needle."""
-    rc, out = run(args)
+def expect_error(name, args, *needles, code=None, timeout=300, vmem_kb=None, fsize_kb=None):
+    """The binary must exit non-zero (or with `code`) and its output must contain every needle."""
+    rc, out = run(args, timeout=timeout, vmem_kb=vmem_kb, fsize_kb=fsize_kb)
     missing = [n for n in needles if n not in out]
     last = out.strip().splitlines()[-1] if out.strip() else "(no output)"
-    report(rc != 0 and not missing, name, f"exit {rc}, message: {last[:160]}" + (f"; missing {missing}" if missing else ""))
+    ok = rc is not None and rc != 0 and (code is None or rc == code) and not missing
+    report(ok, name, f"exit {rc}, message: {last[:200]}" + (f"; missing {missing}" if missing else ""))
+    return out
 
 
 def idx_images(count, rows=28, cols=28, magic=2051, pixels=None):
@@ -65,6 +89,209 @@ def epochs_of(out):
     """[(train_loss, test_loss, test_acc)] from the per-epoch lines."""
     pat = r"epoch +\d+/\d+ \| train loss ([\d.]+) \| test loss ([\d.]+) \| test acc ([\d.]+)%"
     return [tuple(float(v) for v in m) for m in re.findall(pat, out)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 26: every check below failed on the trainer before its fix
+
+
+def ck_table(raw):
+    """{tensor name: (table entry offset, data offset, bytes)} of a checkpoint written by the trainer."""
+    count = struct.unpack_from("<i", raw, 8)[0]
+    out, data = {}, 1024 + 128 * count
+    for i in range(count):
+        off = 1024 + 128 * i
+        name = raw[off:off + 96].split(b"\0", 1)[0].decode()
+        dtype, ndim, *shape = struct.unpack_from("<6i", raw, off + 96)
+        n = 1
+        for d in shape[:ndim]:
+            n *= d
+        out[name] = (off, data, n * (1 if dtype == 2 else 4))
+        data += out[name][2]
+    return out
+
+
+def patched(raw, offset, fmt, *values):
+    out = bytearray(raw)
+    struct.pack_into(fmt, out, offset, *values)
+    return bytes(out)
+
+
+def with_extra_tensor(raw, name):
+    """raw with one more float32 tensor `name` of shape (3,) at the end of the table and of the data."""
+    count = struct.unpack_from("<i", raw, 8)[0]
+    end = 1024 + 128 * count
+    entry = name.encode().ljust(96, b"\0") + struct.pack("<8i", 0, 1, 3, 0, 0, 0, 0, 0)
+    return patched(raw[:end], 8, "<i", count + 1) + entry + raw[end:] + struct.pack("<3f", 1, 2, 3)
+
+
+def gz_stored(data):
+    """gzip with stored (uncompressed) deflate blocks: a flipped data byte changes the data, never the stream."""
+    return gzip.compress(data, compresslevel=0, mtime=0)
+
+
+def write_data_dir(tmp, name, train_images_gz=None, train_labels_gz=None):
+    """A valid small data folder (30 training, 20 test images), gzipped; the train files replaceable by raw bytes."""
+    d = make_dir(tmp, name, idx_images(30), idx_labels(30))
+    for fname, raw in (("train-images-idx3-ubyte.gz", train_images_gz),
+                       ("train-labels-idx1-ubyte.gz", train_labels_gz)):
+        if raw is not None:
+            with open(os.path.join(d, fname), "wb") as f:
+                f.write(raw)
+    return d
+
+
+def issue26(tmp, common):
+    vmem = None if HAVE_GPU else VMEM_KB
+    small = ["--device", "cpu", "--data_dir", DATA, "--train_limit", "32", "--test_limit", "50", "--batch_size", "16",
+             "--lr", "0.05", "--warmup_steps", "2", "--seed", "5", "--confusion", "0"]
+    folder = os.path.join(tmp, "a_folder")
+    os.makedirs(folder)
+    fifo = os.path.join(tmp, "a_fifo")
+    os.mkfifo(fifo)
+
+    # 1. special paths as inputs: one clear error naming the path and what it is; no std::bad_alloc, no hang
+    expect_error("--load DIR is named a directory", ["--device", "cpu", "--eval_only", "1", "--load", folder],
+                 folder, "is a directory", code=1)
+    expect_error("--resume DIR is named a directory", small + ["--resume", folder], folder, "is a directory", code=1)
+    expect_error("--load /dev/zero is named a device", ["--device", "cpu", "--eval_only", "1", "--load", "/dev/zero"],
+                 "/dev/zero", "character device", code=1)
+    expect_error("--load FIFO: no hang", ["--device", "cpu", "--eval_only", "1", "--load", fifo], fifo, "FIFO",
+                 code=1, timeout=30)
+    d = write_data_dir(tmp, "images_dir")
+    os.unlink(os.path.join(d, "train-images-idx3-ubyte.gz"))
+    os.mkdir(os.path.join(d, "train-images-idx3-ubyte.gz"))
+    expect_error("an MNIST file that is a directory", ["--device", "cpu", "--data_dir", d],
+                 "train-images-idx3-ubyte.gz", "is a directory", code=1)
+    d = write_data_dir(tmp, "labels_fifo")
+    os.unlink(os.path.join(d, "train-labels-idx1-ubyte.gz"))
+    os.mkfifo(os.path.join(d, "train-labels-idx1-ubyte.gz"))
+    expect_error("an MNIST file that is a FIFO: no hang", ["--device", "cpu", "--data_dir", d],
+                 "train-labels-idx1-ubyte.gz", "FIFO", code=1, timeout=30)
+    d = write_data_dir(tmp, "images_zero")
+    os.unlink(os.path.join(d, "train-images-idx3-ubyte.gz"))
+    os.symlink("/dev/zero", os.path.join(d, "train-images-idx3-ubyte.gz"))
+    expect_error("an MNIST file that is /dev/zero", ["--device", "cpu", "--data_dir", d],
+                 "train-images-idx3-ubyte.gz", "character device", code=1, timeout=30)
+    a_file = os.path.join(tmp, "a_file")
+    open(a_file, "wb").write(b"x")
+    expect_error("--data_dir a file", ["--device", "cpu", "--data_dir", a_file], a_file, "--data_dir",
+                 "not a directory", code=1)
+    d = write_data_dir(tmp, "count_huge", train_images_gz=gzip.compress(idx_images(30)[:4] + struct.pack(
+        ">I", 10_000_000) + idx_images(30)[8:]))
+    expect_error("an image count the file cannot hold is refused before allocating", ["--device", "cpu",
+                 "--data_dir", d], "train-images-idx3-ubyte.gz", "10000000", code=1, vmem_kb=vmem)
+
+    # 2. the gzip trailer (CRC-32, length) and stream
+    good = gz_stored(idx_images(30))
+    cases = [("the last 8 bytes (CRC-32 and length) missing", good[:-8], "truncated"),
+             ("the last 4 bytes (length) missing", good[:-4], "truncated"),
+             ("the CRC-32 flipped", patched(good, len(good) - 6, "<B", good[-6] ^ 0x10), "CRC"),
+             ("a data byte flipped", patched(good, 400, "<B", good[400] ^ 0x01), "CRC"),
+             ("the length field off by one", patched(good, len(good) - 4, "<I", len(idx_images(30)) + 1),
+              "length field"),
+             ("garbage after the gzip stream", good + b"garbage!", "after the gzip stream"),
+             ("an uncompressed IDX file", idx_images(30), "not a gzip file")]
+    for i, (label, raw, word) in enumerate(cases):
+        d = write_data_dir(tmp, f"gz_case{i}", train_images_gz=raw)
+        expect_error(f"gzip: {label}", ["--device", "cpu", "--data_dir", d, "--epochs", "1", "--batch_size", "10"],
+                     "train-images-idx3-ubyte.gz", word, code=1)
+
+    # 3. outputs: checked at start-up, written through a temporary file, never replacing a device or FIFO
+    out = expect_error("--checkpoint DIR is refused at start-up", small + ["--epochs", "1", "--checkpoint", folder],
+                       folder, "is a directory", code=1)
+    report("epoch " not in out, "--checkpoint DIR: refused before any training", "no epoch line printed")
+    out = expect_error("--checkpoint FIFO is refused at start-up", small + ["--epochs", "1", "--checkpoint", fifo],
+                       fifo, "FIFO", code=1, timeout=60)
+    report(stat.S_ISFIFO(os.lstat(fifo).st_mode) and "epoch " not in out, "--checkpoint FIFO: kept, no training",
+           "the FIFO is still a FIFO")
+    target = os.path.join(tmp, "target.bin")
+    open(target, "wb").write(b"old")
+    link = os.path.join(tmp, "link.bin")
+    os.symlink(target, link)
+    rc, out = run(small + ["--epochs", "1", "--checkpoint", link])
+    raw = open(target, "rb").read()
+    report(rc == 0 and os.path.islink(link) and raw[:4] == struct.pack("<i", 20260202) and "symlink" in out
+           and target in out, "--checkpoint SYMLINK is written through to its target",
+           f"exit {rc}, link kept: {os.path.islink(link)}, target {len(raw)} bytes, said: {'symlink' in out}")
+    full = os.path.join(tmp, "full")
+    os.makedirs(full)
+    ckf = os.path.join(full, "ck.bin")
+    open(ckf, "wb").write(b"old")
+    rc, out = run(small + ["--epochs", "1", "--checkpoint", ckf], fsize_kb=1)
+    left = sorted(set(os.listdir(full)) - {"ck.bin"})
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    report(rc == 1 and len(errors) == 1 and ckf in errors[0] and open(ckf, "rb").read() == b"old" and not left,
+           "a full disk: one error, the previous checkpoint kept, no temporary file left",
+           f"exit {rc}, left behind: {left}: {errors}")
+
+    # checkpoints of two short runs (SGD and AdamW), stopped after epoch 1 of 3 to be resumed
+    ck_sgd, ck_adam = os.path.join(tmp, "ck_sgd.bin"), os.path.join(tmp, "ck_adam.bin")
+    rc1, _ = run(small + ["--epochs", "3", "--checkpoint", ck_sgd, "--stop_at_accuracy", "0.001"])
+    rc2, _ = run(small + ["--epochs", "3", "--checkpoint", ck_adam, "--stop_at_accuracy", "0.001", "--optimizer",
+                          "adamw", "--lr", "0.001"])
+    if rc1 != 0 or rc2 != 0 or not os.path.exists(ck_sgd) or not os.path.exists(ck_adam):
+        report(False, "issue 26 checkpoints", f"the short runs failed (exit {rc1}, {rc2})")
+        return
+    sgd, adam = open(ck_sgd, "rb").read(), open(ck_adam, "rb").read()
+    ts, ta = ck_table(sgd), ck_table(adam)
+
+    # 4. checkpoint contents
+    def bad_ck(name, raw, args, *words):
+        path = os.path.join(tmp, f"bad_ck{len(os.listdir(tmp))}.bin")  # a name without the words looked for
+        open(path, "wb").write(raw)
+        expect_error(f"checkpoint: {name}", [a if a != "CK" else path for a in args], path, *words, code=1)
+
+    load = ["--device", "cpu", "--data_dir", DATA, "--test_limit", "50", "--eval_only", "1", "--load", "CK"]
+    resume = small + ["--resume", "CK"]
+    bad_ck("NaN in conv1.weight (--load)", patched(sgd, ts["conv1.weight"][1], "<f", float("nan")), load,
+           "conv1.weight", "finite")
+    bad_ck("inf in momentum_buffer.fc2.bias (--resume)", patched(sgd, ts["momentum_buffer.fc2.bias"][1] + 12, "<f",
+           float("inf")), resume, "momentum_buffer.fc2.bias", "finite")
+    bad_ck("a negative adam_v (--resume)", patched(adam, ta["adam_v.conv1.bias"][1], "<f", -1.0),
+           small + ["--optimizer", "adamw", "--lr", "0.001", "--resume", "CK"], "adam_v.conv1.bias", "negative")
+    bad_ck("epoch -1", patched(sgd, 12, "<i", -1), resume, "epoch", "-1")
+    bad_ck("step 999 (epoch 1 is 2 steps)", patched(sgd, 16, "<i", 999), resume, "step", "999")
+    bad_ck("epochs 0 (--load)", patched(sgd, 36, "<i", 0), load, "epochs", "0")
+    bad_ck("lr NaN (--load)", patched(sgd, 40, "<f", float("nan")), load, "lr", "nan")
+    bad_ck("an extra tensor", with_extra_tensor(sgd, "bogus.weight"), load, "bogus.weight")
+    bad_ck("a shape whose product overflows", patched(sgd, 1024 + 104, "<4i", *[2**31 - 1] * 4), load,
+           "conv1.weight", "runs past the end")
+
+    # 5. --resume continues the stored trajectory: a changed setting is an error unless --allow_change names it
+    straight = epochs_of(run(small + ["--epochs", "3"])[1])
+    rc, out = run(["--device", "cpu", "--data_dir", DATA, "--test_limit", "50", "--confusion", "0", "--resume",
+                   ck_sgd])
+    ep = epochs_of(out)
+    report(rc == 0 and len(ep) == 2 and ep == straight[1:], "--resume without the flags takes the stored settings",
+           f"exit {rc}; resumed {ep} vs straight {straight[1:]}: {out.strip().splitlines()[-1][:150]}")
+    changes = [("lr", "0.1", "0.05"), ("seed", "6", "5"), ("epochs", "4", "3"), ("lr_schedule", "linear", "cosine"),
+               ("batch_size", "8", "16"), ("warmup_steps", "3", "2"), ("momentum", "0.8", "0.9"),
+               ("weight_decay", "0.001", "0.0005"), ("train_limit", "48", "32")]
+    for flag, value, stored in changes:
+        expect_error(f"--resume with a changed --{flag}", small + ["--resume", ck_sgd, f"--{flag}", value],
+                     f"--{flag} {value}", stored, ck_sgd, f"--allow_change {flag}", code=1)
+    for flag, value, stored in (("beta2", "0.99", "0.999"), ("eps", "1e-06", "1e-08")):
+        expect_error(f"--resume with a changed --{flag} (AdamW)", small + ["--optimizer", "adamw", "--lr", "0.001",
+                     "--resume", ck_adam, f"--{flag}", value], f"--{flag} {value}", stored, f"--allow_change {flag}",
+                     code=1)
+    expect_error("--resume with another --optimizer", small + ["--resume", ck_sgd, "--optimizer", "adamw"],
+                 "--optimizer adamw", "sgd", "--load", code=1)
+    rc, out = run(small + ["--resume", ck_sgd, "--lr", "0.1", "--epochs", "4", "--allow_change", "lr,epochs"])
+    report(rc == 0 and len(epochs_of(out)) == 3 and "--allow_change" in out and "0.05" in out,
+           "--allow_change lr,epochs: the changes are taken and named",
+           f"exit {rc}: {[line for line in out.splitlines() if line.startswith('note:')]}")
+    expect_error("--allow_change without --resume", small + ["--allow_change", "lr"], "--allow_change", "--resume",
+                 code=1)
+    expect_error("--allow_change with an unknown name", small + ["--resume", ck_sgd, "--allow_change", "lr,bogus"],
+                 "--allow_change", "bogus", code=1)
+
+    # 6. a finite but diverging loss stops the run (exit 1), writing no checkpoint
+    ckd = os.path.join(tmp, "ck_lr10.bin")
+    out = expect_error("a finite but diverging loss (--lr 10) stops the run", common + ["--epochs", "1", "--lr", "10",
+                       "--checkpoint", ckd], "diverg", "--lr", code=1)
+    report(not os.path.exists(ckd) and "training loss is nan" not in out, "a diverging loss: no checkpoint written",
+           f"{ckd} exists: {os.path.exists(ckd)}")
 
 
 def main():
@@ -142,8 +369,9 @@ def main():
         report(ok, "cpu training: loss falls, accuracy rises",
                f"exit {rc}; epochs (train loss, test loss, test acc): {ep}")
         report("confusion matrix" in out, "cpu training: confusion matrix", "printed at the end")
-        report(os.path.exists(ck) and not os.path.exists(ck + ".tmp"), "cpu checkpoint written atomically",
-               f"{ck} exists, no .tmp left")
+        left = [f for f in os.listdir(tmp) if ".tmp" in f]
+        report(os.path.exists(ck) and not left, "cpu checkpoint written atomically",
+               f"{ck} exists, left behind: {left}")
         rc, out2 = run(["--device", "cpu", "--data_dir", DATA, "--test_limit", "200", "--eval_only", "1", "--load", ck])
         m = re.search(r"final \| test_acc ([\d.]+)", out2)
         acc = float(m.group(1)) if m else None
@@ -161,16 +389,18 @@ def main():
         expect_error("resume with nothing left to train", common + ["--epochs", "3", "--resume", ck], "epoch is 3",
                      "--epochs is 3")
         expect_error("checkpoint folder missing", common + ["--epochs", "1", "--checkpoint",
-                     os.path.join(tmp, "no_such_dir", "ck.bin")], "--checkpoint", "cannot write")
+                     os.path.join(tmp, "no_such_dir", "ck.bin")], "--checkpoint", "does not exist")
 
         # NaN: resume with an absurd learning rate; the last good checkpoint stays as it was
         before = open(ck, "rb").read()
         rc, out4 = run(common + ["--epochs", "5", "--resume", ck, "--lr", "1e9", "--lr_schedule", "constant",
-                                 "--checkpoint", ck])
+                                 "--checkpoint", ck, "--allow_change", "epochs,lr,lr_schedule"])
         after = open(ck, "rb").read()
         report(rc != 0 and "training loss is" in out4 and "kept" in out4 and before == after,
                "nan loss stops training, checkpoint kept",
                f"exit {rc}: {out4.strip().splitlines()[-1][:150] if out4.strip() else ''}; checkpoint unchanged: {before == after}")
+
+        issue26(tmp, common)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped")

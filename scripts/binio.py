@@ -334,10 +334,13 @@ MNIST_PARAM_SHAPES = [
     ("fc1.weight", (128, 9216)), ("fc1.bias", (128,)), ("fc2.weight", (10, 128)), ("fc2.bias", (10,)),
 ]
 # Written by ./train_mnist --checkpoint FILE. tensors: every parameter; when has_optimizer: optimizer 0 (SGD)
-# momentum_buffer.<name>; optimizer 1 (AdamW) adam_m.<name> and adam_v.<name>. epoch = epochs completed.
-MNIST_CHECKPOINT = Format("mnist checkpoint", magic_number(2, 2), 1, [
+# momentum_buffer.<name>; optimizer 1 (AdamW) adam_m.<name> and adam_v.<name>. epoch = epochs completed; version 2
+# added every setting the trajectory depends on (lr_schedule 0 constant, 1 cosine, 2 linear .. train_images).
+MNIST_CHECKPOINT = Format("mnist checkpoint", magic_number(2, 2), 2, [
     ("epoch", "i"), ("step", "i"), ("batch_size", "i"), ("seed", "i"), ("optimizer", "i"), ("has_optimizer", "i"),
-    ("epochs", "i"), ("lr", "f"), ("test_accuracy", "f"),
+    ("epochs", "i"), ("lr", "f"), ("test_accuracy", "f"), ("lr_schedule", "i"), ("warmup_steps", "i"),
+    ("lr_min", "f"), ("momentum", "f"), ("weight_decay", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"),
+    ("train_images", "i"),
 ])
 # Written by dev/mnist.py on the GPU machine. tensors: every parameter (initial weights); x float32 (B,1,28,28)
 # normalized; y int32 (B,); out float32 (B,10) logits; loss float32 () mean NLL; grad.<name> for every parameter;
