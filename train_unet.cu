@@ -561,6 +561,11 @@ __device__ __forceinline__ bf16 from_float<bf16>(float v) { return __float2bfloa
 // channel counts allow it (16-byte aligned pixel rows) and V = 1 otherwise (the 3-channel input and output).
 template <typename T>
 constexpr int VEC = (int)(16 / sizeof(T));
+// a parameter of type Same<T>::type takes no part in deducing T (so it can be passed a plain nullptr)
+template <typename T>
+struct Same {
+    using type = T;
+};
 template <typename T, int V>
 __device__ __forceinline__ void vload(const T* p, float (&v)[V]) {
     if constexpr (V == 1) {
@@ -1337,9 +1342,9 @@ conv_mma_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float
 // MODE 0 split over K (version 6): out[m, n] (+)= sum_z ws[z][m][n] in a fixed order, + bias[n] + emb[m / HWo][n]
 // (V = 4 elements per thread when N % 4 == 0)
 template <typename T, int V>
-__global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* __restrict__ out,
+__global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* out,
                                             const float* __restrict__ bias, const float* __restrict__ emb,
-                                            int accumulate, int M, int N, int HWo, int splits) {
+                                            const T* res, int M, int N, int HWo, int splits) {
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V, MN = (size_t)M * N;
     if (i >= MN) return;
     const int n = (int)(i % N), m = (int)(i / N);
@@ -1358,7 +1363,7 @@ __global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* __r
     for (int k = 0; k < V; k++) {
         if (bias) v[k] += bias[n + k];
         if (emb) v[k] += emb[(size_t)(m / HWo) * N + n + k];
-        if (accumulate) v[k] += to_float(out[i + k]);
+        if (res) v[k] += to_float(res[i + k]);
         out[i + k] = from_float<T>(v[k]);
     }
 }
@@ -1431,8 +1436,8 @@ struct ConvWgOut {
     __nv_bfloat16* out;
     const float* bias;
     const float* emb;
-    int accumulate;
-    float* ws;  // split K (and MODE 1): partial sums [z][M][N]
+    const __nv_bfloat16* res;  // added when not null (may be out itself)
+    float* ws;                 // split K (and MODE 1): partial sums [z][M][N]
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -1765,13 +1770,13 @@ __device__ __forceinline__ void conv_wg_epilogue(const ConvWgGeom& g, const Conv
                 v0 += o.emb[(size_t)img * g.N + n];
                 v1 += o.emb[(size_t)img * g.N + n + 1];
             }
-            __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(o.out + (size_t)row * g.N + n);
-            if (o.accumulate) {
-                const float2 old = __bfloat1622float2(*p);
-                v0 += old.x;
-                v1 += old.y;
+            if (o.res) {
+                const __nv_bfloat162 r2 = *reinterpret_cast<const __nv_bfloat162*>(o.res + (size_t)row * g.N + n);
+                const float2 r = __bfloat1622float2(r2);
+                v0 += r.x;
+                v1 += r.y;
             }
-            *p = __floats2bfloat162_rn(v0, v1);
+            *reinterpret_cast<__nv_bfloat162*>(o.out + (size_t)row * g.N + n) = __floats2bfloat162_rn(v0, v1);
         }
     }
 }
@@ -3173,7 +3178,7 @@ struct UNet {
     size_t conv_ws_floats = 0;
     float* wflip = nullptr;  // flipped weights for backward-data, or an operand padded to 8 channels (conv v6)
     size_t wflip_floats = 0;
-    double2* red_ws = nullptr;
+    double2* red_ws = nullptr;  // the channel reductions' partial sums (unet_alloc_chan)
     size_t red_ws_items = 0;
     float4* gn_coef = nullptr;   // GroupNorm backward: per (b, channel)
     float2* gn_scale = nullptr;  // GroupNorm forward: per (b, channel) (rstd*gamma, beta - mean*rstd*gamma)
@@ -3740,6 +3745,20 @@ static size_t unet_plan_grads(const UNet* m, size_t elem, std::vector<size_t>* o
     return total;
 }
 
+// The channel reductions' workspace (partial sums for Bq * S <= 1024 blocks of C <= 2048 channels, checked at
+// launch) and the GroupNorm coefficients per (b, channel), channels <= cmax
+static void unet_alloc_chan(UNet* m, int B, int cmax) {
+    m->red_ws_items = (size_t)1024 * 2048;
+    cudaCheck(cudaMalloc(&m->red_ws, m->red_ws_items * sizeof(double2)));
+    cudaCheck(cudaMalloc(&m->gn_scale, std::max<size_t>(1, (size_t)B * cmax) * sizeof(float2)));
+    cudaCheck(cudaMalloc(&m->gn_coef, std::max<size_t>(1, (size_t)B * cmax) * sizeof(float4)));
+}
+static void unet_free_chan(UNet* m) {
+    cudaCheck(cudaFree(m->red_ws));
+    cudaCheck(cudaFree(m->gn_scale));
+    cudaCheck(cudaFree(m->gn_coef));
+}
+
 // Allocates every device buffer of a defined model, once.
 static void unet_allocate(UNet* m) {
     const int B = m->B, MC = m->cfg.model_channels;
@@ -3789,7 +3808,7 @@ static void unet_allocate(UNet* m) {
     m->adam_hyper = dev_alloc(3);
 
     // per-op state and workspace sizes
-    size_t ws = 0, wf = 0, red = 0, dS = 0, di = 0;
+    size_t ws = 0, wf = 0, dS = 0, di = 0;
     int G = 32;
     size_t dy_up = 0;
     auto conv_ws_need = [&](const ConvP& c, int H, int W) {  // H, W: the conv's input
@@ -3800,7 +3819,6 @@ static void unet_allocate(UNet* m) {
             if (c.stride == 2) dy_up = std::max(dy_up, (size_t)B * H * W * c.cout);
         }
     };
-    red = (size_t)1024 * 2048;  // chan_reduce partials: Bq*S <= 1024 blocks, C <= 2048 (checked at launch)
     for (Op& o : m->ops) {
         switch (o.kind) {
         case OP_CONV_IN: conv_ws_need(o.c1, o.H, o.W); break;
@@ -3840,14 +3858,11 @@ static void unet_allocate(UNet* m) {
     int cmax = 0;
     for (Op& o : m->ops)
         if (o.kind == OP_RES || o.kind == OP_ATTN || o.kind == OP_OUT) cmax = std::max({cmax, o.n1.C, o.n2.C});
-    cudaCheck(cudaMalloc(&m->gn_scale, std::max<size_t>(1, (size_t)B * cmax) * sizeof(float2)));
     m->conv_ws_floats = ws;
     m->conv_ws = dev_alloc(ws);
     m->wflip_floats = wf;
     m->wflip = dev_alloc(wf);
-    m->red_ws_items = red;
-    cudaCheck(cudaMalloc(&m->red_ws, red * sizeof(double2)));
-    cudaCheck(cudaMalloc(&m->gn_coef, std::max<size_t>(1, (size_t)B * cmax) * sizeof(float4)));
+    unet_alloc_chan(m, B, cmax);
     m->dS_floats = dS;
     m->dS = dev_alloc(dS);
     if (m->prec == PREC_BF16) {
@@ -3949,9 +3964,7 @@ static void unet_free(UNet* m) {
     cudaCheck(cudaFree(m->adam_dev));
     cudaCheck(cudaFree(m->adam_hyper));
     cudaCheck(cudaFree(m->loss_partial));
-    cudaCheck(cudaFree(m->red_ws));
-    cudaCheck(cudaFree(m->gn_coef));
-    cudaCheck(cudaFree(m->gn_scale));
+    unet_free_chan(m);
     m->params.clear();
     m->n_params = 0;
 }
@@ -4122,16 +4135,16 @@ static void wgrad_reduce(const float* ws, float* dw, size_t n, int splits, bool 
     else wgrad_reduce_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(ws, dw, n, splits, accumulate);
     cudaCheck(cudaGetLastError());
 }
-// out (+)= the K chunks' partial sums + bias + emb (MODE 0 with K split)
+// out = the K chunks' partial sums + bias + emb (+ res, which may be out) (MODE 0 with K split)
 template <typename T>
-static void splitk_epilogue(const float* ws, T* out, const float* bias, const float* emb, bool accumulate, int M,
-                            int N, int HWo, int splits) {
+static void splitk_epilogue(const float* ws, T* out, const float* bias, const float* emb, const T* res, int M, int N,
+                            int HWo, int splits) {
     const size_t n = (size_t)M * N;
     if (N % 4 == 0)
-        conv_splitk_epilogue_kernel<T, 4><<<ceil_div(n / 4, EW), EW, 0, g_stream>>>(ws, out, bias, emb, accumulate, M,
-                                                                                     N, HWo, splits);
-    else conv_splitk_epilogue_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(ws, out, bias, emb, accumulate, M, N,
-                                                                                  HWo, splits);
+        conv_splitk_epilogue_kernel<T, 4><<<ceil_div(n / 4, EW), EW, 0, g_stream>>>(ws, out, bias, emb, res, M, N,
+                                                                                     HWo, splits);
+    else conv_splitk_epilogue_kernel<T, 1><<<ceil_div(n, EW), EW, 0, g_stream>>>(ws, out, bias, emb, res, M, N, HWo,
+                                                                                  splits);
     cudaCheck(cudaGetLastError());
 }
 static void conv_ws_check(size_t have, size_t need, const char* what) {
@@ -4170,7 +4183,8 @@ static void conv6_forward_mode(const UNet* m, ConvGeom g, const float* X, const 
     }
     conv_ws_check(m->conv_ws_floats, (size_t)p.splits * g.M * g.N, "workspace");
     launch_conv6<0, RND>(p, X, Wt, m->conv_ws, nullptr, nullptr, 0, g);
-    splitk_epilogue(m->conv_ws, out, bias, emb, accumulate, g.M, g.N, g.Ho * g.Wo, p.splits);
+    splitk_epilogue(m->conv_ws, out, bias, emb, accumulate ? (const float*)out : nullptr, g.M, g.N, g.Ho * g.Wo,
+                    p.splits);
 }
 // MODE 1 on version 6: dW = the K chunks' partial sums, added in a fixed order
 template <int RND = CONV6_RND>
@@ -4187,17 +4201,17 @@ static void conv6_weight_grad(const UNet* m, ConvGeom g, const float* x, const f
 // (the 3-channel input and output convolutions) take the thin kernels
 static bool conv_wg_ok(const ConvP& c) { return c.cin % 8 == 0 && c.cout % 8 == 0; }
 
-// out (B, Ho, Wo, N) (+)= conv(x (B, H, W, C), w [N][9][C]) + bias (+ emb (B, N)) on wgmma (mode 0)
+// out (B, Ho, Wo, N) = conv(x (B, H, W, C), w [N][9][C]) + bias (+ emb (B, N)) (+ res, which may be out) on wgmma
 static void conv_wg_forward(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x, const bf16* w,
-                            bf16* out, const float* bias, const float* emb, bool accumulate) {
+                            bf16* out, const float* bias, const float* emb, const bf16* res) {
     ConvWgGeom g = conv_wg_geom(0, m->B, H, W, C, N, stride);
     const int bn = conv_wg_bn(N, g.Ho * g.Wo), splits = conv_wg_split(0, &g, bn);
     const ConvWgMaps maps = conv_wg_maps(0, g, H, W, x, w, bn);
-    ConvWgOut o = {out, bias, emb, accumulate, m->conv_ws};
+    ConvWgOut o = {out, bias, emb, res, m->conv_ws};
     if (splits > 1) conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
     conv_wg_launch<0>(bn, maps, g, o, splits);
     if (splits == 1) return;
-    splitk_epilogue(m->conv_ws, out, bias, emb, accumulate, g.M, g.N, g.Ho * g.Wo, splits);
+    splitk_epilogue(m->conv_ws, out, bias, emb, res, g.M, g.N, g.Ho * g.Wo, splits);
 }
 // dw [9][C][N] (fp32) = weight gradient from x (B, H, W, C) and dy (B, Ho, Wo, N) on wgmma (mode 1)
 static void conv_wg_weight_grad(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x,
@@ -4275,15 +4289,22 @@ static void conv_thin_weight_grad(const UNet* m, ConvGeom g, const bf16* x, cons
     else conv_thin_wgrad_launch<1>(m, g, x, dy, dw);
 }
 
-// y (B, Ho, Wo, cout) (+)= conv3x3(x (B, H, W, cin)) + bias (+ emb[b, cout])
+// y (B, Ho, Wo, cout) = conv3x3(x (B, H, W, cin)) + bias (+ emb[b, cout]) (+ res, the residual, which may be y)
 template <typename T>
 static void conv3x3_forward(const UNet* m, const ConvP& c, const T* x, T* y, int H, int W, const float* emb,
-                            bool accumulate) {
+                            const typename Same<T>::type* res) {
     ConvGeom g = conv_geom_forward(m->B, c, H, W);
     if constexpr (std::is_same<T, bf16>::value) {
-        if (conv_wg_ok(c)) conv_wg_forward(m, H, W, c.cin, c.cout, c.stride, x, m->pw + c.w, y, m->p + c.b, emb,
-                                           accumulate);
-        else if (!emb) conv_thin(g, x, m->p + c.w, y, m->p + c.b, accumulate);
+        if (conv_wg_ok(c)) {
+            conv_wg_forward(m, H, W, c.cin, c.cout, c.stride, x, m->pw + c.w, y, m->p + c.b, emb, res);
+            return;
+        }
+    }
+    const bool accumulate = res != nullptr;  // the other kernels add in place: a residual held elsewhere is copied
+    if (res && res != y)
+        cudaCheck(cudaMemcpyAsync(y, res, (size_t)g.M * g.N * sizeof(T), cudaMemcpyDeviceToDevice, g_stream));
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (!emb) conv_thin(g, x, m->p + c.w, y, m->p + c.b, accumulate);
         else {
             fprintf(stderr, "internal error: a thin bf16 convolution with a time embedding\n");
             exit(EXIT_FAILURE);
@@ -4312,7 +4333,7 @@ static void conv3x3_backward_data(const UNet* m, const ConvP& c, const T* dy, T*
                 cudaCheck(cudaGetLastError());
                 d = m->dy_up;
             }
-            conv_wg_forward(m, H, W, c.cout, c.cin, 1, d, m->wd + c.w, dx, nullptr, nullptr, accumulate);
+            conv_wg_forward(m, H, W, c.cout, c.cin, 1, d, m->wd + c.w, dx, nullptr, nullptr, accumulate ? dx : nullptr);
             return;
         }
     }
@@ -4562,12 +4583,11 @@ template <typename T>
 static void res_forward(UNet* m, Op& o) {
     int P = o.H * o.W, B = m->B;
     groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.a1), o.mean1, o.rstd1, P, 1);
-    conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.h1), o.H, o.W, o.embo, false);  // embo: emb_layers_forward
+    conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.h1), o.H, o.W, o.embo, nullptr);  // embo: emb_layers_forward
     groupnorm_forward(m, o.n2, act<T>(o.h1), act<T>(o.a2), o.mean2, o.rstd2, P, 1);
     if (o.has_skip) linear_forward(m, o.skip, act<T>(o.in), act<T>(o.out), B * P, (const T*)nullptr);
-    else cudaCheck(cudaMemcpyAsync(act<T>(o.out), act<T>(o.in), o.in->n * sizeof(T), cudaMemcpyDeviceToDevice,
-                                   g_stream));
-    conv3x3_forward(m, o.c2, act<T>(o.a2), act<T>(o.out), o.H, o.W, nullptr, true);  // out = skip(x) + h
+    const T* res = o.has_skip ? act<T>(o.out) : act<T>(o.in);
+    conv3x3_forward(m, o.c2, act<T>(o.a2), act<T>(o.out), o.H, o.W, nullptr, res);  // out = skip(x) + h
 }
 
 // The softmax lab's choice of (GROUP, CHUNKS) for a row of `need` 16-byte chunks (its by_row_chunks): 256 columns
@@ -4701,19 +4721,19 @@ static void unet_forward_t(UNet* m) {
         prof_begin();
         switch (o.kind) {
         case OP_CONV_IN:
-        case OP_DOWN: conv3x3_forward(m, o.c1, act<T>(o.in), act<T>(o.out), o.H, o.W, nullptr, false); break;
+        case OP_DOWN: conv3x3_forward(m, o.c1, act<T>(o.in), act<T>(o.out), o.H, o.W, nullptr, nullptr); break;
         case OP_RES: res_forward<T>(m, o); break;
         case OP_ATTN: attn_forward<T>(m, o); break;
         case OP_UP:
             upsample_act(act<T>(o.in), act<T>(o.up), B, o.H, o.W, o.in->C);
-            conv3x3_forward(m, o.c1, act<T>(o.up), act<T>(o.out), 2 * o.H, 2 * o.W, nullptr, false);
+            conv3x3_forward(m, o.c1, act<T>(o.up), act<T>(o.out), 2 * o.H, 2 * o.W, nullptr, nullptr);
             break;
         case OP_CAT:
             concat_act(act<T>(o.in), act<T>(o.in2), act<T>(o.out), (size_t)B * o.H * o.W, o.in->C, o.in2->C);
             break;
         case OP_OUT:
             groupnorm_forward(m, o.n1, act<T>(o.in), act<T>(o.a1), o.mean1, o.rstd1, o.H * o.W, 1);
-            conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.out), o.H, o.W, nullptr, false);
+            conv3x3_forward(m, o.c1, act<T>(o.a1), act<T>(o.out), o.H, o.W, nullptr, nullptr);
             break;
         }
         prof_end(0, (int)o.kind);

@@ -151,7 +151,7 @@ static void run_case(int version, int B, int H, int W, int cin, int cout, int s,
             g_conv6_splits = var.splits;
             std::string nm = std::string(name) + (version == 6 && any6 ? " [" + v6_variant_name(var) + "]" : "");
             fill_nan(d_y, ny);
-            conv3x3_forward(&L.m, L.c, d_x, d_y, H, W, nullptr, false);
+            conv3x3_forward(&L.m, L.c, d_x, d_y, H, W, nullptr, nullptr);
             check(nm + " forward", d_y, y.data(), ymag.data(), ny, rt);
             fill_nan(d_dx, nx);
             conv3x3_backward_data(&L.m, L.c, d_dy, d_dx, H, W, false);
@@ -224,7 +224,7 @@ static void fixture_gpu(const ConvFixture& f, const std::string& name, int s, in
         cudaCheck(cudaGetLastError());
         check_scaled(v + " y", to_host(d_y, f.y.size()), f.y, at, rt);
     } else {
-        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, false);
+        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, nullptr);
         conv3x3_backward_data(&L.m, L.c, d_dy, d_dx, f.H, f.W, false);
         conv3x3_backward_weight(&L.m, L.c, d_x, d_dy, f.H, f.W);
         channel_sums(&L.m, d_dy, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);
@@ -271,7 +271,7 @@ static void fixture_gpu_padded(const ConvFixture& f, const std::string& name, in
         poison(d_y, Po * CO);
         poison(d_dx, P * CI);
         poison(L.m.g, L.m.n_params);
-        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, false);
+        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, nullptr);
         conv3x3_backward_data(&L.m, L.c, d_dy, d_dx, f.H, f.W, false);
         conv3x3_backward_weight(&L.m, L.c, d_x, d_dy, f.H, f.W);
         channel_sums(&L.m, d_dy, L.m.g + L.c.b, f.B, f.Ho * f.Wo, CO, 0, 0);
@@ -369,7 +369,7 @@ static float time_ms(F launch) {
 // pass 0 forward, 1 backward-data, 2 weight gradient, through train_unet.cu's launchers (the version selected)
 static void bench_pass(BenchLayer* b, int pass) {
     const BenchShape& sh = b->sh;
-    if (pass == 0) conv3x3_forward(&b->L.m, b->L.c, b->x, b->y, sh.H, sh.H, nullptr, false);
+    if (pass == 0) conv3x3_forward(&b->L.m, b->L.c, b->x, b->y, sh.H, sh.H, nullptr, nullptr);
     else if (pass == 1) conv3x3_backward_data(&b->L.m, b->L.c, b->y, b->dx, sh.H, sh.H, false);
     else conv3x3_backward_weight(&b->L.m, b->L.c, b->x, b->y, sh.H, sh.H);
 }
@@ -632,7 +632,7 @@ static void run_case_bf16(int B, int H, int W, int cin, int cout, int s, uint64_
                                                         : " [plan]"
                                                  : " [thin]");
         poison_bf16(d_y, ny);
-        conv3x3_forward(&L.m, L.c, (const bf16*)d_x, d_y, H, W, nullptr, false);
+        conv3x3_forward(&L.m, L.c, (const bf16*)d_x, d_y, H, W, nullptr, nullptr);
         std::vector<float> gy = to_host_bf16(d_y, ny);
         check_bf16(nm + " forward", gy, y, ymag, V7_RTOL_OUT, V7_RTOL_MAG);
         poison_bf16(d_dx, nx);
@@ -684,12 +684,12 @@ static void bench7() {
         printf("%-24s", name);
         for (int pass = 0; pass < 3; pass++) {
             auto run7 = [&]() {
-                if (pass == 0) conv3x3_forward(&L.m, L.c, (const bf16*)x, y, sh.H, sh.H, nullptr, false);
+                if (pass == 0) conv3x3_forward(&L.m, L.c, (const bf16*)x, y, sh.H, sh.H, nullptr, nullptr);
                 else if (pass == 1) conv3x3_backward_data(&L.m, L.c, (const bf16*)y, dx, sh.H, sh.H, false);
                 else conv3x3_backward_weight(&L.m, L.c, (const bf16*)x, (const bf16*)y, sh.H, sh.H);
             };
             auto run6 = [&]() {
-                if (pass == 0) conv3x3_forward(&L.m, L.c, (const float*)x6, y6, sh.H, sh.H, nullptr, false);
+                if (pass == 0) conv3x3_forward(&L.m, L.c, (const float*)x6, y6, sh.H, sh.H, nullptr, nullptr);
                 else if (pass == 1) conv3x3_backward_data(&L.m, L.c, (const float*)y6, dx6, sh.H, sh.H, false);
                 else conv3x3_backward_weight(&L.m, L.c, (const float*)x6, (const float*)y6, sh.H, sh.H);
             };
@@ -711,7 +711,7 @@ static void bench7() {
                 for (int bn : CW_BNS) {
                     g_cw_bn = bn;
                     float ms = time_ms([&]() {
-                        if (pass == 0) conv3x3_forward(&L.m, L.c, (const bf16*)x, y, sh.H, sh.H, nullptr, false);
+                        if (pass == 0) conv3x3_forward(&L.m, L.c, (const bf16*)x, y, sh.H, sh.H, nullptr, nullptr);
                         else if (pass == 1) conv3x3_backward_data(&L.m, L.c, (const bf16*)y, dx, sh.H, sh.H, false);
                         else conv3x3_backward_weight(&L.m, L.c, (const bf16*)x, (const bf16*)y, sh.H, sh.H);
                     });

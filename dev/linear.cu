@@ -59,8 +59,7 @@ static LinOut gpu_linear(const std::vector<float>& x, const std::vector<float>& 
     p.insert(p.end(), b.begin(), b.end());
     m.p = to_device(p);
     m.g = dev_alloc(m.n_params);
-    m.red_ws_items = (size_t)1024 * std::max(out, 64);
-    cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
+    unet_alloc_chan(&m, Bq, 0);
     float *d_x = to_device(x), *d_dy = to_device(dy), *d_y = dev_alloc((size_t)R * out), *d_dx = dev_alloc((size_t)R * in);
     poison(d_y, (size_t)R * out);
     poison(d_dx, (size_t)R * in);
@@ -74,7 +73,7 @@ static LinOut gpu_linear(const std::vector<float>& x, const std::vector<float>& 
     o.db = to_host(m.g + l.b, out);
     float* fs[] = {d_x, d_dy, d_y, d_dx, m.p, m.g};
     for (float* f : fs) cudaCheck(cudaFree(f));
-    cudaCheck(cudaFree(m.red_ws));
+    unet_free_chan(&m);
     return o;
 }
 
@@ -159,8 +158,7 @@ static void bench() {
         m.p = dev_alloc(m.n_params);
         m.g = dev_alloc(m.n_params);
         cudaCheck(cudaMemset(m.p, 0, m.n_params * 4));
-        m.red_ws_items = (size_t)1024 * std::max(s.out, 64);
-        cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
+        unet_alloc_chan(&m, s.Bq, 0);
         float *x = dev_alloc((size_t)R * s.in), *y = dev_alloc((size_t)R * s.out), *dx = dev_alloc((size_t)R * s.in);
         cudaCheck(cudaMemset(x, 0, (size_t)R * s.in * 4));
         cudaCheck(cudaMemset(y, 0, (size_t)R * s.out * 4));
@@ -178,7 +176,7 @@ static void bench() {
                6.0 * R * s.in * s.out / (ms * 1e9));
         float* fs[] = {x, y, dx, m.p, m.g};
         for (float* f : fs) cudaCheck(cudaFree(f));
-        cudaCheck(cudaFree(m.red_ws));
+        unet_free_chan(&m);
     }
 }
 

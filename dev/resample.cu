@@ -76,14 +76,14 @@ static ResampleOut gpu_resample(const ConvFixture& f, bool up, bool tf32) {
         poison(d_dup, nup);
         upsample_act((const float*)d_x, d_up, f.B, Hin, Win, f.Cin);
         cudaCheck(cudaGetLastError());
-        conv3x3_forward(&L.m, L.c, d_up, d_y, f.H, f.W, nullptr, false);
+        conv3x3_forward(&L.m, L.c, d_up, d_y, f.H, f.W, nullptr, nullptr);
         conv3x3_backward_weight(&L.m, L.c, d_up, d_dy, f.H, f.W);
         channel_sums(&L.m, d_dy, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);
         conv3x3_backward_data(&L.m, L.c, d_dy, d_dup, f.H, f.W, false);
         upsample_backward_act((const float*)d_dup, d_dx, f.B, Hin, Win, f.Cin, false);
         cudaCheck(cudaGetLastError());
     } else {
-        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, false);
+        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, nullptr);
         conv3x3_backward_weight(&L.m, L.c, d_x, d_dy, f.H, f.W);
         channel_sums(&L.m, d_dy, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);
         conv3x3_backward_data(&L.m, L.c, d_dy, d_dx, f.H, f.W, false);
@@ -158,7 +158,7 @@ static void bench(bool tf32) {
                 const float* in = s.up ? upb : x;
                 if (pass == 0) {
                     if (s.up) upsample_act((const float*)x, upb, f.B, s.Hin, s.Hin, f.Cin);
-                    conv3x3_forward(&L.m, L.c, in, y, f.H, f.W, nullptr, false);
+                    conv3x3_forward(&L.m, L.c, in, y, f.H, f.W, nullptr, nullptr);
                 } else {
                     conv3x3_backward_weight(&L.m, L.c, in, y, f.H, f.W);
                     channel_sums(&L.m, y, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);

@@ -106,8 +106,7 @@ static MlpOut gpu_mlp(const std::vector<float>& emb, const MlpW& w, const std::v
     for (const std::vector<float>* v : {&w.b0, &w.w2, &w.b2}) p.insert(p.end(), v->begin(), v->end());
     m.p = to_device(p);
     m.g = dev_alloc(m.n_params);
-    m.red_ws_items = (size_t)1024 * std::max(E, 64);
-    cudaCheck(cudaMalloc(&m.red_ws, m.red_ws_items * sizeof(double2)));
+    unet_alloc_chan(&m, B, 0);
     size_t ne = (size_t)B * E;
     float *d_emb = to_device(emb), *d_dy = to_device(dy), *h = dev_alloc(ne), *a = dev_alloc(ne), *y = dev_alloc(ne);
     float *da = dev_alloc(ne), *demb = dev_alloc((size_t)B * C);
@@ -131,7 +130,7 @@ static MlpOut gpu_mlp(const std::vector<float>& emb, const MlpW& w, const std::v
     o.db2 = to_host(m.g + l2.b, E);
     float* fs[] = {d_emb, d_dy, h, a, y, da, demb, m.p, m.g};
     for (float* f : fs) cudaCheck(cudaFree(f));
-    cudaCheck(cudaFree(m.red_ws));
+    unet_free_chan(&m);
     return o;
 }
 

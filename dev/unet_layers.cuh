@@ -275,15 +275,14 @@ static void lab_init(ConvLab* L, int B, int H, int W, int cin, int cout, int s) 
     L->m.conv_ws = dev_alloc(L->m.conv_ws_floats);
     L->m.wflip_floats = conv_scratch_floats_need(B, L->c, H, W);
     L->m.wflip = dev_alloc(L->m.wflip_floats);
-    L->m.red_ws_items = (size_t)1024 * std::max(cout, 64);
-    cudaCheck(cudaMalloc(&L->m.red_ws, L->m.red_ws_items * sizeof(double2)));
+    unet_alloc_chan(&L->m, B, 0);
 }
 static void lab_free(ConvLab* L) {
     cudaCheck(cudaFree(L->m.p));
     cudaCheck(cudaFree(L->m.g));
     cudaCheck(cudaFree(L->m.conv_ws));
     cudaCheck(cudaFree(L->m.wflip));
-    cudaCheck(cudaFree(L->m.red_ws));
+    unet_free_chan(&L->m);
     L->m.red_ws = nullptr;
 }
 
