@@ -327,21 +327,26 @@ struct NewtonState {
 // Steps the scalar map needs from the smallest eigenvalue M0 can have (z eps: A positive semi-definite) and from
 // the largest ((p + 1) / 2) to within 1e-4 of 1; every eigenvalue in between needs no more (the map is increasing
 // on (0, 1] and decreasing on [1, p + 1)). Plus slack for rounding.
-static int newton_max_iter(int p, double m_min) {
-    auto steps = [p](double m) {
-        int k = 0;
-        while (std::fabs(1.0 - m) > 1e-4 && k < 1000) { m *= std::pow((p + 1 - m) / p, p); k++; }
-        return k;
-    };
-    return std::max(steps(std::max(m_min, 1e-30)), steps((p + 1) / 2.0)) + 8;
+__host__ __device__ inline int newton_scalar_steps(int p, double m) {
+    int k = 0;
+    while (fabs(1.0 - m) > 1e-4 && k < 1000) {
+        double t = (p + 1 - m) / p, tp = p == 1 ? t : p == 2 ? t * t : (t * t) * (t * t);
+        m *= tp;
+        k++;
+    }
+    return k;
+}
+__host__ __device__ inline int newton_max_iter(int p, double m_min) {
+    int a = newton_scalar_steps(p, m_min > 1e-30 ? m_min : 1e-30), b = newton_scalar_steps(p, (p + 1) / 2.0);
+    return (a > b ? a : b) + 8;
 }
 
 // Called with r = ||M - I||_F before each step (the largest over a batch); says what to do next.
-static NewtonAction newton_decide(NewtonState& s, double r) {
+__host__ __device__ inline NewtonAction newton_decide(NewtonState& s, double r) {
     s.r = r;
     // after the first step every eigenvalue of M is in (0, 1], so ||M - I||_F <= sqrt(n): far above it, rounding
-    // has pushed an eigenvalue out of the convergence region
-    if (!std::isfinite(r) || r > 2.0 * std::sqrt((double)s.n) + 2.0) { s.failed = true; return NEWTON_FAIL; }
+    // has pushed an eigenvalue out of the convergence region (r != r: NaN)
+    if (r != r || r > 2.0 * sqrt((double)s.n) + 2.0) { s.failed = true; return NEWTON_FAIL; }
     // below 0.2 quadratic convergence more than halves r at each step: less means the precision's floor
     bool stalled = r < 0.2 && r > 0.5 * s.r_prev;
     s.r_prev = r;
@@ -608,6 +613,725 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// GPU context: handles, device limits, and workspaces that grow on demand and are kept (cudaMalloc and cudaFree
+// synchronise: only the first call at a new largest size pays). Everything runs on the default stream.
+
+struct GpuContext {
+    bool ready = false;
+    cublasHandle_t blas = nullptr;
+    cusolverDnHandle_t solver = nullptr;
+    syevjInfo_t syevj = nullptr;
+    int sms = 0, cc_major = 0, cc_minor = 0;
+    size_t smem_optin = 0;
+    char name[256] = {};
+};
+static GpuContext g_gpu;
+
+static void gpu_init() {
+    if (g_gpu.ready) return;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    g_gpu.sms = prop.multiProcessorCount;
+    g_gpu.cc_major = prop.major;
+    g_gpu.cc_minor = prop.minor;
+    g_gpu.smem_optin = prop.sharedMemPerBlockOptin;
+    snprintf(g_gpu.name, sizeof g_gpu.name, "%s", prop.name);
+    cublasCheck(cublasCreate(&g_gpu.blas));
+    // strict fp32 unless a call asks for TF32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32)
+    cublasCheck(cublasSetMathMode(g_gpu.blas, CUBLAS_DEFAULT_MATH));
+    cusolverCheck(cusolverDnCreate(&g_gpu.solver));
+    cusolverCheck(cusolverDnCreateSyevjInfo(&g_gpu.syevj));
+    cusolverCheck(cusolverDnXsyevjSetSortEig(g_gpu.syevj, 1));
+    g_gpu.ready = true;
+}
+
+enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
+              WS_NS_A, WS_NS_B, WS_STATUS, WS_COUNT };
+static void* g_ws[WS_COUNT] = {};
+static size_t g_ws_bytes[WS_COUNT] = {};
+static void* ws_get(WsSlot slot, size_t bytes) {
+    if (bytes > g_ws_bytes[slot]) {
+        if (g_ws[slot]) cudaCheck(cudaFree(g_ws[slot]));
+        cudaCheck(cudaMalloc(&g_ws[slot], bytes));
+        g_ws_bytes[slot] = bytes;
+    }
+    return g_ws[slot];
+}
+static void gpu_free() {
+    for (int s = 0; s < WS_COUNT; s++) {
+        if (g_ws[s]) cudaCheck(cudaFree(g_ws[s]));
+        g_ws[s] = nullptr;
+        g_ws_bytes[s] = 0;
+    }
+    if (!g_gpu.ready) return;
+    cusolverCheck(cusolverDnDestroySyevjInfo(g_gpu.syevj));
+    cusolverCheck(cusolverDnDestroy(g_gpu.solver));
+    cublasCheck(cublasDestroy(g_gpu.blas));
+    g_gpu = GpuContext();
+}
+
+static long long ceil_div_ll(long long a, long long b) { return (a + b - 1) / b; }
+static int grid_for(long long total, int threads, int max_blocks = 65535) {
+    return (int)std::max(1LL, std::min((long long)max_blocks, (total + threads - 1) / threads));
+}
+
+// Shape checks shared by the inverse-root versions: every bad argument is a message naming it.
+static void check_root_args(const char* fn, const float* A, const float* X, int batch, int n, int p, float eps) {
+    if (n < 1) fail_arg(fn, "n", n, ">= 1");
+    if (batch < 1 || batch > 65535) fail_arg(fn, "batch", batch, "in [1, 65535]");
+    if (p != 1 && p != 2 && p != 4) fail_arg(fn, "p", p, "1, 2 or 4");
+    if (!(eps > 0.0f) || !std::isfinite(eps)) {
+        fprintf(stderr, "%s: argument eps = %g, expected a finite value > 0\n", fn, eps);
+        exit(EXIT_FAILURE);
+    }
+    if (!A || !X) { fprintf(stderr, "%s: argument %s is null\n", fn, A ? "X" : "A"); exit(EXIT_FAILURE); }
+    if (A == X) { fprintf(stderr, "%s: X must not alias A\n", fn); exit(EXIT_FAILURE); }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// small kernels shared by the versions (grid-stride loops, 64-bit indices; batch of row-major n x n matrices)
+
+// out = A + eps I
+__global__ void add_eps_kernel(const float* A, float* out, int n, long long total, float eps) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long e = idx % ((long long)n * n);
+        out[idx] = A[idx] + (e / n == e % n ? eps : 0.0f);
+    }
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// sums[b] += sum over a chunk of matrix b (blockIdx.y) of (M - shift I)^2, in double (the matrix norms and the
+// Newton residual ||M - I||_F^2). With T != nullptr it also writes the Newton step's T = ((p + 1) I - M) / p from
+// the same read of M. sums must be zeroed first. Block size 256.
+__global__ void sumsq_kernel(const float* M, double* sums, float* T, long long count, int n, int p, float shift) {
+    long long base = blockIdx.y * count;  // count: elements per matrix (n x n when shift or T is used)
+    double s = 0.0;
+    float inv_p = 1.0f / (float)p, diag = (float)(p + 1);
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
+         e += (long long)gridDim.x * blockDim.x) {
+        bool on_diag = e / n == e % n;
+        float m = M[base + e];
+        float d = m - (on_diag ? shift : 0.0f);
+        s += (double)d * d;
+        if (T) T[base + e] = ((on_diag ? diag : 0.0f) - m) * inv_p;
+    }
+    __shared__ double partial[8];
+    s = warp_sum_d(s);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0;
+        s = warp_sum_d(s);
+        if (threadIdx.x == 0) atomicAdd(&sums[blockIdx.y], s);
+    }
+}
+
+static void sumsq(const float* M, double* sums, float* T, int batch, long long count, int n, int p, float shift) {
+    cudaCheck(cudaMemsetAsync(sums, 0, batch * sizeof(double)));
+    dim3 grid(grid_for(count, 256 * 8, 512), batch);
+    sumsq_kernel<<<grid, 256>>>(M, sums, T, count, n, p, shift);
+    launchCheck();
+}
+
+// Coupled Newton start: M = z A in place, X = z^(1/p) I, z = (p + 1) / (2 ||A||_F) from sums[b] = ||A||_F^2.
+__global__ void newton_init_kernel(float* M, float* X, const double* sums, int n, int p, long long total) {
+    long long nn = (long long)n * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, e = idx % nn;
+        double z = (p + 1) / (2.0 * sqrt(sums[b]));
+        M[idx] = (float)z * M[idx];
+        X[idx] = e / n == e % n ? (float)pow(z, 1.0 / p) : 0.0f;
+    }
+}
+
+// host twin of the TF32 rounding below (the same bits: cvt.rna.tf32.f32, 10 mantissa bits, ties away from zero)
+__device__ __forceinline__ float tf32_rna(float x) {
+    uint32_t u = __float_as_uint(x);
+    return __uint_as_float((u + 0x1000u) & ~0x1FFFu);
+}
+
+// 3xTF32 operands of C = A B (n x n each): A3 = [A_hi | A_hi | A_lo] (n x 3n), B3 = [B_hi; B_lo; B_hi] (3n x n),
+// so that one TF32 GEMM with K = 3n sums A_hi B_hi + A_hi B_lo + A_lo B_hi. hi = TF32 rounding, lo = TF32 rounding
+// of the remainder (exact in fp32): both convert to TF32 exactly, whatever rounding cuBLAS applies.
+__global__ void split3_kernel(const float* A, const float* B, float* A3, float* B3, int n, long long total) {
+    long long nn = (long long)n * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, e = idx % nn, i = e / n, j = e % n;
+        float a = A[idx], ah = tf32_rna(a), al = tf32_rna(a - ah);
+        float* a3 = A3 + b * 3 * nn + i * 3 * n;
+        a3[j] = ah;
+        a3[n + j] = ah;
+        a3[2 * n + j] = al;
+        float v = B[idx], bh = tf32_rna(v), bl = tf32_rna(v - bh);
+        float* b3 = B3 + b * 3 * nn;
+        b3[i * n + j] = bh;
+        b3[(n + i) * n + j] = bl;
+        b3[(2 * n + i) * n + j] = bh;
+    }
+}
+
+// C = A B for a batch of row-major n x n matrices, strict fp32 or 3xTF32 (C must not alias A or B). Row-major C = A B
+// is column-major C^T = B^T A^T: cuBLAS gets the operands swapped.
+static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, Prec prec) {
+    long long nn = (long long)n * n;
+    const float one = 1.0f, zero = 0.0f;
+    if (prec == PREC_FP32) {
+        cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, B, CUDA_R_32F, n,
+                                               nn, A, CUDA_R_32F, n, nn, &zero, C, CUDA_R_32F, n, nn, batch,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    if (prec != PREC_3XTF32) { fprintf(stderr, "gemm_nn: precision %s not supported\n", prec_name(prec)); exit(1); }
+    float* A3 = (float*)ws_get(WS_A3, 3 * nn * batch * sizeof(float));
+    float* B3 = (float*)ws_get(WS_B3, 3 * nn * batch * sizeof(float));
+    split3_kernel<<<grid_for(nn * batch, 256), 256>>>(A, B, A3, B3, n, nn * batch);
+    launchCheck();
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, 3 * n, &one, B3, CUDA_R_32F, n,
+                                           3 * nn, A3, CUDA_R_32F, 3 * n, 3 * nn, &zero, C, CUDA_R_32F, n, nn, batch,
+                                           CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 0: cuSOLVER eigendecomposition, X = V diag(max(lambda, eps)^(-1/p)) V^T
+
+__device__ __forceinline__ float inv_root_f(float lambda, int p) {
+    float s = p == 1 ? lambda : p == 2 ? sqrtf(lambda) : sqrtf(sqrtf(lambda));  // IEEE sqrt and division
+    return 1.0f / s;
+}
+
+// W[b][j][:] = f(lambda_b[j]) V[b][j][:]: row j of the row-major view of cuSOLVER's column-major V is eigenvector j
+__global__ void eig_scale_kernel(const float* V, const float* lambda, float* W, int n, int p, float eps,
+                                 long long total) {
+    long long nn = (long long)n * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, j = idx % nn / n;
+        W[idx] = inv_root_f(fmaxf(lambda[b * n + j], eps), p) * V[idx];
+    }
+}
+
+// Returns the number of matrices cuSOLVER reported as not converged (info != 0); X is then unusable for those.
+static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float eps) {
+    check_root_args("inv_root_v0", A, X, batch, n, p, eps);
+    long long nn = (long long)n * n, total = nn * batch;
+    float* V = (float*)ws_get(WS_M, total * sizeof(float));
+    float* W = (float*)ws_get(WS_W, total * sizeof(float));
+    float* lambda = (float*)ws_get(WS_LAMBDA, (size_t)batch * n * sizeof(float));
+    int* info = (int*)ws_get(WS_INFO, batch * sizeof(int));
+    add_eps_kernel<<<grid_for(total, 256), 256>>>(A, V, n, total, eps);
+    launchCheck();
+    if (n <= 32 && batch > 1) {  // Jacobi, all matrices in one call (cuSOLVER's batched path is for n <= 32)
+        int lwork = 0;
+        cusolverCheck(cusolverDnSsyevjBatched_bufferSize(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR,
+                                                         CUBLAS_FILL_MODE_LOWER, n, V, n, lambda, &lwork, g_gpu.syevj,
+                                                         batch));
+        float* work = (float*)ws_get(WS_WORK, std::max(1, lwork) * sizeof(float));
+        cusolverCheck(cusolverDnSsyevjBatched(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, V, n,
+                                              lambda, work, lwork, info, g_gpu.syevj, batch));
+    } else {  // divide and conquer, one matrix after the other
+        int lwork = 0;
+        cusolverCheck(cusolverDnSsyevd_bufferSize(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, V,
+                                                  n, lambda, &lwork));
+        float* work = (float*)ws_get(WS_WORK, std::max(1, lwork) * sizeof(float));
+        for (int b = 0; b < batch; b++)
+            cusolverCheck(cusolverDnSsyevd(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n,
+                                           V + b * nn, n, lambda + (long long)b * n, work, lwork, info + b));
+    }
+    eig_scale_kernel<<<grid_for(total, 256), 256>>>(V, lambda, W, n, p, eps, total);
+    launchCheck();
+    // row-major X = V^T W (the sum over j of f_j v_j v_j^T): column-major X^T = W^T V, i.e. op(W) = N, op(V) = T
+    const float one = 1.0f, zero = 0.0f;
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_T, n, n, n, &one, W, CUDA_R_32F, n, nn,
+                                           V, CUDA_R_32F, n, nn, &zero, X, CUDA_R_32F, n, nn, batch,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    std::vector<int> h(batch);
+    cudaCheck(cudaMemcpy(h.data(), info, batch * sizeof(int), cudaMemcpyDeviceToHost));
+    return (int)std::count_if(h.begin(), h.end(), [](int v) { return v != 0; });
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 1: the coupled Newton iteration on cuBLAS, strict fp32 or 3xTF32 products; every matrix of a batch takes
+// the same steps (until the largest ||M - I||_F is small). One host decision per step: a copy of batch residuals.
+
+static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p, float eps, Prec prec) {
+    check_root_args("inv_root_v1", A, X, batch, n, p, eps);
+    long long nn = (long long)n * n, total = nn * batch;
+    float* M = (float*)ws_get(WS_M, total * sizeof(float));
+    float* T = (float*)ws_get(WS_T, total * sizeof(float));
+    float* T2 = (float*)ws_get(WS_T2, total * sizeof(float));
+    float* W = (float*)ws_get(WS_W, total * sizeof(float));
+    double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
+    std::vector<double> h(batch);
+    add_eps_kernel<<<grid_for(total, 256), 256>>>(A, M, n, total, eps);
+    launchCheck();
+    sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
+    cudaCheck(cudaMemcpy(h.data(), sums, batch * sizeof(double), cudaMemcpyDeviceToHost));
+    NewtonState s;
+    s.n = n;
+    s.p = p;
+    double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
+    s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
+    float* Xc = X;  // the current X; it alternates with W, and ends in X
+    newton_init_kernel<<<grid_for(total, 256), 256>>>(M, Xc, sums, n, p, total);
+    launchCheck();
+    for (;;) {
+        sumsq(M, sums, T, batch, nn, n, p, 1.0f);  // r^2 per matrix, and T
+        cudaCheck(cudaMemcpy(h.data(), sums, batch * sizeof(double), cudaMemcpyDeviceToHost));
+        double r2 = 0.0;
+        for (double v : h) r2 = std::isnan(v) ? v : std::max(r2, v);
+        NewtonAction act = newton_decide(s, std::sqrt(r2));
+        if (act == NEWTON_FAIL) break;
+        gemm_nn(Xc, T, W, n, batch, prec);  // X <- X T
+        std::swap(Xc, W);
+        if (act == NEWTON_LAST) break;
+        const float* Tp = T;
+        if (p >= 2) { gemm_nn(T, T, T2, n, batch, prec); Tp = T2; }
+        if (p == 4) { gemm_nn(T2, T2, T, n, batch, prec); Tp = T; }
+        gemm_nn(Tp, M, W, n, batch, prec);  // M <- T^p M
+        std::swap(M, W);
+        s.iters++;
+    }
+    // X, M and W permute three buffers (the output and two workspaces): the result may sit in a workspace
+    if (Xc != X) cudaCheck(cudaMemcpyAsync(X, Xc, total * sizeof(float), cudaMemcpyDeviceToDevice));
+    return s;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 2: the whole coupled Newton iteration of one matrix in one thread block. X, M and T live in shared memory
+// (padded to NP x NP with zeros, row stride NP + 1 so the column reads of the left operand hit distinct banks);
+// products run in place: each thread keeps its TM x TN outputs in registers until every thread has read its operands.
+// fp32 FMA throughout (no restart needed, and the same arithmetic as the CPU twin's fp32 run).
+
+template <int NP> struct V2Tile;
+template <> struct V2Tile<32> { static constexpr int TM = 2, TN = 2; };   // 256 threads
+template <> struct V2Tile<64> { static constexpr int TM = 4, TN = 4; };   // 256 threads
+template <> struct V2Tile<128> { static constexpr int TM = 4, TN = 8; };  // 512 threads, 32 outputs each
+template <int NP> __host__ __device__ constexpr int v2_threads() { return (NP / V2Tile<NP>::TM) * (NP / V2Tile<NP>::TN); }
+template <int NP> constexpr size_t v2_smem_bytes() { return 3ull * NP * (NP + 1) * sizeof(float); }
+
+// Every thread gets the block's sum. red: 33 floats of shared memory. Contains barriers: the whole block calls it.
+template <int THREADS>
+__device__ float block_sum(float v, float* red) {
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < THREADS / 32 ? red[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) red[32] = v;
+    }
+    __syncthreads();
+    return red[32];  // the next call writes red[32] only after a barrier every thread reaches after this read
+}
+
+// dst = A B (NP x NP in shared memory, only k < n summed: the padding is zero); dst may be A or B.
+template <int NP>
+__device__ void smem_matmul(const float* A, const float* B, float* dst, int n) {
+    constexpr int TM = V2Tile<NP>::TM, TN = V2Tile<NP>::TN, LD = NP + 1, RS = NP / TM, CS = NP / TN;
+    int tx = threadIdx.x % CS, ty = threadIdx.x / CS;  // rows ty + i RS, columns tx + j CS: consecutive lanes,
+    float acc[TM][TN];                                   // consecutive columns (conflict-free B reads)
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+    for (int k = 0; k < n; k++) {
+        float a[TM], b[TN];
+#pragma unroll
+        for (int i = 0; i < TM; i++) a[i] = A[(ty + i * RS) * LD + k];
+#pragma unroll
+        for (int j = 0; j < TN; j++) b[j] = B[k * LD + tx + j * CS];
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();  // every operand read before dst (A or B) is overwritten
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) dst[(ty + i * RS) * LD + tx + j * CS] = acc[i][j];
+    __syncthreads();
+}
+
+// Loads M = A + eps I into shared memory (zero padding), zeroes X, and returns ||M||_F^2 (block-wide).
+template <int NP>
+__device__ float v2_load(const float* Ab, float* Ms, float* Xs, int n, float eps, float* red) {
+    constexpr int LD = NP + 1;
+    float sq = 0.0f;
+    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {
+        int i = e / NP, j = e % NP;
+        float v = (i < n && j < n) ? Ab[i * n + j] + (i == j ? eps : 0.0f) : 0.0f;
+        Ms[i * LD + j] = v;
+        Xs[i * LD + j] = 0.0f;
+        sq = fmaf(v, v, sq);
+    }
+    return block_sum<v2_threads<NP>()>(sq, red);
+}
+
+// T = ((p + 1) I - M) / p (zero in the padding); returns ||M - I||_F (block-wide; its barrier publishes T).
+template <int NP>
+__device__ float v2_residual_and_T(const float* Ms, float* Ts, int n, int p, float* red) {
+    constexpr int LD = NP + 1;
+    float r2 = 0.0f, inv_p = 1.0f / (float)p;
+    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {
+        int i = e / NP, j = e % NP;
+        float t = 0.0f;
+        if (i < n && j < n) {
+            float m = Ms[i * LD + j], d = m - (i == j ? 1.0f : 0.0f);
+            r2 = fmaf(d, d, r2);
+            t = ((i == j ? (float)(p + 1) : 0.0f) - m) * inv_p;
+        }
+        Ts[i * LD + j] = t;
+    }
+    return sqrtf(block_sum<v2_threads<NP>()>(r2, red));
+}
+
+// One block per matrix (blockIdx.x); status[b] = steps taken, or -1 when the iteration left its convergence region.
+template <int NP>
+__global__ void __launch_bounds__(v2_threads<NP>())
+newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int* status, float* residual) {
+    constexpr int LD = NP + 1;
+    extern __shared__ float smem[];
+    __shared__ float red[33];
+    float *Xs = smem, *Ms = smem + NP * LD, *Ts = smem + 2 * NP * LD;
+    long long nn = (long long)n * n;
+    float nrm2 = v2_load<NP>(A + blockIdx.x * nn, Ms, Xs, n, eps, red);
+    float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
+    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) Ms[e / n * LD + e % n] *= z;
+    for (int i = threadIdx.x; i < n; i += v2_threads<NP>()) Xs[i * LD + i] = x0;
+    __syncthreads();
+    NewtonState s;  // every thread takes the same decisions from the same block-wide residual
+    s.n = n;
+    s.p = p;
+    s.max_iter = newton_max_iter(p, (double)z * eps);
+    for (;;) {
+        NewtonAction act = newton_decide(s, v2_residual_and_T<NP>(Ms, Ts, n, p, red));
+        if (act == NEWTON_FAIL) break;
+        smem_matmul<NP>(Xs, Ts, Xs, n);  // X <- X T
+        if (act == NEWTON_LAST) break;
+        if (p >= 2) smem_matmul<NP>(Ts, Ts, Ts, n);
+        if (p == 4) smem_matmul<NP>(Ts, Ts, Ts, n);
+        smem_matmul<NP>(Ts, Ms, Ms, n);  // M <- T^p M
+        s.iters++;
+    }
+    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) X[blockIdx.x * nn + e] = Xs[e / n * LD + e % n];
+    if (threadIdx.x == 0) {
+        status[blockIdx.x] = s.failed ? -1 : s.iters;
+        residual[blockIdx.x] = (float)s.r;
+    }
+}
+
+template <int NP>
+static const char* launch_v2(const float* A, float* X, int batch, int n, int p, float eps, int* status, float* res) {
+    static bool configured = false;
+    static const char* why_not = nullptr;
+    static char why_buf[200];
+    if (!configured) {
+        cudaFuncAttributes attr;
+        cudaCheck(cudaFuncGetAttributes(&attr, newton_fused_kernel<NP>));
+        size_t need = v2_smem_bytes<NP>() + attr.sharedSizeBytes;
+        if (need > g_gpu.smem_optin) {
+            snprintf(why_buf, sizeof why_buf, "n <= %d needs %zu bytes of shared memory per block, this GPU allows %zu",
+                     NP, need, g_gpu.smem_optin);
+            why_not = why_buf;
+        } else {
+            cudaCheck(cudaFuncSetAttribute(newton_fused_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)v2_smem_bytes<NP>()));
+        }
+        configured = true;
+    }
+    if (why_not) return why_not;
+    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>()>>>(A, X, n, p, eps, status, res);
+    launchCheck();
+    return nullptr;
+}
+
+// Returns nullptr, or why this size cannot run here (n > 128, or the device's shared memory). The per-matrix
+// status (steps, -1 = failed) and final ||M - I||_F stay on the device: v2_status() reads them.
+static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p, float eps) {
+    check_root_args("inv_root_v2", A, X, batch, n, p, eps);
+    int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
+    float* res = (float*)(status + batch);
+    if (n <= 32) return launch_v2<32>(A, X, batch, n, p, eps, status, res);
+    if (n <= 64) return launch_v2<64>(A, X, batch, n, p, eps, status, res);
+    if (n <= 128) return launch_v2<128>(A, X, batch, n, p, eps, status, res);
+    return "version 2 runs n <= 128 only";
+}
+static void v2_status(int batch, std::vector<int>& steps, std::vector<float>& r) {
+    std::vector<char> h(batch * (sizeof(int) + sizeof(float)));
+    cudaCheck(cudaMemcpy(h.data(), g_ws[WS_STATUS], h.size(), cudaMemcpyDeviceToHost));
+    steps.assign((int*)h.data(), (int*)h.data() + batch);
+    r.assign((float*)(h.data() + batch * sizeof(int)), (float*)(h.data() + batch * sizeof(int)) + batch);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Newton-Schulz (Muon) on cuBLAS: X in bf16 (r x c, r = min(m, n)), every product with bf16 operands and fp32
+// accumulation (GemmEx, CUBLAS_COMPUTE_32F), the b/c and a combinations folded into the GEMMs' alpha and beta.
+
+__global__ void ns_prepare_kernel(const float* G, __nv_bfloat16* X, const double* sums, int m, int n, bool tall,
+                                  long long total) {
+    long long mn = (long long)m * n;
+    int c = tall ? m : n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / mn, e = idx % mn, i = e / c, j = e % c;  // X[b][i][j]
+        float g = tall ? G[b * mn + j * n + i] : G[b * mn + i * n + j];
+        float scale = (float)(1.0 / (sqrt(sums[b]) + 1e-7));
+        X[idx] = __float2bfloat16_rn(g * scale);
+    }
+}
+
+__global__ void ns_finish_kernel(const __nv_bfloat16* X, float* out, int m, int n, bool tall, long long total) {
+    long long mn = (long long)m * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / mn, e = idx % mn, i = e / n, j = e % n;  // out[b][i][j]
+        out[idx] = __bfloat162float(tall ? X[b * mn + j * m + i] : X[b * mn + i * n + j]);
+    }
+}
+
+static void bf16_gemm(cublasOperation_t ta, int M, int N, int K, float alpha, const __nv_bfloat16* A, int lda,
+                      long long sa, const __nv_bfloat16* B, int ldb, long long sb, float beta, __nv_bfloat16* C,
+                      int ldc, long long sc, int batch) {
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, ta, CUBLAS_OP_N, M, N, K, &alpha, A, CUDA_R_16BF, lda, sa, B,
+                                           CUDA_R_16BF, ldb, sb, &beta, C, CUDA_R_16BF, ldc, sc, batch,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// out_b = NS5(G_b) for a batch of m x n row-major fp32 matrices (out fp32, rounded from the bf16 iterate).
+static void newton_schulz(const float* G, float* out, int batch, int m, int n) {
+    if (m < 1 || n < 1) fail_arg("newton_schulz", m < 1 ? "m" : "n", m < 1 ? m : n, ">= 1");
+    if (batch < 1 || batch > 65535) fail_arg("newton_schulz", "batch", batch, "in [1, 65535]");
+    if (!G || !out || G == out) { fprintf(stderr, "newton_schulz: G and out must be distinct buffers\n"); exit(1); }
+    bool tall = m > n;
+    int r = tall ? n : m, c = tall ? m : n;
+    long long rc = (long long)r * c, rr = (long long)r * r;
+    __nv_bfloat16* X = (__nv_bfloat16*)ws_get(WS_NS_X, rc * batch * sizeof(__nv_bfloat16));
+    __nv_bfloat16* Xn = (__nv_bfloat16*)ws_get(WS_NS_XN, rc * batch * sizeof(__nv_bfloat16));
+    __nv_bfloat16* A = (__nv_bfloat16*)ws_get(WS_NS_A, rr * batch * sizeof(__nv_bfloat16));
+    __nv_bfloat16* B = (__nv_bfloat16*)ws_get(WS_NS_B, rr * batch * sizeof(__nv_bfloat16));
+    double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
+    sumsq(G, sums, nullptr, batch, rc, n, 1, 0.0f);
+    ns_prepare_kernel<<<grid_for(rc * batch, 256), 256>>>(G, X, sums, m, n, tall, rc * batch);
+    launchCheck();
+    // row-major products as column-major ones on the transposed buffers (a row-major r x c buffer is the
+    // column-major c x r transpose): A = X X^T is (X^T)^T X^T; A A stays A A (A symmetric in exact arithmetic, and
+    // the transposed product of the buffers is (A A)^T, what the row-major view needs); B X is X^T B^T
+    for (int step = 0; step < NS_STEPS; step++) {
+        bf16_gemm(CUBLAS_OP_T, r, r, c, 1.0f, X, c, rc, X, c, rc, 0.0f, A, r, rr, batch);
+        cudaCheck(cudaMemcpyAsync(B, A, rr * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice));
+        bf16_gemm(CUBLAS_OP_N, r, r, r, (float)NS_C, A, r, rr, A, r, rr, (float)NS_B, B, r, rr, batch);
+        cudaCheck(cudaMemcpyAsync(Xn, X, rc * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice));
+        bf16_gemm(CUBLAS_OP_N, c, r, r, 1.0f, X, c, rc, B, r, rr, (float)NS_A, Xn, c, rc, batch);
+        std::swap(X, Xn);
+    }
+    ns_finish_kernel<<<grid_for(rc * batch, 256), 256>>>(X, out, m, n, tall, rc * batch);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Kronecker statistics: C_b = beta C_b + alpha P_b P_b^T (N x N, row-major, symmetric on entry: only its lower
+// triangle is read; beta = 0 never reads it). A SYRK-like kernel: 64x64 output tiles of the lower triangle only (one
+// block each, T (T + 1) / 2 for T = ceil(N / 64)), 16-deep k panels in shared memory, 4x4 outputs per thread in fp32
+// FMA; each lower element is written to both (i, j) and (j, i). The loaders say what P is.
+
+constexpr int SY_BT = 64, SY_BK = 16, SY_THREADS = 256, SY_LDS = SY_BT + 4;
+
+// P[i][k] = p[b * batch_stride + i * ld + k]: the rows of a row-major matrix (Shampoo's L = G G^T)
+struct RowsLoader {
+    const float* p;
+    long long batch_stride;
+    int ld;
+    static constexpr bool CONTIG_K = true;
+    __device__ float operator()(int b, int i, int k) const { return p[b * batch_stride + (long long)i * ld + k]; }
+};
+// P[i][k] = p[b * batch_stride + k * ld + i]: the columns (Shampoo's R = G^T G; K-FAC's factors from a samples x
+// features matrix). With bias, feature ld is a constant 1 (K-FAC's homogeneous coordinate for the bias).
+struct ColsLoader {
+    const float* p;
+    long long batch_stride;
+    int ld;
+    static constexpr bool CONTIG_K = false;
+    __device__ float operator()(int b, int i, int k) const {
+        return i == ld ? 1.0f : p[b * batch_stride + (long long)k * ld + i];
+    }
+};
+// P[f][pos]: the 3x3 patches of an NHWC input x (B, H, W, C), stride 1, zero padding pad, feature f = (ky * 3 + kx)
+// * C + c (train_mnist's im2col order), position pos = (b * OH + oy) * OW + ox; feature 9 C is the bias's 1.
+struct Im2colLoader {
+    const float* x;
+    int H, W, C, pad, OH, OW;
+    static constexpr bool CONTIG_K = false;
+    __device__ float operator()(int, int f, int pos) const {
+        if (f == 9 * C) return 1.0f;
+        int img = pos / (OH * OW), rem = pos % (OH * OW), oy = rem / OW, ox = rem % OW;
+        int tap = f / C, c = f % C, iy = oy + tap / 3 - pad, ix = ox + tap % 3 - pad;
+        if (iy < 0 || iy >= H || ix < 0 || ix >= W) return 0.0f;
+        return x[(((long long)img * H + iy) * W + ix) * C + c];
+    }
+};
+
+// Tile t of the lower triangle, row by row: (0,0), (1,0), (1,1), (2,0), ...
+__host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
+    int i = (int)((sqrtf(8.0f * (float)t + 1.0f) - 1.0f) * 0.5f);
+    while ((i + 1) * (i + 2) / 2 <= t) i++;  // float rounding of the square root, either way
+    while (i * (i + 1) / 2 > t) i--;
+    bi = i;
+    bj = t - i * (i + 1) / 2;
+}
+
+template <typename Loader>
+__device__ void syrk_load_panels(const Loader& P, float* As, float* Bs, int b, int row0, int col0, int k0, int N,
+                                 int K) {
+#pragma unroll
+    for (int r = 0; r < SY_BT * SY_BK / SY_THREADS; r++) {
+        // coalesced along P's contiguous index: 16 lanes per row when k is contiguous, 64 rows otherwise
+        int e = threadIdx.x + r * SY_THREADS;
+        int ii = Loader::CONTIG_K ? e / SY_BK : e % SY_BT, kk = Loader::CONTIG_K ? e % SY_BK : e / SY_BT;
+        int k = k0 + kk, ia = row0 + ii, ib = col0 + ii;
+        As[kk * SY_LDS + ii] = (ia < N && k < K) ? P(b, ia, k) : 0.0f;
+        Bs[kk * SY_LDS + ii] = (ib < N && k < K) ? P(b, ib, k) : 0.0f;
+    }
+}
+
+template <typename Loader>
+__global__ void __launch_bounds__(SY_THREADS)
+syrk_lower_kernel(Loader P, float* C, long long c_stride, int N, int K, float alpha, float beta) {
+    __shared__ float As[SY_BK * SY_LDS], Bs[SY_BK * SY_LDS];
+    int bi, bj;
+    lower_tile(blockIdx.x, bi, bj);
+    int b = blockIdx.y, row0 = bi * SY_BT, col0 = bj * SY_BT;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // outputs (row0 + ty + 16 i, col0 + tx + 16 j)
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += SY_BK) {
+        syrk_load_panels(P, As, Bs, b, row0, col0, k0, N, K);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < SY_BK; kk++) {
+            float a[4], v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = As[kk * SY_LDS + ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = Bs[kk * SY_LDS + tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], v[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    float* c = C + b * c_stride;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int gi = row0 + ty + 16 * i, gj = col0 + tx + 16 * j;
+            if (gi >= N || gj >= N || gi < gj) continue;  // the upper element is its mirror's
+            float val = alpha * acc[i][j];
+            if (beta != 0.0f) val = fmaf(beta, c[(long long)gi * N + gj], val);
+            c[(long long)gi * N + gj] = val;
+            if (gi != gj) c[(long long)gj * N + gi] = val;
+        }
+}
+
+template <typename Loader>
+static void syrk_lower(const Loader& P, float* C, int batch, int N, int K, float alpha, float beta) {
+    if (N < 1) fail_arg("syrk_lower", "N", N, ">= 1");
+    if (K < 0) fail_arg("syrk_lower", "K", K, ">= 0");
+    if (batch < 1 || batch > 65535) fail_arg("syrk_lower", "batch", batch, "in [1, 65535]");
+    if (!C) { fprintf(stderr, "syrk_lower: argument C is null\n"); exit(EXIT_FAILURE); }
+    long long tiles = (long long)ceil_div_ll(N, SY_BT) * (ceil_div_ll(N, SY_BT) + 1) / 2;
+    if (tiles > INT32_MAX) fail_arg("syrk_lower", "N", N, "small enough for 2^31 tiles");
+    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS>>>(P, C, (long long)N * N, N, K, alpha, beta);
+    launchCheck();
+}
+
+// Shampoo: L_b = beta L_b + alpha G_b G_b^T (m x m), R_b = beta R_b + alpha G_b^T G_b (n x n), G_b m x n row-major.
+// Sums: alpha = beta = 1; running averages: beta = beta2, alpha = 1 - beta2.
+static void shampoo_stats(const float* G, float* L, float* R, int batch, int m, int n, float alpha, float beta) {
+    if (!G) { fprintf(stderr, "shampoo_stats: argument G is null\n"); exit(EXIT_FAILURE); }
+    syrk_lower(RowsLoader{G, (long long)m * n, n}, L, batch, m, n, alpha, beta);
+    syrk_lower(ColsLoader{G, (long long)m * n, n}, R, batch, n, m, alpha, beta);
+}
+
+static void check_decay(const char* fn, float decay) {
+    if (!(decay >= 0.0f && decay < 1.0f)) {
+        fprintf(stderr, "%s: argument decay = %g, expected in [0, 1)\n", fn, decay);
+        exit(EXIT_FAILURE);
+    }
+}
+
+// K-FAC, linear layer: A = decay A + (1 - decay) E[a a^T] over the B rows of a (B x d), a extended by a 1 when bias
+// (A is (d + bias) x (d + bias)). decay = 0: the batch's estimate alone (A not read).
+static void kfac_linear_stats(const float* a, float* A, int B, int d, bool bias, float decay) {
+    check_decay("kfac_linear_stats", decay);
+    if (B < 1 || d < 1 || !a) { fprintf(stderr, "kfac_linear_stats: B = %d, d = %d, a %s\n", B, d, a ? "" : "null");
+                                exit(EXIT_FAILURE); }
+    syrk_lower(ColsLoader{a, 0, d}, A, 1, d + (bias ? 1 : 0), B, (1.0f - decay) / B, decay);
+}
+
+// K-FAC, 3x3 convolution (stride 1, padding pad) on an NHWC input x (B, H, W, C): A = decay A + (1 - decay) E[a a^T]
+// over the B * OH * OW patches a (9 C features, + 1 with bias), read from x in place (no im2col buffer).
+static void kfac_conv_stats(const float* x, float* A, int B, int H, int W, int C, int pad, bool bias, float decay) {
+    check_decay("kfac_conv_stats", decay);
+    int OH = H + 2 * pad - 2, OW = W + 2 * pad - 2;
+    if (B < 1 || C < 1 || (pad != 0 && pad != 1) || OH < 1 || OW < 1 || !x) {
+        fprintf(stderr, "kfac_conv_stats: B = %d, H = %d, W = %d, C = %d, pad = %d: expected B, C >= 1, pad 0 or 1, "
+                "an output of at least 1x1, x not null\n", B, H, W, C, pad);
+        exit(EXIT_FAILURE);
+    }
+    long long positions = (long long)B * OH * OW;
+    if (positions > INT32_MAX) fail_arg("kfac_conv_stats", "B * OH * OW", positions, "< 2^31");
+    syrk_lower(Im2colLoader{x, H, W, C, pad, OH, OW}, A, 1, 9 * C + (bias ? 1 : 0), (int)positions,
+               (float)((1.0 - decay) / positions), decay);
+}
+
+// K-FAC, output gradients: G = decay G + (1 - decay) E[g g^T] over the rows of g (rows x d): samples for a linear
+// layer, samples x positions for a convolution (NHWC gradients). The scale between the two factors (K-FAC's
+// convention for convolutions) is the optimizer's choice, not this kernel's.
+static void kfac_grad_stats(const float* g, float* G, int rows, int d, float decay) {
+    check_decay("kfac_grad_stats", decay);
+    if (rows < 1 || d < 1 || !g) { fprintf(stderr, "kfac_grad_stats: rows = %d, d = %d\n", rows, d); exit(1); }
+    syrk_lower(ColsLoader{g, 0, d}, G, 1, d, rows, (1.0f - decay) / rows, decay);
+}
+
+// row-major C[i][j] = C[j][i] for i < j: the upper triangle from the lower one
+__global__ void mirror_lower_kernel(float* C, int N, long long total) {
+    long long nn = (long long)N * N;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, e = idx % nn, i = e / N, j = e % N;
+        if (i < j) C[idx] = C[b * nn + j * N + i];
+    }
+}
+
+// cuBLAS baseline of shampoo_stats: strict-fp32 syrk of the row-major lower triangle (column-major upper), then the
+// mirror; cuBLAS has no batched syrk, so one call per matrix.
+static void shampoo_stats_cublas(const float* G, float* L, float* R, int batch, int m, int n, float alpha,
+                                 float beta) {
+    long long mn = (long long)m * n, mm = (long long)m * m, nn = (long long)n * n;
+    for (int b = 0; b < batch; b++) {
+        // the row-major G buffer is the column-major n x m matrix G^T: G G^T = op_T(G^T) op_T(G^T)^T
+        cublasCheck(cublasSsyrk(g_gpu.blas, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, m, n, &alpha, G + b * mn, n, &beta,
+                                L + b * mm, m));
+        cublasCheck(cublasSsyrk(g_gpu.blas, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, n, m, &alpha, G + b * mn, n, &beta,
+                                R + b * nn, n));
+    }
+    mirror_lower_kernel<<<grid_for(mm * batch, 256), 256>>>(L, m, mm * batch);
+    launchCheck();
+    mirror_lower_kernel<<<grid_for(nn * batch, 256), 256>>>(R, n, nn * batch);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // --study (CPU only): how the iterations behave in each precision, against the oracle. Its output is the
 // measurement behind the tolerances and the precision choices (dev/matrix_roots_NOTES.md).
 
@@ -817,6 +1541,278 @@ static void test_stats_oracle(Rng& rng) {
     }
 }
 
+// ----------------------------------------------------------------------------------------------------------------
+// --test, GPU part: every version against the oracle at awkward sizes, single matrices and batches, outputs
+// poisoned with NaN first (an unwritten element fails).
+
+static float* to_device(const float* h, size_t count) {
+    float* d = nullptr;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, count) * sizeof(float)));
+    cudaCheck(cudaMemcpy(d, h, count * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static MatF to_host(const float* d, size_t count) {
+    MatF h(count);
+    cudaCheck(cudaMemcpy(h.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+static float* device_poisoned(size_t count) {
+    float* d = nullptr;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, count) * sizeof(float)));
+    cudaCheck(cudaMemset(d, 0xFF, count * sizeof(float)));  // 0xFFFFFFFF is a NaN
+    return d;
+}
+
+struct RootVariant { const char* name; int version; Prec prec; RootMethod method; };
+static const RootVariant ROOT_VARIANTS[] = {{"v0 cusolver", 0, PREC_FP32, METHOD_EIG},
+                                            {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32},
+                                            {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32},
+                                            {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32}};
+
+// Runs one variant on d_A (batch x n x n) into d_X. Returns nullptr or why it cannot run; steps: per matrix when
+// known (version 2), else the batch's.
+static const char* run_root_variant(const RootVariant& v, const float* d_A, float* d_X, int batch, int n, int p,
+                                    float eps, std::vector<int>& steps, std::string& trouble) {
+    steps.assign(batch, 0);
+    trouble.clear();
+    if (v.version == 0) {
+        int bad = inv_root_v0(d_A, d_X, batch, n, p, eps);
+        if (bad) trouble = fmt("cuSOLVER reported %d matrices not converged", bad);
+        return nullptr;
+    }
+    if (v.version == 1) {
+        NewtonState s = inv_root_v1(d_A, d_X, batch, n, p, eps, v.prec);
+        steps.assign(batch, s.iters);
+        if (s.failed) trouble = fmt("left the convergence region (||M - I||_F = %.2e)", s.r);
+        return nullptr;
+    }
+    const char* why = inv_root_v2(d_A, d_X, batch, n, p, eps);
+    if (why) return why;
+    std::vector<float> r;
+    v2_status(batch, steps, r);
+    for (int b = 0; b < batch; b++)
+        if (steps[b] < 0) trouble = fmt("matrix %d left the convergence region (||M - I||_F = %.2e)", b, r[b]);
+    return nullptr;
+}
+
+// One group: a batch of n x n matrices (one per case), every p, every variant (and, for batch > 1, each variant
+// must also give every matrix what the oracle gives it).
+static void test_roots_group(int n, const std::vector<MatF>& As, const std::vector<std::string>& names, float eps,
+                             const std::vector<int>& ps) {
+    int batch = (int)As.size();
+    size_t nn = (size_t)n * n;
+    MatF all;
+    for (auto& a : As) all.insert(all.end(), a.begin(), a.end());
+    float* d_A = to_device(all.data(), all.size());
+    float* d_X = device_poisoned(all.size());
+    for (int p : ps) {
+        std::vector<RootOracle> oracles;
+        for (auto& a : As) oracles.push_back(oracle_inv_root(n, a.data(), eps, p));
+        for (const RootVariant& v : ROOT_VARIANTS) {
+            std::string label = fmt("%s n=%d batch=%d p=%d", v.name, n, batch, p);
+            cudaCheck(cudaMemset(d_X, 0xFF, all.size() * sizeof(float)));
+            std::vector<int> steps;
+            std::string trouble;
+            const char* why = run_root_variant(v, d_A, d_X, batch, n, p, eps, steps, trouble);
+            if (why) { skip(label, why); continue; }
+            cudaCheck(cudaDeviceSynchronize());
+            MatF X = to_host(d_X, all.size());
+            for (int b = 0; b < batch; b++) {
+                const RootOracle& o = oracles[b];
+                double kappa = o.lmax / o.lmin;
+                RootTol t = root_tolerance(v.method, n, p, kappa);
+                const float* Xb = X.data() + b * nn;
+                double e = rel_err(nn, Xb, o.X.data()), res = root_residual(n, p, Xb, As[b].data(), eps);
+                bool ok = trouble.empty() && e <= t.rel && res <= t.res;  // NaN compares false: fails
+                report(ok, label + " " + names[b],
+                       fmt("kappa_eff %.1e, %d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)%s%s", kappa,
+                           steps[b], e, t.rel, res, t.res, trouble.empty() ? "" : ": ", trouble.c_str()));
+            }
+        }
+    }
+    cudaCheck(cudaFree(d_A));
+    cudaCheck(cudaFree(d_X));
+}
+
+static void test_roots_gpu(Rng& rng) {
+    float eps = 1e-6f;
+    auto cases = [&](int n) {
+        std::vector<MatF> As;
+        std::vector<std::string> names;
+        for (const SpdCase& c : SPD_CASES) {
+            As.push_back(make_spd(n, c.kappa, c.zeros_div ? std::max(1, n / c.zeros_div) : 0, rng));
+            names.push_back(c.name);
+        }
+        return std::make_pair(As, names);
+    };
+    // single matrices: each case alone (syevd; v2 padded to 64 and 128)
+    for (int n : {37, 100}) {
+        auto c = cases(n);
+        for (size_t i = 0; i < c.first.size(); i++) test_roots_group(n, {c.first[i]}, {c.second[i]}, eps, {1, 2, 4});
+    }
+    // batches: the five cases together (syevjBatched at n = 24, syevd per matrix at 70; v2 padded to 32 and 128)
+    for (int n : {24, 70}) {
+        auto c = cases(n);
+        test_roots_group(n, c.first, c.second, eps, {1, 2, 4});
+    }
+    // a size past the fused kernel and two 64-tiles; 1x1 matrices
+    test_roots_group(257, {make_spd(257, 1e4, 0, rng)}, {"kappa 1e4"}, eps, {4});
+    test_roots_group(1, {MatF{2.5f}, MatF{1e-3f}, MatF{0.0f}}, {"2.5", "1e-3", "0"}, eps, {1, 2, 4});
+}
+
+// Newton-Schulz: the GPU result against the float64 run of the same iteration. Tolerance: 3x the error of the bf16
+// twin (the same roundings at the same points; the GPU differs by its fp32 summation orders), at least 4 bf16 ulps;
+// singular values inside the float64 run's range widened by 0.03 (8 bf16 ulps at 1).
+static void test_ns_gpu(Rng& rng) {
+    struct { int m, n, batch; double kappa; } cases[] = {{37, 53, 1, 1e2}, {100, 30, 1, 1e2}, {64, 64, 2, 30},
+                                                         {48, 80, 3, 0}, {130, 70, 2, 1e2}, {1, 17, 1, 1}};
+    for (auto& cs : cases) {
+        size_t mn = (size_t)cs.m * cs.n;
+        MatF all;
+        for (int b = 0; b < cs.batch; b++) {
+            MatF G(mn);
+            if (cs.kappa > 0) G = make_with_singular_values(cs.m, cs.n, cs.kappa, rng);
+            else for (auto& v : G) v = (float)rng.normal();
+            all.insert(all.end(), G.begin(), G.end());
+        }
+        float* d_G = to_device(all.data(), all.size());
+        float* d_out = device_poisoned(all.size());
+        newton_schulz(d_G, d_out, cs.batch, cs.m, cs.n);
+        MatF out = to_host(d_out, all.size());
+        for (int b = 0; b < cs.batch; b++) {
+            std::vector<double> xd, xe;
+            ns_cpu<false>(cs.m, cs.n, all.data() + b * mn, xd);
+            ns_cpu<true>(cs.m, cs.n, all.data() + b * mn, xe);
+            std::vector<double> got(out.begin() + b * mn, out.begin() + (b + 1) * mn);
+            double e = rel_err(mn, got.data(), xd.data()), e_twin = rel_err(mn, xe.data(), xd.data());
+            double tol = std::max(3.0 * e_twin, 4.0 / 256.0);
+            std::vector<double> sd = singular_values(cs.m, cs.n, xd.data()), sg = singular_values(cs.m, cs.n, got.data());
+            bool band = sg.front() >= sd.front() - 0.03 && sg.back() <= sd.back() + 0.03;
+            report(e <= tol && band, fmt("newton-schulz %dx%d batch %d matrix %d", cs.m, cs.n, cs.batch, b),
+                   fmt("rel err vs float64 %.2e (tol %.2e = max(3 x bf16 twin's %.2e, 4 ulp)), singular values "
+                       "[%.3f, %.3f] (float64 run [%.3f, %.3f])", e, tol, e_twin, sg.front(), sg.back(), sd.front(),
+                       sd.back()));
+        }
+        cudaCheck(cudaFree(d_G));
+        cudaCheck(cudaFree(d_out));
+    }
+}
+
+// |got - ref| <= gamma_{K+2} scale (any fp32 summation order of K products, then alpha and beta), and, for our
+// kernel, exact symmetry (each element is written to both places from one register).
+static void check_stats(const std::string& name, const MatF& got, const MatD& ref, const MatD& scale, int N, int K,
+                        bool exact_symmetry) {
+    double k = K + 2.0, gamma = k * U32 / (1.0 - k * U32);
+    double worst = 0.0;
+    long long bad = -1;
+    bool symmetric = true;
+    for (size_t i = 0; i < ref.size(); i++) {
+        double err = std::fabs((double)got[i] - ref[i]), tol = gamma * scale[i] + 1e-30;
+        if (!(err <= tol) && bad < 0) bad = (long long)i;  // NaN fails
+        if (err / tol > worst || std::isnan(err)) worst = std::isnan(err) ? INFINITY : err / tol;
+        size_t r = i / ((size_t)N * N) * N * N, e = i % ((size_t)N * N), ii = e / N, jj = e % N;
+        if (exact_symmetry && got[i] != got[r + jj * N + ii]) symmetric = false;
+    }
+    report(bad < 0 && symmetric, name,
+           fmt("worst |err| / (gamma_%d scale) = %.3f%s%s", K + 2, worst,
+               bad >= 0 ? fmt(", first bad element %lld: %g vs %g", bad, got[bad], ref[bad]).c_str() : "",
+               symmetric ? "" : ", not exactly symmetric"));
+}
+
+static MatF random_symmetric(int N, int batch, Rng& rng) {
+    MatF C((size_t)batch * N * N);
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j <= i; j++)
+                C[((size_t)b * N + i) * N + j] = C[((size_t)b * N + j) * N + i] = (float)rng.normal();
+    return C;
+}
+
+static void test_stats_gpu(Rng& rng) {
+    // Shampoo, ours and cuBLAS syrk: beta = 0 with C poisoned (must not be read), running averages, sums
+    struct { int m, n, batch; float alpha, beta; } sh[] = {{37, 53, 1, 1.0f, 0.0f}, {70, 19, 3, 0.05f, 0.95f},
+                                                          {130, 65, 1, 1.0f, 1.0f}, {1, 200, 2, 0.1f, 0.9f},
+                                                          {64, 64, 1, 1.0f, 0.0f}};
+    for (auto& c : sh) {
+        size_t mn = (size_t)c.m * c.n, mm = (size_t)c.m * c.m, nn = (size_t)c.n * c.n;
+        MatF G((size_t)c.batch * mn);
+        for (auto& v : G) v = (float)rng.normal();
+        MatF L0 = random_symmetric(c.m, c.batch, rng), R0 = random_symmetric(c.n, c.batch, rng);
+        MatD refL, refR, scL, scR;
+        for (int b = 0; b < c.batch; b++) {
+            const float* g = G.data() + b * mn;
+            MatD r, s;
+            syrk_oracle(c.m, c.n, [&](int i, int k) { return (double)g[(size_t)i * c.n + k]; }, c.alpha, c.beta,
+                        c.beta != 0.0f ? L0.data() + b * mm : nullptr, r, s);
+            refL.insert(refL.end(), r.begin(), r.end());
+            scL.insert(scL.end(), s.begin(), s.end());
+            syrk_oracle(c.n, c.m, [&](int i, int k) { return (double)g[(size_t)k * c.n + i]; }, c.alpha, c.beta,
+                        c.beta != 0.0f ? R0.data() + b * nn : nullptr, r, s);
+            refR.insert(refR.end(), r.begin(), r.end());
+            scR.insert(scR.end(), s.begin(), s.end());
+        }
+        float* d_G = to_device(G.data(), G.size());
+        for (int impl = 0; impl < 2; impl++) {
+            float* d_L = c.beta != 0.0f ? to_device(L0.data(), L0.size()) : device_poisoned(L0.size());
+            float* d_R = c.beta != 0.0f ? to_device(R0.data(), R0.size()) : device_poisoned(R0.size());
+            if (impl == 0) shampoo_stats(d_G, d_L, d_R, c.batch, c.m, c.n, c.alpha, c.beta);
+            else shampoo_stats_cublas(d_G, d_L, d_R, c.batch, c.m, c.n, c.alpha, c.beta);
+            std::string base = fmt("%s %dx%d batch %d alpha %g beta %g", impl ? "shampoo cublas syrk" : "shampoo syrk_lower",
+                                   c.m, c.n, c.batch, c.alpha, c.beta);
+            check_stats(base + " L = G G^T", to_host(d_L, L0.size()), refL, scL, c.m, c.n, impl == 0);
+            check_stats(base + " R = G^T G", to_host(d_R, R0.size()), refR, scR, c.n, c.m, impl == 0);
+            cudaCheck(cudaFree(d_L));
+            cudaCheck(cudaFree(d_R));
+        }
+        cudaCheck(cudaFree(d_G));
+    }
+    // K-FAC, linear layer inputs (with and without the bias's 1) and output gradients
+    struct { int B, d; bool bias; float decay; } lin[] = {{33, 45, true, 0.9f}, {7, 130, false, 0.0f}};
+    for (auto& c : lin) {
+        int N = c.d + (c.bias ? 1 : 0);
+        MatF a((size_t)c.B * c.d);
+        for (auto& v : a) v = (float)rng.normal();
+        MatF A0 = random_symmetric(N, 1, rng);
+        MatD ref, sc;
+        syrk_oracle(N, c.B, [&](int i, int k) { return i == c.d ? 1.0 : (double)a[(size_t)k * c.d + i]; },
+                    (1.0 - c.decay) / c.B, c.decay, c.decay != 0.0f ? A0.data() : nullptr, ref, sc);
+        float* d_a = to_device(a.data(), a.size());
+        float* d_A = c.decay != 0.0f ? to_device(A0.data(), A0.size()) : device_poisoned(A0.size());
+        kfac_linear_stats(d_a, d_A, c.B, c.d, c.bias, c.decay);
+        check_stats(fmt("kfac linear A B=%d d=%d bias %d decay %g", c.B, c.d, (int)c.bias, c.decay),
+                    to_host(d_A, A0.size()), ref, sc, N, c.B, true);
+        cudaCheck(cudaMemset(d_A, 0xFF, A0.size() * sizeof(float)));
+        kfac_grad_stats(d_a, d_A, c.B, c.d, 0.0f);  // G = E[g g^T] of the same rows read as gradients
+        syrk_oracle(c.d, c.B, [&](int i, int k) { return (double)a[(size_t)k * c.d + i]; }, 1.0 / c.B, 0.0, nullptr,
+                    ref, sc);
+        MatF got = to_host(d_A, (size_t)c.d * c.d);
+        check_stats(fmt("kfac grad G rows=%d d=%d", c.B, c.d), got, ref, sc, c.d, c.B, true);
+        cudaCheck(cudaFree(d_a));
+        cudaCheck(cudaFree(d_A));
+    }
+    // K-FAC, 3x3 convolution patches read from NHWC in place: padded, unpadded, MNIST's conv2 at batch 4
+    struct { int B, H, W, C, pad; bool bias; float decay; } conv[] = {{2, 7, 6, 5, 1, true, 0.95f},
+                                                                       {3, 9, 10, 8, 0, false, 0.0f},
+                                                                       {4, 26, 26, 32, 0, false, 0.0f}};
+    for (auto& c : conv) {
+        int OH = c.H + 2 * c.pad - 2, OW = c.W + 2 * c.pad - 2, F = 9 * c.C + (c.bias ? 1 : 0), P = c.B * OH * OW;
+        MatF x((size_t)c.B * c.H * c.W * c.C);
+        for (auto& v : x) v = (float)rng.normal();
+        MatF A0 = random_symmetric(F, 1, rng);
+        MatD ref, sc;
+        syrk_oracle(F, P, [&](int f, int k) { return f == 9 * c.C ? 1.0 : im2col_value(x.data(), c.H, c.W, c.C, c.pad,
+                                                                                      f, k); },
+                    (1.0 - c.decay) / P, c.decay, c.decay != 0.0f ? A0.data() : nullptr, ref, sc);
+        float* d_x = to_device(x.data(), x.size());
+        float* d_A = c.decay != 0.0f ? to_device(A0.data(), A0.size()) : device_poisoned(A0.size());
+        kfac_conv_stats(d_x, d_A, c.B, c.H, c.W, c.C, c.pad, c.bias, c.decay);
+        check_stats(fmt("kfac conv A B=%d H=%d W=%d C=%d pad %d bias %d decay %g", c.B, c.H, c.W, c.C, c.pad,
+                        (int)c.bias, c.decay), to_host(d_A, A0.size()), ref, sc, F, P, true);
+        cudaCheck(cudaFree(d_x));
+        cudaCheck(cudaFree(d_A));
+    }
+}
+
 static bool gpu_available(std::string& why) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -845,6 +1841,13 @@ static int run_tests(uint64_t seed) {
             skip(v, why);
         return finish();
     }
+    gpu_init();
+    printf("GPU: %s (sm_%d%d, %d SMs, %zu bytes of shared memory per block)\n", g_gpu.name, g_gpu.cc_major,
+           g_gpu.cc_minor, g_gpu.sms, g_gpu.smem_optin);
+    test_roots_gpu(rng);
+    test_ns_gpu(rng);
+    test_stats_gpu(rng);
+    gpu_free();
     return finish();
 }
 
