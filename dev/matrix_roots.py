@@ -118,7 +118,8 @@ def torch_rows(torch, quick):
         ms = time_ms(torch, lambda: out.__setitem__("x", newton_root(torch, A, EPS, P)))
         rows.append(("inv 4th root", shape, "torch newton", ms, out["x"][1], residual(torch, out["x"][0], A, EPS, P)))
         for r in rows[-2:]:
-            print(f"  {r[0]:14s} {r[1]:12s} {r[2]:18s} {r[3]:10.3f} ms {r[4]:4d} steps  residual {r[5]:.1e}", flush=True)
+            print(f"  {r[0]:14s} {r[1]:12s} {r[2]:18s} {r[3]:10.3f} ms {r[4]:4d} steps  residual {r[5]:.1e}",
+                  flush=True)
         del G, A, out
     for m, n, batch in ns:
         G = torch.randn(batch, m, n, device="cuda", generator=gen)
