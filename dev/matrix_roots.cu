@@ -376,9 +376,17 @@ static float round_prec(float x, Prec p) {
     return x;
 }
 
-// C = A B (n x n), operands rounded to prec, fp32 sums in k order. 3xTF32: one sum over the concatenated
-// k ranges of a_hi b_hi, a_hi b_lo and a_lo b_hi (hi = TF32 rounding, lo = TF32 rounding of the rest), as version 1
-// runs it (one GEMM with K = 3n).
+// fp32 rounding toward zero of a double
+static float round_toward_zero(double v) {
+    float f = (float)v;
+    if (std::fabs((double)f) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+    return f;
+}
+
+// C = A B (n x n), operands rounded to prec, fp32 sums in k order. 3xTF32: one sum over the concatenated k ranges
+// of a_hi b_hi, a_hi b_lo and a_lo b_hi (hi = TF32 rounding, lo = TF32 rounding of the rest), as version 1 runs it
+// (one GEMM with K = 3n), modelled as tensor cores are measured to add: 8 exact products at a time, added to the
+// fp32 accumulator with truncation (round toward zero), not rounding: the error grows like K u, not sqrt(K) u.
 static void matmul_f(int n, const float* A, const float* B, float* C, Prec prec) {
     size_t nn = (size_t)n * n;
     bool split = prec == PREC_3XTF32;
@@ -393,20 +401,30 @@ static void matmul_f(int n, const float* A, const float* B, float* C, Prec prec)
         }
     }
     std::fill(C, C + nn, 0.0f);
-    auto accumulate = [n, C](const MatF& a, const MatF& b) {
-        for (int i = 0; i < n; i++)
-            for (int k = 0; k < n; k++) {
-                float aik = a[(size_t)i * n + k];
-                const float* bk = &b[(size_t)k * n];
-                float* ci = C + (size_t)i * n;
-                for (int j = 0; j < n; j++) ci[j] = fmaf(aik, bk[j], ci[j]);
-            }
-    };
-    accumulate(ah, bh);
     if (split) {
-        accumulate(ah, bl);
-        accumulate(al, bh);
+        const MatF* as[3] = {&ah, &ah, &al};
+        const MatF* bs[3] = {&bh, &bl, &bh};
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                float acc = 0.0f;
+                for (int part = 0; part < 3; part++)
+                    for (int k0 = 0; k0 < n; k0 += 8) {
+                        double group = 0.0;  // products of 11-bit significands: exact in double
+                        for (int k = k0; k < std::min(n, k0 + 8); k++)
+                            group += (double)(*as[part])[(size_t)i * n + k] * (*bs[part])[(size_t)k * n + j];
+                        acc = round_toward_zero((double)acc + group);
+                    }
+                C[(size_t)i * n + j] = acc;
+            }
+        return;
     }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n; k++) {
+            float aik = ah[(size_t)i * n + k];
+            const float* bk = &bh[(size_t)k * n];
+            float* ci = C + (size_t)i * n;
+            for (int j = 0; j < n; j++) ci[j] = fmaf(aik, bk[j], ci[j]);
+        }
 }
 
 static double frob_minus_identity(int n, const float* M) {
@@ -594,14 +612,17 @@ static double im2col_value(const float* x, int H, int W, int C, int pad, int fea
 // ----------------------------------------------------------------------------------------------------------------
 // Tolerances of the inverse roots against the oracle. An fp32 method on an input of effective condition number
 // kappa = lambda_max / lambda_min (of A + eps I) has a relative error of order u kappa / p: the fp32 input, and the
-// fp32 A + eps I, already move lambda_min by u lambda_max. Measured constants (--study, and numpy's fp32 syevd on
-// the same matrices for version 0; dev/matrix_roots_NOTES.md), each tolerance about 3x the worst case measured:
-//   eigendecomposition: rel err <= 0.02 u kappa / p + 0.3 u sqrt(n) (kappa 1)   -> tol u (2 sqrt(n) + 0.2 kappa / p)
-//   coupled Newton fp32: rel err <= 0.075 u sqrt(n) kappa / p (it loses ~10x to the eigendecomposition at large kappa)
-//                                                                                 -> tol u sqrt(n) (2 + 0.25 kappa / p)
-//   coupled Newton 3xTF32: 2-3x the fp32 errors (operands carry 21-22 bits)       -> tol u sqrt(n) (4 + 0.75 kappa / p)
-//   residual ||X^p A - I||_F / sqrt(n), every method: <= 0.7 u sqrt(n) kappa  -> tol u sqrt(n) (2 p + 2 kappa), 3xTF32
-//                                                                               u sqrt(n) (4 p + 4 kappa)
+// fp32 A + eps I, already move lambda_min by u lambda_max. Measured constants (--study and the CPU twin at n = 32 ..
+// 257, numpy's fp32 syevd on the same matrices for version 0; dev/matrix_roots_NOTES.md), each tolerance about 3x
+// the worst case measured:
+//   eigendecomposition: rel err <= 0.02 u kappa / p + 0.3 u sqrt(n)                  -> u (2 sqrt(n) + 0.2 kappa / p)
+//   coupled Newton fp32: rel err <= 0.08 u sqrt(n) kappa / p (~10x the eigendecomposition's at large kappa)
+//                                                                                 -> u sqrt(n) (2 + 0.25 kappa / p)
+//   coupled Newton 3xTF32, modelled with truncating tensor-core accumulation (matmul_f): the error grows like n,
+//   rel err <= 0.02 u n kappa / p                                                   -> u (4 sqrt(n) + 0.06 n kappa / p)
+//   residual ||X^p A - I||_F / sqrt(n): eigendecomposition and fp32 Newton <= 0.7 u sqrt(n) kappa
+//                                                                                 -> u sqrt(n) (2 p + 2 kappa)
+//                                       3xTF32 <= 0.37 u n kappa                  -> u (4 p sqrt(n) + 1.2 n kappa)
 constexpr double U32 = 5.9604644775390625e-08;  // 2^-24, the unit roundoff of fp32
 enum RootMethod { METHOD_EIG, METHOD_NEWTON_FP32, METHOD_NEWTON_3XTF32 };
 struct RootTol { double rel, res; };
@@ -609,7 +630,7 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
     double sn = std::sqrt((double)n);
     if (m == METHOD_EIG) return {U32 * (2.0 * sn + 0.2 * kappa / p), U32 * sn * (2.0 * p + 2.0 * kappa)};
     if (m == METHOD_NEWTON_FP32) return {U32 * sn * (2.0 + 0.25 * kappa / p), U32 * sn * (2.0 * p + 2.0 * kappa)};
-    return {U32 * sn * (4.0 + 0.75 * kappa / p), U32 * sn * (4.0 * p + 4.0 * kappa)};
+    return {U32 * (4.0 * sn + 0.06 * n * kappa / p), U32 * (4.0 * p * sn + 1.2 * n * kappa)};
 }
 
 // ----------------------------------------------------------------------------------------------------------------
