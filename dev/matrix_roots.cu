@@ -615,7 +615,7 @@ static double im2col_value(const float* x, int H, int W, int C, int pad, int fea
 // fp32 A + eps I, already move lambda_min by u lambda_max. Measured constants (--study and the CPU twin at n = 32 ..
 // 257, numpy's fp32 syevd on the same matrices for version 0; dev/matrix_roots_NOTES.md), each tolerance about 3x
 // the worst case measured:
-//   eigendecomposition: rel err <= 0.02 u kappa / p + 0.3 u sqrt(n)                  -> u (2 sqrt(n) + 0.2 kappa / p)
+//   eigendecomposition: rel err <= 0.05 u kappa / p + 0.3 u sqrt(n)                  -> u (2 sqrt(n) + 0.2 kappa / p)
 //   coupled Newton fp32: rel err <= 0.08 u sqrt(n) kappa / p (~10x the eigendecomposition's at large kappa)
 //                                                                                 -> u sqrt(n) (2 + 0.25 kappa / p)
 //   coupled Newton 3xTF32, modelled with truncating tensor-core accumulation (matmul_f): the error grows like n,
