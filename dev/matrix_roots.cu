@@ -8,16 +8,16 @@ the Kronecker-factor statistics of Shampoo (L = G G^T, R = G^T G) and K-FAC (A =
   make -C dev matrix_roots && ./dev/matrix_roots --test     the CPU oracle checks (run without a GPU, in CI), then
                                                             every GPU version against the oracle
   ./dev/matrix_roots --bench [--quick] [--json FILE]        time every version (n = 64 .. 4096 and batches), in ms
-  ./dev/matrix_roots --study                                CPU only: fp32 / TF32 / bf16 emulations of the
+  ./dev/matrix_roots --study                                CPU only: fp32 / 3xTF32 / TF32 / bf16 emulations of the
                                                             iterations against the oracle (dev/matrix_roots_NOTES.md)
   python3 dev/matrix_roots.py                               PyTorch's eigh and coupled Newton in the same run
 
-Inverse roots:
+Inverse roots (fp32 in and out, eps > 0 added to the diagonal):
 version 0: cuSOLVER eigendecomposition: syevd per matrix (syevjBatched for batches of n <= 32), then
            X = V diag(max(lambda, eps)^(-1/p)) V^T by a scaled copy of V and one strict-fp32 GEMM.
-version 1: coupled Newton iteration on cuBLAS: TF32 tensor-core products while the iteration converges, then M =
-           X^p A recomputed in strict fp32 and fp32 steps to the end (strict fp32 throughout where the TF32 phase
-           is not safe, see newton_tf32_safe); one host decision per iteration from ||M - I||_F.
+version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF32 (operands split into two TF32
+           parts, three products in one tensor-core GEMM): the iteration does not correct rounding errors, so TF32
+           or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F.
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
 Newton-Schulz (Muon): the quintic iteration X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750,
@@ -27,6 +27,7 @@ Kronecker statistics: C = beta C + alpha P P^T computing only the lower triangle
            kernel): P = G (Shampoo L), G^T (Shampoo R), the layer inputs a (K-FAC A, optionally with a column of
            ones for the bias), the 3x3 im2col patches of an NHWC input (K-FAC A of a convolution, read in place), the
            output gradients (K-FAC G). beta = 0 never reads C. cuBLAS syrk is the baseline.
+Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
 */
 #include <algorithm>
 #include <cerrno>
