@@ -1,0 +1,2203 @@
+/*
+dev/matrix_roots.cu: matrix functions for second-order optimizers (issue 21, items 1 and 2).
+
+Inverse p-th roots X = (A + eps I)^(-1/p), p = 1, 2, 4, of symmetric positive semi-definite fp32 matrices, one n x n
+matrix or a batch of them (row-major, contiguous), as Shampoo uses them; Muon's Newton-Schulz orthogonalisation;
+the Kronecker-factor statistics of Shampoo (L = G G^T, R = G^T G) and K-FAC (A = E[a a^T], G = E[g g^T]).
+
+  make -C dev matrix_roots && ./dev/matrix_roots --test     the CPU oracle checks (run without a GPU, in CI), then
+                                                            every GPU version against the oracle
+  ./dev/matrix_roots --bench [--quick] [--json FILE]        time every version (n = 64 .. 4096 and batches), in ms
+  ./dev/matrix_roots --study                                CPU only: fp32 / 3xTF32 / TF32 / bf16 emulations of the
+                                                            iterations against the oracle (dev/matrix_roots_NOTES.md)
+  python3 dev/matrix_roots.py                               PyTorch's eigh and coupled Newton in the same run
+
+Inverse roots (fp32 in and out, eps > 0 added to the diagonal):
+version 0: cuSOLVER eigendecomposition: syevd per matrix (syevjBatched for batches of n <= 32), then
+           X = V diag(max(lambda, eps)^(-1/p)) V^T by a scaled copy of V and one strict-fp32 GEMM.
+version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF32 (operands split into two TF32
+           parts, three products in one tensor-core GEMM): the iteration does not correct rounding errors, so TF32
+           or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F.
+version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
+           place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
+Newton-Schulz (Muon): the quintic iteration X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750,
+           2.0315), 5 steps on X0 = G / (||G||_F + 1e-7), bf16 operands and fp32 accumulation (cuBLAS GemmEx), a
+           batch of same-shape matrices, tall ones transposed.
+Kronecker statistics: C = beta C + alpha P P^T computing only the lower triangle and mirroring it (a SYRK-like
+           kernel): P = G (Shampoo L), G^T (Shampoo R), the layer inputs a (K-FAC A, optionally with a column of
+           ones for the bias), the 3x3 im2col patches of an NHWC input (K-FAC A of a convolution, read in place), the
+           output gradients (K-FAC G). beta = 0 never reads C. cuBLAS syrk is the baseline.
+Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
+*/
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <cusolverDn.h>
+
+// ----------------------------------------------------------------------------------------------------------------
+// error checking
+
+static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "[CUDA ERROR] %s failed at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
+        exit(EXIT_FAILURE);
+    }
+}
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
+// every kernel launch is followed by this
+#define launchCheck() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+static void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuBLAS ERROR] %s failed at %s:%d: status %d\n", call, file, line, (int)status);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+static void cusolver_check(cusolverStatus_t status, const char* call, const char* file, int line) {
+    if (status != CUSOLVER_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuSOLVER ERROR] %s failed at %s:%d: status %d (7 = internal error, 3 = invalid value: "
+                "check n, lda and the workspace size)\n", call, file, line, (int)status);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cusolverCheck(call) cusolver_check((call), #call, __FILE__, __LINE__)
+
+static void fail_arg(const char* fn, const char* what, long long found, const char* expected) {
+    fprintf(stderr, "%s: argument %s = %lld, expected %s\n", fn, what, found, expected);
+    exit(EXIT_FAILURE);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// test tally and random numbers
+
+static int g_passed = 0, g_failed = 0, g_skipped = 0;
+static void report(bool ok, const std::string& name, const std::string& detail) {
+    printf("%s %s: %s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+    fflush(stdout);
+    (ok ? g_passed : g_failed)++;
+}
+static void skip(const std::string& name, const std::string& why) {
+    printf("SKIP %s: %s\n", name.c_str(), why.c_str());
+    g_skipped++;
+}
+static int finish() {
+    printf("%d passed, %d failed, %d skipped\n", g_passed, g_failed, g_skipped);
+    return g_failed ? 1 : 0;
+}
+static std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+static std::string fmt(const char* f, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
+struct Rng {  // splitmix64: reproducible streams from a printed seed
+    uint64_t state;
+    uint64_t next() {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+    double normal() {
+        double u1 = ((next() >> 11) + 1.0) * (1.0 / 9007199254740993.0), u2 = uniform();
+        return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    }
+};
+
+// ----------------------------------------------------------------------------------------------------------------
+// CPU oracle (float64): a cyclic Jacobi eigendecomposition and the exact inverse root. Matrices are row-major.
+
+typedef std::vector<double> MatD;
+typedef std::vector<float> MatF;
+
+// C = A B (n x n, float64)
+static void matmul_d(int n, const double* A, const double* B, double* C) {
+    std::fill(C, C + (size_t)n * n, 0.0);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n; k++) {
+            double a = A[(size_t)i * n + k];
+            const double* b = B + (size_t)k * n;
+            double* c = C + (size_t)i * n;
+            for (int j = 0; j < n; j++) c[j] += a * b[j];
+        }
+}
+
+// Cyclic Jacobi: rotations zero a[p][q] in row order, sweep after sweep, until no off-diagonal element is above
+// 1e-15 sqrt(|a_pp a_qq|) (a relative threshold: the small eigenvalues of a positive definite matrix keep their
+// relative accuracy, which the inverse root of an ill-conditioned matrix needs). On return w holds the eigenvalues
+// and column j of V (V[i * n + j]) the eigenvector of w[j]. Returns the number of sweeps, -1 if 100 did not converge.
+static int jacobi_eigh(int n, MatD a, std::vector<double>& w, MatD& V) {
+    V.assign((size_t)n * n, 0.0);
+    for (int i = 0; i < n; i++) V[(size_t)i * n + i] = 1.0;
+    for (int sweep = 1; sweep <= 100; sweep++) {
+        int rotations = 0;
+        for (int p = 0; p < n - 1; p++)
+            for (int q = p + 1; q < n; q++) {
+                double apq = a[(size_t)p * n + q], app = a[(size_t)p * n + p], aqq = a[(size_t)q * n + q];
+                if (std::fabs(apq) <= 1e-15 * std::sqrt(std::fabs(app * aqq)) || apq == 0.0) continue;
+                rotations++;
+                // J^T A J with J = [[c, s], [-s, c]] on (p, q): t = tan(angle) is the smaller root of
+                // t^2 + 2 theta t - 1 = 0, theta = (a_qq - a_pp) / (2 a_pq) (the stable choice, |angle| <= pi/4)
+                double theta = (aqq - app) / (2.0 * apq);
+                double t = (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1.0));
+                double c = 1.0 / std::sqrt(t * t + 1.0), s = t * c;
+                for (int k = 0; k < n; k++) {  // columns p, q: A J
+                    double akp = a[(size_t)k * n + p], akq = a[(size_t)k * n + q];
+                    a[(size_t)k * n + p] = c * akp - s * akq;
+                    a[(size_t)k * n + q] = s * akp + c * akq;
+                }
+                for (int k = 0; k < n; k++) {  // rows p, q: J^T (A J)
+                    double apk = a[(size_t)p * n + k], aqk = a[(size_t)q * n + k];
+                    a[(size_t)p * n + k] = c * apk - s * aqk;
+                    a[(size_t)q * n + k] = s * apk + c * aqk;
+                }
+                a[(size_t)p * n + q] = a[(size_t)q * n + p] = 0.0;
+                for (int k = 0; k < n; k++) {
+                    double vkp = V[(size_t)k * n + p], vkq = V[(size_t)k * n + q];
+                    V[(size_t)k * n + p] = c * vkp - s * vkq;
+                    V[(size_t)k * n + q] = s * vkp + c * vkq;
+                }
+            }
+        if (rotations == 0) {
+            w.resize(n);
+            for (int i = 0; i < n; i++) w[i] = a[(size_t)i * n + i];
+            return sweep;
+        }
+    }
+    return -1;
+}
+
+// X = V diag(f(w)) V^T
+static MatD eig_apply(int n, const std::vector<double>& w, const MatD& V, double (*f)(double, double), double arg) {
+    MatD X((size_t)n * n, 0.0);
+    std::vector<double> fw(n);
+    for (int j = 0; j < n; j++) fw[j] = f(w[j], arg);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n; k++) {
+            double s = 0.0;
+            for (int j = 0; j < n; j++) s += V[(size_t)i * n + j] * fw[j] * V[(size_t)k * n + j];
+            X[(size_t)i * n + k] = s;
+        }
+    return X;
+}
+
+struct RootOracle {
+    MatD X;               // (A + eps I)^(-1/p), float64
+    double lmin, lmax;    // extreme eigenvalues of A + eps I
+    int sweeps;
+};
+
+// The exact inverse root of the fp32 input: eigenvalues of A + eps I clamped at eps (they are >= eps when A is
+// positive semi-definite; the clamp only acts where rounding made A indefinite by less than eps).
+static double g_oracle_p = 1.0;
+static double inv_root_scalar(double lambda, double eps) { return std::pow(std::max(lambda, eps), -1.0 / g_oracle_p); }
+static RootOracle oracle_inv_root_d(int n, MatD a, double eps, int p) {
+    for (int i = 0; i < n; i++) a[(size_t)i * n + i] += eps;
+    std::vector<double> w;
+    MatD V;
+    RootOracle o;
+    o.sweeps = jacobi_eigh(n, a, w, V);
+    g_oracle_p = p;
+    o.X = eig_apply(n, w, V, inv_root_scalar, eps);
+    o.lmin = *std::min_element(w.begin(), w.end());
+    o.lmax = *std::max_element(w.begin(), w.end());
+    return o;
+}
+static RootOracle oracle_inv_root(int n, const float* A, float eps, int p) {
+    return oracle_inv_root_d(n, MatD(A, A + (size_t)n * n), (double)eps, p);
+}
+
+// A random orthogonal matrix: modified Gram-Schmidt, twice, on a Gaussian matrix (rows orthonormal).
+static MatD random_orthogonal(int n, Rng& rng) {
+    MatD Q((size_t)n * n);
+    for (auto& v : Q) v = rng.normal();
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            double* qi = &Q[(size_t)i * n];
+            for (int j = 0; j < i; j++) {
+                const double* qj = &Q[(size_t)j * n];
+                double d = 0.0;
+                for (int k = 0; k < n; k++) d += qi[k] * qj[k];
+                for (int k = 0; k < n; k++) qi[k] -= d * qj[k];
+            }
+            double nrm = 0.0;
+            for (int k = 0; k < n; k++) nrm += qi[k] * qi[k];
+            nrm = std::sqrt(nrm);
+            for (int k = 0; k < n; k++) qi[k] /= nrm;
+        }
+    return Q;
+}
+
+// A = Q^T diag(d) Q, rounded to fp32 (exactly symmetric): d log-spaced from 1 down to 1/kappa, the last `zeros`
+// eigenvalues 0 (positive semi-definite, eps makes it definite). Optionally returns the float64 A, Q and d.
+static MatF make_spd(int n, double kappa, int zeros, Rng& rng, MatD* exact = nullptr, MatD* q_out = nullptr,
+                     std::vector<double>* d_out = nullptr) {
+    MatD Q = random_orthogonal(n, rng);
+    std::vector<double> d(n);
+    for (int i = 0; i < n; i++) d[i] = n == 1 ? 1.0 : std::pow(kappa, -(double)i / (n - 1));
+    for (int i = std::max(0, n - zeros); i < n; i++) d[i] = 0.0;
+    MatD A((size_t)n * n);
+    for (int i = 0; i < n; i++)
+        for (int j = i; j < n; j++) {
+            double s = 0.0;
+            for (int k = 0; k < n; k++) s += Q[(size_t)k * n + i] * d[k] * Q[(size_t)k * n + j];
+            A[(size_t)i * n + j] = A[(size_t)j * n + i] = s;
+        }
+    MatF Af(A.size());
+    for (size_t i = 0; i < A.size(); i++) Af[i] = (float)A[i];
+    if (exact) *exact = A;
+    if (q_out) *q_out = Q;
+    if (d_out) *d_out = d;
+    return Af;
+}
+
+// ||X - ref||_F / ||ref||_F
+template <typename T>
+static double rel_err(size_t count, const T* X, const double* ref) {
+    double e = 0.0, r = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        double d = (double)X[i] - ref[i];
+        e += d * d;
+        r += ref[i] * ref[i];
+    }
+    return std::sqrt(e / r);
+}
+
+// ||X^p (A + eps I) - I||_F / sqrt(n), in float64 from the fp32 result
+static double root_residual(int n, int p, const float* X, const float* A, float eps) {
+    MatD x((size_t)n * n), a((size_t)n * n), t1((size_t)n * n), t2((size_t)n * n);
+    for (size_t i = 0; i < x.size(); i++) { x[i] = X[i]; a[i] = A[i]; }
+    for (int i = 0; i < n; i++) a[(size_t)i * n + i] += (double)eps;
+    MatD xp = x;
+    if (p >= 2) { matmul_d(n, x.data(), x.data(), t1.data()); xp = t1; }
+    if (p == 4) { matmul_d(n, xp.data(), xp.data(), t2.data()); xp = t2; }
+    matmul_d(n, xp.data(), a.data(), t1.data());
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double d = t1[(size_t)i * n + j] - (i == j ? 1.0 : 0.0);
+            s += d * d;
+        }
+    return std::sqrt(s / n);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// The coupled Newton iteration for the inverse p-th root (Guo and Higham's form), shared by version 1, version 2
+// and the CPU twin below:
+//   z = (p + 1) / (2 ||A||_F),  X0 = z^(1/p) I,  M0 = z A;  then  T = ((p + 1) I - M) / p,  X <- X T,  M <- T^p M.
+// M = X^p A at every step (all are polynomials in A), M -> I, so X -> A^(-1/p). ||A||_F >= lambda_max puts the
+// eigenvalues of M0 in (0, (p + 1) / 2], inside (0, p + 1) where the scalar map m -> m ((p + 1 - m) / p)^p rises to
+// 1: small eigenvalues grow by ((p + 1) / p)^p per step (2 for p = 1, 2.44 for p = 4), then converge quadratically.
+// The coupled form is stable (errors are not amplified) but it does not correct them either: an error made in a
+// product stays in X (the invariant M = X^p A is lost), so every product needs fp32 accuracy. Measured with --study
+// (dev/matrix_roots_NOTES.md): TF32 or bf16 products leave errors of u_tf32 * kappa (2e-2 at kappa 1e2) that an
+// fp32 restart (M = X^p A recomputed, fp32 steps) does not remove; products from TF32 operands split in two
+// (3xTF32: a_hi b_hi + a_hi b_lo + a_lo b_hi) are as accurate as fp32 ones.
+
+constexpr double NEWTON_LAST_R = 1e-3;  // ||M - I||_F below which one last X step ends the iteration: each eigenvalue
+                                        // is then within 1e-3 of 1 and the step leaves a relative error of
+                                        // (p + 1) / (2 p^2) * 1e-6 <= 1e-6 in X
+
+enum NewtonAction { NEWTON_STEP, NEWTON_LAST, NEWTON_FAIL };
+struct NewtonState {
+    int n = 0, p = 1, max_iter = 0;
+    int iters = 0;
+    double r_prev = INFINITY, r = INFINITY;
+    bool failed = false, converged = false;
+};
+
+// Steps the scalar map needs from the smallest eigenvalue M0 can have (z eps: A positive semi-definite) and from
+// the largest ((p + 1) / 2) to within 1e-4 of 1; every eigenvalue in between needs no more (the map is increasing
+// on (0, 1] and decreasing on [1, p + 1)). Plus slack for rounding.
+__host__ __device__ inline int newton_scalar_steps(int p, double m) {
+    int k = 0;
+    while (fabs(1.0 - m) > 1e-4 && k < 1000) {
+        double t = (p + 1 - m) / p, tp = p == 1 ? t : p == 2 ? t * t : (t * t) * (t * t);
+        m *= tp;
+        k++;
+    }
+    return k;
+}
+__host__ __device__ inline int newton_max_iter(int p, double m_min) {
+    int a = newton_scalar_steps(p, m_min > 1e-30 ? m_min : 1e-30), b = newton_scalar_steps(p, (p + 1) / 2.0);
+    return (a > b ? a : b) + 8;
+}
+
+// Called with r = ||M - I||_F before each step (the largest over a batch); says what to do next.
+__host__ __device__ inline NewtonAction newton_decide(NewtonState& s, double r) {
+    s.r = r;
+    // after the first step every eigenvalue of M is in (0, 1], so ||M - I||_F <= sqrt(n): far above it, rounding
+    // has pushed an eigenvalue out of the convergence region (r != r: NaN)
+    if (r != r || r > 2.0 * sqrt((double)s.n) + 2.0) { s.failed = true; return NEWTON_FAIL; }
+    // below 0.2 quadratic convergence more than halves r at each step: less means the precision's floor
+    bool stalled = r < 0.2 && r > 0.5 * s.r_prev;
+    s.r_prev = r;
+    if (r <= NEWTON_LAST_R || stalled || s.iters >= s.max_iter) {
+        s.converged = r <= NEWTON_LAST_R || (stalled && r < 0.05);
+        return NEWTON_LAST;
+    }
+    return NEWTON_STEP;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
+// TF32 or bf16, fp32 sums): they run in CI, where the GPU versions cannot, and --study measures with them.
+
+enum Prec { PREC_FP32, PREC_3XTF32, PREC_TF32, PREC_BF16 };
+static const char* prec_name(Prec p) {
+    return p == PREC_FP32 ? "fp32" : p == PREC_3XTF32 ? "3xtf32" : p == PREC_TF32 ? "tf32" : "bf16";
+}
+
+static float round_prec(float x, Prec p) {
+    if (p == PREC_FP32 || p == PREC_3XTF32 || !std::isfinite(x)) return x;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (p == PREC_TF32) u = (u + 0x1000u) & ~0x1FFFu;           // 10 mantissa bits, ties away (cvt.rna.tf32)
+    else u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;      // 7 mantissa bits, ties to even (bf16)
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// fp32 rounding toward zero of a double
+static float round_toward_zero(double v) {
+    float f = (float)v;
+    if (std::fabs((double)f) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+    return f;
+}
+
+// C = A B (n x n), operands rounded to prec, fp32 sums in k order. 3xTF32: one sum over the concatenated k ranges
+// of a_hi b_hi, a_hi b_lo and a_lo b_hi (hi = TF32 rounding, lo = TF32 rounding of the rest), as version 1 runs it
+// (one GEMM with K = 3n), modelled as tensor cores are measured to add: 8 exact products at a time, added to the
+// fp32 accumulator with truncation (round toward zero), not rounding: the error grows like K u, not sqrt(K) u.
+static void matmul_f(int n, const float* A, const float* B, float* C, Prec prec) {
+    size_t nn = (size_t)n * n;
+    bool split = prec == PREC_3XTF32;
+    Prec r = split ? PREC_TF32 : prec;
+    MatF ah(nn), bh(nn), al(split ? nn : 0), bl(split ? nn : 0);
+    for (size_t i = 0; i < nn; i++) {
+        ah[i] = round_prec(A[i], r);
+        bh[i] = round_prec(B[i], r);
+        if (split) {
+            al[i] = round_prec(A[i] - ah[i], PREC_TF32);
+            bl[i] = round_prec(B[i] - bh[i], PREC_TF32);
+        }
+    }
+    std::fill(C, C + nn, 0.0f);
+    if (split) {
+        const MatF* as[3] = {&ah, &ah, &al};
+        const MatF* bs[3] = {&bh, &bl, &bh};
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                float acc = 0.0f;
+                for (int part = 0; part < 3; part++)
+                    for (int k0 = 0; k0 < n; k0 += 8) {
+                        double group = 0.0;  // products of 11-bit significands: exact in double
+                        for (int k = k0; k < std::min(n, k0 + 8); k++)
+                            group += (double)(*as[part])[(size_t)i * n + k] * (*bs[part])[(size_t)k * n + j];
+                        acc = round_toward_zero((double)acc + group);
+                    }
+                C[(size_t)i * n + j] = acc;
+            }
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n; k++) {
+            float aik = ah[(size_t)i * n + k];
+            const float* bk = &bh[(size_t)k * n];
+            float* ci = C + (size_t)i * n;
+            for (int j = 0; j < n; j++) ci[j] = fmaf(aik, bk[j], ci[j]);
+        }
+}
+
+static double frob_minus_identity(int n, const float* M) {
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double d = (double)M[(size_t)i * n + j] - (i == j ? 1.0 : 0.0);
+            s += d * d;
+        }
+    return std::sqrt(s);
+}
+
+// P = Y^p (p = 1, 2, 4) by squaring
+static void matpow_f(int n, int p, const float* Y, float* P, Prec prec) {
+    if (p == 1) { std::copy(Y, Y + (size_t)n * n, P); return; }
+    matmul_f(n, Y, Y, P, prec);
+    if (p == 4) {
+        MatF t(P, P + (size_t)n * n);
+        matmul_f(n, t.data(), t.data(), P, prec);
+    }
+}
+
+// The coupled Newton iteration of versions 1 and 2 on the CPU, products in prec. extra: full steps taken after the
+// stopping rule says stop, as version 1 does to the matrices of a batch that converge before the slowest one.
+static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X, Prec prec, int extra = 0) {
+    size_t nn = (size_t)n * n;
+    MatF Areg(A, A + nn), M(nn), T(nn), Tp(nn), W(nn);
+    for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
+    double nrm = 0.0;
+    for (float v : Areg) nrm += (double)v * v;
+    float z = (float)((p + 1) / (2.0 * std::sqrt(nrm)));
+    NewtonState s;
+    s.n = n;
+    s.p = p;
+    s.max_iter = newton_max_iter(p, z * (double)eps);
+    float x0 = std::pow(z, 1.0f / p);
+    for (size_t i = 0; i < nn; i++) { M[i] = z * Areg[i]; X[i] = 0.0f; }
+    for (int i = 0; i < n; i++) X[(size_t)i * n + i] = x0;
+    for (;;) {
+        NewtonAction act = newton_decide(s, frob_minus_identity(n, M.data()));
+        if (act == NEWTON_FAIL) break;
+        if (act == NEWTON_LAST && extra > 0) {
+            act = NEWTON_STEP;
+            extra--;
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++)
+                T[(size_t)i * n + j] = ((i == j ? (float)(p + 1) : 0.0f) - M[(size_t)i * n + j]) / (float)p;
+        matmul_f(n, X, T.data(), W.data(), prec);
+        std::copy(W.begin(), W.end(), X);
+        if (act == NEWTON_LAST) break;
+        matpow_f(n, p, T.data(), Tp.data(), prec);
+        matmul_f(n, Tp.data(), M.data(), W.data(), prec);
+        M.swap(W);
+        s.iters++;
+    }
+    return s;
+}
+
+// Newton-Schulz (Muon's quintic): X <- a X + (b A + c A^2) X with A = X X^T, on X0 = G / (||G||_F + 1e-7), for a
+// G of m x n, transposed when tall (m > n) so that A is the smaller Gram matrix. The map acts on each singular value:
+// s -> a s + b s^3 + c s^5, which sends [2e-3, 1] into about [0.68, 1.21] in 5 steps, not to 1 (speed over accuracy).
+constexpr double NS_A = 3.4445, NS_B = -4.7750, NS_C = 2.0315;
+constexpr int NS_STEPS = 5;
+static double ns_scalar(double s, int steps) {
+    for (int k = 0; k < steps; k++) s = NS_A * s + NS_B * s * s * s + NS_C * s * s * s * s * s;
+    return s;
+}
+
+// The iteration in float64 (EMU = false) or emulating the GPU's arithmetic (EMU = true: X, A and B stored in bf16,
+// every product and the a/b/c combinations summed in fp32, as cuBLAS GemmEx with CUBLAS_COMPUTE_32F does).
+// out: m x n, float64.
+template <bool EMU>
+static void ns_cpu(int m, int n, const float* G, std::vector<double>& out) {
+    typedef typename std::conditional<EMU, float, double>::type Acc;
+    auto store = [](Acc v) -> double { return EMU ? (double)round_prec((float)v, PREC_BF16) : (double)v; };
+    bool tall = m > n;
+    int r = tall ? n : m, c = tall ? m : n;  // X is r x c, r <= c
+    double nrm = 0.0;
+    for (size_t i = 0; i < (size_t)m * n; i++) nrm += (double)G[i] * G[i];
+    Acc scale = (Acc)(1.0 / (std::sqrt(nrm) + 1e-7));
+    std::vector<double> X((size_t)r * c), Xn((size_t)r * c), A((size_t)r * r), B((size_t)r * r);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            size_t at = tall ? (size_t)j * c + i : (size_t)i * c + j;
+            X[at] = store((Acc)G[(size_t)i * n + j] * scale);
+        }
+    for (int step = 0; step < NS_STEPS; step++) {
+        for (int i = 0; i < r; i++)
+            for (int j = 0; j < r; j++) {
+                Acc s = 0;
+                for (int k = 0; k < c; k++) s += (Acc)X[(size_t)i * c + k] * (Acc)X[(size_t)j * c + k];
+                A[(size_t)i * r + j] = store(s);
+            }
+        for (int i = 0; i < r; i++)
+            for (int j = 0; j < r; j++) {
+                Acc s = 0;
+                for (int k = 0; k < r; k++) s += (Acc)A[(size_t)i * r + k] * (Acc)A[(size_t)k * r + j];
+                B[(size_t)i * r + j] = store((Acc)NS_C * s + (Acc)NS_B * (Acc)A[(size_t)i * r + j]);
+            }
+        for (int i = 0; i < r; i++) {
+            std::vector<Acc> row(c, (Acc)0);
+            for (int k = 0; k < r; k++) {
+                Acc b = (Acc)B[(size_t)i * r + k];
+                for (int j = 0; j < c; j++) row[j] += b * (Acc)X[(size_t)k * c + j];
+            }
+            for (int j = 0; j < c; j++) Xn[(size_t)i * c + j] = store(row[j] + (Acc)NS_A * (Acc)X[(size_t)i * c + j]);
+        }
+        X.swap(Xn);
+    }
+    out.resize((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) out[(size_t)i * n + j] = tall ? X[(size_t)j * c + i] : X[(size_t)i * c + j];
+}
+
+// Singular values of an m x n matrix (float64): square roots of the eigenvalues of its smaller Gram matrix.
+static std::vector<double> singular_values(int m, int n, const double* Y) {
+    bool tall = m > n;
+    int r = tall ? n : m, c = tall ? m : n;
+    MatD g((size_t)r * r);
+    for (int i = 0; i < r; i++)
+        for (int j = 0; j < r; j++) {
+            double s = 0.0;
+            for (int k = 0; k < c; k++)
+                s += tall ? Y[(size_t)k * n + i] * Y[(size_t)k * n + j] : Y[(size_t)i * n + k] * Y[(size_t)j * n + k];
+            g[(size_t)i * r + j] = s;
+        }
+    std::vector<double> w;
+    MatD V;
+    jacobi_eigh(r, g, w, V);
+    for (auto& v : w) v = std::sqrt(std::max(v, 0.0));
+    std::sort(w.begin(), w.end());
+    return w;
+}
+
+// G = U diag(sigma) V^T (m x n) with sigma log-spaced from 1 down to 1/kappa: controlled singular values.
+static MatF make_with_singular_values(int m, int n, double kappa, Rng& rng) {
+    int r = std::min(m, n);
+    MatD U = random_orthogonal(m, rng), V = random_orthogonal(n, rng);
+    MatF G((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0.0;
+            for (int k = 0; k < r; k++) s += U[(size_t)k * m + i] * std::pow(kappa, -(double)k / std::max(1, r - 1)) *
+                                              V[(size_t)k * n + j];
+            G[(size_t)i * n + j] = (float)s;
+        }
+    return G;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Kronecker statistics, CPU oracle: C = beta C0 + alpha P P^T (N x N) in float64, P(i, k) given as a function
+// (K columns). scale[i, j] = |alpha| sum_k |P_ik P_jk| + |beta C0_ij|: the size of the rounding error any fp32
+// summation order may make (the bound gamma_K * scale). beta = 0 never reads C0.
+template <typename F>
+static void syrk_oracle(int N, int K, F P, double alpha, double beta, const float* C0, MatD& ref, MatD& scale) {
+    ref.assign((size_t)N * N, 0.0);
+    scale.assign((size_t)N * N, 0.0);
+    MatD p((size_t)N * K);
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < K; k++) p[(size_t)i * K + k] = P(i, k);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0, sa = 0.0;
+            for (int k = 0; k < K; k++) {
+                double v = p[(size_t)i * K + k] * p[(size_t)j * K + k];
+                s += v;
+                sa += std::fabs(v);
+            }
+            double r = alpha * s, ra = std::fabs(alpha) * sa;
+            if (beta != 0.0) {
+                r += beta * C0[(size_t)i * N + j];
+                ra += std::fabs(beta * C0[(size_t)i * N + j]);
+            }
+            ref[(size_t)i * N + j] = ref[(size_t)j * N + i] = r;
+            scale[(size_t)i * N + j] = scale[(size_t)j * N + i] = ra;
+        }
+}
+
+// The feature index of a 3x3 patch entry, as train_mnist's im2col orders it: (ky * 3 + kx) * C + c. A patch of
+// output position (b, oy, ox) reads x[b, oy + ky - pad, ox + kx - pad, c] (0 outside), stride 1.
+static double im2col_value(const float* x, int H, int W, int C, int pad, int feature, int position) {
+    int OH = H + 2 * pad - 2, OW = W + 2 * pad - 2;
+    int b = position / (OH * OW), oy = position / OW % OH, ox = position % OW;
+    int tap = feature / C, c = feature % C, iy = oy + tap / 3 - pad, ix = ox + tap % 3 - pad;
+    if (iy < 0 || iy >= H || ix < 0 || ix >= W) return 0.0;
+    return x[(((size_t)b * H + iy) * W + ix) * C + c];
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Tolerances of the inverse roots against the oracle. An fp32 method on an input of effective condition number
+// kappa = lambda_max / lambda_min (of A + eps I) has a relative error of order u kappa / p: the fp32 input, and the
+// fp32 A + eps I, already move lambda_min by u lambda_max. Measured constants (--study and the CPU twin at n = 32 ..
+// 257, numpy's fp32 syevd on the same matrices for version 0; dev/matrix_roots_NOTES.md), each tolerance about 3x
+// the worst case measured:
+//   eigendecomposition: rel err <= 0.05 u kappa / p + 0.3 u sqrt(n)                  -> u (2 sqrt(n) + 0.2 kappa / p)
+//   coupled Newton fp32: rel err <= 0.08 u sqrt(n) kappa / p (~10x the eigendecomposition's at large kappa)
+//                                                                                 -> u sqrt(n) (2 + 0.25 kappa / p)
+//   coupled Newton 3xTF32, modelled with truncating tensor-core accumulation (matmul_f): the error grows like n,
+//   rel err <= 0.02 u n kappa / p                                                   -> u (4 sqrt(n) + 0.06 n kappa / p)
+//   residual ||X^p A - I||_F / sqrt(n): eigendecomposition and fp32 Newton <= 0.7 u sqrt(n) kappa
+//                                                                                 -> u sqrt(n) (2 p + 2 kappa)
+//                                       3xTF32 <= 0.37 u n kappa                  -> u (4 p sqrt(n) + 1.2 n kappa)
+constexpr double U32 = 5.9604644775390625e-08;  // 2^-24, the unit roundoff of fp32
+enum RootMethod { METHOD_EIG, METHOD_NEWTON_FP32, METHOD_NEWTON_3XTF32 };
+struct RootTol { double rel, res; };
+static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
+    double sn = std::sqrt((double)n);
+    if (m == METHOD_EIG) return {U32 * (2.0 * sn + 0.2 * kappa / p), U32 * sn * (2.0 * p + 2.0 * kappa)};
+    if (m == METHOD_NEWTON_FP32) return {U32 * sn * (2.0 + 0.25 * kappa / p), U32 * sn * (2.0 * p + 2.0 * kappa)};
+    return {U32 * (4.0 * sn + 0.06 * n * kappa / p), U32 * (4.0 * p * sn + 1.2 * n * kappa)};
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// GPU context: handles, device limits, and workspaces that grow on demand and are kept (cudaMalloc and cudaFree
+// synchronise: only the first call at a new largest size pays). Everything runs on the default stream.
+
+struct GpuContext {
+    bool ready = false;
+    cublasHandle_t blas = nullptr;
+    cusolverDnHandle_t solver = nullptr;
+    syevjInfo_t syevj = nullptr;
+    int sms = 0, cc_major = 0, cc_minor = 0;
+    size_t smem_optin = 0;
+    char name[256] = {};
+};
+static GpuContext g_gpu;
+
+static void gpu_init() {
+    if (g_gpu.ready) return;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    g_gpu.sms = prop.multiProcessorCount;
+    g_gpu.cc_major = prop.major;
+    g_gpu.cc_minor = prop.minor;
+    g_gpu.smem_optin = prop.sharedMemPerBlockOptin;
+    snprintf(g_gpu.name, sizeof g_gpu.name, "%s", prop.name);
+    cublasCheck(cublasCreate(&g_gpu.blas));
+    // strict fp32 unless a call asks for TF32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32)
+    cublasCheck(cublasSetMathMode(g_gpu.blas, CUBLAS_DEFAULT_MATH));
+    cusolverCheck(cusolverDnCreate(&g_gpu.solver));
+    cusolverCheck(cusolverDnCreateSyevjInfo(&g_gpu.syevj));
+    cusolverCheck(cusolverDnXsyevjSetSortEig(g_gpu.syevj, 1));
+    g_gpu.ready = true;
+}
+
+enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
+              WS_NS_A, WS_NS_B, WS_STATUS, WS_COUNT };
+static void* g_ws[WS_COUNT] = {};
+static size_t g_ws_bytes[WS_COUNT] = {};
+static void* ws_get(WsSlot slot, size_t bytes) {
+    if (bytes > g_ws_bytes[slot]) {
+        if (g_ws[slot]) cudaCheck(cudaFree(g_ws[slot]));
+        cudaCheck(cudaMalloc(&g_ws[slot], bytes));
+        g_ws_bytes[slot] = bytes;
+    }
+    return g_ws[slot];
+}
+static void gpu_free() {
+    for (int s = 0; s < WS_COUNT; s++) {
+        if (g_ws[s]) cudaCheck(cudaFree(g_ws[s]));
+        g_ws[s] = nullptr;
+        g_ws_bytes[s] = 0;
+    }
+    if (!g_gpu.ready) return;
+    cusolverCheck(cusolverDnDestroySyevjInfo(g_gpu.syevj));
+    cusolverCheck(cusolverDnDestroy(g_gpu.solver));
+    cublasCheck(cublasDestroy(g_gpu.blas));
+    g_gpu = GpuContext();
+}
+
+static long long ceil_div_ll(long long a, long long b) { return (a + b - 1) / b; }
+static int grid_for(long long total, int threads, int max_blocks = 65535) {
+    return (int)std::max(1LL, std::min((long long)max_blocks, (total + threads - 1) / threads));
+}
+
+// Shape checks shared by the inverse-root versions: every bad argument is a message naming it.
+static void check_root_args(const char* fn, const float* A, const float* X, int batch, int n, int p, float eps) {
+    if (n < 1) fail_arg(fn, "n", n, ">= 1");
+    if (batch < 1 || batch > 65535) fail_arg(fn, "batch", batch, "in [1, 65535]");
+    if (p != 1 && p != 2 && p != 4) fail_arg(fn, "p", p, "1, 2 or 4");
+    if (!(eps > 0.0f) || !std::isfinite(eps)) {
+        fprintf(stderr, "%s: argument eps = %g, expected a finite value > 0\n", fn, eps);
+        exit(EXIT_FAILURE);
+    }
+    if (!A || !X) { fprintf(stderr, "%s: argument %s is null\n", fn, A ? "X" : "A"); exit(EXIT_FAILURE); }
+    if (A == X) { fprintf(stderr, "%s: X must not alias A\n", fn); exit(EXIT_FAILURE); }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// small kernels shared by the versions (grid-stride loops, 64-bit indices; batch of row-major n x n matrices)
+
+// out = A + eps I
+__global__ void add_eps_kernel(const float* A, float* out, int n, long long total, float eps) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long e = idx % ((long long)n * n);
+        out[idx] = A[idx] + (e / n == e % n ? eps : 0.0f);
+    }
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// sums[b] += sum over a chunk of matrix b (blockIdx.y) of (M - shift I)^2, in double (the matrix norms and the
+// Newton residual ||M - I||_F^2). With T != nullptr it also writes the Newton step's T = ((p + 1) I - M) / p from
+// the same read of M. sums must be zeroed first. Block size 256.
+__global__ void sumsq_kernel(const float* M, double* sums, float* T, long long count, int n, int p, float shift) {
+    long long base = blockIdx.y * count;  // count: elements per matrix (n x n when shift or T is used)
+    double s = 0.0;
+    float inv_p = 1.0f / (float)p, diag = (float)(p + 1);
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
+         e += (long long)gridDim.x * blockDim.x) {
+        bool on_diag = e / n == e % n;
+        float m = M[base + e];
+        float d = m - (on_diag ? shift : 0.0f);
+        s += (double)d * d;
+        if (T) T[base + e] = ((on_diag ? diag : 0.0f) - m) * inv_p;
+    }
+    __shared__ double partial[8];
+    s = warp_sum_d(s);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0;
+        s = warp_sum_d(s);
+        if (threadIdx.x == 0) atomicAdd(&sums[blockIdx.y], s);
+    }
+}
+
+static void sumsq(const float* M, double* sums, float* T, int batch, long long count, int n, int p, float shift) {
+    cudaCheck(cudaMemsetAsync(sums, 0, batch * sizeof(double)));
+    dim3 grid(grid_for(count, 256 * 8, 512), batch);
+    sumsq_kernel<<<grid, 256>>>(M, sums, T, count, n, p, shift);
+    launchCheck();
+}
+
+// Coupled Newton start: M = z A in place, X = z^(1/p) I, z = (p + 1) / (2 ||A||_F) from sums[b] = ||A||_F^2.
+__global__ void newton_init_kernel(float* M, float* X, const double* sums, int n, int p, long long total) {
+    long long nn = (long long)n * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, e = idx % nn;
+        double z = (p + 1) / (2.0 * sqrt(sums[b]));
+        M[idx] = (float)z * M[idx];
+        X[idx] = e / n == e % n ? (float)pow(z, 1.0 / p) : 0.0f;
+    }
+}
+
+// host twin of the TF32 rounding below (the same bits: cvt.rna.tf32.f32, 10 mantissa bits, ties away from zero)
+__device__ __forceinline__ float tf32_rna(float x) {
+    uint32_t u = __float_as_uint(x);
+    return __uint_as_float((u + 0x1000u) & ~0x1FFFu);
+}
+
+// 3xTF32 operands of C = A B (n x n each): A3 = [A_hi | A_hi | A_lo] (n x 3n), B3 = [B_hi; B_lo; B_hi] (3n x n),
+// so that one TF32 GEMM with K = 3n sums A_hi B_hi + A_hi B_lo + A_lo B_hi. hi = TF32 rounding, lo = TF32 rounding
+// of the remainder (exact in fp32): both convert to TF32 exactly, whatever rounding cuBLAS applies.
+__global__ void split3_kernel(const float* A, const float* B, float* A3, float* B3, int n, long long total) {
+    long long nn = (long long)n * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, e = idx % nn, i = e / n, j = e % n;
+        float a = A[idx], ah = tf32_rna(a), al = tf32_rna(a - ah);
+        float* a3 = A3 + b * 3 * nn + i * 3 * n;
+        a3[j] = ah;
+        a3[n + j] = ah;
+        a3[2 * n + j] = al;
+        float v = B[idx], bh = tf32_rna(v), bl = tf32_rna(v - bh);
+        float* b3 = B3 + b * 3 * nn;
+        b3[i * n + j] = bh;
+        b3[(n + i) * n + j] = bl;
+        b3[(2 * n + i) * n + j] = bh;
+    }
+}
+
+// C = A B for a batch of row-major n x n matrices, strict fp32 or 3xTF32 (C must not alias A or B). Row-major C = A B
+// is column-major C^T = B^T A^T: cuBLAS gets the operands swapped.
+static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, Prec prec) {
+    long long nn = (long long)n * n;
+    const float one = 1.0f, zero = 0.0f;
+    if (prec == PREC_FP32) {
+        cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, B, CUDA_R_32F, n,
+                                               nn, A, CUDA_R_32F, n, nn, &zero, C, CUDA_R_32F, n, nn, batch,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    if (prec != PREC_3XTF32) { fprintf(stderr, "gemm_nn: precision %s not supported\n", prec_name(prec)); exit(1); }
+    float* A3 = (float*)ws_get(WS_A3, 3 * nn * batch * sizeof(float));
+    float* B3 = (float*)ws_get(WS_B3, 3 * nn * batch * sizeof(float));
+    split3_kernel<<<grid_for(nn * batch, 256), 256>>>(A, B, A3, B3, n, nn * batch);
+    launchCheck();
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, 3 * n, &one, B3, CUDA_R_32F, n,
+                                           3 * nn, A3, CUDA_R_32F, 3 * n, 3 * nn, &zero, C, CUDA_R_32F, n, nn, batch,
+                                           CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 0: cuSOLVER eigendecomposition, X = V diag(max(lambda, eps)^(-1/p)) V^T
+
+__device__ __forceinline__ float inv_root_f(float lambda, int p) {
+    float s = p == 1 ? lambda : p == 2 ? sqrtf(lambda) : sqrtf(sqrtf(lambda));  // IEEE sqrt and division
+    return 1.0f / s;
+}
+
+// W[b][j][:] = f(lambda_b[j]) V[b][j][:]: row j of the row-major view of cuSOLVER's column-major V is eigenvector j
+__global__ void eig_scale_kernel(const float* V, const float* lambda, float* W, int n, int p, float eps,
+                                 long long total) {
+    long long nn = (long long)n * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, j = idx % nn / n;
+        W[idx] = inv_root_f(fmaxf(lambda[b * n + j], eps), p) * V[idx];
+    }
+}
+
+// Returns the number of matrices cuSOLVER reported as not converged (info != 0); X is then unusable for those.
+static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float eps) {
+    check_root_args("inv_root_v0", A, X, batch, n, p, eps);
+    long long nn = (long long)n * n, total = nn * batch;
+    float* V = (float*)ws_get(WS_M, total * sizeof(float));
+    float* W = (float*)ws_get(WS_W, total * sizeof(float));
+    float* lambda = (float*)ws_get(WS_LAMBDA, (size_t)batch * n * sizeof(float));
+    int* info = (int*)ws_get(WS_INFO, batch * sizeof(int));
+    add_eps_kernel<<<grid_for(total, 256), 256>>>(A, V, n, total, eps);
+    launchCheck();
+    if (n <= 32 && batch > 1) {  // Jacobi, all matrices in one call (cuSOLVER's batched path is for n <= 32)
+        int lwork = 0;
+        cusolverCheck(cusolverDnSsyevjBatched_bufferSize(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR,
+                                                         CUBLAS_FILL_MODE_LOWER, n, V, n, lambda, &lwork, g_gpu.syevj,
+                                                         batch));
+        float* work = (float*)ws_get(WS_WORK, std::max(1, lwork) * sizeof(float));
+        cusolverCheck(cusolverDnSsyevjBatched(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, V, n,
+                                              lambda, work, lwork, info, g_gpu.syevj, batch));
+    } else {  // divide and conquer, one matrix after the other
+        int lwork = 0;
+        cusolverCheck(cusolverDnSsyevd_bufferSize(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, V,
+                                                  n, lambda, &lwork));
+        float* work = (float*)ws_get(WS_WORK, std::max(1, lwork) * sizeof(float));
+        for (int b = 0; b < batch; b++)
+            cusolverCheck(cusolverDnSsyevd(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n,
+                                           V + b * nn, n, lambda + (long long)b * n, work, lwork, info + b));
+    }
+    eig_scale_kernel<<<grid_for(total, 256), 256>>>(V, lambda, W, n, p, eps, total);
+    launchCheck();
+    // row-major X = V^T W (the sum over j of f_j v_j v_j^T): column-major X^T = W^T V, i.e. op(W) = N, op(V) = T
+    const float one = 1.0f, zero = 0.0f;
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_T, n, n, n, &one, W, CUDA_R_32F, n, nn,
+                                           V, CUDA_R_32F, n, nn, &zero, X, CUDA_R_32F, n, nn, batch,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    std::vector<int> h(batch);
+    cudaCheck(cudaMemcpy(h.data(), info, batch * sizeof(int), cudaMemcpyDeviceToHost));
+    return (int)std::count_if(h.begin(), h.end(), [](int v) { return v != 0; });
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 1: the coupled Newton iteration on cuBLAS, strict fp32 or 3xTF32 products; every matrix of a batch takes
+// the same steps (until the largest ||M - I||_F is small). One host decision per step: a copy of batch residuals.
+
+static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p, float eps, Prec prec) {
+    check_root_args("inv_root_v1", A, X, batch, n, p, eps);
+    long long nn = (long long)n * n, total = nn * batch;
+    float* M = (float*)ws_get(WS_M, total * sizeof(float));
+    float* T = (float*)ws_get(WS_T, total * sizeof(float));
+    float* T2 = (float*)ws_get(WS_T2, total * sizeof(float));
+    float* W = (float*)ws_get(WS_W, total * sizeof(float));
+    double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
+    std::vector<double> h(batch);
+    add_eps_kernel<<<grid_for(total, 256), 256>>>(A, M, n, total, eps);
+    launchCheck();
+    sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
+    cudaCheck(cudaMemcpy(h.data(), sums, batch * sizeof(double), cudaMemcpyDeviceToHost));
+    NewtonState s;
+    s.n = n;
+    s.p = p;
+    double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
+    s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
+    float* Xc = X;  // the current X; it alternates with W, and ends in X
+    newton_init_kernel<<<grid_for(total, 256), 256>>>(M, Xc, sums, n, p, total);
+    launchCheck();
+    for (;;) {
+        sumsq(M, sums, T, batch, nn, n, p, 1.0f);  // r^2 per matrix, and T
+        cudaCheck(cudaMemcpy(h.data(), sums, batch * sizeof(double), cudaMemcpyDeviceToHost));
+        double r2 = 0.0;
+        for (double v : h) r2 = std::isnan(v) ? v : std::max(r2, v);
+        NewtonAction act = newton_decide(s, std::sqrt(r2));
+        if (act == NEWTON_FAIL) break;
+        gemm_nn(Xc, T, W, n, batch, prec);  // X <- X T
+        std::swap(Xc, W);
+        if (act == NEWTON_LAST) break;
+        const float* Tp = T;
+        if (p >= 2) { gemm_nn(T, T, T2, n, batch, prec); Tp = T2; }
+        if (p == 4) { gemm_nn(T2, T2, T, n, batch, prec); Tp = T; }
+        gemm_nn(Tp, M, W, n, batch, prec);  // M <- T^p M
+        std::swap(M, W);
+        s.iters++;
+    }
+    // X, M and W permute three buffers (the output and two workspaces): the result may sit in a workspace
+    if (Xc != X) cudaCheck(cudaMemcpyAsync(X, Xc, total * sizeof(float), cudaMemcpyDeviceToDevice));
+    return s;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 2: the whole coupled Newton iteration of one matrix in one thread block. X, M and T live in shared memory
+// (padded to NP x NP with zeros, row stride NP + 1 so the column reads of the left operand hit distinct banks);
+// products run in place: each thread keeps its TM x TN outputs in registers until every thread has read its operands.
+// fp32 FMA throughout (no restart needed, and the same arithmetic as the CPU twin's fp32 run).
+
+template <int NP> struct V2Tile;
+template <> struct V2Tile<32> { static constexpr int TM = 2, TN = 2; };   // 256 threads
+template <> struct V2Tile<64> { static constexpr int TM = 4, TN = 4; };   // 256 threads
+template <> struct V2Tile<128> { static constexpr int TM = 4, TN = 8; };  // 512 threads, 32 outputs each
+template <int NP> __host__ __device__ constexpr int v2_threads() {
+    return (NP / V2Tile<NP>::TM) * (NP / V2Tile<NP>::TN);
+}
+template <int NP> constexpr size_t v2_smem_bytes() { return 3ull * NP * (NP + 1) * sizeof(float); }
+
+// Every thread gets the block's sum. red: 33 floats of shared memory. Contains barriers: the whole block calls it.
+template <int THREADS>
+__device__ float block_sum(float v, float* red) {
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < THREADS / 32 ? red[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) red[32] = v;
+    }
+    __syncthreads();
+    return red[32];  // the next call writes red[32] only after a barrier every thread reaches after this read
+}
+
+// dst = A B (NP x NP in shared memory, only k < n summed: the padding is zero); dst may be A or B.
+template <int NP>
+__device__ void smem_matmul(const float* A, const float* B, float* dst, int n) {
+    constexpr int TM = V2Tile<NP>::TM, TN = V2Tile<NP>::TN, LD = NP + 1, RS = NP / TM, CS = NP / TN;
+    int tx = threadIdx.x % CS, ty = threadIdx.x / CS;  // rows ty + i RS, columns tx + j CS: consecutive lanes,
+    float acc[TM][TN];                                   // consecutive columns (conflict-free B reads)
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+    for (int k = 0; k < n; k++) {
+        float a[TM], b[TN];
+#pragma unroll
+        for (int i = 0; i < TM; i++) a[i] = A[(ty + i * RS) * LD + k];
+#pragma unroll
+        for (int j = 0; j < TN; j++) b[j] = B[k * LD + tx + j * CS];
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();  // every operand read before dst (A or B) is overwritten
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) dst[(ty + i * RS) * LD + tx + j * CS] = acc[i][j];
+    __syncthreads();
+}
+
+// Loads M = A + eps I into shared memory (zero padding), zeroes X, and returns ||M||_F^2 (block-wide).
+template <int NP>
+__device__ float v2_load(const float* Ab, float* Ms, float* Xs, int n, float eps, float* red) {
+    constexpr int LD = NP + 1;
+    float sq = 0.0f;
+    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {
+        int i = e / NP, j = e % NP;
+        float v = (i < n && j < n) ? Ab[i * n + j] + (i == j ? eps : 0.0f) : 0.0f;
+        Ms[i * LD + j] = v;
+        Xs[i * LD + j] = 0.0f;
+        sq = fmaf(v, v, sq);
+    }
+    return block_sum<v2_threads<NP>()>(sq, red);
+}
+
+// T = ((p + 1) I - M) / p (zero in the padding); returns ||M - I||_F (block-wide; its barrier publishes T).
+template <int NP>
+__device__ float v2_residual_and_T(const float* Ms, float* Ts, int n, int p, float* red) {
+    constexpr int LD = NP + 1;
+    float r2 = 0.0f, inv_p = 1.0f / (float)p;
+    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {
+        int i = e / NP, j = e % NP;
+        float t = 0.0f;
+        if (i < n && j < n) {
+            float m = Ms[i * LD + j], d = m - (i == j ? 1.0f : 0.0f);
+            r2 = fmaf(d, d, r2);
+            t = ((i == j ? (float)(p + 1) : 0.0f) - m) * inv_p;
+        }
+        Ts[i * LD + j] = t;
+    }
+    return sqrtf(block_sum<v2_threads<NP>()>(r2, red));
+}
+
+// One block per matrix (blockIdx.x); status[b] = steps taken, or -1 when the iteration left its convergence region.
+template <int NP>
+__global__ void __launch_bounds__(v2_threads<NP>())
+newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int* status, float* residual) {
+    constexpr int LD = NP + 1;
+    extern __shared__ float smem[];
+    __shared__ float red[33];
+    float *Xs = smem, *Ms = smem + NP * LD, *Ts = smem + 2 * NP * LD;
+    long long nn = (long long)n * n;
+    float nrm2 = v2_load<NP>(A + blockIdx.x * nn, Ms, Xs, n, eps, red);
+    float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
+    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) Ms[e / n * LD + e % n] *= z;
+    for (int i = threadIdx.x; i < n; i += v2_threads<NP>()) Xs[i * LD + i] = x0;
+    __syncthreads();
+    NewtonState s;  // every thread takes the same decisions from the same block-wide residual
+    s.n = n;
+    s.p = p;
+    s.max_iter = newton_max_iter(p, (double)z * eps);
+    for (;;) {
+        NewtonAction act = newton_decide(s, v2_residual_and_T<NP>(Ms, Ts, n, p, red));
+        if (act == NEWTON_FAIL) break;
+        smem_matmul<NP>(Xs, Ts, Xs, n);  // X <- X T
+        if (act == NEWTON_LAST) break;
+        if (p >= 2) smem_matmul<NP>(Ts, Ts, Ts, n);
+        if (p == 4) smem_matmul<NP>(Ts, Ts, Ts, n);
+        smem_matmul<NP>(Ts, Ms, Ms, n);  // M <- T^p M
+        s.iters++;
+    }
+    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) X[blockIdx.x * nn + e] = Xs[e / n * LD + e % n];
+    if (threadIdx.x == 0) {
+        status[blockIdx.x] = s.failed ? -1 : s.iters;
+        residual[blockIdx.x] = (float)s.r;
+    }
+}
+
+template <int NP>
+static const char* launch_v2(const float* A, float* X, int batch, int n, int p, float eps, int* status, float* res) {
+    static bool configured = false;
+    static const char* why_not = nullptr;
+    static char why_buf[200];
+    if (!configured) {
+        cudaFuncAttributes attr;
+        cudaCheck(cudaFuncGetAttributes(&attr, newton_fused_kernel<NP>));
+        size_t need = v2_smem_bytes<NP>() + attr.sharedSizeBytes;
+        if (need > g_gpu.smem_optin) {
+            snprintf(why_buf, sizeof why_buf, "n <= %d needs %zu bytes of shared memory per block, this GPU allows %zu",
+                     NP, need, g_gpu.smem_optin);
+            why_not = why_buf;
+        } else {
+            cudaCheck(cudaFuncSetAttribute(newton_fused_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)v2_smem_bytes<NP>()));
+        }
+        configured = true;
+    }
+    if (why_not) return why_not;
+    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>()>>>(A, X, n, p, eps, status, res);
+    launchCheck();
+    return nullptr;
+}
+
+// Returns nullptr, or why this size cannot run here (n > 128, or the device's shared memory). The per-matrix
+// status (steps, -1 = failed) and final ||M - I||_F stay on the device: v2_status() reads them.
+static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p, float eps) {
+    check_root_args("inv_root_v2", A, X, batch, n, p, eps);
+    int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
+    float* res = (float*)(status + batch);
+    if (n <= 32) return launch_v2<32>(A, X, batch, n, p, eps, status, res);
+    if (n <= 64) return launch_v2<64>(A, X, batch, n, p, eps, status, res);
+    if (n <= 128) return launch_v2<128>(A, X, batch, n, p, eps, status, res);
+    return "version 2 runs n <= 128 only";
+}
+static void v2_status(int batch, std::vector<int>& steps, std::vector<float>& r) {
+    std::vector<char> h(batch * (sizeof(int) + sizeof(float)));
+    cudaCheck(cudaMemcpy(h.data(), g_ws[WS_STATUS], h.size(), cudaMemcpyDeviceToHost));
+    steps.assign((int*)h.data(), (int*)h.data() + batch);
+    r.assign((float*)(h.data() + batch * sizeof(int)), (float*)(h.data() + batch * sizeof(int)) + batch);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Newton-Schulz (Muon) on cuBLAS: X in bf16 (r x c, r = min(m, n)), every product with bf16 operands and fp32
+// accumulation (GemmEx, CUBLAS_COMPUTE_32F), the b/c and a combinations folded into the GEMMs' alpha and beta.
+
+__global__ void ns_prepare_kernel(const float* G, __nv_bfloat16* X, const double* sums, int m, int n, bool tall,
+                                  long long total) {
+    long long mn = (long long)m * n;
+    int c = tall ? m : n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / mn, e = idx % mn, i = e / c, j = e % c;  // X[b][i][j]
+        float g = tall ? G[b * mn + j * n + i] : G[b * mn + i * n + j];
+        float scale = (float)(1.0 / (sqrt(sums[b]) + 1e-7));
+        X[idx] = __float2bfloat16_rn(g * scale);
+    }
+}
+
+__global__ void ns_finish_kernel(const __nv_bfloat16* X, float* out, int m, int n, bool tall, long long total) {
+    long long mn = (long long)m * n;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / mn, e = idx % mn, i = e / n, j = e % n;  // out[b][i][j]
+        out[idx] = __bfloat162float(tall ? X[b * mn + j * m + i] : X[b * mn + i * n + j]);
+    }
+}
+
+static void bf16_gemm(cublasOperation_t ta, int M, int N, int K, float alpha, const __nv_bfloat16* A, int lda,
+                      long long sa, const __nv_bfloat16* B, int ldb, long long sb, float beta, __nv_bfloat16* C,
+                      int ldc, long long sc, int batch) {
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, ta, CUBLAS_OP_N, M, N, K, &alpha, A, CUDA_R_16BF, lda, sa, B,
+                                           CUDA_R_16BF, ldb, sb, &beta, C, CUDA_R_16BF, ldc, sc, batch,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// out_b = NS5(G_b) for a batch of m x n row-major fp32 matrices (out fp32, rounded from the bf16 iterate).
+static void newton_schulz(const float* G, float* out, int batch, int m, int n) {
+    if (m < 1 || n < 1) fail_arg("newton_schulz", m < 1 ? "m" : "n", m < 1 ? m : n, ">= 1");
+    if (batch < 1 || batch > 65535) fail_arg("newton_schulz", "batch", batch, "in [1, 65535]");
+    if (!G || !out || G == out) { fprintf(stderr, "newton_schulz: G and out must be distinct buffers\n"); exit(1); }
+    bool tall = m > n;
+    int r = tall ? n : m, c = tall ? m : n;
+    long long rc = (long long)r * c, rr = (long long)r * r;
+    __nv_bfloat16* X = (__nv_bfloat16*)ws_get(WS_NS_X, rc * batch * sizeof(__nv_bfloat16));
+    __nv_bfloat16* Xn = (__nv_bfloat16*)ws_get(WS_NS_XN, rc * batch * sizeof(__nv_bfloat16));
+    __nv_bfloat16* A = (__nv_bfloat16*)ws_get(WS_NS_A, rr * batch * sizeof(__nv_bfloat16));
+    __nv_bfloat16* B = (__nv_bfloat16*)ws_get(WS_NS_B, rr * batch * sizeof(__nv_bfloat16));
+    double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
+    sumsq(G, sums, nullptr, batch, rc, n, 1, 0.0f);
+    ns_prepare_kernel<<<grid_for(rc * batch, 256), 256>>>(G, X, sums, m, n, tall, rc * batch);
+    launchCheck();
+    // a row-major buffer read as column-major is the transpose, so a row-major P Q is the column-major Q^T P^T:
+    // cuBLAS gets the operands swapped (A = X X^T: op_T(X^T) X^T; A A; B X: X^T B^T), alpha and beta fold in the
+    // coefficients on copies (B starts as A: c A A + b A; Xn starts as X: B X + a X)
+    for (int step = 0; step < NS_STEPS; step++) {
+        bf16_gemm(CUBLAS_OP_T, r, r, c, 1.0f, X, c, rc, X, c, rc, 0.0f, A, r, rr, batch);
+        cudaCheck(cudaMemcpyAsync(B, A, rr * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice));
+        bf16_gemm(CUBLAS_OP_N, r, r, r, (float)NS_C, A, r, rr, A, r, rr, (float)NS_B, B, r, rr, batch);
+        cudaCheck(cudaMemcpyAsync(Xn, X, rc * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice));
+        bf16_gemm(CUBLAS_OP_N, c, r, r, 1.0f, X, c, rc, B, r, rr, (float)NS_A, Xn, c, rc, batch);
+        std::swap(X, Xn);
+    }
+    ns_finish_kernel<<<grid_for(rc * batch, 256), 256>>>(X, out, m, n, tall, rc * batch);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Kronecker statistics: C_b = beta C_b + alpha P_b P_b^T (N x N, row-major, symmetric on entry: only its lower
+// triangle is read; beta = 0 never reads it). A SYRK-like kernel: 64x64 output tiles of the lower triangle only (one
+// block each, T (T + 1) / 2 for T = ceil(N / 64)), 16-deep k panels in shared memory, 4x4 outputs per thread in fp32
+// FMA; each lower element is written to both (i, j) and (j, i). The loaders say what P is.
+
+constexpr int SY_BT = 64, SY_BK = 16, SY_THREADS = 256, SY_LDS = SY_BT + 4;
+
+// P[i][k] = p[b * batch_stride + i * ld + k]: the rows of a row-major matrix (Shampoo's L = G G^T)
+struct RowsLoader {
+    const float* p;
+    long long batch_stride;
+    int ld;
+    static constexpr bool CONTIG_K = true;
+    __device__ float operator()(int b, int i, int k) const { return p[b * batch_stride + (long long)i * ld + k]; }
+};
+// P[i][k] = p[b * batch_stride + k * ld + i]: the columns (Shampoo's R = G^T G; K-FAC's factors from a samples x
+// features matrix). With bias, feature ld is a constant 1 (K-FAC's homogeneous coordinate for the bias).
+struct ColsLoader {
+    const float* p;
+    long long batch_stride;
+    int ld;
+    static constexpr bool CONTIG_K = false;
+    __device__ float operator()(int b, int i, int k) const {
+        return i == ld ? 1.0f : p[b * batch_stride + (long long)k * ld + i];
+    }
+};
+// P[f][pos]: the 3x3 patches of an NHWC input x (B, H, W, C), stride 1, zero padding pad, feature f = (ky * 3 + kx)
+// * C + c (train_mnist's im2col order), position pos = (b * OH + oy) * OW + ox; feature 9 C is the bias's 1.
+struct Im2colLoader {
+    const float* x;
+    int H, W, C, pad, OH, OW;
+    static constexpr bool CONTIG_K = false;
+    __device__ float operator()(int, int f, int pos) const {
+        if (f == 9 * C) return 1.0f;
+        int img = pos / (OH * OW), rem = pos % (OH * OW), oy = rem / OW, ox = rem % OW;
+        int tap = f / C, c = f % C, iy = oy + tap / 3 - pad, ix = ox + tap % 3 - pad;
+        if (iy < 0 || iy >= H || ix < 0 || ix >= W) return 0.0f;
+        return x[(((long long)img * H + iy) * W + ix) * C + c];
+    }
+};
+
+// Tile t of the lower triangle, row by row: (0,0), (1,0), (1,1), (2,0), ...
+__host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
+    int i = (int)((sqrtf(8.0f * (float)t + 1.0f) - 1.0f) * 0.5f);
+    while ((i + 1) * (i + 2) / 2 <= t) i++;  // float rounding of the square root, either way
+    while (i * (i + 1) / 2 > t) i--;
+    bi = i;
+    bj = t - i * (i + 1) / 2;
+}
+
+template <typename Loader>
+__device__ void syrk_load_panels(const Loader& P, float* As, float* Bs, int b, int row0, int col0, int k0, int N,
+                                 int K) {
+#pragma unroll
+    for (int r = 0; r < SY_BT * SY_BK / SY_THREADS; r++) {
+        // coalesced along P's contiguous index: 16 lanes per row when k is contiguous, 64 rows otherwise
+        int e = threadIdx.x + r * SY_THREADS;
+        int ii = Loader::CONTIG_K ? e / SY_BK : e % SY_BT, kk = Loader::CONTIG_K ? e % SY_BK : e / SY_BT;
+        int k = k0 + kk, ia = row0 + ii, ib = col0 + ii;
+        As[kk * SY_LDS + ii] = (ia < N && k < K) ? P(b, ia, k) : 0.0f;
+        Bs[kk * SY_LDS + ii] = (ib < N && k < K) ? P(b, ib, k) : 0.0f;
+    }
+}
+
+template <typename Loader>
+__global__ void __launch_bounds__(SY_THREADS)
+syrk_lower_kernel(Loader P, float* C, long long c_stride, int N, int K, float alpha, float beta) {
+    __shared__ float As[SY_BK * SY_LDS], Bs[SY_BK * SY_LDS];
+    int bi, bj;
+    lower_tile(blockIdx.x, bi, bj);
+    int b = blockIdx.y, row0 = bi * SY_BT, col0 = bj * SY_BT;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // outputs (row0 + ty + 16 i, col0 + tx + 16 j)
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += SY_BK) {
+        syrk_load_panels(P, As, Bs, b, row0, col0, k0, N, K);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < SY_BK; kk++) {
+            float a[4], v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = As[kk * SY_LDS + ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = Bs[kk * SY_LDS + tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], v[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    float* c = C + b * c_stride;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int gi = row0 + ty + 16 * i, gj = col0 + tx + 16 * j;
+            if (gi >= N || gj >= N || gi < gj) continue;  // the upper element is its mirror's
+            float val = alpha * acc[i][j];
+            if (beta != 0.0f) val = fmaf(beta, c[(long long)gi * N + gj], val);
+            c[(long long)gi * N + gj] = val;
+            if (gi != gj) c[(long long)gj * N + gi] = val;
+        }
+}
+
+template <typename Loader>
+static void syrk_lower(const Loader& P, float* C, int batch, int N, int K, float alpha, float beta) {
+    if (N < 1) fail_arg("syrk_lower", "N", N, ">= 1");
+    if (K < 0) fail_arg("syrk_lower", "K", K, ">= 0");
+    if (batch < 1 || batch > 65535) fail_arg("syrk_lower", "batch", batch, "in [1, 65535]");
+    if (!C) { fprintf(stderr, "syrk_lower: argument C is null\n"); exit(EXIT_FAILURE); }
+    long long tiles = (long long)ceil_div_ll(N, SY_BT) * (ceil_div_ll(N, SY_BT) + 1) / 2;
+    if (tiles > INT32_MAX) fail_arg("syrk_lower", "N", N, "small enough for 2^31 tiles");
+    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS>>>(P, C, (long long)N * N, N, K, alpha, beta);
+    launchCheck();
+}
+
+// Shampoo: L_b = beta L_b + alpha G_b G_b^T (m x m), R_b = beta R_b + alpha G_b^T G_b (n x n), G_b m x n row-major.
+// Sums: alpha = beta = 1; running averages: beta = beta2, alpha = 1 - beta2.
+static void shampoo_stats(const float* G, float* L, float* R, int batch, int m, int n, float alpha, float beta) {
+    if (!G) { fprintf(stderr, "shampoo_stats: argument G is null\n"); exit(EXIT_FAILURE); }
+    syrk_lower(RowsLoader{G, (long long)m * n, n}, L, batch, m, n, alpha, beta);
+    syrk_lower(ColsLoader{G, (long long)m * n, n}, R, batch, n, m, alpha, beta);
+}
+
+static void check_decay(const char* fn, float decay) {
+    if (!(decay >= 0.0f && decay < 1.0f)) {
+        fprintf(stderr, "%s: argument decay = %g, expected in [0, 1)\n", fn, decay);
+        exit(EXIT_FAILURE);
+    }
+}
+
+// K-FAC, linear layer: A = decay A + (1 - decay) E[a a^T] over the B rows of a (B x d), a extended by a 1 when bias
+// (A is (d + bias) x (d + bias)). decay = 0: the batch's estimate alone (A not read).
+static void kfac_linear_stats(const float* a, float* A, int B, int d, bool bias, float decay) {
+    check_decay("kfac_linear_stats", decay);
+    if (B < 1 || d < 1 || !a) { fprintf(stderr, "kfac_linear_stats: B = %d, d = %d, a %s\n", B, d, a ? "" : "null");
+                                exit(EXIT_FAILURE); }
+    syrk_lower(ColsLoader{a, 0, d}, A, 1, d + (bias ? 1 : 0), B, (1.0f - decay) / B, decay);
+}
+
+// K-FAC, 3x3 convolution (stride 1, padding pad) on an NHWC input x (B, H, W, C): A = decay A + (1 - decay) E[a a^T]
+// over the B * OH * OW patches a (9 C features, + 1 with bias), read from x in place (no im2col buffer).
+static void kfac_conv_stats(const float* x, float* A, int B, int H, int W, int C, int pad, bool bias, float decay) {
+    check_decay("kfac_conv_stats", decay);
+    int OH = H + 2 * pad - 2, OW = W + 2 * pad - 2;
+    if (B < 1 || C < 1 || (pad != 0 && pad != 1) || OH < 1 || OW < 1 || !x) {
+        fprintf(stderr, "kfac_conv_stats: B = %d, H = %d, W = %d, C = %d, pad = %d: expected B, C >= 1, pad 0 or 1, "
+                "an output of at least 1x1, x not null\n", B, H, W, C, pad);
+        exit(EXIT_FAILURE);
+    }
+    long long positions = (long long)B * OH * OW;
+    if (positions > INT32_MAX) fail_arg("kfac_conv_stats", "B * OH * OW", positions, "< 2^31");
+    syrk_lower(Im2colLoader{x, H, W, C, pad, OH, OW}, A, 1, 9 * C + (bias ? 1 : 0), (int)positions,
+               (float)((1.0 - decay) / positions), decay);
+}
+
+// K-FAC, output gradients: G = decay G + (1 - decay) E[g g^T] over the rows of g (rows x d): samples for a linear
+// layer, samples x positions for a convolution (NHWC gradients). The scale between the two factors (K-FAC's
+// convention for convolutions) is the optimizer's choice, not this kernel's.
+static void kfac_grad_stats(const float* g, float* G, int rows, int d, float decay) {
+    check_decay("kfac_grad_stats", decay);
+    if (rows < 1 || d < 1 || !g) { fprintf(stderr, "kfac_grad_stats: rows = %d, d = %d\n", rows, d); exit(1); }
+    syrk_lower(ColsLoader{g, 0, d}, G, 1, d, rows, (1.0f - decay) / rows, decay);
+}
+
+// row-major C[i][j] = C[j][i] for i < j: the upper triangle from the lower one
+__global__ void mirror_lower_kernel(float* C, int N, long long total) {
+    long long nn = (long long)N * N;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long b = idx / nn, e = idx % nn, i = e / N, j = e % N;
+        if (i < j) C[idx] = C[b * nn + j * N + i];
+    }
+}
+
+// cuBLAS baseline of shampoo_stats: strict-fp32 syrk of the row-major lower triangle (column-major upper), then the
+// mirror; cuBLAS has no batched syrk, so one call per matrix.
+static void shampoo_stats_cublas(const float* G, float* L, float* R, int batch, int m, int n, float alpha,
+                                 float beta) {
+    long long mn = (long long)m * n, mm = (long long)m * m, nn = (long long)n * n;
+    for (int b = 0; b < batch; b++) {
+        // the row-major G buffer is the column-major n x m matrix G^T: G G^T = op_T(G^T) op_T(G^T)^T
+        cublasCheck(cublasSsyrk(g_gpu.blas, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, m, n, &alpha, G + b * mn, n, &beta,
+                                L + b * mm, m));
+        cublasCheck(cublasSsyrk(g_gpu.blas, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, n, m, &alpha, G + b * mn, n, &beta,
+                                R + b * nn, n));
+    }
+    mirror_lower_kernel<<<grid_for(mm * batch, 256), 256>>>(L, m, mm * batch);
+    launchCheck();
+    mirror_lower_kernel<<<grid_for(nn * batch, 256), 256>>>(R, n, nn * batch);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// --study (CPU only): how the iterations behave in each precision, against the oracle. Its output is the
+// measurement behind the tolerances and the precision choices (dev/matrix_roots_NOTES.md).
+
+struct SpdCase { const char* name; double kappa; int zeros_div; };  // zeros_div > 0: n / zeros_div zero eigenvalues
+static const SpdCase SPD_CASES[] = {{"kappa 1", 1.0, 0}, {"kappa 1e2", 1e2, 0}, {"kappa 1e4", 1e4, 0},
+                                    {"kappa 1e6", 1e6, 0}, {"singular", 1e2, 4}};
+
+static int run_study(uint64_t seed) {
+    printf("coupled Newton, CPU twin: rel err vs the float64 oracle / residual ||X^p A - I||_F / sqrt(n) / steps "
+           "(fast-phase steps), A with lambda_max = 1\n");
+    printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s\n", "n", "p", "case", "eps", "kap_eff",
+           "fp32", "3xtf32", "tf32", "bf16");
+    Rng rng{seed};
+    double worst[4][2] = {};  // fp32, 3xtf32: max rel err / tol and residual / tol
+    for (int n : {32, 96})
+        for (const SpdCase& c : SPD_CASES)
+            for (float eps : {1e-6f, 1e-3f}) {
+                MatF A = make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng);
+                for (int p : {1, 2, 4}) {
+                    RootOracle o = oracle_inv_root(n, A.data(), eps, p);
+                    printf("%-4d %-3d %-10s %-7.0e %-7.1e", n, p, c.name, eps, o.lmax / o.lmin);
+                    for (Prec prec : {PREC_FP32, PREC_3XTF32, PREC_TF32, PREC_BF16}) {
+                        MatF X((size_t)n * n);
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec);
+                        double e = rel_err(X.size(), X.data(), o.X.data());
+                        double res = root_residual(n, p, X.data(), A.data(), eps);
+                        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
+                        RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32,
+                                                   n, p, o.lmax / o.lmin);
+                        worst[prec][0] = std::max(worst[prec][0], e / t.rel);
+                        worst[prec][1] = std::max(worst[prec][1], res / t.res);
+                    }
+                    printf("\n");
+                    fflush(stdout);
+                }
+            }
+    for (Prec prec : {PREC_FP32, PREC_3XTF32})
+        printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", prec_name(prec),
+               worst[prec][0], worst[prec][1]);
+    printf("\nNewton-Schulz, bf16 emulation vs float64: rel err, singular values of both (min, max)\n");
+    struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {100, 30, 1e2}, {64, 64, 1e2}, {96, 96, 1e3},
+                                                   {128, 64, 10}, {64, 64, 0}, {48, 160, 0}};
+    for (auto& sh : shapes) {
+        MatF G((size_t)sh.m * sh.n);
+        if (sh.kappa > 0) G = make_with_singular_values(sh.m, sh.n, sh.kappa, rng);
+        else for (auto& v : G) v = (float)rng.normal();
+        std::vector<double> xd, xe, gd(G.begin(), G.end());
+        ns_cpu<false>(sh.m, sh.n, G.data(), xd);
+        ns_cpu<true>(sh.m, sh.n, G.data(), xe);
+        std::vector<double> sg = singular_values(sh.m, sh.n, gd.data()), sd = singular_values(sh.m, sh.n, xd.data()),
+                            se = singular_values(sh.m, sh.n, xe.data());
+        double fro = 0.0;
+        for (double v : sg) fro += v * v;
+        printf("%4dx%-4d kappa %-6.0e input s/||G|| [%.1e, %.2f]: rel err %.2e; float64 [%.3f, %.3f], bf16 [%.3f, "
+               "%.3f]\n", sh.m, sh.n, sh.kappa, sg.front() / std::sqrt(fro), sg.back() / std::sqrt(fro),
+               rel_err(xe.size(), xe.data(), xd.data()), sd.front(), sd.back(), se.front(), se.back());
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// --test, CPU part (runs everywhere, CI included): the oracle, the CPU twins with the GPU versions' tolerances, the
+// Newton-Schulz references, the statistics oracle.
+
+static void test_oracle(Rng& rng) {
+    // Jacobi on a float64 matrix of known spectrum: eigenvalues to 1e-12 lambda_max (the float64 A already carries
+    // 1e-16 relative rounding, which Jacobi does not amplify), the root to u_64 kappa (conditioning) with margin
+    for (double kappa : {1e2, 1e6}) {
+        int n = 40, p = 4;
+        MatD A, Q;
+        std::vector<double> d;
+        make_spd(n, kappa, 0, rng, &A, &Q, &d);
+        std::vector<double> w;
+        MatD V;
+        int sweeps = jacobi_eigh(n, A, w, V);
+        std::vector<double> ds(d);
+        std::sort(ds.begin(), ds.end());
+        std::sort(w.begin(), w.end());
+        double worst = 0.0;
+        for (int i = 0; i < n; i++) worst = std::max(worst, std::fabs(w[i] - ds[i]));
+        report(sweeps > 0 && worst <= 1e-12, fmt("oracle Jacobi eigenvalues n=%d kappa %.0e", n, kappa),
+               fmt("%d sweeps, max |lambda - exact| = %.2e (bound 1e-12)", sweeps, worst));
+        double eps = 1e-6;
+        RootOracle o = oracle_inv_root_d(n, A, eps, p);
+        MatD exact((size_t)n * n);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                double s = 0.0;
+                for (int k = 0; k < n; k++)
+                    s += Q[(size_t)k * n + i] * std::pow(d[k] + eps, -1.0 / p) * Q[(size_t)k * n + j];
+                exact[(size_t)i * n + j] = s;
+            }
+        double e = rel_err(exact.size(), o.X.data(), exact.data()), bound = 1e-16 * 100.0 * (o.lmax / o.lmin);
+        report(e <= bound, fmt("oracle inverse 4th root vs Q^T diag((d + eps)^(-1/4)) Q, kappa %.0e", kappa),
+               fmt("rel err %.2e (bound 100 u_64 kappa_eff = %.1e)", e, bound));
+    }
+}
+
+// The CPU twin of versions 1 and 2 against the oracle, with the tolerances the GPU versions get: shows in CI that the
+// iteration, its stopping rule and the tolerances fit together. The fp32-rounded exact root must pass with a wide
+// margin (the tolerance is not below the rounding of the answer) and the root for 2 eps must fail where the
+// tolerance can see it (kappa_eff >= 1e4: the tolerance is not vacuous).
+static void test_newton_twin(Rng& rng) {
+    int n = 37;
+    float eps = 1e-6f;
+    for (const SpdCase& c : SPD_CASES) {
+        MatF A = make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng);
+        for (int p : {1, 2, 4}) {
+            RootOracle o = oracle_inv_root(n, A.data(), eps, p);
+            double kappa = o.lmax / o.lmin;
+            for (Prec prec : {PREC_FP32, PREC_3XTF32}) {
+                MatF X((size_t)n * n);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec);
+                RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, kappa);
+                double e = rel_err(X.size(), X.data(), o.X.data()), res = root_residual(n, p, X.data(), A.data(), eps);
+                report(!st.failed && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton %s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec), n, p, c.name, kappa),
+                       fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
+                           t.res));
+            }
+            if (kappa <= 1e2) {  // a batch's fast matrices: 20 more steps once converged change nothing that matters
+                MatF X((size_t)n * n);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), PREC_FP32, 20);
+                RootTol t = root_tolerance(METHOD_NEWTON_FP32, n, p, kappa);
+                double e = rel_err(X.size(), X.data(), o.X.data());
+                report(!st.failed && e <= t.rel, fmt("cpu twin Newton fp32 n=%d p=%d %s, 20 steps past convergence",
+                                                     n, p, c.name),
+                       fmt("%d steps, rel err %.2e (tol %.2e)", st.iters, e, t.rel));
+            }
+            if (p != 4) continue;
+            MatF Xr(o.X.begin(), o.X.end());
+            double e_round = rel_err(Xr.size(), Xr.data(), o.X.data());
+            RootTol t = root_tolerance(METHOD_EIG, n, p, kappa);
+            report(e_round <= 0.1 * t.rel, fmt("tolerance above fp32 rounding of the exact root, %s", c.name),
+                   fmt("rounding error %.2e <= 0.1 x tol %.2e", e_round, t.rel));
+            if (kappa < 5e3) continue;
+            RootOracle o2 = oracle_inv_root(n, A.data(), 2 * eps, p);
+            double e_wrong = rel_err(o2.X.size(), o2.X.data(), o.X.data());
+            double widest = root_tolerance(METHOD_NEWTON_3XTF32, n, p, kappa).rel;
+            report(e_wrong > widest, fmt("tolerance rejects the root for 2 eps, %s", c.name),
+                   fmt("rel err %.2e > widest tol %.2e", e_wrong, widest));
+        }
+    }
+}
+
+// Newton-Schulz: the float64 run maps every singular value s of G / ||G||_F to phi^5(s) (phi(s) = a s + b s^3 +
+// c s^5): the sorted singular values of the output equal the sorted phi^5(s_i). The bf16 twin stays within 16 bf16
+// ulps (2^-8 relative) of it and inside the quintic's band.
+static void test_ns_cpu(Rng& rng) {
+    struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {70, 29, 1e2}, {48, 48, 30}};
+    for (auto& sh : shapes) {
+        MatF G = make_with_singular_values(sh.m, sh.n, sh.kappa, rng);
+        std::vector<double> xd, xe, gd(G.begin(), G.end());
+        ns_cpu<false>(sh.m, sh.n, G.data(), xd);
+        ns_cpu<true>(sh.m, sh.n, G.data(), xe);
+        std::vector<double> sg = singular_values(sh.m, sh.n, gd.data()), sd = singular_values(sh.m, sh.n, xd.data()),
+                            se = singular_values(sh.m, sh.n, xe.data());
+        double fro = 0.0;
+        for (double v : sg) fro += v * v;
+        std::vector<double> expect;
+        for (double v : sg) expect.push_back(ns_scalar(v / (std::sqrt(fro) + 1e-7), NS_STEPS));
+        std::sort(expect.begin(), expect.end());
+        double worst = 0.0;
+        for (size_t i = 0; i < sd.size(); i++) worst = std::max(worst, std::fabs(sd[i] - expect[i]));
+        report(worst <= 1e-9, fmt("cpu Newton-Schulz float64 %dx%d: singular values are phi^5(s)", sh.m, sh.n),
+               fmt("max |sigma - phi^5(s)| = %.1e (bound 1e-9), band [%.3f, %.3f]", worst, sd.front(), sd.back()));
+        double e = rel_err(xe.size(), xe.data(), xd.data());
+        bool band = se.front() >= 0.68 - 0.03 && se.back() <= 1.21 + 0.03;
+        report(e <= 16.0 / 256.0 && band, fmt("cpu Newton-Schulz bf16 twin %dx%d vs float64", sh.m, sh.n),
+               fmt("rel err %.2e (bound 16 u_bf16 = 6.3e-2), singular values [%.3f, %.3f] (band [0.65, 1.24])", e,
+                   se.front(), se.back()));
+    }
+}
+
+// The statistics oracle against a direct computation: integer inputs make every sum exact in float64, so the two
+// must agree bitwise; the 3x3 patches are built here by explicit loops over the kernel taps.
+static void test_stats_oracle(Rng& rng) {
+    // the kernel's tile numbering: tiles 0 .. T (T + 1) / 2 - 1 are the lower-triangle tiles, each exactly once
+    bool tiles_ok = true;
+    for (int T = 1; T <= 400 && tiles_ok; T++) {
+        std::vector<char> seen((size_t)T * T, 0);
+        for (int t = 0; t < T * (T + 1) / 2; t++) {
+            int bi, bj;
+            lower_tile(t, bi, bj);
+            if (bi < 0 || bi >= T || bj < 0 || bj > bi || seen[(size_t)bi * T + bj]++) tiles_ok = false;
+        }
+    }
+    report(tiles_ok, "syrk_lower tile numbering covers the lower triangle once (T = 1 .. 400)",
+           tiles_ok ? "every tile once" : "a tile missed or repeated");
+    int m = 13, n = 29;
+    MatF G((size_t)m * n), C0((size_t)n * n);
+    for (auto& v : G) v = (float)((int)(rng.next() % 17) - 8);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) C0[(size_t)i * n + j] = C0[(size_t)j * n + i] = (float)((int)(rng.next() % 9) - 4);
+    MatD ref, scale;
+    syrk_oracle(n, m, [&](int i, int k) { return (double)G[(size_t)k * n + i]; }, 2.0, 3.0, C0.data(), ref, scale);
+    bool ok = true;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0.0;
+            for (int k = 0; k < m; k++) s += (double)G[(size_t)k * n + i] * G[(size_t)k * n + j];
+            ok = ok && ref[(size_t)i * n + j] == 2.0 * s + 3.0 * C0[(size_t)i * n + j];
+        }
+    report(ok, "stats oracle R = 3 C + 2 G^T G (integers, exact)", ok ? "bitwise equal" : "differs");
+    int B = 2, H = 5, W = 4, C = 3;
+    MatF x((size_t)B * H * W * C);
+    for (auto& v : x) v = (float)((int)(rng.next() % 7) - 3);
+    for (int pad : {0, 1}) {
+        int OH = H + 2 * pad - 2, OW = W + 2 * pad - 2, F = 9 * C, P = B * OH * OW;
+        syrk_oracle(F, P, [&](int f, int k) { return im2col_value(x.data(), H, W, C, pad, f, k); }, 1.0, 0.0, nullptr,
+                    ref, scale);
+        MatD direct((size_t)F * F, 0.0);
+        for (int b = 0; b < B; b++)
+            for (int oy = 0; oy < OH; oy++)
+                for (int ox = 0; ox < OW; ox++) {
+                    std::vector<double> patch(F, 0.0);
+                    for (int ky = 0; ky < 3; ky++)
+                        for (int kx = 0; kx < 3; kx++)
+                            for (int c = 0; c < C; c++) {
+                                int iy = oy + ky - pad, ix = ox + kx - pad;
+                                if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                                    patch[(ky * 3 + kx) * C + c] = x[(((size_t)b * H + iy) * W + ix) * C + c];
+                            }
+                    for (int i = 0; i < F; i++)
+                        for (int j = 0; j < F; j++) direct[(size_t)i * F + j] += patch[i] * patch[j];
+                }
+        report(direct == ref, fmt("stats oracle K-FAC conv patches pad %d vs explicit taps", pad),
+               direct == ref ? "bitwise equal" : "differs");
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// --test, GPU part: every version against the oracle at awkward sizes, single matrices and batches, outputs
+// poisoned with NaN first (an unwritten element fails).
+
+static float* to_device(const float* h, size_t count) {
+    float* d = nullptr;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, count) * sizeof(float)));
+    cudaCheck(cudaMemcpy(d, h, count * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static MatF to_host(const float* d, size_t count) {
+    MatF h(count);
+    cudaCheck(cudaMemcpy(h.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+static float* device_poisoned(size_t count) {
+    float* d = nullptr;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, count) * sizeof(float)));
+    cudaCheck(cudaMemset(d, 0xFF, count * sizeof(float)));  // 0xFFFFFFFF is a NaN
+    return d;
+}
+
+struct RootVariant { const char* name; int version; Prec prec; RootMethod method; };
+static const RootVariant ROOT_VARIANTS[] = {{"v0 cusolver", 0, PREC_FP32, METHOD_EIG},
+                                            {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32},
+                                            {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32},
+                                            {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32}};
+
+// Runs one variant on d_A (batch x n x n) into d_X. Returns nullptr or why it cannot run; steps: per matrix when
+// known (version 2), else the batch's.
+static const char* run_root_variant(const RootVariant& v, const float* d_A, float* d_X, int batch, int n, int p,
+                                    float eps, std::vector<int>& steps, std::string& trouble) {
+    steps.assign(batch, 0);
+    trouble.clear();
+    if (v.version == 0) {
+        int bad = inv_root_v0(d_A, d_X, batch, n, p, eps);
+        if (bad) trouble = fmt("cuSOLVER reported %d matrices not converged", bad);
+        return nullptr;
+    }
+    if (v.version == 1) {
+        NewtonState s = inv_root_v1(d_A, d_X, batch, n, p, eps, v.prec);
+        steps.assign(batch, s.iters);
+        if (s.failed) trouble = fmt("left the convergence region (||M - I||_F = %.2e)", s.r);
+        return nullptr;
+    }
+    const char* why = inv_root_v2(d_A, d_X, batch, n, p, eps);
+    if (why) return why;
+    std::vector<float> r;
+    v2_status(batch, steps, r);
+    for (int b = 0; b < batch; b++)
+        if (steps[b] < 0) trouble = fmt("matrix %d left the convergence region (||M - I||_F = %.2e)", b, r[b]);
+    return nullptr;
+}
+
+// One group: a batch of n x n matrices (one per case), every p, every variant (and, for batch > 1, each variant
+// must also give every matrix what the oracle gives it).
+static void test_roots_group(int n, const std::vector<MatF>& As, const std::vector<std::string>& names, float eps,
+                             const std::vector<int>& ps) {
+    int batch = (int)As.size();
+    size_t nn = (size_t)n * n;
+    MatF all;
+    for (auto& a : As) all.insert(all.end(), a.begin(), a.end());
+    float* d_A = to_device(all.data(), all.size());
+    float* d_X = device_poisoned(all.size());
+    for (int p : ps) {
+        std::vector<RootOracle> oracles;
+        for (auto& a : As) oracles.push_back(oracle_inv_root(n, a.data(), eps, p));
+        for (const RootVariant& v : ROOT_VARIANTS) {
+            std::string label = fmt("%s n=%d batch=%d p=%d", v.name, n, batch, p);
+            cudaCheck(cudaMemset(d_X, 0xFF, all.size() * sizeof(float)));
+            std::vector<int> steps;
+            std::string trouble;
+            const char* why = run_root_variant(v, d_A, d_X, batch, n, p, eps, steps, trouble);
+            if (why) { skip(label, why); continue; }
+            cudaCheck(cudaDeviceSynchronize());
+            MatF X = to_host(d_X, all.size());
+            for (int b = 0; b < batch; b++) {
+                const RootOracle& o = oracles[b];
+                double kappa = o.lmax / o.lmin;
+                RootTol t = root_tolerance(v.method, n, p, kappa);
+                const float* Xb = X.data() + b * nn;
+                double e = rel_err(nn, Xb, o.X.data()), res = root_residual(n, p, Xb, As[b].data(), eps);
+                bool ok = trouble.empty() && e <= t.rel && res <= t.res;  // NaN compares false: fails
+                report(ok, label + " " + names[b],
+                       fmt("kappa_eff %.1e, %d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)%s%s", kappa,
+                           steps[b], e, t.rel, res, t.res, trouble.empty() ? "" : ": ", trouble.c_str()));
+            }
+        }
+    }
+    cudaCheck(cudaFree(d_A));
+    cudaCheck(cudaFree(d_X));
+}
+
+static void test_roots_gpu(Rng& rng) {
+    float eps = 1e-6f;
+    auto cases = [&](int n) {
+        std::vector<MatF> As;
+        std::vector<std::string> names;
+        for (const SpdCase& c : SPD_CASES) {
+            As.push_back(make_spd(n, c.kappa, c.zeros_div ? std::max(1, n / c.zeros_div) : 0, rng));
+            names.push_back(c.name);
+        }
+        return std::make_pair(As, names);
+    };
+    // single matrices: each case alone (syevd; v2 padded to 64 and 128)
+    for (int n : {37, 100}) {
+        auto c = cases(n);
+        for (size_t i = 0; i < c.first.size(); i++) test_roots_group(n, {c.first[i]}, {c.second[i]}, eps, {1, 2, 4});
+    }
+    // batches: the five cases together (syevjBatched at n = 24, syevd per matrix at 70; v2 padded to 32 and 128)
+    for (int n : {24, 70}) {
+        auto c = cases(n);
+        test_roots_group(n, c.first, c.second, eps, {1, 2, 4});
+    }
+    // a size past the fused kernel and two 64-tiles; 1x1 matrices
+    test_roots_group(257, {make_spd(257, 1e4, 0, rng)}, {"kappa 1e4"}, eps, {4});
+    test_roots_group(1, {MatF{2.5f}, MatF{1e-3f}, MatF{0.0f}}, {"2.5", "1e-3", "0"}, eps, {1, 2, 4});
+}
+
+// Newton-Schulz: the GPU result against the float64 run of the same iteration. Tolerance: 3x the error of the bf16
+// twin (the same roundings at the same points; the GPU differs by its fp32 summation orders), at least 4 bf16 ulps;
+// singular values inside the float64 run's range widened by 0.03 (8 bf16 ulps at 1).
+static void test_ns_gpu(Rng& rng) {
+    struct { int m, n, batch; double kappa; } cases[] = {{37, 53, 1, 1e2}, {100, 30, 1, 1e2}, {64, 64, 2, 30},
+                                                         {48, 80, 3, 0}, {130, 70, 2, 1e2}, {1, 17, 1, 1}};
+    for (auto& cs : cases) {
+        size_t mn = (size_t)cs.m * cs.n;
+        MatF all;
+        for (int b = 0; b < cs.batch; b++) {
+            MatF G(mn);
+            if (cs.kappa > 0) G = make_with_singular_values(cs.m, cs.n, cs.kappa, rng);
+            else for (auto& v : G) v = (float)rng.normal();
+            all.insert(all.end(), G.begin(), G.end());
+        }
+        float* d_G = to_device(all.data(), all.size());
+        float* d_out = device_poisoned(all.size());
+        newton_schulz(d_G, d_out, cs.batch, cs.m, cs.n);
+        MatF out = to_host(d_out, all.size());
+        for (int b = 0; b < cs.batch; b++) {
+            std::vector<double> xd, xe;
+            ns_cpu<false>(cs.m, cs.n, all.data() + b * mn, xd);
+            ns_cpu<true>(cs.m, cs.n, all.data() + b * mn, xe);
+            std::vector<double> got(out.begin() + b * mn, out.begin() + (b + 1) * mn);
+            double e = rel_err(mn, got.data(), xd.data()), e_twin = rel_err(mn, xe.data(), xd.data());
+            double tol = std::max(3.0 * e_twin, 4.0 / 256.0);
+            std::vector<double> sd = singular_values(cs.m, cs.n, xd.data());
+            std::vector<double> sg = singular_values(cs.m, cs.n, got.data());
+            bool band = sg.front() >= sd.front() - 0.03 && sg.back() <= sd.back() + 0.03;
+            report(e <= tol && band, fmt("newton-schulz %dx%d batch %d matrix %d", cs.m, cs.n, cs.batch, b),
+                   fmt("rel err vs float64 %.2e (tol %.2e = max(3 x bf16 twin's %.2e, 4 ulp)), singular values "
+                       "[%.3f, %.3f] (float64 run [%.3f, %.3f])", e, tol, e_twin, sg.front(), sg.back(), sd.front(),
+                       sd.back()));
+        }
+        cudaCheck(cudaFree(d_G));
+        cudaCheck(cudaFree(d_out));
+    }
+}
+
+// |got - ref| <= gamma_{K+4} scale: any fp32 summation order of K products, the rounding of alpha (computed in
+// fp32 from the decay), its product and the beta term; and, for our kernel, exact symmetry (each element is written
+// to both places from one register).
+static void check_stats(const std::string& name, const MatF& got, const MatD& ref, const MatD& scale, int N, int K,
+                        bool exact_symmetry) {
+    double k = K + 4.0, gamma = k * U32 / (1.0 - k * U32);
+    double worst = 0.0;
+    long long bad = -1;
+    bool symmetric = true;
+    for (size_t i = 0; i < ref.size(); i++) {
+        double err = std::fabs((double)got[i] - ref[i]), tol = gamma * scale[i] + 1e-30;
+        if (!(err <= tol) && bad < 0) bad = (long long)i;  // NaN fails
+        if (err / tol > worst || std::isnan(err)) worst = std::isnan(err) ? INFINITY : err / tol;
+        size_t r = i / ((size_t)N * N) * N * N, e = i % ((size_t)N * N), ii = e / N, jj = e % N;
+        if (exact_symmetry && got[i] != got[r + jj * N + ii]) symmetric = false;
+    }
+    report(bad < 0 && symmetric, name,
+           fmt("worst |err| / (gamma_%d scale) = %.3f%s%s", K + 4, worst,
+               bad >= 0 ? fmt(", first bad element %lld: %g vs %g", bad, got[bad], ref[bad]).c_str() : "",
+               symmetric ? "" : ", not exactly symmetric"));
+}
+
+static MatF random_symmetric(int N, int batch, Rng& rng) {
+    MatF C((size_t)batch * N * N);
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j <= i; j++)
+                C[((size_t)b * N + i) * N + j] = C[((size_t)b * N + j) * N + i] = (float)rng.normal();
+    return C;
+}
+
+static void test_stats_gpu(Rng& rng) {
+    // Shampoo, ours and cuBLAS syrk: beta = 0 with C poisoned (must not be read), running averages, sums
+    struct { int m, n, batch; float alpha, beta; } sh[] = {{37, 53, 1, 1.0f, 0.0f}, {70, 19, 3, 0.05f, 0.95f},
+                                                          {130, 65, 1, 1.0f, 1.0f}, {1, 200, 2, 0.1f, 0.9f},
+                                                          {64, 64, 1, 1.0f, 0.0f}};
+    for (auto& c : sh) {
+        size_t mn = (size_t)c.m * c.n, mm = (size_t)c.m * c.m, nn = (size_t)c.n * c.n;
+        MatF G((size_t)c.batch * mn);
+        for (auto& v : G) v = (float)rng.normal();
+        MatF L0 = random_symmetric(c.m, c.batch, rng), R0 = random_symmetric(c.n, c.batch, rng);
+        MatD refL, refR, scL, scR;
+        for (int b = 0; b < c.batch; b++) {
+            const float* g = G.data() + b * mn;
+            MatD r, s;
+            syrk_oracle(c.m, c.n, [&](int i, int k) { return (double)g[(size_t)i * c.n + k]; }, c.alpha, c.beta,
+                        c.beta != 0.0f ? L0.data() + b * mm : nullptr, r, s);
+            refL.insert(refL.end(), r.begin(), r.end());
+            scL.insert(scL.end(), s.begin(), s.end());
+            syrk_oracle(c.n, c.m, [&](int i, int k) { return (double)g[(size_t)k * c.n + i]; }, c.alpha, c.beta,
+                        c.beta != 0.0f ? R0.data() + b * nn : nullptr, r, s);
+            refR.insert(refR.end(), r.begin(), r.end());
+            scR.insert(scR.end(), s.begin(), s.end());
+        }
+        float* d_G = to_device(G.data(), G.size());
+        for (int impl = 0; impl < 2; impl++) {
+            float* d_L = c.beta != 0.0f ? to_device(L0.data(), L0.size()) : device_poisoned(L0.size());
+            float* d_R = c.beta != 0.0f ? to_device(R0.data(), R0.size()) : device_poisoned(R0.size());
+            if (impl == 0) shampoo_stats(d_G, d_L, d_R, c.batch, c.m, c.n, c.alpha, c.beta);
+            else shampoo_stats_cublas(d_G, d_L, d_R, c.batch, c.m, c.n, c.alpha, c.beta);
+            std::string base = fmt("%s %dx%d batch %d alpha %g beta %g",
+                                   impl ? "shampoo cublas syrk" : "shampoo syrk_lower", c.m, c.n, c.batch, c.alpha,
+                                   c.beta);
+            check_stats(base + " L = G G^T", to_host(d_L, L0.size()), refL, scL, c.m, c.n, impl == 0);
+            check_stats(base + " R = G^T G", to_host(d_R, R0.size()), refR, scR, c.n, c.m, impl == 0);
+            cudaCheck(cudaFree(d_L));
+            cudaCheck(cudaFree(d_R));
+        }
+        cudaCheck(cudaFree(d_G));
+    }
+    // K-FAC, linear layer inputs (with and without the bias's 1) and output gradients
+    struct { int B, d; bool bias; float decay; } lin[] = {{33, 45, true, 0.9f}, {7, 130, false, 0.0f}};
+    for (auto& c : lin) {
+        int N = c.d + (c.bias ? 1 : 0);
+        MatF a((size_t)c.B * c.d);
+        for (auto& v : a) v = (float)rng.normal();
+        MatF A0 = random_symmetric(N, 1, rng);
+        MatD ref, sc;
+        syrk_oracle(N, c.B, [&](int i, int k) { return i == c.d ? 1.0 : (double)a[(size_t)k * c.d + i]; },
+                    (1.0 - c.decay) / c.B, c.decay, c.decay != 0.0f ? A0.data() : nullptr, ref, sc);
+        float* d_a = to_device(a.data(), a.size());
+        float* d_A = c.decay != 0.0f ? to_device(A0.data(), A0.size()) : device_poisoned(A0.size());
+        kfac_linear_stats(d_a, d_A, c.B, c.d, c.bias, c.decay);
+        check_stats(fmt("kfac linear A B=%d d=%d bias %d decay %g", c.B, c.d, (int)c.bias, c.decay),
+                    to_host(d_A, A0.size()), ref, sc, N, c.B, true);
+        cudaCheck(cudaMemset(d_A, 0xFF, A0.size() * sizeof(float)));
+        kfac_grad_stats(d_a, d_A, c.B, c.d, 0.0f);  // G = E[g g^T] of the same rows read as gradients
+        syrk_oracle(c.d, c.B, [&](int i, int k) { return (double)a[(size_t)k * c.d + i]; }, 1.0 / c.B, 0.0, nullptr,
+                    ref, sc);
+        MatF got = to_host(d_A, (size_t)c.d * c.d);
+        check_stats(fmt("kfac grad G rows=%d d=%d", c.B, c.d), got, ref, sc, c.d, c.B, true);
+        cudaCheck(cudaFree(d_a));
+        cudaCheck(cudaFree(d_A));
+    }
+    // K-FAC, 3x3 convolution patches read from NHWC in place: padded, unpadded, MNIST's conv2 at batch 4
+    struct { int B, H, W, C, pad; bool bias; float decay; } conv[] = {{2, 7, 6, 5, 1, true, 0.95f},
+                                                                       {3, 9, 10, 8, 0, false, 0.0f},
+                                                                       {4, 26, 26, 32, 0, false, 0.0f}};
+    for (auto& c : conv) {
+        int OH = c.H + 2 * c.pad - 2, OW = c.W + 2 * c.pad - 2, F = 9 * c.C + (c.bias ? 1 : 0), P = c.B * OH * OW;
+        MatF x((size_t)c.B * c.H * c.W * c.C);
+        for (auto& v : x) v = (float)rng.normal();
+        MatF A0 = random_symmetric(F, 1, rng);
+        MatD ref, sc;
+        syrk_oracle(F, P, [&](int f, int k) { return f == 9 * c.C ? 1.0 : im2col_value(x.data(), c.H, c.W, c.C, c.pad,
+                                                                                      f, k); },
+                    (1.0 - c.decay) / P, c.decay, c.decay != 0.0f ? A0.data() : nullptr, ref, sc);
+        float* d_x = to_device(x.data(), x.size());
+        float* d_A = c.decay != 0.0f ? to_device(A0.data(), A0.size()) : device_poisoned(A0.size());
+        kfac_conv_stats(d_x, d_A, c.B, c.H, c.W, c.C, c.pad, c.bias, c.decay);
+        check_stats(fmt("kfac conv A B=%d H=%d W=%d C=%d pad %d bias %d decay %g", c.B, c.H, c.W, c.C, c.pad,
+                        (int)c.bias, c.decay), to_host(d_A, A0.size()), ref, sc, F, P, true);
+        cudaCheck(cudaFree(d_x));
+        cudaCheck(cudaFree(d_A));
+    }
+}
+
+static bool gpu_available(std::string& why) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        why = err != cudaSuccess ? std::string("no CUDA GPU (") + cudaGetErrorString(err) + ")" : "no CUDA GPU";
+        cudaGetLastError();  // clear the error so later calls do not see it
+        return false;
+    }
+    return true;
+}
+
+static int run_tests(uint64_t seed) {
+    printf("matrix_roots --test (seed %llu)\n", (unsigned long long)seed);
+    Rng rng{seed};
+    auto t0 = std::chrono::steady_clock::now();
+    test_oracle(rng);
+    test_newton_twin(rng);
+    test_ns_cpu(rng);
+    test_stats_oracle(rng);
+    printf("(CPU checks: %.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::string why;
+    if (!gpu_available(why)) {
+        for (const char* v : {"inverse roots version 0 (cuSOLVER)", "inverse roots version 1 (Newton on cuBLAS)",
+                              "inverse roots version 2 (fused Newton)", "Newton-Schulz (cuBLAS bf16)",
+                              "Kronecker statistics (SYRK-like kernel, cuBLAS syrk)"})
+            skip(v, why);
+        return finish();
+    }
+    gpu_init();
+    printf("GPU: %s (sm_%d%d, %d SMs, %zu bytes of shared memory per block)\n", g_gpu.name, g_gpu.cc_major,
+           g_gpu.cc_minor, g_gpu.sms, g_gpu.smem_optin);
+    test_roots_gpu(rng);
+    test_ns_gpu(rng);
+    test_stats_gpu(rng);
+    gpu_free();
+    return finish();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// --bench: every version at n = 64 .. 4096 and batches, p = 4 (Shampoo's root), in ms. Inputs like Shampoo's
+// statistics: A = G G^T / (2 n) with G an n x 2n Gaussian matrix (eigenvalues in about [0.09, 2.9]) and eps = 1e-6.
+// Timing: CUDA events around each call after a warm-up call, median of repeats (as many as fit 0.3 s, 1 to 20).
+// Checks of every row: the residual ||X^4 (A + eps I) - I||_F / sqrt(n) of the batch's first matrix (fp32 products
+// on the GPU) and the relative difference to version 0's X over the whole batch.
+
+__global__ void fill_normal_kernel(float* x, long long count, uint64_t seed) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
+         i += (long long)gridDim.x * blockDim.x) {
+        uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);  // splitmix64 of the index
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        double u1 = ((z >> 40) + 1.0) / 16777217.0, u2 = ((z >> 16) & 0xFFFFFF) / 16777216.0;
+        x[i] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+static const char* g_json_path = nullptr;  // --json
+static bool g_quick = false;                // --quick
+
+struct BenchRow {
+    std::string op, shape, version;
+    double ms;
+    int steps;
+    double check;           // residual (roots), rel diff (stats), mean sigma^2 (Newton-Schulz)
+    double diff;            // roots: rel diff to version 0 (-1: none)
+    bool ok;
+};
+
+template <typename F>
+static double time_ms(F fn) {
+    fn();
+    cudaCheck(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    auto once = [&]() {
+        cudaCheck(cudaEventRecord(e0));
+        fn();
+        cudaCheck(cudaEventRecord(e1));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        return (double)ms;
+    };
+    double first = once();
+    int reps = (int)std::min(20.0, std::max(1.0, std::floor(300.0 / std::max(first, 1e-3))));
+    std::vector<double> t{first};
+    for (int r = 1; r < reps; r++) t.push_back(once());
+    std::sort(t.begin(), t.end());
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    return t[t.size() / 2];
+}
+
+// ||X^p (A + eps I) - I||_F / sqrt(n) of one matrix, fp32 products on the GPU (a check of the benchmark's results;
+// its own rounding is u sqrt(n) kappa, far below the 1e-3 threshold at these condition numbers)
+static double gpu_root_residual(const float* X, const float* A, int n, int p, float eps) {
+    long long nn = (long long)n * n;
+    float *areg, *pw, *tmp;
+    cudaCheck(cudaMalloc(&areg, nn * sizeof(float)));
+    cudaCheck(cudaMalloc(&pw, nn * sizeof(float)));
+    cudaCheck(cudaMalloc(&tmp, nn * sizeof(float)));
+    add_eps_kernel<<<grid_for(nn, 256), 256>>>(A, areg, n, nn, eps);
+    launchCheck();
+    cudaCheck(cudaMemcpy(pw, X, nn * sizeof(float), cudaMemcpyDeviceToDevice));
+    for (int q = 1; q < p; q *= 2) {
+        gemm_nn(pw, pw, tmp, n, 1, PREC_FP32);
+        std::swap(pw, tmp);
+    }
+    gemm_nn(pw, areg, tmp, n, 1, PREC_FP32);
+    double* sums;
+    cudaCheck(cudaMalloc(&sums, sizeof(double)));
+    sumsq(tmp, sums, nullptr, 1, nn, n, p, 1.0f);
+    double h = 0.0;
+    cudaCheck(cudaMemcpy(&h, sums, sizeof(double), cudaMemcpyDeviceToHost));
+    float* fs[] = {areg, pw, tmp};
+    for (float* f : fs) cudaCheck(cudaFree(f));
+    cudaCheck(cudaFree(sums));
+    return std::sqrt(h / n);
+}
+
+static double rel_diff_device(const float* a, const float* b, size_t count) {
+    MatF ha = to_host(a, count), hb = to_host(b, count);
+    std::vector<double> hbd(hb.begin(), hb.end());
+    return rel_err(count, ha.data(), hbd.data());
+}
+
+static void bench_roots(std::vector<BenchRow>& rows, int n, int batch) {
+    const int p = 4;
+    const float eps = 1e-6f;
+    long long nn = (long long)n * n, total = nn * batch;
+    float *G, *A, *X, *X0;
+    cudaCheck(cudaMalloc(&G, 2 * total * sizeof(float)));
+    cudaCheck(cudaMalloc(&A, total * sizeof(float)));
+    cudaCheck(cudaMalloc(&X, total * sizeof(float)));
+    cudaCheck(cudaMalloc(&X0, total * sizeof(float)));
+    fill_normal_kernel<<<grid_for(2 * total, 256), 256>>>(G, 2 * total, 1234 + n + batch);
+    launchCheck();
+    syrk_lower(RowsLoader{G, 2 * nn, 2 * n}, A, batch, n, 2 * n, 1.0f / (2 * n), 0.0f);
+    std::string shape = batch > 1 ? fmt("%d x %d^2", batch, n) : fmt("%d^2", n);
+    for (const RootVariant& v : ROOT_VARIANTS) {
+        if (v.version == 2 && n > 128) continue;
+        std::vector<int> steps;
+        std::string trouble;
+        const char* why = nullptr;
+        // version 2 needs no host synchronisation: its status is read after the timing, not inside it
+        double ms = time_ms([&]() {
+            why = v.version == 2 ? inv_root_v2(A, X, batch, n, p, eps)
+                                 : run_root_variant(v, A, X, batch, n, p, eps, steps, trouble);
+        });
+        if (why) {
+            printf("  (%s at %s skipped: %s)\n", v.name, shape.c_str(), why);
+            continue;
+        }
+        if (v.version == 2) run_root_variant(v, A, X, batch, n, p, eps, steps, trouble);
+        if (v.version == 0) cudaCheck(cudaMemcpy(X0, X, total * sizeof(float), cudaMemcpyDeviceToDevice));
+        BenchRow r{"inv 4th root", shape, v.name, ms, *std::max_element(steps.begin(), steps.end()), 0.0, -1.0, true};
+        r.check = gpu_root_residual(X, A, n, p, eps);
+        r.diff = v.version == 0 ? 0.0 : rel_diff_device(X, X0, total);
+        r.ok = trouble.empty() && r.check <= 1e-3 && r.diff <= 1e-3;  // kappa ~ 35: expected ~1e-6
+        rows.push_back(r);
+        printf("  %-14s %-12s %-18s %10.3f ms %4d steps  residual %.1e  diff to v0 %.1e%s\n", r.op.c_str(),
+               shape.c_str(), v.name, ms, r.steps, r.check, r.diff, r.ok ? "" : "  CHECK FAILED");
+        fflush(stdout);
+    }
+    float* fs[] = {G, A, X, X0};
+    for (float* f : fs) cudaCheck(cudaFree(f));
+}
+
+static void bench_ns(std::vector<BenchRow>& rows, int m, int n, int batch) {
+    long long total = (long long)m * n * batch;
+    float *G, *out;
+    cudaCheck(cudaMalloc(&G, total * sizeof(float)));
+    cudaCheck(cudaMalloc(&out, total * sizeof(float)));
+    fill_normal_kernel<<<grid_for(total, 256), 256>>>(G, total, 99 + m + n);
+    launchCheck();
+    double ms = time_ms([&]() { newton_schulz(G, out, batch, m, n); });
+    // mean squared singular value of the first matrix: ||out||_F^2 / min(m, n), inside [0.68^2, 1.21^2]
+    MatF h = to_host(out, (size_t)m * n);
+    double s = 0.0;
+    for (float v : h) s += (double)v * v;
+    s /= std::min(m, n);
+    std::string shape = batch > 1 ? fmt("%d x %dx%d", batch, m, n) : fmt("%dx%d", m, n);
+    BenchRow r{"newton-schulz", shape, "cublas bf16", ms, NS_STEPS, s, -1.0, s >= 0.68 * 0.68 && s <= 1.21 * 1.21};
+    rows.push_back(r);
+    printf("  %-14s %-12s %-18s %10.3f ms            mean sigma^2 %.3f%s\n", r.op.c_str(), shape.c_str(),
+           r.version.c_str(), ms, s, r.ok ? "" : "  CHECK FAILED");
+    fflush(stdout);
+    cudaCheck(cudaFree(G));
+    cudaCheck(cudaFree(out));
+}
+
+static void bench_stats(std::vector<BenchRow>& rows, int m, int n, int batch) {
+    long long mn = (long long)m * n * batch, mm = (long long)m * m * batch, nn2 = (long long)n * n * batch;
+    float *G, *L, *R, *L2, *R2;
+    cudaCheck(cudaMalloc(&G, mn * sizeof(float)));
+    cudaCheck(cudaMalloc(&L, mm * sizeof(float)));
+    cudaCheck(cudaMalloc(&R, nn2 * sizeof(float)));
+    cudaCheck(cudaMalloc(&L2, mm * sizeof(float)));
+    cudaCheck(cudaMalloc(&R2, nn2 * sizeof(float)));
+    fill_normal_kernel<<<grid_for(mn, 256), 256>>>(G, mn, 7 + m);
+    launchCheck();
+    std::string shape = batch > 1 ? fmt("%d x %dx%d", batch, m, n) : fmt("%dx%d", m, n);
+    double ms0 = time_ms([&]() { shampoo_stats_cublas(G, L2, R2, batch, m, n, 1.0f, 0.0f); });
+    double ms1 = time_ms([&]() { shampoo_stats(G, L, R, batch, m, n, 1.0f, 0.0f); });
+    double d = std::max(rel_diff_device(L, L2, mm), rel_diff_device(R, R2, nn2));
+    rows.push_back({"shampoo L,R", shape, "cublas syrk", ms0, 0, 0.0, -1.0, true});
+    rows.push_back({"shampoo L,R", shape, "syrk_lower", ms1, 0, d, -1.0, d <= 1e-5});
+    printf("  %-14s %-12s %-18s %10.3f ms\n", "shampoo L,R", shape.c_str(), "cublas syrk", ms0);
+    printf("  %-14s %-12s %-18s %10.3f ms            rel diff to cublas %.1e%s\n", "shampoo L,R", shape.c_str(),
+           "syrk_lower", ms1, d, d <= 1e-5 ? "" : "  CHECK FAILED");
+    float* fs[] = {G, L, R, L2, R2};
+    for (float* f : fs) cudaCheck(cudaFree(f));
+}
+
+static void bench_kfac_conv(std::vector<BenchRow>& rows, int B, int H, int W, int C) {
+    long long count = (long long)B * H * W * C;
+    int F = 9 * C;
+    float *x, *A;
+    cudaCheck(cudaMalloc(&x, count * sizeof(float)));
+    cudaCheck(cudaMalloc(&A, (long long)F * F * sizeof(float)));
+    fill_normal_kernel<<<grid_for(count, 256), 256>>>(x, count, 5);
+    launchCheck();
+    double ms = time_ms([&]() { kfac_conv_stats(x, A, B, H, W, C, 0, false, 0.0f); });
+    std::string shape = fmt("%dx%dx%dx%d", B, H, W, C);
+    rows.push_back({"kfac conv A", shape, "syrk_lower im2col", ms, 0, 0.0, -1.0, true});
+    printf("  %-14s %-12s %-18s %10.3f ms            (A: %d x %d from %d patches)\n", "kfac conv A", shape.c_str(),
+           "syrk_lower im2col", ms, F, F, B * (H - 2) * (W - 2));
+    cudaCheck(cudaFree(x));
+    cudaCheck(cudaFree(A));
+}
+
+static int run_bench() {
+    std::string why;
+    if (!gpu_available(why)) {
+        printf("the benchmark needs a GPU: %s (./dev/matrix_roots --test runs the CPU checks)\n", why.c_str());
+        return 0;
+    }
+    gpu_init();
+    printf("matrix_roots --bench on %s (sm_%d%d, %d SMs)%s\n", g_gpu.name, g_gpu.cc_major, g_gpu.cc_minor, g_gpu.sms,
+           g_quick ? " --quick" : "");
+    std::vector<BenchRow> rows;
+    std::vector<int> singles = g_quick ? std::vector<int>{128, 1024} : std::vector<int>{64, 128, 256, 512, 1024, 2048,
+                                                                                        4096};
+    std::vector<std::pair<int, int>> batches = g_quick ? std::vector<std::pair<int, int>>{{64, 128}}
+                                                       : std::vector<std::pair<int, int>>{{1024, 32}, {256, 64},
+                                                                                          {64, 128}, {16, 512}};
+    for (int n : singles) bench_roots(rows, n, 1);
+    for (auto& b : batches) bench_roots(rows, b.second, b.first);
+    bench_ns(rows, 1024, 1024, 1);
+    bench_ns(rows, 64, 128, 128);
+    if (!g_quick) {
+        bench_ns(rows, 4096, 4096, 1);
+        bench_ns(rows, 4096, 1024, 1);
+        bench_ns(rows, 256, 2304, 1);
+    }
+    bench_stats(rows, 1024, 4096, 1);
+    bench_stats(rows, 128, 128, 64);
+    bench_kfac_conv(rows, 64, 26, 26, 32);
+    gpu_free();
+    int bad = (int)std::count_if(rows.begin(), rows.end(), [](const BenchRow& r) { return !r.ok; });
+    if (g_json_path) {
+        std::string tmp = std::string(g_json_path) + ".tmp";
+        FILE* f = fopen(tmp.c_str(), "w");
+        if (!f) { fprintf(stderr, "error: cannot write %s: %s\n", tmp.c_str(), strerror(errno)); return 1; }
+        for (auto& r : rows)
+            fprintf(f, "{\"op\": \"%s\", \"shape\": \"%s\", \"version\": \"%s\", \"ms\": %.6f, \"steps\": %d, "
+                    "\"check\": %.3e, \"diff_to_v0\": %.3e, \"ok\": %s, \"device\": \"%s\"}\n", r.op.c_str(),
+                    r.shape.c_str(), r.version.c_str(), r.ms, r.steps, r.check, r.diff, r.ok ? "true" : "false",
+                    g_gpu.name);
+        if (fclose(f) != 0 || rename(tmp.c_str(), g_json_path) != 0) {
+            fprintf(stderr, "error: cannot write %s: %s\n", g_json_path, strerror(errno));
+            return 1;
+        }
+        printf("wrote %s\n", g_json_path);
+    }
+    if (bad) printf("%d rows failed their check\n", bad);
+    return bad ? 1 : 0;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// command line
+
+static void usage() {
+    printf("usage: ./dev/matrix_roots [--test | --bench | --study] [--flag value ...]\n"
+           "Inverse p-th roots, Newton-Schulz and Kronecker statistics (issue 21): GPU versions against a float64\n"
+           "CPU oracle, and timings.\n"
+           "Flags (default in brackets):\n"
+           "  --test        every check: the CPU oracle and twins (no GPU needed), then every GPU version\n"
+           "  --bench       time every version at n = 64 .. 4096 and batches (the default mode)\n"
+           "  --study       CPU only: the iterations in fp32 / 3xTF32 / TF32 / bf16 against the oracle\n"
+           "  --quick       --bench: fewer sizes and repeats\n"
+           "  --json FILE   --bench: also write the table as JSON lines to FILE [none]\n"
+           "  --seed S      random seed of the test matrices [1]\n"
+           "  --help        this help\n");
+}
+
+
+int main(int argc, char** argv) {
+    enum { BENCH, TEST, STUDY } mode = BENCH;
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        auto value = [&](const char* flag) -> const char* {
+            if (i + 1 >= argc) { fprintf(stderr, "error: flag %s expects a value, found none\n", flag); exit(1); }
+            return argv[++i];
+        };
+        if (a == "--help" || a == "-h") { usage(); return 0; }
+        else if (a == "--test") mode = TEST;
+        else if (a == "--bench") mode = BENCH;
+        else if (a == "--study") mode = STUDY;
+        else if (a == "--quick") g_quick = true;
+        else if (a == "--json") g_json_path = value("--json");
+        else if (a == "--seed") {
+            const char* v = value("--seed");
+            char* end = nullptr;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (*v == '\0' || *v == '-' || *end != '\0' || errno) {
+                fprintf(stderr, "error: flag --seed expects a non-negative integer, found '%s'\n", v);
+                return 1;
+            }
+            seed = s;
+        } else {
+            fprintf(stderr, "error: unknown flag %s (see --help)\n", a.c_str());
+            return 1;
+        }
+    }
+    if (mode == TEST) return run_tests(seed);
+    if (mode == STUDY) return run_study(seed);
+    return run_bench();
+}
+
