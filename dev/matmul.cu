@@ -45,6 +45,7 @@ version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -61,6 +62,10 @@ version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box 
 
 static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
+#ifdef CUDA_CHECK_THROWS  // inside PyTorch (dev/torch_ops): an exception the caller turns into a Python error
+        throw std::runtime_error(std::string("[CUDA ERROR] ") + call + " failed at " + file + ":" +
+                                 std::to_string(line) + ": " + cudaGetErrorString(err));
+#endif
         fprintf(stderr, "[CUDA ERROR] %s failed at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
         exit(EXIT_FAILURE);
     }
@@ -1847,6 +1852,9 @@ void matmul_sgemm_tf32_v7(bool trans_a, bool trans_b, int M, int N, int K, float
         launch_wgmma<64, 8, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
 
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for versions 5-7: cuBLAS, the benchmark variants,
+                          // the tests, the benchmark and main stay out
+
 // ----------------------------------------------------------------------------------------------------------------
 // version 0: cuBLAS (row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands)
 
@@ -2616,3 +2624,4 @@ int main(int argc, char** argv) {
     if (test) return run_tests(version);
     return run_benchmark(version, out_dir, square_only, repeat);
 }
+#endif  // DEV_KERNELS_ONLY
