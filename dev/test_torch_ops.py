@@ -265,7 +265,8 @@ def check_cpu_vs_torch():
                                        [t(2, 9, 7, 5), t(3, 3, 5, 6, scale=0.2), t(6)]))
     def float32():
         x = torch.randn(7, 300, generator=g) * 4
-        xg, w, b = torch.randn(2, 4, 4, 64, generator=g), torch.rand(64, generator=g) + 0.5, torch.randn(64, generator=g)
+        xg, b = torch.randn(2, 4, 4, 64, generator=g), torch.randn(64, generator=g)
+        w = torch.rand(64, generator=g) + 0.5
         return "; ".join([close("softmax", torch_ops.softmax(x), torch.softmax(x, -1), 1e-6, 1e-5),
                           close("groupnorm", torch_ops.groupnorm(xg, w, b, True), gn_reference(xg, w, b, True), 1e-5,
                                 1e-5)])
@@ -317,7 +318,8 @@ def check_errors(device):
         ("conv3x3 NCHW channels-last view", lambda: ops.conv3x3(torch.randn(2, 4, 5, 5, **f).permute(0, 2, 3, 1),
                                                                  w33), (V,), ["argument x", "contiguous"]),
         ("conv3x3_backward grad_y shape", lambda: ops.conv3x3_backward(torch.randn(2, 5, 5, 7, **f), x4, w33, 1,
-                                                                       False), (V,), ["argument grad_y", "[2, 5, 5, 8]"]),
+                                                                       False),
+         (V,), ["argument grad_y", "[2, 5, 5, 8]"]),
     ]
     if device == "cuda":
         cpu = torch.randn(4, 2)
