@@ -5,7 +5,8 @@
 On the CPU (CI): the library builds (JIT, CPU kernels where PyTorch or nvcc lacks CUDA) and a second import does not
 rebuild; torch.library.opcheck (schema, fake kernel, autograd registration, AOT dispatch) and gradcheck in float64
 for every op; the CPU kernels against PyTorch's own ops; a bad input to each op raises an error that names the
-argument; torch.compile(fullgraph=True) of a small model on the ops compiles with no graph break and matches eager.
+argument; torch.compile(fullgraph=True) of a small model on the ops compiles with no graph break and matches eager;
+dev/cnn_custom.py's CNN on our matmul trains as stock PyTorch on a slice of MNIST.
 On a GPU (when torch.cuda.is_available()): opcheck on CUDA, gradcheck in float32, our kernels against a float64
 reference with each tolerance of the lab files (the same bound PyTorch's kernels are held to), the current stream,
 CUDA-only errors, torch.compile on CUDA. Without PyTorch every check is a SKIP.
@@ -21,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = os.path.join(ROOT, "dev", "torch_ops")
 counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
 GROUPS = ["build and import", "opcheck (CPU)", "gradcheck float64 (CPU)", "CPU kernels vs PyTorch",
-          "bad inputs name the argument", "torch.compile fullgraph (CPU)", "CUDA checks"]
+          "bad inputs name the argument", "torch.compile fullgraph (CPU)", "dev/cnn_custom.py (CPU)", "CUDA checks"]
 
 
 def report(status, name, detail=""):
@@ -392,6 +393,26 @@ def check_compile(device):
     return f"compiled forward + backward in {secs:.1f} s, no graph break; loss {out[0]}"
 
 
+def check_cnn_custom(device):
+    """dev/cnn_custom.py on a slice of MNIST: the CNN on our matmul (convolutions through unfold) trains as the stock
+    PyTorch one from the same weights on the same batches. Strict fp32 on both sides; 4 steps of float32 sums in
+    another order leave the mean training loss within 1e-4 relative."""
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, os.path.join(ROOT, "dev", "cnn_custom.py"), "--device", device, "--train_limit", "256",
+               "--test_limit", "200", "--epochs", "1", "--modes", "torch,ours", "--tf32", "0", "--out", tmp]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise AssertionError(f"exit {p.returncode}: {(p.stdout + p.stderr).strip()[-500:]}")
+        rows = {r["mode"]: r for r in json.load(open(os.path.join(tmp, "cnn_custom.json")))["rows"]}
+    lt, lo = rows["torch"]["train_loss"][-1], rows["ours"]["train_loss"][-1]
+    at, ao = rows["torch"]["test_accuracy"], rows["ours"]["test_accuracy"]
+    if abs(lo - lt) > 1e-4 * abs(lt) or abs(ao - at) > 1.0:
+        raise AssertionError(f"ours: loss {lo:.6f}, accuracy {ao:.1f}%; torch: loss {lt:.6f}, accuracy {at:.1f}%")
+    return f"train loss {lo:.6f} (torch {lt:.6f}), test accuracy {ao:.1f}% (torch {at:.1f}%)"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA checks (a GPU, and the library built with its CUDA kernels)
 
@@ -594,6 +615,7 @@ def main():
     check_errors("cpu")
     run("torch.compile fullgraph (CPU): small model on the ops, forward + backward vs eager",
         lambda: check_compile("cpu"))
+    run("dev/cnn_custom.py (CPU): the MNIST CNN on our matmul trains as stock PyTorch", lambda: check_cnn_custom("cpu"))
     if not torch.cuda.is_available():
         report("SKIP", "CUDA checks", "no CUDA GPU (torch.cuda.is_available() is False)")
         return closing()
@@ -610,6 +632,8 @@ def main():
     check_errors("cuda")
     run("torch.compile fullgraph (CUDA): small model on the ops, forward + backward vs eager",
         lambda: check_compile("cuda"))
+    run("dev/cnn_custom.py (CUDA): the MNIST CNN on our matmul trains as stock PyTorch",
+        lambda: check_cnn_custom("cuda"))
     return closing()
 
 
