@@ -10,6 +10,8 @@ Test:   ./dev/matmul --test       every version x every transpose vs the CPU ora
                                   sizes, fresh random inputs, C poisoned with NaN; CPU-only checks run without a GPU
 Bench:  ./dev/matmul [all | VERSION] [--square] [--repeat R] [--out DIR]   validate vs cuBLAS, then time 4096^3 and
                                   the MNIST layer shapes (--square: 4096^3 only; --repeat: R rounds, medians)
+PyTorch: dev/torch_ops includes this file with DEV_KERNELS_ONLY (versions 1-7, no cuBLAS, tests or main) and calls
+versions 5 and 7 from its matmul operator.
 
 version 0: cuBLAS. Strict fp32 (CUBLAS_DEFAULT_MATH: TF32 off) is the baseline of the fp32 versions;
            CUBLAS_TF32_TENSOR_OP_MATH is the baseline of the TF32 version.

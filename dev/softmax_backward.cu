@@ -8,7 +8,8 @@ Compile (or `make -C dev softmax_backward`):
 No --use_fast_math: results are compared with PyTorch fp32.
 The error checks, the launch templates, the --test / benchmark harness and the command line shared with
 softmax_forward.cu are in dev/softmax_common.cuh (included below); this file holds the op itself: CPU reference,
-kernels, launchers, dispatcher, its test suite and its benchmark loop.
+kernels, launchers, dispatcher, its test suite and its benchmark loop. dev/torch_ops (the PyTorch operator) includes
+this file with DEV_KERNELS_ONLY (no tests, benchmark or main) and calls version 11 on PyTorch's stream (g_stream).
 
 Run (from the repo root):
   ./dev/softmax_backward --test      correctness suite: every version and block size vs the CPU oracle at awkward
