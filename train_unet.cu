@@ -29,6 +29,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -53,6 +54,10 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 
 static void cuda_check(cudaError_t e, const char* call, const char* file, int line) {
     if (e != cudaSuccess) {
+#ifdef CUDA_CHECK_THROWS  // inside PyTorch (dev/torch_ops): an exception the caller turns into a Python error
+        throw std::runtime_error(std::string("[CUDA ERROR] ") + cudaGetErrorString(e) + " in " + call + " at " +
+                                 file + ":" + std::to_string(line));
+#endif
         fprintf(stderr, "[CUDA ERROR] %s\n  in %s at %s:%d\n", cudaGetErrorString(e), call, file, line);
         if (e == cudaErrorMemoryAllocation) fprintf(stderr, "  hint: lower --batch_size\n");
         exit(EXIT_FAILURE);

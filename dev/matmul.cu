@@ -10,6 +10,8 @@ Test:   ./dev/matmul --test       every version x every transpose vs the CPU ora
                                   sizes, fresh random inputs, C poisoned with NaN; CPU-only checks run without a GPU
 Bench:  ./dev/matmul [all | VERSION] [--square] [--repeat R] [--out DIR]   validate vs cuBLAS, then time 4096^3 and
                                   the MNIST layer shapes (--square: 4096^3 only; --repeat: R rounds, medians)
+PyTorch: dev/torch_ops includes this file with DEV_KERNELS_ONLY (versions 1-7, no cuBLAS, tests or main) and calls
+versions 5 and 7 from its matmul operator.
 
 version 0: cuBLAS. Strict fp32 (CUBLAS_DEFAULT_MATH: TF32 off) is the baseline of the fp32 versions;
            CUBLAS_TF32_TENSOR_OP_MATH is the baseline of the TF32 version.
@@ -45,6 +47,7 @@ version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -61,6 +64,10 @@ version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box 
 
 static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
+#ifdef CUDA_CHECK_THROWS  // inside PyTorch (dev/torch_ops): an exception the caller turns into a Python error
+        throw std::runtime_error(std::string("[CUDA ERROR] ") + call + " failed at " + file + ":" +
+                                 std::to_string(line) + ": " + cudaGetErrorString(err));
+#endif
         fprintf(stderr, "[CUDA ERROR] %s failed at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
         exit(EXIT_FAILURE);
     }
@@ -1847,6 +1854,9 @@ void matmul_sgemm_tf32_v7(bool trans_a, bool trans_b, int M, int N, int K, float
         launch_wgmma<64, 8, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
 
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for versions 5-7: cuBLAS, the benchmark variants,
+                          // the tests, the benchmark and main stay out
+
 // ----------------------------------------------------------------------------------------------------------------
 // version 0: cuBLAS (row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands)
 
@@ -2616,3 +2626,4 @@ int main(int argc, char** argv) {
     if (test) return run_tests(version);
     return run_benchmark(version, out_dir, square_only, repeat);
 }
+#endif  // DEV_KERNELS_ONLY

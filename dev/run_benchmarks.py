@@ -16,6 +16,7 @@ BENCHMARKS = [  # (name, script in dev/, flags under --quick)
     ("mnist", "bench_mnist.py", ["--skip_compile", "--epochs", "2"]),
     ("unet", "bench_unet.py", ["--modes", "eager", "--batch_sizes", "32", "--precisions", "bf16", "--steps", "10"]),
     ("softmax", "softmax.py", ["--quick", "--no_sweep", "--no_compile"]),
+    ("cnn_custom", "cnn_custom.py", ["--epochs", "2", "--modes", "torch,ours"]),
 ]
 
 

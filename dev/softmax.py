@@ -1,7 +1,10 @@
 """Softmax benchmark (GPU machine): our CUDA kernels (dev/softmax_forward, dev/softmax_backward) against
-torch.softmax, torch.compile and a Triton softmax written here, in GB/s, in ONE run on the same GPU.
+torch.softmax, torch.compile and a Triton softmax written here, in GB/s, in ONE run on the same GPU. Our kernels are
+timed twice: through the binaries, and as a PyTorch user calls them, through the custom operator of dev/torch_ops
+("op": torch_ops.softmax and torch.ops.torch_ops.softmax_backward, the dispatchers 14 and 11 on PyTorch's stream,
+timed exactly as torch.softmax is). Without a GPU it says so and exits 0.
 
-  python3 dev/softmax.py [--out bench_results] [--quick] [--no_sweep]
+  python3 dev/softmax.py [--out bench_results] [--quick] [--no_sweep] [--no_op]
   python3 dev/softmax.py --make_fixture dev/fixtures/softmax_fixture.bin     # the CI fixture (torch fp32), then exit
 
 Shapes: the five target shapes of issue 5, the trainers' shapes (UNet attention 49152x256 and 16384x64, MNIST 64x10
@@ -109,6 +112,21 @@ def make_triton_softmax():
         return y
 
     return softmax
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# our kernels as a PyTorch user calls them
+
+def load_op(torch):
+    """(the torch_ops module, how it was built) or (None, why not): dev/torch_ops builds on its first import."""
+    sys.path.insert(0, os.path.join(ROOT, "dev", "torch_ops"))
+    try:
+        import torch_ops
+    except Exception as e:  # a failed build must not lose the other columns
+        return None, f"import torch_ops failed: {type(e).__name__}: {str(e).strip()[-300:]}"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("torch_ops::softmax", "CUDA"):
+        return None, f"torch_ops has no CUDA kernels ({torch_ops.BUILD_INFO['why']})"
+    return torch_ops, f"{torch_ops.BUILD_INFO['variant']} build"
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -221,6 +239,8 @@ def main():
     ap.add_argument("--compile_budget_s", type=float, default=40.0,
                     help="stop compiling torch.compile variants for the sweep after this many seconds (default 40)")
     ap.add_argument("--bin_dir", default="dev", help="where softmax_forward/backward are (default dev)")
+    ap.add_argument("--no_op", action="store_true",
+                    help="skip our kernels through the dev/torch_ops operator (default: include them)")
     args = ap.parse_args()
 
     if args.make_fixture:
@@ -228,6 +248,9 @@ def main():
         return 0
 
     import torch
+    if not torch.cuda.is_available():
+        print("softmax benchmark: no CUDA GPU (torch.cuda.is_available() is False): nothing to time, skipped")
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
@@ -267,6 +290,10 @@ def main():
     print(f"copy bandwidth: cudaMemcpy D2D (binary) {copy_gbps:.1f} GB/s, torch copy_ {torch_copy:.1f} GB/s")
 
     triton_softmax = make_triton_softmax()
+    torch_ops = None  # the module; "op" in the tables
+    if not args.no_op:
+        torch_ops, why = load_op(torch)
+        print(f"dev/torch_ops operator: {'timed (' + why + ')' if torch_ops else 'NOT timed: ' + why}", flush=True)
 
     def softmax_fwd(x):
         return torch.softmax(x, -1)
@@ -282,6 +309,8 @@ def main():
         xs = [torch.randn(rows, cols, device="cuda") * 3 for _ in range(nf)]
         ref = torch.softmax(xs[0].double(), -1).float()
         impls = {"torch.softmax": softmax_fwd, "triton": triton_softmax}
+        if torch_ops:
+            impls["op"] = torch_ops.softmax
         if with_compile:
             impls["torch.compile"] = torch.compile(softmax_fwd, dynamic=False)
         for name, fn in impls.items():
@@ -298,16 +327,21 @@ def main():
         ys = [torch.softmax(torch.randn(rows, cols, device="cuda"), -1) for _ in range(nb)]
         dys = [torch.randn(rows, cols, device="cuda") for _ in range(nb)]
         bimpls = {"torch.softmax": softmax_bwd}
+        if torch_ops:
+            bimpls["op"] = lambda y, dy: torch.ops.torch_ops.softmax_backward(dy, y)
         if with_compile:
             bimpls["torch.compile"] = torch.compile(lambda y, dy: y * (dy - (y * dy).sum(-1, keepdim=True)), dynamic=False)
         yd, dyd = ys[0].double(), dys[0].double()
         ref = (yd * (dyd - (yd * dyd).sum(-1, keepdim=True))).float()
         for name, fn in bimpls.items():
-            out = fn(ys[0], dys[0])
-            err = (out - ref).abs().max().item()
-            ok = torch.allclose(out, ref, rtol=2e-6, atol=1e-6)  # the tolerance of dev/softmax_backward.cu
-            ms = time_torch(fn, lambda i: (ys[i], dys[i]), nb, torch)
-            res[("backward", name)] = (ms, 3 * n * 4 / (ms * 1e-3) / 1e9, ok, err)
+            try:
+                out = fn(ys[0], dys[0])
+                err = (out - ref).abs().max().item()
+                ok = torch.allclose(out, ref, rtol=2e-6, atol=1e-6)  # the tolerance of dev/softmax_backward.cu
+                ms = time_torch(fn, lambda i: (ys[i], dys[i]), nb, torch)
+                res[("backward", name)] = (ms, 3 * n * 4 / (ms * 1e-3) / 1e9, ok, err)
+            except Exception as e:  # one failing implementation must not lose the others' numbers
+                print(f"{name} backward {rows}x{cols} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
         del ys, dys
         torch.cuda.empty_cache()
         return res
@@ -382,7 +416,8 @@ def main():
              "D2D, ckern = plain copy kernel, ckpdl = the copy kernel with PDL.",
              "",
              f"{'op':8s} {'shape':12s} {'ours(disp)':>11s} {'%copy':>6s} {'best ours':>18s} {'best no PDL':>18s} {'memcpy':>6s} {'ckern':>6s} "
-             f"{'ckpdl':>6s} {'torch':>8s} {'compile':>8s} {'triton':>8s} {'vs torch':>8s}  targets"]
+             f"{'ckpdl':>6s} {'torch':>8s} {'compile':>8s} {'triton':>8s} {'vs torch':>8s} {'op':>8s} {'op/torch':>8s}"
+             "  targets"]
     targets = []
     for op, best_v in (("forward", BEST_FWD), ("backward", BEST_BWD)):
         for rows, cols in MAIN_SHAPES:
@@ -392,7 +427,9 @@ def main():
             tv = pick(rows_out, op, rows, cols, "torch.softmax")
             tc = pick(rows_out, op, rows, cols, "torch.compile")
             tt = pick(rows_out, op, rows, cols, "triton")
+            top = pick(rows_out, op, rows, cols, "op")
             ratio = disp["gbps"] / tv["gbps"] if disp and tv else float("nan")
+            op_ratio = top["gbps"] / tv["gbps"] if top and tv else float("nan")
             checks = []
             if op == "forward":
                 checks.append(("%copy>=90", disp["pct_copy"] >= 90.0))
@@ -401,20 +438,23 @@ def main():
                     checks.append((">=1.7x torch", ratio >= 1.7))
             else:
                 checks.append((">=torch", ratio >= 1.0))
+            if top:
+                checks.append(("op>=torch", op_ratio >= 1.0))
             for name, ok in checks:
                 targets.append({"op": op, "shape": f"{rows}x{cols}", "target": name, "met": bool(ok),
                                 "ours_gbps": disp["gbps"], "torch_gbps": tv["gbps"] if tv else None,
                                 "dispatched_to": disp.get("dispatched_to", ""), "pdl": uses_pdl(disp),
-                                "best_no_pdl_gbps": best_plain["gbps"] if best_plain else None})
+                                "best_no_pdl_gbps": best_plain["gbps"] if best_plain else None,
+                                "op_gbps": top["gbps"] if top else None})
             lines.append(f"{op:8s} {rows}x{cols:<7d} {disp['gbps']:11.0f} {disp['pct_copy']:6.1f} {vb(best)} {vb(best_plain)} "
                          f"{ref(disp, 'copy_same_size_gbps')} {ref(disp, 'copy_kernel_gbps')} {ref(disp, 'copy_kernel_pdl_gbps')} "
-                         f"{fmt(tv)} {fmt(tc)} {fmt(tt)} {ratio:8.2f}  "
+                         f"{fmt(tv)} {fmt(tc)} {fmt(tt)} {ratio:8.2f} {fmt(top)} {op_ratio:8.2f}  "
                          + " ".join(f"{n}:{'MET' if ok else 'MISSED'}" for n, ok in checks)
                          + f"  [dispatched to {disp.get('dispatched_to') or '?'}]")
     # the trainers' shapes: the best single version and block size with and without PDL, for promotion
     lines += ["", "trainer shapes (best single version; GB/s; vs torch = best ours / torch.softmax)",
               f"{'op':8s} {'shape':12s} {'best ours':>18s} {'best no PDL':>18s} {'us':>7s} {'ours(disp)':>18s} {'memcpy':>6s} {'ckern':>6s} "
-              f"{'ckpdl':>6s} {'torch':>8s} {'compile':>8s} {'triton':>8s} {'vs torch':>8s}"]
+              f"{'ckpdl':>6s} {'torch':>8s} {'compile':>8s} {'triton':>8s} {'vs torch':>8s} {'op':>8s}"]
     trainer_best = []
     for op, best_v in (("forward", BEST_FWD), ("backward", BEST_BWD)):
         for rows, cols in TRAINER_SHAPES:
@@ -424,13 +464,14 @@ def main():
             tv = pick(trainer_out, op, rows, cols, "torch.softmax")
             tc = pick(trainer_out, op, rows, cols, "torch.compile")
             tt = pick(trainer_out, op, rows, cols, "triton")
+            top = pick(trainer_out, op, rows, cols, "op")
             ratio = best["gbps"] / tv["gbps"] if best and tv else float("nan")
             disp_s = f"{disp['gbps']:6.0f} ({disp.get('dispatched_to') or '?'})" if disp else "-"
             lines.append(f"{op:8s} {rows}x{cols:<7d} {vb(best)} {vb(best_plain)} {1000 * best_plain['ms'] if best_plain else float('nan'):7.2f} "
                          f"{disp_s:>18s} {ref(best, 'copy_same_size_gbps')} {ref(best, 'copy_kernel_gbps')} {ref(best, 'copy_kernel_pdl_gbps')} "
-                         f"{fmt(tv)} {fmt(tc)} {fmt(tt)} {ratio:8.2f}")
+                         f"{fmt(tv)} {fmt(tc)} {fmt(tt)} {ratio:8.2f} {fmt(top)}")
             trainer_best.append({"op": op, "shape": f"{rows}x{cols}", "best": best, "best_no_pdl": best_plain, "dispatcher": disp,
-                                 "torch": tv, "torch_compile": tc, "triton": tt})
+                                 "torch": tv, "torch_compile": tc, "triton": tt, "torch_ops_op": top})
     table_text = "\n".join(lines)
     print(table_text)
     with open(os.path.join(args.out, "softmax_table.txt"), "w") as f:

@@ -8,7 +8,8 @@ Compile (or `make -C dev softmax_backward`):
 No --use_fast_math: results are compared with PyTorch fp32.
 The error checks, the launch templates, the --test / benchmark harness and the command line shared with
 softmax_forward.cu are in dev/softmax_common.cuh (included below); this file holds the op itself: CPU reference,
-kernels, launchers, dispatcher, its test suite and its benchmark loop.
+kernels, launchers, dispatcher, its test suite and its benchmark loop. dev/torch_ops (the PyTorch operator) includes
+this file with DEV_KERNELS_ONLY (no tests, benchmark or main) and calls version 11 on PyTorch's stream (g_stream).
 
 Run (from the repo root):
   ./dev/softmax_backward --test      correctness suite: every version and block size vs the CPU oracle at awkward
@@ -423,13 +424,14 @@ static int max_row_chunks(const float* y, int cols) {
 }
 
 static const char* launch_backward1(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
-    softmax_backward_kernel1<<<ceil_div(rows, block_size), block_size>>>(dx, y, dy, rows, cols);
+    softmax_backward_kernel1<<<ceil_div(rows, block_size), block_size, 0, g_stream>>>(dx, y, dy, rows, cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
 
 static const char* launch_backward2(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
-    softmax_backward_kernel2<<<ceil_div((long long)rows * 32, block_size), block_size>>>(dx, y, dy, rows, cols);
+    softmax_backward_kernel2<<<ceil_div((long long)rows * 32, block_size), block_size, 0, g_stream>>>(dx, y, dy, rows,
+                                                                                                      cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
@@ -438,7 +440,8 @@ template <int GROUP, int CHUNKS>
 static const char* launch3(float* dx, const float* y, const float* dy, int rows, int cols, int block_size) {
     // 8 chunks of y and dy per lane take ~93 registers: 1024 threads would exceed the 64K register file
     if (CHUNKS == 8 && block_size > 512) return "the 8-chunk variant runs at most 512 threads per block";
-    softmax_backward_kernel3<GROUP, CHUNKS><<<ceil_div(rows, block_size / GROUP), block_size>>>(dx, y, dy, rows, cols);
+    softmax_backward_kernel3<GROUP, CHUNKS><<<ceil_div(rows, block_size / GROUP), block_size, 0, g_stream>>>(dx, y, dy,
+                                                                                                             rows, cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
@@ -454,9 +457,9 @@ template <int THREADS>
 static const char* launch4_threads(float* dx, const float* y, const float* dy, int rows, int cols) {
     int per_thread = next_pow2(ceil_div(max_row_chunks(y, cols), THREADS));
     switch (per_thread) {
-        case 1: softmax_backward_kernel4<THREADS, 1><<<rows, THREADS>>>(dx, y, dy, rows, cols); break;
-        case 2: softmax_backward_kernel4<THREADS, 2><<<rows, THREADS>>>(dx, y, dy, rows, cols); break;
-        case 4: softmax_backward_kernel4<THREADS, 4><<<rows, THREADS>>>(dx, y, dy, rows, cols); break;
+        case 1: softmax_backward_kernel4<THREADS, 1><<<rows, THREADS, 0, g_stream>>>(dx, y, dy, rows, cols); break;
+        case 2: softmax_backward_kernel4<THREADS, 2><<<rows, THREADS, 0, g_stream>>>(dx, y, dy, rows, cols); break;
+        case 4: softmax_backward_kernel4<THREADS, 4><<<rows, THREADS, 0, g_stream>>>(dx, y, dy, rows, cols); break;
         default: return "row does not fit in the registers of one block at this block size (max 4 float4 of y and dy per thread)";
     }
     cudaCheck(cudaGetLastError());
@@ -512,7 +515,7 @@ static const char* launch6(float* dx, const float* y, const float* dy, int rows,
     if (per_sm[block_size] == 0) cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[block_size], kernel, block_size, 0));
     if (per_sm[block_size] == 0) return "no block of this size fits on an SM";
     int grid = std::max(1, std::min(ceil_div(rows, block_size / GROUP), per_sm[block_size] * g_num_sms));
-    kernel<<<grid, block_size>>>(dx, y, dy, rows, cols);
+    kernel<<<grid, block_size, 0, g_stream>>>(dx, y, dy, rows, cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
@@ -590,9 +593,9 @@ static const char* tuned_launch(std::vector<BackwardChoice>& cache, std::vector<
     float best_ms = INFINITY;
     for (auto [version, bs] : candidates) {
         if (softmax_backward(version, dx, y, dy, rows, cols, bs)) continue;  // does not apply (shape, device)
-        cudaCheck(cudaEventRecord(start));
+        cudaCheck(cudaEventRecord(start, g_stream));
         for (int k = 0; k < timed_launches; k++) softmax_backward(version, dx, y, dy, rows, cols, bs);
-        cudaCheck(cudaEventRecord(stop));
+        cudaCheck(cudaEventRecord(stop, g_stream));
         cudaCheck(cudaEventSynchronize(stop));
         float ms;
         cudaCheck(cudaEventElapsedTime(&ms, start, stop));
@@ -670,6 +673,9 @@ static std::vector<int> block_sizes_of(int version) {
         default: return {0};
     }
 }
+
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for its kernels and launchers: the test suite,
+                          // the benchmark and main stay out
 
 // ----------------------------------------------------------------------------------------------------------------
 // test and benchmark support
@@ -915,3 +921,4 @@ int main(int argc, char** argv) {
     if (opt.test) return run_tests(opt.fixture, opt.seed);
     return run_benchmark(opt.versions, opt.shapes, opt.block_size, opt.json_path);
 }
+#endif  // DEV_KERNELS_ONLY

@@ -17,6 +17,7 @@ tests and benchmark, and includes this file at its top.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -28,6 +29,10 @@ tests and benchmark, and includes this file at its top.
 #define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
 static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
+#ifdef CUDA_CHECK_THROWS  // inside PyTorch (dev/torch_ops): an exception the caller turns into a Python error
+        throw std::runtime_error(std::string("[CUDA ERROR] ") + call + " at " + file + ":" + std::to_string(line) +
+                                 ": " + cudaGetErrorString(err));
+#endif
         fprintf(stderr, "[CUDA ERROR] %s at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
         exit(EXIT_FAILURE);
     }
@@ -37,6 +42,10 @@ static void cuda_check(cudaError_t err, const char* call, const char* file, int 
 
 // ----------------------------------------------------------------------------------------------------------------
 // launch helpers: templates the launchers of both files pick kernel instantiations with (no kernel lives here)
+
+// The stream every launcher of both files launches on: the default stream in the lab binaries, PyTorch's current
+// stream when dev/torch_ops calls them.
+static cudaStream_t g_stream = 0;
 
 static int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 static int next_pow2(int v) { int p = 1; while (p < v) p *= 2; return p; }
@@ -78,6 +87,7 @@ struct ClusterLaunch {
     cudaLaunchAttribute attr[1];
     ClusterLaunch(int threads, int cluster) {
         config.blockDim = dim3(threads);
+        config.stream = g_stream;
         attr[0].id = cudaLaunchAttributeClusterDimension;
         attr[0].val.clusterDim.x = cluster;
         attr[0].val.clusterDim.y = 1;
@@ -98,6 +108,7 @@ struct ExLaunch {
     cudaLaunchAttribute attr[2];
     ExLaunch(int threads, int cluster, bool pdl) {
         config.blockDim = dim3(threads);
+        config.stream = g_stream;
         config.attrs = attr;
         if (cluster > 0) {
             attr[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
@@ -170,6 +181,9 @@ static int max_active_clusters(K kernel, const cudaLaunchConfig_t& config) {
     cudaCheck(cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config));
     return max_clusters;
 }
+
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops takes the launch helpers above; the test and benchmark harness and the
+                          // command line stay out
 
 // ----------------------------------------------------------------------------------------------------------------
 // test and benchmark support
@@ -729,3 +743,4 @@ static Options parse_args(int argc, char** argv, const char* prog, int num_versi
     }
     return o;
 }
+#endif  // DEV_KERNELS_ONLY

@@ -7,7 +7,8 @@ Compile (or `make -C dev softmax_forward`):
 No --use_fast_math: results are compared with PyTorch fp32 (expf, IEEE division).
 The error checks, the launch templates, the --test / benchmark harness and the command line shared with
 softmax_backward.cu are in dev/softmax_common.cuh (included below); this file holds the op itself: CPU reference,
-kernels, launchers, dispatcher, its test suite and its benchmark loop.
+kernels, launchers, dispatcher, its test suite and its benchmark loop. dev/torch_ops (the PyTorch operator) includes
+this file with DEV_KERNELS_ONLY (no tests, benchmark or main) and calls version 14 on PyTorch's stream (g_stream).
 
 Run (from the repo root):
   ./dev/softmax_forward --test       correctness suite: every version and block size vs the CPU oracle at awkward
@@ -574,19 +575,19 @@ static int max_row_chunks(const float* x, int cols) {
 }
 
 static const char* launch_forward1(float* y, const float* x, int rows, int cols, int block_size) {
-    softmax_forward_kernel1<<<ceil_div(rows, block_size), block_size>>>(y, x, rows, cols);
+    softmax_forward_kernel1<<<ceil_div(rows, block_size), block_size, 0, g_stream>>>(y, x, rows, cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
 
 static const char* launch_forward2(float* y, const float* x, int rows, int cols, int block_size) {
-    softmax_forward_kernel2<<<ceil_div(rows, block_size), block_size>>>(y, x, rows, cols);
+    softmax_forward_kernel2<<<ceil_div(rows, block_size), block_size, 0, g_stream>>>(y, x, rows, cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
 
 static const char* launch_forward3(float* y, const float* x, int rows, int cols, int block_size) {
-    softmax_forward_kernel3<<<ceil_div((long long)rows * 32, block_size), block_size>>>(y, x, rows, cols);
+    softmax_forward_kernel3<<<ceil_div((long long)rows * 32, block_size), block_size, 0, g_stream>>>(y, x, rows, cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
@@ -594,7 +595,8 @@ static const char* launch_forward3(float* y, const float* x, int rows, int cols,
 template <int GROUP, int CHUNKS>
 static const char* launch4(float* y, const float* x, int rows, int cols, int block_size) {
     int rows_per_block = block_size / GROUP;
-    softmax_forward_kernel4<GROUP, CHUNKS><<<ceil_div(rows, rows_per_block), block_size>>>(y, x, rows, cols);
+    softmax_forward_kernel4<GROUP, CHUNKS><<<ceil_div(rows, rows_per_block), block_size, 0, g_stream>>>(y, x, rows,
+                                                                                                       cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
@@ -610,10 +612,10 @@ template <int THREADS>
 static const char* launch5_threads(float* y, const float* x, int rows, int cols) {
     int per_thread = next_pow2(ceil_div(max_row_chunks(x, cols), THREADS));
     switch (per_thread) {
-        case 1: softmax_forward_kernel5<THREADS, 1><<<rows, THREADS>>>(y, x, rows, cols); break;
-        case 2: softmax_forward_kernel5<THREADS, 2><<<rows, THREADS>>>(y, x, rows, cols); break;
-        case 4: softmax_forward_kernel5<THREADS, 4><<<rows, THREADS>>>(y, x, rows, cols); break;
-        case 8: softmax_forward_kernel5<THREADS, 8><<<rows, THREADS>>>(y, x, rows, cols); break;
+        case 1: softmax_forward_kernel5<THREADS, 1><<<rows, THREADS, 0, g_stream>>>(y, x, rows, cols); break;
+        case 2: softmax_forward_kernel5<THREADS, 2><<<rows, THREADS, 0, g_stream>>>(y, x, rows, cols); break;
+        case 4: softmax_forward_kernel5<THREADS, 4><<<rows, THREADS, 0, g_stream>>>(y, x, rows, cols); break;
+        case 8: softmax_forward_kernel5<THREADS, 8><<<rows, THREADS, 0, g_stream>>>(y, x, rows, cols); break;
         default: return "row does not fit in the registers of one block at this block size (max 8 float4 per thread)";
     }
     cudaCheck(cudaGetLastError());
@@ -673,7 +675,7 @@ static const char* launch7(float* y, const float* x, int rows, int cols, int blo
     if (per_sm[block_size] == 0) cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[block_size], kernel, block_size, 0));
     int rows_per_block = block_size / GROUP;
     int grid = std::max(1, std::min(ceil_div(rows, rows_per_block), per_sm[block_size] * g_num_sms));
-    kernel<<<grid, block_size>>>(y, x, rows, cols);
+    kernel<<<grid, block_size, 0, g_stream>>>(y, x, rows, cols);
     cudaCheck(cudaGetLastError());
     return nullptr;
 }
@@ -795,9 +797,9 @@ static const char* tuned_launch(std::vector<ForwardChoice>& cache, std::vector<s
     float best_ms = INFINITY;
     for (auto [version, bs] : candidates) {
         if (softmax_forward(version, y, x, rows, cols, bs)) continue;  // does not apply (shape, device)
-        cudaCheck(cudaEventRecord(start));
+        cudaCheck(cudaEventRecord(start, g_stream));
         for (int k = 0; k < timed_launches; k++) softmax_forward(version, y, x, rows, cols, bs);
-        cudaCheck(cudaEventRecord(stop));
+        cudaCheck(cudaEventRecord(stop, g_stream));
         cudaCheck(cudaEventSynchronize(stop));
         float ms;
         cudaCheck(cudaEventElapsedTime(&ms, start, stop));
@@ -889,6 +891,9 @@ static std::vector<int> block_sizes_of(int version) {
         default: return {0};
     }
 }
+
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for its kernels and launchers: the test suite,
+                          // the benchmark and main stay out
 
 // ----------------------------------------------------------------------------------------------------------------
 // test and benchmark support
@@ -1117,3 +1122,4 @@ int main(int argc, char** argv) {
     if (opt.test) return run_tests(opt.fixture, opt.seed);
     return run_benchmark(opt.versions, opt.shapes, opt.block_size, opt.json_path);
 }
+#endif  // DEV_KERNELS_ONLY

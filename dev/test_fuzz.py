@@ -16,7 +16,7 @@ inputs their own (non-UTF-8, NUL bytes, /dev/zero, a negative seed).
 A case passes when the program accepts a valid input, or refuses a bad one cleanly: exit 1 with exactly one
 `error:` line that names the file (and, for a mutation that must be refused, the field); never a signal, exit
 134/139, a hang (timeout), a Python traceback or an allocation past a bound (Python runs under a 3 GB address space
-limit, the C++ readers too where no GPU is present). Trainers run with CUDA_VISIBLE_DEVICES="" so that they stop
+limit, plus what `import torch` maps where PyTorch is installed; the C++ readers under 3 GB where no GPU is present). Trainers run with CUDA_VISIBLE_DEVICES="" so that they stop
 right after validation on every machine (train_mnist trains on the CPU on 8 images: a run that starts and stops on
 its loss accepted the file).
 
@@ -52,6 +52,21 @@ TIMEOUT_S = 60
 INT_MAX, INT_MIN = 2**31 - 1, -2**31
 HAVE_GPU = shutil.which("nvidia-smi") is not None
 MEM_LIMIT_KB = 3 * 1024 * 1024  # "no allocation beyond a bound": every run fits in 3 GB of address space
+
+
+def import_torch_kb():
+    """The address space `import torch` maps by itself where PyTorch is installed (0 elsewhere): PyPI's CUDA wheel
+    maps about 3.1 GB of libraries before allocating anything. Python runs get it on top of the 3 GB bound, so that a
+    tool importing torch is judged by what it allocates, not by the libraries it maps."""
+    code = "import torch; print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmPeak')][0])"
+    try:
+        p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        return int(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else 0
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return 0
+
+
+PY_MEM_LIMIT_KB = MEM_LIMIT_KB + import_torch_kb()
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
 CRASH_WORDS = ["Traceback (most recent call last)", "terminate called", "Segmentation fault", "core dumped",
                "std::bad_alloc", "Aborted", "MemoryError", "Killed"]
@@ -77,7 +92,7 @@ class Res:
 def run(argv, timeout=TIMEOUT_S, fsize_kb=None, no_dac=False, cwd=ROOT):
     """Runs argv (no stdin) under the address-space limit; fsize_kb: a full disk after that many KB (writes fail
     with EFBIG, SIGXFSZ ignored); no_dac: file permissions apply even to root."""
-    limit = MEM_LIMIT_KB if (argv[0] == PY or not HAVE_GPU) else None
+    limit = PY_MEM_LIMIT_KB if argv[0] == PY else (MEM_LIMIT_KB if not HAVE_GPU else None)
     shell = ""
     if limit:
         shell += f"ulimit -v {limit}; "
@@ -1085,7 +1100,8 @@ def dev_tool_cases():
     """The dev/*.py tools a user runs: --help needs neither a GPU nor PyTorch, and a missing PyTorch is a one-line
     error, not a traceback."""
     tools = ["unet.py", "linreg.py", "mnist.py", "softmax.py", "unet_layers.py", "unet_sample_ref.py",
-             "bench_linreg.py", "bench_mnist.py", "bench_unet.py", "run_benchmarks.py", "mnist_dgrad_model.py"]
+             "bench_linreg.py", "bench_mnist.py", "bench_unet.py", "run_benchmarks.py", "mnist_dgrad_model.py",
+             "cnn_custom.py"]
     out = []
     for t in tools:
         def fn(t=t):

@@ -1,0 +1,21 @@
+// dev/matmul.cu for dev/torch_ops: the lab file itself (versions 1-7 and their launchers, without cuBLAS, the
+// benchmark variants, the tests and main), its failed CUDA calls raised as exceptions, behind labs::matmul.
+#define DEV_KERNELS_ONLY
+#define CUDA_CHECK_THROWS
+#include "../../matmul.cu"
+#include "labs.h"
+#include <mutex>
+
+namespace dev_lab {
+
+// The split-K workspace and the TF32 staging buffers of the lab are globals that grow on demand: one call at a time
+static std::mutex g_lock;
+
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+            float* C, int ldc, bool tf32, cudaStream_t stream) {
+    std::lock_guard<std::mutex> guard(g_lock);
+    if (tf32) matmul_sgemm_tf32_v7(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, stream);
+    else matmul_sgemm_v5(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, stream);
+}
+
+}  // namespace dev_lab
