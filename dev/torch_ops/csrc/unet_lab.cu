@@ -141,7 +141,7 @@ void conv3x3_forward(const float* x, const float* w_bias, float* y, int B, int H
     set_globals(stream, tf32);
     ConvP c = conv_p(cin, cout, stride);
     UNet m = conv_shell(w_bias, B, H, W, c, workspace);
-    ::conv3x3_forward<float>(&m, c, x, y, H, W, nullptr, false);
+    ::conv3x3_forward<float>(&m, c, x, y, H, W, nullptr, nullptr);
 }
 
 void conv3x3_backward(const float* dy, const float* x, const float* w_bias, float* dx, float* dw_db, int B, int H,
