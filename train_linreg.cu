@@ -161,7 +161,8 @@ static std::string output_check(const char* path, const char* what, std::string*
         } else {  // a symlink to a file still to be made: write it where the link points
             ssize_t n = readlink(path, buf, sizeof buf - 1);
             if (n <= 0)
-                return std::string(path) + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
+                return std::string(path) + ": " + what + " is a symlink that cannot be followed (" +
+                       strerror(errno) + ")";
             buf[n] = 0;
             *real = buf[0] == '/' ? std::string(buf) : folder_of(path) + "/" + buf;
         }
@@ -174,7 +175,8 @@ static std::string output_check(const char* path, const char* what, std::string*
                "replace it";
     std::string probe = folder + "/.linreg_probe.XXXXXX";  // the folder takes a new file: the real write's test
     int fd = mkstemp(&probe[0]);
-    if (fd < 0) return std::string(path) + ": " + what + ": cannot write in folder " + folder + " (" + strerror(errno) + ")";
+    if (fd < 0)
+        return std::string(path) + ": " + what + ": cannot write in folder " + folder + " (" + strerror(errno) + ")";
     close(fd);
     unlink(probe.c_str());
     return "";
@@ -277,14 +279,24 @@ static int linreg_read_dataset(const char* path, LinregData* out) {
     }
     int32_t header[HEADER_INTS];
     if (size < (long long)sizeof(header) || fread(header, sizeof(header), 1, f) != 1) {
-        fprintf(stderr, "error: %s: file is %lld bytes, shorter than the %zu-byte header\n", path, size, sizeof(header));
+        fprintf(stderr, "error: %s: file is %lld bytes, shorter than the %zu-byte header\n", path, size,
+                sizeof(header));
         fclose(f);
         return -1;
     }
-#define FAIL(...) do { fprintf(stderr, "error: %s: ", path); fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); fclose(f); return -1; } while (0)
+#define FAIL(...) \
+    do { \
+        fprintf(stderr, "error: %s: ", path); \
+        fprintf(stderr, __VA_ARGS__); \
+        fprintf(stderr, "\n"); \
+        fclose(f); \
+        return -1; \
+    } while (0)
     if (header[0] != LINREG_DATASET_MAGIC)
-        FAIL("header[0] magic is %d, expected %d (a linreg dataset; write one with --save_data or scripts/csv_to_linreg.py)", header[0], LINREG_DATASET_MAGIC);
-    if (header[1] != LINREG_DATASET_VERSION) FAIL("header[1] version is %d, expected %d", header[1], LINREG_DATASET_VERSION);
+        FAIL("header[0] magic is %d, expected %d (a linreg dataset; write one with --save_data or "
+             "scripts/csv_to_linreg.py)", header[0], LINREG_DATASET_MAGIC);
+    if (header[1] != LINREG_DATASET_VERSION)
+        FAIL("header[1] version is %d, expected %d", header[1], LINREG_DATASET_VERSION);
     if (header[2] != 2) FAIL("header[2] tensor count is %d, expected 2 (x and y)", header[2]);
     int n = header[3], d = header[4], n_train = header[5];
     if (n < 2) FAIL("header[3] n_points is %d, expected at least 2", n);
@@ -302,11 +314,13 @@ static int linreg_read_dataset(const char* path, LinregData* out) {
         if (e->dtype != DTYPE_F32) FAIL("tensor %s has dtype code %d, expected 0 (float32)", names[i], e->dtype);
         if (e->ndim != ndims[i]) FAIL("tensor %s has %d dims, expected %d", names[i], e->ndim, ndims[i]);
         for (int k = 0; k < ndims[i]; k++) {
-            if (e->shape[k] != shapes[i][k]) FAIL("tensor %s has shape[%d] = %d, expected %d", names[i], k, e->shape[k], shapes[i][k]);
+            if (e->shape[k] != shapes[i][k])
+                FAIL("tensor %s has shape[%d] = %d, expected %d", names[i], k, e->shape[k], shapes[i][k]);
         }
     }
     long long expected = (long long)sizeof(header) + sizeof(table) + 4LL * n * d + 4LL * n;
-    if (size != expected) FAIL("file length is %lld bytes, the header says %lld (n_points %d, n_features %d)", size, expected, n, d);
+    if (size != expected)
+        FAIL("file length is %lld bytes, the header says %lld (n_points %d, n_features %d)", size, expected, n, d);
     out->n_points = n;
     out->n_features = d;
     out->n_train = n_train;
@@ -318,7 +332,8 @@ static int linreg_read_dataset(const char* path, LinregData* out) {
     out->x_max = int_bits_to_float(header[11]);
     out->x = (float*)mallocCheck(sizeof(float) * (size_t)n * d);
     out->y = (float*)mallocCheck(sizeof(float) * (size_t)n);
-    if (fread(out->x, sizeof(float), (size_t)n * d, f) != (size_t)n * d || fread(out->y, sizeof(float), n, f) != (size_t)n) {
+    if (fread(out->x, sizeof(float), (size_t)n * d, f) != (size_t)n * d ||
+        fread(out->y, sizeof(float), n, f) != (size_t)n) {
         linreg_data_free(out);
         FAIL("short read of the tensor data");
     }
@@ -326,7 +341,8 @@ static int linreg_read_dataset(const char* path, LinregData* out) {
     fclose(f);
     for (long long i = 0; i < (long long)n * d; i++) {
         if (!std::isfinite(out->x[i])) {
-            fprintf(stderr, "error: %s: x[%lld][%lld] is %g, expected a finite number\n", path, i / d, i % d, out->x[i]);
+            fprintf(stderr, "error: %s: x[%lld][%lld] is %g, expected a finite number\n", path, i / d, i % d,
+                    out->x[i]);
             linreg_data_free(out);
             return -1;
         }
@@ -368,7 +384,8 @@ static int linreg_write_dataset(const char* path, const LinregData* d) {
     size_t nx = (size_t)d->n_points * d->n_features;
     return write_atomic(path, "--save_data", [&](FILE* f) {
         return fwrite(header, sizeof(header), 1, f) == 1 && fwrite(table, sizeof(table), 1, f) == 1 &&
-               fwrite(d->x, sizeof(float), nx, f) == nx && fwrite(d->y, sizeof(float), d->n_points, f) == (size_t)d->n_points;
+               fwrite(d->x, sizeof(float), nx, f) == nx &&
+               fwrite(d->y, sizeof(float), d->n_points, f) == (size_t)d->n_points;
     });
 }
 
@@ -399,7 +416,8 @@ static void linreg_make_data_cpu(float* x, float* y, const float* noise, int n, 
 // Generates the dataset into host memory (out->x, out->y allocated here). With use_gpu the draws and the
 // arithmetic run on the GPU (timed into *gen_ms); otherwise through cuRAND's host generator on the CPU.
 static void linreg_generate(LinregData* out, int n, float split, int seed, float x_min, float x_max, float w_true,
-                            float b_true, float noise_std, bool use_gpu, float* gen_ms, float** d_x_out, float** d_y_out) {
+                            float b_true, float noise_std, bool use_gpu, float* gen_ms, float** d_x_out,
+                            float** d_y_out) {
     out->n_points = n;
     out->n_features = 1;
     out->n_train = (int)llround((double)split * n);
@@ -426,7 +444,8 @@ static void linreg_generate(LinregData* out, int n, float split, int seed, float
         curandCheck(curandSetPseudoRandomGeneratorSeed(gen, (unsigned long long)seed));
         curandCheck(curandGenerateUniform(gen, d_x, n));
         curandCheck(curandGenerateNormal(gen, d_noise, n_even, 0.0f, 1.0f));
-        linreg_make_data_kernel<<<(n + 255) / 256, 256>>>(d_x, d_y, d_noise, n, x_min, x_max, w_true, b_true, noise_std);
+        linreg_make_data_kernel<<<(n + 255) / 256, 256>>>(d_x, d_y, d_noise, n, x_min, x_max, w_true, b_true,
+                                                          noise_std);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaEventRecord(stop));
         cudaCheck(cudaEventSynchronize(stop));
@@ -497,7 +516,8 @@ __device__ __forceinline__ void load_params(float (&params)[NV - 1], const float
 
 // Adds one point's terms to the accumulators. DT = D at compile time (1), or 0 for any D <= MAX_FEATURES.
 template <int DT, int NV>
-__device__ __forceinline__ void accumulate_point(float (&acc)[NV], const float (&params)[NV - 1], const float* xi, float yi, int D) {
+__device__ __forceinline__ void accumulate_point(float (&acc)[NV], const float (&params)[NV - 1], const float* xi,
+                                                 float yi, int D) {
     float pred = params[NV - 2];
 #pragma unroll
     for (int d = 0; d < NV - 2; d++) {
@@ -515,7 +535,8 @@ __device__ __forceinline__ void accumulate_point(float (&acc)[NV], const float (
 #define LINREG_THREADS 256
 #define LINREG_POINTS_PER_THREAD 16  // grid sizing of versions 1-3: enough work per thread to hide latency
 static int linreg_grid_size(long long n) {
-    long long blocks = (n + (long long)LINREG_THREADS * LINREG_POINTS_PER_THREAD - 1) / ((long long)LINREG_THREADS * LINREG_POINTS_PER_THREAD);
+    long long blocks = (n + (long long)LINREG_THREADS * LINREG_POINTS_PER_THREAD - 1) /
+                       ((long long)LINREG_THREADS * LINREG_POINTS_PER_THREAD);
     return (int)(blocks < 1 ? 1 : blocks);
 }
 
@@ -553,7 +574,8 @@ __global__ void linreg_update_kernel(const float* partials, int n_rows, int D, i
 
 template <int DT>
 __global__ void linreg_forward_kernel(const float* x, const float* params, int n, int D, float* pred) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
         const float* xi = x + i * (DT ? DT : D);
         float p = params[DT ? DT : D];
 #pragma unroll
@@ -567,7 +589,8 @@ __global__ void linreg_forward_kernel(const float* x, const float* params, int n
 __global__ void linreg_loss_kernel(const float* pred, const float* y, int n, int D, float* partials) {
     __shared__ float scratch[WARP];
     float acc[1] = {0.0f};
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
         float r = pred[i] - y[i];
         acc[0] += r * r;
     }
@@ -576,11 +599,13 @@ __global__ void linreg_loss_kernel(const float* pred, const float* y, int n, int
 }
 
 template <int DT>
-__global__ void linreg_gradient_kernel(const float* x, const float* y, const float* pred, int n, int D, float* partials) {
+__global__ void linreg_gradient_kernel(const float* x, const float* y, const float* pred, int n, int D,
+                                       float* partials) {
     constexpr int NV = 1 + (DT ? DT : MAX_FEATURES);  // sum r, sum r x_d
     __shared__ float scratch[WARP * NV];
     float acc[NV] = {0.0f};
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
         const float* xi = x + i * (DT ? DT : D);
         float r = pred[i] - y[i];
         acc[0] += r;
@@ -599,13 +624,15 @@ __global__ void linreg_gradient_kernel(const float* x, const float* y, const flo
 // version 2: forward + loss + gradient fused, one read of the data per epoch. Also versions 3's per-stream kernel.
 
 template <int DT>
-__global__ void linreg_fused_kernel(const float* x, const float* y, const float* params_g, int n, int D, float* partials) {
+__global__ void linreg_fused_kernel(const float* x, const float* y, const float* params_g, int n, int D,
+                                    float* partials) {
     constexpr int NV = 2 + (DT ? DT : MAX_FEATURES);
     __shared__ float scratch[WARP * NV];
     float params[NV - 1];
     load_params<NV>(params, params_g, D);
     float acc[NV] = {0.0f};
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
         accumulate_point<DT, NV>(acc, params, x + i * (DT ? DT : D), y[i], D);
     }
     block_sum<NV>(acc, scratch);
@@ -618,10 +645,10 @@ __global__ void linreg_fused_kernel(const float* x, const float* y, const float*
 // version 4: one persistent cooperative kernel for all epochs. Block b owns a contiguous range of points: the
 // first PERSIST_REGS*blockDim of them live in registers, the next smem_points in shared memory, and any rest is
 // read from global memory (L2) every epoch. Each epoch: every block writes its partial sums to rows[epoch % 2],
-// the grid synchronises once (grid_barrier below), and in every block thread t reads row t (all rows in one L2 round trip), the warps'
-// sums meet in shared memory and every thread adds them in the same order in double and takes the SGD step itself,
-// so all threads of all blocks hold bit-identical w and b. Rows alternate between two buffers: a row of parity p is
-// rewritten two epochs later, after the next grid sync, when every block has read it.
+// the grid synchronises once (grid_barrier below), and in every block thread t reads row t (all rows in one L2 round
+// trip), the warps' sums meet in shared memory and every thread adds them in the same order in double and takes the
+// SGD step itself, so all threads of all blocks hold bit-identical w and b. Rows alternate between two buffers: a
+// row of parity p is rewritten two epochs later, after the next grid sync, when every block has read it.
 // Measured on an H100 (2026-11-22, 200 epochs, per epoch at 500 points): cooperative groups' grid.sync() with warp
 // 0 reading the 132 rows in a loop 4.4 us, with thread t reading row t 4.1 us; blocks exchanging tagged words
 // polled in L2 instead of a barrier 7.8 to 8.7 us (polling the same lines from every SM is slow). At 5M points
@@ -688,7 +715,8 @@ linreg_persistent_kernel(const float* x, const float* y, int n, int D, int epoch
             n_reg += i < reg_end;
         }
         smem_end = reg_end + smem_points < end ? reg_end + smem_points : end;
-        for (long long i = reg_end + threadIdx.x; i < smem_end; i += blockDim.x) cache[i - reg_end] = make_float2(x[i], y[i]);
+        for (long long i = reg_end + threadIdx.x; i < smem_end; i += blockDim.x)
+            cache[i - reg_end] = make_float2(x[i], y[i]);
     }
     int n_smem = (int)(smem_end - reg_end);
     float params[NV - 1];
@@ -726,7 +754,8 @@ linreg_persistent_kernel(const float* x, const float* y, int n, int D, int epoch
             float row[NV];
 #pragma unroll
             for (int j = 0; j < NV; j++) {
-                row[j] = (mine && j < row_words) ? __ldcg(&rows[(size_t)threadIdx.x * row_words + j]) : 0.0f;  // L2: other SMs wrote it
+                // L2: other SMs wrote it
+                row[j] = (mine && j < row_words) ? __ldcg(&rows[(size_t)threadIdx.x * row_words + j]) : 0.0f;
             }
 #pragma unroll
             for (int j = 0; j < NV; j++) {
@@ -805,8 +834,8 @@ typedef struct {
 static size_t exchange_bytes(int blocks, int D) { return sizeof(float) * (2 * (size_t)blocks * (2 + D) + 1); }
 
 // Sets up device buffers for training on (x, y) already on the device.
-static void linreg_gpu_build(LinregGpu* g, const float* d_x, const float* d_y, int n_points, int n_features, int n_train,
-                             int epochs, int n_streams) {
+static void linreg_gpu_build(LinregGpu* g, const float* d_x, const float* d_y, int n_points, int n_features,
+                             int n_train, int epochs, int n_streams) {
     memset(g, 0, sizeof(*g));
     g->x = d_x;
     g->y = d_y;
@@ -839,7 +868,8 @@ static void linreg_gpu_build(LinregGpu* g, const float* d_x, const float* d_y, i
     }
     cudaFuncAttributes attr;
     bool one_feature = n_features == 1;
-    const void* kernel = one_feature ? (const void*)linreg_persistent_kernel<1> : (const void*)linreg_persistent_kernel<0>;
+    const void* kernel =
+        one_feature ? (const void*)linreg_persistent_kernel<1> : (const void*)linreg_persistent_kernel<0>;
     cudaCheck(cudaFuncGetAttributes(&attr, kernel));
     size_t smem_bytes = 0;
     if (one_feature) {
@@ -910,7 +940,8 @@ static void linreg_gpu_epoch(LinregGpu* g, int version, int epoch, float lr) {
             if (hi <= lo) continue;
             int r = linreg_grid_size(hi - lo);
             cudaCheck(cudaStreamWaitEvent(g->streams[s], g->update_done, 0));
-            linreg_launch_fused(g->x + (size_t)lo * D, g->y + lo, g->params, hi - lo, D, g->partials + (size_t)rows * (2 + D), r, g->streams[s]);
+            linreg_launch_fused(g->x + (size_t)lo * D, g->y + lo, g->params, hi - lo, D,
+                                g->partials + (size_t)rows * (2 + D), r, g->streams[s]);
             cudaCheck(cudaEventRecord(g->stream_done[s], g->streams[s]));
             cudaCheck(cudaStreamWaitEvent(0, g->stream_done[s], 0));
             rows += r;
@@ -939,7 +970,8 @@ static void linreg_gpu_train_epochs(LinregGpu* g, int version, int epochs, float
                         (void*)&params, (void*)&exchange, (void*)&barrier_counter, (void*)&losses, (void*)&smem_points};
         cudaCheck(cudaMemsetAsync(barrier_counter, 0, sizeof(unsigned), 0));
         size_t smem = D == 1 ? (size_t)smem_points * sizeof(float2) : 0;
-        const void* kernel = D == 1 ? (const void*)linreg_persistent_kernel<1> : (const void*)linreg_persistent_kernel<0>;
+        const void* kernel =
+            D == 1 ? (const void*)linreg_persistent_kernel<1> : (const void*)linreg_persistent_kernel<0>;
         cudaCheck(cudaLaunchCooperativeKernel(kernel, g->persist_blocks, persist_threads(D), args, smem, 0));
         cudaCheck(cudaGetLastError());
         return;
@@ -969,7 +1001,8 @@ static TrainResult linreg_train_gpu(LinregGpu* g, const TrainConfig* cfg) {
     std::vector<float> init(D + 1, cfg->w_init);
     init[D] = cfg->b_init;
     cudaCheck(cudaMemcpy(g->params, init.data(), sizeof(float) * (D + 1), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemset(g->losses, 0xff, sizeof(float) * (cfg->epochs > 0 ? cfg->epochs : 1)));  // NaN: unwritten shows
+    // NaN: unwritten shows
+    cudaCheck(cudaMemset(g->losses, 0xff, sizeof(float) * (cfg->epochs > 0 ? cfg->epochs : 1)));
     cudaEvent_t start, stop, evaluated;
     cudaCheck(cudaEventCreate(&start));
     cudaCheck(cudaEventCreate(&stop));
@@ -1036,7 +1069,8 @@ static TrainResult linreg_train_cpu(const LinregData* data, const TrainConfig* c
         params[D] -= cfg->lr * (float)(2.0 * sums[1] / n);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    res.test_loss = (float)linreg_cpu_sums(data->x + (size_t)n * D, data->y + n, data->n_points - n, D, params.data(), sums.data());
+    res.test_loss =
+        (float)linreg_cpu_sums(data->x + (size_t)n * D, data->y + n, data->n_points - n, D, params.data(), sums.data());
     clock_gettime(CLOCK_MONOTONIC, &t2);
     res.train_ms = (float)((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6);
     res.eval_ms = (float)((t2.tv_sec - t1.tv_sec) * 1e3 + (t2.tv_nsec - t1.tv_nsec) * 1e-6);
