@@ -520,7 +520,8 @@ static std::string config_check(const UNetConfig& c) {
     }
     if (c.diffusion_steps < 1 || c.diffusion_steps > 100000)
         return "diffusion_steps must be 1..100000, found " + std::to_string(c.diffusion_steps);
-    if (!(c.beta_start > 0.f && c.beta_end < 1.f && c.beta_start <= c.beta_end)) return "need 0 < beta_start <= beta_end < 1";
+    if (!(c.beta_start > 0.f && c.beta_end < 1.f && c.beta_start <= c.beta_end))
+        return "need 0 < beta_start <= beta_end < 1";
     return "";
 }
 // "" if a and b describe the same model, else the first field that differs.
@@ -4098,11 +4099,19 @@ static void launch_conv_igemm(dim3 grid, bool vec, const float* X, const float* 
         return;
     }
     if (g_tf32) {
-        if (vec) conv_igemm_kernel<MODE, true, true><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-        else conv_igemm_kernel<MODE, true, false><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        if (vec)
+            conv_igemm_kernel<MODE, true, true>
+                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        else
+            conv_igemm_kernel<MODE, true, false>
+                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
     } else {
-        if (vec) conv_igemm_kernel<MODE, false, true><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-        else conv_igemm_kernel<MODE, false, false><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        if (vec)
+            conv_igemm_kernel<MODE, false, true>
+                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
+        else
+            conv_igemm_kernel<MODE, false, false>
+                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
     }
     cudaCheck(cudaGetLastError());
 }
@@ -4126,9 +4135,15 @@ template <int MODE, int RND>
 static void launch_conv6(const Conv6Plan& p, const float* X, const float* Bm, float* out, const float* bias,
                          const float* emb, int accumulate, const ConvGeom& g) {
     switch (p.tile) {
-    case C6_128x128: launch_conv6_tile<MODE, 128, 128, 64, 32, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk); break;
-    case C6_64x64: launch_conv6_tile<MODE, 64, 64, 32, 32, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk); break;
-    case C6_128x8: launch_conv6_tile<MODE, 128, 8, 32, 8, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk); break;
+    case C6_128x128:
+        launch_conv6_tile<MODE, 128, 128, 64, 32, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk);
+        break;
+    case C6_64x64:
+        launch_conv6_tile<MODE, 64, 64, 32, 32, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk);
+        break;
+    case C6_128x8:
+        launch_conv6_tile<MODE, 128, 8, 32, 8, RND>(p.splits, X, Bm, out, bias, emb, accumulate, g, p.kchunk);
+        break;
     default: fprintf(stderr, "internal error: conv tile %d\n", p.tile); exit(EXIT_FAILURE);
     }
 }
@@ -4933,8 +4948,9 @@ static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, 
     m->adam_t++;
     adam_prep_kernel<<<1, 1, 0, g_stream>>>(m->adam_dev, m->adam_hyper, lr, beta1, beta2, ema_rate);
     cudaCheck(cudaGetLastError());
-    adamw_kernel<<<ceil_div(m->n_params, EW), EW, 0, g_stream>>>(m->p, m->g, m->m, m->v, ema_rate >= 0.f ? m->ema : nullptr,
-                                                   m->n_params, beta1, beta2, lr * weight_decay, eps, m->adam_hyper);
+    adamw_kernel<<<ceil_div(m->n_params, EW), EW, 0, g_stream>>>(m->p, m->g, m->m, m->v,
+                                                                 ema_rate >= 0.f ? m->ema : nullptr, m->n_params,
+                                                                 beta1, beta2, lr * weight_decay, eps, m->adam_hyper);
     cudaCheck(cudaGetLastError());
     unet_weights_changed(m);
 }
@@ -5238,7 +5254,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     const char* env_conv = getenv("UNET_CONV_V");  // 5: the previous TF32 convolution kernels (timing old vs new)
     if (env_conv && env_conv[0]) {
         if (strcmp(env_conv, "5") && strcmp(env_conv, "6")) {
-            fprintf(stderr, "error: UNET_CONV_V=%s: expected 5 (wmma kernels) or 6 (mma.sync, the default)\n", env_conv);
+            fprintf(stderr, "error: UNET_CONV_V=%s: expected 5 (wmma kernels) or 6 (mma.sync, the default)\n",
+                    env_conv);
             return 1;
         }
         g_conv_v = env_conv[0] - '0';
@@ -5298,7 +5315,9 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         row("images", std::to_string(data.n) + " in " + a.data_file);
         row("parameters", std::to_string(m->n_params));
         row("start step", std::to_string(st.step));
-        row("init", !a.resume.empty() ? "resume " + a.resume : !a.load.empty() ? "load " + a.load : "own (PyTorch defaults)");
+        row("init", !a.resume.empty() ? "resume " + a.resume
+                    : !a.load.empty() ? "load " + a.load
+                                      : "own (PyTorch defaults)");
         row("checkpoint", ckpt_path);
         rule();
         fflush(stdout);
@@ -5343,7 +5362,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     int rc = 0;
     for (int step = st.step; step < a.steps; step++) {
         size_t off = (size_t)(step - (a.steps - nsteps)) * B;
-        load_batch_kernel<<<ceil_div(n_noise, EW), EW, 0, g_stream>>>(d_images, d_codes + off, m->x0, B, data.H, data.W);
+        load_batch_kernel<<<ceil_div(n_noise, EW), EW, 0, g_stream>>>(d_images, d_codes + off, m->x0, B, data.H,
+                                                                      data.W);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaMemcpyAsync(m->t, d_ts + off, B * sizeof(int), cudaMemcpyDeviceToDevice, g_stream));
         // noise of step s: the Philox stream at offset s * n, so a resumed run draws the same numbers
