@@ -110,7 +110,9 @@ constexpr int FC_IN = HP * HP * C2;   // 9216
 constexpr int FC_H = 128, NCLS = 10;
 constexpr float MNIST_MEAN = 0.1307f, MNIST_STD = 0.3081f;
 // as torchvision: ToTensor (p / 255) then Normalize ((x - mean) / std), in fp32 (every path computes x this way)
-__host__ __device__ __forceinline__ float mnist_normalize(uint8_t v) { return ((float)v / 255.0f - MNIST_MEAN) / MNIST_STD; }
+__host__ __device__ __forceinline__ float mnist_normalize(uint8_t v) {
+    return ((float)v / 255.0f - MNIST_MEAN) / MNIST_STD;
+}
 
 struct ParamInfo { const char* name; int ndim; int shape[4]; size_t numel; size_t offset; };
 // PyTorch state_dict names and layouts; all parameters live in one flat buffer in this order.
@@ -464,7 +466,9 @@ static int32_t fbits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 // MNIST IDX reader (the original big-endian format inside gzip). Every check names the file, field, expected, found.
 struct MnistSplit { int n = 0; std::vector<uint8_t> images; std::vector<uint8_t> labels; };
 
-static uint32_t be32(const uint8_t* b) { return ((uint32_t)b[0] << 24) | ((uint32_t)b[1] << 16) | ((uint32_t)b[2] << 8) | b[3]; }
+static uint32_t be32(const uint8_t* b) {
+    return ((uint32_t)b[0] << 24) | ((uint32_t)b[1] << 16) | ((uint32_t)b[2] << 8) | b[3];
+}
 
 // A gzip file held in memory and inflated on demand by zlib's inflate with the gzip wrapper, which checks each
 // member's CRC-32 and length (the 8-byte trailer) when it reaches the member's end. Members may follow each other
@@ -700,8 +704,10 @@ enum ViewKind {
     V_COL = 1,        // [r][c] = p[c*ld + r]   (a transposed row-major matrix)
     V_CONV1_IN = 2,   // im2col of x (B,28,28): r = (b,oy,ox) over 26x26, c = ky*3+kx
     V_CONV2_IN = 3,   // im2col of act1 (B,26,26,32): r = (b,oy,ox) over 24x24, c = (ky*3+kx)*32 + ci
-    V_CONV2_DOUT = 4, // "full" im2col of dact2 (B,24,24,64): r = (b,y,x) over 26x26, c = (ky*3+kx)*64 + co -> dact2[b,y-ky,x-kx,co]
-    V_CONV2_WT = 5,   // conv2 weight as the (ky,kx,co) x ci operand of the input gradient: r = (ky*3+kx)*64 + co, c = ci
+    V_CONV2_DOUT = 4, // "full" im2col of dact2 (B,24,24,64): r = (b,y,x) over 26x26, c = (ky*3+kx)*64 + co ->
+                      // dact2[b,y-ky,x-kx,co]
+    V_CONV2_WT = 5,   // conv2 weight as the (ky,kx,co) x ci operand of the input gradient: r = (ky*3+kx)*64 + co,
+                      // c = ci
 };
 struct MatView { int kind; const float* p; int ld; };
 
@@ -844,9 +850,9 @@ __device__ __forceinline__ void mm_epilogue(const float (&acc)[2][NI][4], float*
 }
 template <int AK, int BKIND, bool TF32, int BN>
 __global__ void __launch_bounds__(MM_THREADS, 3)
-matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__ A, int lda, const float* __restrict__ Bm,
-                    int ldb, int M, int N, int K, int k_per_split, const float* bias, int relu, const float* mask,
-                    float* rowsum, const float* pool_act2, float* pool_dact2) {
+matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__ A, int lda,
+                    const float* __restrict__ Bm, int ldb, int M, int N, int K, int k_per_split, const float* bias,
+                    int relu, const float* mask, float* rowsum, const float* pool_act2, float* pool_dact2) {
     constexpr int NI = BN / 16;                    // 8-wide mma tiles per warp along n (warp tile 32 x BN/2)
     constexpr int LA = MM_BM * MM_BK / MM_THREADS, LB = BN * MM_BK / MM_THREADS;
     constexpr bool A_K_CONTIG = AK != V_COL;      // consecutive threads read consecutive k (else consecutive m)
@@ -882,9 +888,13 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
             int r = m0 + tid / MM_BK + i * (MM_THREADS / MM_BK);
             if (r < M) row_ok |= 1u << i;
             if constexpr (AK == V_ROW) roff[i] = r * lda;
-            else if constexpr (AK == V_CONV1_IN) { int b = r / (H1 * H1), p = r % (H1 * H1); roff[i] = b * IMG * IMG + (p / H1) * IMG + p % H1; }
-            else if constexpr (AK == V_CONV2_IN) { int b = r / (H2 * H2), p = r % (H2 * H2); roff[i] = ((b * H1 + p / H2) * H1 + p % H2) * C1; }
-            else {  // V_CONV2_DOUT: rows over 26x26, reading the 24x24 gradient at (y - ky, x - kx)
+            else if constexpr (AK == V_CONV1_IN) {
+                int b = r / (H1 * H1), p = r % (H1 * H1);
+                roff[i] = b * IMG * IMG + (p / H1) * IMG + p % H1;
+            } else if constexpr (AK == V_CONV2_IN) {
+                int b = r / (H2 * H2), p = r % (H2 * H2);
+                roff[i] = ((b * H1 + p / H2) * H1 + p % H2) * C1;
+            } else {  // V_CONV2_DOUT: rows over 26x26, reading the 24x24 gradient at (y - ky, x - kx)
                 int b = r / (H1 * H1), p = r % (H1 * H1), y = p / H1, x = p % H1;
                 roff[i] = ((b * H2 + y) * H2 + x) * C2;
                 ryx[i] = (y << 8) | x;
@@ -976,9 +986,9 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
 }
 
 // Adds the split-K partial sums in split order (deterministic) and applies the epilogue.
-__global__ void matmul_splitk_reduce(float* C, int ldc, const float* partial, int splits, int M, int N, const float* bias,
-                                     int relu, const float* mask, float* rowsum, const float* rowsum_partial,
-                                     const float* pool_act2, float* pool_dact2) {
+__global__ void matmul_splitk_reduce(float* C, int ldc, const float* partial, int splits, int M, int N,
+                                     const float* bias, int relu, const float* mask, float* rowsum,
+                                     const float* rowsum_partial, const float* pool_act2, float* pool_dact2) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < M * N) {
         int r = idx / N, c = idx % N;
@@ -1059,11 +1069,14 @@ static void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t s
 static int matmul_bn(int N) { return N <= 32 ? 32 : 64; }  // the narrow tile for conv1 (N=32), dX (32), dW1 (9)
 
 template <int AK, int BKIND>
-static void launch_ours_t(float* C, int ldc, float* partial, MatView A, MatView B, int M, int N, int K, int kps, int splits,
-                          const Epilogue& ep, float* rowsum) {
+static void launch_ours_t(float* C, int ldc, float* partial, MatView A, MatView B, int M, int N, int K, int kps,
+                          int splits, const Epilogue& ep, float* rowsum) {
     int bn = matmul_bn(N);
     dim3 grid(ceil_div(N, bn), ceil_div(M, MM_BM), splits);
-#define MM_LAUNCH(TF, BNV) matmul_tiled_kernel<AK, BKIND, TF, BNV><<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, ep.mask, rowsum, ep.pool_act2, ep.pool_dact2)
+#define MM_LAUNCH(TF, BNV) \
+    matmul_tiled_kernel<AK, BKIND, TF, BNV> \
+        <<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, \
+                                               ep.mask, rowsum, ep.pool_act2, ep.pool_dact2)
     if (g_mm.tf32) { if (bn == 32) MM_LAUNCH(true, 32); else MM_LAUNCH(true, 64); }
     else { if (bn == 32) MM_LAUNCH(false, 32); else MM_LAUNCH(false, 64); }
 #undef MM_LAUNCH
@@ -1071,9 +1084,10 @@ static void launch_ours_t(float* C, int ldc, float* partial, MatView A, MatView 
 }
 
 // The operand combinations the network uses (plus COL x COL for tests); a new one is a compile-time instantiation.
-static void launch_ours(float* C, int ldc, float* partial, MatView A, MatView B, int M, int N, int K, int kps, int splits,
-                        const Epilogue& ep, float* rowsum) {
-#define MM_CASE(a, b) if (A.kind == a && B.kind == b) return launch_ours_t<a, b>(C, ldc, partial, A, B, M, N, K, kps, splits, ep, rowsum);
+static void launch_ours(float* C, int ldc, float* partial, MatView A, MatView B, int M, int N, int K, int kps,
+                        int splits, const Epilogue& ep, float* rowsum) {
+#define MM_CASE(a, b) \
+    if (A.kind == a && B.kind == b) return launch_ours_t<a, b>(C, ldc, partial, A, B, M, N, K, kps, splits, ep, rowsum);
     MM_CASE(V_ROW, V_ROW) MM_CASE(V_ROW, V_COL) MM_CASE(V_COL, V_ROW) MM_CASE(V_COL, V_COL)
     MM_CASE(V_CONV1_IN, V_COL) MM_CASE(V_CONV2_IN, V_COL) MM_CASE(V_COL, V_CONV2_IN) MM_CASE(V_COL, V_CONV1_IN)
     MM_CASE(V_CONV2_DOUT, V_CONV2_WT)
@@ -1086,7 +1100,10 @@ static void materialize_gpu(float* dst, MatView v, int rows, int cols) {
     size_t n = (size_t)rows * cols;
     int blocks = (int)((n + 255) / 256);
 #define MAT_CASE(k) case k: materialize_kernel<k><<<blocks, 256, 0, g_mm.stream>>>(dst, v.p, v.ld, rows, cols); break;
-    switch (v.kind) { MAT_CASE(V_ROW) MAT_CASE(V_COL) MAT_CASE(V_CONV1_IN) MAT_CASE(V_CONV2_IN) MAT_CASE(V_CONV2_DOUT) MAT_CASE(V_CONV2_WT) }
+    switch (v.kind) {
+        MAT_CASE(V_ROW) MAT_CASE(V_COL) MAT_CASE(V_CONV1_IN) MAT_CASE(V_CONV2_IN) MAT_CASE(V_CONV2_DOUT)
+        MAT_CASE(V_CONV2_WT)
+    }
 #undef MAT_CASE
     launch_check();
 }
@@ -1134,24 +1151,31 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
     if (g_mm.backend == BACKEND_CPU) { cpu_matmul(C, ldc, A, B, M, N, K, ep); return; }
     if (g_mm.backend == BACKEND_OURS) {
         if ((size_t)M * K >= (1u << 31) || (size_t)K * N >= (1u << 31)) {  // the kernel's offsets are int32
-            fprintf(stderr, "error: matmul: operands of %d x %d x %d exceed int32 offsets\n", M, N, K); exit(EXIT_FAILURE);
+            fprintf(stderr, "error: matmul: operands of %d x %d x %d exceed int32 offsets\n", M, N, K);
+            exit(EXIT_FAILURE);
         }
         int tiles = ceil_div(M, MM_BM) * ceil_div(N, matmul_bn(N));
         int splits = 1;
-        if (tiles < 132 && K >= 512) splits = std::max(1, std::min(ceil_div(264, tiles), K / 128));  // ~2 waves of blocks
+        // ~2 waves of blocks
+        if (tiles < 132 && K >= 512) splits = std::max(1, std::min(ceil_div(264, tiles), K / 128));
         int kps = ceil_div(ceil_div(K, splits), MM_BK) * MM_BK;
         splits = ceil_div(K, kps);
         if (splits == 1) { launch_ours(C, ldc, nullptr, A, B, M, N, K, kps, 1, ep, ep.rowsum); return; }
         if ((size_t)splits * M * N > g_mm.ws_partial_size || (size_t)splits * M > g_mm.ws_rowsum_size) {
-            fprintf(stderr, "error: matmul: split-K workspace too small (%d x %d x %d)\n", splits, M, N); exit(EXIT_FAILURE);
+            fprintf(stderr, "error: matmul: split-K workspace too small (%d x %d x %d)\n", splits, M, N);
+            exit(EXIT_FAILURE);
         }
         launch_ours(C, ldc, g_mm.ws_partial, A, B, M, N, K, kps, splits, ep, ep.rowsum ? g_mm.ws_rowsum : nullptr);
         matmul_splitk_reduce<<<ceil_div(std::max(M * N, M), 256), 256, 0, g_mm.stream>>>(
-            C, ldc, g_mm.ws_partial, splits, M, N, ep.bias, ep.relu, ep.mask, ep.rowsum, g_mm.ws_rowsum, ep.pool_act2, ep.pool_dact2);
+            C, ldc, g_mm.ws_partial, splits, M, N, ep.bias, ep.relu, ep.mask, ep.rowsum, g_mm.ws_rowsum, ep.pool_act2,
+            ep.pool_dact2);
         launch_check();
         return;
     }
-    if (ep.pool_act2) { fprintf(stderr, "error: matmul: the max-pool epilogue exists on our kernel only\n"); exit(EXIT_FAILURE); }
+    if (ep.pool_act2) {
+        fprintf(stderr, "error: matmul: the max-pool epilogue exists on our kernel only\n");
+        exit(EXIT_FAILURE);
+    }
     // cuBLAS (column-major): C^T (N x M) = op(B)^T-ish: row-major X (rows x cols, ld) is col-major X^T, so
     // C^T = B^T A^T with op N for V_ROW operands and op T for V_COL ones; implicit views are materialized first.
     const float one = 1.0f, zero = 0.0f;
@@ -1159,12 +1183,18 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
     const float* bp = B.p; int ldb = B.ld; cublasOperation_t opb = CUBLAS_OP_N;
     if (A.kind == V_COL) opa = CUBLAS_OP_T;
     else if (A.kind != V_ROW) {
-        if ((size_t)M * K > g_mm.ws_a_size) { fprintf(stderr, "error: matmul: im2col workspace A too small\n"); exit(EXIT_FAILURE); }
+        if ((size_t)M * K > g_mm.ws_a_size) {
+            fprintf(stderr, "error: matmul: im2col workspace A too small\n");
+            exit(EXIT_FAILURE);
+        }
         materialize_gpu(g_mm.ws_a, A, M, K); ap = g_mm.ws_a; lda = K;
     }
     if (B.kind == V_COL) opb = CUBLAS_OP_T;
     else if (B.kind != V_ROW) {
-        if ((size_t)K * N > g_mm.ws_b_size) { fprintf(stderr, "error: matmul: im2col workspace B too small\n"); exit(EXIT_FAILURE); }
+        if ((size_t)K * N > g_mm.ws_b_size) {
+            fprintf(stderr, "error: matmul: im2col workspace B too small\n");
+            exit(EXIT_FAILURE);
+        }
         materialize_gpu(g_mm.ws_b, B, K, N); bp = g_mm.ws_b; ldb = N;
     }
     cublasCheck(cublasSgemm(g_mm.cublas, opb, opa, N, M, K, &one, bp, ldb, ap, lda, &zero, C, ldc));
@@ -1173,7 +1203,10 @@ static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N
         launch_check();
     }
     if (ep.rowsum) {  // bias gradient = dY^T * ones: a gemv over the V_COL operand
-        if (A.kind != V_COL || K > g_mm.ones_size) { fprintf(stderr, "error: matmul: rowsum needs a V_COL A with K <= %d\n", g_mm.ones_size); exit(EXIT_FAILURE); }
+        if (A.kind != V_COL || K > g_mm.ones_size) {
+            fprintf(stderr, "error: matmul: rowsum needs a V_COL A with K <= %d\n", g_mm.ones_size);
+            exit(EXIT_FAILURE);
+        }
         cublasCheck(cublasSgemv(g_mm.cublas, CUBLAS_OP_N, M, K, &one, A.p, A.ld, g_mm.ones, 1, &zero, ep.rowsum, 1));
     }
 }
@@ -1206,7 +1239,8 @@ __global__ void maxpool_forward_kernel(float* pooled, const float* act2, int B) 
 }
 // dact2[b,y,x,c] = dpooled at its window iff (y,x) is the window's first maximum (PyTorch's choice) and act2 > 0
 // (the ReLU in front of the pool). A gather: each element decides for itself, no atomics, no zero fill.
-__host__ __device__ inline float maxpool_backward_elem(const float* dpooled, const float* act2, int b, int y, int x, int c) {
+__host__ __device__ inline float maxpool_backward_elem(const float* dpooled, const float* act2, int b, int y, int x,
+                                                       int c) {
     int py = y / 2, px = x / 2;
     const float* win = act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
     float best = win[0]; int arg = 0;
@@ -1318,7 +1352,8 @@ __host__ __device__ inline void sgd_update_elem(const OptConfig& c, const OptSte
     *m = buf;
     *p = opt_sub(*p, opt_mul(s.lr, buf));
 }
-__host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptStep& s, float* p, float g, float* m, float* v) {
+__host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptStep& s, float* p, float g, float* m,
+                                                float* v) {
     if (c.optimizer == OPT_SGD) {
         sgd_update_elem(c, s, p, g, m);
     } else {
@@ -1337,8 +1372,8 @@ __host__ __device__ inline void opt_update_elem(const OptConfig& c, const OptSte
 // counters (as advance_counters_kernel, one launch less): the last block to finish does it, when every block has read
 // counters[0] (a ticket in counters[2], reset by that block). (The fast path's training step does not use this
 // kernel: its updates run in fc1_backward_kernel and conv2_wgrad_tf32_kernel.)
-__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c, int* counters,
-                                 int advance_B) {
+__global__ void optimizer_kernel(float* params, const float* grads, float* m, float* v, size_t n, OptConfig c,
+                                 int* counters, int advance_B) {
     grid_dep_sync();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
     const OptStep st = opt_step(c, counters[0]);
@@ -1346,7 +1381,11 @@ __global__ void optimizer_kernel(float* params, const float* grads, float* m, fl
         __syncthreads();  // every thread of the block has read counters[0]
         if (threadIdx.x == 0) {
             __threadfence();
-            if (atomicAdd(&counters[2], 1) == (int)gridDim.x - 1) { counters[0] += 1; counters[1] += advance_B; counters[2] = 0; }
+            if (atomicAdd(&counters[2], 1) == (int)gridDim.x - 1) {
+                counters[0] += 1;
+                counters[1] += advance_B;
+                counters[2] = 0;
+            }
         }
     }
     if (i > n4) return;
@@ -1378,7 +1417,8 @@ __global__ void advance_counters_kernel(int* counters, int B) {
 constexpr int FC1F_KC = 72, FC1F_SPLITS = FC_IN / FC1F_KC, FC1F_CLUSTER = 8, FC1F_PARTS = FC1F_SPLITS / FC1F_CLUSTER;
 constexpr int FC1F_LD = FC1F_KC + 4;  // 76 = 12 mod 32: a fragment's 8 rows x 4 k fall on 32 distinct banks
 constexpr size_t FC1F_SMEM = ((size_t)(64 + FC_H) * FC1F_LD + 64 * FC_H) * sizeof(float);  // operands, then the inbox
-static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12, "fc1 split");
+static_assert(FC_IN % FC1F_KC == 0 && FC1F_SPLITS % FC1F_CLUSTER == 0 && FC1F_KC % 8 == 0 && FC1F_LD % 32 == 12,
+              "fc1 split");
 constexpr int FUSED_MAX_B = 64;  // the fused forward's batch limit: fc1's 64-row tile
 
 // Where conv2's forward kernel takes the network's input from: x (B,28,28), normalized, written by an earlier kernel;
@@ -1397,7 +1437,8 @@ struct ConvInput {
     int offset = 0;
     const uint8_t* staged = nullptr;
     const int* staged_y = nullptr;
-    const float* wimg = nullptr;  // staged too: conv2.weight's forward image, by the previous step's update (SplitsJob::w2img)
+    // staged too: conv2.weight's forward image, by the previous step's update (SplitsJob::w2img)
+    const float* wimg = nullptr;
     float* x_out = nullptr;
     int* y_out = nullptr;
 };
@@ -1424,7 +1465,12 @@ struct FwdHead {
 };
 
 // fc1.weight's SGD step in the input-gradient kernel's idle warp (fc1_step_share, part 6)
-struct Fc1Step { float *p = nullptr, *m1 = nullptr; const float* g = nullptr; const int* counters = nullptr; OptConfig c; };
+struct Fc1Step {
+    float *p = nullptr, *m1 = nullptr;
+    const float* g = nullptr;
+    const int* counters = nullptr;
+    OptConfig c;
+};
 
 // The split reductions: conv2's weight gradient over the weight-gradient blocks' partial sums and conv1's over the
 // input-gradient kernel's, both at the end of conv2_wgrad_tf32_kernel (after a grid-wide barrier). A SplitsJob is
@@ -1444,17 +1490,26 @@ struct SplitsJob {
     int update_off = -1;
     float* w2img = nullptr;  // conv2's update only: also each updated weight (i < n_head), see conv2_fwd_img_index
 };
-struct OptTarget { float *params = nullptr, *m1 = nullptr, *m2 = nullptr; int* counters = nullptr; int advance_B = -1; OptConfig c; };
+struct OptTarget {
+    float *params = nullptr, *m1 = nullptr, *m2 = nullptr;
+    int* counters = nullptr;
+    int advance_B = -1;
+    OptConfig c;
+};
 
 // The next step's batch, for conv2's forward kernel right after this kernel (ConvInput): the samples at the
 // permutation's entries from counters[1] (advanced by fc1_backward_kernel, complete here); n: the dataset's size,
 // positions past it are skipped. xb not null (the next step is in the same sequence, mnist_train_steps): their bytes
 // and labels gathered into xb [B][784] and yb [B] (ConvInput::staged); else an L2 prefetch of the images' bytes (a
 // hint: no effect on any value; the next forward gathers them itself).
-constexpr int GATHER_CH = IMG * IMG / 16, GATHER_ITEMS = GATHER_CH + 1;  // a sample's 49 16-byte image chunks, its label
+// a sample's 49 16-byte image chunks, its label
+constexpr int GATHER_CH = IMG * IMG / 16, GATHER_ITEMS = GATHER_CH + 1;
 static_assert(IMG * IMG % 16 == 0, "16-byte chunks of an image (every image starts 16-byte aligned: 784 = 49 x 16)");
 struct BatchPrefetch {
-    const uint8_t *images = nullptr, *labels = nullptr; const int* perm = nullptr; const int* counters = nullptr; int n = 0, B = 0;
+    const uint8_t *images = nullptr, *labels = nullptr;
+    const int* perm = nullptr;
+    const int* counters = nullptr;
+    int n = 0, B = 0;
     uint8_t* xb = nullptr; int* yb = nullptr;
 };
 
@@ -1472,9 +1527,11 @@ struct Conv2Tf32 {
     bool ready = false;
     int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
     bool fused_fwd = false;  // the fused forward's FC1F_SPLITS blocks fit on the GPU at once (one per SM)
-    unsigned long long* wgrad_bar = nullptr;  // the grid barrier of the weight gradient and the fused forward (see wg_grid_arrive)
+    // the grid barrier of the weight gradient and the fused forward (see wg_grid_arrive)
+    unsigned long long* wgrad_bar = nullptr;
     float *ws = nullptr, *ws_w1 = nullptr, *wimg_dgrad = nullptr;
-    float* wimg_fwd = nullptr;  // conv2.weight's forward image, written by the training step's update (SplitsJob::w2img)
+    // conv2.weight's forward image, written by the training step's update (SplitsJob::w2img)
+    float* wimg_fwd = nullptr;
 };
 static Conv2Tf32 g_conv2;
 // whether the device takes thread-block clusters and bulk copies (sm_90+), set by fast_path_setup (part 6)
@@ -1527,8 +1584,13 @@ struct Mnist {
 
 static float* mnist_alloc(const Mnist* m, size_t n) {
     float* p;
-    if (m->cpu) { p = (float*)mallocCheck(n * sizeof(float)); memset(p, 0, n * sizeof(float)); }
-    else { cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float))); cudaCheck(cudaMemset(p, 0, n * sizeof(float))); }
+    if (m->cpu) {
+        p = (float*)mallocCheck(n * sizeof(float));
+        memset(p, 0, n * sizeof(float));
+    } else {
+        cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
+        cudaCheck(cudaMemset(p, 0, n * sizeof(float)));
+    }
     return p;
 }
 static void mnist_free_ptr(const Mnist* m, void* p) { if (m->cpu) free(p); else cudaCheck(cudaFree(p)); }
@@ -1540,11 +1602,15 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     m->params = mnist_alloc(m, m->n_params); m->grads = mnist_alloc(m, m->n_params);
     m->m1 = mnist_alloc(m, m->n_params); m->m2 = mnist_alloc(m, m->n_params);
     size_t F = m->B_fwd;
-    m->x = mnist_alloc(m, F * IMG * IMG); m->act1 = mnist_alloc(m, F * H1 * H1 * C1); m->act2 = mnist_alloc(m, F * H2 * H2 * C2);
+    m->x = mnist_alloc(m, F * IMG * IMG);
+    m->act1 = mnist_alloc(m, F * H1 * H1 * C1);
+    m->act2 = mnist_alloc(m, F * H2 * H2 * C2);
     m->act1_sign = (uint32_t*)mnist_alloc(m, F * H1 * H1);
     m->pooled = mnist_alloc(m, F * FC_IN); m->h = mnist_alloc(m, F * FC_H); m->logits = mnist_alloc(m, F * NCLS);
     m->y = (int*)mnist_alloc(m, F);
-    m->dlogits = mnist_alloc(m, F * NCLS); m->dh = mnist_alloc(m, (size_t)B * FC_H); m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
+    m->dlogits = mnist_alloc(m, F * NCLS);
+    m->dh = mnist_alloc(m, (size_t)B * FC_H);
+    m->dpooled = mnist_alloc(m, (size_t)B * FC_IN);
     m->dact2 = mnist_alloc(m, (size_t)B * H2 * H2 * C2); m->dact1 = mnist_alloc(m, (size_t)B * H1 * H1 * C1);
     m->counters = (int*)mnist_alloc(m, 3);
     m->pool_codes = (uint8_t*)mnist_alloc(m, ceil_div((int)(F * FC_IN), 4));
@@ -1583,8 +1649,9 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
     }
 }
 static void mnist_free(Mnist* m) {
-    void* ps[] = {m->params, m->grads, m->m1, m->m2, m->x, m->act1, m->act1_sign, m->act2, m->pooled, m->h, m->logits, m->y,
-                  m->dlogits, m->dh, m->dpooled, m->dact2, m->dact1, m->counters, m->pool_codes, m->hpart};
+    void* ps[] = {m->params,  m->grads,  m->m1,    m->m2,       m->x,          m->act1,    m->act1_sign,
+                  m->act2,    m->pooled, m->h,     m->logits,   m->y,          m->dlogits, m->dh,
+                  m->dpooled, m->dact2,  m->dact1, m->counters, m->pool_codes, m->hpart};
     for (void* p : ps) mnist_free_ptr(m, p);
     for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
 }
@@ -1605,7 +1672,8 @@ static void mnist_init_params(Mnist* m, uint64_t seed) {
     const int fan_in[8] = {9, 9, KC2, KC2, FC_IN, FC_IN, FC_H, FC_H};
     for (int i = 0; i < N_PARAM_TENSORS; i++) {
         float bound = (float)(1.0 / sqrt((double)fan_in[i]));
-        for (size_t j = 0; j < PARAMS[i].numel; j++) host[PARAMS[i].offset + j] = bound * (2.0f * rand_uniform(&s) - 1.0f);
+        for (size_t j = 0; j < PARAMS[i].numel; j++)
+            host[PARAMS[i].offset + j] = bound * (2.0f * rand_uniform(&s) - 1.0f);
     }
     if (m->cpu) memcpy(m->params, host.data(), host.size() * sizeof(float));
     else cudaCheck(cudaMemcpy(m->params, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -1627,11 +1695,13 @@ static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKE
 // h, the rest comes from mnist_loss's head. gather (fast path only): conv2's forward kernel loads the batch from the
 // dataset itself (ConvInput) and writes x and y, instead of reading x.
 static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
-    if (conv2_fast(m)) {  // conv1 inside conv2's kernel, the pooling (and its window codes) in its epilogue, act2 not stored
+    // conv1 inside conv2's kernel, the pooling (and its window codes) in its epilogue, act2 not stored
+    if (conv2_fast(m)) {
         ConvInput in;
         if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
         else in.x = m->x;
-        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B);
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1),
+                           P(m, P_W2), P(m, P_B2), B);
         if (g_fc1_cluster) {
             launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
                        m->pooled, P(m, P_WF1), B);
@@ -1644,10 +1714,14 @@ static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
         matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
     }
     if (m->cpu) {
-        for (int b = 0; b < B; b++) for (int py = 0; py < HP; py++) for (int px = 0; px < HP; px++) for (int c = 0; c < C2; c++) {
-            const float* base = m->act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
-            m->pooled[(((size_t)b * HP + py) * HP + px) * C2 + c] = fmaxf(fmaxf(base[0], base[C2]), fmaxf(base[H2 * C2], base[H2 * C2 + C2]));
-        }
+        for (int b = 0; b < B; b++)
+            for (int py = 0; py < HP; py++)
+                for (int px = 0; px < HP; px++)
+                    for (int c = 0; c < C2; c++) {
+                        const float* base = m->act2 + (((size_t)b * H2 + 2 * py) * H2 + 2 * px) * C2 + c;
+                        m->pooled[(((size_t)b * HP + py) * HP + px) * C2 + c] =
+                            fmaxf(fmaxf(base[0], base[C2]), fmaxf(base[H2 * C2], base[H2 * C2 + C2]));
+                    }
     } else if (!conv2_fast(m)) {
         maxpool_forward_kernel<<<ceil_div(B * FC_IN, 256), 256, 0, g_mm.stream>>>(m->pooled, m->act2, B);
         launch_check();
@@ -1672,7 +1746,9 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
             int label = m->y[b];
             if (losses) losses[off + b] = -(l[label] - mx - logf(sum));
             if (preds) preds[off + b] = arg;
-            if (grad) for (int j = 0; j < NCLS; j++) m->dlogits[b * NCLS + j] = (expf(l[j] - mx) / sum - (j == label ? 1.0f : 0.0f)) / (float)B;
+            if (grad)
+                for (int j = 0; j < NCLS; j++)
+                    m->dlogits[b * NCLS + j] = (expf(l[j] - mx) / sum - (j == label ? 1.0f : 0.0f)) / (float)B;
         }
         return;
     }
@@ -1682,7 +1758,8 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
                    m->hpart, P(m, P_BF1), P(m, P_WF2), P(m, P_BF2), m->y, counters, offset, B);
         return;
     }
-    softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits, m->y, counters, offset, B);
+    softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits,
+                                                                 m->y, counters, offset, B);
     launch_check();
 }
 
@@ -1708,13 +1785,15 @@ static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* 
     fh.wf1 = P(m, P_WF1); fh.bf1 = P(m, P_BF1); fh.wf2 = P(m, P_WF2); fh.bf2 = P(m, P_BF2);
     fh.part = m->fpart; fh.h = m->h; fh.logits = m->logits; fh.dlogits = grad ? m->dlogits : nullptr; fh.dh = m->dh;
     fh.losses = losses; fh.preds = preds; fh.y = m->y; fh.counters = counters; fh.offset = offset;
-    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2), P(m, P_B2), B, fh);
+    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2),
+                       P(m, P_B2), B, fh);
 }
 
 // backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
 // With update_advance_B >= 0 on the fast path, the backward's kernels apply the optimizer step to every parameter
-// instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in conv2_wgrad_tf32_kernel's split reduction) and
-// advance the counters by update_advance_B: mnist_update and mnist_advance in the same launches (not called then).
+// instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in conv2_wgrad_tf32_kernel's split
+// reduction) and advance the counters by update_advance_B: mnist_update and mnist_advance in the same launches (not
+// called then).
 static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const BatchPrefetch& pf = BatchPrefetch()) {
     Epilogue e;
     if (conv2_fast(m)) {  // dh came out of the fused head
@@ -1736,10 +1815,11 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
             f.counters = m->counters; f.c = m->opt;
         } else if (fuse) {
             const size_t n = PARAMS[P_WF1].numel, off = PARAMS[P_WF1].offset;
-            launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1), (const float*)G(m, P_WF1),
-                       m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
+            launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1),
+                       (const float*)G(m, P_WF1), m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
         }
-        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1_sign, m->x, B, f);  // + conv1's dW, db
+        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1_sign, m->x,
+                                        B, f);  // + conv1's dW, db
         if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
         // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
         // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end
@@ -1752,7 +1832,8 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
         // the step counter advances after the barrier of the weight-gradient kernel (every block has read it), the
         // batch position in fc1_backward_kernel (a.advance_pos), three launches before the next step's forward reads it
         t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = 0; t.c = m->opt;
-        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t, (int)PARAMS[P_W2].offset, pf);
+        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t,
+                         (int)PARAMS[P_W2].offset, pf);
         return;
     }
     e = Epilogue(); e.rowsum = G(m, P_BF2);
@@ -1764,10 +1845,15 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
     e = Epilogue();
     matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, P(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
     if (m->cpu) {
-        for (int b = 0; b < B; b++) for (int y = 0; y < H2; y++) for (int x = 0; x < H2; x++) for (int c = 0; c < C2; c++)
-            m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] = maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
+        for (int b = 0; b < B; b++)
+            for (int y = 0; y < H2; y++)
+                for (int x = 0; x < H2; x++)
+                    for (int c = 0; c < C2; c++)
+                        m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] =
+                            maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
     } else {
-        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2, B);
+        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2,
+                                                                                          B);
         launch_check();
     }
     e = Epilogue(); e.rowsum = G(m, P_B2);
@@ -1784,13 +1870,14 @@ static void mnist_advance(Mnist* m, int B);
 static void mnist_update(Mnist* m, int advance_B = -1) {
     if (m->cpu) {
         const OptStep st = opt_step(m->opt, m->counters[0]);
-        for (size_t i = 0; i < m->n_params; i++) opt_update_elem(m->opt, st, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
+        for (size_t i = 0; i < m->n_params; i++)
+            opt_update_elem(m->opt, st, &m->params[i], m->grads[i], &m->m1[i], &m->m2[i]);
         if (advance_B >= 0) mnist_advance(m, advance_B);
         return;
     }
     size_t threads = m->n_params / 4 + 1;  // the last thread does the n % 4 tail
-    launch_pdl(optimizer_kernel, (unsigned)((threads + 255) / 256), 256, 0, 1, m->params, m->grads, m->m1, m->m2, m->n_params,
-               m->opt, m->counters, advance_B);
+    launch_pdl(optimizer_kernel, (unsigned)((threads + 255) / 256), 256, 0, 1, m->params, m->grads, m->m1, m->m2,
+               m->n_params, m->opt, m->counters, advance_B);
 }
 static void mnist_advance(Mnist* m, int B) {
     if (m->cpu) { m->counters[0] += 1; m->counters[1] += B; return; }
@@ -1814,13 +1901,14 @@ static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const i
         int off = counters ? counters[1] : offset;
         for (int b = 0; b < B; b++) {
             int s = perm ? perm[off + b] : off + b;
-            for (int p = 0; p < IMG * IMG; p++) m->x[b * IMG * IMG + p] = mnist_normalize(d.images[(size_t)s * IMG * IMG + p]);
+            for (int p = 0; p < IMG * IMG; p++)
+                m->x[b * IMG * IMG + p] = mnist_normalize(d.images[(size_t)s * IMG * IMG + p]);
             m->y[b] = d.labels[s];
         }
         return;
     }
-    launch_pdl(gather_batch_kernel, ceil_div(B * IMG * IMG, 256), 256, 0, 1, m->x, m->y, d.images, d.labels, perm, counters,
-               offset, B);
+    launch_pdl(gather_batch_kernel, ceil_div(B * IMG * IMG, 256), 256, 0, 1, m->x, m->y, d.images, d.labels, perm,
+               counters, offset, B);
 }
 // One training step: gather, forward, loss, backward, update, advance. No host sync: capturable in a CUDA graph.
 // The fast path has no gather launch: conv2's forward kernel loads the batch; at batch <= FUSED_MAX_B it also runs fc1
@@ -1858,7 +1946,8 @@ static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, flo
 // nsteps training steps of batch B, then (tail_B > 0) one of batch tail_B; on the fast path each step gathers the
 // next one's batch (BatchPrefetch::xb) and the next forward reads it from there (ConvInput::staged): the same values
 // as steps that each gather their own batch.
-static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps, int tail_B = 0) {
+static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps,
+                              int tail_B = 0) {
     const int total = nsteps + (tail_B > 0 ? 1 : 0);
     bool staged = false;
     for (int i = 0; i < total; i++)
@@ -1893,8 +1982,8 @@ static DeviceData upload_split(const MnistSplit& s, bool cpu) {
 // the step before), and one graph for the rest: the remaining full batches and the last partial batch
 constexpr int GRAPH_STEPS = 32;
 // mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded
-static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, int nsteps,
-                                           int tail_B = 0) {
+static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B,
+                                           int nsteps, int tail_B = 0) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
@@ -1933,7 +2022,8 @@ static const char* optimizer_prefix(int optimizer) { return optimizer == OPT_SGD
 static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
     std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
     mnist_copy_out(m, m->params, internal.data(), m->n_params);
-    for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
+    for (int i = 0; i < N_PARAM_TENSORS; i++)
+        param_to_torch(i, internal.data() + PARAMS[i].offset, p.data() + PARAMS[i].offset);
     std::vector<BinWriterTensor> ts;
     for (int i = 0; i < N_PARAM_TENSORS; i++) {
         const ParamInfo& pi = PARAMS[i];
@@ -1941,18 +2031,22 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
     }
     if (meta.has_optimizer) {
         mnist_copy_out(m, m->m1, internal.data(), m->n_params);
-        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s1.data() + PARAMS[i].offset);
+        for (int i = 0; i < N_PARAM_TENSORS; i++)
+            param_to_torch(i, internal.data() + PARAMS[i].offset, s1.data() + PARAMS[i].offset);
         mnist_copy_out(m, m->m2, internal.data(), m->n_params);
-        for (int i = 0; i < N_PARAM_TENSORS; i++) param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
+        for (int i = 0; i < N_PARAM_TENSORS; i++)
+            param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
         const char* pre1 = optimizer_prefix(meta.opt.optimizer);
         for (int i = 0; i < N_PARAM_TENSORS; i++) {
             const ParamInfo& pi = PARAMS[i];
-            ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s1.data() + pi.offset});
+            ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]},
+                          s1.data() + pi.offset});
         }
         if (meta.opt.optimizer == OPT_ADAMW)
             for (int i = 0; i < N_PARAM_TENSORS; i++) {
                 const ParamInfo& pi = PARAMS[i];
-                ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
+                ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim,
+                              {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
             }
     }
     const OptConfig& o = meta.opt;
@@ -2121,10 +2215,15 @@ static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_o
 // code (MNIST_WGMMA) all three products run on wgmma (both operands from shared memory, fp32 accumulation), elsewhere
 // on mma.sync m16n8k8 with plain 32-bit shared loads of the same layout. Strict fp32 (--tf32 0) keeps the generic
 // kernel above.
-__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
-__device__ __forceinline__ float4 tf32_round4(float4 v) { return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w)); }
+__device__ __forceinline__ float tf32_round(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+__device__ __forceinline__ float4 tf32_round4(float4 v) {
+    return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w));
+}
 __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
@@ -2214,25 +2313,41 @@ __device__ __forceinline__ void acc_fence(float (&d)[NR]) {
 __device__ __forceinline__ void wgmma_m64n96k8_ss(float (&d)[48], uint64_t da, uint64_t db) {
 #if MNIST_WGMMA
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+                 "%40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
                  : "l"(da), "l"(db), "n"(1));
 #endif
 }
 __device__ __forceinline__ void wgmma_m64n48k8_ss(float (&d)[24], uint64_t da, uint64_t db) {
 #if MNIST_WGMMA
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23])
                  : "l"(da), "l"(db), "n"(1));
 #endif
 }
 // 16-byte asynchronous copy global -> shared (cp.async, sm_80+), and its group bookkeeping
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                 :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 // A bulk copy global -> shared by the tensor memory accelerator (cp.async.bulk, sm_90): one instruction for `bytes`
 // (a multiple of 16, both addresses 16-byte aligned), its completion counted on a shared-memory mbarrier. One thread
 // initialises the barrier (arrival count 1; a __syncthreads must follow before any thread waits on it), one thread
@@ -2284,14 +2399,16 @@ __device__ __forceinline__ uint8_t pool_window(float tl, float tr, float bl, flo
 }
 // dact2[b, y, x, c..c+3] from the pooled gradient dpooled (B,12,12,64) and the window codes (same layout): the index
 // of the pooled chunk, the expansion of a loaded chunk d and its 4 codes k, and both in one
-__device__ __forceinline__ size_t pooled_index(int b, int y, int x, int c) { return (((size_t)b * HP + (y >> 1)) * HP + (x >> 1)) * C2 + c; }
+__device__ __forceinline__ size_t pooled_index(int b, int y, int x, int c) {
+    return (((size_t)b * HP + (y >> 1)) * HP + (x >> 1)) * C2 + c;
+}
 __device__ __forceinline__ float4 dact2_expand(float4 d, uint32_t k, int y, int x) {
     const uint32_t me = ((y & 1) << 1) | (x & 1);
     return make_float4((k & 255u) == me ? d.x : 0.0f, ((k >> 8) & 255u) == me ? d.y : 0.0f,
                        ((k >> 16) & 255u) == me ? d.z : 0.0f, (k >> 24) == me ? d.w : 0.0f);
 }
-__device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                                                    int b, int y, int x, int c) {
+__device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dpooled,
+                                                    const uint8_t* __restrict__ codes, int b, int y, int x, int c) {
     size_t i = pooled_index(b, y, x, c);
     return dact2_expand(__ldg((const float4*)(dpooled + i)), __ldg((const unsigned int*)(codes + i)), y, x);
 }
@@ -2665,9 +2782,9 @@ __device__ __forceinline__ void fused_head_row(const FwdHead& fh, float* Ws, flo
     TRACE_MARK(7);
 }
 // conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
-// then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]), NHWC,
-// HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself is
-// stored only when not null (the tests). act1 is made here, in shared memory, from the band's rows of x (a band of
+// then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]),
+// NHWC, HOUT x HOUT outputs from HIN = HOUT + 2 inputs, and the 2x2 max-pool of out with its window codes; out itself
+// is stored only when not null (the tests). act1 is made here, in shared memory, from the band's rows of x (a band of
 // R output rows needs R + 2 act1 rows, made from R + 4 rows of x), and stored to
 // global memory for the backward (each act1 row by exactly one band: the first band of an image stores rows 0..R,
 // the others rows y0 + 1..y0 + R, the last up to HIN - 1), with its signs for the input gradient when act1_sign is
@@ -2696,15 +2813,21 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
                        float* pooled, uint8_t* pool_codes, float* wimg_dgrad, int B, FwdHead fh) {
     TRACE_SCOPE(0);
     constexpr int NT = 384, PR = R + 2, XR = R + 4, NBAND = (HOUT + R - 1) / R;
-    constexpr int PL = PR * HIN + 2;  // the patch's plane stride (slots): 2 or 6 mod 8, conv1's float4 stores conflict-free
+    // the patch's plane stride (slots): 2 or 6 mod 8, conv1's float4 stores conflict-free
+    constexpr int PL = PR * HIN + 2;
     constexpr int XCH = XR * IMG / 4, NC1 = (PR * HIN * 4 + NT - 1) / NT;  // x chunks of a band; conv1 items per thread
     constexpr int WCH = COUT * 9 * CIN / 4, NW = WCH / NT;                   // conv2.weight's 16-byte chunks
-    static_assert(COUT == 64 && HOUT == 3 * 8 && R == 12 && CIN % 8 == 0, "3 warpgroups of m64 (channels) x n96 (8 columns x R rows)");
-    static_assert(PL % 8 == 2 || PL % 8 == 6, "conv1's stores: a quarter warp's 2 pixels x 4 planes on distinct 16-byte bank groups");
+    static_assert(COUT == 64 && HOUT == 3 * 8 && R == 12 && CIN % 8 == 0,
+                  "3 warpgroups of m64 (channels) x n96 (8 columns x R rows)");
+    static_assert(PL % 8 == 2 || PL % 8 == 6,
+                  "conv1's stores: a quarter warp's 2 pixels x 4 planes on distinct 16-byte bank groups");
     static_assert((R + 1) * HIN + 2 * 8 + 2 + 7 < PR * HIN, "the products read only slots conv1 writes");
-    static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0, "conv1 then a valid 3x3 correlation");
-    static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT, "a thread's conv1 channel group is fixed; one x chunk per thread");
-    static_assert(CIN == 32 && NT % 32 == 0, "act1's sign bits: a pixel's 4 lanes (aligned in their warp) hold its 32 channels");
+    static_assert(HOUT + 2 == HIN && HIN + 2 == IMG && CIN == C1 && HOUT % R == 0,
+                  "conv1 then a valid 3x3 correlation");
+    static_assert(NT % 4 == 0 && IMG % 4 == 0 && XCH <= NT,
+                  "a thread's conv1 channel group is fixed; one x chunk per thread");
+    static_assert(CIN == 32 && NT % 32 == 0,
+                  "act1's sign bits: a pixel's 4 lanes (aligned in their warp) hold its 32 channels");
     static_assert(WCH % NT == 0, "conv2.weight's chunks split evenly");
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;                       // [9][CIN / 4][COUT][4]
@@ -2716,13 +2839,18 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wg = warp / 4, wq = warp % 4;  // warpgroup (the band's columns 8 wg .. 8 wg + 7), warp within it
     const bool staged = in.staged != nullptr, gather = in.images != nullptr || staged, fused = fh.part != nullptr;
-    constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;  // the fc1.weight slice's 16-byte chunks per row, per thread
-    static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256, "fc1's slice splits evenly; a conv1 weight per thread");
+    // the fc1.weight slice's 16-byte chunks per row, per thread
+    constexpr int FCH = FC1F_KC / 4, NWF = FC_H * FCH / NT;
+    static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256,
+                  "fc1's slice splits evenly; a conv1 weight per thread");
 
     // chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3, and (gather) its label; s = the band's sample
     // (staged: the sample is the batch row itself; the staged bytes come from the kernel in front: L2 loads)
     const int pos0 = gather && !staged ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
-    auto sample_of = [&](int band) { const int p = pos0 + band / NBAND; return staged || !in.perm ? p : __ldcg(in.perm + p); };
+    auto sample_of = [&](int band) {
+        const int p = pos0 + band / NBAND;
+        return staged || !in.perm ? p : __ldcg(in.perm + p);
+    };
     auto load_x = [&](int band, int s) {
         const int b = band / NBAND, y0 = (band % NBAND) * R;
         if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
@@ -2787,7 +2915,8 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
                 *(float4*)(in.x_out + ((size_t)b * IMG + y0) * IMG + 4 * tid) = xin;
             if (gather && in.y_out && yb == 0 && tid == 0) in.y_out[b] = label;
         }
-        if (it == 0) load_weights();  // after this thread's x rows (if any) have arrived: the stores above wait for them
+        // after this thread's x rows (if any) have arrived: the stores above wait for them
+        if (it == 0) load_weights();
         const int next = band + (int)gridDim.x;
         const int s_next = gather && next < B * NBAND ? sample_of(next) : 0;  // its rows are loaded after conv1
         __syncthreads();     // Xs, W1s, B1s are written; Ps is free (the previous band's barrier)
@@ -2862,7 +2991,9 @@ __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lan
         for (int k = 0; k < U; k++) {
             const size_t i = i0 + 32 * k;
             if (i >= hi) break;
-            p[k] = __ldcg((const float4*)u.p + i); g[k] = __ldcs((const float4*)u.g + i); m[k] = __ldcs((const float4*)u.m1 + i);
+            p[k] = __ldcg((const float4*)u.p + i);
+            g[k] = __ldcs((const float4*)u.g + i);
+            m[k] = __ldcs((const float4*)u.m1 + i);
         }
 #pragma unroll
         for (int k = 0; k < U; k++) {
@@ -2906,12 +3037,16 @@ __device__ void fc1_step_share(const Fc1Step& u, int share, int nshares, int lan
 constexpr int DG_CW = 8, DG_CT = 32 * DG_CW, DG_THREADS = DG_CT + 32;  // 2 warpgroups of compute warps, the step warp
 constexpr int DG_CH = 336, DG_TM = 62, DG_TILES = (DG_CH + DG_TM - 1) / DG_TM, DG_N = 3 * C1;
 constexpr int DG_NS = (DG_TILES - 1) * DG_TM + 64 + 2 * H1, DG_PL = DG_NS | 1;  // slots; an odd plane stride (in slots)
-constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = (DG_CH - 1) / H1 + 6, DG_XS = DG_XROWS * IMG, DG_EX = 2 * 2 * 4 * 96;
-static_assert(H1 * H1 == 676 && C2 == 64 && C1 == 32 && DG_N == 96, "the slot arithmetic and the weight image fit these sizes");
-static_assert(DG_TILES * DG_TM >= DG_CH && DG_TILES % 2 == 0, "the tiles cover a chunk, evenly over the two warpgroups");
+constexpr int DG_WS = 9 * C1 * C2, DG_PS = C2 * DG_PL, DG_XROWS = (DG_CH - 1) / H1 + 6, DG_XS = DG_XROWS * IMG,
+              DG_EX = 2 * 2 * 4 * 96;
+static_assert(H1 * H1 == 676 && C2 == 64 && C1 == 32 && DG_N == 96,
+              "the slot arithmetic and the weight image fit these sizes");
+static_assert(DG_TILES * DG_TM >= DG_CH && DG_TILES % 2 == 0,
+              "the tiles cover a chunk, evenly over the two warpgroups");
 static_assert((DG_CH - 1) / H1 + 2 + 4 <= DG_XROWS && DG_CH < H1 * H1, "a chunk's x rows (at most one image boundary)");
 constexpr size_t CONV2_DGRAD_SMEM = (size_t)(DG_WS + DG_PS + DG_XS + DG_CH + DG_EX) * sizeof(float);
-static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_PS && (DG_WS + DG_PS + DG_XS) % 4 == 0, "shared memory");
+static_assert(CONV2_DGRAD_SMEM <= 227 * 1024 && DG_CW * C1 * 10 <= DG_PS && (DG_WS + DG_PS + DG_XS) % 4 == 0,
+              "shared memory");
 // Output rows r = 16 wq + g + 8 h (this lane's d[4 i + 2 h + e], i < 4: channel 8 i + 2 t + e) get D1 (= d[16 + ..],
 // kx = 1) of row r + 1 and D2 (d[32 + ..]) of row r + 2: from lane g + 1 (g + 2) of the same warp, where g = 0 (g < 2)
 // passes its h = 1 value for h = 0 and, for h = 1, the next warp's row 0 (rows 0, 1) of D1 (D2) from x1 (x2): [t][8]
@@ -2923,11 +3058,13 @@ __device__ __forceinline__ void dgrad_combine(float (&d)[48], const float* x1, c
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const float a0 = d[16 + 4 * i + e], a1 = d[16 + 4 * i + 2 + e], c0 = d[32 + 4 * i + e], c1 = d[32 + 4 * i + 2 + e];
+            const float a0 = d[16 + 4 * i + e], a1 = d[16 + 4 * i + 2 + e], c0 = d[32 + 4 * i + e],
+                        c1 = d[32 + 4 * i + 2 + e];
             const float s10 = __shfl_sync(0xffffffffu, g == 0 ? a1 : a0, src1);
             const float s11 = __shfl_sync(0xffffffffu, g == 0 ? (nx ? x1[t * 8 + 2 * i + e] : 0.0f) : a1, src1);
             const float s20 = __shfl_sync(0xffffffffu, g < 2 ? c1 : c0, src2);
-            const float s21 = __shfl_sync(0xffffffffu, g < 2 ? (nx ? x2[(g * 4 + t) * 8 + 2 * i + e] : 0.0f) : c1, src2);
+            const float s21 =
+                __shfl_sync(0xffffffffu, g < 2 ? (nx ? x2[(g * 4 + t) * 8 + 2 * i + e] : 0.0f) : c1, src2);
             d[4 * i + e] = (d[4 * i + e] + s10) + s20;
             d[4 * i + 2 + e] = (d[4 * i + 2 + e] + s11) + s21;
         }
@@ -3109,8 +3246,8 @@ __device__ __forceinline__ void dgrad_w1_warp_sums(float* red, const float (&w1a
 }
 __global__ void __launch_bounds__(DG_THREADS, 1)
 conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const uint8_t* __restrict__ codes,
-                        const float* __restrict__ w, const uint32_t* __restrict__ act1_sign, const float* __restrict__ ximg,
-                        float* w1_partial, int B, Fc1Step fc1) {
+                        const float* __restrict__ w, const uint32_t* __restrict__ act1_sign,
+                        const float* __restrict__ ximg, float* w1_partial, int B, Fc1Step fc1) {
     TRACE_SCOPE(4);
     extern __shared__ __align__(16) float smem[];
     float* Ws = smem;                          // [3][C2 / 4][DG_N][4]
@@ -3192,9 +3329,13 @@ conv2_dgrad_tf32_kernel(float* dact1, const float* __restrict__ dpooled, const u
 // that the next training step's forward copies it in one bulk copy (ConvInput::wimg) instead of 4608 16-byte
 // cp.async per block and a rounding pass. i: the weight's internal index, [co][tap][ci].
 constexpr int W2IMG_FLOATS = 9 * C2 * C1;
-__host__ __device__ inline int conv2_fwd_img_index(int i) { return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4; }
+__host__ __device__ inline int conv2_fwd_img_index(int i) {
+    return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4;
+}
 __device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float4 wg_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+__device__ __forceinline__ float4 wg_add(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
 template <typename T> __device__ __forceinline__ T wg_zero() { T z; memset(&z, 0, sizeof z); return z; }
 // lane k's part of unit i (T = float4: 4 elements, each with the scalar order) for any split count. (src is written
 // by this kernel's other blocks before the grid barrier: plain coherent loads, never the read-only path.)
@@ -3209,8 +3350,9 @@ __device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int spli
         for (int b = 0; b < 3; b++)
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                x[b][u] = s + 4 * SR_LANES * b + 3 * SR_LANES < splits ? src[(size_t)(s + 4 * SR_LANES * b + SR_LANES * u) * stride + i]
-                                                                        : wg_zero<T>();
+                x[b][u] = s + 4 * SR_LANES * b + 3 * SR_LANES < splits
+                              ? src[(size_t)(s + 4 * SR_LANES * b + SR_LANES * u) * stride + i]
+                              : wg_zero<T>();
 #pragma unroll
         for (int b = 0; b < 3; b++)
             if (s + 3 * SR_LANES < splits) {  // the group at s (the condition of the plain loop)
@@ -3233,7 +3375,8 @@ __device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int spli
 constexpr int WG_CHUNK_E = 160, WG_IPT = 5, WG_ITEMS = 256 * WG_IPT;
 static_assert(WG_CHUNK_E <= 256, "one element per thread in the final sums");
 template <typename T>
-__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt, const OptStep& st) {
+__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt,
+                              const OptStep& st) {
     constexpr int V = sizeof(T) / sizeof(float);
     const int nk = min(j.splits, SR_LANES), cu = min(WG_CHUNK_E / V, WG_ITEMS / nk), splits = j.splits;
     const T* src = (const T*)j.src;
@@ -3255,7 +3398,9 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
                 const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
 #pragma unroll
                 for (int q = 0; q < 3; q++)
-                    x[r][q] = it < items && k + SR_LANES * q < splits ? src[(size_t)(k + SR_LANES * q) * stride + c0 + u] : wg_zero<T>();
+                    x[r][q] = it < items && k + SR_LANES * q < splits
+                                  ? src[(size_t)(k + SR_LANES * q) * stride + c0 + u]
+                                  : wg_zero<T>();
             }
 #pragma unroll
             for (int r = 0; r < WG_IPT; r++) {
@@ -3295,7 +3440,8 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
 }
 // Share `share` of `nshares` of a job (the units split evenly), with float4 units when the job's layout allows. Which
 // block does which share does not matter for the result: every element's summation order is the lane order above.
-__device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, float* part, const OptTarget& opt, const OptStep& st) {
+__device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, float* part, const OptTarget& opt,
+                                const OptStep& st) {
     if (j.n <= 0) return;
     const bool vec = j.n % 4 == 0 && j.stride % 4 == 0 && ((size_t)j.src & 15) == 0;
     const long long units = vec ? j.n / 4 : j.n, G = nshares, b = share;
@@ -3311,11 +3457,14 @@ __device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) 
     if (!pf.images) return;
     if (pf.xb) {
         const int pos = __ldcg(pf.counters + 1);
-        for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * GATHER_ITEMS; i += nshares * (int)blockDim.x) {
+        for (int i = share * (int)blockDim.x + (int)threadIdx.x; i < pf.B * GATHER_ITEMS;
+             i += nshares * (int)blockDim.x) {
             const int b = i / GATHER_ITEMS, c = i % GATHER_ITEMS, p = pos + b;
             if (p >= pf.n) break;
             const int smp = pf.perm ? __ldcg(pf.perm + p) : p;
-            if (c < GATHER_CH) ((uint4*)(pf.xb + (size_t)b * IMG * IMG))[c] = __ldg((const uint4*)(pf.images + (size_t)smp * IMG * IMG) + c);
+            if (c < GATHER_CH)
+                ((uint4*)(pf.xb + (size_t)b * IMG * IMG))[c] =
+                    __ldg((const uint4*)(pf.images + (size_t)smp * IMG * IMG) + c);
             else pf.yb[b] = pf.labels[smp];
         }
         return;
@@ -3368,9 +3517,11 @@ constexpr int WG_OS = KC2 + 8;
 // the jobs reduced before the grid barrier (past the staged sums, which the cluster's other blocks may still read)
 constexpr int WG_PART_PRE = C2 * WG_OS + C2 + 4 * 256;  // float offset of those lane parts
 constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_DT + WG_PT, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
-static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0, "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
+static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0,
+              "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
 static_assert(WG_NOUT / 4 / 2 <= 256 * 10, "one batch of distributed shared memory loads per thread (WG_DSM_BATCH)");
-static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0, "conflict-free float2 staging; the bias reduction's float4 aligned");
+static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0,
+              "conflict-free float2 staging; the bias reduction's float4 aligned");
 // a loaded float4 (4 consecutive channels) into its 4 rows of a core-matrix layout, rounded to TF32
 __device__ __forceinline__ void wg_put4(float* p, float4 v) {
     p[0] = tf32_round(v.x); p[4] = tf32_round(v.y); p[8] = tf32_round(v.z); p[12] = tf32_round(v.w);
@@ -3562,7 +3713,8 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     TRACE_SCOPE(5);
     // (chunk ch of a band: see wgrad_load_band)
     constexpr int ND = WG_NPIX * C2 / 4 / 256, NP = (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4) / 256;
-    static_assert(ND * 256 == WG_NPIX * C2 / 4 && NP * 256 == (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4), "whole rounds of chunks");
+    static_assert(ND * 256 == WG_NPIX * C2 / 4 && NP * 256 == (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4),
+                  "whole rounds of chunks");
     extern __shared__ __align__(16) float smem[];
     float* Dt = smem;
     float* Pt = smem + WG_DT;
@@ -3648,7 +3800,8 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
         if (wb.rank < no) wg_reduce_share(other, wb.rank, no, smem + WG_PART_PRE, opt, st);
         if (wb.rank >= xo && wb.rank < xo + nx) wg_reduce_share(extra, wb.rank - xo, nx, smem + WG_PART_PRE, opt, st);
         // (the gather of the next batch: up to 2 items per thread, on more ranks at larger batches)
-        const int np = min(G, pf.xb ? max(WG_PRE_P, (pf.B * GATHER_ITEMS + 511) / 512) : WG_PRE_P), po = G >= xo + nx + np ? xo + nx : 0;
+        const int np = min(G, pf.xb ? max(WG_PRE_P, (pf.B * GATHER_ITEMS + 511) / 512) : WG_PRE_P),
+                  po = G >= xo + nx + np ? xo + nx : 0;
         if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
     }
     TRACE_MARK(3);
@@ -3665,12 +3818,18 @@ static void conv2_tf32_setup() {
     int dev, sms, occ_f, occ_ff, occ_d, occ_w;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaCheck(cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_DGRAD_SMEM));
-    cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_WGRAD_SMEM));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_ff, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM_FUSED));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_tf32_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
+    cudaCheck(
+        cudaFuncSetAttribute(CONV2_FWD_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV2_FWD_SMEM_FUSED));
+    cudaCheck(cudaFuncSetAttribute(conv2_dgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)CONV2_DGRAD_SMEM));
+    cudaCheck(cudaFuncSetAttribute(conv2_wgrad_tf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)CONV2_WGRAD_SMEM));
+    cudaCheck(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, CONV2_FWD_KERNEL, CONV2_FWD_THREADS, CONV2_FWD_SMEM));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_ff, CONV2_FWD_KERNEL, CONV2_FWD_THREADS,
+                                                            CONV2_FWD_SMEM_FUSED));
+    cudaCheck(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_tf32_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
     g_conv2.fused_fwd = occ_ff * sms >= FC1F_SPLITS;
@@ -3690,11 +3849,17 @@ static void conv2_tf32_setup() {
         cfg.attrs = &at; cfg.numAttrs = 1;
         int nclusters = 0;
         cudaCheck(cudaOccupancyMaxActiveClusters(&nclusters, conv2_wgrad_tf32_kernel, &cfg));
-        if (cl * std::min(nclusters, sms / cl) >= sms - 1) { g_conv2.wgrad_cluster = cl; g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl); break; }
+        if (cl * std::min(nclusters, sms / cl) >= sms - 1) {
+            g_conv2.wgrad_cluster = cl;
+            g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl);
+            break;
+        }
     }
     cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
-    if ((unsigned long long)g_conv2.wgrad_ctas * g_conv2.wgrad_ctas > WG_BAR_K) {  // wg_grid_arrive's rank needs G - 1 < K / G
-        fprintf(stderr, "conv2_tf32_setup: weight-gradient grid of %d blocks too large for its barrier\n", g_conv2.wgrad_ctas);
+    // wg_grid_arrive's rank needs G - 1 < K / G
+    if ((unsigned long long)g_conv2.wgrad_ctas * g_conv2.wgrad_ctas > WG_BAR_K) {
+        fprintf(stderr, "conv2_tf32_setup: weight-gradient grid of %d blocks too large for its barrier\n",
+                g_conv2.wgrad_ctas);
         exit(EXIT_FAILURE);
     }
     int* wd;
@@ -3704,10 +3869,13 @@ static void conv2_tf32_setup() {
     int* wd_dev;
     cudaCheck(cudaHostGetDevicePointer(&wd_dev, wd, 0));
     cudaCheck(cudaMemcpyToSymbol(g_watchdog_dev, &wd_dev, sizeof(wd_dev)));
-    cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long))); cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
-    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, DG_WS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, DG_WS * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wgrad_bar, sizeof(unsigned long long)));
+    cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_dgrad, DG_WS * sizeof(float)));
+    cudaCheck(cudaMemset(g_conv2.wimg_dgrad, 0, DG_WS * sizeof(float)));
     cudaCheck(cudaMalloc(&g_conv2.ws_w1, (size_t)g_conv2.dgrad_ctas * C1 * 10 * sizeof(float)));
-    cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, W2IMG_FLOATS * sizeof(float))); cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, W2IMG_FLOATS * sizeof(float)));
+    cudaCheck(cudaMalloc(&g_conv2.wimg_fwd, W2IMG_FLOATS * sizeof(float)));
+    cudaCheck(cudaMemset(g_conv2.wimg_fwd, 0, W2IMG_FLOATS * sizeof(float)));
     g_conv2.ready = true;
 }
 // act1 (B,26,26,32) = ReLU(conv1(x) + b1), pooled (B,12,12,64) = the 2x2 max-pool of act2 = ReLU(conv2(act1) + b2)
@@ -3716,19 +3884,20 @@ static void conv2_tf32_setup() {
 // act1_sign is not null, act1's signs (B,26,26 words, bit n: channel n > 0), which conv2_dgrad_tf32 reads before its
 // wait: launch at least one kernel between the two.
 // With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
-static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign, const ConvInput& in,
-                               const float* w1, const float* b1, const float* w2, const float* b2, int B, const FwdHead& fh) {
+static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign,
+                               const ConvInput& in, const float* w1, const float* b1, const float* w2, const float* b2,
+                               int B, const FwdHead& fh) {
     const bool fused = fh.part != nullptr;
     if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
-        fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its blocks at once\n",
-                FUSED_MAX_B, FC1F_SPLITS);
+        fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its "
+                "blocks at once\n", FUSED_MAX_B, FC1F_SPLITS);
         exit(EXIT_FAILURE);
     }
     FwdHead f = fh;
     f.bar = g_conv2.wgrad_bar;
     const int grid = fused ? FC1F_SPLITS : std::min(B * CONV2_FWD_BANDS, g_conv2.fwd_ctas);
-    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, fused ? CONV2_FWD_SMEM_FUSED : CONV2_FWD_SMEM, 1, act2, in, w1, b1, act1,
-               act1_sign, w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
+    launch_pdl(CONV2_FWD_KERNEL, grid, CONV2_FWD_THREADS, fused ? CONV2_FWD_SMEM_FUSED : CONV2_FWD_SMEM, 1, act2, in,
+               w1, b1, act1, act1_sign, w2, b2, pooled, codes, g_conv2.wimg_dgrad, B, f);
 }
 // dact1 = conv2 input gradient of dact2 (from dpooled and the window codes), zeroed where act1 <= 0 (act1_sign: the
 // forward's signs of act1; stored only when dact1 is not null), and from it conv1's gradients dw1 (32 x 9) and db1
@@ -3737,10 +3906,11 @@ static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float
 static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const float* dpooled, const uint8_t* codes,
                                   const uint32_t* act1_sign, const float* x, int B, const Fc1Step& fc1) {
     int grid = std::min(ceil_div(B * H1 * H1, DG_CH), g_conv2.dgrad_ctas);
-    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes, g_conv2.wimg_dgrad, act1_sign,
-               x, g_conv2.ws_w1, B, fc1);
+    launch_pdl(conv2_dgrad_tf32_kernel, grid, DG_THREADS, CONV2_DGRAD_SMEM, 1, dact1, dpooled, codes,
+               g_conv2.wimg_dgrad, act1_sign, x, g_conv2.ws_w1, B, fc1);
     SplitsJob j;
-    j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9; j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
+    j.dst = dw1; j.dst_tail = db1; j.n_head = C1 * 9;
+    j.src = g_conv2.ws_w1; j.stride = C1 * 10; j.splits = grid; j.n = C1 * 10;
     return j;
 }
 // dw2 (64, 3,3,32 internal) and db2 (64) from dact2 (from dpooled and the window codes) and act1, and the split
@@ -3748,16 +3918,17 @@ static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const fl
 // act1 written at least two launches earlier (the kernel reads them before grid_dep_sync). With update_off >= 0
 // conv2's weight and bias (contiguous) get the optimizer step in `opt` at that flat offset instead of dw2/db2; `extra`
 // is one more job for the same reduction (see conv2_wgrad_tf32_kernel).
-static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1, int B,
-                             const SplitsJob& dgrad, const SplitsJob& extra, const OptTarget& opt,
+static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1,
+                             int B, const SplitsJob& dgrad, const SplitsJob& extra, const OptTarget& opt,
                              int update_off, const BatchPrefetch& pf) {
     const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
     SplitsJob j;
-    j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2; j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
+    j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2;
+    j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
     j.update_off = update_off;
     if (update_off >= 0) j.w2img = g_conv2.wimg_fwd;
-    launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j, dgrad, extra,
-               opt, g_conv2.wgrad_bar, pf);
+    launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j,
+               dgrad, extra, opt, g_conv2.wgrad_bar, pf);
 }
 
 // The network's head on the fast path, one warp per row (the one-warp-per-row layout of dev/softmax_forward.cu
@@ -3768,8 +3939,8 @@ static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const
 template <int NPARTS>
 __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* losses, int* preds, float* h,
                             const float* __restrict__ hpart, const float* __restrict__ bf1,
-                            const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y, const int* counters,
-                            int offset_const, int B) {
+                            const float* __restrict__ wf2, const float* __restrict__ bf2, const int* y,
+                            const int* counters, int offset_const, int B) {
     TRACE_SCOPE(2);
     __shared__ __align__(16) float ws[NCLS * FC_H];
     __shared__ float bs[NCLS];
@@ -3805,8 +3976,10 @@ __global__ void head_kernel(float* logits, float* dlogits, float* dh, float* los
 // The fc1.weight loads are issued before grid_dep_sync (only pooled comes from the kernel in front, conv2's forward;
 // the weight was last written by the previous step's optimizer step, three or more launches back), so with
 // programmatic dependent launch they overlap conv2's tail.
-static_assert(64 / FC1F_CLUSTER == 8 && (64 / FC1F_CLUSTER) * (FC_H / 4) == 256, "a rank adds 8 rows: a float4 per thread");
-__global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
+static_assert(64 / FC1F_CLUSTER == 8 && (64 / FC1F_CLUSTER) * (FC_H / 4) == 256,
+              "a rank adds 8 rows: a float4 per thread");
+__global__ void __launch_bounds__(256)
+    fc1_forward_kernel(float* hpart, const float* __restrict__ pooled, const float* __restrict__ wf1, int B) {
     TRACE_SCOPE(1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float smem[];
@@ -3830,7 +4003,8 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
 #pragma unroll
         for (int i = 0; i < NA; i++) {
             int ch = tid + i * 256, r = ch / CH, c4 = ch % CH;
-            va[i] = ch < 64 * CH && r0 + r < B ? __ldg((const float4*)(pooled + (size_t)(r0 + r) * FC_IN + k0) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+            va[i] = ch < 64 * CH && r0 + r < B ? __ldg((const float4*)(pooled + (size_t)(r0 + r) * FC_IN + k0) + c4)
+                                               : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int i = 0; i < NA; i++) {
@@ -3865,7 +4039,8 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
             const int m = wm * 32 + mi * 16 + g + 8 * h;
             float* dst = cluster.map_shared_rank(inbox, m / 8) + (q * 8 + m % 8) * FC_H + wn * 32 + 2 * t;
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) *(float2*)(dst + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            for (int ni = 0; ni < 4; ni++)
+                *(float2*)(dst + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
         }
     cluster.sync();  // every block's rows are in their owners' inboxes
     TRACE_MARK(2);
@@ -3873,7 +4048,8 @@ __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const fl
     float4 v[FC1F_CLUSTER];
 #pragma unroll
     for (int r = 0; r < FC1F_CLUSTER; r++) v[r] = *(const float4*)(inbox + (r * 8 + tid / 32) * FC_H + 4 * c4);
-    if (r0 + row < B) *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = f4_sum_in_order(v);
+    if (r0 + row < B)
+        *(float4*)(hpart + ((size_t)(blockIdx.x / FC1F_CLUSTER) * B + r0 + row) * FC_H + 4 * c4) = f4_sum_in_order(v);
     TRACE_MARK(3);
 #endif
 }
@@ -3895,8 +4071,10 @@ constexpr int FC1B_WLD = FC1B_NC;       // Ws[128][72]: Wf1[j][k0 + c], read as 
 constexpr int FC1B_HLD = FC_H + 4;      // Hs[64][132]: dh [r][j], read as A[r][k = j] (conflict-free) and as
                                         // A[m = j][k = r] (two-way conflicts: one stride cannot serve both)
 constexpr int FC1B_PLD = FC1B_NC;       // Ps[64][72]: pooled [r][c], read as B[k = r][n = c]: conflict-free
-static_assert(FC1B_WLD % 32 == 8 && FC1B_PLD % 32 == 8, "conflict-free B fragments; the gradient's float2 stores into Gs");
-static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384, "12 warps: 4 x 3 tiles of 16 x 24 and of 32 x 24");
+static_assert(FC1B_WLD % 32 == 8 && FC1B_PLD % 32 == 8,
+              "conflict-free B fragments; the gradient's float2 stores into Gs");
+static_assert(FC_IN % FC1B_NC == 0 && FC1B_NC == 72 && FC1B_THREADS == 384,
+              "12 warps: 4 x 3 tiles of 16 x 24 and of 32 x 24");
 constexpr size_t FC1B_SMEM_USED = (size_t)(FC_H * FC1B_WLD + 64 * FC1B_HLD + 64 * FC1B_PLD) * sizeof(float);
 constexpr size_t FC1B_SMEM = FC1B_SMEM_USED > 116 * 1024 ? FC1B_SMEM_USED : 116 * 1024;  // one block per SM
 constexpr int FC1B_SMALL = FC_H + NCLS * FC_H + NCLS, FC1B_EXTRA = (FC1B_SMALL + FC1B_THREADS - 1) / FC1B_THREADS;
@@ -4019,7 +4197,8 @@ __global__ void __launch_bounds__(FC1B_THREADS, 1) fc1_backward_kernel(Fc1Backwa
 #pragma unroll
     for (int i = 0; i < FC_H * CH / NT; i++) {  // the Wf1 slice: 128 rows of 18 float4 (before the wait)
         int ch = tid + i * NT, j = ch / CH, c4 = ch % CH;
-        *(float4*)(Ws + j * FC1B_WLD + 4 * c4) = tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
+        *(float4*)(Ws + j * FC1B_WLD + 4 * c4) =
+            tf32_round4(__ldg((const float4*)(a.wf1 + (size_t)j * FC_IN + k0) + c4));
     }
     grid_dep_sync();
     acc_zero(acc);
@@ -4054,7 +4233,9 @@ static void fast_path_setup() {
     g_pdl = major >= 9;
     g_fc1_cluster = major >= 9;
     g_bulk_copy = major >= 9;
-    if (g_fc1_cluster) cudaCheck(cudaFuncSetAttribute(fc1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1F_SMEM));
+    if (g_fc1_cluster)
+        cudaCheck(
+            cudaFuncSetAttribute(fc1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1F_SMEM));
     cudaCheck(cudaFuncSetAttribute(fc1_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1B_SMEM));
     done = true;
 }
@@ -4082,32 +4263,41 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"data_dir", 's', &a.data_dir, 0, 0, nullptr, "folder with the four MNIST IDX .gz files"},
         {"device", 'c', &a.device, 0, 0, "auto,cuda,cpu", "auto: CUDA when a device is present, else the CPU"},
         {"matmul", 'c', &a.matmul, 0, 0, "ours,cublas", "every matrix product on our tiled kernel or on cuBLAS"},
-        {"tf32", 'i', &a.tf32, 0, 1, nullptr, "1: TF32 tensor cores in both our kernel and cuBLAS; 0: strict fp32 in both"},
+        {"tf32", 'i', &a.tf32, 0, 1, nullptr,
+         "1: TF32 tensor cores in both our kernel and cuBLAS; 0: strict fp32 in both"},
         {"epochs", 'i', &a.epochs, 1, 10000, nullptr, "training epochs"},
         {"batch_size", 'i', &a.batch_size, 1, 2048, nullptr, "training batch size"},
         {"optimizer", 'c', &a.optimizer, 0, 0, "sgd,adamw", "SGD with momentum and weight decay, or AdamW"},
         {"lr", 'f', &a.lr, 1e-9, 1e9, nullptr, "peak learning rate"},
-        {"lr_schedule", 'c', &a.lr_schedule, 0, 0, "constant,cosine,linear", "after warm-up: constant, cosine or linear decay to lr_min"},
+        {"lr_schedule", 'c', &a.lr_schedule, 0, 0, "constant,cosine,linear",
+         "after warm-up: constant, cosine or linear decay to lr_min"},
         {"warmup_steps", 'i', &a.warmup_steps, 0, 100000000, nullptr, "linear warm-up steps"},
         {"lr_min", 'f', &a.lr_min, 0, 1e9, nullptr, "learning rate at the end of the decay"},
         {"momentum", 'f', &a.momentum, 0, 0.999999, nullptr, "SGD momentum"},
-        {"weight_decay", 'f', &a.weight_decay, 0, 10, nullptr, "weight decay (SGD: added to the gradient; AdamW: decoupled)"},
+        {"weight_decay", 'f', &a.weight_decay, 0, 10, nullptr,
+         "weight decay (SGD: added to the gradient; AdamW: decoupled)"},
         {"beta1", 'f', &a.beta1, 0, 0.999999, nullptr, "AdamW beta1"},
         {"beta2", 'f', &a.beta2, 0, 0.999999, nullptr, "AdamW beta2"},
         {"eps", 'f', &a.eps, 1e-30, 1, nullptr, "AdamW epsilon"},
         {"seed", 'i', &a.seed, 0, 2147483647, nullptr, "seed of the initial weights and of every epoch's shuffle"},
         {"train_limit", 'i', &a.train_limit, 0, 60000, nullptr, "use the first N training images (0: all)"},
         {"test_limit", 'i', &a.test_limit, 0, 10000, nullptr, "use the first N test images (0: all)"},
-        {"eval_batch_size", 'i', &a.eval_batch_size, 1, 10000, nullptr, "evaluation batch size (the CPU uses at most 100)"},
-        {"stop_at_accuracy", 'f', &a.stop_at_accuracy, 0, 100, nullptr, "stop after the first epoch whose test accuracy (%) reaches this (0: off)"},
-        {"checkpoint", 's', &a.checkpoint, 0, 0, nullptr, "write a checkpoint here after every epoch (atomic; empty: none)"},
-        {"resume", 's', &a.resume, 0, 0, nullptr, "continue training from this checkpoint (weights, optimizer state, epoch, step)"},
-        {"allow_change", 's', &a.allow_change, 0, 0, nullptr, "with --resume: stored settings this run changes "
+        {"eval_batch_size", 'i', &a.eval_batch_size, 1, 10000, nullptr,
+         "evaluation batch size (the CPU uses at most 100)"},
+        {"stop_at_accuracy", 'f', &a.stop_at_accuracy, 0, 100, nullptr,
+         "stop after the first epoch whose test accuracy (%) reaches this (0: off)"},
+        {"checkpoint", 's', &a.checkpoint, 0, 0, nullptr,
+         "write a checkpoint here after every epoch (atomic; empty: none)"},
+        {"resume", 's', &a.resume, 0, 0, nullptr,
+         "continue training from this checkpoint (weights, optimizer state, epoch, step)"},
+        {"allow_change", 's', &a.allow_change, 0, 0, nullptr,
+         "with --resume: stored settings this run changes "
          "knowingly (comma list of lr, seed, batch_size, epochs, lr_schedule, warmup_steps, lr_min, momentum, "
          "weight_decay, beta1, beta2, eps, train_limit); without it a differing one is an error"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
-        {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr, "1: replay the training steps as CUDA graphs (32 steps each)"},
+        {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr,
+         "1: replay the training steps as CUDA graphs (32 steps each)"},
         {"confusion", 'i', &a.confusion, 0, 1, nullptr, "1: print the confusion matrix at the end"},
         {"cpu_threads", 'i', &a.cpu_threads, 0, 1024, nullptr, "CPU path threads (0: all cores)"},
     };
@@ -4121,10 +4311,12 @@ static std::string flag_value_str(const FlagSpec& f) {
     }
 }
 static void print_help(Args& a) {
-    printf("usage: ./train_mnist [--flag value ...]\n\nTrains conv32-conv64-maxpool-fc128-fc10 on MNIST. Flags (default in brackets):\n");
+    printf("usage: ./train_mnist [--flag value ...]\n\n"
+           "Trains conv32-conv64-maxpool-fc128-fc10 on MNIST. Flags (default in brackets):\n");
     for (auto& f : flag_specs(a)) {
         std::string d = flag_value_str(f);
-        printf("  --%-18s %s [%s]%s%s\n", f.name, f.help, d.c_str(), f.choices ? "  one of: " : "", f.choices ? f.choices : "");
+        printf("  --%-18s %s [%s]%s%s\n", f.name, f.help, d.c_str(), f.choices ? "  one of: " : "",
+               f.choices ? f.choices : "");
     }
     printf("  --%-18s this help\n", "help");
 }
@@ -4133,7 +4325,10 @@ static void parse_args(int argc, char** argv, Args& a) {
     for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { print_help(a); exit(0); }
     for (int i = 1; i < argc; i += 2) {
         const char* arg = argv[i];
-        if (strncmp(arg, "--", 2) != 0) { fprintf(stderr, "error: expected a flag like --name, found '%s' (see --help)\n", arg); exit(1); }
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(stderr, "error: expected a flag like --name, found '%s' (see --help)\n", arg);
+            exit(1);
+        }
         const FlagSpec* f = nullptr;
         for (auto& s : specs) if (!strcmp(s.name, arg + 2)) f = &s;
         if (!f) { fprintf(stderr, "error: unknown flag %s (see --help)\n", arg); exit(1); }
@@ -4144,14 +4339,26 @@ static void parse_args(int argc, char** argv, Args& a) {
         if (f->type == 'i') {
             errno = 0;
             long x = strtol(v, &end, 10);
-            if (!*v || *end || errno) { fprintf(stderr, "error: flag %s expects an integer, found '%s'\n", arg, v); exit(1); }
-            if (x < f->lo || x > f->hi) { fprintf(stderr, "error: flag %s expects an integer in [%g, %g], found %ld\n", arg, f->lo, f->hi, x); exit(1); }
+            if (!*v || *end || errno) {
+                fprintf(stderr, "error: flag %s expects an integer, found '%s'\n", arg, v);
+                exit(1);
+            }
+            if (x < f->lo || x > f->hi) {
+                fprintf(stderr, "error: flag %s expects an integer in [%g, %g], found %ld\n", arg, f->lo, f->hi, x);
+                exit(1);
+            }
             *(int*)f->ptr = (int)x;
         } else if (f->type == 'f') {
             errno = 0;
             double x = strtod(v, &end);
-            if (!*v || *end || errno || !std::isfinite(x)) { fprintf(stderr, "error: flag %s expects a number, found '%s'\n", arg, v); exit(1); }
-            if (x < f->lo || x > f->hi) { fprintf(stderr, "error: flag %s expects a number in [%g, %g], found %g\n", arg, f->lo, f->hi, x); exit(1); }
+            if (!*v || *end || errno || !std::isfinite(x)) {
+                fprintf(stderr, "error: flag %s expects a number, found '%s'\n", arg, v);
+                exit(1);
+            }
+            if (x < f->lo || x > f->hi) {
+                fprintf(stderr, "error: flag %s expects a number in [%g, %g], found %g\n", arg, f->lo, f->hi, x);
+                exit(1);
+            }
             *(float*)f->ptr = (float)x;
         } else if (f->type == 'c') {
             std::string choices = std::string(",") + f->choices + ",";
@@ -4163,16 +4370,26 @@ static void parse_args(int argc, char** argv, Args& a) {
             *(std::string*)f->ptr = v;
         }
     }
-    if (a.eval_only && a.load.empty()) { fprintf(stderr, "error: --eval_only 1 needs --load FILE, found none\n"); exit(1); }
-    if (!a.resume.empty() && !a.load.empty()) { fprintf(stderr, "error: --resume and --load exclude each other, found both\n"); exit(1); }
+    if (a.eval_only && a.load.empty()) {
+        fprintf(stderr, "error: --eval_only 1 needs --load FILE, found none\n");
+        exit(1);
+    }
+    if (!a.resume.empty() && !a.load.empty()) {
+        fprintf(stderr, "error: --resume and --load exclude each other, found both\n");
+        exit(1);
+    }
     if (!a.allow_change.empty() && a.resume.empty()) die("--allow_change applies to --resume only, found no --resume");
-    if (a.lr_min > a.lr) { fprintf(stderr, "error: flag --lr_min expects a value <= --lr (%g), found %g\n", a.lr, a.lr_min); exit(1); }
+    if (a.lr_min > a.lr) {
+        fprintf(stderr, "error: flag --lr_min expects a value <= --lr (%g), found %g\n", a.lr, a.lr_min);
+        exit(1);
+    }
 }
 
 struct EvalResult { double loss = 0; double accuracy = 0; std::vector<int> confusion; };
 // Evaluates on a split: forward in eval batches, per-sample losses and predictions stay on the device until one
 // copy at the end.
-static EvalResult evaluate(Mnist* m, const DeviceData& d, const std::vector<uint8_t>& host_labels, float* losses, int* preds, int eval_batch) {
+static EvalResult evaluate(Mnist* m, const DeviceData& d, const std::vector<uint8_t>& host_labels, float* losses,
+                           int* preds, int eval_batch) {
     for (int off = 0; off < d.n; off += eval_batch) {
         int B = std::min(eval_batch, d.n - off);
         mnist_gather(m, d, nullptr, nullptr, off, B);
@@ -4314,7 +4531,8 @@ int main(int argc, char** argv) {
     if (derr != cudaSuccess) { (void)cudaGetLastError(); ndev = 0; }
     bool cpu = a.device == "cpu";
     if (a.device == "cuda" && ndev == 0) {
-        fprintf(stderr, "error: --device cuda but no CUDA device is available (%s)\n", cudaGetErrorString(derr)); exit(1);
+        fprintf(stderr, "error: --device cuda but no CUDA device is available (%s)\n", cudaGetErrorString(derr));
+        exit(1);
     }
     if (a.device == "auto" && ndev == 0) {
         printf("no CUDA device found (%s): training on the CPU (--device cpu)\n", cudaGetErrorString(derr));
@@ -4345,15 +4563,23 @@ int main(int argc, char** argv) {
     }
     if (resume && !limit_given) a.train_limit = train.n;  // for the table: the images this run uses
     int B = a.batch_size;
-    if (!a.eval_only && B > train.n) { fprintf(stderr, "error: flag --batch_size expects at most the %d training images, found %d\n", train.n, B); exit(1); }
+    if (!a.eval_only && B > train.n) {
+        fprintf(stderr, "error: flag --batch_size expects at most the %d training images, found %d\n", train.n, B);
+        exit(1);
+    }
     int eval_batch = cpu ? std::min(a.eval_batch_size, 100) : a.eval_batch_size;
     int steps_per_epoch = a.eval_only ? 0 : ceil_div(train.n, B);
 
     Mnist model;
     model.opt.optimizer = a.optimizer == "sgd" ? OPT_SGD : OPT_ADAMW;
-    model.opt.schedule = a.lr_schedule == "constant" ? SCHED_CONSTANT : a.lr_schedule == "cosine" ? SCHED_COSINE : SCHED_LINEAR;
+    model.opt.schedule = a.lr_schedule == "constant" ? SCHED_CONSTANT
+                         : a.lr_schedule == "cosine" ? SCHED_COSINE
+                                                     : SCHED_LINEAR;
     model.opt.warmup_steps = a.warmup_steps; model.opt.total_steps = std::max(1, a.epochs * steps_per_epoch);
-    model.opt.lr = a.lr; model.opt.lr_min = a.lr_min; model.opt.momentum = a.momentum; model.opt.weight_decay = a.weight_decay;
+    model.opt.lr = a.lr;
+    model.opt.lr_min = a.lr_min;
+    model.opt.momentum = a.momentum;
+    model.opt.weight_decay = a.weight_decay;
     model.opt.beta1 = a.beta1; model.opt.beta2 = a.beta2; model.opt.eps = a.eps;
     mnist_build(&model, cpu, B, eval_batch);
     mnist_init_params(&model, (uint64_t)a.seed);
@@ -4375,7 +4601,11 @@ int main(int argc, char** argv) {
 
     // the boxed table of the run's parameters
     char devname[256] = "CPU";
-    if (!cpu) { cudaDeviceProp prop; cudaCheck(cudaGetDeviceProperties(&prop, 0)); snprintf(devname, sizeof devname, "%s", prop.name); }
+    if (!cpu) {
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+        snprintf(devname, sizeof devname, "%s", prop.name);
+    }
     printf("+-----------------------+----------------------------------------------+\n");
     printf("| %-21s | %-44s |\n", "device", devname);
     for (auto& f : flag_specs(a)) printf("| %-21s | %-44s |\n", f.name, flag_value_str(f).c_str());
@@ -4402,7 +4632,11 @@ int main(int argc, char** argv) {
             printf("confusion matrix (rows: true digit, columns: predicted)\n     ");
             for (int j = 0; j < NCLS; j++) printf("%6d", j);
             printf("\n");
-            for (int i = 0; i < NCLS; i++) { printf("  %d |", i); for (int j = 0; j < NCLS; j++) printf("%6d", r.confusion[i * NCLS + j]); printf("\n"); }
+            for (int i = 0; i < NCLS; i++) {
+                printf("  %d |", i);
+                for (int j = 0; j < NCLS; j++) printf("%6d", r.confusion[i * NCLS + j]);
+                printf("\n");
+            }
         }
         printf("final | test_acc %.4f | test_loss %.6f\n", r.accuracy, r.loss);
         return 0;
@@ -4441,7 +4675,8 @@ int main(int argc, char** argv) {
         if (cpu) {
             auto t0 = std::chrono::steady_clock::now();
             mnist_set_counters(&model, step, 0);
-            for (int s = 0; s < n_full + (tail ? 1 : 0); s++) mnist_train_step(&model, dtrain, perm.data(), losses, s < n_full ? B : tail);
+            for (int s = 0; s < n_full + (tail ? 1 : 0); s++)
+                mnist_train_step(&model, dtrain, perm.data(), losses, s < n_full ? B : tail);
             ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             memcpy(host_losses.data(), losses, train.n * 4);
         } else {
@@ -4481,15 +4716,16 @@ int main(int argc, char** argv) {
         }
         best_loss = std::min(best_loss, train_loss);
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
-        printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n", epoch + 1,
-               a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
+        printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n",
+               epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
         if (!a.checkpoint.empty()) {
             meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
             std::string e = mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
             if (!e.empty()) die(e);
         }
         if (a.stop_at_accuracy > 0 && last.accuracy >= a.stop_at_accuracy) {
-            printf("reached %.2f%% >= --stop_at_accuracy %g after %d epochs, %.1f ms of training\n", last.accuracy, a.stop_at_accuracy, epoch + 1, total_train_ms);
+            printf("reached %.2f%% >= --stop_at_accuracy %g after %d epochs, %.1f ms of training\n", last.accuracy,
+                   a.stop_at_accuracy, epoch + 1, total_train_ms);
             break;
         }
     }
@@ -4497,7 +4733,11 @@ int main(int argc, char** argv) {
         printf("confusion matrix (rows: true digit, columns: predicted)\n     ");
         for (int j = 0; j < NCLS; j++) printf("%6d", j);
         printf("\n");
-        for (int i = 0; i < NCLS; i++) { printf("  %d |", i); for (int j = 0; j < NCLS; j++) printf("%6d", last.confusion[i * NCLS + j]); printf("\n"); }
+        for (int i = 0; i < NCLS; i++) {
+            printf("  %d |", i);
+            for (int j = 0; j < NCLS; j++) printf("%6d", last.confusion[i * NCLS + j]);
+            printf("\n");
+        }
     }
     printf("final | test_acc %.4f | test_loss %.6f | train_ms %.1f\n", last.accuracy, last.loss, total_train_ms);
     mnist_free(&model);
