@@ -1581,6 +1581,26 @@ static void test_newton_twin(Rng& rng) {
     }
 }
 
+// 1x1 matrices: the CPU twin (fp32 and the 3xTF32 model) within newton_scalar_tolerance, in the step count that the
+// tolerance's float64 run of the scalar map predicts (the GPU's 1x1 checks use the same tolerance).
+static void test_newton_scalar() {
+    float eps = 1e-6f;
+    for (float a : {2.5f, 1e-3f, 0.0f})
+        for (int p : {1, 2, 4})
+            for (Prec prec : {PREC_FP32, PREC_3XTF32}) {
+                RootMethod m = prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32;
+                RootOracle o = oracle_inv_root(1, &a, eps, p);
+                float x = NAN;
+                NewtonState st = newton_cpu(1, p, eps, &a, &x, prec);
+                RootTol t = root_tolerance(m, 1, p, 1.0);
+                double e = rel_err(1, &x, o.X.data()), res = root_residual(1, p, &x, &a, eps);
+                report(!st.failed && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton %s n=1 p=%d a=%g", prec_name(prec), p, a),
+                       fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
+                           t.res));
+            }
+}
+
 // Newton-Schulz: the float64 run maps every singular value s of G / ||G||_F to phi^5(s) (phi(s) = a s + b s^3 +
 // c s^5): the sorted singular values of the output equal the sorted phi^5(s_i). The bf16 twin stays within 16 bf16
 // ulps (2^-8 relative) of it and inside the quintic's band.
@@ -1959,6 +1979,7 @@ static int run_tests(uint64_t seed) {
     auto t0 = std::chrono::steady_clock::now();
     test_oracle(rng);
     test_newton_twin(rng);
+    test_newton_scalar();
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     printf("(CPU checks: %.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
