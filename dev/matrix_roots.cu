@@ -644,7 +644,7 @@ static double im2col_value(const float* x, int H, int W, int C, int pad, int fea
 // = c_E u kappa; a relative error eta in X adds p eta kappa (||X^(p-1)||_2 ||X||_2 ||A||_2 = kappa):
 //   res <= kappa u (c_E + p (4 sqrt(n) + 4))
 // No margin factor on top: the bound is the margin. On the first H100 run (2026-11-26, dev/matrix_roots_NOTES.md)
-// the worst observed error / bound was 0.21 (relative error) and 0.22 (residual); the observed errors at kappa_eff
+// the worst observed error / bound was 0.20 (relative error) and 0.21 (residual); the observed errors at kappa_eff
 // 5e5 were 3.3-4.9 u kappa / p with syevd and 0.4-0.5 with syevjBatched (numpy's LAPACK syevd gave 0.05: the earlier
 // tolerance, 0.2 u kappa / p fitted to it, was below what cuSOLVER's syevd guarantees or does).
 // At kappa_eff 5e5 this tolerance (0.6-0.9 relative at n = 37 .. 100, p = 1) cannot tell eps from 2 eps: an fp32
