@@ -618,23 +618,93 @@ static double im2col_value(const float* x, int H, int W, int C, int pad, int fea
 // ----------------------------------------------------------------------------------------------------------------
 // Tolerances of the inverse roots against the oracle. An fp32 method on an input of effective condition number
 // kappa = lambda_max / lambda_min (of A + eps I) has a relative error of order u kappa / p: the fp32 input, and the
-// fp32 A + eps I, already move lambda_min by u lambda_max. Measured constants (--study and the CPU twin at n = 32 ..
-// 257, numpy's fp32 syevd on the same matrices for version 0; dev/matrix_roots_NOTES.md), each tolerance about 3x
-// the worst case measured:
-//   eigendecomposition: rel err <= 0.05 u kappa / p + 0.3 u sqrt(n)                  -> u (2 sqrt(n) + 0.2 kappa / p)
-//   coupled Newton fp32: rel err <= 0.08 u sqrt(n) kappa / p (~10x the eigendecomposition's at large kappa)
-//                                                                                 -> u sqrt(n) (2 + 0.25 kappa / p)
+// fp32 A + eps I, already move lambda_min by u lambda_max.
+//
+// Eigendecomposition (version 0), from its backward error (not from measurements). cuSOLVER's syevd / syevjBatched
+// return V, lambda with A + eps I + E = V diag(lambda) V^T (V orthogonal to working accuracy), ||E||_2 <= c_E u ||A||_2:
+//   c_E = 1             forming A + eps I in fp32 (a diagonal perturbation <= u max |a_ii|)
+//       + max(8, 2 sqrt(n))   the solver's stopping tolerance, whichever path ran: divide and conquer (syevd)
+//                       deflates, as LAPACK's slaed2 does, a secular-equation component or two close poles below
+//                       8 eps ||T|| (a perturbation of that size; assumed for cuSOLVER's stedc, which does not
+//                       document it); Jacobi (syevjBatched) stops at ||off(A)||_F <= tol ||A||_F, tol = 2u (set in
+//                       gpu_init), <= 2 sqrt(n) u ||A||_2
+//       + 2 sqrt(n)     Householder tridiagonalisation and back-transformation (or the Jacobi rotations): n - 2
+//                       sequential rank-2 updates of every element, the probabilistic model of Higham and Mary
+//                       (independent rounding errors: sqrt(n) u growth, lambda = 2) instead of the worst case n u,
+//                       which makes the bound vacuous (37 u at n = 37 is a relative error above 1 at kappa_eff 5e5)
+// First order in E, f(t) = t^(-1/p) (Daleckii-Krein): in V's basis f(A + E) - f(A) has entries f[l_i, l_j] E_ij with
+// |f[l_i, l_j]| <= |f'(min(l_i, l_j))| = max(f_i, f_j) / (p min(l_i, l_j)) <= max(f_i, f_j) kappa / (p lambda_max)
+// (f convex, decreasing). Row i of E has 2-norm <= ||E||_2, so sum_ij E_ij^2 max(f_i, f_j)^2 <=
+// sum_ij E_ij^2 (f_i^2 + f_j^2) <= 2 ||E||_2^2 ||X||_F^2:
+//   rel err <= sqrt(2) (kappa / p) ||E||_2 / ||A||_2 + eta <= sqrt(2) c_E u kappa / p + eta
+// eta, the reconstruction X = V^T diag(f) V in fp32: f(lambda) <= 2.5 u (two sqrt and a division), the scaled copy
+// u, the GEMM's length-n sums 2 sqrt(n) u (same probabilistic model), V's departure from orthogonality (V^T V - I,
+// of order sqrt(n) u, entering twice) 2 sqrt(n) u: eta = u (4 sqrt(n) + 4).
+// Residual: with X = (A + E)^(-1/p) exactly, X^p A - I = -(A + E)^(-1) E, so ||.||_F / sqrt(n) <= ||E||_2 / lambda_min
+// = c_E u kappa; a relative error eta in X adds p eta kappa (||X^(p-1)||_2 ||X||_2 ||A||_2 = kappa):
+//   res <= kappa u (c_E + p (4 sqrt(n) + 4))
+// No margin factor on top: the bound is the margin. On the first H100 run (2026-11-26, dev/matrix_roots_NOTES.md)
+// the worst observed error / bound was 0.20 (relative error) and 0.21 (residual); the observed errors at kappa_eff
+// 5e5 were 3.3-4.9 u kappa / p with syevd and 0.4-0.5 with syevjBatched (numpy's LAPACK syevd gave 0.05: the earlier
+// tolerance, 0.2 u kappa / p fitted to it, was below what cuSOLVER's syevd guarantees or does).
+// At kappa_eff 5e5 this tolerance (0.6-0.9 relative at n = 37 .. 100, p = 1) cannot tell eps from 2 eps: an fp32
+// eigendecomposition does not determine lambda_min = 2e-6 better than c_E u ~ 1.2e-6 there.
+//
+// Coupled Newton (versions 1 and 2), n >= 2: measured constants (--study and the CPU twin at n = 32 .. 257),
+// each tolerance about 3x the worst case measured:
+//   coupled Newton fp32: rel err <= 0.08 u sqrt(n) kappa / p  -> u sqrt(n) (2 + 0.25 kappa / p)
 //   coupled Newton 3xTF32, modelled with truncating tensor-core accumulation (matmul_f): the error grows like n,
-//   rel err <= 0.02 u n kappa / p                                                   -> u (4 sqrt(n) + 0.06 n kappa / p)
-//   residual ||X^p A - I||_F / sqrt(n): eigendecomposition and fp32 Newton <= 0.7 u sqrt(n) kappa
-//                                                                                 -> u sqrt(n) (2 p + 2 kappa)
-//                                       3xTF32 <= 0.37 u n kappa                  -> u (4 p sqrt(n) + 1.2 n kappa)
+//   rel err <= 0.02 u n kappa / p                            -> u (4 sqrt(n) + 0.06 n kappa / p)
+//   residual ||X^p A - I||_F / sqrt(n): fp32 Newton <= 0.7 u sqrt(n) kappa -> u sqrt(n) (2 p + 2 kappa)
+//                                       3xTF32 <= 0.37 u n kappa           -> u (4 p sqrt(n) + 1.2 n kappa)
+// Coupled Newton, n = 1 (the fit above gives 2 u there, less than the roundings of 2K + 1 sequential products):
+// newton_scalar_tolerance, a first-order analysis of the scalar iteration.
 constexpr double U32 = 5.9604644775390625e-08;  // 2^-24, the unit roundoff of fp32
 enum RootMethod { METHOD_EIG, METHOD_NEWTON_FP32, METHOD_NEWTON_3XTF32 };
 struct RootTol { double rel, res; };
+
+// The coupled iteration on a 1x1 matrix a (a + eps > 0). Let rho = M / (X^p (a + eps)) - 1, the broken invariant.
+//   start: a + eps in fp32 (u), M0 = z (a + eps) (u), X0 = z^(1/p) (powf: <= 4 ulps = 8 u; version 1 rounds a double
+//          pow and a double z separately: less), so |rho_0| <= (2 + 8 p) u;
+//   a full step: X <- X T (one product, error <= u_prod) moves rho by p u_prod; M <- T^p M (p = 1: one product;
+//          p = 2: T T, then M; p = 4: T T, its square, then M: relative error 1, 2, 4 u_prod = p u_prod) moves it
+//          by p u_prod; T itself may carry any rounding: X and M use the same T;
+//   the last step: X only, p u_prod.
+// At the end X = (M / (a + eps))^(1/p) (1 + rho)^(-1/p), and M = 1 up to the stopping rule's truncation, so
+//   rel err <= ((2 + 8 p) u + (2 K + 1) p u_prod) / p + trunc,  residual |X^p (a + eps) - 1| <= p rel err.
+// u_prod: fp32, u (one multiplication); 3xTF32: hi = TF32 rounding (2^-11 relative), lo = TF32 rounding of the rest,
+// so a = hi + lo + r with |r| <= 2^-22 |a| = 4 u; the GEMM drops lo lo, r b and a r (<= 12 u) and sums 3 terms into
+// the fp32 accumulator (<= 2 u, truncating): 14 u.
+// For n = 1, z = (p + 1) / (2 |a + eps|) makes M0 = (p + 1) / 2 whatever a is: the step count K and the truncation
+// (X_K m^(-1/p) is the exact root, the last step gives X_K t(m): |t(m) m^(1/p) - 1|) come from running the scalar map
+// and newton_decide in float64; K + 1 covers a step that rounding may add.
+static RootTol newton_scalar_tolerance(bool split, int p) {
+    NewtonState s;
+    s.n = 1;
+    s.p = p;
+    s.max_iter = newton_max_iter(p, (p + 1) / 2.0);
+    double m = (p + 1) / 2.0;
+    for (;;) {
+        NewtonAction act = newton_decide(s, std::fabs(m - 1.0));
+        if (act != NEWTON_STEP) break;
+        double t = (p + 1 - m) / p;
+        m *= std::pow(t, p);
+        s.iters++;
+    }
+    double t = (p + 1 - m) / p, trunc = std::fabs(t * std::pow(m, 1.0 / p) - 1.0);
+    double u_prod = split ? 14.0 * U32 : U32;
+    int K = s.iters + 1;
+    double rel = ((2.0 + 8.0 * p) * U32 + (2.0 * K + 1.0) * p * u_prod) / p + trunc;
+    return {rel, p * rel};
+}
+
 static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
     double sn = std::sqrt((double)n);
-    if (m == METHOD_EIG) return {U32 * (2.0 * sn + 0.2 * kappa / p), U32 * sn * (2.0 * p + 2.0 * kappa)};
+    if (m == METHOD_EIG) {
+        double c_e = 1.0 + std::max(8.0, 2.0 * sn) + 2.0 * sn, eta = U32 * (4.0 * sn + 4.0);
+        return {std::sqrt(2.0) * c_e * U32 * kappa / p + eta, kappa * (c_e * U32 + p * eta)};
+    }
+    if (n == 1) return newton_scalar_tolerance(m == METHOD_NEWTON_3XTF32, p);
     if (m == METHOD_NEWTON_FP32) return {U32 * sn * (2.0 + 0.25 * kappa / p), U32 * sn * (2.0 * p + 2.0 * kappa)};
     return {U32 * (4.0 * sn + 0.06 * n * kappa / p), U32 * (4.0 * p * sn + 1.2 * n * kappa)};
 }
@@ -669,6 +739,11 @@ static void gpu_init() {
     cusolverCheck(cusolverDnCreate(&g_gpu.solver));
     cusolverCheck(cusolverDnCreateSyevjInfo(&g_gpu.syevj));
     cusolverCheck(cusolverDnXsyevjSetSortEig(g_gpu.syevj, 1));
+    // syevjBatched's stopping rule, explicit (both are cuSOLVER's defaults): off(A) <= tol ||A||_F with tol = 2u
+    // (FLT_EPSILON, fp32's machine accuracy; the backward error root_tolerance assumes), at most 100 sweeps; a
+    // matrix that does not get there returns info != 0, which inv_root_v0 counts and the callers report
+    cusolverCheck(cusolverDnXsyevjSetTolerance(g_gpu.syevj, 2.0 * U32));
+    cusolverCheck(cusolverDnXsyevjSetMaxSweeps(g_gpu.syevj, 100));
     g_gpu.ready = true;
 }
 
@@ -1506,6 +1581,26 @@ static void test_newton_twin(Rng& rng) {
     }
 }
 
+// 1x1 matrices: the CPU twin (fp32 and the 3xTF32 model) within newton_scalar_tolerance, in the step count that the
+// tolerance's float64 run of the scalar map predicts (the GPU's 1x1 checks use the same tolerance).
+static void test_newton_scalar() {
+    float eps = 1e-6f;
+    for (float a : {2.5f, 1e-3f, 0.0f})
+        for (int p : {1, 2, 4})
+            for (Prec prec : {PREC_FP32, PREC_3XTF32}) {
+                RootMethod m = prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32;
+                RootOracle o = oracle_inv_root(1, &a, eps, p);
+                float x = NAN;
+                NewtonState st = newton_cpu(1, p, eps, &a, &x, prec);
+                RootTol t = root_tolerance(m, 1, p, 1.0);
+                double e = rel_err(1, &x, o.X.data()), res = root_residual(1, p, &x, &a, eps);
+                report(!st.failed && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton %s n=1 p=%d a=%g", prec_name(prec), p, a),
+                       fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
+                           t.res));
+            }
+}
+
 // Newton-Schulz: the float64 run maps every singular value s of G / ||G||_F to phi^5(s) (phi(s) = a s + b s^3 +
 // c s^5): the sorted singular values of the output equal the sorted phi^5(s_i). The bf16 twin stays within 16 bf16
 // ulps (2^-8 relative) of it and inside the quintic's band.
@@ -1884,6 +1979,7 @@ static int run_tests(uint64_t seed) {
     auto t0 = std::chrono::steady_clock::now();
     test_oracle(rng);
     test_newton_twin(rng);
+    test_newton_scalar();
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     printf("(CPU checks: %.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
