@@ -24,6 +24,15 @@ inline std::string dtype_list(std::initializer_list<at::ScalarType> ok) {
     return s.str();
 }
 
+// a shape or strides as "[2, 5, 5, 4]". The messages format numbers with std::to_string, never through an ostream:
+// on the GPU machine's PyTorch 2.11 a number streamed into an error message crashed the process (a strings-only
+// message did not)
+inline std::string dims(at::IntArrayRef d) {
+    std::string s = "[";
+    for (size_t i = 0; i < d.size(); i++) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+}
+
 // dtype among `ok` on this device (where: "on the CPU" / "on CUDA"); a floating dtype outside it has no kernel of ours
 inline void check_dtype(const char* op, const char* arg, const at::Tensor& t, std::initializer_list<at::ScalarType> ok,
                         const char* where) {
@@ -51,26 +60,27 @@ inline void check_same_device(const char* op, const char* arg, const at::Tensor&
 
 // exactly `dim` dimensions; layout names them, e.g. "(B, H, W, C)"
 inline void check_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim, const char* layout) {
-    TORCH_CHECK_VALUE(t.dim() == dim, "torch_ops.", op, ": argument ", arg, " must be ", dim, "-D ", layout,
-                      ", found shape ", t.sizes());
+    TORCH_CHECK_VALUE(t.dim() == dim, "torch_ops.", op, ": argument ", arg, " must be ", std::to_string(dim), "-D ",
+                      layout,
+                      ", found shape ", dims(t.sizes()));
 }
 
 inline void check_contiguous(const char* op, const char* arg, const at::Tensor& t) {
     TORCH_CHECK_VALUE(t.is_contiguous(), "torch_ops.", op, ": argument ", arg,
-                      " must be contiguous (call .contiguous()), found shape ", t.sizes(), " with strides ",
-                      t.strides());
+                      " must be contiguous (call .contiguous()), found shape ", dims(t.sizes()), " with strides ",
+                      dims(t.strides()));
 }
 
 inline void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected,
                         const char* layout) {
-    TORCH_CHECK_VALUE(t.sizes() == expected, "torch_ops.", op, ": argument ", arg, " must have shape ", expected,
-                      " ", layout, ", found ", t.sizes());
+    TORCH_CHECK_VALUE(t.sizes() == expected, "torch_ops.", op, ": argument ", arg, " must have shape ", dims(expected),
+                      " ", layout, ", found ", dims(t.sizes()));
 }
 
 // the kernels index with 32-bit ints
 inline void check_int32(const char* op, const char* arg, const at::Tensor& t) {
-    TORCH_CHECK_VALUE(t.numel() <= INT_MAX, "torch_ops.", op, ": argument ", arg, " has ", t.numel(),
-                      " elements, more than the kernels' 32-bit indices take (", INT_MAX, ")");
+    TORCH_CHECK_VALUE(t.numel() <= INT_MAX, "torch_ops.", op, ": argument ", arg, " has ", std::to_string(t.numel()),
+                      " elements, more than the kernels' 32-bit indices take (", std::to_string(INT_MAX), ")");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -102,16 +112,18 @@ inline void check_matmul(const at::Tensor& a, const at::Tensor& b) {
     check_dim("matmul", "b", b, 2, "(K, N)");
     check_same_device("matmul", "b", b, "a", a);
     check_same_dtype("matmul", "b", b, "a", a);
-    TORCH_CHECK_VALUE(a.size(1) == b.size(0), "torch_ops.matmul: argument b has ", b.size(0),
-                      " rows, expected a.shape[1] = ", a.size(1), " (a ", a.sizes(), ", b ", b.sizes(), ")");
+    TORCH_CHECK_VALUE(a.size(1) == b.size(0), "torch_ops.matmul: argument b has ", std::to_string(b.size(0)),
+                      " rows, expected a.shape[1] = ", std::to_string(a.size(1)), " (a ", dims(a.sizes()), ", b ",
+                      dims(b.sizes()),
+                      ")");
     for (auto [arg, t] : {std::pair<const char*, const at::Tensor&>{"a", a}, {"b", b}}) {
         MatmulOperand o;
         TORCH_CHECK_VALUE(matmul_operand(t, o), "torch_ops.matmul: argument ", arg,
                           " must be row-major or the transpose of a row-major matrix (a unit stride in one "
-                          "dimension), found shape ", t.sizes(), " with strides ", t.strides(),
+                          "dimension), found shape ", dims(t.sizes()), " with strides ", dims(t.strides()),
                           " (call .contiguous())");
         TORCH_CHECK_VALUE(o.ld <= INT_MAX && t.size(0) <= INT_MAX && t.size(1) <= INT_MAX, "torch_ops.matmul: ",
-                          "argument ", arg, " has shape ", t.sizes(), " with strides ", t.strides(),
+                          "argument ", arg, " has shape ", dims(t.sizes()), " with strides ", dims(t.strides()),
                           ": over the kernels' 32-bit sizes");
     }
 }
@@ -122,7 +134,8 @@ inline void check_softmax(const char* op, const char* arg, const at::Tensor& x) 
                       " must have at least 1 dimension (softmax over the last), found a 0-D tensor");
     check_contiguous(op, arg, x);
     TORCH_CHECK_VALUE(x.size(-1) <= INT_MAX && (x.size(-1) == 0 || x.numel() / x.size(-1) <= INT_MAX), "torch_ops.",
-                      op, ": argument ", arg, " has shape ", x.sizes(), ": rows and columns must each fit 32 bits");
+                      op, ": argument ", arg, " has shape ", dims(x.sizes()),
+                      ": rows and columns must each fit 32 bits");
 }
 
 inline void check_softmax_backward(const at::Tensor& grad_y, const at::Tensor& y) {
@@ -136,12 +149,13 @@ inline void check_softmax_backward(const at::Tensor& grad_y, const at::Tensor& y
 // x (B, *, C) channels last; weight, bias (C); C % 32 == 0
 inline void check_groupnorm(const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
     TORCH_CHECK_VALUE(x.dim() >= 2, "torch_ops.", op, ": argument x must be (B, ..., C) (channels last, at least ",
-                      "2-D), found shape ", x.sizes());
+                      "2-D), found shape ", dims(x.sizes()));
     check_contiguous(op, "x", x);
     check_int32(op, "x", x);
     const int64_t C = x.size(-1);
-    TORCH_CHECK_VALUE(C % GROUPS == 0 && C > 0, "torch_ops.", op, ": argument x has ", C,
-                      " channels (its last dimension), expected a positive multiple of the ", GROUPS, " groups");
+    TORCH_CHECK_VALUE(C % GROUPS == 0 && C > 0, "torch_ops.", op, ": argument x has ", std::to_string(C),
+                      " channels (its last dimension), expected a positive multiple of the ", std::to_string(GROUPS),
+                      " groups");
     for (auto [arg, t] : {std::pair<const char*, const at::Tensor&>{"weight", weight}, {"bias", bias}}) {
         check_same_device(op, arg, t, "x", x);
         check_same_dtype(op, arg, t, "x", x);
@@ -175,8 +189,10 @@ inline void check_conv3x3(const char* op, const at::Tensor& x, const at::Tensor&
     check_same_dtype(op, "weight", weight, "x", x);
     check_dim(op, "weight", weight, 4, "(3, 3, Cin, Cout)");
     TORCH_CHECK_VALUE(weight.size(0) == 3 && weight.size(1) == 3 && weight.size(2) == x.size(3), "torch_ops.", op,
-                      ": argument weight must have shape (3, 3, ", x.size(3), ", Cout) (taps, Cin of x, Cout), found ",
-                      weight.sizes(), " (from PyTorch's (Cout, Cin, 3, 3): weight.permute(2, 3, 1, 0).contiguous())");
+                      ": argument weight must have shape (3, 3, ", std::to_string(x.size(3)),
+                      ", Cout) (taps, Cin of x, Cout), found ",
+                      dims(weight.sizes()),
+                      " (from PyTorch's (Cout, Cin, 3, 3): weight.permute(2, 3, 1, 0).contiguous())");
     TORCH_CHECK_VALUE(weight.size(3) >= 1, "torch_ops.", op, ": argument weight has no output channels");
     check_contiguous(op, "weight", weight);
     if (bias.has_value()) {
@@ -185,7 +201,7 @@ inline void check_conv3x3(const char* op, const at::Tensor& x, const at::Tensor&
         check_shape(op, "bias", *bias, {weight.size(3)}, "(Cout)");
     }
     TORCH_CHECK_VALUE(stride == 1 || stride == 2, "torch_ops.", op, ": argument stride must be 1 or 2, found ",
-                      stride);
+                      std::to_string(stride));
 }
 
 inline std::vector<int64_t> conv3x3_out_shape(const at::Tensor& x, const at::Tensor& weight, int64_t stride) {

@@ -85,7 +85,7 @@ static at::Tensor softmax_backward_cuda(const at::Tensor& grad_y, const at::Tens
 
 static void check_groupnorm_cuda(const char* op, const at::Tensor& x) {
     check_dtype(op, "x", x, {at::kFloat}, ON_CUDA);
-    TORCH_CHECK_VALUE(x.size(-1) <= 1024, "torch_ops.", op, ": argument x has ", x.size(-1),
+    TORCH_CHECK_VALUE(x.size(-1) <= 1024, "torch_ops.", op, ": argument x has ", std::to_string(x.size(-1)),
                       " channels; the CUDA kernel's channel reduction takes at most 1024");
 }
 
