@@ -2176,23 +2176,53 @@ __global__ void gn_stats_finalize_kernel(const double2* __restrict__ partial, co
     }
 }
 
-// y = x * coef.x + coef.y per (b, channel) (= (x - mean) * rstd * gamma + beta), then SiLU when silu; V channels
+// The apply kernels walk pixels: a block covers the pixels [p0, p1) of sample blockIdx.x (chunk blockIdx.y of
+// gridDim.y); a thread owns V channels (one 16-byte vector) and a pixel lane, so its per-(b, channel) coefficients
+// stay in registers and the walk needs no index division (an index per element made them ALU-bound at ~1 TB/s).
+struct PixelWalk {
+    int p0, p1, lanes, lane, c0;
+    bool active;  // threads past lanes * (C / V) idle
+};
+__device__ __forceinline__ PixelWalk pixel_walk(int P, int C, int V) {
+    PixelWalk t;
+    t.p0 = (int)((long long)P * blockIdx.y / gridDim.y);
+    t.p1 = (int)((long long)P * (blockIdx.y + 1) / gridDim.y);
+    const int VC = C / V;
+    t.lanes = blockDim.x / VC;
+    t.lane = threadIdx.x / VC;
+    t.c0 = (threadIdx.x - t.lane * VC) * V;
+    t.active = t.lane < t.lanes;
+    return t;
+}
+
+// y = x * coef.x + coef.y per (b, channel) (= (x - mean) * rstd * gamma + beta), then SiLU when silu; 4 pixels in
+// flight a thread
 template <typename T, int V>
-__global__ void gn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float2* __restrict__ coef, int P,
-                                int C, size_t n, int silu) {
-    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
-    if (i >= n) return;
-    const int c = (int)(i % C);
-    const size_t bc = i / ((size_t)P * C) * C + c;
-    float v[V];
-    vload<T, V>(x + i, v);
+__global__ void __launch_bounds__(256) gn_apply_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                       const float2* __restrict__ coef, int P, int C, int silu) {
+    constexpr int U = 4;
+    const PixelWalk t = pixel_walk(P, C, V);
+    if (!t.active) return;
+    float2 a[V];
 #pragma unroll
-    for (int k = 0; k < V; k++) {
-        const float2 a = coef[bc + k];
-        const float z = fmaf(v[k], a.x, a.y);
-        v[k] = silu ? silu_f(z) : z;
+    for (int k = 0; k < V; k++) a[k] = coef[(size_t)blockIdx.x * C + t.c0 + k];
+    const size_t base = (size_t)blockIdx.x * P * C + t.c0;
+    for (int p = t.p0 + t.lane; p < t.p1; p += U * t.lanes) {
+        float v[U][V];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (p + u * t.lanes < t.p1) vload<T, V>(x + base + (size_t)(p + u * t.lanes) * C, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (p + u * t.lanes >= t.p1) break;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const float z = fmaf(v[u][k], a[k].x, a[k].y);
+                v[u][k] = silu ? silu_f(z) : z;
+            }
+            vstore<T, V>(y + base + (size_t)(p + u * t.lanes) * C, v[u]);
+        }
     }
-    vstore<T, V>(y + i, v);
 }
 
 // From MODE 1 partials: warps 0..C-1 dbeta, dgamma of channel c (sums over b and chunks); warps C.. per (b, g) the
@@ -2237,29 +2267,49 @@ __global__ void gn_bwd_finalize_kernel(const double2* __restrict__ partial, cons
 }
 
 // dx (+)= rstd * (dz*gamma - k.x - xhat * k.y) through the per-(b, channel) coefficients of gn_bwd_finalize_kernel;
-// V channels
+// walks pixels as gn_apply_kernel does, 2 pixels in flight (three vectors each)
 template <typename T, int V>
-__global__ void gn_bwd_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                                    const float* __restrict__ mean, const float4* __restrict__ coef, int P, int C,
-                                    int G, size_t n, int silu, int accumulate) {
-    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
-    if (i >= n) return;
-    const int c0 = (int)(i % C), b = (int)(i / ((size_t)P * C)), cg = C / G;
-    float xv[V], dv[V], out[V];
-    vload<T, V>(x + i, xv);
-    vload<T, V>(dy + i, dv);
-    if (accumulate) vload<T, V>(dx + i, out);
+__global__ void __launch_bounds__(256) gn_bwd_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                                           T* __restrict__ dx, const float* __restrict__ mean,
+                                                           const float4* __restrict__ coef, int P, int C, int G,
+                                                           int silu, int accumulate) {
+    constexpr int U = 2;
+    const PixelWalk t = pixel_walk(P, C, V);
+    if (!t.active) return;
+    const int b = blockIdx.x, cg = C / G;
+    float4 q[V];
+    float mu[V];
 #pragma unroll
     for (int k = 0; k < V; k++) {
-        const int c = c0 + k;
-        const float4 q = coef[(size_t)b * C + c];
-        const float xc = xv[k] - mean[b * G + c / cg];
-        float d = dv[k];
-        if (silu) d *= silu_grad(fmaf(xc, q.x, q.y));
-        const float v = q.x * d - q.z * xc - q.w;
-        out[k] = accumulate ? out[k] + v : v;
+        q[k] = coef[(size_t)b * C + t.c0 + k];
+        mu[k] = mean[b * G + (t.c0 + k) / cg];
     }
-    vstore<T, V>(dx + i, out);
+    const size_t base = (size_t)b * P * C + t.c0;
+    for (int p = t.p0 + t.lane; p < t.p1; p += U * t.lanes) {
+        float xv[U][V], dv[U][V], out[U][V];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const size_t i = base + (size_t)(p + u * t.lanes) * C;
+            if (p + u * t.lanes < t.p1) {
+                vload<T, V>(x + i, xv[u]);
+                vload<T, V>(dy + i, dv[u]);
+                if (accumulate) vload<T, V>(dx + i, out[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (p + u * t.lanes >= t.p1) break;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const float xc = xv[u][k] - mu[k];
+                float d = dv[u][k];
+                if (silu) d *= silu_grad(fmaf(xc, q[k].x, q[k].y));
+                const float v = q[k].x * d - q[k].z * xc - q[k].w;
+                out[u][k] = accumulate ? out[u][k] + v : v;
+            }
+            vstore<T, V>(dx + base + (size_t)(p + u * t.lanes) * C, out[u]);
+        }
+    }
 }
 
 // out[c] (+)= sum over b and chunks (per_b = 0), or out[b*C + c] (+)= sum over chunks (per_b = 1): a warp per output
@@ -4440,6 +4490,21 @@ static void channel_sums(const UNet* m, const T* x, float* out, int Bq, int P, i
     cudaCheck(cudaGetLastError());
 }
 
+// V channels a thread for C channels of type T (16-byte vectors where C allows)
+template <typename T>
+static int chan_vec(int C) { return C % VEC<T> == 0 ? VEC<T> : 1; }
+// The pixel-walking kernels' grid for 256 threads: Bq samples x S pixel chunks, S filling one wave of resident
+// blocks (a partial second wave would cost as much as a full one), at least one pixel a lane
+static dim3 pixel_walk_grid(const void* kernel, int Bq, int P, int C, int V) {
+    if (C / V > 256) {
+        fprintf(stderr, "internal error: %d channels for a pixel walk of 256 threads\n", C);
+        exit(EXIT_FAILURE);
+    }
+    int per_sm = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0));
+    const int lanes = 256 / (C / V);
+    return dim3(Bq, std::max(1, std::min(ceil_div(P, lanes), std::max(1, per_sm) * g_num_sms / Bq)));
+}
 template <typename T>
 static void groupnorm_forward(const UNet* m, const NormP& n, const T* x, T* y, float* mean, float* rstd, int P,
                               int silu) {
@@ -4448,11 +4513,9 @@ static void groupnorm_forward(const UNet* m, const NormP& n, const T* x, T* y, f
     gn_stats_finalize_kernel<<<warp_blocks(B * G), EW, 0, g_stream>>>(m->red_ws, m->p + n.w, m->p + n.b, mean, rstd,
                                                                        m->gn_scale, B, S, n.C, G, P, 1e-5f);
     cudaCheck(cudaGetLastError());
-    const size_t total = (size_t)B * P * n.C;
-    if (n.C % VEC<T> == 0)
-        gn_apply_kernel<T, VEC<T>><<<ceil_div(total / VEC<T>, EW), EW, 0, g_stream>>>(x, y, m->gn_scale, P, n.C, total,
-                                                                                      silu);
-    else gn_apply_kernel<T, 1><<<ceil_div(total, EW), EW, 0, g_stream>>>(x, y, m->gn_scale, P, n.C, total, silu);
+    const int V = chan_vec<T>(n.C);
+    auto k = V > 1 ? gn_apply_kernel<T, VEC<T>> : gn_apply_kernel<T, 1>;
+    k<<<pixel_walk_grid((const void*)k, B, P, n.C, V), 256, 0, g_stream>>>(x, y, m->gn_scale, P, n.C, silu);
     cudaCheck(cudaGetLastError());
 }
 template <typename T>
@@ -4464,13 +4527,10 @@ static void groupnorm_backward(const UNet* m, const NormP& n, const T* x, const 
     gn_bwd_finalize_kernel<<<warp_blocks(n.C + B * G), EW, 0, g_stream>>>(m->red_ws, gamma, beta, rstd, m->g + n.w,
                                                                            m->g + n.b, m->gn_coef, B, S, n.C, G, P);
     cudaCheck(cudaGetLastError());
-    const size_t total = (size_t)B * P * n.C;
-    if (n.C % VEC<T> == 0)
-        gn_bwd_apply_kernel<T, VEC<T>><<<ceil_div(total / VEC<T>, EW), EW, 0, g_stream>>>(
-            x, dy, dx, mean, m->gn_coef, P, n.C, G, total, silu, accumulate);
-    else
-        gn_bwd_apply_kernel<T, 1><<<ceil_div(total, EW), EW, 0, g_stream>>>(x, dy, dx, mean, m->gn_coef, P, n.C, G,
-                                                                            total, silu, accumulate);
+    const int V = chan_vec<T>(n.C);
+    auto k = V > 1 ? gn_bwd_apply_kernel<T, VEC<T>> : gn_bwd_apply_kernel<T, 1>;
+    k<<<pixel_walk_grid((const void*)k, B, P, n.C, V), 256, 0, g_stream>>>(x, dy, dx, mean, m->gn_coef, P, n.C, G, silu,
+                                                                         accumulate);
     cudaCheck(cudaGetLastError());
 }
 

@@ -8,9 +8,9 @@ unet_layer_groupnorm_silu.bin, dev/unet_layers.py; the oracle against them runs 
   ./dev/groupnorm                                      # validate + benchmark both versions, batch 32 and 128
 
 version 1 (train_unet.cu): statistics as per-(sample, channel) partial sums over pixel chunks (double across lanes
-and blocks), a grid of finalize warps, then an elementwise apply (a thread per 16-byte vector); backward:
-per-(sample, channel) sums of dz and dz*xhat, a finalize giving dgamma, dbeta and the two group means, then an
-elementwise dx. Every reduction has a fixed order (deterministic).
+and blocks), a grid of finalize warps, then the apply (a thread owns a 16-byte channel vector and walks pixels,
+its coefficients in registers); backward: per-(sample, channel) sums of dz and dz*xhat, a finalize giving dgamma,
+dbeta and the two group means, then dx by the same pixel walk. Every reduction has a fixed order (deterministic).
 version 2 (tried, not promoted): the same arithmetic, a thread owning a channel vector and walking pixels (constants
 in registers, several pixels in flight), each finalize run by the last block to finish (per sample, then over
 samples): two launches each way; the backward's apply can also produce the channel sums of dx (the bias and
@@ -393,9 +393,7 @@ __global__ void __launch_bounds__(CH_THREADS, 2) gn_bwd_apply_kernel(ChanArgs a,
 }
 
 
-// The channel kernels: V channels a thread (16-byte vectors where C allows), shared memory of the reductions
-template <typename T>
-static int chan_vec(int C) { return C % VEC<T> == 0 ? VEC<T> : 1; }
+// The channel kernels: V channels a thread (chan_vec), shared memory of the reductions
 static size_t chan_smem(int C, int V) { return (size_t)(CH_THREADS / (C / V) + 1) * C * sizeof(double2); }
 // The launch: Bq samples x S pixel chunks, S filling one wave of resident blocks (a second, partial wave would
 // double the time) within at least one and at most 64 pixels per lane (float sums stay short); sets a's workspaces
