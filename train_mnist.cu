@@ -2685,7 +2685,8 @@ static std::string checkpoint_validate(const BinFile* bf) {
         {CK_EPS, 1e-30f, 1.f, "1e-30..1 (--eps)"}, {CK_TEST_ACCURACY, 0.f, 100.f, "a percentage 0..100"},
         {CK_MUON_LR, 1e-9f, 1e9f, "a learning rate in [1e-9, 1e9] (--muon_lr)"},
         {CK_MUON_MOMENTUM, 0.f, 0.999999f, "0..0.999999 (--muon_momentum)"},
-        {CK_PRECOND_EPS, 0.f, 1.f, "0..1 (--precond_eps)"}, {CK_PRECOND_DAMPING, 0.f, 10.f, "0..10 (--precond_damping)"}};
+        {CK_PRECOND_EPS, 0.f, 1.f, "0..1 (--precond_eps)"},
+        {CK_PRECOND_DAMPING, 0.f, 10.f, "0..10 (--precond_damping)"}};
     for (const FloatField& f : floats) {
         float v = bin_field_f(bf, f.slot);
         if (!(v >= f.lo && v <= f.hi)) {  // NaN fails too
