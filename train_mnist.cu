@@ -293,7 +293,7 @@ static std::string file_write_atomic(const std::string& path, const char* what, 
 
 // ----------------------------------------------------------------------------------------------------------------
 // the project's binary file layout: 1024-byte header of 256 int32, a 128-byte table entry per tensor, then data
-constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 2;
+constexpr int MNIST_CHECKPOINT_MAGIC = 20260202, MNIST_CHECKPOINT_VERSION = 3;
 constexpr size_t BIN_MAX_BYTES = size_t(1) << 30;  // a checkpoint is 14 MB, a debug state less: a bound, not a limit
 
 struct BinTensor { std::string name; int dtype, ndim, shape[4]; size_t offset, nbytes; };
@@ -1292,11 +1292,15 @@ __global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, c
 
 // ----------------------------------------------------------------------------------------------------------------
 // optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
-enum { OPT_SGD = 0, OPT_ADAMW = 1 };
+enum { OPT_SGD = 0, OPT_ADAMW = 1, OPT_MUON = 2, OPT_SHAMPOO = 3 };
 enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
+enum { GRAFT_SGD = 0, GRAFT_ADAM = 1 };
 struct OptConfig {
     int optimizer = OPT_SGD, schedule = SCHED_COSINE, warmup_steps = 0, total_steps = 1;
     float lr = 0.05f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+    // Muon and Shampoo (the matrix optimizers' section in part 4)
+    int nesterov = 1, ns_steps = 5, graft = GRAFT_SGD, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
+    float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
 };
 // step: the number of updates done before this one. Warm-up: linear from lr/warmup to lr over warmup_steps; then
 // cosine or linear decay to lr_min at total_steps (warm-up + decay = a one-cycle shape).
@@ -1563,6 +1567,7 @@ static void fc1_backward(const Fc1BackwardArgs& a);
 //   parameters, activations, forward, loss, backward, update; in each the --tf32 0 path is the straight line of
 //   matmul_forward calls, and the branch on conv2_fast(m) leads into the fast path (part 6)
 // ================================================================================================================
+struct MatrixOpt;  // Muon's and Shampoo's buffers (the matrix optimizers, below)
 struct Mnist {
     bool cpu = false;
     int B = 0;           // largest batch of forward + backward
@@ -1580,8 +1585,11 @@ struct Mnist {
     int* yb = nullptr;              // the weight-gradient kernel (BatchPrefetch::xb, ConvInput::staged)
     int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
     OptConfig opt;
+    MatrixOpt* mo = nullptr;  // --optimizer muon / shampoo only
 };
 
+static void matrix_opt_build(Mnist* m);
+static void matrix_opt_free(Mnist* m);
 static float* mnist_alloc(const Mnist* m, size_t n) {
     float* p;
     if (m->cpu) {
@@ -1647,6 +1655,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
             cublasCheck(cublasSetWorkspace(g_mm.cublas, cublas_ws, 32u << 20));
         }
     }
+    if (m->opt.optimizer == OPT_MUON || m->opt.optimizer == OPT_SHAMPOO) matrix_opt_build(m);  // before any capture
 }
 static void mnist_free(Mnist* m) {
     void* ps[] = {m->params,  m->grads,  m->m1,    m->m2,       m->x,          m->act1,    m->act1_sign,
@@ -1654,6 +1663,7 @@ static void mnist_free(Mnist* m) {
                   m->dpooled, m->dact2,  m->dact1, m->counters, m->pool_codes, m->hpart};
     for (void* p : ps) mnist_free_ptr(m, p);
     for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
+    matrix_opt_free(m);
 }
 static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
 static float* G(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
@@ -1883,11 +1893,518 @@ static void mnist_advance(Mnist* m, int B) {
     if (m->cpu) { m->counters[0] += 1; m->counters[1] += B; return; }
     launch_pdl(advance_counters_kernel, 1, 1, 0, 1, m->counters, B);
 }
+static void matrix_opt_set_step(Mnist* m, int step);
 static void mnist_set_counters(Mnist* m, int step, int offset) {
     int c[2] = {step, offset};
     if (m->cpu) memcpy(m->counters, c, sizeof(c));
     else cudaCheck(cudaMemcpyAsync(m->counters, c, sizeof(c), cudaMemcpyHostToDevice, g_mm.stream));
+    matrix_opt_set_step(m, step);
 }
+
+// ----------------------------------------------------------------------------------------------------------------
+// the matrix optimizers: Muon and Shampoo (issue 21), on the CPU and the GPU through the same code
+// Each weight is a matrix rows x cols in PyTorch's layout (a convolution's out x in*3*3); the optimizers work on a
+// PyTorch-layout copy of it (torch_index maps PyTorch's flat index to the internal one), so that Shampoo's blocks
+// and factors are PyTorch's (dev/mnist_optimizers.py). The biases take AdamW (Muon) or the graft's optimizer
+// (Shampoo): opt_update_elem, as --optimizer adamw / sgd. Every product runs on matmul_forward (our kernel, cuBLAS or
+// the CPU, as the network's); the elementwise steps are functors run by mo_each on either side; Shampoo's inverse
+// roots are coupled Newton iterations, fp32 on the GPU and float64 on the CPU.
+constexpr int N_MATRICES = 4;
+static const int MATRIX_PARAMS[N_MATRICES] = {P_W1, P_W2, P_WF1, P_WF2};
+static const int BIAS_PARAMS[4] = {P_B1, P_B2, P_BF1, P_BF2};
+static int matrix_rows(int p) { return PARAMS[p].shape[0]; }
+static int matrix_cols(int p) { return (int)(PARAMS[p].numel / PARAMS[p].shape[0]); }
+static bool is_matrix_opt(int optimizer) { return optimizer == OPT_MUON || optimizer == OPT_SHAMPOO; }
+
+// One Shampoo block: rows r0.. and cols c0.. of matrix mat (dimensions above max_precond_dim split into blocks of
+// max_precond_dim, the last one smaller, as distributed_shampoo blocks a tensor); L = sum G G^T (rows x rows),
+// R = sum G^T G (cols x cols), running sums (distributed_shampoo's default beta2 = 1); Linv, Rinv their inverse 4th
+// roots, recomputed every precond_every steps; has_root: the roots were computed (else the block takes the graft's
+// step).
+struct PrecondBlock {
+    int mat = 0, r0 = 0, c0 = 0, rows = 0, cols = 0;
+    float *L = nullptr, *R = nullptr, *Linv = nullptr, *Rinv = nullptr;
+    int has_root = 0;
+};
+struct MatrixOpt {
+    int step = 0;  // updates done (counters[0], mirrored on the host: Shampoo's root schedule is a host decision)
+    int max_dim = 0;
+    int* torch_index[N_MATRICES] = {};  // [j] = internal flat index (within the parameter) of PyTorch's element j
+    float *gt[N_MATRICES] = {}, *ut[N_MATRICES] = {}, *dt[N_MATRICES] = {}, *st[N_MATRICES] = {};
+    float *s_a = nullptr, *s_b = nullptr, *s_c = nullptr, *s_y = nullptr;  // scratch (products)
+    float* scalars = nullptr;  // norms and sums of squares, device or host
+    std::vector<PrecondBlock> blocks;
+    std::vector<float*> newton;  // 6 n x n scratch matrices of the GPU Newton iteration
+    int root_failures = 0;
+};
+
+template <class F> __global__ void mo_each_kernel(F f, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) f(i);
+}
+// f(i) for i < n: a loop on the CPU, a kernel on the GPU (f's pointers on the model's side)
+template <class F> static void mo_each(const Mnist* m, size_t n, F f) {
+    if (m->cpu) { for (size_t i = 0; i < n; i++) f(i); return; }
+    if (!n) return;
+    mo_each_kernel<<<(unsigned)((n + 255) / 256), 256, 0, g_mm.stream>>>(f, n);
+    launch_check();
+}
+// out[0] = sum of squares of a rows x cols matrix (row stride ld): one block, a fixed order (deterministic)
+__global__ void mo_sumsq_kernel(float* out, const float* p, int rows, int cols, int ld) {
+    __shared__ float part[1024];
+    float s = 0.0f;
+    for (size_t k = threadIdx.x; k < (size_t)rows * cols; k += blockDim.x) {
+        float v = p[(k / cols) * ld + k % cols];
+        s = fmaf(v, v, s);
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = part[0];
+}
+static void mo_sumsq(const Mnist* m, float* out, const float* p, int rows, int cols, int ld) {
+    if (m->cpu) {
+        double s = 0;
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) s += (double)p[(size_t)r * ld + c] * p[(size_t)r * ld + c];
+        *out = (float)s;
+        return;
+    }
+    mo_sumsq_kernel<<<1, 1024, 0, g_mm.stream>>>(out, p, rows, cols, ld);
+    launch_check();
+}
+static float mo_read_scalar(const Mnist* m, const float* p) {
+    if (m->cpu) return *p;
+    float v;
+    cudaCheck(cudaMemcpyAsync(&v, p, 4, cudaMemcpyDeviceToHost, g_mm.stream));
+    cudaCheck(cudaStreamSynchronize(g_mm.stream));
+    return v;
+}
+
+// The blocks of every matrix for max_dim (rows and cols each split into chunks of at most max_dim).
+static std::vector<PrecondBlock> shampoo_blocks(int max_dim) {
+    std::vector<PrecondBlock> out;
+    for (int k = 0; k < N_MATRICES; k++) {
+        const int rows = matrix_rows(MATRIX_PARAMS[k]), cols = matrix_cols(MATRIX_PARAMS[k]);
+        for (int r0 = 0; r0 < rows; r0 += max_dim)
+            for (int c0 = 0; c0 < cols; c0 += max_dim) {
+                PrecondBlock b;
+                b.mat = k; b.r0 = r0; b.c0 = c0;
+                b.rows = std::min(max_dim, rows - r0); b.cols = std::min(max_dim, cols - c0);
+                out.push_back(b);
+            }
+    }
+    return out;
+}
+
+// Allocates the buffers of m->opt's optimizer (Shampoo's blocks for its max_precond_dim), all zero.
+static void matrix_opt_build(Mnist* m) {
+    matrix_opt_free(m);
+    MatrixOpt* mo = new MatrixOpt();
+    m->mo = mo;
+    size_t most = 0, sq = 1;
+    for (int k = 0; k < N_MATRICES; k++) {
+        const int p = MATRIX_PARAMS[k];
+        const size_t n = PARAMS[p].numel;
+        most = std::max(most, n);
+        std::vector<float> torch_pos(n), internal(n);
+        for (size_t j = 0; j < n; j++) torch_pos[j] = (float)j;  // exact: n < 2^24
+        param_from_torch(p, torch_pos.data(), internal.data());
+        std::vector<int> idx(n);
+        for (size_t i = 0; i < n; i++) idx[(size_t)internal[i]] = (int)i;
+        mo->torch_index[k] = (int*)mnist_alloc(m, n);
+        if (m->cpu) memcpy(mo->torch_index[k], idx.data(), n * 4);
+        else cudaCheck(cudaMemcpy(mo->torch_index[k], idx.data(), n * 4, cudaMemcpyHostToDevice));
+        mo->gt[k] = mnist_alloc(m, n); mo->ut[k] = mnist_alloc(m, n);
+        mo->dt[k] = mnist_alloc(m, n); mo->st[k] = mnist_alloc(m, n);
+        const size_t r = std::min(matrix_rows(p), matrix_cols(p));
+        sq = std::max(sq, r * r);
+    }
+    if (m->opt.optimizer == OPT_SHAMPOO) {
+        mo->max_dim = m->opt.max_precond_dim;
+        mo->blocks = shampoo_blocks(mo->max_dim);
+        size_t nn = 1;
+        for (PrecondBlock& b : mo->blocks) {
+            b.L = mnist_alloc(m, (size_t)b.rows * b.rows); b.Linv = mnist_alloc(m, (size_t)b.rows * b.rows);
+            b.R = mnist_alloc(m, (size_t)b.cols * b.cols); b.Rinv = mnist_alloc(m, (size_t)b.cols * b.cols);
+            nn = std::max({nn, (size_t)b.rows * b.rows, (size_t)b.cols * b.cols});
+        }
+        sq = std::max(sq, nn);
+        if (!m->cpu)
+            for (int i = 0; i < 6; i++) mo->newton.push_back(mnist_alloc(m, nn));
+    }
+    mo->s_a = mnist_alloc(m, sq); mo->s_b = mnist_alloc(m, sq); mo->s_c = mnist_alloc(m, sq);
+    mo->s_y = mnist_alloc(m, most);
+    mo->scalars = mnist_alloc(m, 4 * (mo->blocks.size() + 1));
+}
+static void matrix_opt_free(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    if (!mo) return;
+    for (int k = 0; k < N_MATRICES; k++)
+        for (void* p : {(void*)mo->torch_index[k], (void*)mo->gt[k], (void*)mo->ut[k], (void*)mo->dt[k],
+                        (void*)mo->st[k]})
+            mnist_free_ptr(m, p);
+    for (PrecondBlock& b : mo->blocks)
+        for (float* p : {b.L, b.R, b.Linv, b.Rinv}) mnist_free_ptr(m, p);
+    for (float* p : mo->newton) mnist_free_ptr(m, p);
+    for (float* p : {mo->s_a, mo->s_b, mo->s_c, mo->s_y, mo->scalars}) mnist_free_ptr(m, p);
+    delete mo;
+    m->mo = nullptr;
+}
+// The buffers for m->opt, fresh: built when missing or built for another optimizer or block size.
+static void matrix_opt_ensure(Mnist* m) {
+    const bool shampoo = m->opt.optimizer == OPT_SHAMPOO;
+    if (!m->mo || (shampoo && m->mo->max_dim != m->opt.max_precond_dim) || (!shampoo && m->mo->max_dim))
+        matrix_opt_build(m);
+}
+
+// ---- Muon: torch.optim.Muon (PyTorch 2.11) for the weight matrices -------------------------------------------------
+// B = lerp(B, G, 1 - mu) (an EMA of the gradient), U = lerp(G, B, mu) with nesterov else B, X = U / max(||U||_F, 1e-7),
+// ns_steps of X <- a X + (b A + c A^2) X with A = X X^T (X^T X and X B^T for a tall matrix, torch's transpose),
+// (a, b, c) = (3.4445, -4.7750, 2.0315); W <- W (1 - lr wd) - lr sqrt(max(1, rows / cols)) X. lr = muon_lr times the
+// schedule's factor (lr_at / lr). PyTorch runs the iteration in bf16; here every product is matmul_forward's: strict
+// fp32 on the CPU and with --tf32 0, TF32 tensor cores with --tf32 1 (the training default). TF32 keeps 3 more
+// mantissa bits than bf16 and the iteration is built to tolerate bf16 (it only has to push the singular values into
+// about [0.7, 1.2]), so TF32 loses nothing Muon needs; fp32 makes the GPU comparable with the CPU and PyTorch.
+constexpr float MUON_A = 3.4445f, MUON_B = -4.7750f, MUON_C = 2.0315f, MUON_EPS = 1e-7f;
+struct MuonMomentum {  // over PyTorch's index j of one matrix
+    const int* idx; const float* g; float* buf; float* x; float w, mu; int nesterov;
+    __host__ __device__ void operator()(size_t j) const {
+        const int i = idx[j];
+        const float gi = g[i];
+        const float b = buf[i] + w * (gi - buf[i]);  // torch.lerp, weight w = 1 - mu < 0.5
+        buf[i] = b;
+        x[j] = nesterov ? b - (b - gi) * (1.0f - mu) : b;  // torch.lerp(g, b, mu), weight >= 0.5
+    }
+};
+struct MuonNormalize {
+    float* x; const float* sumsq;
+    __host__ __device__ void operator()(size_t j) const { x[j] = x[j] / fmaxf(sqrtf(sumsq[0]), MUON_EPS); }
+};
+struct MuonPoly {  // B = b A + c A^2 (A2 holds A^2 and gets B)
+    const float* a; float* a2;
+    __host__ __device__ void operator()(size_t k) const { a2[k] = MUON_B * a[k] + MUON_C * a2[k]; }
+};
+struct MuonAxpy {  // X = a X + Y
+    float* x; const float* y;
+    __host__ __device__ void operator()(size_t j) const { x[j] = MUON_A * x[j] + y[j]; }
+};
+struct MuonApply {
+    const int* idx; const float* x; float* w; const int* counters; OptConfig c; float ratio;
+    __host__ __device__ void operator()(size_t j) const {
+        const float lr = c.muon_lr * (lr_at(c, counters[0]) / c.lr);
+        const int i = idx[j];
+        w[i] = w[i] * (1.0f - lr * c.weight_decay) - (lr * ratio) * x[j];
+    }
+};
+struct BiasUpdate {  // a bias: opt_update_elem of c (SGD or AdamW)
+    float *p, *m1, *m2; const float* g; const int* counters; OptConfig c;
+    __host__ __device__ void operator()(size_t i) const {
+        opt_update_elem(c, opt_step(c, counters[0]), &p[i], g[i], &m1[i], &m2[i]);
+    }
+};
+static void update_biases(Mnist* m, int optimizer) {
+    OptConfig c = m->opt;
+    c.optimizer = optimizer;
+    for (int p : BIAS_PARAMS) {
+        const size_t o = PARAMS[p].offset;
+        mo_each(m, PARAMS[p].numel, BiasUpdate{m->params + o, m->m1 + o, m->m2 + o, m->grads + o, m->counters, c});
+    }
+}
+
+// X (rows x cols, PyTorch layout) <- the Newton-Schulz iteration of X / ||X||_F, in place (mo's scratch)
+static void newton_schulz(Mnist* m, float* x, int rows, int cols, int steps) {
+    MatrixOpt* mo = m->mo;
+    const size_t n = (size_t)rows * cols;
+    mo_sumsq(m, mo->scalars, x, rows, cols, cols);
+    mo_each(m, n, MuonNormalize{x, mo->scalars});
+    const bool wide = rows <= cols;  // A = X X^T (rows x rows); tall: A = X^T X (cols x cols), as torch's transpose
+    const int r = wide ? rows : cols;
+    for (int s = 0; s < steps; s++) {
+        if (wide) matmul_forward(mo->s_a, r, {V_ROW, x, cols}, {V_COL, x, cols}, r, r, cols, Epilogue());
+        else matmul_forward(mo->s_a, r, {V_COL, x, cols}, {V_ROW, x, cols}, r, r, rows, Epilogue());
+        matmul_forward(mo->s_b, r, {V_ROW, mo->s_a, r}, {V_ROW, mo->s_a, r}, r, r, r, Epilogue());
+        mo_each(m, (size_t)r * r, MuonPoly{mo->s_a, mo->s_b});
+        if (wide) matmul_forward(mo->s_y, cols, {V_ROW, mo->s_b, r}, {V_ROW, x, cols}, rows, cols, rows, Epilogue());
+        else matmul_forward(mo->s_y, cols, {V_ROW, x, cols}, {V_COL, mo->s_b, r}, rows, cols, cols, Epilogue());
+        mo_each(m, n, MuonAxpy{x, mo->s_y});
+    }
+}
+static void muon_update(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    const OptConfig& c = m->opt;
+    const float w = (float)(1.0 - (double)c.muon_momentum);
+    for (int k = 0; k < N_MATRICES; k++) {
+        const int p = MATRIX_PARAMS[k], rows = matrix_rows(p), cols = matrix_cols(p);
+        const size_t o = PARAMS[p].offset, n = PARAMS[p].numel;
+        mo_each(m, n, MuonMomentum{mo->torch_index[k], m->grads + o, m->m1 + o, mo->gt[k], w, c.muon_momentum,
+                                   c.nesterov});
+        newton_schulz(m, mo->gt[k], rows, cols, c.ns_steps);
+        const float ratio = (float)sqrt(std::max(1.0, (double)rows / cols));
+        mo_each(m, n, MuonApply{mo->torch_index[k], mo->gt[k], m->params + o, m->counters, c, ratio});
+    }
+    update_biases(m, OPT_ADAMW);
+}
+
+// ---- Shampoo -------------------------------------------------------------------------------------------------------
+// Per block of each weight matrix (PyTorch layout; G its gradient): L += G G^T, R += G^T G every step; at step s >=
+// precond_start with (s - precond_start) % precond_every == 0 (after this step's statistics) the roots
+// Linv = (L + e_L I)^(-1/4), Rinv = (R + e_R I)^(-1/4), e = precond_eps + precond_damping * trace / dim (damping
+// relative to the factor's mean eigenvalue bounds the condition number by about dim / damping, which the fp32
+// Newton iteration handles). The step is grafted (distributed_shampoo's grafting: Shampoo's direction with the
+// graft's size, per block):
+//   graft sgd:  D = G + wd W (SGD's direction); P = Linv D Rinv; S = P ||D||_F / ||P||_F; B = momentum B + S;
+//               W -= lr B (--momentum, --weight_decay: SGD's)
+//   graft adam: m, v as AdamW's (--beta1, --beta2, --eps); D = m_hat / (sqrt(v_hat) + eps) (AdamW's direction);
+//               P = Linv m_hat Rinv; S = P ||D||_F / ||P||_F; W = W (1 - lr wd) - lr S
+// A block without roots (before precond_start, or a failed first root) takes S = D: exactly SGD's or AdamW's step.
+struct ShampooPrepare {  // over PyTorch's index j of one matrix: gt = G, ut = Shampoo's operand, dt = the graft's D
+    const int* idx; const float *g, *w; float *m1, *m2, *gt, *ut, *dt; const int* counters; OptConfig c;
+    __host__ __device__ void operator()(size_t j) const {
+        const int i = idx[j];
+        const float gi = g[i];
+        gt[j] = gi;
+        if (c.graft == GRAFT_SGD) {
+            const float d = opt_add(gi, opt_mul(c.weight_decay, w[i]));
+            ut[j] = d; dt[j] = d;
+            return;
+        }
+        const OptStep s = opt_step(c, counters[0]);
+        const float mm = fmaf(c.beta1, m1[i], opt_mul(opt_sub(1.0f, c.beta1), gi));
+        const float vv = fmaf(c.beta2, m2[i], opt_mul(opt_mul(opt_sub(1.0f, c.beta2), gi), gi));
+        m1[i] = mm; m2[i] = vv;
+        const float mh = mm / s.bc1;
+        ut[j] = mh;
+        dt[j] = mh / opt_add(sqrtf(vv) / sqrtf(s.bc2), c.eps);
+    }
+};
+struct MatAdd {  // a += b
+    float* a; const float* b;
+    __host__ __device__ void operator()(size_t k) const { a[k] += b[k]; }
+};
+struct ShampooGraft {  // over a block's elements k: S = P ||D|| / ||P||, or S = D without roots
+    float* st; const float *pt, *dt; const float* sums; int ld, cols, has_root;
+    __host__ __device__ void operator()(size_t k) const {
+        const size_t j = (k / cols) * ld + k % cols;
+        if (!has_root) { st[j] = dt[j]; return; }
+        const float pn = sqrtf(sums[1]);
+        st[j] = pn > 0.0f ? pt[j] * (sqrtf(sums[0]) / pn) : 0.0f;
+    }
+};
+struct ShampooApply {
+    const int* idx; const float* st; float *w, *m1; const int* counters; OptConfig c;
+    __host__ __device__ void operator()(size_t j) const {
+        const int i = idx[j];
+        const float lr = lr_at(c, counters[0]);
+        if (c.graft == GRAFT_SGD) {
+            const float b = opt_add(opt_mul(c.momentum, m1[i]), st[j]);
+            m1[i] = b;
+            w[i] = opt_sub(w[i], opt_mul(lr, b));
+        } else {
+            w[i] = opt_sub(opt_mul(w[i], opt_sub(1.0f, opt_mul(lr, c.weight_decay))), opt_mul(lr, st[j]));
+        }
+    }
+};
+
+// The stopping rule of the coupled Newton iteration (dev/matrix_roots_NOTES.md), from r = ||M - I||_F before each
+// step: 0 = take a step, 1 = done, -1 = failed (rounding pushed an eigenvalue out of the converging region).
+struct NewtonRule {
+    int n = 0, k = 0, final = 0;
+    double prev = INFINITY;
+    int decide(double r) {
+        if (!(r <= 2.0 * sqrt((double)n) + 2.0)) return -1;
+        if (final) return 1;
+        if (k++ == 100) return r < 0.2 ? 1 : -1;
+        if (r <= 1e-3 || (r < 0.2 && r > 0.5 * prev)) final = 1;  // converged, or the precision's floor
+        prev = r;
+        return 0;
+    }
+};
+// The regularised factor's shift e = eps + damping * trace(A) / n.
+static double root_shift(const OptConfig& c, double trace, int n) {
+    return (double)c.precond_eps + (double)c.precond_damping * trace / n;
+}
+// out = (A + e I)^(-1/4) on the CPU in float64: X0 = z^(1/4) I, M0 = z (A + e I), z = 5 / (2 ||A + e I||_F);
+// T = (5 I - M) / 4, X <- X T, M <- T^4 M. false: the iteration failed (out unchanged).
+static bool inverse_root4_cpu(const OptConfig& c, float* out, const float* a, int n) {
+    const size_t nn = (size_t)n * n;
+    std::vector<double> M(nn), X(nn, 0.0), T(nn), T2(nn), tmp(nn);
+    double trace = 0, frob = 0;
+    for (int i = 0; i < n; i++) trace += a[(size_t)i * n + i];
+    const double e = root_shift(c, trace, n);
+    for (size_t k = 0; k < nn; k++) M[k] = a[k] + (k % (n + 1) == 0 ? e : 0.0);
+    for (double v : M) frob += v * v;
+    if (!(frob > 0) || !std::isfinite(frob)) return false;
+    const double z = 5.0 / (2.0 * sqrt(frob)), xz = pow(z, 0.25);
+    for (size_t k = 0; k < nn; k++) { M[k] *= z; if (k % (n + 1) == 0) X[k] = xz; }
+    auto mul = [n](std::vector<double>& C, const std::vector<double>& A, const std::vector<double>& B) {
+        std::fill(C.begin(), C.end(), 0.0);
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < n; k++) {
+                const double av = A[(size_t)i * n + k];
+                for (int j = 0; j < n; j++) C[(size_t)i * n + j] += av * B[(size_t)k * n + j];
+            }
+    };
+    NewtonRule rule; rule.n = n;
+    for (;;) {
+        double r = 0;
+        for (size_t k = 0; k < nn; k++) { double d = M[k] - (k % (n + 1) == 0 ? 1.0 : 0.0); r += d * d; }
+        const int act = rule.decide(sqrt(r));
+        if (act < 0) return false;
+        if (act > 0) break;
+        for (size_t k = 0; k < nn; k++) T[k] = ((k % (n + 1) == 0 ? 5.0 : 0.0) - M[k]) / 4.0;
+        mul(tmp, X, T); X.swap(tmp);
+        mul(T2, T, T); mul(tmp, T2, T2); mul(T2, tmp, M); M.swap(T2);
+    }
+    for (size_t k = 0; k < nn; k++) out[k] = (float)X[k];
+    return true;
+}
+struct NewtonInit {  // M = z (A + e I), X = z^(1/4) I; diag gets A's diagonal first (trace)
+    float *mm, *x; const float* a; int n; float e, z, xz;
+    __host__ __device__ void operator()(size_t k) const {
+        const bool d = k % (n + 1) == 0;
+        mm[k] = z * (a[k] + (d ? e : 0.0f));
+        x[k] = d ? xz : 0.0f;
+    }
+};
+struct NewtonResidual {  // out = M - I
+    float* out; const float* mm; int n;
+    __host__ __device__ void operator()(size_t k) const { out[k] = mm[k] - (k % (n + 1) == 0 ? 1.0f : 0.0f); }
+};
+struct NewtonT {  // T = (5 I - M) / 4
+    float* t; const float* mm; int n;
+    __host__ __device__ void operator()(size_t k) const { t[k] = ((k % (n + 1) == 0 ? 5.0f : 0.0f) - mm[k]) * 0.25f; }
+};
+struct DiagCopy {
+    float* out; const float* a; int n;
+    __host__ __device__ void operator()(size_t i) const { out[i] = a[i * (n + 1)]; }
+};
+// The same iteration on the GPU in fp32 (every product strict fp32: TF32 is not accurate enough for the coupled
+// iteration, dev/matrix_roots_NOTES.md), one host decision per step. false: failed (out unchanged).
+static bool inverse_root4_gpu(Mnist* m, float* out, const float* a, int n) {
+    MatrixOpt* mo = m->mo;
+    float *M = mo->newton[0], *X = mo->newton[1], *T = mo->newton[2], *T2 = mo->newton[3], *tmp = mo->newton[4];
+    const size_t nn = (size_t)n * n;
+    mo_each(m, n, DiagCopy{tmp, a, n});
+    std::vector<float> diag(n);
+    cudaCheck(cudaMemcpyAsync(diag.data(), tmp, n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+    mo_sumsq(m, mo->scalars, a, n, n, n);
+    const double frob_a = mo_read_scalar(m, mo->scalars);  // synchronizes the diagonal's copy too
+    double trace = 0;
+    for (float v : diag) trace += v;
+    const double e = root_shift(m->opt, trace, n);
+    // ||A + e I||_F^2 = ||A||_F^2 + 2 e trace + n e^2
+    const double frob = sqrt(frob_a + 2.0 * e * trace + n * e * e);
+    if (!(frob > 0) || !std::isfinite(frob)) return false;
+    const double z = 5.0 / (2.0 * frob);
+    mo_each(m, nn, NewtonInit{M, X, a, n, (float)e, (float)z, (float)pow(z, 0.25)});
+    NewtonRule rule; rule.n = n;
+    for (;;) {
+        mo_each(m, nn, NewtonResidual{tmp, M, n});
+        mo_sumsq(m, mo->scalars, tmp, n, n, n);
+        const int act = rule.decide(sqrt((double)mo_read_scalar(m, mo->scalars)));
+        if (act < 0) return false;
+        if (act > 0) break;
+        mo_each(m, nn, NewtonT{T, M, n});
+        matmul_forward(tmp, n, {V_ROW, X, n}, {V_ROW, T, n}, n, n, n, Epilogue()); std::swap(X, tmp);
+        matmul_forward(T2, n, {V_ROW, T, n}, {V_ROW, T, n}, n, n, n, Epilogue());
+        matmul_forward(tmp, n, {V_ROW, T2, n}, {V_ROW, T2, n}, n, n, n, Epilogue());
+        matmul_forward(T2, n, {V_ROW, tmp, n}, {V_ROW, M, n}, n, n, n, Epilogue()); std::swap(M, T2);
+    }
+    cudaCheck(cudaMemcpyAsync(out, X, nn * 4, cudaMemcpyDeviceToDevice, g_mm.stream));
+    mo->newton = {M, X, T, T2, tmp, mo->newton[5]};  // the swapped pointers (the same six buffers)
+    return true;
+}
+// Every block's roots; a failed root keeps the block's previous one (or its graft step), said once.
+static void shampoo_roots(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    const int tf32 = g_mm.tf32;
+    g_mm.tf32 = 0;  // our kernel's strict fp32; cuBLAS's math mode below
+    if (!m->cpu && g_mm.backend == BACKEND_CUBLAS) cublasCheck(cublasSetMathMode(g_mm.cublas, CUBLAS_DEFAULT_MATH));
+    for (PrecondBlock& b : mo->blocks) {
+        bool ok = true;
+        for (int side = 0; side < 2; side++) {
+            const int n = side ? b.cols : b.rows;
+            float* a = side ? b.R : b.L;
+            float* out = side ? b.Rinv : b.Linv;
+            if (m->cpu) {
+                std::vector<float> tmp((size_t)n * n);
+                bool good = inverse_root4_cpu(m->opt, tmp.data(), a, n);
+                if (good) memcpy(out, tmp.data(), tmp.size() * 4);
+                ok = ok && good;
+            } else {
+                ok = inverse_root4_gpu(m, out, a, n) && ok;
+            }
+        }
+        if (ok) b.has_root = 1;
+        else if (mo->root_failures++ == 0)
+            fprintf(stderr, "warning: shampoo: the inverse root of %s's block at (%d, %d) failed at step %d; the block "
+                    "keeps its previous preconditioner (or its graft step); raise --precond_damping\n",
+                    PARAMS[MATRIX_PARAMS[b.mat]].name, b.r0, b.c0, mo->step);
+    }
+    g_mm.tf32 = tf32;
+    if (!m->cpu && g_mm.backend == BACKEND_CUBLAS)
+        cublasCheck(cublasSetMathMode(g_mm.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+static bool shampoo_root_due(const OptConfig& c, int step) {
+    return step >= c.precond_start && (step - c.precond_start) % c.precond_every == 0;
+}
+static void shampoo_update(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    const OptConfig& c = m->opt;
+    for (int k = 0; k < N_MATRICES; k++) {
+        const int p = MATRIX_PARAMS[k];
+        const size_t o = PARAMS[p].offset;
+        mo_each(m, PARAMS[p].numel, ShampooPrepare{mo->torch_index[k], m->grads + o, m->params + o, m->m1 + o,
+                                                   m->m2 + o, mo->gt[k], mo->ut[k], mo->dt[k], m->counters, c});
+    }
+    for (PrecondBlock& b : mo->blocks) {  // the statistics
+        const int cols = matrix_cols(MATRIX_PARAMS[b.mat]);
+        const float* g = mo->gt[b.mat] + (size_t)b.r0 * cols + b.c0;
+        matmul_forward(mo->s_a, b.rows, {V_ROW, g, cols}, {V_COL, g, cols}, b.rows, b.rows, b.cols, Epilogue());
+        mo_each(m, (size_t)b.rows * b.rows, MatAdd{b.L, mo->s_a});
+        matmul_forward(mo->s_a, b.cols, {V_COL, g, cols}, {V_ROW, g, cols}, b.cols, b.cols, b.rows, Epilogue());
+        mo_each(m, (size_t)b.cols * b.cols, MatAdd{b.R, mo->s_a});
+    }
+    if (shampoo_root_due(c, mo->step)) shampoo_roots(m);
+    for (size_t bi = 0; bi < mo->blocks.size(); bi++) {  // the grafted direction S of every block
+        const PrecondBlock& b = mo->blocks[bi];
+        const int cols = matrix_cols(MATRIX_PARAMS[b.mat]);
+        const size_t off = (size_t)b.r0 * cols + b.c0;
+        float* sums = mo->scalars + 4 * (bi + 1);
+        if (b.has_root) {
+            float* pt = mo->s_y + off;  // P's block, in place in a rows x cols PyTorch-layout buffer
+            matmul_forward(mo->s_b, b.cols, {V_ROW, b.Linv, b.rows}, {V_ROW, mo->ut[b.mat] + off, cols}, b.rows,
+                           b.cols, b.rows, Epilogue());
+            matmul_forward(pt, cols, {V_ROW, mo->s_b, b.cols}, {V_ROW, b.Rinv, b.cols}, b.rows, b.cols, b.cols,
+                           Epilogue());
+            mo_sumsq(m, sums, mo->dt[b.mat] + off, b.rows, b.cols, cols);
+            mo_sumsq(m, sums + 1, pt, b.rows, b.cols, cols);
+        }
+        mo_each(m, (size_t)b.rows * b.cols, ShampooGraft{mo->st[b.mat] + off, mo->s_y + off, mo->dt[b.mat] + off,
+                                                         sums, cols, b.cols, b.has_root});
+    }
+    for (int k = 0; k < N_MATRICES; k++) {
+        const int p = MATRIX_PARAMS[k];
+        const size_t o = PARAMS[p].offset;
+        mo_each(m, PARAMS[p].numel, ShampooApply{mo->torch_index[k], mo->st[k], m->params + o, m->m1 + o,
+                                                 m->counters, c});
+    }
+    update_biases(m, c.graft == GRAFT_SGD ? OPT_SGD : OPT_ADAMW);
+}
+
+// The optimizer step of Muon or Shampoo (instead of mnist_update), then the counters' advance by B.
+static void matrix_opt_update(Mnist* m, int advance_B) {
+    matrix_opt_ensure(m);
+    if (m->opt.optimizer == OPT_MUON) muon_update(m);
+    else shampoo_update(m);
+    m->mo->step++;
+    mnist_advance(m, advance_B);
+}
+static void matrix_opt_set_step(Mnist* m, int step) { if (m->mo) m->mo->step = step; }
 
 // ================================================================================================================
 // 5. THE TRAINING LOOP AND CHECKPOINTS
@@ -1915,8 +2432,10 @@ static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const i
 // and the head (the fused forward): 4 launches per step (5 with AdamW), 6 (7) at larger batches.
 // staged: the previous step gathered this batch (it was called with next_B = B); next_B > 0: gather the next step's
 // batch of next_B (at most the model's batch) for it, and return whether it was (the fast path only).
+static bool mnist_train_step_matrix(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B);
 static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, bool staged = false,
                              int next_B = 0) {
+    if (is_matrix_opt(m->opt.optimizer)) return mnist_train_step_matrix(m, d, perm, losses, B);  // Muon, Shampoo
     const bool fast = conv2_fast(m);
     if (next_B > m->B) {
         fprintf(stderr, "mnist_train_step: the next batch (%d) is larger than the model's (%d)\n", next_B, m->B);
@@ -1953,6 +2472,17 @@ static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, fl
     for (int i = 0; i < total; i++)
         staged = mnist_train_step(m, d, perm, losses, i < nsteps ? B : tail_B, staged,
                                   i + 1 < total ? (i + 1 < nsteps ? B : tail_B) : 0);
+}
+
+// A training step of Muon or Shampoo: the batch gathered by its own kernel, forward and loss, the backward storing
+// every gradient, then their update (the fast path's fused updates are SGD's and AdamW's). Returns false: nothing
+// staged for the next step.
+static bool mnist_train_step_matrix(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
+    mnist_gather(m, d, perm, m->counters, 0, B);
+    mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
+    mnist_backward(m, B);
+    matrix_opt_update(m, B);
+    return false;
 }
 
 // Fisher-Yates from splitmix64 seeded by (seed, epoch): an epoch's order never depends on earlier epochs, so
@@ -1996,18 +2526,22 @@ static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const 
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// checkpoints: magic 20260202, version 2; parameters (and optimizer state) by PyTorch names in PyTorch layout; the
-// header holds every setting the run's trajectory depends on, so that --resume can continue it (data/README.md)
+// checkpoints: magic 20260202, version 3; parameters (and optimizer state) by PyTorch names in PyTorch layout; the
+// header holds every setting the run's trajectory depends on, so that --resume can continue it (data/README.md).
+// Version 3 added Muon's and Shampoo's settings (slots 21..30) and their state.
 enum {
     CK_EPOCH = 3, CK_STEP, CK_BATCH_SIZE, CK_SEED, CK_OPTIMIZER, CK_HAS_OPTIMIZER, CK_EPOCHS, CK_LR, CK_TEST_ACCURACY,
     CK_LR_SCHEDULE, CK_WARMUP_STEPS, CK_LR_MIN, CK_MOMENTUM, CK_WEIGHT_DECAY, CK_BETA1, CK_BETA2, CK_EPS,
-    CK_TRAIN_IMAGES, CK_FIELDS_END
+    CK_TRAIN_IMAGES, CK_MUON_LR, CK_MUON_MOMENTUM, CK_NESTEROV, CK_NS_STEPS, CK_GRAFT, CK_PRECOND_EVERY,
+    CK_PRECOND_START, CK_MAX_PRECOND_DIM, CK_PRECOND_EPS, CK_PRECOND_DAMPING, CK_FIELDS_END
 };
 static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
     "magic", "version", "tensor count", "epoch", "step", "batch_size", "seed", "optimizer", "has_optimizer",
     "epochs", "lr", "test_accuracy", "lr_schedule", "warmup_steps", "lr_min", "momentum", "weight_decay", "beta1",
-    "beta2", "eps", "train_images"};
-static const char* const OPTIMIZER_NAMES[2] = {"sgd", "adamw"};
+    "beta2", "eps", "train_images", "muon_lr", "muon_momentum", "muon_nesterov", "ns_steps", "graft",
+    "precond_every", "precond_start", "max_precond_dim", "precond_eps", "precond_damping"};
+static const char* const OPTIMIZER_NAMES[4] = {"sgd", "adamw", "muon", "shampoo"};
+static const char* const GRAFT_NAMES[2] = {"sgd", "adam"};
 static const char* const SCHEDULE_NAMES[3] = {"constant", "cosine", "linear"};
 // epoch: epochs completed; step: optimizer steps done (epoch * ceil(train_images / batch_size)); opt: the optimizer
 // and schedule (total_steps is not stored: it is epochs * steps per epoch); train_images: the training images used.
@@ -2016,7 +2550,22 @@ struct CheckpointMeta {
     float test_accuracy = 0;
     OptConfig opt;
 };
-static const char* optimizer_prefix(int optimizer) { return optimizer == OPT_SGD ? "momentum_buffer." : "adam_m."; }
+// The optimizer state's tensors: m1 under optimizer_prefix (SGD's momentum buffer, AdamW's first moment, Muon's
+// momentum buffer of the weights and AdamW's first moment of the biases), m2 under "adam_v." where used (Muon: the
+// biases' second moments, zeros for the weights); Shampoo also its blocks' factors and roots (shampoo_tensor_name).
+static bool sgd_like(const OptConfig& o) {
+    return o.optimizer == OPT_SGD || (o.optimizer == OPT_SHAMPOO && o.graft == GRAFT_SGD);
+}
+static const char* optimizer_prefix(const OptConfig& o) {
+    return sgd_like(o) ? "momentum_buffer." : o.optimizer == OPT_MUON ? "muon_m." : "adam_m.";
+}
+static bool uses_m2(const OptConfig& o) { return !sgd_like(o); }
+static const char* const SHAMPOO_KINDS[4] = {"L", "R", "Linv", "Rinv"};
+static std::string shampoo_tensor_name(int kind, const PrecondBlock& b) {
+    return std::string("shampoo_") + SHAMPOO_KINDS[kind] + "." + PARAMS[MATRIX_PARAMS[b.mat]].name + "." +
+           std::to_string(b.r0) + "." + std::to_string(b.c0);
+}
+static int shampoo_tensor_dim(int kind, const PrecondBlock& b) { return kind % 2 ? b.cols : b.rows; }
 
 // Returns "" or a message naming the path.
 static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
@@ -2036,24 +2585,46 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
         mnist_copy_out(m, m->m2, internal.data(), m->n_params);
         for (int i = 0; i < N_PARAM_TENSORS; i++)
             param_to_torch(i, internal.data() + PARAMS[i].offset, s2.data() + PARAMS[i].offset);
-        const char* pre1 = optimizer_prefix(meta.opt.optimizer);
+        const char* pre1 = optimizer_prefix(meta.opt);
         for (int i = 0; i < N_PARAM_TENSORS; i++) {
             const ParamInfo& pi = PARAMS[i];
             ts.push_back({std::string(pre1) + pi.name, 0, pi.ndim, {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]},
                           s1.data() + pi.offset});
         }
-        if (meta.opt.optimizer == OPT_ADAMW)
+        if (uses_m2(meta.opt))
             for (int i = 0; i < N_PARAM_TENSORS; i++) {
                 const ParamInfo& pi = PARAMS[i];
                 ts.push_back({std::string("adam_v.") + pi.name, 0, pi.ndim,
                               {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
             }
     }
+    // Shampoo's blocks: L, R, Linv, Rinv each, and which blocks have roots
+    std::vector<std::vector<float>> blocks;
+    std::vector<int32_t> has_root;
+    if (meta.has_optimizer && meta.opt.optimizer == OPT_SHAMPOO && m->mo)
+        for (const PrecondBlock& b : m->mo->blocks) {
+            const float* src[4] = {b.L, b.R, b.Linv, b.Rinv};
+            for (int kind = 0; kind < 4; kind++) {
+                const int n = shampoo_tensor_dim(kind, b);
+                blocks.emplace_back((size_t)n * n);
+                mnist_copy_out(m, src[kind], blocks.back().data(), (size_t)n * n);
+            }
+            has_root.push_back(b.has_root);
+        }
+    for (size_t k = 0; k < blocks.size(); k++) {
+        const PrecondBlock& b = m->mo->blocks[k / 4];
+        const int n = shampoo_tensor_dim((int)(k % 4), b);
+        ts.push_back({shampoo_tensor_name((int)(k % 4), b), 0, 2, {n, n, 0, 0}, blocks[k].data()});
+    }
+    if (!has_root.empty())
+        ts.push_back({"shampoo_has_root", 1, 1, {(int)has_root.size(), 0, 0, 0}, has_root.data()});
     const OptConfig& o = meta.opt;
     std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, o.optimizer, meta.has_optimizer,
                                    meta.epochs, fbits(o.lr), fbits(meta.test_accuracy), o.schedule, o.warmup_steps,
                                    fbits(o.lr_min), fbits(o.momentum), fbits(o.weight_decay), fbits(o.beta1),
-                                   fbits(o.beta2), fbits(o.eps), meta.train_images};
+                                   fbits(o.beta2), fbits(o.eps), meta.train_images, fbits(o.muon_lr),
+                                   fbits(o.muon_momentum), o.nesterov, o.ns_steps, o.graft, o.precond_every,
+                                   o.precond_start, o.max_precond_dim, fbits(o.precond_eps), fbits(o.precond_damping)};
     return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
 static CheckpointMeta checkpoint_meta(const BinFile* bf) {
@@ -2067,6 +2638,11 @@ static CheckpointMeta checkpoint_meta(const BinFile* bf) {
     o.lr = bin_field_f(bf, CK_LR); o.lr_min = bin_field_f(bf, CK_LR_MIN); o.momentum = bin_field_f(bf, CK_MOMENTUM);
     o.weight_decay = bin_field_f(bf, CK_WEIGHT_DECAY); o.beta1 = bin_field_f(bf, CK_BETA1);
     o.beta2 = bin_field_f(bf, CK_BETA2); o.eps = bin_field_f(bf, CK_EPS);
+    o.muon_lr = bin_field_f(bf, CK_MUON_LR); o.muon_momentum = bin_field_f(bf, CK_MUON_MOMENTUM);
+    o.nesterov = h[CK_NESTEROV]; o.ns_steps = h[CK_NS_STEPS]; o.graft = h[CK_GRAFT];
+    o.precond_every = h[CK_PRECOND_EVERY]; o.precond_start = h[CK_PRECOND_START];
+    o.max_precond_dim = h[CK_MAX_PRECOND_DIM]; o.precond_eps = bin_field_f(bf, CK_PRECOND_EPS);
+    o.precond_damping = bin_field_f(bf, CK_PRECOND_DAMPING);
     o.total_steps = 1;  // set by the run from epochs and its steps per epoch
     return meta;
 }
@@ -2088,10 +2664,15 @@ static std::string checkpoint_validate(const BinFile* bf) {
     const IntField ints[] = {
         {CK_EPOCHS, 1, 10000, "1..10000 (--epochs)"}, {CK_EPOCH, 1, h[CK_EPOCHS], "1..epochs (epochs completed)"},
         {CK_BATCH_SIZE, 1, 2048, "1..2048 (--batch_size)"}, {CK_SEED, 0, INT_MAX, "0..2147483647 (--seed)"},
-        {CK_OPTIMIZER, 0, 1, "0 (sgd) or 1 (adamw)"}, {CK_HAS_OPTIMIZER, 0, 1, "0 or 1"},
+        {CK_OPTIMIZER, 0, 3, "0 (sgd), 1 (adamw), 2 (muon) or 3 (shampoo)"}, {CK_HAS_OPTIMIZER, 0, 1, "0 or 1"},
         {CK_LR_SCHEDULE, 0, 2, "0 (constant), 1 (cosine) or 2 (linear)"},
         {CK_WARMUP_STEPS, 0, 100000000, "0..100000000 (--warmup_steps)"},
-        {CK_TRAIN_IMAGES, h[CK_BATCH_SIZE], 10000000, "batch_size..10000000 (the training images used)"}};
+        {CK_TRAIN_IMAGES, h[CK_BATCH_SIZE], 10000000, "batch_size..10000000 (the training images used)"},
+        {CK_NESTEROV, 0, 1, "0 or 1 (--muon_nesterov)"}, {CK_NS_STEPS, 1, 99, "1..99 (--ns_steps)"},
+        {CK_GRAFT, 0, 1, "0 (sgd) or 1 (adam) (--graft)"},
+        {CK_PRECOND_EVERY, 1, 100000000, "1..100000000 (--precond_every)"},
+        {CK_PRECOND_START, 0, 100000000, "0..100000000 (--precond_start)"},
+        {CK_MAX_PRECOND_DIM, 1, 16384, "1..16384 (--max_precond_dim)"}};
     for (const IntField& f : ints)
         if (h[f.slot] < f.lo || h[f.slot] > f.hi) return bad(f.slot, std::to_string(h[f.slot]), f.expected);
     struct FloatField { int slot; float lo, hi; const char* expected; };
@@ -2101,7 +2682,11 @@ static std::string checkpoint_validate(const BinFile* bf) {
         {CK_MOMENTUM, 0.f, 0.999999f, "0..0.999999 (--momentum)"},
         {CK_WEIGHT_DECAY, 0.f, 10.f, "0..10 (--weight_decay)"},
         {CK_BETA1, 0.f, 0.999999f, "0..0.999999 (--beta1)"}, {CK_BETA2, 0.f, 0.999999f, "0..0.999999 (--beta2)"},
-        {CK_EPS, 1e-30f, 1.f, "1e-30..1 (--eps)"}, {CK_TEST_ACCURACY, 0.f, 100.f, "a percentage 0..100"}};
+        {CK_EPS, 1e-30f, 1.f, "1e-30..1 (--eps)"}, {CK_TEST_ACCURACY, 0.f, 100.f, "a percentage 0..100"},
+        {CK_MUON_LR, 1e-9f, 1e9f, "a learning rate in [1e-9, 1e9] (--muon_lr)"},
+        {CK_MUON_MOMENTUM, 0.f, 0.999999f, "0..0.999999 (--muon_momentum)"},
+        {CK_PRECOND_EPS, 0.f, 1.f, "0..1 (--precond_eps)"},
+        {CK_PRECOND_DAMPING, 0.f, 10.f, "0..10 (--precond_damping)"}};
     for (const FloatField& f : floats) {
         float v = bin_field_f(bf, f.slot);
         if (!(v >= f.lo && v <= f.hi)) {  // NaN fails too
@@ -2117,9 +2702,10 @@ static std::string checkpoint_validate(const BinFile* bf) {
                    std::to_string(h[CK_BATCH_SIZE]) + " over train_images " + std::to_string(h[CK_TRAIN_IMAGES]) +
                    ")").c_str());
     const int optimizer = h[CK_OPTIMIZER];
+    const OptConfig stored = checkpoint_meta(bf).opt;
     std::vector<std::string> prefixes = {""};
-    if (h[CK_HAS_OPTIMIZER]) prefixes.push_back(optimizer_prefix(optimizer));
-    if (h[CK_HAS_OPTIMIZER] && optimizer == OPT_ADAMW) prefixes.push_back("adam_v.");
+    if (h[CK_HAS_OPTIMIZER]) prefixes.push_back(optimizer_prefix(stored));
+    if (h[CK_HAS_OPTIMIZER] && uses_m2(stored)) prefixes.push_back("adam_v.");
     std::set<std::string> names;
     std::string e;
     char msg[512];
@@ -2142,6 +2728,34 @@ static std::string checkpoint_validate(const BinFile* bf) {
             }
             names.insert(name);
         }
+    if (h[CK_HAS_OPTIMIZER] && optimizer == OPT_SHAMPOO) {  // every block's factors and roots, which have roots
+        const std::vector<PrecondBlock> blocks = shampoo_blocks(stored.max_precond_dim);
+        for (const PrecondBlock& b : blocks)
+            for (int kind = 0; kind < 4; kind++) {
+                const std::string name = shampoo_tensor_name(kind, b);
+                const int n = shampoo_tensor_dim(kind, b), shape[2] = {n, n};
+                const char* x = (const char*)bin_find(bf, name, 0, 2, shape, &e);
+                if (!x) return e;
+                for (size_t j = 0; j < (size_t)n * n; j++) {
+                    float v;
+                    memcpy(&v, x + 4 * j, 4);
+                    if (!std::isfinite(v)) {
+                        snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number",
+                                 bf->path.c_str(), name.c_str(), j, v);
+                        return msg;
+                    }
+                }
+                names.insert(name);
+            }
+        const int shape[1] = {(int)blocks.size()};
+        const int32_t* x = (const int32_t*)bin_find(bf, "shampoo_has_root", 1, 1, shape, &e);
+        if (!x) return e;
+        for (size_t j = 0; j < blocks.size(); j++)
+            if (x[j] != 0 && x[j] != 1)
+                return bf->path + ": tensor shampoo_has_root[" + std::to_string(j) + "] is " + std::to_string(x[j]) +
+                       ", expected 0 or 1";
+        names.insert("shampoo_has_root");
+    }
     for (const BinTensor& t : bf->tensors)
         if (!names.count(t.name))
             return bf->path + ": tensor " + printable(t.name) + " is not one of this checkpoint's (the model's "
@@ -2170,9 +2784,29 @@ static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_o
     };
     load_set("", m->params);
     if (with_optimizer) {
-        const int optimizer = bf->header[CK_OPTIMIZER];
-        load_set(optimizer_prefix(optimizer), m->m1);
-        if (optimizer == OPT_ADAMW) load_set("adam_v.", m->m2);
+        const OptConfig stored = checkpoint_meta(bf).opt;
+        load_set(optimizer_prefix(stored), m->m1);
+        if (uses_m2(stored)) load_set("adam_v.", m->m2);
+        if (stored.optimizer == OPT_SHAMPOO) {  // m->opt is the stored one (resume_settings): the same blocks
+            if (m->opt.optimizer != OPT_SHAMPOO || m->opt.max_precond_dim != stored.max_precond_dim)
+                die(bf->path + ": Shampoo's state has blocks of max_precond_dim " +
+                    std::to_string(stored.max_precond_dim) + ", the model is set up for " +
+                    (m->opt.optimizer == OPT_SHAMPOO ? std::to_string(m->opt.max_precond_dim) : "another optimizer"));
+            matrix_opt_ensure(m);
+            std::vector<PrecondBlock>& blocks = m->mo->blocks;
+            const int shape[1] = {(int)blocks.size()};
+            const int32_t* hr = (const int32_t*)bin_expect(bf, "shampoo_has_root", 1, 1, shape);
+            for (size_t k = 0; k < blocks.size(); k++) {
+                PrecondBlock& b = blocks[k];
+                float* dst[4] = {b.L, b.R, b.Linv, b.Rinv};
+                for (int kind = 0; kind < 4; kind++) {
+                    const int n = shampoo_tensor_dim(kind, b), sh[2] = {n, n};
+                    const float* src = (const float*)bin_expect(bf, shampoo_tensor_name(kind, b).c_str(), 0, 2, sh);
+                    mnist_copy_in(m, dst[kind], src, (size_t)n * n);
+                }
+                b.has_root = hr[k];
+            }
+        }
     }
 }
 // Reads, validates and loads a checkpoint (with_optimizer: its optimizer state too, which must be expect_optimizer's);
@@ -4254,6 +4888,11 @@ struct Args {
     int eval_batch_size = 1000, eval_only = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
     float lr = 0.03f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     float stop_at_accuracy = 0.0f;
+    // Muon and Shampoo
+    std::string graft = "sgd";
+    int muon_nesterov = 1, ns_steps = 5, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
+    float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
+    bool fresh_optimizer = false;  // --resume with --allow_change optimizer: the stored weights, a new optimizer state
     std::set<std::string> given;  // the flags on the command line
 };
 struct FlagSpec { const char* name; char type; void* ptr; double lo, hi; const char* choices; const char* help; };
@@ -4267,7 +4906,8 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "1: TF32 tensor cores in both our kernel and cuBLAS; 0: strict fp32 in both"},
         {"epochs", 'i', &a.epochs, 1, 10000, nullptr, "training epochs"},
         {"batch_size", 'i', &a.batch_size, 1, 2048, nullptr, "training batch size"},
-        {"optimizer", 'c', &a.optimizer, 0, 0, "sgd,adamw", "SGD with momentum and weight decay, or AdamW"},
+        {"optimizer", 'c', &a.optimizer, 0, 0, "sgd,adamw,muon,shampoo",
+         "SGD with momentum and weight decay, AdamW, Muon (AdamW for the biases) or Shampoo (grafted on --graft)"},
         {"lr", 'f', &a.lr, 1e-9, 1e9, nullptr, "peak learning rate"},
         {"lr_schedule", 'c', &a.lr_schedule, 0, 0, "constant,cosine,linear",
          "after warm-up: constant, cosine or linear decay to lr_min"},
@@ -4279,6 +4919,22 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"beta1", 'f', &a.beta1, 0, 0.999999, nullptr, "AdamW beta1"},
         {"beta2", 'f', &a.beta2, 0, 0.999999, nullptr, "AdamW beta2"},
         {"eps", 'f', &a.eps, 1e-30, 1, nullptr, "AdamW epsilon"},
+        {"muon_lr", 'f', &a.muon_lr, 1e-9, 1e9, nullptr,
+         "Muon: the weight matrices' peak learning rate (--lr is the biases' AdamW's; same schedule)"},
+        {"muon_momentum", 'f', &a.muon_momentum, 0, 0.999999, nullptr, "Muon momentum"},
+        {"muon_nesterov", 'i', &a.muon_nesterov, 0, 1, nullptr, "Muon: 1 Nesterov momentum, 0 plain"},
+        {"ns_steps", 'i', &a.ns_steps, 1, 99, nullptr, "Muon: Newton-Schulz steps"},
+        {"graft", 'c', &a.graft, 0, 0, "sgd,adam",
+         "Shampoo: step size grafted onto SGD-momentum (--lr, --momentum) or AdamW (--lr, --beta1, --beta2, --eps)"},
+        {"precond_every", 'i', &a.precond_every, 1, 100000000, nullptr,
+         "Shampoo: recompute the inverse 4th roots every N steps"},
+        {"precond_start", 'i', &a.precond_start, 0, 100000000, nullptr,
+         "Shampoo: first step with roots (before it: the graft's step)"},
+        {"max_precond_dim", 'i', &a.max_precond_dim, 1, 16384, nullptr,
+         "Shampoo: dimensions above this are split into blocks of this size"},
+        {"precond_eps", 'f', &a.precond_eps, 0, 1, nullptr, "Shampoo: epsilon added to each factor's diagonal"},
+        {"precond_damping", 'f', &a.precond_damping, 0, 10, nullptr,
+         "Shampoo: damping added to each factor's diagonal, times its mean eigenvalue"},
         {"seed", 'i', &a.seed, 0, 2147483647, nullptr, "seed of the initial weights and of every epoch's shuffle"},
         {"train_limit", 'i', &a.train_limit, 0, 60000, nullptr, "use the first N training images (0: all)"},
         {"test_limit", 'i', &a.test_limit, 0, 10000, nullptr, "use the first N test images (0: all)"},
@@ -4293,7 +4949,9 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"allow_change", 's', &a.allow_change, 0, 0, nullptr,
          "with --resume: stored settings this run changes "
          "knowingly (comma list of lr, seed, batch_size, epochs, lr_schedule, warmup_steps, lr_min, momentum, "
-         "weight_decay, beta1, beta2, eps, train_limit); without it a differing one is an error"},
+         "weight_decay, beta1, beta2, eps, train_limit, muon_lr, muon_momentum, muon_nesterov, ns_steps, "
+         "precond_every, precond_start, precond_eps, precond_damping; optimizer: a new optimizer state (also for "
+         "--graft, --max_precond_dim)); without it a differing one is an error"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
         {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr,
@@ -4385,6 +5043,18 @@ static void parse_args(int argc, char** argv, Args& a) {
     }
 }
 
+// GPU memory (issue 21 item 6): "free / total MiB" now; the largest total - free seen goes to g_gpu_peak_used (the
+// whole device's use, so other processes count too; cudaMalloc has no peak counter of its own).
+static double g_gpu_peak_used = 0;
+static std::string gpu_memory_line() {
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    g_gpu_peak_used = std::max(g_gpu_peak_used, (double)(total_b - free_b));
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.0f / %.0f MiB", free_b / 1048576.0, total_b / 1048576.0);
+    return buf;
+}
+
 struct EvalResult { double loss = 0; double accuracy = 0; std::vector<int> confusion; };
 // Evaluates on a split: forward in eval batches, per-sample losses and predictions stay on the device until one
 // copy at the end.
@@ -4422,7 +5092,9 @@ static EvalResult evaluate(Mnist* m, const DeviceData& d, const std::vector<uint
 // cannot change (its state would not fit); the training images are checked once the data is loaded (main).
 static const char* const ALLOW_CHANGE_NAMES[] = {"lr", "seed", "batch_size", "epochs", "lr_schedule", "warmup_steps",
                                                  "lr_min", "momentum", "weight_decay", "beta1", "beta2", "eps",
-                                                 "train_limit"};
+                                                 "train_limit", "muon_lr", "muon_momentum", "muon_nesterov",
+                                                 "ns_steps", "precond_every", "precond_start", "precond_eps",
+                                                 "precond_damping", "optimizer"};
 static std::set<std::string> parse_allow_change(const std::string& list) {
     std::set<std::string> out;
     for (size_t i = 0; i < list.size();) {
@@ -4443,12 +5115,30 @@ static std::set<std::string> parse_allow_change(const std::string& list) {
 static void resume_settings(Args& a, const CheckpointMeta& s, const std::string& path,
                             const std::set<std::string>& allowed) {
     const OptConfig& o = s.opt;
-    const std::string stored_optimizer = OPTIMIZER_NAMES[o.optimizer];
-    if (a.given.count("optimizer") && a.optimizer != stored_optimizer)
-        die("--optimizer " + a.optimizer + " differs from the optimizer " + stored_optimizer + " stored in " + path +
-            ": its optimizer state cannot continue as " + a.optimizer + "'s (start a new run from its weights with "
-            "--load instead)");
-    a.optimizer = stored_optimizer;
+    // the optimizer, Shampoo's graft and block size shape the optimizer state: a change restarts it (--allow_change
+    // optimizer), or is an error
+    const std::string stored_optimizer = OPTIMIZER_NAMES[o.optimizer], stored_graft = GRAFT_NAMES[o.graft];
+    const std::string optimizer = a.given.count("optimizer") ? a.optimizer : stored_optimizer;
+    struct Shape { const char* flag; bool differs; std::string given, stored; };
+    const bool shampoo = optimizer == "shampoo" && o.optimizer == OPT_SHAMPOO;
+    const Shape shapes[] = {
+        {"optimizer", optimizer != stored_optimizer, optimizer, stored_optimizer},
+        {"graft", shampoo && a.given.count("graft") && a.graft != stored_graft, a.graft, stored_graft},
+        {"max_precond_dim", shampoo && a.given.count("max_precond_dim") && a.max_precond_dim != o.max_precond_dim,
+         std::to_string(a.max_precond_dim), std::to_string(o.max_precond_dim)}};
+    for (const Shape& sh : shapes) {
+        if (!sh.differs) continue;
+        if (!allowed.count("optimizer"))
+            die("--" + std::string(sh.flag) + " " + sh.given + " differs from the " + sh.flag + " " + sh.stored +
+                " stored in " + path + ": its optimizer state cannot continue as " + sh.given + "'s (add "
+                "--allow_change optimizer to continue the trajectory with a new optimizer state, or start a new run "
+                "from its weights with --load)");
+        printf("note: --%s %s replaces the %s %s stored in %s: a new optimizer state (--allow_change optimizer)\n",
+               sh.flag, sh.given.c_str(), sh.flag, sh.stored.c_str(), path.c_str());
+        a.fresh_optimizer = true;
+    }
+    a.optimizer = optimizer;
+    if (!a.fresh_optimizer) { a.graft = stored_graft; a.max_precond_dim = o.max_precond_dim; }
     // true: take the stored value
     auto keep = [&](const char* flag, bool matters, bool differs, const std::string& given, const std::string& stored) {
         if (!a.given.count(flag) || !differs) return true;
@@ -4466,7 +5156,9 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     auto str = [](float v) { char b[32]; snprintf(b, sizeof b, "%g", v); return std::string(b); };
     const std::string schedule = SCHEDULE_NAMES[o.schedule];
     if (keep("lr_schedule", true, a.lr_schedule != schedule, a.lr_schedule, schedule)) a.lr_schedule = schedule;
-    const bool decays = a.lr_schedule != "constant", sgd = o.optimizer == OPT_SGD;
+    const bool decays = a.lr_schedule != "constant";
+    const bool muon = a.optimizer == "muon", is_shampoo = a.optimizer == "shampoo";
+    const bool sgd = a.optimizer == "sgd" || (is_shampoo && a.graft == "sgd");
     if (keep("lr", true, a.lr != o.lr, str(a.lr), str(o.lr))) a.lr = o.lr;
     if (keep("lr_min", decays, a.lr_min != o.lr_min, str(a.lr_min), str(o.lr_min))) a.lr_min = o.lr_min;
     if (keep("epochs", decays, a.epochs != s.epochs, std::to_string(a.epochs), std::to_string(s.epochs)))
@@ -4484,6 +5176,25 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     if (keep("beta1", !sgd, a.beta1 != o.beta1, str(a.beta1), str(o.beta1))) a.beta1 = o.beta1;
     if (keep("beta2", !sgd, a.beta2 != o.beta2, str(a.beta2), str(o.beta2))) a.beta2 = o.beta2;
     if (keep("eps", !sgd, a.eps != o.eps, str(a.eps), str(o.eps))) a.eps = o.eps;
+    if (keep("muon_lr", muon, a.muon_lr != o.muon_lr, str(a.muon_lr), str(o.muon_lr))) a.muon_lr = o.muon_lr;
+    if (keep("muon_momentum", muon, a.muon_momentum != o.muon_momentum, str(a.muon_momentum), str(o.muon_momentum)))
+        a.muon_momentum = o.muon_momentum;
+    if (keep("muon_nesterov", muon, a.muon_nesterov != o.nesterov, std::to_string(a.muon_nesterov),
+             std::to_string(o.nesterov)))
+        a.muon_nesterov = o.nesterov;
+    if (keep("ns_steps", muon, a.ns_steps != o.ns_steps, std::to_string(a.ns_steps), std::to_string(o.ns_steps)))
+        a.ns_steps = o.ns_steps;
+    if (keep("precond_every", is_shampoo, a.precond_every != o.precond_every, std::to_string(a.precond_every),
+             std::to_string(o.precond_every)))
+        a.precond_every = o.precond_every;
+    if (keep("precond_start", is_shampoo, a.precond_start != o.precond_start, std::to_string(a.precond_start),
+             std::to_string(o.precond_start)))
+        a.precond_start = o.precond_start;
+    if (keep("precond_eps", is_shampoo, a.precond_eps != o.precond_eps, str(a.precond_eps), str(o.precond_eps)))
+        a.precond_eps = o.precond_eps;
+    if (keep("precond_damping", is_shampoo, a.precond_damping != o.precond_damping, str(a.precond_damping),
+             str(o.precond_damping)))
+        a.precond_damping = o.precond_damping;
     if (a.lr_min > a.lr) die("--lr_min " + str(a.lr_min) + " is above --lr " + str(a.lr) + " (with " + path + "'s)");
     if (s.epoch >= a.epochs)
         die(path + ": header[3] epoch is " + std::to_string(s.epoch) + ", --epochs is " + std::to_string(a.epochs) +
@@ -4571,7 +5282,8 @@ int main(int argc, char** argv) {
     int steps_per_epoch = a.eval_only ? 0 : ceil_div(train.n, B);
 
     Mnist model;
-    model.opt.optimizer = a.optimizer == "sgd" ? OPT_SGD : OPT_ADAMW;
+    model.opt.optimizer = a.optimizer == "sgd" ? OPT_SGD : a.optimizer == "adamw" ? OPT_ADAMW
+                          : a.optimizer == "muon" ? OPT_MUON : OPT_SHAMPOO;
     model.opt.schedule = a.lr_schedule == "constant" ? SCHED_CONSTANT
                          : a.lr_schedule == "cosine" ? SCHED_COSINE
                                                      : SCHED_LINEAR;
@@ -4581,13 +5293,18 @@ int main(int argc, char** argv) {
     model.opt.momentum = a.momentum;
     model.opt.weight_decay = a.weight_decay;
     model.opt.beta1 = a.beta1; model.opt.beta2 = a.beta2; model.opt.eps = a.eps;
+    model.opt.muon_lr = a.muon_lr; model.opt.muon_momentum = a.muon_momentum; model.opt.nesterov = a.muon_nesterov;
+    model.opt.ns_steps = a.ns_steps; model.opt.graft = a.graft == "sgd" ? GRAFT_SGD : GRAFT_ADAM;
+    model.opt.precond_every = a.precond_every; model.opt.precond_start = a.precond_start;
+    model.opt.max_precond_dim = a.max_precond_dim; model.opt.precond_eps = a.precond_eps;
+    model.opt.precond_damping = a.precond_damping;
     mnist_build(&model, cpu, B, eval_batch);
     mnist_init_params(&model, (uint64_t)a.seed);
 
     int start_epoch = 0, step = 0;
     if (!a.load.empty()) mnist_load_checkpoint_state(&model, &ck, false);
     if (resume) {
-        mnist_load_checkpoint_state(&model, &ck, true);
+        mnist_load_checkpoint_state(&model, &ck, !a.fresh_optimizer);
         start_epoch = stored.epoch;
         step = start_epoch * steps_per_epoch;  // the stored step, unless the batch size or the images changed
         if (step != stored.step)
@@ -4612,6 +5329,7 @@ int main(int argc, char** argv) {
     printf("| %-21s | %-44d |\n", "train / test images", train.n); printf("| %-21s | %-44d |\n", "", test.n);
     printf("| %-21s | %-44zu |\n", "parameters", model.n_params);
     printf("| %-21s | %-44d |\n", "steps per epoch", steps_per_epoch);
+    if (!cpu) printf("| %-21s | %-44s |\n", "GPU memory free/total", gpu_memory_line().c_str());
     printf("+-----------------------+----------------------------------------------+\n");
 
     DeviceData dtest = upload_split(test, cpu);
@@ -4644,7 +5362,9 @@ int main(int argc, char** argv) {
 
     const int n_full = train.n / B, tail = train.n % B, n_multi = n_full / GRAPH_STEPS, n_rest = n_full % GRAPH_STEPS;
     cudaGraphExec_t graph_multi = nullptr, graph_rest = nullptr;
-    if (!cpu && a.cuda_graph) {
+    if (!cpu && a.cuda_graph && model.opt.optimizer == OPT_SHAMPOO)
+        printf("note: --optimizer shampoo runs its steps without CUDA graphs (its root schedule is a host decision)\n");
+    if (!cpu && a.cuda_graph && model.opt.optimizer != OPT_SHAMPOO) {
         if (n_multi) graph_multi = capture_train_steps(&model, dtrain, perm_dev, losses, B, GRAPH_STEPS);
         if (n_rest || tail) graph_rest = capture_train_steps(&model, dtrain, perm_dev, losses, B, n_rest, tail);
         cudaCheck(cudaStreamSynchronize(g_mm.stream));
@@ -4715,6 +5435,7 @@ int main(int argc, char** argv) {
             exit(1);
         }
         best_loss = std::min(best_loss, train_loss);
+        if (!cpu) gpu_memory_line();  // a sample for the peak
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
         printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n",
                epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
@@ -4740,6 +5461,11 @@ int main(int argc, char** argv) {
         }
     }
     printf("final | test_acc %.4f | test_loss %.6f | train_ms %.1f\n", last.accuracy, last.loss, total_train_ms);
+    if (!cpu) {
+        gpu_memory_line();
+        printf("GPU memory: peak %.0f MiB in use (total - free, sampled at start-up, after each epoch and here)\n",
+               g_gpu_peak_used / 1048576.0);
+    }
     mnist_free(&model);
     return 0;
 }

@@ -4,8 +4,9 @@ Tests of train_mnist.cu: includes the trainer (TESTING) and runs its real code.
 Build: make -C dev test_mnist        Run (repo root): ./dev/test_mnist
   CPU (always, also in CI): the CPU path's outputs, loss, gradients and 5 SGD / 5 AdamW step losses against the
     committed fixture dev/fixtures/mnist_fixture.bin (PyTorch, hash-initialized weights, B=8); checkpoint round trip
-    and resume continuing the same trajectory.
-  GPU (skipped without a device): our matmul kernel (fp32 and TF32) against a CPU oracle at awkward sizes for every
+    and resume continuing the same trajectory; Muon and Shampoo (on SGD and on AdamW) over 4 steps against
+    dev/fixtures/mnist_optimizers_fixture.bin (dev/mnist_optimizers.py: torch.optim.Muon, plain-PyTorch Shampoo).
+  GPU (skipped without a device): Muon's and Shampoo's steps on our kernel (strict fp32) against the CPU path; our matmul kernel (fp32 and TF32) against a CPU oracle at awkward sizes for every
     operand kind, outputs poisoned with NaN first; the specialised conv2 TF32 kernels (forward with max-pool and
     window codes, weight and input gradient from dpooled + codes) against the same oracle, with the full and a
     capped persistent grid; fc1's fast kernels (split-K forward + head, backward, its fused optimizer step); the
@@ -212,6 +213,139 @@ static void check_checkpoint_resume(const Reference& r) {
     report(diff == 0, "cpu resume trajectory", "3 straight steps vs 2 + checkpoint + 1: " + std::to_string(diff) + " parameters differ");
     remove(path);
     mnist_free(&a); mnist_free(&b); mnist_free(&c);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Muon and Shampoo (issue 21) against dev/mnist_optimizers.py's fixture (PyTorch: torch.optim.Muon with its
+// Newton-Schulz in fp32, and plain-PyTorch Shampoo grafted on SGD and on AdamW): from hash_init weights, S steps on
+// the fixture's batch, the loss before every step and the final parameters.
+struct OptReference {
+    int B = 0, S = 0, init_seed = 0, nesterov = 1, ns_steps = 5, precond_every = 1, precond_start = 0, max_dim = 1;
+    float lr, momentum, weight_decay, adam_lr, beta1, beta2, eps, adam_wd, muon_lr, muon_momentum, p_eps, p_damping;
+    std::vector<float> x; std::vector<int> y;
+    std::vector<std::string> runs = {"muon", "shampoo_sgd", "shampoo_adam"};
+    std::vector<std::vector<float>> losses;                 // per run
+    std::vector<std::vector<std::vector<float>>> finals;   // per run, per parameter (fc1.weight: 4 rows)
+};
+static OptReference load_opt_reference(const char* path) {
+    BinFile bf;
+    bin_read(&bf, path, 20260205, 1);
+    OptReference r;
+    const int32_t* h = bf.header;
+    r.B = h[3]; r.S = h[4]; r.init_seed = h[5];
+    r.lr = bin_field_f(&bf, 6); r.momentum = bin_field_f(&bf, 7); r.weight_decay = bin_field_f(&bf, 8);
+    r.adam_lr = bin_field_f(&bf, 9); r.beta1 = bin_field_f(&bf, 10); r.beta2 = bin_field_f(&bf, 11);
+    r.eps = bin_field_f(&bf, 12); r.adam_wd = bin_field_f(&bf, 13); r.muon_lr = bin_field_f(&bf, 14);
+    r.muon_momentum = bin_field_f(&bf, 15); r.nesterov = h[16]; r.ns_steps = h[17]; r.precond_every = h[18];
+    r.precond_start = h[19]; r.max_dim = h[20]; r.p_eps = bin_field_f(&bf, 21); r.p_damping = bin_field_f(&bf, 22);
+    int xs[4] = {r.B, 1, IMG, IMG}, ys[1] = {r.B}, ss[1] = {r.S}, rows[2] = {4, FC_IN};
+    const float* x = (const float*)bin_expect(&bf, "x", 0, 4, xs); r.x.assign(x, x + (size_t)r.B * IMG * IMG);
+    const int* y = (const int*)bin_expect(&bf, "y", 1, 1, ys); r.y.assign(y, y + r.B);
+    params_setup();
+    for (const std::string& run : r.runs) {
+        const float* l = (const float*)bin_expect(&bf, (run + "_losses").c_str(), 0, 1, ss);
+        r.losses.emplace_back(l, l + r.S);
+        r.finals.emplace_back();
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const bool fc1 = i == P_WF1;
+            const std::string name = run + "." + PARAMS[i].name + (fc1 ? ".rows" : "");
+            const float* p = (const float*)bin_expect(&bf, name.c_str(), 0, fc1 ? 2 : PARAMS[i].ndim,
+                                                      fc1 ? rows : PARAMS[i].shape);
+            r.finals.back().emplace_back(p, p + (fc1 ? 4 * FC_IN : PARAMS[i].numel));
+        }
+    }
+    return r;
+}
+static OptConfig opt_config_for(const OptReference& r, int run) {
+    OptConfig c;
+    c.schedule = SCHED_CONSTANT; c.warmup_steps = 0;
+    c.beta1 = r.beta1; c.beta2 = r.beta2; c.eps = r.eps; c.momentum = r.momentum;
+    c.muon_lr = r.muon_lr; c.muon_momentum = r.muon_momentum; c.nesterov = r.nesterov; c.ns_steps = r.ns_steps;
+    c.precond_every = r.precond_every; c.precond_start = r.precond_start; c.max_precond_dim = r.max_dim;
+    c.precond_eps = r.p_eps; c.precond_damping = r.p_damping;
+    const bool sgd = run == 1;
+    c.optimizer = run == 0 ? OPT_MUON : OPT_SHAMPOO;
+    c.graft = sgd ? GRAFT_SGD : GRAFT_ADAM;
+    c.lr = sgd ? r.lr : r.adam_lr; c.weight_decay = sgd ? r.weight_decay : r.adam_wd;
+    return c;
+}
+// S steps of run's optimizer from the fixture's weights and batch; the losses before each step.
+static std::vector<float> run_opt_steps(Mnist* m, const OptReference& r, int run, float* lbuf) {
+    m->opt = opt_config_for(r, run);
+    set_params_torch(m, hash_init(r.init_seed, m->n_params));
+    matrix_opt_build(m);  // fresh state
+    set_batch(m, r.x.data(), r.y.data(), r.B);
+    mnist_set_counters(m, 0, 0);
+    std::vector<float> losses;
+    for (int s = 0; s < r.S; s++) {
+        losses.push_back((float)forward_loss(m, r.B, lbuf, true));
+        matrix_opt_update(m, 0);
+    }
+    return losses;
+}
+// Tolerances (fp32 on both sides, other summation orders; PyTorch's roots by float64 eigh, ours by float64 Newton):
+//   step losses rtol 1e-4 as SGD's (check_against): Muon's and Shampoo's updates are smooth functions of the
+//        gradients (Newton-Schulz's polynomial, fixed roots times the gradient, a ratio of norms), so the
+//        gradients' rounding passes through them about unamplified; Shampoo-on-AdamW rtol 1e-3 as AdamW's (its graft
+//        direction is AdamW's m / sqrt(v));
+//   final parameters: atol 1e-5 of the tensor's largest element + rtol 1e-4: 4 updates of at most lr each, each
+//        exact to the gradients' ~1e-4 relative rounding (check_against's gradient rtol 1e-3 is per element, an
+//        update's size is a norm over many elements); AdamW-grafted: atol 1e-4 of the largest element (a tiny
+//        gradient's rounding turns into an update of up to lr).
+static void check_optimizers_cpu(const OptReference& r) {
+    g_mm.backend = BACKEND_CPU;
+    Mnist m; mnist_build(&m, true, r.B, r.B);
+    std::vector<float> lbuf(r.B);
+    for (int run = 0; run < (int)r.runs.size(); run++) {
+        const bool adam = run == 2;
+        std::vector<float> losses = run_opt_steps(&m, r, run, lbuf.data());
+        const std::string tag = "cpu " + r.runs[run];
+        compare(tag + " step losses", losses.data(), r.losses[run].data(), r.S, 0.0, adam ? 1e-3 : 1e-4);
+        std::vector<float> p = get_torch(&m, m.params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const std::vector<float>& ref = r.finals[run][i];
+            compare(tag + " final " + PARAMS[i].name + (i == P_WF1 ? " (first 4 rows)" : ""), p.data() + PARAMS[i].offset,
+                    ref.data(), ref.size(), (adam ? 1e-4 : 1e-5) * max_abs_of(ref.data(), ref.size()), 1e-4);
+        }
+    }
+    mnist_free(&m);
+}
+// GPU: the same steps on our kernel in strict fp32 (--tf32 0) against the CPU path: every parameter within the
+// tolerances above (both paths compute the same functions in fp32, in other orders; the GPU's roots are fp32
+// Newton, the CPU's float64: the roots' fp32 error, ~1e-5 at these damped condition numbers, enters through
+// Shampoo's direction, whose size the graft then fixes).
+static void check_optimizers_gpu(const OptReference& r) {
+    std::vector<std::vector<float>> cpu_params, cpu_losses;
+    const int backend = g_mm.backend, tf32 = g_mm.tf32;
+    g_mm.backend = BACKEND_CPU;
+    {
+        Mnist m; mnist_build(&m, true, r.B, r.B);
+        std::vector<float> lbuf(r.B);
+        for (int run = 0; run < (int)r.runs.size(); run++) {
+            cpu_losses.push_back(run_opt_steps(&m, r, run, lbuf.data()));
+            cpu_params.push_back(get_torch(&m, m.params));
+        }
+        mnist_free(&m);
+    }
+    g_mm.backend = BACKEND_OURS; g_mm.tf32 = 0;
+    Mnist m; mnist_build(&m, false, r.B, r.B);
+    float* lbuf; cudaCheck(cudaMalloc(&lbuf, r.B * 4));
+    for (int run = 0; run < (int)r.runs.size(); run++) {
+        const bool adam = run == 2;
+        std::vector<float> losses = run_opt_steps(&m, r, run, lbuf);
+        const std::string tag = "gpu vs cpu " + r.runs[run];
+        compare(tag + " step losses", losses.data(), cpu_losses[run].data(), r.S, 0.0, adam ? 1e-3 : 1e-4);
+        std::vector<float> p = get_torch(&m, m.params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const float* ref = cpu_params[run].data() + PARAMS[i].offset;
+            const size_t n = PARAMS[i].numel;
+            compare(tag + " final " + PARAMS[i].name, p.data() + PARAMS[i].offset, ref, n,
+                    (adam ? 1e-4 : 1e-5) * max_abs_of(ref, n), 1e-4);
+        }
+    }
+    cudaCheck(cudaFree(lbuf));
+    mnist_free(&m);
+    g_mm.backend = backend; g_mm.tf32 = tf32;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -914,12 +1048,26 @@ int main(int argc, char** argv) {
         report(false, "cpu fixture", std::string(fixture_path) + " is missing (python3 dev/mnist.py writes it; it is committed)");
     }
 
+    const char* opt_fixture_path = "dev/fixtures/mnist_optimizers_fixture.bin";
+    FILE* of = fopen(opt_fixture_path, "rb");
+    const bool have_opt_fixture = of != nullptr;
+    if (of) fclose(of);
+    OptReference ofx;
+    if (have_opt_fixture) {
+        ofx = load_opt_reference(opt_fixture_path);
+        check_optimizers_cpu(ofx);
+    } else {
+        report(false, "cpu muon / shampoo", std::string(opt_fixture_path) + " is missing (python3 dev/mnist_optimizers.py "
+               "writes it; it is committed)");
+    }
+
     int ndev = 0;
     cudaError_t derr = cudaGetDeviceCount(&ndev);
     if (derr != cudaSuccess) { (void)cudaGetLastError(); ndev = 0; }
     if (ndev == 0) {
         std::string why = std::string("no CUDA device (") + cudaGetErrorString(derr) + ")";
-        for (const char* n : {"gpu kernel", "gpu fixture ours", "gpu fixture cublas", "gpu debug state ours", "gpu debug state cublas"}) skip(n, why);
+        for (const char* n : {"gpu kernel", "gpu fixture ours", "gpu fixture cublas", "gpu debug state ours", "gpu debug state cublas",
+                              "gpu vs cpu muon / shampoo"}) skip(n, why);
     } else {
         g_mm.backend = BACKEND_OURS;
         cudaCheck(cudaStreamCreate(&g_mm.stream));  // programmatic dependent launch needs a stream of our own
@@ -949,6 +1097,7 @@ int main(int argc, char** argv) {
         } else {
             skip("gpu training steps with the fused forward", "the fused forward is off on this GPU");
         }
+        if (have_opt_fixture) check_optimizers_gpu(ofx);
         check_fc1_fast(5, 31);
         check_fc1_fast(70, 32);
         check_watchdog();

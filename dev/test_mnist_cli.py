@@ -8,6 +8,8 @@ error, no std::bad_alloc, no hang), header sizes bounded by the file before allo
 trailer, outputs checked at start-up and written through a temporary file (devices and FIFOs refused, symlinks
 written through, nothing left behind on a full disk), checkpoint contents validated, --resume refusing a changed
 setting unless --allow_change names it, and a finite but diverging loss stopping the run.
+Issue 21: Muon's and Shampoo's flags (bad values refused), their CPU training, resume (Shampoo's factors and roots in
+the checkpoint), a changed optimizer refused unless --allow_change optimizer, version 2 checkpoints refused.
 Run from the repo root: python3 dev/test_mnist_cli.py   (last line: N passed, N failed, N skipped)
 """
 import gzip
@@ -294,6 +296,69 @@ def issue26(tmp, common):
            f"{ckd} exists: {os.path.exists(ckd)}")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# issue 21: Muon and Shampoo (the CPU path; their steps against PyTorch are dev/test_mnist.cu's)
+
+
+def optimizers(tmp):
+    base = ["--device", "cpu", "--data_dir", DATA, "--train_limit", "32", "--test_limit", "100", "--batch_size", "16",
+            "--warmup_steps", "2", "--seed", "4", "--confusion", "0"]
+    shampoo = ["--optimizer", "shampoo", "--max_precond_dim", "32", "--precond_start", "1", "--precond_every", "2",
+               "--lr", "0.05"]
+    muon = ["--optimizer", "muon", "--lr", "0.003"]
+    for args, words in [(["--precond_damping", "-1"], ["--precond_damping", "found -1"]),
+                        (["--precond_eps", "-1e-6"], ["--precond_eps", "found -1e-06"]),
+                        (["--precond_every", "0"], ["--precond_every", "found 0"]),
+                        (["--max_precond_dim", "0"], ["--max_precond_dim", "found 0"]),
+                        (["--ns_steps", "0"], ["--ns_steps", "found 0"]),
+                        (["--optimizer", "lion"], ["--optimizer", "sgd,adamw,muon,shampoo", "lion"]),
+                        (["--graft", "rmsprop"], ["--graft", "sgd,adam", "rmsprop"])]:
+        expect_error(f"bad flag {' '.join(args)}", base + args, *words, code=1)
+
+    # training learns; 1 epoch + checkpoint + resume == 2 straight epochs (optimizer state incl. Shampoo's factors)
+    for name, extra in (("muon", muon), ("shampoo", shampoo), ("shampoo graft adam", shampoo[:-2] + ["--graft", "adam",
+                                                                                                     "--lr", "0.002"])):
+        rc, out = run(base + extra + ["--epochs", "3", "--train_limit", "64"])
+        ep = epochs_of(out)
+        report(rc == 0 and len(ep) == 3 and ep[2][0] < ep[0][0], f"cpu {name}: the training loss falls",
+               f"exit {rc}; epochs (train loss, test loss, test acc): {ep}")
+        ck = os.path.join(tmp, f"ck_{name.replace(' ', '_')}.bin")
+        straight = epochs_of(run(base + extra + ["--epochs", "2"])[1])
+        run(base + extra + ["--epochs", "2", "--checkpoint", ck, "--stop_at_accuracy", "0.001"])
+        rc, out = run(base + ["--epochs", "2", "--resume", ck])
+        ep = epochs_of(out)
+        report(rc == 0 and len(ep) == 1 and len(straight) == 2 and ep[0] == straight[1],
+               f"cpu {name}: --resume continues the same trajectory", f"exit {rc}; resumed {ep} vs straight "
+               f"{straight[1:]}: {out.strip().splitlines()[-1][:150] if out.strip() else ''}")
+
+    ck = os.path.join(tmp, "ck_shampoo.bin")
+    expect_error("--resume shampoo with --optimizer muon", base + ["--resume", ck, "--optimizer", "muon"],
+                 "--optimizer muon", "shampoo", "--allow_change optimizer", code=1)
+    expect_error("--resume shampoo with another --graft", base + ["--resume", ck, "--graft", "adam"], "--graft adam",
+                 "sgd", "--allow_change optimizer", code=1)
+    expect_error("--resume shampoo with another --max_precond_dim", base + ["--resume", ck, "--max_precond_dim", "64"],
+                 "--max_precond_dim 64", "32", "--allow_change optimizer", code=1)
+    expect_error("--resume shampoo with another --precond_every", base + ["--resume", ck, "--precond_every", "3"],
+                 "--precond_every 3", "2", "--allow_change precond_every", code=1)
+    expect_error("--resume muon with another --muon_lr", base + ["--resume", os.path.join(tmp, "ck_muon.bin"),
+                 "--muon_lr", "0.05"], "--muon_lr 0.05", "0.02", "--allow_change muon_lr", code=1)
+    rc, out = run(base + ["--resume", ck, "--optimizer", "muon", "--allow_change", "optimizer"])
+    report(rc == 0 and len(epochs_of(out)) == 1 and "new optimizer state" in out,
+           "--allow_change optimizer: shampoo's weights continue under muon with a new optimizer state",
+           f"exit {rc}: {[line for line in out.splitlines() if line.startswith('note:')]}")
+    raw = open(ck, "rb").read()
+    old = os.path.join(tmp, "version2.bin")
+    open(old, "wb").write(raw[:4] + struct.pack("<i", 2) + raw[8:])
+    expect_error("a version 2 checkpoint is refused", ["--device", "cpu", "--data_dir", DATA, "--test_limit", "50",
+                 "--eval_only", "1", "--load", old], old, "version is 2, expected 3", code=1)
+    t = ck_table(raw)
+    off = t["shampoo_Rinv.fc1.weight.0.32"][1]
+    bad = os.path.join(tmp, "shampoo_nan.bin")
+    open(bad, "wb").write(patched(raw, off + 8, "<f", float("nan")))
+    expect_error("a NaN in a Shampoo root is refused", base + ["--resume", bad], bad, "shampoo_Rinv.fc1.weight.0.32",
+                 "finite", code=1)
+
+
 def main():
     if not os.path.exists(BIN):
         report(False, "binary", f"{BIN} is missing: run make train_mnist")
@@ -401,6 +466,7 @@ def main():
                f"exit {rc}: {out4.strip().splitlines()[-1][:150] if out4.strip() else ''}; checkpoint unchanged: {before == after}")
 
         issue26(tmp, common)
+        optimizers(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped")

@@ -1,0 +1,206 @@
+"""PyTorch references of train_mnist's matrix optimizers (issue 21), written plainly, and the CI fixture that
+dev/test_mnist.cu checks the trainer's CPU path (and, on a GPU, its GPU path) against.
+
+  python3 dev/mnist_optimizers.py        # writes dev/fixtures/mnist_optimizers_fixture.bin (CPU, fp32, seconds)
+
+The fixture: dev/mnist.py's CI fixture batch (the first 8 test images) and hash_init weights; from them n_steps
+optimizer steps on that batch for each run below: the loss before every step (<run>_losses) and the final
+parameters (<run>.<name>; of fc1.weight only the first 4 rows, <run>.fc1.weight.rows).
+  muon:         torch.optim.Muon for the weight matrices (a convolution's weight as out x in*3*3: a view of the same
+                storage), torch.optim.AdamW for the biases. One change: its Newton-Schulz iteration runs in fp32
+                (torch casts it to bf16, whose 2^-8 rounding would drown a comparison in fp32): torch's
+                _zeropower_via_newtonschulz replaced by the same iteration without the cast (ns_fp32).
+  muon_bf16:    unmodified torch.optim.Muon (bf16 Newton-Schulz): losses only, a sanity check of the same trajectory.
+  shampoo_sgd, shampoo_adam: the Shampoo of train_mnist.cu (part 4, the matrix optimizers) in plain PyTorch: blocked
+                factors L += G G^T, R += G^T G, inverse 4th roots (float64 eigendecomposition) every precond_every
+                steps from precond_start, the step grafted onto SGD-momentum or AdamW; the biases take
+                torch.optim.SGD or torch.optim.AdamW.
+Everything in fp32 on the CPU (TF32 does not exist there). Format: scripts/binio.py MNIST_OPT_FIXTURE.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import binio  # noqa: E402
+import mnist  # noqa: E402  (dev/mnist.py: the network, the data, hash_init)
+
+CFG = dict(batch_size=8, n_steps=4, init_seed=7, lr=0.05, momentum=0.9, weight_decay=5e-4, adam_lr=1e-3, beta1=0.9,
+           beta2=0.999, eps=1e-8, adam_weight_decay=0.01, muon_lr=0.02, muon_momentum=0.95, muon_nesterov=1,
+           ns_steps=5, precond_every=2, precond_start=1, max_precond_dim=32, precond_eps=1e-12,
+           precond_damping=1e-3)
+WEIGHTS = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"]
+
+
+def f32(v):
+    """A setting as the trainer holds it (a float32 in the fixture's header)."""
+    return float(np.float32(v))
+
+
+def ns_fp32(grad, ns_coefficients, ns_steps, eps):
+    """torch.optim._muon._zeropower_via_newtonschulz without the cast to bfloat16."""
+    import torch
+    a, b, c = ns_coefficients
+    x = grad.float()
+    tall = grad.size(0) > grad.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        gram_update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, gram_update, x, beta=a)
+    return x.T if tall else x
+
+
+def matrix(p):
+    """A weight as the rows x cols matrix the optimizers see (a view: updates go to the parameter)."""
+    return p.view(p.shape[0], -1)
+
+
+def run_muon(torch, net, x, y, cfg, fp32):
+    import torch.optim._muon as muon_module
+    original = muon_module._zeropower_via_newtonschulz
+    if fp32:
+        muon_module._zeropower_via_newtonschulz = ns_fp32
+    try:
+        params = dict(net.named_parameters())
+        mats = {n: torch.nn.Parameter(matrix(params[n].data)) for n in WEIGHTS}
+        muon = torch.optim.Muon(list(mats.values()), lr=f32(cfg["muon_lr"]), weight_decay=f32(cfg["adam_weight_decay"]),
+                                momentum=f32(cfg["muon_momentum"]), nesterov=bool(cfg["muon_nesterov"]),
+                                ns_steps=cfg["ns_steps"])
+        biases = [p for n, p in params.items() if n not in WEIGHTS]
+        adamw = torch.optim.AdamW(biases, lr=f32(cfg["adam_lr"]), betas=(f32(cfg["beta1"]), f32(cfg["beta2"])),
+                                  eps=f32(cfg["eps"]), weight_decay=f32(cfg["adam_weight_decay"]), foreach=False)
+        losses = []
+        for _ in range(cfg["n_steps"]):
+            net.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            losses.append(loss.item())
+            loss.backward()
+            for n in WEIGHTS:
+                mats[n].grad = matrix(params[n].grad)
+            muon.step()
+            adamw.step()
+        return losses
+    finally:
+        muon_module._zeropower_via_newtonschulz = original
+
+
+def blocks_of(rows, cols, d):
+    return [(r0, c0, min(d, rows - r0), min(d, cols - c0)) for r0 in range(0, rows, d) for c0 in range(0, cols, d)]
+
+
+def inverse_root4(torch, a, cfg):
+    """(A + e I)^(-1/4), e = precond_eps + precond_damping * trace(A) / n, by a float64 eigendecomposition."""
+    a = a.double()
+    n = a.shape[0]
+    e = f32(cfg["precond_eps"]) + f32(cfg["precond_damping"]) * a.diagonal().sum().item() / n
+    w, v = torch.linalg.eigh(a + e * torch.eye(n, dtype=torch.float64))
+    return ((v * w.clamp(min=1e-300) ** -0.25) @ v.T).float()
+
+
+def run_shampoo(torch, net, x, y, cfg, graft):
+    params = dict(net.named_parameters())
+    sgd = graft == "sgd"
+    lr, wd = (f32(cfg["lr"]), f32(cfg["weight_decay"])) if sgd else (f32(cfg["adam_lr"]), f32(cfg["adam_weight_decay"]))
+    b1, b2, eps, mom = f32(cfg["beta1"]), f32(cfg["beta2"]), f32(cfg["eps"]), f32(cfg["momentum"])
+    state = {}
+    for n in WEIGHTS:
+        w = matrix(params[n].data)
+        blocks = []
+        for r0, c0, r, c in blocks_of(w.shape[0], w.shape[1], cfg["max_precond_dim"]):
+            blocks.append(dict(r0=r0, c0=c0, r=r, c=c, L=torch.zeros(r, r), R=torch.zeros(c, c), Linv=None, Rinv=None))
+        state[n] = dict(blocks=blocks, buf=torch.zeros_like(w), m=torch.zeros_like(w), v=torch.zeros_like(w))
+    biases = [p for n, p in params.items() if n not in WEIGHTS]
+    if sgd:
+        bias_opt = torch.optim.SGD(biases, lr=lr, momentum=mom, weight_decay=wd)
+    else:
+        bias_opt = torch.optim.AdamW(biases, lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, foreach=False)
+    losses = []
+    for step in range(cfg["n_steps"]):
+        net.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        due = step >= cfg["precond_start"] and (step - cfg["precond_start"]) % cfg["precond_every"] == 0
+        with torch.no_grad():
+            for n in WEIGHTS:
+                st, w, g = state[n], matrix(params[n].data), matrix(params[n].grad)
+                if sgd:
+                    d = g + wd * w
+                    u = d
+                else:
+                    st["m"].mul_(b1).add_(g, alpha=1 - b1)
+                    st["v"].mul_(b2).addcmul_(g, g, value=1 - b2)
+                    u = st["m"] / (1 - b1 ** (step + 1))
+                    d = u / ((st["v"] / (1 - b2 ** (step + 1))).sqrt() + eps)
+                s = torch.empty_like(w)
+                for bl in st["blocks"]:
+                    rs, cs = slice(bl["r0"], bl["r0"] + bl["r"]), slice(bl["c0"], bl["c0"] + bl["c"])
+                    gb = g[rs, cs]
+                    bl["L"] += gb @ gb.T
+                    bl["R"] += gb.T @ gb
+                    if due:
+                        bl["Linv"], bl["Rinv"] = inverse_root4(torch, bl["L"], cfg), inverse_root4(torch, bl["R"], cfg)
+                    if bl["Linv"] is None:
+                        s[rs, cs] = d[rs, cs]
+                        continue
+                    p = bl["Linv"] @ u[rs, cs] @ bl["Rinv"]
+                    pn = p.norm()
+                    s[rs, cs] = p * (d[rs, cs].norm() / pn) if pn > 0 else torch.zeros_like(p)
+                if sgd:
+                    st["buf"].mul_(mom).add_(s)
+                    w.sub_(lr * st["buf"])
+                else:
+                    w.mul_(1 - lr * wd).sub_(lr * s)
+        bias_opt.step()
+    return losses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data_dir", default="data/mnist")
+    ap.add_argument("--out", default="dev/fixtures/mnist_optimizers_fixture.bin")
+    args = ap.parse_args()
+    try:
+        images, labels = mnist.load_idx(args.data_dir, "t10k", CFG["batch_size"])
+    except binio.FormatError as e:
+        sys.exit(f"error: {e}")
+    try:
+        import torch
+    except ImportError:
+        sys.exit("error: dev/mnist_optimizers.py needs PyTorch (pip install torch)")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    Net = mnist.build_net(torch)
+    init = {n: torch.from_numpy(v) for n, v in mnist.hash_init(CFG["init_seed"]).items()}
+    x = torch.from_numpy(mnist.normalize(images))
+    y = torch.from_numpy(labels.astype(np.int64))
+    tensors = {"x": x.numpy(), "y": labels.astype(np.int32)}
+    runs = [("muon", lambda net: run_muon(torch, net, x, y, CFG, True)),
+            ("muon_bf16", lambda net: run_muon(torch, net, x, y, CFG, False)),
+            ("shampoo_sgd", lambda net: run_shampoo(torch, net, x, y, CFG, "sgd")),
+            ("shampoo_adam", lambda net: run_shampoo(torch, net, x, y, CFG, "adam"))]
+    for name, fn in runs:
+        net = Net()
+        net.load_state_dict(init)
+        tensors[name + "_losses"] = np.array(fn(net), dtype=np.float32)
+        if name == "muon_bf16":
+            continue
+        for n, p in net.state_dict().items():
+            v = p.detach().numpy()
+            if n == "fc1.weight":
+                tensors[f"{name}.fc1.weight.rows"] = v[:4].copy()
+            else:
+                tensors[f"{name}.{n}"] = v.copy()
+        print(f"{name}: losses {tensors[name + '_losses']}")
+    binio.write(args.out, binio.MNIST_OPT_FIXTURE, CFG, tensors)
+    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)")
+
+
+if __name__ == "__main__":
+    main()
