@@ -1,20 +1,22 @@
 /*
-SGEMM kernels: C = alpha * op(A) op(B) + beta * C, fp32 in and out, row-major, op = N (as stored) or T (transposed).
+SGEMM kernels: C = alpha * op(A) op(B) + beta * C, fp32 in and out (version 8: bf16 A and B), row-major, op = N (as
+stored) or T (transposed).
 op(A) is M x K, op(B) is K x N. A is stored M x K (lda >= K) or, transposed, K x M (lda >= M); B is stored K x N
 (ldb >= N) or, transposed, N x K (ldb >= K). beta == 0 never reads C (C may hold NaN). Any M, N, K >= 0.
 A numbered progression after siboehm/SGEMM_CUDA; every version handles every size, transpose and leading dimension.
 
 Build:  make -C dev matmul        (nvcc -O3 -std=c++17 -lineinfo <gencode> -o matmul matmul.cu -lcublas; on a 9.0
-                                  GPU the gencode is compute_90a/sm_90a, needed by version 7)
+                                  GPU the gencode is compute_90a/sm_90a, needed by versions 7 and 8)
 Test:   ./dev/matmul --test       every version x every transpose vs the CPU oracle (double accumulation) at awkward
                                   sizes, fresh random inputs, C poisoned with NaN; CPU-only checks run without a GPU
 Bench:  ./dev/matmul [all | VERSION] [--square] [--repeat R] [--out DIR]   validate vs cuBLAS, then time 4096^3 and
                                   the MNIST layer shapes (--square: 4096^3 only; --repeat: R rounds, medians)
-PyTorch: dev/torch_ops includes this file with DEV_KERNELS_ONLY (versions 1-7, no cuBLAS, tests or main) and calls
-versions 5 and 7 from its matmul operator.
+PyTorch: dev/torch_ops includes this file with DEV_KERNELS_ONLY (versions 1-7; no version 8, cuBLAS, tests or main)
+and calls versions 5 and 7 from its matmul operator.
 
 version 0: cuBLAS. Strict fp32 (CUBLAS_DEFAULT_MATH: TF32 off) is the baseline of the fp32 versions;
-           CUBLAS_TF32_TENSOR_OP_MATH is the baseline of the TF32 version.
+           CUBLAS_TF32_TENSOR_OP_MATH is the baseline of the TF32 versions, cublasGemmEx bf16 (CUBLAS_COMPUTE_32F) that
+           of version 8.
 version 1: naive: one thread per output, A and B read straight from global memory.
 version 2: the write-up's 32x32 shared-memory tile (one output per thread, __syncthreads between tiles), made correct
            for any M, N, K, both transposes and any leading dimension (zero-filled edge tiles, coalesced loads).
@@ -40,6 +42,14 @@ version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box 
            transpose/copy pass inside the call (TF32 wgmma reads only K-major operands). matmul_sgemm_tf32_v7();
            runs version 6 without sm_90a code, for N <= 32 and where version 6 splits K. Built for sm_90a by the
            matmul line of dev/Makefile; elsewhere the tests and benchmark report version 7 as SKIP.
+version 8: bf16 GEMM (A, B bf16, fp32 accumulation, fp32 C with alpha / beta) on Hopper wgmma m64nNk16, sm_90a: a
+           producer warpgroup issues TMA box copies (128-byte swizzle) into a 4-stage mbarrier ring, two consumer
+           warpgroups (setmaxnreg 232 / producer 40) each run 64 x 256 of a 128 x 256 tile with one wgmma group in
+           flight; persistent blocks walk the tiles in grouped order. All four transposes go straight to TMA (an
+           operand that is not K-major is read MN-major with wgmma's transpose bit). matmul_bf16_v8(); a CUDA-core
+           fallback (64 x 64 tiles, fp32 FMAs) without sm_90a code, for K = 0 and for operands TMA cannot read
+           (row stride not a multiple of 16 bytes, base not 16-byte aligned). Baseline: cuBLAS bf16 (cublasGemmEx,
+           CUBLAS_COMPUTE_32F). Tested on operands rounded to bf16 first, at the fp32-accumulation bound.
 */
 #include <algorithm>
 #include <cmath>
@@ -53,10 +63,12 @@ version 7: Hopper TF32 wgmma (sm_90a only): a producer warpgroup issues TMA box 
 #include <utility>
 #include <vector>
 #include <cerrno>
+#include <cfenv>
 #include <sys/stat.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
 #include <cublas_v2.h>
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -98,8 +110,8 @@ __host__ __device__ static inline int ceil_div(int a, int b) { return (a + b - 1
 // ----------------------------------------------------------------------------------------------------------------
 // host-side argument checks and shared launcher state (used by every version)
 
-static void matmul_check_args(const char* fn, bool trans_a, bool trans_b, int M, int N, int K, const float* A,
-                              int lda, const float* B, int ldb, const float* C, int ldc) {
+static void matmul_check_args(const char* fn, bool trans_a, bool trans_b, int M, int N, int K, const void* A,
+                              int lda, const void* B, int ldb, const void* C, int ldc) {
     const char* bad = nullptr;
     long long expected = 0, found = 0;
     if (M < 0) { bad = "M"; expected = 0; found = M; }
@@ -223,13 +235,20 @@ static void matmul_cpu_oracle(bool trans_a, bool trans_b, int M, int N, int K, f
 //   <= 2 u_t + u_t^2 relative, whatever K: 2^-10 (1 + 2^-12) c_abs; plus the fp32 accumulation bound, doubled
 //   because the tensor core's internal adds are not documented to round to nearest.
 // cuBLAS TF32 does not document how it rounds inputs to TF32: allow truncation (u_t = 2^-10, 2^-9 per product).
+// bf16 (version 8, cuBLAS bf16): the operands are bf16 and the oracle runs on those exact values (the test rounds
+//   its fp32 draws to bf16 first), so no input rounding enters. A product of two bf16 (8-bit significands) has at
+//   most 16 significant bits: exact in fp32 and in the tensor core. What is left is the fp32 accumulation, gamma_K
+//   as above (+3u for alpha, beta), doubled like the TF32 bounds' share because the tensor core's adds are not
+//   documented to round to nearest (each add errs by at most 2u of what it adds: truncation). No allowance for
+//   operand rounding: a kernel that rounded the operands again, or not at all, fails at small K (CPU test 3).
 // ATOL only matters where every product is ~0 (inputs are uniform in [-1, 1], so products never underflow).
 static const double ATOL = 1e-12;
-enum Precision { PREC_FP32 = 0, PREC_TF32_RN = 1, PREC_TF32_ANY = 2 };
+enum Precision { PREC_FP32 = 0, PREC_TF32_RN = 1, PREC_TF32_ANY = 2, PREC_BF16 = 3 };
 static double tolerance_rtol(Precision prec, int K) {
     const double u = ldexp(1.0, -24);
     double gamma = (K + 3) * u / (1.0 - (K + 3) * u);
     if (prec == PREC_FP32) return gamma;
+    if (prec == PREC_BF16) return 2.0 * gamma;
     if (prec == PREC_TF32_RN) return ldexp(1.0, -10) * (1.0 + ldexp(1.0, -12)) + 2.0 * gamma;
     return ldexp(1.0, -9) * (1.0 + ldexp(1.0, -11)) + 2.0 * gamma;
 }
@@ -1854,8 +1873,419 @@ void matmul_sgemm_tf32_v7(bool trans_a, bool trans_b, int M, int N, int K, float
         launch_wgmma<64, 8, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
 
-#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for versions 5-7: cuBLAS, the benchmark variants,
-                          // the tests, the benchmark and main stay out
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for versions 5-7: version 8 (bf16), cuBLAS, the
+                          // benchmark variants, the tests, the benchmark and main stay out
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 8: bf16 GEMM on Hopper warpgroup MMA (wgmma.mma_async m64nNk16 .f32.bf16.bf16) fed by TMA
+// (cp.async.bulk.tensor, 128-byte swizzle) through a STAGES-deep mbarrier ring; bf16 A and B, fp32 accumulation,
+// fp32 C = alpha op(A) op(B) + beta C (the lab's contract, C in fp32). sm_90a only; elsewhere, and where TMA cannot
+// read an operand (a row stride not a multiple of 16 bytes, a base not 16-byte aligned) or K = 0, it runs the
+// CUDA-core fallback below.
+//
+// Block: 3 warpgroups. Warpgroup 0 is the producer: setmaxnreg.dec to 40 registers, one thread issues the TMA copies
+//   of each k-tile. Warpgroups 1 and 2 are consumers (setmaxnreg.inc to 232): consumer c owns rows 64c..64c+63 of
+//   the 128 x BN block tile, BN/2 fp32 accumulators a thread, 4 wgmma m64nBNk16 per k-tile of 64.
+// Persistent (PERSIST): one block per SM walks the output tiles blockIdx.x, + gridDim.x, ... in grouped order (8
+//   block-rows at a time, for L2 reuse); the producer fills the next tile's stages during the current epilogue.
+// Shared memory: STAGES x (A 128 x 64 + B BN x 64) bf16, 1024-byte aligned, each operand in 128-byte swizzled
+//   rows (16-byte chunk c of row r at chunk c ^ (r % 8)) that TMA writes and the wgmma descriptors read:
+//   - K-major operand (A as stored, M x K; B transposed, N x K): one TMA box of 64 k x rows; a tile row is 64 k
+//     (128 bytes), 8-row groups 1024 bytes apart; the k16 step s starts 32 s bytes in.
+//   - MN-major operand (A transposed, K x M; B as stored, K x N): boxes of 64 m|n x 64 k, one 8 KB slab per 64
+//     rows|columns; a slab row is one k (128 bytes), 8 k-rows per 1024-byte group, the next slab 8 KB further
+//     (leading byte offset); the k16 step s starts 2048 s bytes in; wgmma's transpose bit is set for that operand.
+//   These are the two layouts of train_unet.cu's conv_wgmma_kernel (MODE 0: both K-major; MODE 1: both MN-major).
+// mbarriers: full[s] (1 arrive.expect_tx by the producer + the copies' bytes) and empty[s] (8 consumer warps).
+//   k-tile `it` (counted over all of the block's tiles) uses stage it % STAGES with phase parity (it / STAGES) & 1;
+//   the producer waits on empty with the opposite parity (a fresh barrier's "previous" phase counts as complete).
+//   Each consumer keeps one wgmma group in flight: after committing k-tile it it waits for group it - 1 and then
+//   releases stage (it - 1) % STAGES; the tile's last stage is released after wait_group 0.
+// Edges: TMA fills the out-of-range part of a box with zeros and counts the whole box's bytes. An MN-major slab
+//   wholly outside M or N is not copied (and not counted): its stale rows|columns reach only outputs that the
+//   epilogue does not store. Rows beyond M, columns beyond N are masked in the epilogue.
+// No proxy fence is needed: shared memory is written only by TMA and read only by wgmma (both the async proxy),
+//   ordered by the mbarriers.
+
+// CUDA-core fallback: 64 x 64 tiles, BK 16, 256 threads each owning 4 x 4 outputs (rows ty + 16 i, columns
+// tx + 16 j); operands widened to fp32 in shared memory, sequential fp32 FMAs over k (products of bf16 are exact).
+__global__ void __launch_bounds__(256)
+matmul_bf16_fallback_kernel(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                            int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc) {
+    __shared__ float As[16][64 + 1];  // As[k][m]
+    __shared__ float Bs[16][64 + 1];  // Bs[k][n]
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        for (int e = threadIdx.x; e < 64 * 16; e += 256) {
+            // consecutive e walk the stored matrix's contiguous dimension, so the loads coalesce
+            int m = trans_a ? e % 64 : e / 16, k = trans_a ? e / 64 : e % 16;
+            int gm = m0 + m, gk = k0 + k;
+            As[k][m] = (gm < M && gk < K)
+                           ? __bfloat162float(trans_a ? A[(size_t)gk * lda + gm] : A[(size_t)gm * lda + gk]) : 0.0f;
+            int n = trans_b ? e / 16 : e % 64;
+            k = trans_b ? e % 16 : e / 64;
+            int gn = n0 + n;
+            gk = k0 + k;
+            Bs[k][n] = (gn < N && gk < K)
+                           ? __bfloat162float(trans_b ? B[(size_t)gn * ldb + gk] : B[(size_t)gk * ldb + gn]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = As[k][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = Bs[k][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m < M && n < N) store_out(C, ldc, m, n, acc[i][j], alpha, beta);
+        }
+}
+
+static void matmul_bf16_fallback(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                                 int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc,
+                                 cudaStream_t stream) {
+    matmul_check_args("matmul_bf16_fallback", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    dim3 grid(ceil_div(N, 64), ceil_div(M, 64));
+    if (grid.y > 65535) {
+        fprintf(stderr, "matmul_bf16_fallback: M = %d needs %u block rows, more than 65535\n", M, grid.y);
+        exit(EXIT_FAILURE);
+    }
+    matmul_bf16_fallback_kernel<<<grid, 256, 0, stream>>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                                          ldc);
+    cudaCheck(cudaGetLastError());
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (bits 62-63 = 1), tile 1024-byte aligned (base offset 0).
+// Fields: start address / 16 (bits 0-13), leading byte offset / 16 (16-29; K-major swizzled: unused, 1; MN-major:
+// the distance between 64-element slabs), stride byte offset / 16 (32-45: 1024 bytes between 8-row groups).
+__device__ __forceinline__ uint64_t wgmma_desc_bf16(uint32_t saddr, uint32_t lead) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lead >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+// d (64 x N per warpgroup) += a (64 x 16) b (16 x N), bf16 operands from shared memory, fp32 accumulators. TA / TB:
+// the operand is MN-major (wgmma's transpose bit). Accumulator fragment (warp w, g = lane / 4, t = lane % 4):
+// d[4j + 2h + e] is row 16w + g + 8h, column 8j + 2t + e.
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[128], uint64_t a_desc, uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+        "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
+        "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, "
+        "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, "
+        "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+          "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),
+          "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
+          "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
+          "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+          "+f"(d[127])
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+#endif
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+        "%59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+#endif
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+#if MATMUL_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+#endif
+}
+
+template <int BN, int STAGES>
+struct Bf16WgmmaConfig {
+    static constexpr int BM = 128, BK = 64;  // BK: 64 bf16 = one 128-byte swizzle row
+    static constexpr int THREADS = 384;      // producer warpgroup + 2 consumer warpgroups
+    static constexpr int SLAB = 64 * BK * 2;  // 8 KB: 64 rows of 128 bytes (one consumer's A; one MN-major box)
+    static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    static_assert(BN % 64 == 0 && BN <= 256, "MN-major B comes in 64-column slabs; wgmma N and a TMA box <= 256");
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, + alignment
+    static_assert(SMEM_BYTES <= 227 * 1024, "the H100's shared memory per block");
+    static_assert(STAGES >= 2, "a ring of at least 2 stages");
+    // setmaxnreg moves registers inside the block's own pool (what it was launched with, 65536 / 384 rounded down to
+    // a multiple of 8 = 168 a thread): the producer gives back down to 40 and the consumers take at most what that
+    // frees, or setmaxnreg.inc waits forever (dev/unet_NOTES.md, "Call 3's hang")
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = (3 * LAUNCH_REGS - PRODUCER_REGS) / 2 / 8 * 8;
+    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * LAUNCH_REGS, "the block's registers");
+    static_assert(CONSUMER_REGS <= 256 && CONSUMER_REGS >= BN / 2 + 40, "accumulators + addressing fit");
+};
+
+// TA: A stored K x M (MN-major); TB: B stored N x K (K-major). See the section comment for the layouts.
+template <int BN, int STAGES, bool TA, bool TB, bool PERSIST>
+__global__ void __launch_bounds__(384, 1)
+matmul_bf16_wgmma_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+                         int M, int N, int K, float alpha, float beta, float* C, int ldc, bool vec_c) {
+#if MATMUL_SM90A
+    using Cfg = Bf16WgmmaConfig<BN, STAGES>;
+    constexpr int NR = BN / 2;  // accumulators per consumer thread
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
+    uint64_t* empty = full + STAGES;
+
+    const int tiles_m = ceil_div(M, Cfg::BM), tiles_n = ceil_div(N, BN), tiles = tiles_m * tiles_n;
+    const int tile_step = PERSIST ? gridDim.x : tiles;
+    const int ktiles = ceil_div(K, Cfg::BK);  // k-tiles per output tile (K > 0)
+    const int wg = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);  // one arrive per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            uint32_t it = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+                int bm, bn;
+                grouped_tile(tile, tiles_m, tiles_n, bm, bn);
+                const int m0 = bm * Cfg::BM, n0 = bn * BN;
+                // MN-major slabs that hold at least one row (column) inside M (N); K-major boxes always do
+                const int a_slabs = TA ? min(2, ceil_div(M - m0, 64)) : 0;
+                const int b_slabs = TB ? 0 : min(BN / 64, ceil_div(N - n0, 64));
+                const uint32_t bytes =
+                    (TA ? a_slabs * Cfg::SLAB : Cfg::A_BYTES) + (TB ? Cfg::B_BYTES : b_slabs * Cfg::SLAB);
+                for (int kt = 0; kt < ktiles; kt++, it++) {
+                    const int s = it % STAGES, k0 = kt * Cfg::BK;
+                    mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(&full[s], bytes);
+                    uint8_t* a = smem + s * Cfg::STAGE_BYTES;
+                    uint8_t* b = a + Cfg::A_BYTES;
+                    if (TA) {
+                        for (int j = 0; j < a_slabs; j++)
+                            tma_load_2d(a + j * Cfg::SLAB, &tmap_a, m0 + 64 * j, k0, &full[s]);
+                    } else {
+                        tma_load_2d(a, &tmap_a, k0, m0, &full[s]);
+                    }
+                    if (TB) {
+                        tma_load_2d(b, &tmap_b, k0, n0, &full[s]);
+                    } else {
+                        for (int j = 0; j < b_slabs; j++)
+                            tma_load_2d(b + j * Cfg::SLAB, &tmap_b, n0 + 64 * j, k0, &full[s]);
+                    }
+                }
+            }
+        }
+    } else {  // consumers
+        setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+        const int c = wg - 1;  // rows 64c .. 64c + 63 of the block tile
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        uint32_t it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+            int bm, bn;
+            grouped_tile(tile, tiles_m, tiles_n, bm, bn);
+            const int m0 = bm * Cfg::BM, n0 = bn * BN;
+            float acc[NR];
+#pragma unroll
+            for (int i = 0; i < NR; i++) acc[i] = 0.0f;
+            acc_fence(acc);
+            for (int kt = 0; kt < ktiles; kt++, it++) {
+                const int s = it % STAGES;
+                mbar_wait(&full[s], (it / STAGES) & 1);
+                // consumer c's 64 rows of A are slab c in both layouts (K-major: 64 rows x 128 bytes)
+                const uint32_t a = smem_u32(smem + s * Cfg::STAGE_BYTES) + c * Cfg::SLAB;
+                const uint32_t b = smem_u32(smem + s * Cfg::STAGE_BYTES) + Cfg::A_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < Cfg::BK / 16; ks++) {
+                    // K-major: the k16 step is 32 bytes along the row; MN-major: 16 k-rows = 2048 bytes
+                    const uint64_t da =
+                        TA ? wgmma_desc_bf16(a + 2048 * ks, Cfg::SLAB) : wgmma_desc_bf16(a + 32 * ks, 16);
+                    const uint64_t db =
+                        TB ? wgmma_desc_bf16(b + 32 * ks, 16) : wgmma_desc_bf16(b + 2048 * ks, Cfg::SLAB);
+                    wgmma_bf16<TA ? 1 : 0, TB ? 0 : 1>(acc, da, db);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();  // the previous k-tile's group is done: release its stage
+                __syncwarp();
+                if (lane == 0 && kt > 0) mbar_arrive(&empty[(it + STAGES - 1) % STAGES]);
+            }
+            wgmma_wait<0>();
+            acc_fence(acc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[(it + STAGES - 1) % STAGES]);  // the tile's last stage (ktiles > 0)
+
+            // epilogue: C = alpha acc + beta C from the fragments (8-byte stores where C allows); beta = 0 never
+            // reads C. Meanwhile the producer loads the next tile's first stages.
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = m0 + c * 64 + warp * 16 + g + 8 * h;
+                if (m >= M) continue;
+                float* crow = C + (size_t)m * ldc;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    const int n = n0 + 8 * j + 2 * t;
+                    float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
+                    if (vec_c && n + 1 < N) {
+                        float2* p = reinterpret_cast<float2*>(crow + n);
+                        if (beta != 0.0f) {
+                            float2 old = *p;
+                            v0 = fmaf(beta, old.x, v0);
+                            v1 = fmaf(beta, old.y, v1);
+                        }
+                        *p = make_float2(v0, v1);
+                    } else {
+                        if (n < N) crow[n] = beta != 0.0f ? fmaf(beta, crow[n], v0) : v0;
+                        if (n + 1 < N) crow[n + 1] = beta != 0.0f ? fmaf(beta, crow[n + 1], v1) : v1;
+                    }
+                }
+            }
+        }
+    }
+#endif
+}
+
+// TMA needs a 16-byte aligned base and row strides that are multiples of 16 bytes (8 bf16)
+static bool matmul_bf16_tma_ok(const void* p, int ld) { return (uintptr_t)p % 16 == 0 && ld % 8 == 0; }
+
+// bf16 matrix of `outer` rows of `inner` contiguous elements, row stride ld elements; box 64 x box_outer, 128-byte
+// swizzle, out-of-range elements read as zero. The last 8 maps are kept (as matmul_tensor_map_kmajor does).
+static CUtensorMap matmul_tensor_map_bf16(const __nv_bfloat16* X, int inner, int outer, int ld, int box_outer) {
+    struct Entry { const __nv_bfloat16* X; int inner, outer, ld, box_outer; CUtensorMap map; };
+    static Entry cache[8];
+    static int n_cached = 0, next_slot = 0;
+    for (int i = 0; i < n_cached; i++) {
+        const Entry& e = cache[i];
+        if (e.X == X && e.inner == inner && e.outer == outer && e.ld == ld && e.box_outer == box_outer) return e.map;
+    }
+    CUtensorMap map;
+    cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer};
+    cuuint64_t strides[1] = {(cuuint64_t)ld * sizeof(__nv_bfloat16)};
+    cuuint32_t box[2] = {64, (cuuint32_t)box_outer};
+    cuuint32_t elem_strides[2] = {1, 1};
+    CUresult r = matmul_tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(X),
+                                             dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled (bf16) failed (%d): inner=%d outer=%d ld=%d box_outer=%d ptr=%p\n",
+                (int)r, inner, outer, ld, box_outer, (const void*)X);
+        exit(EXIT_FAILURE);
+    }
+    cache[next_slot] = {X, inner, outer, ld, box_outer, map};
+    next_slot = (next_slot + 1) % 8;
+    n_cached = std::min(n_cached + 1, 8);
+    return map;
+}
+
+// Requires K > 0, TMA-ready operands (matmul_bf16_tma_ok) and an sm_90a build on a 9.0 GPU (matmul_bf16_v8 checks).
+template <int BN, int STAGES, bool PERSIST>
+static void launch_bf16_wgmma(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                              int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc,
+                              cudaStream_t stream) {
+    using Cfg = Bf16WgmmaConfig<BN, STAGES>;
+    // A: K-major box 64 k x 128 rows, or MN-major boxes 64 m x 64 k; B: K-major 64 k x BN rows, or 64 n x 64 k
+    CUtensorMap map_a =
+        trans_a ? matmul_tensor_map_bf16(A, M, K, lda, 64) : matmul_tensor_map_bf16(A, K, M, lda, Cfg::BM);
+    CUtensorMap map_b = trans_b ? matmul_tensor_map_bf16(B, K, N, ldb, BN) : matmul_tensor_map_bf16(B, N, K, ldb, 64);
+    const bool vec_c = ((uintptr_t)C % 8 == 0) && (ldc % 2 == 0);
+    const int tiles = ceil_div(M, Cfg::BM) * ceil_div(N, BN);
+    dim3 grid(PERSIST ? std::min(tiles, matmul_num_sms()) : tiles);
+    matmul_dispatch_trans("launch_bf16_wgmma", trans_a, trans_b, [&](auto TA, auto TB) {
+        constexpr auto kernel =
+            &matmul_bf16_wgmma_kernel<BN, STAGES, decltype(TA)::value, decltype(TB)::value, PERSIST>;
+        matmul_smem_opt_in<kernel>(Cfg::SMEM_BYTES);
+        kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(map_a, map_b, M, N, K, alpha, beta, C, ldc, vec_c);
+    });
+    cudaCheck(cudaGetLastError());
+}
+
+// bf16 GEMM on Hopper wgmma: C (fp32, M x N, ldc) = alpha op(A) op(B) + beta C with A, B bf16 (same layouts as the
+// fp32 versions), fp32 accumulation. Persistent 128 x 256 tiles (4 stages, 192 KB) when N > 128 and they fill the
+// GPU, else 128 x 128 (6 stages), else 128 x 64 (8 stages); no split-K. Runs the CUDA-core fallback where the binary
+// has no sm_90a code (or the GPU is not 9.0), for K = 0, and where an operand is not TMA-ready.
+void matmul_bf16_v8(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const __nv_bfloat16* A, int lda,
+                    const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_bf16_v8", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || !matmul_have_sm90a() || !matmul_bf16_tma_ok(A, lda) || !matmul_bf16_tma_ok(B, ldb)) {
+        matmul_bf16_fallback(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+        return;
+    }
+    const long long sms = matmul_num_sms();
+    if (N > 128 && (long long)ceil_div(M, 128) * ceil_div(N, 256) >= sms)
+        launch_bf16_wgmma<256, 4, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else if (N > 64)
+        launch_bf16_wgmma<128, 6, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    else
+        launch_bf16_wgmma<64, 8, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // version 0: cuBLAS (row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands)
@@ -1885,6 +2315,18 @@ static void matmul_cublas_fp32_v0(bool ta, bool tb, int M, int N, int K, float a
 static void matmul_cublas_tf32_v0(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                                   const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
     matmul_cublas(true, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+// cuBLAS bf16, the baseline of version 8: cublasGemmEx with bf16 A and B, fp32 C, CUBLAS_COMPUTE_32F (fp32
+// accumulation on the tensor cores)
+static void matmul_cublas_bf16_v0(bool ta, bool tb, int M, int N, int K, float alpha, const __nv_bfloat16* A, int lda,
+                                  const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+    matmul_check_args("matmul_cublas_bf16_v0", ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    cublasHandle_t h = cublas_handle(false);
+    cublasCheck(cublasSetStream(h, stream));
+    cublasCheck(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                             CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT));
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -2008,11 +2450,52 @@ static void matmul_v7_ss_trunc(bool ta, bool tb, int M, int N, int K, float alph
                                       stream);
 }
 
+// version 8 at fixed configurations (the wgmma kernel itself at every test shape and transpose; the fallback where
+// an operand is not TMA-ready, K = 0 or there is no sm_90a code, as in matmul_bf16_v8)
+template <int BN, int STAGES, bool PERSIST>
+static void matmul_v8_fixed(const char* fn, bool ta, bool tb, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                            int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc,
+                            cudaStream_t stream) {
+    matmul_check_args(fn, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || !matmul_have_sm90a() || !matmul_bf16_tma_ok(A, lda) || !matmul_bf16_tma_ok(B, ldb)) {
+        matmul_bf16_fallback(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+        return;
+    }
+    launch_bf16_wgmma<BN, STAGES, PERSIST>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+}
+static void matmul_v8_256_persistent(bool ta, bool tb, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                                     int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc,
+                                     cudaStream_t stream) {
+    matmul_v8_fixed<256, 4, true>("matmul_v8_256_persistent", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                  stream);
+}
+static void matmul_v8_256_per_tile(bool ta, bool tb, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                                   int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc,
+                                   cudaStream_t stream) {
+    matmul_v8_fixed<256, 4, false>("matmul_v8_256_per_tile", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                   stream);
+}
+static void matmul_v8_128_persistent(bool ta, bool tb, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                                     int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc,
+                                     cudaStream_t stream) {
+    matmul_v8_fixed<128, 6, true>("matmul_v8_128_persistent", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                  stream);
+}
+static void matmul_v8_64_persistent(bool ta, bool tb, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                                    int lda, const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc,
+                                    cudaStream_t stream) {
+    matmul_v8_fixed<64, 8, true>("matmul_v8_64_persistent", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                 stream);
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // the list of versions
 
 typedef void (*MatmulFn)(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int,
                          cudaStream_t);
+typedef void (*MatmulBf16Fn)(bool, bool, int, int, int, float, const __nv_bfloat16*, int, const __nv_bfloat16*, int,
+                             float, float*, int, cudaStream_t);
 struct Variant {
     const char* name;
     int version;
@@ -2020,11 +2503,13 @@ struct Variant {
     bool nn_only;      // compiled for A and B as stored only (tested and benchmarked there only)
     bool square_only;  // a tile variant: benchmarked at 4096^3 only (tested everywhere it is compiled)
     bool sm90a;        // needs the sm_90a build on a 9.0 GPU (wgmma): SKIP elsewhere
-    MatmulFn fn;
+    MatmulFn fn;       // fp32 operands, or
+    MatmulBf16Fn fn_bf16 = nullptr;  // bf16 operands (prec PREC_BF16; fn is null)
 };
 static const Variant VARIANTS[] = {
     {"0 cuBLAS fp32", 0, PREC_FP32, false, false, false, matmul_cublas_fp32_v0},
     {"0 cuBLAS TF32", 0, PREC_TF32_ANY, false, false, false, matmul_cublas_tf32_v0},
+    {"0 cuBLAS bf16", 0, PREC_BF16, false, false, false, nullptr, matmul_cublas_bf16_v0},
     {"1 naive", 1, PREC_FP32, false, false, false, matmul_naive_v1},
     {"2 smem 32x32", 2, PREC_FP32, false, false, false, matmul_smem_tile_v2},
     {"3 blocktile 8x8", 3, PREC_FP32, false, false, false, matmul_blocktile_v3},
@@ -2068,9 +2553,25 @@ static const Variant VARIANTS[] = {
     {"7 (ss trunc A, 1 in flight)", 7, PREC_TF32_ANY, false, true, true, matmul_v7_ss_trunc_pipe1},
     {"7 (persistent)", 7, PREC_TF32_RN, false, true, true, matmul_v7_persistent},
     {"7 (ss, 1 in flight, persistent)", 7, PREC_TF32_ANY, false, true, true, matmul_v7_ss_pipe1_persistent},
+    {"8 bf16 wgmma+TMA", 8, PREC_BF16, false, false, true, nullptr, matmul_bf16_v8},
+    {"8 (128x256 persistent)", 8, PREC_BF16, false, true, true, nullptr, matmul_v8_256_persistent},
+    {"8 (128x256 block per tile)", 8, PREC_BF16, false, true, true, nullptr, matmul_v8_256_per_tile},
+    {"8 (128x128 6 stages)", 8, PREC_BF16, false, true, true, nullptr, matmul_v8_128_persistent},
+    {"8 (128x64 8 stages)", 8, PREC_BF16, false, true, true, nullptr, matmul_v8_64_persistent},
+    {"8 (CUDA-core fallback)", 8, PREC_BF16, false, true, false, nullptr, matmul_bf16_fallback},
 };
 static const int N_VARIANTS = (int)(sizeof(VARIANTS) / sizeof(VARIANTS[0]));
-static const int MAX_VERSION = 7;
+static const int MAX_VERSION = 8;
+
+// precision classes: fp32, TF32 (either rounding), bf16; each has its cuBLAS baseline
+static int prec_class(Precision p) { return p == PREC_FP32 ? 0 : p == PREC_BF16 ? 2 : 1; }
+static const char* prec_name(Precision p) { return p == PREC_FP32 ? "fp32" : p == PREC_BF16 ? "bf16" : "tf32"; }
+static int baseline_index(Precision p) {
+    for (int v = 0; v < N_VARIANTS; v++)
+        if (VARIANTS[v].version == 0 && prec_class(VARIANTS[v].prec) == prec_class(p)) return v;
+    fprintf(stderr, "internal error: no cuBLAS baseline for precision %s\n", prec_name(p));
+    exit(EXIT_FAILURE);
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // test mode
@@ -2100,6 +2601,9 @@ static float round_tf32_rna(float x) {  // what cvt.rna.tf32.f32 does: keep 10 m
     memcpy(&x, &u, 4);
     return x;
 }
+
+// fp32 -> bf16 (round to nearest even) -> fp32: the value a bf16 operand holds
+static float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 static const char* trans_name(bool ta, bool tb) { return ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"); }
 
@@ -2196,6 +2700,65 @@ static void cpu_oracle_tests(Counters& cnt) {
             report(cnt, !rmtf.ok, name, detail);
         }
     }
+
+    // 3. bf16: on operands rounded to bf16, the tolerance accepts fp32 accumulation of the (exact) products with
+    //    round-to-nearest adds and with truncating adds, and rejects a sum with one k term missing and one of the
+    //    unrounded fp32 operands' products (small K: at K ~ 1000 the accumulation bound covers either)
+    for (auto& sz : tsizes) {
+        int M = sz[0], N = sz[1], K = sz[2];
+        std::vector<float> A((size_t)M * K), B((size_t)K * N), A32(A.size()), B32(B.size()), C0(1);
+        for (size_t i = 0; i < A.size(); i++) { A32[i] = rng_uniform(); A[i] = round_bf16(A32[i]); }
+        for (size_t i = 0; i < B.size(); i++) { B32[i] = rng_uniform(); B[i] = round_bf16(B32[i]); }
+        std::vector<double> ref((size_t)M * N), cabs((size_t)M * N);
+        matmul_cpu_oracle(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C0.data(), N, ref.data(),
+                          cabs.data());
+        std::vector<float> crn((size_t)M * N), crz((size_t)M * N), cmiss((size_t)M * N), c32((size_t)M * N);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                float s = 0.0f;
+                double sm = 0.0, s32 = 0.0;
+                for (int k = 0; k < K; k++) {
+                    s += A[(size_t)m * K + k] * B[(size_t)k * N + n];  // the product of two bf16 is exact in fp32
+                    if (k != K / 2) sm += (double)A[(size_t)m * K + k] * B[(size_t)k * N + n];
+                    s32 += (double)A32[(size_t)m * K + k] * B32[(size_t)k * N + n];
+                }
+                crn[(size_t)m * N + n] = s;
+                cmiss[(size_t)m * N + n] = (float)sm;
+                c32[(size_t)m * N + n] = (float)s32;
+            }
+        const int mode = fegetround();
+        fesetround(FE_TOWARDZERO);  // volatile: every add is done at run time, in this rounding mode
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                volatile float s = 0.0f;
+                for (int k = 0; k < K; k++) s = s + A[(size_t)m * K + k] * B[(size_t)k * N + n];
+                crz[(size_t)m * N + n] = s;
+            }
+        fesetround(mode);
+        long long differ = 0;  // truncation must have changed some sums, or the emulation did not happen
+        for (size_t i = 0; i < crn.size(); i++) differ += crn[i] != crz[i];
+        const double rtol = tolerance_rtol(PREC_BF16, K);
+        CheckResult rrn = check_result(crn.data(), N, ref.data(), cabs.data(), M, N, rtol);
+        CheckResult rrz = check_result(crz.data(), N, ref.data(), cabs.data(), M, N, rtol);
+        CheckResult rmiss = check_result(cmiss.data(), N, ref.data(), cabs.data(), M, N, rtol);
+        CheckResult r32 = check_result(c32.data(), N, ref.data(), cabs.data(), M, N, rtol);
+        snprintf(name, sizeof(name), "cpu tolerance bf16 accepts fp32 accumulation, nearest %dx%dx%d", M, N, K);
+        snprintf(detail, sizeof(detail), "max err %.3g, worst err/tol %.3f", rrn.max_err, rrn.worst_ratio);
+        report(cnt, rrn.ok, name, detail);
+        snprintf(name, sizeof(name), "cpu tolerance bf16 accepts fp32 accumulation, truncating %dx%dx%d", M, N, K);
+        snprintf(detail, sizeof(detail), "max err %.3g, worst err/tol %.3f, %lld of %d sums differ from nearest",
+                 rrz.max_err, rrz.worst_ratio, differ, M * N);
+        report(cnt, rrz.ok && differ > 0, name, detail);
+        snprintf(name, sizeof(name), "cpu tolerance bf16 rejects a missing k term %dx%dx%d", M, N, K);
+        snprintf(detail, sizeof(detail), "worst err/tol %.1f", rmiss.worst_ratio);
+        report(cnt, !rmiss.ok, name, detail);
+        if (K <= 65) {
+            snprintf(name, sizeof(name), "cpu tolerance bf16 rejects the unrounded operands' product %dx%dx%d", M, N,
+                     K);
+            snprintf(detail, sizeof(detail), "worst err/tol %.1f", r32.worst_ratio);
+            report(cnt, !r32.ok, name, detail);
+        }
+    }
 }
 
 static int gpu_count() {
@@ -2229,6 +2792,7 @@ static void gpu_tests(Counters& cnt, int only_version) {
         {260, 260, 4100, 0, 0, 1.0f, 0.0f},  // v5 64x64 8x8-per-thread tiles with split-K
         {20, 30, 3000, 0, 0, 2.0f, 0.5f},    // v5 32x32 tiles, split-K, alpha and beta
         {2100, 3800, 20, 0, 0, 1.0f, 0.0f},  // v5 256x128 tiles (>= 2 waves of them)
+        {700, 1500, 650, 0, 0, 1.0f, 0.0f},  // v8 128x64: persistent blocks with 2 tiles, the ring wraps across them
     };
     int n_sms = matmul_num_sms();
     char name[160], detail[256];
@@ -2258,23 +2822,66 @@ static void gpu_tests(Counters& cnt, int only_version) {
             cudaCheck(cudaMalloc(&dC, c_elems * sizeof(float)));
             cudaCheck(cudaMemcpy(dA, hA.data(), a_elems * sizeof(float), cudaMemcpyHostToDevice));
             cudaCheck(cudaMemcpy(dB, hB.data(), b_elems * sizeof(float), cudaMemcpyHostToDevice));
+            // bf16 operands (cuBLAS bf16, version 8): fresh draws rounded to bf16, and the oracle on those exact
+            // values. Leading dimensions are padded to a multiple of 8 elements (TMA reads 16-byte rows) unless the
+            // case is about misalignment (pad % 4 != 0, a_offset): then they stay odd, A starts 2 bytes in, and
+            // version 8 takes its fallback. M, N, K keep their awkward values either way.
+            bool any_bf16 = false;
+            for (int v = 0; v < N_VARIANTS; v++)
+                any_bf16 |= VARIANTS[v].prec == PREC_BF16 && (only_version < 0 || VARIANTS[v].version == only_version);
+            const bool misaligned = tc.pad % 4 != 0 || tc.a_offset != 0;
+            auto ld16 = [&](int tight) { return misaligned ? tight + tc.pad : (tight + 7) / 8 * 8 + 2 * tc.pad; };
+            const int lda16 = ld16(ta ? M : K), ldb16 = ld16(tb ? K : N);
+            const size_t a16_elems = (size_t)(ta ? K : M) * lda16 + tc.a_offset;
+            const size_t b16_elems = (size_t)(tb ? N : K) * ldb16;
+            std::vector<double> ref16, cabs16;
+            __nv_bfloat16 *dA16 = nullptr, *dB16 = nullptr;
+            if (any_bf16) {
+                std::vector<__nv_bfloat16> hA16(a16_elems), hB16(b16_elems);
+                std::vector<float> hAr(a16_elems), hBr(b16_elems);
+                for (size_t i = 0; i < a16_elems; i++) {
+                    hA16[i] = __float2bfloat16_rn(rng_uniform());
+                    hAr[i] = __bfloat162float(hA16[i]);
+                }
+                for (size_t i = 0; i < b16_elems; i++) {
+                    hB16[i] = __float2bfloat16_rn(rng_uniform());
+                    hBr[i] = __bfloat162float(hB16[i]);
+                }
+                ref16.resize((size_t)M * N);
+                cabs16.resize((size_t)M * N);
+                matmul_cpu_oracle(ta, tb, M, N, K, tc.alpha, hAr.data() + tc.a_offset, lda16, hBr.data(), ldb16,
+                                  tc.beta, hC0.data(), ldc, ref16.data(), cabs16.data());
+                cudaCheck(cudaMalloc(&dA16, a16_elems * sizeof(__nv_bfloat16)));
+                cudaCheck(cudaMalloc(&dB16, b16_elems * sizeof(__nv_bfloat16)));
+                cudaCheck(cudaMemcpy(dA16, hA16.data(), a16_elems * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemcpy(dB16, hB16.data(), b16_elems * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+            }
             for (int v = 0; v < N_VARIANTS; v++) {
                 const Variant& var = VARIANTS[v];
                 if (var.nn_only && (ta || tb)) continue;  // benchmark tile variants exist for NN only
                 if (only_version >= 0 && var.version != only_version) continue;
                 if (var.sm90a && !have_sm90a) continue;
+                const bool bf16 = var.prec == PREC_BF16;
                 snprintf(name, sizeof(name), "v%s %s %dx%dx%d pad=%d a_off=%d alpha=%g beta=%g", var.name,
                          trans_name(ta, tb), M, N, K, tc.pad, tc.a_offset, tc.alpha, tc.beta);
+                if (bf16) {
+                    const size_t n = strlen(name);
+                    snprintf(name + n, sizeof(name) - n, " lda=%d ldb=%d", lda16, ldb16);
+                }
                 if (tc.beta == 0.0f) {
                     // poison: an element the kernel does not write stays NaN and fails
                     cudaCheck(cudaMemset(dC, 0xFF, c_elems * sizeof(float)));
                 } else {
                     cudaCheck(cudaMemcpy(dC, hC0.data(), c_elems * sizeof(float), cudaMemcpyHostToDevice));
                 }
-                var.fn(ta, tb, M, N, K, tc.alpha, dA + tc.a_offset, lda, dB, ldb, tc.beta, dC, ldc, 0);
+                if (bf16)
+                    var.fn_bf16(ta, tb, M, N, K, tc.alpha, dA16 + tc.a_offset, lda16, dB16, ldb16, tc.beta, dC, ldc, 0);
+                else
+                    var.fn(ta, tb, M, N, K, tc.alpha, dA + tc.a_offset, lda, dB, ldb, tc.beta, dC, ldc, 0);
                 cudaCheck(cudaDeviceSynchronize());
                 cudaCheck(cudaMemcpy(hC.data(), dC, c_elems * sizeof(float), cudaMemcpyDeviceToHost));
-                CheckResult r = check_result(hC.data(), ldc, ref.data(), cabs.data(), M, N, tolerance_rtol(var.prec, K));
+                CheckResult r = check_result(hC.data(), ldc, bf16 ? ref16.data() : ref.data(),
+                                             bf16 ? cabs16.data() : cabs.data(), M, N, tolerance_rtol(var.prec, K));
                 long long wi = r.worst_index;
                 if (r.nan_count > 0)
                     snprintf(detail, sizeof(detail), "%d NaN/unwritten elements, first at (%lld, %lld)", r.nan_count,
@@ -2287,6 +2894,8 @@ static void gpu_tests(Counters& cnt, int only_version) {
             cudaCheck(cudaFree(dA));
             cudaCheck(cudaFree(dB));
             cudaCheck(cudaFree(dC));
+            if (dA16) cudaCheck(cudaFree(dA16));
+            if (dB16) cudaCheck(cudaFree(dB16));
         }
     (void)n_sms;
 }
@@ -2324,6 +2933,13 @@ __global__ void fill_uniform_kernel(float* x, size_t n, uint32_t seed) {
         uint32_t h = (uint32_t)i * 2654435761u ^ (seed * 0x9E3779B9u) ^ (uint32_t)(i >> 32) * 0x85EBCA6Bu;
         h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
         x[i] = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
+}
+// y = x rounded to bf16 (nearest even), and r = that value in fp32
+__global__ void round_bf16_kernel(const float* x, __nv_bfloat16* y, float* r, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        y[i] = __float2bfloat16_rn(x[i]);
+        r[i] = __bfloat162float(y[i]);
     }
 }
 __global__ void abs_kernel(const float* x, float* y, size_t n) {
@@ -2365,13 +2981,26 @@ struct BenchRow {
     double worst_ratio;
 };
 
+// a benchmark shape's operands: fp32, and the same values rounded to bf16 (for the bf16 variants); tight leading
+// dimensions
+struct BenchOperands {
+    const float* A;
+    const float* B;
+    const __nv_bfloat16* A16;
+    const __nv_bfloat16* B16;
+    int lda, ldb;
+};
+static void call_variant(const Variant& var, const BenchShape& s, const BenchOperands& o, float* C, int ldc) {
+    if (var.fn_bf16) var.fn_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.A16, o.lda, o.B16, o.ldb, 0.0f, C, ldc, 0);
+    else var.fn(s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.A, o.lda, o.B, o.ldb, 0.0f, C, ldc, 0);
+}
+
 // median over 11 timed batches; a batch repeats the call enough times to last >= ~0.5 ms (small shapes)
-static double time_ms(const Variant& var, const BenchShape& s, const float* A, int lda, const float* B, int ldb,
-                      float* C, int ldc) {
+static double time_ms(const Variant& var, const BenchShape& s, const BenchOperands& o, float* C, int ldc) {
     cudaEvent_t e0, e1;
     cudaCheck(cudaEventCreate(&e0));
     cudaCheck(cudaEventCreate(&e1));
-    auto call = [&]() { var.fn(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, 0); };
+    auto call = [&]() { call_variant(var, s, o, C, ldc); };
     call();  // warm-up (also allocates the split-K workspace, sets smem attributes)
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaEventRecord(e0));
@@ -2406,7 +3035,12 @@ static int run_benchmark(int only_version, const char* out_dir, bool square_only
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
     const bool have_sm90a = matmul_have_sm90a();
-    printf("sm_90a code (wgmma, version 7): %s\n", have_sm90a ? "yes" : "no: version 7 skipped (build for sm_90a)");
+    printf("sm_90a code (wgmma, versions 7 and 8): %s\n",
+           have_sm90a ? "yes" : "no: versions 7 and 8 skipped (build for sm_90a)");
+    bool any_bf16 = false;  // bf16 operand copies are made only when a bf16 variant runs
+    for (int v = 0; v < N_VARIANTS; v++)
+        any_bf16 |= VARIANTS[v].prec == PREC_BF16 && (only_version < 0 || VARIANTS[v].version == only_version ||
+                                                       VARIANTS[v].version == 0);
     std::vector<BenchShape> shapes = {{"square 4096", false, false, 4096, 4096, 4096}};
     if (!square_only)
         for (int Bt : {64, 512})
@@ -2445,6 +3079,29 @@ static int run_benchmark(int only_version, const char* out_dir, bool square_only
         cudaCheck(cudaMemcpy(h_ref.data(), ref, nc * sizeof(float), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(h_abs.data(), refabs, nc * sizeof(float), cudaMemcpyDeviceToHost));
         std::vector<double> d_ref(h_ref.begin(), h_ref.end()), d_abs(h_abs.begin(), h_abs.end());
+        // bf16 operands: A and B rounded to bf16; their reference is cuBLAS strict fp32 on the rounded values
+        __nv_bfloat16 *A16 = nullptr, *B16 = nullptr;
+        std::vector<double> d_ref16, d_abs16;
+        if (any_bf16) {
+            cudaCheck(cudaMalloc(&A16, na * sizeof(__nv_bfloat16)));
+            cudaCheck(cudaMalloc(&B16, nb * sizeof(__nv_bfloat16)));
+            round_bf16_kernel<<<1024, 256>>>(A, A16, Aabs, na);  // Aabs, Babs, ref, refabs are reused
+            cudaCheck(cudaGetLastError());
+            round_bf16_kernel<<<1024, 256>>>(B, B16, Babs, nb);
+            cudaCheck(cudaGetLastError());
+            matmul_cublas(false, s.ta, s.tb, s.M, s.N, s.K, 1.0f, Aabs, a_cols, Babs, b_cols, 0.0f, ref, s.N, 0);
+            abs_kernel<<<1024, 256>>>(Aabs, Aabs, na);
+            cudaCheck(cudaGetLastError());
+            abs_kernel<<<1024, 256>>>(Babs, Babs, nb);
+            cudaCheck(cudaGetLastError());
+            matmul_cublas(false, s.ta, s.tb, s.M, s.N, s.K, 1.0f, Aabs, a_cols, Babs, b_cols, 0.0f, refabs, s.N, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            cudaCheck(cudaMemcpy(h_ref.data(), ref, nc * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(h_abs.data(), refabs, nc * sizeof(float), cudaMemcpyDeviceToHost));
+            d_ref16.assign(h_ref.begin(), h_ref.end());
+            d_abs16.assign(h_abs.begin(), h_abs.end());
+        }
+        const BenchOperands ops = {A, B, A16, B16, a_cols, b_cols};
         // 1. validate every selected variant once: poisoned C, compared with the cuBLAS fp32 result (whose own
         //    error adds an fp32 bound)
         std::vector<int> timed;       // VARIANTS index of each validated variant
@@ -2456,15 +3113,17 @@ static int run_benchmark(int only_version, const char* out_dir, bool square_only
             if (only_version >= 0 && var.version != only_version && var.version != 0) continue;
             if (var.sm90a && !have_sm90a) continue;  // said once at the start
             cudaCheck(cudaMemset(C, 0xFF, nc * sizeof(float)));
-            var.fn(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A, a_cols, B, b_cols, 0.0f, C, s.N, 0);
+            call_variant(var, s, ops, C, s.N);
             cudaCheck(cudaDeviceSynchronize());
             cudaCheck(cudaMemcpy(h_c.data(), C, nc * sizeof(float), cudaMemcpyDeviceToHost));
             double rtol = tolerance_rtol(var.prec, s.K) + tolerance_rtol(PREC_FP32, s.K);
-            CheckResult chk = check_result(h_c.data(), s.N, d_ref.data(), d_abs.data(), s.M, s.N, rtol);
+            const bool bf16 = var.prec == PREC_BF16;
+            CheckResult chk = check_result(h_c.data(), s.N, bf16 ? d_ref16.data() : d_ref.data(),
+                                           bf16 ? d_abs16.data() : d_abs.data(), s.M, s.N, rtol);
             BenchRow row;
             row.shape = s.name; row.variant = var.name; row.ta = s.ta; row.tb = s.tb;
             row.M = s.M; row.N = s.N; row.K = s.K; row.version = var.version;
-            row.precision = var.prec == PREC_FP32 ? "fp32" : "tf32";
+            row.precision = prec_name(var.prec);
             row.valid = chk.ok; row.worst_ratio = chk.ok ? chk.worst_ratio : NAN;
             row.ms = NAN; row.gflops = NAN; row.pct = NAN;
             if (!chk.ok) {
@@ -2479,22 +3138,21 @@ static int run_benchmark(int only_version, const char* out_dir, bool square_only
             rows.push_back(row);
         }
         // 2. time them, `repeat` rounds over the list. Each variant other than a baseline is timed right after its
-        //    baseline (cuBLAS of the same precision: VARIANTS[0] fp32, VARIANTS[1] TF32), so that the pair sees the
-        //    same clocks and temperature; "% of cuBLAS" is the median over the rounds of baseline / variant time,
-        //    ms the median of the variant's times.
+        //    baseline (cuBLAS of the same precision: fp32, TF32 or bf16), so that the pair sees the same clocks and
+        //    temperature; "% of cuBLAS" is the median over the rounds of baseline / variant time, ms the median of
+        //    the variant's times.
         std::vector<std::vector<double>> t_ms(timed.size()), ratio(timed.size());
         for (int r = 0; r < repeat; r++)
             for (size_t i = 0; i < timed.size(); i++) {
                 const Variant& var = VARIANTS[timed[i]];
-                const bool tf32 = var.prec != PREC_FP32;
                 double base = NAN;
-                if (var.version != 0) base = time_ms(VARIANTS[tf32 ? 1 : 0], s, A, a_cols, B, b_cols, C, s.N);
-                double ms = time_ms(var, s, A, a_cols, B, b_cols, C, s.N);
+                if (var.version != 0) base = time_ms(VARIANTS[baseline_index(var.prec)], s, ops, C, s.N);
+                double ms = time_ms(var, s, ops, C, s.N);
                 t_ms[i].push_back(ms);
                 ratio[i].push_back(var.version == 0 ? 1.0 : base / ms);
                 if (repeat > 1)
                     printf("  round %d %-16s %-36s %9.4f ms, cuBLAS %s %9.4f ms: %6.1f%%\n", r + 1, s.name.c_str(),
-                           var.name, ms, tf32 ? "TF32" : "fp32", var.version == 0 ? ms : base,
+                           var.name, ms, prec_name(var.prec), var.version == 0 ? ms : base,
                            100.0 * ratio[i].back());
             }
         auto median = [](std::vector<double> x) {
@@ -2524,12 +3182,14 @@ static int run_benchmark(int only_version, const char* out_dir, bool square_only
                                float, float*, int, cudaStream_t stream) {
                                 matmul_stage_kmajor(1, B, ldb, tb, N, K, ceil_div(K, 4) * 4, stream);
                             }};
-            double ms = time_ms(pass, st, A, a_cols, B, b_cols, C, s.N);
+            double ms = time_ms(pass, st, ops, C, s.N);
             printf("%-16s %-3s %6dx%6dx%6d %-24s %10.4f ms (%.0f GB/s read + written)\n", s.name.c_str(),
                    trans_name(s.ta, s.tb), s.M, s.N, s.K, pass.name, ms, 2.0 * s.N * (double)s.K * 4 / (ms * 1e6));
         }
         cudaCheck(cudaFree(A)); cudaCheck(cudaFree(B)); cudaCheck(cudaFree(C));
         cudaCheck(cudaFree(Aabs)); cudaCheck(cudaFree(Babs)); cudaCheck(cudaFree(ref)); cudaCheck(cudaFree(refabs));
+        if (A16) cudaCheck(cudaFree(A16));
+        if (B16) cudaCheck(cudaFree(B16));
     }
     // per version: total time over each batch's MNIST shapes (one training step's GEMMs, roughly)
     for (int Bt : {64, 512}) {
@@ -2575,7 +3235,7 @@ static void usage() {
     printf("usage: ./dev/matmul [--test] [all | VERSION] [--square] [--repeat R] [--out DIR]\n"
            "  --test      check every version (or VERSION) and transpose against the CPU oracle (no benchmark)\n"
            "  all         validate and benchmark every version (default)\n"
-           "  VERSION     0..%d: validate and benchmark that version (and the cuBLAS baselines)\n"
+           "  VERSION     0..%d: validate and benchmark that version (and the cuBLAS baselines; 8: bf16)\n"
            "  --square    benchmark 4096 x 4096 x 4096 only (not the MNIST shapes)\n"
            "  --repeat R  time every variant and its cuBLAS baseline (timed just before it) in R rounds (default 1);\n"
            "              report the medians\n"
