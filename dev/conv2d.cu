@@ -13,7 +13,7 @@ version 2: implicit GEMM, 128x64x32 tiles through shared memory, fp32 FMAs (trai
            strict fp32 path (--precision fp32, what the UNet test uses) and the TF32 passes version 6 cannot take
 version 3: the same implicit GEMM on TF32 tensor cores (wmma m16n16k8; conv_igemm_wmma_kernel, below)
 version 4: version 2 with a 3-stage cp.async pipeline (conv_igemm_pipe_kernel, below, TF32 = false) for layers
-           whose channels fit the tile (the others take version 2); the same bits as version 2
+           whose channels fit the tile (the others take version 2); the same bits as version 2 (--test checks it)
 version 5: version 4 on TF32 tensor cores (the others take version 3): the TF32 path before version 6
 version 6: mma.sync m16n8k8 TF32 through inline PTX (train_unet.cu conv_mma_kernel), operands rounded to TF32
            once in shared memory, conflict-free fragment loads (ldmatrix for the (m, k) tiles), a 3-stage cp.async
@@ -582,6 +582,19 @@ static void run_case(int version, int B, int H, int W, int cin, int cout, int s,
         if (vars.size() > 1)
             report(agree, std::string(name) + ": every tile with K whole gives the same bits (forward, backward-data, "
                                               "weight-grad)");
+        if (version == 4) {  // the same tiles, k order, FMAs and epilogue order as version 2: the same bits
+            std::vector<float> gy = to_host(d_y, ny), gdx = to_host(d_dx, nx), gdw = to_host(L.m.g, nw);
+            select_version(2);
+            fill_nan(d_y, ny);
+            fill_nan(d_dx, nx);
+            fill_nan(L.m.g, nw);
+            lab_forward(&L.m, L.c, d_x, d_y, H, W);
+            lab_backward_data(&L.m, L.c, d_dy, d_dx, H, W);
+            lab_backward_weight(&L.m, L.c, d_x, d_dy, H, W);
+            report(bits_equal(gy, to_host(d_y, ny)) && bits_equal(gdx, to_host(d_dx, nx)) &&
+                       bits_equal(gdw, to_host(L.m.g, nw)),
+                   std::string(name) + ": the same bits as version 2 (forward, backward-data, weight-grad)");
+        }
         select_version(version);
     }
     cudaCheck(cudaFree(d_x));
