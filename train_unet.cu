@@ -11,10 +11,11 @@ by liveness). --precision bf16 (the default on Hopper): bf16 activations and com
 master weights, AdamW state, EMA and accumulation; 3x3 convolutions on warpgroup MMA (wgmma) fed by TMA
 (conv_wgmma_kernel, dev/conv2d.cu version 7), fused attention (attn_*_kernel, dev/attention.cu version 2), cuBLAS
 bf16 for the linear layers. --precision tf32: fp32 activations, convolutions on TF32 mma.sync (conv_mma_kernel,
-version 6), cuBLAS in TF32. --precision fp32: strict fp32 everywhere (conv_igemm_kernel, versions 2/4), the mode
-dev/test_unet.cu compares with PyTorch tensor for tensor. Reductions (GroupNorm statistics, bias gradients, split-K
-partial sums, the loss) run in a fixed order, so a run is reproducible bit for bit and --resume continues the
-identical trajectory; from the second step on, a training step is one CUDA graph.
+version 6; strict fp32 for the 3-channel passes), cuBLAS in TF32. --precision fp32: strict fp32 everywhere
+(conv_igemm_kernel, version 2), the mode dev/test_unet.cu compares with PyTorch tensor for tensor. Reductions
+(GroupNorm statistics, bias gradients, split-K partial sums, the loss) run in a fixed order, so a run is
+reproducible bit for bit and --resume continues the identical trajectory; from the second step on, a training step
+is one CUDA graph.
 Sections: utilities and file reader | kernels | model (build, forward, backward, update) | training and sampling
 | CLI (main, inside #ifndef TESTING so that dev/test_unet.cu includes this file).
 */
@@ -45,7 +46,6 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <curand.h>
-#include <mma.h>
 
 // ----------------------------------------------------------------------------------------------------------------
 // error checking: the same family and message shape in the three trainers. A library failure prints
@@ -619,7 +619,8 @@ __device__ __forceinline__ float silu_grad(float z) {
 //   the backward of a stride-ts convolution); W is (9*C, N) row-major ("[tap][c][n]" layout).
 // MODE 1 (weight gradient): dW[m, n] = sum_p A[m, p] dY[p, n] with m = (tap, c), p = output pixel, split over p
 //   in gridDim.z chunks written to a workspace and summed by wgrad_reduce_kernel (deterministic).
-// Tiles 128x64x32, 256 threads; TF32: 8 warps of 32x32 wmma m16n16k8 tiles; FP32: 8x4 outputs per thread.
+// Tiles 128x64x32, 256 threads, 8x4 outputs per thread in fp32 FMAs: the strict fp32 path (--precision fp32), and
+// the TF32 passes version 6 cannot take (3-channel input or output).
 // VEC: channels fit the tile (MODE 0: C % 32 == 0; MODE 1: C % 4 == 0) and N % 4 == 0, so loads are float4.
 
 constexpr int CONV_BM = 128, CONV_BN = 64, CONV_BK = 32, CONV_THREADS = 256;
@@ -670,9 +671,6 @@ __device__ __forceinline__ int conv_gather(const ConvGeom& g, int b, int oy, int
     return (b * g.H + ny) * g.W + nx;
 }
 
-// Shared by conv_igemm_kernel and conv_igemm_pipe_kernel: the loader's row state, the MMAs of one k-tile, and the
-// accumulators' round trip through shared memory for the epilogue.
-
 // MODE 0 with VEC loads: (b, oy, ox) of the 4 output pixels (rows m0 + tid/8 + 32*i) this thread loads A for
 __device__ __forceinline__ void conv_rows_setup(const ConvGeom& g, int m0, int tid, int HWo, int (&rowb)[4],
                                                 int (&rowy)[4], int (&rowx)[4], bool (&rowv)[4]) {
@@ -687,73 +685,27 @@ __device__ __forceinline__ void conv_rows_setup(const ConvGeom& g, int m0, int t
     }
 }
 
-using ConvFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
-
-template <bool TF32>
-__device__ __forceinline__ void conv_acc_zero(ConvFrag (&acc)[2][2], float (&accs)[8][4]) {
-    if (TF32) {
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.f);
-    } else {
-        for (int i = 0; i < 8; i++)
-            for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
-    }
-}
-
-// acc (+)= A tile x B tile over one CONV_BK slice. As: (m, k) with AS_LD (MODE 0) or (k, m) with AT_LD (MODE 1);
-// Bs: (k, n) with BS_LD. TF32: warp (wm, wn) owns a 32x32 tile; FP32: thread (ty, tx) owns rows ty*8 + i,
-// columns tx + 16*j.
-template <int MODE, bool TF32>
-__device__ __forceinline__ void conv_mma_tile(const float* As, const float* Bs, ConvFrag (&acc)[2][2],
-                                              float (&accs)[8][4], int wm, int wn, int ty, int tx) {
-    using namespace nvcuda;
-    using ALayout = typename std::conditional<MODE == 0, wmma::row_major, wmma::col_major>::type;
-    if (TF32) {
-#pragma unroll
-        for (int kk = 0; kk < CONV_BK; kk += 8) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b[2];
-            for (int i = 0; i < 2; i++) {
-                if (MODE == 0) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * AS_LD + kk, AS_LD);
-                else wmma::load_matrix_sync(a[i], As + kk * AT_LD + wm * 32 + i * 16, AT_LD);
-                for (int t = 0; t < a[i].num_elements; t++) a[i].x[t] = wmma::__float_to_tf32(a[i].x[t]);
-            }
-            for (int j = 0; j < 2; j++) {
-                wmma::load_matrix_sync(b[j], Bs + kk * BS_LD + wn * 32 + j * 16, BS_LD);
-                for (int t = 0; t < b[j].num_elements; t++) b[j].x[t] = wmma::__float_to_tf32(b[j].x[t]);
-            }
-            for (int i = 0; i < 2; i++)
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        }
-    } else {
+// accs (+)= A tile x B tile over one CONV_BK slice, fp32 FMAs in k order. As: (m, k) with AS_LD (MODE 0) or
+// (k, m) with AT_LD (MODE 1); Bs: (k, n) with BS_LD. Thread (ty, tx) owns rows ty*8 + i, columns tx + 16*j.
+template <int MODE>
+__device__ __forceinline__ void conv_fma_tile(const float* As, const float* Bs, float (&accs)[8][4], int ty, int tx) {
 #pragma unroll 4
-        for (int kk = 0; kk < CONV_BK; kk++) {
-            float a[8], b[4];
-            for (int i = 0; i < 8; i++)
-                a[i] = MODE == 0 ? As[(ty * 8 + i) * AS_LD + kk] : As[kk * AT_LD + ty * 8 + i];
-            for (int j = 0; j < 4; j++) b[j] = Bs[kk * BS_LD + tx + 16 * j];
-            for (int i = 0; i < 8; i++)
-                for (int j = 0; j < 4; j++) accs[i][j] = fmaf(a[i], b[j], accs[i][j]);
-        }
+    for (int kk = 0; kk < CONV_BK; kk++) {
+        float a[8], b[4];
+        for (int i = 0; i < 8; i++) a[i] = MODE == 0 ? As[(ty * 8 + i) * AS_LD + kk] : As[kk * AT_LD + ty * 8 + i];
+        for (int j = 0; j < 4; j++) b[j] = Bs[kk * BS_LD + tx + 16 * j];
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 4; j++) accs[i][j] = fmaf(a[i], b[j], accs[i][j]);
     }
 }
 
 // the accumulators into the (CONV_BM, CONV_BN) output tile Cs (row stride CS_LD), same ownership as above
-template <bool TF32>
-__device__ __forceinline__ void conv_acc_store(float* Cs, const ConvFrag (&acc)[2][2], const float (&accs)[8][4],
-                                               int wm, int wn, int ty, int tx) {
-    if (TF32) {
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++)
-                nvcuda::wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * CS_LD + wn * 32 + j * 16, acc[i][j], CS_LD,
-                                                nvcuda::wmma::mem_row_major);
-    } else {
-        for (int i = 0; i < 8; i++)
-            for (int j = 0; j < 4; j++) Cs[(ty * 8 + i) * CS_LD + tx + 16 * j] = accs[i][j];
-    }
+__device__ __forceinline__ void conv_acc_store(float* Cs, const float (&accs)[8][4], int ty, int tx) {
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++) Cs[(ty * 8 + i) * CS_LD + tx + 16 * j] = accs[i][j];
 }
 
-template <int MODE, bool TF32, bool VEC>
+template <int MODE, bool VEC>
 __global__ void __launch_bounds__(CONV_THREADS)
 conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
                   const float* __restrict__ bias, const float* __restrict__ emb, int accumulate, ConvGeom g,
@@ -860,11 +812,10 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
         }
     };
 
-    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;  // TF32: this warp's 32x32 tile
-    const int ty = tid >> 4, tx = tid & 15;                     // FP32: this thread's 8x4 outputs
-    ConvFrag acc[2][2];
+    const int ty = tid >> 4, tx = tid & 15;  // this thread's 8x4 outputs
     float accs[8][4];
-    conv_acc_zero<TF32>(acc, accs);
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
 
     if (nk > 0) {
         load_tiles(kbeg);
@@ -873,7 +824,7 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
     __syncthreads();
     for (int kt = 0; kt < nk; kt++) {
         if (kt + 1 < nk) load_tiles(kbeg + (kt + 1) * CONV_BK);  // global loads in flight during the MMAs
-        conv_mma_tile<MODE, TF32>(As, Bs, acc, accs, wm, wn, ty, tx);
+        conv_fma_tile<MODE>(As, Bs, accs, ty, tx);
         __syncthreads();
         if (kt + 1 < nk) {
             store_tiles();
@@ -883,7 +834,7 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
 
     // epilogue through shared memory: coalesced writes with bias, time embedding and accumulation fused
     float* Cs = smem;
-    conv_acc_store<TF32>(Cs, acc, accs, wm, wn, ty, tx);
+    conv_acc_store(Cs, accs, ty, tx);
     __syncthreads();
     for (int e = tid; e < CONV_BM * CONV_BN; e += CONV_THREADS) {
         int row = e >> 6, col = e & 63;
@@ -902,129 +853,6 @@ conv_igemm_kernel(const float* __restrict__ X, const float* __restrict__ Bm, flo
     }
 }
 
-// Version 4 of dev/conv2d.cu (the default for layers whose channels fit the tile): the same implicit GEMM with a
-// CONV_STAGES-deep cp.async pipeline (16-byte copies straight to shared memory, zero-filled at the padding), so
-// the loads of tiles k+1, k+2 overlap the MMAs of tile k, and one __syncthreads per tile.
-constexpr int CONV_STAGES = 3;
-constexpr int CONV_STAGE_FLOATS = CONV_A_FLOATS + CONV_BK * BS_LD;
-constexpr size_t CONV_PIPE_SMEM = (size_t)CONV_STAGES * CONV_STAGE_FLOATS * sizeof(float);
-static_assert(CONV_STAGES * CONV_STAGE_FLOATS >= CONV_SMEM_FLOATS, "the output tile reuses the stages");
-
-__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src, bool valid) {
-    unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-template <int MODE, bool TF32>
-__global__ void __launch_bounds__(CONV_THREADS)
-conv_igemm_pipe_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
-                       const float* __restrict__ bias, const float* __restrict__ emb, int accumulate, ConvGeom g,
-                       int kchunk) {
-    extern __shared__ __align__(128) float psmem[];
-    const int tid = threadIdx.x;
-    const int m0 = blockIdx.x * CONV_BM, n0 = blockIdx.y * CONV_BN;
-    const int kbeg = MODE == 1 ? blockIdx.z * kchunk : 0;
-    const int kend = MODE == 1 ? min(g.K, kbeg + kchunk) : g.K;
-    const int HWo = g.Ho * g.Wo;
-    const int nk = (kend - kbeg + CONV_BK - 1) / CONV_BK;
-
-    int rowb[4], rowy[4], rowx[4];
-    bool rowv[4];
-    int mtap = 0, mc = 0;
-    bool mval = false;
-    if (MODE == 0) {
-        conv_rows_setup(g, m0, tid, HWo, rowb, rowy, rowx, rowv);
-    } else {
-        int m = m0 + (tid & 31) * 4;
-        mval = m < g.M;
-        mtap = mval ? m / g.C : 0;
-        mc = mval ? m - mtap * g.C : 0;
-    }
-    auto load_stage = [&](int stage, int k0) {
-        float* As = psmem + stage * CONV_STAGE_FLOATS;
-        float* Bs = As + CONV_A_FLOATS;
-        if (MODE == 0) {
-            int tap = k0 / g.C, c0 = k0 - tap * g.C + (tid & 7) * 4;
-            for (int i = 0; i < 4; i++) {
-                int pix = rowv[i] ? conv_gather(g, rowb[i], rowy[i], rowx[i], tap) : -1;
-                cp_async16(As + ((tid >> 3) + 32 * i) * AS_LD + (tid & 7) * 4,
-                           pix >= 0 ? X + (size_t)pix * g.C + c0 : X, pix >= 0);
-            }
-        } else {
-            for (int i = 0; i < 4; i++) {
-                int p = k0 + (tid >> 5) + 8 * i;
-                int pix = -1;
-                if (mval && p < kend) {
-                    int b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
-                    pix = conv_gather(g, b, oy, ox, mtap);
-                }
-                cp_async16(As + ((tid >> 5) + 8 * i) * AT_LD + (tid & 31) * 4,
-                           pix >= 0 ? X + (size_t)pix * g.C + mc : X, pix >= 0);
-            }
-        }
-        for (int i = 0; i < 2; i++) {
-            int k = k0 + (tid >> 4) + 16 * i, n = n0 + (tid & 15) * 4;
-            bool v = k < kend && n < g.N;
-            cp_async16(Bs + ((tid >> 4) + 16 * i) * BS_LD + (tid & 15) * 4, v ? Bm + (size_t)k * g.N + n : Bm, v);
-        }
-    };
-
-    const int warp = tid >> 5, wm = warp & 3, wn = warp >> 2;  // TF32: this warp's 32x32 tile
-    const int ty = tid >> 4, tx = tid & 15;                     // FP32: this thread's 8x4 outputs
-    ConvFrag acc[2][2];
-    float accs[8][4];
-    conv_acc_zero<TF32>(acc, accs);
-    for (int s = 0; s < CONV_STAGES - 1; s++) {
-        if (s < nk) load_stage(s, kbeg + s * CONV_BK);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait<CONV_STAGES - 2>();
-        __syncthreads();  // tile kt is in; every thread is done with tile kt-1, whose stage is refilled next
-        int next = kt + CONV_STAGES - 1;
-        if (next < nk) load_stage(next % CONV_STAGES, kbeg + next * CONV_BK);
-        cp_async_commit();
-        const float* As = psmem + (kt % CONV_STAGES) * CONV_STAGE_FLOATS;
-        const float* Bs = As + CONV_A_FLOATS;
-        conv_mma_tile<MODE, TF32>(As, Bs, acc, accs, wm, wn, ty, tx);
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    float* Cs = psmem;
-    conv_acc_store<TF32>(Cs, acc, accs, wm, wn, ty, tx);
-    __syncthreads();
-    // float4 epilogue: N % 4 == 0 here
-    for (int e = tid; e < CONV_BM * CONV_BN / 4; e += CONV_THREADS) {
-        int row = e >> 4, col = (e & 15) * 4;
-        int m = m0 + row, n = n0 + col;
-        if (m >= g.M || n >= g.N) continue;
-        float4 v = *reinterpret_cast<const float4*>(Cs + row * CS_LD + col);
-        if (MODE == 0) {
-            if (bias) {
-                float4 bb = *reinterpret_cast<const float4*>(bias + n);
-                v.x += bb.x; v.y += bb.y; v.z += bb.z; v.w += bb.w;
-            }
-            if (emb) {
-                float4 ee = *reinterpret_cast<const float4*>(emb + (size_t)(m / HWo) * g.N + n);
-                v.x += ee.x; v.y += ee.y; v.z += ee.z; v.w += ee.w;
-            }
-            float4* o = reinterpret_cast<float4*>(out + (size_t)m * g.N + n);
-            if (accumulate) {
-                float4 p = *o;
-                v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
-            }
-            *o = v;
-        } else {
-            *reinterpret_cast<float4*>(out + ((size_t)blockIdx.z * g.M + m) * g.N + n) = v;
-        }
-    }
-}
-
-// dW[i] (+)= sum_z ws[z][i], in a fixed order
 // dW[i] (+)= sum_z ws[z][i], in a fixed order; 4 elements per thread (n % 4 == 0, wgrad_reduce launches it)
 __global__ void wgrad_reduce4_kernel(const float4* ws, float4* dw, size_t n4, int splits, int accumulate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1058,8 +886,8 @@ __global__ void conv_flip_weights_kernel(const float* w, float* wbd, int cin, in
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Version 6 of dev/conv2d.cu, the TF32 default for layers whose channels fit the tile (UNET_CONV_V=5 restores
-// versions 5/3): the same implicit GEMM (conv_gather, MODE 0/1, split-K) on mma.sync m16n8k8 TF32 through inline
+// Version 6 of dev/conv2d.cu, the TF32 path for layers whose channels fit the tile (the others take version 2,
+// strict fp32): the same implicit GEMM (conv_gather, MODE 0/1, split-K) on mma.sync m16n8k8 TF32 through inline
 // PTX. What changed against version 5, and why (v5 was bound by its fragment loads and per-fragment conversions):
 //  - each operand is rounded to TF32 (cvt.rna) once: after cp.async.wait_group a thread rounds, in place, the
 //    16-byte chunks its own cp.async brought in (they are visible to it then), before the barrier that publishes
@@ -1085,6 +913,13 @@ __global__ void conv_flip_weights_kernel(const float* w, float* wbd, int cin, in
 // lanes 8i..8i+7. With lane L pointing at row (L % 16), column 4*(L / 16) of the 16x8 A tile, matrices 0..3 are
 // rows 0-7/8-15 x columns 0-3/4-7 and the registers come out as a0..a3.
 constexpr int C6_BK = 32, C6_STAGES = 3;
+
+__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src, bool valid) {
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int MODE, int BM, int BN, int WM, int WN>
 struct Conv6 {
@@ -3274,7 +3109,6 @@ enum Conv6Tile { C6_128x128 = 0, C6_64x64, C6_128x8, C6_NTILES };
 static const int C6_TILE_BM[C6_NTILES] = {128, 64, 128}, C6_TILE_BN[C6_NTILES] = {128, 64, 8};
 [[maybe_unused]] static const char* C6_TILE_NAME[C6_NTILES] = {"128x128 8 warps 64x32", "64x64 4 warps 32x32",
                                                                 "128x8 4 warps 32x8"};
-static int g_conv_v = 6;  // TF32 convolutions: 6 (conv_mma_kernel) or 5 (versions 5/3); UNET_CONV_V=5 in main
 static int g_conv6_tile = -1, g_conv6_splits = 0;  // dev/conv2d.cu forces a tile / a K split (-1, 0: the plan's)
 // the passes version 6 runs (TF32): the (m, k) tile of MODE 0 is one tap (C % 32 == 0), 16-byte loads need
 // channels % 4 == 0; N <= 8 channels that are not (the 3-channel output conv) are padded to 8 in a scratch copy
@@ -3312,7 +3146,7 @@ static const int C6_TILE_RES[C6_NTILES] = {Conv6<0, 128, 128, 64, 32>::MIN_BLOCK
 // Measured on the H100 (dev/unet_NOTES.md): the 128x128 tile (8 warps) is the fastest wherever N >= 128 gives it
 // enough blocks, the 64x64 tile for N = 64, the thin one for N <= 8. MODE 0 splits K when the tile leaves SMs
 // idle (8x8 and 16x16 layers at batch 32) into as many chunks as fill one wave of resident blocks (a partial
-// second wave measured slower), each >= 8 k-tiles; MODE 1 (K = pixels) splits as version 5 does.
+// second wave measured slower), each >= 8 k-tiles; MODE 1 (K = pixels) splits as version 2 does.
 static Conv6Plan conv6_plan(int mode, int M, int N, int K) {
     auto blocks = [&](int t) { return ceil_div(M, C6_TILE_BM[t]) * ceil_div(N, C6_TILE_BN[t]); };
     Conv6Plan p;
@@ -3330,7 +3164,7 @@ static Conv6Plan conv6_plan(int mode, int M, int N, int K) {
     return p;
 }
 // Workspace (floats) of the split-K partial sums a 3x3 conv (B images of H x W) needs in any of its passes, for
-// version 5 and for every version-6 tile (dev/conv2d.cu forces each)
+// version 2 and for every version-6 tile (dev/conv2d.cu forces each)
 static size_t conv_ws_floats_need(int B, const ConvP& c, int H, int W) {
     int Ho = (H - 1) / c.stride + 1, Wo = (W - 1) / c.stride + 1;
     size_t Mw = 9 * (size_t)c.cin, Kw = (size_t)B * Ho * Wo;
@@ -4124,45 +3958,16 @@ static void gemm_rm_batched(bool tA, bool tB, int M, int N, int K, const float* 
                                    K, &alpha, Bm, ldb, A, lda, &beta, C, ldc, batch));
 }
 
-static bool g_conv_pipe = true;  // dev/conv2d.cu turns it off to time the register-staged kernel
-
-template <int MODE, bool TF32>
-static void launch_conv_pipe(dim3 grid, const float* X, const float* Bm, float* out, const float* bias,
-                             const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
-    static bool attr_set = false;  // > 48 KB of dynamic shared memory needs an opt-in, once per instantiation
-    if (!attr_set) {
-        cudaCheck(cudaFuncSetAttribute(conv_igemm_pipe_kernel<MODE, TF32>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV_PIPE_SMEM));
-        attr_set = true;
-    }
-    conv_igemm_pipe_kernel<MODE, TF32><<<grid, CONV_THREADS, CONV_PIPE_SMEM, g_stream>>>(X, Bm, out, bias, emb,
-                                                                                        accumulate, g, kchunk);
-}
-
+// version 2 (conv_igemm_kernel), strict fp32; vec: 16-byte loads (channels fit the tile)
 template <int MODE>
 static void launch_conv_igemm(dim3 grid, bool vec, const float* X, const float* Bm, float* out, const float* bias,
                               const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
-    if (vec && g_conv_pipe) {
-        if (g_tf32) launch_conv_pipe<MODE, true>(grid, X, Bm, out, bias, emb, accumulate, g, kchunk);
-        else launch_conv_pipe<MODE, false>(grid, X, Bm, out, bias, emb, accumulate, g, kchunk);
-        cudaCheck(cudaGetLastError());
-        return;
-    }
-    if (g_tf32) {
-        if (vec)
-            conv_igemm_kernel<MODE, true, true>
-                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-        else
-            conv_igemm_kernel<MODE, true, false>
-                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-    } else {
-        if (vec)
-            conv_igemm_kernel<MODE, false, true>
-                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-        else
-            conv_igemm_kernel<MODE, false, false>
-                <<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g, kchunk);
-    }
+    if (vec)
+        conv_igemm_kernel<MODE, true><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g,
+                                                                          kchunk);
+    else
+        conv_igemm_kernel<MODE, false><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate, g,
+                                                                           kchunk);
     cudaCheck(cudaGetLastError());
 }
 
@@ -4381,7 +4186,7 @@ static void conv3x3_forward(const UNet* m, const ConvP& c, const T* x, T* y, int
         }
         return;
     } else {
-        if (g_tf32 && g_conv_v == 6 && conv6_forward_ok(c)) {
+        if (g_tf32 && conv6_forward_ok(c)) {
             conv6_forward_mode(m, g, x, m->p + c.w, y, m->p + c.b, emb, accumulate);
             return;
         }
@@ -4414,7 +4219,7 @@ static void conv3x3_backward_data(const UNet* m, const ConvP& c, const T* dy, T*
     if constexpr (std::is_same<T, bf16>::value) {
         conv_thin(g, dy, m->wflip, dx, nullptr, accumulate);
     } else {
-        if (g_tf32 && g_conv_v == 6 && conv6_backward_data_ok(c)) {
+        if (g_tf32 && conv6_backward_data_ok(c)) {
             conv6_forward_mode(m, g, dy, m->wflip, dx, nullptr, nullptr, accumulate);
             return;
         }
@@ -4432,7 +4237,7 @@ static void conv3x3_backward_weight(const UNet* m, const ConvP& c, const T* x, c
         else conv_thin_weight_grad(m, g, x, dy, m->g + c.w);
         return;
     } else {
-        if (g_tf32 && g_conv_v == 6 && conv6_weight_ok(c)) {
+        if (g_tf32 && conv6_weight_ok(c)) {
             conv6_weight_grad(m, g, x, dy, m->g + c.w);
             return;
         }
@@ -5311,15 +5116,6 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     cudaCheck(cudaMemGetInfo(&mem_free0, &mem_total));
     gpu_init(prec);
     m->prec = prec;
-    const char* env_conv = getenv("UNET_CONV_V");  // 5: the previous TF32 convolution kernels (timing old vs new)
-    if (env_conv && env_conv[0]) {
-        if (strcmp(env_conv, "5") && strcmp(env_conv, "6")) {
-            fprintf(stderr, "error: UNET_CONV_V=%s: expected 5 (wmma kernels) or 6 (mma.sync, the default)\n",
-                    env_conv);
-            return 1;
-        }
-        g_conv_v = env_conv[0] - '0';
-    }
     const char* env_prof = getenv("UNET_PROFILE");
     g_profile = env_prof && env_prof[0] == '1';
     if (g_profile) {
@@ -5368,10 +5164,9 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         rule();
         row("device", std::string("cuda (") + prop.name + ")");
         for (const auto& s : a.settings) row(s.first.c_str(), s.first == "precision" ? PREC_NAME[prec] : s.second);
-        row("convolutions", prec == PREC_BF16 ? "bf16 wgmma + TMA (fp32 master weights)"
+        row("convolutions", prec == PREC_BF16   ? "bf16 wgmma + TMA (fp32 master weights)"
                             : prec == PREC_FP32 ? "fp32 implicit GEMM (strict)"
-                            : g_conv_v == 6     ? "tf32 mma.sync"
-                                                : "tf32 wmma (UNET_CONV_V=5 kernels)");
+                                                : "tf32 mma.sync (3-channel passes fp32)");
         row("images", std::to_string(data.n) + " in " + a.data_file);
         row("parameters", std::to_string(m->n_params));
         row("start step", std::to_string(st.step));

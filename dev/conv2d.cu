@@ -9,22 +9,22 @@ and weight gradient, checked against a CPU oracle (dev/unet_layers.cuh) and a Py
                                                   # every tile width)
 
 version 1: naive direct convolution, one thread per output element (reference on the GPU)
-version 2: implicit GEMM, 128x64x32 tiles through shared memory, fp32 FMAs (train_unet.cu conv_igemm_kernel,
-           TF32 = false): the strict-fp32 path the UNet test uses
-version 3: the same implicit GEMM on TF32 tensor cores (wmma m16n16k8, TF32 = true)
-version 4: version 2 with a 3-stage cp.async pipeline (conv_igemm_pipe_kernel, TF32 = false): the strict path of
-           train_unet.cu for layers whose channels fit the tile (the others take version 2)
+version 2: implicit GEMM, 128x64x32 tiles through shared memory, fp32 FMAs (train_unet.cu conv_igemm_kernel): the
+           strict fp32 path (--precision fp32, what the UNet test uses) and the TF32 passes version 6 cannot take
+version 3: the same implicit GEMM on TF32 tensor cores (wmma m16n16k8; conv_igemm_wmma_kernel, below)
+version 4: version 2 with a 3-stage cp.async pipeline (conv_igemm_pipe_kernel, below, TF32 = false) for layers
+           whose channels fit the tile (the others take version 2); the same bits as version 2 (--test checks it)
 version 5: version 4 on TF32 tensor cores (the others take version 3): the TF32 path before version 6
-           (train_unet with UNET_CONV_V=5)
 version 6: mma.sync m16n8k8 TF32 through inline PTX (train_unet.cu conv_mma_kernel), operands rounded to TF32
            once in shared memory, conflict-free fragment loads (ldmatrix for the (m, k) tiles), a 3-stage cp.async
            pipeline, the tile picked per layer (conv6_plan: 128x128, 64x64, 128x8 for N <= 8), K split over
            blocks for layers with few output tiles: the training default for layers whose channels fit the tile
-           (N <= 8 output channels padded to 8; the others take version 3)
+           (N <= 8 output channels padded to 8; the others take version 2, strict fp32)
 version 7: bf16 (--precision bf16) on Hopper wgmma fed by TMA box copies through an mbarrier ring (train_unet.cu
            conv_wgmma_kernel, sm_90a): 64-pixel boxes, the padding read as TMA's out-of-bounds zeros, stride 2
            through 4 parity views, weight gradient with both operands MN-major; thin layers (channels % 8 != 0)
            on CUDA cores (conv_thin_kernel). `./dev/conv2d 7` times it beside version 6 and every tile width.
+Versions 3-5 live only here (train_unet.cu runs 2, 6 and 7); they reuse version 2's tiles, gather and fp32 product.
 Backward-data runs the forward kernel on dY with flipped, transposed weights (stride 2: a gather that skips odd
 positions); the weight gradient is the GEMM (9*Cin x Cout) over B*Ho*Wo pixels split in chunks (split-K) and
 summed in a fixed order.
@@ -32,6 +32,7 @@ summed in a fixed order.
 #define TESTING
 #include "../train_unet.cu"
 #include "unet_layers.cuh"  // counters, checks, PyTorch fixtures, the CPU oracle, the ConvLab shell
+#include <mma.h>
 
 // ---------------------------------------------------------------------------------------------------------------
 // version 1: naive direct convolution
@@ -50,6 +51,417 @@ __global__ void conv_naive_forward_kernel(const float* x, const float* w, const 
             acc = fmaf(x[(((size_t)b * H + iy) * W + ix) * Cin + ci], w[((size_t)tap * Cin + ci) * Cout + co], acc);
     }
     y[i] = acc;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// versions 3-5: version 2's 128x64x32 tiles (train_unet.cu: CONV_*, conv_gather, conv_rows_setup, and
+// conv_fma_tile for the fp32 product of version 4) with the product on TF32 wmma (3, 5) or the tiles brought in by
+// a cp.async pipeline (4, 5)
+
+using ConvFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+
+// acc (+)= A tile x B tile over one CONV_BK slice on wmma m16n16k8 TF32 (operands rounded per fragment); warp
+// (wm, wn) owns a 32x32 tile of the 128x64 output. As, Bs as for conv_fma_tile.
+template <int MODE>
+__device__ __forceinline__ void conv_wmma_tile(const float* As, const float* Bs, ConvFrag (&acc)[2][2], int wm,
+                                               int wn) {
+    using namespace nvcuda;
+    using ALayout = typename std::conditional<MODE == 0, wmma::row_major, wmma::col_major>::type;
+#pragma unroll
+    for (int kk = 0; kk < CONV_BK; kk += 8) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> a[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b[2];
+        for (int i = 0; i < 2; i++) {
+            if (MODE == 0) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * AS_LD + kk, AS_LD);
+            else wmma::load_matrix_sync(a[i], As + kk * AT_LD + wm * 32 + i * 16, AT_LD);
+            for (int t = 0; t < a[i].num_elements; t++) a[i].x[t] = wmma::__float_to_tf32(a[i].x[t]);
+        }
+        for (int j = 0; j < 2; j++) {
+            wmma::load_matrix_sync(b[j], Bs + kk * BS_LD + wn * 32 + j * 16, BS_LD);
+            for (int t = 0; t < b[j].num_elements; t++) b[j].x[t] = wmma::__float_to_tf32(b[j].x[t]);
+        }
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    }
+}
+
+// the accumulators of either product: TF32 in wmma fragments (warp tiles), fp32 in registers (8x4 per thread)
+template <bool TF32>
+struct LabAcc {
+    ConvFrag acc[2][2];
+    float accs[8][4];
+    int wm, wn, ty, tx;
+    __device__ __forceinline__ void zero(int tid) {
+        const int warp = tid >> 5;
+        wm = warp & 3;
+        wn = warp >> 2;
+        ty = tid >> 4;
+        tx = tid & 15;
+        if (TF32) {
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.f);
+        } else {
+            for (int i = 0; i < 8; i++)
+                for (int j = 0; j < 4; j++) accs[i][j] = 0.f;
+        }
+    }
+    template <int MODE>
+    __device__ __forceinline__ void tile(const float* As, const float* Bs) {
+        if (TF32) conv_wmma_tile<MODE>(As, Bs, acc, wm, wn);
+        else conv_fma_tile<MODE>(As, Bs, accs, ty, tx);
+    }
+    __device__ __forceinline__ void store(float* Cs) {  // into the (CONV_BM, CONV_BN) tile, row stride CS_LD
+        if (TF32) {
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++)
+                    nvcuda::wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * CS_LD + wn * 32 + j * 16, acc[i][j],
+                                                    CS_LD, nvcuda::wmma::mem_row_major);
+        } else {
+            conv_acc_store(Cs, accs, ty, tx);
+        }
+    }
+};
+
+// version 3: version 2 (train_unet.cu conv_igemm_kernel: tiles staged through registers, the next tile's global
+// loads in flight during the products) with the products on wmma TF32
+template <int MODE, bool VEC>
+__global__ void __launch_bounds__(CONV_THREADS)
+conv_igemm_wmma_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
+                       const float* __restrict__ bias, const float* __restrict__ emb, int accumulate, ConvGeom g,
+                       int kchunk) {
+    __shared__ __align__(128) float smem[CONV_SMEM_FLOATS];
+    float* As = smem;
+    float* Bs = smem + CONV_A_FLOATS;
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.x * CONV_BM, n0 = blockIdx.y * CONV_BN;
+    const int kbeg = MODE == 1 ? blockIdx.z * kchunk : 0;
+    const int kend = MODE == 1 ? min(g.K, kbeg + kchunk) : g.K;
+    const int HWo = g.Ho * g.Wo;
+    const int nk = (kend - kbeg + CONV_BK - 1) / CONV_BK;
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+
+    // per-thread loader state
+    float4 ra[4], rb[2];  // VEC staging
+    float sa[16], sb[8];  // scalar staging
+    int rowb[4], rowy[4], rowx[4];
+    bool rowv[4];
+    int mtap = 0, mc = 0;
+    bool mval = false;
+    if (VEC && MODE == 0) conv_rows_setup(g, m0, tid, HWo, rowb, rowy, rowx, rowv);
+    if (VEC && MODE == 1) {
+        int m = m0 + (tid & 31) * 4;
+        mval = m < g.M;
+        mtap = m / g.C;
+        mc = m - mtap * g.C;
+    }
+
+    auto load_tiles = [&](int k0) {
+        if (VEC) {
+            if (MODE == 0) {
+                int tap = k0 / g.C, c0 = k0 - tap * g.C + (tid & 7) * 4;
+                for (int i = 0; i < 4; i++) {
+                    int pix = rowv[i] ? conv_gather(g, rowb[i], rowy[i], rowx[i], tap) : -1;
+                    ra[i] = pix >= 0 ? *reinterpret_cast<const float4*>(X + (size_t)pix * g.C + c0) : zero4;
+                }
+            } else {
+                for (int i = 0; i < 4; i++) {
+                    int p = k0 + (tid >> 5) + 8 * i;
+                    int pix = -1;
+                    if (mval && p < kend) {
+                        int b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                        pix = conv_gather(g, b, oy, ox, mtap);
+                    }
+                    ra[i] = pix >= 0 ? *reinterpret_cast<const float4*>(X + (size_t)pix * g.C + mc) : zero4;
+                }
+            }
+            for (int i = 0; i < 2; i++) {
+                int k = k0 + (tid >> 4) + 16 * i, n = n0 + (tid & 15) * 4;
+                rb[i] = (k < kend && n < g.N) ? *reinterpret_cast<const float4*>(Bm + (size_t)k * g.N + n) : zero4;
+            }
+        } else {
+            for (int i = 0; i < 16; i++) {
+                int e = tid + CONV_THREADS * i;
+                float v = 0.f;
+                if (MODE == 0) {
+                    int m = m0 + (e >> 5), k = k0 + (e & 31);
+                    if (m < g.M && k < kend) {
+                        int tap = k / g.C, c = k - tap * g.C;
+                        int b = m / HWo, r = m - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                        int pix = conv_gather(g, b, oy, ox, tap);
+                        if (pix >= 0) v = X[(size_t)pix * g.C + c];
+                    }
+                } else {
+                    int k = k0 + (e >> 7), m = m0 + (e & 127);
+                    if (m < g.M && k < kend) {
+                        int tap = m / g.C, c = m - tap * g.C;
+                        int b = k / HWo, r = k - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                        int pix = conv_gather(g, b, oy, ox, tap);
+                        if (pix >= 0) v = X[(size_t)pix * g.C + c];
+                    }
+                }
+                sa[i] = v;
+            }
+            for (int i = 0; i < 8; i++) {
+                int e = tid + CONV_THREADS * i;
+                int k = k0 + (e >> 6), n = n0 + (e & 63);
+                sb[i] = (k < kend && n < g.N) ? Bm[(size_t)k * g.N + n] : 0.f;
+            }
+        }
+    };
+    auto store_tiles = [&]() {
+        if (VEC) {
+            for (int i = 0; i < 4; i++) {
+                if (MODE == 0)
+                    *reinterpret_cast<float4*>(As + ((tid >> 3) + 32 * i) * AS_LD + (tid & 7) * 4) = ra[i];
+                else
+                    *reinterpret_cast<float4*>(As + ((tid >> 5) + 8 * i) * AT_LD + (tid & 31) * 4) = ra[i];
+            }
+            for (int i = 0; i < 2; i++)
+                *reinterpret_cast<float4*>(Bs + ((tid >> 4) + 16 * i) * BS_LD + (tid & 15) * 4) = rb[i];
+        } else {
+            for (int i = 0; i < 16; i++) {
+                int e = tid + CONV_THREADS * i;
+                if (MODE == 0) As[(e >> 5) * AS_LD + (e & 31)] = sa[i];
+                else As[(e >> 7) * AT_LD + (e & 127)] = sa[i];
+            }
+            for (int i = 0; i < 8; i++) {
+                int e = tid + CONV_THREADS * i;
+                Bs[(e >> 6) * BS_LD + (e & 63)] = sb[i];
+            }
+        }
+    };
+
+    LabAcc<true> acc;
+    acc.zero(tid);
+    if (nk > 0) {
+        load_tiles(kbeg);
+        store_tiles();
+    }
+    __syncthreads();
+    for (int kt = 0; kt < nk; kt++) {
+        if (kt + 1 < nk) load_tiles(kbeg + (kt + 1) * CONV_BK);  // global loads in flight during the MMAs
+        acc.tile<MODE>(As, Bs);
+        __syncthreads();
+        if (kt + 1 < nk) {
+            store_tiles();
+            __syncthreads();
+        }
+    }
+
+    // epilogue through shared memory: coalesced writes with bias, time embedding and accumulation fused
+    float* Cs = smem;
+    acc.store(Cs);
+    __syncthreads();
+    for (int e = tid; e < CONV_BM * CONV_BN; e += CONV_THREADS) {
+        int row = e >> 6, col = e & 63;
+        int m = m0 + row, n = n0 + col;
+        if (m >= g.M || n >= g.N) continue;
+        float v = Cs[row * CS_LD + col];
+        if (MODE == 0) {
+            if (bias) v += bias[n];
+            if (emb) v += emb[(size_t)(m / HWo) * g.N + n];
+            size_t idx = (size_t)m * g.N + n;
+            if (accumulate) v += out[idx];
+            out[idx] = v;
+        } else {
+            out[((size_t)blockIdx.z * g.M + m) * g.N + n] = v;
+        }
+    }
+}
+
+// versions 4 (fp32) and 5 (TF32): the same implicit GEMM with a CONV_STAGES-deep cp.async pipeline (16-byte copies
+// straight to shared memory, zero-filled at the padding), so the loads of tiles k+1, k+2 overlap the products of
+// tile k, and one __syncthreads per tile. Channels must fit the tile (VEC); the others take version 2 / 3.
+constexpr int CONV_STAGES = 3;
+constexpr int CONV_STAGE_FLOATS = CONV_A_FLOATS + CONV_BK * BS_LD;
+constexpr size_t CONV_PIPE_SMEM = (size_t)CONV_STAGES * CONV_STAGE_FLOATS * sizeof(float);
+static_assert(CONV_STAGES * CONV_STAGE_FLOATS >= CONV_SMEM_FLOATS, "the output tile reuses the stages");
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int MODE, bool TF32>
+__global__ void __launch_bounds__(CONV_THREADS)
+conv_igemm_pipe_kernel(const float* __restrict__ X, const float* __restrict__ Bm, float* __restrict__ out,
+                       const float* __restrict__ bias, const float* __restrict__ emb, int accumulate, ConvGeom g,
+                       int kchunk) {
+    extern __shared__ __align__(128) float psmem[];
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.x * CONV_BM, n0 = blockIdx.y * CONV_BN;
+    const int kbeg = MODE == 1 ? blockIdx.z * kchunk : 0;
+    const int kend = MODE == 1 ? min(g.K, kbeg + kchunk) : g.K;
+    const int HWo = g.Ho * g.Wo;
+    const int nk = (kend - kbeg + CONV_BK - 1) / CONV_BK;
+
+    int rowb[4], rowy[4], rowx[4];
+    bool rowv[4];
+    int mtap = 0, mc = 0;
+    bool mval = false;
+    if (MODE == 0) {
+        conv_rows_setup(g, m0, tid, HWo, rowb, rowy, rowx, rowv);
+    } else {
+        int m = m0 + (tid & 31) * 4;
+        mval = m < g.M;
+        mtap = mval ? m / g.C : 0;
+        mc = mval ? m - mtap * g.C : 0;
+    }
+    auto load_stage = [&](int stage, int k0) {
+        float* As = psmem + stage * CONV_STAGE_FLOATS;
+        float* Bs = As + CONV_A_FLOATS;
+        if (MODE == 0) {
+            int tap = k0 / g.C, c0 = k0 - tap * g.C + (tid & 7) * 4;
+            for (int i = 0; i < 4; i++) {
+                int pix = rowv[i] ? conv_gather(g, rowb[i], rowy[i], rowx[i], tap) : -1;
+                cp_async16(As + ((tid >> 3) + 32 * i) * AS_LD + (tid & 7) * 4,
+                           pix >= 0 ? X + (size_t)pix * g.C + c0 : X, pix >= 0);
+            }
+        } else {
+            for (int i = 0; i < 4; i++) {
+                int p = k0 + (tid >> 5) + 8 * i;
+                int pix = -1;
+                if (mval && p < kend) {
+                    int b = p / HWo, r = p - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                    pix = conv_gather(g, b, oy, ox, mtap);
+                }
+                cp_async16(As + ((tid >> 5) + 8 * i) * AT_LD + (tid & 31) * 4,
+                           pix >= 0 ? X + (size_t)pix * g.C + mc : X, pix >= 0);
+            }
+        }
+        for (int i = 0; i < 2; i++) {
+            int k = k0 + (tid >> 4) + 16 * i, n = n0 + (tid & 15) * 4;
+            bool v = k < kend && n < g.N;
+            cp_async16(Bs + ((tid >> 4) + 16 * i) * BS_LD + (tid & 15) * 4, v ? Bm + (size_t)k * g.N + n : Bm, v);
+        }
+    };
+
+    LabAcc<TF32> acc;
+    acc.zero(tid);
+    for (int s = 0; s < CONV_STAGES - 1; s++) {
+        if (s < nk) load_stage(s, kbeg + s * CONV_BK);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<CONV_STAGES - 2>();
+        __syncthreads();  // tile kt is in; every thread is done with tile kt-1, whose stage is refilled next
+        int next = kt + CONV_STAGES - 1;
+        if (next < nk) load_stage(next % CONV_STAGES, kbeg + next * CONV_BK);
+        cp_async_commit();
+        const float* As = psmem + (kt % CONV_STAGES) * CONV_STAGE_FLOATS;
+        const float* Bs = As + CONV_A_FLOATS;
+        acc.template tile<MODE>(As, Bs);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float* Cs = psmem;
+    acc.store(Cs);
+    __syncthreads();
+    // float4 epilogue: N % 4 == 0 here
+    for (int e = tid; e < CONV_BM * CONV_BN / 4; e += CONV_THREADS) {
+        int row = e >> 4, col = (e & 15) * 4;
+        int m = m0 + row, n = n0 + col;
+        if (m >= g.M || n >= g.N) continue;
+        float4 v = *reinterpret_cast<const float4*>(Cs + row * CS_LD + col);
+        if (MODE == 0) {
+            if (bias) {
+                float4 bb = *reinterpret_cast<const float4*>(bias + n);
+                v.x += bb.x; v.y += bb.y; v.z += bb.z; v.w += bb.w;
+            }
+            if (emb) {
+                float4 ee = *reinterpret_cast<const float4*>(emb + (size_t)(m / HWo) * g.N + n);
+                v.x += ee.x; v.y += ee.y; v.z += ee.z; v.w += ee.w;
+            }
+            float4* o = reinterpret_cast<float4*>(out + (size_t)m * g.N + n);
+            if (accumulate) {
+                float4 p = *o;
+                v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+            }
+            *o = v;
+        } else {
+            *reinterpret_cast<float4*>(out + ((size_t)blockIdx.z * g.M + m) * g.N + n) = v;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// the three passes of the version select_version() chose: 2 and 6 through train_unet.cu's launchers (what the
+// trainer runs, 6 falling back to 2 where its channels do not fit), 3-5 launched here with version 2's grid,
+// K split and workspace
+
+static int g_lab_version = 6;
+
+template <int MODE, bool TF32>
+static void launch_conv_pipe(dim3 grid, const float* X, const float* Bm, float* out, const float* bias,
+                             const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
+    static bool attr_set = false;  // > 48 KB of dynamic shared memory needs an opt-in, once per instantiation
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(conv_igemm_pipe_kernel<MODE, TF32>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CONV_PIPE_SMEM));
+        attr_set = true;
+    }
+    conv_igemm_pipe_kernel<MODE, TF32><<<grid, CONV_THREADS, CONV_PIPE_SMEM, g_stream>>>(X, Bm, out, bias, emb,
+                                                                                        accumulate, g, kchunk);
+    cudaCheck(cudaGetLastError());
+}
+// versions 3-5; vec: the channels fit the tile (16-byte loads), else version 4 runs 2 and version 5 runs 3
+template <int MODE>
+static void launch_lab_igemm(dim3 grid, bool vec, const float* X, const float* Bm, float* out, const float* bias,
+                             const float* emb, int accumulate, const ConvGeom& g, int kchunk) {
+    const int v = g_lab_version;
+    if (vec && v == 4) launch_conv_pipe<MODE, false>(grid, X, Bm, out, bias, emb, accumulate, g, kchunk);
+    else if (vec && v == 5) launch_conv_pipe<MODE, true>(grid, X, Bm, out, bias, emb, accumulate, g, kchunk);
+    else if (v == 4) launch_conv_igemm<MODE>(grid, false, X, Bm, out, bias, emb, accumulate, g, kchunk);
+    else if (vec) {
+        conv_igemm_wmma_kernel<MODE, true><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate,
+                                                                               g, kchunk);
+        cudaCheck(cudaGetLastError());
+    } else {
+        conv_igemm_wmma_kernel<MODE, false><<<grid, CONV_THREADS, 0, g_stream>>>(X, Bm, out, bias, emb, accumulate,
+                                                                                g, kchunk);
+        cudaCheck(cudaGetLastError());
+    }
+}
+static bool lab_in_trainer() { return g_lab_version == 2 || g_lab_version == 6; }
+// y (B, Ho, Wo, cout) = conv3x3(x) + bias
+static void lab_forward(const UNet* m, const ConvP& c, const float* x, float* y, int H, int W) {
+    if (lab_in_trainer()) {
+        conv3x3_forward(m, c, x, y, H, W, nullptr, nullptr);
+        return;
+    }
+    ConvGeom g = conv_geom_forward(m->B, c, H, W);
+    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
+    bool vec = c.cin % CONV_BK == 0 && c.cout % 4 == 0;
+    launch_lab_igemm<0>(grid, vec, x, m->p + c.w, y, m->p + c.b, nullptr, 0, g, 0);
+}
+// dx (B, H, W, cin) = backward-data of dy (B, Ho, Wo, cout)
+static void lab_backward_data(const UNet* m, const ConvP& c, const float* dy, float* dx, int H, int W) {
+    if (lab_in_trainer()) {
+        conv3x3_backward_data(m, c, dy, dx, H, W, false);
+        return;
+    }
+    int n = 9 * c.cin * c.cout;
+    conv_flip_weights_kernel<<<ceil_div(n, EW), EW, 0, g_stream>>>(m->p + c.w, m->wflip, c.cin, c.cout);
+    cudaCheck(cudaGetLastError());
+    ConvGeom g = conv_geom_backward_data(m->B, c, H, W);
+    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN));
+    bool vec = c.cout % CONV_BK == 0 && c.cin % 4 == 0;
+    launch_lab_igemm<0>(grid, vec, dy, m->wflip, dx, nullptr, nullptr, 0, g, 0);
+}
+// m->g + c.w = the weight gradient from x (B, H, W, cin) and dy (B, Ho, Wo, cout)
+static void lab_backward_weight(const UNet* m, const ConvP& c, const float* x, const float* dy, int H, int W) {
+    if (lab_in_trainer()) {
+        conv3x3_backward_weight(m, c, x, dy, H, W);
+        return;
+    }
+    ConvGeom g = conv_geom_weight(m->B, c, H, W);
+    int tiles = ceil_div(g.M, CONV_BM) * ceil_div(g.N, CONV_BN);
+    int splits = std::max(1, std::min(ceil_div(2 * g_num_sms, tiles), std::max(1, g.K / 256)));
+    int kchunk = ceil_div(ceil_div(g.K, splits), CONV_BK) * CONV_BK;
+    splits = ceil_div(g.K, kchunk);
+    conv_ws_check(m->conv_ws_floats, (size_t)splits * g.M * g.N, "workspace");
+    dim3 grid(ceil_div(g.M, CONV_BM), ceil_div(g.N, CONV_BN), splits);
+    bool vec = c.cin % 4 == 0 && c.cout % 4 == 0;
+    launch_lab_igemm<1>(grid, vec, x, dy, m->conv_ws, nullptr, nullptr, 0, g, kchunk);
+    wgrad_reduce(m->conv_ws, m->g + c.w, (size_t)g.M * g.N, splits, false);
 }
 
 static void fill_nan(float* d, size_t n) { poison(d, n); }
@@ -73,15 +485,14 @@ static void check(const std::string& name, const float* d_got, const float* ref,
     report(bad == 0, line);
 }
 
-// fp32 (versions 1, 2): error of a length-K sum in any order <= ~K * 2^-24 * sum|products|; K <= 9*Cin here, so
-// 1e-5 of sum|products| has margin. TF32 (version 3) rounds both operands to 10-bit mantissas: <= ~2^-10 relative
-// per product, so 2e-3 of sum|products|.
+// fp32 (versions 1, 2, 4): error of a length-K sum in any order <= ~K * 2^-24 * sum|products|; K <= 9*Cin here, so
+// 1e-5 of sum|products| has margin. TF32 (versions 3, 5, 6) rounds both operands to 10-bit mantissas: <= ~2^-10
+// relative per product, so 2e-3 of sum|products|.
 static bool version_tf32(int v) { return v == 3 || v == 5 || v == 6; }
 static double version_rtol(int v) { return version_tf32(v) ? 2e-3 : 1e-5; }
 static void select_version(int v) {
-    g_tf32 = version_tf32(v);
-    g_conv_pipe = v >= 4;
-    g_conv_v = v == 6 ? 6 : 5;
+    g_lab_version = v;
+    g_tf32 = v == 6;  // the trainer's launchers: version 6 where it applies, else 2
     g_conv6_tile = -1;
     g_conv6_splits = 0;
 }
@@ -98,7 +509,7 @@ static std::string v6_variant_name(const V6Variant& v) {
     if (v.tile < 0) return "plan";
     return std::string(C6_TILE_NAME[v.tile]) + " splits " + std::to_string(v.splits);
 }
-// the passes of a (cin, cout) layer that version 6 runs (the others fall back to version 3)
+// the passes of a (cin, cout) layer that version 6 runs (the others fall back to version 2)
 static ConvP conv_p(int cin, int cout) {
     ConvP c;
     c.cin = cin;
@@ -151,13 +562,13 @@ static void run_case(int version, int B, int H, int W, int cin, int cout, int s,
             g_conv6_splits = var.splits;
             std::string nm = std::string(name) + (version == 6 && any6 ? " [" + v6_variant_name(var) + "]" : "");
             fill_nan(d_y, ny);
-            conv3x3_forward(&L.m, L.c, d_x, d_y, H, W, nullptr, nullptr);
+            lab_forward(&L.m, L.c, d_x, d_y, H, W);
             check(nm + " forward", d_y, y.data(), ymag.data(), ny, rt);
             fill_nan(d_dx, nx);
-            conv3x3_backward_data(&L.m, L.c, d_dy, d_dx, H, W, false);
+            lab_backward_data(&L.m, L.c, d_dy, d_dx, H, W);
             check(nm + " backward-data", d_dx, dx.data(), dxmag.data(), nx, rt);
             fill_nan(L.m.g, nw);
-            conv3x3_backward_weight(&L.m, L.c, d_x, d_dy, H, W);
+            lab_backward_weight(&L.m, L.c, d_x, d_dy, H, W);
             check(nm + " weight-grad", L.m.g, dw.data(), dwmag.data(), nw, rt);
             if (var.splits == 1) {
                 std::vector<float> gy = to_host(d_y, ny), gdx = to_host(d_dx, nx), gdw = to_host(L.m.g, nw);
@@ -171,6 +582,19 @@ static void run_case(int version, int B, int H, int W, int cin, int cout, int s,
         if (vars.size() > 1)
             report(agree, std::string(name) + ": every tile with K whole gives the same bits (forward, backward-data, "
                                               "weight-grad)");
+        if (version == 4) {  // the same tiles, k order, FMAs and epilogue order as version 2: the same bits
+            std::vector<float> gy = to_host(d_y, ny), gdx = to_host(d_dx, nx), gdw = to_host(L.m.g, nw);
+            select_version(2);
+            fill_nan(d_y, ny);
+            fill_nan(d_dx, nx);
+            fill_nan(L.m.g, nw);
+            lab_forward(&L.m, L.c, d_x, d_y, H, W);
+            lab_backward_data(&L.m, L.c, d_dy, d_dx, H, W);
+            lab_backward_weight(&L.m, L.c, d_x, d_dy, H, W);
+            report(bits_equal(gy, to_host(d_y, ny)) && bits_equal(gdx, to_host(d_dx, nx)) &&
+                       bits_equal(gdw, to_host(L.m.g, nw)),
+                   std::string(name) + ": the same bits as version 2 (forward, backward-data, weight-grad)");
+        }
         select_version(version);
     }
     cudaCheck(cudaFree(d_x));
@@ -224,9 +648,9 @@ static void fixture_gpu(const ConvFixture& f, const std::string& name, int s, in
         cudaCheck(cudaGetLastError());
         check_scaled(v + " y", to_host(d_y, f.y.size()), f.y, at, rt);
     } else {
-        conv3x3_forward(&L.m, L.c, d_x, d_y, f.H, f.W, nullptr, nullptr);
-        conv3x3_backward_data(&L.m, L.c, d_dy, d_dx, f.H, f.W, false);
-        conv3x3_backward_weight(&L.m, L.c, d_x, d_dy, f.H, f.W);
+        lab_forward(&L.m, L.c, d_x, d_y, f.H, f.W);
+        lab_backward_data(&L.m, L.c, d_dy, d_dx, f.H, f.W);
+        lab_backward_weight(&L.m, L.c, d_x, d_dy, f.H, f.W);
         channel_sums(&L.m, d_dy, L.m.g + L.c.b, f.B, f.Ho * f.Wo, f.Cout, 0, 0);
         check_scaled(v + " y", to_host(d_y, f.y.size()), f.y, at, rt);
         check_scaled(v + " dx", to_host(d_dx, f.x.size()), f.dx, at, rt);
@@ -238,9 +662,9 @@ static void fixture_gpu(const ConvFixture& f, const std::string& name, int s, in
     lab_free(&L);
     select_version(6);
 }
-// Version 6 on the fixture: its 5 -> 7 channels are off the tile (version 3 would run), so the layer is run with
+// Version 6 on the fixture: its 5 -> 7 channels are off the tile (version 2 would run), so the layer is run with
 // zero channels appended (cin -> 32; cout -> 32, or kept at 7: version 6's path for N <= 8, which pads the
-// operand itself, and backward-data then takes version 3): the appended channels add exact zeros, the real
+// operand itself, and backward-data then takes version 2): the appended channels add exact zeros, the real
 // channels must match PyTorch within the TF32 tolerance and the appended ones must come out exactly 0. Every tile.
 static void fixture_gpu_padded(const ConvFixture& f, const std::string& name, int s, bool pad_cout) {
     const int CI = ceil_div(f.Cin, 32) * 32, CO = pad_cout ? ceil_div(f.Cout, 32) * 32 : f.Cout;
@@ -366,12 +790,12 @@ static float time_ms(F launch) {
     cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
     return ms / reps;
 }
-// pass 0 forward, 1 backward-data, 2 weight gradient, through train_unet.cu's launchers (the version selected)
+// pass 0 forward, 1 backward-data, 2 weight gradient, of the version selected
 static void bench_pass(BenchLayer* b, int pass) {
     const BenchShape& sh = b->sh;
-    if (pass == 0) conv3x3_forward(&b->L.m, b->L.c, b->x, b->y, sh.H, sh.H, nullptr, nullptr);
-    else if (pass == 1) conv3x3_backward_data(&b->L.m, b->L.c, b->y, b->dx, sh.H, sh.H, false);
-    else conv3x3_backward_weight(&b->L.m, b->L.c, b->x, b->y, sh.H, sh.H);
+    if (pass == 0) lab_forward(&b->L.m, b->L.c, b->x, b->y, sh.H, sh.H);
+    else if (pass == 1) lab_backward_data(&b->L.m, b->L.c, b->y, b->dx, sh.H, sh.H);
+    else lab_backward_weight(&b->L.m, b->L.c, b->x, b->y, sh.H, sh.H);
 }
 // the same pass on version 6 with rounding variant RND (the trainer's launchers fix CONV6_RND)
 template <int RND>

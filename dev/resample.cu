@@ -8,8 +8,8 @@ CPU oracle (double) and PyTorch fixtures:
   make -C dev resample && ./dev/resample --test    # CPU oracle vs PyTorch (CI); GPU vs oracle and PyTorch
   ./dev/resample                                    # the same, then the UNet's shapes at batch 32 timed
 
-version 1 (train_unet.cu): the kernels above with the convolution in strict fp32 (dev/conv2d.cu version 4/2);
-version 2: the same on TF32 tensor cores (dev/conv2d.cu version 5/3), the training default.
+version 1 (train_unet.cu): the kernels above with the convolution in strict fp32 (dev/conv2d.cu version 2);
+version 2: the same on TF32 tensor cores (dev/conv2d.cu version 6, 2 where its channels do not fit), --precision tf32.
 */
 #define TESTING
 #include "../train_unet.cu"

@@ -30,15 +30,13 @@ struct Carve {
     }
 };
 
-// The globals every call sets: the stream, the SM count (split-K plans, reduction chunks) and the conv version.
+// The globals every call sets: the stream, the SM count (split-K plans, reduction chunks), TF32, and version 6's plan.
 static void set_globals(cudaStream_t stream, bool tf32) {
     int dev;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&g_num_sms, cudaDevAttrMultiProcessorCount, dev));
     g_stream = stream;
     g_tf32 = tf32;
-    g_conv_v = 6;
-    g_conv_pipe = true;
     g_conv6_tile = -1;
     g_conv6_splits = 0;
 }
