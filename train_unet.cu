@@ -7,9 +7,10 @@ trained in CUDA C++: data loader, forward and backward kernels, AdamW, EMA, chec
   ./train_unet --sample s.bin --load out/unet/model.bin --num_samples 16 --sampler ddim --sample_steps 50
 
 Layout: activations NHWC (B, H, W, C), allocated once in unet_allocate (the activations' gradients share one arena
-by liveness). --precision bf16 (the default on Hopper): bf16 activations and compute copies of the weights, fp32
-master weights, AdamW state, EMA and accumulation; 3x3 convolutions on warpgroup MMA (wgmma) fed by TMA
-(conv_wgmma_kernel, dev/conv2d.cu version 7), fused attention (attn_*_kernel, dev/attention.cu version 2), cuBLAS
+by liveness). --precision bf16 (the default; compute capability >= 8.0): bf16 activations and compute copies of the
+weights, fp32 master weights, AdamW state, EMA and accumulation; 3x3 convolutions on warpgroup MMA (wgmma) fed by
+TMA (conv_wgmma_kernel, dev/conv2d.cu version 7; without sm_90a on mma.sync: conv_mma_bf16_kernel, version 8),
+fused attention (attn_*_kernel, dev/attention.cu version 2), cuBLAS
 bf16 for the linear layers. --precision tf32: fp32 activations, convolutions on TF32 mma.sync (conv_mma_kernel,
 version 6; strict fp32 for the 3-channel passes), cuBLAS in TF32. --precision fp32: strict fp32 everywhere
 (conv_igemm_kernel, version 2), the mode dev/test_unet.cu compares with PyTorch tensor for tensor. Reductions
@@ -1226,7 +1227,7 @@ __global__ void conv_splitk_epilogue_kernel(const float* __restrict__ ws, T* out
 //    each other), so the producer fills the next tile's stages while the consumers run the epilogue. The narrowest
 //    tile (BN = 64) runs 2 blocks per SM.
 //  - Split-K over blockIdx.z writes fp32 partial sums that a second kernel adds in a fixed order (deterministic).
-// Without sm_90a (other GPUs) --precision bf16 is refused and the default falls back to tf32 (precision_resolve).
+// Without sm_90a (other GPUs) the same three products run on mma.sync (conv_mma_bf16_kernel, version 8, below).
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define UNET_SM90A 1
@@ -1655,6 +1656,262 @@ conv_wgmma_kernel(const __grid_constant__ ConvWgMaps maps, const ConvWgGeom g, c
         }
     }
 #endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// bf16 3x3 convolution on mma.sync (--precision bf16 on GPUs without sm_90a, compute capability >= 8.0): dev/conv2d.cu
+// version 8. Version 6's implicit GEMM (conv_gather, 3-stage cp.async pipeline, tile per layer, split-K) on
+// mma.sync m16n8k16 bf16 with fp32 accumulation, for the three products of the wgmma path and its contract
+// (ConvWgOut; channels % 8 == 0 on both sides, conv_wg_ok):
+//  - MODE 0 (forward; backward-data is the forward of dY with the flipped, transposed weights wd, on the
+//    zero-inserted dY for stride 2): A = gathered input [m = pixel][k = channel], B = weights [n][tap][channel],
+//    both K-major, so ldmatrix hands out their fragments as they lie. A k-tile is C8_BK channels of one tap; the
+//    channels past C read as zeros (C % 8 == 0: a 16-byte chunk is wholly inside or outside).
+//  - MODE 1 (weight gradient): dW[m = (tap, channel)][n] over k = output pixels; A = gathered input [k][m] and
+//    B = dY [k][n] are MN-major: ldmatrix.trans. fp32 partial sums per K chunk into the workspace, added in a fixed
+//    order by wgrad_reduce.
+//  - shared tiles: K-major [row][C8_BK + 8], MN-major [k][BM or BN + 8]; a row is an odd number of 16-byte units,
+//    so the 8 rows of an ldmatrix phase fall in 8 different bank groups (conflict-free).
+// Each output sums its k-tiles in order and each k-tile's four k16 steps in order whatever the tile, so every tile
+// gives the same bits with K whole (dev/conv2d.cu checks it).
+//
+// mma.m16n8k16 bf16 (PTX ISA), lane = 4*gq + tq; a register holds 2 bf16, the lower k (column) in the low half:
+//   A (16x16): a0 (row gq, k 2tq, 2tq+1), a1 (row gq+8, same k), a2 (row gq, k 2tq+8, 2tq+9), a3 (row gq+8, ...)
+//   B (16x8):  b0 (k 2tq, 2tq+1, n gq), b1 (k 2tq+8, 2tq+9, n gq)
+//   C (16x8):  c0, c1 (row gq, n 2tq, 2tq+1), c2, c3 (row gq+8, n 2tq, 2tq+1)
+// ldmatrix.x4 (b16): lanes 8i..8i+7 address the 8 rows (16 bytes) of matrix i; lane L receives in register i the
+// elements (L/4, 2(L%4)) and (L/4, 2(L%4)+1) of matrix i, with .trans (2(L%4), L/4) and (2(L%4)+1, L/4).
+constexpr int C8_BK = 64, C8_STAGES = 3;
+
+template <int MODE, int BM, int BN, int WM, int WN>
+struct Conv8 {
+    static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = 32 * WARPS_M * WARPS_N;
+    static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
+    static constexpr int A_LD = MODE == 0 ? C8_BK + 8 : BM + 8, B_LD = MODE == 0 ? C8_BK + 8 : BN + 8;  // bf16
+    static constexpr int A_ELEMS = (MODE == 0 ? BM : C8_BK) * A_LD, B_ELEMS = (MODE == 0 ? BN : C8_BK) * B_LD;
+    static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
+    static constexpr size_t SMEM = (size_t)C8_STAGES * STAGE_ELEMS * sizeof(bf16);
+    // 16-byte chunks in a tile row, rows one pass of the threads covers, chunks a thread copies per stage
+    static constexpr int A_ROW_CHUNKS = (MODE == 0 ? C8_BK : BM) / 8, B_ROW_CHUNKS = (MODE == 0 ? C8_BK : BN) / 8;
+    static constexpr int A_RPP = THREADS / A_ROW_CHUNKS, B_RPP = THREADS / B_ROW_CHUNKS;
+    static constexpr int A_CHUNKS = BM * C8_BK / 8 / THREADS, B_CHUNKS = BN * C8_BK / 8 / THREADS;
+    static constexpr int MIN_BLOCKS = (int)((227 * 1024) / (SMEM + 1024)) < 4 ? (int)((227 * 1024) / (SMEM + 1024)) : 4;
+    static_assert(WM % 16 == 0 && WN % 16 == 0 && BM % WM == 0 && BN % WN == 0, "warp tiles of whole n16 pairs");
+    static_assert(THREADS % A_ROW_CHUNKS == 0 && THREADS % B_ROW_CHUNKS == 0, "a thread keeps its chunk column");
+    static_assert(A_CHUNKS * THREADS * 8 == BM * C8_BK && B_CHUNKS * THREADS * 8 == BN * C8_BK, "whole chunks");
+    static_assert((A_LD * 2 / 16) % 2 == 1 && (B_LD * 2 / 16) % 2 == 1, "rows of an odd number of 16-byte units");
+    static_assert(MIN_BLOCKS >= 1, "the stages must fit shared memory");
+};
+
+// Element offset, in a stage's A or B tile, of the 16-byte row that lane `lane` hands ldmatrix.x4: for the A
+// fragment (a0..a3) of rows (m) r0..r0+15 at k-step kk, and for the B fragments of columns (n) c0..c0+15 (registers:
+// b0, b1 of n c0..c0+7, then b0, b1 of c0+8..c0+15). MODE 0 K-major tiles, MODE 1 MN-major (read with .trans).
+// Host and device: dev/conv2d.cu runs them on an emulated warp.
+template <int MODE>
+__host__ __device__ __forceinline__ int conv8_a_lds(int lane, int ld, int r0, int kk) {
+    return MODE == 0 ? (r0 + (lane & 15)) * ld + kk + (lane >> 4) * 8
+                     : (kk + (lane >> 4) * 8 + (lane & 7)) * ld + r0 + ((lane >> 3) & 1) * 8;
+}
+template <int MODE>
+__host__ __device__ __forceinline__ int conv8_b_lds(int lane, int ld, int c0, int kk) {
+    return MODE == 0 ? (c0 + (lane >> 4) * 8 + (lane & 7)) * ld + kk + ((lane >> 3) & 1) * 8
+                     : (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + c0 + (lane >> 4) * 8;
+}
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4_b16(uint32_t (&r)[4], const bf16* p) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void cp_async16_b16(bf16* smem_dst, const bf16* gmem_src, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    const int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(n));
+}
+
+// Block (blockIdx.x, blockIdx.y) computes the BM x BN output tile over the k-tiles [z * kchunk, (z + 1) * kchunk) of
+// `ktiles` (z = blockIdx.z). MODE 0: kc k-tiles per tap (ceil(C / C8_BK)); g is the ConvGeom of the forward gather
+// (ts = 1), M = pixels, N = output channels. MODE 1: g as conv_geom_weight (M = 9*C, K = pixels), k-tile = C8_BK
+// pixels. Without a split, MODE 0 writes bf16 out = acc + bias + emb + res; otherwise the fp32 partial sums go to
+// o.ws[z][M][N].
+template <int MODE, int BM, int BN, int WM, int WN>
+__global__ void __launch_bounds__(Conv8<MODE, BM, BN, WM, WN>::THREADS, Conv8<MODE, BM, BN, WM, WN>::MIN_BLOCKS)
+conv_mma_bf16_kernel(const bf16* __restrict__ X, const bf16* __restrict__ Bm, const ConvWgOut o,
+                     const ConvGeom g, int kc, int ktiles, int kchunk) {
+    using T = Conv8<MODE, BM, BN, WM, WN>;
+    extern __shared__ __align__(128) bf16 smem8[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int kbeg = blockIdx.z * kchunk, nk = min(ktiles, kbeg + kchunk) - kbeg;
+    const int HWo = g.Ho * g.Wo;
+
+    // loader. MODE 0: A rows (pixels) tid/8 + A_RPP*i, channel chunk tid%8 of the k-tile; B rows (n) likewise.
+    // MODE 1: A and B rows (pixels) tid/ROW_CHUNKS + RPP*i, the thread's column chunk (m or n) fixed.
+    constexpr int AR = MODE == 0 ? T::A_CHUNKS : 1;
+    int rowb[AR], rowyx[AR];  // MODE 0: per A row, the image (-1: row past M) and (oy << 16 | ox)
+    int mtap = 0, mc = 0;
+    bool mval = false;
+    if (MODE == 0) {
+#pragma unroll
+        for (int i = 0; i < AR; i++) {
+            const int m = m0 + tid / T::A_ROW_CHUNKS + T::A_RPP * i;
+            const int b = m / HWo, r = m - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+            rowb[i] = m < g.M ? b : -1;
+            rowyx[i] = (oy << 16) | ox;
+        }
+    } else {
+        const int m = m0 + (tid % T::A_ROW_CHUNKS) * 8;  // 8 rows (tap, c..c+7) of one tap: C % 8 == 0
+        mval = m < g.M;
+        mtap = mval ? m / g.C : 0;
+        mc = mval ? m - mtap * g.C : 0;
+    }
+    const int bcol = n0 + (tid % T::B_ROW_CHUNKS) * 8;  // MODE 1: the thread's n chunk
+    auto a_dst = [&](int stage, int i) {
+        return smem8 + stage * T::STAGE_ELEMS + (tid / T::A_ROW_CHUNKS + T::A_RPP * i) * T::A_LD +
+               (tid % T::A_ROW_CHUNKS) * 8;
+    };
+    auto b_dst = [&](int stage, int i) {
+        return smem8 + stage * T::STAGE_ELEMS + T::A_ELEMS + (tid / T::B_ROW_CHUNKS + T::B_RPP * i) * T::B_LD +
+               (tid % T::B_ROW_CHUNKS) * 8;
+    };
+    auto load_stage = [&](int stage, int kt) {
+        if (MODE == 0) {
+            const int tap = kt / kc, c = (kt - tap * kc) * C8_BK + (tid % T::A_ROW_CHUNKS) * 8;
+            const bool cok = c < g.C;
+#pragma unroll
+            for (int i = 0; i < T::A_CHUNKS; i++) {
+                const int pix = rowb[i] >= 0 && cok ? conv_gather(g, rowb[i], rowyx[i] >> 16, rowyx[i] & 0xffff, tap)
+                                                    : -1;
+                cp_async16_b16(a_dst(stage, i), pix >= 0 ? X + (size_t)pix * g.C + c : X, pix >= 0);
+            }
+#pragma unroll
+            for (int i = 0; i < T::B_CHUNKS; i++) {
+                const int n = n0 + tid / T::B_ROW_CHUNKS + T::B_RPP * i;
+                const bool v = cok && n < g.N;
+                cp_async16_b16(b_dst(stage, i), v ? Bm + ((size_t)n * 9 + tap) * g.C + c : Bm, v);
+            }
+        } else {
+            const int p0 = kt * C8_BK;
+#pragma unroll
+            for (int i = 0; i < T::A_CHUNKS; i++) {
+                const int p = p0 + tid / T::A_ROW_CHUNKS + T::A_RPP * i;
+                int pix = -1;
+                if (mval && p < g.K) {
+                    const int b = fastdiv(p, g.hwo_mul, g.hwo_shift), r = p - b * HWo;
+                    const int oy = fastdiv(r, g.wo_mul, g.wo_shift), ox = r - oy * g.Wo;
+                    pix = conv_gather(g, b, oy, ox, mtap);
+                }
+                cp_async16_b16(a_dst(stage, i), pix >= 0 ? X + (size_t)pix * g.C + mc : X, pix >= 0);
+            }
+#pragma unroll
+            for (int i = 0; i < T::B_CHUNKS; i++) {
+                const int p = p0 + tid / T::B_ROW_CHUNKS + T::B_RPP * i;
+                const bool v = p < g.K && bcol < g.N;
+                cp_async16_b16(b_dst(stage, i), v ? Bm + (size_t)p * g.N + bcol : Bm, v);
+            }
+        }
+    };
+
+    // this warp's WM x WN tile: MI x NI mma tiles
+    const int wm = warp % T::WARPS_M, wn = warp / T::WARPS_M;
+    const int gq = lane >> 2, tq = lane & 3;
+    float acc[T::MI][T::NI][4];
+#pragma unroll
+    for (int i = 0; i < T::MI; i++)
+#pragma unroll
+        for (int j = 0; j < T::NI; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+    auto mma_stage = [&](int stage) {
+        const bf16* As = smem8 + stage * T::STAGE_ELEMS;
+        const bf16* Bs = As + T::A_ELEMS;
+#pragma unroll
+        for (int kk = 0; kk < C8_BK; kk += 16) {
+            uint32_t a[T::MI][4], b[T::NI][2];
+#pragma unroll
+            for (int i = 0; i < T::MI; i++)
+                ldmatrix_x4_b16<MODE == 1>(a[i], As + conv8_a_lds<MODE>(lane, T::A_LD, wm * WM + i * 16, kk));
+#pragma unroll
+            for (int j = 0; j < T::NI; j += 2) {
+                uint32_t r[4];
+                ldmatrix_x4_b16<MODE == 1>(r, Bs + conv8_b_lds<MODE>(lane, T::B_LD, wn * WN + j * 8, kk));
+                b[j][0] = r[0];
+                b[j][1] = r[1];
+                b[j + 1][0] = r[2];
+                b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < T::MI; i++)
+#pragma unroll
+                for (int j = 0; j < T::NI; j++) mma_bf16_16816(acc[i][j], a[i], b[j]);
+        }
+    };
+
+    // C8_STAGES-deep pipeline, one barrier per k-tile (as version 6)
+#pragma unroll
+    for (int s = 0; s < C8_STAGES - 1; s++) {
+        if (s < nk) load_stage(s, kbeg + s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_mem<C8_STAGES - 2>();  // this thread's copies of tile kt have landed
+        __syncthreads();  // tile kt is in for everyone; everyone is done with tile kt-1's stage
+        const int next = kt + C8_STAGES - 1;
+        if (next < nk) load_stage(next % C8_STAGES, kbeg + next);
+        cp_async_commit();
+        mma_stage(kt % C8_STAGES);
+    }
+    cp_async_wait_mem<0>();
+
+    // epilogue from the accumulators (N % 8 == 0: n < N implies n + 1 < N)
+    const bool raw = MODE == 1 || gridDim.z > 1;
+#pragma unroll
+    for (int i = 0; i < T::MI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int m = m0 + wm * WM + i * 16 + gq + 8 * h;
+            if (m >= g.M) continue;
+            const float* erow = (!raw && o.emb) ? o.emb + (size_t)(m / HWo) * g.N : nullptr;
+#pragma unroll
+            for (int j = 0; j < T::NI; j++) {
+                const int n = n0 + wn * WN + j * 8 + 2 * tq;
+                if (n >= g.N) continue;
+                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                if (raw) {
+                    *reinterpret_cast<float2*>(o.ws + ((size_t)blockIdx.z * g.M + m) * g.N + n) = make_float2(v0, v1);
+                    continue;
+                }
+                if (o.bias) {
+                    const float2 bb = *reinterpret_cast<const float2*>(o.bias + n);
+                    v0 += bb.x;
+                    v1 += bb.y;
+                }
+                if (erow) {
+                    const float2 ee = *reinterpret_cast<const float2*>(erow + n);
+                    v0 += ee.x;
+                    v1 += ee.y;
+                }
+                if (o.res) {
+                    const __nv_bfloat162 r2 = *reinterpret_cast<const __nv_bfloat162*>(o.res + (size_t)m * g.N + n);
+                    const float2 r = __bfloat1622float2(r2);
+                    v0 += r.x;
+                    v1 += r.y;
+                }
+                *reinterpret_cast<__nv_bfloat162*>(o.out + (size_t)m * g.N + n) = __floats2bfloat162_rn(v0, v1);
+            }
+        }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -3218,6 +3475,14 @@ static bool have_sm90a() {
     return cached == 1;
 }
 
+// true when the GPU has bf16 tensor cores (mma.sync, compute capability >= 8.0): --precision bf16 runs there
+static bool have_bf16_mma() {
+    int dev, major;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 8;
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda)
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
@@ -3372,6 +3637,85 @@ static void conv_wg_launch(int bn, const ConvWgMaps& maps, const ConvWgGeom& g, 
     case 256: conv_wg_launch_bn<MODE, 256>(maps, g, o, splits); break;
     default: fprintf(stderr, "internal error: conv B tile width %d\n", bn); exit(EXIT_FAILURE);
     }
+}
+
+// bf16 convolutions on mma.sync (version 8, conv_mma_bf16_kernel): where they run, the tiles, the plan of a pass
+
+// testing: dev files set it (and dev/Makefile's train_unet_mma build, -DUNET_CONV8_FORCE) to run the bf16
+// convolutions on mma.sync on a Hopper GPU too
+#ifdef UNET_CONV8_FORCE
+static bool g_conv8_force = true;
+#else
+static bool g_conv8_force = false;
+#endif
+// the bf16 convolutions with channels % 8 == 0 run on wgmma with the sm_90a build on a 9.0 GPU, else on mma.sync
+static bool conv_bf16_wgmma() { return !g_conv8_force && have_sm90a(); }
+
+enum Conv8Tile { C8_128x128 = 0, C8_64x64, C8_NTILES };
+static const int C8_TILE_BM[C8_NTILES] = {128, 64}, C8_TILE_BN[C8_NTILES] = {128, 64};
+[[maybe_unused]] static const char* C8_TILE_NAME[C8_NTILES] = {"128x128 8 warps 64x32", "64x64 4 warps 32x32"};
+// blocks of each tile one SM holds (shared memory), MODE 0
+static const int C8_TILE_RES[C8_NTILES] = {Conv8<0, 128, 128, 64, 32>::MIN_BLOCKS,
+                                           Conv8<0, 64, 64, 32, 32>::MIN_BLOCKS};
+static int g_conv8_tile = -1, g_conv8_splits = 0;  // dev/conv2d.cu forces a tile / a K split (-1, 0: the plan's)
+struct Conv8Plan { int tile, splits, kchunk; };  // kchunk: k-tiles per part
+// whether the 128x128 tile's stages (108 KB, MODE 0) fit a block's shared memory (not on sm_86 / sm_89: 99 KB)
+static bool conv8_big_tile_fits() {
+    static int optin = -1;
+    if (optin < 0) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return Conv8<0, 128, 128, 64, 32>::SMEM <= (size_t)optin && Conv8<1, 128, 128, 64, 32>::SMEM <= (size_t)optin;
+}
+// Version 6's rules (conv6_plan) in k-tiles of 64: the 128x128 tile where N >= 128 gives it enough blocks (and it
+// fits), else 64x64; MODE 0 splits K when the tiles leave SMs idle, into as many parts as fill one wave of resident
+// blocks, each >= 4 k-tiles; MODE 1 (K = pixels) into enough parts for 2 blocks per SM, each >= 4 k-tiles.
+static Conv8Plan conv8_plan(int mode, int M, int N, int ktiles) {
+    auto blocks = [&](int t) { return ceil_div(M, C8_TILE_BM[t]) * ceil_div(N, C8_TILE_BN[t]); };
+    Conv8Plan p;
+    if (g_conv8_tile >= 0) p.tile = g_conv8_tile;
+    else if (N >= 128 && conv8_big_tile_fits() && (mode == 1 || blocks(C8_128x128) >= g_num_sms / 4))
+        p.tile = C8_128x128;
+    else p.tile = C8_64x64;
+    const int nb = blocks(p.tile);
+    int splits;
+    if (mode == 0)
+        splits = nb >= g_num_sms ? 1 : std::max(1, std::min(C8_TILE_RES[p.tile] * g_num_sms / nb, ktiles / 4));
+    else splits = std::max(1, std::min(ceil_div(2 * g_num_sms, nb), std::max(1, ktiles / 4)));
+    if (g_conv8_splits > 0) splits = g_conv8_splits;
+    p.kchunk = ceil_div(ktiles, std::max(1, std::min(splits, ktiles)));
+    p.splits = ceil_div(ktiles, p.kchunk);
+    return p;
+}
+// The GEMM of a version-8 pass over x (B, H, W, C) with `stride`: mode 0 the forward gather (N output channels; k-tiles
+// 9 taps x kc channel chunks), mode 1 the weight gradient (k-tiles of C8_BK output pixels)
+static ConvGeom conv8_geom(int mode, int B, int H, int W, int C, int N, int stride, int* kc, int* ktiles) {
+    const int Ho = (H - 1) / stride + 1, Wo = (W - 1) / stride + 1;
+    const ConvGeom g = mode == 0 ? conv_geom(B, H, W, C, Ho, Wo, N, stride, 1, B * Ho * Wo, 9 * C)
+                                 : conv_geom(B, H, W, C, Ho, Wo, N, stride, 1, 9 * C, B * Ho * Wo);
+    *kc = ceil_div(C, C8_BK);
+    *ktiles = mode == 0 ? 9 * *kc : ceil_div(g.K, C8_BK);
+    return g;
+}
+// fp32 workspace (floats) of the split-K partial sums a bf16 3x3 conv needs on version 8 in any pass, with any tile
+// (and the K split dev/conv2d.cu forces, when set)
+static size_t conv8_ws_floats(int B, const ConvP& c, int H, int W) {
+    size_t need = 0;
+    const int saved = g_conv8_tile;
+    for (int t = 0; t < C8_NTILES; t++) {
+        g_conv8_tile = t;
+        for (int pass = 0; pass < 3; pass++) {  // forward, backward-data (stride 1 on the dilated dY), weight gradient
+            const int mode = pass == 2 ? 1 : 0, C = pass == 1 ? c.cout : c.cin, N = pass == 1 ? c.cin : c.cout;
+            int kc, kt;
+            const ConvGeom g = conv8_geom(mode, B, H, W, C, N, pass == 1 ? 1 : c.stride, &kc, &kt);
+            const Conv8Plan p = conv8_plan(mode, g.M, g.N, kt);
+            if (mode == 1 || p.splits > 1) need = std::max(need, (size_t)p.splits * g.M * g.N);
+        }
+    }
+    g_conv8_tile = saved;
+    return need;
 }
 
 static ConvP add_conv(UNet* m, const std::string& name, int cin, int cout, int stride) {
@@ -3706,6 +4050,7 @@ static void unet_allocate(UNet* m) {
         wf = std::max(wf, conv_scratch_floats_need(B, c, H, W));
         if (m->prec == PREC_BF16) {
             ws = std::max(ws, conv_wg_ws_floats(B, c, H, W));
+            if (!conv_bf16_wgmma()) ws = std::max(ws, conv8_ws_floats(B, c, H, W));  // g_conv8_force: set before
             if (c.stride == 2) dy_up = std::max(dy_up, (size_t)B * H * W * c.cout);
         }
     };
@@ -4072,13 +4417,64 @@ static void conv6_weight_grad(const UNet* m, ConvGeom g, const float* x, const f
     wgrad_reduce(m->conv_ws, dw, n, p.splits, false);
 }
 
-// bf16 3x3 convolutions: the TMA path needs 16-byte pixel rows (channels % 8 == 0) on both sides; the others
-// (the 3-channel input and output convolutions) take the thin kernels
+// version 8 (bf16 mma.sync): the launch of a tile, the forward (MODE 0, also backward-data) and the weight gradient
+template <int MODE, int BM, int BN, int WM, int WN>
+static void launch_conv8_tile(const Conv8Plan& p, const bf16* X, const bf16* Bm, const ConvWgOut& o,
+                              const ConvGeom& g, int kc, int ktiles) {
+    using T = Conv8<MODE, BM, BN, WM, WN>;
+    static bool attr_set = false;  // > 48 KB of dynamic shared memory needs an opt-in, once per instantiation
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(conv_mma_bf16_kernel<MODE, BM, BN, WM, WN>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::SMEM));
+        attr_set = true;
+    }
+    dim3 grid(ceil_div(g.M, BM), ceil_div(g.N, BN), p.splits);
+    conv_mma_bf16_kernel<MODE, BM, BN, WM, WN><<<grid, T::THREADS, T::SMEM, g_stream>>>(X, Bm, o, g, kc, ktiles,
+                                                                                        p.kchunk);
+    cudaCheck(cudaGetLastError());
+}
+template <int MODE>
+static void launch_conv8(const Conv8Plan& p, const bf16* X, const bf16* Bm, const ConvWgOut& o, const ConvGeom& g,
+                         int kc, int ktiles) {
+    switch (p.tile) {
+    case C8_128x128: launch_conv8_tile<MODE, 128, 128, 64, 32>(p, X, Bm, o, g, kc, ktiles); break;
+    case C8_64x64: launch_conv8_tile<MODE, 64, 64, 32, 32>(p, X, Bm, o, g, kc, ktiles); break;
+    default: fprintf(stderr, "internal error: conv tile %d\n", p.tile); exit(EXIT_FAILURE);
+    }
+}
+// out (B, Ho, Wo, N) = conv(x (B, H, W, C), w [N][9][C]) + bias (+ emb (B, N)) (+ res, which may be out) on
+// mma.sync; a K split goes through the workspace and conv_splitk_epilogue_kernel
+static void conv8_forward(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x, const bf16* w,
+                          bf16* out, const float* bias, const float* emb, const bf16* res) {
+    int kc, ktiles;
+    const ConvGeom g = conv8_geom(0, m->B, H, W, C, N, stride, &kc, &ktiles);
+    const Conv8Plan p = conv8_plan(0, g.M, g.N, ktiles);
+    const ConvWgOut o = {out, bias, emb, res, m->conv_ws};
+    if (p.splits > 1) conv_ws_check(m->conv_ws_floats, (size_t)p.splits * g.M * g.N, "workspace");
+    launch_conv8<0>(p, x, w, o, g, kc, ktiles);
+    if (p.splits > 1) splitk_epilogue(m->conv_ws, out, bias, emb, res, g.M, g.N, g.Ho * g.Wo, p.splits);
+}
+// dw [9][C][N] (fp32) = weight gradient from x (B, H, W, C) and dy (B, Ho, Wo, N) on mma.sync (MODE 1)
+static void conv8_weight_grad(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x, const bf16* dy,
+                              float* dw) {
+    int kc, ktiles;
+    const ConvGeom g = conv8_geom(1, m->B, H, W, C, N, stride, &kc, &ktiles);
+    const Conv8Plan p = conv8_plan(1, g.M, g.N, ktiles);
+    const ConvWgOut o = {nullptr, nullptr, nullptr, nullptr, m->conv_ws};
+    conv_ws_check(m->conv_ws_floats, (size_t)p.splits * g.M * g.N, "workspace");
+    launch_conv8<1>(p, x, dy, o, g, kc, ktiles);
+    wgrad_reduce(m->conv_ws, dw, (size_t)g.M * g.N, p.splits, false);
+}
+
+// bf16 3x3 convolutions: the TMA and mma.sync paths need 16-byte pixel rows (channels % 8 == 0) on both sides; the
+// others (the 3-channel input and output convolutions) take the thin kernels
 static bool conv_wg_ok(const ConvP& c) { return c.cin % 8 == 0 && c.cout % 8 == 0; }
 
 // out (B, Ho, Wo, N) = conv(x (B, H, W, C), w [N][9][C]) + bias (+ emb (B, N)) (+ res, which may be out) on wgmma
+// (on mma.sync where !conv_bf16_wgmma())
 static void conv_wg_forward(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x, const bf16* w,
                             bf16* out, const float* bias, const float* emb, const bf16* res) {
+    if (!conv_bf16_wgmma()) return conv8_forward(m, H, W, C, N, stride, x, w, out, bias, emb, res);
     ConvWgGeom g = conv_wg_geom(0, m->B, H, W, C, N, stride);
     const int bn = conv_wg_bn(N, g.Ho * g.Wo), splits = conv_wg_split(0, &g, bn);
     const ConvWgMaps maps = conv_wg_maps(0, g, H, W, x, w, bn);
@@ -4088,9 +4484,11 @@ static void conv_wg_forward(const UNet* m, int H, int W, int C, int N, int strid
     if (splits == 1) return;
     splitk_epilogue(m->conv_ws, out, bias, emb, res, g.M, g.N, g.Ho * g.Wo, splits);
 }
-// dw [9][C][N] (fp32) = weight gradient from x (B, H, W, C) and dy (B, Ho, Wo, N) on wgmma (mode 1)
+// dw [9][C][N] (fp32) = weight gradient from x (B, H, W, C) and dy (B, Ho, Wo, N) on wgmma (mode 1; on mma.sync
+// where !conv_bf16_wgmma())
 static void conv_wg_weight_grad(const UNet* m, int H, int W, int C, int N, int stride, const bf16* x,
                                 const bf16* dy, float* dw) {
+    if (!conv_bf16_wgmma()) return conv8_weight_grad(m, H, W, C, N, stride, x, dy, dw);
     ConvWgGeom g = conv_wg_geom(1, m->B, H, W, C, N, stride);
     const int bn = conv_wg_bn(N, g.Ho * g.Wo), splits = conv_wg_split(1, &g, bn);
     const ConvWgMaps maps = conv_wg_maps(1, g, H, W, x, dy, bn);
@@ -5033,16 +5431,17 @@ static void batch_draws(int seed, int N, int T, long long step0, int nsteps, int
         }
 }
 
-// The precision a run gets. bf16, the default, runs on Hopper's wgmma: it needs a compute capability 9.0 GPU and
-// the sm_90a build (make builds it where nvidia-smi reports 9.0). Without them the default falls back to tf32 and
-// says so (*note); an explicit --precision bf16 is an error (false, after the message).
+// The precision a run gets. bf16, the default, needs bf16 tensor cores (mma.sync, compute capability 8.0 or newer);
+// its convolutions run on Hopper's wgmma where the GPU is 9.0 and the build has sm_90a (make builds it where
+// nvidia-smi reports 9.0), on mma.sync elsewhere. Below 8.0 the default falls back to tf32 and says so (*note); an
+// explicit --precision bf16 is an error (false, after the message).
 static bool precision_resolve(Precision* p, bool given, std::string* note) {
-    if (*p != PREC_BF16 || have_sm90a()) return true;
+    if (*p != PREC_BF16 || have_bf16_mma()) return true;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     char why[256];
-    snprintf(why, sizeof why, "bf16 runs on Hopper's wgmma: it needs a compute capability 9.0 GPU (this is %s, %d.%d) "
-             "and the sm_90a build", prop.name, prop.major, prop.minor);
+    snprintf(why, sizeof why, "bf16 runs on bf16 tensor cores: it needs a GPU of compute capability 8.0 or newer "
+             "(this is %s, %d.%d)", prop.name, prop.major, prop.minor);
     if (given) {
         fprintf(stderr, "error: --precision %s; use --precision tf32\n", why);
         return false;
@@ -5164,7 +5563,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         rule();
         row("device", std::string("cuda (") + prop.name + ")");
         for (const auto& s : a.settings) row(s.first.c_str(), s.first == "precision" ? PREC_NAME[prec] : s.second);
-        row("convolutions", prec == PREC_BF16   ? "bf16 wgmma + TMA (fp32 master weights)"
+        row("convolutions", prec == PREC_BF16 ? (conv_bf16_wgmma() ? "bf16 wgmma + TMA (fp32 master weights)"
+                                                                   : "bf16 mma.sync (fp32 master weights)")
                             : prec == PREC_FP32 ? "fp32 implicit GEMM (strict)"
                                                 : "tf32 mma.sync (3-channel passes fp32)");
         row("images", std::to_string(data.n) + " in " + a.data_file);
@@ -5627,8 +6027,8 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"allow_change", 's', &a.allow_change, 0, 0, nullptr, "with --resume: stored settings this run may change "
          "knowingly (comma list of lr, seed, batch_size, ema_rate); without it a differing one is an error"},
         {"load", 's', &t.load, 0, 0, nullptr, "checkpoint to take the initial weights from (or to sample)"},
-        {"precision", 'c', &a.precision, 0, 0, "bf16,tf32,fp32", "bf16 (wgmma: a Hopper GPU; the default falls back "
-         "to tf32 elsewhere), tf32 (tensor cores on fp32) or fp32 (strict)"},
+        {"precision", 'c', &a.precision, 0, 0, "bf16,tf32,fp32", "bf16 (compute capability >= 8.0: wgmma on Hopper, "
+         "mma.sync elsewhere; the default falls back to tf32 below), tf32 (tensor cores on fp32) or fp32 (strict)"},
         {"image_size", 'i', &a.image_size, 8, 4096, nullptr, "model image size (the data must match)"},
         {"model_channels", 'i', &a.model_channels, 32, 4096, nullptr, "base channels C"},
         {"channel_mult", 's', &a.channel_mult, 0, 0, nullptr, "channel multipliers per level (1 to 4 levels)"},

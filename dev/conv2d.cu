@@ -6,7 +6,7 @@ and weight gradient, checked against a CPU oracle (dev/unet_layers.cuh) and a Py
   make -C dev conv2d && ./dev/conv2d --test      # every version, awkward sizes, poisoned outputs, vs the CPU
   ./dev/conv2d [version]                          # validate + benchmark the UNet's 3x3 layer shapes at batch 32
                                                   # (default 6; 6 also times every tile and rounding variant, 7
-                                                  # every tile width)
+                                                  # every tile width, 8 every tile beside version 7)
 
 version 1: naive direct convolution, one thread per output element (reference on the GPU)
 version 2: implicit GEMM, 128x64x32 tiles through shared memory, fp32 FMAs (train_unet.cu conv_igemm_kernel): the
@@ -24,6 +24,10 @@ version 7: bf16 (--precision bf16) on Hopper wgmma fed by TMA box copies through
            conv_wgmma_kernel, sm_90a): 64-pixel boxes, the padding read as TMA's out-of-bounds zeros, stride 2
            through 4 parity views, weight gradient with both operands MN-major; thin layers (channels % 8 != 0)
            on CUDA cores (conv_thin_kernel). `./dev/conv2d 7` times it beside version 6 and every tile width.
+version 8: bf16 on mma.sync m16n8k16 (train_unet.cu conv_mma_bf16_kernel, any GPU of compute capability >= 8.0;
+           --precision bf16 without sm_90a, g_conv8_force on a Hopper): version 6's cp.async pipeline, tiles and
+           K split on bf16 tiles, ldmatrix (.trans for the weight gradient's MN-major operands); the same contract
+           and thin layers as version 7. `./dev/conv2d 8` times it beside version 7.
 Versions 3-5 live only here (train_unet.cu runs 2, 6 and 7); they reuse version 2's tiles, gather and fp32 product.
 Backward-data runs the forward kernel on dY with flipped, transposed weights (stride 2: a gather that skips odd
 positions); the weight gradient is the GEMM (9*Cin x Cout) over B*Ho*Wo pixels split in chunks (split-K) and
@@ -940,10 +944,13 @@ static void bench(int version) {
 // so the CPU oracle sees the operands the GPU multiplies: the products are exact and the only errors are the
 // fp32 accumulation (<= ~1e-4 of sum|products| for K <= 4608 terms, tensor-core adds included) and, for the
 // forward and backward-data outputs, the rounding to bf16 (half an ulp: <= 2^-8 of |ref|).
+// Version 8 (mma.sync, g_conv8_force) is checked the same way: the same exact products, fp32 accumulation over
+// k16 steps (at most 4608 / 16 = 288 fp32 adds in a row: <= ~3.5e-5 of sum|products|), the same bf16 rounding.
 
 static const int CW_BNS[4] = {64, 128, 192, 256};
 // the bf16 shell: the weights as a parameter table (for weights_to_bf16_kernel), their bf16 copies, the zero-
-// inserted dY of stride 2 and a workspace for every forced tile width and split of the variants below
+// inserted dY of stride 2 and a workspace for every forced tile width (version 7), tile (version 8) and split of
+// the variants below
 static void lab_init_bf16(ConvLab* L, int B, int H, int W, int cin, int cout, int s) {
     lab_init(L, B, H, W, cin, cout, s);
     UNet& m = L->m;
@@ -960,6 +967,11 @@ static void lab_init_bf16(ConvLab* L, int B, int H, int W, int cin, int cout, in
             ws = std::max(ws, conv_wg_ws_floats(B, L->c, H, W));
         }
     g_cw_bn = g_cw_splits = 0;
+    for (int sp : {0, 1, 3}) {
+        g_conv8_splits = sp;
+        ws = std::max(ws, conv8_ws_floats(B, L->c, H, W));  // every tile
+    }
+    g_conv8_splits = 0;
     ws = std::max(ws, (size_t)2 * g_num_sms * 9 * (cin + cout) * 64);  // thin weight gradients: per-block sums
     cudaCheck(cudaFree(m.conv_ws));
     m.conv_ws_floats = ws;
@@ -1016,8 +1028,22 @@ static void check_bf16(const std::string& name, const std::vector<float>& got, c
 }
 static const double V7_RTOL_OUT = 1.0 / 256, V7_RTOL_MAG = 1e-4;
 
-struct V7Variant { int bn, splits; };
-static void run_case_bf16(int B, int H, int W, int cin, int cout, int s, uint64_t seed) {
+// a variant of the bf16 versions: version 7 forces the B tile width `shape` (0: the plan's), version 8 the tile
+// `shape` (-1: the plan's); splits 0: the plan's
+struct BfVariant { int shape, splits; };
+static void bf16_variant_set(int version, const BfVariant& v) {
+    g_conv8_force = version == 8;
+    g_cw_bn = version == 7 ? v.shape : 0;
+    g_cw_splits = version == 7 ? v.splits : 0;
+    g_conv8_tile = version == 8 ? v.shape : -1;
+    g_conv8_splits = version == 8 ? v.splits : 0;
+}
+static std::string bf16_variant_name(int version, const BfVariant& v) {
+    if (v.splits == 0) return "plan";
+    return (version == 7 ? "bn " + std::to_string(v.shape) : std::string(C8_TILE_NAME[v.shape])) + " splits " +
+           std::to_string(v.splits);
+}
+static void run_case_bf16(int version, int B, int H, int W, int cin, int cout, int s, uint64_t seed) {
     ConvLab L;
     lab_init_bf16(&L, B, H, W, cin, cout, s);
     size_t nx = (size_t)B * H * W * cin, ny = (size_t)B * L.Ho * L.Wo * cout, nw = 9 * (size_t)cin * cout;
@@ -1038,23 +1064,21 @@ static void run_case_bf16(int B, int H, int W, int cin, int cout, int s, uint64_
     cudaCheck(cudaMemcpy(L.m.p + L.c.b, bias.data(), cout * 4, cudaMemcpyHostToDevice));
     unet_weights_changed(&L.m);
     char name[160];
-    snprintf(name, sizeof name, "v7 B%d %dx%d cin %d cout %d stride %d", B, H, W, cin, cout, s);
+    snprintf(name, sizeof name, "v%d B%d %dx%d cin %d cout %d stride %d", version, B, H, W, cin, cout, s);
     const bool wg = conv_wg_ok(L.c);
-    std::vector<V7Variant> vars = {{0, 0}};
-    if (wg)
-        for (int bn : CW_BNS) {
-            vars.push_back({bn, 1});
-            vars.push_back({bn, 3});
-        }
+    std::vector<BfVariant> vars = {{version == 7 ? 0 : -1, 0}};
+    if (wg) {
+        std::vector<int> shapes(CW_BNS, CW_BNS + 4);  // version 7: the widths; 8: the tiles
+        if (version == 8) shapes = {C8_64x64};
+        if (version == 8 && conv8_big_tile_fits()) shapes.insert(shapes.begin(), C8_128x128);
+        for (int sh : shapes)
+            for (int sp : {1, 3}) vars.push_back({sh, sp});
+    }
     std::vector<std::vector<float>> first(3);
     bool agree = true;
-    for (const V7Variant& v : vars) {
-        g_cw_bn = v.bn;
-        g_cw_splits = v.splits;
-        std::string nm = std::string(name) + (wg ? v.bn ? " [bn " + std::to_string(v.bn) + " splits " +
-                                                              std::to_string(v.splits) + "]"
-                                                        : " [plan]"
-                                                 : " [thin]");
+    for (const BfVariant& v : vars) {
+        bf16_variant_set(version, v);
+        std::string nm = std::string(name) + " [" + (wg ? bf16_variant_name(version, v) : "thin") + "]";
         poison_bf16(d_y, ny);
         conv3x3_forward(&L.m, L.c, (const bf16*)d_x, d_y, H, W, nullptr, nullptr);
         std::vector<float> gy = to_host_bf16(d_y, ny);
@@ -1072,8 +1096,13 @@ static void run_case_bf16(int B, int H, int W, int cin, int cout, int s, uint64_
             else agree = agree && bits_equal(gy, first[0]) && bits_equal(gdx, first[1]) && bits_equal(gdw, first[2]);
         }
     }
-    g_cw_bn = g_cw_splits = 0;
-    if (wg) printf("info %s: the tile widths with K whole give %s bits\n", name, agree ? "the same" : "different");
+    bf16_variant_set(7, {0, 0});  // back to the plan, version 8 no longer forced
+    // version 8: every tile sums each output's k-tiles and k16 steps in the same order (version 7's widths differ
+    // in how wgmma splits a k-tile, so there it is information)
+    if (wg && version == 8)
+        report(agree, std::string(name) + ": every tile with K whole gives the same bits (forward, backward-data, "
+                                          "weight-grad)");
+    else if (wg) printf("info %s: the tile widths with K whole give %s bits\n", name, agree ? "the same" : "different");
     bf16* fs[] = {d_x, d_dy, d_y, d_dx};
     for (bf16* q : fs) cudaCheck(cudaFree(q));
     lab_free_bf16(&L);
@@ -1156,14 +1185,215 @@ static void bench7() {
     printf("version 6 (same run): %.2f ms, %.1f TFLOP/s\n", total6, total_flops / (total6 * 1e-3) / 1e12);
 }
 
+// version 8 timings at every UNet layer shape (batch 32): the plan and each forced tile; version 7 (wgmma) timed
+// beside it in the same run where the binary and the GPU have sm_90a
+static void bench8() {
+    const bool v7 = have_sm90a();
+    printf("version 8 (bf16 mma.sync), batch %d; ms per pass and TFLOP/s%s\n", BENCH_B,
+           v7 ? " (v7 wgmma beside it, same run)" : " (no sm_90a here: version 7 not timed)");
+    printf("%-24s %29s %29s %29s\n", "shape", "forward", "backward-data", "weight-grad");
+    double total8 = 0, total7 = 0, total_flops = 0;
+    for (const BenchShape& sh : UNET_SHAPES) {
+        ConvLab L;
+        lab_init_bf16(&L, BENCH_B, sh.H, sh.H, sh.cin, sh.cout, sh.s);
+        size_t nx = (size_t)BENCH_B * sh.H * sh.H * sh.cin, ny = (size_t)BENCH_B * L.Ho * L.Wo * sh.cout;
+        std::vector<float> hx(nx), hy(ny);
+        uint64_t k = 0;
+        for (auto& v : hx) v = 2.f * rng_uniform(5, 1, k++) - 1.f;  // random data: zeros run faster than real data
+        for (auto& v : hy) v = 2.f * rng_uniform(5, 2, k++) - 1.f;
+        bf16 *x = to_device_bf16(hx), *y = to_device_bf16(hy), *dx;
+        cudaCheck(cudaMalloc(&dx, nx * sizeof(bf16)));
+        std::vector<float> hw(L.m.n_params);
+        for (auto& v : hw) v = 0.05f * (2.f * rng_uniform(5, 3, k++) - 1.f);
+        cudaCheck(cudaMemcpy(L.m.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+        unet_weights_changed(&L.m);
+        const double flops = 2.0 * BENCH_B * L.Ho * L.Wo * 9.0 * sh.cin * sh.cout;
+        auto run = [&](int pass) {
+            if (pass == 0) conv3x3_forward(&L.m, L.c, (const bf16*)x, y, sh.H, sh.H, nullptr, nullptr);
+            else if (pass == 1) conv3x3_backward_data(&L.m, L.c, (const bf16*)y, dx, sh.H, sh.H, false);
+            else conv3x3_backward_weight(&L.m, L.c, (const bf16*)x, (const bf16*)y, sh.H, sh.H);
+        };
+        auto tf = [&](float ms) { return flops / (ms * 1e-3) / 1e12; };
+        char name[64];
+        snprintf(name, sizeof name, "%dx%d %d->%d s%d x%d", sh.H, sh.H, sh.cin, sh.cout, sh.s, sh.count);
+        printf("%-24s", name);
+        for (int pass = 0; pass < 3; pass++) {
+            bf16_variant_set(8, {-1, 0});
+            const float ms8 = time_ms([&]() { run(pass); });
+            float ms7 = NAN;
+            if (v7) {
+                bf16_variant_set(7, {0, 0});
+                ms7 = time_ms([&]() { run(pass); });
+            }
+            printf("  %7.3f ms %5.1f (v7 %5.1f)", ms8, tf(ms8), tf(ms7));
+            if (!(pass == 1 && sh.cin == 3)) {
+                total8 += sh.count * ms8;
+                total7 += sh.count * ms7;
+                total_flops += sh.count * flops;
+            }
+        }
+        printf("\n");
+        if (conv_wg_ok(L.c)) {  // each tile, with its own K split
+            printf("%-24s", "  tiles t0/t1");
+            for (int pass = 0; pass < 3; pass++) {
+                printf("  ");
+                for (int t = 0; t < C8_NTILES; t++) {
+                    if (t == C8_128x128 && !conv8_big_tile_fits()) {
+                        printf("     -");
+                        continue;
+                    }
+                    bf16_variant_set(8, {t, 0});
+                    printf(" %5.0f", tf(time_ms([&]() { run(pass); })));
+                }
+            }
+            printf("\n");
+        }
+        bf16_variant_set(7, {0, 0});
+        bf16* fs[] = {x, y, dx};
+        for (bf16* q : fs) cudaCheck(cudaFree(q));
+        lab_free_bf16(&L);
+    }
+    for (int t = 0; t < C8_NTILES; t++) printf("  t%d = %s\n", t, C8_TILE_NAME[t]);
+    printf("version 8: every 3x3 convolution of a training step (weighted by count): %.2f ms, %.1f TFLOP/s\n", total8,
+           total_flops / (total8 * 1e-3) / 1e12);
+    if (v7)
+        printf("version 7 (same run): %.2f ms, %.1f TFLOP/s\n", total7, total_flops / (total7 * 1e-3) / 1e12);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU (runs in CI): version 8's fragment addressing (conv8_a_lds, conv8_b_lds: the kernel's own functions) on an
+// emulated warp. ldmatrix.x4 (.trans in MODE 1) and mma.m16n8k16 as the PTX ISA defines them (train_unet.cu's
+// comment above Conv8), over a k-tile laid out as the kernel lays a stage out (its row strides, the padding NaN);
+// every warp of the tile computes its block, mapped back to (m, n) as the kernel's epilogue maps it, and must equal
+// the plain product (small integers: exact) with every output written once. Every ldmatrix phase (8 lanes) must
+// also read 16-byte aligned rows in 8 different 16-byte bank groups (conflict-free).
+struct EmuReg { float lo, hi; };  // a 32-bit register: two bf16, the lower index in the low half
+// r[lane][i], lanes handing in the element offsets off[lane] of their rows
+static void emu_ldmatrix_x4(const std::vector<float>& sm, const int (&off)[32], bool trans, EmuReg* r /* [32][4] */) {
+    for (int L = 0; L < 32; L++)
+        for (int i = 0; i < 4; i++) {
+            const int row = L / 4, col = 2 * (L % 4);  // lane L's elements of matrix i (transposed with .trans)
+            if (!trans) r[4 * L + i] = {sm[off[8 * i + row] + col], sm[off[8 * i + row] + col + 1]};
+            else r[4 * L + i] = {sm[off[8 * i + col] + row], sm[off[8 * i + col + 1] + row]};
+        }
+}
+// d (+)= A B: register i of A is row gq + 8 (i & 1), k 2tq + 8 (i >> 1); b_i is k 2tq + 8i, n gq; d_i is row
+// gq + 8 (i >> 1), n 2tq + (i & 1)
+static void emu_mma_16816(const EmuReg* a /* [32][4] */, const EmuReg* b /* [32][2] */, float* d /* [32][4] */) {
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        const int gq = L / 4, tq = L % 4;
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + 8 * (i & 1), c = 2 * tq + 8 * (i >> 1);
+            A[r][c] = a[4 * L + i].lo;
+            A[r][c + 1] = a[4 * L + i].hi;
+        }
+        for (int i = 0; i < 2; i++) {
+            B[2 * tq + 8 * i][gq] = b[2 * L + i].lo;
+            B[2 * tq + 8 * i + 1][gq] = b[2 * L + i].hi;
+        }
+    }
+    for (int L = 0; L < 32; L++)
+        for (int i = 0; i < 4; i++) {
+            const int r = L / 4 + 8 * (i >> 1), c = 2 * (L % 4) + (i & 1);
+            double s = d[4 * L + i];
+            for (int k = 0; k < 16; k++) s += (double)A[r][k] * B[k][c];
+            d[4 * L + i] = (float)s;
+        }
+}
+// the 8 lanes of each ldmatrix phase: 16-byte aligned rows in 8 different bank groups
+static bool emu_conflict_free(const int (&off)[32]) {
+    for (int q = 0; q < 4; q++) {
+        int seen = 0;
+        for (int r = 0; r < 8; r++) {
+            const int e = off[8 * q + r];
+            if (e % 8) return false;
+            seen |= 1 << ((e * 2 / 16) % 8);
+        }
+        if (seen != 0xff) return false;
+    }
+    return true;
+}
+template <int MODE, int BM, int BN, int WM, int WN>
+static void conv8_fragments_cpu(uint64_t seed) {
+    using T = Conv8<MODE, BM, BN, WM, WN>;
+    std::vector<float> Am((size_t)BM * C8_BK), Bm((size_t)C8_BK * BN);  // A (m, k), B (k, n): integers in [-3, 3]
+    uint64_t q = 0;
+    for (auto& v : Am) v = floorf(7.f * rng_uniform(seed, 1, q++)) - 3.f;
+    for (auto& v : Bm) v = floorf(7.f * rng_uniform(seed, 2, q++)) - 3.f;
+    std::vector<float> As(T::A_ELEMS, NAN), Bs(T::B_ELEMS, NAN);  // the stage, padding NaN
+    for (int m = 0; m < BM; m++)
+        for (int k = 0; k < C8_BK; k++) As[MODE == 0 ? m * T::A_LD + k : k * T::A_LD + m] = Am[m * C8_BK + k];
+    for (int n = 0; n < BN; n++)
+        for (int k = 0; k < C8_BK; k++) Bs[MODE == 0 ? n * T::B_LD + k : k * T::B_LD + n] = Bm[k * BN + n];
+    std::vector<int> written((size_t)BM * BN, 0);
+    size_t bad = 0;
+    bool conflict_free = true;
+    for (int warp = 0; warp < T::THREADS / 32; warp++) {
+        const int wm = warp % T::WARPS_M, wn = warp / T::WARPS_M;
+        std::vector<float> acc((size_t)T::MI * T::NI * 32 * 4, 0.f);  // [i][j][lane][4]
+        for (int kk = 0; kk < C8_BK; kk += 16) {
+            std::vector<EmuReg> a((size_t)T::MI * 32 * 4), b((size_t)T::NI * 32 * 2);  // [i][lane][4], [j][lane][2]
+            EmuReg r[32 * 4];
+            int off[32];
+            for (int i = 0; i < T::MI; i++) {
+                for (int L = 0; L < 32; L++) off[L] = conv8_a_lds<MODE>(L, T::A_LD, wm * WM + i * 16, kk);
+                conflict_free = conflict_free && emu_conflict_free(off);
+                emu_ldmatrix_x4(As, off, MODE == 1, a.data() + (size_t)i * 128);
+            }
+            for (int j = 0; j < T::NI; j += 2) {
+                for (int L = 0; L < 32; L++) off[L] = conv8_b_lds<MODE>(L, T::B_LD, wn * WN + j * 8, kk);
+                conflict_free = conflict_free && emu_conflict_free(off);
+                emu_ldmatrix_x4(Bs, off, MODE == 1, r);
+                for (int L = 0; L < 32; L++) {  // the kernel's assignment: b[j] = r0, r1; b[j + 1] = r2, r3
+                    b[((size_t)j * 32 + L) * 2] = r[4 * L];
+                    b[((size_t)j * 32 + L) * 2 + 1] = r[4 * L + 1];
+                    b[((size_t)(j + 1) * 32 + L) * 2] = r[4 * L + 2];
+                    b[((size_t)(j + 1) * 32 + L) * 2 + 1] = r[4 * L + 3];
+                }
+            }
+            for (int i = 0; i < T::MI; i++)
+                for (int j = 0; j < T::NI; j++)
+                    emu_mma_16816(a.data() + (size_t)i * 128, b.data() + (size_t)j * 64,
+                                  acc.data() + ((size_t)i * T::NI + j) * 128);
+        }
+        for (int i = 0; i < T::MI; i++)  // the kernel's epilogue: acc[i][j][2h + e] is (m, n) below
+            for (int j = 0; j < T::NI; j++)
+                for (int L = 0; L < 32; L++)
+                    for (int h = 0; h < 2; h++)
+                        for (int e = 0; e < 2; e++) {
+                            const int m = wm * WM + i * 16 + L / 4 + 8 * h, n = wn * WN + j * 8 + 2 * (L % 4) + e;
+                            double ref = 0;
+                            for (int k = 0; k < C8_BK; k++) ref += (double)Am[m * C8_BK + k] * Bm[k * BN + n];
+                            if (!(acc[(((size_t)i * T::NI + j) * 32 + L) * 4 + 2 * h + e] == (float)ref)) bad++;
+                            written[(size_t)m * BN + n]++;
+                        }
+    }
+    size_t once = 0;
+    for (int c : written) once += c == 1;
+    char line[256];
+    snprintf(line, sizeof line, "cpu: version 8 fragments, MODE %d, tile %dx%d (warps %dx%d): %zu of %d outputs wrong, "
+             "%zu written exactly once, ldmatrix conflict-free: %s", MODE, BM, BN, WM, WN, bad, BM * BN, once,
+             conflict_free ? "yes" : "NO");
+    report(bad == 0 && once == (size_t)BM * BN && conflict_free, line);
+}
+// the kernel's four configurations
+static void conv8_fragments_cpu_all() {
+    conv8_fragments_cpu<0, 128, 128, 64, 32>(11);
+    conv8_fragments_cpu<0, 64, 64, 32, 32>(12);
+    conv8_fragments_cpu<1, 128, 128, 64, 32>(13);
+    conv8_fragments_cpu<1, 64, 64, 32, 32>(14);
+}
+
 int main(int argc, char** argv) {
-    int version = lab_version(argc, argv, 7, 6,
+    int version = lab_version(argc, argv, 8, 6,
                               "1 naive, 2/3 implicit GEMM fp32/TF32, 4/5 pipelined fp32/TF32, 6 mma.sync TF32, "
-                              "7 bf16 wgmma");
+                              "7 bf16 wgmma, 8 bf16 mma.sync");
     bool test = version == 0;
     ConvFixture fx;
     bool have_fx = conv_fixture_load(&fx, "conv3x3", 1001, "", 1, false);
     if (have_fx) fixture_cpu(fx, "conv3x3", 1);  // CPU: runs in CI
+    conv8_fragments_cpu_all();                    // CPU too
     if (!gpu_setup()) {
         skip("conv2d GPU versions: no CUDA GPU");
         return finish();
@@ -1175,21 +1405,25 @@ int main(int argc, char** argv) {
         {3, 7, 5, 3, 37, 1}, {2, 9, 9, 40, 3, 1}, {3, 7, 7, 64, 96, 1}, {2, 9, 11, 96, 64, 2}, {1, 8, 8, 32, 32, 2},
         {2, 13, 6, 20, 12, 2}, {5, 16, 16, 64, 128, 1}, {3, 10, 10, 160, 36, 1}, {2, 11, 7, 32, 200, 2},
         {2, 9, 7, 64, 32, 2}, {4, 12, 12, 96, 160, 1}, {2, 9, 7, 64, 3, 1}, {3, 8, 8, 32, 5, 2}, {2, 6, 10, 32, 8, 1}};
-    std::vector<int> versions = test ? std::vector<int>{1, 2, 3, 4, 5, 6, 7} : std::vector<int>{version};
+    std::vector<int> versions = test ? std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8} : std::vector<int>{version};
     uint64_t seed = 1;
     for (int v : versions) {
-        if (v == 7) {  // bf16: the wgmma path needs an sm_90a build on a compute capability 9.0 GPU
-            if (!have_sm90a()) {
+        if (v == 7 || v == 8) {  // bf16: wgmma needs an sm_90a build on a 9.0 GPU, mma.sync compute capability 8.0
+            if (v == 7 && !have_sm90a()) {
                 skip("conv2d version 7: needs the sm_90a build on a compute capability 9.0 GPU");
                 continue;
             }
-            for (const Case& c : cases) run_case_bf16(c.B, c.H, c.W, c.cin, c.cout, c.s, seed++);
+            if (v == 8 && !have_bf16_mma()) {
+                skip("conv2d version 8: needs a GPU of compute capability 8.0 or newer");
+                continue;
+            }
+            for (const Case& c : cases) run_case_bf16(v, c.B, c.H, c.W, c.cin, c.cout, c.s, seed++);
             // model-like layers: 64-channel multiples, the 8x8 boxes of two images, 32 channels (boxes half empty)
-            run_case_bf16(3, 8, 8, 256, 256, 1, seed++);
-            run_case_bf16(2, 16, 16, 192, 192, 2, seed++);
-            run_case_bf16(1, 32, 32, 128, 64, 1, seed++);
-            run_case_bf16(2, 64, 64, 64, 64, 1, seed++);
-            run_case_bf16(7, 8, 8, 512, 256, 1, seed++);
+            run_case_bf16(v, 3, 8, 8, 256, 256, 1, seed++);
+            run_case_bf16(v, 2, 16, 16, 192, 192, 2, seed++);
+            run_case_bf16(v, 1, 32, 32, 128, 64, 1, seed++);
+            run_case_bf16(v, 2, 64, 64, 64, 64, 1, seed++);
+            run_case_bf16(v, 7, 8, 8, 512, 256, 1, seed++);
             continue;
         }
         for (const Case& c : cases) run_case(v, c.B, c.H, c.W, c.cin, c.cout, c.s, seed++);
@@ -1201,6 +1435,7 @@ int main(int argc, char** argv) {
     }
     if (!test) {
         if (version == 7) bench7();
+        else if (version == 8) bench8();
         else bench(version);
     }
     gpu_teardown();

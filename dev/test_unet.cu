@@ -10,8 +10,9 @@ Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32
   forward fixture (UNET_FIXTURE, dev/unet.py --forward_fixture): the output on the fixture's x_t and t;
   resume: 2N steps in one run vs N steps + --resume + N steps on data/sunflowers64.bin: identical losses (tf32,
   and bf16 where it runs).
---precision bf16 (debug states given on the command line, made with --autocast_bf16 1; sm_90a on a 9.0 GPU): our
-  error against the fp32 reference is at most 2x PyTorch bf16 autocast's own error, tensor by tensor (L2).
+--precision bf16 (debug states given on the command line, made with --autocast_bf16 1; compute capability >= 8.0):
+  our error against the fp32 reference is at most 2x PyTorch bf16 autocast's own error, tensor by tensor (L2); with
+  the sm_90a build on a 9.0 GPU twice, the convolutions on wgmma and then forced onto mma.sync (g_conv8_force).
 CPU checks (also without a GPU, so in CI): the parameter table, the initialisation's distributions, the weight
 layout conversion, the loader's draws. Without a GPU every other check is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
 */
@@ -306,7 +307,7 @@ static std::vector<float> download_nchw_bf16(const bf16* d_nhwc, int B, int C, i
 }
 
 static void test_debug_state_bf16(const std::string& path) {
-    std::string tag = base_name(path) + " bf16";
+    std::string tag = base_name(path) + " bf16 " + (conv_bf16_wgmma() ? "wgmma" : "mma.sync");
     BinFile f;
     std::string e = bin_open(&f, path.c_str(), UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
     if (!e.empty()) {
@@ -661,16 +662,24 @@ int main(int argc, char** argv) {
         test_forward_fixture("dev/fixtures/unet_forward_small.bin");
         cublasCheck(cublasDestroy(g_cublas));
         test_resume(PREC_TF32);
-        if (have_sm90a()) test_resume(PREC_BF16);
-        else report("SKIP", "resume bf16", "needs the sm_90a build on a compute capability 9.0 GPU");
+        if (have_bf16_mma()) test_resume(PREC_BF16);
+        else report("SKIP", "resume bf16", "needs a GPU of compute capability 8.0 or newer");
         test_ema_warmup();
     } else {
         for (const std::string& p : paths) {
             cublasCheck(cublasCreate(&g_cublas));
             set_tf32(false);
             test_debug_state(p, true);
-            if (have_sm90a()) test_debug_state_bf16(p);
-            else report("SKIP", base_name(p) + " bf16", "needs the sm_90a build on a compute capability 9.0 GPU");
+            if (have_bf16_mma()) {
+                test_debug_state_bf16(p);  // convolutions on wgmma with sm_90a, else on mma.sync
+                if (have_sm90a()) {        // and the mma.sync path of other GPUs, forced
+                    g_conv8_force = true;
+                    test_debug_state_bf16(p);
+                    g_conv8_force = false;
+                }
+            } else {
+                report("SKIP", base_name(p) + " bf16", "needs a GPU of compute capability 8.0 or newer");
+            }
             cublasCheck(cublasDestroy(g_cublas));
         }
     }
