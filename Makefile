@@ -16,10 +16,32 @@ export NVCC PYTHON GENCODE NVCCFLAGS
 
 TRAINERS := $(basename $(wildcard train_*.cu))
 
-.PHONY: all test bench gpu-check clean
+.PHONY: all test bench gpu-check clean nccl-info
 all: $(TRAINERS)
 
 train_mnist: LDLIBS += -lz
+
+# NCCL for train_unet's data parallelism (several GPUs): `make NCCL_HOME=/path` (include/, lib/ or lib64/), else the
+# CUDA installation nvcc belongs to, else /usr (Debian's libnccl-dev), else the nvidia-nccl Python wheel PyTorch
+# installs (its lib holds libnccl.so.2 only, hence -l:libnccl.so.2 and an rpath). Found: -DUNET_NCCL. Not found, or
+# NCCL=0: the single-GPU build, which refuses a launch with several ranks.
+NCCL ?= 1
+ifneq ($(NCCL),0)
+  CUDA_HOME_NVCC := $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+  NCCL_WHEEL := $(shell $(PYTHON) -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null)
+  NCCL_HOMES := $(if $(NCCL_HOME),$(NCCL_HOME),$(CUDA_HOME_NVCC) /usr $(NCCL_WHEEL))
+  nccl_lib = $(firstword $(foreach d,lib64 lib lib/x86_64-linux-gnu lib/aarch64-linux-gnu,\
+                 $(wildcard $(1)/$(d)/libnccl.so.2)))
+  nccl_ok = $(if $(and $(wildcard $(1)/include/nccl.h),$(call nccl_lib,$(1))),$(1))
+  NCCL_FOUND := $(firstword $(foreach h,$(NCCL_HOMES),$(call nccl_ok,$(h))))
+  ifneq ($(NCCL_FOUND),)
+    NCCL_LIBDIR := $(patsubst %/,%,$(dir $(call nccl_lib,$(NCCL_FOUND))))
+    train_unet: NVCCFLAGS_NCCL := -DUNET_NCCL -I$(NCCL_FOUND)/include
+    train_unet: LDLIBS += -L$(NCCL_LIBDIR) -l:libnccl.so.2 -Xlinker -rpath -Xlinker $(NCCL_LIBDIR)
+  else ifneq ($(NCCL_HOME),)
+    $(error NCCL_HOME=$(NCCL_HOME) has no include/nccl.h with lib/ or lib64/libnccl.so.2)
+  endif
+endif
 # train_mnist's conv2 products and train_unet's bf16 convolutions run on wgmma, which needs the architecture-specific
 # sm_90a target: sm_90 becomes sm_90a for them (other targets compile their mma.sync / TF32 paths), in every spelling
 # (-gencode arch=compute_90,code=sm_90, code=[sm_90,compute_90], -arch=sm_90; 90a stays 90a). `override`: a GENCODE
@@ -32,7 +54,7 @@ ifneq ($(filter %native %all %all-major,$(GENCODE)),)
 endif
 
 train_%: train_%.cu
-	$(NVCC) $(NVCCFLAGS) $(GENCODE) -o $@ $< $(LDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(NVCCFLAGS_NCCL) $(GENCODE) -o $@ $< $(LDLIBS)
 
 # Builds every binary (trainers and dev/), then runs every suite; last line: N passed, N failed, N skipped.
 test: all
@@ -50,6 +72,10 @@ gpu-check:
 	$(MAKE) -C dev -j16 all
 	$(PYTHON) dev/run_tests.py
 	$(PYTHON) dev/run_benchmarks.py --quick --out bench_results
+
+# Where train_unet's NCCL comes from (.ci/run asks before it installs the headers)
+nccl-info:
+	@echo "$(if $(NCCL_FOUND),NCCL $(NCCL_FOUND) (lib $(NCCL_LIBDIR)),NCCL not found: train_unet builds for one GPU)"
 
 clean:
 	rm -f $(TRAINERS) *.tmp

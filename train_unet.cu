@@ -21,6 +21,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 | CLI (main, inside #ifndef TESTING so that dev/test_unet.cu includes this file).
 */
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdarg>
 #include <climits>
@@ -33,6 +34,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 #include <fcntl.h>
@@ -40,6 +42,11 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <cublas_v2.h>
 #include <cuda.h>  // CUtensorMap (TMA views); the driver entry point is reached through the runtime, no -lcuda
@@ -47,6 +54,9 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <curand.h>
+#ifdef UNET_NCCL  // the Makefile's define where it finds NCCL: data parallelism over several GPUs
+#include <nccl.h>
+#endif
 
 // ----------------------------------------------------------------------------------------------------------------
 // error checking: the same family and message shape in the three trainers. A library failure prints
@@ -100,6 +110,18 @@ static void curand_check(curandStatus_t s, const char* call, const char* file, i
     }
 }
 #define curandCheck(call) curand_check((call), #call, __FILE__, __LINE__)
+
+#ifdef UNET_NCCL
+static void nccl_check(ncclResult_t r, const char* call, const char* file, int line) {
+    if (r != ncclSuccess && r != ncclInProgress) {  // ncclInProgress: a non-blocking call under way (the watchdog)
+        fprintf(stderr, "[NCCL ERROR] %s (%s)\n  in %s at %s:%d\n", ncclGetErrorString(r), ncclGetLastError(nullptr),
+                call, file, line);
+        fprintf(stderr, "  hint: NCCL_DEBUG=WARN (or INFO) says more; every rank must run the same binary and flags\n");
+        exit(EXIT_FAILURE);
+    }
+}
+#define ncclCheck(call) nccl_check((call), #call, __FILE__, __LINE__)
+#endif
 
 [[maybe_unused]] static void* malloc_check(size_t n, const char* file, int line) {
     void* p = malloc(n ? n : 1);
@@ -3299,6 +3321,9 @@ struct UNet {
     std::vector<Param> params;
     size_t n_params = 0;
     float *p = nullptr, *g = nullptr, *m = nullptr, *v = nullptr, *ema = nullptr;
+    // ZeRO-1 over several GPUs: p and g hold n_alloc floats (n_params padded to whole shards), the AdamW moments
+    // and EMA only this rank's n_state of them, from state_off. 0: one GPU (n_params, 0, n_params).
+    size_t n_alloc = 0, state_off = 0, n_state = 0;
     // bf16: the compute copy of the weights (weights_to_bf16_kernel), refreshed after every update
     bf16 *pw = nullptr, *wd = nullptr;
     CastEntry* cast_table = nullptr;
@@ -3999,14 +4024,17 @@ static void unet_allocate(UNet* m) {
     const UNetConfig& cfg = m->cfg;
     // parameters, gradients, optimizer state, EMA
     size_t np = m->n_params;
-    m->p = dev_alloc(np);
-    m->g = dev_alloc(np);
-    m->m = dev_alloc(np);
-    m->v = dev_alloc(np);
-    m->ema = dev_alloc(np);
-    cudaCheck(cudaMemset(m->m, 0, np * 4));
-    cudaCheck(cudaMemset(m->v, 0, np * 4));
-    cudaCheck(cudaMemset(m->g, 0, np * 4));
+    if (!m->n_alloc) m->n_alloc = m->n_state = np;
+    const size_t na = m->n_alloc, ns = m->n_state;
+    m->p = dev_alloc(na);
+    m->g = dev_alloc(na);
+    m->m = dev_alloc(ns);
+    m->v = dev_alloc(ns);
+    m->ema = dev_alloc(ns);
+    cudaCheck(cudaMemset(m->m, 0, ns * 4));
+    cudaCheck(cudaMemset(m->v, 0, ns * 4));
+    cudaCheck(cudaMemset(m->g, 0, na * 4));
+    if (na > np) cudaCheck(cudaMemset(m->p + np, 0, (na - np) * 4));  // the last shard's padding
     // activations, and their gradients in one arena (unet_plan_grads), in the run's precision
     const size_t elem = m->prec == PREC_BF16 ? sizeof(bf16) : sizeof(float);
     std::vector<size_t> goff;
@@ -4274,7 +4302,7 @@ static void unet_weights_changed(UNet* m) {
 static void unet_init_weights(UNet* m, uint64_t seed) {
     std::vector<float> ours = unet_init_host(m, seed);
     cudaCheck(cudaMemcpy(m->p, ours.data(), m->n_params * 4, cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaMemcpy(m->ema, m->p + m->state_off, m->n_state * 4, cudaMemcpyDeviceToDevice));
     unet_weights_changed(m);
 }
 // bf16 attention operands in and out of the fp32 scratch of the attention core
@@ -5126,6 +5154,10 @@ static void attn_backward(UNet* m, Op& o) {
     groupnorm_backward(m, o.n1, act<T>(o.in), grad<T>(o.xn), grad<T>(o.in), o.mean1, o.rstd1, L, 0, acc);
 }
 
+// Several GPUs: called after the backward of each op (its index) and once at the end (-1), so that the gradient
+// all-reduce of a bucket starts as soon as its gradients are written (dist_grad_ready). Null on one GPU.
+static void (*g_grad_ready)(UNet* m, int op) = nullptr;
+
 template <typename T>
 static void unet_backward_t(UNet* m) {
     int B = m->B;
@@ -5174,6 +5206,7 @@ static void unet_backward_t(UNet* m) {
         }
         }
         prof_end(1, (int)o.kind);
+        if (g_grad_ready) g_grad_ready(m, i);
     }
     prof_begin();
     // the resblocks' emb_layers (their d_embo from res_backward): weight gradients and d_emb_s
@@ -5198,6 +5231,7 @@ static void unet_backward_t(UNet* m) {
     cudaCheck(cudaGetLastError());
     linear_backward<float>(m, m->te0, m->temb, m->d_te, nullptr, B, 1, false);
     prof_end(1, 7);
+    if (g_grad_ready) g_grad_ready(m, -1);
 }
 // every parameter gradient into m->g from out's gradient (unet_loss)
 static void unet_backward(UNet* m) {
@@ -5205,16 +5239,21 @@ static void unet_backward(UNet* m) {
     else unet_backward_t<float>(m);
 }
 
-// one AdamW step (PyTorch's formula with bias correction), then the EMA update (warmed up) when ema_rate >= 0
-// (m->adam_t, the host's count, is kept in step with the device's m->adam_dev[0])
-static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
+// one AdamW step (PyTorch's formula with bias correction), then the EMA update (warmed up) when ema_rate >= 0, of
+// the parameters this process keeps state for (all of them on one GPU; ZeRO-1: its shard; m->adam_t, the host's
+// count, is kept in step with the device's m->adam_dev[0])
+static void unet_adamw(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
     m->adam_t++;
     adam_prep_kernel<<<1, 1, 0, g_stream>>>(m->adam_dev, m->adam_hyper, lr, beta1, beta2, ema_rate);
     cudaCheck(cudaGetLastError());
-    adamw_kernel<<<ceil_div(m->n_params, EW), EW, 0, g_stream>>>(m->p, m->g, m->m, m->v,
-                                                                 ema_rate >= 0.f ? m->ema : nullptr, m->n_params,
-                                                                 beta1, beta2, lr * weight_decay, eps, m->adam_hyper);
+    const size_t o = m->state_off;
+    adamw_kernel<<<ceil_div(m->n_state, EW), EW, 0, g_stream>>>(m->p + o, m->g + o, m->m, m->v,
+                                                                ema_rate >= 0.f ? m->ema : nullptr, m->n_state, beta1,
+                                                                beta2, lr * weight_decay, eps, m->adam_hyper);
     cudaCheck(cudaGetLastError());
+}
+static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
+    unet_adamw(m, lr, beta1, beta2, eps, weight_decay, ema_rate);
     unet_weights_changed(m);
 }
 // sets the optimizer's step count on both sides (fresh model: 0; resumed: the checkpoint's step)
@@ -5336,15 +5375,15 @@ struct TrainState {
     float lr = 1e-4f, ema_rate = 0.999f;
 };
 
-// Writes weights, EMA, AdamW moments, step and RNG state atomically (binw_write). "" or an error.
-static std::string unet_save_checkpoint(UNet* m, const std::string& path, const TrainState& st) {
-    size_t np = m->n_params;
-    std::vector<float> dev(np);
-    std::vector<std::vector<float>> host(4, std::vector<float>(np));
-    float* srcs[4] = {m->p, m->ema, m->m, m->v};
+// Writes weights, EMA, AdamW moments (ours[0..3]: n_params floats each in our layout, turned into PyTorch's here),
+// step and RNG state atomically (binw_write). "" or an error.
+static std::string unet_write_checkpoint(UNet* m, const std::string& path, const TrainState& st,
+                                         std::vector<float>* ours) {
+    std::vector<float> tmp(m->n_params);
+    std::vector<float>* host = ours;
     for (int k = 0; k < 4; k++) {
-        cudaCheck(cudaMemcpy(dev.data(), srcs[k], np * 4, cudaMemcpyDeviceToHost));
-        for (const Param& p : m->params) param_to_torch(p, dev.data() + p.off, host[k].data() + p.off);
+        for (const Param& p : m->params) param_to_torch(p, ours[k].data() + p.off, tmp.data() + p.off);
+        ours[k].swap(tmp);
     }
     BinWriter w;
     binw_init(&w, UNET_CHECKPOINT_MAGIC);
@@ -5366,6 +5405,742 @@ static std::string unet_save_checkpoint(UNet* m, const std::string& path, const 
     binw_add(&w, "rng_state", DT_I32, 1, shape, rng_state);
     return binw_write(&w, path);
 }
+// The checkpoint of one GPU's model (or of a rank whose AdamW state is whole: no ZeRO-1)
+static std::string unet_save_checkpoint(UNet* m, const std::string& path, const TrainState& st) {
+    std::vector<float> ours[4];
+    float* srcs[4] = {m->p, m->ema, m->m, m->v};
+    for (int k = 0; k < 4; k++) {
+        ours[k].resize(m->n_params);
+        cudaCheck(cudaMemcpy(ours[k].data(), srcs[k], m->n_params * 4, cudaMemcpyDeviceToHost));
+    }
+    return unet_write_checkpoint(m, path, st, ours);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// several GPUs, host side: where this process stands among the ranks (the launcher's variables), its GPU, and the
+// exchange of NCCL's unique id from rank 0 over TCP or through a file on a shared path. No CUDA or NCCL call here:
+// dev/test_unet_dist.cu runs all of it on machines without either.
+
+struct DistEnv {
+    int rank = 0, world = 1, local_rank = 0;
+    std::string launcher = "none";  // whose variables gave them
+};
+
+// A non-negative decimal integer from the environment: "" (*v set, *found true), "" with *found false when the
+// variable is absent, or why it cannot be read.
+static std::string env_int(const char* name, int* v, bool* found) {
+    const char* s = getenv(name);
+    *found = s != nullptr;
+    if (!s) return "";
+    char* end = nullptr;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (!*s || *end || errno || x < 0 || x > INT_MAX)
+        return std::string(name) + "='" + s + "' is not a non-negative integer";
+    *v = (int)x;
+    return "";
+}
+
+// Rank, world size and local rank from the first launcher whose world-size variable is set, in this order:
+// OpenMPI's mpirun and torchrun first (either may run inside a Slurm allocation, whose variables then describe the
+// allocation, not the processes), then PMI (MPICH, Intel MPI), then Slurm's srun. None set: one process. "" or an
+// error naming the variables.
+static std::string dist_env_parse(DistEnv* d) {
+    struct Launcher { const char *name, *rank, *world, *local[2]; };
+    static const Launcher launchers[] = {
+        {"OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", {"OMPI_COMM_WORLD_LOCAL_RANK", nullptr}},
+        {"torchrun", "RANK", "WORLD_SIZE", {"LOCAL_RANK", nullptr}},
+        {"PMI", "PMI_RANK", "PMI_SIZE", {"MPI_LOCALRANKID", "PMI_LOCAL_RANK"}},
+        {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", {"SLURM_LOCALID", nullptr}},
+    };
+    *d = DistEnv();
+    for (const Launcher& l : launchers) {
+        if (!getenv(l.world)) continue;
+        const std::string who = std::string(" (") + l.name + " variables)";
+        bool found = false;
+        std::string e = env_int(l.world, &d->world, &found);
+        if (e.empty() && d->world < 1) e = std::string(l.world) + "=0: a world of no processes";
+        if (e.empty()) e = env_int(l.rank, &d->rank, &found);
+        if (e.empty() && !found) e = std::string(l.world) + " is set but " + l.rank + " is not";
+        found = false;
+        for (int k = 0; k < 2 && l.local[k] && e.empty() && !found; k++)
+            e = env_int(l.local[k], &d->local_rank, &found);
+        if (e.empty() && !found)
+            e = std::string(l.world) + " is set but " + l.local[0] + (l.local[1] ? std::string(" (or ") +
+                l.local[1] + ")" : std::string()) + " is not";
+        if (e.empty() && d->rank >= d->world)
+            e = std::string(l.rank) + "=" + std::to_string(d->rank) + " is not below " + l.world + "=" +
+                std::to_string(d->world);
+        if (e.empty() && d->local_rank > d->rank)
+            e = std::string("local rank ") + std::to_string(d->local_rank) + " is above " + l.rank + "=" +
+                std::to_string(d->rank) + ": a node's ranks are numbered from 0 within the global ranks";
+        if (!e.empty()) {
+            *d = DistEnv();
+            return e + who;
+        }
+        d->launcher = l.name;
+        return "";
+    }
+    return "";
+}
+
+// The GPU this rank takes: its local rank among the visible GPUs; a launcher that binds one GPU per process
+// (CUDA_VISIBLE_DEVICES naming a single device) leaves device 0. -1 with *err when the node has too few.
+static int dist_device(const DistEnv& d, int n_gpus, std::string* err) {
+    const char* vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (n_gpus == 1 && vis && *vis && !strchr(vis, ',')) return 0;
+    if (d.local_rank < n_gpus) return d.local_rank;
+    *err = "rank " + std::to_string(d.rank) + " has local rank " + std::to_string(d.local_rank) + " but this node "
+           "shows " + std::to_string(n_gpus) + " GPU" + (n_gpus == 1 ? "" : "s") + (vis ? std::string(
+           " (CUDA_VISIBLE_DEVICES=") + vis + ")" : std::string()) + ": start at most one process per GPU";
+    return -1;
+}
+
+// Rank r's share of a global batch of world * B samples: samples r*B .. r*B+B-1 of every step, exactly those a
+// single GPU with the global batch takes (all: nsteps x world*B, step-major); and the offset of its noise in the
+// step's Philox stream (n_local noise values per rank, the single GPU's stream cut into world pieces).
+static std::vector<int> dist_share(const std::vector<int>& all, int nsteps, int B, int world, int rank) {
+    std::vector<int> mine((size_t)nsteps * B);
+    for (int s = 0; s < nsteps; s++)
+        for (int b = 0; b < B; b++) mine[(size_t)s * B + b] = all[((size_t)s * world + rank) * B + b];
+    return mine;
+}
+static unsigned long long dist_noise_offset(long long step, size_t n_local, int world, int rank) {
+    return (unsigned long long)step * n_local * world + (unsigned long long)rank * n_local;
+}
+// ZeRO-1: every rank owns one contiguous shard of the parameter arena, 64 floats aligned (NCCL's 256-byte
+// chunks); the arena is padded to world shards
+[[maybe_unused]] static size_t dist_shard_floats(size_t n_params, int world) {
+    size_t per = (n_params + world - 1) / world;
+    return (per + 63) / 64 * 64;
+}
+
+struct DistOpts {
+    std::string master_addr, id_file;  // --master_addr (else MASTER_ADDR, else 127.0.0.1), --nccl_id_file
+    int master_port = 0;               // --master_port (else MASTER_PORT, else 29500)
+    double timeout_s = 120;            // --dist_timeout: every wait for another rank at start-up
+    uint64_t config = 0;               // a hash of the run's flags: every rank must run the same command
+};
+// The address rank 0 serves the id on, from the flags, then torchrun's variables, then one node's defaults.
+static std::string dist_resolve_master(DistOpts* o) {
+    if (o->master_addr.empty()) {
+        const char* a = getenv("MASTER_ADDR");
+        o->master_addr = a && *a ? a : "127.0.0.1";
+    }
+    if (o->master_port == 0) {
+        bool found = false;
+        int port = 29500;
+        std::string e = env_int("MASTER_PORT", &port, &found);
+        if (!e.empty()) return e;
+        if (port < 1 || port > 65535) return "MASTER_PORT=" + std::to_string(port) + " is not a port (1..65535)";
+        o->master_port = port;
+    }
+    return "";
+}
+
+static const int DIST_ID_BYTES = 128;  // sizeof(ncclUniqueId), checked where NCCL is built in
+struct DistId { unsigned char b[DIST_ID_BYTES]; };
+static const int32_t DIST_MAGIC = 0x554e4349;  // "UNCI": train_unet's NCCL id, asked for or served
+static const int32_t DIST_VERSION = 1;
+
+static double dist_now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+static uint64_t dist_hash(const std::string& s) {  // FNV-1a
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+static std::string dist_list(const std::vector<int>& ranks) {  // "2, 3, 5" (the first 16)
+    std::string s;
+    for (size_t i = 0; i < ranks.size() && i < 16; i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    return ranks.size() > 16 ? s + ", ... (" + std::to_string(ranks.size()) + " in all)" : s;
+}
+
+// Exactly n bytes through a non-blocking socket before the deadline; false on timeout, error or a closed peer.
+static bool dist_sock_io(int fd, void* buf, size_t n, bool out, double deadline) {
+    char* p = (char*)buf;
+    while (n > 0) {
+        ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+        int ms = (int)((deadline - dist_now()) * 1000);
+        if (ms <= 0) return false;
+        struct pollfd pf = {fd, (short)(out ? POLLOUT : POLLIN), 0};
+        poll(&pf, 1, std::min(ms, 1000));
+    }
+    return true;
+}
+
+// The request a rank sends and the reply rank 0 gives (status 0: the id follows)
+struct DistHello { int32_t magic, version, rank, world; uint64_t config; };
+struct DistReply { int32_t magic, status; DistId id; };
+enum { DIST_OK = 0, DIST_BAD_WORLD = 1, DIST_BAD_RANK = 2, DIST_BAD_CONFIG = 3 };
+
+// Rank 0: serves the id to every other rank on the port, then returns. "" or an error.
+static std::string dist_serve_id(const DistEnv& d, const DistOpts& o, const DistId& id) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return std::string("rank 0 cannot open a socket (") + strerror(errno) + ")";
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_port = htons((uint16_t)o.master_port);
+    if (bind(fd, (struct sockaddr*)&sa, sizeof sa) != 0 || listen(fd, 128) != 0) {
+        std::string e = "rank 0 cannot listen on port " + std::to_string(o.master_port) + " (" + strerror(errno) +
+                        "): another job may hold it; pick another with --master_port or MASTER_PORT";
+        close(fd);
+        return e;
+    }
+    const double deadline = dist_now() + o.timeout_s;
+    std::vector<char> served(d.world, 0);
+    served[0] = 1;
+    int left = d.world - 1;
+    std::string err;
+    while (left > 0 && err.empty()) {
+        int ms = (int)((deadline - dist_now()) * 1000);
+        if (ms <= 0) {
+            std::vector<int> missing;
+            for (int r = 1; r < d.world; r++)
+                if (!served[r]) missing.push_back(r);
+            char t[32];
+            snprintf(t, sizeof t, "%g", o.timeout_s);
+            err = std::string("rank 0 waited ") + t + " s (--dist_timeout) on port " + std::to_string(o.master_port) +
+                  " for rank" + (missing.size() > 1 ? "s " : " ") + dist_list(missing) + " of world " +
+                  std::to_string(d.world) + " to fetch the NCCL id: never connected (not started, failed, or "
+                  "pointed elsewhere: MASTER_ADDR must name this host, MASTER_PORT this port)";
+            break;
+        }
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, std::min(ms, 1000)) <= 0) continue;
+        int c = accept4(fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0) continue;
+        DistHello h;
+        // a stranger, or a rank that died while asking: not one of ours, keep serving the others
+        if (!dist_sock_io(c, &h, sizeof h, false, std::min(deadline, dist_now() + 5.0)) || h.magic != DIST_MAGIC ||
+            h.version != DIST_VERSION) {
+            close(c);
+            continue;
+        }
+        DistReply rep;
+        memset(&rep, 0, sizeof rep);
+        rep.magic = DIST_MAGIC;
+        rep.status = h.world != d.world                            ? DIST_BAD_WORLD
+                     : h.rank < 1 || h.rank >= d.world || served[h.rank] ? DIST_BAD_RANK
+                     : h.config != o.config                        ? DIST_BAD_CONFIG
+                                                                   : DIST_OK;
+        if (rep.status == DIST_OK) rep.id = id;
+        bool sent = dist_sock_io(c, &rep, sizeof rep, true, std::min(deadline, dist_now() + 5.0));
+        close(c);
+        if (rep.status == DIST_BAD_WORLD)
+            err = "rank " + std::to_string(h.rank) + " asked for the NCCL id with world size " +
+                  std::to_string(h.world) + ", rank 0 has " + std::to_string(d.world) +
+                  ": every rank must be launched with the same world size";
+        else if (rep.status == DIST_BAD_RANK)
+            err = "two processes claim rank " + std::to_string(h.rank) + " (or it is out of 1.." +
+                  std::to_string(d.world - 1) + "): every rank must be unique";
+        else if (rep.status == DIST_BAD_CONFIG)
+            err = "rank " + std::to_string(h.rank) + " runs with other flags than rank 0: every rank must run the "
+                  "same command";
+        else if (sent) {
+            served[h.rank] = 1;
+            left--;
+        }
+    }
+    close(fd);
+    return err;
+}
+
+// Every rank but 0: connects to rank 0 (retrying while it is not up yet) and receives the id. "" or an error.
+static std::string dist_fetch_id(const DistEnv& d, const DistOpts& o, DistId* id) {
+    const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
+    struct addrinfo hints, *res = nullptr;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    int g = getaddrinfo(o.master_addr.c_str(), std::to_string(o.master_port).c_str(), &hints, &res);
+    if (g != 0 || !res)
+        return "rank " + std::to_string(d.rank) + ": cannot resolve rank 0's address " + o.master_addr + " (" +
+               gai_strerror(g) + "): set MASTER_ADDR or --master_addr to rank 0's host";
+    const double deadline = dist_now() + o.timeout_s;
+    std::string last = "no answer";
+    std::string err;
+    bool done = false;
+    while (!done && err.empty() && dist_now() < deadline) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            err = std::string("cannot open a socket (") + strerror(errno) + ")";
+            break;
+        }
+        bool up = connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+        if (!up && errno == EINPROGRESS) {
+            struct pollfd pf = {fd, POLLOUT, 0};
+            int ms = std::max(1, std::min(1000, (int)((deadline - dist_now()) * 1000)));
+            int soerr = 0;
+            socklen_t len = sizeof soerr;
+            if (poll(&pf, 1, ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0) {
+                up = soerr == 0;
+                if (soerr) last = strerror(soerr);
+            } else {
+                last = "connection timed out";
+            }
+        } else if (!up) {
+            last = strerror(errno);
+        }
+        if (up) {
+            DistHello h = {DIST_MAGIC, DIST_VERSION, d.rank, d.world, o.config};
+            DistReply rep;
+            if (dist_sock_io(fd, &h, sizeof h, true, deadline) && dist_sock_io(fd, &rep, sizeof rep, false, deadline) &&
+                rep.magic == DIST_MAGIC) {
+                if (rep.status == DIST_OK) {
+                    *id = rep.id;
+                    done = true;
+                } else {
+                    err = rep.status == DIST_BAD_WORLD ? "rank 0 has another world size (WORLD_SIZE " +
+                                                             std::to_string(d.world) + " here)"
+                          : rep.status == DIST_BAD_RANK ? "rank 0 already served a process with this rank"
+                                                        : "rank 0 runs with other flags: every rank must run the same "
+                                                          "command";
+                }
+            } else {
+                last = "the process at " + where + " did not answer as train_unet's rank 0";
+            }
+        }
+        close(fd);
+        if (!done && err.empty()) usleep(100 * 1000);  // rank 0 not up yet
+    }
+    freeaddrinfo(res);
+    if (done) return "";
+    if (!err.empty()) return "rank " + std::to_string(d.rank) + ": " + err;
+    char t[32];
+    snprintf(t, sizeof t, "%g", o.timeout_s);
+    return "rank " + std::to_string(d.rank) + " waited " + t + " s (--dist_timeout) for rank 0's NCCL id at " + where +
+           " (" + last + "): is rank 0 running, and are MASTER_ADDR / MASTER_PORT (--master_addr / --master_port) "
+           "its host and port?";
+}
+
+// The file form: rank 0 writes {magic, version, world, config, job, id} to a temporary name and renames it (never a
+// torn file); the others poll until a file of this job and world is there. The job (the launcher's job id where it
+// has one) and the world tell a stale file of an earlier run from this one's; rank 0 removes it once NCCL is up.
+struct DistIdFile { int32_t magic, version, world, pad; uint64_t config; char job[64]; DistId id; };
+static void dist_job_key(char job[64]) {
+    memset(job, 0, 64);
+    for (const char* v : {"SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMI_JOBID"}) {
+        const char* s = getenv(v);
+        if (s && *s) {
+            snprintf(job, 64, "%s=%s", v, s);
+            return;
+        }
+    }
+}
+static std::string dist_write_id_file(const DistEnv& d, const DistOpts& o, const DistId& id) {
+    DistIdFile f;
+    memset(&f, 0, sizeof f);
+    f.magic = DIST_MAGIC;
+    f.version = DIST_VERSION;
+    f.world = d.world;
+    f.config = o.config;
+    dist_job_key(f.job);
+    f.id = id;
+    const std::string tmp = o.id_file + ".tmp." + std::to_string((long)getpid());
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = fd >= 0 && write(fd, &f, sizeof f) == (ssize_t)sizeof f && fsync(fd) == 0;
+    int saved = errno;
+    if (fd >= 0) close(fd);
+    if (ok && rename(tmp.c_str(), o.id_file.c_str()) != 0) {
+        ok = false;
+        saved = errno;
+    }
+    if (!ok) {
+        unlink(tmp.c_str());
+        return "rank 0 cannot write --nccl_id_file " + o.id_file + " (" + strerror(saved) + ")";
+    }
+    return "";
+}
+static std::string dist_read_id_file(const DistEnv& d, const DistOpts& o, DistId* id) {
+    const double deadline = dist_now() + o.timeout_s;
+    char job[64];
+    dist_job_key(job);
+    std::string seen = "no such file";
+    while (true) {
+        DistIdFile f;
+        int fd = open(o.id_file.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = read(fd, &f, sizeof f);
+            char extra;
+            bool whole = n == (ssize_t)sizeof f && read(fd, &extra, 1) == 0;
+            close(fd);
+            if (!whole || f.magic != DIST_MAGIC || f.version != DIST_VERSION) {
+                seen = "a file that is not train_unet's NCCL id";
+            } else if (f.world != d.world || memcmp(f.job, job, 64) != 0) {
+                f.job[63] = 0;
+                seen = "the id of another run (world " + std::to_string(f.world) + (f.job[0] ? std::string(", ") +
+                       f.job : std::string()) + "): a stale file from an earlier run?";
+            } else if (f.config != o.config) {
+                return "rank " + std::to_string(d.rank) + ": --nccl_id_file " + o.id_file + " comes from a rank 0 "
+                       "that runs with other flags: every rank must run the same command";
+            } else {
+                *id = f.id;
+                return "";
+            }
+        }
+        if (dist_now() >= deadline) break;
+        usleep(50 * 1000);
+    }
+    char t[32];
+    snprintf(t, sizeof t, "%g", o.timeout_s);
+    return "rank " + std::to_string(d.rank) + " waited " + t + " s (--dist_timeout) for rank 0 to write the NCCL id "
+           "to --nccl_id_file " + o.id_file + " (found: " + seen + "): is rank 0 running, and is the path on a file "
+           "system every node shares?";
+}
+
+// Rank 0 hands *id to every other rank, by --nccl_id_file or over TCP; the others receive it. "" or an error.
+[[maybe_unused]] static std::string dist_share_id(const DistEnv& d, const DistOpts& o, DistId* id) {
+    if (d.world == 1) return "";
+    if (!o.id_file.empty())
+        return d.rank == 0 ? dist_write_id_file(d, o, *id) : dist_read_id_file(d, o, id);
+    return d.rank == 0 ? dist_serve_id(d, o, *id) : dist_fetch_id(d, o, id);
+}
+
+// Gradient buckets: each a set of parameter ranges (offset, floats) of the arena whose gradients are final once the
+// backward pass has run op after_op (ops run backward from the last), all-reduced together while the backward goes
+// on. A resblock's emb_layers and the time embedding get their gradients after the last op (unet_backward_t), so
+// they form the last bucket (after_op -1) with whatever the cap left. cap_floats 0: one bucket, no overlap.
+struct GradBucket {
+    int after_op = -1;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    size_t floats = 0;
+};
+[[maybe_unused]] static std::vector<GradBucket> dist_plan_buckets(const UNet* m, size_t cap_floats) {
+    auto padded = [&](size_t off) {  // the parameter at off with its alignment padding (add_param)
+        for (const Param& p : m->params)
+            if (p.off == off) return (p.n + 7) / 8 * 8;
+        fprintf(stderr, "error: dist_plan_buckets: no parameter at offset %zu\n", off);
+        exit(EXIT_FAILURE);
+    };
+    std::vector<GradBucket> out;
+    GradBucket cur;
+    auto add = [&](size_t off) {
+        cur.ranges.push_back({off, padded(off)});
+        cur.floats += cur.ranges.back().second;
+    };
+    auto add_lin = [&](const LinP& l) { add(l.w); add(l.b); };
+    auto add_conv = [&](const ConvP& c) { add(c.w); add(c.b); };
+    auto add_norm = [&](const NormP& n) { add(n.w); add(n.b); };
+    for (int i = (int)m->ops.size() - 1; i >= 0; i--) {
+        const Op& o = m->ops[i];
+        switch (o.kind) {
+        case OP_CONV_IN: case OP_DOWN: case OP_UP: add_conv(o.c1); break;
+        case OP_RES:
+            add_norm(o.n1); add_conv(o.c1); add_norm(o.n2); add_conv(o.c2);
+            if (o.has_skip) add_lin(o.skip);
+            break;
+        case OP_ATTN: add_norm(o.n1); add_lin(o.qkv); add_lin(o.proj); break;
+        case OP_OUT: add_norm(o.n1); add_conv(o.c1); break;
+        case OP_CAT: break;
+        }
+        if (cap_floats > 0 && cur.floats >= cap_floats) {
+            cur.after_op = i;
+            out.push_back(cur);
+            cur = GradBucket();
+        }
+    }
+    add_lin(m->te0);
+    add_lin(m->te2);
+    for (const Op& o : m->ops)
+        if (o.kind == OP_RES) add_lin(o.emb);
+    cur.after_op = -1;
+    out.push_back(cur);
+    for (GradBucket& b : out) {  // neighbours in the arena become one range: fewer, larger all-reduces
+        std::sort(b.ranges.begin(), b.ranges.end());
+        std::vector<std::pair<size_t, size_t>> merged;
+        for (const auto& r : b.ranges) {
+            if (!merged.empty() && merged.back().first + merged.back().second == r.first)
+                merged.back().second += r.second;
+            else
+                merged.push_back(r);
+        }
+        b.ranges = merged;
+    }
+    return out;
+}
+
+#ifdef UNET_NCCL
+// ---------------------------------------------------------------------------------------------------------------
+// several GPUs over NCCL: the communicator, its watchdog, the gradient all-reduce (bucketed, overlapped with the
+// backward pass, inside the step's CUDA graph) and ZeRO-1 (reduce-scatter, a shard's AdamW, all-gather)
+static_assert(sizeof(ncclUniqueId) == DIST_ID_BYTES, "DIST_ID_BYTES must be the size of NCCL's unique id");
+
+// A thread that ends the process when NCCL reports an error on the communicator, or when the main thread has waited
+// on work that involves the other ranks for longer than its limit: a dead peer leaves the others' collectives
+// spinning (on NVLink with no error at all). It prints what this rank waited for, calls ncclCommAbort (which frees
+// the stuck kernels) and exits 1; if the abort itself hangs, exit 1 comes 10 s later regardless.
+struct Watchdog {
+    std::thread* thread = nullptr;  // never a static std::thread: an error's exit must not find it joinable
+    std::atomic<bool> stop{false};
+    std::atomic<double> armed_at{0.0}, limit{0.0};  // dist_now() when the current wait began (0: none), seconds
+    std::atomic<const char*> what{""};              // the wait, a string literal
+    std::atomic<int> step{-1};
+    std::atomic<ncclComm_t> comm{nullptr};
+    int rank = 0;
+};
+static Watchdog g_wd;
+
+[[noreturn]] static void wd_fail(const std::string& why) {
+    std::thread([] {
+        sleep(10);
+        _exit(EXIT_FAILURE);
+    }).detach();
+    fprintf(stderr, "error: rank %d: %s; aborting NCCL, exit 1\n", g_wd.rank, why.c_str());
+    fflush(stderr);
+    fflush(stdout);
+    ncclComm_t c = g_wd.comm.load();
+    if (c) {
+        ncclResult_t r = ncclCommAbort(c);
+        if (r != ncclSuccess) fprintf(stderr, "[NCCL ERROR] %s in ncclCommAbort\n", ncclGetErrorString(r));
+    }
+    _exit(EXIT_FAILURE);
+}
+static void wd_loop() {
+    while (!g_wd.stop.load()) {
+        usleep(100 * 1000);
+        ncclComm_t c = g_wd.comm.load();
+        if (c) {
+            ncclResult_t async = ncclSuccess, r = ncclCommGetAsyncError(c, &async);
+            if (r != ncclSuccess) wd_fail(std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
+            if (async != ncclSuccess && async != ncclInProgress)
+                wd_fail(std::string("NCCL reports ") + ncclGetErrorString(async) + " (" + ncclGetLastError(c) +
+                        "): a peer rank failed or the network broke");
+        }
+        const double t0 = g_wd.armed_at.load(), lim = g_wd.limit.load();
+        if (t0 > 0 && dist_now() - t0 > lim) {
+            char msg[512];
+            const int step = g_wd.step.load();
+            snprintf(msg, sizeof msg, "%s%s made no progress in %g s: a peer rank died or hangs (the limit: %s)",
+                     g_wd.what.load(), step >= 0 ? (" at step " + std::to_string(step)).c_str() : "", lim,
+                     step >= 0 ? "--nccl_timeout" : "--dist_timeout");
+            wd_fail(msg);
+        }
+    }
+}
+static void wd_arm(const char* what, double limit_s, int step = -1) {
+    g_wd.what = what;
+    g_wd.step = step;
+    g_wd.limit = limit_s;
+    g_wd.armed_at = dist_now();
+}
+static void wd_disarm() { g_wd.armed_at = 0.0; }
+
+struct Dist {
+    DistEnv env;
+    DistOpts opts;
+    double nccl_timeout = 30;  // --nccl_timeout: the watchdog's limit on a training step's wait
+    int zero = 0;              // --zero 1: AdamW moments and EMA sharded (ZeRO-1)
+    size_t shard = 0;          // ZeRO-1: floats per rank
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;  // the bucketed all-reduces
+    std::vector<GradBucket> buckets;
+    std::vector<int> bucket_of_op;   // op index -> the bucket that closes after its backward, or -1
+    std::vector<cudaEvent_t> ready;  // per bucket: its gradients are written (recorded on g_stream)
+    cudaEvent_t reduced = nullptr;   // every all-reduce of the step has finished (recorded on stream)
+};
+static Dist* g_dist = nullptr;
+
+// The communicator: rank 0's id to every rank (dist_share_id), then ncclCommInitRank under the watchdog. Call after
+// cudaSetDevice. "" or an error.
+static std::string dist_init(Dist* d) {
+    DistId id;
+    memset(&id, 0, sizeof id);
+    if (d->env.rank == 0) {
+        ncclUniqueId nid;
+        ncclCheck(ncclGetUniqueId(&nid));
+        memcpy(id.b, &nid, sizeof nid);
+    }
+    std::string e = dist_share_id(d->env, d->opts, &id);
+    if (!e.empty()) return e;
+    g_wd.rank = d->env.rank;
+    g_wd.thread = new std::thread(wd_loop);
+    wd_arm("setting up the NCCL communicator (ncclCommInitRank)", d->opts.timeout_s);
+    ncclUniqueId nid;
+    memcpy(&nid, id.b, sizeof nid);
+    ncclCheck(ncclCommInitRank(&d->comm, d->env.world, nid, d->env.rank));
+    wd_disarm();
+    g_wd.comm = d->comm;
+    if (d->env.rank == 0 && !d->opts.id_file.empty()) unlink(d->opts.id_file.c_str());  // every rank has joined
+    return "";
+}
+
+// Before unet_allocate: ZeRO-1's shard of the arena for this rank.
+static void dist_shard_model(Dist* d, UNet* m) {
+    if (!d->zero) return;
+    d->shard = dist_shard_floats(m->n_params, d->env.world);
+    m->n_alloc = d->shard * d->env.world;
+    m->n_state = d->shard;
+    m->state_off = d->shard * d->env.rank;
+}
+
+// The gradient all-reduce of bucket k on the communication stream once g_stream has written its gradients; the
+// last one also averages the loss and makes g_stream wait for every all-reduce (the update reads the gradients).
+static void dist_grad_ready(UNet* m, int op) {
+    Dist* d = g_dist;
+    const int k = op < 0 ? (int)d->buckets.size() - 1 : d->bucket_of_op[op];
+    if (k < 0) return;
+    cudaCheck(cudaEventRecord(d->ready[k], g_stream));
+    cudaCheck(cudaStreamWaitEvent(d->stream, d->ready[k], 0));
+    ncclCheck(ncclGroupStart());
+    for (const auto& r : d->buckets[k].ranges)
+        ncclCheck(ncclAllReduce(m->g + r.first, m->g + r.first, r.second, ncclFloat, ncclAvg, d->comm, d->stream));
+    if (op < 0) ncclCheck(ncclAllReduce(m->loss, m->loss, 1, ncclFloat, ncclAvg, d->comm, d->stream));
+    ncclCheck(ncclGroupEnd());
+    if (op < 0) {
+        cudaCheck(cudaEventRecord(d->reduced, d->stream));
+        cudaCheck(cudaStreamWaitEvent(g_stream, d->reduced, 0));
+    }
+}
+
+// After unet_allocate: the buckets (UNET_BUCKET_MB, default 16; 0: one all-reduce after the backward) and their
+// stream and events, or nothing with ZeRO-1 (one reduce-scatter after the backward). "" or an error.
+static std::string dist_setup_grads(Dist* d, UNet* m) {
+    if (d->zero) return "";
+    double mb = 16;
+    const char* env = getenv("UNET_BUCKET_MB");
+    if (env && *env) {
+        char* end;
+        mb = strtod(env, &end);
+        if (*end || !(mb >= 0 && mb <= 1e6)) return std::string("UNET_BUCKET_MB=") + env + ": expected MiB >= 0";
+    }
+    d->buckets = dist_plan_buckets(m, (size_t)(mb * (1 << 20) / 4));
+    size_t covered = 0;
+    d->bucket_of_op.assign(m->ops.size(), -1);
+    for (size_t k = 0; k < d->buckets.size(); k++) {
+        for (const auto& r : d->buckets[k].ranges) covered += r.second;
+        if (d->buckets[k].after_op >= 0) d->bucket_of_op[d->buckets[k].after_op] = (int)k;
+    }
+    if (covered != m->n_params)
+        return "the gradient buckets cover " + std::to_string(covered) + " of " + std::to_string(m->n_params) +
+               " parameter floats (dist_plan_buckets misses a layer)";
+    int lo = 0, hi = 0;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaCheck(cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, hi));  // NCCL first, then compute
+    d->ready.resize(d->buckets.size());
+    for (cudaEvent_t& e : d->ready) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&d->reduced, cudaEventDisableTiming));
+    g_dist = d;
+    g_grad_ready = dist_grad_ready;
+    return "";
+}
+
+// The update after the backward: with buckets the all-reduces already ran (dist_grad_ready), so the usual update;
+// with ZeRO-1 the reduce-scatter of the gradients (each rank gets the average of its shard) and of the loss, AdamW
+// and EMA on the shard, the all-gather of the weights.
+static void dist_update(Dist* d, UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay,
+                        float ema_rate) {
+    if (!d->zero) {
+        unet_update(m, lr, beta1, beta2, eps, weight_decay, ema_rate);
+        return;
+    }
+    ncclCheck(ncclGroupStart());
+    ncclCheck(ncclReduceScatter(m->g, m->g + m->state_off, d->shard, ncclFloat, ncclAvg, d->comm, g_stream));
+    ncclCheck(ncclAllReduce(m->loss, m->loss, 1, ncclFloat, ncclAvg, d->comm, g_stream));
+    ncclCheck(ncclGroupEnd());
+    unet_adamw(m, lr, beta1, beta2, eps, weight_decay, ema_rate);
+    ncclCheck(ncclAllGather(m->p + m->state_off, m->p, d->shard, ncclFloat, d->comm, g_stream));
+    unet_weights_changed(m);
+}
+
+// ZeRO-1: a full array (n_params floats, our layout) of the sharded state into dst (host, rank 0 only), gathered
+// through the gradient arena, which is free between steps. Every rank must call it (a collective).
+static void dist_gather_state(Dist* d, UNet* m, const float* shard, std::vector<float>* dst) {
+    ncclCheck(ncclAllGather(shard, m->g, d->shard, ncclFloat, d->comm, g_stream));
+    if (d->env.rank == 0) {
+        dst->resize(m->n_params);
+        cudaCheck(cudaMemcpyAsync(dst->data(), m->g, m->n_params * 4, cudaMemcpyDeviceToHost, g_stream));
+    }
+    cudaCheck(cudaStreamSynchronize(g_stream));
+}
+
+// The checkpoint of a run over several GPUs, the same file one GPU writes: rank 0 writes it (after gathering the
+// sharded state with ZeRO-1, in which every rank takes part). "" or an error (rank 0).
+static std::string dist_save_checkpoint(Dist* d, UNet* m, const std::string& path, const TrainState& st) {
+    std::vector<float> ours[4];
+    float* srcs[4] = {m->p, m->ema, m->m, m->v};
+    for (int k = 0; k < 4; k++) {
+        if (d->zero && k > 0) {
+            dist_gather_state(d, m, srcs[k], &ours[k]);
+        } else if (d->env.rank == 0) {
+            ours[k].resize(m->n_params);
+            cudaCheck(cudaMemcpy(ours[k].data(), srcs[k], m->n_params * 4, cudaMemcpyDeviceToHost));
+        }
+    }
+    if (d->env.rank != 0) return "";
+    wd_disarm();  // writing the file is this rank's own work, however slow the disk (the next step re-arms)
+    return unet_write_checkpoint(m, path, st, ours);
+}
+
+// ZeRO-1 resume: the checkpoint's full array under prefix through the gradient arena, this rank's shard into dst
+static void dist_load_state(Dist* d, UNet* m, const BinFile* f, const std::string& prefix, float* dst) {
+    if (!d->zero) {
+        unet_load_tensors(m, f, prefix, dst);
+        return;
+    }
+    unet_load_tensors(m, f, prefix, m->g);
+    cudaCheck(cudaMemcpy(dst, m->g + m->state_off, m->n_state * 4, cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaMemset(m->g, 0, m->n_alloc * 4));
+}
+
+// The end of a run: the communicator finalized (it flushes outstanding work with the peers) and freed under the
+// watchdog, then the watchdog stopped.
+static void dist_free(Dist* d) {
+    if (d->comm) {
+        wd_arm("closing the NCCL communicator", d->opts.timeout_s);
+        ncclCheck(ncclCommFinalize(d->comm));
+        g_wd.comm = nullptr;
+        ncclCheck(ncclCommDestroy(d->comm));
+        wd_disarm();
+        d->comm = nullptr;
+    }
+    g_wd.stop = true;
+    if (g_wd.thread) {
+        g_wd.thread->join();
+        delete g_wd.thread;
+        g_wd.thread = nullptr;
+    }
+    for (cudaEvent_t e : d->ready) cudaCheck(cudaEventDestroy(e));
+    d->ready.clear();
+    if (d->reduced) cudaCheck(cudaEventDestroy(d->reduced));
+    if (d->stream) cudaCheck(cudaStreamDestroy(d->stream));
+    d->reduced = nullptr;
+    d->stream = nullptr;
+    g_grad_ready = nullptr;
+    g_dist = nullptr;
+}
+#else
+// Without NCCL a run has one rank (main refuses more): what unet_train calls for several ranks does nothing.
+struct Dist {
+    DistEnv env;
+    DistOpts opts;
+    double nccl_timeout = 30;
+    int zero = 0;
+    std::vector<GradBucket> buckets;
+};
+[[maybe_unused]] static std::string dist_init(Dist*) { return "this train_unet was built without NCCL"; }
+[[maybe_unused]] static void dist_shard_model(Dist*, UNet*) {}
+[[maybe_unused]] static std::string dist_setup_grads(Dist*, UNet*) { return ""; }
+[[maybe_unused]] static void dist_update(Dist*, UNet*, float, float, float, float, float, float) {}
+[[maybe_unused]] static std::string dist_save_checkpoint(Dist*, UNet*, const std::string&, const TrainState&) {
+    return "";
+}
+[[maybe_unused]] static void dist_load_state(Dist*, UNet*, const BinFile*, const std::string&, float*) {}
+[[maybe_unused]] static void dist_free(Dist*) {}
+[[maybe_unused]] static void wd_arm(const char*, double, int = -1) {}
+[[maybe_unused]] static void wd_disarm() {}
+#endif  // UNET_NCCL
 
 // ---------------------------------------------------------------------------------------------------------------
 // training and sampling
@@ -5471,6 +6246,12 @@ struct TrainArgs {
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
     UNetConfig cfg;
     bool quiet = false;
+    // several GPUs: this process among the ranks (main: dist_env_parse), how they meet, --zero, --nccl_timeout
+    DistEnv dist;
+    DistOpts dist_opts;
+    std::string master_addr, nccl_id_file;
+    int master_port = 0, zero = 0;
+    float dist_timeout = 120.f, nccl_timeout = 30.f;
 };
 
 static bool make_dirs(const std::string& path) {
@@ -5506,6 +6287,18 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         }
     }
     if (!gpu_for(a.device, "train_unet trains on the GPU")) return 1;
+    // several GPUs: one process per GPU, the GPU of its local rank, before anything makes a CUDA context
+    const int world = a.dist.world, rank = a.dist.rank;
+    Dist dist;
+    Dist* dp = world > 1 ? &dist : nullptr;
+    if (dp) {
+        int dev = dist_device(a.dist, cuda_device_count(), &e);
+        if (dev < 0) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 1;
+        }
+        cudaCheck(cudaSetDevice(dev));
+    }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     Precision prec = a.precision;
@@ -5513,6 +6306,17 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     if (!precision_resolve(&prec, a.precision_given, &prec_note)) return 1;
     size_t mem_free0, mem_total;
     cudaCheck(cudaMemGetInfo(&mem_free0, &mem_total));
+    if (dp) {
+        dist.env = a.dist;
+        dist.opts = a.dist_opts;
+        dist.zero = a.zero;
+        dist.nccl_timeout = a.nccl_timeout;
+        e = dist_init(dp);
+        if (!e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 1;
+        }
+    }
     gpu_init(prec);
     m->prec = prec;
     const char* env_prof = getenv("UNET_PROFILE");
@@ -5522,39 +6326,56 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         cudaCheck(cudaEventCreate(&g_pe1));
         memset(g_prof_ms, 0, sizeof g_prof_ms);
     }
+    if (dp) dist_shard_model(dp, m);
     unet_allocate(m);
+    if (dp) {
+        e = dist_setup_grads(dp, m);
+        if (!e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 1;
+        }
+    }
     TrainState st;
-    st.batch_size = a.batch_size;
+    st.batch_size = a.batch_size * world;  // checkpoints keep the global batch: they resume on any number of GPUs
     st.seed = a.seed;
     st.lr = a.lr;
     st.ema_rate = a.ema_rate;
     if (!a.resume.empty()) {
         unet_load_tensors(m, &ck, "", m->p);
-        unet_load_tensors(m, &ck, "ema.", m->ema);
-        unet_load_tensors(m, &ck, "adam_m.", m->m);
-        unet_load_tensors(m, &ck, "adam_v.", m->v);
+        if (dp) {  // ZeRO-1: this rank's shard of each
+            dist_load_state(dp, m, &ck, "ema.", m->ema);
+            dist_load_state(dp, m, &ck, "adam_m.", m->m);
+            dist_load_state(dp, m, &ck, "adam_v.", m->v);
+        } else {
+            unet_load_tensors(m, &ck, "ema.", m->ema);
+            unet_load_tensors(m, &ck, "adam_m.", m->m);
+            unet_load_tensors(m, &ck, "adam_v.", m->v);
+        }
         st.step = ck.hdr[18];  // seed, lr, batch size: the stored ones unless --allow_change (main)
         unet_set_adam_step(m, st.step);
         unet_weights_changed(m);
     } else if (!a.load.empty()) {
         unet_load_tensors(m, &ck, "", m->p);
-        cudaCheck(cudaMemcpy(m->ema, m->p, m->n_params * 4, cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpy(m->ema, m->p + m->state_off, m->n_state * 4, cudaMemcpyDeviceToDevice));
         unet_weights_changed(m);
     } else {
         unet_init_weights(m, (uint64_t)a.seed);
     }
-    if (!make_dirs(a.output_dir)) {
-        fprintf(stderr, "error: cannot create --output_dir %s (%s)\n", a.output_dir.c_str(), strerror(errno));
-        return 1;
-    }
     std::string ckpt_path = a.output_dir + "/model.bin", log_path = a.output_dir + "/log.csv";
-    bool log_exists = access(log_path.c_str(), F_OK) == 0;
-    FILE* logf = fopen(log_path.c_str(), (!a.resume.empty() && log_exists) ? "a" : "w");
-    if (!logf) {
-        fprintf(stderr, "error: cannot open %s for writing (%s)\n", log_path.c_str(), strerror(errno));
-        return 1;
+    FILE* logf = nullptr;  // rank 0 alone writes the log and the checkpoints
+    if (rank == 0) {
+        if (!make_dirs(a.output_dir)) {
+            fprintf(stderr, "error: cannot create --output_dir %s (%s)\n", a.output_dir.c_str(), strerror(errno));
+            return 1;
+        }
+        bool log_exists = access(log_path.c_str(), F_OK) == 0;
+        logf = fopen(log_path.c_str(), (!a.resume.empty() && log_exists) ? "a" : "w");
+        if (!logf) {
+            fprintf(stderr, "error: cannot open %s for writing (%s)\n", log_path.c_str(), strerror(errno));
+            return 1;
+        }
+        if (a.resume.empty() || !log_exists) fprintf(logf, "step,loss,ms,images_per_s\n");
     }
-    if (a.resume.empty() || !log_exists) fprintf(logf, "step,loss,ms,images_per_s\n");
 
     if (!a.quiet) {  // the boxed table of the run's settings: the device, every flag, then what the run found
         auto rule = []() { printf("+-----------------------+----------------------------------------------+\n"); };
@@ -5569,6 +6390,16 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                                                 : "tf32 mma.sync (3-channel passes fp32)");
         row("images", std::to_string(data.n) + " in " + a.data_file);
         row("parameters", std::to_string(m->n_params));
+        if (dp) {  // the ranks, how the gradients travel, and the model state each GPU holds
+            row("ranks", std::to_string(world) + " (" + a.dist.launcher + "), global batch " +
+                             std::to_string(a.batch_size * world));
+            row("gradients", dist.zero ? "ZeRO-1: reduce-scatter, all-gather"
+                                       : "all-reduce, " + std::to_string(dist.buckets.size()) + " buckets");
+            char mem[64];
+            snprintf(mem, sizeof mem, "w+g %.0f MiB, AdamW+EMA %.0f MiB", 2.0 * m->n_alloc * 4 / (1 << 20),
+                     3.0 * m->n_state * 4 / (1 << 20));
+            row("state per GPU", mem);
+        }
         row("start step", std::to_string(st.step));
         row("init", !a.resume.empty() ? "resume " + a.resume
                     : !a.load.empty() ? "load " + a.load
@@ -5585,7 +6416,11 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     cudaCheck(cudaMemcpy(d_images, data.images, img_bytes, cudaMemcpyHostToDevice));
     int nsteps = std::max(0, a.steps - st.step), B = a.batch_size;
     std::vector<int> codes, ts;
-    batch_draws(st.seed, data.n, a.cfg.diffusion_steps, st.step, nsteps, B, &codes, &ts);
+    batch_draws(st.seed, data.n, a.cfg.diffusion_steps, st.step, nsteps, B * world, &codes, &ts);
+    if (dp) {  // this rank's share of each step's global batch
+        codes = dist_share(codes, nsteps, B, world, rank);
+        ts = dist_share(ts, nsteps, B, world, rank);
+    }
     int *d_codes, *d_ts;
     cudaCheck(cudaMalloc(&d_codes, std::max<size_t>(1, codes.size()) * sizeof(int)));
     cudaCheck(cudaMalloc(&d_ts, std::max<size_t>(1, ts.size()) * sizeof(int)));
@@ -5616,20 +6451,23 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     const int first_step = st.step;
     int rc = 0;
     for (int step = st.step; step < a.steps; step++) {
+        if (dp) wd_arm("training step", dp->nccl_timeout, step + 1);
         size_t off = (size_t)(step - (a.steps - nsteps)) * B;
         load_batch_kernel<<<ceil_div(n_noise, EW), EW, 0, g_stream>>>(d_images, d_codes + off, m->x0, B, data.H,
                                                                       data.W);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaMemcpyAsync(m->t, d_ts + off, B * sizeof(int), cudaMemcpyDeviceToDevice, g_stream));
-        // noise of step s: the Philox stream at offset s * n, so a resumed run draws the same numbers
-        curandCheck(curandSetGeneratorOffset(gen, (unsigned long long)step * n_noise));
+        // noise of step s: the Philox stream at offset s * n, so a resumed run draws the same numbers (rank r of
+        // several: its piece of the single GPU's s * n * world .. (s+1) * n * world)
+        curandCheck(curandSetGeneratorOffset(gen, dist_noise_offset(step, n_noise, world, rank)));
         curandCheck(curandGenerateNormal(gen, m->noise, n_noise, 0.f, 1.f));
         auto train_step = [&]() {
             unet_q_sample(m);
             unet_forward(m);
             unet_loss(m);
             unet_backward(m);
-            unet_update(m, a.lr, a.beta1, a.beta2, a.adam_eps, a.weight_decay, a.ema_rate);
+            if (dp) dist_update(dp, m, a.lr, a.beta1, a.beta2, a.adam_eps, a.weight_decay, a.ema_rate);
+            else unet_update(m, a.lr, a.beta1, a.beta2, a.adam_eps, a.weight_decay, a.ema_rate);
         };
         if (use_graph && step > first_step) {  // the first step runs eagerly: lazy module loading, cuBLAS setup
             if (!graph_exec) {
@@ -5673,13 +6511,16 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
             }
             double per = ms / (done - last_logged);
             float mean_loss = (float)(sum / in_window);
+            const int Bg = B * world;  // images per step over every rank
             if (!a.quiet)
                 printf("step %6d/%d | train loss %.6f | %8.2f ms/step | %8.1f images/s\n", done, a.steps, mean_loss,
-                       per, 1000.0 * B / per);
+                       per, 1000.0 * Bg / per);
             train_ms += ms;
             last_loss = mean_loss;
-            fprintf(logf, "%d,%.6f,%.3f,%.1f\n", done, mean_loss, per, 1000.0 * B / per);
-            fflush(logf);
+            if (logf) {
+                fprintf(logf, "%d,%.6f,%.3f,%.1f\n", done, mean_loss, per, 1000.0 * Bg / per);
+                fflush(logf);
+            }
             fflush(stdout);
             in_window = 0;
             last_logged = done;
@@ -5698,18 +6539,21 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                 }
             }
             st.step = done;
-            std::string we = unet_save_checkpoint(m, ckpt_path, st);
+            std::string we = dp ? dist_save_checkpoint(dp, m, ckpt_path, st) : unet_save_checkpoint(m, ckpt_path, st);
             if (!we.empty()) {
                 fprintf(stderr, "error: %s\n", we.c_str());
                 rc = 1;
                 break;
             }
             if (!a.quiet) printf("saved %s (step %d)\n", ckpt_path.c_str(), done);
+            if (dp) wd_arm("training step", dp->nccl_timeout, done);
             cudaCheck(cudaEventRecord(ev0, g_stream));  // the save is not a training step
             last_logged = done - in_window;
         }
     }
+    if (dp) wd_arm("finishing the last step", dp->nccl_timeout);
     cudaCheck(cudaDeviceSynchronize());
+    if (dp) wd_disarm();
     if (!a.quiet && rc == 0) {  // everything is allocated up front: what the device has lost since start is the peak
         size_t mem_free1;
         cudaCheck(cudaMemGetInfo(&mem_free1, &mem_total));
@@ -5719,8 +6563,9 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                train_ms);
     }
     if (graph_exec) cudaCheck(cudaGraphExecDestroy(graph_exec));
+    if (dp) dist_free(dp);
     if (g_profile) profile_report(a.steps - (a.steps - nsteps));
-    fclose(logf);
+    if (logf) fclose(logf);
     curandCheck(curandDestroyGenerator(gen));
     cudaCheck(cudaFreeHost(h_losses));
     cudaCheck(cudaFree(d_images));
@@ -6045,6 +6890,17 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"use_ema", 'i', &a.use_ema, 0, 1, nullptr, "sampling and --eval_loss: 1 the EMA weights, 0 the raw weights"},
         {"eval_loss", 'i', &a.eval_loss, 0, 10000000, nullptr, "evaluation mode: the mean loss of --load over this "
          "many fixed (image, timestep, noise) triples of --data_file (0: train)"},
+        {"zero", 'i', &t.zero, 0, 1, nullptr,
+         "several GPUs: 1 shards the AdamW moments and EMA over the ranks (ZeRO-1)"},
+        {"master_addr", 's', &t.master_addr, 0, 0, nullptr,
+         "several GPUs: rank 0's host, which serves the NCCL id over TCP (\"\": MASTER_ADDR, else 127.0.0.1)"},
+        {"master_port", 'i', &t.master_port, 0, 65535, nullptr, "several GPUs: its port (0: MASTER_PORT, else 29500)"},
+        {"nccl_id_file", 's', &t.nccl_id_file, 0, 0, nullptr,
+         "several GPUs: pass the NCCL id through this file on a shared path instead of TCP (a fresh path per job)"},
+        {"dist_timeout", 'f', &t.dist_timeout, 1, 86400, nullptr,
+         "several GPUs: seconds any rank waits for the others at start-up before it stops with an error"},
+        {"nccl_timeout", 'f', &t.nccl_timeout, 1, 86400, nullptr,
+         "several GPUs: seconds a training step may wait on the other ranks before the watchdog ends the run"},
     };
 }
 
@@ -6164,6 +7020,20 @@ int main(int argc, char** argv) {
     TrainArgs& a = args.t;
     SampleArgs sa;
     auto is_set = [&](const char* name) { return args.given.count(name) > 0; };
+    // several GPUs: the launcher's variables say this process's rank (none: one process)
+    std::string de = dist_env_parse(&a.dist);
+    if (!de.empty()) die("%s", de.c_str());
+    const int world = a.dist.world, rank = a.dist.rank;
+    if (world > 1) {
+#ifndef UNET_NCCL
+        die("%s says %d processes, but this train_unet was built without NCCL and runs on one GPU: build it where "
+            "NCCL is (make nccl-info; make train_unet NCCL_HOME=DIR)", a.dist.launcher.c_str(), world);
+#endif
+        if (args.eval_loss > 0 || !args.sample_file.empty())
+            die("--sample and --eval_loss run on one GPU: start one process, found %d (%s)", world,
+                a.dist.launcher.c_str());
+        a.quiet = rank != 0;  // rank 0 prints; every rank reports its own errors
+    }
     if (args.device == "cpu")
         die("--device cpu: train_unet trains, samples and evaluates on a CUDA GPU only (to sample on the CPU: "
             "python3 scripts/generate.py --checkpoint CKPT --device cpu)");
@@ -6275,8 +7145,9 @@ int main(int argc, char** argv) {
             auto keep = [&](const char* flag, bool differs, const std::string& given, const std::string& stored) {
                 if (!is_set(flag) || !differs) return true;  // the stored value
                 if (std::find(allowed.begin(), allowed.end(), flag) != allowed.end()) {
-                    printf("note: --%s %s replaces the %s stored in %s (--allow_change)\n", flag, given.c_str(),
-                           stored.c_str(), ckpath.c_str());
+                    if (rank == 0)
+                        printf("note: --%s %s replaces the %s stored in %s (--allow_change)\n", flag, given.c_str(),
+                               stored.c_str(), ckpath.c_str());
                     return false;
                 }
                 std::string msg = "--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored +
@@ -6291,9 +7162,15 @@ int main(int argc, char** argv) {
             if (keep("lr", a.lr != lr0, g, st)) a.lr = lr0;
             if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20])))
                 a.seed = ck.hdr[20];
-            if (keep("batch_size", a.batch_size != ck.hdr[19], std::to_string(a.batch_size),
-                     std::to_string(ck.hdr[19])))
-                a.batch_size = ck.hdr[19];
+            // the stored batch is the global one (every rank's --batch_size together): it splits over the ranks
+            if (keep("batch_size", a.batch_size * world != ck.hdr[19], std::to_string(a.batch_size * world) +
+                     (world > 1 ? " (" + std::to_string(a.batch_size) + " x " + std::to_string(world) + " ranks)" : ""),
+                     std::to_string(ck.hdr[19]))) {
+                if (ck.hdr[19] % world != 0)
+                    die("%s stores the global batch_size %d, which does not split over %d ranks: run on a divisor of "
+                        "it, or give --batch_size N --allow_change batch_size", ckpath.c_str(), ck.hdr[19], world);
+                a.batch_size = ck.hdr[19] / world;
+            }
             snprintf(g, sizeof g, "%g", a.ema_rate);
             snprintf(st, sizeof st, "%g", ema0);
             if (keep("ema_rate", a.ema_rate != ema0, g, st)) a.ema_rate = ema0;
@@ -6302,8 +7179,9 @@ int main(int argc, char** argv) {
                                   std::to_string(a.steps) + ": nothing left to train (--steps is the total; raise it)";
                 die("%s", msg.c_str());
             }
-            printf("resuming %s at step %d of %d: lr %g, seed %d, batch_size %d, ema_rate %g\n", ckpath.c_str(),
-                   ck.hdr[18], a.steps, a.lr, a.seed, a.batch_size, a.ema_rate);
+            if (rank == 0)
+                printf("resuming %s at step %d of %d: lr %g, seed %d, batch_size %d, ema_rate %g\n", ckpath.c_str(),
+                       ck.hdr[18], a.steps, a.lr, a.seed, a.batch_size * world, a.ema_rate);
             fflush(stdout);
         }
     }
@@ -6324,6 +7202,18 @@ int main(int argc, char** argv) {
     args.beta_end = cfg.beta_end;
     for (auto& f : flag_specs(args))
         if (strcmp(f.name, "device") != 0) a.settings.push_back({f.name, flag_value_str(f)});
+    // how the ranks meet; the flags' hash lets rank 0 refuse a rank started with another command
+    a.dist_opts.master_addr = a.master_addr;
+    a.dist_opts.master_port = a.master_port;
+    a.dist_opts.id_file = a.nccl_id_file;
+    a.dist_opts.timeout_s = a.dist_timeout;
+    std::string all;
+    for (const auto& kv : a.settings) all += kv.first + "=" + kv.second + "\n";
+    a.dist_opts.config = dist_hash(all);
+    if (world > 1) {
+        std::string me = dist_resolve_master(&a.dist_opts);
+        if (!me.empty()) die("%s", me.c_str());
+    }
     return unet_train(a, nullptr);
 }
 #endif  // TESTING
