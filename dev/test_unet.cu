@@ -448,7 +448,7 @@ static void test_ema_warmup() {
     const int steps = 20;
     const float rate = 0.999f;
     UNet m;
-    m.n_params = n;
+    m.n_params = m.n_alloc = m.n_state = n;  // one GPU: state for every parameter
     std::vector<float> ones(n, 1.0f);
     m.p = dev_alloc(n); m.g = dev_alloc(n); m.m = dev_alloc(n); m.v = dev_alloc(n); m.ema = dev_alloc(n);
     cudaCheck(cudaMemcpy(m.p, ones.data(), n * 4, cudaMemcpyHostToDevice));
