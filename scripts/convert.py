@@ -465,12 +465,15 @@ def read_any(path):
         read_safetensors(path)
     if ext in (".pt", ".pth"):
         read_pt(path)
-    magic = struct.unpack("<i", head[:4])[0] if len(head) >= 4 else None
-    if magic is not None and 20260100 < magic < 20260600:
+    if len(head) < 4:
+        raise Error(f"{path}: file is {len(head)} bytes: not a trainer checkpoint, a train_linreg result, a .pt or a "
+                    f"safetensors file")
+    magic = struct.unpack("<i", head[:4])[0]
+    if 20260100 < magic < 20260600:
         raise Error(f"{path}: header[0] magic is {magic}, a project file that holds no trained model (convert.py "
                     f"takes train_unet and train_mnist checkpoints, magic 20260302 and 20260202)")
-    raise Error(f"{path}: not a trainer checkpoint, a train_linreg result, a .pt or a safetensors file (first bytes "
-                f"{head[:8]!r})")
+    raise Error(f"{path}: header[0] magic is {magic}, expected 20260302 (unet checkpoint) or 20260202 (mnist "
+                f"checkpoint), and it is no train_linreg result, .pt or safetensors file either")
 
 
 def select(path, ck, weights):
@@ -520,9 +523,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser():
-    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-               epilog="Formats: python3 -c 'import sys; sys.path[:0] = [\"scripts\"]; import convert; "
-                      "help(convert)', or scripts/convert.py's header.")
+    p = Parser(description="\n\n".join(__doc__.split("\n\n")[:2]),
+               formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog="What each file holds: the header of scripts/convert.py; README.md, 'Weights to and from "
+                      "PyTorch'.")
     p.add_argument("--input", required=True, metavar="FILE",
                    help="a train_unet or train_mnist checkpoint (.bin), a train_linreg --result_file (.json), or a "
                         ".pt or .safetensors file written by convert.py")
@@ -543,8 +547,8 @@ def main():
     except MemoryError:
         sys.exit(f"error: {args.input}: not enough memory to convert it")
     n_values = sum(t.size for t in ck.tensors.values())
-    print(f"wrote {written}: {ck.kind}, {len(ck.tensors)} tensors ({n_values} values), "
-          f"{len(ck.params)} of them the model's parameters")
+    print(f"wrote {args.output}{binio.written_note(args.output, written)}: {ck.kind}, {len(ck.tensors)} tensors "
+          f"({n_values} values), {len(ck.params)} of them the model's parameters")
 
 
 if __name__ == "__main__":
