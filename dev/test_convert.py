@@ -124,7 +124,8 @@ def mnist_checkpoint(optimizer):
         if not os.path.exists(binary):
             raise AssertionError(f"{binary} not found (run make train_mnist first)")
         r = subprocess.run([binary, "--device", "cpu", "--train_limit", "640", "--epochs", "1", "--batch_size", "64",
-                            "--optimizer", optimizer, "--test_limit", str(MNIST_TEST), "--confusion", "0", "--checkpoint", path], capture_output=True, text=True, cwd=ROOT,
+                            "--optimizer", optimizer, "--test_limit", str(MNIST_TEST), "--confusion", "0",
+                            "--checkpoint", path], capture_output=True, text=True, cwd=ROOT,
                            timeout=600, stdin=subprocess.DEVNULL)
         assert r.returncode == 0, f"train_mnist exited {r.returncode}: {(r.stdout + r.stderr).strip()[-400:]}"
     return path
