@@ -9,7 +9,8 @@ bytes, flips in the gzip header, the deflate data and the CRC-32 / length traile
 a character device, a FIFO, /dev/zero, symlinks, an unreadable file, a missing folder). Each file goes through every
 program that reads it: ./train_unet (--data_file, --load, --resume, --sample), ./train_linreg --data_file,
 ./train_mnist (--data_dir, --load, --resume), ./dev/softmax_forward --fixture, scripts/generate.py, dev/mnist.py
-(its IDX reader in process, --eval_checkpoint), and scripts/binio.py's read in process. Every writer's output path
+(its IDX reader in process, --eval_checkpoint), scripts/convert.py (checkpoints, in process) and scripts/binio.py's
+read in process. Every writer's output path
 gets the same treatment (directory, device node, FIFO, symlink, missing folder, a full disk), and the scripts' text
 inputs their own (non-UTF-8, NUL bytes, /dev/zero, a negative seed).
 
@@ -39,6 +40,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import binio  # noqa: E402
+import convert  # noqa: E402
 from generate import ModelConfig  # noqa: E402
 
 UNET = os.path.join(ROOT, "train_unet")
@@ -398,6 +400,22 @@ def inproc_reader(fmt):
     return read
 
 
+def convert_reader(path, work, expect, words):
+    """scripts/convert.py, in process: the checkpoint to safetensors (the reading is what is judged)."""
+    return judge_inproc(lambda: convert.convert(path, os.path.join(work, "converted.safetensors")), expect, path,
+                        words)
+
+
+def add_convert(mutants):
+    """scripts/convert.py reads every checkpoint binio.read reads: it answers each mutant as binio does, except a
+    tensor the model does not have, which it refuses (it checks the tensor set, as the trainers)."""
+    for m in mutants:
+        for bio in ("binio.read unet checkpoint", "binio.read mnist checkpoint"):
+            if bio in m.expect:
+                verdict = ("reject", ["bogus.weight"]) if "bogus.weight" in m.name else m.expect[bio]
+                m.expect = dict(m.expect, **{"convert.py": verdict})
+
+
 def setup_common(tmp):
     """Valid files the readers need besides the mutated one."""
     global TINY_DS
@@ -422,6 +440,7 @@ READERS = {
     "binio.read unet dataset": inproc_reader(binio.UNET_DATASET),
     "binio.read unet checkpoint": inproc_reader(binio.UNET_CHECKPOINT),
     "binio.read linreg dataset": inproc_reader(binio.LINREG_DATASET),
+    "convert.py": convert_reader,
 }
 
 
@@ -788,6 +807,8 @@ def output_cases(tmp):
             tempfile.mkdtemp(dir=tmp), "grid.png"), "--out_bin", o, "--device", "cpu", "--num_samples", "2",
             "--sampler", "ddim", "--steps", "2"], "step 1/"),
         ("csv_to_linreg.py", lambda o: [PY, os.path.join(SCRIPTS, "csv_to_linreg.py"), csv_path, o], None),
+        ("convert.py --output", lambda o: [PY, os.path.join(SCRIPTS, "convert.py"), "--input", ck, "--output", o],
+         None),
         ("prepare_data.py --output", lambda o: [PY, os.path.join(SCRIPTS, "prepare_data.py"), "--input_dir", img_dir,
                                                 "--output", o, "--image_size", "8"], None),
         ("plot_loss.py --out", lambda o: [PY, os.path.join(SCRIPTS, "plot_loss.py"), "--log", log_csv, "--out", o],
@@ -1454,6 +1475,7 @@ def main(argv):
         setup_mnist(tmp)
         mutants = (unet_dataset_mutants(tmp) + unet_checkpoint_mutants(tmp) + linreg_mutants(tmp)
                    + fixture_mutants() + mnist_checkpoint_mutants(tmp) + mnist_idx_mutants())
+        add_convert(mutants)
         cases = mutant_cases(tmp, mutants)
         cases += special_input_cases(tmp) + output_cases(tmp) + script_input_cases(tmp) + dev_tool_cases()
         cases += mnist_special_cases(tmp)

@@ -1,5 +1,6 @@
 """Keeps the README true to the binaries: every flag that `./train_<model> --help` prints is in the flag table of
-that trainer's README section with the same default, and every flag the table names is one the binary knows.
+that trainer's README section with the same default, and every flag the table names is one the binary knows; the
+same for scripts/convert.py's flags and its section.
 
   python3 dev/test_readme.py        (from the repository root, after `make`; needs no GPU)
 
@@ -67,9 +68,28 @@ def same_default(help_default, readme_default):
         return False
 
 
+def check_convert(text):
+    """scripts/convert.py: every flag of its parser in the flag table of its README section, with the default."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import convert
+    flags = {a.option_strings[0][2:]: "" if a.default is None else str(a.default)
+             for a in convert.build_parser()._actions if a.option_strings and a.option_strings[0] != "-h"}
+    m = re.search(r"^## Weights to and from PyTorch \(`scripts/convert.py`\).*?(?=^## )", text, flags=re.S | re.M)
+    check("convert.py README section", bool(m), "found" if m else "no '## Weights to and from PyTorch' heading")
+    rows = table_rows(m.group(0) if m else "")
+    missing = [f for f in flags if f not in rows]
+    stale = [f for f in rows if f not in flags]
+    wrong = [f"--{f} parser [{d}] README [{rows[f][1]}]" for f, d in flags.items()
+             if f in rows and not same_default(d, rows[f][1])]
+    check("convert.py flags in README", not missing and not stale and not wrong,
+          f"all {len(flags)} flags with their defaults" if not (missing or stale or wrong) else
+          f"missing {missing}, unknown {stale}, defaults {wrong}")
+
+
 def main():
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
+    check_convert(text)
     for trainer in TRAINERS:
         binary = os.path.join(ROOT, trainer)
         if not os.path.exists(binary):

@@ -11,6 +11,7 @@ per-step max |x0_hat| and fraction of x0_hat clipped).
 
   python3 dev/unet_sample_ref.py --checkpoint CKPT --out_dir DIR [--num 16] [--seed 0] [--write_init F]
       [--trace F --trace_sampler ddim --trace_steps 50] [--weights ema|raw]
+CKPT: a UNET_CHECKPOINT .bin, or its .safetensors from scripts/convert.py (--weights all: the EMA is in it).
 """
 import argparse
 import json
@@ -35,7 +36,13 @@ TRACE = binio.Format("unet sample trace / init", binio.magic_number(3, 3), 1, []
 
 
 def load_model(path, weights, device):
-    _, cfg, tensors = binio.read(path, binio.UNET_CHECKPOINT)
+    if path.endswith(".safetensors"):  # scripts/convert.py's copy of a checkpoint: the same tensors and fields
+        import convert
+        meta, tensors = convert.read_safetensors(path)
+        _, cfg = convert.meta_config(path, meta)
+        cfg = {k: float(v) if isinstance(v, np.floating) else v for k, v in cfg.items()}
+    else:
+        _, cfg, tensors = binio.read(path, binio.UNET_CHECKPOINT)
     mult = [cfg[f"mult{i}"] for i in range(cfg["n_levels"])]
     attn = [1 << k for k in range(cfg["n_levels"]) if cfg["attn_ds_mask"] >> k & 1]
     model = unet.UNetModel(cfg["image_size"], cfg["in_channels"], cfg["model_channels"], cfg["out_channels"],

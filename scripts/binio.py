@@ -206,6 +206,12 @@ def write(path, fmt, config, tensors):
     """Writes config (dict name -> value for every field of fmt) and tensors (dict name -> array) to path through
     write_file (a temporary file and a rename: a crash never leaves a torn file). -> the path written (a symlink's
     target). Raises FormatError (a bad config or tensor) or PathError (the path)."""
+    return write_file(path, encode(fmt, config, tensors), fmt.name)
+
+
+def encode(fmt, config, tensors):
+    """The bytes write() writes, as a list of chunks (header, tensor table, each tensor's data). A float field's
+    value may be a np.float32, whose bits are then kept exactly (a NaN's payload too). Raises FormatError."""
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = fmt.magic, fmt.version, len(tensors)
     missing = [n for n, _ in fmt.fields if n not in config]
@@ -239,7 +245,7 @@ def write(path, fmt, config, tensors):
         raw[:len(encoded)] = encoded
         table += raw
         blobs.append(array.astype(dtype, copy=False).tobytes())
-    return write_file(path, [header.tobytes(), bytes(table)] + blobs, fmt.name)
+    return [header.tobytes(), bytes(table)] + blobs
 
 
 def _printable(raw):
