@@ -60,8 +60,9 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 // ================================================================================================================
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
-// The grid barriers' watchdog (wg_grid_wait): a kernel whose barrier never opens writes its name's index here (mapped
-// pinned host memory, still readable after the context has failed) before it traps, and cuda_check names the barrier.
+// The grid barriers' watchdog (grid_barrier_wait): a kernel whose barrier never opens writes its name's index here
+// (mapped pinned host memory, still readable after the context has failed) before it traps, and cuda_check names the
+// barrier.
 // (No printf in those kernels: a function call in a kernel that runs wgmma serializes its wgmma instructions.)
 static volatile int* g_watchdog = nullptr;
 static const char* const WATCHDOG_NAMES[] = {"", "conv2_band_tf32_kernel (fused forward)", "conv2_wgrad_tf32_kernel"};
@@ -848,6 +849,87 @@ __device__ __forceinline__ void mm_epilogue(const float (&acc)[2][NI][4], float*
                 C[(size_t)r * ldc + c] = v;
             }
 }
+// A with contiguous k: this thread always loads column tid % 32 of the K-tile, rows tid / 32 + 4 i. The row part of
+// each row's address (roff), once per kernel; bit i of the result: row i is inside M. The input gradient's view
+// (V_CONV2_DOUT) also keeps each row's (y, x) in ryx, for its bounds check per tap.
+template <int AK, int LA, int NYX>
+__device__ __forceinline__ uint32_t mm_a_row_offsets(int (&roff)[LA], int (&ryx)[NYX], int m0, int M, int lda,
+                                                     int tid) {
+    uint32_t row_ok = 0;
+#pragma unroll
+    for (int i = 0; i < LA; i++) {
+        int r = m0 + tid / MM_BK + i * (MM_THREADS / MM_BK);
+        if (r < M) row_ok |= 1u << i;
+        if constexpr (AK == V_ROW) roff[i] = r * lda;
+        else if constexpr (AK == V_CONV1_IN) {
+            int b = r / (H1 * H1), p = r % (H1 * H1);
+            roff[i] = b * IMG * IMG + (p / H1) * IMG + p % H1;
+        } else if constexpr (AK == V_CONV2_IN) {
+            int b = r / (H2 * H2), p = r % (H2 * H2);
+            roff[i] = ((b * H1 + p / H2) * H1 + p % H2) * C1;
+        } else {  // V_CONV2_DOUT: rows over 26x26, reading the 24x24 gradient at (y - ky, x - kx)
+            int b = r / (H1 * H1), p = r % (H1 * H1), y = p / H1, x = p % H1;
+            roff[i] = ((b * H2 + y) * H2 + x) * C2;
+            ryx[i] = (y << 8) | x;
+        }
+    }
+    return row_ok;
+}
+// The global loads of the K-tile at k0 into registers (ra: this thread's LA elements of A, rb: its LB of B), zero
+// outside M, N and [.., kend); A with contiguous k through mm_a_row_offsets' row offsets plus a column offset
+template <int AK, int BKIND, int BN, int LA, int LB, int NRO, int NYX>
+__device__ __forceinline__ void mm_load_tile(float (&ra)[LA], float (&rb)[LB], const float* __restrict__ A, int lda,
+                                             const float* __restrict__ Bm, int ldb, const int (&roff)[NRO],
+                                             const int (&ryx)[NYX], uint32_t row_ok, int m0, int n0, int M, int N,
+                                             int kend, int k0, int tid) {
+    constexpr bool A_K_CONTIG = AK != V_COL, B_N_CONTIG = BKIND != V_COL;
+    if constexpr (A_K_CONTIG) {
+        int c = k0 + tid % MM_BK;
+        bool cok = c < kend;
+        int coff = 0, cy = 0, cx = 0;
+        if constexpr (AK == V_ROW) coff = c;
+        else if constexpr (AK == V_CONV1_IN) coff = (c / 3) * IMG + c % 3;
+        else if constexpr (AK == V_CONV2_IN) { int kk = c / C1; coff = ((kk / 3) * H1 + kk % 3) * C1 + c % C1; }
+        else { int kk = c / C2; cy = kk / 3; cx = kk % 3; coff = c % C2 - (cy * H2 + cx) * C2; }
+#pragma unroll
+        for (int i = 0; i < LA; i++) {
+            bool ok = cok && ((row_ok >> i) & 1u);
+            if constexpr (AK == V_CONV2_DOUT) {
+                int y = (ryx[i] >> 8) - cy, x = (ryx[i] & 255) - cx;
+                ok = ok && y >= 0 && y < H2 && x >= 0 && x < H2;
+            }
+            ra[i] = ok ? __ldg(A + roff[i] + coff) : 0.0f;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < LA; i++) {
+            int idx = tid + i * MM_THREADS, mm = idx % MM_BM, kk = idx / MM_BM;
+            int r = m0 + mm, c = k0 + kk;
+            ra[i] = (r < M && c < kend) ? view_get<AK>(A, lda, r, c) : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < LB; i++) {
+        int idx = tid + i * MM_THREADS, kk, nn;
+        if (B_N_CONTIG) { nn = idx % BN; kk = idx / BN; } else { kk = idx % MM_BK; nn = idx / MM_BK; }
+        int r = k0 + kk, c = n0 + nn;
+        rb[i] = (r < kend && c < N) ? view_get<BKIND>(Bm, ldb, r, c) : 0.0f;
+    }
+}
+// The K-tile in registers (mm_load_tile) into shared memory, each operand in the orientation it was read in
+template <bool A_K_CONTIG, bool B_N_CONTIG, int BN, int LA, int LB, class SA, class SB>
+__device__ __forceinline__ void mm_store_tile(SA sA, SB sB, const float (&ra)[LA], const float (&rb)[LB], int tid) {
+#pragma unroll
+    for (int i = 0; i < LA; i++) {
+        int idx = tid + i * MM_THREADS;
+        if (A_K_CONTIG) sA(idx / MM_BK, idx % MM_BK) = ra[i]; else sA(idx % MM_BM, idx / MM_BM) = ra[i];
+    }
+#pragma unroll
+    for (int i = 0; i < LB; i++) {
+        int idx = tid + i * MM_THREADS;
+        if (B_N_CONTIG) sB(idx / BN, idx % BN) = rb[i]; else sB(idx % MM_BK, idx / MM_BK) = rb[i];
+    }
+}
 template <int AK, int BKIND, bool TF32, int BN>
 __global__ void __launch_bounds__(MM_THREADS, 3)
 matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__ A, int lda,
@@ -879,74 +961,15 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
     float ra[LA], rb[LB];
     float rs = 0.0f;
 
-    // A with contiguous k: this thread always loads column tid % 32 of the K-tile, rows tid / 32 + 4 i.
     int roff[A_K_CONTIG ? LA : 1], ryx[AK == V_CONV2_DOUT ? LA : 1];
     uint32_t row_ok = 0;
-    if constexpr (A_K_CONTIG) {
-#pragma unroll
-        for (int i = 0; i < LA; i++) {
-            int r = m0 + tid / MM_BK + i * (MM_THREADS / MM_BK);
-            if (r < M) row_ok |= 1u << i;
-            if constexpr (AK == V_ROW) roff[i] = r * lda;
-            else if constexpr (AK == V_CONV1_IN) {
-                int b = r / (H1 * H1), p = r % (H1 * H1);
-                roff[i] = b * IMG * IMG + (p / H1) * IMG + p % H1;
-            } else if constexpr (AK == V_CONV2_IN) {
-                int b = r / (H2 * H2), p = r % (H2 * H2);
-                roff[i] = ((b * H1 + p / H2) * H1 + p % H2) * C1;
-            } else {  // V_CONV2_DOUT: rows over 26x26, reading the 24x24 gradient at (y - ky, x - kx)
-                int b = r / (H1 * H1), p = r % (H1 * H1), y = p / H1, x = p % H1;
-                roff[i] = ((b * H2 + y) * H2 + x) * C2;
-                ryx[i] = (y << 8) | x;
-            }
-        }
-    }
+    if constexpr (A_K_CONTIG) row_ok = mm_a_row_offsets<AK>(roff, ryx, m0, M, lda, tid);
     auto load = [&](int k0) {
-        if constexpr (A_K_CONTIG) {
-            int c = k0 + tid % MM_BK;
-            bool cok = c < kend;
-            int coff = 0, cy = 0, cx = 0;
-            if constexpr (AK == V_ROW) coff = c;
-            else if constexpr (AK == V_CONV1_IN) coff = (c / 3) * IMG + c % 3;
-            else if constexpr (AK == V_CONV2_IN) { int kk = c / C1; coff = ((kk / 3) * H1 + kk % 3) * C1 + c % C1; }
-            else { int kk = c / C2; cy = kk / 3; cx = kk % 3; coff = c % C2 - (cy * H2 + cx) * C2; }
-#pragma unroll
-            for (int i = 0; i < LA; i++) {
-                bool ok = cok && ((row_ok >> i) & 1u);
-                if constexpr (AK == V_CONV2_DOUT) {
-                    int y = (ryx[i] >> 8) - cy, x = (ryx[i] & 255) - cx;
-                    ok = ok && y >= 0 && y < H2 && x >= 0 && x < H2;
-                }
-                ra[i] = ok ? __ldg(A + roff[i] + coff) : 0.0f;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < LA; i++) {
-                int idx = tid + i * MM_THREADS, mm = idx % MM_BM, kk = idx / MM_BM;
-                int r = m0 + mm, c = k0 + kk;
-                ra[i] = (r < M && c < kend) ? view_get<AK>(A, lda, r, c) : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < LB; i++) {
-            int idx = tid + i * MM_THREADS, kk, nn;
-            if (B_N_CONTIG) { nn = idx % BN; kk = idx / BN; } else { kk = idx % MM_BK; nn = idx / MM_BK; }
-            int r = k0 + kk, c = n0 + nn;
-            rb[i] = (r < kend && c < N) ? view_get<BKIND>(Bm, ldb, r, c) : 0.0f;
-        }
+        mm_load_tile<AK, BKIND, BN>(ra, rb, A, lda, Bm, ldb, roff, ryx, row_ok, m0, n0, M, N, kend, k0, tid);
     };
     if (kbeg < kend) load(kbeg);
     for (int k0 = kbeg; k0 < kend; k0 += MM_BK) {
-#pragma unroll
-        for (int i = 0; i < LA; i++) {
-            int idx = tid + i * MM_THREADS;
-            if (A_K_CONTIG) sA(idx / MM_BK, idx % MM_BK) = ra[i]; else sA(idx % MM_BM, idx / MM_BM) = ra[i];
-        }
-#pragma unroll
-        for (int i = 0; i < LB; i++) {
-            int idx = tid + i * MM_THREADS;
-            if (B_N_CONTIG) sB(idx / BN, idx % BN) = rb[i]; else sB(idx % MM_BK, idx / MM_BK) = rb[i];
-        }
+        mm_store_tile<A_K_CONTIG, B_N_CONTIG, BN>(sA, sB, ra, rb, tid);
         __syncthreads();
         if (k0 + MM_BK < kend) load(k0 + MM_BK);  // the next tile's global loads overlap this tile's math
         if (do_rowsum && tid < MM_BM)
@@ -954,7 +977,7 @@ matmul_tiled_kernel(float* C, int ldc, float* partial, const float* __restrict__
             for (int kk = 0; kk < MM_BK; kk++) rs += sA(tid, kk);
         if constexpr (TF32) {
             mm_ktile_tf32(acc, sA, sB, wm, wn, g, t);
-        } else {
+        } else {  // strict fp32: FMAs, the same thread-to-output map (kept inline: as a function its SASS differed)
 #pragma unroll 4
             for (int kk = 0; kk < MM_BK; kk++) {
                 float a[2][2], b[NI][2];
@@ -1025,9 +1048,26 @@ __global__ void epilogue_kernel(float* C, int ldc, int M, int N, const float* bi
 }
 
 enum Backend { BACKEND_OURS = 0, BACKEND_CUBLAS = 1, BACKEND_CPU = 2 };
+// Which kernels run: the command line's choices and what the GPU supports, decided once per process by
+// run_config_decide (part 6) and printed in the start-up table (run_config_rows). The tests change backend, tf32 and
+// fused_forward between their checks.
+struct RunConfig {
+    int backend = BACKEND_OURS;  // every matrix product on our kernels, on cuBLAS, or on the CPU (Backend)
+    int tf32 = 1;                // TF32 tensor cores in our kernels and cuBLAS, else strict fp32
+    int cpu_threads = 1;         // the CPU path's threads
+    // from the GPU (gpu_known), for the fast path (a GPU, our kernels, TF32)
+    bool gpu_known = false;
+    bool pdl = false;                 // programmatic dependent launch between the step's kernels (sm_90+)
+    bool fc1_cluster = false;         // fc1's forward on its own kernel in thread-block clusters (sm_90+)
+    bool bulk_copy = false;           // conv2.weight's forward image by one bulk copy (ConvInput::wimg, sm_90+)
+    bool wgmma = false;               // the binary's code for this GPU runs conv2's products on wgmma (sm_90a)
+    bool fused_forward_fits = false;  // the fused forward's FC1F_SPLITS blocks are resident at once (one per SM)
+    bool fused_forward = true;        // the fused forward where it applies (mnist_fused_forward); the tests turn it off
+    int wgrad_cluster = 1;            // conv2's weight gradient adds its partial sums in clusters of 1, 2 or 4 blocks
+};
+static RunConfig g_run;
+
 struct MatmulContext {
-    int backend = BACKEND_OURS;
-    int tf32 = 1;
     cudaStream_t stream = 0;
     cublasHandle_t cublas = nullptr;
     float* ws_partial = nullptr; size_t ws_partial_size = 0;  // split-K partial sums (floats)
@@ -1038,21 +1078,19 @@ struct MatmulContext {
     std::vector<float> host_a, host_b, host_c;                // CPU path scratch
 };
 static MatmulContext g_mm;
-static int g_cpu_threads = 1;
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static void launch_check() { cudaCheck(cudaGetLastError()); }
 
-// Launches a kernel on g_mm.stream with programmatic dependent launch when g_pdl is set (sm_90+, the kernel must call
-// grid_dep_sync() first thing) and, when cluster > 1, in thread-block clusters of `cluster` blocks along x.
-static bool g_pdl = false;
+// Launches a kernel on g_mm.stream with programmatic dependent launch when g_run.pdl is set (sm_90+, the kernel must
+// call grid_dep_sync() first thing) and, when cluster > 1, in thread-block clusters of `cluster` blocks along x.
 template <typename... KArgs, typename... Args>
 static void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int cluster, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = g_mm.stream;
     cudaLaunchAttribute attrs[2];
     int n = 0;
-    if (g_pdl) {
+    if (g_run.pdl) {
         attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attrs[n].val.programmaticStreamSerializationAllowed = 1;
         n++;
@@ -1077,7 +1115,7 @@ static void launch_ours_t(float* C, int ldc, float* partial, MatView A, MatView 
     matmul_tiled_kernel<AK, BKIND, TF, BNV> \
         <<<grid, MM_THREADS, 0, g_mm.stream>>>(C, ldc, partial, A.p, A.ld, B.p, B.ld, M, N, K, kps, ep.bias, ep.relu, \
                                                ep.mask, rowsum, ep.pool_act2, ep.pool_dact2)
-    if (g_mm.tf32) { if (bn == 32) MM_LAUNCH(true, 32); else MM_LAUNCH(true, 64); }
+    if (g_run.tf32) { if (bn == 32) MM_LAUNCH(true, 32); else MM_LAUNCH(true, 64); }
     else { if (bn == 32) MM_LAUNCH(false, 32); else MM_LAUNCH(false, 64); }
 #undef MM_LAUNCH
     launch_check();
@@ -1138,7 +1176,7 @@ static void cpu_matmul(float* C, int ldc, MatView A, MatView B, int M, int N, in
             }
         }
     };
-    int nt = std::max(1, std::min(g_cpu_threads, M / 8));
+    int nt = std::max(1, std::min(g_run.cpu_threads, M / 8));
     if (nt == 1) { work(0, M); return; }
     std::vector<std::thread> th;
     for (int i = 0; i < nt; i++) th.emplace_back(work, (int)((long)M * i / nt), (int)((long)M * (i + 1) / nt));
@@ -1146,10 +1184,10 @@ static void cpu_matmul(float* C, int ldc, MatView A, MatView B, int M, int N, in
 }
 
 // The one entry point for every matrix product of the network: C[M][N] (row stride ldc) = A (M x K) * B (K x N),
-// operands read through views, then the epilogue. Runs our kernel, cuBLAS or the CPU according to g_mm.
+// operands read through views, then the epilogue. Runs our kernel, cuBLAS or the CPU according to g_run.
 static void matmul_forward(float* C, int ldc, MatView A, MatView B, int M, int N, int K, const Epilogue& ep) {
-    if (g_mm.backend == BACKEND_CPU) { cpu_matmul(C, ldc, A, B, M, N, K, ep); return; }
-    if (g_mm.backend == BACKEND_OURS) {
+    if (g_run.backend == BACKEND_CPU) { cpu_matmul(C, ldc, A, B, M, N, K, ep); return; }
+    if (g_run.backend == BACKEND_OURS) {
         if ((size_t)M * K >= (1u << 31) || (size_t)K * N >= (1u << 31)) {  // the kernel's offsets are int32
             fprintf(stderr, "error: matmul: operands of %d x %d x %d exceed int32 offsets\n", M, N, K);
             exit(EXIT_FAILURE);
@@ -1526,21 +1564,18 @@ struct Fc1BackwardArgs {
     int advance_pos = -1;  // >= 0: counters[1] += advance_pos (the next step's conv2 forward reads it before its wait)
 };
 
-// Launch configuration, set once per process by conv2_tf32_setup (persistent grids: as many blocks as fit at once).
+// Launch configuration, set once per process by run_config_decide (persistent grids: as many blocks as fit at once),
+// and the workspaces, allocated by conv2_tf32_setup.
 struct Conv2Tf32 {
     bool ready = false;
-    int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0, wgrad_cluster = 1;
-    bool fused_fwd = false;  // the fused forward's FC1F_SPLITS blocks fit on the GPU at once (one per SM)
-    // the grid barrier of the weight gradient and the fused forward (see wg_grid_arrive)
+    int fwd_ctas = 0, dgrad_ctas = 0, wgrad_ctas = 0;
+    // the grid barrier of the weight gradient and the fused forward (see grid_barrier_arrive)
     unsigned long long* wgrad_bar = nullptr;
     float *ws = nullptr, *ws_w1 = nullptr, *wimg_dgrad = nullptr;
     // conv2.weight's forward image, written by the training step's update (SplitsJob::w2img)
     float* wimg_fwd = nullptr;
 };
 static Conv2Tf32 g_conv2;
-// whether the device takes thread-block clusters and bulk copies (sm_90+), set by fast_path_setup (part 6)
-static bool g_fc1_cluster = false;
-static bool g_bulk_copy = false;  // sm_90: conv2.weight's forward image by one bulk copy (ConvInput::wimg)
 
 // the fast path's kernels and launchers that the model calls (defined in part 6)
 __global__ void __launch_bounds__(256) fc1_forward_kernel(float* hpart, const float* __restrict__ pooled,
@@ -1637,9 +1672,9 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
         fast_path_setup();
         if (!g_mm.cublas) cublasCheck(cublasCreate(&g_mm.cublas));
         // TF32 only where --tf32 1 says so; CUBLAS_DEFAULT_MATH is strict fp32 (PyTorch's allow_tf32=False)
-        cublasCheck(cublasSetMathMode(g_mm.cublas, g_mm.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+        cublasCheck(cublasSetMathMode(g_mm.cublas, g_run.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
         cublasCheck(cublasSetStream(g_mm.cublas, g_mm.stream));
-        if (g_mm.backend == BACKEND_CUBLAS) {
+        if (g_run.backend == BACKEND_CUBLAS) {
             cudaCheck(cudaFree(g_mm.ws_a)); cudaCheck(cudaFree(g_mm.ws_b)); cudaCheck(cudaFree(g_mm.ones));
             // the largest im2col operands: conv2 input (F*576 x 288), the input gradient's (B*676 x 576)
             g_mm.ws_a_size = std::max({F * H2 * H2 * KC2, (size_t)B * H1 * H1 * 9 * C2, F * H1 * H1 * K1});
@@ -1665,8 +1700,8 @@ static void mnist_free(Mnist* m) {
     for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
     matrix_opt_free(m);
 }
-static float* P(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
-static float* G(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
+static float* param_of(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
+static float* grad_of(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
 
 // PyTorch's default init for conv and linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, drawn from
 // splitmix64 (our own stream; the tests load PyTorch's weights instead of reproducing its generator).
@@ -1699,7 +1734,7 @@ static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, siz
 }
 
 // conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
-static bool conv2_fast(const Mnist* m) { return !m->cpu && g_mm.backend == BACKEND_OURS && g_mm.tf32; }
+static bool conv2_fast(const Mnist* m) { return !m->cpu && g_run.backend == BACKEND_OURS && g_run.tf32; }
 
 // forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
 // h, the rest comes from mnist_loss's head. gather (fast path only): conv2's forward kernel loads the batch from the
@@ -1710,18 +1745,19 @@ static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
         ConvInput in;
         if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
         else in.x = m->x;
-        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1),
-                           P(m, P_W2), P(m, P_B2), B);
-        if (g_fc1_cluster) {
+        conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, param_of(m, P_W1),
+                           param_of(m, P_B1), param_of(m, P_W2), param_of(m, P_B2), B);
+        if (g_run.fc1_cluster) {
             launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, m->hpart,
-                       m->pooled, P(m, P_WF1), B);
+                       m->pooled, param_of(m, P_WF1), B);
             return;  // the head adds the partial sums, bias and ReLU, and does fc2
         }
     } else {
-        Epilogue e1; e1.bias = P(m, P_B1); e1.relu = 1;
-        matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, P(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
-        Epilogue e2; e2.bias = P(m, P_B2); e2.relu = 1;
-        matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, P(m, P_W2), KC2}, B * H2 * H2, C2, KC2, e2);
+        Epilogue e1; e1.bias = param_of(m, P_B1); e1.relu = 1;
+        matmul_forward(m->act1, C1, {V_CONV1_IN, m->x, 0}, {V_COL, param_of(m, P_W1), K1}, B * H1 * H1, C1, K1, e1);
+        Epilogue e2; e2.bias = param_of(m, P_B2); e2.relu = 1;
+        matmul_forward(m->act2, C2, {V_CONV2_IN, m->act1, 0}, {V_COL, param_of(m, P_W2), KC2}, B * H2 * H2, C2, KC2,
+                       e2);
     }
     if (m->cpu) {
         for (int b = 0; b < B; b++)
@@ -1736,11 +1772,11 @@ static void mnist_forward(Mnist* m, int B, const ConvInput* gather = nullptr) {
         maxpool_forward_kernel<<<ceil_div(B * FC_IN, 256), 256, 0, g_mm.stream>>>(m->pooled, m->act2, B);
         launch_check();
     }
-    Epilogue e3; e3.bias = P(m, P_BF1); e3.relu = 1;
-    matmul_forward(m->h, FC_H, {V_ROW, m->pooled, FC_IN}, {V_COL, P(m, P_WF1), FC_IN}, B, FC_H, FC_IN, e3);
+    Epilogue e3; e3.bias = param_of(m, P_BF1); e3.relu = 1;
+    matmul_forward(m->h, FC_H, {V_ROW, m->pooled, FC_IN}, {V_COL, param_of(m, P_WF1), FC_IN}, B, FC_H, FC_IN, e3);
     if (conv2_fast(m)) return;  // fc2 is part of the fused head in mnist_loss
-    Epilogue e4; e4.bias = P(m, P_BF2);
-    matmul_forward(m->logits, NCLS, {V_ROW, m->h, FC_H}, {V_COL, P(m, P_WF2), FC_H}, B, NCLS, FC_H, e4);
+    Epilogue e4; e4.bias = param_of(m, P_BF2);
+    matmul_forward(m->logits, NCLS, {V_ROW, m->h, FC_H}, {V_COL, param_of(m, P_WF2), FC_H}, B, NCLS, FC_H, e4);
 }
 
 // fused log-softmax + NLL: losses[offset + b], preds[offset + b] (either may be null), dlogits (null: no gradient)
@@ -1763,9 +1799,9 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
         return;
     }
     if (conv2_fast(m)) {
-        auto head = g_fc1_cluster ? head_kernel<FC1F_PARTS> : head_kernel<0>;
+        auto head = g_run.fc1_cluster ? head_kernel<FC1F_PARTS> : head_kernel<0>;
         launch_pdl(head, ceil_div(B, 8), 256, 0, 1, m->logits, grad ? m->dlogits : nullptr, m->dh, losses, preds, m->h,
-                   m->hpart, P(m, P_BF1), P(m, P_WF2), P(m, P_BF2), m->y, counters, offset, B);
+                   m->hpart, param_of(m, P_BF1), param_of(m, P_WF2), param_of(m, P_BF2), m->y, counters, offset, B);
         return;
     }
     softmax_xent_kernel<<<ceil_div(B, 8), 256, 0, g_mm.stream>>>(grad ? m->dlogits : nullptr, losses, preds, m->logits,
@@ -1775,11 +1811,11 @@ static void mnist_loss(Mnist* m, int B, float* losses, int* preds, const int* co
 
 // forward + loss: mnist_forward then mnist_loss, or on the fast path (sm_90, a batch of at most FUSED_MAX_B within the
 // training batch the model was built for, the GPU holding the fused grid at once) the fused forward, one launch:
-// conv1, conv2, the pooling, fc1 and the head (FwdHead), bit-identical to the three launches. g_fused_forward = false
-// (the tests) keeps the three launches.
-static bool g_fused_forward = true;
+// conv1, conv2, the pooling, fc1 and the head (FwdHead), bit-identical to the three launches. g_run.fused_forward =
+// false (the tests) keeps the three launches.
 static bool mnist_fused_forward(const Mnist* m, int B) {
-    return conv2_fast(m) && g_fc1_cluster && g_fused_forward && g_conv2.fused_fwd && B <= std::min(m->B, FUSED_MAX_B);
+    return conv2_fast(m) && g_run.fc1_cluster && g_run.fused_forward && g_run.fused_forward_fits &&
+           B <= std::min(m->B, FUSED_MAX_B);
 }
 static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* losses, int* preds, const int* counters,
                                int offset, bool grad) {
@@ -1792,11 +1828,11 @@ static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* 
     if (gather) { in = *gather; in.x_out = m->x; in.y_out = m->y; }
     else in.x = m->x;
     FwdHead fh;
-    fh.wf1 = P(m, P_WF1); fh.bf1 = P(m, P_BF1); fh.wf2 = P(m, P_WF2); fh.bf2 = P(m, P_BF2);
+    fh.wf1 = param_of(m, P_WF1); fh.bf1 = param_of(m, P_BF1); fh.wf2 = param_of(m, P_WF2); fh.bf2 = param_of(m, P_BF2);
     fh.part = m->fpart; fh.h = m->h; fh.logits = m->logits; fh.dlogits = grad ? m->dlogits : nullptr; fh.dh = m->dh;
     fh.losses = losses; fh.preds = preds; fh.y = m->y; fh.counters = counters; fh.offset = offset;
-    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, P(m, P_W1), P(m, P_B1), P(m, P_W2),
-                       P(m, P_B2), B, fh);
+    conv2_forward_tf32(nullptr, m->pooled, m->pool_codes, m->act1, m->act1_sign, in, param_of(m, P_W1),
+                       param_of(m, P_B1), param_of(m, P_W2), param_of(m, P_B2), B, fh);
 }
 
 // backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
@@ -1809,8 +1845,8 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
     if (conv2_fast(m)) {  // dh came out of the fused head
         const bool fuse = update_advance_B >= 0;
         Fc1BackwardArgs a;
-        a.dpooled = m->dpooled; a.wf1 = P(m, P_WF1); a.gwf1 = G(m, P_WF1);
-        a.gbf1 = G(m, P_BF1); a.gwf2 = G(m, P_WF2); a.gbf2 = G(m, P_BF2);
+        a.dpooled = m->dpooled; a.wf1 = param_of(m, P_WF1); a.gwf1 = grad_of(m, P_WF1);
+        a.gbf1 = grad_of(m, P_BF1); a.gwf2 = grad_of(m, P_WF2); a.gbf2 = grad_of(m, P_BF2);
         a.dh = m->dh; a.pooled = m->pooled; a.dlogits = m->dlogits; a.h = m->h; a.counters = m->counters;
         a.B = B; a.advance_pos = fuse ? update_advance_B : -1;
         fc1_backward(a);
@@ -1821,39 +1857,42 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
         // ~130): optimizer_kernel does it, launched here, before the weight-gradient kernel advances the step counter.
         Fc1Step f;
         if (fuse && m->opt.optimizer == OPT_SGD) {
-            f.p = P(m, P_WF1); f.g = G(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset;
+            f.p = param_of(m, P_WF1); f.g = grad_of(m, P_WF1); f.m1 = m->m1 + PARAMS[P_WF1].offset;
             f.counters = m->counters; f.c = m->opt;
         } else if (fuse) {
             const size_t n = PARAMS[P_WF1].numel, off = PARAMS[P_WF1].offset;
-            launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, P(m, P_WF1),
-                       (const float*)G(m, P_WF1), m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
+            launch_pdl(optimizer_kernel, (unsigned)((n / 4 + 1 + 255) / 256), 256, 0, 1, param_of(m, P_WF1),
+                       (const float*)grad_of(m, P_WF1), m->m1 + off, m->m2 + off, n, m->opt, m->counters, -1);
         }
-        SplitsJob jd = conv2_dgrad_tf32(nullptr, G(m, P_W1), G(m, P_B1), m->dpooled, m->pool_codes, m->act1_sign, m->x,
-                                        B, f);  // + conv1's dW, db
-        if (!fuse) { conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd); return; }
+        SplitsJob jd = conv2_dgrad_tf32(nullptr, grad_of(m, P_W1), grad_of(m, P_B1), m->dpooled, m->pool_codes,
+                                        m->act1_sign, m->x, B, f);  // + conv1's dW, db
+        if (!fuse) {
+            conv2_wgrad_tf32(grad_of(m, P_W2), grad_of(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd);
+            return;
+        }
         // conv2's and conv1's gradients (contiguous in the flat buffers: weight then bias) straight into their
         // optimizer step, and the small gradients fc1_backward_kernel stored (fc1.bias, fc2.weight, fc2.bias: the end
         // of the flat buffer) through the same reduction as a 1-way "split"
         jd.update_off = (int)PARAMS[P_W1].offset;
         SplitsJob jr;
-        jr.src = G(m, P_BF1); jr.stride = 0; jr.splits = 1; jr.n = (int)(m->n_params - PARAMS[P_BF1].offset);
+        jr.src = grad_of(m, P_BF1); jr.stride = 0; jr.splits = 1; jr.n = (int)(m->n_params - PARAMS[P_BF1].offset);
         jr.update_off = (int)PARAMS[P_BF1].offset;
         OptTarget t;
         // the step counter advances after the barrier of the weight-gradient kernel (every block has read it), the
         // batch position in fc1_backward_kernel (a.advance_pos), three launches before the next step's forward reads it
         t.params = m->params; t.m1 = m->m1; t.m2 = m->m2; t.counters = m->counters; t.advance_B = 0; t.c = m->opt;
-        conv2_wgrad_tf32(G(m, P_W2), G(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t,
+        conv2_wgrad_tf32(grad_of(m, P_W2), grad_of(m, P_B2), m->dpooled, m->pool_codes, m->act1, B, jd, jr, t,
                          (int)PARAMS[P_W2].offset, pf);
         return;
     }
-    e = Epilogue(); e.rowsum = G(m, P_BF2);
-    matmul_forward(G(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
+    e = Epilogue(); e.rowsum = grad_of(m, P_BF2);
+    matmul_forward(grad_of(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
     e = Epilogue(); e.mask = m->h;
-    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, P(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
-    e = Epilogue(); e.rowsum = G(m, P_BF1);
-    matmul_forward(G(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
+    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, param_of(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
+    e = Epilogue(); e.rowsum = grad_of(m, P_BF1);
+    matmul_forward(grad_of(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
     e = Epilogue();
-    matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, P(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
+    matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, param_of(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
     if (m->cpu) {
         for (int b = 0; b < B; b++)
             for (int y = 0; y < H2; y++)
@@ -1866,12 +1905,13 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
                                                                                           B);
         launch_check();
     }
-    e = Epilogue(); e.rowsum = G(m, P_B2);
-    matmul_forward(G(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
+    e = Epilogue(); e.rowsum = grad_of(m, P_B2);
+    matmul_forward(grad_of(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
     e = Epilogue(); e.mask = m->act1;
-    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, P(m, P_W2), 0}, B * H1 * H1, C1, 9 * C2, e);
-    e = Epilogue(); e.rowsum = G(m, P_B1);
-    matmul_forward(G(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
+    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, param_of(m, P_W2), 0}, B * H1 * H1, C1,
+                   9 * C2, e);
+    e = Epilogue(); e.rowsum = grad_of(m, P_B1);
+    matmul_forward(grad_of(m, P_W1), K1, {V_COL, m->dact1, C1}, {V_CONV1_IN, m->x, 0}, C1, K1, B * H1 * H1, e);
 }
 
 // The optimizer step of every parameter; advance_B >= 0: then also mnist_advance(m, advance_B), in the same launch on
@@ -2321,9 +2361,9 @@ static bool inverse_root4_gpu(Mnist* m, float* out, const float* a, int n) {
 // Every block's roots; a failed root keeps the block's previous one (or its graft step), said once.
 static void shampoo_roots(Mnist* m) {
     MatrixOpt* mo = m->mo;
-    const int tf32 = g_mm.tf32;
-    g_mm.tf32 = 0;  // our kernel's strict fp32; cuBLAS's math mode below
-    if (!m->cpu && g_mm.backend == BACKEND_CUBLAS) cublasCheck(cublasSetMathMode(g_mm.cublas, CUBLAS_DEFAULT_MATH));
+    const int tf32 = g_run.tf32;
+    g_run.tf32 = 0;  // our kernel's strict fp32; cuBLAS's math mode below
+    if (!m->cpu && g_run.backend == BACKEND_CUBLAS) cublasCheck(cublasSetMathMode(g_mm.cublas, CUBLAS_DEFAULT_MATH));
     for (PrecondBlock& b : mo->blocks) {
         bool ok = true;
         for (int side = 0; side < 2; side++) {
@@ -2345,8 +2385,8 @@ static void shampoo_roots(Mnist* m) {
                     "keeps its previous preconditioner (or its graft step); raise --precond_damping\n",
                     PARAMS[MATRIX_PARAMS[b.mat]].name, b.r0, b.c0, mo->step);
     }
-    g_mm.tf32 = tf32;
-    if (!m->cpu && g_mm.backend == BACKEND_CUBLAS)
+    g_run.tf32 = tf32;
+    if (!m->cpu && g_run.backend == BACKEND_CUBLAS)
         cublasCheck(cublasSetMathMode(g_mm.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 static bool shampoo_root_due(const OptConfig& c, int step) {
@@ -2444,7 +2484,7 @@ static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, flo
     if (fast) {
         ConvInput in;
         in.images = d.images; in.labels = d.labels; in.perm = perm; in.counters = m->counters;
-        if (staged) { in.staged = m->xb; in.staged_y = m->yb; in.wimg = g_bulk_copy ? g_conv2.wimg_fwd : nullptr; }
+        if (staged) { in.staged = m->xb; in.staged_y = m->yb; in.wimg = g_run.bulk_copy ? g_conv2.wimg_fwd : nullptr; }
         mnist_forward_loss(m, B, &in, losses, nullptr, m->counters, 0, true);
     } else {
         mnist_gather(m, d, perm, m->counters, 0, B);
@@ -2646,12 +2686,8 @@ static CheckpointMeta checkpoint_meta(const BinFile* bf) {
     o.total_steps = 1;  // set by the run from epochs and its steps per epoch
     return meta;
 }
-// Checks everything a checkpoint claims before a byte of it is used: every header field in the range of its flag
-// (the ranges train_mnist can write), step = epoch x steps per epoch, exactly the tensors of the model and of the
-// optimizer state the header announces with their shapes, every value finite and AdamW's second moments >= 0.
-// "" or a message naming the file and the field or tensor.
-static std::string checkpoint_validate(const BinFile* bf) {
-    params_setup();  // the tensors' sizes (before any model is built)
+// The header: unused fields zero, every setting within its flag's range, the step that of the epoch
+static std::string checkpoint_header_error(const BinFile* bf) {
     const int32_t* h = bf->header;
     for (int k = CK_FIELDS_END; k < 256; k++)
         if (h[k] != 0) return bf->path + ": header[" + std::to_string(k) + "] is " + std::to_string(h[k]) +
@@ -2701,6 +2737,12 @@ static std::string checkpoint_validate(const BinFile* bf) {
                    std::to_string(h[CK_EPOCH]) + " x " + std::to_string(steps_per_epoch) + " steps of batch_size " +
                    std::to_string(h[CK_BATCH_SIZE]) + " over train_images " + std::to_string(h[CK_TRAIN_IMAGES]) +
                    ")").c_str());
+    return "";
+}
+// The tensors: the parameters and, with has_optimizer, the optimizer's state, each of its shape and finite (a second
+// moment also >= 0; Shampoo's has_root flags 0 or 1), and no other tensor
+static std::string checkpoint_tensors_error(const BinFile* bf) {
+    const int32_t* h = bf->header;
     const int optimizer = h[CK_OPTIMIZER];
     const OptConfig stored = checkpoint_meta(bf).opt;
     std::vector<std::string> prefixes = {""};
@@ -2765,6 +2807,15 @@ static std::string checkpoint_validate(const BinFile* bf) {
         return bf->path + ": holds " + std::to_string(bf->tensors.size()) + " tensors, expected " +
                std::to_string(names.size()) + " (a tensor appears twice)";
     return "";
+}
+// Checks everything a checkpoint claims before a byte of it is used: every header field in the range of its flag
+// (the ranges train_mnist can write), step = epoch x steps per epoch, exactly the tensors of the model and of the
+// optimizer state the header announces with their shapes, every value finite and AdamW's second moments >= 0.
+// "" or a message naming the file and the field or tensor.
+static std::string checkpoint_validate(const BinFile* bf) {
+    params_setup();  // the tensors' sizes (before any model is built)
+    std::string e = checkpoint_header_error(bf);
+    return e.empty() ? checkpoint_tensors_error(bf) : e;
 }
 // Reads and validates a checkpoint (what: its role, as "--load checkpoint"). "" or a message.
 static std::string checkpoint_read(BinFile* bf, const char* path, const char* what) {
@@ -2987,7 +3038,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // initialises the barrier (arrival count 1; a __syncthreads must follow before any thread waits on it), one thread
 // issues the expected byte count and the copy (any time after), and every thread that reads the data waits for phase
 // 0 (which completes only once both the arrival and the bytes are in). Before sm_90 the three trap: the host uses
-// them only where g_bulk_copy says the GPU has them.
+// them only where g_run.bulk_copy says the GPU has them.
 __device__ __forceinline__ void bulk_copy_init(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
@@ -3053,32 +3104,34 @@ __device__ __forceinline__ float4 dact2_from_pooled(const float* __restrict__ dp
 // programmatic dependent launch cannot take an SM before every block of this grid has started (it is released by
 // grid_dep_sync or grid_dep_launch, which every block executes). The kernels that use it (the weight gradient once, the
 // fused forward twice) share one counter: they run one after the other in the stream. *bar only grows (64 bits: it
-// never wraps): every barrier adds exactly WG_BAR_K to it, whatever its grid size (block b adds K / G, plus 1 for the
+// never wraps): every barrier adds exactly GRID_BAR_K to it, whatever its grid size (block b adds K / G, plus 1 for the
 // first K % G blocks), so a barrier starts at a multiple of K, a block's arrival (which returns the count before it)
 // tells which, and the block spins (one thread, an L2 load per round trip) until the count reaches the next multiple.
 // (A block can arrive at a kernel's second barrier only after every block arrived at its first: the count has passed
 // the first's target by then, which its last waiters still see.) One atomic per block, no reset: nothing but the last
 // arrival itself on the barrier's critical path. Writes before the barrier are visible to every block after it
-// (__syncthreads + __threadfence, as cooperative groups' grid sync). Split in two: wg_grid_arrive returns the block's
-// arrival rank in this launch (the count before it, in units of K / G: 0 for the first block to arrive), so that the
-// first blocks can do work that the barrier does not guard while the others are still coming; wg_grid_wait then waits.
-constexpr unsigned long long WG_BAR_K = 1ull << 20;  // > any grid size
-struct WgBarrier { unsigned long long target; int rank; };
-__device__ WgBarrier wg_grid_arrive(unsigned long long* bar) {
-    __shared__ WgBarrier sb;
+// (__syncthreads + __threadfence, as cooperative groups' grid sync). Split in two: grid_barrier_arrive returns the
+// block's arrival rank in this launch (the count before it, in units of K / G: 0 for the first block to arrive), so
+// that the first blocks can do work that the barrier does not guard while the others are still coming;
+// grid_barrier_wait then waits.
+constexpr unsigned long long GRID_BAR_K = 1ull << 20;  // > any grid size
+struct GridBarrier { unsigned long long target; int rank; };
+__device__ GridBarrier grid_barrier_arrive(unsigned long long* bar) {
+    __shared__ GridBarrier sb;
     __syncthreads();
     if (threadIdx.x == 0) {
-        const unsigned long long G = gridDim.x, add = WG_BAR_K / G + (blockIdx.x < WG_BAR_K % G ? 1 : 0);
+        const unsigned long long G = gridDim.x, add = GRID_BAR_K / G + (blockIdx.x < GRID_BAR_K % G ? 1 : 0);
         __threadfence();
         const unsigned long long old = atomicAdd(bar, add);
-        sb.target = (old / WG_BAR_K + 1) * WG_BAR_K;
-        sb.rank = (int)((old % WG_BAR_K) / (WG_BAR_K / G));  // r arrivals added between r * (K / G) and r * (K / G + 1)
+        sb.target = (old / GRID_BAR_K + 1) * GRID_BAR_K;
+        // r arrivals added between r * (K / G) and r * (K / G + 1)
+        sb.rank = (int)((old % GRID_BAR_K) / (GRID_BAR_K / G));
     }
     __syncthreads();
     return sb;
 }
 __device__ int* g_watchdog_dev = nullptr;  // g_watchdog's device address (set by conv2_tf32_setup)
-__device__ void wg_grid_wait(unsigned long long* bar, unsigned long long target, int watchdog_id) {
+__device__ void grid_barrier_wait(unsigned long long* bar, unsigned long long target, int watchdog_id) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned long long c, t0, t;
@@ -3335,7 +3388,7 @@ __device__ __forceinline__ void fused_fc1_slice(const FwdHead& fh, float* Ps, fl
                                                 int tid, int warp, int g, int t) {
     const int s = blockIdx.x, k0 = s * FC1F_KC;
     float* Af = Ps;  // [64][FC1F_LD]: pooled's rows, columns k0 .. (the patch is free after the bands)
-    WgBarrier gb = wg_grid_arrive(fh.bar);  // this block's pooled rows are stored
+    GridBarrier gb = grid_barrier_arrive(fh.bar);  // this block's pooled rows are stored
     cp_async_wait<0>();  // the slice landed: each thread rounds what it copied
 #pragma unroll
     for (int i = 0; i < NWF; i++) {
@@ -3343,7 +3396,7 @@ __device__ __forceinline__ void fused_fc1_slice(const FwdHead& fh, float* Ps, fl
         float4* q = (float4*)(Wf + (ch / FCH) * FC1F_LD + 4 * (ch % FCH));
         *q = tf32_round4(*q);
     }
-    wg_grid_wait(fh.bar, gb.target, 1);
+    grid_barrier_wait(fh.bar, gb.target, 1);
     TRACE_MARK(5);
     for (int ch = tid; ch < 64 * FCH; ch += NT) {  // written by the other blocks before the barrier: L2 loads
         const int r = ch / FCH, c4 = ch % FCH;
@@ -3386,7 +3439,7 @@ __device__ __forceinline__ void fused_head_row(const FwdHead& fh, float* Ws, flo
     for (int i = tid; i < NCLS * FC_H; i += NT) W2s[i] = __ldcg(fh.wf2 + i);
     if (tid < NCLS) B2s[tid] = __ldcg(fh.bf2 + tid);
     if (tid < FC_H) Bf1s[tid] = __ldcg(fh.bf1 + tid);
-    wg_grid_wait(fh.bar, bar_target, 1);
+    grid_barrier_wait(fh.bar, bar_target, 1);
     // row s of h: warp k < 8 adds the groups 2k and 2k + 1 (8 slices each, in rank order, as a cluster of
     // fc1_forward_kernel), lane l columns 4l .. 4l + 3; then warp 0 adds the 16 groups in order (as head_kernel)
     float* gs = Ps;  // [FC1F_PARTS][FC_H]
@@ -3414,6 +3467,17 @@ __device__ __forceinline__ void fused_head_row(const FwdHead& fh, float* Ws, flo
                  fh.offset, B);
     }
     TRACE_MARK(7);
+}
+// Chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3: from x, or (gather) normalised from the dataset's bytes
+// of sample s (staged: the batch's bytes, from the kernel in front: L2 loads); zero for threads past the XCH chunks
+template <int NBAND, int R, int XCH>
+__device__ __forceinline__ float4 band_load_x(const ConvInput& in, int band, int s, bool gather, bool staged, int tid) {
+    const int b = band / NBAND, y0 = (band % NBAND) * R;
+    if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!gather) return __ldcg((const float4*)(in.x + ((size_t)b * IMG + y0) * IMG) + tid);
+    const uchar4 u = staged ? __ldcg((const uchar4*)(in.staged + (size_t)s * IMG * IMG + y0 * IMG) + tid)
+                            : ((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG))[tid];
+    return make_float4(mnist_normalize(u.x), mnist_normalize(u.y), mnist_normalize(u.z), mnist_normalize(u.w));
 }
 // conv1 + conv2 forward: act1 = ReLU(conv1(x) + b1) (strict fp32: per channel a chain of 9 fmaf in tap order from 0,
 // then the bias), then out[b, y, x, n] = ReLU(bias[n] + sum_{ky,kx,c} act1[b, y + ky, x + kx, c] * Wt[ky*3+kx][n][c]),
@@ -3478,21 +3542,13 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     static_assert(FC_H * FCH % NT == 0 && NT >= 9 * C1 && NT >= 256,
                   "fc1's slice splits evenly; a conv1 weight per thread");
 
-    // chunk tid (4 pixels) of a band's x rows y0 .. y0 + R + 3, and (gather) its label; s = the band's sample
-    // (staged: the sample is the batch row itself; the staged bytes come from the kernel in front: L2 loads)
+    // the sample of a band (gather; staged: the sample is the batch row itself), its x rows and its label
     const int pos0 = gather && !staged ? (in.counters ? __ldcg(in.counters + 1) : in.offset) : 0;
     auto sample_of = [&](int band) {
         const int p = pos0 + band / NBAND;
         return staged || !in.perm ? p : __ldcg(in.perm + p);
     };
-    auto load_x = [&](int band, int s) {
-        const int b = band / NBAND, y0 = (band % NBAND) * R;
-        if (tid >= XCH) return make_float4(0.f, 0.f, 0.f, 0.f);
-        if (!gather) return __ldcg((const float4*)(in.x + ((size_t)b * IMG + y0) * IMG) + tid);
-        const uchar4 u = staged ? __ldcg((const uchar4*)(in.staged + (size_t)s * IMG * IMG + y0 * IMG) + tid)
-                                : ((const uchar4*)(in.images + (size_t)s * IMG * IMG + y0 * IMG))[tid];
-        return make_float4(mnist_normalize(u.x), mnist_normalize(u.y), mnist_normalize(u.z), mnist_normalize(u.w));
-    };
+    auto load_x = [&](int band, int s) { return band_load_x<NBAND, R, XCH>(in, band, s, gather, staged, tid); };
     auto load_label = [&](int s) { return staged ? __ldcg(in.staged_y + s) : (int)__ldg(in.labels + s); };
     const bool any = (int)blockIdx.x < B * NBAND;
     int label = 0;
@@ -3585,7 +3641,7 @@ conv2_band_tf32_kernel(float* out, ConvInput in, const float* __restrict__ w1, c
     if (!fused) return;
 
     fused_fc1_slice<NT, NWF, FCH>(fh, Ps, Wf, pooled, B, tid, warp, g, t);
-    const WgBarrier gb = wg_grid_arrive(fh.bar);  // every slice's partial sums are stored
+    const GridBarrier gb = grid_barrier_arrive(fh.bar);  // every slice's partial sums are stored
     // fc1's backward may take SMs from here on (measured: released at the wait, its blocks sat on the SMs of this
     // kernel's first blocks to leave, and the step was 0.4 ms per epoch slower)
     grid_dep_launch();
@@ -3966,17 +4022,17 @@ constexpr int W2IMG_FLOATS = 9 * C2 * C1;
 __host__ __device__ inline int conv2_fwd_img_index(int i) {
     return (((i / C1) % 9 * (C1 / 4) + i % C1 / 4) * C2 + i / KC2) * 4 + i % 4;
 }
-__device__ __forceinline__ float wg_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float4 wg_add(float4 a, float4 b) {
+__device__ __forceinline__ float splits_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 splits_add(float4 a, float4 b) {
     return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
-template <typename T> __device__ __forceinline__ T wg_zero() { T z; memset(&z, 0, sizeof z); return z; }
+template <typename T> __device__ __forceinline__ T splits_zero() { T z; memset(&z, 0, sizeof z); return z; }
 // lane k's part of unit i (T = float4: 4 elements, each with the scalar order) for any split count. (src is written
 // by this kernel's other blocks before the grid barrier: plain coherent loads, never the read-only path.)
 // Up to three groups of four are loaded before they are added (conv1's 264 splits: 8 of a lane's 8-9 loads at once).
 template <typename T>
-__device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int splits, int k, size_t i) {
-    T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
+__device__ __forceinline__ T splits_part(const T* src, size_t stride, int splits, int k, size_t i) {
+    T a[4] = {splits_zero<T>(), splits_zero<T>(), splits_zero<T>(), splits_zero<T>()};
     int s = k;
     while (s + 3 * SR_LANES < splits) {
         T x[3][4];
@@ -3986,33 +4042,33 @@ __device__ __forceinline__ T wg_split_part(const T* src, size_t stride, int spli
             for (int u = 0; u < 4; u++)
                 x[b][u] = s + 4 * SR_LANES * b + 3 * SR_LANES < splits
                               ? src[(size_t)(s + 4 * SR_LANES * b + SR_LANES * u) * stride + i]
-                              : wg_zero<T>();
+                              : splits_zero<T>();
 #pragma unroll
         for (int b = 0; b < 3; b++)
             if (s + 3 * SR_LANES < splits) {  // the group at s (the condition of the plain loop)
 #pragma unroll
-                for (int u = 0; u < 4; u++) a[u] = wg_add(a[u], x[b][u]);
+                for (int u = 0; u < 4; u++) a[u] = splits_add(a[u], x[b][u]);
                 s += 4 * SR_LANES;
             }
     }
 #pragma unroll
     for (int u = 0; u < 3; u++)  // here s + 96 >= splits: at most three left
-        if (s + SR_LANES * u < splits) a[u] = wg_add(a[u], src[(size_t)(s + SR_LANES * u) * stride + i]);
-    return wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
+        if (s + SR_LANES * u < splits) a[u] = splits_add(a[u], src[(size_t)(s + SR_LANES * u) * stride + i]);
+    return splits_add(splits_add(a[0], a[1]), splits_add(a[2], a[3]));
 }
 // A block's share of one job: units [lo, hi) (a unit is 4 elements when T = float4), in chunks of at most
-// WG_CHUNK_E elements: the lane parts of a chunk into shared memory (part[k * WG_CHUNK_E + e], 256 threads, each
+// WGRAD_CHUNK_E elements: the lane parts of a chunk into shared memory (part[k * WGRAD_CHUNK_E + e], 256 threads, each
 // item = (unit, lane)), then thread e adds element e's 32 parts in lane order and stores the sum or applies the
-// optimizer step. With at most 96 splits (conv2's 66 pair sums) a thread loads all of its (up to WG_IPT) items'
+// optimizer step. With at most 96 splits (conv2's 66 pair sums) a thread loads all of its (up to WGRAD_IPT) items'
 // splits before adding any: ~15 16-byte loads in flight instead of a dependent chain per item; the parameters and
 // optimizer state of the update are loaded with them (one round trip to L2 per chunk, not two).
-constexpr int WG_CHUNK_E = 160, WG_IPT = 5, WG_ITEMS = 256 * WG_IPT;
-static_assert(WG_CHUNK_E <= 256, "one element per thread in the final sums");
+constexpr int WGRAD_CHUNK_E = 160, WGRAD_IPT = 5, WGRAD_ITEMS = 256 * WGRAD_IPT;
+static_assert(WGRAD_CHUNK_E <= 256, "one element per thread in the final sums");
 template <typename T>
-__device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt,
+__device__ void splits_reduce_job(const SplitsJob& j, int lo, int hi, float* part, const OptTarget& opt,
                               const OptStep& st) {
     constexpr int V = sizeof(T) / sizeof(float);
-    const int nk = min(j.splits, SR_LANES), cu = min(WG_CHUNK_E / V, WG_ITEMS / nk), splits = j.splits;
+    const int nk = min(j.splits, SR_LANES), cu = min(WGRAD_CHUNK_E / V, WGRAD_ITEMS / nk), splits = j.splits;
     const T* src = (const T*)j.src;
     const size_t stride = j.stride / V;
     const bool adamw = opt.c.optimizer == OPT_ADAMW;
@@ -4026,37 +4082,37 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
             if (adamw) vv = opt.m2[o];
         }
         if (splits <= 3 * SR_LANES) {
-            T x[WG_IPT][3];
+            T x[WGRAD_IPT][3];
 #pragma unroll
-            for (int r = 0; r < WG_IPT; r++) {
+            for (int r = 0; r < WGRAD_IPT; r++) {
                 const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
 #pragma unroll
                 for (int q = 0; q < 3; q++)
                     x[r][q] = it < items && k + SR_LANES * q < splits
                                   ? src[(size_t)(k + SR_LANES * q) * stride + c0 + u]
-                                  : wg_zero<T>();
+                                  : splits_zero<T>();
             }
 #pragma unroll
-            for (int r = 0; r < WG_IPT; r++) {
+            for (int r = 0; r < WGRAD_IPT; r++) {
                 const int it = threadIdx.x + 256 * r, u = it % nu, k = it / nu;
                 if (it >= items) break;
-                T a[4] = {wg_zero<T>(), wg_zero<T>(), wg_zero<T>(), wg_zero<T>()};
+                T a[4] = {splits_zero<T>(), splits_zero<T>(), splits_zero<T>(), splits_zero<T>()};
 #pragma unroll
                 for (int q = 0; q < 3; q++)
-                    if (k + SR_LANES * q < splits) a[q] = wg_add(a[q], x[r][q]);
-                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_add(wg_add(a[0], a[1]), wg_add(a[2], a[3]));
+                    if (k + SR_LANES * q < splits) a[q] = splits_add(a[q], x[r][q]);
+                *(T*)(part + k * WGRAD_CHUNK_E + u * V) = splits_add(splits_add(a[0], a[1]), splits_add(a[2], a[3]));
             }
         } else {
             for (int it = threadIdx.x; it < items; it += 256) {
                 const int u = it % nu, k = it / nu;
-                *(T*)(part + k * WG_CHUNK_E + u * V) = wg_split_part(src, stride, splits, k, (size_t)c0 + u);
+                *(T*)(part + k * WGRAD_CHUNK_E + u * V) = splits_part(src, stride, splits, k, (size_t)c0 + u);
             }
         }
         __syncthreads();
         if (mine) {
             float v = part[e];
 #pragma unroll
-            for (int k = 1; k < SR_LANES; k++) v += k < nk ? part[k * WG_CHUNK_E + e] : 0.0f;
+            for (int k = 1; k < SR_LANES; k++) v += k < nk ? part[k * WGRAD_CHUNK_E + e] : 0.0f;
             if (j.update_off >= 0) {
                 const size_t o = (size_t)j.update_off + i;
                 opt_update_elem(opt.c, st, &p, v, &m, &vv);
@@ -4074,19 +4130,19 @@ __device__ void wg_reduce_job(const SplitsJob& j, int lo, int hi, float* part, c
 }
 // Share `share` of `nshares` of a job (the units split evenly), with float4 units when the job's layout allows. Which
 // block does which share does not matter for the result: every element's summation order is the lane order above.
-__device__ void wg_reduce_share(const SplitsJob& j, int share, int nshares, float* part, const OptTarget& opt,
+__device__ void splits_reduce_share(const SplitsJob& j, int share, int nshares, float* part, const OptTarget& opt,
                                 const OptStep& st) {
     if (j.n <= 0) return;
     const bool vec = j.n % 4 == 0 && j.stride % 4 == 0 && ((size_t)j.src & 15) == 0;
     const long long units = vec ? j.n / 4 : j.n, G = nshares, b = share;
     const int lo = (int)(b * units / G), hi = (int)((b + 1) * units / G);
-    if (vec) wg_reduce_job<float4>(j, lo, hi, part, opt, st);
-    else wg_reduce_job<float>(j, lo, hi, part, opt, st);
+    if (vec) splits_reduce_job<float4>(j, lo, hi, part, opt, st);
+    else splits_reduce_job<float>(j, lo, hi, part, opt, st);
 }
-// The jobs the barrier does not guard (`other`, `extra`) go to the first blocks to arrive: `other` in WG_PRE_O
-// shares, `extra` in WG_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so the
-// last blocks to finish their bands (the barrier's critical path) go straight to the wait.
-constexpr int WG_PRE_O = 40, WG_PRE_X = 16, WG_PRE_P = 8;
+// The jobs the barrier does not guard (`other`, `extra`) go to the first blocks to arrive: `other` in WGRAD_PRE_O
+// shares, `extra` in WGRAD_PRE_X shares on the next ranks (on the same ranks when the grid is smaller than both), so
+// the last blocks to finish their bands (the barrier's critical path) go straight to the wait.
+constexpr int WGRAD_PRE_O = 40, WGRAD_PRE_X = 16, WGRAD_PRE_P = 8;
 __device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) {
     if (!pf.images) return;
     if (pf.xb) {
@@ -4127,37 +4183,40 @@ __device__ void batch_prefetch(const BatchPrefetch& pf, int share, int nshares) 
 // update_off >= 0, and with opt.advance_B >= 0 advances the counters. Every operand of the bands was written at least
 // two launches earlier, so the bands run before grid_dep_sync (with programmatic dependent launch they overlap the
 // input-gradient kernel's last blocks); the wait comes before the reductions read `other`.
-constexpr int WG_R = 6, WG_BANDS = H2 / WG_R, WG_NPIX = WG_R * H2;
+constexpr int WGRAD_R = 6, WGRAD_BANDS = H2 / WGRAD_R, WGRAD_NPIX = WGRAD_R * H2;
 // The operands' shared-memory layout, one for both paths: K-major core matrices of 8 rows x 4 TF32 values (16 bytes a
 // row, 128 bytes contiguous), the "no swizzle" layout wgmma reads. A band's k order is (py, px, j): pixel x = px + 6 j
 // of row py (px < 6, j < 4), so a core matrix's 4 values are pixels px, px + 6, px + 12, px + 18, and tap dx only
 // moves px to c = px + dx (c < 8): every row of every tap starts 16-byte aligned, no shifted copies (patch columns
 // 6, 7, 12, 13, 18, 19 are stored twice). A k-step's 8 values are (py, px) and (py, px + 1), px even.
 //   Dt[py][px][co / 8][co % 8][j] (dact2) and Pt[c][prow][ci / 8][ci % 8][j] (the act1 patch, prow < R + 2): the
-//   8-row groups are WG_GS = 36 floats apart, not 32: a warp's 32 scalar stores (8 consecutive groups of 4 channels
+//   8-row groups are WGRAD_GS = 36 floats apart, not 32: a warp's 32 scalar stores (8 consecutive groups of 4 channels
 //   x 4 j) then hit 32 distinct banks, and so do the mma.sync path's fragment loads (g * 4 + t).
-// Over Pt's rows (prow, ci) the groups are uniformly WG_GS apart, so taps dy = 0, 1, 2 of one dx are one operand of
+// Over Pt's rows (prow, ci) the groups are uniformly WGRAD_GS apart, so taps dy = 0, 1, 2 of one dx are one operand of
 // 96 rows (n = dy * 32 + ci).
-constexpr int WG_XC = H2 / 4, WG_GS = 36, WG_DT_P = C2 / 8 * WG_GS, WG_PT_R = C1 / 8 * WG_GS;
-constexpr int WG_PT_C = (WG_R + 2) * WG_PT_R, WG_DT = WG_R * WG_XC * WG_DT_P, WG_PT = (WG_XC + 2) * WG_PT_C;
-static_assert(C2 == 64 && C1 == 32 && WG_R + 2 == 8 && WG_XC + 2 == 8 && WG_XC + 1 + 3 * WG_XC == H1 - 1,
+constexpr int WGRAD_XC = H2 / 4, WGRAD_GS = 36, WGRAD_DT_P = C2 / 8 * WGRAD_GS, WGRAD_PT_R = C1 / 8 * WGRAD_GS;
+constexpr int WGRAD_PT_C = (WGRAD_R + 2) * WGRAD_PT_R, WGRAD_DT = WGRAD_R * WGRAD_XC * WGRAD_DT_P,
+              WGRAD_PT = (WGRAD_XC + 2) * WGRAD_PT_C;
+static_assert(C2 == 64 && C1 == 32 && WGRAD_R + 2 == 8 && WGRAD_XC + 2 == 8 && WGRAD_XC + 1 + 3 * WGRAD_XC == H1 - 1,
               "the weight gradient's load mapping (bit fields of the chunk index) fits these sizes");
-constexpr int WG_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
+constexpr int WGRAD_NOUT = C2 * KC2 + C2;  // a partial sum: the weight gradient, then the bias gradient
 // Row stride of a block's 64 x 288 sums staged in shared memory for the cluster's addition: 296 = 8 mod 32 banks, so
 // a half-warp's float2 stores (rows g = 0..3, columns 2t) hit 32 distinct banks (a stride of 288 put all 8 rows of
 // a fragment on the same 8 banks: 4-way conflicts on every store)
-constexpr int WG_OS = KC2 + 8;
+constexpr int WGRAD_OS = KC2 + 8;
 // the operands; or (after the bands) the staged partial sums, the bias reduction's 256 float4 and the lane parts of
 // the jobs reduced before the grid barrier (past the staged sums, which the cluster's other blocks may still read)
-constexpr int WG_PART_PRE = C2 * WG_OS + C2 + 4 * 256;  // float offset of those lane parts
-constexpr size_t CONV2_WGRAD_SMEM = std::max(WG_DT + WG_PT, WG_PART_PRE + SR_LANES * WG_CHUNK_E) * sizeof(float);
-static_assert(WG_NOUT % 16 == 0 && WG_BANDS % 4 == 0,
-              "float4 slices over clusters of 2 or 4; B * WG_BANDS a multiple of 4");
-static_assert(WG_NOUT / 4 / 2 <= 256 * 10, "one batch of distributed shared memory loads per thread (WG_DSM_BATCH)");
-static_assert(WG_OS % 32 == 8 && (C2 * WG_OS + C2) % 4 == 0,
+constexpr int WGRAD_PART_PRE = C2 * WGRAD_OS + C2 + 4 * 256;  // float offset of those lane parts
+constexpr size_t CONV2_WGRAD_SMEM =
+    std::max(WGRAD_DT + WGRAD_PT, WGRAD_PART_PRE + SR_LANES * WGRAD_CHUNK_E) * sizeof(float);
+static_assert(WGRAD_NOUT % 16 == 0 && WGRAD_BANDS % 4 == 0,
+              "float4 slices over clusters of 2 or 4; B * WGRAD_BANDS a multiple of 4");
+static_assert(WGRAD_NOUT / 4 / 2 <= 256 * 10,
+              "one batch of distributed shared memory loads per thread (WGRAD_DSM_BATCH)");
+static_assert(WGRAD_OS % 32 == 8 && (C2 * WGRAD_OS + C2) % 4 == 0,
               "conflict-free float2 staging; the bias reduction's float4 aligned");
 // a loaded float4 (4 consecutive channels) into its 4 rows of a core-matrix layout, rounded to TF32
-__device__ __forceinline__ void wg_put4(float* p, float4 v) {
+__device__ __forceinline__ void wgrad_put4(float* p, float4 v) {
     p[0] = tf32_round(v.x); p[4] = tf32_round(v.y); p[8] = tf32_round(v.z); p[12] = tf32_round(v.w);
 }
 // The phases of conv2_wgrad_tf32_kernel (below), in the order it runs them.
@@ -4169,17 +4228,17 @@ template <int ND, int NP>
 __device__ __forceinline__ void wgrad_load_band(float4 (&vdp)[ND], uint32_t (&vcd)[ND], float4 (&vp)[NP],
                                                 const float* dpooled, const uint8_t* codes, const float* act1,
                                                 int band, int tid, int c4) {
-    const int b = band / WG_BANDS, y0 = (band % WG_BANDS) * WG_R;
+    const int b = band / WGRAD_BANDS, y0 = (band % WGRAD_BANDS) * WGRAD_R;
 #pragma unroll
     for (int i = 0; i < ND; i++) {
-        const int ch = tid + i * 256, pp = ch >> 6, x = pp % WG_XC + WG_XC * ((ch >> 3) & 3);
-        const size_t pi = pooled_index(b, y0 + pp / WG_XC, x, c4 * 4);
+        const int ch = tid + i * 256, pp = ch >> 6, x = pp % WGRAD_XC + WGRAD_XC * ((ch >> 3) & 3);
+        const size_t pi = pooled_index(b, y0 + pp / WGRAD_XC, x, c4 * 4);
         vdp[i] = *(const float4*)(dpooled + pi);
         vcd[i] = *(const unsigned int*)(codes + pi);
     }
 #pragma unroll
     for (int i = 0; i < NP; i++) {
-        const int ch = tid + i * 256, col = (ch >> 8) + WG_XC * ((ch >> 3) & 3);
+        const int ch = tid + i * 256, col = (ch >> 8) + WGRAD_XC * ((ch >> 3) & 3);
         vp[i] = *(const float4*)(act1 + (((size_t)b * H1 + y0 + ((ch >> 5) & 7)) * H1 + col) * C1 + (ch & 7) * 4);
     }
 }
@@ -4192,16 +4251,16 @@ __device__ __forceinline__ void wgrad_store_band(float* Dt, float* Pt, const flo
 #pragma unroll
     for (int i = 0; i < ND; i++) {
         const int ch = tid + i * 256, pp = ch >> 6, j = (ch >> 3) & 3;
-        float4 vd = dact2_expand(vdp[i], vcd[i], y0 + pp / WG_XC, pp % WG_XC + WG_XC * j);
+        float4 vd = dact2_expand(vdp[i], vcd[i], y0 + pp / WGRAD_XC, pp % WGRAD_XC + WGRAD_XC * j);
         rs.x += vd.x; rs.y += vd.y; rs.z += vd.z; rs.w += vd.w;
-        wg_put4(Dt + pp * WG_DT_P + (c4 >> 1) * WG_GS + (c4 & 1) * 16 + j, vd);
+        wgrad_put4(Dt + pp * WGRAD_DT_P + (c4 >> 1) * WGRAD_GS + (c4 & 1) * 16 + j, vd);
     }
 #pragma unroll
     for (int i = 0; i < NP; i++) {
         const int ch = tid + i * 256;
-        wg_put4(Pt + (ch >> 8) * WG_PT_C + ((ch >> 5) & 7) * WG_PT_R + ((ch & 7) >> 1) * WG_GS + (ch & 1) * 16
-                    + ((ch >> 3) & 3),
-                vp[i]);
+        wgrad_put4(Pt + (ch >> 8) * WGRAD_PT_C + ((ch >> 5) & 7) * WGRAD_PT_R + ((ch & 7) >> 1) * WGRAD_GS +
+                       (ch & 1) * 16 + ((ch >> 3) & 3),
+                   vp[i]);
     }
 }
 // sm_90a: a band's products on wgmma, 18 k-steps of 8 pixels: per k-step an m64n96k8 (d96) and an m64n48k8 (d48)
@@ -4210,10 +4269,10 @@ __device__ __forceinline__ void wgrad_band_wgmma(float (&d96)[48], float (&d48)[
                                                  uint64_t db48) {
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < WG_R * 3; s++) {
+    for (int s = 0; s < WGRAD_R * 3; s++) {
         const int py = s / 3, px = 2 * (s % 3);
-        const uint64_t da = da0 + (uint64_t)((py * WG_XC + px) * WG_DT_P * 4 / 16);
-        const uint64_t dbo = (uint64_t)((px * WG_PT_C + py * WG_PT_R) * 4 / 16);
+        const uint64_t da = da0 + (uint64_t)((py * WGRAD_XC + px) * WGRAD_DT_P * 4 / 16);
+        const uint64_t dbo = (uint64_t)((px * WGRAD_PT_C + py * WGRAD_PT_R) * 4 / 16);
         wgmma_m64n96k8_ss(d96, da, db96 + dbo);
         wgmma_m64n48k8_ss(d48, da, db48 + dbo);
     }
@@ -4226,19 +4285,19 @@ __device__ __forceinline__ void wgrad_band_wgmma(float (&d96)[48], float (&d48)[
 __device__ __forceinline__ void wgrad_band_mma_sync(float (&acc)[2][9][4], const float* Dt, const float* Pt,
                                                     const int (&boff)[9], int wm, int g, int t) {
 #pragma unroll 2
-    for (int s = 0; s < WG_R * 3; s++) {
+    for (int s = 0; s < WGRAD_R * 3; s++) {
         const int py = s / 3, px = 2 * (s % 3);
         uint32_t a[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
-            const float* pa = Dt + (py * WG_XC + px) * WG_DT_P + (wm * 4 + mi * 2) * WG_GS + g * 4 + t;
-            a[mi][0] = __float_as_uint(pa[0]); a[mi][1] = __float_as_uint(pa[WG_GS]);
-            a[mi][2] = __float_as_uint(pa[WG_DT_P]); a[mi][3] = __float_as_uint(pa[WG_DT_P + WG_GS]);
+            const float* pa = Dt + (py * WGRAD_XC + px) * WGRAD_DT_P + (wm * 4 + mi * 2) * WGRAD_GS + g * 4 + t;
+            a[mi][0] = __float_as_uint(pa[0]); a[mi][1] = __float_as_uint(pa[WGRAD_GS]);
+            a[mi][2] = __float_as_uint(pa[WGRAD_DT_P]); a[mi][3] = __float_as_uint(pa[WGRAD_DT_P + WGRAD_GS]);
         }
-        const float* pp = Pt + px * WG_PT_C + py * WG_PT_R;
+        const float* pp = Pt + px * WGRAD_PT_C + py * WGRAD_PT_R;
 #pragma unroll
         for (int ni = 0; ni < 9; ni++) {
-            uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[WG_PT_C + boff[ni]]);
+            uint32_t b0 = __float_as_uint(pp[boff[ni]]), b1 = __float_as_uint(pp[WGRAD_PT_C + boff[ni]]);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) mma_tf32_16x8x8(acc[mi][ni], a[mi], b0, b1);
         }
@@ -4280,7 +4339,7 @@ __device__ __forceinline__ void wgrad_store_acc_mma_sync(float* pout, int os, co
 // The bias gradient's partial sum into pout's last 64 floats: the 16 threads with c4 = q (tid bits 0-2 and 5 from q,
 // bits 3-4 and 6-7 free) hold the same 4 channels; added in thread order
 __device__ __forceinline__ void wgrad_bias_sum(float* smem, float4 rs, float* pout, int os, int tid) {
-    float4* red = (float4*)(smem + C2 * WG_OS + C2);
+    float4* red = (float4*)(smem + C2 * WGRAD_OS + C2);
     red[tid] = rs;
     __syncthreads();
     if (tid < C2 / 4) {
@@ -4294,7 +4353,7 @@ __device__ __forceinline__ void wgrad_bias_sum(float* smem, float4 rs, float* po
     }
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// sm_90, clusters of 2 or 4: the cluster's partial sums (each block's in its shared memory, row stride WG_OS) added
+// sm_90, clusters of 2 or 4: the cluster's partial sums (each block's in its shared memory, row stride WGRAD_OS) added
 // through distributed shared memory in rank order, block q adding the q-th slice: one partial sum per cluster
 __device__ __forceinline__ void wgrad_cluster_sum(float* smem, float* partial, int cluster, int tid) {
     cg::cluster_group cl = cg::this_cluster();
@@ -4303,26 +4362,26 @@ __device__ __forceinline__ void wgrad_cluster_sum(float* smem, float* partial, i
     // a thread's (up to) 10 float4 of two ranks' partial sums are loaded before the additions (a distributed
     // shared memory load takes ~a microsecond; one batch covers the slice at cluster 2, two rank pairs at 4); the
     // block's own rank through its local shared memory
-    constexpr int WG_DSM_BATCH = 10;
-    const int q = (int)cl.block_rank(), per = WG_NOUT / 4 / cluster;
-    float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WG_NOUT);
-    for (int i0 = tid; i0 < per; i0 += 256 * WG_DSM_BATCH) {
-        float4 sum[WG_DSM_BATCH];
-        int off[WG_DSM_BATCH];
+    constexpr int WGRAD_DSM_BATCH = 10;
+    const int q = (int)cl.block_rank(), per = WGRAD_NOUT / 4 / cluster;
+    float4* dst = (float4*)(partial + (size_t)(blockIdx.x / cluster) * WGRAD_NOUT);
+    for (int i0 = tid; i0 < per; i0 += 256 * WGRAD_DSM_BATCH) {
+        float4 sum[WGRAD_DSM_BATCH];
+        int off[WGRAD_DSM_BATCH];
 #pragma unroll
-        for (int b = 0; b < WG_DSM_BATCH; b++) {
+        for (int b = 0; b < WGRAD_DSM_BATCH; b++) {
             const int e = q * per + i0 + 256 * b, row = e / (KC2 / 4);
-            off[b] = row < C2 ? row * (WG_OS / 4) + e % (KC2 / 4) : C2 * WG_OS / 4 + (e - C2 * KC2 / 4);
+            off[b] = row < C2 ? row * (WGRAD_OS / 4) + e % (KC2 / 4) : C2 * WGRAD_OS / 4 + (e - C2 * KC2 / 4);
         }
         for (int r0 = 0; r0 < cluster; r0 += 2) {
             const float4* s0 = r0 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0);
             const float4* s1 = r0 + 1 == q ? (const float4*)smem : (const float4*)cl.map_shared_rank(smem, r0 + 1);
-            float4 v[WG_DSM_BATCH][2];
+            float4 v[WGRAD_DSM_BATCH][2];
 #pragma unroll
-            for (int b = 0; b < WG_DSM_BATCH; b++)
+            for (int b = 0; b < WGRAD_DSM_BATCH; b++)
                 if (i0 + 256 * b < per) { v[b][0] = s0[off[b]]; v[b][1] = s1[off[b]]; }
 #pragma unroll
-            for (int b = 0; b < WG_DSM_BATCH; b++) {
+            for (int b = 0; b < WGRAD_DSM_BATCH; b++) {
                 float4 s = r0 == 0 ? v[b][0] : sum[b];  // rank order: ((r0 + r1) + r2) + r3
                 if (r0 > 0) { s.x += v[b][0].x; s.y += v[b][0].y; s.z += v[b][0].z; s.w += v[b][0].w; }
                 s.x += v[b][1].x; s.y += v[b][1].y; s.z += v[b][1].z; s.w += v[b][1].w;
@@ -4330,7 +4389,7 @@ __device__ __forceinline__ void wgrad_cluster_sum(float* smem, float* partial, i
             }
         }
 #pragma unroll
-        for (int b = 0; b < WG_DSM_BATCH; b++)
+        for (int b = 0; b < WGRAD_DSM_BATCH; b++)
             if (i0 + 256 * b < per) dst[q * per + i0 + 256 * b] = sum[b];
     }
     // no cluster.sync here: no block leaves, nor reuses its shared memory, before the grid barrier below, which
@@ -4346,12 +4405,12 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
                         SplitsJob extra, OptTarget opt, unsigned long long* bar, BatchPrefetch pf) {
     TRACE_SCOPE(5);
     // (chunk ch of a band: see wgrad_load_band)
-    constexpr int ND = WG_NPIX * C2 / 4 / 256, NP = (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4) / 256;
-    static_assert(ND * 256 == WG_NPIX * C2 / 4 && NP * 256 == (WG_XC + 2) * (WG_R + 2) * 4 * (C1 / 4),
+    constexpr int ND = WGRAD_NPIX * C2 / 4 / 256, NP = (WGRAD_XC + 2) * (WGRAD_R + 2) * 4 * (C1 / 4) / 256;
+    static_assert(ND * 256 == WGRAD_NPIX * C2 / 4 && NP * 256 == (WGRAD_XC + 2) * (WGRAD_R + 2) * 4 * (C1 / 4),
                   "whole rounds of chunks");
     extern __shared__ __align__(16) float smem[];
     float* Dt = smem;
-    float* Pt = smem + WG_DT;
+    float* Pt = smem + WGRAD_DT;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int c4 = (tid & 7) | ((tid >> 2) & 8);  // the thread's 4 dact2 channels
     float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -4359,7 +4418,7 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     // before this band's products and stored after them, so their latency hides behind the math
     float4 vdp[ND], vp[NP];
     uint32_t vcd[ND];
-    if ((int)blockIdx.x < B * WG_BANDS) wgrad_load_band(vdp, vcd, vp, dpooled, codes, act1, blockIdx.x, tid, c4);
+    if ((int)blockIdx.x < B * WGRAD_BANDS) wgrad_load_band(vdp, vcd, vp, dpooled, codes, act1, blockIdx.x, tid, c4);
     // the per-step scalars of the update (a load of the step counter, cosf, powf: ~0.5 us of dependent latency) while
     // the first band's loads are in flight, not on the way to the barrier. The counter was last written by the
     // previous step's launch of this kernel (block 0, after its barrier), many launches back; block 0 advances it
@@ -4375,9 +4434,9 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     for (int i = 0; i < 48; i++) d96[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 24; i++) d48[i] = 0.0f;
-    const uint64_t da0 = wgmma_desc(Dt, WG_DT_P * 4, WG_GS * 4);
-    const uint64_t db96 = wgmma_desc(Pt + dxw * WG_PT_C, WG_PT_C * 4, WG_GS * 4);
-    const uint64_t db48 = wgmma_desc(Pt + WG_PT_C + wg * 6 * WG_GS, WG_PT_C * 4, WG_GS * 4);
+    const uint64_t da0 = wgmma_desc(Dt, WGRAD_DT_P * 4, WGRAD_GS * 4);
+    const uint64_t db96 = wgmma_desc(Pt + dxw * WGRAD_PT_C, WGRAD_PT_C * 4, WGRAD_GS * 4);
+    const uint64_t db48 = wgmma_desc(Pt + WGRAD_PT_C + wg * 6 * WGRAD_GS, WGRAD_PT_C * 4, WGRAD_GS * 4);
 #else
     // mma.sync: 8 warps of 32 x 72 (2 m16 x 9 n8 tiles; an n8 tile lies in one tap)
     const int wm = warp / 4, wn = warp % 4;
@@ -4385,18 +4444,18 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
 #pragma unroll
     for (int ni = 0; ni < 9; ni++) {
         const int n = wn * 72 + ni * 8, tap = n / C1;
-        boff[ni] = (tap % 3) * WG_PT_C + (tap / 3) * WG_PT_R + (n % C1 / 8) * WG_GS + g * 4 + t;
+        boff[ni] = (tap % 3) * WGRAD_PT_C + (tap / 3) * WGRAD_PT_R + (n % C1 / 8) * WGRAD_GS + g * 4 + t;
     }
     float acc[2][9][4];
     acc_zero(acc);
 #endif
-    for (int band = blockIdx.x; band < B * WG_BANDS; band += gridDim.x) {
-        const int y0 = (band % WG_BANDS) * WG_R;
+    for (int band = blockIdx.x; band < B * WGRAD_BANDS; band += gridDim.x) {
+        const int y0 = (band % WGRAD_BANDS) * WGRAD_R;
         __syncthreads();  // the previous band's products are done with Dt and Pt
         wgrad_store_band(Dt, Pt, vdp, vcd, vp, rs, y0, tid, c4);
         fence_proxy_async();  // the stores above, before the tensor core's (async proxy) reads (no-op without wgmma)
         __syncthreads();
-        if (band + (int)gridDim.x < B * WG_BANDS)
+        if (band + (int)gridDim.x < B * WGRAD_BANDS)
             wgrad_load_band(vdp, vcd, vp, dpooled, codes, act1, band + gridDim.x, tid, c4);
 #if MNIST_WGMMA
         wgrad_band_wgmma(d96, d48, da0, db96, db48);
@@ -4406,12 +4465,12 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     }
     TRACE_MARK(0);
     // the block's partial sums, [64][288] then the bias's 64: to global memory, or (cluster > 1, sm_90) to shared
-    // memory first (row stride WG_OS), then added across the cluster's blocks through distributed shared memory in
+    // memory first (row stride WGRAD_OS), then added across the cluster's blocks through distributed shared memory in
     // rank order (block q adds the q-th slice of all of them): one partial sum per cluster
     __syncthreads();  // every warp is done with Dt and Pt
     const bool staged = cluster > 1;
-    float* pout = staged ? smem : partial + (size_t)blockIdx.x * WG_NOUT;
-    const int os = staged ? WG_OS : KC2;
+    float* pout = staged ? smem : partial + (size_t)blockIdx.x * WGRAD_NOUT;
+    const int os = staged ? WGRAD_OS : KC2;
 #if MNIST_WGMMA
     wgrad_store_acc_wgmma(pout, os, d96, d48, warp, wg, dxw, g, t);
 #else
@@ -4422,33 +4481,35 @@ conv2_wgrad_tf32_kernel(float* partial, const float* __restrict__ dpooled, const
     if (staged) wgrad_cluster_sum(smem, partial, cluster, tid);
 #endif
     // the split reductions. `other` and `extra` need only the earlier kernels (complete after grid_dep_sync), so
-    // the first blocks to arrive at the grid barrier do them while the last ones finish their bands (WG_PRE_O);
+    // the first blocks to arrive at the grid barrier do them while the last ones finish their bands (WGRAD_PRE_O);
     // this kernel's own partial sums after the barrier, on every block. The step counter is read by every block at
     // its start and advanced by block 0 after the barrier.
     TRACE_MARK(2);
     grid_dep_sync();
     const OptStep st = st_s;  // (written before the bands, read after their barriers)
-    const WgBarrier wb = wg_grid_arrive(bar);
+    const GridBarrier wb = grid_barrier_arrive(bar);
     {
-        const int G = gridDim.x, no = min(G, WG_PRE_O), nx = min(G, WG_PRE_X), xo = G >= no + nx ? no : 0;
-        if (wb.rank < no) wg_reduce_share(other, wb.rank, no, smem + WG_PART_PRE, opt, st);
-        if (wb.rank >= xo && wb.rank < xo + nx) wg_reduce_share(extra, wb.rank - xo, nx, smem + WG_PART_PRE, opt, st);
+        const int G = gridDim.x, no = min(G, WGRAD_PRE_O), nx = min(G, WGRAD_PRE_X), xo = G >= no + nx ? no : 0;
+        if (wb.rank < no) splits_reduce_share(other, wb.rank, no, smem + WGRAD_PART_PRE, opt, st);
+        if (wb.rank >= xo && wb.rank < xo + nx)
+            splits_reduce_share(extra, wb.rank - xo, nx, smem + WGRAD_PART_PRE, opt, st);
         // (the gather of the next batch: up to 2 items per thread, on more ranks at larger batches)
-        const int np = min(G, pf.xb ? max(WG_PRE_P, (pf.B * GATHER_ITEMS + 511) / 512) : WG_PRE_P),
+        const int np = min(G, pf.xb ? max(WGRAD_PRE_P, (pf.B * GATHER_ITEMS + 511) / 512) : WGRAD_PRE_P),
                   po = G >= xo + nx + np ? xo + nx : 0;
         if (wb.rank >= po && wb.rank < po + np) batch_prefetch(pf, wb.rank - po, np);
     }
     TRACE_MARK(3);
-    wg_grid_wait(bar, wb.target, 2);
+    grid_barrier_wait(bar, wb.target, 2);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (staged) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // (see the arrival above)
 #endif
     TRACE_MARK(4);
     if (opt.advance_B >= 0 && blockIdx.x == 0 && tid == 0) { opt.counters[0] += 1; opt.counters[1] += opt.advance_B; }
-    wg_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
+    splits_reduce_share(wgrad, blockIdx.x, gridDim.x, smem, opt, st);
 }
-static void conv2_tf32_setup() {
-    if (g_conv2.ready) return;
+// The conv2 kernels' launch configuration (persistent grids: as many blocks as fit at once), whether the fused
+// forward's grid fits, and the weight gradient's cluster size (run_config_decide, once per process)
+static void conv2_tf32_decide() {
     int dev, sms, occ_f, occ_ff, occ_d, occ_w;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -4466,7 +4527,7 @@ static void conv2_tf32_setup() {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_d, conv2_dgrad_tf32_kernel, DG_THREADS, CONV2_DGRAD_SMEM));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w, conv2_wgrad_tf32_kernel, 256, CONV2_WGRAD_SMEM));
     g_conv2.fwd_ctas = std::max(1, occ_f) * sms;
-    g_conv2.fused_fwd = occ_ff * sms >= FC1F_SPLITS;
+    g_run.fused_forward_fits = occ_ff * sms >= FC1F_SPLITS;
     g_conv2.dgrad_ctas = std::max(1, occ_d) * sms;
     g_conv2.wgrad_ctas = std::max(1, std::min(occ_w, 2)) * sms;  // fewer partial sums to add than a full occupancy
     int major;
@@ -4484,18 +4545,22 @@ static void conv2_tf32_setup() {
         int nclusters = 0;
         cudaCheck(cudaOccupancyMaxActiveClusters(&nclusters, conv2_wgrad_tf32_kernel, &cfg));
         if (cl * std::min(nclusters, sms / cl) >= sms - 1) {
-            g_conv2.wgrad_cluster = cl;
+            g_run.wgrad_cluster = cl;
             g_conv2.wgrad_ctas = cl * std::min(nclusters, sms / cl);
             break;
         }
     }
-    cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
-    // wg_grid_arrive's rank needs G - 1 < K / G
-    if ((unsigned long long)g_conv2.wgrad_ctas * g_conv2.wgrad_ctas > WG_BAR_K) {
-        fprintf(stderr, "conv2_tf32_setup: weight-gradient grid of %d blocks too large for its barrier\n",
+    // grid_barrier_arrive's rank needs G - 1 < K / G
+    if ((unsigned long long)g_conv2.wgrad_ctas * g_conv2.wgrad_ctas > GRID_BAR_K) {
+        fprintf(stderr, "conv2_tf32_decide: weight-gradient grid of %d blocks too large for its barrier\n",
                 g_conv2.wgrad_ctas);
         exit(EXIT_FAILURE);
     }
+}
+// The conv2 kernels' workspaces, the grid barrier and its watchdog (once per process, after conv2_tf32_decide)
+static void conv2_tf32_setup() {
+    if (g_conv2.ready) return;
+    cudaCheck(cudaMalloc(&g_conv2.ws, (size_t)g_conv2.wgrad_ctas * (C2 * KC2 + C2) * sizeof(float)));
     int* wd;
     cudaCheck(cudaHostAlloc(&wd, sizeof(int), cudaHostAllocMapped));
     *wd = 0;
@@ -4517,12 +4582,12 @@ static void conv2_tf32_setup() {
 // comes from `in` (ConvInput). Also makes the input gradient's image of conv2.weight (g_conv2.wimg_dgrad) and, when
 // act1_sign is not null, act1's signs (B,26,26 words, bit n: channel n > 0), which conv2_dgrad_tf32 reads before its
 // wait: launch at least one kernel between the two.
-// With fh.part (the fused forward, B <= FUSED_MAX_B, g_conv2.fused_fwd) also fc1 and the head (see FwdHead).
+// With fh.part (the fused forward, B <= FUSED_MAX_B, g_run.fused_forward_fits) also fc1 and the head (see FwdHead).
 static void conv2_forward_tf32(float* act2, float* pooled, uint8_t* codes, float* act1, uint32_t* act1_sign,
                                const ConvInput& in, const float* w1, const float* b1, const float* w2, const float* b2,
                                int B, const FwdHead& fh) {
     const bool fused = fh.part != nullptr;
-    if (fused && (B > FUSED_MAX_B || !g_conv2.fused_fwd)) {
+    if (fused && (B > FUSED_MAX_B || !g_run.fused_forward_fits)) {
         fprintf(stderr, "conv2_forward_tf32: the fused forward takes batches up to %d on a GPU that holds %d of its "
                 "blocks at once\n", FUSED_MAX_B, FC1F_SPLITS);
         exit(EXIT_FAILURE);
@@ -4555,10 +4620,10 @@ static SplitsJob conv2_dgrad_tf32(float* dact1, float* dw1, float* db1, const fl
 static void conv2_wgrad_tf32(float* dw2, float* db2, const float* dpooled, const uint8_t* codes, const float* act1,
                              int B, const SplitsJob& dgrad, const SplitsJob& extra, const OptTarget& opt,
                              int update_off, const BatchPrefetch& pf) {
-    const int cl = g_conv2.wgrad_cluster, grid = std::min(B * WG_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
+    const int cl = g_run.wgrad_cluster, grid = std::min(B * WGRAD_BANDS, g_conv2.wgrad_ctas);  // both multiples of cl
     SplitsJob j;
     j.dst = dw2; j.dst_tail = db2; j.n_head = C2 * KC2;
-    j.src = g_conv2.ws; j.stride = WG_NOUT; j.splits = grid / cl; j.n = WG_NOUT;
+    j.src = g_conv2.ws; j.stride = WGRAD_NOUT; j.splits = grid / cl; j.n = WGRAD_NOUT;
     j.update_off = update_off;
     if (update_off >= 0) j.w2img = g_conv2.wimg_fwd;
     launch_pdl(conv2_wgrad_tf32_kernel, grid, 256, CONV2_WGRAD_SMEM, cl, g_conv2.ws, dpooled, codes, act1, B, cl, j,
@@ -4854,24 +4919,41 @@ static void fc1_backward(const Fc1BackwardArgs& a) {
     launch_pdl(fc1_backward_kernel, FC1B_BLOCKS + FC1B_EXTRA, FC1B_THREADS, FC1B_SMEM, 1, a);
 }
 
-// Once per process: the conv2 kernels' launch configuration, the fc1 kernels' shared-memory limits, and whether the
-// device takes programmatic dependent launch and thread-block clusters (sm_90+; else fc1's forward stays on the
-// generic kernel and every launch is an ordinary one).
+// Writes MNIST_WGMMA as compiled into the code this GPU loaded (run_config_decide). A kernel, not a __device__
+// variable: a variable would move the kernels' addresses of the others (constant bank 4), changing their SASS.
+__global__ void wgmma_probe_kernel(int* built) { *built = MNIST_WGMMA; }
+// Once per process, after run_config_decide: the conv2 kernels' workspaces and the fc1 kernels' shared-memory limits.
 static void fast_path_setup() {
     static bool done = false;
     if (done) return;
+    if (!g_run.gpu_known) die("fast_path_setup: the run configuration has no GPU part (call run_config_decide first)");
     conv2_tf32_setup();
-    int dev, major;
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    g_pdl = major >= 9;
-    g_fc1_cluster = major >= 9;
-    g_bulk_copy = major >= 9;
-    if (g_fc1_cluster)
+    if (g_run.fc1_cluster)
         cudaCheck(
             cudaFuncSetAttribute(fc1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1F_SMEM));
     cudaCheck(cudaFuncSetAttribute(fc1_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FC1B_SMEM));
     done = true;
+}
+// The run configuration (RunConfig): the backend, precision and CPU threads given, and on the first call with a GPU
+// backend what the GPU supports: programmatic dependent launch, thread-block clusters and bulk copies on sm_90+ (else
+// fc1's forward stays on the generic kernel and every launch is an ordinary one), the code it loaded (wgmma or
+// mma.sync), the conv2 kernels' launch configuration (conv2_tf32_decide).
+static void run_config_decide(int backend, int tf32, int cpu_threads) {
+    g_run.backend = backend; g_run.tf32 = tf32; g_run.cpu_threads = cpu_threads;
+    if (backend == BACKEND_CPU || g_run.gpu_known) return;
+    int dev, major, wgmma = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    g_run.pdl = g_run.fc1_cluster = g_run.bulk_copy = major >= 9;
+    int* built;
+    cudaCheck(cudaMalloc(&built, sizeof(int)));
+    wgmma_probe_kernel<<<1, 1>>>(built);
+    launch_check();
+    cudaCheck(cudaMemcpy(&wgmma, built, sizeof(int), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(built));
+    g_run.wgmma = wgmma != 0;
+    conv2_tf32_decide();
+    g_run.gpu_known = true;
 }
 
 // ================================================================================================================
@@ -5202,13 +5284,36 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
             "moves)" : ")"));
 }
 
-int main(int argc, char** argv) {
-    setvbuf(stdout, nullptr, _IOLBF, 0);
-    setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // load every kernel up front, never during graph capture or timing
-    Args a;
-    parse_args(argc, argv, a);
+// The run configuration's rows of the start-up table (RunConfig): which kernels a training step of batch B takes
+static std::vector<std::pair<std::string, std::string>> run_config_rows(int B) {
+    std::vector<std::pair<std::string, std::string>> rows;
+    const bool cpu = g_run.backend == BACKEND_CPU, cublas = g_run.backend == BACKEND_CUBLAS;
+    rows.push_back({"matrix products", cpu      ? "CPU, " + std::to_string(g_run.cpu_threads) + " threads"
+                                       : cublas ? "cuBLAS (explicit im2col)"
+                                                : "our kernels"});
+    rows.push_back({"precision", cpu ? "fp32" : g_run.tf32 ? "TF32 tensor cores" : "strict fp32"});
+    if (cpu || cublas || !g_run.tf32) {
+        rows.push_back({"fast path", cpu ? "off (CPU)" : cublas ? "off (--matmul cublas)" : "off (--tf32 0)"});
+        return rows;
+    }
+    rows.push_back({"fast path", std::string("on: conv2 on ") + (g_run.wgmma ? "wgmma (sm_90a)" : "mma.sync")});
+    const std::string fused = !g_run.fc1_cluster          ? "off (needs sm_90+)"
+                              : !g_run.fused_forward_fits ? "off (its grid does not fit at once)"
+                              : B > FUSED_MAX_B           ? "off (batch over " + std::to_string(FUSED_MAX_B) + ")"
+                                                          : "on (conv2's kernel runs fc1 and the head)";
+    rows.push_back({"fused forward", g_run.fused_forward ? fused : "off"});
+    rows.push_back({"fc1 forward", g_run.fc1_cluster ? "split-K in clusters of " + std::to_string(FC1F_CLUSTER)
+                                                     : "the generic kernel"});
+    rows.push_back({"conv2 wgrad partials", g_run.wgrad_cluster > 1
+                                                ? "added in clusters of " + std::to_string(g_run.wgrad_cluster)
+                                                : "one per block"});
+    rows.push_back({"conv2 weight image", g_run.bulk_copy ? "one bulk copy (TMA)" : "cp.async"});
+    rows.push_back({"launches", g_run.pdl ? "programmatic dependent launch" : "ordinary"});
+    return rows;
+}
 
-    // every path before any work: a bad one costs no training (issue 26)
+// Every path before any work: a bad one costs no training (issue 26)
+static void check_paths(const Args& a) {
     struct stat st;
     if (stat(a.data_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
         die(a.data_dir + ": --data_dir is " + (S_ISREG(st.st_mode) ? "a regular file" : file_kind(st.st_mode)) +
@@ -5219,15 +5324,16 @@ int main(int argc, char** argv) {
         if (real != a.checkpoint)
             printf("note: --checkpoint %s is a symlink: writing through to %s\n", a.checkpoint.c_str(), real.c_str());
     }
+}
+// The checkpoint of --load or --resume into ck, read and validated before any work; --resume takes its settings
+static CheckpointMeta read_start_checkpoint(Args& a, BinFile* ck, const std::set<std::string>& allowed) {
     const std::string& ckpath = a.resume.empty() ? a.load : a.resume;
-    BinFile ck;
     CheckpointMeta stored;
-    std::set<std::string> allowed = parse_allow_change(a.allow_change);
     if (!ckpath.empty()) {
-        std::string e = checkpoint_read(&ck, ckpath.c_str(),
+        std::string e = checkpoint_read(ck, ckpath.c_str(),
                                         a.resume.empty() ? "--load checkpoint" : "--resume checkpoint");
         if (!e.empty()) die(e);
-        stored = checkpoint_meta(&ck);
+        stored = checkpoint_meta(ck);
     }
     if (!a.resume.empty()) {
         if (!stored.has_optimizer)
@@ -5235,33 +5341,34 @@ int main(int argc, char** argv) {
                 "takes the weights alone)");
         resume_settings(a, stored, a.resume, allowed);
     }
-
-    // device: a machine without a driver or GPU answers cudaGetDeviceCount with an error; that means zero devices
+    return stored;
+}
+// --device: true for the CPU path. A machine without a driver or GPU answers cudaGetDeviceCount with an error; that
+// means zero devices.
+static bool device_is_cpu(const Args& a) {
     int ndev = 0;
     cudaError_t derr = cudaGetDeviceCount(&ndev);
     if (derr != cudaSuccess) { (void)cudaGetLastError(); ndev = 0; }
-    bool cpu = a.device == "cpu";
     if (a.device == "cuda" && ndev == 0) {
         fprintf(stderr, "error: --device cuda but no CUDA device is available (%s)\n", cudaGetErrorString(derr));
         exit(1);
     }
     if (a.device == "auto" && ndev == 0) {
         printf("no CUDA device found (%s): training on the CPU (--device cpu)\n", cudaGetErrorString(derr));
-        cpu = true;
+        return true;
     }
-    g_mm.backend = cpu ? BACKEND_CPU : (a.matmul == "cublas" ? BACKEND_CUBLAS : BACKEND_OURS);
-    g_mm.tf32 = a.tf32;
-    g_cpu_threads = a.cpu_threads > 0 ? a.cpu_threads : std::max(1u, std::thread::hardware_concurrency());
-    if (!cpu) cudaCheck(cudaStreamCreate(&g_mm.stream));
-
-    MnistSplit train, test;
-    // a resumed run trains on the stored number of images unless --train_limit is given
+    return a.device == "cpu";
+}
+// The training split (none for --eval_only) and the test split. A resumed run trains on the stored number of images
+// unless --train_limit is given, and then on another number only with --allow_change train_limit.
+static void load_splits(Args& a, const CheckpointMeta& stored, const std::set<std::string>& allowed,
+                        MnistSplit* train, MnistSplit* test) {
     const bool resume = !a.resume.empty(), limit_given = a.given.count("train_limit") > 0;
     if (!a.eval_only)
-        train = mnist_load_split(a.data_dir, "train", resume && !limit_given ? stored.train_images : a.train_limit);
-    test = mnist_load_split(a.data_dir, "t10k", a.test_limit);
-    if (resume && train.n != stored.train_images) {
-        std::string n = std::to_string(train.n), sn = std::to_string(stored.train_images);
+        *train = mnist_load_split(a.data_dir, "train", resume && !limit_given ? stored.train_images : a.train_limit);
+    *test = mnist_load_split(a.data_dir, "t10k", a.test_limit);
+    if (resume && train->n != stored.train_images) {
+        std::string n = std::to_string(train->n), sn = std::to_string(stored.train_images);
         if (!limit_given)
             die(a.resume + " was trained on " + sn + " images (train_images), --data_dir " + a.data_dir + " holds " +
                 n);
@@ -5272,51 +5379,50 @@ int main(int argc, char** argv) {
         printf("note: --train_limit %d gives %s training images instead of the train_images %s stored in %s "
                "(--allow_change)\n", a.train_limit, n.c_str(), sn.c_str(), a.resume.c_str());
     }
-    if (resume && !limit_given) a.train_limit = train.n;  // for the table: the images this run uses
-    int B = a.batch_size;
-    if (!a.eval_only && B > train.n) {
-        fprintf(stderr, "error: flag --batch_size expects at most the %d training images, found %d\n", train.n, B);
-        exit(1);
-    }
-    int eval_batch = cpu ? std::min(a.eval_batch_size, 100) : a.eval_batch_size;
-    int steps_per_epoch = a.eval_only ? 0 : ceil_div(train.n, B);
-
-    Mnist model;
-    model.opt.optimizer = a.optimizer == "sgd" ? OPT_SGD : a.optimizer == "adamw" ? OPT_ADAMW
-                          : a.optimizer == "muon" ? OPT_MUON : OPT_SHAMPOO;
-    model.opt.schedule = a.lr_schedule == "constant" ? SCHED_CONSTANT
-                         : a.lr_schedule == "cosine" ? SCHED_COSINE
-                                                     : SCHED_LINEAR;
-    model.opt.warmup_steps = a.warmup_steps; model.opt.total_steps = std::max(1, a.epochs * steps_per_epoch);
-    model.opt.lr = a.lr;
-    model.opt.lr_min = a.lr_min;
-    model.opt.momentum = a.momentum;
-    model.opt.weight_decay = a.weight_decay;
-    model.opt.beta1 = a.beta1; model.opt.beta2 = a.beta2; model.opt.eps = a.eps;
-    model.opt.muon_lr = a.muon_lr; model.opt.muon_momentum = a.muon_momentum; model.opt.nesterov = a.muon_nesterov;
-    model.opt.ns_steps = a.ns_steps; model.opt.graft = a.graft == "sgd" ? GRAFT_SGD : GRAFT_ADAM;
-    model.opt.precond_every = a.precond_every; model.opt.precond_start = a.precond_start;
-    model.opt.max_precond_dim = a.max_precond_dim; model.opt.precond_eps = a.precond_eps;
-    model.opt.precond_damping = a.precond_damping;
-    mnist_build(&model, cpu, B, eval_batch);
-    mnist_init_params(&model, (uint64_t)a.seed);
-
-    int start_epoch = 0, step = 0;
-    if (!a.load.empty()) mnist_load_checkpoint_state(&model, &ck, false);
-    if (resume) {
-        mnist_load_checkpoint_state(&model, &ck, !a.fresh_optimizer);
-        start_epoch = stored.epoch;
-        step = start_epoch * steps_per_epoch;  // the stored step, unless the batch size or the images changed
-        if (step != stored.step)
-            printf("note: %d steps per epoch instead of %d: the schedule goes on from step %d (epoch %d), not %d\n",
-                   steps_per_epoch, (stored.train_images + stored.batch_size - 1) / stored.batch_size, step,
-                   start_epoch, stored.step);
-        printf("resuming %s at epoch %d of %d (step %d): %s, lr %g, %s schedule, seed %d, batch_size %d, %d training "
-               "images\n", a.resume.c_str(), start_epoch, a.epochs, step, a.optimizer.c_str(), a.lr,
-               a.lr_schedule.c_str(), a.seed, B, train.n);
-    }
-
-    // the boxed table of the run's parameters
+    if (resume && !limit_given) a.train_limit = train->n;  // for the table: the images this run uses
+}
+static OptConfig opt_config_from_args(const Args& a, int steps_per_epoch) {
+    OptConfig o;
+    o.optimizer = a.optimizer == "sgd" ? OPT_SGD : a.optimizer == "adamw" ? OPT_ADAMW
+                  : a.optimizer == "muon" ? OPT_MUON : OPT_SHAMPOO;
+    o.schedule = a.lr_schedule == "constant" ? SCHED_CONSTANT
+                 : a.lr_schedule == "cosine" ? SCHED_COSINE
+                                             : SCHED_LINEAR;
+    o.warmup_steps = a.warmup_steps; o.total_steps = std::max(1, a.epochs * steps_per_epoch);
+    o.lr = a.lr;
+    o.lr_min = a.lr_min;
+    o.momentum = a.momentum;
+    o.weight_decay = a.weight_decay;
+    o.beta1 = a.beta1; o.beta2 = a.beta2; o.eps = a.eps;
+    o.muon_lr = a.muon_lr; o.muon_momentum = a.muon_momentum; o.nesterov = a.muon_nesterov;
+    o.ns_steps = a.ns_steps; o.graft = a.graft == "sgd" ? GRAFT_SGD : GRAFT_ADAM;
+    o.precond_every = a.precond_every; o.precond_start = a.precond_start;
+    o.max_precond_dim = a.max_precond_dim; o.precond_eps = a.precond_eps;
+    o.precond_damping = a.precond_damping;
+    return o;
+}
+// --load's weights, or --resume's weights and optimizer state; returns the first epoch to train and sets *step, the
+// schedule's step at its start
+static int restore_from_checkpoint(Mnist* model, BinFile* ck, const Args& a, const CheckpointMeta& stored,
+                                   int steps_per_epoch, int train_n, int* step) {
+    *step = 0;
+    if (!a.load.empty()) mnist_load_checkpoint_state(model, ck, false);
+    if (a.resume.empty()) return 0;
+    mnist_load_checkpoint_state(model, ck, !a.fresh_optimizer);
+    const int start_epoch = stored.epoch;
+    *step = start_epoch * steps_per_epoch;  // the stored step, unless the batch size or the images changed
+    if (*step != stored.step)
+        printf("note: %d steps per epoch instead of %d: the schedule goes on from step %d (epoch %d), not %d\n",
+               steps_per_epoch, (stored.train_images + stored.batch_size - 1) / stored.batch_size, *step, start_epoch,
+               stored.step);
+    printf("resuming %s at epoch %d of %d (step %d): %s, lr %g, %s schedule, seed %d, batch_size %d, %d training "
+           "images\n", a.resume.c_str(), start_epoch, a.epochs, *step, a.optimizer.c_str(), a.lr,
+           a.lr_schedule.c_str(), a.seed, a.batch_size, train_n);
+    return start_epoch;
+}
+// The boxed table of the run's parameters: the device, the run configuration, every flag, the data and the model
+static void print_run_table(Args& a, bool cpu, const MnistSplit& train, const MnistSplit& test, const Mnist& model,
+                            int steps_per_epoch) {
     char devname[256] = "CPU";
     if (!cpu) {
         cudaDeviceProp prop;
@@ -5325,12 +5431,141 @@ int main(int argc, char** argv) {
     }
     printf("+-----------------------+----------------------------------------------+\n");
     printf("| %-21s | %-44s |\n", "device", devname);
+    for (auto& row : run_config_rows(a.batch_size))
+        printf("| %-21s | %-44s |\n", row.first.c_str(), row.second.c_str());
     for (auto& f : flag_specs(a)) printf("| %-21s | %-44s |\n", f.name, flag_value_str(f).c_str());
     printf("| %-21s | %-44d |\n", "train / test images", train.n); printf("| %-21s | %-44d |\n", "", test.n);
     printf("| %-21s | %-44zu |\n", "parameters", model.n_params);
     printf("| %-21s | %-44d |\n", "steps per epoch", steps_per_epoch);
     if (!cpu) printf("| %-21s | %-44s |\n", "GPU memory free/total", gpu_memory_line().c_str());
     printf("+-----------------------+----------------------------------------------+\n");
+}
+static void print_confusion(const std::vector<int>& confusion) {
+    printf("confusion matrix (rows: true digit, columns: predicted)\n     ");
+    for (int j = 0; j < NCLS; j++) printf("%6d", j);
+    printf("\n");
+    for (int i = 0; i < NCLS; i++) {
+        printf("  %d |", i);
+        for (int j = 0; j < NCLS; j++) printf("%6d", confusion[i * NCLS + j]);
+        printf("\n");
+    }
+}
+
+// An epoch of training as main runs it: n_full steps of batch B and a tail step of the rest, on the GPU in graphs of
+// GRAPH_STEPS steps (graph_multi) and one of the remaining steps (graph_rest) where --cuda_graph 1
+struct EpochRun {
+    Mnist* model = nullptr;
+    const DeviceData* train = nullptr;
+    float* losses = nullptr;  // per-sample training losses (device, or host on the CPU)
+    int* perm_dev = nullptr;  // the epoch's order, on the device
+    int n = 0, B = 0, n_full = 0, tail = 0, n_multi = 0, n_rest = 0;
+    cudaGraphExec_t graph_multi = nullptr, graph_rest = nullptr;
+    cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+};
+static EpochRun epoch_run_setup(Mnist* model, const DeviceData* train, float* losses, int* perm_dev, int B,
+                                const Args& a) {
+    EpochRun r;
+    r.model = model; r.train = train; r.losses = losses; r.perm_dev = perm_dev; r.n = train->n; r.B = B;
+    r.n_full = r.n / B; r.tail = r.n % B; r.n_multi = r.n_full / GRAPH_STEPS; r.n_rest = r.n_full % GRAPH_STEPS;
+    if (model->cpu) return r;
+    if (a.cuda_graph && model->opt.optimizer == OPT_SHAMPOO)
+        printf("note: --optimizer shampoo runs its steps without CUDA graphs (its root schedule is a host decision)\n");
+    if (a.cuda_graph && model->opt.optimizer != OPT_SHAMPOO) {
+        if (r.n_multi) r.graph_multi = capture_train_steps(model, *train, perm_dev, losses, B, GRAPH_STEPS);
+        if (r.n_rest || r.tail)
+            r.graph_rest = capture_train_steps(model, *train, perm_dev, losses, B, r.n_rest, r.tail);
+        cudaCheck(cudaStreamSynchronize(g_mm.stream));
+    }
+    cudaCheck(cudaEventCreate(&r.ev0)); cudaCheck(cudaEventCreate(&r.ev1));
+    return r;
+}
+// One epoch's training steps in the order perm from the schedule's step `step`, every per-sample loss into
+// host_losses; returns the training time in ms (CUDA events on the GPU)
+static double train_epoch(EpochRun& r, const std::vector<int>& perm, int step, std::vector<float>& host_losses) {
+    Mnist* m = r.model;
+    if (m->cpu) {
+        auto t0 = std::chrono::steady_clock::now();
+        mnist_set_counters(m, step, 0);
+        for (int s = 0; s < r.n_full + (r.tail ? 1 : 0); s++)
+            mnist_train_step(m, *r.train, perm.data(), r.losses, s < r.n_full ? r.B : r.tail);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        memcpy(host_losses.data(), r.losses, r.n * 4);
+        return ms;
+    }
+    cudaCheck(cudaEventRecord(r.ev0, g_mm.stream));
+    cudaCheck(cudaMemcpyAsync(r.perm_dev, perm.data(), r.n * 4, cudaMemcpyHostToDevice, g_mm.stream));
+    mnist_set_counters(m, step, 0);
+    for (int g = 0; g < r.n_multi; g++) {
+        if (r.graph_multi) cudaCheck(cudaGraphLaunch(r.graph_multi, g_mm.stream));
+        else mnist_train_steps(m, *r.train, r.perm_dev, r.losses, r.B, GRAPH_STEPS);
+    }
+    if (r.graph_rest) cudaCheck(cudaGraphLaunch(r.graph_rest, g_mm.stream));
+    else if (r.n_rest || r.tail) mnist_train_steps(m, *r.train, r.perm_dev, r.losses, r.B, r.n_rest, r.tail);
+    cudaCheck(cudaEventRecord(r.ev1, g_mm.stream));
+    cudaCheck(cudaMemcpyAsync(host_losses.data(), r.losses, r.n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+    cudaCheck(cudaEventSynchronize(r.ev1));
+    float ms;
+    cudaCheck(cudaEventElapsedTime(&ms, r.ev0, r.ev1));
+    return ms;
+}
+// What became of the checkpoint when a run stops on its loss
+static std::string checkpoint_state(const Args& a) {
+    struct stat cs;
+    if (a.checkpoint.empty()) return "no checkpoint was requested (--checkpoint)";
+    if (stat(a.checkpoint.c_str(), &cs) == 0)
+        return "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)";
+    return "no good checkpoint was written yet";
+}
+// Stops the run on an epoch's training loss that is not finite (exit 2) or diverges (exit 1). A finite loss diverges
+// too (--lr 10 reaches 1e30 in an epoch): an epoch's mean loss above 4x a uniform guess's, or above a uniform guess's
+// again and twice this run's best epoch, means the weights blow up.
+static void check_train_loss(double train_loss, double best_loss, int epoch, const Args& a) {
+    const double chance_loss = std::log((double)NCLS);  // a uniform guess's loss, ln 10 = 2.30
+    if (!std::isfinite(train_loss)) {
+        fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1,
+                checkpoint_state(a).c_str());
+        exit(2);
+    }
+    if (train_loss > 4 * chance_loss || (train_loss > chance_loss && train_loss > 2 * best_loss)) {
+        char best[64] = "";
+        if (std::isfinite(best_loss)) snprintf(best, sizeof best, ", this run's best epoch %.4g", best_loss);
+        fprintf(stderr, "error: the training loss diverges: %.4g in epoch %d (a uniform guess scores %.2f%s); "
+                "stopping at --lr %g (try a smaller --lr). %s\n", train_loss, epoch + 1, chance_loss, best, a.lr,
+                checkpoint_state(a).c_str());
+        exit(1);
+    }
+}
+
+int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // load every kernel up front, never during graph capture or timing
+    Args a;
+    parse_args(argc, argv, a);
+    check_paths(a);
+    const std::set<std::string> allowed = parse_allow_change(a.allow_change);
+    BinFile ck;
+    const CheckpointMeta stored = read_start_checkpoint(a, &ck, allowed);
+    const bool cpu = device_is_cpu(a);
+    run_config_decide(cpu ? BACKEND_CPU : (a.matmul == "cublas" ? BACKEND_CUBLAS : BACKEND_OURS), a.tf32,
+                      a.cpu_threads > 0 ? a.cpu_threads : std::max(1u, std::thread::hardware_concurrency()));
+    if (!cpu) cudaCheck(cudaStreamCreate(&g_mm.stream));
+
+    MnistSplit train, test;
+    load_splits(a, stored, allowed, &train, &test);
+    const int B = a.batch_size;
+    if (!a.eval_only && B > train.n) {
+        fprintf(stderr, "error: flag --batch_size expects at most the %d training images, found %d\n", train.n, B);
+        exit(1);
+    }
+    const int eval_batch = cpu ? std::min(a.eval_batch_size, 100) : a.eval_batch_size;
+    const int steps_per_epoch = a.eval_only ? 0 : ceil_div(train.n, B);
+    Mnist model;
+    model.opt = opt_config_from_args(a, steps_per_epoch);
+    mnist_build(&model, cpu, B, eval_batch);
+    mnist_init_params(&model, (uint64_t)a.seed);
+    int step = 0;
+    const int start_epoch = restore_from_checkpoint(&model, &ck, a, stored, steps_per_epoch, train.n, &step);
+    print_run_table(a, cpu, train, test, model, steps_per_epoch);
 
     DeviceData dtest = upload_split(test, cpu);
     DeviceData dtrain = a.eval_only ? DeviceData() : upload_split(train, cpu);
@@ -5342,36 +5577,15 @@ int main(int argc, char** argv) {
         cudaCheck(cudaMalloc(&losses, nbuf * 4)); cudaCheck(cudaMalloc(&preds, nbuf * 4));
         cudaCheck(cudaMalloc(&perm_dev, std::max(train.n, 1) * 4));
     }
-
     if (a.eval_only) {
         EvalResult r = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
         printf("eval | test loss %.4f | test acc %.2f%%\n", r.loss, r.accuracy);
-        if (a.confusion) {
-            printf("confusion matrix (rows: true digit, columns: predicted)\n     ");
-            for (int j = 0; j < NCLS; j++) printf("%6d", j);
-            printf("\n");
-            for (int i = 0; i < NCLS; i++) {
-                printf("  %d |", i);
-                for (int j = 0; j < NCLS; j++) printf("%6d", r.confusion[i * NCLS + j]);
-                printf("\n");
-            }
-        }
+        if (a.confusion) print_confusion(r.confusion);
         printf("final | test_acc %.4f | test_loss %.6f\n", r.accuracy, r.loss);
         return 0;
     }
 
-    const int n_full = train.n / B, tail = train.n % B, n_multi = n_full / GRAPH_STEPS, n_rest = n_full % GRAPH_STEPS;
-    cudaGraphExec_t graph_multi = nullptr, graph_rest = nullptr;
-    if (!cpu && a.cuda_graph && model.opt.optimizer == OPT_SHAMPOO)
-        printf("note: --optimizer shampoo runs its steps without CUDA graphs (its root schedule is a host decision)\n");
-    if (!cpu && a.cuda_graph && model.opt.optimizer != OPT_SHAMPOO) {
-        if (n_multi) graph_multi = capture_train_steps(&model, dtrain, perm_dev, losses, B, GRAPH_STEPS);
-        if (n_rest || tail) graph_rest = capture_train_steps(&model, dtrain, perm_dev, losses, B, n_rest, tail);
-        cudaCheck(cudaStreamSynchronize(g_mm.stream));
-    }
-    cudaEvent_t ev0 = nullptr, ev1 = nullptr;
-    if (!cpu) { cudaCheck(cudaEventCreate(&ev0)); cudaCheck(cudaEventCreate(&ev1)); }
-
+    EpochRun run = epoch_run_setup(&model, &dtrain, losses, perm_dev, B, a);
     std::vector<int> perm;
     std::vector<float> host_losses(train.n);
     double total_train_ms = 0;
@@ -5379,61 +5593,16 @@ int main(int argc, char** argv) {
     CheckpointMeta meta;
     meta.batch_size = B; meta.seed = a.seed; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.opt = model.opt;
     meta.train_images = train.n;
-    // what became of the checkpoint when a run stops on its loss
-    auto checkpoint_state = [&]() -> std::string {
-        struct stat cs;
-        if (a.checkpoint.empty()) return "no checkpoint was requested (--checkpoint)";
-        if (stat(a.checkpoint.c_str(), &cs) == 0)
-            return "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)";
-        return "no good checkpoint was written yet";
-    };
-    const double chance_loss = std::log((double)NCLS);  // a uniform guess's loss, ln 10 = 2.30
     double best_loss = INFINITY;  // the lowest epoch loss of this run
     for (int epoch = start_epoch; epoch < a.epochs; epoch++) {
         epoch_permutation(perm, train.n, a.seed, epoch);
-        double ms = 0;
-        if (cpu) {
-            auto t0 = std::chrono::steady_clock::now();
-            mnist_set_counters(&model, step, 0);
-            for (int s = 0; s < n_full + (tail ? 1 : 0); s++)
-                mnist_train_step(&model, dtrain, perm.data(), losses, s < n_full ? B : tail);
-            ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            memcpy(host_losses.data(), losses, train.n * 4);
-        } else {
-            cudaCheck(cudaEventRecord(ev0, g_mm.stream));
-            cudaCheck(cudaMemcpyAsync(perm_dev, perm.data(), train.n * 4, cudaMemcpyHostToDevice, g_mm.stream));
-            mnist_set_counters(&model, step, 0);
-            for (int g = 0; g < n_multi; g++) {
-                if (graph_multi) cudaCheck(cudaGraphLaunch(graph_multi, g_mm.stream));
-                else mnist_train_steps(&model, dtrain, perm_dev, losses, B, GRAPH_STEPS);
-            }
-            if (graph_rest) cudaCheck(cudaGraphLaunch(graph_rest, g_mm.stream));
-            else if (n_rest || tail) mnist_train_steps(&model, dtrain, perm_dev, losses, B, n_rest, tail);
-            cudaCheck(cudaEventRecord(ev1, g_mm.stream));
-            cudaCheck(cudaMemcpyAsync(host_losses.data(), losses, train.n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
-            cudaCheck(cudaEventSynchronize(ev1));
-            float f; cudaCheck(cudaEventElapsedTime(&f, ev0, ev1)); ms = f;
-        }
-        step += n_full + (tail ? 1 : 0);
+        const double ms = train_epoch(run, perm, step, host_losses);
+        step += run.n_full + (run.tail ? 1 : 0);
         total_train_ms += ms;
         double train_loss = 0;
         for (float l : host_losses) train_loss += l;
         train_loss /= train.n;
-        if (!std::isfinite(train_loss)) {
-            fprintf(stderr, "error: training loss is %f in epoch %d; stopping. %s\n", train_loss, epoch + 1,
-                    checkpoint_state().c_str());
-            exit(2);
-        }
-        // a finite loss diverges too (--lr 10 reaches 1e30 in an epoch): an epoch's mean loss above 4x a uniform
-        // guess's, or above a uniform guess's again and twice this run's best epoch, means the weights blow up
-        if (train_loss > 4 * chance_loss || (train_loss > chance_loss && train_loss > 2 * best_loss)) {
-            char best[64] = "";
-            if (std::isfinite(best_loss)) snprintf(best, sizeof best, ", this run's best epoch %.4g", best_loss);
-            fprintf(stderr, "error: the training loss diverges: %.4g in epoch %d (a uniform guess scores %.2f%s); "
-                    "stopping at --lr %g (try a smaller --lr). %s\n", train_loss, epoch + 1, chance_loss, best, a.lr,
-                    checkpoint_state().c_str());
-            exit(1);
-        }
+        check_train_loss(train_loss, best_loss, epoch, a);
         best_loss = std::min(best_loss, train_loss);
         if (!cpu) gpu_memory_line();  // a sample for the peak
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
@@ -5450,16 +5619,7 @@ int main(int argc, char** argv) {
             break;
         }
     }
-    if (a.confusion && !last.confusion.empty()) {
-        printf("confusion matrix (rows: true digit, columns: predicted)\n     ");
-        for (int j = 0; j < NCLS; j++) printf("%6d", j);
-        printf("\n");
-        for (int i = 0; i < NCLS; i++) {
-            printf("  %d |", i);
-            for (int j = 0; j < NCLS; j++) printf("%6d", last.confusion[i * NCLS + j]);
-            printf("\n");
-        }
-    }
+    if (a.confusion && !last.confusion.empty()) print_confusion(last.confusion);
     printf("final | test_acc %.4f | test_loss %.6f | train_ms %.1f\n", last.accuracy, last.loss, total_train_ms);
     if (!cpu) {
         gpu_memory_line();

@@ -293,7 +293,7 @@ static std::vector<float> run_opt_steps(Mnist* m, const OptReference& r, int run
 //        update's size is a norm over many elements); AdamW-grafted: atol 1e-4 of the largest element (a tiny
 //        gradient's rounding turns into an update of up to lr).
 static void check_optimizers_cpu(const OptReference& r) {
-    g_mm.backend = BACKEND_CPU;
+    g_run.backend = BACKEND_CPU;
     Mnist m; mnist_build(&m, true, r.B, r.B);
     std::vector<float> lbuf(r.B);
     for (int run = 0; run < (int)r.runs.size(); run++) {
@@ -316,8 +316,8 @@ static void check_optimizers_cpu(const OptReference& r) {
 // Shampoo's direction, whose size the graft then fixes).
 static void check_optimizers_gpu(const OptReference& r) {
     std::vector<std::vector<float>> cpu_params, cpu_losses;
-    const int backend = g_mm.backend, tf32 = g_mm.tf32;
-    g_mm.backend = BACKEND_CPU;
+    const int backend = g_run.backend, tf32 = g_run.tf32;
+    g_run.backend = BACKEND_CPU;
     {
         Mnist m; mnist_build(&m, true, r.B, r.B);
         std::vector<float> lbuf(r.B);
@@ -327,7 +327,7 @@ static void check_optimizers_gpu(const OptReference& r) {
         }
         mnist_free(&m);
     }
-    g_mm.backend = BACKEND_OURS; g_mm.tf32 = 0;
+    g_run.backend = BACKEND_OURS; g_run.tf32 = 0;
     Mnist m; mnist_build(&m, false, r.B, r.B);
     float* lbuf; cudaCheck(cudaMalloc(&lbuf, r.B * 4));
     for (int run = 0; run < (int)r.runs.size(); run++) {
@@ -345,7 +345,7 @@ static void check_optimizers_gpu(const OptReference& r) {
     }
     cudaCheck(cudaFree(lbuf));
     mnist_free(&m);
-    g_mm.backend = backend; g_mm.tf32 = tf32;
+    g_run.backend = backend; g_run.tf32 = tf32;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -359,7 +359,7 @@ static std::vector<float> rand_vec(size_t n, uint64_t seed) {
 static void check_kernel_case(const char* name, int akind, int bkind, int M, int N, int K, int a_rows, int a_cols, int b_rows,
                               int b_cols, bool with_epilogue, uint64_t seed) {
     for (int tf32 = 0; tf32 < 2; tf32++) {
-        g_mm.backend = BACKEND_OURS; g_mm.tf32 = tf32;
+        g_run.backend = BACKEND_OURS; g_run.tf32 = tf32;
         std::vector<float> ha = rand_vec((size_t)a_rows * a_cols, seed), hb = rand_vec((size_t)b_rows * b_cols, seed + 1);
         std::vector<float> hbias = rand_vec(N, seed + 2), hmask = rand_vec((size_t)M * N, seed + 3);
         float *da, *db, *dc, *dbias, *dmask, *drow;
@@ -720,9 +720,9 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
             ConvInput in;
             in.images = d.images; in.labels = d.labels; in.perm = with_perm ? perm_dev : nullptr;
             in.counters = with_perm ? m.counters : nullptr; in.offset = with_perm ? 0 : off;
-            g_fused_forward = fused;
+            g_run.fused_forward = fused;
             mnist_forward_loss(&m, B, &in, lbuf, pbuf, in.counters, in.offset, true);
-            g_fused_forward = true;
+            g_run.fused_forward = true;
             cudaCheck(cudaDeviceSynchronize());
             std::vector<std::vector<uint8_t>> r;
             for (const Out& o : outs) {
@@ -763,7 +763,7 @@ static void check_gathered_forward(int B, int ctas, uint64_t seed) {
 // dataset, nsteps steps of batch B then one of tail, SGD (momentum, weight decay) or AdamW with warm-up + cosine.
 // B = 64: the fused forward; B = 100: conv2's forward kernel alone, some blocks with two bands (the second band's
 // staged bytes loaded in the loop).
-// vs_unfused: the same sequence (staged) against itself with g_fused_forward = false instead, over whole training
+// vs_unfused: the same sequence (staged) against itself with g_run.fused_forward = false instead, over whole training
 // steps (forward, backward, optimizer): at batch <= 64 the fused forward (conv2's forward kernel with fc1 and the
 // head) against its three launches (conv2's forward, fc1_forward_kernel, head_kernel): the same bits required.
 static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t seed, bool vs_unfused = false) {
@@ -787,9 +787,9 @@ static void check_staged_batches(int B, int nsteps, int tail, int opt, uint64_t 
         cudaCheck(cudaMemset(lbuf, 0xFF, n * 4));
         mnist_set_counters(&m, 0, 0);
         if (vs_unfused) {
-            g_fused_forward = seq == 1;
+            g_run.fused_forward = seq == 1;
             mnist_train_steps(&m, ds.d, ds.perm_dev, lbuf, B, nsteps, tail);
-            g_fused_forward = true;
+            g_run.fused_forward = true;
         } else if (seq) mnist_train_steps(&m, ds.d, ds.perm_dev, lbuf, B, nsteps, tail);
         else for (int i = 0; i < steps; i++) mnist_train_step(&m, ds.d, ds.perm_dev, lbuf, i < nsteps ? B : tail);
         cudaCheck(cudaDeviceSynchronize());
@@ -852,7 +852,7 @@ static void check_fc1_fast(int B, uint64_t seed) {
     const std::string tag = "B=" + std::to_string(B);
     char buf[256];
     auto fin = [](double e, float g) { return g == g ? e : INFINITY; };
-    if (g_fc1_cluster) {
+    if (g_run.fc1_cluster) {
         float *d_part = poison((size_t)FC1F_PARTS * B * FC_H), *d_hout = poison((size_t)B * FC_H), *d_logits = poison((size_t)B * NCLS);
         launch_pdl(fc1_forward_kernel, dim3(FC1F_SPLITS, ceil_div(B, 64)), 256, FC1F_SMEM, FC1F_CLUSTER, d_part, d_pooled, d_w, B);
         launch_pdl(head_kernel<FC1F_PARTS>, ceil_div(B, 8), 256, 0, 1, d_logits, nullptr, nullptr, nullptr, nullptr, d_hout, d_part,
@@ -986,12 +986,13 @@ static void check_fc1_fast(int B, uint64_t seed) {
     cudaFree(d_y); cudaFree(d_counters);
 }
 
-// The grid barriers' watchdog (wg_grid_wait): one block waits on a barrier that never opens. Run in a child process
+// The grid barriers' watchdog (grid_barrier_wait): one block waits on a barrier that never opens. Run in a child process
 // (`test_mnist --watchdog_probe`), since the trap ends its CUDA context: cuda_check must name the barrier and exit
 // non-zero; falling through is a failure of its own (exit 3).
-__global__ void watchdog_probe_kernel(unsigned long long* bar) { wg_grid_wait(bar, 1, 2); }
+__global__ void watchdog_probe_kernel(unsigned long long* bar) { grid_barrier_wait(bar, 1, 2); }
 static int watchdog_probe() {
-    conv2_tf32_setup();  // maps the watchdog's host word
+    run_config_decide(BACKEND_OURS, 1, 1);  // the launch configuration the workspaces are sized for
+    conv2_tf32_setup();                     // maps the watchdog's host word
     cudaCheck(cudaMemset(g_conv2.wgrad_bar, 0, sizeof(unsigned long long)));
     watchdog_probe_kernel<<<1, 32>>>(g_conv2.wgrad_bar);
     cudaCheck(cudaGetLastError());
@@ -1029,7 +1030,7 @@ int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     if (argc == 2 && !strcmp(argv[1], "--watchdog_probe")) return watchdog_probe();
     if (argc > 1) { fprintf(stderr, "usage: %s (no arguments; --watchdog_probe is the watchdog test's child)\n", argv[0]); return 2; }
-    g_cpu_threads = std::max(1u, std::thread::hardware_concurrency());
+    run_config_decide(BACKEND_CPU, 1, std::max(1u, std::thread::hardware_concurrency()));
     const char* fixture_path = "dev/fixtures/mnist_fixture.bin";
     const char* debug_path = "dev/mnist_debug_state.bin";
     FILE* ff = fopen(fixture_path, "rb");
@@ -1038,7 +1039,7 @@ int main(int argc, char** argv) {
     if (ff) fclose(ff);
     if (have_fixture) {
         fx = load_reference(fixture_path, true);
-        g_mm.backend = BACKEND_CPU;
+        g_run.backend = BACKEND_CPU;
         Mnist m; mnist_build(&m, true, fx.B, fx.B);
         std::vector<float> lbuf(fx.B);
         check_against("cpu fixture", &m, fx, lbuf.data());
@@ -1069,7 +1070,7 @@ int main(int argc, char** argv) {
         for (const char* n : {"gpu kernel", "gpu fixture ours", "gpu fixture cublas", "gpu debug state ours", "gpu debug state cublas",
                               "gpu vs cpu muon / shampoo"}) skip(n, why);
     } else {
-        g_mm.backend = BACKEND_OURS;
+        run_config_decide(BACKEND_OURS, g_run.tf32, g_run.cpu_threads);  // (and what the GPU supports)
         cudaCheck(cudaStreamCreate(&g_mm.stream));  // programmatic dependent launch needs a stream of our own
         Mnist ws; mnist_build(&ws, false, 4, 4);  // allocates the split-K workspace the kernel checks use
         // every operand kind the network uses, at awkward sizes (not tile multiples); conv kinds at batch 3
@@ -1090,7 +1091,7 @@ int main(int argc, char** argv) {
         check_staged_batches(64, 4, 21, OPT_SGD, 25);
         check_staged_batches(64, 3, 0, OPT_ADAMW, 26);
         check_staged_batches(100, 2, 37, OPT_SGD, 27);
-        if (g_fc1_cluster && g_conv2.fused_fwd) {  // (set up by mnist_build)
+        if (g_run.fc1_cluster && g_run.fused_forward_fits) {  // (run_config_decide)
             check_staged_batches(64, 3, 21, OPT_SGD, 28, true);
             check_staged_batches(64, 2, 0, OPT_ADAMW, 29, true);
             check_staged_batches(40, 2, 0, OPT_SGD, 30, true);
@@ -1128,17 +1129,17 @@ int main(int argc, char** argv) {
         if (have_debug) dbg = load_reference(debug_path, false);
         std::vector<float> cublas_tf32_grads;  // the gradients of cuBLAS TF32 on the debug state: the TF32 error scale
         if (have_debug) {
-            g_mm.backend = BACKEND_CUBLAS; g_mm.tf32 = 1;
+            g_run.backend = BACKEND_CUBLAS; g_run.tf32 = 1;
             Mnist mc; mnist_build(&mc, false, dbg.B, dbg.B);
             float* lb; cudaCheck(cudaMalloc(&lb, dbg.B * 4));
             set_params_torch(&mc, dbg.params); set_batch(&mc, dbg.x.data(), dbg.y.data(), dbg.B);
             forward_loss(&mc, dbg.B, lb, true);
             cublas_tf32_grads = get_torch(&mc, mc.grads);
             cudaFree(lb); mnist_free(&mc);
-            g_mm.tf32 = 0;
+            g_run.tf32 = 0;
         }
         for (int backend = BACKEND_OURS; backend <= BACKEND_CUBLAS; backend++) {
-            g_mm.backend = backend; g_mm.tf32 = 0;  // true fp32, as the reference
+            g_run.backend = backend; g_run.tf32 = 0;  // true fp32, as the reference
             const char* bn = backend == BACKEND_OURS ? "ours" : "cublas";
             int Bmax = std::max(fx.B, have_debug ? dbg.B : 1);
             Mnist m; mnist_build(&m, false, Bmax, Bmax);
@@ -1149,7 +1150,7 @@ int main(int argc, char** argv) {
             else skip(std::string("gpu debug state ") + bn, std::string(debug_path) + " missing and python3 dev/mnist.py could not write it (no torch?)");
             if (have_debug && backend == BACKEND_OURS) {
                 // TF32 (the training default): loss only, with TF32's 2^-11 input rounding as the tolerance scale
-                g_mm.tf32 = 1;
+                g_run.tf32 = 1;
                 set_params_torch(&m, dbg.params); set_batch(&m, dbg.x.data(), dbg.y.data(), dbg.B);
                 float l = (float)forward_loss(&m, dbg.B, lbuf, false);
                 compare("gpu debug state ours tf32 loss", &l, &dbg.loss, 1, 0.0, 2e-3);
@@ -1204,7 +1205,7 @@ int main(int argc, char** argv) {
                            std::to_string(nd) + " of " + std::to_string(m.n_params) + " parameters differ from the unfused step" +
                            (diff ? " (or the optimizer state does)" : ", optimizer state identical") + cs);
                 }
-                g_mm.tf32 = 0;
+                g_run.tf32 = 0;
             }
             cudaFree(lbuf);
             mnist_free(&m);

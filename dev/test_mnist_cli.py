@@ -442,6 +442,14 @@ def main():
         acc = float(m.group(1)) if m else None
         report(rc == 0 and ep and acc is not None and abs(acc - ep[-1][2]) < 1e-6, "--eval_only --load",
                f"exit {rc}, accuracy {acc} vs {ep[-1][2] if ep else None} at the end of training")
+        # the run configuration's rows of the start-up table (issue 25): which kernels the run takes
+        rc, out4 = run(["--device", "cpu", "--data_dir", DATA, "--test_limit", "100", "--eval_only", "1", "--load", ck,
+                        "--cpu_threads", "3"])
+        rows = dict((r[2:23].rstrip(), r[26:-2].rstrip()) for r in out4.splitlines()
+                    if re.fullmatch(r"\| .{21} \| .{44,} \|", r))
+        want = {"matrix products": "CPU, 3 threads", "precision": "fp32", "fast path": "off (CPU)"}
+        got = {k: rows.get(k) for k in want}
+        report(rc == 0 and got == want, "start-up table: the run configuration", f"exit {rc}, rows {got}")
 
         # resume: 2 epochs + resume to 3 == 3 straight (same trajectory)
         ck2 = os.path.join(tmp, "ck2.bin")

@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
         printf("SKIP trace_mnist: no CUDA device\n0 passed, 0 failed, 1 skipped\n");
         return 0;
     }
-    g_mm.backend = BACKEND_OURS; g_mm.tf32 = 1;
+    run_config_decide(BACKEND_OURS, 1, 1);
     cudaCheck(cudaStreamCreate(&g_mm.stream));
     MnistSplit train = mnist_load_split(data_dir, "train", 0);
     if ((size_t)graphs * GRAPH_STEPS * B > (size_t)train.n) {
