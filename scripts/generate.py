@@ -474,7 +474,7 @@ def sample_gpu(args, use, image_size):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = binio.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="UNET_CHECKPOINT written by train_unet or dev/unet.py (required)")
@@ -501,9 +501,9 @@ def main(argv=None):
     if not args.out.lower().endswith(".png"):
         sys.exit(f"error: --out {args.out}: expected a .png path")
     try:  # the outputs before any work: a bad --out must not cost the whole sampling
-        binio.check_output(args.out, "--out")
+        binio.check_output(args.out, "--out", inputs=[args.checkpoint])
         if args.out_bin:
-            binio.check_output(args.out_bin, "--out_bin")
+            binio.check_output(args.out_bin, "--out_bin", inputs=[args.checkpoint, args.out])
         config, weights, use, cfg = load_checkpoint(args.checkpoint, args.weights)
     except binio.FormatError as e:
         sys.exit(f"error: {e}")
@@ -552,4 +552,4 @@ def main(argv=None):
         sys.exit(f"error: {e}")
 
 if __name__ == "__main__":
-    main()
+    binio.run_script(main)

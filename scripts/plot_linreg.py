@@ -16,7 +16,7 @@ import binio  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = binio.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json_file")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
@@ -90,4 +90,4 @@ def draw(r, outs):
 
 
 if __name__ == "__main__":
-    main()
+    binio.run_script(main)

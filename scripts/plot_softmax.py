@@ -16,7 +16,7 @@ import binio  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = binio.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--csv", default="bench_results/softmax_sweep.csv", help="sweep CSV (default bench_results/softmax_sweep.csv)")
     ap.add_argument("--copy_gbps", type=float, default=0.0, help="copy bandwidth to draw, GB/s (default 0: none)")
     ap.add_argument("--out", default="bench_results/softmax_sweep.png", help="PNG to write (default bench_results/softmax_sweep.png)")
@@ -83,4 +83,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    binio.run_script(main)
