@@ -1253,6 +1253,22 @@ def probe_regression_cases(tmp):
     rejects("generate.py: --out and --out_bin one path", [PY, gen, "--checkpoint", ck, "--device", "cpu",
                                                           "--num_samples", "1", "--sampler", "ddim", "--steps", "1",
                                                           "--out", png, "--out_bin", png], png, ["same file"])
+    # chart data a log axis would drop without a word
+    base_js = {"epochs": 200, "gpu": "none", "date": "today", "breakdown_us": {"forward": 1, "loss": 1,
+                                                                               "gradient": 1, "update": 1, "fused": 2}}
+    for label, rows, word in (("no rows", [], "rows"), ("a NaN time", [{"points": 500, "torch_cpu_ms": float("nan")}],
+                                                         "torch_cpu_ms"),
+                              ("points a string", [{"points": "abc", "torch_cpu_ms": 1.0}], "points")):
+        p = os.path.join(d, f"plot_{len(label)}.json")
+        with open(p, "w") as f:
+            json.dump(dict(base_js, rows=rows), f)
+        rejects(f"plot_linreg.py: {label}", [PY, os.path.join(SCRIPTS, "plot_linreg.py"), p, "--out", d], p, [word])
+    for label, line in (("cols 0", "forward,0,ours,100"), ("gbps nan", "forward,128,ours,nan")):
+        p = os.path.join(d, f"sm_{len(label)}.csv")
+        with open(p, "w") as f:
+            f.write(f"op,cols,impl,gbps\n{line}\n")
+        rejects(f"plot_softmax.py: {label}", [PY, os.path.join(SCRIPTS, "plot_softmax.py"), "--csv", p, "--out",
+                                              os.path.join(d, "sm.png")], p, ["line 2"])
     # a table with two entries of one name: the reader must not keep one silently
     dup = os.path.join(d, "dup.bin")
     binio.write(dup, binio.LINREG_DATASET, dict(n_points=3, n_features=1, n_train=2, seed=0, w_true=0.0, b_true=0.0,

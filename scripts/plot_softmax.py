@@ -48,6 +48,10 @@ def main():
             print(f"error: {args.csv}: line {line}: cols {r['cols']!r} and gbps {r['gbps']!r} must be numbers",
                   file=sys.stderr)
             return 1
+        if cols < 1 or not (math.isfinite(gbps) and gbps >= 0):  # a log axis drops them without a word
+            print(f"error: {args.csv}: line {line}: cols {cols} must be >= 1 and gbps {gbps} a bandwidth >= 0",
+                  file=sys.stderr)
+            return 1
         series[(r["op"], r["impl"])].append((cols, gbps))
     import matplotlib
     matplotlib.use("Agg")
