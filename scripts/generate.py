@@ -11,8 +11,8 @@ Samplers (the model predicts epsilon; linear betas from the checkpoint header, f
   ddim  eta 0 over --steps S timesteps tau_i = floor(i*T/S), i = S-1 .. 0: x0_hat as above (clipped), eps recomputed
         from the clipped x0_hat, x_prev = sqrt(acp_prev) x0_hat + sqrt(1 - acp_prev) eps (acp_prev = 1 after tau_0).
 Devices (--device, the trainers' values):
-  cuda  runs `BINARY --sample FILE --load CKPT --num_samples N --sampler S --sample_steps K --use_ema 0|1 --seed N
-        --device cuda` (train_unet writes the samples as a UNET_DATASET) and reads FILE back.
+  cuda  runs `BINARY --sample FILE --load CKPT --num_samples N --sampler S --use_ema 0|1 --seed N --device cuda`
+        (and `--sample_steps K` for ddim; train_unet writes the samples as a UNET_DATASET) and reads FILE back.
   cpu   a NumPy implementation of dev/unet.py's forward (NHWC, 3x3 convolutions as im2col + one matmul): slow but
         dependency-free (about a second per image per step for the 64x64 default model on a few cores).
 Default (auto): cuda when the binary exists and nvidia-smi lists a GPU, else cpu; the choice is printed in one line.
@@ -459,8 +459,10 @@ def sample_gpu(args, use, image_size):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "samples.bin")
         cmd = [args.binary, "--sample", out, "--load", args.checkpoint, "--num_samples", str(args.num_samples),
-               "--sampler", args.sampler, "--sample_steps", str(args.steps), "--use_ema", "1" if use == "ema" else "0",
-               "--seed", str(args.seed), "--device", "cuda"]
+               "--sampler", args.sampler, "--use_ema", "1" if use == "ema" else "0", "--seed", str(args.seed),
+               "--device", "cuda"]
+        if args.sampler == "ddim":  # ddpm takes every diffusion step: train_unet refuses --sample_steps with it
+            cmd += ["--sample_steps", str(args.steps)]
         print("running: " + " ".join(cmd), flush=True)
         r = subprocess.run(cmd)
         if r.returncode != 0:
