@@ -159,6 +159,9 @@ static std::string output_check(const char* path, const char* what, std::string*
         if (realpath(path, buf) != NULL) {
             *real = buf;
         } else {  // a symlink to a file still to be made: write it where the link points
+            if (errno != ENOENT)  // a loop, or a folder on the way that cannot be searched: nothing to write through
+                return std::string(path) + ": " + what + " is a symlink that cannot be followed (" +
+                       strerror(errno) + ")";
             ssize_t n = readlink(path, buf, sizeof buf - 1);
             if (n <= 0)
                 return std::string(path) + ": " + what + " is a symlink that cannot be followed (" +
@@ -173,7 +176,7 @@ static std::string output_check(const char* path, const char* what, std::string*
     if (stat(real->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
         return std::string(path) + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file: refusing to "
                "replace it";
-    std::string probe = folder + "/.linreg_probe.XXXXXX";  // the folder takes a new file: the real write's test
+    std::string probe = *real + ".XXXXXX";  // the folder takes the real write's temporary file (and its long name)
     int fd = mkstemp(&probe[0]);
     if (fd < 0)
         return std::string(path) + ": " + what + ": cannot write in folder " + folder + " (" + strerror(errno) + ")";
@@ -1091,7 +1094,7 @@ struct Args {
     int points = 5000000, seed = 1337, epochs = 200, kernel = 4, streams = 4, log_every = 20;
     float x_min = 0.0f, x_max = 10.0f, w_true = 0.7f, b_true = 0.3f, noise_std = 0.1f, split = 0.8f;
     float lr = 0.01f, w_init = 0.83f, b_init = 0.7645f;
-    bool split_given = false;
+    std::string generation_flag;  // the last flag given that only generated data uses (--data_file refuses it)
 };
 // type: 'i' int, 'f' float, 'c' one of the comma-separated choices, 's' string; numbers must lie in [lo, hi]
 struct FlagSpec { const char* name; char type; void* ptr; double lo, hi; const char* choices; const char* help; };
@@ -1166,6 +1169,9 @@ static Args parse_args(int argc, char** argv) {
         if (!f) die("unknown flag %s (see --help)", arg);
         if (i + 1 >= argc) die("flag %s expects a value, found none", arg);
         const char* v = argv[i + 1];
+        for (auto& s : specs)  // a path's value missing ("--load --steps"): the next flag took its place
+            if (f->type == 's' && !strncmp(v, "--", 2) && !strcmp(s.name, v + 2))
+                die("flag %s expects a value, found the flag %s", arg, v);
         char* end = nullptr;
         errno = 0;
         if (f->type == 'i') {
@@ -1188,14 +1194,18 @@ static Args parse_args(int argc, char** argv) {
         } else {
             *(std::string*)f->ptr = v;
         }
-        if (!strcmp(f->name, "split")) a.split_given = true;
+        for (const char* g : {"points", "x_min", "x_max", "w_true", "b_true", "noise_std", "split", "seed"})
+            if (!strcmp(f->name, g)) a.generation_flag = arg;
     }
     if (!(a.lr > 0.0f)) die("flag --lr expects a number > 0, found %g", a.lr);
     if (!(a.split > 0.0f && a.split < 1.0f)) die("flag --split expects a number in (0, 1), found %g", a.split);
     if (!(a.x_max > a.x_min)) die("flag --x_max expects a value > --x_min (%g), found %g", a.x_min, a.x_max);
-    if (!a.data_file.empty() && a.split_given)
+    if (!a.data_file.empty() && a.generation_flag == "--split")
         die("flag --split applies to generated data only, found it with --data_file (whose header[5] n_train "
                    "sets the split)");
+    if (!a.data_file.empty() && !a.generation_flag.empty())
+        die("flag %s applies to generated data only, found it with --data_file (the file holds its own points)",
+            a.generation_flag.c_str());
     if (a.data_file.empty()) {
         long long n_train = llround((double)a.split * a.points);
         if (n_train < 1 || n_train >= a.points)
@@ -1232,13 +1242,16 @@ int main(int argc, char** argv) {
     // the outputs before any work: a bad path must not cost the training
     const std::string* outputs[2] = {&a.save_data, &a.result_file};
     const char* output_flags[2] = {"--save_data", "--result_file"};
+    std::string reals[2];
     for (int i = 0; i < 2; i++) {
-        std::string real, e = outputs[i]->empty() ? "" : output_check(outputs[i]->c_str(), output_flags[i], &real);
+        std::string e = outputs[i]->empty() ? "" : output_check(outputs[i]->c_str(), output_flags[i], &reals[i]);
         if (!e.empty()) {
             fprintf(stderr, "error: %s\n", e.c_str());
             return EXIT_FAILURE;
         }
     }
+    if (!a.save_data.empty() && !a.result_file.empty() && reals[0] == reals[1])  // the JSON would replace the data
+        die("%s: --result_file is the same file as --save_data", a.result_file.c_str());
     const char* why = NULL;
     int n_devices = cuda_device_count(&why);
     if (a.device == "cuda" && n_devices == 0) {

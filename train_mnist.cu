@@ -231,6 +231,8 @@ static std::string output_check(const std::string& path, const char* what, std::
         if (realpath(path.c_str(), buf) != nullptr) {
             *real = buf;
         } else {  // a symlink to a file still to be made: write it where the link points
+            if (errno != ENOENT)  // a loop, or a folder on the way that cannot be searched: nothing to write through
+                return path + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
             ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
             if (n <= 0) return path + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
             buf[n] = 0;
@@ -242,7 +244,7 @@ static std::string output_check(const std::string& path, const char* what, std::
         return path + ": " + what + " cannot be written: folder " + folder + " does not exist";
     if (stat(real->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
         return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file: refusing to replace it";
-    std::string probe = folder + "/.mnist_probe.XXXXXX.tmp";  // the folder takes a new file: the real write's test
+    std::string probe = *real + ".XXXXXX.tmp";  // the folder takes the real write's temporary file (its long name too)
     int fd = mkstemps(&probe[0], 4);
     if (fd < 0) return path + ": " + what + " cannot be written in folder " + folder + " (" + strerror(errno) + ")";
     close(fd);
@@ -1179,7 +1181,13 @@ static void cpu_matmul(float* C, int ldc, MatView A, MatView B, int M, int N, in
     int nt = std::max(1, std::min(g_run.cpu_threads, M / 8));
     if (nt == 1) { work(0, M); return; }
     std::vector<std::thread> th;
-    for (int i = 0; i < nt; i++) th.emplace_back(work, (int)((long)M * i / nt), (int)((long)M * (i + 1) / nt));
+    int started = 0;
+    try {  // a thread the system cannot start (an address-space or process limit): this thread does its rows
+        for (; started < nt; started++)
+            th.emplace_back(work, (int)((long)M * started / nt), (int)((long)M * (started + 1) / nt));
+    } catch (const std::system_error&) {
+    }
+    if (started < nt) work((int)((long)M * started / nt), M);
     for (auto& x : th) x.join();
 }
 
@@ -5075,6 +5083,11 @@ static void parse_args(int argc, char** argv, Args& a) {
         if (i + 1 >= argc) { fprintf(stderr, "error: flag %s expects a value, found none\n", arg); exit(1); }
         a.given.insert(f->name);
         const char* v = argv[i + 1];
+        for (auto& s : specs)  // a path's value missing ("--load --steps"): the next flag took its place
+            if (f->type == 's' && !strncmp(v, "--", 2) && !strcmp(s.name, v + 2)) {
+                fprintf(stderr, "error: flag %s expects a value, found the flag %s\n", arg, v);
+                exit(1);
+            }
         char* end = nullptr;
         if (f->type == 'i') {
             errno = 0;
@@ -5116,6 +5129,11 @@ static void parse_args(int argc, char** argv, Args& a) {
     }
     if (!a.resume.empty() && !a.load.empty()) {
         fprintf(stderr, "error: --resume and --load exclude each other, found both\n");
+        exit(1);
+    }
+    if (a.eval_only && !a.checkpoint.empty()) {  // it would not be written: no training, no checkpoint
+        fprintf(stderr, "error: --eval_only 1 trains nothing and writes no checkpoint, found --checkpoint %s\n",
+                a.checkpoint.c_str());
         exit(1);
     }
     if (!a.allow_change.empty() && a.resume.empty()) die("--allow_change applies to --resume only, found no --resume");

@@ -399,6 +399,8 @@ static std::string output_check(const std::string& path, const char* what, std::
         if (realpath(path.c_str(), buf) != NULL) {
             *real = buf;
         } else {  // a symlink to a file still to be made: write it where the link points
+            if (errno != ENOENT)  // a loop, or a folder on the way that cannot be searched: nothing to write through
+                return path + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
             ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
             if (n <= 0) return path + ": " + what + " is a symlink that cannot be followed (" + strerror(errno) + ")";
             buf[n] = 0;
@@ -410,7 +412,7 @@ static std::string output_check(const std::string& path, const char* what, std::
         return path + ": " + what + ": folder " + folder + " does not exist";
     if (stat(real->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
         return path + ": " + what + " is " + file_kind(st.st_mode) + ", not a regular file: refusing to replace it";
-    std::string probe = folder + "/.unet_probe.XXXXXX";  // the folder takes a new file: the real write's test
+    std::string probe = *real + ".XXXXXX";  // the folder takes the real write's temporary file (and its long name)
     int fd = mkstemp(&probe[0]);
     if (fd < 0) return path + ": " + what + ": cannot write in folder " + folder + " (" + strerror(errno) + ")";
     close(fd);
@@ -6948,6 +6950,9 @@ static void parse_args(int argc, char** argv, Args& a) {
         if (!f) die("unknown flag %s (see --help)", arg);
         if (i + 1 >= argc) die("flag %s expects a value, found none", arg);
         const char* v = argv[i + 1];
+        for (auto& s : specs)  // a path's value missing ("--load --steps"): the next flag took its place
+            if (f->type == 's' && !strncmp(v, "--", 2) && !strcmp(s.name, v + 2))
+                die("flag %s expects a value, found the flag %s", arg, v);
         char* end = nullptr;
         errno = 0;
         if (f->type == 'i') {
@@ -6979,6 +6984,8 @@ static void parse_args(int argc, char** argv, Args& a) {
 static std::string output_dir_check(const std::string& dir) {
     struct stat st;
     std::string real;
+    if (stat(dir.c_str(), &st) != 0 && errno != ENOENT)  // a name too long, a loop: it could never be made
+        return dir + ": --output_dir cannot be used (" + strerror(errno) + ")";
     if (stat(dir.c_str(), &st) == 0) {
         if (!S_ISDIR(st.st_mode)) return dir + ": --output_dir is " + file_kind(st.st_mode) + ", not a directory";
         for (const char* name : {"model.bin", "log.csv"}) {
@@ -7083,6 +7090,8 @@ int main(int argc, char** argv) {
     std::string real;
     if (!args.sample_file.empty()) {
         if (a.load.empty()) die("--sample needs --load FILE, found none");
+        if (args.sampler == "ddpm" && is_set("sample_steps"))
+            die("--sample_steps applies to --sampler ddim, found it with ddpm (which takes every diffusion step)");
         std::string oe = output_check(args.sample_file, "--sample", &real);  // before the sampling, not after it
         if (!oe.empty()) die("%s", oe.c_str());
         sa.device = a.device;

@@ -1138,6 +1138,206 @@ def dev_tool_cases():
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the defects dev/probe_inputs.py found (2026-11-26), one case each: flags, contradicting flags, output paths, stdout
+
+
+def probe_regression_cases(tmp):
+    """(group, case, fn) for what the independent probe found: argparse's exit 2 and usage block, outputs whose
+    temporary file name is too long or that are a symlink loop (refused only after the work, or the link replaced),
+    an output that replaces the program's input, flags that --data_file / --eval_only / ddpm ignore, a path flag
+    that swallowed the next flag's name, too many CPU threads, duplicate tensor names, Python-only number syntax
+    in a CSV, 16-bit images clipped, and a full or ASCII-only stdout."""
+    d = os.path.join(tmp, "probe")
+    os.makedirs(d, exist_ok=True)
+    g = "probe regressions"
+    cases = []
+
+    def add(name, fn):
+        cases.append((g, name, fn))
+
+    def rejects(name, argv, path=None, words=(), work_word=None):
+        def fn():
+            res = run(argv, cwd=d)  # a run that takes a flag's name as a path writes it here, not in the repository
+            reason = judge(res, "reject", path, words)
+            if reason is None and work_word and work_word in res.out:
+                return f"refused only after the work ('{work_word}' printed): {tail(res.out)}"
+            return reason
+        add(name, fn)
+
+    csv_path = os.path.join(d, "ok.csv")
+    with open(csv_path, "w") as f:
+        f.write("a,b,y\n" + "".join(f"{i},{i % 7},{2 * i + 1}\n" for i in range(20)))
+    log_csv = os.path.join(d, "log.csv")
+    with open(log_csv, "w") as f:
+        f.write("step,loss,ms,images_per_s\n" + "".join(f"{i},{1.0 / i:.4f},60,500\n" for i in range(1, 30)))
+    ck = os.path.join(d, "ck.bin")
+    tiny_checkpoint(ck, optimizer=False)
+    gen, c2l = os.path.join(SCRIPTS, "generate.py"), os.path.join(SCRIPTS, "csv_to_linreg.py")
+    plot_loss, prep = os.path.join(SCRIPTS, "plot_loss.py"), os.path.join(SCRIPTS, "prepare_data.py")
+    # argparse's own errors: exit 2 and a usage block before them; the project's: one error line, exit 1
+    for script, argv, flag in [
+            ("csv_to_linreg.py", [c2l, csv_path, os.path.join(d, "o.bin"), "--seed", "12abc"], "--seed"),
+            ("generate.py", [gen, "--checkpoint", ck, "--num_samples", "12abc"], "--num_samples"),
+            ("plot_loss.py", [plot_loss, "--smooth", "x"], "--smooth"),
+            ("plot_softmax.py", [os.path.join(SCRIPTS, "plot_softmax.py"), "--copy_gbps", "1,5"], "--copy_gbps"),
+            ("plot_linreg.py", [os.path.join(SCRIPTS, "plot_linreg.py"), log_csv, "--bogus"], "--bogus"),
+            ("prepare_data.py", [prep, "--input_dir", d, "--image_size", "64px"], "--image_size")]:
+        rejects(f"{script}: a bad flag value is one error line and exit 1", [PY] + argv, None, [flag])
+    # an output whose name is valid but whose temporary file's name (name + 7 or more characters) is not
+    long_name = os.path.join(d, "m" * 250)
+    rejects("train_linreg --result_file: a 250-character name", [LINREG, "--device", "cpu", "--points", "300",
+                                                                 "--epochs", "2", "--log_every", "1",
+                                                                 "--result_file", long_name],
+            long_name, ["too long"], "epoch")
+    rejects("train_mnist --checkpoint: a 250-character name", [MNIST, "--device", "cpu", "--data_dir", MNIST_DATA,
+                                                               "--epochs", "1", "--batch_size", "4", "--confusion",
+                                                               "0", "--checkpoint", long_name],
+            long_name, ["too long"], "epoch ")
+    rejects("train_unet --sample: a 250-character name", [UNET, "--sample", long_name, "--load", ck], long_name,
+            ["too long"])
+    too_long = os.path.join(d, "n" * 260)
+    rejects("train_unet --output_dir: a 260-character name", [UNET, "--data_file", TINY_DS, "--output_dir",
+                                                              too_long, "--steps", "10", "--batch_size", "4"]
+            + TINY_FLAGS, too_long, ["too long"])
+    # a symlink loop as an output: refused, the links left as they were
+
+    def loop_case(name, argv_fn, work_word):
+        def fn():
+            a, b = os.path.join(d, f"loop_{len(name)}_{abs(hash(name)) % 10**6}_a"), None
+            b = a[:-1] + "b"
+            os.symlink(b, a)
+            os.symlink(a, b)
+            res = run(argv_fn(a))
+            reason = judge(res, "reject", a, ["symbolic links"])
+            if reason is None and not (os.path.islink(a) and os.path.islink(b)):
+                return "a link of the loop was replaced"
+            if reason is None and work_word and work_word in res.out:
+                return f"refused only after the work: {tail(res.out)}"
+            return reason
+        add(name, fn)
+
+    loop_case("train_linreg --result_file: a symlink loop", lambda p: [LINREG, "--device", "cpu", "--points", "300",
+                                                                       "--epochs", "2", "--log_every", "1",
+                                                                       "--result_file", p], "epoch")
+    loop_case("train_mnist --checkpoint: a symlink loop", lambda p: [MNIST, "--device", "cpu", "--data_dir",
+                                                                     MNIST_DATA, "--epochs", "1", "--batch_size", "4",
+                                                                     "--confusion", "0", "--checkpoint", p], "epoch ")
+    loop_case("train_unet --sample: a symlink loop", lambda p: [UNET, "--sample", p, "--load", ck], None)
+    # flags a mode ignores, or that contradict another
+    lr_ds = os.path.join(d, "lr.bin")
+    tiny_linreg(lr_ds)
+    for flag, v in [("points", "100"), ("seed", "5"), ("x_min", "-5"), ("x_max", "5"), ("w_true", "2"),
+                    ("b_true", "1"), ("noise_std", "1")]:
+        rejects(f"train_linreg --data_file with --{flag}", [LINREG, "--device", "cpu", "--data_file", lr_ds,
+                                                             "--epochs", "2", f"--{flag}", v], None, [f"--{flag}"])
+    both = os.path.join(d, "both.out")
+    rejects("train_linreg --save_data and --result_file one path", [LINREG, "--device", "cpu", "--points", "300",
+                                                                     "--epochs", "2", "--save_data", both,
+                                                                     "--result_file", both], both, ["--result_file"])
+    rejects("train_mnist --eval_only 1 with --checkpoint", [MNIST, "--device", "cpu", "--data_dir", MNIST_DATA,
+                                                            "--eval_only", "1", "--load", MNIST_CK, "--checkpoint",
+                                                            os.path.join(d, "never.bin")], None, ["--checkpoint"])
+    rejects("train_unet --sampler ddpm with --sample_steps", [UNET, "--sample", os.path.join(d, "s.bin"), "--load",
+                                                              ck, "--sampler", "ddpm", "--sample_steps", "10"],
+            None, ["--sample_steps"])
+    # a path flag that swallowed the next flag's name
+    rejects("train_linreg --result_file --save_data", [LINREG, "--device", "cpu", "--points", "300", "--epochs", "2",
+                                                       "--result_file", "--save_data"], None, ["--result_file"])
+    rejects("train_mnist --checkpoint --resume", [MNIST, "--device", "cpu", "--data_dir", MNIST_DATA, "--epochs",
+                                                  "1", "--batch_size", "4", "--checkpoint", "--resume"], None,
+            ["--checkpoint"])
+    rejects("train_unet --output_dir --resume", [UNET, "--data_file", TINY_DS, "--steps", "10", "--batch_size", "4"]
+            + TINY_FLAGS + ["--output_dir", "--resume"], None, ["--output_dir"])
+    # more CPU threads than the address space bound lets start: a clean error or fewer threads, never an abort
+    add("train_mnist --cpu_threads 1024", lambda: judge(run([MNIST, "--device", "cpu", "--data_dir", MNIST_DATA,
+                                                             "--epochs", "1", "--batch_size", "4", "--confusion", "0",
+                                                             "--cpu_threads", "1024"]), "either", None,
+                                                        ["--cpu_threads", "thread"]))
+    # an output that would replace the program's own input
+
+    def self_overwrite(name, argv_fn, src):
+        def fn():
+            own = os.path.join(tempfile.mkdtemp(dir=d), os.path.basename(src))
+            shutil.copy(src, own)
+            before = open(own, "rb").read()
+            reason = judge(run(argv_fn(own)), "reject", own, ["same file"])
+            if reason is None and open(own, "rb").read() != before:
+                return f"{own} (the input) was changed"
+            return reason
+        add(name, fn)
+
+    self_overwrite("csv_to_linreg.py: the output is the CSV", lambda p: [PY, c2l, p, p], csv_path)
+    self_overwrite("plot_loss.py: --out is the log", lambda p: [PY, plot_loss, "--log", p, "--out", p], log_csv)
+    self_overwrite("generate.py: --out_bin is the checkpoint", lambda p: [
+        PY, gen, "--checkpoint", p, "--device", "cpu", "--num_samples", "1", "--sampler", "ddim", "--steps", "1",
+        "--out", os.path.join(d, "g.png"), "--out_bin", p], ck)
+    png = os.path.join(d, "same.png")
+    rejects("generate.py: --out and --out_bin one path", [PY, gen, "--checkpoint", ck, "--device", "cpu",
+                                                          "--num_samples", "1", "--sampler", "ddim", "--steps", "1",
+                                                          "--out", png, "--out_bin", png], png, ["same file"])
+    # chart data a log axis would drop without a word
+    base_js = {"epochs": 200, "gpu": "none", "date": "today", "breakdown_us": {"forward": 1, "loss": 1,
+                                                                               "gradient": 1, "update": 1, "fused": 2}}
+    for label, rows, word in (("no rows", [], "rows"), ("a NaN time", [{"points": 500, "torch_cpu_ms": float("nan")}],
+                                                         "torch_cpu_ms"),
+                              ("points a string", [{"points": "abc", "torch_cpu_ms": 1.0}], "points")):
+        p = os.path.join(d, f"plot_{len(label)}.json")
+        with open(p, "w") as f:
+            json.dump(dict(base_js, rows=rows), f)
+        rejects(f"plot_linreg.py: {label}", [PY, os.path.join(SCRIPTS, "plot_linreg.py"), p, "--out", d], p, [word])
+    for label, line in (("cols 0", "forward,0,ours,100"), ("gbps nan", "forward,128,ours,nan")):
+        p = os.path.join(d, f"sm_{len(label)}.csv")
+        with open(p, "w") as f:
+            f.write(f"op,cols,impl,gbps\n{line}\n")
+        rejects(f"plot_softmax.py: {label}", [PY, os.path.join(SCRIPTS, "plot_softmax.py"), "--csv", p, "--out",
+                                              os.path.join(d, "sm.png")], p, ["line 2"])
+    # a table with two entries of one name: the reader must not keep one silently
+    dup = os.path.join(d, "dup.bin")
+    binio.write(dup, binio.LINREG_DATASET, dict(n_points=3, n_features=1, n_train=2, seed=0, w_true=0.0, b_true=0.0,
+                                                noise_std=0.0, x_min=0.0, x_max=0.0),
+                {"x": np.zeros((3, 1), np.float32), "y": np.zeros(3, np.float32)})
+    raw = bytearray(open(dup, "rb").read())
+    raw[1024 + 128:1024 + 128 + 2] = b"x\0"  # entry 1 "y" renamed "x": same dtype, shape (3,) against (3, 1)
+    open(dup, "wb").write(bytes(raw))
+    add("binio.read: two entries named x", lambda: judge_inproc(lambda: binio.read(dup, binio.LINREG_DATASET),
+                                                                "reject", dup, ["twice"]))
+    # numbers only Python's float() reads
+    for label, cell in (("1_000", "1_000"), ("fullwidth digits", "\uff11\uff12")):
+        p = os.path.join(d, f"num_{len(cell)}.csv")
+        with open(p, "w", encoding="utf-8") as f:
+            f.write(f"a,y\n1,2\n{cell},4\n5,6\n")
+        rejects(f"csv_to_linreg.py: {label}", [PY, c2l, p, os.path.join(d, "o.bin")], p, ["line 3"])
+    # a 16-bit grayscale PNG: scaled to 8 bits, not clipped to white
+    from PIL import Image
+    img16 = os.path.join(d, "img16")
+    os.makedirs(img16, exist_ok=True)
+    Image.fromarray(np.full((16, 16), 30000, np.uint16)).save(os.path.join(img16, "a.png"))
+    out16 = os.path.join(d, "img16.bin")
+
+    def sixteen_bit():
+        reason = judge(run([PY, prep, "--input_dir", img16, "--output", out16, "--image_size", "8"]), "accept")
+        if reason:
+            return reason
+        v = int(binio.read(out16, binio.UNET_DATASET)[2]["images"].reshape(-1)[0])
+        return None if abs(v - 117) <= 1 else f"a 16-bit value of 30000 became {v}, expected 117 (30000 / 257)"
+    add("prepare_data.py: a 16-bit grayscale PNG", sixteen_bit)
+    # stdout full, or ASCII only with a non-ASCII path: a line on stderr and exit 1, or a clean exit; no traceback
+    uni = os.path.join(d, "d\u00e9j\u00e0")
+    os.makedirs(uni, exist_ok=True)
+    for label, shell, env in (("stdout on /dev/full", "exec 1>/dev/full; ", {}),
+                              ("PYTHONIOENCODING=ascii", "", {"PYTHONIOENCODING": "ascii"})):
+        for script, argv in (("plot_loss.py", [plot_loss, "--log", log_csv, "--out", os.path.join(uni, "l.png")]),
+                             ("csv_to_linreg.py", [c2l, csv_path, os.path.join(uni, "o.bin")])):
+            def fn(shell=shell, env=env, argv=argv):
+                p = subprocess.run(["bash", "-c", shell + 'exec "$@"', "fuzz", PY] + argv, cwd=ROOT,
+                                   env=dict(ENV, **env), capture_output=True, text=True, errors="replace",
+                                   timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+                return judge(Res(p.returncode, p.stdout + p.stderr, 0), "either", None, ["stdout"])
+            add(f"{script}: {label}", fn)
+    return cases
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # train_mnist: its checkpoints and the MNIST IDX .gz files through ./train_mnist and dev/mnist.py, special paths,
 # its --checkpoint output (with the output cases above)
 
@@ -1478,7 +1678,7 @@ def main(argv):
         add_convert(mutants)
         cases = mutant_cases(tmp, mutants)
         cases += special_input_cases(tmp) + output_cases(tmp) + script_input_cases(tmp) + dev_tool_cases()
-        cases += mnist_special_cases(tmp)
+        cases += mnist_special_cases(tmp) + probe_regression_cases(tmp)
         if wanted:
             cases = [c for c in cases if any(w in f"{c[0]}: {c[1]}" for w in wanted)]
         workers = max(4, min(8, 2 * (os.cpu_count() or 2)))  # mostly waiting on child processes

@@ -16,10 +16,14 @@ Files in and out (every script uses these):
                         is a regular file, or a symlink to one (written through: its target is replaced, the link kept)
   write_file(path, b)   bytes through a temporary file in the same folder, fsync, rename, fsync of the folder; the
                         temporary file never stays behind; -> the path written (a symlink's target)
+And the scripts' command line: ArgumentParser (a bad flag is one `error:` line and exit 1, as in the trainers) and
+run_script(main) (a full or closed stdout is one error line, not a traceback).
 """
+import argparse
 import math
 import os
 import stat
+import sys
 import tempfile
 from collections import OrderedDict
 
@@ -122,11 +126,23 @@ def read_text(path, what="text file", max_bytes=1 << 30):
             from None
 
 
-def check_output(path, what="output"):
+def same_file(a, b):
+    """True when paths a and b name one file (after symlinks), existing or not."""
+    try:
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def check_output(path, what="output", inputs=()):
     """Checks that path can be written, before any long work: -> the path that will be written (a symlink's
-    target). Raises PathError when the folder is missing or takes no new file, or the path (or what a symlink names)
-    exists and is not a regular file: a directory, a device or a FIFO is never replaced."""
+    target). Raises PathError when the folder is missing or takes no new file, the path is one of inputs (the run
+    would replace what it reads), or the path (or what a symlink names) exists and is not a regular file: a
+    directory, a device or a FIFO is never replaced."""
     path = str(path)
+    for source in inputs:
+        if source and same_file(path, source):
+            raise PathError(f"{path}: {what} is the same file as the input {source}: refusing to replace it")
     real = os.path.realpath(path) if os.path.islink(path) else path
     folder = os.path.dirname(os.path.abspath(real))
     if not os.path.isdir(folder):
@@ -194,6 +210,60 @@ def write_file(path, data, what="output"):
     except OSError:
         pass  # some file systems cannot fsync a folder; the file itself is synced
     return real
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse in the trainers' dialect: a bad or missing flag is `error: <what> (see --help)` and exit 1 (argparse
+    itself prints its usage block and exits 2)."""
+
+    def error(self, message):
+        sys.stderr.write(f"error: {message} (see --help)\n")
+        sys.exit(1)
+
+
+class _StdoutError(Exception):
+    """A write to stdout failed: the script's report is lost, its work is not."""
+
+
+class _GuardedStream:
+    """sys.stdout whose write or flush failures are _StdoutError, told apart from the script's own OSErrors."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            raise _StdoutError(e.strerror) from None
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as e:
+            raise _StdoutError(e.strerror) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def run_script(main):
+    """Runs a script's main(). Its report on a stdout that cannot take it (a full device, a closed pipe) is one
+    error line and exit 1, not a traceback; characters the stdout encoding lacks are escaped, not fatal."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    if sys.stdout is not None:
+        sys.stdout = _GuardedStream(sys.stdout)
+    try:
+        code = main()
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except _StdoutError as e:
+        sys.stderr.write(f"error: cannot write the report to stdout ({e})\n")
+        sys.stderr.flush()
+        os._exit(1)  # not sys.exit: the interpreter's last flush of the same stdout would fail again
+    sys.exit(code)
 
 
 def magic_number(model, kind):
@@ -293,6 +363,8 @@ def read(path, fmt):
             if total + nbytes > size:
                 raise FormatError(f"{path}: file length is {size} bytes, the header and tensor table say more "
                                   f"(tensor {i}, {name}, of shape {shape}, runs past the end)")
+            if any(e[0] == name for e in entries):
+                raise FormatError(f"{path}: tensor {i} is named {name}, as an earlier one: a name appears twice")
             entries.append((name, DTYPES[code], shape, nbytes))
             total += nbytes
         if total != size:

@@ -10,6 +10,7 @@ import csv
 import io
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -18,6 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import binio  # noqa: E402
 
 MAX_FEATURES = 32
+# a decimal number as a CSV holds it (float() alone also takes "1_000" and non-ASCII digits)
+NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*[+-]?(nan|inf|infinity)\s*", re.IGNORECASE | re.ASCII)
 
 
 def fail(msg):
@@ -26,7 +29,7 @@ def fail(msg):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = binio.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv_file")
     ap.add_argument("out_file")
     ap.add_argument("--target", default=None, help="name of the target column (default: the last column)")
@@ -39,7 +42,7 @@ def main():
     if not 0 <= args.seed <= 2**31 - 1:
         fail(f"--seed must be in 0..2147483647, got {args.seed}")
     try:
-        binio.check_output(args.out_file, "output file")
+        binio.check_output(args.out_file, "output file", inputs=[args.csv_file])
         text = binio.read_text(args.csv_file, "CSV file")
     except binio.FormatError as e:
         fail(str(e))
@@ -66,6 +69,8 @@ def main():
             fail(f"{args.csv_file}: line {i + 2} has {len(r)} fields, the header has {len(header)}")
         for j, cell in enumerate(r):
             try:
+                if not NUMBER.fullmatch(cell):
+                    raise ValueError(cell)
                 v = float(cell)
             except ValueError:
                 fail(f"{args.csv_file}: line {i + 2}, column {header[j]!r}: {cell!r} is not a number")
@@ -92,4 +97,4 @@ def main():
           f"{x.shape[1]} features, target {target!r}")
 
 if __name__ == "__main__":
-    main()
+    binio.run_script(main)

@@ -11,8 +11,8 @@ Samplers (the model predicts epsilon; linear betas from the checkpoint header, f
   ddim  eta 0 over --steps S timesteps tau_i = floor(i*T/S), i = S-1 .. 0: x0_hat as above (clipped), eps recomputed
         from the clipped x0_hat, x_prev = sqrt(acp_prev) x0_hat + sqrt(1 - acp_prev) eps (acp_prev = 1 after tau_0).
 Devices (--device, the trainers' values):
-  cuda  runs `BINARY --sample FILE --load CKPT --num_samples N --sampler S --sample_steps K --use_ema 0|1 --seed N
-        --device cuda` (train_unet writes the samples as a UNET_DATASET) and reads FILE back.
+  cuda  runs `BINARY --sample FILE --load CKPT --num_samples N --sampler S --use_ema 0|1 --seed N --device cuda`
+        (and `--sample_steps K` for ddim; train_unet writes the samples as a UNET_DATASET) and reads FILE back.
   cpu   a NumPy implementation of dev/unet.py's forward (NHWC, 3x3 convolutions as im2col + one matmul): slow but
         dependency-free (about a second per image per step for the 64x64 default model on a few cores).
 Default (auto): cuda when the binary exists and nvidia-smi lists a GPU, else cpu; the choice is printed in one line.
@@ -459,8 +459,10 @@ def sample_gpu(args, use, image_size):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "samples.bin")
         cmd = [args.binary, "--sample", out, "--load", args.checkpoint, "--num_samples", str(args.num_samples),
-               "--sampler", args.sampler, "--sample_steps", str(args.steps), "--use_ema", "1" if use == "ema" else "0",
-               "--seed", str(args.seed), "--device", "cuda"]
+               "--sampler", args.sampler, "--use_ema", "1" if use == "ema" else "0", "--seed", str(args.seed),
+               "--device", "cuda"]
+        if args.sampler == "ddim":  # ddpm takes every diffusion step: train_unet refuses --sample_steps with it
+            cmd += ["--sample_steps", str(args.steps)]
         print("running: " + " ".join(cmd), flush=True)
         r = subprocess.run(cmd)
         if r.returncode != 0:
@@ -474,7 +476,7 @@ def sample_gpu(args, use, image_size):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = binio.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="UNET_CHECKPOINT written by train_unet or dev/unet.py (required)")
@@ -501,9 +503,9 @@ def main(argv=None):
     if not args.out.lower().endswith(".png"):
         sys.exit(f"error: --out {args.out}: expected a .png path")
     try:  # the outputs before any work: a bad --out must not cost the whole sampling
-        binio.check_output(args.out, "--out")
+        binio.check_output(args.out, "--out", inputs=[args.checkpoint])
         if args.out_bin:
-            binio.check_output(args.out_bin, "--out_bin")
+            binio.check_output(args.out_bin, "--out_bin", inputs=[args.checkpoint, args.out])
         config, weights, use, cfg = load_checkpoint(args.checkpoint, args.weights)
     except binio.FormatError as e:
         sys.exit(f"error: {e}")
@@ -552,4 +554,4 @@ def main(argv=None):
         sys.exit(f"error: {e}")
 
 if __name__ == "__main__":
-    main()
+    binio.run_script(main)

@@ -7,6 +7,7 @@ at 5M points, per operation, fused against unfused).
 import argparse
 import io
 import json
+import math
 import os
 import sys
 
@@ -16,7 +17,7 @@ import binio  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = binio.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json_file")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
@@ -54,10 +55,17 @@ def draw(r, outs):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = r["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"rows is {rows!r}, expected a non-empty list")
     n = [row["points"] for row in rows]
     series = [("torch_cpu_ms", "PyTorch CPU"), ("torch_eager_ms", "PyTorch eager (GPU)"),
               ("torch_compile_ms", "torch.compile (GPU)"), ("ours_v1_ms", "ours v1 unfused"),
               ("ours_v2_ms", "ours v2 fused"), ("ours_v3_ms", "ours v3 streams"), ("ours_v4_ms", "ours v4 persistent")]
+    for i, row in enumerate(rows):  # log axes drop a point <= 0 or NaN without a word: refuse it instead
+        for key in ["points"] + [k for k, _ in series if row.get(k) is not None]:
+            v = row[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"rows[{i}].{key} is {v!r}, expected a number > 0")
     fig, ax = plt.subplots(figsize=(8, 5))
     for key, label in series:
         pts = [(a, row[key]) for a, row in zip(n, rows) if row.get(key)]
@@ -90,4 +98,4 @@ def draw(r, outs):
 
 
 if __name__ == "__main__":
-    main()
+    binio.run_script(main)

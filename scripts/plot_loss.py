@@ -63,7 +63,7 @@ def smooth(values, beta):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = binio.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--log", action="append", help="the trainer's log.csv (or its output_dir); repeat for several runs "
                    "(default: out/unet/log.csv)")
@@ -79,7 +79,8 @@ def main(argv=None):
         sys.exit(f"error: --label given {len(args.label)} times for {len(logs)} --log files")
     labels = args.label or logs
     try:
-        binio.check_output(args.out, "--out")  # before the logs are read and drawn
+        sources = [os.path.join(p, "log.csv") if os.path.isdir(p) else p for p in logs]
+        binio.check_output(args.out, "--out", inputs=sources)  # before the logs are read and drawn
         runs = [read_log(path) for path in logs]
     except ValueError as e:  # binio.FormatError is a ValueError
         sys.exit(f"error: {e}")
@@ -123,4 +124,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    binio.run_script(main)

@@ -16,7 +16,7 @@ import binio  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = binio.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--csv", default="bench_results/softmax_sweep.csv", help="sweep CSV (default bench_results/softmax_sweep.csv)")
     ap.add_argument("--copy_gbps", type=float, default=0.0, help="copy bandwidth to draw, GB/s (default 0: none)")
     ap.add_argument("--out", default="bench_results/softmax_sweep.png", help="PNG to write (default bench_results/softmax_sweep.png)")
@@ -46,6 +46,10 @@ def main():
             cols, gbps = int(r["cols"]), float(r["gbps"])
         except (TypeError, ValueError):
             print(f"error: {args.csv}: line {line}: cols {r['cols']!r} and gbps {r['gbps']!r} must be numbers",
+                  file=sys.stderr)
+            return 1
+        if cols < 1 or not (math.isfinite(gbps) and gbps >= 0):  # a log axis drops them without a word
+            print(f"error: {args.csv}: line {line}: cols {cols} must be >= 1 and gbps {gbps} a bandwidth >= 0",
                   file=sys.stderr)
             return 1
         series[(r["op"], r["impl"])].append((cols, gbps))
@@ -83,4 +87,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    binio.run_script(main)

@@ -10,6 +10,7 @@ first one); no readable image at all is an error. Exit code 1 on any error, with
       --output data/sunflowers64.bin --image_size 64
 """
 import argparse
+import errno
 import os
 import sys
 
@@ -33,6 +34,8 @@ def load_image(path, image_size):
     """-> uint8 (image_size, image_size, 3). Raises OSError / UnidentifiedImageError / ValueError if unreadable."""
     with Image.open(path) as im:
         im = ImageOps.exif_transpose(im)
+        if im.mode in ("I", "I;16", "I;16B", "I;16L"):  # 16-bit samples: convert("RGB") would clip them at 255
+            im = Image.fromarray(np.round(np.asarray(im, dtype=np.float64) / 257.0).clip(0, 255).astype(np.uint8))
         im = im.convert("RGB")
         im = im.crop(centre_crop_box(*im.size))
         im = im.resize((image_size, image_size), Image.LANCZOS)
@@ -45,7 +48,7 @@ def list_images(input_dir):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = binio.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--input_dir", required=True, help="folder of images, not searched recursively (required)")
     p.add_argument("--output", default="data/images64.bin", help="UNET_DATASET file to write")
@@ -55,8 +58,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not 1 <= args.image_size <= 4096:
         sys.exit(f"error: --image_size must be in 1..4096, found {args.image_size}")
-    if not os.path.isdir(args.input_dir):
-        what = "not a folder" if os.path.exists(args.input_dir) else "no such folder"
+    try:
+        what = "" if os.path.isdir(args.input_dir) else "not a folder" if os.stat(args.input_dir) else ""
+    except OSError as e:
+        what = "no such folder" if e.errno == errno.ENOENT else f"cannot open it ({e.strerror})"
+    if what:
         sys.exit(f"error: --input_dir {args.input_dir}: {what}")
     try:  # before reading every image
         binio.check_output(args.output, "--output")
@@ -94,4 +100,4 @@ def main(argv=None):
           f"({os.path.getsize(real)} bytes), {len(skipped)} skipped, mean RGB {mean[0]:.1f} {mean[1]:.1f} {mean[2]:.1f}")
 
 if __name__ == "__main__":
-    main()
+    binio.run_script(main)
