@@ -204,55 +204,67 @@ static std::string folder_of(const std::string& path) {
     return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// printf into a string of any length (a message naming a path keeps its reason however long the path)
+static std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static std::string strfmt(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(nullptr, 0, fmt, ap);
+    va_end(ap);
+    std::string s(n > 0 ? n : 0, '\0');
+    va_start(ap, fmt);
+    if (n > 0) vsnprintf(&s[0], n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
 // Returns "" on success, else a message naming the file and the wrong field. Only a regular file is read: a
 // directory, device or FIFO is refused from its stat, before any read (no hang, no size taken from a directory).
 static std::string bin_open(BinFile* f, const char* path, int magic, int version, const char* kind) {
-    char msg[512];
+    std::string msg;
     f->path = path;
     struct stat st;
     int fd = stat(path, &st) != 0 ? -2 : S_ISREG(st.st_mode) ? open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -3;
     if (fd == -2 || fd == -1) {  // missing, or no permission
-        snprintf(msg, sizeof msg, "%s: cannot open %s (%s)", path, kind, strerror(errno));
+        msg = strfmt("%s: cannot open %s (%s)", path, kind, strerror(errno));
         return msg;
     }
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // also what was opened, if the path changed
         if (fd >= 0) close(fd);
-        snprintf(msg, sizeof msg, "%s: is %s, not a regular file (expected a %s)", path, file_kind(st.st_mode), kind);
+        msg = strfmt("%s: is %s, not a regular file (expected a %s)", path, file_kind(st.st_mode), kind);
         return msg;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     FILE* fp = fdopen(fd, "rb");
     if (!fp) {
         close(fd);
-        snprintf(msg, sizeof msg, "%s: cannot open %s (%s)", path, kind, strerror(errno));
+        msg = strfmt("%s: cannot open %s (%s)", path, kind, strerror(errno));
         return msg;
     }
     long long size = (long long)st.st_size;
     if (size < HDR_INTS * 4) {
         fclose(fp);
-        snprintf(msg, sizeof msg, "%s: file is %lld bytes, shorter than the 1024-byte header", path, size);
+        msg = strfmt("%s: file is %lld bytes, shorter than the 1024-byte header", path, size);
         return msg;
     }
     f->data.resize((size_t)size);
     size_t got = fread(f->data.data(), 1, (size_t)size, fp);
     fclose(fp);
     if (got != (size_t)size) {
-        snprintf(msg, sizeof msg, "%s: read %zu of %lld bytes", path, got, size);
+        msg = strfmt("%s: read %zu of %lld bytes", path, got, size);
         return msg;
     }
     memcpy(f->hdr, f->data.data(), sizeof f->hdr);
     if (f->hdr[0] != magic) {
-        snprintf(msg, sizeof msg, "%s: header[0] magic is %d, expected %d (%s)", path, f->hdr[0], magic, kind);
+        msg = strfmt("%s: header[0] magic is %d, expected %d (%s)", path, f->hdr[0], magic, kind);
         return msg;
     }
     if (f->hdr[1] != version) {
-        snprintf(msg, sizeof msg, "%s: header[1] version is %d, expected %d (%s)", path, f->hdr[1], version, kind);
+        msg = strfmt("%s: header[1] version is %d, expected %d (%s)", path, f->hdr[1], version, kind);
         return msg;
     }
     long long count = f->hdr[2];
     if (count < 0 || HDR_INTS * 4 + ENTRY_BYTES * count > size) {
-        snprintf(msg, sizeof msg, "%s: header[2] tensor count %lld does not fit a file of %lld bytes", path, count,
-                 size);
+        msg = strfmt("%s: header[2] tensor count %lld does not fit a file of %lld bytes", path, count, size);
         return msg;
     }
     size_t offset = HDR_INTS * 4 + ENTRY_BYTES * (size_t)count;
@@ -272,13 +284,11 @@ static std::string bin_open(BinFile* f, const char* path, int magic, int version
         e.dtype = meta[0];
         e.ndim = meta[1];
         if (e.dtype < 0 || e.dtype > 2) {
-            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has dtype code %d, expected 0, 1 or 2", path, i,
-                     shown.c_str(), e.dtype);
+            msg = strfmt("%s: tensor %lld (%s) has dtype code %d, expected 0, 1 or 2", path, i, shown.c_str(), e.dtype);
             return msg;
         }
         if (e.ndim < 0 || e.ndim > 4) {
-            snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has ndim %d, expected 0..4", path, i, shown.c_str(),
-                     e.ndim);
+            msg = strfmt("%s: tensor %lld (%s) has ndim %d, expected 0..4", path, i, shown.c_str(), e.ndim);
             return msg;
         }
         size_t n = 1;  // elements; bounded by the file length at every factor, so it never overflows
@@ -286,7 +296,7 @@ static std::string bin_open(BinFile* f, const char* path, int magic, int version
             e.shape[d] = d < e.ndim ? meta[2 + d] : 0;
             if (d < e.ndim) {
                 if (e.shape[d] < 0) {
-                    snprintf(msg, sizeof msg, "%s: tensor %lld (%s) has a negative dimension", path, i, shown.c_str());
+                    msg = strfmt("%s: tensor %lld (%s) has a negative dimension", path, i, shown.c_str());
                     return msg;
                 }
                 n = e.shape[d] == 0 || n <= (size_t)size / (size_t)e.shape[d] ? n * (size_t)e.shape[d]
@@ -296,16 +306,16 @@ static std::string bin_open(BinFile* f, const char* path, int magic, int version
         e.offset = offset;
         e.nbytes = n * dtype_size(e.dtype);
         if (n > (size_t)size || e.nbytes > (size_t)size - offset) {
-            snprintf(msg, sizeof msg, "%s: file length is %lld bytes, the header and tensor table say more (tensor "
-                     "%lld, %s, runs past the end)", path, size, i, shown.c_str());
+            msg = strfmt("%s: file length is %lld bytes, the header and tensor table say more (tensor "
+                         "%lld, %s, runs past the end)",
+                         path, size, i, shown.c_str());
             return msg;
         }
         offset += e.nbytes;
         f->entries.push_back(e);
     }
     if (offset != (size_t)size) {
-        snprintf(msg, sizeof msg, "%s: file length is %lld bytes, the header and tensor table say %zu", path, size,
-                 offset);
+        msg = strfmt("%s: file length is %lld bytes, the header and tensor table say %zu", path, size, offset);
         return msg;
     }
     return "";
@@ -320,7 +330,7 @@ static const BinEntry* bin_find(const BinFile* f, const std::string& name) {
 // Checks that tensor `name` exists with this dtype and shape; returns its data, or nullptr and a message.
 static const void* bin_expect(const BinFile* f, const std::string& name, int dtype, int ndim, const int* shape,
                               std::string* err) {
-    char msg[512];
+    std::string msg;
     const BinEntry* e = bin_find(f, name);
     auto shape_str = [](int nd, const int* s) {
         std::string r = "(";
@@ -328,21 +338,21 @@ static const void* bin_expect(const BinFile* f, const std::string& name, int dty
         return r + ")";
     };
     if (!e) {
-        snprintf(msg, sizeof msg, "%s: tensor %s is missing", f->path.c_str(), name.c_str());
+        msg = strfmt("%s: tensor %s is missing", f->path.c_str(), name.c_str());
         *err = msg;
         return nullptr;
     }
     bool same = e->ndim == ndim;
     for (int d = 0; same && d < ndim; d++) same = e->shape[d] == shape[d];
     if (!same) {
-        snprintf(msg, sizeof msg, "%s: tensor %s has shape %s, expected %s", f->path.c_str(), name.c_str(),
-                 shape_str(e->ndim, e->shape).c_str(), shape_str(ndim, shape).c_str());
+        msg = strfmt("%s: tensor %s has shape %s, expected %s", f->path.c_str(), name.c_str(),
+                     shape_str(e->ndim, e->shape).c_str(), shape_str(ndim, shape).c_str());
         *err = msg;
         return nullptr;
     }
     if (e->dtype != dtype) {
-        snprintf(msg, sizeof msg, "%s: tensor %s has dtype %s, expected %s", f->path.c_str(), name.c_str(),
-                 dtype_name(e->dtype), dtype_name(dtype));
+        msg = strfmt("%s: tensor %s has dtype %s, expected %s", f->path.c_str(), name.c_str(), dtype_name(e->dtype),
+                     dtype_name(dtype));
         *err = msg;
         return nullptr;
     }
@@ -505,7 +515,7 @@ static UNetConfig config_from_header(const int32_t* h) {
 }
 // "" when the configuration is one this trainer can build, else the reason.
 static std::string config_check(const UNetConfig& c) {
-    char msg[256];
+    std::string msg;
     if (c.in_channels != 3 || c.out_channels != 3) return "in_channels and out_channels must be 3";
     if (c.n_levels < 1 || c.n_levels > 4) return "n_levels must be 1..4, found " + std::to_string(c.n_levels);
     // bounds (the flags' ranges) before any size is computed from them: a corrupt header never sizes an allocation
@@ -526,20 +536,20 @@ static std::string config_check(const UNetConfig& c) {
         return "attn_ds_mask must be 0.." + std::to_string((1 << c.n_levels) - 1) +
                " (bit k: attention at ds 2^k), found " + std::to_string(c.attn_ds_mask);
     if (c.image_size < 1 || c.image_size % (1 << (c.n_levels - 1))) {
-        snprintf(msg, sizeof msg, "image_size %d is not a positive multiple of 2^(levels-1) = %d", c.image_size,
-                 1 << (c.n_levels - 1));
+        msg = strfmt("image_size %d is not a positive multiple of 2^(levels-1) = %d", c.image_size,
+                     1 << (c.n_levels - 1));
         return msg;
     }
     for (int l = 0; l < c.n_levels; l++) {
         int ch = c.model_channels * c.mult[l];
         if (c.mult[l] < 1 || ch % 32) {
-            snprintf(msg, sizeof msg, "channels %d (model_channels x mult%d) must be a positive multiple of 32 "
-                     "(GroupNorm groups)", ch, l);
+            msg = strfmt("channels %d (model_channels x mult%d) must be a positive multiple of 32 "
+                         "(GroupNorm groups)",
+                         ch, l);
             return msg;
         }
         if (ch % c.num_head_channels) {
-            snprintf(msg, sizeof msg, "channels %d must be a multiple of num_head_channels %d", ch,
-                     c.num_head_channels);
+            msg = strfmt("channels %d must be a multiple of num_head_channels %d", ch, c.num_head_channels);
             return msg;
         }
     }
@@ -559,12 +569,10 @@ static std::string config_diff(const UNetConfig& a, const UNetConfig& b) {
                                   "num_head_channels", "diffusion_steps", "beta_start", "beta_end"};
     for (int i = HDR_MODEL_FIRST; i < HDR_MODEL_END; i++)
         if (ha[i] != hb[i]) {
-            char msg[256];
+            std::string msg;
             bool f = i >= HDR_MODEL_END - 2;
-            if (f)
-                snprintf(msg, sizeof msg, "%s is %g, expected %g", names[i - 3], hdr_float(ha, i), hdr_float(hb, i));
-            else
-                snprintf(msg, sizeof msg, "%s is %d, expected %d", names[i - 3], ha[i], hb[i]);
+            if (f) msg = strfmt("%s is %g, expected %g", names[i - 3], hdr_float(ha, i), hdr_float(hb, i));
+            else msg = strfmt("%s is %d, expected %d", names[i - 3], ha[i], hb[i]);
             return msg;
         }
     return "";
@@ -5328,7 +5336,7 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
     static const char* prefixes[4] = {"", "ema.", "adam_m.", "adam_v."};
     const bool stored[4] = {true, h[23] == 1, h[24] == 1, h[24] == 1};
     std::set<std::string> names;
-    char msg[512];
+    std::string msg;
     for (int k = 0; k < 4; k++) {
         if (!stored[k]) continue;
         for (const Param& p : m->params) {
@@ -5339,8 +5347,8 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
                 float v;
                 memcpy(&v, x + 4 * i, 4);
                 if (!std::isfinite(v) || (k == 3 && v < 0.f)) {
-                    snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected %s", f->path.c_str(), name.c_str(),
-                             i, v, k == 3 ? "a finite second moment >= 0 (not negative)" : "a finite number");
+                    msg = strfmt("%s: tensor %s[%zu] is %g, expected %s", f->path.c_str(), name.c_str(), i, v,
+                                 k == 3 ? "a finite second moment >= 0 (not negative)" : "a finite number");
                     return msg;
                 }
             }
@@ -5354,8 +5362,9 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
         int32_t rng[4];
         memcpy(rng, r, sizeof rng);
         if (rng[0] != h[20] || rng[1] != h[18]) {
-            snprintf(msg, sizeof msg, "%s: tensor rng_state is {%d, %d, ...}, expected {seed %d, step %d, ...} as the "
-                     "header", f->path.c_str(), rng[0], rng[1], h[20], h[18]);
+            msg = strfmt("%s: tensor rng_state is {%d, %d, ...}, expected {seed %d, step %d, ...} as the "
+                         "header",
+                         f->path.c_str(), rng[0], rng[1], h[20], h[18]);
             return msg;
         }
         names.insert("rng_state");
@@ -5922,11 +5931,11 @@ static void wd_loop() {
         }
         const double t0 = g_wd.armed_at.load(), lim = g_wd.limit.load();
         if (t0 > 0 && dist_now() - t0 > lim) {
-            char msg[512];
+            std::string msg;
             const int step = g_wd.step.load();
-            snprintf(msg, sizeof msg, "%s%s made no progress in %g s: a peer rank died or hangs (the limit: %s)",
-                     g_wd.what.load(), step >= 0 ? (" at step " + std::to_string(step)).c_str() : "", lim,
-                     step >= 0 ? "--nccl_timeout" : "--dist_timeout");
+            msg = strfmt("%s%s made no progress in %g s: a peer rank died or hangs (the limit: %s)", g_wd.what.load(),
+                         step >= 0 ? (" at step " + std::to_string(step)).c_str() : "", lim,
+                         step >= 0 ? "--nccl_timeout" : "--dist_timeout");
             wd_fail(msg);
         }
     }
@@ -6158,21 +6167,22 @@ static std::string dataset_open(Dataset* d, const char* path, int image_size) {
     if (!e.empty()) return e;
     const int32_t* h = d->file.hdr;
     int n = h[3], H = h[4], W = h[5], C = h[6];
-    char msg[512];
+    std::string msg;
     if (n < 1 || H < 1 || W < 1) {
-        snprintf(msg, sizeof msg, "%s: header n_images %d, height %d, width %d must be >= 1", path, n, H, W);
+        msg = strfmt("%s: header n_images %d, height %d, width %d must be >= 1", path, n, H, W);
         return msg;
     }
     if (C != 3) {
-        snprintf(msg, sizeof msg, "%s: header field channels is %d, expected 3", path, C);
+        msg = strfmt("%s: header field channels is %d, expected 3", path, C);
         return msg;
     }
     int shape[4] = {n, H, W, 3};
     const void* p = bin_expect(&d->file, "images", DT_U8, 4, shape, &e);
     if (!p) return e;
     if (H != image_size || W != image_size) {
-        snprintf(msg, sizeof msg, "%s: images are %dx%d, the model's image_size is %d (use --image_size %d or "
-                 "prepare the data at %d)", path, H, W, image_size, H, image_size);
+        msg = strfmt("%s: images are %dx%d, the model's image_size is %d (use --image_size %d or "
+                     "prepare the data at %d)",
+                     path, H, W, image_size, H, image_size);
         return msg;
     }
     d->images = (const uint8_t*)p;
