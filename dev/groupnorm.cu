@@ -313,34 +313,7 @@ __global__ void __launch_bounds__(CH_THREADS, 2) chan_reduce_kernel(ChanArgs a) 
     chan_reduce_finish<MODE, V>(a, t, ax, ay);
 }
 
-// y = x * scale.x + scale.y per (b, channel) (= (x - mean) rstd gamma + beta), then SiLU when silu
-template <typename T, int V>
-__global__ void __launch_bounds__(CH_THREADS) gn_apply_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                                              const float2* __restrict__ scale, int P, int C,
-                                                              int silu) {
-    const ChanLane t = chan_lane(P, C, V);
-    if (!t.active) return;
-    float2 s[V];
-#pragma unroll
-    for (int v = 0; v < V; v++) s[v] = scale[(size_t)t.b * C + t.c0 + v];
-    const size_t base = (size_t)t.b * P * C + t.c0;
-    for (int p = t.p0 + t.lane; p < t.p1; p += CH_UNROLL * t.lanes) {
-        float xv[CH_UNROLL][V];
-#pragma unroll
-        for (int u = 0; u < CH_UNROLL; u++)
-            if (p + u * t.lanes < t.p1) vload<T, V>(x + base + (size_t)(p + u * t.lanes) * C, xv[u]);
-#pragma unroll
-        for (int u = 0; u < CH_UNROLL; u++) {
-            if (p + u * t.lanes >= t.p1) break;
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-                const float z = fmaf(xv[u][v], s[v].x, s[v].y);
-                xv[u][v] = silu ? silu_f(z) : z;
-            }
-            vstore<T, V>(y + base + (size_t)(p + u * t.lanes) * C, xv[u]);
-        }
-    }
-}
+// The forward apply is train_unet.cu's gn_apply_kernel (the same pixel walk, since session 17)
 
 // dx (+)= rstd (dxhat - k.x - xhat k.y) = coef.x dz - coef.z (x - mean) - coef.w (gn_bwd_finish's coefficients).
 // SUMS: also the channel sums of what it writes (the bias and time-embedding gradients of the layer that made x),
@@ -460,10 +433,10 @@ static void groupnorm_forward(const UNet* m, const NormP& n, const T* x, T* y, f
     chan_reduce<0, T>(m, a, m->B);
     const int V = chan_vec<T>(n.C);
     if (V > 1) {
-        auto k = gn_apply_kernel<T, VEC<T>>;
+        auto k = ::gn_apply_kernel<T, VEC<T>>;
         k<<<chan_grid(m, a, m->B, V, (const void*)k, 0), CH_THREADS, 0, g_stream>>>(x, y, m->gn_scale, P, n.C, silu);
     } else {
-        auto k = gn_apply_kernel<T, 1>;
+        auto k = ::gn_apply_kernel<T, 1>;
         k<<<chan_grid(m, a, m->B, V, (const void*)k, 0), CH_THREADS, 0, g_stream>>>(x, y, m->gn_scale, P, n.C, silu);
     }
     cudaCheck(cudaGetLastError());
