@@ -7,7 +7,8 @@
 #   B  --zero 1 (OpenMPI variables, --nccl_id_file): the same losses as A's N-GPU run, and the memory lines
 #   C  throughput at --batch_size 32 per GPU (bf16, the default): 1 GPU, N GPUs (buckets), N GPUs UNET_BUCKET_MB=0
 #   D  kill one rank (SIGKILL) mid-run: the others end with an error within --nccl_timeout 20 s (limit 60 s); the
-#      last checkpoint resumes on 1 GPU (a different world) and continues to the uninterrupted N-GPU run's losses
+#      last checkpoint resumes on 1 GPU and on N/2 GPUs (other worlds) and continues to the uninterrupted N-GPU
+#      run's losses
 set -o pipefail
 N=${1:-2}
 OUT=${OUT:-/tmp/nccl_out}
@@ -148,13 +149,19 @@ for victim in $((N - 1)) 0; do
     for r in $(seq 0 $((N - 1))); do grep -hE "^error" "$OUT/D$victim.r$r.log" | sed "s/^/    r$r: /"; done
     grep "saved" "$OUT/D$victim.r0.log" | tail -1 | sed 's/^/    last: /'
 done
-# the last checkpoint of the run whose rank N-1 was killed, resumed on 1 GPU (global batch G there): 10 more steps,
-# against the uninterrupted N-GPU run A where they overlap (the killed run had A's flags)
+# the last checkpoint of the run whose rank N-1 was killed, resumed on 1 GPU (the checkpoint's global batch G) and,
+# with 4 or more, on N/2 GPUs: 10 more steps each, against an uninterrupted N-GPU run of the same flags to that step
+# (the learning rate is constant, so --steps does not change the steps before it)
 D=/tmp/nc_D$((N - 1))
 last=$(grep -o "(step [0-9]*)" "$OUT/D$((N - 1)).r0.log" | tail -1 | tr -dc 0-9)
-run R1 1 --resume $D/model.bin --steps $((last + 10)) --log_every 1 --save_every 0 --precision fp32 \
-    --output_dir /tmp/nc_R1
-losses /tmp/nc_AN/log.csv /tmp/nc_R1/log.csv "D: the killed run's checkpoint (step $last) resumed on 1 GPU vs A"
+R="--steps $((last + 10)) --log_every 1 --save_every 0 --precision fp32"
+run RU $N $A --batch_size 32 $R --output_dir /tmp/nc_RU
+run R1 1 --resume $D/model.bin $R --output_dir /tmp/nc_R1
+losses /tmp/nc_RU/log.csv /tmp/nc_R1/log.csv "D: the killed run's checkpoint (step $last) on 1 GPU vs uninterrupted"
+if [ "$N" -ge 4 ]; then
+    run RH $((N / 2)) --resume $D/model.bin $R --output_dir /tmp/nc_RH
+    losses /tmp/nc_RU/log.csv /tmp/nc_RH/log.csv "D: the same checkpoint resumed on $((N / 2)) GPUs vs uninterrupted"
+fi
 
 # E: one GPU, bf16 (the default), 30 steps: this build vs the trainer before issue 23
 if [ -n "$BASE_PID" ] && wait $BASE_PID; then
