@@ -5891,10 +5891,11 @@ static_assert(sizeof(ncclUniqueId) == DIST_ID_BYTES, "DIST_ID_BYTES must be the 
 // A thread that ends the process when NCCL reports an error on the communicator, or when the main thread has waited
 // on work that involves the other ranks for longer than its limit: a dead peer leaves the others' collectives
 // spinning (on NVLink with no error at all). It prints what this rank waited for, calls ncclCommAbort (which frees
-// the stuck kernels) and exits 1; if the abort itself hangs, exit 1 comes 10 s later regardless.
+// the stuck kernels) and exits 1; if the abort itself hangs, exit 1 comes 10 s later regardless. The freed kernels
+// let the main thread go on with garbage, so it halts at its next check (wd_halt_if_failed) and saves nothing.
 struct Watchdog {
     std::thread* thread = nullptr;  // never a static std::thread: an error's exit must not find it joinable
-    std::atomic<bool> stop{false};
+    std::atomic<bool> stop{false}, failed{false};
     std::atomic<double> armed_at{0.0}, limit{0.0};  // dist_now() when the current wait began (0: none), seconds
     std::atomic<const char*> what{""};              // the wait, a string literal
     std::atomic<int> step{-1};
@@ -5904,6 +5905,7 @@ struct Watchdog {
 static Watchdog g_wd;
 
 [[noreturn]] static void wd_fail(const std::string& why) {
+    g_wd.failed = true;  // before the abort: whatever the GPU finishes after it was computed without the peers
     std::thread([] {
         sleep(10);
         _exit(EXIT_FAILURE);
@@ -5947,6 +5949,10 @@ static void wd_arm(const char* what, double limit_s, int step = -1) {
     g_wd.armed_at = dist_now();
 }
 static void wd_disarm() { g_wd.armed_at = 0.0; }
+// The main thread after each wait on the GPU: once the watchdog has aborted NCCL, nothing more is logged or saved
+static void wd_halt_if_failed() {
+    while (g_wd.failed.load()) sleep(1);  // the watchdog's _exit ends the process
+}
 
 struct Dist {
     DistEnv env;
@@ -6089,6 +6095,7 @@ static std::string dist_save_checkpoint(Dist* d, UNet* m, const std::string& pat
             cudaCheck(cudaMemcpy(ours[k].data(), srcs[k], m->n_params * 4, cudaMemcpyDeviceToHost));
         }
     }
+    wd_halt_if_failed();
     if (d->env.rank != 0) return "";
     wd_disarm();  // writing the file is this rank's own work, however slow the disk (the next step re-arms)
     return unet_write_checkpoint(m, path, st, ours);
@@ -6151,6 +6158,7 @@ struct Dist {
 [[maybe_unused]] static void dist_free(Dist*) {}
 [[maybe_unused]] static void wd_arm(const char*, double, int = -1) {}
 [[maybe_unused]] static void wd_disarm() {}
+[[maybe_unused]] static void wd_halt_if_failed() {}
 #endif  // UNET_NCCL
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -6503,6 +6511,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         if (done % window == 0 || last) {
             cudaCheck(cudaEventRecord(ev1, g_stream));
             cudaCheck(cudaEventSynchronize(ev1));
+            wd_halt_if_failed();
             float ms = 0.f;
             cudaCheck(cudaEventElapsedTime(&ms, ev0, ev1));
             double sum = 0.0;
@@ -6565,6 +6574,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     }
     if (dp) wd_arm("finishing the last step", dp->nccl_timeout);
     cudaCheck(cudaDeviceSynchronize());
+    wd_halt_if_failed();
     if (dp) wd_disarm();
     if (!a.quiet && rc == 0) {  // everything is allocated up front: what the device has lost since start is the peak
         size_t mem_free1;

@@ -75,6 +75,29 @@ print(f"    {sys.argv[3]}: {len(steps)} steps; identical: {ident}; max rel diff 
 EOF
 }
 
+# ckdiff A B LABEL: two checkpoints tensor by tensor (weights, EMA, AdamW moments), where cmp says they differ
+ckdiff() {
+    python3 - "$1" "$2" "$3" << 'EOF'
+import sys
+sys.path.insert(0, "scripts")
+import numpy as np
+import convert
+a, b = (convert.read_checkpoint_bin(p) for p in sys.argv[1:3])
+groups = {}
+for name, x in a.tensors.items():
+    y = b.tensors[name]
+    g = next((p for p in ("ema.", "adam_m.", "adam_v.", "rng_state") if name.startswith(p)), "weights")
+    x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    d = float(np.abs(x64 - y64).max()) if x64.size else 0.0
+    s = float(np.abs(x64).max()) if x64.size else 0.0
+    n = int((x64 != y64).sum())
+    o = groups.setdefault(g, [0.0, 0.0, 0, 0])
+    o[0], o[1], o[2], o[3] = max(o[0], d), max(o[1], d / s if s else 0.0), o[2] + n, o[3] + x64.size
+print(f"    {sys.argv[3]}: " + "; ".join(f"{g}: {n} of {t} differ, max abs {d:.2e}, max rel (to the tensor's largest) "
+                                       f"{r:.2e}" for g, (d, r, n, t) in groups.items()))
+EOF
+}
+
 G=$((32 * N))
 A="--steps 50 --log_every 1 --save_every 50 --precision fp32"
 run A1 1 $A --batch_size $G --output_dir /tmp/nc_A1
@@ -99,7 +122,8 @@ for r in "${!pids[@]}"; do wait "${pids[$r]}"; codes="$codes r$r=$?"; done
 el "Z (--zero 1, OpenMPI variables, --nccl_id_file): exit$codes; id file left: $(ls /tmp/nc_id 2> /dev/null || echo no)"
 grep -E "^error|GPU memory|state per GPU|gradients  " "$OUT/Z.r0.log" | sed 's/^/    /'
 losses /tmp/nc_AN/log.csv /tmp/nc_Z/log.csv "B: $N GPUs without vs with --zero 1"
-cmp /tmp/nc_AN/model.bin /tmp/nc_Z/model.bin && echo "    B: checkpoints without and with --zero 1: identical"
+cmp /tmp/nc_AN/model.bin /tmp/nc_Z/model.bin && echo "    B: checkpoints without and with --zero 1: identical" ||
+    ckdiff /tmp/nc_AN/model.bin /tmp/nc_Z/model.bin "B: step-50 checkpoints without vs with --zero 1"
 
 # C: throughput, batch 32 per GPU, bf16; the last log line (steps 51-100) is the steady state
 C="--steps 100 --log_every 50 --save_every 0 --batch_size 32"
