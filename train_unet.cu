@@ -1718,7 +1718,7 @@ constexpr int C8_BK = 64, C8_STAGES = 3;
 template <int MODE, int BM, int BN, int WM, int WN>
 struct Conv8 {
     static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = 32 * WARPS_M * WARPS_N;
-    static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
+    static constexpr int WM_ = WM, WN_ = WN, MI = WM / 16, NI = WN / 8;  // a warp's tile; its mma tiles
     static constexpr int A_LD = MODE == 0 ? C8_BK + 8 : BM + 8, B_LD = MODE == 0 ? C8_BK + 8 : BN + 8;  // bf16
     static constexpr int A_ELEMS = (MODE == 0 ? BM : C8_BK) * A_LD, B_ELEMS = (MODE == 0 ? BN : C8_BK) * B_LD;
     static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
@@ -1773,52 +1773,44 @@ __device__ __forceinline__ void cp_async16_b16(bf16* smem_dst, const bf16* gmem_
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(n));
 }
 
-// Block (blockIdx.x, blockIdx.y) computes the BM x BN output tile over the k-tiles [z * kchunk, (z + 1) * kchunk) of
-// `ktiles` (z = blockIdx.z). MODE 0: kc k-tiles per tap (ceil(C / C8_BK)); g is the ConvGeom of the forward gather
-// (ts = 1), M = pixels, N = output channels. MODE 1: g as conv_geom_weight (M = 9*C, K = pixels), k-tile = C8_BK
-// pixels. Without a split, MODE 0 writes bf16 out = acc + bias + emb + res; otherwise the fp32 partial sums go to
-// o.ws[z][M][N].
-template <int MODE, int BM, int BN, int WM, int WN>
-__global__ void __launch_bounds__(Conv8<MODE, BM, BN, WM, WN>::THREADS, Conv8<MODE, BM, BN, WM, WN>::MIN_BLOCKS)
-conv_mma_bf16_kernel(const bf16* __restrict__ X, const bf16* __restrict__ Bm, const ConvWgOut o,
-                     const ConvGeom g, int kc, int ktiles, int kchunk) {
-    using T = Conv8<MODE, BM, BN, WM, WN>;
-    extern __shared__ __align__(128) bf16 smem8[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int kbeg = blockIdx.z * kchunk, nk = min(ktiles, kbeg + kchunk) - kbeg;
-    const int HWo = g.Ho * g.Wo;
-
-    // loader. MODE 0: A rows (pixels) tid/8 + A_RPP*i, channel chunk tid%8 of the k-tile; B rows (n) likewise.
-    // MODE 1: A and B rows (pixels) tid/ROW_CHUNKS + RPP*i, the thread's column chunk (m or n) fixed.
-    constexpr int AR = MODE == 0 ? T::A_CHUNKS : 1;
-    int rowb[AR], rowyx[AR];  // MODE 0: per A row, the image (-1: row past M) and (oy << 16 | ox)
-    int mtap = 0, mc = 0;
+// The loader of conv_mma_bf16_kernel. MODE 0: A rows (pixels) tid/8 + A_RPP*i, channel chunk tid%8 of the k-tile;
+// B rows (n) likewise. MODE 1: A and B rows (pixels) tid/ROW_CHUNKS + RPP*i, the thread's column chunk (m or n)
+// fixed. What a thread precomputes once: MODE 0 per A row the image (-1: row past M) and (oy << 16 | ox); MODE 1 its
+// A column's tap and channel.
+template <int MODE, class T>
+struct Conv8Loader {
+    static constexpr int AR = MODE == 0 ? T::A_CHUNKS : 1;
+    int rowb[AR], rowyx[AR];
+    int mtap = 0, mc = 0, bcol = 0;
     bool mval = false;
-    if (MODE == 0) {
+
+    __device__ __forceinline__ void init(const ConvGeom& g, int tid, int m0, int n0) {
+        const int HWo = g.Ho * g.Wo;
+        if (MODE == 0) {
 #pragma unroll
-        for (int i = 0; i < AR; i++) {
-            const int m = m0 + tid / T::A_ROW_CHUNKS + T::A_RPP * i;
-            const int b = m / HWo, r = m - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
-            rowb[i] = m < g.M ? b : -1;
-            rowyx[i] = (oy << 16) | ox;
+            for (int i = 0; i < AR; i++) {
+                const int m = m0 + tid / T::A_ROW_CHUNKS + T::A_RPP * i;
+                const int b = m / HWo, r = m - b * HWo, oy = r / g.Wo, ox = r - oy * g.Wo;
+                rowb[i] = m < g.M ? b : -1;
+                rowyx[i] = (oy << 16) | ox;
+            }
+        } else {
+            const int m = m0 + (tid % T::A_ROW_CHUNKS) * 8;  // 8 rows (tap, c..c+7) of one tap: C % 8 == 0
+            mval = m < g.M;
+            mtap = mval ? m / g.C : 0;
+            mc = mval ? m - mtap * g.C : 0;
         }
-    } else {
-        const int m = m0 + (tid % T::A_ROW_CHUNKS) * 8;  // 8 rows (tap, c..c+7) of one tap: C % 8 == 0
-        mval = m < g.M;
-        mtap = mval ? m / g.C : 0;
-        mc = mval ? m - mtap * g.C : 0;
+        bcol = n0 + (tid % T::B_ROW_CHUNKS) * 8;  // MODE 1: the thread's n chunk
     }
-    const int bcol = n0 + (tid % T::B_ROW_CHUNKS) * 8;  // MODE 1: the thread's n chunk
-    auto a_dst = [&](int stage, int i) {
-        return smem8 + stage * T::STAGE_ELEMS + (tid / T::A_ROW_CHUNKS + T::A_RPP * i) * T::A_LD +
-               (tid % T::A_ROW_CHUNKS) * 8;
-    };
-    auto b_dst = [&](int stage, int i) {
-        return smem8 + stage * T::STAGE_ELEMS + T::A_ELEMS + (tid / T::B_ROW_CHUNKS + T::B_RPP * i) * T::B_LD +
-               (tid % T::B_ROW_CHUNKS) * 8;
-    };
-    auto load_stage = [&](int stage, int kt) {
+    // k-tile kt of A and B into stage buffer `st` (cp.async, zero-filled outside the tensors)
+    __device__ __forceinline__ void load(bf16* st, const bf16* __restrict__ X, const bf16* __restrict__ Bm,
+                                         const ConvGeom& g, int tid, int n0, int kc, int kt) const {
+        auto a_dst = [&](int i) {
+            return st + (tid / T::A_ROW_CHUNKS + T::A_RPP * i) * T::A_LD + (tid % T::A_ROW_CHUNKS) * 8;
+        };
+        auto b_dst = [&](int i) {
+            return st + T::A_ELEMS + (tid / T::B_ROW_CHUNKS + T::B_RPP * i) * T::B_LD + (tid % T::B_ROW_CHUNKS) * 8;
+        };
         if (MODE == 0) {
             const int tap = kt / kc, c = (kt - tap * kc) * C8_BK + (tid % T::A_ROW_CHUNKS) * 8;
             const bool cok = c < g.C;
@@ -1826,16 +1818,16 @@ conv_mma_bf16_kernel(const bf16* __restrict__ X, const bf16* __restrict__ Bm, co
             for (int i = 0; i < T::A_CHUNKS; i++) {
                 const int pix = rowb[i] >= 0 && cok ? conv_gather(g, rowb[i], rowyx[i] >> 16, rowyx[i] & 0xffff, tap)
                                                     : -1;
-                cp_async16_b16(a_dst(stage, i), pix >= 0 ? X + (size_t)pix * g.C + c : X, pix >= 0);
+                cp_async16_b16(a_dst(i), pix >= 0 ? X + (size_t)pix * g.C + c : X, pix >= 0);
             }
 #pragma unroll
             for (int i = 0; i < T::B_CHUNKS; i++) {
                 const int n = n0 + tid / T::B_ROW_CHUNKS + T::B_RPP * i;
                 const bool v = cok && n < g.N;
-                cp_async16_b16(b_dst(stage, i), v ? Bm + ((size_t)n * 9 + tap) * g.C + c : Bm, v);
+                cp_async16_b16(b_dst(i), v ? Bm + ((size_t)n * 9 + tap) * g.C + c : Bm, v);
             }
         } else {
-            const int p0 = kt * C8_BK;
+            const int p0 = kt * C8_BK, HWo = g.Ho * g.Wo;
 #pragma unroll
             for (int i = 0; i < T::A_CHUNKS; i++) {
                 const int p = p0 + tid / T::A_ROW_CHUNKS + T::A_RPP * i;
@@ -1845,80 +1837,62 @@ conv_mma_bf16_kernel(const bf16* __restrict__ X, const bf16* __restrict__ Bm, co
                     const int oy = fastdiv(r, g.wo_mul, g.wo_shift), ox = r - oy * g.Wo;
                     pix = conv_gather(g, b, oy, ox, mtap);
                 }
-                cp_async16_b16(a_dst(stage, i), pix >= 0 ? X + (size_t)pix * g.C + mc : X, pix >= 0);
+                cp_async16_b16(a_dst(i), pix >= 0 ? X + (size_t)pix * g.C + mc : X, pix >= 0);
             }
 #pragma unroll
             for (int i = 0; i < T::B_CHUNKS; i++) {
                 const int p = p0 + tid / T::B_ROW_CHUNKS + T::B_RPP * i;
                 const bool v = p < g.K && bcol < g.N;
-                cp_async16_b16(b_dst(stage, i), v ? Bm + (size_t)p * g.N + bcol : Bm, v);
+                cp_async16_b16(b_dst(i), v ? Bm + (size_t)p * g.N + bcol : Bm, v);
             }
         }
-    };
+    }
+};
 
-    // this warp's WM x WN tile: MI x NI mma tiles
-    const int wm = warp % T::WARPS_M, wn = warp / T::WARPS_M;
-    const int gq = lane >> 2, tq = lane & 3;
-    float acc[T::MI][T::NI][4];
+// One stage's k-tile into the warp's WM x WN accumulators (MI x NI mma tiles at warp position (wm, wn))
+template <int MODE, class T>
+__device__ __forceinline__ void conv8_mma_stage(const bf16* As, int lane, int wm, int wn,
+                                                float (&acc)[T::MI][T::NI][4]) {
+    const bf16* Bs = As + T::A_ELEMS;
 #pragma unroll
-    for (int i = 0; i < T::MI; i++)
+    for (int kk = 0; kk < C8_BK; kk += 16) {
+        uint32_t a[T::MI][4], b[T::NI][2];
 #pragma unroll
-        for (int j = 0; j < T::NI; j++)
+        for (int i = 0; i < T::MI; i++)
+            ldmatrix_x4_b16<MODE == 1>(a[i], As + conv8_a_lds<MODE>(lane, T::A_LD, wm * T::WM_ + i * 16, kk));
 #pragma unroll
-            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
-    auto mma_stage = [&](int stage) {
-        const bf16* As = smem8 + stage * T::STAGE_ELEMS;
-        const bf16* Bs = As + T::A_ELEMS;
-#pragma unroll
-        for (int kk = 0; kk < C8_BK; kk += 16) {
-            uint32_t a[T::MI][4], b[T::NI][2];
-#pragma unroll
-            for (int i = 0; i < T::MI; i++)
-                ldmatrix_x4_b16<MODE == 1>(a[i], As + conv8_a_lds<MODE>(lane, T::A_LD, wm * WM + i * 16, kk));
-#pragma unroll
-            for (int j = 0; j < T::NI; j += 2) {
-                uint32_t r[4];
-                ldmatrix_x4_b16<MODE == 1>(r, Bs + conv8_b_lds<MODE>(lane, T::B_LD, wn * WN + j * 8, kk));
-                b[j][0] = r[0];
-                b[j][1] = r[1];
-                b[j + 1][0] = r[2];
-                b[j + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int i = 0; i < T::MI; i++)
-#pragma unroll
-                for (int j = 0; j < T::NI; j++) mma_bf16_16816(acc[i][j], a[i], b[j]);
+        for (int j = 0; j < T::NI; j += 2) {
+            uint32_t r[4];
+            ldmatrix_x4_b16<MODE == 1>(r, Bs + conv8_b_lds<MODE>(lane, T::B_LD, wn * T::WN_ + j * 8, kk));
+            b[j][0] = r[0];
+            b[j][1] = r[1];
+            b[j + 1][0] = r[2];
+            b[j + 1][1] = r[3];
         }
-    };
-
-    // C8_STAGES-deep pipeline, one barrier per k-tile (as version 6)
 #pragma unroll
-    for (int s = 0; s < C8_STAGES - 1; s++) {
-        if (s < nk) load_stage(s, kbeg + s);
-        cp_async_commit();
+        for (int i = 0; i < T::MI; i++)
+#pragma unroll
+            for (int j = 0; j < T::NI; j++) mma_bf16_16816(acc[i][j], a[i], b[j]);
     }
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait_mem<C8_STAGES - 2>();  // this thread's copies of tile kt have landed
-        __syncthreads();  // tile kt is in for everyone; everyone is done with tile kt-1's stage
-        const int next = kt + C8_STAGES - 1;
-        if (next < nk) load_stage(next % C8_STAGES, kbeg + next);
-        cp_async_commit();
-        mma_stage(kt % C8_STAGES);
-    }
-    cp_async_wait_mem<0>();
+}
 
-    // epilogue from the accumulators (N % 8 == 0: n < N implies n + 1 < N)
+// The accumulators out (N % 8 == 0: n < N implies n + 1 < N): raw fp32 partials to o.ws[z] (MODE 1 or a split),
+// else bf16 out = acc + bias + emb + res
+template <int MODE, class T>
+__device__ __forceinline__ void conv8_epilogue(const float (&acc)[T::MI][T::NI][4], const ConvWgOut& o,
+                                               const ConvGeom& g, int m0, int n0, int lane, int wm, int wn) {
     const bool raw = MODE == 1 || gridDim.z > 1;
+    const int gq = lane >> 2, tq = lane & 3, HWo = g.Ho * g.Wo;
 #pragma unroll
     for (int i = 0; i < T::MI; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int m = m0 + wm * WM + i * 16 + gq + 8 * h;
+            const int m = m0 + wm * T::WM_ + i * 16 + gq + 8 * h;
             if (m >= g.M) continue;
             const float* erow = (!raw && o.emb) ? o.emb + (size_t)(m / HWo) * g.N : nullptr;
 #pragma unroll
             for (int j = 0; j < T::NI; j++) {
-                const int n = n0 + wn * WN + j * 8 + 2 * tq;
+                const int n = n0 + wn * T::WN_ + j * 8 + 2 * tq;
                 if (n >= g.N) continue;
                 float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
                 if (raw) {
@@ -1944,6 +1918,47 @@ conv_mma_bf16_kernel(const bf16* __restrict__ X, const bf16* __restrict__ Bm, co
                 *reinterpret_cast<__nv_bfloat162*>(o.out + (size_t)m * g.N + n) = __floats2bfloat162_rn(v0, v1);
             }
         }
+}
+
+// Block (blockIdx.x, blockIdx.y) computes the BM x BN output tile over the k-tiles [z * kchunk, (z + 1) * kchunk) of
+// `ktiles` (z = blockIdx.z). MODE 0: kc k-tiles per tap (ceil(C / C8_BK)); g is the ConvGeom of the forward gather
+// (ts = 1), M = pixels, N = output channels. MODE 1: g as conv_geom_weight (M = 9*C, K = pixels), k-tile = C8_BK
+// pixels. Without a split, MODE 0 writes bf16 out = acc + bias + emb + res; otherwise the fp32 partial sums go to
+// o.ws[z][M][N]. A C8_STAGES-deep cp.async pipeline, one barrier per k-tile (as version 6).
+template <int MODE, int BM, int BN, int WM, int WN>
+__global__ void __launch_bounds__(Conv8<MODE, BM, BN, WM, WN>::THREADS, Conv8<MODE, BM, BN, WM, WN>::MIN_BLOCKS)
+conv_mma_bf16_kernel(const bf16* __restrict__ X, const bf16* __restrict__ Bm, const ConvWgOut o,
+                     const ConvGeom g, int kc, int ktiles, int kchunk) {
+    using T = Conv8<MODE, BM, BN, WM, WN>;
+    extern __shared__ __align__(128) bf16 smem8[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int kbeg = blockIdx.z * kchunk, nk = min(ktiles, kbeg + kchunk) - kbeg;
+    Conv8Loader<MODE, T> ld;
+    ld.init(g, tid, m0, n0);
+    const int wm = warp % T::WARPS_M, wn = warp / T::WARPS_M;
+    float acc[T::MI][T::NI][4];
+#pragma unroll
+    for (int i = 0; i < T::MI; i++)
+#pragma unroll
+        for (int j = 0; j < T::NI; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+#pragma unroll
+    for (int s = 0; s < C8_STAGES - 1; s++) {
+        if (s < nk) ld.load(smem8 + s * T::STAGE_ELEMS, X, Bm, g, tid, n0, kc, kbeg + s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_mem<C8_STAGES - 2>();  // this thread's copies of tile kt have landed
+        __syncthreads();  // tile kt is in for everyone; everyone is done with tile kt-1's stage
+        const int next = kt + C8_STAGES - 1;
+        if (next < nk) ld.load(smem8 + (next % C8_STAGES) * T::STAGE_ELEMS, X, Bm, g, tid, n0, kc, kbeg + next);
+        cp_async_commit();
+        conv8_mma_stage<MODE, T>(smem8 + (kt % C8_STAGES) * T::STAGE_ELEMS, lane, wm, wn, acc);
+    }
+    cp_async_wait_mem<0>();
+    conv8_epilogue<MODE, T>(acc, o, g, m0, n0, lane, wm, wn);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -6160,6 +6175,13 @@ struct Dist {
 [[maybe_unused]] static void wd_disarm() {}
 [[maybe_unused]] static void wd_halt_if_failed() {}
 #endif  // UNET_NCCL
+// The training loop's waits on the GPU (an event, or the whole device): afterwards the results may be used, unless
+// the watchdog has given up on the other ranks meanwhile
+static void wait_gpu(cudaEvent_t e) {
+    if (e) cudaCheck(cudaEventSynchronize(e));
+    else cudaCheck(cudaDeviceSynchronize());
+    wd_halt_if_failed();
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // training and sampling
@@ -6510,8 +6532,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         bool last = done == a.steps;
         if (done % window == 0 || last) {
             cudaCheck(cudaEventRecord(ev1, g_stream));
-            cudaCheck(cudaEventSynchronize(ev1));
-            wd_halt_if_failed();
+            wait_gpu(ev1);
             float ms = 0.f;
             cudaCheck(cudaEventElapsedTime(&ms, ev0, ev1));
             double sum = 0.0;
@@ -6573,8 +6594,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         }
     }
     if (dp) wd_arm("finishing the last step", dp->nccl_timeout);
-    cudaCheck(cudaDeviceSynchronize());
-    wd_halt_if_failed();
+    wait_gpu(nullptr);
     if (dp) wd_disarm();
     if (!a.quiet && rc == 0) {  // everything is allocated up front: what the device has lost since start is the peak
         size_t mem_free1;

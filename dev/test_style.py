@@ -28,7 +28,6 @@ RULE = re.compile(r"^// =+$")
 KNOWN_LONG = {
     ("train_unet.cu", "conv_igemm_kernel"): 148,
     ("train_unet.cu", "conv_mma_kernel"): 200,
-    ("train_unet.cu", "conv_mma_bf16_kernel"): 167,
     ("train_unet.cu", "unet_allocate"): 176,
     ("train_unet.cu", "unet_train"): 311,
     ("train_unet.cu", "unet_sample"): 154,
