@@ -6031,8 +6031,9 @@ int main(int argc, char** argv) {
         best_loss = std::min(best_loss, train_loss);
         if (!cpu) gpu_memory_line();  // a sample for the peak
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
-        printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n",
-               epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
+        printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms) | "
+               "%.3f ms/step\n", epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms,
+               ms / (run.n_full + (run.tail ? 1 : 0)));
         if (!a.checkpoint.empty()) {
             meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
             std::string e = mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
