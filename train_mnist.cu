@@ -28,6 +28,7 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <curand_kernel.h>
 #include <zlib.h>
 #include <algorithm>
 #include <chrono>
@@ -1347,7 +1348,13 @@ struct OptConfig {
     // Muon and Shampoo (the matrix optimizers' section in part 4)
     int nesterov = 1, ns_steps = 5, graft = GRAFT_SGD, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
+    // per-sample gradients (part 4, after the matrix optimizers): clip norm (0: off), DP noise, Fisher preconditioner
+    float clip = 0.0f, noise = 0.0f, fisher_power = 0.5f;
+    int precond = 0;  // PRECOND_NONE or PRECOND_FISHER_DIAG
 };
+enum { PRECOND_NONE = 0, PRECOND_FISHER_DIAG = 1 };
+// the per-sample step (mnist_train_step_per_sample) replaces the usual backward
+__host__ __device__ inline bool per_sample_on(const OptConfig& c) { return c.clip > 0.0f || c.precond != PRECOND_NONE; }
 // step: the number of updates done before this one. Warm-up: linear from lr/warmup to lr over warmup_steps; then
 // cosine or linear decay to lr_min at total_steps (warm-up + decay = a one-cycle shape).
 __host__ __device__ inline float lr_at(const OptConfig& c, int step) {
@@ -1611,6 +1618,7 @@ static void fc1_backward(const Fc1BackwardArgs& a);
 //   matmul_forward calls, and the branch on conv2_fast(m) leads into the fast path (part 6)
 // ================================================================================================================
 struct MatrixOpt;  // Muon's and Shampoo's buffers (the matrix optimizers, below)
+struct PerSample;  // the per-sample gradients' buffers (below the matrix optimizers)
 struct Mnist {
     bool cpu = false;
     int B = 0;           // largest batch of forward + backward
@@ -1629,10 +1637,13 @@ struct Mnist {
     int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
     OptConfig opt;
     MatrixOpt* mo = nullptr;  // --optimizer muon / shampoo only
+    PerSample* ps = nullptr;  // --clip_per_sample / --precond fisher_diag only
 };
 
 static void matrix_opt_build(Mnist* m);
 static void matrix_opt_free(Mnist* m);
+static void per_sample_build(Mnist* m);
+static void per_sample_free(Mnist* m);
 static float* mnist_alloc(const Mnist* m, size_t n) {
     float* p;
     if (m->cpu) {
@@ -1699,6 +1710,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
         }
     }
     if (m->opt.optimizer == OPT_MUON || m->opt.optimizer == OPT_SHAMPOO) matrix_opt_build(m);  // before any capture
+    if (per_sample_on(m->opt)) per_sample_build(m);
 }
 static void mnist_free(Mnist* m) {
     void* ps[] = {m->params,  m->grads,  m->m1,    m->m2,       m->x,          m->act1,    m->act1_sign,
@@ -1707,6 +1719,7 @@ static void mnist_free(Mnist* m) {
     for (void* p : ps) mnist_free_ptr(m, p);
     for (void* p : {(void*)m->fpart, (void*)m->xb, (void*)m->yb}) if (p) mnist_free_ptr(m, p);
     matrix_opt_free(m);
+    per_sample_free(m);
 }
 static float* param_of(const Mnist* m, int i) { return m->params + PARAMS[i].offset; }
 static float* grad_of(const Mnist* m, int i) { return m->grads + PARAMS[i].offset; }
@@ -1742,7 +1755,10 @@ static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, siz
 }
 
 // conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
-static bool conv2_fast(const Mnist* m) { return !m->cpu && g_run.backend == BACKEND_OURS && g_run.tf32; }
+// (not under the per-sample step: it needs every layer's output gradient, which the fast path never stores)
+static bool conv2_fast(const Mnist* m) {
+    return !m->cpu && g_run.backend == BACKEND_OURS && g_run.tf32 && !per_sample_on(m->opt);
+}
 
 // forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
 // h, the rest comes from mnist_loss's head. gather (fast path only): conv2's forward kernel loads the batch from the
@@ -2454,6 +2470,297 @@ static void matrix_opt_update(Mnist* m, int advance_B) {
 }
 static void matrix_opt_set_step(Mnist* m, int step) { if (m->mo) m->mo->step = step; }
 
+// ----------------------------------------------------------------------------------------------------------------
+// per-sample gradients (issue 21 item 4): every sample's gradient norm per parameter tensor, without the generic
+// backward's detour through per-sample gradients where a layer allows it; --clip_per_sample (DP-SGD's clipping and
+// Gaussian noise) and --precond fisher_diag (the empirical-Fisher diagonal) on the generic path, CPU and GPU.
+// g_i below is the gradient of sample i's loss l_i; the backward's output gradients d carry the mean's 1/B, so a
+// product of them is g_i / B. Per layer:
+//  - fc1, fc2 (one position per sample): ||g_i(W)||^2 = ||a_i||^2 ||d_i||^2 and ||g_i(b)||^2 = ||d_i||^2 from row
+//    norms, nothing materialised;
+//  - conv1, conv2: per-sample weight gradients materialised, pw_i (M x N) = d_i^T (M x P) patches_i (P x N). The Gram
+//    form sum_{p,q} (a_p.a_q)(d_p.d_q) costs P^2 (N + M) per sample against P N M here: 5.5x more for conv2 (P 576,
+//    N 288, M 64) and 94x for conv1 (P 676, N 9, M 32); it only pays when P < N M / (N + M), never in this network.
+//    On our kernel the materialisation is one launch: the split-K product over the batch with one split per sample
+//    (k_per_split = P) leaves exactly the per-sample gradients in its partial sums.
+// Clipping scales sample i's output gradients by s_i = min(1, C / ||g_i||) before the weight-gradient products (the
+// backward is linear in them, so this is exact): the input gradients of every layer are computed first, unscaled.
+// The empirical-Fisher diagonal (1/B) sum_i g_i^2 comes from the same pieces: (d^2)^T (a^2) for the linear layers,
+// the squared per-sample gradients for the convolutions; of the clipped gradients when clipping is on.
+struct ParamOffsets { size_t off[N_PARAM_TENSORS + 1]; };  // tensor t: [off[t], off[t + 1]) of the flat buffers
+static ParamOffsets param_offsets() {
+    ParamOffsets po;
+    for (int t = 0; t < N_PARAM_TENSORS; t++) po.off[t] = PARAMS[t].offset;
+    po.off[N_PARAM_TENSORS] = PARAMS[N_PARAM_TENSORS - 1].offset + PARAMS[N_PARAM_TENSORS - 1].numel;
+    return po;
+}
+// per sample: ||pw1||^2 ||pb1||^2 ||pw2||^2 ||pb2||^2 ||pooled||^2 ||dh||^2 ||h||^2 ||dlogits||^2
+constexpr int PS_TERMS = 8;
+struct PerSample {
+    uint64_t seed = 0;                                            // the noise's (main: from --seed)
+    float *pw1 = nullptr, *pb1 = nullptr, *pw2 = nullptr, *pb2 = nullptr;  // (B,32,9) (B,32) (B,64,288) (B,64): g_i / B
+    float* terms = nullptr;  // (B, PS_TERMS)
+    float* norms = nullptr;  // (B, 8): ||g_i|| of each parameter tensor (PARAMS' order)
+    float* total = nullptr;  // (B): ||g_i|| of the whole model
+    float* scale = nullptr;  // (B): s_i (1 without clipping)
+    float *fisher_batch = nullptr, *fisher = nullptr;  // (n_params, internal layout): the batch's Fisher, its average
+    float *sq_dl = nullptr, *sq_h = nullptr, *sq_dh = nullptr, *sq_pooled = nullptr;  // B d^2 and a^2 (linear layers)
+    float* sums = nullptr;  // (8): each tensor's sum of the averaged Fisher
+};
+static void per_sample_free(Mnist* m) {
+    PerSample* ps = m->ps;
+    if (!ps) return;
+    for (float* p : {ps->pw1, ps->pb1, ps->pw2, ps->pb2, ps->terms, ps->norms, ps->total, ps->scale, ps->fisher_batch,
+                     ps->fisher, ps->sq_dl, ps->sq_h, ps->sq_dh, ps->sq_pooled, ps->sums})
+        mnist_free_ptr(m, p);
+    delete ps;
+    m->ps = nullptr;
+}
+// Allocates the per-sample buffers for the model's batch, all zero (the Fisher average too: a fresh state).
+static void per_sample_build(Mnist* m) {
+    per_sample_free(m);
+    PerSample* ps = new PerSample();
+    m->ps = ps;
+    const size_t B = m->B;
+    ps->pw1 = mnist_alloc(m, B * PARAMS[P_W1].numel); ps->pb1 = mnist_alloc(m, B * C1);
+    ps->pw2 = mnist_alloc(m, B * PARAMS[P_W2].numel); ps->pb2 = mnist_alloc(m, B * C2);
+    ps->terms = mnist_alloc(m, B * PS_TERMS); ps->norms = mnist_alloc(m, B * N_PARAM_TENSORS);
+    ps->total = mnist_alloc(m, B); ps->scale = mnist_alloc(m, B);
+    ps->fisher_batch = mnist_alloc(m, m->n_params); ps->fisher = mnist_alloc(m, m->n_params);
+    ps->sq_dl = mnist_alloc(m, B * NCLS); ps->sq_h = mnist_alloc(m, B * FC_H); ps->sq_dh = mnist_alloc(m, B * FC_H);
+    ps->sq_pooled = mnist_alloc(m, B * FC_IN);
+    ps->sums = mnist_alloc(m, N_PARAM_TENSORS);
+}
+
+// out[i * out_ld] = sum_j x[i * ld + j]^2 for rows i < rows: one block per row, a fixed order (deterministic)
+__global__ void ps_rowsq_kernel(float* out, int out_ld, const float* x, int cols, int ld) {
+    __shared__ float part[256];
+    const float* r = x + (size_t)blockIdx.x * ld;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) s = fmaf(r[j], r[j], s);
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[(size_t)blockIdx.x * out_ld] = part[0];
+}
+static void ps_rowsq(const Mnist* m, float* out, int out_ld, const float* x, int rows, int cols, int ld) {
+    if (m->cpu) {
+        for (int i = 0; i < rows; i++) {
+            double s = 0;
+            for (int j = 0; j < cols; j++) s += (double)x[(size_t)i * ld + j] * x[(size_t)i * ld + j];
+            out[(size_t)i * out_ld] = (float)s;
+        }
+        return;
+    }
+    ps_rowsq_kernel<<<rows, 256, 0, g_mm.stream>>>(out, out_ld, x, cols, ld);
+    launch_check();
+}
+// sums[t] = the sum of tensor t of x (flat, PARAMS' offsets): one block per tensor, a fixed order
+__global__ void ps_tensor_sums_kernel(float* sums, const float* x, ParamOffsets po) {
+    __shared__ float part[1024];
+    const int t = blockIdx.x;
+    float s = 0.0f;
+    for (size_t j = po.off[t] + threadIdx.x; j < po.off[t + 1]; j += blockDim.x) s += x[j];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) sums[t] = part[0];
+}
+
+// Per-sample weight and bias gradients of a convolution over B samples of P positions (see above): pw[i] (M x N) =
+// d_i^T patches_i, pb[i] (M) = d_i^T 1, with d (B*P, M) row-major and patches the implicit view `patch_kind` of src
+// (sample i at src + i * src_stride). Our kernel: the per-sample split-K launch; cuBLAS: one strided batched GEMM on
+// the materialised patches and one strided batched GEMV; CPU: a product per sample.
+static void ps_conv_grads(float* pw, float* pb, const float* d, int patch_kind, const float* src, size_t src_stride,
+                          int M, int N, int P, int B) {
+    if (g_run.backend == BACKEND_CPU) {
+        for (int i = 0; i < B; i++) {
+            Epilogue e; e.rowsum = pb + (size_t)i * M;
+            matmul_forward(pw + (size_t)i * M * N, N, {V_COL, d + (size_t)i * P * M, M},
+                           {patch_kind, src + i * src_stride, 0}, M, N, P, e);
+        }
+        return;
+    }
+    if (g_run.backend == BACKEND_OURS) {
+        launch_ours(nullptr, N, pw, {V_COL, d, M}, {patch_kind, src, 0}, M, N, B * P, P, B, Epilogue(), pb);
+        return;
+    }
+    if ((size_t)B * P * N > g_mm.ws_b_size || P > g_mm.ones_size) die("ps_conv_grads: cuBLAS workspace too small");
+    materialize_gpu(g_mm.ws_b, {patch_kind, src, 0}, B * P, N);
+    const float one = 1.0f, zero = 0.0f;
+    // column-major: pw_i^T (N x M) = patches_i^T (N x P, ld N) * d_i (P x M row-major = M x P col-major, op T)
+    cublasCheck(cublasSgemmStridedBatched(g_mm.cublas, CUBLAS_OP_N, CUBLAS_OP_T, N, M, P, &one, g_mm.ws_b, N,
+                                          (long long)P * N, d, M, (long long)P * M, &zero, pw, N, (long long)M * N, B));
+    cublasCheck(cublasSgemvStridedBatched(g_mm.cublas, CUBLAS_OP_N, M, P, &one, d, M, (long long)P * M, g_mm.ones, 1,
+                                          0, &zero, pb, 1, M, B));
+}
+
+// s_i and the norms from the per-sample terms (B multiplies g_i / B back to g_i)
+struct PsNorms {
+    const float* terms; float *norms, *total, *scale; float clip; int B;
+    __host__ __device__ void operator()(size_t i) const {
+        const float* t = terms + i * PS_TERMS;
+        const float sq[N_PARAM_TENSORS] = {t[0], t[1], t[2], t[3], t[4] * t[5], t[5], t[6] * t[7], t[7]};
+        float s = 0.0f;
+        for (int k = 0; k < N_PARAM_TENSORS; k++) {
+            s += sq[k];
+            norms[i * N_PARAM_TENSORS + k] = (float)B * sqrtf(sq[k]);
+        }
+        total[i] = (float)B * sqrtf(s);
+        scale[i] = clip > 0.0f ? fminf(1.0f, clip / total[i]) : 1.0f;  // a zero gradient: C / 0 = inf, s_i = 1
+    }
+};
+struct PsScaleRows {  // x (rows, cols) row i times scale[i]
+    float* x; const float* scale; int cols;
+    __host__ __device__ void operator()(size_t k) const { x[k] *= scale[k / cols]; }
+};
+struct PsSquare {  // out = mul x^2
+    float* out; const float* x; float mul;
+    __host__ __device__ void operator()(size_t k) const { out[k] = mul * x[k] * x[k]; }
+};
+// a convolution's weight or bias: g = sum_i s_i per_i (the clipped mean), fisher = B sum_i (s_i per_i)^2
+struct PsReduce {
+    const float* per; const float* scale; float *g, *fisher; size_t n; int B;
+    __host__ __device__ void operator()(size_t j) const {
+        float s = 0.0f, f = 0.0f;
+        for (int i = 0; i < B; i++) {
+            const float v = scale[i] * per[(size_t)i * n + j];
+            s += v;
+            f = fmaf(v, v, f);
+        }
+        g[j] = s;
+        if (fisher) fisher[j] = (float)B * f;
+    }
+};
+// A standard normal draw for element j at step `step`: cuRAND's Philox (element j's subsequence, 4 draws per step) on
+// the GPU, splitmix64 and Box-Muller on the CPU. Either depends on (seed, step, j) only: graphs and --resume replay
+// the same noise.
+__host__ __device__ inline float ps_gaussian(uint64_t seed, int step, size_t j) {
+#ifdef __CUDA_ARCH__
+    curandStatePhilox4_32_10_t st;
+    curand_init(seed, j, 4ull * (unsigned)step, &st);
+    return curand_normal(&st);
+#else
+    uint64_t s = seed ^ ((uint64_t)(unsigned)step * 0xD1B54A32D192ED03ull) ^ ((uint64_t)j * 0x9E3779B97F4A7C15ull);
+    const float u1 = 1.0f - rand_uniform(&s), u2 = rand_uniform(&s);  // u1 in (0, 1]
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795865f * u2);
+#endif
+}
+struct PsNoise {  // DP-SGD: g += sigma N(0, 1), sigma = noise_multiplier C / B
+    float* g; float sigma; uint64_t seed; const int* counters;
+    __host__ __device__ void operator()(size_t j) const { g[j] += sigma * ps_gaussian(seed, counters[0], j); }
+};
+struct PsFisherAverage {  // F = beta2 F + (1 - beta2) F_batch
+    float* F; const float* fb; float beta2;
+    __host__ __device__ void operator()(size_t j) const { F[j] = beta2 * F[j] + (1.0f - beta2) * fb[j]; }
+};
+// g / (F^ + precond_eps + precond_damping mean(F^))^fisher_power, F^ = F / (1 - beta2^t) (as Adam's bias correction),
+// mean(F^) over the parameter tensor (as Shampoo's damping: times the mean eigenvalue)
+struct PsPrecondition {
+    float* g; const float* F; const float* sums; const int* counters; OptConfig c; ParamOffsets po;
+    __host__ __device__ void operator()(size_t j) const {
+        int t = 0;
+        while (j >= po.off[t + 1]) t++;
+        const float bc = 1.0f - powf(c.beta2, (float)(counters[0] + 1));
+        const float mean = sums[t] / bc / (float)(po.off[t + 1] - po.off[t]);
+        g[j] = g[j] / powf(F[j] / bc + c.precond_eps + c.precond_damping * mean, c.fisher_power);
+    }
+};
+
+// The backward of the per-sample step (generic path, after mnist_forward_loss): every gradient, clipped per sample
+// with --clip_per_sample, plus the noise, then preconditioned with --precond fisher_diag (whose average it updates).
+// Leaves the per-sample norms in m->ps. No host sync (capturable).
+static void mnist_backward_per_sample(Mnist* m, int B) {
+    PerSample* ps = m->ps;
+    const OptConfig& c = m->opt;
+    const bool fisher = c.precond == PRECOND_FISHER_DIAG;
+    // the input gradients, unscaled (as mnist_backward's)
+    Epilogue e; e.mask = m->h;
+    matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, param_of(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
+    matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, param_of(m, P_WF1), FC_IN}, B, FC_IN, FC_H,
+                   Epilogue());
+    if (m->cpu) {
+        for (int b = 0; b < B; b++)
+            for (int y = 0; y < H2; y++)
+                for (int x = 0; x < H2; x++)
+                    for (int ch = 0; ch < C2; ch++)
+                        m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + ch] =
+                            maxpool_backward_elem(m->dpooled, m->act2, b, y, x, ch);
+    } else {
+        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2,
+                                                                                          B);
+        launch_check();
+    }
+    e = Epilogue(); e.mask = m->act1;
+    matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, param_of(m, P_W2), 0}, B * H1 * H1, C1,
+                   9 * C2, e);
+    // per-sample gradients of the convolutions, every per-sample term, the norms and s_i
+    ps_conv_grads(ps->pw2, ps->pb2, m->dact2, V_CONV2_IN, m->act1, (size_t)H1 * H1 * C1, C2, KC2, H2 * H2, B);
+    ps_conv_grads(ps->pw1, ps->pb1, m->dact1, V_CONV1_IN, m->x, (size_t)IMG * IMG, C1, K1, H1 * H1, B);
+    ps_rowsq(m, ps->terms + 0, PS_TERMS, ps->pw1, B, (int)PARAMS[P_W1].numel, (int)PARAMS[P_W1].numel);
+    ps_rowsq(m, ps->terms + 1, PS_TERMS, ps->pb1, B, C1, C1);
+    ps_rowsq(m, ps->terms + 2, PS_TERMS, ps->pw2, B, (int)PARAMS[P_W2].numel, (int)PARAMS[P_W2].numel);
+    ps_rowsq(m, ps->terms + 3, PS_TERMS, ps->pb2, B, C2, C2);
+    ps_rowsq(m, ps->terms + 4, PS_TERMS, m->pooled, B, FC_IN, FC_IN);
+    ps_rowsq(m, ps->terms + 5, PS_TERMS, m->dh, B, FC_H, FC_H);
+    ps_rowsq(m, ps->terms + 6, PS_TERMS, m->h, B, FC_H, FC_H);
+    ps_rowsq(m, ps->terms + 7, PS_TERMS, m->dlogits, B, NCLS, NCLS);
+    mo_each(m, B, PsNorms{ps->terms, ps->norms, ps->total, ps->scale, c.clip, B});
+    // the clipped mean gradient: the linear layers' products on the scaled output gradients, the convolutions'
+    // per-sample gradients summed with their s_i (and squared for the Fisher)
+    if (c.clip > 0.0f) {
+        mo_each(m, (size_t)B * NCLS, PsScaleRows{m->dlogits, ps->scale, NCLS});
+        mo_each(m, (size_t)B * FC_H, PsScaleRows{m->dh, ps->scale, FC_H});
+    }
+    e = Epilogue(); e.rowsum = grad_of(m, P_BF2);
+    matmul_forward(grad_of(m, P_WF2), FC_H, {V_COL, m->dlogits, NCLS}, {V_ROW, m->h, FC_H}, NCLS, FC_H, B, e);
+    e = Epilogue(); e.rowsum = grad_of(m, P_BF1);
+    matmul_forward(grad_of(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
+    const int conv_params[4] = {P_W1, P_B1, P_W2, P_B2};
+    const float* per[4] = {ps->pw1, ps->pb1, ps->pw2, ps->pb2};
+    for (int k = 0; k < 4; k++) {
+        const int p = conv_params[k];
+        mo_each(m, PARAMS[p].numel, PsReduce{per[k], ps->scale, grad_of(m, p),
+                                             fisher ? ps->fisher_batch + PARAMS[p].offset : nullptr, PARAMS[p].numel,
+                                             B});
+    }
+    if (fisher) {  // the linear layers' Fisher: (B d^2)^T (a^2), its bias part the row sums of B d^2
+        mo_each(m, (size_t)B * NCLS, PsSquare{ps->sq_dl, m->dlogits, (float)B});
+        mo_each(m, (size_t)B * FC_H, PsSquare{ps->sq_h, m->h, 1.0f});
+        mo_each(m, (size_t)B * FC_H, PsSquare{ps->sq_dh, m->dh, (float)B});
+        mo_each(m, (size_t)B * FC_IN, PsSquare{ps->sq_pooled, m->pooled, 1.0f});
+        float* fb = ps->fisher_batch;
+        e = Epilogue(); e.rowsum = fb + PARAMS[P_BF2].offset;
+        matmul_forward(fb + PARAMS[P_WF2].offset, FC_H, {V_COL, ps->sq_dl, NCLS}, {V_ROW, ps->sq_h, FC_H}, NCLS, FC_H,
+                       B, e);
+        e = Epilogue(); e.rowsum = fb + PARAMS[P_BF1].offset;
+        matmul_forward(fb + PARAMS[P_WF1].offset, FC_IN, {V_COL, ps->sq_dh, FC_H}, {V_ROW, ps->sq_pooled, FC_IN}, FC_H,
+                       FC_IN, B, e);
+    }
+    if (c.noise > 0.0f)
+        mo_each(m, m->n_params, PsNoise{m->grads, c.noise * c.clip / (float)B, ps->seed, m->counters});
+    if (!fisher) return;
+    mo_each(m, m->n_params, PsFisherAverage{ps->fisher, ps->fisher_batch, c.beta2});
+    const ParamOffsets po = param_offsets();
+    if (m->cpu) {
+        for (int t = 0; t < N_PARAM_TENSORS; t++) {
+            double s = 0;
+            for (size_t j = po.off[t]; j < po.off[t + 1]; j++) s += ps->fisher[j];
+            ps->sums[t] = (float)s;
+        }
+    } else {
+        ps_tensor_sums_kernel<<<N_PARAM_TENSORS, 1024, 0, g_mm.stream>>>(ps->sums, ps->fisher, po);
+        launch_check();
+    }
+    mo_each(m, m->n_params, PsPrecondition{m->grads, ps->fisher, ps->sums, m->counters, c, po});
+}
+
 // ================================================================================================================
 // 5. THE TRAINING LOOP AND CHECKPOINTS
 //   a training step (gather, forward and loss, backward, update), steps captured in CUDA graphs, an epoch's order,
@@ -2481,8 +2788,10 @@ static void mnist_gather(Mnist* m, const DeviceData& d, const int* perm, const i
 // staged: the previous step gathered this batch (it was called with next_B = B); next_B > 0: gather the next step's
 // batch of next_B (at most the model's batch) for it, and return whether it was (the fast path only).
 static bool mnist_train_step_matrix(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B);
+static bool mnist_train_step_per_sample(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B);
 static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, bool staged = false,
                              int next_B = 0) {
+    if (per_sample_on(m->opt)) return mnist_train_step_per_sample(m, d, perm, losses, B);  // clipping, Fisher
     if (is_matrix_opt(m->opt.optimizer)) return mnist_train_step_matrix(m, d, perm, losses, B);  // Muon, Shampoo
     const bool fast = conv2_fast(m);
     if (next_B > m->B) {
@@ -2530,6 +2839,17 @@ static bool mnist_train_step_matrix(Mnist* m, const DeviceData& d, const int* pe
     mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
     mnist_backward(m, B);
     matrix_opt_update(m, B);
+    return false;
+}
+
+// A training step with per-sample gradients: the batch gathered by its own kernel, the generic forward and loss,
+// mnist_backward_per_sample, then the optimizer's update and the counters' advance. Returns false: nothing staged.
+static bool mnist_train_step_per_sample(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
+    mnist_gather(m, d, perm, m->counters, 0, B);
+    mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
+    mnist_backward_per_sample(m, B);
+    if (is_matrix_opt(m->opt.optimizer)) matrix_opt_update(m, B);
+    else mnist_update(m, B);
     return false;
 }
 
@@ -2581,16 +2901,45 @@ enum {
     CK_EPOCH = 3, CK_STEP, CK_BATCH_SIZE, CK_SEED, CK_OPTIMIZER, CK_HAS_OPTIMIZER, CK_EPOCHS, CK_LR, CK_TEST_ACCURACY,
     CK_LR_SCHEDULE, CK_WARMUP_STEPS, CK_LR_MIN, CK_MOMENTUM, CK_WEIGHT_DECAY, CK_BETA1, CK_BETA2, CK_EPS,
     CK_TRAIN_IMAGES, CK_MUON_LR, CK_MUON_MOMENTUM, CK_NESTEROV, CK_NS_STEPS, CK_GRAFT, CK_PRECOND_EVERY,
-    CK_PRECOND_START, CK_MAX_PRECOND_DIM, CK_PRECOND_EPS, CK_PRECOND_DAMPING, CK_FIELDS_END
+    CK_PRECOND_START, CK_MAX_PRECOND_DIM, CK_PRECOND_EPS, CK_PRECOND_DAMPING,
+    CK_CLIP_PER_SAMPLE, CK_NOISE_MULTIPLIER, CK_PRECOND, CK_FISHER_POWER,  // 0 in older files: per-sample step off
+    CK_FIELDS_END
 };
 static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
     "magic", "version", "tensor count", "epoch", "step", "batch_size", "seed", "optimizer", "has_optimizer",
     "epochs", "lr", "test_accuracy", "lr_schedule", "warmup_steps", "lr_min", "momentum", "weight_decay", "beta1",
     "beta2", "eps", "train_images", "muon_lr", "muon_momentum", "muon_nesterov", "ns_steps", "graft",
-    "precond_every", "precond_start", "max_precond_dim", "precond_eps", "precond_damping"};
+    "precond_every", "precond_start", "max_precond_dim", "precond_eps", "precond_damping", "clip_per_sample",
+    "noise_multiplier", "precond", "fisher_power"};
 static const char* const OPTIMIZER_NAMES[4] = {"sgd", "adamw", "muon", "shampoo"};
 static const char* const GRAFT_NAMES[2] = {"sgd", "adam"};
 static const char* const SCHEDULE_NAMES[3] = {"constant", "cosine", "linear"};
+static const char* const PRECOND_NAMES[2] = {"none", "fisher_diag"};
+// The per-sample flags that do not go together, or "": noise needs a clip norm (its scale is C / B); the Fisher
+// preconditioner feeds SGD-momentum only (AdamW's and the matrix optimizers' own preconditioners would stack on it)
+// and takes no noise (its statistics of the raw per-sample gradients would not be private).
+static std::string per_sample_flags_error(const OptConfig& o) {
+    char buf[200];
+    if (o.noise > 0.0f && !(o.clip > 0.0f)) {
+        snprintf(buf, sizeof buf, "--noise_multiplier %g needs --clip_per_sample C > 0 (the noise is "
+                 "noise_multiplier * C / batch_size), found --clip_per_sample 0", o.noise);
+        return buf;
+    }
+    if (o.precond == PRECOND_FISHER_DIAG && o.optimizer != OPT_SGD)
+        return std::string("--precond fisher_diag preconditions SGD-momentum's gradient, found --optimizer ") +
+               OPTIMIZER_NAMES[o.optimizer] + " (use --optimizer sgd)";
+    if (o.precond == PRECOND_FISHER_DIAG && o.noise > 0.0f) {
+        snprintf(buf, sizeof buf, "--precond fisher_diag with --noise_multiplier %g: the Fisher statistics are not "
+                 "privatised, the run would not be DP-SGD (use one or the other)", o.noise);
+        return buf;
+    }
+    if (o.precond == PRECOND_FISHER_DIAG && !(o.fisher_power >= 0.25f && o.fisher_power <= 1.0f)) {
+        snprintf(buf, sizeof buf, "--fisher_power expects a number in [0.25, 1] with --precond fisher_diag, found %g",
+                 o.fisher_power);
+        return buf;
+    }
+    return "";
+}
 // epoch: epochs completed; step: optimizer steps done (epoch * ceil(train_images / batch_size)); opt: the optimizer
 // and schedule (total_steps is not stored: it is epochs * steps per epoch); train_images: the training images used.
 struct CheckpointMeta {
@@ -2608,6 +2957,7 @@ static const char* optimizer_prefix(const OptConfig& o) {
     return sgd_like(o) ? "momentum_buffer." : o.optimizer == OPT_MUON ? "muon_m." : "adam_m.";
 }
 static bool uses_m2(const OptConfig& o) { return !sgd_like(o); }
+static const char* const FISHER_PREFIX = "fisher_diag.";  // --precond fisher_diag's average of the Fisher diagonal
 static const char* const SHAMPOO_KINDS[4] = {"L", "R", "Linv", "Rinv"};
 static std::string shampoo_tensor_name(int kind, const PrecondBlock& b) {
     return std::string("shampoo_") + SHAMPOO_KINDS[kind] + "." + PARAMS[MATRIX_PARAMS[b.mat]].name + "." +
@@ -2666,13 +3016,24 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
     }
     if (!has_root.empty())
         ts.push_back({"shampoo_has_root", 1, 1, {(int)has_root.size(), 0, 0, 0}, has_root.data()});
+    std::vector<float> fisher(m->n_params);  // --precond fisher_diag's running average, PyTorch layout
+    if (meta.has_optimizer && meta.opt.precond == PRECOND_FISHER_DIAG && m->ps) {
+        mnist_copy_out(m, m->ps->fisher, internal.data(), m->n_params);
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const ParamInfo& pi = PARAMS[i];
+            param_to_torch(i, internal.data() + pi.offset, fisher.data() + pi.offset);
+            ts.push_back({std::string(FISHER_PREFIX) + pi.name, 0, pi.ndim,
+                          {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, fisher.data() + pi.offset});
+        }
+    }
     const OptConfig& o = meta.opt;
     std::vector<int32_t> fields = {meta.epoch, meta.step, meta.batch_size, meta.seed, o.optimizer, meta.has_optimizer,
                                    meta.epochs, fbits(o.lr), fbits(meta.test_accuracy), o.schedule, o.warmup_steps,
                                    fbits(o.lr_min), fbits(o.momentum), fbits(o.weight_decay), fbits(o.beta1),
                                    fbits(o.beta2), fbits(o.eps), meta.train_images, fbits(o.muon_lr),
                                    fbits(o.muon_momentum), o.nesterov, o.ns_steps, o.graft, o.precond_every,
-                                   o.precond_start, o.max_precond_dim, fbits(o.precond_eps), fbits(o.precond_damping)};
+                                   o.precond_start, o.max_precond_dim, fbits(o.precond_eps), fbits(o.precond_damping),
+                                   fbits(o.clip), fbits(o.noise), o.precond, fbits(o.fisher_power)};
     return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
 static CheckpointMeta checkpoint_meta(const BinFile* bf) {
@@ -2691,6 +3052,8 @@ static CheckpointMeta checkpoint_meta(const BinFile* bf) {
     o.precond_every = h[CK_PRECOND_EVERY]; o.precond_start = h[CK_PRECOND_START];
     o.max_precond_dim = h[CK_MAX_PRECOND_DIM]; o.precond_eps = bin_field_f(bf, CK_PRECOND_EPS);
     o.precond_damping = bin_field_f(bf, CK_PRECOND_DAMPING);
+    o.clip = bin_field_f(bf, CK_CLIP_PER_SAMPLE); o.noise = bin_field_f(bf, CK_NOISE_MULTIPLIER);
+    o.precond = h[CK_PRECOND]; o.fisher_power = bin_field_f(bf, CK_FISHER_POWER);
     o.total_steps = 1;  // set by the run from epochs and its steps per epoch
     return meta;
 }
@@ -2716,7 +3079,8 @@ static std::string checkpoint_header_error(const BinFile* bf) {
         {CK_GRAFT, 0, 1, "0 (sgd) or 1 (adam) (--graft)"},
         {CK_PRECOND_EVERY, 1, 100000000, "1..100000000 (--precond_every)"},
         {CK_PRECOND_START, 0, 100000000, "0..100000000 (--precond_start)"},
-        {CK_MAX_PRECOND_DIM, 1, 16384, "1..16384 (--max_precond_dim)"}};
+        {CK_MAX_PRECOND_DIM, 1, 16384, "1..16384 (--max_precond_dim)"},
+        {CK_PRECOND, 0, 1, "0 (none) or 1 (fisher_diag) (--precond)"}};
     for (const IntField& f : ints)
         if (h[f.slot] < f.lo || h[f.slot] > f.hi) return bad(f.slot, std::to_string(h[f.slot]), f.expected);
     struct FloatField { int slot; float lo, hi; const char* expected; };
@@ -2730,7 +3094,10 @@ static std::string checkpoint_header_error(const BinFile* bf) {
         {CK_MUON_LR, 1e-9f, 1e9f, "a learning rate in [1e-9, 1e9] (--muon_lr)"},
         {CK_MUON_MOMENTUM, 0.f, 0.999999f, "0..0.999999 (--muon_momentum)"},
         {CK_PRECOND_EPS, 0.f, 1.f, "0..1 (--precond_eps)"},
-        {CK_PRECOND_DAMPING, 0.f, 10.f, "0..10 (--precond_damping)"}};
+        {CK_PRECOND_DAMPING, 0.f, 10.f, "0..10 (--precond_damping)"},
+        {CK_CLIP_PER_SAMPLE, 0.f, 1e9f, "0..1e9 (--clip_per_sample)"},
+        {CK_NOISE_MULTIPLIER, 0.f, 1e9f, "0..1e9 (--noise_multiplier)"},
+        {CK_FISHER_POWER, 0.f, 1.f, "0..1 (--fisher_power)"}};
     for (const FloatField& f : floats) {
         float v = bin_field_f(bf, f.slot);
         if (!(v >= f.lo && v <= f.hi)) {  // NaN fails too
@@ -2739,6 +3106,9 @@ static std::string checkpoint_header_error(const BinFile* bf) {
             return bad(f.slot, buf, f.expected);
         }
     }
+    const std::string combo = per_sample_flags_error(checkpoint_meta(bf).opt);
+    if (!combo.empty()) return bf->path + ": header[" + std::to_string(CK_CLIP_PER_SAMPLE) + ".." +
+                               std::to_string(CK_FISHER_POWER) + "]: " + combo;
     const long long steps_per_epoch = (h[CK_TRAIN_IMAGES] + h[CK_BATCH_SIZE] - 1) / h[CK_BATCH_SIZE];
     if (h[CK_STEP] != h[CK_EPOCH] * steps_per_epoch)
         return bad(CK_STEP, std::to_string(h[CK_STEP]), (std::to_string(h[CK_EPOCH] * steps_per_epoch) + " (epoch " +
@@ -2756,6 +3126,7 @@ static std::string checkpoint_tensors_error(const BinFile* bf) {
     std::vector<std::string> prefixes = {""};
     if (h[CK_HAS_OPTIMIZER]) prefixes.push_back(optimizer_prefix(stored));
     if (h[CK_HAS_OPTIMIZER] && uses_m2(stored)) prefixes.push_back("adam_v.");
+    if (h[CK_HAS_OPTIMIZER] && stored.precond == PRECOND_FISHER_DIAG) prefixes.push_back(FISHER_PREFIX);
     std::set<std::string> names;
     std::string e;
     char msg[512];
@@ -2765,7 +3136,7 @@ static std::string checkpoint_tensors_error(const BinFile* bf) {
             std::string name = prefix + pi.name;
             const char* x = (const char*)bin_find(bf, name, 0, pi.ndim, pi.shape, &e);
             if (!x) return e;
-            const bool second_moment = prefix == "adam_v.";
+            const bool second_moment = prefix == "adam_v." || prefix == FISHER_PREFIX;
             for (size_t j = 0; j < pi.numel; j++) {
                 float v;
                 memcpy(&v, x + 4 * j, 4);
@@ -2846,6 +3217,10 @@ static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_o
         const OptConfig stored = checkpoint_meta(bf).opt;
         load_set(optimizer_prefix(stored), m->m1);
         if (uses_m2(stored)) load_set("adam_v.", m->m2);
+        if (stored.precond == PRECOND_FISHER_DIAG) {  // m->opt is the stored one (resume_settings)
+            if (!m->ps) die(bf->path + ": holds the Fisher average of --precond fisher_diag, the model has none");
+            load_set(FISHER_PREFIX, m->ps->fisher);
+        }
         if (stored.optimizer == OPT_SHAMPOO) {  // m->opt is the stored one (resume_settings): the same blocks
             if (m->opt.optimizer != OPT_SHAMPOO || m->opt.max_precond_dim != stored.max_precond_dim)
                 die(bf->path + ": Shampoo's state has blocks of max_precond_dim " +
@@ -4982,6 +5357,9 @@ struct Args {
     std::string graft = "sgd";
     int muon_nesterov = 1, ns_steps = 5, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
+    // per-sample gradients
+    std::string precond = "none";
+    float clip_per_sample = 0.0f, noise_multiplier = 0.0f, fisher_power = 0.5f;
     bool fresh_optimizer = false;  // --resume with --allow_change optimizer: the stored weights, a new optimizer state
     std::set<std::string> given;  // the flags on the command line
 };
@@ -5007,7 +5385,7 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"weight_decay", 'f', &a.weight_decay, 0, 10, nullptr,
          "weight decay (SGD: added to the gradient; AdamW: decoupled)"},
         {"beta1", 'f', &a.beta1, 0, 0.999999, nullptr, "AdamW beta1"},
-        {"beta2", 'f', &a.beta2, 0, 0.999999, nullptr, "AdamW beta2"},
+        {"beta2", 'f', &a.beta2, 0, 0.999999, nullptr, "AdamW beta2; --precond fisher_diag's running average"},
         {"eps", 'f', &a.eps, 1e-30, 1, nullptr, "AdamW epsilon"},
         {"muon_lr", 'f', &a.muon_lr, 1e-9, 1e9, nullptr,
          "Muon: the weight matrices' peak learning rate (--lr is the biases' AdamW's; same schedule)"},
@@ -5022,10 +5400,21 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "Shampoo: first step with roots (before it: the graft's step)"},
         {"max_precond_dim", 'i', &a.max_precond_dim, 1, 16384, nullptr,
          "Shampoo: dimensions above this are split into blocks of this size"},
-        {"precond_eps", 'f', &a.precond_eps, 0, 1, nullptr, "Shampoo: epsilon added to each factor's diagonal"},
+        {"precond_eps", 'f', &a.precond_eps, 0, 1, nullptr,
+         "Shampoo, fisher_diag: epsilon added to each factor's diagonal (to the Fisher)"},
         {"precond_damping", 'f', &a.precond_damping, 0, 10, nullptr,
-         "Shampoo: damping added to each factor's diagonal, times its mean eigenvalue"},
-        {"seed", 'i', &a.seed, 0, 2147483647, nullptr, "seed of the initial weights and of every epoch's shuffle"},
+         "Shampoo, fisher_diag: damping added to each factor's diagonal (to the Fisher), times its mean eigenvalue"},
+        {"clip_per_sample", 'f', &a.clip_per_sample, 0, 1e9, nullptr,
+         "clip each sample's whole-model gradient to this norm before averaging (DP-SGD; 0: off; the generic path)"},
+        {"noise_multiplier", 'f', &a.noise_multiplier, 0, 1e9, nullptr,
+         "DP-SGD: Gaussian noise of std noise_multiplier * clip_per_sample / batch_size added to the mean gradient"},
+        {"precond", 'c', &a.precond, 0, 0, "none,fisher_diag",
+         "fisher_diag: SGD on the gradient divided by (F + precond_eps + precond_damping mean F)^fisher_power, F the "
+         "empirical-Fisher diagonal's running average (--beta2, bias-corrected)"},
+        {"fisher_power", 'f', &a.fisher_power, 0, 1, nullptr,
+         "--precond fisher_diag: the power of the preconditioner (0.5 as Adam's, 1 the natural gradient's)"},
+        {"seed", 'i', &a.seed, 0, 2147483647, nullptr,
+         "seed of the initial weights, of every epoch's shuffle and of the DP noise"},
         {"train_limit", 'i', &a.train_limit, 0, 60000, nullptr, "use the first N training images (0: all)"},
         {"test_limit", 'i', &a.test_limit, 0, 10000, nullptr, "use the first N test images (0: all)"},
         {"eval_batch_size", 'i', &a.eval_batch_size, 1, 10000, nullptr,
@@ -5194,7 +5583,8 @@ static const char* const ALLOW_CHANGE_NAMES[] = {"lr", "seed", "batch_size", "ep
                                                  "lr_min", "momentum", "weight_decay", "beta1", "beta2", "eps",
                                                  "train_limit", "muon_lr", "muon_momentum", "muon_nesterov",
                                                  "ns_steps", "precond_every", "precond_start", "precond_eps",
-                                                 "precond_damping", "optimizer"};
+                                                 "precond_damping", "optimizer", "clip_per_sample",
+                                                 "noise_multiplier", "fisher_power"};
 static std::set<std::string> parse_allow_change(const std::string& list) {
     std::set<std::string> out;
     for (size_t i = 0; i < list.size();) {
@@ -5221,8 +5611,10 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     const std::string optimizer = a.given.count("optimizer") ? a.optimizer : stored_optimizer;
     struct Shape { const char* flag; bool differs; std::string given, stored; };
     const bool shampoo = optimizer == "shampoo" && o.optimizer == OPT_SHAMPOO;
+    const std::string stored_precond = PRECOND_NAMES[o.precond];
     const Shape shapes[] = {
         {"optimizer", optimizer != stored_optimizer, optimizer, stored_optimizer},
+        {"precond", a.given.count("precond") && a.precond != stored_precond, a.precond, stored_precond},
         {"graft", shampoo && a.given.count("graft") && a.graft != stored_graft, a.graft, stored_graft},
         {"max_precond_dim", shampoo && a.given.count("max_precond_dim") && a.max_precond_dim != o.max_precond_dim,
          std::to_string(a.max_precond_dim), std::to_string(o.max_precond_dim)}};
@@ -5238,7 +5630,9 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
         a.fresh_optimizer = true;
     }
     a.optimizer = optimizer;
-    if (!a.fresh_optimizer) { a.graft = stored_graft; a.max_precond_dim = o.max_precond_dim; }
+    if (!a.fresh_optimizer) {
+        a.graft = stored_graft; a.max_precond_dim = o.max_precond_dim; a.precond = stored_precond;
+    }
     // true: take the stored value
     auto keep = [&](const char* flag, bool matters, bool differs, const std::string& given, const std::string& stored) {
         if (!a.given.count(flag) || !differs) return true;
@@ -5259,6 +5653,7 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     const bool decays = a.lr_schedule != "constant";
     const bool muon = a.optimizer == "muon", is_shampoo = a.optimizer == "shampoo";
     const bool sgd = a.optimizer == "sgd" || (is_shampoo && a.graft == "sgd");
+    const bool fisher = a.precond == "fisher_diag";
     if (keep("lr", true, a.lr != o.lr, str(a.lr), str(o.lr))) a.lr = o.lr;
     if (keep("lr_min", decays, a.lr_min != o.lr_min, str(a.lr_min), str(o.lr_min))) a.lr_min = o.lr_min;
     if (keep("epochs", decays, a.epochs != s.epochs, std::to_string(a.epochs), std::to_string(s.epochs)))
@@ -5274,7 +5669,7 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
         a.weight_decay = o.weight_decay;
     if (keep("momentum", sgd, a.momentum != o.momentum, str(a.momentum), str(o.momentum))) a.momentum = o.momentum;
     if (keep("beta1", !sgd, a.beta1 != o.beta1, str(a.beta1), str(o.beta1))) a.beta1 = o.beta1;
-    if (keep("beta2", !sgd, a.beta2 != o.beta2, str(a.beta2), str(o.beta2))) a.beta2 = o.beta2;
+    if (keep("beta2", !sgd || fisher, a.beta2 != o.beta2, str(a.beta2), str(o.beta2))) a.beta2 = o.beta2;
     if (keep("eps", !sgd, a.eps != o.eps, str(a.eps), str(o.eps))) a.eps = o.eps;
     if (keep("muon_lr", muon, a.muon_lr != o.muon_lr, str(a.muon_lr), str(o.muon_lr))) a.muon_lr = o.muon_lr;
     if (keep("muon_momentum", muon, a.muon_momentum != o.muon_momentum, str(a.muon_momentum), str(o.muon_momentum)))
@@ -5295,6 +5690,13 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     if (keep("precond_damping", is_shampoo, a.precond_damping != o.precond_damping, str(a.precond_damping),
              str(o.precond_damping)))
         a.precond_damping = o.precond_damping;
+    if (keep("clip_per_sample", true, a.clip_per_sample != o.clip, str(a.clip_per_sample), str(o.clip)))
+        a.clip_per_sample = o.clip;
+    if (keep("noise_multiplier", true, a.noise_multiplier != o.noise, str(a.noise_multiplier), str(o.noise)))
+        a.noise_multiplier = o.noise;
+    if (o.precond == PRECOND_FISHER_DIAG &&
+        keep("fisher_power", fisher, a.fisher_power != o.fisher_power, str(a.fisher_power), str(o.fisher_power)))
+        a.fisher_power = o.fisher_power;
     if (a.lr_min > a.lr) die("--lr_min " + str(a.lr_min) + " is above --lr " + str(a.lr) + " (with " + path + "'s)");
     if (s.epoch >= a.epochs)
         die(path + ": header[3] epoch is " + std::to_string(s.epoch) + ", --epochs is " + std::to_string(a.epochs) +
@@ -5417,6 +5819,8 @@ static OptConfig opt_config_from_args(const Args& a, int steps_per_epoch) {
     o.precond_every = a.precond_every; o.precond_start = a.precond_start;
     o.max_precond_dim = a.max_precond_dim; o.precond_eps = a.precond_eps;
     o.precond_damping = a.precond_damping;
+    o.clip = a.clip_per_sample; o.noise = a.noise_multiplier; o.fisher_power = a.fisher_power;
+    o.precond = a.precond == "fisher_diag" ? PRECOND_FISHER_DIAG : PRECOND_NONE;
     return o;
 }
 // --load's weights, or --resume's weights and optimizer state; returns the first epoch to train and sets *step, the
@@ -5563,6 +5967,8 @@ int main(int argc, char** argv) {
     const std::set<std::string> allowed = parse_allow_change(a.allow_change);
     BinFile ck;
     const CheckpointMeta stored = read_start_checkpoint(a, &ck, allowed);
+    const std::string combo = per_sample_flags_error(opt_config_from_args(a, 1));
+    if (!combo.empty()) die(combo);
     const bool cpu = device_is_cpu(a);
     run_config_decide(cpu ? BACKEND_CPU : (a.matmul == "cublas" ? BACKEND_CUBLAS : BACKEND_OURS), a.tf32,
                       a.cpu_threads > 0 ? a.cpu_threads : std::max(1u, std::thread::hardware_concurrency()));
@@ -5581,6 +5987,7 @@ int main(int argc, char** argv) {
     model.opt = opt_config_from_args(a, steps_per_epoch);
     mnist_build(&model, cpu, B, eval_batch);
     mnist_init_params(&model, (uint64_t)a.seed);
+    if (model.ps) model.ps->seed = (uint64_t)a.seed * 0x2545F4914F6CDD1Dull + 0xD9;  // the DP noise's stream
     int step = 0;
     const int start_epoch = restore_from_checkpoint(&model, &ck, a, stored, steps_per_epoch, train.n, &step);
     print_run_table(a, cpu, train, test, model, steps_per_epoch);
@@ -5624,8 +6031,9 @@ int main(int argc, char** argv) {
         best_loss = std::min(best_loss, train_loss);
         if (!cpu) gpu_memory_line();  // a sample for the peak
         last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
-        printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms)\n",
-               epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms);
+        printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms) | "
+               "%.3f ms/step\n", epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms,
+               ms / (run.n_full + (run.tail ? 1 : 0)));
         if (!a.checkpoint.empty()) {
             meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
             std::string e = mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);

@@ -16,6 +16,15 @@ parameters (<run>.<name>; of fc1.weight only the first 4 rows, <run>.fc1.weight.
                 steps from precond_start, the step grafted onto SGD-momentum or AdamW; the biases take
                 torch.optim.SGD or torch.optim.AdamW.
 Everything in fp32 on the CPU (TF32 does not exist there). Format: scripts/binio.py MNIST_OPT_FIXTURE.
+
+  python3 dev/mnist_optimizers.py --per_sample_out dev/fixtures/mnist_per_sample_fixture.bin   # (also written by
+                                                                                               # default)
+The per-sample fixture (train_mnist's --clip_per_sample and --precond fisher_diag): per-sample gradients by
+torch.func.vmap(grad) of each sample's loss, then plainly: every sample's gradient norm per parameter tensor and of the
+whole model; the clipped mean gradient (1/B) sum_i min(1, C / ||g_i||) g_i at C = the median norm rounded to fp32 (so
+some samples are clipped, some not); n_steps of torch.optim.SGD on it (clip run); n_steps of torch.optim.SGD on the
+gradient divided by (F^ + eps + damping mean(F^))^power, F^ the bias-corrected running average of the empirical-Fisher
+diagonal (1/B) sum_i g_i^2 (fisher run). Format: scripts/binio.py MNIST_PER_SAMPLE_FIXTURE.
 """
 import argparse
 import os
@@ -33,6 +42,8 @@ CFG = dict(batch_size=8, n_steps=4, init_seed=7, lr=0.05, momentum=0.9, weight_d
            ns_steps=5, precond_every=2, precond_start=1, max_precond_dim=32, precond_eps=1e-12,
            precond_damping=1e-3)
 WEIGHTS = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"]
+PS_CFG = dict(batch_size=8, n_steps=4, init_seed=7, lr=0.05, momentum=0.9, weight_decay=5e-4, fisher_lr=1e-3,
+              beta2=0.99, precond_eps=1e-10, precond_damping=1e-3, fisher_power=0.5)
 
 
 def f32(v):
@@ -161,10 +172,96 @@ def run_shampoo(torch, net, x, y, cfg, graft):
     return losses
 
 
+def per_sample_grads(torch, net, x, y):
+    """{name: (B, *shape)}: the gradient of each sample's loss (not divided by B), by torch.func.vmap(grad)."""
+    from torch.func import functional_call, grad, vmap
+    params = {n: p.detach() for n, p in net.named_parameters()}
+
+    def loss_one(p, xi, yi):
+        return torch.nn.functional.cross_entropy(functional_call(net, p, (xi[None],)), yi[None])
+
+    return vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
+
+
+def norms_of(torch, g):
+    """(B, 8) per-tensor norms in the state_dict's order and (B,) whole-model norms of per-sample gradients g, summed
+    in float64: torch's fp32 norm of fc1.weight's 1.2M elements is itself off by up to 2e-5 relative (measured against
+    float64 on the fixture), more than the 1e-5 the trainer's norms are held to."""
+    per = torch.stack([g[n].double().flatten(1).norm(dim=1) for n in g], dim=1)
+    return per.float(), per.pow(2).sum(dim=1).sqrt().float()
+
+
+def clipped_mean(torch, g, clip):
+    """(1/B) sum_i min(1, C / ||g_i||) g_i, per tensor."""
+    _, total = norms_of(torch, g)
+    scale = torch.clamp(clip / total, max=1.0)
+    return {n: (v * scale.view(-1, *[1] * (v.dim() - 1))).mean(dim=0) for n, v in g.items()}
+
+
+def run_per_sample(torch, net, x, y, cfg, clip, fisher):
+    """n_steps of torch.optim.SGD on the clipped mean gradient (fisher=False) or on the Fisher-preconditioned mean
+    gradient (fisher=True); the loss before every step."""
+    lr = f32(cfg["fisher_lr"] if fisher else cfg["lr"])
+    sgd = torch.optim.SGD(net.parameters(), lr=lr, momentum=f32(cfg["momentum"]),
+                          weight_decay=f32(cfg["weight_decay"]))
+    b2, eps, damping, power = (f32(cfg[k]) for k in ("beta2", "precond_eps", "precond_damping", "fisher_power"))
+    avg = {n: torch.zeros_like(p) for n, p in net.named_parameters()}
+    losses = []
+    for step in range(cfg["n_steps"]):
+        with torch.no_grad():
+            losses.append(torch.nn.functional.cross_entropy(net(x), y).item())
+        g = per_sample_grads(torch, net, x, y)
+        if fisher:
+            mean = {n: v.mean(dim=0) for n, v in g.items()}
+            bc = 1 - b2 ** (step + 1)
+            for n, v in g.items():
+                avg[n] = b2 * avg[n] + (1 - b2) * (v * v).mean(dim=0)
+                fhat = avg[n] / bc
+                mean[n] = mean[n] / (fhat + eps + damping * fhat.mean()) ** power
+        else:
+            mean = clipped_mean(torch, g, clip)
+        for n, p in net.named_parameters():
+            p.grad = mean[n].clone()
+        sgd.step()
+    return losses
+
+
+def write_per_sample_fixture(torch, Net, init, x, y, out):
+    cfg = dict(PS_CFG)
+    net = Net()
+    net.load_state_dict(init)
+    g = per_sample_grads(torch, net, x, y)
+    per, total = norms_of(torch, g)
+    cfg["clip"] = float(np.float32(total.quantile(0.5).item()))  # between the two middle norms
+    tensors = {"x": x.numpy(), "y": y.numpy().astype(np.int32), "norms": per.numpy(), "total": total.numpy()}
+
+    def put(prefix, named):
+        for n, v in named.items():
+            v = v.detach().numpy()
+            if n == "fc1.weight":
+                tensors[f"{prefix}.fc1.weight.rows"] = v[:4].copy()
+            else:
+                tensors[f"{prefix}.{n}"] = v.copy()
+
+    put("clip_grad", clipped_mean(torch, g, cfg["clip"]))
+    for name, fisher in (("clip", False), ("fisher", True)):
+        net = Net()
+        net.load_state_dict(init)
+        tensors[name + "_losses"] = np.array(run_per_sample(torch, net, x, y, cfg, cfg["clip"], fisher),
+                                             dtype=np.float32)
+        put(name, dict(net.state_dict()))
+        print(f"{name}: losses {tensors[name + '_losses']}")
+    print(f"per-sample norms: {total.numpy()}, clip {cfg['clip']}")
+    binio.write(out, binio.MNIST_PER_SAMPLE_FIXTURE, cfg, tensors)
+    print(f"wrote {out} ({os.path.getsize(out)} bytes)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data_dir", default="data/mnist")
     ap.add_argument("--out", default="dev/fixtures/mnist_optimizers_fixture.bin")
+    ap.add_argument("--per_sample_out", default="dev/fixtures/mnist_per_sample_fixture.bin",
+                    help="the per-sample fixture (empty: not written)")
     args = ap.parse_args()
     try:
         images, labels = mnist.load_idx(args.data_dir, "t10k", CFG["batch_size"])
@@ -200,6 +297,8 @@ def main():
         print(f"{name}: losses {tensors[name + '_losses']}")
     binio.write(args.out, binio.MNIST_OPT_FIXTURE, CFG, tensors)
     print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)")
+    if args.per_sample_out:
+        write_per_sample_fixture(torch, Net, init, x, y, args.per_sample_out)
 
 
 if __name__ == "__main__":

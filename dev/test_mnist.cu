@@ -6,7 +6,10 @@ Build: make -C dev test_mnist        Run (repo root): ./dev/test_mnist
     committed fixture dev/fixtures/mnist_fixture.bin (PyTorch, hash-initialized weights, B=8); checkpoint round trip
     and resume continuing the same trajectory; Muon and Shampoo (on SGD and on AdamW) over 4 steps against
     dev/fixtures/mnist_optimizers_fixture.bin (dev/mnist_optimizers.py: torch.optim.Muon, plain-PyTorch Shampoo).
-  GPU (skipped without a device): Muon's and Shampoo's steps on our kernel (strict fp32) against the CPU path; our matmul kernel (fp32 and TF32) against a CPU oracle at awkward sizes for every
+    Per-sample gradients (--clip_per_sample, --precond fisher_diag) against dev/fixtures/mnist_per_sample_fixture.bin
+    (torch.func.vmap): per-sample norms, the clipped gradient, clipped SGD and Fisher-preconditioned steps, the
+    DP noise's statistics.
+  GPU (skipped without a device): per-sample gradients (our kernel and cuBLAS) against the CPU path; Muon's and Shampoo's steps on our kernel (strict fp32) against the CPU path; our matmul kernel (fp32 and TF32) against a CPU oracle at awkward sizes for every
     operand kind, outputs poisoned with NaN first; the specialised conv2 TF32 kernels (forward with max-pool and
     window codes, weight and input gradient from dpooled + codes) against the same oracle, with the full and a
     capped persistent grid; fc1's fast kernels (split-K forward + head, backward, its fused optimizer step); the
@@ -345,6 +348,209 @@ static void check_optimizers_gpu(const OptReference& r) {
     }
     cudaCheck(cudaFree(lbuf));
     mnist_free(&m);
+    g_run.backend = backend; g_run.tf32 = tf32;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Per-sample gradients (issue 21 item 4) against dev/mnist_optimizers.py's per-sample fixture (torch.func.vmap(grad)
+// of each sample's loss): the per-sample norms of every parameter tensor and of the whole model, the clipped mean
+// gradient at C between the two middle norms, S SGD steps on it, S SGD steps with the Fisher-diagonal preconditioner;
+// then the DP noise's statistics; on the GPU the same against the CPU path.
+struct PsReference {
+    int B = 0, S = 0, init_seed = 0;
+    float lr, momentum, weight_decay, clip, fisher_lr, beta2, p_eps, p_damping, power;
+    std::vector<float> x, norms, total; std::vector<int> y;
+    std::vector<std::vector<float>> clip_grad;                   // per parameter (fc1.weight: 4 rows)
+    std::vector<float> losses[2]; std::vector<std::vector<float>> finals[2];  // runs clip, fisher
+};
+static PsReference load_ps_reference(const char* path) {
+    BinFile bf;
+    bin_read(&bf, path, 20260207, 1);
+    PsReference r;
+    const int32_t* h = bf.header;
+    r.B = h[3]; r.S = h[4]; r.init_seed = h[5];
+    r.lr = bin_field_f(&bf, 6); r.momentum = bin_field_f(&bf, 7); r.weight_decay = bin_field_f(&bf, 8);
+    r.clip = bin_field_f(&bf, 9); r.fisher_lr = bin_field_f(&bf, 10); r.beta2 = bin_field_f(&bf, 11);
+    r.p_eps = bin_field_f(&bf, 12); r.p_damping = bin_field_f(&bf, 13); r.power = bin_field_f(&bf, 14);
+    int xs[4] = {r.B, 1, IMG, IMG}, ys[1] = {r.B}, ns[2] = {r.B, N_PARAM_TENSORS}, ss[1] = {r.S}, rows[2] = {4, FC_IN};
+    const float* x = (const float*)bin_expect(&bf, "x", 0, 4, xs); r.x.assign(x, x + (size_t)r.B * IMG * IMG);
+    const int* y = (const int*)bin_expect(&bf, "y", 1, 1, ys); r.y.assign(y, y + r.B);
+    const float* nr = (const float*)bin_expect(&bf, "norms", 0, 2, ns); r.norms.assign(nr, nr + r.B * N_PARAM_TENSORS);
+    const float* t = (const float*)bin_expect(&bf, "total", 0, 1, ys); r.total.assign(t, t + r.B);
+    params_setup();
+    auto tensors = [&](const std::string& prefix, std::vector<std::vector<float>>& out) {
+        for (int i = 0; i < N_PARAM_TENSORS; i++) {
+            const bool fc1 = i == P_WF1;
+            const float* p = (const float*)bin_expect(&bf, (prefix + "." + PARAMS[i].name + (fc1 ? ".rows" : "")).c_str(),
+                                                      0, fc1 ? 2 : PARAMS[i].ndim, fc1 ? rows : PARAMS[i].shape);
+            out.emplace_back(p, p + (fc1 ? 4 * FC_IN : PARAMS[i].numel));
+        }
+    };
+    tensors("clip_grad", r.clip_grad);
+    const char* runs[2] = {"clip", "fisher"};
+    for (int k = 0; k < 2; k++) {
+        const float* l = (const float*)bin_expect(&bf, (std::string(runs[k]) + "_losses").c_str(), 0, 1, ss);
+        r.losses[k].assign(l, l + r.S);
+        tensors(runs[k], r.finals[k]);
+    }
+    return r;
+}
+static void ps_setup(Mnist* m, const PsReference& r, bool fisher, float noise = 0.0f) {
+    m->opt = OptConfig();
+    m->opt.schedule = SCHED_CONSTANT; m->opt.warmup_steps = 0; m->opt.momentum = r.momentum;
+    m->opt.weight_decay = r.weight_decay; m->opt.lr = fisher ? r.fisher_lr : r.lr;
+    if (fisher) {
+        m->opt.precond = PRECOND_FISHER_DIAG; m->opt.beta2 = r.beta2; m->opt.precond_eps = r.p_eps;
+        m->opt.precond_damping = r.p_damping; m->opt.fisher_power = r.power;
+    } else {
+        m->opt.clip = r.clip; m->opt.noise = noise;
+    }
+    per_sample_build(m);  // fresh buffers, a zero Fisher average
+    m->ps->seed = 12345;
+    set_params_torch(m, hash_init(r.init_seed, m->n_params));
+    set_batch(m, r.x.data(), r.y.data(), r.B);
+    mnist_set_counters(m, 0, 0);
+}
+// S steps of the clip (fisher = false) or Fisher run; the loss before each
+static std::vector<float> ps_steps(Mnist* m, const PsReference& r, bool fisher, float* lbuf) {
+    ps_setup(m, r, fisher);
+    std::vector<float> losses;
+    for (int s = 0; s < r.S; s++) {
+        losses.push_back((float)forward_loss(m, r.B, lbuf, false));
+        mnist_backward_per_sample(m, r.B);
+        mnist_update(m);
+        mnist_advance(m, 0);
+    }
+    return losses;
+}
+// What one backward of the clip run leaves: norms (B x 8), totals (B), the clipped gradient (PyTorch layout)
+struct PsOutputs { std::vector<float> norms, total, grads; };
+static PsOutputs ps_one_backward(Mnist* m, const PsReference& r, float* lbuf, float clip, float noise, int step) {
+    ps_setup(m, r, false, noise);
+    m->opt.clip = clip;
+    mnist_set_counters(m, step, 0);
+    forward_loss(m, r.B, lbuf, false);
+    mnist_backward_per_sample(m, r.B);
+    PsOutputs o;
+    o.norms.resize((size_t)r.B * N_PARAM_TENSORS); o.total.resize(r.B);
+    mnist_copy_out(m, m->ps->norms, o.norms.data(), o.norms.size());
+    mnist_copy_out(m, m->ps->total, o.total.data(), o.total.size());
+    o.grads = get_torch(m, m->grads);
+    return o;
+}
+// Tolerances:
+//   norms rtol 1e-5 (the issue's bound): sums of squares of fp32 values, ours from row norms and per-sample products,
+//        vmap's from the materialised per-sample gradients, both sums of at most a few thousand products of terms
+//        of one sign (the squares) on top of gradients each accurate to ~1e-6 relative;
+//   clipped gradient as check_against's gradients (atol 2e-4 max|ref|, rtol 1e-3) and clip steps as its SGD steps
+//        (losses rtol 1e-4; final parameters atol 1e-5 max|ref| + rtol 1e-4 as check_optimizers_cpu's): the scales
+//        s_i are smooth functions of the norms;
+//   Fisher steps as AdamW's (losses rtol 1e-3, final parameters atol 1e-4 max|ref| + rtol 1e-4): g / sqrt(F) turns
+//        a tiny gradient's rounding into an update of up to lr, as m / sqrt(v) does.
+static void ps_compare(const std::string& tag, const PsOutputs& o, const std::vector<float>& norms,
+                       const std::vector<float>& total, const std::vector<std::vector<float>>& grads) {
+    compare(tag + " per-sample norms (8 tensors x B)", o.norms.data(), norms.data(), norms.size(), 0.0, 1e-5);
+    compare(tag + " per-sample whole-model norms", o.total.data(), total.data(), total.size(), 0.0, 1e-5);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        const std::vector<float>& ref = grads[i];
+        compare(tag + " clipped grad." + PARAMS[i].name + (ref.size() < PARAMS[i].numel ? " (first 4 rows)" : ""),
+                o.grads.data() + PARAMS[i].offset, ref.data(), ref.size(), 2e-4 * max_abs_of(ref.data(), ref.size()),
+                1e-3);
+    }
+}
+static void ps_compare_steps(const std::string& tag, bool fisher, const std::vector<float>& losses,
+                             const std::vector<float>& params, const std::vector<float>& ref_losses,
+                             const std::vector<std::vector<float>>& ref_finals) {
+    const std::string run = fisher ? " fisher_diag" : " clipped sgd";
+    compare(tag + run + " step losses", losses.data(), ref_losses.data(), ref_losses.size(), 0.0, fisher ? 1e-3 : 1e-4);
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        const std::vector<float>& ref = ref_finals[i];
+        compare(tag + run + " final " + PARAMS[i].name + (ref.size() < PARAMS[i].numel ? " (first 4 rows)" : ""),
+                params.data() + PARAMS[i].offset, ref.data(), ref.size(),
+                (fisher ? 1e-4 : 1e-5) * max_abs_of(ref.data(), ref.size()), 1e-4);
+    }
+}
+// DP noise: noisy - clean gradients over every parameter are N(0, sigma^2), sigma = s C / B: the sample's std
+// within 1% (its own relative error is 1/sqrt(2n) = 0.06% at n = 1.2M: 15 of those) and its mean within 5 sigma /
+// sqrt(n); the same (seed, step) gives the same bits, the next step other draws.
+static void ps_check_noise(const std::string& tag, Mnist* m, const PsReference& r, float* lbuf) {
+    const float s = 1.3f, sigma = s * r.clip / (float)r.B;
+    const PsOutputs clean = ps_one_backward(m, r, lbuf, r.clip, 0.0f, 3);
+    const PsOutputs noisy = ps_one_backward(m, r, lbuf, r.clip, s, 3);
+    const PsOutputs again = ps_one_backward(m, r, lbuf, r.clip, s, 3);
+    const PsOutputs next = ps_one_backward(m, r, lbuf, r.clip, s, 4);
+    const size_t n = clean.grads.size();
+    double sum = 0, sq = 0;
+    size_t same_next = 0;
+    for (size_t j = 0; j < n; j++) {
+        const double d = (double)noisy.grads[j] - clean.grads[j];
+        sum += d; sq += d * d;
+        same_next += next.grads[j] == noisy.grads[j];
+    }
+    const double mean = sum / n, sd = sqrt(sq / n - mean * mean);
+    char buf[256];
+    snprintf(buf, sizeof buf, "n=%zu std %.6g (sigma %.6g, ratio %.5f), mean %.3g (bound %.3g); next step: %zu equal",
+             n, sd, sigma, sd / sigma, mean, 5 * sigma / sqrt((double)n), same_next);
+    report(fabs(sd / sigma - 1) < 0.01 && fabs(mean) < 5 * sigma / sqrt((double)n) && same_next < n / 1000,
+           tag + " dp noise statistics", buf);
+    report(!memcmp(noisy.grads.data(), again.grads.data(), n * 4), tag + " dp noise repeatable",
+           "the same seed and step give bit-identical noisy gradients");
+}
+static void check_per_sample_cpu(const PsReference& r) {
+    g_run.backend = BACKEND_CPU;
+    Mnist m; mnist_build(&m, true, r.B, r.B);
+    std::vector<float> lbuf(r.B);
+    ps_compare("cpu", ps_one_backward(&m, r, lbuf.data(), r.clip, 0.0f, 0), r.norms, r.total, r.clip_grad);
+    // a clip norm above every sample's: the per-sample backward's gradients are the ordinary backward's
+    const PsOutputs unclipped = ps_one_backward(&m, r, lbuf.data(), 1e9f, 0.0f, 0);
+    m.opt = OptConfig();
+    forward_loss(&m, r.B, lbuf.data(), true);
+    const std::vector<float> plain = get_torch(&m, m.grads);
+    compare("cpu per-sample backward without clipping == mnist_backward", unclipped.grads.data(), plain.data(),
+            plain.size(), 1e-6 * max_abs_of(plain.data(), plain.size()), 1e-5);
+    for (int fisher = 0; fisher < 2; fisher++) {
+        std::vector<float> losses = ps_steps(&m, r, fisher, lbuf.data());
+        ps_compare_steps("cpu", fisher, losses, get_torch(&m, m.params), r.losses[fisher], r.finals[fisher]);
+    }
+    ps_check_noise("cpu", &m, r, lbuf.data());
+    mnist_free(&m);
+}
+// GPU (our kernel and cuBLAS, strict fp32) against the CPU path, with the tolerances above
+static void check_per_sample_gpu(const PsReference& r) {
+    const int backend = g_run.backend, tf32 = g_run.tf32;
+    g_run.backend = BACKEND_CPU;
+    PsOutputs cpu;
+    std::vector<float> cpu_losses[2], cpu_params[2];
+    {
+        Mnist m; mnist_build(&m, true, r.B, r.B);
+        std::vector<float> lbuf(r.B);
+        cpu = ps_one_backward(&m, r, lbuf.data(), r.clip, 0.0f, 0);
+        for (int fisher = 0; fisher < 2; fisher++) {
+            cpu_losses[fisher] = ps_steps(&m, r, fisher, lbuf.data());
+            cpu_params[fisher] = get_torch(&m, m.params);
+        }
+        mnist_free(&m);
+    }
+    std::vector<std::vector<float>> cpu_grads, cpu_finals[2];
+    for (int i = 0; i < N_PARAM_TENSORS; i++) {
+        const size_t o = PARAMS[i].offset, n = PARAMS[i].numel;
+        cpu_grads.emplace_back(cpu.grads.begin() + o, cpu.grads.begin() + o + n);
+        for (int k = 0; k < 2; k++) cpu_finals[k].emplace_back(cpu_params[k].begin() + o, cpu_params[k].begin() + o + n);
+    }
+    for (int be = BACKEND_OURS; be <= BACKEND_CUBLAS; be++) {
+        g_run.backend = be; g_run.tf32 = 0;
+        const std::string tag = std::string("gpu ") + (be == BACKEND_OURS ? "ours" : "cublas") + " vs cpu";
+        Mnist m; mnist_build(&m, false, r.B, r.B);
+        float* lbuf; cudaCheck(cudaMalloc(&lbuf, r.B * 4));
+        ps_compare(tag, ps_one_backward(&m, r, lbuf, r.clip, 0.0f, 0), cpu.norms, cpu.total, cpu_grads);
+        for (int fisher = 0; fisher < 2; fisher++) {
+            std::vector<float> losses = ps_steps(&m, r, fisher, lbuf);
+            ps_compare_steps(tag, fisher, losses, get_torch(&m, m.params), cpu_losses[fisher], cpu_finals[fisher]);
+        }
+        ps_check_noise(tag, &m, r, lbuf);
+        cudaCheck(cudaFree(lbuf));
+        mnist_free(&m);
+    }
     g_run.backend = backend; g_run.tf32 = tf32;
 }
 
@@ -1062,13 +1268,26 @@ int main(int argc, char** argv) {
                "writes it; it is committed)");
     }
 
+    const char* ps_fixture_path = "dev/fixtures/mnist_per_sample_fixture.bin";
+    FILE* pf = fopen(ps_fixture_path, "rb");
+    const bool have_ps_fixture = pf != nullptr;
+    if (pf) fclose(pf);
+    PsReference psx;
+    if (have_ps_fixture) {
+        psx = load_ps_reference(ps_fixture_path);
+        check_per_sample_cpu(psx);
+    } else {
+        report(false, "cpu per-sample gradients", std::string(ps_fixture_path) + " is missing (python3 "
+               "dev/mnist_optimizers.py writes it; it is committed)");
+    }
+
     int ndev = 0;
     cudaError_t derr = cudaGetDeviceCount(&ndev);
     if (derr != cudaSuccess) { (void)cudaGetLastError(); ndev = 0; }
     if (ndev == 0) {
         std::string why = std::string("no CUDA device (") + cudaGetErrorString(derr) + ")";
         for (const char* n : {"gpu kernel", "gpu fixture ours", "gpu fixture cublas", "gpu debug state ours", "gpu debug state cublas",
-                              "gpu vs cpu muon / shampoo"}) skip(n, why);
+                              "gpu vs cpu muon / shampoo", "gpu vs cpu per-sample gradients"}) skip(n, why);
     } else {
         run_config_decide(BACKEND_OURS, g_run.tf32, g_run.cpu_threads);  // (and what the GPU supports)
         cudaCheck(cudaStreamCreate(&g_mm.stream));  // programmatic dependent launch needs a stream of our own
@@ -1099,6 +1318,7 @@ int main(int argc, char** argv) {
             skip("gpu training steps with the fused forward", "the fused forward is off on this GPU");
         }
         if (have_opt_fixture) check_optimizers_gpu(ofx);
+        if (have_ps_fixture) check_per_sample_gpu(psx);
         check_fc1_fast(5, 31);
         check_fc1_fast(70, 32);
         check_watchdog();

@@ -9,7 +9,9 @@ trailer, outputs checked at start-up and written through a temporary file (devic
 written through, nothing left behind on a full disk), checkpoint contents validated, --resume refusing a changed
 setting unless --allow_change names it, and a finite but diverging loss stopping the run.
 Issue 21: Muon's and Shampoo's flags (bad values refused), their CPU training, resume (Shampoo's factors and roots in
-the checkpoint), a changed optimizer refused unless --allow_change optimizer, version 2 checkpoints refused.
+the checkpoint), a changed optimizer refused unless --allow_change optimizer, version 2 checkpoints refused;
+--clip_per_sample, --noise_multiplier and --precond fisher_diag: bad values and combinations refused, CPU training,
+resume (the noise's stream, the Fisher average in the checkpoint).
 Run from the repo root: python3 dev/test_mnist_cli.py   (last line: N passed, N failed, N skipped)
 """
 import gzip
@@ -359,6 +361,62 @@ def optimizers(tmp):
                  "finite", code=1)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# issue 21 item 4: --clip_per_sample, --noise_multiplier, --precond fisher_diag (the CPU path; their values against
+# torch.func.vmap are dev/test_mnist.cu's)
+
+
+def per_sample(tmp):
+    base = ["--device", "cpu", "--data_dir", DATA, "--train_limit", "64", "--test_limit", "100", "--batch_size", "16",
+            "--warmup_steps", "2", "--seed", "4", "--confusion", "0"]
+    for args, words in [(["--clip_per_sample", "-1"], ["--clip_per_sample", "found -1"]),
+                        (["--noise_multiplier", "-0.5"], ["--noise_multiplier", "found -0.5"]),
+                        (["--noise_multiplier", "1"], ["--noise_multiplier 1", "needs --clip_per_sample"]),
+                        (["--precond", "fisher"], ["--precond", "none,fisher_diag", "fisher"]),
+                        (["--precond", "fisher_diag", "--optimizer", "adamw"], ["--precond fisher_diag",
+                                                                                 "--optimizer adamw"]),
+                        (["--precond", "fisher_diag", "--clip_per_sample", "1", "--noise_multiplier", "1"],
+                         ["--precond fisher_diag", "--noise_multiplier 1", "not"]),
+                        (["--precond", "fisher_diag", "--fisher_power", "0.1"], ["--fisher_power", "[0.25, 1]",
+                                                                                 "found 0.1"]),
+                        (["--fisher_power", "2"], ["--fisher_power", "found 2"])]:
+        expect_error(f"bad flag {' '.join(args)}", base + args, *words, code=1)
+
+    clip = ["--clip_per_sample", "5", "--lr", "0.05"]
+    dp = clip + ["--noise_multiplier", "0.5"]
+    fisher = ["--precond", "fisher_diag", "--lr", "0.002", "--beta2", "0.99"]
+    for name, extra in (("clip", clip), ("dp", dp), ("fisher_diag", fisher)):
+        rc, out = run(base + extra + ["--epochs", "3"])
+        ep = epochs_of(out)
+        report(rc == 0 and len(ep) == 3 and ep[2][0] < ep[0][0] and "ms/step" in out,
+               f"cpu {name}: the training loss falls", f"exit {rc}; epochs (train loss, test loss, test acc): {ep}")
+        ck = os.path.join(tmp, f"ck_ps_{name}.bin")
+        straight = epochs_of(run(base + extra + ["--epochs", "2"])[1])
+        run(base + extra + ["--epochs", "2", "--checkpoint", ck, "--stop_at_accuracy", "0.001"])
+        rc, out = run(base + ["--epochs", "2", "--resume", ck])
+        ep = epochs_of(out)
+        report(rc == 0 and len(ep) == 1 and len(straight) == 2 and ep[0] == straight[1],
+               f"cpu {name}: --resume continues the same trajectory (the noise's stream, the Fisher average)",
+               f"exit {rc}; resumed {ep} vs straight {straight[1:]}")
+    ck = os.path.join(tmp, "ck_ps_dp.bin")
+    expect_error("--resume dp with another --noise_multiplier", base + ["--resume", ck, "--noise_multiplier", "2"],
+                 "--noise_multiplier 2", "0.5", "--allow_change noise_multiplier", code=1)
+    expect_error("--resume dp with another --clip_per_sample", base + ["--resume", ck, "--clip_per_sample", "1"],
+                 "--clip_per_sample 1", "5", "--allow_change clip_per_sample", code=1)
+    expect_error("--resume clip with --precond fisher_diag", base + ["--resume", os.path.join(tmp, "ck_ps_clip.bin"),
+                 "--precond", "fisher_diag"], "--precond fisher_diag", "none", "--allow_change optimizer", code=1)
+    raw = open(os.path.join(tmp, "ck_ps_fisher_diag.bin"), "rb").read()
+    off = ck_table(raw)["fisher_diag.fc2.bias"][1]
+    bad = os.path.join(tmp, "fisher_negative.bin")
+    open(bad, "wb").write(patched(raw, off + 4, "<f", -1.0))
+    expect_error("a negative Fisher average is refused", base + ["--resume", bad], bad, "fisher_diag.fc2.bias[1]",
+                 ">= 0", code=1)
+    bad = os.path.join(tmp, "noise_without_clip.bin")
+    open(bad, "wb").write(patched(open(ck, "rb").read(), 4 * 31, "<f", 0.0))  # slot 31: clip_per_sample
+    expect_error("a checkpoint with noise but no clip norm is refused", base + ["--resume", bad], bad,
+                 "needs --clip_per_sample", code=1)
+
+
 def main():
     if not os.path.exists(BIN):
         report(False, "binary", f"{BIN} is missing: run make train_mnist")
@@ -475,6 +533,7 @@ def main():
 
         issue26(tmp, common)
         optimizers(tmp)
+        per_sample(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped")

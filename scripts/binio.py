@@ -449,6 +449,18 @@ MNIST_OPT_FIXTURE = Format("mnist optimizer fixture", magic_number(2, 5), 1, [
 ])
 
 
+# Written by dev/mnist_optimizers.py --per_sample_out (dev/fixtures/mnist_per_sample_fixture.bin, committed): the
+# per-sample gradient references (torch.func.vmap(grad)). tensors: x, y as above; norms (B, 8) each sample's gradient
+# norm per parameter tensor, total (B) the whole model's; clip_grad.<name> the clipped mean gradient (fc1.weight: its
+# first 4 rows, .rows); for each run clip (SGD on the clipped gradient) and fisher (SGD on the Fisher-preconditioned
+# gradient): <run>_losses (S,) and the final parameters <run>.<name> (fc1.weight: .rows).
+MNIST_PER_SAMPLE_FIXTURE = Format("mnist per-sample fixture", magic_number(2, 7), 1, [
+    ("batch_size", "i"), ("n_steps", "i"), ("init_seed", "i"), ("lr", "f"), ("momentum", "f"), ("weight_decay", "f"),
+    ("clip", "f"), ("fisher_lr", "f"), ("beta2", "f"), ("precond_eps", "f"), ("precond_damping", "f"),
+    ("fisher_power", "f"),
+])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # unet formats (owner: unet helpers)
 # ---------------------------------------------------------------------------------------------------------------
