@@ -11,8 +11,8 @@ Test:   ./dev/matmul --test       every version x every transpose vs the CPU ora
                                   sizes, fresh random inputs, C poisoned with NaN; CPU-only checks run without a GPU
 Bench:  ./dev/matmul [all | VERSION] [--square] [--repeat R] [--out DIR]   validate vs cuBLAS, then time 4096^3 and
                                   the MNIST layer shapes (--square: 4096^3 only; --repeat: R rounds, medians)
-PyTorch: dev/torch_ops includes this file with DEV_KERNELS_ONLY (versions 1-7; no version 8, cuBLAS, tests or main)
-and calls versions 5 and 7 from its matmul operator.
+PyTorch: dev/torch_ops includes this file with DEV_KERNELS_ONLY (versions 1-8; no cuBLAS, tests or main) and calls
+versions 5 and 7 (fp32) and 8 (bf16, where the GPU runs sm_90a code) from its matmul operator.
 
 version 0: cuBLAS. Strict fp32 (CUBLAS_DEFAULT_MATH: TF32 off) is the baseline of the fp32 versions;
            CUBLAS_TF32_TENSOR_OP_MATH is the baseline of the TF32 versions, cublasGemmEx bf16 (CUBLAS_COMPUTE_32F) that
@@ -1873,9 +1873,6 @@ void matmul_sgemm_tf32_v7(bool trans_a, bool trans_b, int M, int N, int K, float
         launch_wgmma<64, 8, 1, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
 
-#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for versions 5-7: version 8 (bf16), cuBLAS, the
-                          // benchmark variants, the tests, the benchmark and main stay out
-
 // ----------------------------------------------------------------------------------------------------------------
 // version 8: bf16 GEMM on Hopper warpgroup MMA (wgmma.mma_async m64nNk16 .f32.bf16.bf16) fed by TMA
 // (cp.async.bulk.tensor, 128-byte swizzle) through a STAGES-deep mbarrier ring; bf16 A and B, fp32 accumulation,
@@ -2286,6 +2283,9 @@ void matmul_bf16_v8(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     else
         launch_bf16_wgmma<64, 8, true>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
+
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for versions 5-8: cuBLAS, the benchmark variants, the
+                          // tests, the benchmark and main stay out
 
 // ----------------------------------------------------------------------------------------------------------------
 // version 0: cuBLAS (row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands)

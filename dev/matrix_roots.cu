@@ -11,6 +11,8 @@ the Kronecker-factor statistics of Shampoo (L = G G^T, R = G^T G) and K-FAC (A =
   ./dev/matrix_roots --study                                CPU only: fp32 / 3xTF32 / TF32 / bf16 emulations of the
                                                             iterations against the oracle (dev/matrix_roots_NOTES.md)
   python3 dev/matrix_roots.py                               PyTorch's eigh and coupled Newton in the same run
+PyTorch: dev/torch_ops includes this file with DEV_KERNELS_ONLY (the kernels and their launchers; no tests, study,
+benchmark or main) for its inverse_root, newton_schulz and kron_stats operators, on PyTorch's stream (g_stream).
 
 Inverse roots (fp32 in and out, eps > 0 added to the diagonal):
 version 0: cuSOLVER eigendecomposition: syevd per matrix (syevjBatched for batches of n <= 32), then
@@ -38,6 +40,7 @@ Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -49,8 +52,21 @@ Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
 
+// Inside PyTorch (dev/torch_ops, CUDA_CHECK_THROWS) a failure is an exception the caller turns into a Python error.
+static void fail(const std::string& msg) {
+#ifdef CUDA_CHECK_THROWS
+    throw std::runtime_error(msg);
+#endif
+    fprintf(stderr, "%s\n", msg.c_str());
+    exit(EXIT_FAILURE);
+}
+
 static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
+#ifdef CUDA_CHECK_THROWS
+        fail(std::string("[CUDA ERROR] ") + call + " failed at " + file + ":" + std::to_string(line) + ": " +
+             cudaGetErrorString(err));
+#endif
         fprintf(stderr, "[CUDA ERROR] %s failed at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
         exit(EXIT_FAILURE);
     }
@@ -61,6 +77,10 @@ static void cuda_check(cudaError_t err, const char* call, const char* file, int 
 
 static void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS) {
+#ifdef CUDA_CHECK_THROWS
+        fail(std::string("[cuBLAS ERROR] ") + call + " failed at " + file + ":" + std::to_string(line) + ": status " +
+             std::to_string((int)status));
+#endif
         fprintf(stderr, "[cuBLAS ERROR] %s failed at %s:%d: status %d\n", call, file, line, (int)status);
         exit(EXIT_FAILURE);
     }
@@ -69,6 +89,10 @@ static void cublas_check(cublasStatus_t status, const char* call, const char* fi
 
 static void cusolver_check(cusolverStatus_t status, const char* call, const char* file, int line) {
     if (status != CUSOLVER_STATUS_SUCCESS) {
+#ifdef CUDA_CHECK_THROWS
+        fail(std::string("[cuSOLVER ERROR] ") + call + " failed at " + file + ":" + std::to_string(line) +
+             ": status " + std::to_string((int)status));
+#endif
         fprintf(stderr, "[cuSOLVER ERROR] %s failed at %s:%d: status %d (7 = internal error, 3 = invalid value: "
                 "check n, lda and the workspace size)\n", call, file, line, (int)status);
         exit(EXIT_FAILURE);
@@ -77,8 +101,7 @@ static void cusolver_check(cusolverStatus_t status, const char* call, const char
 #define cusolverCheck(call) cusolver_check((call), #call, __FILE__, __LINE__)
 
 static void fail_arg(const char* fn, const char* what, long long found, const char* expected) {
-    fprintf(stderr, "%s: argument %s = %lld, expected %s\n", fn, what, found, expected);
-    exit(EXIT_FAILURE);
+    fail(std::string(fn) + ": argument " + what + " = " + std::to_string(found) + ", expected " + expected);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -711,7 +734,8 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
 
 // ----------------------------------------------------------------------------------------------------------------
 // GPU context: handles, device limits, and workspaces that grow on demand and are kept (cudaMalloc and cudaFree
-// synchronise: only the first call at a new largest size pays). Everything runs on the default stream.
+// synchronise: only the first call at a new largest size pays). Everything runs on g_stream: the default stream here,
+// PyTorch's current stream inside dev/torch_ops (which also gives it to the cuBLAS and cuSOLVER handles).
 
 struct GpuContext {
     bool ready = false;
@@ -724,10 +748,15 @@ struct GpuContext {
 };
 static GpuContext g_gpu;
 
+static cudaStream_t g_stream = 0;  // kernels, copies and host decisions; the handles' stream is set with it
+
+// the current device's facts, handles and solver settings (the handles belong to that device)
 static void gpu_init() {
     if (g_gpu.ready) return;
     cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    int dev;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
     g_gpu.sms = prop.multiProcessorCount;
     g_gpu.cc_major = prop.major;
     g_gpu.cc_minor = prop.minor;
@@ -745,6 +774,12 @@ static void gpu_init() {
     cusolverCheck(cusolverDnXsyevjSetTolerance(g_gpu.syevj, 2.0 * U32));
     cusolverCheck(cusolverDnXsyevjSetMaxSweeps(g_gpu.syevj, 100));
     g_gpu.ready = true;
+}
+
+// a device-to-host copy ordered after the work on g_stream (the host decisions of the Newton iterations)
+static void copy_to_host(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
+    cudaCheck(cudaStreamSynchronize(g_stream));
 }
 
 enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
@@ -834,9 +869,9 @@ __global__ void sumsq_kernel(const float* M, double* sums, float* T, long long c
 }
 
 static void sumsq(const float* M, double* sums, float* T, int batch, long long count, int n, int p, float shift) {
-    cudaCheck(cudaMemsetAsync(sums, 0, batch * sizeof(double)));
+    cudaCheck(cudaMemsetAsync(sums, 0, batch * sizeof(double), g_stream));
     dim3 grid(grid_for(count, 256 * 8, 512), batch);
-    sumsq_kernel<<<grid, 256>>>(M, sums, T, count, n, p, shift);
+    sumsq_kernel<<<grid, 256, 0, g_stream>>>(M, sums, T, count, n, p, shift);
     launchCheck();
 }
 
@@ -893,7 +928,7 @@ static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, 
     if (prec != PREC_3XTF32) { fprintf(stderr, "gemm_nn: precision %s not supported\n", prec_name(prec)); exit(1); }
     float* A3 = (float*)ws_get(WS_A3, 3 * nn * batch * sizeof(float));
     float* B3 = (float*)ws_get(WS_B3, 3 * nn * batch * sizeof(float));
-    split3_kernel<<<grid_for(nn * batch, 256), 256>>>(A, B, A3, B3, n, nn * batch);
+    split3_kernel<<<grid_for(nn * batch, 256), 256, 0, g_stream>>>(A, B, A3, B3, n, nn * batch);
     launchCheck();
     cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, 3 * n, &one, B3, CUDA_R_32F, n,
                                            3 * nn, A3, CUDA_R_32F, 3 * n, 3 * nn, &zero, C, CUDA_R_32F, n, nn, batch,
@@ -927,7 +962,7 @@ static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float 
     float* W = (float*)ws_get(WS_W, total * sizeof(float));
     float* lambda = (float*)ws_get(WS_LAMBDA, (size_t)batch * n * sizeof(float));
     int* info = (int*)ws_get(WS_INFO, batch * sizeof(int));
-    add_eps_kernel<<<grid_for(total, 256), 256>>>(A, V, n, total, eps);
+    add_eps_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(A, V, n, total, eps);
     launchCheck();
     if (n <= 32 && batch > 1) {  // Jacobi, all matrices in one call (cuSOLVER's batched path is for n <= 32)
         int lwork = 0;
@@ -946,7 +981,7 @@ static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float 
             cusolverCheck(cusolverDnSsyevd(g_gpu.solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n,
                                            V + b * nn, n, lambda + (long long)b * n, work, lwork, info + b));
     }
-    eig_scale_kernel<<<grid_for(total, 256), 256>>>(V, lambda, W, n, p, eps, total);
+    eig_scale_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(V, lambda, W, n, p, eps, total);
     launchCheck();
     // row-major X = V^T W (the sum over j of f_j v_j v_j^T): column-major X^T = W^T V, i.e. op(W) = N, op(V) = T
     const float one = 1.0f, zero = 0.0f;
@@ -954,7 +989,7 @@ static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float 
                                            V, CUDA_R_32F, n, nn, &zero, X, CUDA_R_32F, n, nn, batch,
                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     std::vector<int> h(batch);
-    cudaCheck(cudaMemcpy(h.data(), info, batch * sizeof(int), cudaMemcpyDeviceToHost));
+    copy_to_host(h.data(), info, batch * sizeof(int));
     return (int)std::count_if(h.begin(), h.end(), [](int v) { return v != 0; });
 }
 
@@ -971,21 +1006,21 @@ static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p
     float* W = (float*)ws_get(WS_W, total * sizeof(float));
     double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
     std::vector<double> h(batch);
-    add_eps_kernel<<<grid_for(total, 256), 256>>>(A, M, n, total, eps);
+    add_eps_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(A, M, n, total, eps);
     launchCheck();
     sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
-    cudaCheck(cudaMemcpy(h.data(), sums, batch * sizeof(double), cudaMemcpyDeviceToHost));
+    copy_to_host(h.data(), sums, batch * sizeof(double));
     NewtonState s;
     s.n = n;
     s.p = p;
     double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
     s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
     float* Xc = X;  // the current X; it alternates with W, and ends in X
-    newton_init_kernel<<<grid_for(total, 256), 256>>>(M, Xc, sums, n, p, total);
+    newton_init_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(M, Xc, sums, n, p, total);
     launchCheck();
     for (;;) {
         sumsq(M, sums, T, batch, nn, n, p, 1.0f);  // r^2 per matrix, and T
-        cudaCheck(cudaMemcpy(h.data(), sums, batch * sizeof(double), cudaMemcpyDeviceToHost));
+        copy_to_host(h.data(), sums, batch * sizeof(double));
         double r2 = 0.0;
         for (double v : h) r2 = std::isnan(v) ? v : std::max(r2, v);
         NewtonAction act = newton_decide(s, std::sqrt(r2));
@@ -1001,7 +1036,7 @@ static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p
         s.iters++;
     }
     // X, M and W permute three buffers (the output and two workspaces): the result may sit in a workspace
-    if (Xc != X) cudaCheck(cudaMemcpyAsync(X, Xc, total * sizeof(float), cudaMemcpyDeviceToDevice));
+    if (Xc != X) cudaCheck(cudaMemcpyAsync(X, Xc, total * sizeof(float), cudaMemcpyDeviceToDevice, g_stream));
     return s;
 }
 
@@ -1153,7 +1188,7 @@ static const char* launch_v2(const float* A, float* X, int batch, int n, int p, 
         configured = true;
     }
     if (why_not) return why_not;
-    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>()>>>(A, X, n, p, eps, status, res);
+    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>(), g_stream>>>(A, X, n, p, eps, status, res);
     launchCheck();
     return nullptr;
 }
@@ -1171,7 +1206,7 @@ static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p
 }
 static void v2_status(int batch, std::vector<int>& steps, std::vector<float>& r) {
     std::vector<char> h(batch * (sizeof(int) + sizeof(float)));
-    cudaCheck(cudaMemcpy(h.data(), g_ws[WS_STATUS], h.size(), cudaMemcpyDeviceToHost));
+    copy_to_host(h.data(), g_ws[WS_STATUS], h.size());
     steps.assign((int*)h.data(), (int*)h.data() + batch);
     r.assign((float*)(h.data() + batch * sizeof(int)), (float*)(h.data() + batch * sizeof(int)) + batch);
 }
@@ -1210,9 +1245,11 @@ static void bf16_gemm(cublasOperation_t ta, int M, int N, int K, float alpha, co
                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// out_b = NS5(G_b) for a batch of m x n row-major fp32 matrices (out fp32, rounded from the bf16 iterate).
-static void newton_schulz(const float* G, float* out, int batch, int m, int n) {
+// out_b = NS5(G_b) for a batch of m x n row-major fp32 matrices (out fp32, rounded from the bf16 iterate); steps
+// other than Muon's 5 for dev/torch_ops's newton_schulz operator.
+static void newton_schulz(const float* G, float* out, int batch, int m, int n, int steps = NS_STEPS) {
     if (m < 1 || n < 1) fail_arg("newton_schulz", m < 1 ? "m" : "n", m < 1 ? m : n, ">= 1");
+    if (steps < 0) fail_arg("newton_schulz", "steps", steps, ">= 0");
     if (batch < 1 || batch > 65535) fail_arg("newton_schulz", "batch", batch, "in [1, 65535]");
     if (!G || !out || G == out) { fprintf(stderr, "newton_schulz: G and out must be distinct buffers\n"); exit(1); }
     bool tall = m > n;
@@ -1224,20 +1261,20 @@ static void newton_schulz(const float* G, float* out, int batch, int m, int n) {
     __nv_bfloat16* B = (__nv_bfloat16*)ws_get(WS_NS_B, rr * batch * sizeof(__nv_bfloat16));
     double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
     sumsq(G, sums, nullptr, batch, rc, n, 1, 0.0f);
-    ns_prepare_kernel<<<grid_for(rc * batch, 256), 256>>>(G, X, sums, m, n, tall, rc * batch);
+    ns_prepare_kernel<<<grid_for(rc * batch, 256), 256, 0, g_stream>>>(G, X, sums, m, n, tall, rc * batch);
     launchCheck();
     // a row-major buffer read as column-major is the transpose, so a row-major P Q is the column-major Q^T P^T:
     // cuBLAS gets the operands swapped (A = X X^T: op_T(X^T) X^T; A A; B X: X^T B^T), alpha and beta fold in the
     // coefficients on copies (B starts as A: c A A + b A; Xn starts as X: B X + a X)
-    for (int step = 0; step < NS_STEPS; step++) {
+    for (int step = 0; step < steps; step++) {
         bf16_gemm(CUBLAS_OP_T, r, r, c, 1.0f, X, c, rc, X, c, rc, 0.0f, A, r, rr, batch);
-        cudaCheck(cudaMemcpyAsync(B, A, rr * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpyAsync(B, A, rr * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, g_stream));
         bf16_gemm(CUBLAS_OP_N, r, r, r, (float)NS_C, A, r, rr, A, r, rr, (float)NS_B, B, r, rr, batch);
-        cudaCheck(cudaMemcpyAsync(Xn, X, rc * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpyAsync(Xn, X, rc * batch * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, g_stream));
         bf16_gemm(CUBLAS_OP_N, c, r, r, 1.0f, X, c, rc, B, r, rr, (float)NS_A, Xn, c, rc, batch);
         std::swap(X, Xn);
     }
-    ns_finish_kernel<<<grid_for(rc * batch, 256), 256>>>(X, out, m, n, tall, rc * batch);
+    ns_finish_kernel<<<grid_for(rc * batch, 256), 256, 0, g_stream>>>(X, out, m, n, tall, rc * batch);
     launchCheck();
 }
 
@@ -1354,7 +1391,7 @@ static void syrk_lower(const Loader& P, float* C, int batch, int N, int K, float
     if (!C) { fprintf(stderr, "syrk_lower: argument C is null\n"); exit(EXIT_FAILURE); }
     long long tiles = (long long)ceil_div_ll(N, SY_BT) * (ceil_div_ll(N, SY_BT) + 1) / 2;
     if (tiles > INT32_MAX) fail_arg("syrk_lower", "N", N, "small enough for 2^31 tiles");
-    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS>>>(P, C, (long long)N * N, N, K, alpha, beta);
+    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS, 0, g_stream>>>(P, C, (long long)N * N, N, K, alpha, beta);
     launchCheck();
 }
 
@@ -1429,11 +1466,14 @@ static void shampoo_stats_cublas(const float* G, float* L, float* R, int batch, 
         cublasCheck(cublasSsyrk(g_gpu.blas, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, n, m, &alpha, G + b * mn, n, &beta,
                                 R + b * nn, n));
     }
-    mirror_lower_kernel<<<grid_for(mm * batch, 256), 256>>>(L, m, mm * batch);
+    mirror_lower_kernel<<<grid_for(mm * batch, 256), 256, 0, g_stream>>>(L, m, mm * batch);
     launchCheck();
-    mirror_lower_kernel<<<grid_for(nn * batch, 256), 256>>>(R, n, nn * batch);
+    mirror_lower_kernel<<<grid_for(nn * batch, 256), 256, 0, g_stream>>>(R, n, nn * batch);
     launchCheck();
 }
+
+#ifndef DEV_KERNELS_ONLY  // dev/torch_ops includes this file for the kernels and launchers above: the study, the
+                          // tests, the benchmark and main stay out
 
 // ----------------------------------------------------------------------------------------------------------------
 // --study (CPU only): how the iterations behave in each precision, against the oracle. Its output is the
@@ -2297,3 +2337,4 @@ int main(int argc, char** argv) {
     return run_bench();
 }
 
+#endif  // DEV_KERNELS_ONLY

@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = os.path.join(ROOT, "dev", "torch_ops")
 counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
 GROUPS = ["build and import", "opcheck (CPU)", "gradcheck float64 (CPU)", "CPU kernels vs PyTorch",
-          "bad inputs name the argument", "torch.compile fullgraph (CPU)", "dev/cnn_custom.py (CPU)", "CUDA checks"]
+          "bad inputs name the argument", "torch_ops.Shampoo (CPU)", "torch.compile fullgraph (CPU)",
+          "dev/cnn_custom.py (CPU)", "dev/shampoo_bench.py --quick (CPU)", "CUDA checks"]
 
 
 def report(status, name, detail=""):
@@ -141,7 +142,24 @@ def samples(device, dtype, grad):
     x, w = conv[1][0][0].detach(), conv[1][0][1].detach()
     dy = t(2, 5, 3, 4)
     out["conv3x3_backward"] = [((dy, x, w, 2, False), {})]
+    # the second-order ops; inverse_root and newton_schulz are not differentiable (their inputs never require grad)
+    out["inverse_root"] = [((spd(5, g, dtype, device), 4, 1e-6), {}),
+                           ((spd(7, g, dtype, device, batch=(2, 3)), 2, 1e-4), {}),
+                           ((spd(1, g, dtype, device), 1, 1e-6), {})]
+    out["newton_schulz"] = [((t(5, 9).detach(),), {}), ((t(2, 11, 6).detach(),), {"steps": 3}),
+                            ((t(1, 17).detach(),), {"steps": 0})]
+    c = t(2, 3, 4, 4)
+    out["kron_stats"] = [((t(7, 5), "left"), {}), ((t(2, 3, 6, 4), "right"), {"C": c, "alpha": 0.5, "beta": 0.9}),
+                         ((t(9, 4), "left"), {"C": t(9, 9), "beta": 0.0})]
     return out
+
+
+def spd(n, g, dtype, device, batch=(), kappa=1e2):
+    """Symmetric positive definite Q diag(d) Q^T, (*batch, n, n), eigenvalues log-spaced from 1 to 1 / kappa."""
+    import torch
+    q, _ = torch.linalg.qr(torch.randn(*batch, n, n, generator=g, dtype=torch.float64))
+    d = torch.logspace(0, -torch.log10(torch.tensor(kappa)).item(), n, dtype=torch.float64)
+    return ((q * d) @ q.mT).to(dtype).to(device).contiguous()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -188,7 +206,8 @@ def check_opcheck(device, dtype):
             def one(args=args, kwargs=kwargs, op=op):
                 torch.library.opcheck(op, args, kwargs)
                 shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
-                return f"{shapes} {kwargs}"
+                kw = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+                return f"{shapes} {kw}"
             run(f"opcheck {op_name} {device} {str(dtype).replace('torch.', '')} case {i}", one)
 
 
@@ -221,6 +240,22 @@ def check_gradcheck_cpu():
         return expect_error(lambda: gx.sum().backward(), (NotImplementedError,), ["double backward"])
 
     run("groupnorm double backward says it is not implemented", gn_double_backward)
+    # C need not be symmetric here: the op mirrors its lower triangle, and gradcheck perturbs every element
+    for side in ("left", "right"):
+        run(f"gradcheck kron_stats {side} float64 CPU (G and a non-symmetric C)",
+            lambda side=side: str(torch.autograd.gradcheck(
+                lambda G, C: torch_ops.kron_stats(G, side, C, 0.7, 0.9),
+                (t(2, 5, 3), t(2, 5, 5) if side == "left" else t(2, 3, 3)))))
+
+    def not_differentiable(name, call):
+        x = t(4, 4)
+        y = call((x @ x.t() + torch.eye(4, dtype=torch.float64)))
+        return expect_error(lambda: y.sum().backward(), (NotImplementedError,), [name, "not differentiable"])
+
+    run("inverse_root says it is not differentiable",
+        lambda: not_differentiable("inverse_root", lambda a: torch_ops.inverse_root(a, 4, 1e-6)))
+    run("newton_schulz says it is not differentiable",
+        lambda: not_differentiable("newton_schulz", torch_ops.newton_schulz))
     for stride, bias in ((1, True), (2, True), (2, False)):
         run(f"gradcheck conv3x3 stride {stride} bias={bias} float64 CPU",
             lambda stride=stride, bias=bias: str(torch.autograd.gradcheck(
@@ -274,6 +309,49 @@ def check_cpu_vs_torch():
 
     run("float32 CPU: softmax and groupnorm as PyTorch in float32 (atol 1e-5, rtol 1e-5)", float32)
 
+    # the second-order ops in float64 against what they must satisfy, not against their own formula: X^p (A + eps I)
+    # = I; Newton-Schulz maps each singular value s of G / (||G||_F + 1e-7) through the quintic phi (singular vectors
+    # kept); the statistics are G G^T and G^T G plus beta times C's lower triangle mirrored. Well-conditioned inputs
+    # (kappa 1e2) in float64: 1e-10 leaves room for kappa * 1e-16 rounding
+    def roots():
+        out = []
+        for n, p, batch in ((1, 4, ()), (6, 1, ()), (37, 2, (3,)), (20, 4, (2, 2))):
+            A = spd(n, g, torch.float64, "cpu", batch)
+            X = torch_ops.inverse_root(A, p, 1e-6)
+            eye = torch.eye(n, dtype=torch.float64)
+            out.append(close(f"n {n} p {p}", torch.linalg.matrix_power(X, p) @ (A + 1e-6 * eye), eye.expand_as(A),
+                             1e-10, 0))
+            out.append(close(f"symmetric n {n}", X, X.mT, 1e-12, 0))
+        return "; ".join(out)
+
+    def ns():
+        def phi(v, steps):
+            for _ in range(steps):
+                v = 3.4445 * v - 4.7750 * v ** 3 + 2.0315 * v ** 5
+            return v
+        out = []
+        for shape, steps in (((5, 9), 5), ((2, 11, 6), 3), ((1, 17), 5), ((4, 4), 0)):
+            G = torch.randn(*shape, generator=g, dtype=torch.float64)
+            U, S, Vh = torch.linalg.svd(G, full_matrices=False)
+            scale = torch.linalg.matrix_norm(G, keepdim=True) + 1e-7
+            ref = (U * phi(S / scale[..., 0], steps).unsqueeze(-2)) @ Vh
+            out.append(close(f"{shape} steps {steps}", torch_ops.newton_schulz(G, steps), ref, 1e-10, 1e-10))
+        return "; ".join(out)
+
+    def stats():
+        G, C = torch.randn(3, 7, 5, generator=g, dtype=torch.float64), torch.randn(3, 7, 7, generator=g,
+                                                                                  dtype=torch.float64)
+        sym = C.tril() + C.tril(-1).mT
+        return "; ".join([close("left", torch_ops.kron_stats(G, "left", C, 0.5, 0.9), 0.5 * G @ G.mT + 0.9 * sym,
+                                1e-12, 1e-12),
+                          close("right", torch_ops.kron_stats(G, "right"), G.mT @ G, 1e-12, 1e-12),
+                          close("beta 0 ignores C", torch_ops.kron_stats(G, "left", C.fill_(float("nan")), 1.0, 0.0),
+                                G @ G.mT, 1e-12, 1e-12)])
+
+    run("inverse_root float64 CPU: X^p (A + eps I) = I, X symmetric (p 1, 2, 4; batches; n = 1)", roots)
+    run("newton_schulz float64 CPU: singular values through the quintic, singular vectors kept", ns)
+    run("kron_stats float64 CPU: G G^T, G^T G, beta C mirrored from its lower triangle, beta 0 never reads C", stats)
+
 
 def check_errors(device):
     """A bad input to each op: the error type and a message that names the argument."""
@@ -321,6 +399,29 @@ def check_errors(device):
         ("conv3x3_backward grad_y shape", lambda: ops.conv3x3_backward(torch.randn(2, 5, 5, 7, **f), x4, w33, 1,
                                                                        False),
          (V,), ["argument grad_y", "[2, 5, 5, 8]"]),
+        ("inverse_root A 1-D", lambda: ops.inverse_root(torch.ones(4, **f), 4, 1e-6), (V,),
+         ["argument A", "(..., n, n)"]),
+        ("inverse_root A not square", lambda: ops.inverse_root(torch.ones(3, 4, **f), 4, 1e-6), (V,),
+         ["argument A", "square", "[3, 4]"]),
+        ("inverse_root p 3", lambda: ops.inverse_root(torch.eye(3, **f), 3, 1e-6), (V,), ["argument p", "1, 2 or 4"]),
+        ("inverse_root eps 0", lambda: ops.inverse_root(torch.eye(3, **f), 4, 0.0), (V,), ["argument eps", "> 0"]),
+        ("inverse_root eps NaN", lambda: ops.inverse_root(torch.eye(3, **f), 4, float("nan")), (V,),
+         ["argument eps", "finite"]),
+        ("inverse_root int", lambda: ops.inverse_root(torch.ones(3, 3, dtype=torch.int32, **f), 4, 1e-6), (T,),
+         ["argument A", "Int"]),
+        ("inverse_root float16: no kernel of ours", lambda: ops.inverse_root(torch.eye(3, **f).half(), 4, 1e-6),
+         (NotImplementedError,), ["argument A", "Half"]),
+        ("inverse_root transposed batch", lambda: ops.inverse_root(torch.eye(3, **f).expand(2, 3, 3).mT, 4, 1e-6),
+         (V,), ["argument A", "contiguous"]),
+        ("newton_schulz G 1-D", lambda: ops.newton_schulz(torch.ones(5, **f)), (V,), ["argument G", "(..., m, n)"]),
+        ("newton_schulz steps -1", lambda: ops.newton_schulz(torch.ones(2, 5, **f), -1), (V,),
+         ["argument steps", "-1"]),
+        ("kron_stats side", lambda: ops.kron_stats(torch.ones(2, 5, **f), "up"), (V,), ["argument side", "up"]),
+        ("kron_stats C shape", lambda: ops.kron_stats(torch.ones(2, 5, **f), "right", torch.zeros(2, 2, **f)), (V,),
+         ["argument C", "[5, 5]", "right"]),
+        ("kron_stats C dtype", lambda: ops.kron_stats(torch.ones(2, 5, **f), "left", torch.zeros(2, 2, **f).double()),
+         (T,), ["argument C", "like G"]),
+        ("kron_stats G 1-D", lambda: ops.kron_stats(torch.ones(5, **f), "left"), (V,), ["argument G"]),
     ]
     if device == "cuda":
         cpu = torch.randn(4, 2)
@@ -332,12 +433,118 @@ def check_errors(device):
             ("groupnorm 2048 channels on CUDA", lambda: ops.groupnorm(torch.randn(1, 2, 2048, **f),
                                                                       torch.ones(2048, **f), torch.zeros(2048, **f)),
              (V,), ["argument x", "1024"]),
+            ("inverse_root float64 on CUDA: no kernel of ours", lambda: ops.inverse_root(
+                torch.eye(3, **f).double(), 4, 1e-6), (NotImplementedError,), ["argument A", "Double", "on CUDA"]),
+            ("kron_stats C on the CPU", lambda: ops.kron_stats(torch.ones(2, 5, **f), "left", torch.zeros(2, 2)),
+             (RuntimeError,), ["argument C", "cpu", "like G"]),
         ]
     for name, call, types, words in cases:
         run(f"bad input ({device}): {name}", lambda call=call, types=types, words=words: expect_error(call, types,
                                                                                                         words))
     run(f"bad input ({device}): torch_ops.groupnorm wrapper passes errors through",
         lambda: expect_error(lambda: torch_ops.groupnorm(gx, gw[:32], gb), (V,), ["argument weight"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch_ops.Shampoo against a plain Shampoo written out here: float64, one block at a time by slicing, statistics
+# by @, roots by torch.linalg.eigh, then the grafting of torch_ops/shampoo.py (train_mnist's, dev/mnist_optimizers.py)
+
+def plain_shampoo(params, grads_per_step, lr, momentum, weight_decay, epsilon, beta2, block, freq, graft,
+                  graft_beta2=0.999, graft_eps=1e-8):
+    """The parameters after len(grads_per_step) steps, and the largest condition number of a (L or R) + eps I."""
+    import torch
+    params = [p.detach().double().clone() for p in params]
+    state = [{"L": {}, "R": {}, "Lr": {}, "Rr": {}, "buf": torch.zeros_like(p), "m": torch.zeros_like(p),
+              "v": torch.zeros_like(p)} for p in params]
+    kappa = 1.0
+
+    def inv_4th_root(M):
+        nonlocal kappa
+        lam, V = torch.linalg.eigh(M + epsilon * torch.eye(M.shape[0], dtype=M.dtype))
+        lam = lam.clamp_min(epsilon)
+        kappa = max(kappa, float(lam.max() / lam.min()))
+        return (V * lam ** -0.25) @ V.T
+
+    for t, grads in enumerate(grads_per_step, 1):
+        for w, g, st in zip(params, grads, state):
+            g = g.double()
+            if graft == "adam":
+                st["m"] = momentum * st["m"] + (1 - momentum) * g
+                st["v"] = graft_beta2 * st["v"] + (1 - graft_beta2) * g * g
+                u = st["m"] / (1 - momentum ** t)
+                d = u / ((st["v"] / (1 - graft_beta2 ** t)).sqrt() + graft_eps)
+            else:
+                u, d = g, g + weight_decay * w
+            rows = w.shape[0] if w.dim() else 1
+            G, U, D = g.reshape(rows, -1), u.reshape(rows, -1), d.reshape(rows, -1)
+            S = torch.zeros_like(G)
+            for i in range(0, G.shape[0], block):
+                for j in range(0, G.shape[1], block):
+                    rs, cs, k = slice(i, i + block), slice(j, j + block), (i, j)
+                    b = G[rs, cs]
+                    if beta2 == 1.0:
+                        st["L"][k] = st["L"].get(k, 0) + b @ b.T
+                        st["R"][k] = st["R"].get(k, 0) + b.T @ b
+                    else:
+                        st["L"][k] = beta2 * st["L"].get(k, 0) + (1 - beta2) * b @ b.T
+                        st["R"][k] = beta2 * st["R"].get(k, 0) + (1 - beta2) * b.T @ b
+                    if (t - 1) % freq == 0:
+                        st["Lr"][k], st["Rr"][k] = inv_4th_root(st["L"][k]), inv_4th_root(st["R"][k])
+                    s = st["Lr"][k] @ U[rs, cs] @ st["Rr"][k]
+                    S[rs, cs] = s * (D[rs, cs].norm() / s.norm())
+            S = S.reshape(w.shape)
+            if graft == "adam":
+                w.mul_(1 - lr * weight_decay).sub_(lr * S)
+            else:
+                st["buf"] = momentum * st["buf"] + S
+                w.sub_(lr * st["buf"])
+    return params, kappa
+
+
+def check_shampoo_cpu():
+    """Five steps of torch_ops.Shampoo in float32 on the CPU against plain_shampoo in float64, for shapes that make
+    all four block classes (37 x 23 in blocks of 16), a conv weight (6, 3, 3, 3) -> (6, 27), a bias (n, 1) and a
+    scalar; roots at steps 1, 3, 5. fp32 tolerance: a root of a matrix of condition number kappa is off by about
+    u kappa / 4 (u = 2^-24) in float32, and each step moves a weight by lr |D| <= lr |grad| (grafting): |err| <=
+    steps * lr * 8 u kappa * max|grad| (2x margin over u kappa / 4 in D, and D's own fp32 products), + 1e-6 for
+    the float32 sums of the weights."""
+    import torch
+    import torch_ops
+    g = torch.Generator().manual_seed(11)
+    shapes = [(37, 23), (6, 3, 3, 3), (5,), ()]
+    out = []
+    for graft, momentum, wd, beta2 in (("sgd", 0.9, 0.0, 1.0), ("adam", 0.5, 0.1, 0.95), ("sgd", 0.0, 0.01, 1.0)):
+        params = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+        init = [p.detach().clone() for p in params]
+        grads = [[torch.randn(s, generator=g) for s in shapes] for _ in range(5)]
+        lr, eps = 0.1, 1e-1
+        opt = torch_ops.Shampoo(params, lr=lr, momentum=momentum, weight_decay=wd, epsilon=eps, beta2=beta2,
+                                max_preconditioner_dim=16, precondition_frequency=2, graft=graft)
+        for step_grads in grads:
+            for p, gr in zip(params, step_grads):
+                p.grad = gr.clone()
+            opt.step()
+        ref, kappa = plain_shampoo(init, grads, lr, momentum, wd, eps, beta2, 16, 2, graft)
+        gmax = max(float(gr.abs().max()) for step_grads in grads for gr in step_grads)
+        atol = 1e-6 + 5 * lr * 8 * 2.0 ** -24 * kappa * gmax
+        for i, (p, r) in enumerate(zip(params, ref)):
+            out.append(close(f"{graft} param {i}", p, r, atol, 0))
+        out.append(f"{graft}: kappa {kappa:.0f}, atol {atol:.1e}")
+    return "; ".join(out)
+
+
+def check_shampoo_args():
+    import torch
+    import torch_ops
+    w = [torch.zeros(3, 3, requires_grad=True)]
+    for name, value, words in (("precondition_frequency", 0, ["precondition_frequency", ">= 1"]),
+                               ("max_preconditioner_dim", 0, ["max_preconditioner_dim", "0"]),
+                               ("epsilon", -1e-6, ["epsilon", "> 0"]), ("graft", "sdg", ["graft", "sgd or adam"]),
+                               ("momentum", 1.0, ["momentum", "[0, 1)"]), ("beta2", 0.0, ["beta2", "(0, 1]"]),
+                               ("lr", -0.1, ["lr", ">= 0"])):
+        run(f"torch_ops.Shampoo {name}={value!r} is refused, naming the argument",
+            lambda name=name, value=value, words=words: expect_error(
+                lambda: torch_ops.Shampoo(w, **{name: value}), (ValueError,), ["torch_ops.Shampoo"] + words))
 
 
 class SmallNet:
@@ -413,6 +620,29 @@ def check_cnn_custom(device):
     return f"train loss {lo:.6f} (torch {lt:.6f}), test accuracy {ao:.1f}% (torch {at:.1f}%)"
 
 
+def check_shampoo_bench(device):
+    """dev/shampoo_bench.py --quick: the write-up's Shampoo (eigh roots every 10 steps), ours and SGD train the small
+    MLP for 30 steps from the same weights; each must finish with a finite loss below the first step's (2.3, ln 10)
+    and write its row. The accuracies are the benchmark's output, not checked beyond that."""
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, os.path.join(ROOT, "dev", "shampoo_bench.py"), "--quick", "--out", tmp]
+        if device == "cuda":
+            cmd += ["--device", "cuda"]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise AssertionError(f"exit {p.returncode}: {(p.stdout + p.stderr).strip()[-500:]}")
+        rows = {r["mode"]: r for r in json.load(open(os.path.join(tmp, "shampoo_bench.json")))["rows"]}
+    if sorted(rows) != ["ours", "sgd", "writeup"]:
+        raise AssertionError(f"rows {sorted(rows)}, expected ours, sgd, writeup")
+    for mode, r in rows.items():
+        if r["steps"] != 30 or not r["final_loss"] < r["losses"][0]:
+            raise AssertionError(f"{mode}: {r['steps']} steps, loss {r['losses'][0]:.4f} -> {r['final_loss']:.4f}")
+    return "; ".join(f"{m} loss {r['losses'][0]:.3f} -> {r['final_loss']:.3f}, {r['test_accuracy']:.1f}%, "
+                     f"{r['ms_median']:.1f} ms/step" for m, r in sorted(rows.items()))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA checks (a GPU, and the library built with its CUDA kernels)
 
@@ -461,7 +691,9 @@ def check_cuda_vs_reference():
 
     # matmul: a sum of K products in fp32 is off by <= K u sum|a b| (any order); TF32 rounds each operand to
     # 11 significant bits (2 * 2^-11 per product); bf16 results are rounded once (2^-8 of |ref|)
-    for M, N, K in ((1, 1, 1), (37, 23, 19), (129, 65, 257), (300, 7, 1000), (64, 512, 96)):
+    # (64, 512, 96), (200, 264, 128) and (1024, 1024, 1024) reach version 8 in bf16 (TMA-ready row strides)
+    for M, N, K in ((1, 1, 1), (37, 23, 19), (129, 65, 257), (300, 7, 1000), (64, 512, 96), (200, 264, 128),
+                    (1024, 1024, 1024)):
         for ta, tb in ((False, False), (True, False), (False, True), (True, True)):
             def mm(M=M, N=N, K=K, ta=ta, tb=tb):
                 a = t(K, M).t() if ta else t(M, K)
@@ -546,6 +778,152 @@ def check_cuda_vs_reference():
                 "F.conv2d (y, dx, dweight, dbias)", conv)
 
 
+def check_cuda_second_order():
+    """inverse_root, newton_schulz and kron_stats on CUDA against float64 references, with dev/matrix_roots.cu's
+    tolerances (root_tolerance, the Newton-Schulz and statistics checks of its --test); a side stream; Shampoo's
+    GPU path against its CPU path."""
+    import torch
+    import torch_ops
+    g = torch.Generator().manual_seed(12)
+    u = 2.0 ** -24
+
+    def root_ref(A, p, eps):
+        lam, V = torch.linalg.eigh(A.double() + eps * torch.eye(A.shape[-1], dtype=torch.float64))
+        return (V * lam.clamp_min(eps).pow(-1.0 / p).unsqueeze(-2)) @ V.mT, float((lam.max() / lam.min()))
+
+    # relative Frobenius error per matrix <= the lab's Newton tolerance for the version the op picks: fp32 Newton
+    # (version 2, n <= 128) u sqrt(n) (2 + 0.25 kappa / p); 3xTF32 Newton (version 1) u (4 sqrt(n) + 0.06 n kappa / p)
+    for n, batch, p, kappa in ((1, (), 4, 1.0), (37, (), 4, 1e2), (100, (5,), 1, 1e2), (128, (2, 3), 2, 1e2),
+                               (129, (), 4, 1e2), (300, (2,), 2, 1e2), (24, (64,), 4, 35.0)):
+        def one(n=n, batch=batch, p=p, kappa=kappa):
+            A = spd(n, g, torch.float32, "cpu", batch, kappa)
+            ref, kap = root_ref(A, p, 1e-6)
+            X = torch_ops.inverse_root(A.cuda(), p, 1e-6).cpu().double()
+            err = torch.linalg.matrix_norm(X - ref) / torch.linalg.matrix_norm(ref)
+            sn = n ** 0.5
+            tol = u * sn * (2 + 0.25 * kap / p) if n <= 128 else u * (4 * sn + 0.06 * n * kap / p)
+            if n == 1:
+                # the scalar iteration (dev/matrix_roots.cu's newton_scalar_tolerance): (2 + 8 p) u / p at the
+                # start, (2 K + 1) u over K <= 8 steps, the stopping rule's truncation <= 1e-6: < 45 u; 2x margin
+                tol = 90 * u
+            if not bool((err <= tol).all()):
+                raise AssertionError(f"relative error {float(err.max()):.3e} > {tol:.3e} (kappa {kap:.1f})")
+            return f"max relative error {float(err.max()):.2e} <= {tol:.2e} (kappa {kap:.1f})"
+        run(f"inverse_root CUDA n {n} batch {batch} p {p} vs float64 eigh", one)
+
+    def singular():
+        # rank-deficient A: eps regularises; the result is X for A + eps I within version 0's bound at kappa_eff
+        n = 70
+        q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+        d = torch.cat([torch.logspace(0, -2, n - 10, dtype=torch.float64), torch.zeros(10, dtype=torch.float64)])
+        A = ((q * d) @ q.T).float()
+        ref, kap = root_ref(A, 4, 1e-3)
+        X = torch_ops.inverse_root(A.cuda(), 4, 1e-3).cpu().double()
+        err = float(torch.linalg.matrix_norm(X - ref) / torch.linalg.matrix_norm(ref))
+        sn = n ** 0.5
+        c_e = 1 + max(8, 2 * sn) + 2 * sn
+        tol = max(2 ** 0.5 * c_e * u * kap / 4 + u * (4 * sn + 4), u * sn * (2 + 0.25 * kap / 4))
+        if not err <= tol:
+            raise AssertionError(f"relative error {err:.3e} > {tol:.3e} (kappa_eff {kap:.0f})")
+        return f"relative error {err:.2e} <= {tol:.2e} (kappa_eff {kap:.0f})"
+
+    run("inverse_root CUDA, singular A (10 zero eigenvalues) with eps 1e-3", singular)
+
+    def ns_twin(G, steps):
+        """Muon's iteration with the GPU's roundings: X, A, B stored in bf16, products and sums in fp32."""
+        tall = G.shape[-2] > G.shape[-1]
+        X = G.mT if tall else G
+        X = (X / (torch.linalg.matrix_norm(X.double(), keepdim=True) + 1e-7).float()).bfloat16()
+        for _ in range(steps):
+            A = (X.float() @ X.float().mT).bfloat16()
+            B = (2.0315 * (A.float() @ A.float()) - 4.7750 * A.float()).bfloat16()
+            X = (B.float() @ X.float() + 3.4445 * X.float()).bfloat16()
+        return (X.mT if tall else X).double()
+
+    # within 3x the bf16 twin's error against the float64 run, at least 4 bf16 ulps (dev/matrix_roots.cu's check)
+    for shape, steps in (((1024, 1024), 5), ((300, 77), 5), ((8, 64, 130), 5), ((1, 17), 5), ((33, 33), 2)):
+        def ns(shape=shape, steps=steps):
+            G = torch.randn(shape, generator=g)
+            ref = torch_ops.newton_schulz(G.double(), steps)
+            got = torch_ops.newton_schulz(G.cuda(), steps).cpu().double()
+
+            def rel(x):
+                return float((torch.linalg.matrix_norm(x - ref) / torch.linalg.matrix_norm(ref)).max())
+            tol = max(3 * rel(ns_twin(G, steps)), 4 * 2.0 ** -8)
+            if not rel(got) <= tol:
+                raise AssertionError(f"relative error {rel(got):.3e} > {tol:.3e}")
+            return f"relative error {rel(got):.2e} <= {tol:.2e}"
+        run(f"newton_schulz CUDA {shape} steps {steps} vs float64 (bf16 twin bound)", ns)
+
+    # |err| <= gamma_{K+4} (|alpha| |G| |G|^T + |beta C|) per element (any fp32 summation order), exact symmetry
+    for shape, side, beta in (((37, 70), "left", 0.0), ((37, 70), "right", 0.9), ((5, 129, 64), "left", 1.0),
+                              ((3, 2, 1, 100), "right", 0.5), ((200, 3), "left", 0.0)):
+        def ks(shape=shape, side=side, beta=beta):
+            G = torch.randn(shape, generator=g)
+            N = shape[-2] if side == "left" else shape[-1]
+            C0 = torch.randn(*shape[:-2], N, N, generator=g)
+            C = C0 + C0.mT
+            got = torch_ops.kron_stats(G.cuda(), side, C.cuda() if beta else None, 0.3, beta).cpu().double()
+            Gd = G.double()
+            P = Gd @ Gd.mT if side == "left" else Gd.mT @ Gd
+            Pa = Gd.abs() @ Gd.abs().mT if side == "left" else Gd.abs().mT @ Gd.abs()
+            ref, mag = 0.3 * P + beta * C.double(), 0.3 * Pa + abs(beta) * C.double().abs()
+            K = shape[-1] if side == "left" else shape[-2]
+            gamma = (K + 4) * u / (1 - (K + 4) * u)
+            if not torch.equal(got, got.mT):
+                raise AssertionError("not exactly symmetric")
+            return close("kron_stats", got, ref, 1e-30, gamma, mag)
+        run(f"kron_stats CUDA {shape} {side} beta {beta} vs float64, exactly symmetric", ks)
+
+    def side_stream():
+        s = torch.cuda.Stream()
+        A = spd(64, g, torch.float32, "cpu", (3,)).cuda()
+        G = torch.randn(3, 40, 64, generator=g).cuda()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            X = torch_ops.inverse_root(A, 4, 1e-6)
+            L = torch_ops.kron_stats(G, "right")
+            O = torch_ops.newton_schulz(G)
+        s.synchronize()
+        ref, _ = root_ref(A.cpu(), 4, 1e-6)
+        err = float((torch.linalg.matrix_norm(X.cpu().double() - ref) / torch.linalg.matrix_norm(ref)).max())
+        if not err < 1e-4:
+            raise AssertionError(f"inverse_root on a side stream: relative error {err:.2e}")
+        Gd = G.cpu().double()
+        out = [close("kron_stats", L, Gd.mT @ Gd, 1e-3, 1e-4)]
+        if not bool(torch.isfinite(O).all()):
+            raise AssertionError("newton_schulz on a side stream: non-finite output")
+        return f"inverse_root relative error {err:.1e}; " + "; ".join(out)
+
+    run("inverse_root, kron_stats, newton_schulz on a side stream", side_stream)
+
+    def shampoo_gpu_vs_cpu():
+        # the GPU path (Newton roots, SYRK statistics) against the CPU path (eigh, PyTorch products) over 5 steps,
+        # as check_shampoo_cpu: fp32 roots differ by about u kappa / 4 -> |err| <= steps lr 8 u kappa max|grad|
+        shapes = [(37, 23), (6, 3, 3, 3), (5,), ()]
+        out = []
+        for graft in ("sgd", "adam"):
+            params = [torch.randn(sh, generator=g) for sh in shapes]
+            grads = [[torch.randn(sh, generator=g) for sh in shapes] for _ in range(5)]
+            finals = []
+            for dev in ("cpu", "cuda"):
+                ps = [p.clone().to(dev).requires_grad_() for p in params]
+                opt = torch_ops.Shampoo(ps, lr=0.1, epsilon=0.1, max_preconditioner_dim=16, precondition_frequency=2,
+                                        graft=graft, weight_decay=0.01)
+                for step_grads in grads:
+                    for p, gr in zip(ps, step_grads):
+                        p.grad = gr.to(dev)
+                    opt.step()
+                finals.append([p.detach().cpu() for p in ps])
+            _, kappa = plain_shampoo(params, grads, 0.1, 0.9, 0.01, 0.1, 1.0, 16, 2, graft)
+            gmax = max(float(gr.abs().max()) for step_grads in grads for gr in step_grads)
+            atol = 1e-6 + 5 * 0.1 * 8 * u * kappa * gmax
+            out += [close(f"{graft} param {i}", a, b, atol, 0) for i, (a, b) in enumerate(zip(finals[1], finals[0]))]
+        return "; ".join(out)
+
+    run("torch_ops.Shampoo CUDA vs CPU: 5 steps (sgd and adam grafting)", shampoo_gpu_vs_cpu)
+
+
 def check_cuda_misc():
     import torch
     import torch_ops
@@ -613,9 +991,14 @@ def main():
     check_gradcheck_cpu()
     check_cpu_vs_torch()
     check_errors("cpu")
+    run("torch_ops.Shampoo (CPU, float32): 5 steps equal a plain float64 Shampoo (blocks, grafting sgd/adam, "
+        "momentum, weight decay, beta2)", check_shampoo_cpu)
+    check_shampoo_args()
     run("torch.compile fullgraph (CPU): small model on the ops, forward + backward vs eager",
         lambda: check_compile("cpu"))
     run("dev/cnn_custom.py (CPU): the MNIST CNN on our matmul trains as stock PyTorch", lambda: check_cnn_custom("cpu"))
+    run("dev/shampoo_bench.py --quick (CPU): the write-up's Shampoo, ours and SGD train",
+        lambda: check_shampoo_bench("cpu"))
     if not torch.cuda.is_available():
         report("SKIP", "CUDA checks", "no CUDA GPU (torch.cuda.is_available() is False)")
         return closing()
@@ -628,12 +1011,15 @@ def main():
         torch.ops.torch_ops.matmul, (torch.randn(5, 7).bfloat16().cuda(), torch.randn(7, 3).bfloat16().cuda()))))
     check_gradcheck_cuda()
     check_cuda_vs_reference()
+    check_cuda_second_order()
     check_cuda_misc()
     check_errors("cuda")
     run("torch.compile fullgraph (CUDA): small model on the ops, forward + backward vs eager",
         lambda: check_compile("cuda"))
     run("dev/cnn_custom.py (CUDA): the MNIST CNN on our matmul trains as stock PyTorch",
         lambda: check_cnn_custom("cuda"))
+    run("dev/shampoo_bench.py --quick --device cuda: the write-up's Shampoo, ours and SGD train",
+        lambda: check_shampoo_bench("cuda"))
     return closing()
 
 

@@ -27,14 +27,16 @@ print(f"torch_ops: building {'the CPU and CUDA kernels' if with_cuda else 'the C
 sources = [os.path.relpath(s, HERE) for s in _build.sources(with_cuda)]
 if with_cuda:
     ext = cpp_extension.CUDAExtension("torch_ops._C", sources,
-                                      extra_compile_args={"cxx": _build.CXX_FLAGS, "nvcc": _build.nvcc_flags()})
+                                      extra_compile_args={"cxx": _build.CXX_FLAGS, "nvcc": _build.nvcc_flags()},
+                                      extra_link_args=_build.cuda_ldflags())
 else:
     ext = cpp_extension.CppExtension("torch_ops._C", sources, extra_compile_args={"cxx": _build.CXX_FLAGS})
 
 setup(
     name="torch_ops",
     version="0.1.0",
-    description="The project's CUDA kernels (matmul, softmax, GroupNorm+SiLU, 3x3 conv) as PyTorch custom operators",
+    description="The project's CUDA kernels (matmul, softmax, GroupNorm+SiLU, 3x3 conv, inverse roots, Newton-Schulz, "
+                "Kronecker statistics) and a Shampoo optimizer as PyTorch custom operators",
     packages=["torch_ops"],
     ext_modules=[ext],
     cmdclass={"build_ext": cpp_extension.BuildExtension},

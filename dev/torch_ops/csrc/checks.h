@@ -5,6 +5,7 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <climits>
+#include <cmath>
 #include <initializer_list>
 #include <sstream>
 #include <string>
@@ -13,6 +14,7 @@ namespace torch_ops {
 
 constexpr int GROUPS = 32;      // the UNet's GroupNorm32
 constexpr double GN_EPS = 1e-5;
+constexpr double NS_A = 3.4445, NS_B = -4.7750, NS_C = 2.0315;  // Muon's quintic (dev/matrix_roots.cu)
 
 inline std::string dtype_list(std::initializer_list<at::ScalarType> ok) {
     std::ostringstream s;
@@ -217,6 +219,60 @@ inline void check_conv3x3_backward(const at::Tensor& grad_y, const at::Tensor& x
     check_shape(op, "grad_y", grad_y, conv3x3_out_shape(x, weight, stride), "(B, Ho, Wo, Cout): the output's shape");
     check_contiguous(op, "grad_y", grad_y);
     check_int32(op, "grad_y", grad_y);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// the second-order ops (dev/matrix_roots.cu): batches of matrices, (..., rows, cols), contiguous
+
+// at least 2-D, contiguous, each matrix dimension within the kernels' 32-bit sizes; layout names the dimensions
+inline void check_matrices(const char* op, const char* arg, const at::Tensor& t, const char* layout) {
+    TORCH_CHECK_VALUE(t.dim() >= 2, "torch_ops.", op, ": argument ", arg, " must be ", layout,
+                      " (a matrix or a batch of them, at least 2-D), found shape ", dims(t.sizes()));
+    check_contiguous(op, arg, t);
+    TORCH_CHECK_VALUE(t.size(-1) <= INT_MAX && t.size(-2) <= INT_MAX, "torch_ops.", op, ": argument ", arg,
+                      " has shape ", dims(t.sizes()), ": each matrix dimension must fit 32 bits");
+}
+
+// A (..., n, n) symmetric positive semi-definite (symmetry is not checked), p 1, 2 or 4, eps finite and > 0
+inline void check_inverse_root(const at::Tensor& A, int64_t p, double eps) {
+    check_matrices("inverse_root", "A", A, "(..., n, n)");
+    TORCH_CHECK_VALUE(A.size(-1) == A.size(-2), "torch_ops.inverse_root: argument A must hold square matrices ",
+                      "(..., n, n), found shape ", dims(A.sizes()));
+    TORCH_CHECK_VALUE(p == 1 || p == 2 || p == 4, "torch_ops.inverse_root: argument p must be 1, 2 or 4, found ",
+                      std::to_string(p));
+    TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0.0, "torch_ops.inverse_root: argument eps must be finite and > 0 ",
+                      "(it is added to the diagonal), found ", std::to_string(eps));
+}
+
+inline void check_newton_schulz(const at::Tensor& G, int64_t steps) {
+    check_matrices("newton_schulz", "G", G, "(..., m, n)");
+    TORCH_CHECK_VALUE(steps >= 0 && steps <= 1000, "torch_ops.newton_schulz: argument steps must be in [0, 1000], ",
+                      "found ", std::to_string(steps));
+}
+
+// the statistic's side: "left" L = G G^T (m x m) or "right" R = G^T G (n x n); returns whether it is left
+inline bool check_kron_side(c10::string_view side) {
+    TORCH_CHECK_VALUE(side == "left" || side == "right", "torch_ops.kron_stats: argument side must be \"left\" ",
+                      "(G G^T) or \"right\" (G^T G), found \"", std::string(side), "\"");
+    return side == "left";
+}
+
+// G (..., m, n); C (..., N, N) with G's leading dimensions, N = m (left) or n (right), or None; alpha, beta finite
+inline void check_kron_stats(const at::Tensor& G, c10::string_view side, const c10::optional<at::Tensor>& C,
+                             double alpha, double beta) {
+    const char* op = "kron_stats";
+    check_matrices(op, "G", G, "(..., m, n)");
+    const bool left = check_kron_side(side);
+    TORCH_CHECK_VALUE(std::isfinite(alpha) && std::isfinite(beta), "torch_ops.kron_stats: arguments alpha and beta ",
+                      "must be finite, found ", std::to_string(alpha), " and ", std::to_string(beta));
+    if (!C.has_value()) return;
+    check_same_device(op, "C", *C, "G", G);
+    check_same_dtype(op, "C", *C, "G", G);
+    std::vector<int64_t> expected(G.sizes().begin(), G.sizes().end());
+    const int64_t N = left ? G.size(-2) : G.size(-1);
+    expected.back() = N;
+    expected[expected.size() - 2] = N;
+    check_shape(op, "C", *C, expected, left ? "(..., m, m) for side \"left\"" : "(..., n, n) for side \"right\"");
 }
 
 }  // namespace torch_ops

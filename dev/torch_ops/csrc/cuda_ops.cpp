@@ -26,30 +26,35 @@ static at::Tensor workspace(size_t bytes, const at::Tensor& like) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// matmul: fp32 on version 5 (strict) or 7 (tf32=True); bf16 and fp16 have no kernel of ours: they are widened to
-// fp32 (exactly) and run on the TF32 kernel, which is exact on them (their 8 and 11 significant bits fit TF32's 11;
-// products accumulate in fp32), then rounded once to the input dtype
+// matmul: fp32 on version 5 (strict) or 7 (tf32=True). bf16 on version 8 (bf16 wgmma, fp32 accumulation) where the
+// GPU runs sm_90a code and TMA can read the operands. Elsewhere bf16, and fp16 always, are widened to fp32 (exactly)
+// and run on the TF32 kernel, which is exact on them (their 8 and 11 significant bits fit TF32's 11; products
+// accumulate in fp32). Either way the fp32 result is rounded once to the input dtype.
 
 static at::Tensor matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in, bool tf32) {
     check_dtype("matmul", "a", a_in, {at::kFloat, at::kBFloat16, at::kHalf}, ON_CUDA);
     check_matmul(a_in, b_in);
     c10::cuda::CUDAGuard guard(a_in.device());
+    const int64_t M = a_in.size(0), K = a_in.size(1), N = b_in.size(1);
+    at::Tensor c = at::empty({M, N}, a_in.options().dtype(at::kFloat));
+    if (M == 0 || N == 0) return c.to(a_in.scalar_type());
+    if (K == 0) return c.zero_().to(a_in.scalar_type());
+    if (a_in.scalar_type() == at::kBFloat16) {
+        MatmulOperand oa, ob;
+        matmul_operand(a_in, oa);
+        matmul_operand(b_in, ob);
+        if (dev_lab::matmul_bf16(oa.trans, ob.trans, (int)M, (int)N, (int)K, a_in.data_ptr(), (int)oa.ld,
+                                 b_in.data_ptr(), (int)ob.ld, c.data_ptr<float>(), (int)N, current_stream(a_in)))
+            return c.to(at::kBFloat16);
+    }
     const bool narrow = a_in.scalar_type() != at::kFloat;
     // .to keeps the strides of a dense transposed view, so its layout (and the op it maps to) stays
     at::Tensor a = narrow ? a_in.to(at::kFloat) : a_in, b = narrow ? b_in.to(at::kFloat) : b_in;
-    const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-    at::Tensor c = at::empty({M, N}, a.options());
-    if (M > 0 && N > 0) {
-        if (K == 0) c.zero_();
-        else {
-            MatmulOperand oa, ob;
-            matmul_operand(a, oa);
-            matmul_operand(b, ob);
-            dev_lab::matmul(oa.trans, ob.trans, (int)M, (int)N, (int)K, a.data_ptr<float>(), (int)oa.ld,
-                            b.data_ptr<float>(), (int)ob.ld, c.data_ptr<float>(), (int)N, tf32 || narrow,
-                            current_stream(a));
-        }
-    }
+    MatmulOperand oa, ob;
+    matmul_operand(a, oa);
+    matmul_operand(b, ob);
+    dev_lab::matmul(oa.trans, ob.trans, (int)M, (int)N, (int)K, a.data_ptr<float>(), (int)oa.ld, b.data_ptr<float>(),
+                    (int)ob.ld, c.data_ptr<float>(), (int)N, tf32 || narrow, current_stream(a));
     return narrow ? c.to(a_in.scalar_type()) : c;
 }
 
@@ -192,6 +197,53 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_backward_cuda(cons
     return result(grads.narrow(0, off, cout).clone());  // cloned: no two outputs share storage
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// the second-order ops: dev/matrix_roots.cu (inverse roots versions 0-2, Newton-Schulz, the SYRK-like statistics)
+
+static at::Tensor inverse_root_cuda(const at::Tensor& A, int64_t p, double eps) {
+    check_dtype("inverse_root", "A", A, {at::kFloat}, ON_CUDA);
+    check_inverse_root(A, p, eps);
+    c10::cuda::CUDAGuard guard(A.device());
+    at::Tensor X = at::empty_like(A, at::MemoryFormat::Contiguous);
+    if (A.numel() == 0) return X;
+    const int64_t n = A.size(-1);
+    dev_lab::inverse_root(A.data_ptr<float>(), X.data_ptr<float>(), A.numel() / (n * n), (int)n, (int)p, (float)eps,
+                          current_stream(A));
+    return X;
+}
+
+static at::Tensor newton_schulz_cuda(const at::Tensor& G, int64_t steps) {
+    check_dtype("newton_schulz", "G", G, {at::kFloat}, ON_CUDA);
+    check_newton_schulz(G, steps);
+    c10::cuda::CUDAGuard guard(G.device());
+    at::Tensor out = at::empty_like(G, at::MemoryFormat::Contiguous);
+    if (G.numel() == 0) return out;
+    const int64_t m = G.size(-2), n = G.size(-1);
+    dev_lab::newton_schulz(G.data_ptr<float>(), out.data_ptr<float>(), G.numel() / (m * n), (int)m, (int)n,
+                           (int)steps, current_stream(G));
+    return out;
+}
+
+static at::Tensor kron_stats_cuda(const at::Tensor& G, c10::string_view side, const c10::optional<at::Tensor>& C,
+                                  double alpha, double beta) {
+    check_dtype("kron_stats", "G", G, {at::kFloat}, ON_CUDA);
+    check_kron_stats(G, side, C, alpha, beta);
+    c10::cuda::CUDAGuard guard(G.device());
+    const bool left = side == "left";
+    const int64_t m = G.size(-2), n = G.size(-1), N = left ? m : n;
+    std::vector<int64_t> shape(G.sizes().begin(), G.sizes().end());
+    shape.back() = N;
+    shape[shape.size() - 2] = N;
+    // the kernel updates C in place: a contiguous copy of C, or a fresh output that beta = 0 never reads
+    const bool accumulate = C.has_value() && beta != 0.0;
+    at::Tensor out = accumulate ? C->clone(at::MemoryFormat::Contiguous) : at::empty(shape, G.options());
+    if (out.numel() == 0) return out;
+    const int64_t batch = out.numel() / (N * N);
+    dev_lab::kron_stats(G.data_ptr<float>(), out.data_ptr<float>(), batch, (int)m, (int)n, left, (float)alpha,
+                        accumulate ? (float)beta : 0.0f, current_stream(G));
+    return out;
+}
+
 }  // namespace torch_ops
 
 TORCH_LIBRARY_IMPL(torch_ops, CUDA, m) {
@@ -202,4 +254,7 @@ TORCH_LIBRARY_IMPL(torch_ops, CUDA, m) {
     m.impl("groupnorm_backward", &torch_ops::groupnorm_backward_cuda);
     m.impl("conv3x3", &torch_ops::conv3x3_cuda);
     m.impl("conv3x3_backward", &torch_ops::conv3x3_backward_cuda);
+    m.impl("inverse_root", &torch_ops::inverse_root_cuda);
+    m.impl("newton_schulz", &torch_ops::newton_schulz_cuda);
+    m.impl("kron_stats", &torch_ops::kron_stats_cuda);
 }

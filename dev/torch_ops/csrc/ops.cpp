@@ -111,6 +111,51 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_backward_cpu(const
     return {nhwc(dx), dw.permute({2, 3, 1, 0}).contiguous(), db};
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// the second-order ops: what dev/matrix_roots.cu computes, in PyTorch expressions (the dtype's own precision)
+
+// X = (A + eps I)^(-1/p) by the eigendecomposition, eigenvalues clamped at eps: version 0's formula. eigh reads the
+// lower triangle.
+static at::Tensor inverse_root_cpu(const at::Tensor& A, int64_t p, double eps) {
+    check_dtype("inverse_root", "A", A, {at::kFloat, at::kDouble}, ON_CPU);
+    check_inverse_root(A, p, eps);
+    if (A.numel() == 0) return at::empty_like(A, at::MemoryFormat::Contiguous);
+    const int64_t n = A.size(-1);
+    at::Tensor shifted = A + eps * at::eye(n, A.options());
+    auto [lambda, V] = at::linalg_eigh(shifted, "L");
+    at::Tensor f = lambda.clamp_min(eps).pow(-1.0 / (double)p);
+    return at::matmul(V * f.unsqueeze(-2), V.mT()).contiguous();
+}
+
+// Muon's quintic iteration X <- a X + (b A + c A^2) X, A = X X^T, from X0 = G / (||G||_F + 1e-7) per matrix; a tall
+// G is transposed (the smaller Gram matrix), as the lab does
+static at::Tensor newton_schulz_cpu(const at::Tensor& G, int64_t steps) {
+    check_dtype("newton_schulz", "G", G, {at::kFloat, at::kDouble}, ON_CPU);
+    check_newton_schulz(G, steps);
+    if (G.numel() == 0) return at::empty_like(G, at::MemoryFormat::Contiguous);
+    const bool tall = G.size(-2) > G.size(-1);
+    at::Tensor X = tall ? G.mT() : G;
+    X = X / (at::linalg_vector_norm(X, 2, {-2, -1}, true) + 1e-7);
+    for (int64_t k = 0; k < steps; k++) {
+        at::Tensor A = at::matmul(X, X.mT());
+        at::Tensor B = NS_B * A + NS_C * at::matmul(A, A);
+        X = NS_A * X + at::matmul(B, X);
+    }
+    return (tall ? X.mT() : X).contiguous();
+}
+
+// beta C + alpha G G^T (left) or alpha G^T G (right), C symmetric: its lower triangle read and mirrored, as the
+// GPU kernel reads it
+static at::Tensor kron_stats_cpu(const at::Tensor& G, c10::string_view side, const c10::optional<at::Tensor>& C,
+                                 double alpha, double beta) {
+    check_dtype("kron_stats", "G", G, {at::kFloat, at::kDouble}, ON_CPU);
+    check_kron_stats(G, side, C, alpha, beta);
+    const bool left = side == "left";
+    at::Tensor out = alpha * (left ? at::matmul(G, G.mT()) : at::matmul(G.mT(), G));
+    if (C.has_value() && beta != 0.0) out = out + beta * (C->tril() + C->tril(-1).mT());
+    return out.contiguous();
+}
+
 }  // namespace torch_ops
 
 // Schemas. Tensors are channels last; see dev/torch_ops/README.md for the dtypes and shapes of each device.
@@ -124,6 +169,9 @@ TORCH_LIBRARY(torch_ops, m) {
     m.def("conv3x3(Tensor x, Tensor weight, Tensor? bias=None, int stride=1, bool tf32=False) -> Tensor");
     m.def("conv3x3_backward(Tensor grad_y, Tensor x, Tensor weight, int stride, bool tf32) -> (Tensor, Tensor, "
           "Tensor)");
+    m.def("inverse_root(Tensor A, int p, float eps) -> Tensor");
+    m.def("newton_schulz(Tensor G, int steps=5) -> Tensor");
+    m.def("kron_stats(Tensor G, str side, Tensor? C=None, float alpha=1.0, float beta=1.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_ops, CPU, m) {
@@ -134,4 +182,7 @@ TORCH_LIBRARY_IMPL(torch_ops, CPU, m) {
     m.impl("groupnorm_backward", &torch_ops::groupnorm_backward_cpu);
     m.impl("conv3x3", &torch_ops::conv3x3_cpu);
     m.impl("conv3x3_backward", &torch_ops::conv3x3_backward_cpu);
+    m.impl("inverse_root", &torch_ops::inverse_root_cpu);
+    m.impl("newton_schulz", &torch_ops::newton_schulz_cpu);
+    m.impl("kron_stats", &torch_ops::kron_stats_cpu);
 }

@@ -1,6 +1,7 @@
 """The project's kernels as PyTorch custom operators: torch.ops.torch_ops.{matmul, softmax, softmax_backward,
-groupnorm, groupnorm_backward, conv3x3, conv3x3_backward}, each with a schema, a CPU and a CUDA kernel (csrc/), a
-fake kernel for torch.compile and an autograd formula (both below). The functions of this module call them.
+groupnorm, groupnorm_backward, conv3x3, conv3x3_backward, inverse_root, newton_schulz, kron_stats}, each with a schema,
+a CPU and a CUDA kernel (csrc/), a fake kernel for torch.compile and an autograd formula or a clear error (both
+below). The functions of this module call them; torch_ops.Shampoo (shampoo.py) is an optimizer on the last three.
 
 Importing loads the library: the build that `pip install dev/torch_ops` put next to this file, or else a JIT build
 of csrc/ (torch.utils.cpp_extension) cached in dev/torch_ops/build/<cpu|cuda>/ (TORCH_OPS_BUILD_DIR overrides the
@@ -18,7 +19,7 @@ import torch
 from . import _build
 
 __all__ = ["matmul", "softmax", "groupnorm", "conv3x3", "conv_weight_from_torch", "conv_weight_to_torch",
-           "BUILD_INFO"]
+           "inverse_root", "newton_schulz", "kron_stats", "Shampoo", "BUILD_INFO"]
 
 GROUPS = 32  # GroupNorm's groups (the UNet's GroupNorm32)
 
@@ -42,6 +43,7 @@ def _load_library():
               file=sys.stderr, flush=True)
     path = cpp_extension.load(name=name, sources=_build.sources(with_cuda), extra_cflags=_build.CXX_FLAGS,
                               extra_cuda_cflags=_build.nvcc_flags() if with_cuda else None,
+                              extra_ldflags=_build.cuda_ldflags() if with_cuda else None,
                               build_directory=build_dir, with_cuda=with_cuda, is_python_module=False,
                               verbose=os.environ.get("TORCH_OPS_VERBOSE") == "1")
     return {"variant": variant, "why": why, "path": path}
@@ -94,6 +96,22 @@ def _conv3x3_fake(x, weight, bias=None, stride=1, tf32=False):
 def _conv3x3_backward_fake(grad_y, x, weight, stride, tf32):
     return (torch.empty_like(x, memory_format=torch.contiguous_format), weight.new_empty(weight.shape),
             weight.new_empty((weight.shape[3],)))
+
+
+@torch.library.register_fake("torch_ops::inverse_root")
+def _inverse_root_fake(A, p, eps):
+    return torch.empty_like(A, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("torch_ops::newton_schulz")
+def _newton_schulz_fake(G, steps=5):
+    return torch.empty_like(G, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("torch_ops::kron_stats")
+def _kron_stats_fake(G, side, C=None, alpha=1.0, beta=1.0):
+    N = G.shape[-2] if side == "left" else G.shape[-1]
+    return G.new_empty((*G.shape[:-2], N, N))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -201,6 +219,40 @@ def _conv3x3_backward_backward(ctx, g_dx, g_dweight, g_dbias):
     return grad_dy, grad_x, grad_w, None, None
 
 
+# The second-order ops: kron_stats is differentiable (on PyTorch's matmul); inverse_root and newton_schulz are
+# preconditioner arithmetic, not layers, and say so when differentiated.
+
+def _kron_stats_setup(ctx, inputs, output):
+    G, side, C, alpha, beta = inputs
+    ctx.save_for_backward(G)
+    ctx.left, ctx.alpha, ctx.beta = side == "left", alpha, beta
+    ctx.has_c = C is not None
+
+
+def _kron_stats_backward(ctx, grad):
+    # out = alpha G G^T (left) or alpha G^T G (right), + beta sym(C) where sym(C) mirrors C's lower triangle:
+    # d/dG = alpha (grad + grad^T) G or alpha G (grad + grad^T); C_ij (i > j) reaches out_ij and out_ji, C_ii once,
+    # C_ij (i < j) nowhere
+    (G,) = ctx.saved_tensors
+    s = grad + grad.mT
+    grad_g = grad_c = None
+    if ctx.needs_input_grad[0]:
+        grad_g = ctx.alpha * (s @ G if ctx.left else G @ s)
+    if ctx.has_c and ctx.needs_input_grad[2]:
+        grad_c = ctx.beta * (s.tril(-1) + torch.diag_embed(grad.diagonal(dim1=-2, dim2=-1)))
+    return grad_g, None, grad_c, None, None
+
+
+def _not_differentiable(name):
+    def setup(ctx, inputs, output):
+        pass
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"torch_ops.{name} is not differentiable (an optimizer's preconditioner "
+                                  f"arithmetic, not a layer): call it on detached tensors")
+    return setup, backward
+
+
 torch.library.register_autograd("torch_ops::matmul", _matmul_backward, setup_context=_matmul_setup)
 torch.library.register_autograd("torch_ops::softmax", _softmax_backward, setup_context=_softmax_setup)
 torch.library.register_autograd("torch_ops::groupnorm", _groupnorm_backward, setup_context=_groupnorm_setup)
@@ -211,6 +263,10 @@ torch.library.register_autograd("torch_ops::groupnorm_backward", _groupnorm_back
                                 setup_context=_groupnorm_backward_setup)
 torch.library.register_autograd("torch_ops::conv3x3_backward", _conv3x3_backward_backward,
                                 setup_context=_conv3x3_backward_setup)
+torch.library.register_autograd("torch_ops::kron_stats", _kron_stats_backward, setup_context=_kron_stats_setup)
+for _name in ("inverse_root", "newton_schulz"):
+    _setup, _backward = _not_differentiable(_name)
+    torch.library.register_autograd(f"torch_ops::{_name}", _backward, setup_context=_setup)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -251,3 +307,29 @@ def conv_weight_from_torch(w):
 def conv_weight_to_torch(w):
     """Ours (3, 3, Cin, Cout) -> PyTorch's (Cout, Cin, 3, 3), contiguous."""
     return w.permute(3, 2, 0, 1).contiguous()
+
+
+def inverse_root(A, p, eps):
+    """X = (A + eps I)^(-1/p) of a symmetric positive semi-definite A (..., n, n), a matrix or a batch, p 1, 2 or 4,
+    eps > 0. CUDA, float32 (dev/matrix_roots.cu): version 2 (one fused Newton kernel per matrix) for n <= 128,
+    version 1 (coupled Newton, 3xTF32 products on cuBLAS) above; a batch whose iteration fails falls back to version 0
+    (cuSOLVER's eigendecomposition). It synchronises the host. CPU: float32, float64, by torch.linalg.eigh (eigenvalues
+    clamped at eps, as version 0). Symmetry is assumed, not checked. Not differentiable."""
+    return _ops.inverse_root(A, p, eps)
+
+
+def newton_schulz(G, steps=5):
+    """Muon's quintic Newton-Schulz orthogonalisation of G (..., m, n): steps of X <- a X + (b A + c A^2) X, A = X X^T,
+    from X0 = G / (||G||_F + 1e-7) per matrix. CUDA: float32 in and out, bf16 operands and fp32 accumulation
+    (dev/matrix_roots.cu); CPU: float32, float64 in that dtype. Not differentiable."""
+    return _ops.newton_schulz(G, steps)
+
+
+def kron_stats(G, side, C=None, alpha=1.0, beta=1.0):
+    """Shampoo's Kronecker statistics: beta C + alpha G G^T (side "left", (..., m, m)) or beta C + alpha G^T G
+    ("right", (..., n, n)) for G (..., m, n); C symmetric (its lower triangle is read) or None. CUDA: float32, one
+    triangle computed and mirrored (dev/matrix_roots.cu's SYRK-like kernel); CPU: float32, float64."""
+    return _ops.kron_stats(G, side, C, alpha, beta)
+
+
+from .shampoo import Shampoo  # noqa: E402  (it calls the ops above)

@@ -3,15 +3,18 @@
 
 The CPU kernels (csrc/ops.cpp) are always built. The CUDA kernels (csrc/cuda_ops.cpp and csrc/*_lab.cu, which
 include the lab files of dev/ and train_unet.cu) are built when PyTorch has CUDA and nvcc is found; TORCH_OPS_CUDA=0
-builds the CPU kernels only, TORCH_OPS_CUDA=1 makes a missing CUDA an error.
+builds the CPU kernels only, TORCH_OPS_CUDA=1 makes a missing CUDA an error. The CUDA build links cuBLAS and
+cuSOLVER (dev/matrix_roots.cu's versions 0 and 1).
 """
+import glob
 import os
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # dev/torch_ops/torch_ops
 PROJECT_DIR = os.path.dirname(PACKAGE_DIR)  # dev/torch_ops
 CSRC = os.path.join(PROJECT_DIR, "csrc")
 CPU_SOURCES = ["ops.cpp"]
-CUDA_SOURCES = ["cuda_ops.cpp", "softmax_forward_lab.cu", "softmax_backward_lab.cu", "matmul_lab.cu", "unet_lab.cu"]
+CUDA_SOURCES = ["cuda_ops.cpp", "softmax_forward_lab.cu", "softmax_backward_lab.cu", "matmul_lab.cu", "unet_lab.cu",
+                "matrix_roots_lab.cu"]
 DEFAULT_ARCHS = ["8.0", "9.0"]  # with no GPU to ask, as the project's Makefiles
 
 
@@ -76,3 +79,16 @@ NVCC_BASE_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
 
 def nvcc_flags(archs=None):
     return NVCC_BASE_FLAGS + gencode_flags(archs if archs is not None else cuda_archs())
+
+
+def cuda_ldflags():
+    """-lcublas -lcusolver, and run paths to the folders that hold them: PyTorch's own CUDA libraries first (the
+    nvidia wheels next to torch; torch loads its cuSOLVER only when linalg first needs it), then the toolkit's."""
+    import torch
+    from torch.utils import cpp_extension
+    site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+    dirs = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcusolver.so*"))})
+    if cpp_extension.CUDA_HOME:
+        dirs += [os.path.join(cpp_extension.CUDA_HOME, d) for d in ("lib64", "lib")
+                 if os.path.isdir(os.path.join(cpp_extension.CUDA_HOME, d))]
+    return [f"-Wl,-rpath,{d}" for d in dirs] + ["-lcublas", "-lcusolver"]
