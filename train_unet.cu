@@ -5797,6 +5797,26 @@ static std::string unet_load_tensors(UNet* m, const BinFile* f, const std::strin
     return "";
 }
 
+// The optimizer fields (slots 25..29; 0 in files from before them: AdamW): optimizer 0 (adamw) or 1 (muon), Muon's
+// settings in the ranges of their flags, or 0 with AdamW. "" or an error.
+static std::string checkpoint_optimizer_check(const BinFile* f) {
+    const int32_t* h = f->hdr;
+    if (h[25] != OPT_ADAMW && h[25] != OPT_MUON)
+        return strfmt("%s: header field optimizer is %d, expected 0 (adamw) or 1 (muon)", f->path.c_str(), h[25]);
+    const bool muon = h[25] == OPT_MUON;
+    const float lr = hdr_float(h, 26), mu = hdr_float(h, 27);
+    const char* name[4] = {"muon_lr", "muon_momentum", "muon_nesterov", "ns_steps"};
+    const bool ok[4] = {muon ? lr >= 1e-9f && lr <= 1e9f : h[26] == 0, muon ? mu >= 0.f && mu <= 0.999999f : h[27] == 0,
+                        muon ? h[28] == 0 || h[28] == 1 : h[28] == 0, muon ? h[29] >= 1 && h[29] <= 99 : h[29] == 0};
+    const char* range[4] = {"1e-9..1e9", "0..0.999999", "0 or 1", "1..99"};
+    for (int k = 0; k < 4; k++) {
+        if (ok[k]) continue;
+        const std::string v = k < 2 ? strfmt("%g", hdr_float(h, 26 + k)) : std::to_string(h[26 + k]);
+        return strfmt("%s: header field %s is %s, expected %s", f->path.c_str(), name[k], v.c_str(),
+                      muon ? strfmt("%s (optimizer 1, muon)", range[k]).c_str() : "0 (unused by optimizer 0, adamw)");
+    }
+    return "";
+}
 // The training fields of a checkpoint header (slots 18..24) in the ranges train_unet writes. "" or an error.
 static std::string checkpoint_fields_check(const BinFile* f) {
     const int32_t* h = f->hdr;
@@ -5814,7 +5834,7 @@ static std::string checkpoint_fields_check(const BinFile* f) {
     if (!(ema_rate >= 0.f && ema_rate <= 1.f)) return bad("ema_rate", buf, "a rate in [0, 1]");
     if (h[23] != 0 && h[23] != 1) return bad("has_ema", std::to_string(h[23]), "0 or 1");
     if (h[24] != 0 && h[24] != 1) return bad("has_optimizer", std::to_string(h[24]), "0 or 1");
-    return "";
+    return checkpoint_optimizer_check(f);
 }
 
 // Checks everything a checkpoint claims before a byte of it is used (host only; nothing allocated beyond the file
@@ -5827,7 +5847,7 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
     std::string e = checkpoint_fields_check(f);
     if (!e.empty()) return e;
     const int32_t* h = f->hdr;
-    static const char* prefixes[4] = {"", "ema.", "adam_m.", "adam_v."};
+    const char* prefixes[4] = {"", "ema.", h[25] == OPT_MUON ? "muon_m." : "adam_m.", "adam_v."};
     const bool stored[4] = {true, h[23] == 1, h[24] == 1, h[24] == 1};
     std::set<std::string> names;
     std::string msg;
@@ -5855,10 +5875,10 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
         if (!r) return e;
         int32_t rng[4];
         memcpy(rng, r, sizeof rng);
-        if (rng[0] != h[20] || rng[1] != h[18]) {
-            msg = strfmt("%s: tensor rng_state is {%d, %d, ...}, expected {seed %d, step %d, ...} as the "
-                         "header",
-                         f->path.c_str(), rng[0], rng[1], h[20], h[18]);
+        if (rng[0] != h[20] || rng[1] != h[18] || rng[2] < 0 || rng[2] > rng[1]) {
+            msg = strfmt("%s: tensor rng_state is {%d, %d, %d, ...}, expected {seed %d, step %d, optimizer steps "
+                         "0..%d, ...} as the header",
+                         f->path.c_str(), rng[0], rng[1], rng[2], h[20], h[18], h[18]);
             return msg;
         }
         names.insert("rng_state");
@@ -5878,6 +5898,8 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
 struct TrainState {
     int step = 0, batch_size = 32, seed = 0;
     float lr = 1e-4f, ema_rate = 0.999f;
+    int optimizer = OPT_ADAMW, muon_nesterov = 0, ns_steps = 0;  // header slots 25..29 (Muon's: 0 with AdamW)
+    float muon_lr = 0.f, muon_momentum = 0.f;
 };
 
 // Writes weights, EMA, AdamW moments (ours[0..3]: n_params floats each in our layout, turned into PyTorch's here),
@@ -5896,7 +5918,11 @@ static std::string unet_write_checkpoint(UNet* m, const std::string& path, const
     w.hdr[18] = st.step; w.hdr[19] = st.batch_size; w.hdr[20] = st.seed;
     w.hdr[21] = float_bits(st.lr); w.hdr[22] = float_bits(st.ema_rate);
     w.hdr[23] = 1; w.hdr[24] = 1;
-    static const char* prefixes[4] = {"", "ema.", "adam_m.", "adam_v."};
+    const bool muon = st.optimizer == OPT_MUON;
+    w.hdr[25] = st.optimizer;
+    w.hdr[26] = muon ? float_bits(st.muon_lr) : 0; w.hdr[27] = muon ? float_bits(st.muon_momentum) : 0;
+    w.hdr[28] = muon ? st.muon_nesterov : 0; w.hdr[29] = muon ? st.ns_steps : 0;
+    const char* prefixes[4] = {"", "ema.", muon ? "muon_m." : "adam_m.", "adam_v."};
     std::vector<std::string> names;
     names.reserve(4 * m->params.size());
     for (int k = 0; k < 4; k++)
@@ -6750,6 +6776,9 @@ struct TrainArgs {
     Precision precision = PREC_BF16;
     bool precision_given = false;  // an explicit --precision (no fallback from bf16)
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
+    // --optimizer muon: Muon for the conv and linear weights (AdamW above for the rest)
+    int optimizer = OPT_ADAMW, muon_nesterov = 1, ns_steps = 5, muon_grouping = MG_AUTO;
+    float muon_lr = 0.02f, muon_momentum = 0.95f;
     UNetConfig cfg;
     bool quiet = false;
     // several GPUs: this process among the ranks (main: dist_env_parse), how they meet, --zero, --nccl_timeout
@@ -6772,6 +6801,61 @@ static bool make_dirs(const std::string& path) {
 }
 
 // Trains per args (GPU required). losses, when given, receives every step's loss. Returns a process exit code.
+// The optimizer (Muon's plan for --optimizer muon) and the run's starting state: the checkpoint's weights,
+// EMA, optimizer state and step (--resume), its weights (--load) or our initialisation; st gets the run's settings.
+static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a, TrainState* st) {
+    st->batch_size = a.batch_size * a.dist.world;  // checkpoints keep the global batch: they resume on any GPUs
+    st->seed = a.seed;
+    st->lr = a.lr;
+    st->ema_rate = a.ema_rate;
+    st->optimizer = a.optimizer;
+    st->muon_lr = a.muon_lr;
+    st->muon_momentum = a.muon_momentum;
+    st->muon_nesterov = a.muon_nesterov;
+    st->ns_steps = a.ns_steps;
+    if (a.optimizer == OPT_MUON)
+        m->muon = muon_create(m->params, a.muon_lr, a.muon_momentum, a.muon_nesterov, a.ns_steps, a.muon_grouping,
+                              m->prec == PREC_BF16, false);
+    if (!a.resume.empty()) {
+        unet_load_tensors(m, ck, "", m->p);
+        // the stored optimizer's state, unless --allow_change optimizer switched it: then it starts afresh (zero
+        // moments, the optimizer's step count 0, which rng_state[2] keeps for later resumes)
+        const bool fresh = a.optimizer != ck->hdr[25];
+        const char* first = a.optimizer == OPT_MUON ? "muon_m." : "adam_m.";
+        if (dp) {  // ZeRO-1: this rank's shard of each
+            dist_load_state(dp, m, ck, "ema.", m->ema);
+            if (!fresh) dist_load_state(dp, m, ck, first, m->m);
+            if (!fresh) dist_load_state(dp, m, ck, "adam_v.", m->v);
+        } else {
+            unet_load_tensors(m, ck, "ema.", m->ema);
+            if (!fresh) unet_load_tensors(m, ck, first, m->m);
+            if (!fresh) unet_load_tensors(m, ck, "adam_v.", m->v);
+        }
+        st->step = ck->hdr[18];  // seed, lr, batch size, optimizer: the stored ones unless --allow_change (main)
+        int shape[1] = {4};
+        std::string e;
+        const int32_t* rng = (const int32_t*)bin_expect(ck, "rng_state", DT_I32, 1, shape, &e);  // (validated)
+        unet_set_adam_step(m, fresh ? 0 : rng[2]);
+        unet_weights_changed(m);
+    } else if (!a.load.empty()) {
+        unet_load_tensors(m, ck, "", m->p);
+        cudaCheck(cudaMemcpy(m->ema, m->p + m->state_off, m->n_state * 4, cudaMemcpyDeviceToDevice));
+        unet_weights_changed(m);
+    } else {
+        unet_init_weights(m, (uint64_t)a.seed);
+    }
+}
+
+// UNET_MUON_GROUPS=auto|shape|one (unset: auto): how Muon groups its matrices (measurements); else exit 1
+static int muon_grouping_env() {
+    const char* env = getenv("UNET_MUON_GROUPS");
+    if (!env || !*env) return MG_AUTO;
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(env, MUON_GROUPING_NAME[k])) return k;
+    fprintf(stderr, "error: UNET_MUON_GROUPS=%s: expected auto, shape or one\n", env);
+    exit(EXIT_FAILURE);
+}
+
 static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     Dataset data;
     std::string e = dataset_open(&data, a.data_file.c_str(), a.cfg.image_size);
@@ -6842,31 +6926,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         }
     }
     TrainState st;
-    st.batch_size = a.batch_size * world;  // checkpoints keep the global batch: they resume on any number of GPUs
-    st.seed = a.seed;
-    st.lr = a.lr;
-    st.ema_rate = a.ema_rate;
-    if (!a.resume.empty()) {
-        unet_load_tensors(m, &ck, "", m->p);
-        if (dp) {  // ZeRO-1: this rank's shard of each
-            dist_load_state(dp, m, &ck, "ema.", m->ema);
-            dist_load_state(dp, m, &ck, "adam_m.", m->m);
-            dist_load_state(dp, m, &ck, "adam_v.", m->v);
-        } else {
-            unet_load_tensors(m, &ck, "ema.", m->ema);
-            unet_load_tensors(m, &ck, "adam_m.", m->m);
-            unet_load_tensors(m, &ck, "adam_v.", m->v);
-        }
-        st.step = ck.hdr[18];  // seed, lr, batch size: the stored ones unless --allow_change (main)
-        unet_set_adam_step(m, st.step);
-        unet_weights_changed(m);
-    } else if (!a.load.empty()) {
-        unet_load_tensors(m, &ck, "", m->p);
-        cudaCheck(cudaMemcpy(m->ema, m->p + m->state_off, m->n_state * 4, cudaMemcpyDeviceToDevice));
-        unet_weights_changed(m);
-    } else {
-        unet_init_weights(m, (uint64_t)a.seed);
-    }
+    unet_start(m, dp, &ck, a, &st);
     std::string ckpt_path = a.output_dir + "/model.bin", log_path = a.output_dir + "/log.csv";
     FILE* logf = nullptr;  // rank 0 alone writes the log and the checkpoints
     if (rank == 0) {
@@ -6896,6 +6956,9 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                                                 : "tf32 mma.sync (3-channel passes fp32)");
         row("images", std::to_string(data.n) + " in " + a.data_file);
         row("parameters", std::to_string(m->n_params));
+        if (m->muon)  // the Newton-Schulz products by group (UNET_MUON_GROUPS), and the optimizer's launches per step
+            row("muon", strfmt("%zu weights in %zu groups, %.0f GFLOP, %d launches", m->muon->mats.size(),
+                               m->muon->groups.size(), m->muon->gflop, m->muon->launches));
         if (dp) {  // the ranks, how the gradients travel, and the model state each GPU holds
             row("ranks", std::to_string(world) + " (" + a.dist.launcher + "), global batch " +
                              std::to_string(a.batch_size * world));
@@ -7345,7 +7408,7 @@ static int unet_eval(const EvalArgs& a) {
 // Every flag's value: a TrainArgs, and the model, sampling and evaluation flags main turns into the other modes' args.
 struct Args {
     TrainArgs t;
-    std::string device = "auto", precision = PREC_NAME[PREC_BF16], allow_change;
+    std::string device = "auto", precision = PREC_NAME[PREC_BF16], allow_change, optimizer = "adamw";
     std::string channel_mult = "1,2,3,4", attn_ds = "4,8", sample_file, sampler = "ddim";
     int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
     float beta_start = 1e-4f, beta_end = 0.02f;
@@ -7367,7 +7430,13 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"beta1", 'f', &t.beta1, 0.0, 0.999999, nullptr, "AdamW beta1"},
         {"beta2", 'f', &t.beta2, 0.0, 0.999999, nullptr, "AdamW beta2"},
         {"adam_eps", 'f', &t.adam_eps, 1e-30, 1.0, nullptr, "AdamW epsilon"},
-        {"weight_decay", 'f', &t.weight_decay, 0.0, 1.0, nullptr, "AdamW decoupled weight decay"},
+        {"weight_decay", 'f', &t.weight_decay, 0.0, 1.0, nullptr, "decoupled weight decay (AdamW's and Muon's)"},
+        {"optimizer", 'c', &a.optimizer, 0, 0, "adamw,muon",
+         "AdamW, or Muon for the conv and linear weights with AdamW for the rest (biases, GroupNorm)"},
+        {"muon_lr", 'f', &t.muon_lr, 1e-9, 1e9, nullptr, "Muon: the weights' learning rate (--lr is AdamW's)"},
+        {"muon_momentum", 'f', &t.muon_momentum, 0, 0.999999, nullptr, "Muon momentum"},
+        {"muon_nesterov", 'i', &t.muon_nesterov, 0, 1, nullptr, "Muon: 1 Nesterov momentum, 0 plain"},
+        {"ns_steps", 'i', &t.ns_steps, 1, 99, nullptr, "Muon: Newton-Schulz steps"},
         {"steps", 'i', &t.steps, 0, 1e9, nullptr, "total training steps (a resumed run continues to this step)"},
         {"log_every", 'i', &t.log_every, 1, 1e9, nullptr, "steps per log line (loss averaged over them)"},
         {"save_every", 'i', &t.save_every, 0, 1e9, nullptr, "steps per checkpoint, and one at the end (0: never)"},
@@ -7376,7 +7445,8 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "EMA of the weights: ema = d*ema + (1-d)*w, d = min(rate, (1+t)/(10+t)) at step t"},
         {"resume", 's', &t.resume, 0, 0, nullptr, "checkpoint to continue (weights, EMA, AdamW, step, RNG)"},
         {"allow_change", 's', &a.allow_change, 0, 0, nullptr, "with --resume: stored settings this run may change "
-         "knowingly (comma list of lr, seed, batch_size, ema_rate); without it a differing one is an error"},
+         "knowingly (comma list of lr, seed, batch_size, ema_rate, optimizer, muon_lr, muon_momentum, "
+         "muon_nesterov, ns_steps); without it a differing one is an error"},
         {"load", 's', &t.load, 0, 0, nullptr, "checkpoint to take the initial weights from (or to sample)"},
         {"precision", 'c', &a.precision, 0, 0, "bf16,tf32,fp32", "bf16 (compute capability >= 8.0: wgmma on Hopper, "
          "mma.sync elsewhere; the default falls back to tf32 below), tf32 (tensor cores on fp32) or fp32 (strict)"},
@@ -7525,6 +7595,90 @@ static bool parse_int_list(const std::string& s, std::vector<int>* out) {
     return !out->empty();
 }
 
+// --resume: a resumed run continues the stored trajectory: a flag that would change it is an error unless the user
+// names it in --allow_change; one not given takes the stored value (the checkpoint's fields already validated).
+static void resume_settings(Args& args, const BinFile& ck, const std::string& ckpath) {
+    TrainArgs& a = args.t;
+    const int world = a.dist.world, rank = a.dist.rank;
+    auto is_set = [&](const char* name) { return args.given.count(name) > 0; };
+    // a resumed run continues the stored trajectory: a flag that would change it is an error unless the
+    // user names it in --allow_change; one not given takes the stored value
+    std::string fe = checkpoint_fields_check(&ck);
+    if (!fe.empty()) die("%s", fe.c_str());
+    std::vector<std::string> allowed;
+    for (size_t i = 0; i <= args.allow_change.size() && !args.allow_change.empty();) {
+        size_t j = std::min(args.allow_change.find(',', i), args.allow_change.size());
+        allowed.push_back(args.allow_change.substr(i, j - i));
+        static const std::set<std::string> names = {"lr",     "seed",          "batch_size", "ema_rate",
+                                                    "optimizer", "muon_lr", "muon_momentum", "muon_nesterov",
+                                                    "ns_steps"};
+        if (!names.count(allowed.back()))
+            die("flag --allow_change expects a comma list of lr, seed, batch_size, ema_rate, optimizer, muon_lr, "
+                "muon_momentum, muon_nesterov, ns_steps, found '%s'", args.allow_change.c_str());
+        i = j + 1;
+    }
+    auto keep = [&](const char* flag, bool differs, const std::string& given, const std::string& stored) {
+        if (!is_set(flag) || !differs) return true;  // the stored value
+        if (std::find(allowed.begin(), allowed.end(), flag) != allowed.end()) {
+            if (rank == 0)
+                printf("note: --%s %s replaces the %s stored in %s (--allow_change)\n", flag, given.c_str(),
+                       stored.c_str(), ckpath.c_str());
+            return false;
+        }
+        std::string msg = "--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored +
+                          " stored in " + ckpath + ": a resumed run continues the stored trajectory (drop --" +
+                          flag + ", or add --allow_change " + flag + " to change it knowingly)";
+        die("%s", msg.c_str());
+    };
+    float lr0 = hdr_float(ck.hdr, 21), ema0 = hdr_float(ck.hdr, 22);
+    char g[32], st[32];
+    snprintf(g, sizeof g, "%g", a.lr);
+    snprintf(st, sizeof st, "%g", lr0);
+    if (keep("lr", a.lr != lr0, g, st)) a.lr = lr0;
+    if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20])))
+        a.seed = ck.hdr[20];
+    // the stored batch is the global one (every rank's --batch_size together): it splits over the ranks
+    if (keep("batch_size", a.batch_size * world != ck.hdr[19], std::to_string(a.batch_size * world) +
+             (world > 1 ? " (" + std::to_string(a.batch_size) + " x " + std::to_string(world) + " ranks)" : ""),
+             std::to_string(ck.hdr[19]))) {
+        if (ck.hdr[19] % world != 0)
+            die("%s stores the global batch_size %d, which does not split over %d ranks: run on a divisor of "
+                "it, or give --batch_size N --allow_change batch_size", ckpath.c_str(), ck.hdr[19], world);
+        a.batch_size = ck.hdr[19] / world;
+    }
+    snprintf(g, sizeof g, "%g", a.ema_rate);
+    snprintf(st, sizeof st, "%g", ema0);
+    if (keep("ema_rate", a.ema_rate != ema0, g, st)) a.ema_rate = ema0;
+    // the optimizer (a checkpoint from before the field: adamw); Muon's settings when it stays Muon (a switch to it
+    // takes the flags'; under AdamW they have no effect and stay as given)
+    const int opt0 = ck.hdr[25];
+    if (keep("optimizer", a.optimizer != opt0, OPTIMIZER_NAME[a.optimizer], OPTIMIZER_NAME[opt0])) a.optimizer = opt0;
+    if (a.optimizer == OPT_MUON && opt0 == OPT_MUON) {
+        const float mlr0 = hdr_float(ck.hdr, 26), mu0 = hdr_float(ck.hdr, 27);
+        snprintf(g, sizeof g, "%g", a.muon_lr);
+        snprintf(st, sizeof st, "%g", mlr0);
+        if (keep("muon_lr", a.muon_lr != mlr0, g, st)) a.muon_lr = mlr0;
+        snprintf(g, sizeof g, "%g", a.muon_momentum);
+        snprintf(st, sizeof st, "%g", mu0);
+        if (keep("muon_momentum", a.muon_momentum != mu0, g, st)) a.muon_momentum = mu0;
+        if (keep("muon_nesterov", a.muon_nesterov != ck.hdr[28], std::to_string(a.muon_nesterov),
+                 std::to_string(ck.hdr[28])))
+            a.muon_nesterov = ck.hdr[28];
+        if (keep("ns_steps", a.ns_steps != ck.hdr[29], std::to_string(a.ns_steps), std::to_string(ck.hdr[29])))
+            a.ns_steps = ck.hdr[29];
+    }
+    if (a.steps <= ck.hdr[18]) {
+        std::string msg = ckpath + " is at step " + std::to_string(ck.hdr[18]) + ", --steps is " +
+                          std::to_string(a.steps) + ": nothing left to train (--steps is the total; raise it)";
+        die("%s", msg.c_str());
+    }
+    if (rank == 0)
+        printf("resuming %s at step %d of %d: lr %g, seed %d, batch_size %d, ema_rate %g, optimizer %s%s\n",
+               ckpath.c_str(), ck.hdr[18], a.steps, a.lr, a.seed, a.batch_size * world, a.ema_rate,
+               OPTIMIZER_NAME[a.optimizer], a.optimizer != opt0 ? " (its state starts afresh)" : "");
+    fflush(stdout);
+}
+
 int main(int argc, char** argv) {
     Args args;
     parse_args(argc, argv, args);
@@ -7549,6 +7703,8 @@ int main(int argc, char** argv) {
         die("--device cpu: train_unet trains, samples and evaluates on a CUDA GPU only (to sample on the CPU: "
             "python3 scripts/generate.py --checkpoint CKPT --device cpu)");
     a.device = args.device;
+    a.optimizer = args.optimizer == "muon" ? OPT_MUON : OPT_ADAMW;
+    a.muon_grouping = muon_grouping_env();
     a.precision = args.precision == "bf16" ? PREC_BF16 : args.precision == "tf32" ? PREC_TF32 : PREC_FP32;
     a.precision_given = is_set("precision");
     // the model from the flags
@@ -7640,65 +7796,13 @@ int main(int argc, char** argv) {
         std::string d = config_diff(asked, ccfg);
         if (!d.empty()) die("model flags disagree with %s: %s", ckpath.c_str(), d.c_str());
         cfg = ccfg;
-        if (!a.resume.empty()) {
-            // a resumed run continues the stored trajectory: a flag that would change it is an error unless the
-            // user names it in --allow_change; one not given takes the stored value
-            std::string fe = checkpoint_fields_check(&ck);
-            if (!fe.empty()) die("%s", fe.c_str());
-            std::vector<std::string> allowed;
-            for (size_t i = 0; i <= args.allow_change.size() && !args.allow_change.empty();) {
-                size_t j = std::min(args.allow_change.find(',', i), args.allow_change.size());
-                allowed.push_back(args.allow_change.substr(i, j - i));
-                if (allowed.back() != "lr" && allowed.back() != "seed" && allowed.back() != "batch_size" &&
-                    allowed.back() != "ema_rate")
-                    die("flag --allow_change expects a comma list of lr, seed, batch_size, ema_rate, found '%s'",
-                        args.allow_change.c_str());
-                i = j + 1;
-            }
-            auto keep = [&](const char* flag, bool differs, const std::string& given, const std::string& stored) {
-                if (!is_set(flag) || !differs) return true;  // the stored value
-                if (std::find(allowed.begin(), allowed.end(), flag) != allowed.end()) {
-                    if (rank == 0)
-                        printf("note: --%s %s replaces the %s stored in %s (--allow_change)\n", flag, given.c_str(),
-                               stored.c_str(), ckpath.c_str());
-                    return false;
-                }
-                std::string msg = "--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored +
-                                  " stored in " + ckpath + ": a resumed run continues the stored trajectory (drop --" +
-                                  flag + ", or add --allow_change " + flag + " to change it knowingly)";
-                die("%s", msg.c_str());
-            };
-            float lr0 = hdr_float(ck.hdr, 21), ema0 = hdr_float(ck.hdr, 22);
-            char g[32], st[32];
-            snprintf(g, sizeof g, "%g", a.lr);
-            snprintf(st, sizeof st, "%g", lr0);
-            if (keep("lr", a.lr != lr0, g, st)) a.lr = lr0;
-            if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20])))
-                a.seed = ck.hdr[20];
-            // the stored batch is the global one (every rank's --batch_size together): it splits over the ranks
-            if (keep("batch_size", a.batch_size * world != ck.hdr[19], std::to_string(a.batch_size * world) +
-                     (world > 1 ? " (" + std::to_string(a.batch_size) + " x " + std::to_string(world) + " ranks)" : ""),
-                     std::to_string(ck.hdr[19]))) {
-                if (ck.hdr[19] % world != 0)
-                    die("%s stores the global batch_size %d, which does not split over %d ranks: run on a divisor of "
-                        "it, or give --batch_size N --allow_change batch_size", ckpath.c_str(), ck.hdr[19], world);
-                a.batch_size = ck.hdr[19] / world;
-            }
-            snprintf(g, sizeof g, "%g", a.ema_rate);
-            snprintf(st, sizeof st, "%g", ema0);
-            if (keep("ema_rate", a.ema_rate != ema0, g, st)) a.ema_rate = ema0;
-            if (a.steps <= ck.hdr[18]) {
-                std::string msg = ckpath + " is at step " + std::to_string(ck.hdr[18]) + ", --steps is " +
-                                  std::to_string(a.steps) + ": nothing left to train (--steps is the total; raise it)";
-                die("%s", msg.c_str());
-            }
-            if (rank == 0)
-                printf("resuming %s at step %d of %d: lr %g, seed %d, batch_size %d, ema_rate %g\n", ckpath.c_str(),
-                       ck.hdr[18], a.steps, a.lr, a.seed, a.batch_size * world, a.ema_rate);
-            fflush(stdout);
-        }
+        if (!a.resume.empty()) resume_settings(args, ck, ckpath);
     }
     a.cfg = cfg;
+    if (a.optimizer == OPT_MUON && a.zero && world > 1)
+        die("--optimizer muon with --zero 1: Muon's update needs each weight matrix whole, ZeRO-1 shards the "
+            "optimizer state over the ranks; use --zero 0 (plain data parallel: every rank computes the same update)");
+    args.optimizer = OPTIMIZER_NAME[a.optimizer];
     // the start-up table: every flag but --device (its own row) with the value the run uses, the model's from a
     // checkpoint when one is given
     args.image_size = cfg.image_size;
