@@ -21,6 +21,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 | CLI (main, inside #ifndef TESTING so that dev/test_unet.cu includes this file).
 */
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
@@ -3180,21 +3181,22 @@ __global__ void loss_finalize_kernel(const double* partial, int nblocks, size_t 
 // the output layers are zero: the EMA model's epsilon came out scaled by ~(1 - 0.999^t) (0.92 at step 2500, 0.98 at
 // 4000), harmless to DDPM but fatal to DDIM, whose x0 = (x - sqrt(1 - acp) eps) / sqrt(acp) turns a 2% shortfall at
 // t = 980 (sqrt(acp) = 0.009) into |x0| ~ 2|x|: clipped, saturated noise (dev/unet_NOTES.md, "DDIM").
-__global__ void adam_prep_kernel(int* t, float* hyper, float lr, float beta1, float beta2, float ema_rate) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int step = ++t[0];
+__host__ __device__ inline void adam_hyper(int step, float* hyper, float lr, float beta1, float beta2,
+                                           float ema_rate) {
     double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
     hyper[0] = (float)((double)lr / bc1);
     hyper[1] = (float)sqrt(bc2);
     hyper[2] = (float)fmin((double)ema_rate, (1.0 + step) / (10.0 + step));
 }
+__global__ void adam_prep_kernel(int* t, float* hyper, float lr, float beta1, float beta2, float ema_rate) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) adam_hyper(++t[0], hyper, lr, beta1, beta2, ema_rate);
+}
 
 // torch.optim.AdamW (foreach form): m.lerp_(g, 1-b1); v = b2 v + (1-b2) g^2; p *= 1 - lr wd;
 // p -= step_size * m / (sqrt(v) / sqrt(bc2) + eps), step_size = lr / bc1; then ema = d ema + (1-d) p, d = hyper[2]
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float* ema, size_t n, float beta1,
-                             float beta2, float lr_wd, float eps, const float* hyper) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+// (element i; also the AdamW part of --optimizer muon, on either side)
+__host__ __device__ inline void adamw_elem(float* p, const float* g, float* m, float* v, float* ema, size_t i,
+                                           float beta1, float beta2, float lr_wd, float eps, const float* hyper) {
     const float step_size = hyper[0], bc2_sqrt = hyper[1];
     float gi = g[i];
     float mi = m[i] + (1.0f - beta1) * (gi - m[i]);
@@ -3209,6 +3211,164 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
         const float d = hyper[2];
         ema[i] = d * ema[i] + (1.0f - d) * pi;
     }
+}
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float* ema, size_t n, float beta1,
+                             float beta2, float lr_wd, float eps, const float* hyper) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) adamw_elem(p, g, m, v, ema, i, beta1, beta2, lr_wd, eps, hyper);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Muon (--optimizer muon): torch.optim.Muon (PyTorch 2.11) for every convolution and linear weight, taken as
+// PyTorch's 2-D view rows x cols = (out, in*kh*kw); AdamW (above) for the biases and GroupNorm. Per weight:
+//   buf = lerp(buf, g, 1 - mu); u = lerp(g, buf, mu) (Nesterov) or buf; X = u / max(||u||_F, 1e-7);
+//   ns_steps of X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750, 2.0315), on the wide
+//   orientation (torch transposes a tall matrix); w <- w (1 - lr wd) - lr sqrt(max(1, rows / cols)) X.
+// The iteration runs on group buffers: the matrices of a group sit side by side, each zero-padded to the group's
+// m_pad x M_pad (the wide orientation, column-major), so that a group is one strided-batched product. Zero rows and
+// columns are exact: they leave A's other entries, the norm and the result's other entries unchanged. A 3x3 conv
+// weight, stored [tap][cin][cout], is read as the column-major (cout, 9 cin) matrix whose columns are PyTorch's in
+// another order; Newton-Schulz commutes with a permutation of the columns (A = X X^T does not see it), so the update
+// comes out in the same permuted order and goes back to where it was read from. Each elementwise pass is a functor
+// that muon_each runs on the GPU, or as a loop on the CPU (dev/test_unet.cu checks the step there in CI).
+constexpr float MUON_A = 3.4445f, MUON_B = -4.7750f, MUON_C = 2.0315f, MUON_EPS = 1e-7f;
+struct MuonMat {      // one weight matrix
+    size_t p_off;     // its first float in the parameters (our layout)
+    size_t w_off;     // its first element in the group buffers (m_pad * M_pad of them)
+    int rows, cols;   // PyTorch's 2-D view (out, in*kh*kw)
+    int m_pad, conv;  // the group's padded small dimension (the leading dimension); conv: stored as a 3x3 conv
+    float step;       // lr * sqrt(max(1, rows / cols)), rounded once (torch's adjusted lr)
+};
+struct MuonGroup {    // matrices of one padded shape: one strided batch
+    int m_pad, M_pad, count;
+    size_t w_off, s_off;  // the first matrix in the group buffers and in the m_pad x m_pad scratch
+};
+// The parameter index that element e of matrix k's padded wide matrix (column-major, m_pad rows) comes from, or -1
+// for padding. PyTorch's (r, c): wide (rows <= cols) r = i, c = j; tall: transposed. Ours: a plain weight is
+// PyTorch's layout (r * cols + c); a conv's column c is our (tap, cin) order, column-major: c * rows + r.
+__host__ __device__ inline long long muon_src(const MuonMat& k, size_t e) {
+    const int i = (int)(e % (size_t)k.m_pad);
+    const size_t j = e / (size_t)k.m_pad;
+    const bool wide = k.rows <= k.cols;
+    const int m = wide ? k.rows : k.cols, M = wide ? k.cols : k.rows;
+    if (i >= m || j >= (size_t)M) return -1;
+    const long long r = wide ? i : (long long)j, c = wide ? (long long)j : i;
+    return (long long)k.p_off + (k.conv ? c * k.rows + r : r * k.cols + c);
+}
+// the matrix that group-buffer element e belongs to (mats ordered by w_off; binary search)
+__host__ __device__ inline int muon_mat_of(const MuonMat* mats, int n, size_t e) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (mats[mid].w_off <= e) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+__host__ __device__ inline float muon_to_float(float v) { return v; }
+__host__ __device__ inline float muon_to_float(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__host__ __device__ inline T muon_from_float(float v) {
+    if constexpr (std::is_same<T, float>::value) return v;
+    else return __float2bfloat16_rn(v);
+}
+
+template <class F>
+__global__ void muon_each_kernel(F f, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) f(i);
+}
+
+// over the group buffers: the momentum (PyTorch's two lerps, as train_mnist's MuonMomentum) and the update u
+// rounded to the buffers' type (torch: grad.bfloat16()); padding 0
+template <typename T>
+struct MuonMomentum {
+    const MuonMat* mats; int n_mats; const float* g; float* buf; T* x; float w, mu; int nesterov;
+    __host__ __device__ void operator()(size_t e) const {
+        const MuonMat& k = mats[muon_mat_of(mats, n_mats, e)];
+        const long long s = muon_src(k, e - k.w_off);
+        if (s < 0) {
+            x[e] = muon_from_float<T>(0.f);
+            return;
+        }
+        const float gi = g[s];
+        const float b = buf[s] + w * (gi - buf[s]);  // torch.lerp, weight w = 1 - mu < 0.5
+        buf[s] = b;
+        x[e] = muon_from_float<T>(nesterov ? b - (b - gi) * (1.0f - mu) : b);  // torch.lerp(g, b, mu)
+    }
+};
+template <typename T>
+struct MuonNormalize {  // X / max(||X||_F, eps) (norm[k]: the sum of squares of matrix k)
+    const MuonMat* mats; int n_mats; const float* sumsq; T* x;
+    __host__ __device__ void operator()(size_t e) const {
+        const int k = muon_mat_of(mats, n_mats, e);
+        const float n = fmaxf(sqrtf(sumsq[k]), MUON_EPS);
+        x[e] = muon_from_float<T>(muon_to_float(x[e]) / n);
+    }
+};
+template <typename T>
+struct MuonPoly {  // P = a I + b A over every group's m_pad x m_pad scratch (the c A^2 term: the next product)
+    const MuonGroup* groups; int n_groups; const T* a; T* p;
+    __host__ __device__ void operator()(size_t e) const {
+        int g = 0;
+        while (g + 1 < n_groups && groups[g + 1].s_off <= e) g++;
+        const size_t mm = (size_t)groups[g].m_pad * groups[g].m_pad, q = (e - groups[g].s_off) % mm;
+        const bool diag = q % groups[g].m_pad == q / groups[g].m_pad;
+        p[e] = muon_from_float<T>((diag ? MUON_A : 0.f) + MUON_B * muon_to_float(a[e]));
+    }
+};
+// w <- w decay - step X (torch: param.mul_(1 - lr wd); param.add_(X, alpha=-adjusted lr)), then the EMA as AdamW's
+template <typename T>
+struct MuonApply {
+    const MuonMat* mats; int n_mats; const T* x; float* p; float* ema; const float* hyper; float decay;
+    __host__ __device__ void operator()(size_t e) const {
+        const MuonMat& k = mats[muon_mat_of(mats, n_mats, e)];
+        const long long s = muon_src(k, e - k.w_off);
+        if (s < 0) return;
+        float pi = p[s];
+        if (decay != 1.f) pi *= decay;
+        pi -= k.step * muon_to_float(x[e]);
+        p[s] = pi;
+        if (ema) {
+            const float d = hyper[2];
+            ema[s] = d * ema[s] + (1.0f - d) * pi;
+        }
+    }
+};
+// AdamW on the parameters Muon leaves (their element indices idx[])
+struct MuonAdamW {
+    const int* idx; float *p, *m, *v, *ema; const float* g; float beta1, beta2, lr_wd, eps; const float* hyper;
+    __host__ __device__ void operator()(size_t k) const {
+        const int i = idx[k];
+        adamw_elem(p, g, m, v, ema, i, beta1, beta2, lr_wd, eps, hyper);
+    }
+};
+
+// sum of squares of each matrix of the group buffers, in a fixed order: partial[c] for chunk c (MUON_CHUNK elements of
+// one matrix, a block), then sumsq[k] over matrix k's chunks first_chunk[k] .. first_chunk[k + 1] - 1
+static const int MUON_CHUNK = 4096, MUON_BLOCK = 256;
+template <typename T>
+__global__ void muon_sumsq_kernel(const T* x, const size_t* chunk_start, const size_t* chunk_end, float* partial) {
+    __shared__ float red[MUON_BLOCK];
+    float s = 0.f;
+    for (size_t e = chunk_start[blockIdx.x] + threadIdx.x; e < chunk_end[blockIdx.x]; e += blockDim.x) {
+        const float v = muon_to_float(x[e]);
+        s += v * v;
+    }
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o /= 2) {
+        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+}
+__global__ void muon_sumsq_finalize_kernel(const float* partial, const int* first_chunk, int n_mats, float* sumsq) {
+    const int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n_mats) return;
+    double s = 0.0;
+    for (int c = first_chunk[k]; c < first_chunk[k + 1]; c++) s += partial[c];
+    sumsq[k] = (float)s;
 }
 
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
@@ -3339,6 +3499,8 @@ struct Op {
     const float** ptrs = nullptr;  // device pointer arrays for the batched attention products, 10 x B*heads
 };
 
+struct MuonPlan;  // --optimizer muon's tables and buffers (the update section)
+static void muon_destroy(MuonPlan* mp);
 struct UNet {
     UNetConfig cfg;
     Precision prec = PREC_TF32;
@@ -3387,6 +3549,7 @@ struct UNet {
     float* attn32 = nullptr;  // bf16: fp32 scratch of the attention core: qkv, dqkv, a, da (attn32_part floats each)
     size_t attn32_part = 0;
     float* attn_di = nullptr;  // bf16 fused attention backward: rowsum(dO O) (B*heads, L), max over layers
+    MuonPlan* muon = nullptr;  // --optimizer muon (unet_muon_setup); null: AdamW for every parameter
     int adam_t = 0;  // completed AdamW steps
     int* adam_dev = nullptr;       // the same count on the device
     float* adam_hyper = nullptr;   // (step size, sqrt of bias correction 2, EMA decay) of the current step
@@ -4252,6 +4415,8 @@ static void unet_free(UNet* m) {
     cudaCheck(cudaFree(m->adam_dev));
     cudaCheck(cudaFree(m->adam_hyper));
     cudaCheck(cudaFree(m->loss_partial));
+    if (m->muon) muon_destroy(m->muon);
+    m->muon = nullptr;
     unet_free_chan(m);
     m->params.clear();
     m->n_params = 0;
@@ -5264,6 +5429,326 @@ static void unet_backward(UNet* m) {
     else unet_backward_t<float>(m);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// --optimizer muon: the plan of the group buffers (host), their allocation and the step (kernels: "Muon" above)
+
+enum Optimizer { OPT_ADAMW = 0, OPT_MUON = 1 };  // the checkpoint header's field optimizer
+static const char* OPTIMIZER_NAME[2] = {"adamw", "muon"};
+// how matrices of different shapes share a group: auto (the cost model of muon_plan_groups), shape (one group per
+// distinct shape), one (a single group). UNET_MUON_GROUPS sets it (measurements; dev/test_unet.cu checks all three).
+enum MuonGrouping { MG_AUTO = 0, MG_SHAPE = 1, MG_ONE = 2 };
+static const char* MUON_GROUPING_NAME[3] = {"auto", "shape", "one"};
+
+struct MuonPlan {
+    float lr = 0.02f, momentum = 0.95f;
+    int nesterov = 1, ns_steps = 5, grouping = MG_AUTO;
+    bool cpu = false;   // the tables and buffers are host arrays (dev/test_unet.cu runs the step on the CPU)
+    bool half = false;  // bf16 group buffers and products (--precision bf16: torch's Muon iterates in bf16)
+    std::vector<MuonMat> mats;  // ordered by w_off
+    std::vector<MuonGroup> groups;
+    std::vector<int> first_chunk, adam_idx;  // chunks of matrix k (+ the end); AdamW's elements
+    std::vector<size_t> chunk_start, chunk_end;
+    size_t w_elems = 0, s_elems = 0;
+    double gflop = 0.0;  // Newton-Schulz work per step, padding included
+    int launches = 0;    // kernels and products per step (the AdamW step counter and the bf16 weight copy included)
+    // on the side that runs the step
+    MuonMat* t_mats = nullptr;
+    MuonGroup* t_groups = nullptr;
+    int *t_adam_idx = nullptr, *t_first_chunk = nullptr;
+    size_t *t_chunk_start = nullptr, *t_chunk_end = nullptr;
+    void* x[2] = {nullptr, nullptr};  // the group buffers (the iteration alternates between them)
+    void *a = nullptr, *p = nullptr;  // A = X X^T and P = a I + b A + c A^2 of every matrix (m_pad x m_pad each)
+    float *partial = nullptr, *sumsq = nullptr;
+};
+
+static bool muon_param(const Param& p) { return p.ndim >= 2; }  // conv and linear weights (2-D view out x rest)
+static int round8(int v) { return (v + 7) / 8 * 8; }  // 16-byte aligned bf16 columns for the tensor cores
+
+// The groups: distinct wide shapes (m <= M) sorted by (m, M) and cut into runs, each padded to its largest m and M.
+// auto picks the cut that minimises an estimate of the step's time: per group and Newton-Schulz step 3 products at
+// ~4 us of launch and latency each (a small product does not fill the GPU), plus the padded FLOPs at a sustained
+// rate for the precision. Returns, per sorted shape, its group index. shapes: (m, M, count).
+static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& shapes, int grouping, int steps,
+                                         bool half) {
+    const int n = (int)shapes.size();
+    std::vector<int> of(n, 0);
+    if (grouping == MG_SHAPE)
+        for (int i = 0; i < n; i++) of[i] = i;
+    if (grouping != MG_AUTO) return of;
+    const double launch_us = 4.0, flop_per_us = half ? 3e8 : 1e8;
+    auto cost = [&](int i, int j) {  // shapes i .. j-1 as one group
+        int mp = 0, Mp = 0;
+        double cnt = 0;
+        for (int k = i; k < j; k++) {
+            mp = std::max(mp, round8(shapes[k][0]));
+            Mp = std::max(Mp, round8(shapes[k][1]));
+            cnt += shapes[k][2];
+        }
+        const double flop = cnt * (4.0 * mp * mp * Mp + 2.0 * mp * mp * mp);
+        return steps * (3 * launch_us + flop / flop_per_us);
+    };
+    std::vector<double> best(n + 1, 0.0);
+    std::vector<int> cut(n + 1, 0);
+    for (int j = 1; j <= n; j++) {
+        best[j] = INFINITY;
+        for (int i = 0; i < j; i++)
+            if (best[i] + cost(i, j) < best[j]) {
+                best[j] = best[i] + cost(i, j);
+                cut[j] = i;
+            }
+    }
+    std::vector<int> starts;
+    for (int j = n; j > 0; j = cut[j]) starts.push_back(cut[j]);
+    std::reverse(starts.begin(), starts.end());
+    for (int g = 0; g < (int)starts.size(); g++)
+        for (int k = starts[g]; k < (g + 1 < (int)starts.size() ? starts[g + 1] : n); k++) of[k] = g;
+    return of;
+}
+
+// Fills mp's host tables for the parameters (mp->lr, ns_steps, grouping, half set); nothing allocated.
+static void muon_plan(MuonPlan* mp, const std::vector<Param>& params) {
+    std::vector<std::array<int, 3>> shapes;  // (m, M, count)
+    std::vector<std::pair<std::array<int, 2>, int>> mats_shape;  // (m, M), param index
+    for (int pi = 0; pi < (int)params.size(); pi++) {
+        const Param& p = params[pi];
+        if (!muon_param(p)) {
+            for (size_t i = 0; i < p.n; i++) mp->adam_idx.push_back((int)(p.off + i));
+            continue;
+        }
+        const int rows = p.shape[0], cols = (int)(p.n / (size_t)rows);
+        mats_shape.push_back({{std::min(rows, cols), std::max(rows, cols)}, pi});
+    }
+    std::sort(mats_shape.begin(), mats_shape.end());
+    for (const auto& ms : mats_shape) {
+        if (shapes.empty() || shapes.back()[0] != ms.first[0] || shapes.back()[1] != ms.first[1])
+            shapes.push_back({ms.first[0], ms.first[1], 0});
+        shapes.back()[2]++;
+    }
+    std::vector<int> group_of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->half);
+    const int n_groups = shapes.empty() ? 0 : group_of.back() + 1;
+    mp->groups.assign(n_groups, MuonGroup{0, 0, 0, 0, 0});
+    for (size_t s = 0; s < shapes.size(); s++) {
+        MuonGroup& g = mp->groups[group_of[s]];
+        g.m_pad = std::max(g.m_pad, round8(shapes[s][0]));
+        g.M_pad = std::max(g.M_pad, round8(shapes[s][1]));
+        g.count += shapes[s][2];
+    }
+    size_t w = 0, s_off = 0;
+    for (MuonGroup& g : mp->groups) {
+        g.w_off = w;
+        g.s_off = s_off;
+        w += (size_t)g.count * g.m_pad * g.M_pad;
+        s_off += (size_t)g.count * g.m_pad * g.m_pad;
+        mp->gflop += g.count * (4.0 * g.m_pad * g.m_pad * g.M_pad + 2.0 * g.m_pad * g.m_pad * g.m_pad) *
+                     mp->ns_steps / 1e9;
+    }
+    mp->w_elems = w;
+    mp->s_elems = s_off;
+    std::vector<size_t> next(n_groups);  // the next free matrix slot of each group
+    for (int g = 0; g < n_groups; g++) next[g] = mp->groups[g].w_off;
+    size_t s = 0;
+    for (const auto& ms : mats_shape) {
+        while (shapes[s][0] != ms.first[0] || shapes[s][1] != ms.first[1]) s++;
+        const MuonGroup& g = mp->groups[group_of[s]];
+        const Param& p = params[ms.second];
+        MuonMat k;
+        k.p_off = p.off;
+        k.w_off = next[group_of[s]];
+        next[group_of[s]] += (size_t)g.m_pad * g.M_pad;
+        k.rows = p.shape[0];
+        k.cols = (int)(p.n / (size_t)k.rows);
+        k.m_pad = g.m_pad;
+        k.conv = p.kind == PK_CONV3;
+        k.step = (float)((double)mp->lr * sqrt(std::max(1.0, (double)k.rows / k.cols)));
+        mp->mats.push_back(k);
+    }
+    std::sort(mp->mats.begin(), mp->mats.end(), [](const MuonMat& a, const MuonMat& b) { return a.w_off < b.w_off; });
+    for (size_t i = 0; i < mp->mats.size(); i++) {
+        const MuonMat& k = mp->mats[i];
+        const size_t end = i + 1 < mp->mats.size() ? mp->mats[i + 1].w_off : mp->w_elems;
+        mp->first_chunk.push_back((int)mp->chunk_start.size());
+        for (size_t c = k.w_off; c < end; c += MUON_CHUNK) {
+            mp->chunk_start.push_back(c);
+            mp->chunk_end.push_back(std::min(end, c + MUON_CHUNK));
+        }
+    }
+    mp->first_chunk.push_back((int)mp->chunk_start.size());
+    // per step: the AdamW counter, AdamW, momentum, sum of squares (2), normalisation, per Newton-Schulz step 3
+    // products per group and one polynomial, the update, and the bf16 weight copy
+    mp->launches = 6 + mp->ns_steps * (3 * n_groups + 1) + 1 + (mp->half ? 1 : 0);
+}
+
+// f(i) for i < n: a kernel on g_stream, or a loop on the CPU (f's pointers on that side)
+template <class F>
+static void muon_each(bool cpu, size_t n, F f) {
+    if (cpu) {
+        for (size_t i = 0; i < n; i++) f(i);
+        return;
+    }
+    if (!n) return;
+    muon_each_kernel<<<(unsigned)((n + EW - 1) / EW), EW, 0, g_stream>>>(f, n);
+    cudaCheck(cudaGetLastError());
+}
+// memory on the side that runs the step (zeroed), and a copy of a host table into it
+static void* muon_alloc(const MuonPlan* mp, size_t bytes) {
+    bytes = std::max<size_t>(bytes, 16);
+    if (mp->cpu) {
+        void* h = calloc(bytes, 1);
+        if (!h) {
+            fprintf(stderr, "error: out of host memory (%zu bytes for --optimizer muon)\n", bytes);
+            exit(EXIT_FAILURE);
+        }
+        return h;
+    }
+    void* d;
+    cudaCheck(cudaMalloc(&d, bytes));
+    cudaCheck(cudaMemset(d, 0, bytes));
+    return d;
+}
+template <typename V>
+static V* muon_table(const MuonPlan* mp, const std::vector<V>& host) {
+    V* t = (V*)muon_alloc(mp, host.size() * sizeof(V));
+    if (host.empty()) return t;
+    if (mp->cpu) memcpy(t, host.data(), host.size() * sizeof(V));
+    else cudaCheck(cudaMemcpy(t, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice));
+    return t;
+}
+// A plan for these parameters with its tables and buffers on the GPU (cpu: on the host)
+static MuonPlan* muon_create(const std::vector<Param>& params, float lr, float momentum, int nesterov, int ns_steps,
+                             int grouping, bool half, bool cpu) {
+    MuonPlan* mp = new MuonPlan();
+    mp->lr = lr;
+    mp->momentum = momentum;
+    mp->nesterov = nesterov;
+    mp->ns_steps = ns_steps;
+    mp->grouping = grouping;
+    mp->half = half && !cpu;
+    mp->cpu = cpu;
+    muon_plan(mp, params);
+    mp->t_mats = muon_table(mp, mp->mats);
+    mp->t_groups = muon_table(mp, mp->groups);
+    mp->t_adam_idx = muon_table(mp, mp->adam_idx);
+    mp->t_first_chunk = muon_table(mp, mp->first_chunk);
+    mp->t_chunk_start = muon_table(mp, mp->chunk_start);
+    mp->t_chunk_end = muon_table(mp, mp->chunk_end);
+    const size_t elem = mp->half ? sizeof(bf16) : sizeof(float);
+    for (void*& x : mp->x) x = muon_alloc(mp, mp->w_elems * elem);
+    mp->a = muon_alloc(mp, mp->s_elems * elem);
+    mp->p = muon_alloc(mp, mp->s_elems * elem);
+    mp->partial = (float*)muon_alloc(mp, mp->chunk_start.size() * sizeof(float));
+    mp->sumsq = (float*)muon_alloc(mp, mp->mats.size() * sizeof(float));
+    return mp;
+}
+static void muon_destroy(MuonPlan* mp) {
+    void* ps[] = {mp->t_mats, mp->t_groups, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
+                  mp->x[0], mp->x[1], mp->a, mp->p, mp->partial, mp->sumsq};
+    for (void* p : ps) {
+        if (mp->cpu) free(p);
+        else if (p) cudaCheck(cudaFree(p));
+    }
+    delete mp;
+}
+
+// C = alpha op(A) op(B) + beta C for a strided batch of column-major matrices (A not transposed; B as tb): cuBLAS on
+// the GPU (fp32 in the handle's math mode, strict or TF32; bf16 with fp32 accumulation), loops on the CPU
+template <typename T>
+static void muon_gemm(bool cpu, bool tb, int M, int N, int K, float alpha, const T* A, int lda, long long sa,
+                      const T* B, int ldb, long long sb, float beta, T* C, int ldc, long long sc, int batch) {
+    if (cpu) {
+        for (int b = 0; b < batch; b++)
+            for (int j = 0; j < N; j++)
+                for (int i = 0; i < M; i++) {
+                    double acc = 0.0;
+                    for (int k = 0; k < K; k++)
+                        acc += (double)muon_to_float(A[b * sa + i + (long long)k * lda]) *
+                               muon_to_float(B[b * sb + (tb ? j + (long long)k * ldb : k + (long long)j * ldb)]);
+                    T& c = C[b * sc + i + (long long)j * ldc];
+                    c = muon_from_float<T>((float)(alpha * acc + (beta != 0.f ? beta * muon_to_float(c) : 0.0)));
+                }
+        return;
+    }
+    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if constexpr (std::is_same<T, float>::value)
+        cublasCheck(cublasSgemmStridedBatched(g_cublas, CUBLAS_OP_N, opb, M, N, K, &alpha, A, lda, sa, B, ldb, sb,
+                                              &beta, C, ldc, sc, batch));
+    else
+        cublasCheck(cublasGemmStridedBatchedEx(g_cublas, CUBLAS_OP_N, opb, M, N, K, &alpha, A, CUDA_R_16BF, lda, sa,
+                                               B, CUDA_R_16BF, ldb, sb, &beta, C, CUDA_R_16BF, ldc, sc, batch,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// the sum of squares of each matrix of x into mp->sumsq (fixed order on either side)
+template <typename T>
+static void muon_sumsq(MuonPlan* mp, const T* x) {
+    const int nm = (int)mp->mats.size();
+    if (mp->cpu) {
+        for (int k = 0; k < nm; k++) {
+            double s = 0.0;
+            const size_t end = k + 1 < nm ? mp->mats[k + 1].w_off : mp->w_elems;
+            for (size_t e = mp->mats[k].w_off; e < end; e++) s += (double)muon_to_float(x[e]) * muon_to_float(x[e]);
+            mp->sumsq[k] = (float)s;
+        }
+        return;
+    }
+    muon_sumsq_kernel<<<(unsigned)mp->chunk_start.size(), MUON_BLOCK, 0, g_stream>>>(x, mp->t_chunk_start,
+                                                                                      mp->t_chunk_end, mp->partial);
+    cudaCheck(cudaGetLastError());
+    muon_sumsq_finalize_kernel<<<ceil_div(nm, EW), EW, 0, g_stream>>>(mp->partial, mp->t_first_chunk, nm, mp->sumsq);
+    cudaCheck(cudaGetLastError());
+}
+
+// ns_steps of X <- P X, P = a I + b A + c A^2, A = X X^T, on every group; the result in mp->x[ns_steps % 2]
+template <typename T>
+static void muon_newton_schulz(MuonPlan* mp) {
+    T *a = (T*)mp->a, *p = (T*)mp->p;
+    for (int s = 0; s < mp->ns_steps; s++) {
+        const T* x = (const T*)mp->x[s % 2];
+        T* y = (T*)mp->x[(s + 1) % 2];
+        for (const MuonGroup& g : mp->groups) {  // A = X X^T
+            const long long xs = (long long)g.m_pad * g.M_pad, ss = (long long)g.m_pad * g.m_pad;
+            muon_gemm(mp->cpu, true, g.m_pad, g.m_pad, g.M_pad, 1.f, x + g.w_off, g.m_pad, xs, x + g.w_off, g.m_pad,
+                      xs, 0.f, a + g.s_off, g.m_pad, ss, g.count);
+        }
+        muon_each(mp->cpu, mp->s_elems, MuonPoly<T>{mp->t_groups, (int)mp->groups.size(), a, p});
+        for (const MuonGroup& g : mp->groups) {  // P += c A A
+            const long long ss = (long long)g.m_pad * g.m_pad;
+            muon_gemm(mp->cpu, false, g.m_pad, g.m_pad, g.m_pad, MUON_C, a + g.s_off, g.m_pad, ss, a + g.s_off,
+                      g.m_pad, ss, 1.f, p + g.s_off, g.m_pad, ss, g.count);
+        }
+        for (const MuonGroup& g : mp->groups) {  // Y = P X
+            const long long xs = (long long)g.m_pad * g.M_pad, ss = (long long)g.m_pad * g.m_pad;
+            muon_gemm(mp->cpu, false, g.m_pad, g.M_pad, g.m_pad, 1.f, p + g.s_off, g.m_pad, ss, x + g.w_off, g.m_pad,
+                      xs, 0.f, y + g.w_off, g.m_pad, xs, g.count);
+        }
+    }
+}
+
+// One step after the AdamW counter (hyper: this step's AdamW scalars and EMA decay, on the step's side): AdamW on the
+// parameters Muon leaves, Muon on the weights (buf: their momentum, kept in AdamW's first-moment array), the EMA of
+// both when ema is given. Every array on the side mp runs on.
+template <typename T>
+static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
+                        float beta1, float beta2, float eps, float lr, float weight_decay) {
+    const bool cpu = mp->cpu;
+    const int nm = (int)mp->mats.size();
+    muon_each(cpu, mp->adam_idx.size(),
+              MuonAdamW{mp->t_adam_idx, p, buf, v, ema, g, beta1, beta2, lr * weight_decay, eps, hyper});
+    const float w = (float)(1.0 - (double)mp->momentum);
+    T* x = (T*)mp->x[0];
+    muon_each(cpu, mp->w_elems, MuonMomentum<T>{mp->t_mats, nm, g, buf, x, w, mp->momentum, mp->nesterov});
+    muon_sumsq(mp, x);
+    muon_each(cpu, mp->w_elems, MuonNormalize<T>{mp->t_mats, nm, mp->sumsq, x});
+    muon_newton_schulz<T>(mp);
+    const float decay = (float)(1.0 - (double)mp->lr * weight_decay);
+    muon_each(cpu, mp->w_elems, MuonApply<T>{mp->t_mats, nm, (const T*)mp->x[mp->ns_steps % 2], p, ema, hyper,
+                                             decay});
+}
+static void muon_step(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
+                      float beta1, float beta2, float eps, float lr, float weight_decay) {
+    if (mp->half) muon_step_t<bf16>(mp, p, g, buf, v, ema, hyper, beta1, beta2, eps, lr, weight_decay);
+    else muon_step_t<float>(mp, p, g, buf, v, ema, hyper, beta1, beta2, eps, lr, weight_decay);
+}
+
 // one AdamW step (PyTorch's formula with bias correction), then the EMA update (warmed up) when ema_rate >= 0, of
 // the parameters this process keeps state for (all of them on one GPU; ZeRO-1: its shard; m->adam_t, the host's
 // count, is kept in step with the device's m->adam_dev[0])
@@ -5277,8 +5762,17 @@ static void unet_adamw(UNet* m, float lr, float beta1, float beta2, float eps, f
                                                                 beta2, lr * weight_decay, eps, m->adam_hyper);
     cudaCheck(cudaGetLastError());
 }
+// --optimizer muon (m->muon set): the AdamW counter, then muon_step (AdamW for the rest, EMA of everything)
+static void unet_muon(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
+    m->adam_t++;
+    adam_prep_kernel<<<1, 1, 0, g_stream>>>(m->adam_dev, m->adam_hyper, lr, beta1, beta2, ema_rate);
+    cudaCheck(cudaGetLastError());
+    muon_step(m->muon, m->p, m->g, m->m, m->v, ema_rate >= 0.f ? m->ema : nullptr, m->adam_hyper, beta1, beta2, eps,
+              lr, weight_decay);
+}
 static void unet_update(UNet* m, float lr, float beta1, float beta2, float eps, float weight_decay, float ema_rate) {
-    unet_adamw(m, lr, beta1, beta2, eps, weight_decay, ema_rate);
+    if (m->muon) unet_muon(m, lr, beta1, beta2, eps, weight_decay, ema_rate);
+    else unet_adamw(m, lr, beta1, beta2, eps, weight_decay, ema_rate);
     unet_weights_changed(m);
 }
 // sets the optimizer's step count on both sides (fresh model: 0; resumed: the checkpoint's step)
@@ -5318,6 +5812,26 @@ static std::string unet_load_tensors(UNet* m, const BinFile* f, const std::strin
     return "";
 }
 
+// The optimizer fields (slots 25..29; 0 in files from before them: AdamW): optimizer 0 (adamw) or 1 (muon), Muon's
+// settings in the ranges of their flags, or 0 with AdamW. "" or an error.
+static std::string checkpoint_optimizer_check(const BinFile* f) {
+    const int32_t* h = f->hdr;
+    if (h[25] != OPT_ADAMW && h[25] != OPT_MUON)
+        return strfmt("%s: header field optimizer is %d, expected 0 (adamw) or 1 (muon)", f->path.c_str(), h[25]);
+    const bool muon = h[25] == OPT_MUON;
+    const float lr = hdr_float(h, 26), mu = hdr_float(h, 27);
+    const char* name[4] = {"muon_lr", "muon_momentum", "muon_nesterov", "ns_steps"};
+    const bool ok[4] = {muon ? lr >= 1e-9f && lr <= 1e9f : h[26] == 0, muon ? mu >= 0.f && mu <= 0.999999f : h[27] == 0,
+                        muon ? h[28] == 0 || h[28] == 1 : h[28] == 0, muon ? h[29] >= 1 && h[29] <= 99 : h[29] == 0};
+    const char* range[4] = {"1e-9..1e9", "0..0.999999", "0 or 1", "1..99"};
+    for (int k = 0; k < 4; k++) {
+        if (ok[k]) continue;
+        const std::string v = k < 2 ? strfmt("%g", hdr_float(h, 26 + k)) : std::to_string(h[26 + k]);
+        return strfmt("%s: header field %s is %s, expected %s", f->path.c_str(), name[k], v.c_str(),
+                      muon ? strfmt("%s (optimizer 1, muon)", range[k]).c_str() : "0 (unused by optimizer 0, adamw)");
+    }
+    return "";
+}
 // The training fields of a checkpoint header (slots 18..24) in the ranges train_unet writes. "" or an error.
 static std::string checkpoint_fields_check(const BinFile* f) {
     const int32_t* h = f->hdr;
@@ -5335,7 +5849,7 @@ static std::string checkpoint_fields_check(const BinFile* f) {
     if (!(ema_rate >= 0.f && ema_rate <= 1.f)) return bad("ema_rate", buf, "a rate in [0, 1]");
     if (h[23] != 0 && h[23] != 1) return bad("has_ema", std::to_string(h[23]), "0 or 1");
     if (h[24] != 0 && h[24] != 1) return bad("has_optimizer", std::to_string(h[24]), "0 or 1");
-    return "";
+    return checkpoint_optimizer_check(f);
 }
 
 // Checks everything a checkpoint claims before a byte of it is used (host only; nothing allocated beyond the file
@@ -5348,7 +5862,7 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
     std::string e = checkpoint_fields_check(f);
     if (!e.empty()) return e;
     const int32_t* h = f->hdr;
-    static const char* prefixes[4] = {"", "ema.", "adam_m.", "adam_v."};
+    const char* prefixes[4] = {"", "ema.", h[25] == OPT_MUON ? "muon_m." : "adam_m.", "adam_v."};
     const bool stored[4] = {true, h[23] == 1, h[24] == 1, h[24] == 1};
     std::set<std::string> names;
     std::string msg;
@@ -5376,10 +5890,10 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
         if (!r) return e;
         int32_t rng[4];
         memcpy(rng, r, sizeof rng);
-        if (rng[0] != h[20] || rng[1] != h[18]) {
-            msg = strfmt("%s: tensor rng_state is {%d, %d, ...}, expected {seed %d, step %d, ...} as the "
-                         "header",
-                         f->path.c_str(), rng[0], rng[1], h[20], h[18]);
+        if (rng[0] != h[20] || rng[1] != h[18] || rng[2] < 0 || rng[2] > rng[1]) {
+            msg = strfmt("%s: tensor rng_state is {%d, %d, %d, ...}, expected {seed %d, step %d, optimizer steps "
+                         "0..%d, ...} as the header",
+                         f->path.c_str(), rng[0], rng[1], rng[2], h[20], h[18], h[18]);
             return msg;
         }
         names.insert("rng_state");
@@ -5399,6 +5913,8 @@ static std::string checkpoint_validate(UNet* m, const BinFile* f, bool need_ema,
 struct TrainState {
     int step = 0, batch_size = 32, seed = 0;
     float lr = 1e-4f, ema_rate = 0.999f;
+    int optimizer = OPT_ADAMW, muon_nesterov = 0, ns_steps = 0;  // header slots 25..29 (Muon's: 0 with AdamW)
+    float muon_lr = 0.f, muon_momentum = 0.f;
 };
 
 // Writes weights, EMA, AdamW moments (ours[0..3]: n_params floats each in our layout, turned into PyTorch's here),
@@ -5417,7 +5933,11 @@ static std::string unet_write_checkpoint(UNet* m, const std::string& path, const
     w.hdr[18] = st.step; w.hdr[19] = st.batch_size; w.hdr[20] = st.seed;
     w.hdr[21] = float_bits(st.lr); w.hdr[22] = float_bits(st.ema_rate);
     w.hdr[23] = 1; w.hdr[24] = 1;
-    static const char* prefixes[4] = {"", "ema.", "adam_m.", "adam_v."};
+    const bool muon = st.optimizer == OPT_MUON;
+    w.hdr[25] = st.optimizer;
+    w.hdr[26] = muon ? float_bits(st.muon_lr) : 0; w.hdr[27] = muon ? float_bits(st.muon_momentum) : 0;
+    w.hdr[28] = muon ? st.muon_nesterov : 0; w.hdr[29] = muon ? st.ns_steps : 0;
+    const char* prefixes[4] = {"", "ema.", muon ? "muon_m." : "adam_m.", "adam_v."};
     std::vector<std::string> names;
     names.reserve(4 * m->params.size());
     for (int k = 0; k < 4; k++)
@@ -6286,6 +6806,9 @@ struct TrainArgs {
     Precision precision = PREC_BF16;
     bool precision_given = false;  // an explicit --precision (no fallback from bf16)
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
+    // --optimizer muon: Muon for the conv and linear weights (AdamW above for the rest)
+    int optimizer = OPT_ADAMW, muon_nesterov = 1, ns_steps = 5, muon_grouping = MG_AUTO;
+    float muon_lr = 0.02f, muon_momentum = 0.95f;
     UNetConfig cfg;
     bool quiet = false;
     // several GPUs: this process among the ranks (main: dist_env_parse), how they meet, --zero, --nccl_timeout
@@ -6308,6 +6831,61 @@ static bool make_dirs(const std::string& path) {
 }
 
 // Trains per args (GPU required). losses, when given, receives every step's loss. Returns a process exit code.
+// The optimizer (Muon's plan for --optimizer muon) and the run's starting state: the checkpoint's weights,
+// EMA, optimizer state and step (--resume), its weights (--load) or our initialisation; st gets the run's settings.
+static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a, TrainState* st) {
+    st->batch_size = a.batch_size * a.dist.world;  // checkpoints keep the global batch: they resume on any GPUs
+    st->seed = a.seed;
+    st->lr = a.lr;
+    st->ema_rate = a.ema_rate;
+    st->optimizer = a.optimizer;
+    st->muon_lr = a.muon_lr;
+    st->muon_momentum = a.muon_momentum;
+    st->muon_nesterov = a.muon_nesterov;
+    st->ns_steps = a.ns_steps;
+    if (a.optimizer == OPT_MUON)
+        m->muon = muon_create(m->params, a.muon_lr, a.muon_momentum, a.muon_nesterov, a.ns_steps, a.muon_grouping,
+                              m->prec == PREC_BF16, false);
+    if (!a.resume.empty()) {
+        unet_load_tensors(m, ck, "", m->p);
+        // the stored optimizer's state, unless --allow_change optimizer switched it: then it starts afresh (zero
+        // moments, the optimizer's step count 0, which rng_state[2] keeps for later resumes)
+        const bool fresh = a.optimizer != ck->hdr[25];
+        const char* first = a.optimizer == OPT_MUON ? "muon_m." : "adam_m.";
+        if (dp) {  // ZeRO-1: this rank's shard of each
+            dist_load_state(dp, m, ck, "ema.", m->ema);
+            if (!fresh) dist_load_state(dp, m, ck, first, m->m);
+            if (!fresh) dist_load_state(dp, m, ck, "adam_v.", m->v);
+        } else {
+            unet_load_tensors(m, ck, "ema.", m->ema);
+            if (!fresh) unet_load_tensors(m, ck, first, m->m);
+            if (!fresh) unet_load_tensors(m, ck, "adam_v.", m->v);
+        }
+        st->step = ck->hdr[18];  // seed, lr, batch size, optimizer: the stored ones unless --allow_change (main)
+        int shape[1] = {4};
+        std::string e;
+        const int32_t* rng = (const int32_t*)bin_expect(ck, "rng_state", DT_I32, 1, shape, &e);  // (validated)
+        unet_set_adam_step(m, fresh ? 0 : rng[2]);
+        unet_weights_changed(m);
+    } else if (!a.load.empty()) {
+        unet_load_tensors(m, ck, "", m->p);
+        cudaCheck(cudaMemcpy(m->ema, m->p + m->state_off, m->n_state * 4, cudaMemcpyDeviceToDevice));
+        unet_weights_changed(m);
+    } else {
+        unet_init_weights(m, (uint64_t)a.seed);
+    }
+}
+
+// UNET_MUON_GROUPS=auto|shape|one (unset: auto): how Muon groups its matrices (measurements); else exit 1
+static int muon_grouping_env() {
+    const char* env = getenv("UNET_MUON_GROUPS");
+    if (!env || !*env) return MG_AUTO;
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(env, MUON_GROUPING_NAME[k])) return k;
+    fprintf(stderr, "error: UNET_MUON_GROUPS=%s: expected auto, shape or one\n", env);
+    exit(EXIT_FAILURE);
+}
+
 static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
     Dataset data;
     std::string e = dataset_open(&data, a.data_file.c_str(), a.cfg.image_size);
@@ -6378,31 +6956,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         }
     }
     TrainState st;
-    st.batch_size = a.batch_size * world;  // checkpoints keep the global batch: they resume on any number of GPUs
-    st.seed = a.seed;
-    st.lr = a.lr;
-    st.ema_rate = a.ema_rate;
-    if (!a.resume.empty()) {
-        unet_load_tensors(m, &ck, "", m->p);
-        if (dp) {  // ZeRO-1: this rank's shard of each
-            dist_load_state(dp, m, &ck, "ema.", m->ema);
-            dist_load_state(dp, m, &ck, "adam_m.", m->m);
-            dist_load_state(dp, m, &ck, "adam_v.", m->v);
-        } else {
-            unet_load_tensors(m, &ck, "ema.", m->ema);
-            unet_load_tensors(m, &ck, "adam_m.", m->m);
-            unet_load_tensors(m, &ck, "adam_v.", m->v);
-        }
-        st.step = ck.hdr[18];  // seed, lr, batch size: the stored ones unless --allow_change (main)
-        unet_set_adam_step(m, st.step);
-        unet_weights_changed(m);
-    } else if (!a.load.empty()) {
-        unet_load_tensors(m, &ck, "", m->p);
-        cudaCheck(cudaMemcpy(m->ema, m->p + m->state_off, m->n_state * 4, cudaMemcpyDeviceToDevice));
-        unet_weights_changed(m);
-    } else {
-        unet_init_weights(m, (uint64_t)a.seed);
-    }
+    unet_start(m, dp, &ck, a, &st);
     std::string ckpt_path = a.output_dir + "/model.bin", log_path = a.output_dir + "/log.csv";
     FILE* logf = nullptr;  // rank 0 alone writes the log and the checkpoints
     if (rank == 0) {
@@ -6432,6 +6986,9 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                                                 : "tf32 mma.sync (3-channel passes fp32)");
         row("images", std::to_string(data.n) + " in " + a.data_file);
         row("parameters", std::to_string(m->n_params));
+        if (m->muon)  // the Newton-Schulz products by group (UNET_MUON_GROUPS), and the optimizer's launches per step
+            row("muon", strfmt("%zu weights in %zu groups, %.0f GFLOP, %d launches", m->muon->mats.size(),
+                               m->muon->groups.size(), m->muon->gflop, m->muon->launches));
         if (dp) {  // the ranks, how the gradients travel, and the model state each GPU holds
             row("ranks", std::to_string(world) + " (" + a.dist.launcher + "), global batch " +
                              std::to_string(a.batch_size * world));
@@ -6881,7 +7438,7 @@ static int unet_eval(const EvalArgs& a) {
 // Every flag's value: a TrainArgs, and the model, sampling and evaluation flags main turns into the other modes' args.
 struct Args {
     TrainArgs t;
-    std::string device = "auto", precision = PREC_NAME[PREC_BF16], allow_change;
+    std::string device = "auto", precision = PREC_NAME[PREC_BF16], allow_change, optimizer = "adamw";
     std::string channel_mult = "1,2,3,4", attn_ds = "4,8", sample_file, sampler = "ddim";
     int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
     float beta_start = 1e-4f, beta_end = 0.02f;
@@ -6903,7 +7460,13 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"beta1", 'f', &t.beta1, 0.0, 0.999999, nullptr, "AdamW beta1"},
         {"beta2", 'f', &t.beta2, 0.0, 0.999999, nullptr, "AdamW beta2"},
         {"adam_eps", 'f', &t.adam_eps, 1e-30, 1.0, nullptr, "AdamW epsilon"},
-        {"weight_decay", 'f', &t.weight_decay, 0.0, 1.0, nullptr, "AdamW decoupled weight decay"},
+        {"weight_decay", 'f', &t.weight_decay, 0.0, 1.0, nullptr, "decoupled weight decay (AdamW's and Muon's)"},
+        {"optimizer", 'c', &a.optimizer, 0, 0, "adamw,muon",
+         "AdamW, or Muon for the conv and linear weights with AdamW for the rest (biases, GroupNorm)"},
+        {"muon_lr", 'f', &t.muon_lr, 1e-9, 1e9, nullptr, "Muon: the weights' learning rate (--lr is AdamW's)"},
+        {"muon_momentum", 'f', &t.muon_momentum, 0, 0.999999, nullptr, "Muon momentum"},
+        {"muon_nesterov", 'i', &t.muon_nesterov, 0, 1, nullptr, "Muon: 1 Nesterov momentum, 0 plain"},
+        {"ns_steps", 'i', &t.ns_steps, 1, 99, nullptr, "Muon: Newton-Schulz steps"},
         {"steps", 'i', &t.steps, 0, 1e9, nullptr, "total training steps (a resumed run continues to this step)"},
         {"log_every", 'i', &t.log_every, 1, 1e9, nullptr, "steps per log line (loss averaged over them)"},
         {"save_every", 'i', &t.save_every, 0, 1e9, nullptr, "steps per checkpoint, and one at the end (0: never)"},
@@ -6912,7 +7475,8 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "EMA of the weights: ema = d*ema + (1-d)*w, d = min(rate, (1+t)/(10+t)) at step t"},
         {"resume", 's', &t.resume, 0, 0, nullptr, "checkpoint to continue (weights, EMA, AdamW, step, RNG)"},
         {"allow_change", 's', &a.allow_change, 0, 0, nullptr, "with --resume: stored settings this run may change "
-         "knowingly (comma list of lr, seed, batch_size, ema_rate); without it a differing one is an error"},
+         "knowingly (comma list of lr, seed, batch_size, ema_rate, optimizer, muon_lr, muon_momentum, "
+         "muon_nesterov, ns_steps); without it a differing one is an error"},
         {"load", 's', &t.load, 0, 0, nullptr, "checkpoint to take the initial weights from (or to sample)"},
         {"precision", 'c', &a.precision, 0, 0, "bf16,tf32,fp32", "bf16 (compute capability >= 8.0: wgmma on Hopper, "
          "mma.sync elsewhere; the default falls back to tf32 below), tf32 (tensor cores on fp32) or fp32 (strict)"},
@@ -7061,6 +7625,90 @@ static bool parse_int_list(const std::string& s, std::vector<int>* out) {
     return !out->empty();
 }
 
+// --resume: a resumed run continues the stored trajectory: a flag that would change it is an error unless the user
+// names it in --allow_change; one not given takes the stored value (the checkpoint's fields already validated).
+static void resume_settings(Args& args, const BinFile& ck, const std::string& ckpath) {
+    TrainArgs& a = args.t;
+    const int world = a.dist.world, rank = a.dist.rank;
+    auto is_set = [&](const char* name) { return args.given.count(name) > 0; };
+    // a resumed run continues the stored trajectory: a flag that would change it is an error unless the
+    // user names it in --allow_change; one not given takes the stored value
+    std::string fe = checkpoint_fields_check(&ck);
+    if (!fe.empty()) die("%s", fe.c_str());
+    std::vector<std::string> allowed;
+    for (size_t i = 0; i <= args.allow_change.size() && !args.allow_change.empty();) {
+        size_t j = std::min(args.allow_change.find(',', i), args.allow_change.size());
+        allowed.push_back(args.allow_change.substr(i, j - i));
+        static const std::set<std::string> names = {"lr",     "seed",          "batch_size", "ema_rate",
+                                                    "optimizer", "muon_lr", "muon_momentum", "muon_nesterov",
+                                                    "ns_steps"};
+        if (!names.count(allowed.back()))
+            die("flag --allow_change expects a comma list of lr, seed, batch_size, ema_rate, optimizer, muon_lr, "
+                "muon_momentum, muon_nesterov, ns_steps, found '%s'", args.allow_change.c_str());
+        i = j + 1;
+    }
+    auto keep = [&](const char* flag, bool differs, const std::string& given, const std::string& stored) {
+        if (!is_set(flag) || !differs) return true;  // the stored value
+        if (std::find(allowed.begin(), allowed.end(), flag) != allowed.end()) {
+            if (rank == 0)
+                printf("note: --%s %s replaces the %s stored in %s (--allow_change)\n", flag, given.c_str(),
+                       stored.c_str(), ckpath.c_str());
+            return false;
+        }
+        std::string msg = "--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored +
+                          " stored in " + ckpath + ": a resumed run continues the stored trajectory (drop --" +
+                          flag + ", or add --allow_change " + flag + " to change it knowingly)";
+        die("%s", msg.c_str());
+    };
+    float lr0 = hdr_float(ck.hdr, 21), ema0 = hdr_float(ck.hdr, 22);
+    char g[32], st[32];
+    snprintf(g, sizeof g, "%g", a.lr);
+    snprintf(st, sizeof st, "%g", lr0);
+    if (keep("lr", a.lr != lr0, g, st)) a.lr = lr0;
+    if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20])))
+        a.seed = ck.hdr[20];
+    // the stored batch is the global one (every rank's --batch_size together): it splits over the ranks
+    if (keep("batch_size", a.batch_size * world != ck.hdr[19], std::to_string(a.batch_size * world) +
+             (world > 1 ? " (" + std::to_string(a.batch_size) + " x " + std::to_string(world) + " ranks)" : ""),
+             std::to_string(ck.hdr[19]))) {
+        if (ck.hdr[19] % world != 0)
+            die("%s stores the global batch_size %d, which does not split over %d ranks: run on a divisor of "
+                "it, or give --batch_size N --allow_change batch_size", ckpath.c_str(), ck.hdr[19], world);
+        a.batch_size = ck.hdr[19] / world;
+    }
+    snprintf(g, sizeof g, "%g", a.ema_rate);
+    snprintf(st, sizeof st, "%g", ema0);
+    if (keep("ema_rate", a.ema_rate != ema0, g, st)) a.ema_rate = ema0;
+    // the optimizer (a checkpoint from before the field: adamw); Muon's settings when it stays Muon (a switch to it
+    // takes the flags'; under AdamW they have no effect and stay as given)
+    const int opt0 = ck.hdr[25];
+    if (keep("optimizer", a.optimizer != opt0, OPTIMIZER_NAME[a.optimizer], OPTIMIZER_NAME[opt0])) a.optimizer = opt0;
+    if (a.optimizer == OPT_MUON && opt0 == OPT_MUON) {
+        const float mlr0 = hdr_float(ck.hdr, 26), mu0 = hdr_float(ck.hdr, 27);
+        snprintf(g, sizeof g, "%g", a.muon_lr);
+        snprintf(st, sizeof st, "%g", mlr0);
+        if (keep("muon_lr", a.muon_lr != mlr0, g, st)) a.muon_lr = mlr0;
+        snprintf(g, sizeof g, "%g", a.muon_momentum);
+        snprintf(st, sizeof st, "%g", mu0);
+        if (keep("muon_momentum", a.muon_momentum != mu0, g, st)) a.muon_momentum = mu0;
+        if (keep("muon_nesterov", a.muon_nesterov != ck.hdr[28], std::to_string(a.muon_nesterov),
+                 std::to_string(ck.hdr[28])))
+            a.muon_nesterov = ck.hdr[28];
+        if (keep("ns_steps", a.ns_steps != ck.hdr[29], std::to_string(a.ns_steps), std::to_string(ck.hdr[29])))
+            a.ns_steps = ck.hdr[29];
+    }
+    if (a.steps <= ck.hdr[18]) {
+        std::string msg = ckpath + " is at step " + std::to_string(ck.hdr[18]) + ", --steps is " +
+                          std::to_string(a.steps) + ": nothing left to train (--steps is the total; raise it)";
+        die("%s", msg.c_str());
+    }
+    if (rank == 0)
+        printf("resuming %s at step %d of %d: lr %g, seed %d, batch_size %d, ema_rate %g, optimizer %s%s\n",
+               ckpath.c_str(), ck.hdr[18], a.steps, a.lr, a.seed, a.batch_size * world, a.ema_rate,
+               OPTIMIZER_NAME[a.optimizer], a.optimizer != opt0 ? " (its state starts afresh)" : "");
+    fflush(stdout);
+}
+
 int main(int argc, char** argv) {
     Args args;
     parse_args(argc, argv, args);
@@ -7085,6 +7733,8 @@ int main(int argc, char** argv) {
         die("--device cpu: train_unet trains, samples and evaluates on a CUDA GPU only (to sample on the CPU: "
             "python3 scripts/generate.py --checkpoint CKPT --device cpu)");
     a.device = args.device;
+    a.optimizer = args.optimizer == "muon" ? OPT_MUON : OPT_ADAMW;
+    a.muon_grouping = muon_grouping_env();
     a.precision = args.precision == "bf16" ? PREC_BF16 : args.precision == "tf32" ? PREC_TF32 : PREC_FP32;
     a.precision_given = is_set("precision");
     // the model from the flags
@@ -7176,65 +7826,13 @@ int main(int argc, char** argv) {
         std::string d = config_diff(asked, ccfg);
         if (!d.empty()) die("model flags disagree with %s: %s", ckpath.c_str(), d.c_str());
         cfg = ccfg;
-        if (!a.resume.empty()) {
-            // a resumed run continues the stored trajectory: a flag that would change it is an error unless the
-            // user names it in --allow_change; one not given takes the stored value
-            std::string fe = checkpoint_fields_check(&ck);
-            if (!fe.empty()) die("%s", fe.c_str());
-            std::vector<std::string> allowed;
-            for (size_t i = 0; i <= args.allow_change.size() && !args.allow_change.empty();) {
-                size_t j = std::min(args.allow_change.find(',', i), args.allow_change.size());
-                allowed.push_back(args.allow_change.substr(i, j - i));
-                if (allowed.back() != "lr" && allowed.back() != "seed" && allowed.back() != "batch_size" &&
-                    allowed.back() != "ema_rate")
-                    die("flag --allow_change expects a comma list of lr, seed, batch_size, ema_rate, found '%s'",
-                        args.allow_change.c_str());
-                i = j + 1;
-            }
-            auto keep = [&](const char* flag, bool differs, const std::string& given, const std::string& stored) {
-                if (!is_set(flag) || !differs) return true;  // the stored value
-                if (std::find(allowed.begin(), allowed.end(), flag) != allowed.end()) {
-                    if (rank == 0)
-                        printf("note: --%s %s replaces the %s stored in %s (--allow_change)\n", flag, given.c_str(),
-                               stored.c_str(), ckpath.c_str());
-                    return false;
-                }
-                std::string msg = "--" + std::string(flag) + " " + given + " differs from the " + flag + " " + stored +
-                                  " stored in " + ckpath + ": a resumed run continues the stored trajectory (drop --" +
-                                  flag + ", or add --allow_change " + flag + " to change it knowingly)";
-                die("%s", msg.c_str());
-            };
-            float lr0 = hdr_float(ck.hdr, 21), ema0 = hdr_float(ck.hdr, 22);
-            char g[32], st[32];
-            snprintf(g, sizeof g, "%g", a.lr);
-            snprintf(st, sizeof st, "%g", lr0);
-            if (keep("lr", a.lr != lr0, g, st)) a.lr = lr0;
-            if (keep("seed", a.seed != ck.hdr[20], std::to_string(a.seed), std::to_string(ck.hdr[20])))
-                a.seed = ck.hdr[20];
-            // the stored batch is the global one (every rank's --batch_size together): it splits over the ranks
-            if (keep("batch_size", a.batch_size * world != ck.hdr[19], std::to_string(a.batch_size * world) +
-                     (world > 1 ? " (" + std::to_string(a.batch_size) + " x " + std::to_string(world) + " ranks)" : ""),
-                     std::to_string(ck.hdr[19]))) {
-                if (ck.hdr[19] % world != 0)
-                    die("%s stores the global batch_size %d, which does not split over %d ranks: run on a divisor of "
-                        "it, or give --batch_size N --allow_change batch_size", ckpath.c_str(), ck.hdr[19], world);
-                a.batch_size = ck.hdr[19] / world;
-            }
-            snprintf(g, sizeof g, "%g", a.ema_rate);
-            snprintf(st, sizeof st, "%g", ema0);
-            if (keep("ema_rate", a.ema_rate != ema0, g, st)) a.ema_rate = ema0;
-            if (a.steps <= ck.hdr[18]) {
-                std::string msg = ckpath + " is at step " + std::to_string(ck.hdr[18]) + ", --steps is " +
-                                  std::to_string(a.steps) + ": nothing left to train (--steps is the total; raise it)";
-                die("%s", msg.c_str());
-            }
-            if (rank == 0)
-                printf("resuming %s at step %d of %d: lr %g, seed %d, batch_size %d, ema_rate %g\n", ckpath.c_str(),
-                       ck.hdr[18], a.steps, a.lr, a.seed, a.batch_size * world, a.ema_rate);
-            fflush(stdout);
-        }
+        if (!a.resume.empty()) resume_settings(args, ck, ckpath);
     }
     a.cfg = cfg;
+    if (a.optimizer == OPT_MUON && a.zero && world > 1)
+        die("--optimizer muon with --zero 1: Muon's update needs each weight matrix whole, ZeRO-1 shards the "
+            "optimizer state over the ranks; use --zero 0 (plain data parallel: every rank computes the same update)");
+    args.optimizer = OPTIMIZER_NAME[a.optimizer];
     // the start-up table: every flag but --device (its own row) with the value the run uses, the model's from a
     // checkpoint when one is given
     args.image_size = cfg.image_size;

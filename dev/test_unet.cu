@@ -20,6 +20,8 @@ layout conversion, the loader's draws. Without a GPU every other check is SKIPPE
 #include "../train_unet.cu"
 
 static int n_pass = 0, n_fail = 0, n_skip = 0;
+// python3 dev/unet.py --debug_state dev/fixtures/unet_muon_small.bin --optimizer muon --device cpu (MUON_FIXTURE_CMD)
+static const char* MUON_FIXTURE = "dev/fixtures/unet_muon_small.bin";
 static void report(const char* status, const std::string& name, const std::string& detail) {
     printf("%s %s: %s\n", status, name.c_str(), detail.c_str());
     fflush(stdout);
@@ -133,6 +135,157 @@ static bool config_from_file(const BinFile& f, const std::string& tag, UNetConfi
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// --optimizer muon (debug states of python3 dev/unet.py --optimizer muon): header slots of the optimizer fields
+enum { DS_OPTIMIZER = 25, DS_MUON_LR, DS_MUON_MOMENTUM, DS_MUON_NESTEROV, DS_NS_STEPS, DS_N_FIXED };
+static int g_muon_grouping = MG_AUTO;  // the grouping the GPU checks use
+// the debug state's optimizer on m (allocated): Muon's plan on the GPU when the state was made with Muon
+static void debug_state_optimizer(UNet* m, const BinFile* f) {
+    const int32_t* h = f->hdr;
+    if (h[DS_OPTIMIZER] != OPT_MUON) return;
+    m->muon = muon_create(m->params, hdr_float(h, DS_MUON_LR), hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
+                          h[DS_NS_STEPS], g_muon_grouping, m->prec == PREC_BF16, false);
+}
+// Muon's updates after the debug state's n_steps, weight by weight: final.<name> - initial against ours - initial.
+// Newton-Schulz maps the normalised update through ns_steps quintics whose slope at 0 is a = 3.44, so a relative
+// error of the gradient (~1e-5 here, GRAD_RTOL's regime) can grow by up to a^5 ~ 480 in directions of small singular
+// values: 1e-3 of the update's scale, with rtol 1e-2 for the elements near it. A weight whose gradient is rounding
+// noise (max|grad| below 1e-5 of the model's largest: in the 32-channel fixtures GroupNorm cancels the embedding
+// weights' gradient) is not compared: Muon scales any nonzero gradient to a full step in the noise's direction.
+static const double MUON_FINAL_ATOL_REL = 1e-3, MUON_FINAL_RTOL = 1e-2, MUON_NOISE_GRAD = 1e-5;
+static void check_muon_final(UNet* m, const BinFile* f, const std::string& tag) {
+    if (!bin_find(f, "final." + m->params[0].name)) {
+        report("SKIP", tag + " final", "no final.* tensors (a debug state from before them: re-run dev/unet.py)");
+        return;
+    }
+    std::vector<float> p(m->n_params);
+    cudaCheck(cudaMemcpy(p.data(), m->p, m->n_params * 4, cudaMemcpyDeviceToHost));
+    std::string e;
+    double gmax = 0.0;
+    for (const Param& q : m->params) {
+        const float* gr = (const float*)bin_expect(f, "grad." + q.name, DT_F32, q.ndim, q.shape, &e);
+        for (size_t i = 0; gr && i < q.n; i++) gmax = std::max(gmax, (double)fabsf(gr[i]));
+    }
+    int compared = 0, noise = 0;
+    for (const Param& q : m->params) {
+        if (!muon_param(q)) continue;
+        const float* init = (const float*)bin_expect(f, q.name, DT_F32, q.ndim, q.shape, &e);
+        const float* fin = init ? (const float*)bin_expect(f, "final." + q.name, DT_F32, q.ndim, q.shape, &e) : nullptr;
+        const float* gr = fin ? (const float*)bin_expect(f, "grad." + q.name, DT_F32, q.ndim, q.shape, &e) : nullptr;
+        if (!gr) {
+            report("FAIL", tag + " final." + q.name, e);
+            continue;
+        }
+        double qmax = 0.0;
+        for (size_t i = 0; i < q.n; i++) qmax = std::max(qmax, (double)fabsf(gr[i]));
+        if (qmax < MUON_NOISE_GRAD * gmax) {
+            noise++;
+            continue;
+        }
+        std::vector<float> ours(q.n), d_ours(q.n), d_ref(q.n);
+        param_to_torch(q, p.data() + q.off, ours.data());
+        for (size_t i = 0; i < q.n; i++) {
+            d_ours[i] = ours[i] - init[i];
+            d_ref[i] = fin[i] - init[i];
+        }
+        check_tensor(tag + " muon update " + q.name, d_ours.data(), d_ref.data(), q.n, MUON_FINAL_ATOL_REL, 0.0,
+                     MUON_FINAL_RTOL, true);
+        compared++;
+    }
+    printf("     %s: Muon's updates of %d weights compared with final.* (%d with a rounding-noise gradient left out)\n",
+           tag.c_str(), compared, noise);
+}
+
+// The optimizer step on the CPU (CI): from the debug state's initial weights, n_fixed steps that each take grad.*
+// as the gradient, through the trainer's own functors (muon_step on host arrays, Newton-Schulz in fp32 with double
+// accumulation; AdamW: adamw_elem), against PyTorch's fixed_grad.* (fp32, torch.optim.Muon with an fp32 iteration).
+// Muon: with every grouping of the matrices (auto, one group per shape, one group for all: the padding is exact).
+// The same gradients on both sides: the differences are fp32 roundings (of the products, the norm, and the
+// parameters themselves: an ulp of a 0.3 weight is 3e-8, 4e-6 of a 3-step change of 8e-3), measured at most 1.2e-5
+// of the change's scale; the parameters after n_fixed steps are compared through their change from the initial
+// weights with 1e-4 of its scale, rtol 1e-3.
+static const double FIXED_ATOL_REL = 1e-4, FIXED_RTOL = 1e-3;
+static void test_fixed_grad_cpu(const std::string& path) {
+    std::string tag = base_name(path) + " cpu step";
+    BinFile f;
+    std::string e = bin_open(&f, path.c_str(), UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
+    if (!e.empty()) {
+        if (access(path.c_str(), F_OK) != 0) report("SKIP", tag, "no file " + path);
+        else report("FAIL", tag, e);
+        return;
+    }
+    UNetConfig cfg;
+    if (!config_from_file(f, tag, &cfg)) return;
+    const int32_t* h = f.hdr;
+    const int n_fixed = h[DS_N_FIXED], opt = h[DS_OPTIMIZER];
+    if (n_fixed == 0 && !bin_find(&f, "fixed_grad." + std::string("out.2.bias"))) {
+        report("SKIP", tag, "no fixed_grad.* tensors (a debug state from before them: re-run dev/unet.py)");
+        return;
+    }
+    if (n_fixed < 1 || opt < 0 || opt > 1) {
+        report("FAIL", tag, strfmt("header: n_fixed %d (expected >= 1), optimizer %d (expected 0 or 1)", n_fixed, opt));
+        return;
+    }
+    const float lr = hdr_float(h, 20), beta1 = hdr_float(h, 21), beta2 = hdr_float(h, 22), eps = hdr_float(h, 23),
+                wd = hdr_float(h, 24);
+    UNet model;
+    unet_define(&model, cfg, h[18]);
+    const size_t np = model.n_params;
+    std::vector<float> p0(np, 0.f), g(np, 0.f);
+    for (const Param& q : model.params) {
+        const float* w = (const float*)bin_expect(&f, q.name, DT_F32, q.ndim, q.shape, &e);
+        const float* gr = w ? (const float*)bin_expect(&f, "grad." + q.name, DT_F32, q.ndim, q.shape, &e) : nullptr;
+        if (!gr) {
+            report("FAIL", tag, e);
+            return;
+        }
+        param_from_torch(q, w, p0.data() + q.off);
+        param_from_torch(q, gr, g.data() + q.off);
+    }
+    const int runs = opt == OPT_MUON ? 3 : 1;
+    for (int grouping = 0; grouping < runs; grouping++) {
+        std::vector<float> p = p0, m1(np, 0.f), v(np, 0.f);
+        MuonPlan* mp = opt == OPT_MUON ? muon_create(model.params, hdr_float(h, DS_MUON_LR),
+                                                     hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
+                                                     h[DS_NS_STEPS], grouping, false, true)
+                                       : nullptr;
+        for (int t = 1; t <= n_fixed; t++) {
+            float hyper[3];
+            adam_hyper(t, hyper, lr, beta1, beta2, 0.f);
+            if (mp) muon_step(mp, p.data(), g.data(), m1.data(), v.data(), nullptr, hyper, beta1, beta2, eps, lr, wd);
+            else
+                for (size_t i = 0; i < np; i++)
+                    adamw_elem(p.data(), g.data(), m1.data(), v.data(), nullptr, i, beta1, beta2, lr * wd, eps, hyper);
+        }
+        const std::string run = tag + " " + OPTIMIZER_NAME[opt] + (mp ? std::string(" ") + MUON_GROUPING_NAME[grouping]
+                                                                        : std::string());
+        int fails = 0;
+        for (const Param& q : model.params) {
+            const float* w = (const float*)bin_expect(&f, q.name, DT_F32, q.ndim, q.shape, &e);
+            const float* ref = (const float*)bin_expect(&f, "fixed_grad." + q.name, DT_F32, q.ndim, q.shape, &e);
+            if (!ref) {
+                report("FAIL", run, e);
+                fails++;
+                break;
+            }
+            std::vector<float> ours(q.n), d_ours(q.n), d_ref(q.n);
+            param_to_torch(q, p.data() + q.off, ours.data());
+            for (size_t i = 0; i < q.n; i++) {
+                d_ours[i] = ours[i] - w[i];
+                d_ref[i] = ref[i] - w[i];
+            }
+            if (!check_tensor(run + " " + q.name, d_ours.data(), d_ref.data(), q.n, FIXED_ATOL_REL, 0.0, FIXED_RTOL,
+                              true))
+                fails++;
+        }
+        std::string detail = strfmt("%d steps on grad.*: %zu tensors against fixed_grad.*, %d failed", n_fixed,
+                                    model.params.size(), fails);
+        if (mp) detail += strfmt(" (%zu matrices in %zu groups)", mp->mats.size(), mp->groups.size());
+        printf("     %s: %s\n", run.c_str(), detail.c_str());
+        if (mp) muon_destroy(mp);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 static void test_debug_state(const std::string& path, bool required) {
     std::string tag = base_name(path);
     BinFile f;
@@ -158,8 +311,10 @@ static void test_debug_state(const std::string& path, bool required) {
     UNet* m = &model;
     unet_define(m, cfg, B);
     unet_allocate(m);
+    debug_state_optimizer(m, &f);
     char buf[256];
-    snprintf(buf, sizeof buf, "%s: B=%d, image %d, %zu parameters, %d AdamW steps", tag.c_str(), B, H, m->n_params, S);
+    snprintf(buf, sizeof buf, "%s: B=%d, image %d, %zu parameters, %d %s steps", tag.c_str(), B, H, m->n_params, S,
+             OPTIMIZER_NAME[f.hdr[DS_OPTIMIZER]]);
     printf("---- %s\n", buf);
     if (!load_weights(m, &f, tag)) {
         unet_free(m);
@@ -250,6 +405,7 @@ static void test_debug_state(const std::string& path, bool required) {
         printf("     %s step losses%s%s)\n", tag.c_str(), l.c_str(), S > 4 ? " ..." : "");
         check_tensor(tag + " step_losses", losses.data(), step_losses, S, 0.0, 0.0, STEP_LOSS_RTOL);
     }
+    if (m->muon) check_muon_final(m, &f, tag);
     unet_free(m);
 }
 
@@ -329,6 +485,7 @@ static void test_debug_state_bf16(const std::string& path) {
     unet_define(m, cfg, B);
     m->prec = PREC_BF16;
     unet_allocate(m);
+    debug_state_optimizer(m, &f);
     printf("---- %s: B=%d, image %d, %d AdamW steps, --precision bf16 against PyTorch bf16 autocast\n", tag.c_str(), B,
            H, S);
     if (!load_weights(m, &f, tag)) {
@@ -542,6 +699,50 @@ static void test_resume(Precision prec) {
     else report("FAIL", tag, "first difference at step " + std::to_string(diff) + " (whole/split:" + l + ")");
 }
 
+// Muon's plan for the default model (CI): under each grouping every element of every conv and linear weight is read
+// from one place of the group buffers and every other parameter's is AdamW's, exactly once; the padded shapes hold
+// their matrices. Prints auto's groups, launches and FLOPs per step.
+static void test_muon_plan() {
+    UNet model;
+    unet_define(&model, UNetConfig(), 32);
+    for (int grouping = 0; grouping < 3; grouping++) {
+        MuonPlan mp;
+        mp.grouping = grouping;
+        mp.half = true;
+        muon_plan(&mp, model.params);
+        std::vector<int> seen(model.n_params, 0);
+        for (int i : mp.adam_idx) seen[i]++;
+        bool fits = true;
+        for (size_t k = 0; k < mp.mats.size(); k++) {
+            const MuonMat& q = mp.mats[k];
+            const size_t end = k + 1 < mp.mats.size() ? mp.mats[k + 1].w_off : mp.w_elems;
+            fits = fits && std::min(q.rows, q.cols) <= q.m_pad && (end - q.w_off) % q.m_pad == 0 &&
+                   (size_t)std::max(q.rows, q.cols) <= (end - q.w_off) / q.m_pad;
+            for (size_t e = q.w_off; e < end; e++) {
+                fits = fits && muon_mat_of(mp.mats.data(), (int)mp.mats.size(), e) == (int)k;
+                const long long src = muon_src(q, e - q.w_off);
+                if (src >= 0) seen[src]++;
+            }
+        }
+        size_t once = 0, twice = 0, missed = 0;
+        for (const Param& q : model.params)
+            for (size_t i = 0; i < q.n; i++) {
+                const int c = seen[q.off + i];
+                once += c == 1;
+                twice += c > 1;
+                missed += c == 0;
+            }
+        const bool ok = fits && twice == 0 && missed == 0 && mp.mats.size() == 113;
+        report(ok ? "PASS" : "FAIL", std::string("muon plan ") + MUON_GROUPING_NAME[grouping],
+               strfmt("%zu matrices in %zu groups, %zu of %zu parameter floats placed once, %zu twice, %zu never; "
+                      "shapes fit: %s; bf16 step: %d launches, %.1f GFLOP of Newton-Schulz", mp.mats.size(),
+                      mp.groups.size(), once, (size_t)22080323, twice, missed, fits ? "yes" : "NO", mp.launches,
+                      mp.gflop));
+        if (grouping == MG_AUTO)
+            for (const MuonGroup& g : mp.groups) printf("     group %d x %d: %d matrices\n", g.m_pad, g.M_pad, g.count);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // CPU checks (run in CI): the model's parameter table, our initialisation against PyTorch's default
 // distributions, the layout conversion, and the loader's draws.
@@ -645,7 +846,11 @@ static void cpu_checks() {
 int main(int argc, char** argv) {
     std::vector<std::string> paths;
     for (int i = 1; i < argc; i++) paths.push_back(argv[i]);
-    if (paths.empty()) cpu_checks();
+    if (paths.empty()) {
+        cpu_checks();
+        test_muon_plan();
+    }
+    for (const std::string& p : paths.empty() ? std::vector<std::string>{MUON_FIXTURE} : paths) test_fixed_grad_cpu(p);
     if (cuda_device_count() == 0) {
         report("SKIP", "test_unet", "no CUDA GPU (debug state, forward fixture and resume checks need one)");
         printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
@@ -659,6 +864,7 @@ int main(int argc, char** argv) {
         cublasCheck(cublasCreate(&g_cublas));
         set_tf32(false);
         test_debug_state("dev/fixtures/unet_debug_small.bin", false);
+        test_debug_state(MUON_FIXTURE, false);
         test_forward_fixture("dev/fixtures/unet_forward_small.bin");
         cublasCheck(cublasDestroy(g_cublas));
         test_resume(PREC_TF32);

@@ -33,7 +33,8 @@ NO_GPU = "no CUDA GPU found"
 FLAGS = ["data_file", "output_dir", "device", "batch_size", "lr", "beta1", "beta2", "adam_eps", "weight_decay", "steps",
          "log_every", "save_every", "seed", "ema_rate", "resume", "load", "precision", "image_size", "model_channels",
          "channel_mult", "num_res_blocks", "attn_ds", "num_head_channels", "diffusion_steps", "beta_start",
-         "beta_end", "sample", "num_samples", "sampler", "sample_steps", "use_ema", "allow_change", "eval_loss"]
+         "beta_end", "sample", "num_samples", "sampler", "sample_steps", "use_ema", "allow_change", "eval_loss",
+         "optimizer", "muon_lr", "muon_momentum", "muon_nesterov", "ns_steps"]
 
 
 def report(status, name, detail):
@@ -257,6 +258,7 @@ def main():
                      "magic is 20260301, expected 20260302")
 
         resume_and_paths(tmp, good_data)
+        muon_flags(tmp, good_data)
         table_and_log_lines(base)
 
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
@@ -320,6 +322,69 @@ def resume_and_paths(tmp, good_data):
     os.makedirs(os.path.join(folder, "model.bin"), exist_ok=True)
     expect_error("--output_dir with model.bin a directory is refused at start-up",
                  ["--data_file", good_data, "--output_dir", folder] + SMALL_FLAGS, "model.bin", "directory")
+
+
+def muon_flags(tmp, good_data):
+    """--optimizer muon (issue 21): bad values of its flags, --zero 1 refused, the checkpoint's optimizer fields and
+    tensors, and --resume keeping the stored optimizer and Muon settings unless --allow_change names them."""
+    out_dir = os.path.join(tmp, "out_muon")
+    run_flags = ["--data_file", good_data, "--output_dir", out_dir] + SMALL_FLAGS
+    for flag, value, words in (("optimizer", "sgd", ["one of adamw,muon", "'sgd'"]),
+                               ("muon_lr", "0", ["--muon_lr", "[1e-09, 1e+09]"]),
+                               ("muon_momentum", "1", ["--muon_momentum", "[0, 0.999999]"]),
+                               ("muon_nesterov", "2", ["--muon_nesterov", "[0, 1]"]),
+                               ("ns_steps", "0", ["--ns_steps", "[1, 99]"]), ("ns_steps", "100", ["[1, 99]"])):
+        expect_error(f"--{flag} {value}", run_flags + ["--optimizer", "muon", f"--{flag}", value], *words)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
+    r = subprocess.run([BINARY] + run_flags + ["--optimizer", "muon", "--zero", "1"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL, env=env)
+    out = r.stdout + r.stderr
+    ok = r.returncode != 0 and "--optimizer muon with --zero 1" in out and "--zero 0" in out
+    report("PASS" if ok else "FAIL", "--optimizer muon --zero 1 over 2 ranks is refused",
+           f"exit {r.returncode}: {out.strip().splitlines()[-1] if out.strip() else '(no output)'}")
+    expect_valid("--optimizer muon with valid flags", run_flags + ["--optimizer", "muon", "--muon_lr", "0.01",
+                                                                   "--ns_steps", "3", "--muon_nesterov", "0"])
+    # a Muon checkpoint: muon_m.* instead of adam_m.*, the settings in slots 25..29
+    params = small_params()
+    tensors = dict(params)
+    tensors.update({"ema." + n: v for n, v in params.items()})
+    tensors.update({"muon_m." + n: np.zeros_like(v) for n, v in params.items()})
+    tensors.update({"adam_v." + n: np.zeros_like(v) for n, v in params.items()})
+    tensors["rng_state"] = np.array([7, 5, 5, 0], dtype=np.int32)
+    stored = dict(SMALL, step=5, batch_size=4, seed=7, lr=2e-4, ema_rate=0.999, has_ema=1, has_optimizer=1,
+                  optimizer=1, muon_lr=0.03, muon_momentum=0.9, muon_nesterov=1, ns_steps=4)
+    ckpt = os.path.join(tmp, "muon.bin")
+    binio.write(ckpt, binio.UNET_CHECKPOINT, stored, tensors)
+    base = ["--resume", ckpt, "--data_file", good_data, "--output_dir", out_dir, "--steps", "10"]
+    expect_valid("resume: a Muon checkpoint", base)
+    code, out = run(base)
+    report("PASS" if "optimizer muon" in out else "FAIL", "resume: the stored optimizer without --optimizer",
+           out.strip().splitlines()[0] if out.strip() else "(no output)")
+    for flag, value, shown in (("optimizer", "adamw", "muon"), ("muon_lr", "0.02", "0.03"),
+                               ("muon_momentum", "0.95", "0.9"), ("muon_nesterov", "0", "1"), ("ns_steps", "5", "4")):
+        expect_error(f"resume: a changed --{flag} is refused (Muon checkpoint)", base + [f"--{flag}", value],
+                     f"--{flag} {value}", f"{flag} {shown} stored in {ckpt}", f"--allow_change {flag}")
+        expect_valid(f"resume: --{flag} changed knowingly (--allow_change {flag})",
+                     base + [f"--{flag}", value, "--allow_change", flag])
+    adamw_ckpt = os.path.join(tmp, "adamw.bin")
+    write_checkpoint(adamw_ckpt, step=5)
+    expect_error("resume: --optimizer muon on an AdamW checkpoint is refused",
+                 ["--resume", adamw_ckpt] + base[2:] + ["--optimizer", "muon"], "optimizer adamw stored",
+                 "--allow_change optimizer")
+    # checkpoint contents
+    for name, patch_fn, words in (
+            ("optimizer 2", lambda c, t: c.update(optimizer=2), ["optimizer is 2", "0 (adamw) or 1 (muon)"]),
+            ("Muon with ns_steps 0", lambda c, t: c.update(ns_steps=0), ["ns_steps is 0", "1..99"]),
+            ("AdamW with a Muon lr", lambda c, t: c.update(optimizer=0), ["muon_lr is 0.03", "unused"]),
+            ("Muon holding adam_m.*", lambda c, t: t.update({"adam_m." + k[7:]: t.pop(k) for k in list(t)
+                                                             if k.startswith("muon_m.")}), ["muon_m."])):
+        cfg, ts = dict(stored), {k: v.copy() for k, v in tensors.items()}
+        patch_fn(cfg, ts)
+        bad = os.path.join(tmp, "bad_muon.bin")
+        binio.write(bad, binio.UNET_CHECKPOINT, cfg, ts)
+        expect_error(f"checkpoint: {name} (--resume)", ["--resume", bad] + base[2:], bad, *words)
+        expect_error(f"checkpoint: {name} (--sample)", ["--sample", os.path.join(tmp, "s.bin"), "--load", bad], bad,
+                     *words)
 
 
 def have_gpu():

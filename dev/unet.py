@@ -5,7 +5,11 @@ conv_resample=True, resblock_updown=False, use_scale_shift_norm=False, dropout 0
 learn_sigma=False (out_channels 3), written here from scratch with the same module names, so state_dict names
 (input_blocks.1.0.in_layers.2.weight, ...) match that codebase. Diffusion: linear betas beta_start..beta_end
 over diffusion_steps (float64 schedule, cast to float32 when indexed, as guided-diffusion does), t uniform,
-epsilon-prediction MSE loss (mean over every element). Optimizer: torch.optim.AdamW.
+epsilon-prediction MSE loss (mean over every element). Optimizer: torch.optim.AdamW, or with --optimizer muon
+torch.optim.Muon for every conv and linear weight (as its 2-D view (out, in*kh*kw), a view of the same storage) and
+torch.optim.AdamW for the rest (biases, GroupNorm), both with --weight_decay; the debug state's fp32 steps replace
+torch's bf16 Newton-Schulz by the same iteration in fp32 (dev/mnist_optimizers.py's ns_fp32), the autocast ones
+keep torch's own.
 
 Layers (C = model_channels, E = 4C, ch = C*mult of the level; every conv 3x3 has padding 1):
   time_embed.0 Linear(C,E), .1 SiLU, .2 Linear(E,E)      on timestep_embedding(t, C): cat[cos, sin]
@@ -37,9 +41,11 @@ Usage (GPU machine: torch is there only):
   python3 dev/unet.py --forward_fixture F.bin       # weights, x_t, t, out = model(x_t, t) (UNET_FIXTURE)
   python3 dev/unet.py --list_params                 # every parameter name and shape
 The debug state (scripts/binio.py UNET_DEBUG_STATE, data/README.md): weights, x0, t, noise, x_t, out, loss,
-grad.<name>, then n_steps AdamW steps on the same x0, step i drawing step_t[i] (B,) and step_noise[i*B:(i+1)*B]
+grad.<name>, then n_steps optimizer steps on the same x0, step i drawing step_t[i] (B,) and step_noise[i*B:(i+1)*B]
 (stored as (S*B, 3, H, W)) fresh; step_losses[i]
-is the loss of step i's forward, with the weights after i updates (so before update i+1).
+is the loss of step i's forward, with the weights after i updates (so before update i+1); final.<name> the
+parameters after the n_steps updates; fixed_grad.<name> the initial parameters after n_fixed optimizer steps that
+each take grad.* as the gradient (dev/test_unet.cu checks those on the CPU).
 """
 import argparse
 import copy
@@ -289,8 +295,8 @@ def model_fields(model, diffusion_steps, beta_start, beta_end):
                 diffusion_steps=diffusion_steps, beta_start=beta_start, beta_end=beta_end)
 
 
-def params_numpy(model, prefix=""):
-    return {prefix + n: p.detach().float().cpu().numpy() for n, p in model.state_dict().items()}
+def params_numpy(model, prefix=""):  # copies: on the CPU .numpy() would share the storage the steps then change
+    return {prefix + n: p.detach().float().cpu().numpy().copy() for n, p in model.state_dict().items()}
 
 
 def load_batch(data_file, batch_size, image_size):
@@ -332,6 +338,56 @@ def build_model(args):
                      args.num_head_channels, zero_init=bool(args.zero_init))
 
 
+def make_optimizer(model, args):
+    """-> (optimizers, Muon's 2-D views by parameter name): AdamW for everything, or (--optimizer muon)
+    torch.optim.Muon for the weights of ndim >= 2 as (out, in*kh*kw) views and AdamW for the rest."""
+    adamw = dict(lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, weight_decay=args.weight_decay)
+    if args.optimizer == "adamw":
+        return [torch.optim.AdamW(model.parameters(), **adamw)], {}
+    named = dict(model.named_parameters())
+    mats = {n: nn.Parameter(p.data.view(p.shape[0], -1)) for n, p in named.items() if p.ndim >= 2}
+    muon = torch.optim.Muon(list(mats.values()), lr=args.muon_lr, weight_decay=args.weight_decay,
+                            momentum=args.muon_momentum, nesterov=bool(args.muon_nesterov), ns_steps=args.ns_steps)
+    return [muon, torch.optim.AdamW([p for n, p in named.items() if n not in mats], **adamw)], mats
+
+
+def optimizer_step(model, optimizers, mats):
+    named = dict(model.named_parameters())
+    for n, q in mats.items():
+        q.grad = named[n].grad.view(q.shape)
+    for opt in optimizers:
+        opt.step()
+
+
+class MuonFp32:
+    """Within it torch.optim.Muon runs its Newton-Schulz iteration in fp32 (the fp32 reference), not in bf16."""
+
+    def __init__(self, on):
+        self.on = on
+
+    def __enter__(self):
+        import torch.optim._muon as muon_module
+        from mnist_optimizers import ns_fp32
+        self.module, self.original = muon_module, muon_module._zeropower_via_newtonschulz
+        if self.on:
+            muon_module._zeropower_via_newtonschulz = ns_fp32
+
+    def __exit__(self, *exc):
+        self.module._zeropower_via_newtonschulz = self.original
+
+
+def fixed_grad_reference(model, grads, args):
+    """fixed_grad.<name>: a copy of the model after args.n_fixed optimizer steps that each take grads as the gradient."""
+    m = copy.deepcopy(model)
+    optimizers, mats = make_optimizer(m, args)
+    with MuonFp32(True):
+        for _ in range(args.n_fixed):
+            for n, p in m.named_parameters():
+                p.grad = torch.from_numpy(grads["grad." + n]).to(p.device).clone()
+            optimizer_step(m, optimizers, mats)
+    return {"fixed_grad." + n: p.detach().cpu().numpy().copy() for n, p in m.named_parameters()}
+
+
 def autocast_reference(model, diffusion, x0, t, noise, step_t, step_noise, args):
     """The debug state's step under torch.autocast(bfloat16) from the same initial weights (a copy of the model,
     before any update): autocast.out (float32 of the bf16 output), autocast.loss, autocast.grad.<name>, and
@@ -350,16 +406,15 @@ def autocast_reference(model, diffusion, x0, t, noise, step_t, step_noise, args)
            "autocast.loss": np.array(loss.item(), dtype=np.float32)}
     res.update({"autocast.grad." + n: p.grad.detach().float().cpu().numpy().copy() for n, p in m.named_parameters()})
     print(f"autocast bf16 loss {loss.item():.6f}")
-    opt = torch.optim.AdamW(m.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
-                            weight_decay=args.weight_decay)
+    optimizers, mats = make_optimizer(m, args)  # Muon: torch's own bf16 Newton-Schulz
     losses = []
     for i in range(args.n_steps):
-        opt.zero_grad(set_to_none=True)
+        m.zero_grad(set_to_none=True)
         ti, ni = step_t[i].to(x0.device), step_noise[i].to(x0.device)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             li = F.mse_loss(m(diffusion.q_sample(x0, ti, ni), ti), ni)
         li.backward()
-        opt.step()
+        optimizer_step(m, optimizers, mats)
         losses.append(li.item())
     res["autocast.step_losses"] = np.array(losses, dtype=np.float32).reshape(args.n_steps)
     return res
@@ -393,7 +448,14 @@ def main():
     p.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
     p.add_argument("--beta2", type=float, default=0.999, help="AdamW beta2")
     p.add_argument("--eps", type=float, default=1e-8, help="AdamW epsilon")
-    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW decoupled weight decay")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="decoupled weight decay (AdamW and Muon)")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
+                   help="the debug state's optimizer (muon: Muon for conv and linear weights, AdamW for the rest)")
+    p.add_argument("--muon_lr", type=float, default=0.02, help="Muon learning rate")
+    p.add_argument("--muon_momentum", type=float, default=0.95, help="Muon momentum")
+    p.add_argument("--muon_nesterov", type=int, default=1, choices=[0, 1], help="Muon: 1 Nesterov momentum, 0 plain")
+    p.add_argument("--ns_steps", type=int, default=5, help="Muon: Newton-Schulz steps")
+    p.add_argument("--n_fixed", type=int, default=3, help="steps on the fixed gradient grad.* (fixed_grad.*)")
     p.add_argument("--ema_rate", type=float, default=0.9999, help="stored in the init checkpoint's header")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed of the init; draws use seed+1")
     p.add_argument("--data_file", default="", help="UNET_DATASET to take x0 from (default: uniform random in [-1,1])")
@@ -406,13 +468,16 @@ def main():
                  "diffusion_steps"]:
         if getattr(args, name) < 1:
             sys.exit(f"error: --{name} must be >= 1, found {getattr(args, name)}")
-    if args.n_steps < 0:
-        sys.exit(f"error: --n_steps must be >= 0, found {args.n_steps}")
+    if args.n_steps < 0 or args.n_fixed < 0:
+        sys.exit(f"error: --n_steps and --n_fixed must be >= 0, found {args.n_steps} and {args.n_fixed}")
+    if not 1 <= args.ns_steps <= 99:
+        sys.exit(f"error: --ns_steps must be 1..99, found {args.ns_steps}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda but torch sees no GPU")
     # The headers store these as float32: run with exactly the stored values, so that a reader rebuilding the
     # schedule (float64 linspace of the float32 betas) or the AdamW step from the header gets the same numbers.
-    for name in ["beta_start", "beta_end", "lr", "beta1", "beta2", "eps", "weight_decay", "ema_rate"]:
+    for name in ["beta_start", "beta_end", "lr", "beta1", "beta2", "eps", "weight_decay", "ema_rate", "muon_lr",
+                 "muon_momentum"]:
         setattr(args, name, float(np.float32(getattr(args, name))))
 
     # true fp32 everywhere: the C++ side is compared with this in fp32
@@ -483,23 +548,27 @@ def main():
     if args.autocast_bf16:
         autocast = autocast_reference(model, diffusion, x0_d, t_d, noise_d, step_t, step_noise, args)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
-                            weight_decay=args.weight_decay)
+    fixed = fixed_grad_reference(model, grads, args)
+    optimizers, mats = make_optimizer(model, args)
     step_losses = []
-    for i in range(S):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.time()
-        opt.zero_grad(set_to_none=True)
-        ti, ni = step_t[i].to(device), step_noise[i].to(device)
-        li = F.mse_loss(model(diffusion.q_sample(x0_d, ti, ni), ti), ni)
-        li.backward()
-        opt.step()
-        step_losses.append(li.item())
-        print(f"step {i:3d} loss {step_losses[-1]:.6f} ({(time.time() - t0) * 1000:.1f} ms)")
+    with MuonFp32(True):
+        for i in range(S):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.time()
+            model.zero_grad(set_to_none=True)
+            ti, ni = step_t[i].to(device), step_noise[i].to(device)
+            li = F.mse_loss(model(diffusion.q_sample(x0_d, ti, ni), ti), ni)
+            li.backward()
+            optimizer_step(model, optimizers, mats)
+            step_losses.append(li.item())
+            print(f"step {i:3d} loss {step_losses[-1]:.6f} ({(time.time() - t0) * 1000:.1f} ms)")
 
+    muon = args.optimizer == "muon"
     config = dict(fields, batch_size=B, n_steps=S, lr=args.lr, beta1=args.beta1, beta2=args.beta2, eps=args.eps,
-                  weight_decay=args.weight_decay)
+                  weight_decay=args.weight_decay, optimizer=int(muon), muon_lr=args.muon_lr if muon else 0.0,
+                  muon_momentum=args.muon_momentum if muon else 0.0, muon_nesterov=args.muon_nesterov if muon else 0,
+                  ns_steps=args.ns_steps if muon else 0, n_fixed=args.n_fixed)
     tensors = dict(init_weights)
     tensors.update(x0=x0.numpy(), t=t.numpy().astype(np.int32), noise=noise.numpy(),
                    x_t=x_t.detach().cpu().numpy(), out=out.detach().cpu().numpy(),
@@ -508,6 +577,8 @@ def main():
     tensors.update(step_t=step_t.numpy().astype(np.int32),
                    step_noise=step_noise.numpy().reshape(S * B, 3, H, H),  # 5 dims do not fit the table
                    step_losses=np.array(step_losses, dtype=np.float32).reshape(S))
+    tensors.update({"final." + n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()})
+    tensors.update(fixed)
     tensors.update(autocast)
     binio.write(args.debug_state, binio.UNET_DEBUG_STATE, config, tensors)
     print(f"wrote {args.debug_state} ({os.path.getsize(args.debug_state)} bytes, {len(tensors)} tensors)")

@@ -52,11 +52,14 @@ class PathError(FormatError):
 
 class Format:
     """A file kind: magic, version, and the config fields stored in header slots 3, 4, ... in order.
-    fields: list of (name, "i" | "f")."""
+    fields: list of (name, "i" | "f"). defaults: values of fields added after files of the format existed, 0 (what
+    those files hold in the slot) meaning the old behaviour; a writer may leave them out."""
 
-    def __init__(self, name, magic, version, fields):
+    def __init__(self, name, magic, version, fields, defaults=None):
         assert FIRST_FIELD + len(fields) <= HEADER_INTS, name
         self.name, self.magic, self.version, self.fields = name, magic, version, list(fields)
+        self.defaults = dict(defaults or {})
+        assert all(n in dict(self.fields) and v == 0 for n, v in self.defaults.items()), name
 
 
 def _kind(mode):
@@ -284,6 +287,7 @@ def encode(fmt, config, tensors):
     value may be a np.float32, whose bits are then kept exactly (a NaN's payload too). Raises FormatError."""
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = fmt.magic, fmt.version, len(tensors)
+    config = dict(fmt.defaults, **config)
     missing = [n for n, _ in fmt.fields if n not in config]
     extra = [n for n in config if n not in dict(fmt.fields)]
     if missing or extra:
@@ -476,21 +480,31 @@ UNET_MODEL_FIELDS = [
 UNET_DATASET = Format("unet dataset", magic_number(3, 1), 1, [
     ("n_images", "i"), ("height", "i"), ("width", "i"), ("channels", "i"),
 ])
+# The optimizer of a unet checkpoint or debug state: optimizer 0 AdamW, 1 Muon (train_unet --optimizer muon: the conv
+# and linear weights, AdamW the rest) with its settings; files written before these fields hold 0 there (AdamW).
+UNET_OPTIMIZER_FIELDS = [("optimizer", "i"), ("muon_lr", "f"), ("muon_momentum", "f"), ("muon_nesterov", "i"),
+                         ("ns_steps", "i")]
+UNET_OPTIMIZER_DEFAULTS = {name: 0 for name, _ in UNET_OPTIMIZER_FIELDS}
+UNET_OPTIMIZERS = ["adamw", "muon"]
 # tensors: every parameter by its dev/unet.py state_dict name, in PyTorch layout (conv weight (Cout, Cin, kh, kw));
-# when has_ema: ema.<name>; when has_optimizer: adam_m.<name>, adam_v.<name>; rng_state int32 (trainer-defined).
+# when has_ema: ema.<name>; when has_optimizer: adam_m.<name> (optimizer 1: muon_m.<name>, Muon's momentum buffer of
+# the weights and AdamW's first moment of the rest), adam_v.<name> (0 for Muon's weights); rng_state int32
+# (trainer-defined).
 UNET_CHECKPOINT = Format("unet checkpoint", magic_number(3, 2), 1, UNET_MODEL_FIELDS + [
     ("step", "i"), ("batch_size", "i"), ("seed", "i"), ("lr", "f"), ("ema_rate", "f"),
     ("has_ema", "i"), ("has_optimizer", "i"),
-])
+] + UNET_OPTIMIZER_FIELDS, UNET_OPTIMIZER_DEFAULTS)
 # Written by dev/unet.py. tensors: every parameter (initial weights) by name; x0 float32 (B, 3, H, W) in [-1, 1]
 # (NCHW, as PyTorch); t int32 (B,); noise float32 (B, 3, H, W); x_t float32 (B, 3, H, W) (the noised input);
 # out float32 (B, 3, H, W) (the model's epsilon prediction on x_t); loss float32 (); grad.<name> for every parameter;
 # then n_steps AdamW steps on the same x0: step_t int32 (S, B), step_noise float32 (S*B, 3, H, W) (row i*B + b is
 # step i's sample b: 5 dims do not fit the table), step_losses float32 (S,) (loss of step i before its update).
+# Written since the optimizer fields: final.<name> (the parameters after the n_steps steps) and fixed_grad.<name>
+# (the initial parameters after n_fixed steps that each take grad.* as the gradient).
 UNET_DEBUG_STATE = Format("unet debug state", magic_number(3, 3), 1, UNET_MODEL_FIELDS + [
     ("batch_size", "i"), ("n_steps", "i"), ("lr", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"),
     ("weight_decay", "f"),
-])
+] + UNET_OPTIMIZER_FIELDS + [("n_fixed", "i")], dict(UNET_OPTIMIZER_DEFAULTS, n_fixed=0))
 # Written by dev/unet.py --forward_fixture (a CI fixture for the NumPy forward of scripts/generate.py): every
 # parameter by name; x_t float32 (B, 3, H, W); t int32 (B,); out float32 (B, 3, H, W) = model(x_t, t).
 UNET_FIXTURE = Format("unet forward fixture", magic_number(3, 4), 1, UNET_MODEL_FIELDS + [("batch_size", "i")])

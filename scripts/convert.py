@@ -78,7 +78,8 @@ def expected_tensors(fmt, cfg, path):
 
     if fmt is binio.UNET_CHECKPOINT:
         shapes = ModelConfig(cfg, path).param_shapes()  # dev/unet.py's state_dict, in its order
-        prefixes = [""] + ["ema."] * flag("has_ema") + ["adam_m.", "adam_v."] * flag("has_optimizer")
+        moments = ["muon_m." if flag("optimizer") == 1 else "adam_m.", "adam_v."]  # 1: Muon
+        prefixes = [""] + ["ema."] * flag("has_ema") + moments * flag("has_optimizer")
     else:
         shapes = dict(binio.MNIST_PARAM_SHAPES)
         optimizer = flag("optimizer")
@@ -104,7 +105,8 @@ def check_tensors(path, what, tensors, want):
 
 
 def describe(fmt, cfg):
-    flags = ["has_ema", "has_optimizer"] if fmt is binio.UNET_CHECKPOINT else ["optimizer", "has_optimizer"]
+    unet = fmt is binio.UNET_CHECKPOINT
+    flags = ["has_ema", "has_optimizer", "optimizer"] if unet else ["optimizer", "has_optimizer"]
     return f"{fmt.name} with " + ", ".join(f"{f} {cfg[f]}" for f in flags)
 
 
@@ -161,7 +163,8 @@ def meta_config(path, meta):
     version = meta_int(path, meta, "version")
     if version != fmt.version:
         raise Error(f"{path}: metadata version is {version}, expected {fmt.version} ({fmt.name})")
-    cfg = {n: meta_float(path, meta, n) if k == "f" else meta_int(path, meta, n) for n, k in fmt.fields}
+    cfg = {n: fmt.defaults[n] if n in fmt.defaults and n not in meta  # (converted before the field existed)
+           else meta_float(path, meta, n) if k == "f" else meta_int(path, meta, n) for n, k in fmt.fields}
     return fmt, cfg
 
 

@@ -389,6 +389,15 @@ def checkpoint_fields(path, cfg):
     for field in ("has_ema", "has_optimizer"):
         if cfg[field] not in (0, 1):
             bad(field, "0 or 1")
+    if cfg["optimizer"] not in (0, 1):
+        bad("optimizer", "0 (adamw) or 1 (muon)")
+    muon = cfg["optimizer"] == 1  # train_unet --optimizer muon's settings (the ranges of its flags), else all 0
+    ranges = [("muon_lr", 1e-9, 1e9), ("muon_momentum", 0, 0.999999), ("muon_nesterov", 0, 1), ("ns_steps", 1, 99)]
+    for field, lo, hi in ranges:
+        if muon and not lo <= cfg[field] <= hi:
+            bad(field, f"{lo:g}..{hi:g} (optimizer 1, muon)")
+        if not muon and cfg[field] != 0:
+            bad(field, "0 (unused by optimizer 0, adamw)")
 
 
 def load_checkpoint(path, weights_choice):
@@ -403,7 +412,7 @@ def load_checkpoint(path, weights_choice):
     if cfg["has_ema"]:
         expected.update({"ema." + n: (s, np.float32) for n, s in shapes.items()})
     if cfg["has_optimizer"]:
-        for prefix in ("adam_m.", "adam_v."):
+        for prefix in ("muon_m." if cfg["optimizer"] == 1 else "adam_m.", "adam_v."):
             expected.update({prefix + n: (s, np.float32) for n, s in shapes.items()})
         expected["rng_state"] = ((4,), np.int32)
     for name, (shape, dtype) in expected.items():
