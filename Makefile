@@ -70,7 +70,7 @@ bench: all
 gpu-check:
 	$(MAKE) -j16 all
 	$(MAKE) -C dev -j16 all
-	$(PYTHON) dev/run_tests.py
+	$(PYTHON) dev/run_tests.py -j 8
 	$(PYTHON) dev/run_benchmarks.py --quick --out bench_results
 
 # Where train_unet's NCCL comes from (.ci/run asks before it installs the headers)
