@@ -441,11 +441,12 @@ MNIST_FIXTURE = Format("mnist fixture", magic_number(2, 4), 1, MNIST_DEBUG_FIELD
 # references. tensors: x (B,1,28,28), y int32 (B,); for each run muon, shampoo_sgd, shampoo_adam: <run>_losses (S,)
 # and the final parameters <run>.<name> (fc1.weight: its first 4 rows, <run>.fc1.weight.rows (4, 9216));
 # muon_bf16_losses (S,) (torch.optim.Muon unmodified).
-MNIST_OPT_FIXTURE = Format("mnist optimizer fixture", magic_number(2, 5), 1, [
+MNIST_OPT_FIXTURE = Format("mnist optimizer fixture", magic_number(2, 5), 2, [
     ("batch_size", "i"), ("n_steps", "i"), ("init_seed", "i"), ("lr", "f"), ("momentum", "f"), ("weight_decay", "f"),
     ("adam_lr", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"), ("adam_weight_decay", "f"), ("muon_lr", "f"),
     ("muon_momentum", "f"), ("muon_nesterov", "i"), ("ns_steps", "i"), ("precond_every", "i"),
     ("precond_start", "i"), ("max_precond_dim", "i"), ("precond_eps", "f"), ("precond_damping", "f"),
+    ("kfac_stat_decay", "f"), ("kfac_damping", "f"),
 ])
 
 
