@@ -113,6 +113,32 @@ def inverse_root4(torch, a, cfg):
     return ((v * w.clamp(min=1e-300) ** -0.25) @ v.T).float()
 
 
+def graft_operands(st, g, w, step, sgd, wd, b1, b2, eps):
+    """U (the preconditioner's operand) and D (the graft's direction): SGD's G + wd W twice, or AdamW's m_hat and
+    m_hat / (sqrt(v_hat) + eps) (st's m and v updated)."""
+    if sgd:
+        d = g + wd * w
+        return d, d
+    st["m"].mul_(b1).add_(g, alpha=1 - b1)
+    st["v"].mul_(b2).addcmul_(g, g, value=1 - b2)
+    u = st["m"] / (1 - b1 ** (step + 1))
+    return u, u / ((st["v"] / (1 - b2 ** (step + 1))).sqrt() + eps)
+
+
+def grafted(torch, p, d):
+    """P with D's Frobenius norm (zero when P is)."""
+    pn = p.norm()
+    return p * (d.norm() / pn) if pn > 0 else torch.zeros_like(p)
+
+
+def graft_step(st, w, s, sgd, lr, wd, mom):
+    """w after the graft's step with direction s: SGD-momentum (st's buf) or AdamW's decoupled decay."""
+    if sgd:
+        st["buf"].mul_(mom).add_(s)
+        return w - lr * st["buf"]
+    return w * (1 - lr * wd) - lr * s
+
+
 def run_shampoo(torch, net, x, y, cfg, graft):
     params = dict(net.named_parameters())
     sgd = graft == "sgd"
@@ -140,14 +166,7 @@ def run_shampoo(torch, net, x, y, cfg, graft):
         with torch.no_grad():
             for n in WEIGHTS:
                 st, w, g = state[n], matrix(params[n].data), matrix(params[n].grad)
-                if sgd:
-                    d = g + wd * w
-                    u = d
-                else:
-                    st["m"].mul_(b1).add_(g, alpha=1 - b1)
-                    st["v"].mul_(b2).addcmul_(g, g, value=1 - b2)
-                    u = st["m"] / (1 - b1 ** (step + 1))
-                    d = u / ((st["v"] / (1 - b2 ** (step + 1))).sqrt() + eps)
+                u, d = graft_operands(st, g, w, step, sgd, wd, b1, b2, eps)
                 s = torch.empty_like(w)
                 for bl in st["blocks"]:
                     rs, cs = slice(bl["r0"], bl["r0"] + bl["r"]), slice(bl["c0"], bl["c0"] + bl["c"])
@@ -159,14 +178,8 @@ def run_shampoo(torch, net, x, y, cfg, graft):
                     if bl["Linv"] is None:
                         s[rs, cs] = d[rs, cs]
                         continue
-                    p = bl["Linv"] @ u[rs, cs] @ bl["Rinv"]
-                    pn = p.norm()
-                    s[rs, cs] = p * (d[rs, cs].norm() / pn) if pn > 0 else torch.zeros_like(p)
-                if sgd:
-                    st["buf"].mul_(mom).add_(s)
-                    w.sub_(lr * st["buf"])
-                else:
-                    w.mul_(1 - lr * wd).sub_(lr * s)
+                    s[rs, cs] = grafted(torch, bl["Linv"] @ u[rs, cs] @ bl["Rinv"], d[rs, cs])
+                w.copy_(graft_step(st, w, s, sgd, lr, wd, mom))
         bias_opt.step()
     return losses
 
@@ -232,14 +245,7 @@ def run_kfac(torch, net, x, y, cfg, graft):
                             fb["inv"] = torch.linalg.inv(damped(torch, fb["F"], cfg)).float()
                 w = torch.cat([matrix(wp.data), bp.data.view(-1, 1)], 1)
                 gw = torch.cat([matrix(wp.grad), bp.grad.view(-1, 1)], 1)
-                if sgd:
-                    dir_ = gw + wd * w
-                    u = dir_
-                else:
-                    st["m"].mul_(b1).add_(gw, alpha=1 - b1)
-                    st["v"].mul_(b2).addcmul_(gw, gw, value=1 - b2)
-                    u = st["m"] / (1 - b1 ** (step + 1))
-                    dir_ = u / ((st["v"] / (1 - b2 ** (step + 1))).sqrt() + eps)
+                u, dir_ = graft_operands(st, gw, w, step, sgd, wd, b1, b2, eps)
                 s = torch.empty_like(w)
                 for gb in st["G"]:
                     for ab in st["A"]:
@@ -247,14 +253,8 @@ def run_kfac(torch, net, x, y, cfg, graft):
                         if gb["inv"] is None or ab["inv"] is None:
                             s[rs, cs] = dir_[rs, cs]
                             continue
-                        p = gb["inv"] @ u[rs, cs] @ ab["inv"]
-                        pn = p.norm()
-                        s[rs, cs] = p * (dir_[rs, cs].norm() / pn) if pn > 0 else torch.zeros_like(p)
-                if sgd:
-                    st["buf"].mul_(mom).add_(s)
-                    w -= lr * st["buf"]
-                else:
-                    w = w * (1 - lr * wd) - lr * s
+                        s[rs, cs] = grafted(torch, gb["inv"] @ u[rs, cs] @ ab["inv"], dir_[rs, cs])
+                w = graft_step(st, w, s, sgd, lr, wd, mom)
                 wp.data.copy_(w[:, :-1].reshape(wp.shape))
                 bp.data.copy_(w[:, -1])
     for h in handles:
