@@ -5916,9 +5916,10 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     if (keep("precond_start", is_shampoo, a.precond_start != o.precond_start, std::to_string(a.precond_start),
              std::to_string(o.precond_start)))
         a.precond_start = o.precond_start;
-    if (keep("precond_eps", is_shampoo, a.precond_eps != o.precond_eps, str(a.precond_eps), str(o.precond_eps)))
+    if (keep("precond_eps", is_shampoo || fisher, a.precond_eps != o.precond_eps, str(a.precond_eps),
+             str(o.precond_eps)))
         a.precond_eps = o.precond_eps;
-    if (keep("precond_damping", is_shampoo, a.precond_damping != o.precond_damping, str(a.precond_damping),
+    if (keep("precond_damping", is_shampoo || fisher, a.precond_damping != o.precond_damping, str(a.precond_damping),
              str(o.precond_damping)))
         a.precond_damping = o.precond_damping;
     if (keep("kfac_stat_decay", kfac, a.kfac_stat_decay != o.kfac_stat_decay, str(a.kfac_stat_decay),

@@ -443,6 +443,9 @@ def per_sample(tmp):
                  "--clip_per_sample 1", "5", "--allow_change clip_per_sample", code=1)
     expect_error("--resume clip with --precond fisher_diag", base + ["--resume", os.path.join(tmp, "ck_ps_clip.bin"),
                  "--precond", "fisher_diag"], "--precond fisher_diag", "none", "--allow_change optimizer", code=1)
+    expect_error("--resume fisher_diag with another --precond_eps",
+                 base + ["--resume", os.path.join(tmp, "ck_ps_fisher_diag.bin"), "--precond_eps", "0.1"],
+                 "--precond_eps 0.1", "1e-12", "--allow_change precond_eps", code=1)
     raw = open(os.path.join(tmp, "ck_ps_fisher_diag.bin"), "rb").read()
     off = ck_table(raw)["fisher_diag.fc2.bias"][1]
     bad = os.path.join(tmp, "fisher_negative.bin")
