@@ -1066,6 +1066,7 @@ struct RunConfig {
     bool wgmma = false;               // the binary's code for this GPU runs conv2's products on wgmma (sm_90a)
     bool fused_forward_fits = false;  // the fused forward's FC1F_SPLITS blocks are resident at once (one per SM)
     bool fused_forward = true;        // the fused forward where it applies (mnist_fused_forward); the tests turn it off
+    bool cpu_roots_fp32 = false;      // the tests' twin: the CPU computes the inverse roots as the GPU does (fp32)
     int wgrad_cluster = 1;            // conv2's weight gradient adds its partial sums in clusters of 1, 2 or 4 blocks
 };
 static RunConfig g_run;
@@ -1339,15 +1340,16 @@ __global__ void softmax_xent_kernel(float* dlogits, float* losses, int* preds, c
 
 // ----------------------------------------------------------------------------------------------------------------
 // optimizer and learning-rate schedule (computed on the device from the step counter, so a CUDA graph replays it)
-enum { OPT_SGD = 0, OPT_ADAMW = 1, OPT_MUON = 2, OPT_SHAMPOO = 3 };
+enum { OPT_SGD = 0, OPT_ADAMW = 1, OPT_MUON = 2, OPT_SHAMPOO = 3, OPT_KFAC = 4 };
 enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
 enum { GRAFT_SGD = 0, GRAFT_ADAM = 1 };
 struct OptConfig {
     int optimizer = OPT_SGD, schedule = SCHED_COSINE, warmup_steps = 0, total_steps = 1;
     float lr = 0.05f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-    // Muon and Shampoo (the matrix optimizers' section in part 4)
+    // Muon, Shampoo and K-FAC (the matrix optimizers' section in part 4)
     int nesterov = 1, ns_steps = 5, graft = GRAFT_SGD, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
+    float kfac_stat_decay = 0.95f;
     // per-sample gradients (part 4, after the matrix optimizers): clip norm (0: off), DP noise, Fisher preconditioner
     float clip = 0.0f, noise = 0.0f, fisher_power = 0.5f;
     int precond = 0;  // PRECOND_NONE or PRECOND_FISHER_DIAG
@@ -1617,7 +1619,7 @@ static void fc1_backward(const Fc1BackwardArgs& a);
 //   parameters, activations, forward, loss, backward, update; in each the --tf32 0 path is the straight line of
 //   matmul_forward calls, and the branch on conv2_fast(m) leads into the fast path (part 6)
 // ================================================================================================================
-struct MatrixOpt;  // Muon's and Shampoo's buffers (the matrix optimizers, below)
+struct MatrixOpt;  // Muon's, Shampoo's and K-FAC's buffers (the matrix optimizers, below)
 struct PerSample;  // the per-sample gradients' buffers (below the matrix optimizers)
 struct Mnist {
     bool cpu = false;
@@ -1636,7 +1638,7 @@ struct Mnist {
     int* yb = nullptr;              // the weight-gradient kernel (BatchPrefetch::xb, ConvInput::staged)
     int* counters = nullptr;  // device (or host) [step, offset, the optimizer's ticket (GPU, 0 between launches)]
     OptConfig opt;
-    MatrixOpt* mo = nullptr;  // --optimizer muon / shampoo only
+    MatrixOpt* mo = nullptr;  // --optimizer muon / shampoo / kfac only
     PerSample* ps = nullptr;  // --clip_per_sample / --precond fisher_diag only
 };
 
@@ -1644,6 +1646,7 @@ static void matrix_opt_build(Mnist* m);
 static void matrix_opt_free(Mnist* m);
 static void per_sample_build(Mnist* m);
 static void per_sample_free(Mnist* m);
+static bool is_matrix_opt(int optimizer) { return optimizer >= OPT_MUON; }  // Muon, Shampoo, K-FAC
 static float* mnist_alloc(const Mnist* m, size_t n) {
     float* p;
     if (m->cpu) {
@@ -1709,7 +1712,7 @@ static void mnist_build(Mnist* m, bool cpu, int B, int B_fwd) {
             cublasCheck(cublasSetWorkspace(g_mm.cublas, cublas_ws, 32u << 20));
         }
     }
-    if (m->opt.optimizer == OPT_MUON || m->opt.optimizer == OPT_SHAMPOO) matrix_opt_build(m);  // before any capture
+    if (is_matrix_opt(m->opt.optimizer)) matrix_opt_build(m);  // before any capture
     if (per_sample_on(m->opt)) per_sample_build(m);
 }
 static void mnist_free(Mnist* m) {
@@ -1754,10 +1757,12 @@ static void mnist_copy_in(const Mnist* m, float* dst, const float* host_src, siz
     else cudaCheck(cudaMemcpy(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice));
 }
 
-// conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise
-// (not under the per-sample step: it needs every layer's output gradient, which the fast path never stores)
+// conv2 takes its specialised TF32 kernels on our GPU path with TF32 on (the default); the generic kernel otherwise,
+// and always under the per-sample step and K-FAC: both need every layer's output gradient (the fast path keeps the
+// max-pool's window codes instead of dact2, and no dact1)
 static bool conv2_fast(const Mnist* m) {
-    return !m->cpu && g_run.backend == BACKEND_OURS && g_run.tf32 && !per_sample_on(m->opt);
+    return !m->cpu && g_run.backend == BACKEND_OURS && g_run.tf32 && !per_sample_on(m->opt) &&
+           m->opt.optimizer != OPT_KFAC;
 }
 
 // forward: x (B,28,28) normalized -> logits (B,10); on the fast path up to fc1's split-K partial sums (sm_90) or
@@ -1966,39 +1971,54 @@ static void mnist_set_counters(Mnist* m, int step, int offset) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the matrix optimizers: Muon and Shampoo (issue 21), on the CPU and the GPU through the same code
+// the matrix optimizers: Muon, Shampoo and K-FAC (issue 21), on the CPU and the GPU through the same code
 // Each weight is a matrix rows x cols in PyTorch's layout (a convolution's out x in*3*3); the optimizers work on a
-// PyTorch-layout copy of it (torch_index maps PyTorch's flat index to the internal one), so that Shampoo's blocks
-// and factors are PyTorch's (dev/mnist_optimizers.py). The biases take AdamW (Muon) or the graft's optimizer
-// (Shampoo): opt_update_elem, as --optimizer adamw / sgd. Every product runs on matmul_forward (our kernel, cuBLAS or
-// the CPU, as the network's); the elementwise steps are functors run by mo_each on either side; Shampoo's inverse
-// roots are coupled Newton iterations, fp32 on the GPU and float64 on the CPU.
+// PyTorch-layout copy of it (torch_index maps PyTorch's flat index to the internal one), so that the blocks and
+// factors are PyTorch's (dev/mnist_optimizers.py). K-FAC's matrix is the weight with its bias as one more column
+// (aug_index). Otherwise the biases take AdamW (Muon) or the graft's optimizer (Shampoo): opt_update_elem, as
+// --optimizer adamw / sgd. Every product runs on matmul_forward (our kernel, cuBLAS or the CPU, as the network's);
+// the elementwise steps are functors run by mo_each on either side; the inverse roots (Shampoo's p = 4, K-FAC's
+// inverse p = 1) are coupled Newton iterations, fp32 on the GPU and float64 on the CPU.
 constexpr int N_MATRICES = 4;
 static const int MATRIX_PARAMS[N_MATRICES] = {P_W1, P_W2, P_WF1, P_WF2};
 static const int BIAS_PARAMS[4] = {P_B1, P_B2, P_BF1, P_BF2};
 static int matrix_rows(int p) { return PARAMS[p].shape[0]; }
 static int matrix_cols(int p) { return (int)(PARAMS[p].numel / PARAMS[p].shape[0]); }
-static bool is_matrix_opt(int optimizer) { return optimizer == OPT_MUON || optimizer == OPT_SHAMPOO; }
+static int matrix_aug_cols(int opt, int p) { return matrix_cols(p) + (opt == OPT_KFAC ? 1 : 0); }  // K-FAC: + bias
 
 // One Shampoo block: rows r0.. and cols c0.. of matrix mat (dimensions above max_precond_dim split into blocks of
 // max_precond_dim, the last one smaller, as distributed_shampoo blocks a tensor); L = sum G G^T (rows x rows),
 // R = sum G^T G (cols x cols), running sums (distributed_shampoo's default beta2 = 1); Linv, Rinv their inverse 4th
 // roots, recomputed every precond_every steps; has_root: the roots were computed (else the block takes the graft's
 // step).
+// K-FAC's blocks are the same (r0, c0) tiles of the matrix with its bias column; their L, Linv and R, Rinv point
+// into the shared factors of their row chunk (G) and column chunk (A): KfacFactor.
 struct PrecondBlock {
     int mat = 0, r0 = 0, c0 = 0, rows = 0, cols = 0;
     float *L = nullptr, *R = nullptr, *Linv = nullptr, *Rinv = nullptr;
     int has_root = 0;
+    int fl = -1, fr = -1;  // K-FAC: the indices of its G and A factors
+};
+// One diagonal block of a K-FAC factor: G (side 0, the output gradients' rows i0 .. i0 + n) or A (side 1, the
+// inputs' columns i0 .., the bias's 1 last); F the running average, Finv its damped inverse, has_inv: Finv computed.
+struct KfacFactor {
+    int mat = 0, side = 0, i0 = 0, n = 0;
+    float *F = nullptr, *Finv = nullptr;
+    int has_inv = 0;
 };
 struct MatrixOpt {
-    int step = 0;  // updates done (counters[0], mirrored on the host: Shampoo's root schedule is a host decision)
-    int max_dim = 0;
+    int step = 0;  // updates done (counters[0], mirrored on the host: the root schedule is a host decision)
+    int optimizer = 0, max_dim = 0;  // what the buffers were built for
     int* torch_index[N_MATRICES] = {};  // [j] = internal flat index (within the parameter) of PyTorch's element j
+    int* aug_index[N_MATRICES] = {};    // K-FAC: the same over rows x (cols + 1), the bias's elements last
     float *gt[N_MATRICES] = {}, *ut[N_MATRICES] = {}, *dt[N_MATRICES] = {}, *st[N_MATRICES] = {};
     float *s_a = nullptr, *s_b = nullptr, *s_c = nullptr, *s_y = nullptr;  // scratch (products)
+    float* acts = nullptr;     // K-FAC: a layer's inputs (samples x (in + 1)), im2col patches for a convolution
     float* scalars = nullptr;  // norms and sums of squares, device or host
     std::vector<PrecondBlock> blocks;
-    std::vector<float*> newton;  // 6 n x n scratch matrices of the GPU Newton iteration
+    std::vector<KfacFactor> factors;  // K-FAC
+    int kfac_seen = 0;                // K-FAC: the factors hold statistics (the first step's replace them)
+    std::vector<float*> newton;       // 6 n x n scratch matrices of the fp32 Newton iteration
     int root_failures = 0;
 };
 
@@ -2048,57 +2068,106 @@ static float mo_read_scalar(const Mnist* m, const float* p) {
     return v;
 }
 
-// The blocks of every matrix for max_dim (rows and cols each split into chunks of at most max_dim).
-static std::vector<PrecondBlock> shampoo_blocks(int max_dim) {
+// The blocks of every matrix for max_dim (rows and cols each split into chunks of at most max_dim); K-FAC's matrices
+// have the bias column, and each block names its factors (kfac_factors' order: per matrix G's chunks, then A's).
+static std::vector<PrecondBlock> shampoo_blocks(int max_dim, int opt = OPT_SHAMPOO) {
     std::vector<PrecondBlock> out;
+    int first = 0;  // K-FAC: the matrix's first factor
     for (int k = 0; k < N_MATRICES; k++) {
-        const int rows = matrix_rows(MATRIX_PARAMS[k]), cols = matrix_cols(MATRIX_PARAMS[k]);
+        const int rows = matrix_rows(MATRIX_PARAMS[k]), cols = matrix_aug_cols(opt, MATRIX_PARAMS[k]);
+        const int nr = ceil_div(rows, max_dim), nc = ceil_div(cols, max_dim);
         for (int r0 = 0; r0 < rows; r0 += max_dim)
             for (int c0 = 0; c0 < cols; c0 += max_dim) {
                 PrecondBlock b;
                 b.mat = k; b.r0 = r0; b.c0 = c0;
                 b.rows = std::min(max_dim, rows - r0); b.cols = std::min(max_dim, cols - c0);
+                if (opt == OPT_KFAC) { b.fl = first + r0 / max_dim; b.fr = first + nr + c0 / max_dim; }
                 out.push_back(b);
             }
+        first += nr + nc;
     }
     return out;
 }
+// K-FAC's factor blocks: per matrix the chunks of G (its rows) then of A (its columns with the bias's)
+static std::vector<KfacFactor> kfac_factors(int max_dim) {
+    std::vector<KfacFactor> out;
+    for (int k = 0; k < N_MATRICES; k++)
+        for (int side = 0; side < 2; side++) {
+            const int dim = side ? matrix_aug_cols(OPT_KFAC, MATRIX_PARAMS[k]) : matrix_rows(MATRIX_PARAMS[k]);
+            for (int i0 = 0; i0 < dim; i0 += max_dim) {
+                KfacFactor f;
+                f.mat = k; f.side = side; f.i0 = i0; f.n = std::min(max_dim, dim - i0);
+                out.push_back(f);
+            }
+        }
+    return out;
+}
 
-// Allocates the buffers of m->opt's optimizer (Shampoo's blocks for its max_precond_dim), all zero.
+// A layer's input rows for K-FAC's A (the samples, or for a convolution every sample's output positions)
+static int kfac_input_rows(int k, int B) { return k == 0 ? B * H1 * H1 : k == 1 ? B * H2 * H2 : B; }
+static int* mo_upload_index(const Mnist* m, const std::vector<int>& idx) {
+    int* d = (int*)mnist_alloc(m, idx.size());
+    if (m->cpu) memcpy(d, idx.data(), idx.size() * 4);
+    else cudaCheck(cudaMemcpy(d, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+}
+// Allocates the buffers of m->opt's optimizer (Shampoo's and K-FAC's blocks for its max_precond_dim), all zero.
 static void matrix_opt_build(Mnist* m) {
     matrix_opt_free(m);
     MatrixOpt* mo = new MatrixOpt();
     m->mo = mo;
+    const int opt = m->opt.optimizer;
+    mo->optimizer = opt;
     size_t most = 0, sq = 1;
     for (int k = 0; k < N_MATRICES; k++) {
-        const int p = MATRIX_PARAMS[k];
-        const size_t n = PARAMS[p].numel;
-        most = std::max(most, n);
+        const int p = MATRIX_PARAMS[k], rows = matrix_rows(p), cols = matrix_cols(p);
+        const size_t n = PARAMS[p].numel, na = (size_t)rows * matrix_aug_cols(opt, p);
+        most = std::max(most, na);
         std::vector<float> torch_pos(n), internal(n);
         for (size_t j = 0; j < n; j++) torch_pos[j] = (float)j;  // exact: n < 2^24
         param_from_torch(p, torch_pos.data(), internal.data());
         std::vector<int> idx(n);
         for (size_t i = 0; i < n; i++) idx[(size_t)internal[i]] = (int)i;
-        mo->torch_index[k] = (int*)mnist_alloc(m, n);
-        if (m->cpu) memcpy(mo->torch_index[k], idx.data(), n * 4);
-        else cudaCheck(cudaMemcpy(mo->torch_index[k], idx.data(), n * 4, cudaMemcpyHostToDevice));
-        mo->gt[k] = mnist_alloc(m, n); mo->ut[k] = mnist_alloc(m, n);
-        mo->dt[k] = mnist_alloc(m, n); mo->st[k] = mnist_alloc(m, n);
-        const size_t r = std::min(matrix_rows(p), matrix_cols(p));
+        mo->torch_index[k] = mo_upload_index(m, idx);
+        if (opt == OPT_KFAC) {  // the bias follows its weight in the flat buffer: element r at n + r
+            std::vector<int> aug(na);
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c <= cols; c++)
+                    aug[(size_t)r * (cols + 1) + c] = c < cols ? idx[(size_t)r * cols + c] : (int)n + r;
+            mo->aug_index[k] = mo_upload_index(m, aug);
+        }
+        mo->gt[k] = mnist_alloc(m, na); mo->ut[k] = mnist_alloc(m, na);
+        mo->dt[k] = mnist_alloc(m, na); mo->st[k] = mnist_alloc(m, na);
+        const size_t r = std::min(rows, cols);
         sq = std::max(sq, r * r);
     }
-    if (m->opt.optimizer == OPT_SHAMPOO) {
+    if (opt == OPT_SHAMPOO || opt == OPT_KFAC) {
         mo->max_dim = m->opt.max_precond_dim;
-        mo->blocks = shampoo_blocks(mo->max_dim);
+        mo->blocks = shampoo_blocks(mo->max_dim, opt);
         size_t nn = 1;
-        for (PrecondBlock& b : mo->blocks) {
-            b.L = mnist_alloc(m, (size_t)b.rows * b.rows); b.Linv = mnist_alloc(m, (size_t)b.rows * b.rows);
-            b.R = mnist_alloc(m, (size_t)b.cols * b.cols); b.Rinv = mnist_alloc(m, (size_t)b.cols * b.cols);
-            nn = std::max({nn, (size_t)b.rows * b.rows, (size_t)b.cols * b.cols});
+        if (opt == OPT_SHAMPOO)
+            for (PrecondBlock& b : mo->blocks) {
+                b.L = mnist_alloc(m, (size_t)b.rows * b.rows); b.Linv = mnist_alloc(m, (size_t)b.rows * b.rows);
+                b.R = mnist_alloc(m, (size_t)b.cols * b.cols); b.Rinv = mnist_alloc(m, (size_t)b.cols * b.cols);
+                nn = std::max({nn, (size_t)b.rows * b.rows, (size_t)b.cols * b.cols});
+            }
+        if (opt == OPT_KFAC) {
+            mo->factors = kfac_factors(mo->max_dim);
+            for (KfacFactor& f : mo->factors) {
+                f.F = mnist_alloc(m, (size_t)f.n * f.n); f.Finv = mnist_alloc(m, (size_t)f.n * f.n);
+                nn = std::max(nn, (size_t)f.n * f.n);
+            }
+            for (PrecondBlock& b : mo->blocks) {
+                b.L = mo->factors[b.fl].F; b.Linv = mo->factors[b.fl].Finv;
+                b.R = mo->factors[b.fr].F; b.Rinv = mo->factors[b.fr].Finv;
+            }
+            size_t acts = 0;
+            for (int k = 0; k < N_MATRICES; k++)
+                acts = std::max(acts, (size_t)kfac_input_rows(k, m->B) * matrix_aug_cols(opt, MATRIX_PARAMS[k]));
+            mo->acts = mnist_alloc(m, acts);
         }
         sq = std::max(sq, nn);
-        if (!m->cpu)
-            for (int i = 0; i < 6; i++) mo->newton.push_back(mnist_alloc(m, nn));
+        for (int i = 0; i < 6; i++) mo->newton.push_back(mnist_alloc(m, nn));
     }
     mo->s_a = mnist_alloc(m, sq); mo->s_b = mnist_alloc(m, sq); mo->s_c = mnist_alloc(m, sq);
     mo->s_y = mnist_alloc(m, most);
@@ -2111,17 +2180,21 @@ static void matrix_opt_free(Mnist* m) {
         for (void* p : {(void*)mo->torch_index[k], (void*)mo->gt[k], (void*)mo->ut[k], (void*)mo->dt[k],
                         (void*)mo->st[k]})
             mnist_free_ptr(m, p);
-    for (PrecondBlock& b : mo->blocks)
-        for (float* p : {b.L, b.R, b.Linv, b.Rinv}) mnist_free_ptr(m, p);
+    for (int* p : mo->aug_index) if (p) mnist_free_ptr(m, p);
+    if (mo->optimizer == OPT_SHAMPOO)
+        for (PrecondBlock& b : mo->blocks)
+            for (float* p : {b.L, b.R, b.Linv, b.Rinv}) mnist_free_ptr(m, p);
+    for (KfacFactor& f : mo->factors) { mnist_free_ptr(m, f.F); mnist_free_ptr(m, f.Finv); }
     for (float* p : mo->newton) mnist_free_ptr(m, p);
     for (float* p : {mo->s_a, mo->s_b, mo->s_c, mo->s_y, mo->scalars}) mnist_free_ptr(m, p);
+    if (mo->acts) mnist_free_ptr(m, mo->acts);
     delete mo;
     m->mo = nullptr;
 }
 // The buffers for m->opt, fresh: built when missing or built for another optimizer or block size.
 static void matrix_opt_ensure(Mnist* m) {
-    const bool shampoo = m->opt.optimizer == OPT_SHAMPOO;
-    if (!m->mo || (shampoo && m->mo->max_dim != m->opt.max_precond_dim) || (!shampoo && m->mo->max_dim))
+    const bool blocked = m->opt.optimizer == OPT_SHAMPOO || m->opt.optimizer == OPT_KFAC;
+    if (!m->mo || m->mo->optimizer != m->opt.optimizer || (blocked && m->mo->max_dim != m->opt.max_precond_dim))
         matrix_opt_build(m);
 }
 
@@ -2291,9 +2364,10 @@ struct NewtonRule {
 static double root_shift(const OptConfig& c, double trace, int n) {
     return (double)c.precond_eps + (double)c.precond_damping * trace / n;
 }
-// out = (A + e I)^(-1/4) on the CPU in float64: X0 = z^(1/4) I, M0 = z (A + e I), z = 5 / (2 ||A + e I||_F);
-// T = (5 I - M) / 4, X <- X T, M <- T^4 M. false: the iteration failed (out unchanged).
-static bool inverse_root4_cpu(const OptConfig& c, float* out, const float* a, int n) {
+// out = (A + e I)^(-1/p) (p = 4: Shampoo's roots, p = 1: K-FAC's inverses) on the CPU in float64: X0 = z^(1/p) I,
+// M0 = z (A + e I), z = (p + 1) / (2 ||A + e I||_F); T = ((p + 1) I - M) / p, X <- X T, M <- T^p M. false: the
+// iteration failed (out unchanged).
+static bool inverse_root_cpu(const OptConfig& c, float* out, const float* a, int n, int p) {
     const size_t nn = (size_t)n * n;
     std::vector<double> M(nn), X(nn, 0.0), T(nn), T2(nn), tmp(nn);
     double trace = 0, frob = 0;
@@ -2302,7 +2376,7 @@ static bool inverse_root4_cpu(const OptConfig& c, float* out, const float* a, in
     for (size_t k = 0; k < nn; k++) M[k] = a[k] + (k % (n + 1) == 0 ? e : 0.0);
     for (double v : M) frob += v * v;
     if (!(frob > 0) || !std::isfinite(frob)) return false;
-    const double z = 5.0 / (2.0 * sqrt(frob)), xz = pow(z, 0.25);
+    const double z = (p + 1.0) / (2.0 * sqrt(frob)), xz = pow(z, 1.0 / p);
     for (size_t k = 0; k < nn; k++) { M[k] *= z; if (k % (n + 1) == 0) X[k] = xz; }
     auto mul = [n](std::vector<double>& C, const std::vector<double>& A, const std::vector<double>& B) {
         std::fill(C.begin(), C.end(), 0.0);
@@ -2319,8 +2393,9 @@ static bool inverse_root4_cpu(const OptConfig& c, float* out, const float* a, in
         const int act = rule.decide(sqrt(r));
         if (act < 0) return false;
         if (act > 0) break;
-        for (size_t k = 0; k < nn; k++) T[k] = ((k % (n + 1) == 0 ? 5.0 : 0.0) - M[k]) / 4.0;
+        for (size_t k = 0; k < nn; k++) T[k] = ((k % (n + 1) == 0 ? p + 1.0 : 0.0) - M[k]) / p;
         mul(tmp, X, T); X.swap(tmp);
+        if (p == 1) { mul(T2, T, M); M.swap(T2); continue; }
         mul(T2, T, T); mul(tmp, T2, T2); mul(T2, tmp, M); M.swap(T2);
     }
     for (size_t k = 0; k < nn; k++) out[k] = (float)X[k];
@@ -2338,33 +2413,34 @@ struct NewtonResidual {  // out = M - I
     float* out; const float* mm; int n;
     __host__ __device__ void operator()(size_t k) const { out[k] = mm[k] - (k % (n + 1) == 0 ? 1.0f : 0.0f); }
 };
-struct NewtonT {  // T = (5 I - M) / 4
-    float* t; const float* mm; int n;
-    __host__ __device__ void operator()(size_t k) const { t[k] = ((k % (n + 1) == 0 ? 5.0f : 0.0f) - mm[k]) * 0.25f; }
+struct NewtonT {  // T = ((p + 1) I - M) / p
+    float* t; const float* mm; int n; float p1, inv_p;
+    __host__ __device__ void operator()(size_t k) const { t[k] = ((k % (n + 1) == 0 ? p1 : 0.0f) - mm[k]) * inv_p; }
 };
 struct DiagCopy {
     float* out; const float* a; int n;
     __host__ __device__ void operator()(size_t i) const { out[i] = a[i * (n + 1)]; }
 };
-// The same iteration on the GPU in fp32 (every product strict fp32: TF32 is not accurate enough for the coupled
-// iteration, dev/matrix_roots_NOTES.md), one host decision per step. false: failed (out unchanged).
-static bool inverse_root4_gpu(Mnist* m, float* out, const float* a, int n) {
+// The same iteration in fp32 on matmul_forward (every product strict fp32: TF32 is not accurate enough for the
+// coupled iteration, dev/matrix_roots_NOTES.md), one host decision per step: the GPU's roots, and on the CPU the
+// tests' fp32 twin of them (g_run.cpu_roots_fp32). false: failed (out unchanged).
+static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p) {
     MatrixOpt* mo = m->mo;
     float *M = mo->newton[0], *X = mo->newton[1], *T = mo->newton[2], *T2 = mo->newton[3], *tmp = mo->newton[4];
     const size_t nn = (size_t)n * n;
     mo_each(m, n, DiagCopy{tmp, a, n});
     std::vector<float> diag(n);
-    cudaCheck(cudaMemcpyAsync(diag.data(), tmp, n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+    mnist_copy_out(m, tmp, diag.data(), n);
     mo_sumsq(m, mo->scalars, a, n, n, n);
-    const double frob_a = mo_read_scalar(m, mo->scalars);  // synchronizes the diagonal's copy too
+    const double frob_a = mo_read_scalar(m, mo->scalars);
     double trace = 0;
     for (float v : diag) trace += v;
     const double e = root_shift(m->opt, trace, n);
     // ||A + e I||_F^2 = ||A||_F^2 + 2 e trace + n e^2
     const double frob = sqrt(frob_a + 2.0 * e * trace + n * e * e);
     if (!(frob > 0) || !std::isfinite(frob)) return false;
-    const double z = 5.0 / (2.0 * frob);
-    mo_each(m, nn, NewtonInit{M, X, a, n, (float)e, (float)z, (float)pow(z, 0.25)});
+    const double z = (p + 1.0) / (2.0 * frob);
+    mo_each(m, nn, NewtonInit{M, X, a, n, (float)e, (float)z, (float)pow(z, 1.0 / p)});
     NewtonRule rule; rule.n = n;
     for (;;) {
         mo_each(m, nn, NewtonResidual{tmp, M, n});
@@ -2372,71 +2448,87 @@ static bool inverse_root4_gpu(Mnist* m, float* out, const float* a, int n) {
         const int act = rule.decide(sqrt((double)mo_read_scalar(m, mo->scalars)));
         if (act < 0) return false;
         if (act > 0) break;
-        mo_each(m, nn, NewtonT{T, M, n});
+        mo_each(m, nn, NewtonT{T, M, n, p + 1.0f, 1.0f / p});
         matmul_forward(tmp, n, {V_ROW, X, n}, {V_ROW, T, n}, n, n, n, Epilogue()); std::swap(X, tmp);
+        if (p == 1) {
+            matmul_forward(T2, n, {V_ROW, T, n}, {V_ROW, M, n}, n, n, n, Epilogue()); std::swap(M, T2);
+            continue;
+        }
         matmul_forward(T2, n, {V_ROW, T, n}, {V_ROW, T, n}, n, n, n, Epilogue());
         matmul_forward(tmp, n, {V_ROW, T2, n}, {V_ROW, T2, n}, n, n, n, Epilogue());
         matmul_forward(T2, n, {V_ROW, tmp, n}, {V_ROW, M, n}, n, n, n, Epilogue()); std::swap(M, T2);
     }
-    cudaCheck(cudaMemcpyAsync(out, X, nn * 4, cudaMemcpyDeviceToDevice, g_mm.stream));
+    if (m->cpu) memcpy(out, X, nn * 4);
+    else cudaCheck(cudaMemcpyAsync(out, X, nn * 4, cudaMemcpyDeviceToDevice, g_mm.stream));
     mo->newton = {M, X, T, T2, tmp, mo->newton[5]};  // the swapped pointers (the same six buffers)
     return true;
 }
-// Every block's roots; a failed root keeps the block's previous one (or its graft step), said once.
-static void shampoo_roots(Mnist* m) {
-    MatrixOpt* mo = m->mo;
+// out = (A + e I)^(-1/p) on the model's side: float64 on the CPU (unless the tests ask for the fp32 twin), fp32 on
+// the GPU. false: failed (out unchanged).
+static bool inverse_root(Mnist* m, float* out, const float* a, int n, int p) {
+    if (!m->cpu || g_run.cpu_roots_fp32) return inverse_root_fp32(m, out, a, n, p);
+    std::vector<float> tmp((size_t)n * n);
+    if (!inverse_root_cpu(m->opt, tmp.data(), a, n, p)) return false;
+    memcpy(out, tmp.data(), tmp.size() * 4);
+    return true;
+}
+// f() with every product in strict fp32 (our kernel's, and cuBLAS's math mode), for the roots
+template <class F> static void strict_fp32(const Mnist* m, F f) {
     const int tf32 = g_run.tf32;
-    g_run.tf32 = 0;  // our kernel's strict fp32; cuBLAS's math mode below
+    g_run.tf32 = 0;
     if (!m->cpu && g_run.backend == BACKEND_CUBLAS) cublasCheck(cublasSetMathMode(g_mm.cublas, CUBLAS_DEFAULT_MATH));
-    for (PrecondBlock& b : mo->blocks) {
-        bool ok = true;
-        for (int side = 0; side < 2; side++) {
-            const int n = side ? b.cols : b.rows;
-            float* a = side ? b.R : b.L;
-            float* out = side ? b.Rinv : b.Linv;
-            if (m->cpu) {
-                std::vector<float> tmp((size_t)n * n);
-                bool good = inverse_root4_cpu(m->opt, tmp.data(), a, n);
-                if (good) memcpy(out, tmp.data(), tmp.size() * 4);
-                ok = ok && good;
-            } else {
-                ok = inverse_root4_gpu(m, out, a, n) && ok;
-            }
-        }
-        if (ok) b.has_root = 1;
-        else if (mo->root_failures++ == 0)
-            fprintf(stderr, "warning: shampoo: the inverse root of %s's block at (%d, %d) failed at step %d; the block "
-                    "keeps its previous preconditioner (or its graft step); raise --precond_damping\n",
-                    PARAMS[MATRIX_PARAMS[b.mat]].name, b.r0, b.c0, mo->step);
-    }
+    f();
     g_run.tf32 = tf32;
     if (!m->cpu && g_run.backend == BACKEND_CUBLAS)
         cublasCheck(cublasSetMathMode(g_mm.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
+// The first failed root of a run, said once
+static void root_failed(MatrixOpt* mo, const char* opt, const char* what, int mat, int r0, int c0) {
+    if (mo->root_failures++ == 0)
+        fprintf(stderr, "warning: %s: the %s of %s's block at (%d, %d) failed at step %d; the block keeps its previous "
+                "preconditioner (or its graft step); raise --precond_damping\n", opt, what,
+                PARAMS[MATRIX_PARAMS[mat]].name, r0, c0, mo->step);
+}
+// Every block's roots; a failed root keeps the block's previous one (or its graft step).
+static void shampoo_roots(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    strict_fp32(m, [&] {
+        for (PrecondBlock& b : mo->blocks) {
+            bool ok = inverse_root(m, b.Linv, b.L, b.rows, 4);
+            ok = inverse_root(m, b.Rinv, b.R, b.cols, 4) && ok;
+            if (ok) b.has_root = 1;
+            else root_failed(mo, "shampoo", "inverse root", b.mat, b.r0, b.c0);
+        }
+    });
+}
 static bool shampoo_root_due(const OptConfig& c, int step) {
     return step >= c.precond_start && (step - c.precond_start) % c.precond_every == 0;
 }
-static void shampoo_update(Mnist* m) {
+// The index map of matrix k (PyTorch's index j -> internal) and its elements: K-FAC's with the bias column
+static const int* precond_index(const MatrixOpt* mo, int k) {
+    return mo->optimizer == OPT_KFAC ? mo->aug_index[k] : mo->torch_index[k];
+}
+static size_t precond_numel(const MatrixOpt* mo, int k) {
+    const int p = MATRIX_PARAMS[k];
+    return (size_t)matrix_rows(p) * matrix_aug_cols(mo->optimizer, p);
+}
+// gt = G, ut = the preconditioner's operand, dt = the graft's direction D of every matrix (ShampooPrepare)
+static void precond_prepare(Mnist* m) {
     MatrixOpt* mo = m->mo;
-    const OptConfig& c = m->opt;
     for (int k = 0; k < N_MATRICES; k++) {
-        const int p = MATRIX_PARAMS[k];
-        const size_t o = PARAMS[p].offset;
-        mo_each(m, PARAMS[p].numel, ShampooPrepare{mo->torch_index[k], m->grads + o, m->params + o, m->m1 + o,
-                                                   m->m2 + o, mo->gt[k], mo->ut[k], mo->dt[k], m->counters, c});
+        const size_t o = PARAMS[MATRIX_PARAMS[k]].offset;
+        mo_each(m, precond_numel(mo, k), ShampooPrepare{precond_index(mo, k), m->grads + o, m->params + o, m->m1 + o,
+                                                        m->m2 + o, mo->gt[k], mo->ut[k], mo->dt[k], m->counters,
+                                                        m->opt});
     }
-    for (PrecondBlock& b : mo->blocks) {  // the statistics
-        const int cols = matrix_cols(MATRIX_PARAMS[b.mat]);
-        const float* g = mo->gt[b.mat] + (size_t)b.r0 * cols + b.c0;
-        matmul_forward(mo->s_a, b.rows, {V_ROW, g, cols}, {V_COL, g, cols}, b.rows, b.rows, b.cols, Epilogue());
-        mo_each(m, (size_t)b.rows * b.rows, MatAdd{b.L, mo->s_a});
-        matmul_forward(mo->s_a, b.cols, {V_COL, g, cols}, {V_ROW, g, cols}, b.cols, b.cols, b.rows, Epilogue());
-        mo_each(m, (size_t)b.cols * b.cols, MatAdd{b.R, mo->s_a});
-    }
-    if (shampoo_root_due(c, mo->step)) shampoo_roots(m);
-    for (size_t bi = 0; bi < mo->blocks.size(); bi++) {  // the grafted direction S of every block
+}
+// The grafted direction S of every block (P = Linv U Rinv with ||D||'s size, or D without roots), then the step of
+// every element (ShampooApply)
+static void precond_graft_apply(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    for (size_t bi = 0; bi < mo->blocks.size(); bi++) {
         const PrecondBlock& b = mo->blocks[bi];
-        const int cols = matrix_cols(MATRIX_PARAMS[b.mat]);
+        const int cols = matrix_aug_cols(mo->optimizer, MATRIX_PARAMS[b.mat]);
         const size_t off = (size_t)b.r0 * cols + b.c0;
         float* sums = mo->scalars + 4 * (bi + 1);
         if (b.has_root) {
@@ -2452,18 +2544,111 @@ static void shampoo_update(Mnist* m) {
                                                          sums, cols, b.cols, b.has_root});
     }
     for (int k = 0; k < N_MATRICES; k++) {
-        const int p = MATRIX_PARAMS[k];
-        const size_t o = PARAMS[p].offset;
-        mo_each(m, PARAMS[p].numel, ShampooApply{mo->torch_index[k], mo->st[k], m->params + o, m->m1 + o,
-                                                 m->counters, c});
+        const size_t o = PARAMS[MATRIX_PARAMS[k]].offset;
+        mo_each(m, precond_numel(mo, k), ShampooApply{precond_index(mo, k), mo->st[k], m->params + o, m->m1 + o,
+                                                      m->counters, m->opt});
     }
-    update_biases(m, c.graft == GRAFT_SGD ? OPT_SGD : OPT_ADAMW);
+}
+// out (n x n) = X^T X of columns c0 .. c0 + n of a rows x ld row-major X (pass x + c0): Shampoo's R, K-FAC's factors
+static void gram_cols(float* out, const float* x, int ld, int n, int rows) {
+    matmul_forward(out, n, {V_COL, x, ld}, {V_ROW, x, ld}, n, n, rows, Epilogue());
+}
+static void shampoo_update(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    precond_prepare(m);
+    for (PrecondBlock& b : mo->blocks) {  // the statistics
+        const int cols = matrix_cols(MATRIX_PARAMS[b.mat]);
+        const float* g = mo->gt[b.mat] + (size_t)b.r0 * cols + b.c0;
+        matmul_forward(mo->s_a, b.rows, {V_ROW, g, cols}, {V_COL, g, cols}, b.rows, b.rows, b.cols, Epilogue());
+        mo_each(m, (size_t)b.rows * b.rows, MatAdd{b.L, mo->s_a});
+        gram_cols(mo->s_a, g, cols, b.cols, b.rows);
+        mo_each(m, (size_t)b.cols * b.cols, MatAdd{b.R, mo->s_a});
+    }
+    if (shampoo_root_due(m->opt, mo->step)) shampoo_roots(m);
+    precond_graft_apply(m);
+    update_biases(m, m->opt.graft == GRAFT_SGD ? OPT_SGD : OPT_ADAMW);
 }
 
-// The optimizer step of Muon or Shampoo (instead of mnist_update), then the counters' advance by B.
-static void matrix_opt_update(Mnist* m, int advance_B) {
+// ---- K-FAC -----------------------------------------------------------------------------------------------------
+// Per layer the matrix W~ = [W | b] (out x (in + 1), PyTorch layout, the bias as the last column) with the running
+// averages of two Kronecker factors, every step:
+//   A = mean of a~ a~^T over the B S rows of the layer's input a~ = [a; 1] (S = 1 for fc, the 676 or 576 output
+//       positions of a convolution, whose rows are its im2col patches),
+//   G = mean of d d^T over the same rows, d = B g the gradient of the sample's own loss at the layer's output
+//       (before the ReLU; the backward's g is the batch mean's, hence G = (B / S) sum g g^T): for fc layers exactly
+//       kfac-pytorch's batch_averaged=True factors. (Its convolutions divide A and G by other powers of S; a factor's
+//       scale changes no step here: the damping is relative and the step size grafted.)
+//   F = decay F + (1 - decay) F_new (--kfac_stat_decay; the first statistics replace F, as kfac-pytorch starts).
+// Factors above max_precond_dim are split into diagonal blocks of it (a block-diagonal A or G). On the root schedule
+// (shampoo_root_due) every factor block gets its damped inverse (F + e I)^-1, e = precond_eps + precond_damping *
+// trace / n, by the coupled Newton iteration with p = 1 (Shampoo's code). The step: per (G chunk, A chunk) block
+// the preconditioned gradient P = Ginv U Ainv (U: SGD's G + wd W or AdamW's m_hat, as Shampoo), its size grafted
+// onto SGD-momentum or AdamW (--graft, Shampoo's grafting; no KL clipping: the graft fixes every block's step size).
+template <int KIND> struct KfacInputs {  // a~ of a layer: rows x (in + 1), PyTorch's column order, the 1 last
+    float* out; const float* p; int ld; const int* col; int in;
+    __host__ __device__ void operator()(size_t k) const {
+        const int r = (int)(k / (in + 1)), c = (int)(k % (in + 1));
+        out[k] = c == in ? 1.0f : view_get<KIND>(p, ld, r, col[c]);
+    }
+};
+struct FactorAverage {  // F = decay F + (1 - decay) scale S, or scale S at the first statistics
+    float* f; const float* s; float scale, decay; int first;
+    __host__ __device__ void operator()(size_t k) const {
+        const float v = scale * s[k];
+        f[k] = first ? v : opt_add(opt_mul(decay, f[k]), opt_mul(1.0f - decay, v));
+    }
+};
+static void kfac_statistics(Mnist* m, int B) {
+    MatrixOpt* mo = m->mo;
+    for (int k = 0; k < N_MATRICES; k++) {
+        const int p = MATRIX_PARAMS[k], in = matrix_cols(p), out = matrix_rows(p), rows = kfac_input_rows(k, B);
+        const int S = rows / B;
+        const size_t n = (size_t)rows * (in + 1);
+        const int* col = mo->torch_index[k];  // row 0: PyTorch's column c -> the internal one
+        if (k == 0) mo_each(m, n, KfacInputs<V_CONV1_IN>{mo->acts, m->x, 0, col, in});
+        else if (k == 1) mo_each(m, n, KfacInputs<V_CONV2_IN>{mo->acts, m->act1, 0, col, in});
+        else mo_each(m, n, KfacInputs<V_ROW>{mo->acts, k == 2 ? m->pooled : m->h, in, col, in});
+        const float* dout = k == 0 ? m->dact1 : k == 1 ? m->dact2 : k == 2 ? m->dh : m->dlogits;  // rows x out
+        for (KfacFactor& f : mo->factors) {
+            if (f.mat != k) continue;
+            if (f.side) gram_cols(mo->s_a, mo->acts + f.i0, in + 1, f.n, rows);
+            else gram_cols(mo->s_a, dout + f.i0, out, f.n, rows);
+            const float scale = f.side ? 1.0f / ((float)B * S) : (float)B / S;
+            const FactorAverage avg{f.F, mo->s_a, scale, m->opt.kfac_stat_decay, !mo->kfac_seen};
+            mo_each(m, (size_t)f.n * f.n, avg);
+        }
+    }
+    mo->kfac_seen = 1;
+}
+// A block has its preconditioner when both its factors have inverses
+static void kfac_block_roots(MatrixOpt* mo) {
+    for (PrecondBlock& b : mo->blocks) b.has_root = mo->factors[b.fl].has_inv && mo->factors[b.fr].has_inv;
+}
+// Every factor block's damped inverse; a failed one keeps its previous inverse (or its blocks their graft step).
+static void kfac_inverses(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    strict_fp32(m, [&] {
+        for (KfacFactor& f : mo->factors) {
+            if (inverse_root(m, f.Finv, f.F, f.n, 1)) f.has_inv = 1;
+            else root_failed(mo, "kfac", f.side ? "inverse of A" : "inverse of G", f.mat, f.side ? 0 : f.i0,
+                             f.side ? f.i0 : 0);
+        }
+    });
+    kfac_block_roots(mo);
+}
+static void kfac_update(Mnist* m, int B) {
+    precond_prepare(m);
+    kfac_statistics(m, B);
+    if (shampoo_root_due(m->opt, m->mo->step)) kfac_inverses(m);
+    precond_graft_apply(m);
+}
+
+// The optimizer step of Muon, Shampoo or K-FAC (instead of mnist_update) after a backward of batch B, then the
+// counters' advance by advance_B.
+static void matrix_opt_update(Mnist* m, int B, int advance_B) {
     matrix_opt_ensure(m);
     if (m->opt.optimizer == OPT_MUON) muon_update(m);
+    else if (m->opt.optimizer == OPT_KFAC) kfac_update(m, B);
     else shampoo_update(m);
     m->mo->step++;
     mnist_advance(m, advance_B);
@@ -2792,7 +2977,7 @@ static bool mnist_train_step_per_sample(Mnist* m, const DeviceData& d, const int
 static bool mnist_train_step(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B, bool staged = false,
                              int next_B = 0) {
     if (per_sample_on(m->opt)) return mnist_train_step_per_sample(m, d, perm, losses, B);  // clipping, Fisher
-    if (is_matrix_opt(m->opt.optimizer)) return mnist_train_step_matrix(m, d, perm, losses, B);  // Muon, Shampoo
+    if (is_matrix_opt(m->opt.optimizer)) return mnist_train_step_matrix(m, d, perm, losses, B);  // Muon, Shampoo, K-FAC
     const bool fast = conv2_fast(m);
     if (next_B > m->B) {
         fprintf(stderr, "mnist_train_step: the next batch (%d) is larger than the model's (%d)\n", next_B, m->B);
@@ -2831,14 +3016,14 @@ static void mnist_train_steps(Mnist* m, const DeviceData& d, const int* perm, fl
                                   i + 1 < total ? (i + 1 < nsteps ? B : tail_B) : 0);
 }
 
-// A training step of Muon or Shampoo: the batch gathered by its own kernel, forward and loss, the backward storing
-// every gradient, then their update (the fast path's fused updates are SGD's and AdamW's). Returns false: nothing
-// staged for the next step.
+// A training step of Muon, Shampoo or K-FAC: the batch gathered by its own kernel, forward and loss, the backward
+// storing every gradient, then their update (the fast path's fused updates are SGD's and AdamW's). Returns false:
+// nothing staged for the next step.
 static bool mnist_train_step_matrix(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B) {
     mnist_gather(m, d, perm, m->counters, 0, B);
     mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
     mnist_backward(m, B);
-    matrix_opt_update(m, B);
+    matrix_opt_update(m, B, B);
     return false;
 }
 
@@ -2848,7 +3033,7 @@ static bool mnist_train_step_per_sample(Mnist* m, const DeviceData& d, const int
     mnist_gather(m, d, perm, m->counters, 0, B);
     mnist_forward_loss(m, B, nullptr, losses, nullptr, m->counters, 0, true);
     mnist_backward_per_sample(m, B);
-    if (is_matrix_opt(m->opt.optimizer)) matrix_opt_update(m, B);
+    if (is_matrix_opt(m->opt.optimizer)) matrix_opt_update(m, B, B);
     else mnist_update(m, B);
     return false;
 }
@@ -2896,13 +3081,16 @@ static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const 
 // ----------------------------------------------------------------------------------------------------------------
 // checkpoints: magic 20260202, version 3; parameters (and optimizer state) by PyTorch names in PyTorch layout; the
 // header holds every setting the run's trajectory depends on, so that --resume can continue it (data/README.md).
-// Version 3 added Muon's and Shampoo's settings (slots 21..30) and their state.
+// Version 3 added Muon's and Shampoo's settings (slots 21..30) and their state; the per-sample step added slots
+// 31..34 (0: off) and K-FAC (optimizer 4) slot 35, kfac_stat_decay, written 0 by every other optimizer (so a version 3
+// file of before still reads, and an older binary refuses a K-FAC file at that slot or at the optimizer's range).
 enum {
     CK_EPOCH = 3, CK_STEP, CK_BATCH_SIZE, CK_SEED, CK_OPTIMIZER, CK_HAS_OPTIMIZER, CK_EPOCHS, CK_LR, CK_TEST_ACCURACY,
     CK_LR_SCHEDULE, CK_WARMUP_STEPS, CK_LR_MIN, CK_MOMENTUM, CK_WEIGHT_DECAY, CK_BETA1, CK_BETA2, CK_EPS,
     CK_TRAIN_IMAGES, CK_MUON_LR, CK_MUON_MOMENTUM, CK_NESTEROV, CK_NS_STEPS, CK_GRAFT, CK_PRECOND_EVERY,
     CK_PRECOND_START, CK_MAX_PRECOND_DIM, CK_PRECOND_EPS, CK_PRECOND_DAMPING,
     CK_CLIP_PER_SAMPLE, CK_NOISE_MULTIPLIER, CK_PRECOND, CK_FISHER_POWER,  // 0 in older files: per-sample step off
+    CK_KFAC_STAT_DECAY,                                                    // 0 unless the optimizer is K-FAC
     CK_FIELDS_END
 };
 static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
@@ -2910,19 +3098,26 @@ static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
     "epochs", "lr", "test_accuracy", "lr_schedule", "warmup_steps", "lr_min", "momentum", "weight_decay", "beta1",
     "beta2", "eps", "train_images", "muon_lr", "muon_momentum", "muon_nesterov", "ns_steps", "graft",
     "precond_every", "precond_start", "max_precond_dim", "precond_eps", "precond_damping", "clip_per_sample",
-    "noise_multiplier", "precond", "fisher_power"};
-static const char* const OPTIMIZER_NAMES[4] = {"sgd", "adamw", "muon", "shampoo"};
+    "noise_multiplier", "precond", "fisher_power", "kfac_stat_decay"};
+static const char* const OPTIMIZER_NAMES[5] = {"sgd", "adamw", "muon", "shampoo", "kfac"};
 static const char* const GRAFT_NAMES[2] = {"sgd", "adam"};
 static const char* const SCHEDULE_NAMES[3] = {"constant", "cosine", "linear"};
 static const char* const PRECOND_NAMES[2] = {"none", "fisher_diag"};
-// The per-sample flags that do not go together, or "": noise needs a clip norm (its scale is C / B); the Fisher
+// The per-sample flags that do not go together, or "": noise needs a clip norm (its scale is C / B); K-FAC takes no
+// clipping (its factors would mix clipped and unclipped output gradients, and are not privatised); the Fisher
 // preconditioner feeds SGD-momentum only (AdamW's and the matrix optimizers' own preconditioners would stack on it)
 // and takes no noise (its statistics of the raw per-sample gradients would not be private).
 static std::string per_sample_flags_error(const OptConfig& o) {
-    char buf[200];
+    char buf[320];
     if (o.noise > 0.0f && !(o.clip > 0.0f)) {
         snprintf(buf, sizeof buf, "--noise_multiplier %g needs --clip_per_sample C > 0 (the noise is "
                  "noise_multiplier * C / batch_size), found --clip_per_sample 0", o.noise);
+        return buf;
+    }
+    if (o.clip > 0.0f && o.optimizer == OPT_KFAC) {
+        snprintf(buf, sizeof buf, "--clip_per_sample %g with --optimizer kfac: K-FAC's factors are statistics of the "
+                 "unclipped inputs and output gradients (not private, and clipping rescales only some of the latter); "
+                 "use clipping with sgd, adamw, muon or shampoo", o.clip);
         return buf;
     }
     if (o.precond == PRECOND_FISHER_DIAG && o.optimizer != OPT_SGD)
@@ -2949,21 +3144,54 @@ struct CheckpointMeta {
 };
 // The optimizer state's tensors: m1 under optimizer_prefix (SGD's momentum buffer, AdamW's first moment, Muon's
 // momentum buffer of the weights and AdamW's first moment of the biases), m2 under "adam_v." where used (Muon: the
-// biases' second moments, zeros for the weights); Shampoo also its blocks' factors and roots (shampoo_tensor_name).
+// biases' second moments, zeros for the weights); Shampoo and K-FAC also their factors and roots
+// (precond_state_tensors).
 static bool sgd_like(const OptConfig& o) {
-    return o.optimizer == OPT_SGD || (o.optimizer == OPT_SHAMPOO && o.graft == GRAFT_SGD);
+    return o.optimizer == OPT_SGD || ((o.optimizer == OPT_SHAMPOO || o.optimizer == OPT_KFAC) && o.graft == GRAFT_SGD);
 }
 static const char* optimizer_prefix(const OptConfig& o) {
     return sgd_like(o) ? "momentum_buffer." : o.optimizer == OPT_MUON ? "muon_m." : "adam_m.";
 }
 static bool uses_m2(const OptConfig& o) { return !sgd_like(o); }
 static const char* const FISHER_PREFIX = "fisher_diag.";  // --precond fisher_diag's average of the Fisher diagonal
-static const char* const SHAMPOO_KINDS[4] = {"L", "R", "Linv", "Rinv"};
-static std::string shampoo_tensor_name(int kind, const PrecondBlock& b) {
-    return std::string("shampoo_") + SHAMPOO_KINDS[kind] + "." + PARAMS[MATRIX_PARAMS[b.mat]].name + "." +
-           std::to_string(b.r0) + "." + std::to_string(b.c0);
+// The optimizer state's square matrices by name (n x n each; ptr: the model's buffer, when mo is given) and its
+// flags tensor (one int32 per entry of flags: Shampoo's has_root per block, K-FAC's has_inv per factor block):
+//   shampoo_{L,R,Linv,Rinv}.<weight>.<r0>.<c0> (per block), shampoo_has_root;
+//   kfac_{G,Ginv}.<weight>.<r0>, kfac_{A,Ainv}.<weight>.<c0> (per factor block), kfac_has_inv.
+struct StateMatrix { std::string name; int n; float* ptr; };
+struct PrecondState {
+    std::vector<StateMatrix> mats;
+    const char* flags_name = nullptr;
+    std::vector<int*> flags;  // the model's flags (when mo is given), else null entries
+};
+static PrecondState precond_state_tensors(const OptConfig& o, MatrixOpt* mo) {
+    PrecondState st;
+    if (o.optimizer == OPT_SHAMPOO) {
+        static const char* const kinds[4] = {"L", "R", "Linv", "Rinv"};
+        std::vector<PrecondBlock> fresh = mo ? std::vector<PrecondBlock>() : shampoo_blocks(o.max_precond_dim);
+        std::vector<PrecondBlock>& blocks = mo ? mo->blocks : fresh;
+        for (PrecondBlock& b : blocks) {
+            float* ptrs[4] = {b.L, b.R, b.Linv, b.Rinv};
+            for (int kind = 0; kind < 4; kind++)
+                st.mats.push_back({std::string("shampoo_") + kinds[kind] + "." + PARAMS[MATRIX_PARAMS[b.mat]].name +
+                                   "." + std::to_string(b.r0) + "." + std::to_string(b.c0),
+                                   kind % 2 ? b.cols : b.rows, ptrs[kind]});
+            st.flags.push_back(mo ? &b.has_root : nullptr);
+        }
+        st.flags_name = "shampoo_has_root";
+    } else if (o.optimizer == OPT_KFAC) {
+        std::vector<KfacFactor> fresh = mo ? std::vector<KfacFactor>() : kfac_factors(o.max_precond_dim);
+        std::vector<KfacFactor>& factors = mo ? mo->factors : fresh;
+        for (KfacFactor& f : factors) {
+            const std::string where = std::string(".") + PARAMS[MATRIX_PARAMS[f.mat]].name + "." + std::to_string(f.i0);
+            st.mats.push_back({std::string("kfac_") + (f.side ? "A" : "G") + where, f.n, f.F});
+            st.mats.push_back({std::string("kfac_") + (f.side ? "Ainv" : "Ginv") + where, f.n, f.Finv});
+            st.flags.push_back(mo ? &f.has_inv : nullptr);
+        }
+        st.flags_name = "kfac_has_inv";
+    }
+    return st;
 }
-static int shampoo_tensor_dim(int kind, const PrecondBlock& b) { return kind % 2 ? b.cols : b.rows; }
 
 // Returns "" or a message naming the path.
 static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
@@ -2996,26 +3224,20 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
                               {pi.shape[0], pi.shape[1], pi.shape[2], pi.shape[3]}, s2.data() + pi.offset});
             }
     }
-    // Shampoo's blocks: L, R, Linv, Rinv each, and which blocks have roots
-    std::vector<std::vector<float>> blocks;
-    std::vector<int32_t> has_root;
-    if (meta.has_optimizer && meta.opt.optimizer == OPT_SHAMPOO && m->mo)
-        for (const PrecondBlock& b : m->mo->blocks) {
-            const float* src[4] = {b.L, b.R, b.Linv, b.Rinv};
-            for (int kind = 0; kind < 4; kind++) {
-                const int n = shampoo_tensor_dim(kind, b);
-                blocks.emplace_back((size_t)n * n);
-                mnist_copy_out(m, src[kind], blocks.back().data(), (size_t)n * n);
-            }
-            has_root.push_back(b.has_root);
-        }
-    for (size_t k = 0; k < blocks.size(); k++) {
-        const PrecondBlock& b = m->mo->blocks[k / 4];
-        const int n = shampoo_tensor_dim((int)(k % 4), b);
-        ts.push_back({shampoo_tensor_name((int)(k % 4), b), 0, 2, {n, n, 0, 0}, blocks[k].data()});
+    // Shampoo's and K-FAC's factors and roots, and which have roots
+    PrecondState st;
+    if (meta.has_optimizer && m->mo && m->mo->optimizer == meta.opt.optimizer)
+        st = precond_state_tensors(meta.opt, m->mo);
+    std::vector<std::vector<float>> mats(st.mats.size());
+    std::vector<int32_t> flags;
+    for (size_t k = 0; k < st.mats.size(); k++) {
+        const StateMatrix& sm = st.mats[k];
+        mats[k].resize((size_t)sm.n * sm.n);
+        mnist_copy_out(m, sm.ptr, mats[k].data(), mats[k].size());
+        ts.push_back({sm.name, 0, 2, {sm.n, sm.n, 0, 0}, mats[k].data()});
     }
-    if (!has_root.empty())
-        ts.push_back({"shampoo_has_root", 1, 1, {(int)has_root.size(), 0, 0, 0}, has_root.data()});
+    for (int* f : st.flags) flags.push_back(*f);
+    if (!flags.empty()) ts.push_back({st.flags_name, 1, 1, {(int)flags.size(), 0, 0, 0}, flags.data()});
     std::vector<float> fisher(m->n_params);  // --precond fisher_diag's running average, PyTorch layout
     if (meta.has_optimizer && meta.opt.precond == PRECOND_FISHER_DIAG && m->ps) {
         mnist_copy_out(m, m->ps->fisher, internal.data(), m->n_params);
@@ -3033,7 +3255,8 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
                                    fbits(o.beta2), fbits(o.eps), meta.train_images, fbits(o.muon_lr),
                                    fbits(o.muon_momentum), o.nesterov, o.ns_steps, o.graft, o.precond_every,
                                    o.precond_start, o.max_precond_dim, fbits(o.precond_eps), fbits(o.precond_damping),
-                                   fbits(o.clip), fbits(o.noise), o.precond, fbits(o.fisher_power)};
+                                   fbits(o.clip), fbits(o.noise), o.precond, fbits(o.fisher_power),
+                                   o.optimizer == OPT_KFAC ? fbits(o.kfac_stat_decay) : 0};
     return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
 static CheckpointMeta checkpoint_meta(const BinFile* bf) {
@@ -3054,6 +3277,7 @@ static CheckpointMeta checkpoint_meta(const BinFile* bf) {
     o.precond_damping = bin_field_f(bf, CK_PRECOND_DAMPING);
     o.clip = bin_field_f(bf, CK_CLIP_PER_SAMPLE); o.noise = bin_field_f(bf, CK_NOISE_MULTIPLIER);
     o.precond = h[CK_PRECOND]; o.fisher_power = bin_field_f(bf, CK_FISHER_POWER);
+    if (o.optimizer == OPT_KFAC) o.kfac_stat_decay = bin_field_f(bf, CK_KFAC_STAT_DECAY);
     o.total_steps = 1;  // set by the run from epochs and its steps per epoch
     return meta;
 }
@@ -3071,7 +3295,8 @@ static std::string checkpoint_header_error(const BinFile* bf) {
     const IntField ints[] = {
         {CK_EPOCHS, 1, 10000, "1..10000 (--epochs)"}, {CK_EPOCH, 1, h[CK_EPOCHS], "1..epochs (epochs completed)"},
         {CK_BATCH_SIZE, 1, 2048, "1..2048 (--batch_size)"}, {CK_SEED, 0, INT_MAX, "0..2147483647 (--seed)"},
-        {CK_OPTIMIZER, 0, 3, "0 (sgd), 1 (adamw), 2 (muon) or 3 (shampoo)"}, {CK_HAS_OPTIMIZER, 0, 1, "0 or 1"},
+        {CK_OPTIMIZER, 0, 4, "0 (sgd), 1 (adamw), 2 (muon), 3 (shampoo) or 4 (kfac)"},
+        {CK_HAS_OPTIMIZER, 0, 1, "0 or 1"},
         {CK_LR_SCHEDULE, 0, 2, "0 (constant), 1 (cosine) or 2 (linear)"},
         {CK_WARMUP_STEPS, 0, 100000000, "0..100000000 (--warmup_steps)"},
         {CK_TRAIN_IMAGES, h[CK_BATCH_SIZE], 10000000, "batch_size..10000000 (the training images used)"},
@@ -3097,7 +3322,9 @@ static std::string checkpoint_header_error(const BinFile* bf) {
         {CK_PRECOND_DAMPING, 0.f, 10.f, "0..10 (--precond_damping)"},
         {CK_CLIP_PER_SAMPLE, 0.f, 1e9f, "0..1e9 (--clip_per_sample)"},
         {CK_NOISE_MULTIPLIER, 0.f, 1e9f, "0..1e9 (--noise_multiplier)"},
-        {CK_FISHER_POWER, 0.f, 1.f, "0..1 (--fisher_power)"}};
+        {CK_FISHER_POWER, 0.f, 1.f, "0..1 (--fisher_power)"},
+        {CK_KFAC_STAT_DECAY, 0.f, h[CK_OPTIMIZER] == OPT_KFAC ? 0.999999f : 0.f,
+         h[CK_OPTIMIZER] == OPT_KFAC ? "0..0.999999 (--kfac_stat_decay)" : "0 (not kfac)"}};
     for (const FloatField& f : floats) {
         float v = bin_field_f(bf, f.slot);
         if (!(v >= f.lo && v <= f.hi)) {  // NaN fails too
@@ -3149,33 +3376,31 @@ static std::string checkpoint_tensors_error(const BinFile* bf) {
             }
             names.insert(name);
         }
-    if (h[CK_HAS_OPTIMIZER] && optimizer == OPT_SHAMPOO) {  // every block's factors and roots, which have roots
-        const std::vector<PrecondBlock> blocks = shampoo_blocks(stored.max_precond_dim);
-        for (const PrecondBlock& b : blocks)
-            for (int kind = 0; kind < 4; kind++) {
-                const std::string name = shampoo_tensor_name(kind, b);
-                const int n = shampoo_tensor_dim(kind, b), shape[2] = {n, n};
-                const char* x = (const char*)bin_find(bf, name, 0, 2, shape, &e);
-                if (!x) return e;
-                for (size_t j = 0; j < (size_t)n * n; j++) {
-                    float v;
-                    memcpy(&v, x + 4 * j, 4);
-                    if (!std::isfinite(v)) {
-                        snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number",
-                                 bf->path.c_str(), name.c_str(), j, v);
-                        return msg;
-                    }
-                }
-                names.insert(name);
-            }
-        const int shape[1] = {(int)blocks.size()};
-        const int32_t* x = (const int32_t*)bin_find(bf, "shampoo_has_root", 1, 1, shape, &e);
+    const PrecondState st = h[CK_HAS_OPTIMIZER] ? precond_state_tensors(stored, nullptr) : PrecondState();
+    for (const StateMatrix& sm : st.mats) {  // Shampoo's or K-FAC's factors and roots, which have roots
+        const int shape[2] = {sm.n, sm.n};
+        const char* x = (const char*)bin_find(bf, sm.name, 0, 2, shape, &e);
         if (!x) return e;
-        for (size_t j = 0; j < blocks.size(); j++)
+        for (size_t j = 0; j < (size_t)sm.n * sm.n; j++) {
+            float v;
+            memcpy(&v, x + 4 * j, 4);
+            if (!std::isfinite(v)) {
+                snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number", bf->path.c_str(),
+                         sm.name.c_str(), j, v);
+                return msg;
+            }
+        }
+        names.insert(sm.name);
+    }
+    if (st.flags_name) {
+        const int shape[1] = {(int)st.flags.size()};
+        const int32_t* x = (const int32_t*)bin_find(bf, st.flags_name, 1, 1, shape, &e);
+        if (!x) return e;
+        for (size_t j = 0; j < st.flags.size(); j++)
             if (x[j] != 0 && x[j] != 1)
-                return bf->path + ": tensor shampoo_has_root[" + std::to_string(j) + "] is " + std::to_string(x[j]) +
-                       ", expected 0 or 1";
-        names.insert("shampoo_has_root");
+                return bf->path + ": tensor " + st.flags_name + "[" + std::to_string(j) + "] is " +
+                       std::to_string(x[j]) + ", expected 0 or 1";
+        names.insert(st.flags_name);
     }
     for (const BinTensor& t : bf->tensors)
         if (!names.count(t.name))
@@ -3221,25 +3446,24 @@ static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_o
             if (!m->ps) die(bf->path + ": holds the Fisher average of --precond fisher_diag, the model has none");
             load_set(FISHER_PREFIX, m->ps->fisher);
         }
-        if (stored.optimizer == OPT_SHAMPOO) {  // m->opt is the stored one (resume_settings): the same blocks
-            if (m->opt.optimizer != OPT_SHAMPOO || m->opt.max_precond_dim != stored.max_precond_dim)
-                die(bf->path + ": Shampoo's state has blocks of max_precond_dim " +
+        if (stored.optimizer == OPT_SHAMPOO || stored.optimizer == OPT_KFAC) {
+            // m->opt is the stored one (resume_settings): the same blocks
+            if (m->opt.optimizer != stored.optimizer || m->opt.max_precond_dim != stored.max_precond_dim)
+                die(bf->path + ": " + OPTIMIZER_NAMES[stored.optimizer] + "'s state has blocks of max_precond_dim " +
                     std::to_string(stored.max_precond_dim) + ", the model is set up for " +
-                    (m->opt.optimizer == OPT_SHAMPOO ? std::to_string(m->opt.max_precond_dim) : "another optimizer"));
+                    (m->opt.optimizer == stored.optimizer ? std::to_string(m->opt.max_precond_dim)
+                                                          : "another optimizer"));
             matrix_opt_ensure(m);
-            std::vector<PrecondBlock>& blocks = m->mo->blocks;
-            const int shape[1] = {(int)blocks.size()};
-            const int32_t* hr = (const int32_t*)bin_expect(bf, "shampoo_has_root", 1, 1, shape);
-            for (size_t k = 0; k < blocks.size(); k++) {
-                PrecondBlock& b = blocks[k];
-                float* dst[4] = {b.L, b.R, b.Linv, b.Rinv};
-                for (int kind = 0; kind < 4; kind++) {
-                    const int n = shampoo_tensor_dim(kind, b), sh[2] = {n, n};
-                    const float* src = (const float*)bin_expect(bf, shampoo_tensor_name(kind, b).c_str(), 0, 2, sh);
-                    mnist_copy_in(m, dst[kind], src, (size_t)n * n);
-                }
-                b.has_root = hr[k];
+            const PrecondState st = precond_state_tensors(stored, m->mo);
+            for (const StateMatrix& sm : st.mats) {
+                const int sh[2] = {sm.n, sm.n};
+                const float* src = (const float*)bin_expect(bf, sm.name.c_str(), 0, 2, sh);
+                mnist_copy_in(m, sm.ptr, src, (size_t)sm.n * sm.n);
             }
+            const int shape[1] = {(int)st.flags.size()};
+            const int32_t* flags = (const int32_t*)bin_expect(bf, st.flags_name, 1, 1, shape);
+            for (size_t k = 0; k < st.flags.size(); k++) *st.flags[k] = flags[k];
+            if (stored.optimizer == OPT_KFAC) { kfac_block_roots(m->mo); m->mo->kfac_seen = 1; }
         }
     }
 }
@@ -5353,10 +5577,11 @@ struct Args {
     int eval_batch_size = 1000, eval_only = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
     float lr = 0.03f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     float stop_at_accuracy = 0.0f;
-    // Muon and Shampoo
+    // Muon, Shampoo and K-FAC
     std::string graft = "sgd";
     int muon_nesterov = 1, ns_steps = 5, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
+    float kfac_stat_decay = 0.95f;
     // per-sample gradients
     std::string precond = "none";
     float clip_per_sample = 0.0f, noise_multiplier = 0.0f, fisher_power = 0.5f;
@@ -5374,8 +5599,9 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "1: TF32 tensor cores in both our kernel and cuBLAS; 0: strict fp32 in both"},
         {"epochs", 'i', &a.epochs, 1, 10000, nullptr, "training epochs"},
         {"batch_size", 'i', &a.batch_size, 1, 2048, nullptr, "training batch size"},
-        {"optimizer", 'c', &a.optimizer, 0, 0, "sgd,adamw,muon,shampoo",
-         "SGD with momentum and weight decay, AdamW, Muon (AdamW for the biases) or Shampoo (grafted on --graft)"},
+        {"optimizer", 'c', &a.optimizer, 0, 0, "sgd,adamw,muon,shampoo,kfac",
+         "SGD with momentum and weight decay, AdamW, Muon (AdamW for the biases), Shampoo or K-FAC (both grafted on "
+         "--graft)"},
         {"lr", 'f', &a.lr, 1e-9, 1e9, nullptr, "peak learning rate"},
         {"lr_schedule", 'c', &a.lr_schedule, 0, 0, "constant,cosine,linear",
          "after warm-up: constant, cosine or linear decay to lr_min"},
@@ -5393,17 +5619,21 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"muon_nesterov", 'i', &a.muon_nesterov, 0, 1, nullptr, "Muon: 1 Nesterov momentum, 0 plain"},
         {"ns_steps", 'i', &a.ns_steps, 1, 99, nullptr, "Muon: Newton-Schulz steps"},
         {"graft", 'c', &a.graft, 0, 0, "sgd,adam",
-         "Shampoo: step size grafted onto SGD-momentum (--lr, --momentum) or AdamW (--lr, --beta1, --beta2, --eps)"},
+         "Shampoo, K-FAC: step size grafted onto SGD-momentum (--lr, --momentum) or AdamW (--lr, --beta1, --beta2, "
+         "--eps)"},
         {"precond_every", 'i', &a.precond_every, 1, 100000000, nullptr,
-         "Shampoo: recompute the inverse 4th roots every N steps"},
+         "Shampoo, K-FAC: recompute the inverse 4th roots (K-FAC: the inverses) every N steps"},
         {"precond_start", 'i', &a.precond_start, 0, 100000000, nullptr,
-         "Shampoo: first step with roots (before it: the graft's step)"},
+         "Shampoo, K-FAC: first step with roots (before it: the graft's step)"},
         {"max_precond_dim", 'i', &a.max_precond_dim, 1, 16384, nullptr,
-         "Shampoo: dimensions above this are split into blocks of this size"},
+         "Shampoo, K-FAC: dimensions above this are split into blocks of this size"},
         {"precond_eps", 'f', &a.precond_eps, 0, 1, nullptr,
-         "Shampoo, fisher_diag: epsilon added to each factor's diagonal (to the Fisher)"},
+         "Shampoo, K-FAC, fisher_diag: epsilon added to each factor's diagonal (to the Fisher)"},
         {"precond_damping", 'f', &a.precond_damping, 0, 10, nullptr,
-         "Shampoo, fisher_diag: damping added to each factor's diagonal (to the Fisher), times its mean eigenvalue"},
+         "Shampoo, K-FAC, fisher_diag: damping added to each factor's diagonal (to the Fisher), times its mean "
+         "eigenvalue"},
+        {"kfac_stat_decay", 'f', &a.kfac_stat_decay, 0, 0.999999, nullptr,
+         "K-FAC: running-average decay of the factors A and G"},
         {"clip_per_sample", 'f', &a.clip_per_sample, 0, 1e9, nullptr,
          "clip each sample's whole-model gradient to this norm before averaging (DP-SGD; 0: off; the generic path)"},
         {"noise_multiplier", 'f', &a.noise_multiplier, 0, 1e9, nullptr,
@@ -5429,8 +5659,8 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "with --resume: stored settings this run changes "
          "knowingly (comma list of lr, seed, batch_size, epochs, lr_schedule, warmup_steps, lr_min, momentum, "
          "weight_decay, beta1, beta2, eps, train_limit, muon_lr, muon_momentum, muon_nesterov, ns_steps, "
-         "precond_every, precond_start, precond_eps, precond_damping; optimizer: a new optimizer state (also for "
-         "--graft, --max_precond_dim)); without it a differing one is an error"},
+         "precond_every, precond_start, precond_eps, precond_damping, kfac_stat_decay; optimizer: a new optimizer "
+         "state (also for --graft, --max_precond_dim)); without it a differing one is an error"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
         {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr,
@@ -5583,7 +5813,7 @@ static const char* const ALLOW_CHANGE_NAMES[] = {"lr", "seed", "batch_size", "ep
                                                  "lr_min", "momentum", "weight_decay", "beta1", "beta2", "eps",
                                                  "train_limit", "muon_lr", "muon_momentum", "muon_nesterov",
                                                  "ns_steps", "precond_every", "precond_start", "precond_eps",
-                                                 "precond_damping", "optimizer", "clip_per_sample",
+                                                 "precond_damping", "kfac_stat_decay", "optimizer", "clip_per_sample",
                                                  "noise_multiplier", "fisher_power"};
 static std::set<std::string> parse_allow_change(const std::string& list) {
     std::set<std::string> out;
@@ -5610,7 +5840,7 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     const std::string stored_optimizer = OPTIMIZER_NAMES[o.optimizer], stored_graft = GRAFT_NAMES[o.graft];
     const std::string optimizer = a.given.count("optimizer") ? a.optimizer : stored_optimizer;
     struct Shape { const char* flag; bool differs; std::string given, stored; };
-    const bool shampoo = optimizer == "shampoo" && o.optimizer == OPT_SHAMPOO;
+    const bool shampoo = optimizer == stored_optimizer && (o.optimizer == OPT_SHAMPOO || o.optimizer == OPT_KFAC);
     const std::string stored_precond = PRECOND_NAMES[o.precond];
     const Shape shapes[] = {
         {"optimizer", optimizer != stored_optimizer, optimizer, stored_optimizer},
@@ -5651,7 +5881,8 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     const std::string schedule = SCHEDULE_NAMES[o.schedule];
     if (keep("lr_schedule", true, a.lr_schedule != schedule, a.lr_schedule, schedule)) a.lr_schedule = schedule;
     const bool decays = a.lr_schedule != "constant";
-    const bool muon = a.optimizer == "muon", is_shampoo = a.optimizer == "shampoo";
+    const bool muon = a.optimizer == "muon", kfac = a.optimizer == "kfac";
+    const bool is_shampoo = a.optimizer == "shampoo" || kfac;  // the preconditioner's settings
     const bool sgd = a.optimizer == "sgd" || (is_shampoo && a.graft == "sgd");
     const bool fisher = a.precond == "fisher_diag";
     if (keep("lr", true, a.lr != o.lr, str(a.lr), str(o.lr))) a.lr = o.lr;
@@ -5685,11 +5916,15 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     if (keep("precond_start", is_shampoo, a.precond_start != o.precond_start, std::to_string(a.precond_start),
              std::to_string(o.precond_start)))
         a.precond_start = o.precond_start;
-    if (keep("precond_eps", is_shampoo, a.precond_eps != o.precond_eps, str(a.precond_eps), str(o.precond_eps)))
+    if (keep("precond_eps", is_shampoo || fisher, a.precond_eps != o.precond_eps, str(a.precond_eps),
+             str(o.precond_eps)))
         a.precond_eps = o.precond_eps;
-    if (keep("precond_damping", is_shampoo, a.precond_damping != o.precond_damping, str(a.precond_damping),
+    if (keep("precond_damping", is_shampoo || fisher, a.precond_damping != o.precond_damping, str(a.precond_damping),
              str(o.precond_damping)))
         a.precond_damping = o.precond_damping;
+    if (keep("kfac_stat_decay", kfac, a.kfac_stat_decay != o.kfac_stat_decay, str(a.kfac_stat_decay),
+             str(o.kfac_stat_decay)))
+        a.kfac_stat_decay = o.kfac_stat_decay;
     if (keep("clip_per_sample", true, a.clip_per_sample != o.clip, str(a.clip_per_sample), str(o.clip)))
         a.clip_per_sample = o.clip;
     if (keep("noise_multiplier", true, a.noise_multiplier != o.noise, str(a.noise_multiplier), str(o.noise)))
@@ -5804,7 +6039,7 @@ static void load_splits(Args& a, const CheckpointMeta& stored, const std::set<st
 static OptConfig opt_config_from_args(const Args& a, int steps_per_epoch) {
     OptConfig o;
     o.optimizer = a.optimizer == "sgd" ? OPT_SGD : a.optimizer == "adamw" ? OPT_ADAMW
-                  : a.optimizer == "muon" ? OPT_MUON : OPT_SHAMPOO;
+                  : a.optimizer == "muon" ? OPT_MUON : a.optimizer == "shampoo" ? OPT_SHAMPOO : OPT_KFAC;
     o.schedule = a.lr_schedule == "constant" ? SCHED_CONSTANT
                  : a.lr_schedule == "cosine" ? SCHED_COSINE
                                              : SCHED_LINEAR;
@@ -5819,6 +6054,7 @@ static OptConfig opt_config_from_args(const Args& a, int steps_per_epoch) {
     o.precond_every = a.precond_every; o.precond_start = a.precond_start;
     o.max_precond_dim = a.max_precond_dim; o.precond_eps = a.precond_eps;
     o.precond_damping = a.precond_damping;
+    o.kfac_stat_decay = a.kfac_stat_decay;
     o.clip = a.clip_per_sample; o.noise = a.noise_multiplier; o.fisher_power = a.fisher_power;
     o.precond = a.precond == "fisher_diag" ? PRECOND_FISHER_DIAG : PRECOND_NONE;
     return o;
@@ -5890,9 +6126,14 @@ static EpochRun epoch_run_setup(Mnist* model, const DeviceData* train, float* lo
     r.model = model; r.train = train; r.losses = losses; r.perm_dev = perm_dev; r.n = train->n; r.B = B;
     r.n_full = r.n / B; r.tail = r.n % B; r.n_multi = r.n_full / GRAPH_STEPS; r.n_rest = r.n_full % GRAPH_STEPS;
     if (model->cpu) return r;
-    if (a.cuda_graph && model->opt.optimizer == OPT_SHAMPOO)
-        printf("note: --optimizer shampoo runs its steps without CUDA graphs (its root schedule is a host decision)\n");
-    if (a.cuda_graph && model->opt.optimizer != OPT_SHAMPOO) {
+    const bool host_schedule = model->opt.optimizer == OPT_SHAMPOO || model->opt.optimizer == OPT_KFAC;
+    if (a.cuda_graph && host_schedule)
+        printf("note: --optimizer %s runs its steps without CUDA graphs (its root schedule is a host decision)\n",
+               a.optimizer.c_str());
+    if (model->opt.optimizer == OPT_KFAC && g_run.backend == BACKEND_OURS && g_run.tf32)
+        printf("note: --optimizer kfac runs every layer on the generic kernels (its statistics need the output "
+               "gradients the fast path does not store)\n");
+    if (a.cuda_graph && !host_schedule) {
         if (r.n_multi) r.graph_multi = capture_train_steps(model, *train, perm_dev, losses, B, GRAPH_STEPS);
         if (r.n_rest || r.tail)
             r.graph_rest = capture_train_steps(model, *train, perm_dev, losses, B, r.n_rest, r.tail);

@@ -15,6 +15,16 @@ parameters (<run>.<name>; of fc1.weight only the first 4 rows, <run>.fc1.weight.
                 factors L += G G^T, R += G^T G, inverse 4th roots (float64 eigendecomposition) every precond_every
                 steps from precond_start, the step grafted onto SGD-momentum or AdamW; the biases take
                 torch.optim.SGD or torch.optim.AdamW.
+  kfac_sgd, kfac_adam: the K-FAC of train_mnist.cu in plain PyTorch: per layer the weight with its bias as one more
+                column; A = the mean of [a; 1][a; 1]^T over the layer's input rows (F.unfold patches for a
+                convolution), G = the mean of (B g)(B g)^T over the output gradient's rows (module hooks), running
+                averages (kfac_stat_decay), diagonal blocks of max_precond_dim, damped inverses (float64
+                torch.linalg.inv) on Shampoo's schedule, P = Ginv U Ainv per block grafted as Shampoo's. Their
+                damping is kfac_damping (the trainer's --precond_damping): an inverse moves by up to kappa times the
+                fp32 rounding of its factor (the factors of 8 samples are near singular, kappa up to about 1 + n /
+                damping; a convolution's factor sums 4608 or 5408 rows), so the comparison in fp32 needs a small
+                kappa: at damping 1e-3 (kappa <= 3.2e4) fc1 differs by 7x its tolerance, at 0.1 conv1 by 1.07x in
+                norm; at 1 (kappa <= 33) everything is within 0.25 (dev/test_mnist.cu).
 Everything in fp32 on the CPU (TF32 does not exist there). Format: scripts/binio.py MNIST_OPT_FIXTURE.
 
   python3 dev/mnist_optimizers.py --per_sample_out dev/fixtures/mnist_per_sample_fixture.bin   # (also written by
@@ -40,7 +50,7 @@ import mnist  # noqa: E402  (dev/mnist.py: the network, the data, hash_init)
 CFG = dict(batch_size=8, n_steps=4, init_seed=7, lr=0.05, momentum=0.9, weight_decay=5e-4, adam_lr=1e-3, beta1=0.9,
            beta2=0.999, eps=1e-8, adam_weight_decay=0.01, muon_lr=0.02, muon_momentum=0.95, muon_nesterov=1,
            ns_steps=5, precond_every=2, precond_start=1, max_precond_dim=32, precond_eps=1e-12,
-           precond_damping=1e-3)
+           precond_damping=1e-3, kfac_stat_decay=0.9, kfac_damping=1.0)
 WEIGHTS = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"]
 PS_CFG = dict(batch_size=8, n_steps=4, init_seed=7, lr=0.05, momentum=0.9, weight_decay=5e-4, fisher_lr=1e-3,
               beta2=0.99, precond_eps=1e-10, precond_damping=1e-3, fisher_power=0.5)
@@ -114,6 +124,32 @@ def inverse_root4(torch, a, cfg):
     return ((v * w.clamp(min=1e-300) ** -0.25) @ v.T).float()
 
 
+def graft_operands(st, g, w, step, sgd, wd, b1, b2, eps):
+    """U (the preconditioner's operand) and D (the graft's direction): SGD's G + wd W twice, or AdamW's m_hat and
+    m_hat / (sqrt(v_hat) + eps) (st's m and v updated)."""
+    if sgd:
+        d = g + wd * w
+        return d, d
+    st["m"].mul_(b1).add_(g, alpha=1 - b1)
+    st["v"].mul_(b2).addcmul_(g, g, value=1 - b2)
+    u = st["m"] / (1 - b1 ** (step + 1))
+    return u, u / ((st["v"] / (1 - b2 ** (step + 1))).sqrt() + eps)
+
+
+def grafted(torch, p, d):
+    """P with D's Frobenius norm (zero when P is)."""
+    pn = p.norm()
+    return p * (d.norm() / pn) if pn > 0 else torch.zeros_like(p)
+
+
+def graft_step(st, w, s, sgd, lr, wd, mom):
+    """w after the graft's step with direction s: SGD-momentum (st's buf) or AdamW's decoupled decay."""
+    if sgd:
+        st["buf"].mul_(mom).add_(s)
+        return w - lr * st["buf"]
+    return w * (1 - lr * wd) - lr * s
+
+
 def run_shampoo(torch, net, x, y, cfg, graft):
     params = dict(net.named_parameters())
     sgd = graft == "sgd"
@@ -141,14 +177,7 @@ def run_shampoo(torch, net, x, y, cfg, graft):
         with torch.no_grad():
             for n in WEIGHTS:
                 st, w, g = state[n], matrix(params[n].data), matrix(params[n].grad)
-                if sgd:
-                    d = g + wd * w
-                    u = d
-                else:
-                    st["m"].mul_(b1).add_(g, alpha=1 - b1)
-                    st["v"].mul_(b2).addcmul_(g, g, value=1 - b2)
-                    u = st["m"] / (1 - b1 ** (step + 1))
-                    d = u / ((st["v"] / (1 - b2 ** (step + 1))).sqrt() + eps)
+                u, d = graft_operands(st, g, w, step, sgd, wd, b1, b2, eps)
                 s = torch.empty_like(w)
                 for bl in st["blocks"]:
                     rs, cs = slice(bl["r0"], bl["r0"] + bl["r"]), slice(bl["c0"], bl["c0"] + bl["c"])
@@ -160,15 +189,87 @@ def run_shampoo(torch, net, x, y, cfg, graft):
                     if bl["Linv"] is None:
                         s[rs, cs] = d[rs, cs]
                         continue
-                    p = bl["Linv"] @ u[rs, cs] @ bl["Rinv"]
-                    pn = p.norm()
-                    s[rs, cs] = p * (d[rs, cs].norm() / pn) if pn > 0 else torch.zeros_like(p)
-                if sgd:
-                    st["buf"].mul_(mom).add_(s)
-                    w.sub_(lr * st["buf"])
-                else:
-                    w.mul_(1 - lr * wd).sub_(lr * s)
+                    s[rs, cs] = grafted(torch, bl["Linv"] @ u[rs, cs] @ bl["Rinv"], d[rs, cs])
+                w.copy_(graft_step(st, w, s, sgd, lr, wd, mom))
         bias_opt.step()
+    return losses
+
+
+def damped(torch, f, cfg):
+    """F + e I in float64, e = precond_eps + kfac_damping * trace(F) / n (train_mnist.cu's root_shift)."""
+    f = f.double()
+    n = f.shape[0]
+    e = f32(cfg["precond_eps"]) + f32(cfg["kfac_damping"]) * f.diagonal().sum().item() / n
+    return f + e * torch.eye(n, dtype=torch.float64)
+
+
+def run_kfac(torch, net, x, y, cfg, graft):
+    F = torch.nn.functional
+    params = dict(net.named_parameters())
+    sgd = graft == "sgd"
+    lr, wd = (f32(cfg["lr"]), f32(cfg["weight_decay"])) if sgd else (f32(cfg["adam_lr"]), f32(cfg["adam_weight_decay"]))
+    b1, b2, eps, mom = f32(cfg["beta1"]), f32(cfg["beta2"]), f32(cfg["eps"]), f32(cfg["momentum"])
+    decay = f32(cfg["kfac_stat_decay"])
+    d = cfg["max_precond_dim"]
+    B = x.shape[0]
+    layers = ["conv1", "conv2", "fc1", "fc2"]
+    saved = {}
+
+    def keep(name):
+        def hook(module, inputs, output):
+            saved[name + ".a"] = inputs[0].detach()
+            output.register_hook(lambda g: saved.__setitem__(name + ".g", g.detach()))
+        return hook
+
+    handles = [getattr(net, name).register_forward_hook(keep(name)) for name in layers]
+    state = {}
+    for name in layers:
+        w = params[name + ".weight"]
+        out, cols = w.shape[0], w[0].numel() + 1
+        state[name] = dict(
+            G=[dict(i0=i0, F=None, inv=None) for i0 in range(0, out, d)],
+            A=[dict(i0=i0, F=None, inv=None) for i0 in range(0, cols, d)],
+            buf=torch.zeros(out, cols), m=torch.zeros(out, cols), v=torch.zeros(out, cols))
+    losses = []
+    for step in range(cfg["n_steps"]):
+        net.zero_grad()
+        loss = F.cross_entropy(net(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        due = step >= cfg["precond_start"] and (step - cfg["precond_start"]) % cfg["precond_every"] == 0
+        with torch.no_grad():
+            for name in layers:
+                st, wp, bp = state[name], params[name + ".weight"], params[name + ".bias"]
+                a, g = saved[name + ".a"], saved[name + ".g"]
+                if a.dim() == 4:  # a convolution: its im2col patches, the output positions as rows
+                    a = F.unfold(a, 3).transpose(1, 2).reshape(-1, a.shape[1] * 9)
+                    g = g.permute(0, 2, 3, 1).reshape(-1, g.shape[1])
+                rows = a.shape[0]
+                a = torch.cat([a, torch.ones(rows, 1)], 1)
+                new = {"A": f32(1.0 / rows) * (a.T @ a), "G": f32(B / (rows // B)) * (g.T @ g)}
+                for side in ("G", "A"):
+                    for fb in st[side]:
+                        sl = slice(fb["i0"], fb["i0"] + d)
+                        f_new = new[side][sl, sl]
+                        fb["F"] = f_new if fb["F"] is None else fb["F"] * decay + f_new * f32(1 - decay)
+                        if due:
+                            fb["inv"] = torch.linalg.inv(damped(torch, fb["F"], cfg)).float()
+                w = torch.cat([matrix(wp.data), bp.data.view(-1, 1)], 1)
+                gw = torch.cat([matrix(wp.grad), bp.grad.view(-1, 1)], 1)
+                u, dir_ = graft_operands(st, gw, w, step, sgd, wd, b1, b2, eps)
+                s = torch.empty_like(w)
+                for gb in st["G"]:
+                    for ab in st["A"]:
+                        rs, cs = slice(gb["i0"], gb["i0"] + d), slice(ab["i0"], ab["i0"] + d)
+                        if gb["inv"] is None or ab["inv"] is None:
+                            s[rs, cs] = dir_[rs, cs]
+                            continue
+                        s[rs, cs] = grafted(torch, gb["inv"] @ u[rs, cs] @ ab["inv"], dir_[rs, cs])
+                w = graft_step(st, w, s, sgd, lr, wd, mom)
+                wp.data.copy_(w[:, :-1].reshape(wp.shape))
+                bp.data.copy_(w[:, -1])
+    for h in handles:
+        h.remove()
     return losses
 
 
@@ -281,7 +382,9 @@ def main():
     runs = [("muon", lambda net: run_muon(torch, net, x, y, CFG, True)),
             ("muon_bf16", lambda net: run_muon(torch, net, x, y, CFG, False)),
             ("shampoo_sgd", lambda net: run_shampoo(torch, net, x, y, CFG, "sgd")),
-            ("shampoo_adam", lambda net: run_shampoo(torch, net, x, y, CFG, "adam"))]
+            ("shampoo_adam", lambda net: run_shampoo(torch, net, x, y, CFG, "adam")),
+            ("kfac_sgd", lambda net: run_kfac(torch, net, x, y, CFG, "sgd")),
+            ("kfac_adam", lambda net: run_kfac(torch, net, x, y, CFG, "adam"))]
     for name, fn in runs:
         net = Net()
         net.load_state_dict(init)

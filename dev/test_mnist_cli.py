@@ -8,10 +8,10 @@ error, no std::bad_alloc, no hang), header sizes bounded by the file before allo
 trailer, outputs checked at start-up and written through a temporary file (devices and FIFOs refused, symlinks
 written through, nothing left behind on a full disk), checkpoint contents validated, --resume refusing a changed
 setting unless --allow_change names it, and a finite but diverging loss stopping the run.
-Issue 21: Muon's and Shampoo's flags (bad values refused), their CPU training, resume (Shampoo's factors and roots in
-the checkpoint), a changed optimizer refused unless --allow_change optimizer, version 2 checkpoints refused;
---clip_per_sample, --noise_multiplier and --precond fisher_diag: bad values and combinations refused, CPU training,
-resume (the noise's stream, the Fisher average in the checkpoint).
+Issue 21: Muon's, Shampoo's and K-FAC's flags (bad values refused), their CPU training, resume (Shampoo's and
+K-FAC's factors and roots in the checkpoint), a changed optimizer refused unless --allow_change optimizer, version 2
+checkpoints refused; --clip_per_sample, --noise_multiplier and --precond fisher_diag: bad values and combinations
+refused (K-FAC with either), CPU training, resume (the noise's stream, the Fisher average in the checkpoint).
 Run from the repo root: python3 dev/test_mnist_cli.py   (last line: N passed, N failed, N skipped)
 """
 import gzip
@@ -308,18 +308,27 @@ def optimizers(tmp):
     shampoo = ["--optimizer", "shampoo", "--max_precond_dim", "32", "--precond_start", "1", "--precond_every", "2",
                "--lr", "0.05"]
     muon = ["--optimizer", "muon", "--lr", "0.003"]
+    kfac = ["--optimizer", "kfac", "--max_precond_dim", "32", "--precond_start", "1", "--precond_every", "2",
+            "--precond_damping", "0.1", "--lr", "0.05"]
     for args, words in [(["--precond_damping", "-1"], ["--precond_damping", "found -1"]),
                         (["--precond_eps", "-1e-6"], ["--precond_eps", "found -1e-06"]),
                         (["--precond_every", "0"], ["--precond_every", "found 0"]),
                         (["--max_precond_dim", "0"], ["--max_precond_dim", "found 0"]),
                         (["--ns_steps", "0"], ["--ns_steps", "found 0"]),
-                        (["--optimizer", "lion"], ["--optimizer", "sgd,adamw,muon,shampoo", "lion"]),
+                        (["--optimizer", "lion"], ["--optimizer", "sgd,adamw,muon,shampoo,kfac", "lion"]),
+                        (kfac + ["--precond_damping", "-0.5"], ["--precond_damping", "found -0.5"]),
+                        (kfac + ["--precond_eps", "-1"], ["--precond_eps", "found -1"]),
+                        (kfac + ["--precond_every", "0"], ["--precond_every", "found 0"]),
+                        (kfac + ["--max_precond_dim", "0"], ["--max_precond_dim", "found 0"]),
+                        (kfac + ["--kfac_stat_decay", "-0.1"], ["--kfac_stat_decay", "found -0.1"]),
+                        (kfac + ["--kfac_stat_decay", "1"], ["--kfac_stat_decay", "found 1"]),
                         (["--graft", "rmsprop"], ["--graft", "sgd,adam", "rmsprop"])]:
         expect_error(f"bad flag {' '.join(args)}", base + args, *words, code=1)
 
     # training learns; 1 epoch + checkpoint + resume == 2 straight epochs (optimizer state incl. Shampoo's factors)
     for name, extra in (("muon", muon), ("shampoo", shampoo), ("shampoo graft adam", shampoo[:-2] + ["--graft", "adam",
-                                                                                                     "--lr", "0.002"])):
+                                                                                                     "--lr", "0.002"]),
+                        ("kfac", kfac), ("kfac graft adam", kfac[:-2] + ["--graft", "adam", "--lr", "0.002"])):
         rc, out = run(base + extra + ["--epochs", "3", "--train_limit", "64"])
         ep = epochs_of(out)
         report(rc == 0 and len(ep) == 3 and ep[2][0] < ep[0][0], f"cpu {name}: the training loss falls",
@@ -360,6 +369,29 @@ def optimizers(tmp):
     expect_error("a NaN in a Shampoo root is refused", base + ["--resume", bad], bad, "shampoo_Rinv.fc1.weight.0.32",
                  "finite", code=1)
 
+    ck = os.path.join(tmp, "ck_kfac.bin")  # K-FAC's state: its factor blocks, their inverses and has_inv flags
+    raw = open(ck, "rb").read()
+    t = ck_table(raw)
+    want = ["kfac_G.conv1.weight.0", "kfac_A.conv2.weight.288", "kfac_Ainv.fc1.weight.9216", "kfac_Ginv.fc2.weight.0"]
+    report(all(n in t for n in want) and "kfac_has_inv" in t and struct.unpack_from("<i", raw, 4)[0] == 3,
+           "kfac checkpoint: factors, inverses and flags by name (version 3)", f"missing {[n for n in want if n not in t]}")
+    bad = os.path.join(tmp, "kfac_nan.bin")
+    open(bad, "wb").write(patched(raw, t["kfac_Ainv.fc1.weight.9216"][1], "<f", float("nan")))
+    expect_error("a NaN in a K-FAC inverse is refused", base + ["--resume", bad], bad, "kfac_Ainv.fc1.weight.9216",
+                 "finite", code=1)
+    bad = os.path.join(tmp, "kfac_flag.bin")
+    open(bad, "wb").write(patched(raw, t["kfac_has_inv"][1], "<i", 2))
+    expect_error("a K-FAC has_inv flag of 2 is refused", base + ["--resume", bad], bad, "kfac_has_inv[0]", "0 or 1",
+                 code=1)
+    bad = os.path.join(tmp, "kfac_decay.bin")
+    open(bad, "wb").write(patched(open(os.path.join(tmp, "ck_shampoo.bin"), "rb").read(), 4 * 35, "<f", 0.5))
+    expect_error("kfac_stat_decay set in a Shampoo checkpoint is refused", base + ["--resume", bad], bad,
+                 "kfac_stat_decay", "0 (not kfac)", code=1)
+    expect_error("--resume kfac with another --kfac_stat_decay", base + ["--resume", ck, "--kfac_stat_decay", "0.5"],
+                 "--kfac_stat_decay 0.5", "0.95", "--allow_change kfac_stat_decay", code=1)
+    expect_error("--resume kfac with --optimizer shampoo", base + ["--resume", ck, "--optimizer", "shampoo"],
+                 "--optimizer shampoo", "kfac", "--allow_change optimizer", code=1)
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # issue 21 item 4: --clip_per_sample, --noise_multiplier, --precond fisher_diag (the CPU path; their values against
@@ -379,7 +411,13 @@ def per_sample(tmp):
                          ["--precond fisher_diag", "--noise_multiplier 1", "not"]),
                         (["--precond", "fisher_diag", "--fisher_power", "0.1"], ["--fisher_power", "[0.25, 1]",
                                                                                  "found 0.1"]),
-                        (["--fisher_power", "2"], ["--fisher_power", "found 2"])]:
+                        (["--fisher_power", "2"], ["--fisher_power", "found 2"]),
+                        (["--optimizer", "kfac", "--clip_per_sample", "1"], ["--clip_per_sample 1",
+                                                                             "--optimizer kfac", "unclipped"]),
+                        (["--optimizer", "kfac", "--clip_per_sample", "1", "--noise_multiplier", "1"],
+                         ["--clip_per_sample 1", "--optimizer kfac"]),
+                        (["--optimizer", "kfac", "--precond", "fisher_diag"], ["--precond fisher_diag",
+                                                                               "--optimizer kfac"])]:
         expect_error(f"bad flag {' '.join(args)}", base + args, *words, code=1)
 
     clip = ["--clip_per_sample", "5", "--lr", "0.05"]
@@ -405,6 +443,9 @@ def per_sample(tmp):
                  "--clip_per_sample 1", "5", "--allow_change clip_per_sample", code=1)
     expect_error("--resume clip with --precond fisher_diag", base + ["--resume", os.path.join(tmp, "ck_ps_clip.bin"),
                  "--precond", "fisher_diag"], "--precond fisher_diag", "none", "--allow_change optimizer", code=1)
+    expect_error("--resume fisher_diag with another --precond_eps",
+                 base + ["--resume", os.path.join(tmp, "ck_ps_fisher_diag.bin"), "--precond_eps", "0.1"],
+                 "--precond_eps 0.1", "1e-12", "--allow_change precond_eps", code=1)
     raw = open(os.path.join(tmp, "ck_ps_fisher_diag.bin"), "rb").read()
     off = ck_table(raw)["fisher_diag.fc2.bias"][1]
     bad = os.path.join(tmp, "fisher_negative.bin")
@@ -415,6 +456,10 @@ def per_sample(tmp):
     open(bad, "wb").write(patched(open(ck, "rb").read(), 4 * 31, "<f", 0.0))  # slot 31: clip_per_sample
     expect_error("a checkpoint with noise but no clip norm is refused", base + ["--resume", bad], bad,
                  "needs --clip_per_sample", code=1)
+    bad = os.path.join(tmp, "kfac_clip.bin")
+    open(bad, "wb").write(patched(open(os.path.join(tmp, "ck_kfac.bin"), "rb").read(), 4 * 31, "<f", 1.0))
+    expect_error("a K-FAC checkpoint with a clip norm is refused", base + ["--resume", bad], bad, "header[31..34]",
+                 "--optimizer kfac", code=1)
 
 
 def main():

@@ -416,17 +416,21 @@ MNIST_PARAM_SHAPES = [
     ("fc1.weight", (128, 9216)), ("fc1.bias", (128,)), ("fc2.weight", (10, 128)), ("fc2.bias", (10,)),
 ]
 # Written by ./train_mnist --checkpoint FILE. tensors: every parameter; when has_optimizer: optimizer 0 (SGD, and
-# 3 Shampoo with graft 0) momentum_buffer.<name>; 1 (AdamW, and Shampoo with graft 1) adam_m.<name> and
-# adam_v.<name>; 2 (Muon) muon_m.<name> and adam_v.<name>; Shampoo also shampoo_{L,R,Linv,Rinv}.<weight>.<r0>.<c0>
-# and shampoo_has_root (data/README.md). epoch = epochs completed; version 2 added every setting the trajectory
-# depends on (lr_schedule 0 constant, 1 cosine, 2 linear .. train_images), version 3 Muon's and Shampoo's.
+# 3 Shampoo or 4 K-FAC with graft 0) momentum_buffer.<name>; 1 (AdamW, and Shampoo or K-FAC with graft 1)
+# adam_m.<name> and adam_v.<name>; 2 (Muon) muon_m.<name> and adam_v.<name>; Shampoo also
+# shampoo_{L,R,Linv,Rinv}.<weight>.<r0>.<c0> and shampoo_has_root; K-FAC kfac_{G,Ginv}.<weight>.<r0>,
+# kfac_{A,Ainv}.<weight>.<c0> and kfac_has_inv; precond 1 (fisher_diag) also fisher_diag.<name> (data/README.md).
+# epoch = epochs completed; version 2 added every setting the trajectory depends on (lr_schedule 0 constant,
+# 1 cosine, 2 linear .. train_images), version 3 Muon's and Shampoo's, then the per-sample step's clip_per_sample ..
+# fisher_power and K-FAC's kfac_stat_decay (0 when unused, so older version 3 files still read).
 MNIST_CHECKPOINT = Format("mnist checkpoint", magic_number(2, 2), 3, [
     ("epoch", "i"), ("step", "i"), ("batch_size", "i"), ("seed", "i"), ("optimizer", "i"), ("has_optimizer", "i"),
     ("epochs", "i"), ("lr", "f"), ("test_accuracy", "f"), ("lr_schedule", "i"), ("warmup_steps", "i"),
     ("lr_min", "f"), ("momentum", "f"), ("weight_decay", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"),
     ("train_images", "i"), ("muon_lr", "f"), ("muon_momentum", "f"), ("muon_nesterov", "i"), ("ns_steps", "i"),
     ("graft", "i"), ("precond_every", "i"), ("precond_start", "i"), ("max_precond_dim", "i"), ("precond_eps", "f"),
-    ("precond_damping", "f"),
+    ("precond_damping", "f"), ("clip_per_sample", "f"), ("noise_multiplier", "f"), ("precond", "i"),
+    ("fisher_power", "f"), ("kfac_stat_decay", "f"),
 ])
 # Written by dev/mnist.py on the GPU machine. tensors: every parameter (initial weights); x float32 (B,1,28,28)
 # normalized; y int32 (B,); out float32 (B,10) logits; loss float32 () mean NLL; grad.<name> for every parameter;
@@ -442,14 +446,16 @@ MNIST_DEBUG_STATE = Format("mnist debug state", magic_number(2, 3), 1, MNIST_DEB
 # gradient only the first 4 rows: grad.fc1.weight.rows (4, 9216).
 MNIST_FIXTURE = Format("mnist fixture", magic_number(2, 4), 1, MNIST_DEBUG_FIELDS + [("init_seed", "i")])
 # Written by dev/mnist_optimizers.py (dev/fixtures/mnist_optimizers_fixture.bin, committed): the Muon and Shampoo
-# references. tensors: x (B,1,28,28), y int32 (B,); for each run muon, shampoo_sgd, shampoo_adam: <run>_losses (S,)
+# references. tensors: x (B,1,28,28), y int32 (B,); for each run muon, shampoo_sgd, shampoo_adam, kfac_sgd,
+# kfac_adam: <run>_losses (S,)
 # and the final parameters <run>.<name> (fc1.weight: its first 4 rows, <run>.fc1.weight.rows (4, 9216));
 # muon_bf16_losses (S,) (torch.optim.Muon unmodified).
-MNIST_OPT_FIXTURE = Format("mnist optimizer fixture", magic_number(2, 5), 1, [
+MNIST_OPT_FIXTURE = Format("mnist optimizer fixture", magic_number(2, 5), 2, [
     ("batch_size", "i"), ("n_steps", "i"), ("init_seed", "i"), ("lr", "f"), ("momentum", "f"), ("weight_decay", "f"),
     ("adam_lr", "f"), ("beta1", "f"), ("beta2", "f"), ("eps", "f"), ("adam_weight_decay", "f"), ("muon_lr", "f"),
     ("muon_momentum", "f"), ("muon_nesterov", "i"), ("ns_steps", "i"), ("precond_every", "i"),
     ("precond_start", "i"), ("max_precond_dim", "i"), ("precond_eps", "f"), ("precond_damping", "f"),
+    ("kfac_stat_decay", "f"), ("kfac_damping", "f"),
 ])
 
 
