@@ -508,6 +508,7 @@ def unet_checkpoint_mutants(tmp):
                                       "binio.read unet checkpoint")
     semantic = [load, resume, sample, gen]
     model = {f for f, _ in binio.UNET_MODEL_FIELDS}
+    optimizer_fields = {f for f, _ in binio.UNET_OPTIMIZER_FIELDS}
 
     def policy(field, label, value, near):
         w = [field, "shape", "missing", "tensor"]
@@ -553,6 +554,10 @@ def unet_checkpoint_mutants(tmp):
                 return dict(e, **{load: ("either", []), gen: ("either", []), sample: ("either", []),
                                   resume: ("reject", ["has_optimizer"])})
             return dict(e, **{r: ("reject", ["has_optimizer"]) for r in semantic})
+        if field in optimizer_fields:  # the base is AdamW's: Muon's settings must be 0, optimizer 1 needs them
+            if value == 0:
+                return dict(e, **{r: ("either", [field]) for r in semantic})
+            return dict(e, **{r: ("reject", [field, "muon_lr", "optimizer"]) for r in semantic})
         raise AssertionError(field)
 
     reject_all = {r: ("reject", []) for r in semantic + [bio]}
