@@ -13,10 +13,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = [  # (name, script in dev/, flags under --quick)
     ("linreg", "bench_linreg.py", ["--quick"]),
-    ("mnist", "bench_mnist.py", ["--skip_compile", "--epochs", "2"]),
+    ("mnist", "bench_mnist.py", ["--quick", "--epochs", "2"]),
     ("unet", "bench_unet.py", ["--modes", "eager", "--batch_sizes", "32", "--precisions", "bf16", "--steps", "10"]),
     ("softmax", "softmax.py", ["--quick", "--no_sweep", "--no_compile"]),
-    ("cnn_custom", "cnn_custom.py", ["--epochs", "2", "--modes", "torch,ours"]),
+    ("cnn_custom", "cnn_custom.py", ["--epochs", "1", "--modes", "torch,ours"]),
 ]
 
 
