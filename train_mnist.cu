@@ -1864,6 +1864,22 @@ static void mnist_forward_loss(Mnist* m, int B, const ConvInput* gather, float* 
                        param_of(m, P_B1), param_of(m, P_W2), param_of(m, P_B2), B, fh);
 }
 
+// dact2 = the max-pool's backward of dpooled (the gradient to the argmax of each window), on the GPU or the CPU
+static void maxpool_backward(Mnist* m, int B) {
+    if (m->cpu) {
+        for (int b = 0; b < B; b++)
+            for (int y = 0; y < H2; y++)
+                for (int x = 0; x < H2; x++)
+                    for (int c = 0; c < C2; c++)
+                        m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] =
+                            maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
+    } else {
+        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2,
+                                                                                          B);
+        launch_check();
+    }
+}
+
 // backward from dlogits (and, on the fast path, dh from the head): every parameter gradient, each written in full.
 // With update_advance_B >= 0 on the fast path, the backward's kernels apply the optimizer step to every parameter
 // instead of storing the gradients (fc1.weight in fc1_backward_kernel, the rest in conv2_wgrad_tf32_kernel's split
@@ -1922,18 +1938,7 @@ static void mnist_backward(Mnist* m, int B, int update_advance_B = -1, const Bat
     matmul_forward(grad_of(m, P_WF1), FC_IN, {V_COL, m->dh, FC_H}, {V_ROW, m->pooled, FC_IN}, FC_H, FC_IN, B, e);
     e = Epilogue();
     matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, param_of(m, P_WF1), FC_IN}, B, FC_IN, FC_H, e);
-    if (m->cpu) {
-        for (int b = 0; b < B; b++)
-            for (int y = 0; y < H2; y++)
-                for (int x = 0; x < H2; x++)
-                    for (int c = 0; c < C2; c++)
-                        m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + c] =
-                            maxpool_backward_elem(m->dpooled, m->act2, b, y, x, c);
-    } else {
-        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2,
-                                                                                          B);
-        launch_check();
-    }
+    maxpool_backward(m, B);
     e = Epilogue(); e.rowsum = grad_of(m, P_B2);
     matmul_forward(grad_of(m, P_W2), KC2, {V_COL, m->dact2, C2}, {V_CONV2_IN, m->act1, 0}, C2, KC2, B * H2 * H2, e);
     e = Epilogue(); e.mask = m->act1;
@@ -2870,18 +2875,7 @@ static void mnist_backward_per_sample(Mnist* m, int B) {
     matmul_forward(m->dh, FC_H, {V_ROW, m->dlogits, NCLS}, {V_ROW, param_of(m, P_WF2), FC_H}, B, FC_H, NCLS, e);
     matmul_forward(m->dpooled, FC_IN, {V_ROW, m->dh, FC_H}, {V_ROW, param_of(m, P_WF1), FC_IN}, B, FC_IN, FC_H,
                    Epilogue());
-    if (m->cpu) {
-        for (int b = 0; b < B; b++)
-            for (int y = 0; y < H2; y++)
-                for (int x = 0; x < H2; x++)
-                    for (int ch = 0; ch < C2; ch++)
-                        m->dact2[(((size_t)b * H2 + y) * H2 + x) * C2 + ch] =
-                            maxpool_backward_elem(m->dpooled, m->act2, b, y, x, ch);
-    } else {
-        maxpool_backward_kernel<<<ceil_div(B * H2 * H2 * C2, 256), 256, 0, g_mm.stream>>>(m->dact2, m->dpooled, m->act2,
-                                                                                          B);
-        launch_check();
-    }
+    maxpool_backward(m, B);
     e = Epilogue(); e.mask = m->act1;
     matmul_forward(m->dact1, C1, {V_CONV2_DOUT, m->dact2, 0}, {V_CONV2_WT, param_of(m, P_W2), 0}, B * H1 * H1, C1,
                    9 * C2, e);
