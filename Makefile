@@ -16,7 +16,7 @@ export NVCC PYTHON GENCODE NVCCFLAGS
 
 TRAINERS := $(basename $(wildcard train_*.cu))
 
-.PHONY: all test bench gpu-check clean nccl-info
+.PHONY: all test bench gpu-check clean nccl-info dev-all torch-ops
 all: $(TRAINERS)
 
 train_mnist: LDLIBS += -lz
@@ -68,10 +68,15 @@ bench: all
 # The whole GPU round in a few minutes: build, every test, every benchmark in its quick form; results in
 # bench_results/. `make bench` runs the full benchmarks.
 gpu-check:
-	$(MAKE) -j16 all
-	$(MAKE) -C dev -j16 all
+	$(MAKE) -j16 all dev-all torch-ops
 	$(PYTHON) dev/run_tests.py -j 8
 	$(PYTHON) dev/run_benchmarks.py --quick --out bench_results
+
+# gpu-check builds the trainers, dev/ and the PyTorch operators' JIT library in one make, so they overlap
+dev-all:
+	$(MAKE) -C dev all
+torch-ops:
+	$(PYTHON) -c "import sys; sys.path.insert(0, 'dev/torch_ops'); import torch_ops; print(torch_ops.BUILD_INFO)"
 
 # Where train_unet's NCCL comes from (.ci/run asks before it installs the headers)
 nccl-info:

@@ -20,6 +20,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLOSING = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped$")
 TIMEOUT_S = 900
+# Started first under -j N, so that the longest suites do not begin last (GPU round of session 18, H100)
+SLOW_FIRST = ["dev/test_fuzz.py", "dev/test_unet.cu", "dev/test_torch_ops.py", "dev/test_mnist.cu",
+              "dev/test_unet_cli.py", "dev/test_mnist_cli.py", "dev/conv2d.cu", "dev/matmul.cu"]
 
 
 def discover():
@@ -59,6 +62,7 @@ def main():
         return 2
     wanted = args
     suites = [s for s in discover() if not wanted or any(w in s[0] for w in wanted)]
+    suites.sort(key=lambda s: SLOW_FIRST.index(s[0]) if s[0] in SLOW_FIRST else len(SLOW_FIRST))
     totals = [0, 0, 0]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
