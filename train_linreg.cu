@@ -1237,21 +1237,22 @@ static int write_result_json(const char* path, const Args* a, const LinregData* 
 static void table_rule() { printf("+-----------------------+----------------------------------------------+\n"); }
 static void table_row(const char* key, const std::string& value) { printf("| %-21s | %-44s |\n", key, value.c_str()); }
 
-int main(int argc, char** argv) {
-    Args a = parse_args(argc, argv);
-    // the outputs before any work: a bad path must not cost the training
+// The outputs before any work: a bad path must not cost the training
+static void check_outputs(const Args& a) {
     const std::string* outputs[2] = {&a.save_data, &a.result_file};
     const char* output_flags[2] = {"--save_data", "--result_file"};
     std::string reals[2];
     for (int i = 0; i < 2; i++) {
         std::string e = outputs[i]->empty() ? "" : output_check(outputs[i]->c_str(), output_flags[i], &reals[i]);
-        if (!e.empty()) {
-            fprintf(stderr, "error: %s\n", e.c_str());
-            return EXIT_FAILURE;
-        }
+        if (!e.empty()) die("%s", e.c_str());
     }
     if (!a.save_data.empty() && !a.result_file.empty() && reals[0] == reals[1])  // the JSON would replace the data
         die("%s: --result_file is the same file as --save_data", a.result_file.c_str());
+}
+
+int main(int argc, char** argv) {
+    Args a = parse_args(argc, argv);
+    check_outputs(a);
     const char* why = NULL;
     int n_devices = cuda_device_count(&why);
     if (a.device == "cuda" && n_devices == 0) {
@@ -1261,6 +1262,8 @@ int main(int argc, char** argv) {
     if (a.device == "auto" && n_devices == 0)
         printf("no CUDA device found (%s): training on the CPU (--device cpu)\n", why);
     bool use_gpu = a.device != "cpu" && n_devices > 0;
+    size_t mem_free0 = 0, mem_total = 0;  // before any allocation: what the run takes is the drop from here
+    if (use_gpu) cudaCheck(cudaMemGetInfo(&mem_free0, &mem_total));
 
     LinregData data;
     float gen_ms = 0.0f;
@@ -1291,9 +1294,13 @@ int main(int argc, char** argv) {
     int n_test = data.n_points - data.n_train;
     table_row("train / test points", std::to_string(data.n_train) + " / " + std::to_string(n_test));
     table_row("features", std::to_string(data.n_features));
+    if (use_gpu)  // MiB, rounded down
+        table_row("GPU memory free/total",
+                  std::to_string(mem_free0 >> 20) + " / " + std::to_string(mem_total >> 20) + " MiB");
     table_rule();
 
     TrainResult res;
+    double mem_used = 0;
     if (use_gpu) {
         if (d_x == NULL) {
             size_t nx = (size_t)data.n_points * data.n_features;
@@ -1305,6 +1312,9 @@ int main(int argc, char** argv) {
         LinregGpu g;
         linreg_gpu_build(&g, d_x, d_y, data.n_points, data.n_features, data.n_train, a.epochs, a.streams);
         res = linreg_train_gpu(&g, &cfg);
+        size_t mem_free1 = 0;  // everything is still allocated: the run's peak
+        cudaCheck(cudaMemGetInfo(&mem_free1, &mem_total));
+        mem_used = mem_free1 < mem_free0 ? (double)(mem_free0 - mem_free1) : 0.0;
         linreg_gpu_free(&g);
         cudaCheck(cudaFree(d_x));
         cudaCheck(cudaFree(d_y));
@@ -1347,6 +1357,9 @@ int main(int argc, char** argv) {
     printf("training %.3f ms for %d epochs (%.2f us/epoch, %s); test evaluation %.3f ms\n", res.train_ms, a.epochs,
            a.epochs ? 1000.0f * res.train_ms / a.epochs : 0.0f, use_gpu ? "GPU, CUDA events" : "CPU wall clock",
            res.eval_ms);
+    if (use_gpu)
+        printf("GPU memory: %.0f MiB used by this run (of %.0f MiB; CUDA context excluded)\n", mem_used / 1048576.0,
+               mem_total / 1048576.0);
     // the train loss is that of the last epoch's forward pass, before its update
     printf("final | train_loss %.7f | test_loss %.7f | train_ms %.3f\n", a.epochs > 0 ? res.train_losses[last] : NAN,
            res.test_loss, res.train_ms);

@@ -6986,6 +6986,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                                                 : "tf32 mma.sync (3-channel passes fp32)");
         row("images", std::to_string(data.n) + " in " + a.data_file);
         row("parameters", std::to_string(m->n_params));
+        row("GPU memory free/total", strfmt("%.0f / %.0f MiB", mem_free0 / 1048576.0, mem_total / 1048576.0));
         if (m->muon)  // the Newton-Schulz products by group (UNET_MUON_GROUPS), and the optimizer's launches per step
             row("muon", strfmt("%zu weights in %zu groups, %.0f GFLOP, %d launches", m->muon->mats.size(),
                                m->muon->groups.size(), m->muon->gflop, m->muon->launches));
@@ -6994,10 +6995,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                              std::to_string(a.batch_size * world));
             row("gradients", dist.zero ? "ZeRO-1: reduce-scatter, all-gather"
                                        : "all-reduce, " + std::to_string(dist.buckets.size()) + " buckets");
-            char mem[64];
-            snprintf(mem, sizeof mem, "w+g %.0f MiB, AdamW+EMA %.0f MiB", 2.0 * m->n_alloc * 4 / (1 << 20),
-                     3.0 * m->n_state * 4 / (1 << 20));
-            row("state per GPU", mem);
+            row("state per GPU", strfmt("w+g %.0f MiB, AdamW+EMA %.0f MiB", 2.0 * m->n_alloc * 4 / (1 << 20),
+                                        3.0 * m->n_state * 4 / (1 << 20)));
         }
         row("start step", std::to_string(st.step));
         row("init", !a.resume.empty() ? "resume " + a.resume

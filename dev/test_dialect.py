@@ -120,6 +120,24 @@ def table_and_log(trainer, args, unit):
           lines[-1] if lines else "no output")
 
 
+def gpu_memory(tmp):
+    """Each trainer's GPU memory on a GPU (issue 21, item 6): free / total in the start-up table, its use at the end."""
+    if not have_gpu():
+        report("SKIP", "GPU memory in the start-up table and at the end", "no GPU")
+        return
+    runs = {"train_linreg": ["--points", "2000", "--epochs", "30"],
+            "train_mnist": ["--train_limit", "256", "--test_limit", "100", "--epochs", "1", "--confusion", "0"],
+            "train_unet": ["--steps", "3", "--log_every", "1", "--save_every", "0", "--output_dir",
+                           os.path.join(tmp, "unet_mem")]}
+    for trainer, args in runs.items():
+        code, out, err = run(trainer, args, timeout=600)
+        row = re.search(r"^\| GPU memory free/total +\| (\d+) / (\d+) MiB +\|$", out, re.M)
+        end = re.search(r"^GPU memory: (peak )?(\d+) MiB (used by this run|in use)", out, re.M)
+        ok = code == 0 and row and end and 0 < int(row.group(1)) <= int(row.group(2)) and 0 < int(end.group(2))
+        check(bool(ok), f"{trainer}: GPU memory free/total at start, its use at the end",
+              f"exit {code}: {row.group(0) if row else 'no table row'}; {end.group(0) if end else 'no end line'}")
+
+
 def main():
     missing = [t for t in TRAINERS if not os.path.isfile(os.path.join(ROOT, t))]
     if missing:
@@ -138,6 +156,7 @@ def main():
             check(code == 1 and err.startswith("error: --device cpu: ") and "scripts/generate.py" in err,
                   "train_unet --device cpu points to scripts/generate.py --device cpu", err.strip()[:150])
             report("SKIP", "train_unet start-up table and log line", "checked on a GPU by dev/test_unet_cli.py")
+            gpu_memory(tmp)
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return 1 if counts["FAIL"] else 0
 
