@@ -5488,7 +5488,6 @@ struct MuonPlan {
     double est_us = 0.0, est_exposed_us = 0.0;  // the cost model's Optimizer time, and what of it outlasts the backward
     // on the side that runs the step
     MuonMat* t_mats = nullptr;
-    MuonGroup* t_groups = nullptr;
     int *t_adam_idx = nullptr, *t_first_chunk = nullptr;
     size_t *t_chunk_start = nullptr, *t_chunk_end = nullptr;
     void* x[2] = {nullptr, nullptr};  // the group buffers (the iteration alternates between them)
@@ -5759,7 +5758,6 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
     mp->cpu = cpu;
     muon_plan(mp, m->params, muon_stages(m, mp->half));
     mp->t_mats = muon_table(mp, mp->mats);
-    mp->t_groups = muon_table(mp, mp->groups);
     mp->t_adam_idx = muon_table(mp, mp->adam_idx);
     mp->t_first_chunk = muon_table(mp, mp->first_chunk);
     mp->t_chunk_start = muon_table(mp, mp->chunk_start);
@@ -5798,7 +5796,7 @@ static void muon_lt_free(MuonLtCall* c) {
     delete c;
 }
 static void muon_destroy(MuonPlan* mp) {
-    void* ps[] = {mp->t_mats, mp->t_groups, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
+    void* ps[] = {mp->t_mats, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
                   mp->x[0], mp->x[1], mp->a, mp->p, mp->partial, mp->sumsq};
     for (void* p : ps) {
         if (mp->cpu) free(p);
