@@ -20,6 +20,8 @@ TRAINERS := $(basename $(wildcard train_*.cu))
 all: $(TRAINERS)
 
 train_mnist: LDLIBS += -lz
+# cuBLASLt: train_unet's Muon products (their output apart from the C they add)
+train_unet: LDLIBS += -lcublasLt
 
 # NCCL for train_unet's data parallelism (several GPUs): `make NCCL_HOME=/path` (include/, lib/ or lib64/), else the
 # CUDA installation nvcc belongs to, else /usr (Debian's libnccl-dev), else the nvidia-nccl Python wheel PyTorch

@@ -36,6 +36,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 #include <fcntl.h>
@@ -50,6 +51,7 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <sys/socket.h>
 
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda.h>  // CUtensorMap (TMA views); the driver entry point is reached through the runtime, no -lcuda
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -3224,8 +3226,11 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
 //   buf = lerp(buf, g, 1 - mu); u = lerp(g, buf, mu) (Nesterov) or buf; X = u / max(||u||_F, 1e-7);
 //   ns_steps of X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750, 2.0315), on the wide
 //   orientation (torch transposes a tall matrix); w <- w (1 - lr wd) - lr sqrt(max(1, rows / cols)) X.
-// The iteration runs on group buffers: the matrices of a group sit side by side, each zero-padded to the group's
-// m_pad x M_pad (the wide orientation, column-major), so that a group is one strided-batched product. Zero rows and
+// Each step is three products as torch computes it: A = X X^T, B = c A A + b A, X' = B X + a X (the sums ride on
+// cuBLASLt's beta with a separate output, so no elementwise pass). The matrices of a group sit side by side in the
+// group buffers, each zero-padded to the group's m_pad x M_pad (the wide orientation, column-major), so that a
+// group is one strided-batched product per step; with the overlap on, a group's Newton-Schulz runs on a side stream
+// as soon as the backward pass has finished its members' gradients (muon_grads_ready). Zero rows and
 // columns are exact: they leave A's other entries, the norm and the result's other entries unchanged. A 3x3 conv
 // weight, stored [tap][cin][cout], is read as the column-major (cout, 9 cin) matrix whose columns are PyTorch's in
 // another order; Newton-Schulz commutes with a permutation of the columns (A = X X^T does not see it), so the update
@@ -3242,6 +3247,8 @@ struct MuonMat {      // one weight matrix
 struct MuonGroup {    // matrices of one padded shape: one strided batch
     int m_pad, M_pad, count;
     size_t w_off, s_off;  // the first matrix in the group buffers and in the m_pad x m_pad scratch
+    int first_mat;        // its matrices are mats[first_mat .. first_mat + count - 1]
+    int ready;            // the backward stage (muon_plan) after which all their gradients are final
 };
 // The parameter index that element e of matrix k's padded wide matrix (column-major, m_pad rows) comes from, or -1
 // for padding. PyTorch's (r, c): wide (rows <= cols) r = i, c = j; tall: transposed. Ours: a plain weight is
@@ -3274,9 +3281,9 @@ __host__ __device__ inline T muon_from_float(float v) {
 }
 
 template <class F>
-__global__ void muon_each_kernel(F f, size_t n) {
+__global__ void muon_each_kernel(F f, size_t base, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) f(i);
+    if (i < n) f(base + i);
 }
 
 // over the group buffers: the momentum (PyTorch's two lerps, as train_mnist's MuonMomentum) and the update u
@@ -3304,17 +3311,6 @@ struct MuonNormalize {  // X / max(||X||_F, eps) (norm[k]: the sum of squares of
         const int k = muon_mat_of(mats, n_mats, e);
         const float n = fmaxf(sqrtf(sumsq[k]), MUON_EPS);
         x[e] = muon_from_float<T>(muon_to_float(x[e]) / n);
-    }
-};
-template <typename T>
-struct MuonPoly {  // P = a I + b A over every group's m_pad x m_pad scratch (the c A^2 term: the next product)
-    const MuonGroup* groups; int n_groups; const T* a; T* p;
-    __host__ __device__ void operator()(size_t e) const {
-        int g = 0;
-        while (g + 1 < n_groups && groups[g + 1].s_off <= e) g++;
-        const size_t mm = (size_t)groups[g].m_pad * groups[g].m_pad, q = (e - groups[g].s_off) % mm;
-        const bool diag = q % groups[g].m_pad == q / groups[g].m_pad;
-        p[e] = muon_from_float<T>((diag ? MUON_A : 0.f) + MUON_B * muon_to_float(a[e]));
     }
 };
 // w <- w decay - step X (torch: param.mul_(1 - lr wd); param.add_(X, alpha=-adjusted lr)), then the EMA as AdamW's
@@ -5344,9 +5340,38 @@ static void attn_backward(UNet* m, Op& o) {
     groupnorm_backward(m, o.n1, act<T>(o.in), grad<T>(o.xn), grad<T>(o.in), o.mean1, o.rstd1, L, 0, acc);
 }
 
+// The parameters (their offsets, to f) whose gradients the backward pass finishes with op i (ops run from the last);
+// i = -1: those finished at its end, the time embedding and every resblock's emb_layers (unet_backward_t)
+template <class F>
+static void op_grad_params(const UNet* m, int i, F f) {
+    auto lin = [&](const LinP& l) { f(l.w); f(l.b); };
+    auto conv = [&](const ConvP& c) { f(c.w); f(c.b); };
+    auto norm = [&](const NormP& n) { f(n.w); f(n.b); };
+    if (i < 0) {
+        lin(m->te0);
+        lin(m->te2);
+        for (const Op& o : m->ops)
+            if (o.kind == OP_RES) lin(o.emb);
+        return;
+    }
+    const Op& o = m->ops[i];
+    switch (o.kind) {
+    case OP_CONV_IN: case OP_DOWN: case OP_UP: conv(o.c1); break;
+    case OP_RES:
+        norm(o.n1); conv(o.c1); norm(o.n2); conv(o.c2);
+        if (o.has_skip) lin(o.skip);
+        break;
+    case OP_ATTN: norm(o.n1); lin(o.qkv); lin(o.proj); break;
+    case OP_OUT: norm(o.n1); conv(o.c1); break;
+    case OP_CAT: break;
+    }
+}
+
 // Several GPUs: called after the backward of each op (its index) and once at the end (-1), so that the gradient
 // all-reduce of a bucket starts as soon as its gradients are written (dist_grad_ready). Null on one GPU.
 static void (*g_grad_ready)(UNet* m, int op) = nullptr;
+// --optimizer muon with the overlap on: the same points start the Newton-Schulz of the weights they finish
+static void muon_grads_ready(UNet* m, int op);
 
 template <typename T>
 static void unet_backward_t(UNet* m) {
@@ -5397,6 +5422,7 @@ static void unet_backward_t(UNet* m) {
         }
         prof_end(1, (int)o.kind);
         if (g_grad_ready) g_grad_ready(m, i);
+        if (m->muon) muon_grads_ready(m, i);
     }
     prof_begin();
     // the resblocks' emb_layers (their d_embo from res_backward): weight gradients and d_emb_s
@@ -5422,6 +5448,7 @@ static void unet_backward_t(UNet* m) {
     linear_backward<float>(m, m->te0, m->temb, m->d_te, nullptr, B, 1, false);
     prof_end(1, 7);
     if (g_grad_ready) g_grad_ready(m, -1);
+    if (m->muon) muon_grads_ready(m, -1);
 }
 // every parameter gradient into m->g from out's gradient (unet_loss)
 static void unet_backward(UNet* m) {
@@ -5439,35 +5466,61 @@ static const char* OPTIMIZER_NAME[2] = {"adamw", "muon"};
 enum MuonGrouping { MG_AUTO = 0, MG_SHAPE = 1, MG_ONE = 2 };
 static const char* MUON_GROUPING_NAME[3] = {"auto", "shape", "one"};
 
+struct MuonLtCall;  // one cached cuBLASLt product (muon_gemm)
 struct MuonPlan {
     float lr = 0.02f, momentum = 0.95f;
     int nesterov = 1, ns_steps = 5, grouping = MG_AUTO;
     bool cpu = false;   // the tables and buffers are host arrays (dev/test_unet.cu runs the step on the CPU)
     bool half = false;  // bf16 group buffers and products (--precision bf16: torch's Muon iterates in bf16)
-    std::vector<MuonMat> mats;  // ordered by w_off
-    std::vector<MuonGroup> groups;
+    // each group's momentum, normalisation and Newton-Schulz on the side stream from the point of the backward pass
+    // that finishes its gradients (muon_grads_ready), joined before the update; off: all of it after the backward on
+    // g_stream. The same kernels on the same buffers in the same order: the same bits. Only a caller that runs the
+    // update after every backward may set it (the trainer, one rank: UNET_MUON_OVERLAP).
+    bool overlap = false;
+    std::vector<MuonMat> mats;      // ordered by w_off
+    std::vector<MuonGroup> groups;  // ordered by ready (then w_off)
     std::vector<int> first_chunk, adam_idx;  // chunks of matrix k (+ the end); AdamW's elements
     std::vector<size_t> chunk_start, chunk_end;
     size_t w_elems = 0, s_elems = 0;
+    int n_stages = 1;    // the backward's stages (muon_stages): op i of n finishes stage n - 1 - i, its end stage n
     double gflop = 0.0;  // Newton-Schulz work per step, padding included
     int launches = 0;    // kernels and products per step (the AdamW step counter and the bf16 weight copy included)
+    double est_us = 0.0, est_exposed_us = 0.0;  // the cost model's Optimizer time, and what of it outlasts the backward
     // on the side that runs the step
     MuonMat* t_mats = nullptr;
-    MuonGroup* t_groups = nullptr;
     int *t_adam_idx = nullptr, *t_first_chunk = nullptr;
     size_t *t_chunk_start = nullptr, *t_chunk_end = nullptr;
     void* x[2] = {nullptr, nullptr};  // the group buffers (the iteration alternates between them)
-    void *a = nullptr, *p = nullptr;  // A = X X^T and P = a I + b A + c A^2 of every matrix (m_pad x m_pad each)
+    void *a = nullptr, *p = nullptr;  // A = X X^T and B = b A + c A^2 of every matrix (m_pad x m_pad each)
     float *partial = nullptr, *sumsq = nullptr;
+    std::vector<char> started;  // per group: its work is queued in this step (muon_step clears it)
+    cudaStream_t side = nullptr;
+    std::vector<cudaEvent_t> fork;  // per group: its gradients are final (recorded on g_stream)
+    cudaEvent_t join = nullptr;     // the side stream's work of the step is done
+    cublasLtHandle_t lt = nullptr;  // the products (own workspace: the side stream runs beside g_cublas)
+    void* lt_ws = nullptr;
+    std::vector<MuonLtCall*> lt_calls;  // per group and product (3 each), made on first use
 };
+static const size_t MUON_LT_WS = 16 << 20;
 
 static bool muon_param(const Param& p) { return p.ndim >= 2; }  // conv and linear weights (2-D view out x rest)
 static int round8(int v) { return (v + 7) / 8 * 8; }  // 16-byte aligned bf16 columns for the tensor cores
 
-// The groups: distinct wide shapes (m <= M) sorted by (m, M) and cut into runs, each padded to its largest m and M.
-// auto picks the cut that minimises an estimate of the step's time: per group and Newton-Schulz step 3 products at
-// ~4 us of launch and latency each (a small product does not fill the GPU), plus the padded FLOPs at a sustained
-// rate for the precision. Returns, per sorted shape, its group index. shapes: (m, M, count).
+// The cost model (microseconds; bf16 / fp32 rates): per group the momentum and normalisation passes (4 launches),
+// then per Newton-Schulz step 3 products at ~4 us of launch and latency each (a small product does not fill the
+// GPU) plus the padded FLOPs at a sustained rate. The backward's own time per stage is its products' FLOPs at the
+// whole step's measured rate (1.24 TFLOP in 11.78 ms, bf16, H100: ~105 TFLOP/s; a third of it in TF32). A group
+// hidden beside the backward is taken to cost it MUON_SHARE of its time (the two compete for the SMs): a guess until
+// the GPU measures it (dev/unet_NOTES.md).
+static const double MUON_LAUNCH_US = 4.0, MUON_SHARE = 0.5;
+static double muon_group_us(int m_pad, int M_pad, double count, int steps, bool half) {
+    const double flop = count * (4.0 * m_pad * m_pad * M_pad + 2.0 * m_pad * m_pad * m_pad);
+    return 4 * MUON_LAUNCH_US + steps * (3 * MUON_LAUNCH_US + flop / (half ? 3e8 : 1e8));
+}
+
+// The groups of one phase: its distinct wide shapes (m <= M) sorted by (m, M) and cut into runs, each padded to its
+// largest m and M; auto picks the cut of least modelled time (muon_group_us), shape gives each shape its own group,
+// one puts all in one. Returns, per sorted shape, its group index. shapes: (m, M, count).
 static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& shapes, int grouping, int steps,
                                          bool half) {
     const int n = (int)shapes.size();
@@ -5475,7 +5528,6 @@ static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& 
     if (grouping == MG_SHAPE)
         for (int i = 0; i < n; i++) of[i] = i;
     if (grouping != MG_AUTO) return of;
-    const double launch_us = 4.0, flop_per_us = half ? 3e8 : 1e8;
     auto cost = [&](int i, int j) {  // shapes i .. j-1 as one group
         int mp = 0, Mp = 0;
         double cnt = 0;
@@ -5484,8 +5536,7 @@ static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& 
             Mp = std::max(Mp, round8(shapes[k][1]));
             cnt += shapes[k][2];
         }
-        const double flop = cnt * (4.0 * mp * mp * Mp + 2.0 * mp * mp * mp);
-        return steps * (3 * launch_us + flop / flop_per_us);
+        return muon_group_us(mp, Mp, cnt, steps, half);
     };
     std::vector<double> best(n + 1, 0.0);
     std::vector<int> cut(n + 1, 0);
@@ -5505,10 +5556,43 @@ static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& 
     return of;
 }
 
-// Fills mp's host tables for the parameters (mp->lr, ns_steps, grouping, half set); nothing allocated.
-static void muon_plan(MuonPlan* mp, const std::vector<Param>& params) {
-    std::vector<std::array<int, 3>> shapes;  // (m, M, count)
-    std::vector<std::pair<std::array<int, 2>, int>> mats_shape;  // (m, M), param index
+// When each weight's gradient is final: stage[pi] of parameter pi (ops run backward from the last: op i of n finishes
+// stage n - 1 - i; the time embedding and emb_layers stage n, the end), and us[s], the modelled backward time of
+// stage s (its weights' products: 2 for the data and weight gradients, 2 B pixels FLOPs per weight each).
+struct MuonStages {
+    std::vector<int> stage;
+    std::vector<double> us;
+};
+static MuonStages muon_stages(const UNet* m, bool half) {
+    MuonStages st;
+    const int n_ops = (int)m->ops.size();
+    st.stage.assign(m->params.size(), n_ops);
+    st.us.assign(n_ops + 1, 0.0);
+    std::vector<size_t> offs(m->params.size());
+    for (size_t pi = 0; pi < m->params.size(); pi++) offs[pi] = m->params[pi].off;
+    for (int i = n_ops - 1; i >= -1; i--) {
+        const int s = i < 0 ? n_ops : n_ops - 1 - i;
+        double pixels = 1.0;  // per sample, of the op's weighted layers (the embeddings: one row)
+        if (i >= 0) {
+            const Op& o = m->ops[i];
+            pixels = (double)o.H * o.W * (o.kind == OP_UP ? 4.0 : o.kind == OP_DOWN ? 0.25 : 1.0);
+        }
+        op_grad_params(m, i, [&](size_t off) {
+            const size_t pi = std::lower_bound(offs.begin(), offs.end(), off) - offs.begin();
+            st.stage[pi] = s;
+            if (muon_param(m->params[pi])) st.us[s] += 4.0 * m->B * pixels * m->params[pi].n / (half ? 1.05e8 : 3.5e7);
+        });
+    }
+    return st;
+}
+
+// Fills mp's host tables for the parameters (mp->lr, ns_steps, grouping, half set); nothing allocated. Matrices are
+// cut into phases of consecutive backward stages, each phase grouped by muon_plan_groups (auto: the phase cuts that
+// minimise the modelled time the optimizer adds to the step, greedily; shape and one: a single phase); the groups
+// are then ordered by the stage that finishes their last gradient, the order the overlap starts them in.
+static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const MuonStages& st) {
+    struct Mat { int m, M, stage, pi; };
+    std::vector<Mat> ms;
     for (int pi = 0; pi < (int)params.size(); pi++) {
         const Param& p = params[pi];
         if (!muon_param(p)) {
@@ -5516,53 +5600,101 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params) {
             continue;
         }
         const int rows = p.shape[0], cols = (int)(p.n / (size_t)rows);
-        mats_shape.push_back({{std::min(rows, cols), std::max(rows, cols)}, pi});
+        ms.push_back({std::min(rows, cols), std::max(rows, cols), st.stage.empty() ? 0 : st.stage[pi], pi});
     }
-    std::sort(mats_shape.begin(), mats_shape.end());
-    for (const auto& ms : mats_shape) {
-        if (shapes.empty() || shapes.back()[0] != ms.first[0] || shapes.back()[1] != ms.first[1])
-            shapes.push_back({ms.first[0], ms.first[1], 0});
-        shapes.back()[2]++;
+    std::sort(ms.begin(), ms.end(), [](const Mat& a, const Mat& b) {
+        return std::make_tuple(a.m, a.M, a.stage, a.pi) < std::make_tuple(b.m, b.M, b.stage, b.pi);
+    });
+    mp->n_stages = st.us.empty() ? 1 : (int)st.us.size();
+    std::vector<double> done(mp->n_stages, 0.0);  // modelled end of each backward stage
+    for (int s = 0; s < mp->n_stages; s++) done[s] = (s ? done[s - 1] : 0.0) + (st.us.empty() ? 0.0 : st.us[s]);
+    // the groups of phases cut before the stages in cuts: per group its padded shape, count, ready stage, members
+    struct Draft { int m_pad, M_pad, count, ready; std::vector<int> members; };
+    auto draft = [&](const std::vector<int>& cuts) {
+        std::vector<Draft> out;
+        for (size_t ph = 0; ph <= cuts.size(); ph++) {
+            const int lo = ph ? cuts[ph - 1] : 0, hi = ph < cuts.size() ? cuts[ph] : mp->n_stages;
+            std::vector<std::array<int, 3>> shapes;
+            std::vector<int> idx;
+            for (int k = 0; k < (int)ms.size(); k++) {
+                if (ms[k].stage < lo || ms[k].stage >= hi) continue;
+                if (shapes.empty() || shapes.back()[0] != ms[k].m || shapes.back()[1] != ms[k].M)
+                    shapes.push_back({ms[k].m, ms[k].M, 0});
+                shapes.back()[2]++;
+                idx.push_back(k);
+            }
+            if (shapes.empty()) continue;
+            const std::vector<int> of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->half);
+            const size_t first = out.size();
+            out.resize(first + of.back() + 1, Draft{0, 0, 0, 0, {}});
+            size_t s = 0;
+            for (int k : idx) {
+                while (shapes[s][0] != ms[k].m || shapes[s][1] != ms[k].M) s++;
+                Draft& d = out[first + of[s]];
+                d.m_pad = std::max(d.m_pad, round8(ms[k].m));
+                d.M_pad = std::max(d.M_pad, round8(ms[k].M));
+                d.count++;
+                d.ready = std::max(d.ready, ms[k].stage);
+                d.members.push_back(k);
+            }
+        }
+        std::stable_sort(out.begin(), out.end(), [](const Draft& a, const Draft& b) { return a.ready < b.ready; });
+        return out;
+    };
+    // the modelled cost of a plan: the side stream's time past the end of the backward, plus MUON_SHARE of the rest
+    auto cost = [&](const std::vector<Draft>& ds, double* total, double* exposed) {
+        double t = 0.0;
+        *total = 0.0;
+        for (const Draft& d : ds) {
+            const double us = muon_group_us(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->half);
+            t = std::max(t, done[d.ready]) + us;
+            *total += us;
+        }
+        *exposed = std::max(0.0, t - done[mp->n_stages - 1]);
+        return *exposed + MUON_SHARE * (*total - *exposed);
+    };
+    std::vector<int> cuts;
+    double total, exposed, best = cost(draft(cuts), &total, &exposed);
+    while (mp->grouping == MG_AUTO) {  // add the phase cut that helps most, while one does
+        int best_cut = -1;
+        for (int c = 1; c < mp->n_stages; c++) {
+            if (std::find(cuts.begin(), cuts.end(), c) != cuts.end()) continue;
+            std::vector<int> trial = cuts;
+            trial.insert(std::upper_bound(trial.begin(), trial.end(), c), c);
+            const double v = cost(draft(trial), &total, &exposed);
+            if (v < best - 1e-9) {
+                best = v;
+                best_cut = c;
+            }
+        }
+        if (best_cut < 0) break;
+        cuts.insert(std::upper_bound(cuts.begin(), cuts.end(), best_cut), best_cut);
     }
-    std::vector<int> group_of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->half);
-    const int n_groups = shapes.empty() ? 0 : group_of.back() + 1;
-    mp->groups.assign(n_groups, MuonGroup{0, 0, 0, 0, 0});
-    for (size_t s = 0; s < shapes.size(); s++) {
-        MuonGroup& g = mp->groups[group_of[s]];
-        g.m_pad = std::max(g.m_pad, round8(shapes[s][0]));
-        g.M_pad = std::max(g.M_pad, round8(shapes[s][1]));
-        g.count += shapes[s][2];
-    }
+    const std::vector<Draft> ds = draft(cuts);
+    cost(ds, &mp->est_us, &mp->est_exposed_us);
     size_t w = 0, s_off = 0;
-    for (MuonGroup& g : mp->groups) {
-        g.w_off = w;
-        g.s_off = s_off;
-        w += (size_t)g.count * g.m_pad * g.M_pad;
+    for (const Draft& d : ds) {
+        MuonGroup g{d.m_pad, d.M_pad, d.count, w, s_off, (int)mp->mats.size(), d.ready};
+        for (int k : d.members) {
+            const Param& p = params[ms[k].pi];
+            MuonMat q;
+            q.p_off = p.off;
+            q.w_off = w;
+            w += (size_t)g.m_pad * g.M_pad;
+            q.rows = p.shape[0];
+            q.cols = (int)(p.n / (size_t)q.rows);
+            q.m_pad = g.m_pad;
+            q.conv = p.kind == PK_CONV3;
+            q.step = (float)((double)mp->lr * sqrt(std::max(1.0, (double)q.rows / q.cols)));
+            mp->mats.push_back(q);
+        }
         s_off += (size_t)g.count * g.m_pad * g.m_pad;
         mp->gflop += g.count * (4.0 * g.m_pad * g.m_pad * g.M_pad + 2.0 * g.m_pad * g.m_pad * g.m_pad) *
                      mp->ns_steps / 1e9;
+        mp->groups.push_back(g);
     }
     mp->w_elems = w;
     mp->s_elems = s_off;
-    std::vector<size_t> next(n_groups);  // the next free matrix slot of each group
-    for (int g = 0; g < n_groups; g++) next[g] = mp->groups[g].w_off;
-    size_t s = 0;
-    for (const auto& ms : mats_shape) {
-        while (shapes[s][0] != ms.first[0] || shapes[s][1] != ms.first[1]) s++;
-        const MuonGroup& g = mp->groups[group_of[s]];
-        const Param& p = params[ms.second];
-        MuonMat k;
-        k.p_off = p.off;
-        k.w_off = next[group_of[s]];
-        next[group_of[s]] += (size_t)g.m_pad * g.M_pad;
-        k.rows = p.shape[0];
-        k.cols = (int)(p.n / (size_t)k.rows);
-        k.m_pad = g.m_pad;
-        k.conv = p.kind == PK_CONV3;
-        k.step = (float)((double)mp->lr * sqrt(std::max(1.0, (double)k.rows / k.cols)));
-        mp->mats.push_back(k);
-    }
-    std::sort(mp->mats.begin(), mp->mats.end(), [](const MuonMat& a, const MuonMat& b) { return a.w_off < b.w_off; });
     for (size_t i = 0; i < mp->mats.size(); i++) {
         const MuonMat& k = mp->mats[i];
         const size_t end = i + 1 < mp->mats.size() ? mp->mats[i + 1].w_off : mp->w_elems;
@@ -5573,20 +5705,20 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params) {
         }
     }
     mp->first_chunk.push_back((int)mp->chunk_start.size());
-    // per step: the AdamW counter, AdamW, momentum, sum of squares (2), normalisation, per Newton-Schulz step 3
-    // products per group and one polynomial, the update, and the bf16 weight copy
-    mp->launches = 6 + mp->ns_steps * (3 * n_groups + 1) + 1 + (mp->half ? 1 : 0);
+    // per step: the AdamW counter and AdamW; per group momentum, sum of squares (2), normalisation and 3 products
+    // per Newton-Schulz step; the update, and the bf16 weight copy
+    mp->launches = 2 + (int)mp->groups.size() * (4 + 3 * mp->ns_steps) + 1 + (mp->half ? 1 : 0);
 }
 
-// f(i) for i < n: a kernel on g_stream, or a loop on the CPU (f's pointers on that side)
+// f(i) for base <= i < base + n: a kernel on stream st, or a loop on the CPU (f's pointers on that side)
 template <class F>
-static void muon_each(bool cpu, size_t n, F f) {
+static void muon_each(bool cpu, cudaStream_t st, size_t base, size_t n, F f) {
     if (cpu) {
-        for (size_t i = 0; i < n; i++) f(i);
+        for (size_t i = base; i < base + n; i++) f(i);
         return;
     }
     if (!n) return;
-    muon_each_kernel<<<(unsigned)((n + EW - 1) / EW), EW, 0, g_stream>>>(f, n);
+    muon_each_kernel<<<(unsigned)((n + EW - 1) / EW), EW, 0, st>>>(f, base, n);
     cudaCheck(cudaGetLastError());
 }
 // memory on the side that runs the step (zeroed), and a copy of a host table into it
@@ -5613,9 +5745,9 @@ static V* muon_table(const MuonPlan* mp, const std::vector<V>& host) {
     else cudaCheck(cudaMemcpy(t, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice));
     return t;
 }
-// A plan for these parameters with its tables and buffers on the GPU (cpu: on the host)
-static MuonPlan* muon_create(const std::vector<Param>& params, float lr, float momentum, int nesterov, int ns_steps,
-                             int grouping, bool half, bool cpu) {
+// A plan for m's parameters with its tables and buffers on the GPU (cpu: on the host; overlap off)
+static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nesterov, int ns_steps, int grouping,
+                             bool half, bool cpu) {
     MuonPlan* mp = new MuonPlan();
     mp->lr = lr;
     mp->momentum = momentum;
@@ -5624,9 +5756,8 @@ static MuonPlan* muon_create(const std::vector<Param>& params, float lr, float m
     mp->grouping = grouping;
     mp->half = half && !cpu;
     mp->cpu = cpu;
-    muon_plan(mp, params);
+    muon_plan(mp, m->params, muon_stages(m, mp->half));
     mp->t_mats = muon_table(mp, mp->mats);
-    mp->t_groups = muon_table(mp, mp->groups);
     mp->t_adam_idx = muon_table(mp, mp->adam_idx);
     mp->t_first_chunk = muon_table(mp, mp->first_chunk);
     mp->t_chunk_start = muon_table(mp, mp->chunk_start);
@@ -5637,24 +5768,67 @@ static MuonPlan* muon_create(const std::vector<Param>& params, float lr, float m
     mp->p = muon_alloc(mp, mp->s_elems * elem);
     mp->partial = (float*)muon_alloc(mp, mp->chunk_start.size() * sizeof(float));
     mp->sumsq = (float*)muon_alloc(mp, mp->mats.size() * sizeof(float));
+    mp->started.assign(mp->groups.size(), 0);
+    mp->lt_calls.assign(3 * mp->groups.size(), nullptr);
+    if (!cpu) {
+        cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));
+        mp->fork.resize(mp->groups.size());
+        for (cudaEvent_t& e : mp->fork) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&mp->join, cudaEventDisableTiming));
+        cublasCheck(cublasLtCreate(&mp->lt));
+        cudaCheck(cudaMalloc(&mp->lt_ws, MUON_LT_WS));
+    }
     return mp;
 }
+
+// One product's cuBLASLt descriptors and the algorithm its heuristic chose (for the compute type it was made with)
+struct MuonLtCall {
+    cublasComputeType_t ct;
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t lay[4] = {nullptr, nullptr, nullptr, nullptr};  // A, B, C, D
+    cublasLtMatmulAlgo_t algo;
+};
+static void muon_lt_free(MuonLtCall* c) {
+    if (!c) return;
+    for (cublasLtMatrixLayout_t l : c->lay)
+        if (l) cublasCheck(cublasLtMatrixLayoutDestroy(l));
+    if (c->op) cublasCheck(cublasLtMatmulDescDestroy(c->op));
+    delete c;
+}
 static void muon_destroy(MuonPlan* mp) {
-    void* ps[] = {mp->t_mats, mp->t_groups, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
+    void* ps[] = {mp->t_mats, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
                   mp->x[0], mp->x[1], mp->a, mp->p, mp->partial, mp->sumsq};
     for (void* p : ps) {
         if (mp->cpu) free(p);
         else if (p) cudaCheck(cudaFree(p));
     }
+    for (MuonLtCall* c : mp->lt_calls) muon_lt_free(c);
+    if (!mp->cpu) {
+        cudaCheck(cudaStreamSynchronize(mp->side));
+        for (cudaEvent_t e : mp->fork) cudaCheck(cudaEventDestroy(e));
+        cudaCheck(cudaEventDestroy(mp->join));
+        cudaCheck(cudaStreamDestroy(mp->side));
+        cublasCheck(cublasLtDestroy(mp->lt));
+        cudaCheck(cudaFree(mp->lt_ws));
+    }
     delete mp;
 }
 
-// C = alpha op(A) op(B) + beta C for a strided batch of column-major matrices (A not transposed; B as tb): cuBLAS on
-// the GPU (fp32 in the handle's math mode, strict or TF32; bf16 with fp32 accumulation), loops on the CPU
+// the largest power of two up to 256 that divides the address and the batch stride in bytes (the heuristic may
+// otherwise pick a kernel that assumes 256-byte alignment)
+static uint32_t muon_align(const void* ptr, long long stride_bytes) {
+    uint32_t a = 256;
+    while (a > 1 && (((uintptr_t)ptr % a) != 0 || stride_bytes % a != 0)) a /= 2;
+    return a;
+}
+// D = alpha A op(B) + beta C for a strided batch of column-major matrices (C and D may be the same; B as tb):
+// cuBLASLt on stream st (fp32 in g_tf32's mode, strict or TF32; bf16 with fp32 accumulation; call: the slot whose
+// descriptors and algorithm are kept), loops on the CPU with double accumulation
 template <typename T>
-static void muon_gemm(bool cpu, bool tb, int M, int N, int K, float alpha, const T* A, int lda, long long sa,
-                      const T* B, int ldb, long long sb, float beta, T* C, int ldc, long long sc, int batch) {
-    if (cpu) {
+static void muon_gemm(MuonPlan* mp, cudaStream_t st, int call, bool tb, int M, int N, int K, float alpha, const T* A,
+                      int lda, long long sa, const T* B, int ldb, long long sb, float beta, const T* C, T* D, int ldc,
+                      long long sc, int batch) {
+    if (mp->cpu) {
         for (int b = 0; b < batch; b++)
             for (int j = 0; j < N; j++)
                 for (int i = 0; i < M; i++) {
@@ -5662,86 +5836,160 @@ static void muon_gemm(bool cpu, bool tb, int M, int N, int K, float alpha, const
                     for (int k = 0; k < K; k++)
                         acc += (double)muon_to_float(A[b * sa + i + (long long)k * lda]) *
                                muon_to_float(B[b * sb + (tb ? j + (long long)k * ldb : k + (long long)j * ldb)]);
-                    T& c = C[b * sc + i + (long long)j * ldc];
-                    c = muon_from_float<T>((float)(alpha * acc + (beta != 0.f ? beta * muon_to_float(c) : 0.0)));
+                    const long long e = b * sc + i + (long long)j * ldc;
+                    const double c = beta != 0.f ? beta * (double)muon_to_float(C[e]) : 0.0;
+                    D[e] = muon_from_float<T>((float)(alpha * acc + c));
                 }
         return;
     }
-    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if constexpr (std::is_same<T, float>::value)
-        cublasCheck(cublasSgemmStridedBatched(g_cublas, CUBLAS_OP_N, opb, M, N, K, &alpha, A, lda, sa, B, ldb, sb,
-                                              &beta, C, ldc, sc, batch));
-    else
-        cublasCheck(cublasGemmStridedBatchedEx(g_cublas, CUBLAS_OP_N, opb, M, N, K, &alpha, A, CUDA_R_16BF, lda, sa,
-                                               B, CUDA_R_16BF, ldb, sb, &beta, C, CUDA_R_16BF, ldc, sc, batch,
-                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-// the sum of squares of each matrix of x into mp->sumsq (fixed order on either side)
-template <typename T>
-static void muon_sumsq(MuonPlan* mp, const T* x) {
-    const int nm = (int)mp->mats.size();
-    if (mp->cpu) {
-        for (int k = 0; k < nm; k++) {
-            double s = 0.0;
-            const size_t end = k + 1 < nm ? mp->mats[k + 1].w_off : mp->w_elems;
-            for (size_t e = mp->mats[k].w_off; e < end; e++) s += (double)muon_to_float(x[e]) * muon_to_float(x[e]);
-            mp->sumsq[k] = (float)s;
-        }
-        return;
+    const bool bf = std::is_same<T, bf16>::value;
+    const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t ct = bf || !g_tf32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    MuonLtCall*& c = mp->lt_calls[call];
+    if (c && c->ct != ct) {  // dev/test_unet.cu switches TF32 off and on
+        muon_lt_free(c);
+        c = nullptr;
     }
-    muon_sumsq_kernel<<<(unsigned)mp->chunk_start.size(), MUON_BLOCK, 0, g_stream>>>(x, mp->t_chunk_start,
-                                                                                      mp->t_chunk_end, mp->partial);
-    cudaCheck(cudaGetLastError());
-    muon_sumsq_finalize_kernel<<<ceil_div(nm, EW), EW, 0, g_stream>>>(mp->partial, mp->t_first_chunk, nm, mp->sumsq);
-    cudaCheck(cudaGetLastError());
+    if (!c) {
+        c = new MuonLtCall();
+        c->ct = ct;
+        cublasCheck(cublasLtMatmulDescCreate(&c->op, ct, CUDA_R_32F));
+        const cublasOperation_t opa = CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        cublasCheck(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        cublasCheck(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        const int rows[4] = {M, tb ? N : K, M, M}, cols[4] = {K, tb ? K : N, N, N}, ld[4] = {lda, ldb, ldc, ldc};
+        const long long stride[4] = {sa, sb, sc, sc};
+        const int32_t nb = batch;
+        for (int k = 0; k < 4; k++) {
+            cublasCheck(cublasLtMatrixLayoutCreate(&c->lay[k], dt, rows[k], cols[k], ld[k]));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(c->lay[k], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb,
+                                                         sizeof nb));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(c->lay[k], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &stride[k], sizeof stride[k]));
+        }
+        cublasLtMatmulPreference_t pref;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t ws = MUON_LT_WS;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                         sizeof ws));
+        const void* ptr[4] = {A, B, C, D};
+        const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int k = 0; k < 4; k++) {
+            const uint32_t al = muon_align(ptr[k], stride[k] * (long long)sizeof(T));
+            cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[k], &al, sizeof al));
+        }
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(mp->lt, c->op, c->lay[0], c->lay[1], c->lay[2], c->lay[3], pref, 1,
+                                                   &res, &found));
+        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        if (found < 1) {
+            fprintf(stderr, "error: cuBLASLt has no algorithm for Muon's %d x %d x %d product (batch %d)\n", M, N, K,
+                    batch);
+            exit(EXIT_FAILURE);
+        }
+        c->algo = res.algo;
+    }
+    cublasCheck(cublasLtMatmul(mp->lt, c->op, &alpha, A, c->lay[0], B, c->lay[1], &beta, C, c->lay[2], D, c->lay[3],
+                               &c->algo, mp->lt_ws, MUON_LT_WS, st));
 }
 
-// ns_steps of X <- P X, P = a I + b A + c A^2, A = X X^T, on every group; the result in mp->x[ns_steps % 2]
+// the stream a group's work goes to
+static cudaStream_t muon_stream(const MuonPlan* mp) { return mp->overlap ? mp->side : g_stream; }
+
+// Group k from the gradient g to its orthogonalised update in mp->x[ns_steps % 2]: the momentum (buf) and the
+// update u rounded into the group buffer, each matrix's sum of squares (fixed order on either side), the
+// normalisation, then ns_steps of A = X X^T, B = c A A + b A, X' = B X + a X
 template <typename T>
-static void muon_newton_schulz(MuonPlan* mp) {
-    T *a = (T*)mp->a, *p = (T*)mp->p;
+static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
+    const MuonGroup& gr = mp->groups[k];
+    const bool cpu = mp->cpu;
+    const cudaStream_t st = cpu ? nullptr : muon_stream(mp);
+    const int nm = (int)mp->mats.size(), k0 = gr.first_mat;
+    const size_t n = (size_t)gr.count * gr.m_pad * gr.M_pad;
+    const float w = (float)(1.0 - (double)mp->momentum);
+    T* x0 = (T*)mp->x[0];
+    muon_each(cpu, st, gr.w_off, n, MuonMomentum<T>{mp->t_mats, nm, g, buf, x0, w, mp->momentum, mp->nesterov});
+    if (cpu) {
+        for (int q = k0; q < k0 + gr.count; q++) {
+            double s = 0.0;
+            const size_t end = q + 1 < nm ? mp->mats[q + 1].w_off : mp->w_elems;
+            for (size_t e = mp->mats[q].w_off; e < end; e++) s += (double)muon_to_float(x0[e]) * muon_to_float(x0[e]);
+            mp->sumsq[q] = (float)s;
+        }
+    } else {
+        const int c0 = mp->first_chunk[k0], c1 = mp->first_chunk[k0 + gr.count];
+        muon_sumsq_kernel<<<c1 - c0, MUON_BLOCK, 0, st>>>(x0, mp->t_chunk_start + c0, mp->t_chunk_end + c0,
+                                                          mp->partial + c0);
+        cudaCheck(cudaGetLastError());
+        muon_sumsq_finalize_kernel<<<ceil_div(gr.count, EW), EW, 0, st>>>(mp->partial, mp->t_first_chunk + k0,
+                                                                            gr.count, mp->sumsq + k0);
+        cudaCheck(cudaGetLastError());
+    }
+    muon_each(cpu, st, gr.w_off, n, MuonNormalize<T>{mp->t_mats, nm, mp->sumsq, x0});
+    T *a = (T*)mp->a + gr.s_off, *p = (T*)mp->p + gr.s_off;
+    const int m = gr.m_pad, M = gr.M_pad;
+    const long long xs = (long long)m * M, ss = (long long)m * m;
     for (int s = 0; s < mp->ns_steps; s++) {
-        const T* x = (const T*)mp->x[s % 2];
-        T* y = (T*)mp->x[(s + 1) % 2];
-        for (const MuonGroup& g : mp->groups) {  // A = X X^T
-            const long long xs = (long long)g.m_pad * g.M_pad, ss = (long long)g.m_pad * g.m_pad;
-            muon_gemm(mp->cpu, true, g.m_pad, g.m_pad, g.M_pad, 1.f, x + g.w_off, g.m_pad, xs, x + g.w_off, g.m_pad,
-                      xs, 0.f, a + g.s_off, g.m_pad, ss, g.count);
+        const T* x = (const T*)mp->x[s % 2] + gr.w_off;
+        T* y = (T*)mp->x[(s + 1) % 2] + gr.w_off;
+        muon_gemm(mp, st, 3 * k, true, m, m, M, 1.f, x, m, xs, x, m, xs, 0.f, a, a, m, ss, gr.count);
+        muon_gemm(mp, st, 3 * k + 1, false, m, m, m, MUON_C, a, m, ss, a, m, ss, MUON_B, a, p, m, ss, gr.count);
+        muon_gemm(mp, st, 3 * k + 2, false, m, M, m, 1.f, p, m, ss, x, m, xs, MUON_A, x, y, m, xs, gr.count);
+    }
+}
+// Queues group k's work unless it is queued already this step; with the overlap, on the side stream once g_stream
+// has written the gradients (everything before this point on g_stream)
+template <typename T>
+static void muon_start(MuonPlan* mp, int k, const float* g, float* buf) {
+    if (mp->started[k]) return;
+    mp->started[k] = 1;
+    if (mp->overlap) {
+        cudaCheck(cudaEventRecord(mp->fork[k], g_stream));
+        cudaCheck(cudaStreamWaitEvent(mp->side, mp->fork[k], 0));
+    }
+    muon_group<T>(mp, k, g, buf);
+}
+// (declared before the backward pass) the groups whose last gradient the backward has just finished with op (-1:
+// its end), started on the side stream when the overlap is on
+static void muon_grads_ready(UNet* m, int op) {
+    MuonPlan* mp = m->muon;
+    if (!mp->overlap) return;
+    const int stage = op < 0 ? mp->n_stages - 1 : mp->n_stages - 2 - op;
+    for (int k = 0; k < (int)mp->groups.size(); k++) {
+        if (mp->groups[k].ready != stage) continue;
+        if (mp->started[k]) {
+            fprintf(stderr, "error: Muon's overlap: a second backward pass before the update (the caller must update "
+                            "after every backward pass with the overlap on)\n");
+            exit(EXIT_FAILURE);
         }
-        muon_each(mp->cpu, mp->s_elems, MuonPoly<T>{mp->t_groups, (int)mp->groups.size(), a, p});
-        for (const MuonGroup& g : mp->groups) {  // P += c A A
-            const long long ss = (long long)g.m_pad * g.m_pad;
-            muon_gemm(mp->cpu, false, g.m_pad, g.m_pad, g.m_pad, MUON_C, a + g.s_off, g.m_pad, ss, a + g.s_off,
-                      g.m_pad, ss, 1.f, p + g.s_off, g.m_pad, ss, g.count);
-        }
-        for (const MuonGroup& g : mp->groups) {  // Y = P X
-            const long long xs = (long long)g.m_pad * g.M_pad, ss = (long long)g.m_pad * g.m_pad;
-            muon_gemm(mp->cpu, false, g.m_pad, g.M_pad, g.m_pad, 1.f, p + g.s_off, g.m_pad, ss, x + g.w_off, g.m_pad,
-                      xs, 0.f, y + g.w_off, g.m_pad, xs, g.count);
-        }
+        if (mp->half) muon_start<bf16>(mp, k, m->g, m->m);
+        else muon_start<float>(mp, k, m->g, m->m);
     }
 }
 
 // One step after the AdamW counter (hyper: this step's AdamW scalars and EMA decay, on the step's side): AdamW on the
-// parameters Muon leaves, Muon on the weights (buf: their momentum, kept in AdamW's first-moment array), the EMA of
-// both when ema is given. Every array on the side mp runs on.
+// parameters Muon leaves, Muon on the weights (buf: their momentum, kept in AdamW's first-moment array; the groups
+// the backward pass has not started yet start here), the EMA of both when ema is given. Every array on the side mp
+// runs on.
 template <typename T>
 static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
                         float beta1, float beta2, float eps, float lr, float weight_decay) {
     const bool cpu = mp->cpu;
     const int nm = (int)mp->mats.size();
-    muon_each(cpu, mp->adam_idx.size(),
+    muon_each(cpu, g_stream, 0, mp->adam_idx.size(),
               MuonAdamW{mp->t_adam_idx, p, buf, v, ema, g, beta1, beta2, lr * weight_decay, eps, hyper});
-    const float w = (float)(1.0 - (double)mp->momentum);
-    T* x = (T*)mp->x[0];
-    muon_each(cpu, mp->w_elems, MuonMomentum<T>{mp->t_mats, nm, g, buf, x, w, mp->momentum, mp->nesterov});
-    muon_sumsq(mp, x);
-    muon_each(cpu, mp->w_elems, MuonNormalize<T>{mp->t_mats, nm, mp->sumsq, x});
-    muon_newton_schulz<T>(mp);
+    for (int k = 0; k < (int)mp->groups.size(); k++) muon_start<T>(mp, k, g, buf);
+    if (mp->overlap) {
+        cudaCheck(cudaEventRecord(mp->join, mp->side));
+        cudaCheck(cudaStreamWaitEvent(g_stream, mp->join, 0));
+    }
+    std::fill(mp->started.begin(), mp->started.end(), 0);
     const float decay = (float)(1.0 - (double)mp->lr * weight_decay);
-    muon_each(cpu, mp->w_elems, MuonApply<T>{mp->t_mats, nm, (const T*)mp->x[mp->ns_steps % 2], p, ema, hyper,
-                                             decay});
+    muon_each(cpu, g_stream, 0, mp->w_elems,
+              MuonApply<T>{mp->t_mats, nm, (const T*)mp->x[mp->ns_steps % 2], p, ema, hyper, decay});
 }
 static void muon_step(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
                       float beta1, float beta2, float eps, float lr, float weight_decay) {
@@ -6376,31 +6624,15 @@ struct GradBucket {
         cur.ranges.push_back({off, padded(off)});
         cur.floats += cur.ranges.back().second;
     };
-    auto add_lin = [&](const LinP& l) { add(l.w); add(l.b); };
-    auto add_conv = [&](const ConvP& c) { add(c.w); add(c.b); };
-    auto add_norm = [&](const NormP& n) { add(n.w); add(n.b); };
     for (int i = (int)m->ops.size() - 1; i >= 0; i--) {
-        const Op& o = m->ops[i];
-        switch (o.kind) {
-        case OP_CONV_IN: case OP_DOWN: case OP_UP: add_conv(o.c1); break;
-        case OP_RES:
-            add_norm(o.n1); add_conv(o.c1); add_norm(o.n2); add_conv(o.c2);
-            if (o.has_skip) add_lin(o.skip);
-            break;
-        case OP_ATTN: add_norm(o.n1); add_lin(o.qkv); add_lin(o.proj); break;
-        case OP_OUT: add_norm(o.n1); add_conv(o.c1); break;
-        case OP_CAT: break;
-        }
+        op_grad_params(m, i, add);
         if (cap_floats > 0 && cur.floats >= cap_floats) {
             cur.after_op = i;
             out.push_back(cur);
             cur = GradBucket();
         }
     }
-    add_lin(m->te0);
-    add_lin(m->te2);
-    for (const Op& o : m->ops)
-        if (o.kind == OP_RES) add_lin(o.emb);
+    op_grad_params(m, -1, add);
     cur.after_op = -1;
     out.push_back(cur);
     for (GradBucket& b : out) {  // neighbours in the arena become one range: fewer, larger all-reduces
@@ -6808,6 +7040,7 @@ struct TrainArgs {
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
     // --optimizer muon: Muon for the conv and linear weights (AdamW above for the rest)
     int optimizer = OPT_ADAMW, muon_nesterov = 1, ns_steps = 5, muon_grouping = MG_AUTO;
+    bool muon_overlap = true;  // UNET_MUON_OVERLAP (one rank only)
     float muon_lr = 0.02f, muon_momentum = 0.95f;
     UNetConfig cfg;
     bool quiet = false;
@@ -6843,9 +7076,11 @@ static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a,
     st->muon_momentum = a.muon_momentum;
     st->muon_nesterov = a.muon_nesterov;
     st->ns_steps = a.ns_steps;
-    if (a.optimizer == OPT_MUON)
-        m->muon = muon_create(m->params, a.muon_lr, a.muon_momentum, a.muon_nesterov, a.ns_steps, a.muon_grouping,
+    if (a.optimizer == OPT_MUON) {
+        m->muon = muon_create(m, a.muon_lr, a.muon_momentum, a.muon_nesterov, a.ns_steps, a.muon_grouping,
                               m->prec == PREC_BF16, false);
+        m->muon->overlap = a.muon_overlap && !dp;  // several ranks: a gradient is final after the all-reduce
+    }
     if (!a.resume.empty()) {
         unet_load_tensors(m, ck, "", m->p);
         // the stored optimizer's state, unless --allow_change optimizer switched it: then it starts afresh (zero
@@ -6876,14 +7111,32 @@ static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a,
     }
 }
 
-// UNET_MUON_GROUPS=auto|shape|one (unset: auto): how Muon groups its matrices (measurements); else exit 1
-static int muon_grouping_env() {
+// Muon's switches for measurements, into a: UNET_MUON_GROUPS=auto|shape|one (unset: auto), how Muon groups its
+// matrices; UNET_MUON_OVERLAP=1|0 (unset: 1), its Newton-Schulz beside the backward pass or after it; else exit 1
+static void muon_env(TrainArgs* a) {
     const char* env = getenv("UNET_MUON_GROUPS");
-    if (!env || !*env) return MG_AUTO;
+    a->muon_grouping = -1;
     for (int k = 0; k < 3; k++)
-        if (!strcmp(env, MUON_GROUPING_NAME[k])) return k;
-    fprintf(stderr, "error: UNET_MUON_GROUPS=%s: expected auto, shape or one\n", env);
-    exit(EXIT_FAILURE);
+        if (!env || !*env ? k == MG_AUTO : !strcmp(env, MUON_GROUPING_NAME[k])) a->muon_grouping = k;
+    if (a->muon_grouping < 0) {
+        fprintf(stderr, "error: UNET_MUON_GROUPS=%s: expected auto, shape or one\n", env);
+        exit(EXIT_FAILURE);
+    }
+    env = getenv("UNET_MUON_OVERLAP");
+    a->muon_overlap = !env || !*env || !strcmp(env, "1");
+    if (!a->muon_overlap && strcmp(env, "0")) {
+        fprintf(stderr, "error: UNET_MUON_OVERLAP=%s: expected 1 (on) or 0 (off)\n", env);
+        exit(EXIT_FAILURE);
+    }
+}
+// the boxed table's rows on Muon: matrices, groups (UNET_MUON_GROUPS), FLOPs and launches per step; the overlap
+template <class Row>
+static void muon_rows(const MuonPlan* mp, bool several_ranks, Row row) {
+    row("muon", strfmt("%zu weights in %zu groups, %.0f GFLOP, %d launches", mp->mats.size(), mp->groups.size(),
+                       mp->gflop, mp->launches));
+    const std::string off = several_ranks ? "off (several ranks)" : "off (UNET_MUON_OVERLAP=0)";
+    row("muon overlap",
+        mp->overlap ? strfmt("on (model: %.0f of %.0f us after backward)", mp->est_exposed_us, mp->est_us) : off);
 }
 
 static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
@@ -6987,9 +7240,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
         row("images", std::to_string(data.n) + " in " + a.data_file);
         row("parameters", std::to_string(m->n_params));
         row("GPU memory free/total", strfmt("%.0f / %.0f MiB", mem_free0 / 1048576.0, mem_total / 1048576.0));
-        if (m->muon)  // the Newton-Schulz products by group (UNET_MUON_GROUPS), and the optimizer's launches per step
-            row("muon", strfmt("%zu weights in %zu groups, %.0f GFLOP, %d launches", m->muon->mats.size(),
-                               m->muon->groups.size(), m->muon->gflop, m->muon->launches));
+        if (m->muon) muon_rows(m->muon, dp != nullptr, row);
         if (dp) {  // the ranks, how the gradients travel, and the model state each GPU holds
             row("ranks", std::to_string(world) + " (" + a.dist.launcher + "), global batch " +
                              std::to_string(a.batch_size * world));
@@ -7733,7 +7984,7 @@ int main(int argc, char** argv) {
             "python3 scripts/generate.py --checkpoint CKPT --device cpu)");
     a.device = args.device;
     a.optimizer = args.optimizer == "muon" ? OPT_MUON : OPT_ADAMW;
-    a.muon_grouping = muon_grouping_env();
+    muon_env(&a);
     a.precision = args.precision == "bf16" ? PREC_BF16 : args.precision == "tf32" ? PREC_TF32 : PREC_FP32;
     a.precision_given = is_set("precision");
     // the model from the flags

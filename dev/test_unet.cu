@@ -142,7 +142,7 @@ static int g_muon_grouping = MG_AUTO;  // the grouping the GPU checks use
 static void debug_state_optimizer(UNet* m, const BinFile* f) {
     const int32_t* h = f->hdr;
     if (h[DS_OPTIMIZER] != OPT_MUON) return;
-    m->muon = muon_create(m->params, hdr_float(h, DS_MUON_LR), hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
+    m->muon = muon_create(m, hdr_float(h, DS_MUON_LR), hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
                           h[DS_NS_STEPS], g_muon_grouping, m->prec == PREC_BF16, false);
 }
 // Muon's updates after the debug state's n_steps, weight by weight: final.<name> - initial against ours - initial.
@@ -244,7 +244,7 @@ static void test_fixed_grad_cpu(const std::string& path) {
     const int runs = opt == OPT_MUON ? 3 : 1;
     for (int grouping = 0; grouping < runs; grouping++) {
         std::vector<float> p = p0, m1(np, 0.f), v(np, 0.f);
-        MuonPlan* mp = opt == OPT_MUON ? muon_create(model.params, hdr_float(h, DS_MUON_LR),
+        MuonPlan* mp = opt == OPT_MUON ? muon_create(&model, hdr_float(h, DS_MUON_LR),
                                                      hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
                                                      h[DS_NS_STEPS], grouping, false, true)
                                        : nullptr;
@@ -699,23 +699,102 @@ static void test_resume(Precision prec) {
     else report("FAIL", tag, "first difference at step " + std::to_string(diff) + " (whole/split:" + l + ")");
 }
 
+// --optimizer muon with the overlap (each group's Newton-Schulz on a side stream during the backward pass, inside the
+// step's CUDA graph) and without it: the same kernels on the same buffers in the same order, so after a few steps the
+// checkpoints (weights, EMA, momentum) must be identical byte for byte, and so must the losses.
+static void test_muon_overlap(Precision prec) {
+    const std::string tag = std::string("muon overlap ") + PREC_NAME[prec];
+    const char* data = "data/sunflowers64.bin";
+    if (access(data, F_OK) != 0) {
+        report("SKIP", tag, std::string("no ") + data);
+        return;
+    }
+    char dir[] = "/tmp/test_unet_XXXXXX";
+    if (!mkdtemp(dir)) {
+        report("FAIL", tag, "mkdtemp failed");
+        return;
+    }
+    TrainArgs a;
+    a.data_file = data;
+    a.cfg.image_size = 64;
+    a.cfg.model_channels = 32;
+    a.cfg.n_levels = 3;
+    a.cfg.mult[0] = 1; a.cfg.mult[1] = 2; a.cfg.mult[2] = 2; a.cfg.mult[3] = 0;
+    a.cfg.num_res_blocks = 1;
+    a.cfg.attn_ds_mask = 4;  // 16x16
+    a.cfg.num_head_channels = 32;
+    a.batch_size = 5;
+    a.log_every = 1;
+    a.precision = prec;
+    a.precision_given = true;
+    a.quiet = true;
+    a.optimizer = OPT_MUON;
+    a.steps = 5;  // the first eagerly, then the graph: both paths
+    a.save_every = a.steps;
+    std::vector<float> losses[2];
+    std::vector<char> ckpt[2];
+    int rc[2];
+    for (int on = 0; on < 2; on++) {
+        a.muon_overlap = on;
+        a.output_dir = std::string(dir) + (on ? "/on" : "/off");
+        rc[on] = unet_train(a, &losses[on]);
+        FILE* fp = fopen((a.output_dir + "/model.bin").c_str(), "rb");
+        for (int c; fp && (c = fgetc(fp)) != EOF;) ckpt[on].push_back((char)c);
+        if (fp) fclose(fp);
+    }
+    std::string cmd = std::string("rm -rf ") + dir;
+    if (system(cmd.c_str()) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+    if (rc[0] || rc[1] || (int)losses[0].size() != a.steps || (int)losses[1].size() != a.steps || ckpt[0].empty()) {
+        report("FAIL", tag, strfmt("runs returned %d %d with %zu, %zu losses, a checkpoint of %zu bytes", rc[0], rc[1],
+                                   losses[0].size(), losses[1].size(), ckpt[0].size()));
+        return;
+    }
+    size_t diff = ckpt[0].size() == ckpt[1].size() ? ckpt[0].size() : 0;
+    for (size_t i = 0; i < std::min(ckpt[0].size(), ckpt[1].size()) && diff == ckpt[0].size(); i++)
+        if (ckpt[0][i] != ckpt[1][i]) diff = i;
+    const bool same_loss = memcmp(losses[0].data(), losses[1].data(), a.steps * sizeof(float)) == 0;
+    const bool ok = diff == ckpt[0].size() && same_loss;
+    report(ok ? "PASS" : "FAIL", tag,
+           strfmt("%d steps with and without: losses %s (last %.7f/%.7f), checkpoints (%zu bytes) %s", a.steps,
+                  same_loss ? "identical" : "DIFFER", losses[1].back(), losses[0].back(), ckpt[0].size(),
+                  ok ? "identical" : diff < ckpt[0].size() ? strfmt("differ first at byte %zu", diff).c_str()
+                                                           : "differ in length"));
+}
+
 // Muon's plan for the default model (CI): under each grouping every element of every conv and linear weight is read
 // from one place of the group buffers and every other parameter's is AdamW's, exactly once; the padded shapes hold
-// their matrices. Prints auto's groups, launches and FLOPs per step.
+// their matrices; the groups tile the matrices in order, each starts (ready) no earlier than the stage that
+// finishes its last member's gradient (op_grad_params), and they come in the order the backward pass starts them.
+// Prints auto's groups, launches, FLOPs per step and the cost model's time.
 static void test_muon_plan() {
     UNet model;
     unet_define(&model, UNetConfig(), 32);
+    const MuonStages st = muon_stages(&model, true);
+    std::vector<int> stage_at(model.n_params, -1);  // per parameter float: the stage of its gradient
+    for (size_t pi = 0; pi < model.params.size(); pi++)
+        for (size_t i = 0; i < model.params[pi].n; i++) stage_at[model.params[pi].off + i] = st.stage[pi];
     for (int grouping = 0; grouping < 3; grouping++) {
         MuonPlan mp;
         mp.grouping = grouping;
         mp.half = true;
-        muon_plan(&mp, model.params);
+        muon_plan(&mp, model.params, st);
         std::vector<int> seen(model.n_params, 0);
         for (int i : mp.adam_idx) seen[i]++;
-        bool fits = true;
+        bool fits = true, timely = true;
+        int next_mat = 0;
+        for (size_t gi = 0; gi < mp.groups.size(); gi++) {
+            const MuonGroup& g = mp.groups[gi];
+            fits = fits && g.first_mat == next_mat && mp.mats[g.first_mat].w_off == g.w_off;
+            next_mat += g.count;
+            timely = timely && (gi == 0 || mp.groups[gi - 1].ready <= g.ready) && g.ready < mp.n_stages;
+        }
+        fits = fits && next_mat == (int)mp.mats.size();
         for (size_t k = 0; k < mp.mats.size(); k++) {
             const MuonMat& q = mp.mats[k];
             const size_t end = k + 1 < mp.mats.size() ? mp.mats[k + 1].w_off : mp.w_elems;
+            int gk = 0;  // its group
+            while (gk + 1 < (int)mp.groups.size() && mp.groups[gk + 1].first_mat <= (int)k) gk++;
+            timely = timely && stage_at[q.p_off] <= mp.groups[gk].ready && q.m_pad == mp.groups[gk].m_pad;
             fits = fits && std::min(q.rows, q.cols) <= q.m_pad && (end - q.w_off) % q.m_pad == 0 &&
                    (size_t)std::max(q.rows, q.cols) <= (end - q.w_off) / q.m_pad;
             for (size_t e = q.w_off; e < end; e++) {
@@ -732,14 +811,17 @@ static void test_muon_plan() {
                 twice += c > 1;
                 missed += c == 0;
             }
-        const bool ok = fits && twice == 0 && missed == 0 && mp.mats.size() == 113;
+        const bool ok = fits && timely && twice == 0 && missed == 0 && mp.mats.size() == 113;
         report(ok ? "PASS" : "FAIL", std::string("muon plan ") + MUON_GROUPING_NAME[grouping],
                strfmt("%zu matrices in %zu groups, %zu of %zu parameter floats placed once, %zu twice, %zu never; "
-                      "shapes fit: %s; bf16 step: %d launches, %.1f GFLOP of Newton-Schulz", mp.mats.size(),
-                      mp.groups.size(), once, (size_t)22080323, twice, missed, fits ? "yes" : "NO", mp.launches,
-                      mp.gflop));
+                      "shapes fit: %s; ready after their gradients, in order: %s; bf16 step: %d launches, %.1f GFLOP "
+                      "of Newton-Schulz, model %.0f us (%.0f after the backward)", mp.mats.size(), mp.groups.size(),
+                      once, (size_t)22080323, twice, missed, fits ? "yes" : "NO", timely ? "yes" : "NO", mp.launches,
+                      mp.gflop, mp.est_us, mp.est_exposed_us));
         if (grouping == MG_AUTO)
-            for (const MuonGroup& g : mp.groups) printf("     group %d x %d: %d matrices\n", g.m_pad, g.M_pad, g.count);
+            for (const MuonGroup& g : mp.groups)
+                printf("     group %d x %d: %d matrices, ready at stage %d of %d\n", g.m_pad, g.M_pad, g.count,
+                       g.ready, mp.n_stages);
     }
 }
 
@@ -871,6 +953,9 @@ int main(int argc, char** argv) {
         if (have_bf16_mma()) test_resume(PREC_BF16);
         else report("SKIP", "resume bf16", "needs a GPU of compute capability 8.0 or newer");
         test_ema_warmup();
+        test_muon_overlap(PREC_TF32);
+        if (have_bf16_mma()) test_muon_overlap(PREC_BF16);
+        else report("SKIP", "muon overlap bf16", "needs a GPU of compute capability 8.0 or newer");
     } else {
         for (const std::string& p : paths) {
             cublasCheck(cublasCreate(&g_cublas));

@@ -342,6 +342,14 @@ def muon_flags(tmp, good_data):
     ok = r.returncode != 0 and "--optimizer muon with --zero 1" in out and "--zero 0" in out
     report("PASS" if ok else "FAIL", "--optimizer muon --zero 1 over 2 ranks is refused",
            f"exit {r.returncode}: {out.strip().splitlines()[-1] if out.strip() else '(no output)'}")
+    for var, value, words in (("UNET_MUON_GROUPS", "two", ["UNET_MUON_GROUPS=two", "auto, shape or one"]),
+                              ("UNET_MUON_OVERLAP", "yes", ["UNET_MUON_OVERLAP=yes", "1 (on) or 0 (off)"])):
+        r = subprocess.run([BINARY] + run_flags + ["--optimizer", "muon"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL, env=dict(os.environ, **{var: value}))
+        out = r.stdout + r.stderr
+        missing = [w for w in words if w not in out]
+        report("PASS" if r.returncode == 1 and not missing else "FAIL", f"{var}={value} is refused",
+               f"exit {r.returncode}, missing {missing}: {out.strip().splitlines()[-1] if out.strip() else ''}")
     expect_valid("--optimizer muon with valid flags", run_flags + ["--optimizer", "muon", "--muon_lr", "0.01",
                                                                    "--ns_steps", "3", "--muon_nesterov", "0"])
     # a Muon checkpoint: muon_m.* instead of adam_m.*, the settings in slots 25..29

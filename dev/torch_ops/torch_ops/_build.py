@@ -82,8 +82,9 @@ def nvcc_flags(archs=None):
 
 
 def cuda_ldflags():
-    """-lcublas -lcusolver, and run paths to the folders that hold them: PyTorch's own CUDA libraries first (the
-    nvidia wheels next to torch; torch loads its cuSOLVER only when linalg first needs it), then the toolkit's."""
+    """-lcublas -lcublasLt -lcusolver, and run paths to the folders that hold them: PyTorch's own CUDA libraries
+    first (the nvidia wheels next to torch; torch loads its cuSOLVER only when linalg first needs it), then the
+    toolkit's."""
     import torch
     from torch.utils import cpp_extension
     site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
@@ -91,4 +92,4 @@ def cuda_ldflags():
     if cpp_extension.CUDA_HOME:
         dirs += [os.path.join(cpp_extension.CUDA_HOME, d) for d in ("lib64", "lib")
                  if os.path.isdir(os.path.join(cpp_extension.CUDA_HOME, d))]
-    return [f"-Wl,-rpath,{d}" for d in dirs] + ["-lcublas", "-lcusolver"]
+    return [f"-Wl,-rpath,{d}" for d in dirs] + ["-lcublas", "-lcublasLt", "-lcusolver"]
