@@ -3253,14 +3253,15 @@ struct MuonGroup {    // matrices of one padded shape: one strided batch
 // The parameter index that element e of matrix k's padded wide matrix (column-major, m_pad rows) comes from, or -1
 // for padding. PyTorch's (r, c): wide (rows <= cols) r = i, c = j; tall: transposed. Ours: a plain weight is
 // PyTorch's layout (r * cols + c); a conv's column c is our (tap, cin) order, column-major: c * rows + r.
-__host__ __device__ inline long long muon_src(const MuonMat& k, size_t e) {
-    const int i = (int)(e % (size_t)k.m_pad);
-    const size_t j = e / (size_t)k.m_pad;
+__host__ __device__ inline long long muon_src_ij(const MuonMat& k, int i, int j) {
     const bool wide = k.rows <= k.cols;
     const int m = wide ? k.rows : k.cols, M = wide ? k.cols : k.rows;
-    if (i >= m || j >= (size_t)M) return -1;
-    const long long r = wide ? i : (long long)j, c = wide ? (long long)j : i;
+    if (i >= m || j >= M) return -1;
+    const long long r = wide ? i : j, c = wide ? j : i;
     return (long long)k.p_off + (k.conv ? c * k.rows + r : r * k.cols + c);
+}
+__host__ __device__ inline long long muon_src(const MuonMat& k, size_t e) {
+    return muon_src_ij(k, (int)(e % (size_t)k.m_pad), (int)(e / (size_t)k.m_pad));
 }
 // the matrix that group-buffer element e belongs to (mats ordered by w_off; binary search)
 __host__ __device__ inline int muon_mat_of(const MuonMat* mats, int n, size_t e) {
@@ -3288,20 +3289,20 @@ __global__ void muon_each_kernel(F f, size_t base, size_t n) {
 
 // over the group buffers: the momentum (PyTorch's two lerps, as train_mnist's MuonMomentum) and the update u
 // rounded to the buffers' type (torch: grad.bfloat16()); padding 0
+__host__ __device__ inline float muon_momentum_elem(const float* g, float* buf, long long s, float w, float mu,
+                                                     int nesterov) {
+    if (s < 0) return 0.f;
+    const float gi = g[s];
+    const float b = buf[s] + w * (gi - buf[s]);  // torch.lerp, weight w = 1 - mu < 0.5
+    buf[s] = b;
+    return nesterov ? b - (b - gi) * (1.0f - mu) : b;  // torch.lerp(g, b, mu)
+}
 template <typename T>
 struct MuonMomentum {
     const MuonMat* mats; int n_mats; const float* g; float* buf; T* x; float w, mu; int nesterov;
     __host__ __device__ void operator()(size_t e) const {
         const MuonMat& k = mats[muon_mat_of(mats, n_mats, e)];
-        const long long s = muon_src(k, e - k.w_off);
-        if (s < 0) {
-            x[e] = muon_from_float<T>(0.f);
-            return;
-        }
-        const float gi = g[s];
-        const float b = buf[s] + w * (gi - buf[s]);  // torch.lerp, weight w = 1 - mu < 0.5
-        buf[s] = b;
-        x[e] = muon_from_float<T>(nesterov ? b - (b - gi) * (1.0f - mu) : b);  // torch.lerp(g, b, mu)
+        x[e] = muon_from_float<T>(muon_momentum_elem(g, buf, muon_src(k, e - k.w_off), w, mu, nesterov));
     }
 };
 template <typename T>
@@ -3309,28 +3310,77 @@ struct MuonNormalize {  // X / max(||X||_F, eps) (norm[k]: the sum of squares of
     const MuonMat* mats; int n_mats; const float* sumsq; T* x;
     __host__ __device__ void operator()(size_t e) const {
         const int k = muon_mat_of(mats, n_mats, e);
-        const float n = fmaxf(sqrtf(sumsq[k]), MUON_EPS);
-        x[e] = muon_from_float<T>(muon_to_float(x[e]) / n);
+        x[e] = muon_from_float<T>(muon_to_float(x[e]) / fmaxf(sqrtf(sumsq[k]), MUON_EPS));
     }
 };
 // w <- w decay - step X (torch: param.mul_(1 - lr wd); param.add_(X, alpha=-adjusted lr)), then the EMA as AdamW's
+__host__ __device__ inline void muon_apply_elem(float* p, float* ema, long long s, float step, float xe,
+                                                 const float* hyper, float decay) {
+    if (s < 0) return;
+    float pi = p[s];
+    if (decay != 1.f) pi *= decay;
+    pi -= step * xe;
+    p[s] = pi;
+    if (ema) {
+        const float d = hyper[2];
+        ema[s] = d * ema[s] + (1.0f - d) * pi;
+    }
+}
 template <typename T>
 struct MuonApply {
     const MuonMat* mats; int n_mats; const T* x; float* p; float* ema; const float* hyper; float decay;
     __host__ __device__ void operator()(size_t e) const {
         const MuonMat& k = mats[muon_mat_of(mats, n_mats, e)];
-        const long long s = muon_src(k, e - k.w_off);
-        if (s < 0) return;
-        float pi = p[s];
-        if (decay != 1.f) pi *= decay;
-        pi -= k.step * muon_to_float(x[e]);
-        p[s] = pi;
-        if (ema) {
-            const float d = hyper[2];
-            ema[s] = d * ema[s] + (1.0f - d) * pi;
-        }
+        muon_apply_elem(p, ema, muon_src(k, e - k.w_off), k.step, muon_to_float(x[e]), hyper, decay);
     }
 };
+// The GPU's form of the three passes above (the CPU runs the functors): a block per 32 x 32 tile (i0, j0) of one
+// matrix's padded wide matrix, the parameters read along the axis in which they are contiguous (j for a plain wide
+// or a conv tall matrix) and the group buffer along i, through shared memory: coalesced on both sides, no search for
+// the matrix and no 64-bit division per element. The same arithmetic per element: the same bits.
+struct MuonTile { int mat, i0, j0, M_pad; };  // M_pad: the group's padded large dimension
+enum { MUON_TILE_MOMENTUM, MUON_TILE_NORMALIZE, MUON_TILE_APPLY };
+constexpr int MUON_TILE = 32, MUON_TILE_ROWS = 8;
+template <int MODE, typename T>
+__global__ void __launch_bounds__(MUON_TILE * MUON_TILE_ROWS)
+    muon_tile_kernel(const MuonTile* tiles, const MuonMat* mats, T* x, const float* g, float* buf, float* p,
+                     float* ema, const float* sumsq, const float* hyper, float w, float mu, int nesterov, float decay) {
+    __shared__ float tile[MUON_TILE][MUON_TILE + 1];  // [i - i0][j - j0]
+    const MuonTile t = tiles[blockIdx.x];
+    const MuonMat& k = mats[t.mat];
+    const bool along_j = (k.conv == 0) == (k.rows <= k.cols);  // the parameters are contiguous along j
+    const int lane = threadIdx.x, m_pad = k.m_pad;
+    T* xk = x + k.w_off;
+    if (MODE == MUON_TILE_NORMALIZE) {  // the group buffer alone, along i
+        const float n = fmaxf(sqrtf(sumsq[t.mat]), MUON_EPS);
+        for (int r = threadIdx.y; r < MUON_TILE; r += MUON_TILE_ROWS) {
+            const int i = t.i0 + lane, j = t.j0 + r;
+            if (i < m_pad && j < t.M_pad) xk[(size_t)j * m_pad + i] = muon_from_float<T>(
+                muon_to_float(xk[(size_t)j * m_pad + i]) / n);
+        }
+        return;
+    }
+    if (MODE == MUON_TILE_APPLY) {  // X into shared memory along i
+        for (int r = threadIdx.y; r < MUON_TILE; r += MUON_TILE_ROWS) {
+            const int i = t.i0 + lane, j = t.j0 + r;
+            if (i < m_pad && j < t.M_pad) tile[lane][r] = muon_to_float(xk[(size_t)j * m_pad + i]);
+        }
+        __syncthreads();
+    }
+    for (int r = threadIdx.y; r < MUON_TILE; r += MUON_TILE_ROWS) {  // the parameters along their contiguous axis
+        const int ii = along_j ? r : lane, jj = along_j ? lane : r;
+        const long long s = muon_src_ij(k, t.i0 + ii, t.j0 + jj);  // -1 past the matrix (padding)
+        if (MODE == MUON_TILE_MOMENTUM) tile[ii][jj] = muon_momentum_elem(g, buf, s, w, mu, nesterov);
+        else muon_apply_elem(p, ema, s, k.step, tile[ii][jj], hyper, decay);
+    }
+    if (MODE == MUON_TILE_MOMENTUM) {  // u rounded into the group buffer along i (padding: 0)
+        __syncthreads();
+        for (int r = threadIdx.y; r < MUON_TILE; r += MUON_TILE_ROWS) {
+            const int i = t.i0 + lane, j = t.j0 + r;
+            if (i < m_pad && j < t.M_pad) xk[(size_t)j * m_pad + i] = muon_from_float<T>(tile[lane][r]);
+        }
+    }
+}
 // AdamW on the parameters Muon leaves (their element indices idx[])
 struct MuonAdamW {
     const int* idx; float *p, *m, *v, *ema; const float* g; float beta1, beta2, lr_wd, eps; const float* hyper;
@@ -3412,12 +3462,14 @@ static const int EW = 256;  // elementwise block size
 static void* g_cublas_ws = nullptr;
 // cuBLAS handle on a fresh stream with a fixed workspace (nothing allocated while a CUDA graph is captured); the
 // fp32 products that remain in a bf16 run (time embedding, attention core) use TF32
-static void gpu_init(Precision prec) {
+static void gpu_init(Precision prec, bool high_priority = false) {
     const bool tf32 = prec != PREC_FP32;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     g_num_sms = prop.multiProcessorCount;
-    cudaCheck(cudaStreamCreate(&g_stream));
+    int least = 0, greatest = 0;  // high_priority: Muon's side stream (the lowest) fills what the step leaves idle
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaCheck(cudaStreamCreateWithPriority(&g_stream, cudaStreamDefault, high_priority ? greatest : least));
     cublasCheck(cublasCreate(&g_cublas));
     cublasCheck(cublasSetStream(g_cublas, g_stream));
     const size_t ws = 32 << 20;
@@ -5481,6 +5533,8 @@ struct MuonPlan {
     std::vector<MuonGroup> groups;  // ordered by ready (then w_off)
     std::vector<int> first_chunk, adam_idx;  // chunks of matrix k (+ the end); AdamW's elements
     std::vector<size_t> chunk_start, chunk_end;
+    std::vector<MuonTile> tiles;  // the GPU's 32 x 32 tiles of every matrix, group by group
+    std::vector<int> tile_first;  // group k's tiles: tile_first[k] .. tile_first[k + 1] - 1
     size_t w_elems = 0, s_elems = 0;
     int n_stages = 1;    // the backward's stages (muon_stages): op i of n finishes stage n - 1 - i, its end stage n
     double gflop = 0.0;  // Newton-Schulz work per step, padding included
@@ -5488,6 +5542,7 @@ struct MuonPlan {
     double est_us = 0.0, est_exposed_us = 0.0;  // the cost model's Optimizer time, and what of it outlasts the backward
     // on the side that runs the step
     MuonMat* t_mats = nullptr;
+    MuonTile* t_tiles = nullptr;
     int *t_adam_idx = nullptr, *t_first_chunk = nullptr;
     size_t *t_chunk_start = nullptr, *t_chunk_end = nullptr;
     void* x[2] = {nullptr, nullptr};  // the group buffers (the iteration alternates between them)
@@ -5586,6 +5641,7 @@ static MuonStages muon_stages(const UNet* m, bool half) {
     return st;
 }
 
+static void muon_plan_tables(MuonPlan* mp);
 // Fills mp's host tables for the parameters (mp->lr, ns_steps, grouping, half set); nothing allocated. Matrices are
 // cut into phases of consecutive backward stages, each phase grouped by muon_plan_groups (auto: the phase cuts that
 // minimise the modelled time the optimizer adds to the step, greedily; shape and one: a single phase); the groups
@@ -5695,6 +5751,11 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
     }
     mp->w_elems = w;
     mp->s_elems = s_off;
+    muon_plan_tables(mp);
+}
+// The plan's index tables: each matrix's chunks (the sums of squares) and tiles (the GPU's elementwise passes), and
+// the launches per step
+static void muon_plan_tables(MuonPlan* mp) {
     for (size_t i = 0; i < mp->mats.size(); i++) {
         const MuonMat& k = mp->mats[i];
         const size_t end = i + 1 < mp->mats.size() ? mp->mats[i + 1].w_off : mp->w_elems;
@@ -5705,6 +5766,13 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
         }
     }
     mp->first_chunk.push_back((int)mp->chunk_start.size());
+    for (const MuonGroup& gr : mp->groups) {  // groups hold consecutive matrices
+        mp->tile_first.push_back((int)mp->tiles.size());
+        for (int q = gr.first_mat; q < gr.first_mat + gr.count; q++)
+            for (int j0 = 0; j0 < gr.M_pad; j0 += MUON_TILE)
+                for (int i0 = 0; i0 < gr.m_pad; i0 += MUON_TILE) mp->tiles.push_back({q, i0, j0, gr.M_pad});
+    }
+    mp->tile_first.push_back((int)mp->tiles.size());
     // per step: the AdamW counter and AdamW; per group momentum, sum of squares (2), normalisation and 3 products
     // per Newton-Schulz step; the update, and the bf16 weight copy
     mp->launches = 2 + (int)mp->groups.size() * (4 + 3 * mp->ns_steps) + 1 + (mp->half ? 1 : 0);
@@ -5758,6 +5826,7 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
     mp->cpu = cpu;
     muon_plan(mp, m->params, muon_stages(m, mp->half));
     mp->t_mats = muon_table(mp, mp->mats);
+    mp->t_tiles = muon_table(mp, mp->tiles);
     mp->t_adam_idx = muon_table(mp, mp->adam_idx);
     mp->t_first_chunk = muon_table(mp, mp->first_chunk);
     mp->t_chunk_start = muon_table(mp, mp->chunk_start);
@@ -5771,7 +5840,7 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
     mp->started.assign(mp->groups.size(), 0);
     mp->lt_calls.assign(3 * mp->groups.size(), nullptr);
     if (!cpu) {
-        cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));
+        cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));  // the lowest priority
         mp->fork.resize(mp->groups.size());
         for (cudaEvent_t& e : mp->fork) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&mp->join, cudaEventDisableTiming));
@@ -5796,7 +5865,7 @@ static void muon_lt_free(MuonLtCall* c) {
     delete c;
 }
 static void muon_destroy(MuonPlan* mp) {
-    void* ps[] = {mp->t_mats, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
+    void* ps[] = {mp->t_mats, mp->t_tiles, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
                   mp->x[0], mp->x[1], mp->a, mp->p, mp->partial, mp->sumsq};
     for (void* p : ps) {
         if (mp->cpu) free(p);
@@ -5898,6 +5967,18 @@ static void muon_gemm(MuonPlan* mp, cudaStream_t st, int call, bool tb, int M, i
 
 // the stream a group's work goes to
 static cudaStream_t muon_stream(const MuonPlan* mp) { return mp->overlap ? mp->side : g_stream; }
+// muon_tile_kernel over group k's tiles (k < 0: every group's); the momentum and the normalisation on x[0], the
+// update from x[ns_steps % 2]
+template <int MODE, typename T>
+static void muon_tiles(MuonPlan* mp, cudaStream_t st, int k, const float* g, float* buf, float* p, float* ema,
+                       const float* hyper, float w, float decay) {
+    const int t0 = k < 0 ? 0 : mp->tile_first[k], t1 = k < 0 ? (int)mp->tiles.size() : mp->tile_first[k + 1];
+    if (t1 <= t0) return;
+    T* x = (T*)mp->x[MODE == MUON_TILE_APPLY ? mp->ns_steps % 2 : 0];
+    muon_tile_kernel<MODE, T><<<t1 - t0, dim3(MUON_TILE, MUON_TILE_ROWS), 0, st>>>(
+        mp->t_tiles + t0, mp->t_mats, x, g, buf, p, ema, mp->sumsq, hyper, w, mp->momentum, mp->nesterov, decay);
+    cudaCheck(cudaGetLastError());
+}
 
 // Group k from the gradient g to its orthogonalised update in mp->x[ns_steps % 2]: the momentum (buf) and the
 // update u rounded into the group buffer, each matrix's sum of squares (fixed order on either side), the
@@ -5911,7 +5992,9 @@ static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
     const size_t n = (size_t)gr.count * gr.m_pad * gr.M_pad;
     const float w = (float)(1.0 - (double)mp->momentum);
     T* x0 = (T*)mp->x[0];
-    muon_each(cpu, st, gr.w_off, n, MuonMomentum<T>{mp->t_mats, nm, g, buf, x0, w, mp->momentum, mp->nesterov});
+    if (cpu) muon_each(cpu, st, gr.w_off, n, MuonMomentum<T>{mp->t_mats, nm, g, buf, x0, w, mp->momentum,
+                                                               mp->nesterov});
+    else muon_tiles<MUON_TILE_MOMENTUM, T>(mp, st, k, g, buf, nullptr, nullptr, nullptr, w, 1.f);
     if (cpu) {
         for (int q = k0; q < k0 + gr.count; q++) {
             double s = 0.0;
@@ -5928,7 +6011,8 @@ static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
                                                                             gr.count, mp->sumsq + k0);
         cudaCheck(cudaGetLastError());
     }
-    muon_each(cpu, st, gr.w_off, n, MuonNormalize<T>{mp->t_mats, nm, mp->sumsq, x0});
+    if (cpu) muon_each(cpu, st, gr.w_off, n, MuonNormalize<T>{mp->t_mats, nm, mp->sumsq, x0});
+    else muon_tiles<MUON_TILE_NORMALIZE, T>(mp, st, k, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 1.f);
     T *a = (T*)mp->a + gr.s_off, *p = (T*)mp->p + gr.s_off;
     const int m = gr.m_pad, M = gr.M_pad;
     const long long xs = (long long)m * M, ss = (long long)m * m;
@@ -5988,8 +6072,9 @@ static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, floa
     }
     std::fill(mp->started.begin(), mp->started.end(), 0);
     const float decay = (float)(1.0 - (double)mp->lr * weight_decay);
-    muon_each(cpu, g_stream, 0, mp->w_elems,
-              MuonApply<T>{mp->t_mats, nm, (const T*)mp->x[mp->ns_steps % 2], p, ema, hyper, decay});
+    if (cpu) muon_each(cpu, g_stream, 0, mp->w_elems,
+                       MuonApply<T>{mp->t_mats, nm, (const T*)mp->x[mp->ns_steps % 2], p, ema, hyper, decay});
+    else muon_tiles<MUON_TILE_APPLY, T>(mp, g_stream, -1, nullptr, nullptr, p, ema, hyper, 0.f, decay);
 }
 static void muon_step(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
                       float beta1, float beta2, float eps, float lr, float weight_decay) {
@@ -7190,7 +7275,7 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
             return 1;
         }
     }
-    gpu_init(prec);
+    gpu_init(prec, !dp);  // one GPU: the step's stream above Muon's side stream (several: NCCL's stream is the highest)
     m->prec = prec;
     const char* env_prof = getenv("UNET_PROFILE");
     g_profile = env_prof && env_prof[0] == '1';
@@ -7324,7 +7409,8 @@ static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
                 cudaCheck(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
                 train_step();
                 cudaCheck(cudaStreamEndCapture(g_stream, &graph));
-                cudaCheck(cudaGraphInstantiate(&graph_exec, graph, 0));
+                cudaCheck(cudaGraphInstantiate(&graph_exec, graph, m->muon && m->muon->overlap ?
+                                                   cudaGraphInstantiateFlagUseNodePriority : 0));
                 cudaCheck(cudaGraphDestroy(graph));
             } else {
                 m->adam_t++;  // the graph's adam_prep_kernel counts on the device; the host keeps in step
