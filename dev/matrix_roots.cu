@@ -416,8 +416,8 @@ static float round_toward_zero(double v) {
 // (one GEMM with K = 3n), modelled as tensor cores are measured to add: 8 exact products at a time, added to the
 // fp32 accumulator with truncation (round toward zero), not rounding: the error grows like K u, not sqrt(K) u.
 // 3xTF32 2acc: the same groups of 8, a_hi b_hi into one accumulator and the cross terms into another (versions 3
-// and 4). lower: only the lower triangle is computed and mirrored (version 4's products; every iterate is a
-// symmetric polynomial in A in exact arithmetic).
+// and 4). lower: only the lower triangle is computed and mirrored (versions 3 and 4; every iterate is a symmetric
+// polynomial in A in exact arithmetic).
 static void matmul_f(int n, const float* A, const float* B, float* C, Prec prec, bool lower = false) {
     size_t nn = (size_t)n * n;
     bool split = prec == PREC_3XTF32 || prec == PREC_3XTF32_2ACC;
@@ -495,7 +495,7 @@ static void matpow_f(int n, int p, const float* Y, float* P, Prec prec, bool low
 
 // The coupled Newton iteration of versions 1 and 2 on the CPU, products in prec. extra: full steps taken after the
 // stopping rule says stop, as version 1 does to the matrices of a batch that converge before the slowest one.
-// lower: every product computes its lower triangle and mirrors it (version 4).
+// lower: every product computes its lower triangle and mirrors it (versions 3 and 4).
 static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X, Prec prec, int extra = 0,
                               bool lower = false) {
     size_t nn = (size_t)n * n;
@@ -1318,17 +1318,29 @@ __device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const flo
 
 namespace cg = cooperative_groups;
 
+// Tile t of the lower triangle (versions 3 and 4, syrk_lower), row by row: (0,0), (1,0), (1,1), (2,0), ...
+__host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
+    int i = (int)((sqrtf(8.0f * (float)t + 1.0f) - 1.0f) * 0.5f);
+    while ((i + 1) * (i + 2) / 2 <= t) i++;  // float rounding of the square root, either way
+    while (i * (i + 1) / 2 > t) i--;
+    bi = i;
+    bj = t - i * (i + 1) / 2;
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // version 3: version 2's fused iteration on tensor cores. The same shared-memory matrices (row stride NP + 4: the A
-// fragment reads hit 32 distinct banks, the B reads are two-way), a warp per 32 x 32 output tile, 3xTF32 mma.sync;
-// on sm_90 a cluster of CL = 2 blocks per matrix: each block keeps a full copy of X, M and T, computes half of the
-// rows of each product and writes them to its own and to its partner's shared memory (64 matrices fill 128 SMs).
-// Both blocks compute the residual from identical copies in the same order, so they take the same decisions.
-// FLOPs per step (p = 4, n = 128): 4 products of 2 n^3 = 16.8 MFLOP, 3 mma passes each.
+// fragment reads hit 32 distinct banks, the B reads are two-way), 3xTF32 mma.sync, a warp per 32 x 32 output tile of
+// the lower triangle only, mirrored (every iterate is a symmetric polynomial in A: 10 of the 16 tiles at NP = 128;
+// the CPU twin measures what the mirroring costs, --study). On sm_90 a cluster of CL = 2 blocks per matrix: each
+// block keeps a full copy of X, M and T, computes half of the tiles of each product and writes them to its own and
+// to its partner's shared memory (64 matrices fill 128 SMs). Both blocks compute the residual from identical copies
+// in the same order, so they take the same decisions.
+// FLOPs per step (p = 4, n = 128): 4 products of 10/16 x 2 n^3 = 10.5 MFLOP, 3 mma passes each.
 
 template <int NP, int CL> struct V3Cfg {
-    static_assert(NP % 32 == 0 && (NP / CL) % 32 == 0, "32 x 32 warp tiles cover each block's rows");
-    static constexpr int LD = NP + 4, ROWS = NP / CL, WARPS_N = NP / 32, THREADS = ROWS / 32 * WARPS_N * 32;
+    static_assert(NP % 32 == 0, "32 x 32 warp tiles");
+    static constexpr int LD = NP + 4, TILES_1D = NP / 32, TILES = TILES_1D * (TILES_1D + 1) / 2;
+    static constexpr int WARPS = (TILES + CL - 1) / CL, THREADS = WARPS * 32;  // a warp per lower tile of its block
     static constexpr size_t SMEM = 3ull * NP * LD * sizeof(float);
 };
 
@@ -1359,30 +1371,40 @@ template <int CL> __device__ __forceinline__ float* v3_partner(float* ptr, int r
     }
 }
 
-// dst = A B (NP x NP in shared memory, k < kn summed: the padding is zero) for this block's rows; dst may be A or B:
-// every block of the matrix has read its operands (barrier) before anything is written. partner_dst: dst in the
-// partner's shared memory (CL = 2).
+// dst = A B (NP x NP in shared memory, k < kn summed: the padding is zero): this block's lower tiles, each element on
+// or below the diagonal written to (i, j) and (j, i). dst may be A or B: every block of the matrix has read its
+// operands (barrier) before anything is written. partner_dst: dst in the partner's shared memory (CL = 2).
 template <int NP, int CL>
 __device__ void v3_matmul(const float* A, const float* B, float* dst, float* partner_dst, int n, int kn, int rank) {
     using C = V3Cfg<NP, CL>;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int row0 = rank * C::ROWS + warp / C::WARPS_N * 32, col0 = warp % C::WARPS_N * 32;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tile = rank * C::WARPS + warp, bi = 0, bj = 0;
+    bool mine = tile < C::TILES;
+    if (mine) lower_tile(tile, bi, bj);
+    int row0 = bi * 32, col0 = bj * 32;
     TcAcc big = {}, small = {};
-    if (row0 < n && col0 < n) tc_warp_tile<2>(A + row0 * C::LD, C::LD, B + col0, C::LD, kn, big, small);
+    if (mine && row0 < n) tc_warp_tile<2>(A + row0 * C::LD, C::LD, B + col0, C::LD, kn, big, small);
     v3_sync<CL>();
+    if (mine) {
 #pragma unroll
-    for (int mi = 0; mi < TC_MI; mi++)
+        for (int mi = 0; mi < TC_MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < TC_NI; ni++)
+            for (int ni = 0; ni < TC_NI; ni++)
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                int i, j;
-                tc_acc_coords(lane, mi, ni, r, i, j);
-                int at = (row0 + i) * C::LD + col0 + j;
-                float v = big[mi][ni][r] + small[mi][ni][r];
-                dst[at] = v;
-                if constexpr (CL > 1) partner_dst[at] = v;
-            }
+                for (int r = 0; r < 4; r++) {
+                    int i, j;
+                    tc_acc_coords(lane, mi, ni, r, i, j);
+                    i += row0;
+                    j += col0;
+                    if (i < j) continue;  // the upper element is its mirror's
+                    float v = big[mi][ni][r] + small[mi][ni][r];
+                    dst[i * C::LD + j] = v;
+                    dst[j * C::LD + i] = v;
+                    if constexpr (CL > 1) {
+                        partner_dst[i * C::LD + j] = v;
+                        partner_dst[j * C::LD + i] = v;
+                    }
+                }
+    }
     v3_sync<CL>();
 }
 
@@ -1418,10 +1440,8 @@ newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int* status,
         v3_matmul<NP, CL>(Ts, Ms, Ms, pM, n, kn, rank);  // M <- T^p M
         s.iters++;
     }
-    for (int e = threadIdx.x; e < C::ROWS * n; e += C::THREADS) {  // this block's rows of X
-        int i = rank * C::ROWS + e / n, j = e % n;
-        if (i < n) X[b * nn + (long long)i * n + j] = Xs[i * C::LD + j];
-    }
+    for (int e = rank * C::THREADS + threadIdx.x; e < n * n; e += CL * C::THREADS)  // the blocks share the store
+        X[b * nn + e] = Xs[e / n * C::LD + e % n];
     if (rank == 0 && threadIdx.x == 0) {
         status[b] = s.failed ? -1 : s.iters;
         residual[b] = (float)s.r;
@@ -1488,15 +1508,6 @@ static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Tile t of the lower triangle (versions 4 and syrk_lower), row by row: (0,0), (1,0), (1,1), (2,0), ...
-__host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
-    int i = (int)((sqrtf(8.0f * (float)t + 1.0f) - 1.0f) * 0.5f);
-    while ((i + 1) * (i + 2) / 2 <= t) i++;  // float rounding of the square root, either way
-    while (i * (i + 1) / 2 > t) i--;
-    bi = i;
-    bj = t - i * (i + 1) / 2;
-}
-
 // version 4: the whole iteration of one matrix of any size in one cooperative kernel: blocks stay resident and meet
 // at grid-wide barriers between the phases (the residual and T; the products), so no host decision and no launch
 // per product. Each product computes only the 64 x 64 tiles of its lower triangle and mirrors them: every iterate is
@@ -1964,7 +1975,7 @@ static int run_study(uint64_t seed) {
     printf("coupled Newton, CPU twin: rel err vs the float64 oracle / residual ||X^p A - I||_F / sqrt(n) / steps "
            "(fast-phase steps), A with lambda_max = 1\n");
     printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s\n", "n", "p", "case",
-           "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc (v3)", "2acc lower (v4)");
+           "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc", "2acc lower (v3, v4)");
     Rng rng{seed};
     double worst[4][2] = {};  // fp32, 3xtf32: max rel err / tol and residual / tol
     double extra_worst[3][2] = {};  // fp32 lower, 3xtf32 2acc, 3xtf32 2acc lower
@@ -1986,7 +1997,7 @@ static int run_study(uint64_t seed) {
                         worst[prec][0] = std::max(worst[prec][0], e / t.rel);
                         worst[prec][1] = std::max(worst[prec][1], res / t.res);
                     }
-                    // versions 3 and 4's arithmetic: two accumulators, and (4) lower-triangle products mirrored
+                    // versions 3 and 4's arithmetic: two accumulators, lower-triangle products mirrored
                     for (int x = 0; x < 3; x++) {
                         Prec prec = x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC;
                         bool lower = x != 1;
@@ -2007,8 +2018,8 @@ static int run_study(uint64_t seed) {
     for (Prec prec : {PREC_FP32, PREC_3XTF32})
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", prec_name(prec),
                worst[prec][0], worst[prec][1]);
-    const char* extra_names[3] = {"fp32 lower (fp32 tol)", "3xtf32 2acc (v3; 3xtf32 tol)",
-                                  "3xtf32 2acc lower (v4; 3xtf32 tol)"};
+    const char* extra_names[3] = {"fp32 lower (fp32 tol)", "3xtf32 2acc full products (3xtf32 tol)",
+                                  "3xtf32 2acc lower, versions 3 and 4 (3xtf32 tol)"};
     for (int x = 0; x < 3; x++)
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", extra_names[x],
                extra_worst[x][0], extra_worst[x][1]);
@@ -2083,7 +2094,7 @@ static void test_newton_twin(Rng& rng) {
         for (int p : {1, 2, 4}) {
             RootOracle o = oracle_inv_root(n, A.data(), eps, p);
             double kappa = o.lmax / o.lmin;
-            // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators; 4 mirrors lower-triangle products)
+            // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored)
             for (int x = 0; x < 4; x++) {
                 Prec prec = x == 0 ? PREC_FP32 : x == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
                 bool lower = x == 3;
@@ -2232,6 +2243,32 @@ static void test_tc_fragments(Rng& rng) {
                fmt("%s, max |got - split product| / sum |a b| = %.1e (bound 1e-6)",
                    once ? "every element written once" : "an element written twice or never", worst));
     }
+}
+
+// Version 3's split of a product over warps and blocks (v3_matmul's map, replayed): every element on or below the
+// diagonal computed by exactly one warp of one block, every element of the NP x NP result written.
+template <int NP, int CL>
+static void test_v3_tile_map() {
+    using C = V3Cfg<NP, CL>;
+    std::vector<int> computed(NP * NP, 0), written(NP * NP, 0);
+    for (int rank = 0; rank < CL; rank++)
+        for (int warp = 0; warp < C::WARPS; warp++) {
+            int tile = rank * C::WARPS + warp, bi, bj;
+            if (tile >= C::TILES) continue;
+            lower_tile(tile, bi, bj);
+            for (int i = bi * 32; i < bi * 32 + 32; i++)
+                for (int j = bj * 32; j < bj * 32 + 32; j++) {
+                    if (i < j) continue;
+                    computed[i * NP + j]++;
+                    written[i * NP + j]++;
+                    written[j * NP + i]++;
+                }
+        }
+    bool ok = true;
+    for (int i = 0; i < NP; i++)
+        for (int j = 0; j < NP; j++) ok = ok && written[i * NP + j] > 0 && (i < j || computed[i * NP + j] == 1);
+    report(ok, fmt("version 3 tile map NP=%d, %d block(s) per matrix, %d warps each", NP, CL, C::WARPS),
+           ok ? "every lower element computed once, every element written" : "an element missed or computed twice");
 }
 
 // Newton-Schulz: the float64 run maps every singular value s of G / ||G||_F to phi^5(s) (phi(s) = a s + b s^3 +
@@ -2628,6 +2665,11 @@ static int run_tests(uint64_t seed) {
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     test_tc_fragments(rng);
+    test_v3_tile_map<32, 1>();
+    test_v3_tile_map<64, 1>();
+    test_v3_tile_map<64, 2>();
+    test_v3_tile_map<128, 1>();
+    test_v3_tile_map<128, 2>();
     printf("(CPU checks: %.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::string why;
     if (!gpu_available(why)) {
