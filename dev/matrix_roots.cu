@@ -22,6 +22,12 @@ version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF
            or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F.
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
+version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
+           two accumulators), only the lower-triangle 32 x 32 tiles of each product (mirrored), and on sm_90 a
+           cluster of 2 blocks per matrix (each a full copy, half the tiles, results written to both); n <= 128.
+version 4: the whole iteration of one matrix of any size in one cooperative kernel (grid-wide barriers between the
+           phases, the convergence decision on the device: no host round trip, no launch per product), 64 x 64
+           lower-triangle tiles of 3xTF32 mma.sync, mirrored; a batch is one launch per matrix.
 Newton-Schulz (Muon): the quintic iteration X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750,
            2.0315), 5 steps on X0 = G / (||G||_F + 1e-7), bf16 operands and fp32 accumulation (cuBLAS GemmEx), a
            batch of same-shape matrices, tall ones transposed.
