@@ -23,8 +23,8 @@ version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
 version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
-           two accumulators), only the lower-triangle 32 x 32 tiles of each product (mirrored), and on sm_90 a
-           cluster of 2 blocks per matrix (each a full copy, half the tiles, results written to both); n <= 128.
+           two accumulators), a warp per 16 x 32 unit of each product's lower triangle (mirrored), and on sm_90
+           a cluster of 2 blocks per matrix (each a full copy, half the units, results written to both); n <= 128.
 version 4: the whole iteration of one matrix of any size in one cooperative kernel (grid-wide barriers between the
            phases, the convergence decision on the device: no host round trip, no launch per product), 64 x 64
            lower-triangle tiles of 3xTF32 mma.sync, mirrored; a batch is one launch per matrix.
@@ -1253,10 +1253,11 @@ static void newton_status(int batch, std::vector<int>& steps, std::vector<float>
 // a0 (g, t) a1 (g + 8, t) a2 (g, t + 4) a3 (g + 8, t + 4); b0 (k = t, n = g) b1 (k = t + 4, n = g);
 // c0 (g, 2t) c1 (g, 2t + 1) c2 (g + 8, 2t) c3 (g + 8, 2t + 1).
 
-constexpr int TC_MI = 2, TC_NI = 4;  // a warp tile: 2 x 4 mma tiles of 16 x 8 = 32 x 32
+// a warp tile: MI x 4 mma tiles of 16 x 8 = (16 MI) x 32; version 3 uses MI = 1, version 4 MI = 2
+constexpr int TC_NI = 4;
 
-struct TcFrags {
-    uint32_t ah[TC_MI][4], al[TC_MI][4], bh[TC_NI][2], bl[TC_NI][2];
+template <int MI> struct TcFrags {
+    uint32_t ah[MI][4], al[MI][4], bh[TC_NI][2], bl[TC_NI][2];
 };
 
 __host__ __device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
@@ -1265,13 +1266,14 @@ __host__ __device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint3
     memcpy(&lo, &l, 4);
 }
 
-// One lane's fragments of the k-step k0 .. k0 + 7 of A (the warp tile's 32 rows) and B (its 32 columns):
+// One lane's fragments of the k-step k0 .. k0 + 7 of A (the warp tile's 16 MI rows) and B (its 32 columns):
 // A(i, k) = As[i * lda + k], B(k, j) = Bs[k * ldb + j]. Host and device: --test emulates a warp with it.
+template <int MI>
 __host__ __device__ __forceinline__ void tc_load_frags(int lane, const float* As, int lda, const float* Bs, int ldb,
-                                                       int k0, TcFrags& f) {
+                                                       int k0, TcFrags<MI>& f) {
     int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int mi = 0; mi < TC_MI; mi++) {
+    for (int mi = 0; mi < MI; mi++) {
         const float* a = As + (mi * 16 + g) * lda + k0 + t;
         tf32_split(a[0], f.ah[mi][0], f.al[mi][0]);
         tf32_split(a[8 * lda], f.ah[mi][1], f.al[mi][1]);
@@ -1299,20 +1301,20 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-typedef float TcAcc[TC_MI][TC_NI][4];
+template <int MI> using TcAcc = float[MI][TC_NI][4];
 
 // big, small += the warp tile's A B over k in [0, kn), kn a multiple of 8 (operands zero-padded to it). UNROLL 2
 // overlaps a k-step's shared loads with the previous one's mma (version 3; version 4 has no registers to spare).
-template <int UNROLL>
-__device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const float* Bs, int ldb, int kn, TcAcc& big,
-                                             TcAcc& small) {
+template <int MI, int UNROLL>
+__device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const float* Bs, int ldb, int kn,
+                                             TcAcc<MI>& big, TcAcc<MI>& small) {
     int lane = threadIdx.x % 32;
 #pragma unroll UNROLL
     for (int k0 = 0; k0 < kn; k0 += 8) {
-        TcFrags f;
-        tc_load_frags(lane, As, lda, Bs, ldb, k0, f);
+        TcFrags<MI> f;
+        tc_load_frags<MI>(lane, As, lda, Bs, ldb, k0, f);
 #pragma unroll
-        for (int mi = 0; mi < TC_MI; mi++)
+        for (int mi = 0; mi < MI; mi++)
 #pragma unroll
             for (int ni = 0; ni < TC_NI; ni++) {
                 mma_tf32(small[mi][ni], f.al[mi], f.bh[ni]);
@@ -1335,20 +1337,33 @@ __host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
 
 // ----------------------------------------------------------------------------------------------------------------
 // version 3: version 2's fused iteration on tensor cores. The same shared-memory matrices (row stride NP + 4: the A
-// fragment reads hit 32 distinct banks, the B reads are two-way), 3xTF32 mma.sync, a warp per 32 x 32 output tile of
-// the lower triangle only, mirrored (every iterate is a symmetric polynomial in A: 10 of the 16 tiles at NP = 128;
-// the CPU twin measures what the mirroring costs, --study). On sm_90 a cluster of CL = 2 blocks per matrix: each
-// block keeps a full copy of X, M and T, computes half of the tiles of each product and writes them to its own and
-// to its partner's shared memory (64 matrices fill 128 SMs). Both blocks compute the residual from identical copies
-// in the same order, so they take the same decisions.
-// FLOPs per step (p = 4, n = 128): 4 products of 10/16 x 2 n^3 = 10.5 MFLOP, 3 mma passes each.
+// fragment reads hit 32 distinct banks, the B reads are two-way), 3xTF32 mma.sync, a warp per 16 x 32 unit of the
+// lower triangle of each product, mirrored (every iterate is a symmetric polynomial in A: 20 units of 32 at
+// NP = 128; the CPU twin measures what the mirroring costs, --study). 16-row units rather than 32 x 32 tiles: a
+// block's warps share the SM's 4 sub-partitions, and the busiest one sets the time (10 units per block: 3 on the
+// busiest, 1.5 tiles' work; 5 tiles of 32 x 32 would put 2 tiles on it). On sm_90 a cluster of CL = 2 blocks per
+// matrix: each block keeps a full copy of X, M and T, computes half of the units of each product and writes them to
+// its own and to its partner's shared memory (64 matrices fill 128 SMs). Both blocks compute the residual from
+// identical copies in the same order, so they take the same decisions.
+// FLOPs per step (p = 4, n = 128): 4 products of 20/32 x 2 n^3 = 10.5 MFLOP, 3 mma passes each.
 
 template <int NP, int CL> struct V3Cfg {
-    static_assert(NP % 32 == 0, "32 x 32 warp tiles");
-    static constexpr int LD = NP + 4, TILES_1D = NP / 32, TILES = TILES_1D * (TILES_1D + 1) / 2;
-    static constexpr int WARPS = (TILES + CL - 1) / CL, THREADS = WARPS * 32;  // a warp per lower tile of its block
+    static_assert(NP % 32 == 0, "16 x 32 warp units");
+    // row band r (16 rows) needs the column blocks c (32 columns) with 32 c <= 16 r + 15: r / 2 + 1 of them
+    static constexpr int LD = NP + 4, BANDS = NP / 16, UNITS = BANDS / 2 * (BANDS / 2 + 1);
+    static constexpr int WARPS = (UNITS + CL - 1) / CL, THREADS = WARPS * 32;  // a warp per unit of its block
     static constexpr size_t SMEM = 3ull * NP * LD * sizeof(float);
 };
+
+// unit u of the lower triangle, band by band: rows 16 r .. 16 r + 15, columns 32 c .. 32 c + 31
+__host__ __device__ inline void v3_unit(int u, int& r, int& c) {
+    r = 0;
+    while (u >= r / 2 + 1) {
+        u -= r / 2 + 1;
+        r++;
+    }
+    c = u;
+}
 
 // a barrier over the blocks of one matrix: the block, or its cluster (sm_90; the host launches CL = 2 nowhere else)
 template <int CL> __device__ __forceinline__ void v3_sync() {
@@ -1377,39 +1392,37 @@ template <int CL> __device__ __forceinline__ float* v3_partner(float* ptr, int r
     }
 }
 
-// dst = A B (NP x NP in shared memory, k < kn summed: the padding is zero): this block's lower tiles, each element on
+// dst = A B (NP x NP in shared memory, k < kn summed: the padding is zero): this block's lower units, each element on
 // or below the diagonal written to (i, j) and (j, i). dst may be A or B: every block of the matrix has read its
 // operands (barrier) before anything is written. partner_dst: dst in the partner's shared memory (CL = 2).
 template <int NP, int CL>
 __device__ void v3_matmul(const float* A, const float* B, float* dst, float* partner_dst, int n, int kn, int rank) {
     using C = V3Cfg<NP, CL>;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tile = rank * C::WARPS + warp, bi = 0, bj = 0;
-    bool mine = tile < C::TILES;
-    if (mine) lower_tile(tile, bi, bj);
-    int row0 = bi * 32, col0 = bj * 32;
-    TcAcc big = {}, small = {};
-    if (mine && row0 < n) tc_warp_tile<2>(A + row0 * C::LD, C::LD, B + col0, C::LD, kn, big, small);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = rank * C::WARPS + warp, br = 0, bc = 0;
+    bool mine = unit < C::UNITS;
+    if (mine) v3_unit(unit, br, bc);
+    int row0 = br * 16, col0 = bc * 32;
+    TcAcc<1> big = {}, small = {};
+    if (mine && row0 < n) tc_warp_tile<1, 2>(A + row0 * C::LD, C::LD, B + col0, C::LD, kn, big, small);
     v3_sync<CL>();
     if (mine) {
 #pragma unroll
-        for (int mi = 0; mi < TC_MI; mi++)
+        for (int ni = 0; ni < TC_NI; ni++)
 #pragma unroll
-            for (int ni = 0; ni < TC_NI; ni++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    int i, j;
-                    tc_acc_coords(lane, mi, ni, r, i, j);
-                    i += row0;
-                    j += col0;
-                    if (i < j) continue;  // the upper element is its mirror's
-                    float v = big[mi][ni][r] + small[mi][ni][r];
-                    dst[i * C::LD + j] = v;
-                    dst[j * C::LD + i] = v;
-                    if constexpr (CL > 1) {
-                        partner_dst[i * C::LD + j] = v;
-                        partner_dst[j * C::LD + i] = v;
-                    }
+            for (int r = 0; r < 4; r++) {
+                int i, j;
+                tc_acc_coords(lane, 0, ni, r, i, j);
+                i += row0;
+                j += col0;
+                if (i < j) continue;  // the upper element is its mirror's
+                float v = big[0][ni][r] + small[0][ni][r];
+                dst[i * C::LD + j] = v;
+                dst[j * C::LD + i] = v;
+                if constexpr (CL > 1) {
+                    partner_dst[i * C::LD + j] = v;
+                    partner_dst[j * C::LD + i] = v;
                 }
+            }
     }
     v3_sync<CL>();
 }
@@ -1536,7 +1549,7 @@ __device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, float* As, f
     int row0 = bi * V4_BT, col0 = bj * V4_BT;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp / 2 * 32, wc = warp % 2 * 32;
     bool needed = !(bi == bj && wr < wc);  // a warp tile above the diagonal of a diagonal tile
-    TcAcc big = {}, small = {};
+    TcAcc<2> big = {}, small = {};
     float ra[PER], rb[PER];
     // thread's panel elements: A rows ai + q RA_STEP at k = ak (lanes along k), B rows bk + q RB_STEP at column cj
     constexpr int RA_STEP = V4_THREADS / V4_BK, RB_STEP = V4_THREADS / V4_BT;
@@ -1562,10 +1575,10 @@ __device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, float* As, f
         __syncthreads();
         if (k0 + V4_BK < n) fetch(k0 + V4_BK);
         int kn = min(V4_BK, (n - k0 + 7) / 8 * 8);
-        if (needed) tc_warp_tile<1>(As + wr * V4_LDA, V4_LDA, Bs + wc, V4_LDB, kn, big, small);
+        if (needed) tc_warp_tile<2, 1>(As + wr * V4_LDA, V4_LDA, Bs + wc, V4_LDB, kn, big, small);
     }
 #pragma unroll
-    for (int mi = 0; mi < TC_MI; mi++)
+    for (int mi = 0; mi < 2; mi++)
 #pragma unroll
         for (int ni = 0; ni < TC_NI; ni++)
 #pragma unroll
@@ -2161,9 +2174,9 @@ static void test_newton_scalar() {
 
 // Versions 3 and 4's warp tile, emulated on the CPU: the 32 lanes' fragments from tc_load_frags, an mma.sync
 // m16n8k8 that places them by the PTX table (written out here, apart from the kernels' index code), the outputs
-// where tc_acc_coords says. Every element of the 32 x 32 tile must be written once and equal the float64 product
-// of the split operands (a wrong index is an O(1) error), at both operand layouts (version 3: row stride 132 for A
-// and B, K = 40; version 4: panels of stride 36 and 72, K = 32, the panel's depth).
+// where tc_acc_coords says. Every element of the warp tile must be written once and equal the float64 product of
+// the split operands (a wrong index is an O(1) error), for both versions' tiles and operand layouts (version 3:
+// 16 x 32, row stride 132 for A and B, K = 40; version 4: 32 x 32, panels of stride 36 and 72, K = 32).
 static void emulate_mma_tf32(float c[32][4], const uint32_t a[32][4], const uint32_t b[32][2]) {
     auto f = [](uint32_t u) { float x; memcpy(&x, &u, 4); return (double)x; };
     double Am[16][8], Bm[8][8], Cm[16][8];
@@ -2192,78 +2205,79 @@ static void emulate_mma_tf32(float c[32][4], const uint32_t a[32][4], const uint
     }
 }
 
-static void test_tc_fragments(Rng& rng) {
-    struct { const char* name; int lda, ldb, K; } layouts[] = {{"version 3 (stride 132)", 132, 132, 40},
-                                                              {"version 4 (panels, strides 36 and 72)", V4_LDA,
-                                                               V4_LDB, V4_BK}};
-    for (auto& L : layouts) {
-        const int K = L.K;
-        MatF As((size_t)32 * L.lda, NAN), Bs((size_t)K * L.ldb, NAN);  // NaN outside the tile: a stray read fails
-        for (int i = 0; i < 32; i++)
-            for (int k = 0; k < K; k++) As[(size_t)i * L.lda + k] = (float)rng.normal();
-        for (int k = 0; k < K; k++)
-            for (int j = 0; j < 32; j++) Bs[(size_t)k * L.ldb + j] = (float)rng.normal();
-        static float big[TC_MI][TC_NI][32][4], small[TC_MI][TC_NI][32][4];
-        memset(big, 0, sizeof big);
-        memset(small, 0, sizeof small);
-        for (int k0 = 0; k0 < K; k0 += 8) {
-            static TcFrags fr[32];
-            for (int lane = 0; lane < 32; lane++) tc_load_frags(lane, As.data(), L.lda, Bs.data(), L.ldb, k0, fr[lane]);
-            for (int mi = 0; mi < TC_MI; mi++)
-                for (int ni = 0; ni < TC_NI; ni++) {
-                    uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
-                    for (int lane = 0; lane < 32; lane++) {
-                        memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
-                        memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
-                        memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
-                        memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
-                    }
-                    emulate_mma_tf32(small[mi][ni], al, bh);
-                    emulate_mma_tf32(small[mi][ni], ah, bl);
-                    emulate_mma_tf32(big[mi][ni], ah, bh);
+template <int MI>
+static void test_tc_fragments_at(Rng& rng, const char* name, int lda, int ldb, int K) {
+    const int ROWS = 16 * MI;
+    MatF As((size_t)ROWS * lda, NAN), Bs((size_t)K * ldb, NAN);  // NaN outside the tile: a stray read fails
+    for (int i = 0; i < ROWS; i++)
+        for (int k = 0; k < K; k++) As[(size_t)i * lda + k] = (float)rng.normal();
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < 32; j++) Bs[(size_t)k * ldb + j] = (float)rng.normal();
+    std::vector<float> big(MI * TC_NI * 32 * 4, 0.0f), small(big.size(), 0.0f);
+    auto acc = [&](std::vector<float>& v, int mi, int ni) { return (float(*)[4])&v[((mi * TC_NI + ni) * 32) * 4]; };
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        std::vector<TcFrags<MI>> fr(32);
+        for (int lane = 0; lane < 32; lane++) tc_load_frags<MI>(lane, As.data(), lda, Bs.data(), ldb, k0, fr[lane]);
+        for (int mi = 0; mi < MI; mi++)
+            for (int ni = 0; ni < TC_NI; ni++) {
+                uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
+                for (int lane = 0; lane < 32; lane++) {
+                    memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
+                    memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
+                    memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
+                    memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
                 }
-        }
-        std::vector<int> writes(32 * 32, 0);
-        double worst = 0.0;
-        for (int lane = 0; lane < 32; lane++)
-            for (int mi = 0; mi < TC_MI; mi++)
-                for (int ni = 0; ni < TC_NI; ni++)
-                    for (int r = 0; r < 4; r++) {
-                        int i, j;
-                        tc_acc_coords(lane, mi, ni, r, i, j);
-                        if (i < 0 || i >= 32 || j < 0 || j >= 32) { worst = INFINITY; continue; }
-                        writes[i * 32 + j]++;
-                        double ref = 0.0, mag = 0.0;  // the split product: hi hi + hi lo + lo hi
-                        for (int k = 0; k < K; k++) {
-                            float a = As[(size_t)i * L.lda + k], b = Bs[(size_t)k * L.ldb + j];
-                            float ah = tf32_rna(a), bh = tf32_rna(b), al = tf32_rna(a - ah), bl = tf32_rna(b - bh);
-                            ref += (double)ah * bh + (double)ah * bl + (double)al * bh;
-                            mag += std::fabs((double)a * b);
-                        }
-                        double got = (double)big[mi][ni][lane][r] + small[mi][ni][lane][r];
-                        double e = std::fabs(got - ref) / mag;
-                        worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-                    }
-        bool once = std::all_of(writes.begin(), writes.end(), [](int w) { return w == 1; });
-        report(once && worst <= 1e-6, fmt("3xTF32 warp tile, CPU emulation of the fragments, %s", L.name),
-               fmt("%s, max |got - split product| / sum |a b| = %.1e (bound 1e-6)",
-                   once ? "every element written once" : "an element written twice or never", worst));
+                emulate_mma_tf32(acc(small, mi, ni), al, bh);
+                emulate_mma_tf32(acc(small, mi, ni), ah, bl);
+                emulate_mma_tf32(acc(big, mi, ni), ah, bh);
+            }
     }
+    std::vector<int> writes(ROWS * 32, 0);
+    double worst = 0.0;
+    for (int lane = 0; lane < 32; lane++)
+        for (int mi = 0; mi < MI; mi++)
+            for (int ni = 0; ni < TC_NI; ni++)
+                for (int r = 0; r < 4; r++) {
+                    int i, j;
+                    tc_acc_coords(lane, mi, ni, r, i, j);
+                    if (i < 0 || i >= ROWS || j < 0 || j >= 32) { worst = INFINITY; continue; }
+                    writes[i * 32 + j]++;
+                    double ref = 0.0, mag = 0.0;  // the split product: hi hi + hi lo + lo hi
+                    for (int k = 0; k < K; k++) {
+                        float a = As[(size_t)i * lda + k], b = Bs[(size_t)k * ldb + j];
+                        float ah = tf32_rna(a), bh = tf32_rna(b), al = tf32_rna(a - ah), bl = tf32_rna(b - bh);
+                        ref += (double)ah * bh + (double)ah * bl + (double)al * bh;
+                        mag += std::fabs((double)a * b);
+                    }
+                    double got = (double)acc(big, mi, ni)[lane][r] + acc(small, mi, ni)[lane][r];
+                    double e = std::fabs(got - ref) / mag;
+                    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+                }
+    bool once = std::all_of(writes.begin(), writes.end(), [](int w) { return w == 1; });
+    report(once && worst <= 1e-6, fmt("3xTF32 warp tile %dx32, CPU emulation of the fragments, %s", ROWS, name),
+           fmt("%s, max |got - split product| / sum |a b| = %.1e (bound 1e-6)",
+               once ? "every element written once" : "an element written twice or never", worst));
+}
+
+static void test_tc_fragments(Rng& rng) {
+    test_tc_fragments_at<1>(rng, "version 3 (stride 132, K = 40)", V3Cfg<128, 2>::LD, V3Cfg<128, 2>::LD, 40);
+    test_tc_fragments_at<2>(rng, "version 4 (panels of strides 36 and 72, K = 32)", V4_LDA, V4_LDB, V4_BK);
 }
 
 // Version 3's split of a product over warps and blocks (v3_matmul's map, replayed): every element on or below the
 // diagonal computed by exactly one warp of one block, every element of the NP x NP result written.
 template <int NP, int CL>
-static void test_v3_tile_map() {
+static void test_v3_unit_map() {
     using C = V3Cfg<NP, CL>;
     std::vector<int> computed(NP * NP, 0), written(NP * NP, 0);
     for (int rank = 0; rank < CL; rank++)
         for (int warp = 0; warp < C::WARPS; warp++) {
-            int tile = rank * C::WARPS + warp, bi, bj;
-            if (tile >= C::TILES) continue;
-            lower_tile(tile, bi, bj);
-            for (int i = bi * 32; i < bi * 32 + 32; i++)
-                for (int j = bj * 32; j < bj * 32 + 32; j++) {
+            int unit = rank * C::WARPS + warp, br, bc;
+            if (unit >= C::UNITS) continue;
+            v3_unit(unit, br, bc);
+            for (int i = br * 16; i < br * 16 + 16; i++)
+                for (int j = bc * 32; j < bc * 32 + 32; j++) {
+                    if (i >= NP || j >= NP) { computed[0] += 100; continue; }  // outside the matrix: a failure
                     if (i < j) continue;
                     computed[i * NP + j]++;
                     written[i * NP + j]++;
@@ -2273,7 +2287,7 @@ static void test_v3_tile_map() {
     bool ok = true;
     for (int i = 0; i < NP; i++)
         for (int j = 0; j < NP; j++) ok = ok && written[i * NP + j] > 0 && (i < j || computed[i * NP + j] == 1);
-    report(ok, fmt("version 3 tile map NP=%d, %d block(s) per matrix, %d warps each", NP, CL, C::WARPS),
+    report(ok, fmt("version 3 unit map NP=%d, %d block(s) per matrix, %d warps each", NP, CL, C::WARPS),
            ok ? "every lower element computed once, every element written" : "an element missed or computed twice");
 }
 
@@ -2671,11 +2685,11 @@ static int run_tests(uint64_t seed) {
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     test_tc_fragments(rng);
-    test_v3_tile_map<32, 1>();
-    test_v3_tile_map<64, 1>();
-    test_v3_tile_map<64, 2>();
-    test_v3_tile_map<128, 1>();
-    test_v3_tile_map<128, 2>();
+    test_v3_unit_map<32, 1>();
+    test_v3_unit_map<64, 1>();
+    test_v3_unit_map<64, 2>();
+    test_v3_unit_map<128, 1>();
+    test_v3_unit_map<128, 2>();
     printf("(CPU checks: %.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::string why;
     if (!gpu_available(why)) {
