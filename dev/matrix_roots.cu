@@ -1531,8 +1531,9 @@ static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p
 // at grid-wide barriers between the phases (the residual and T; the products), so no host decision and no launch
 // per product. Each product computes only the 64 x 64 tiles of its lower triangle and mirrors them: every iterate is
 // a symmetric polynomial in A (half the FLOPs; --study measures what the mirroring costs in accuracy). Products of a
-// step that do not depend on each other share a phase (X T with T T). 3xTF32 mma.sync (above), 4 warps of 32 x 32,
-// 32-deep panels staged in shared memory through registers (the next panel's loads in flight during the mma).
+// step that do not depend on each other share a phase (X T with T T); a phase of one product runs column halves of
+// its tiles (as many work items). 3xTF32 mma.sync (above), 4 warps of 32 x 32 (16 x 32 for halves), 32-deep panels
+// staged in shared memory through registers (the next panel's loads in flight during the mma).
 // FLOPs per step (p = 4): 4 half products of 2 n^3 = 4.3 GFLOP at n = 1024, 3 mma passes each.
 
 constexpr int V4_BT = 64, V4_BK = 32, V4_THREADS = 128, V4_LDA = V4_BK + 4, V4_LDB = V4_BT + 8, V4_SLOTS = 256;
@@ -1541,44 +1542,52 @@ static_assert(V4_LDA % 32 == 4 && V4_LDB % 32 == 8, "conflict-free A reads (g * 
 
 struct V4Product { const float* A; const float* B; float* C; };
 
-// Tile (bi, bj), bj <= bi, of C = A B (n x n, row-major): its elements on and below the diagonal, each written to
-// (i, j) and (j, i). Operands are read with ld.global.cg (L2): other blocks wrote them during this kernel, and L1 is
-// not coherent.
-__device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, float* As, float* Bs) {
-    constexpr int PER = V4_BT * V4_BK / V4_THREADS;  // panel elements per thread
-    int row0 = bi * V4_BT, col0 = bj * V4_BT;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp / 2 * 32, wc = warp % 2 * 32;
-    bool needed = !(bi == bj && wr < wc);  // a warp tile above the diagonal of a diagonal tile
-    TcAcc<2> big = {}, small = {};
-    float ra[PER], rb[PER];
+// Tile (bi, bj), bj <= bi, of C = A B (n x n, row-major), or (COLS = 32) its column half `half`: the elements on and
+// below the diagonal, each written to (i, j) and (j, i). COLS = 64: 4 warps of 32 x 32 (2 x 2); COLS = 32: 4 warps of
+// 16 x 32 (stacked), for the phases of a single product (twice the blocks at work; each element's arithmetic is
+// the same). Operands are read with ld.global.cg (L2): other blocks wrote them during this kernel, and L1 is not
+// coherent.
+template <int COLS>
+__device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, int half, float* As, float* Bs) {
+    static_assert(COLS == 64 || COLS == 32, "whole tiles or column halves");
+    constexpr int MI = COLS == 64 ? 2 : 1, WM = 16 * MI, WARPS_N = COLS / 32;
+    constexpr int PER_A = V4_BT * V4_BK / V4_THREADS, PER_B = COLS * V4_BK / V4_THREADS;  // elements per thread
+    int row0 = bi * V4_BT, col0 = bj * V4_BT + half * COLS;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp / WARPS_N * WM, wc = warp % WARPS_N * 32;
+    bool needed = row0 + wr + WM - 1 >= col0 + wc;  // not entirely above the diagonal
+    TcAcc<MI> big = {}, small = {};
+    float ra[PER_A], rb[PER_B];
     // thread's panel elements: A rows ai + q RA_STEP at k = ak (lanes along k), B rows bk + q RB_STEP at column cj
-    constexpr int RA_STEP = V4_THREADS / V4_BK, RB_STEP = V4_THREADS / V4_BT;
-    int ai = threadIdx.x / V4_BK, ak = threadIdx.x % V4_BK, bk = threadIdx.x / V4_BT, cj = threadIdx.x % V4_BT;
+    constexpr int RA_STEP = V4_THREADS / V4_BK, RB_STEP = V4_THREADS / COLS;
+    int ai = threadIdx.x / V4_BK, ak = threadIdx.x % V4_BK, bk = threadIdx.x / COLS, cj = threadIdx.x % COLS;
     const float* pa = pr.A + (long long)(row0 + ai) * n + ak;
     const float* pb = pr.B + (long long)bk * n + col0 + cj;
     auto fetch = [&](int k0) {
 #pragma unroll
-        for (int q = 0; q < PER; q++) {
-            bool a_in = row0 + ai + q * RA_STEP < n && k0 + ak < n, b_in = k0 + bk + q * RB_STEP < n && col0 + cj < n;
-            ra[q] = a_in ? __ldcg(pa + (long long)q * RA_STEP * n + k0) : 0.0f;
-            rb[q] = b_in ? __ldcg(pb + ((long long)q * RB_STEP + k0) * n) : 0.0f;
+        for (int q = 0; q < PER_A; q++) {
+            bool in = row0 + ai + q * RA_STEP < n && k0 + ak < n;
+            ra[q] = in ? __ldcg(pa + (long long)q * RA_STEP * n + k0) : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < PER_B; q++) {
+            bool in = k0 + bk + q * RB_STEP < n && col0 + cj < n;
+            rb[q] = in ? __ldcg(pb + ((long long)q * RB_STEP + k0) * n) : 0.0f;
         }
     };
     fetch(0);
     for (int k0 = 0; k0 < n; k0 += V4_BK) {
         __syncthreads();  // the previous panel is read
 #pragma unroll
-        for (int q = 0; q < PER; q++) {
-            As[(ai + q * RA_STEP) * V4_LDA + ak] = ra[q];
-            Bs[(bk + q * RB_STEP) * V4_LDB + cj] = rb[q];
-        }
+        for (int q = 0; q < PER_A; q++) As[(ai + q * RA_STEP) * V4_LDA + ak] = ra[q];
+#pragma unroll
+        for (int q = 0; q < PER_B; q++) Bs[(bk + q * RB_STEP) * V4_LDB + cj] = rb[q];
         __syncthreads();
         if (k0 + V4_BK < n) fetch(k0 + V4_BK);
         int kn = min(V4_BK, (n - k0 + 7) / 8 * 8);
-        if (needed) tc_warp_tile<2, 1>(As + wr * V4_LDA, V4_LDA, Bs + wc, V4_LDB, kn, big, small);
+        if (needed) tc_warp_tile<MI, 1>(As + wr * V4_LDA, V4_LDA, Bs + wc, V4_LDB, kn, big, small);
     }
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int ni = 0; ni < TC_NI; ni++)
 #pragma unroll
@@ -1593,13 +1602,14 @@ __device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, float* As, f
             }
 }
 
-// the lower tiles of one product (second.C == nullptr) or two, spread over the grid
+// The lower tiles of two products (whole tiles), or of one (second.C == nullptr: column halves), over the grid
 __device__ void v4_phase(const V4Product& first, const V4Product& second, int n, float* As, float* Bs) {
     int tiles_1d = (n + V4_BT - 1) / V4_BT, tiles = tiles_1d * (tiles_1d + 1) / 2;
-    for (int t = blockIdx.x; t < (second.C ? 2 : 1) * tiles; t += gridDim.x) {
+    for (int t = blockIdx.x; t < 2 * tiles; t += gridDim.x) {
         int bi, bj;
         lower_tile(t % tiles, bi, bj);
-        v4_tile(t < tiles ? first : second, n, bi, bj, As, Bs);
+        if (second.C) v4_tile<64>(t < tiles ? first : second, n, bi, bj, 0, As, Bs);
+        else v4_tile<32>(first, n, bi, bj, t / tiles, As, Bs);
     }
 }
 
@@ -2176,7 +2186,7 @@ static void test_newton_scalar() {
 // m16n8k8 that places them by the PTX table (written out here, apart from the kernels' index code), the outputs
 // where tc_acc_coords says. Every element of the warp tile must be written once and equal the float64 product of
 // the split operands (a wrong index is an O(1) error), for both versions' tiles and operand layouts (version 3:
-// 16 x 32, row stride 132 for A and B, K = 40; version 4: 32 x 32, panels of stride 36 and 72, K = 32).
+// 16 x 32, row stride 132 for A and B, K = 40; version 4: 32 x 32 and 16 x 32, panels of stride 36 and 72, K = 32).
 static void emulate_mma_tf32(float c[32][4], const uint32_t a[32][4], const uint32_t b[32][2]) {
     auto f = [](uint32_t u) { float x; memcpy(&x, &u, 4); return (double)x; };
     double Am[16][8], Bm[8][8], Cm[16][8];
@@ -2262,6 +2272,8 @@ static void test_tc_fragments_at(Rng& rng, const char* name, int lda, int ldb, i
 static void test_tc_fragments(Rng& rng) {
     test_tc_fragments_at<1>(rng, "version 3 (stride 132, K = 40)", V3Cfg<128, 2>::LD, V3Cfg<128, 2>::LD, 40);
     test_tc_fragments_at<2>(rng, "version 4 (panels of strides 36 and 72, K = 32)", V4_LDA, V4_LDB, V4_BK);
+    test_tc_fragments_at<1>(rng, "version 4's column halves (panels of strides 36 and 72, K = 32)", V4_LDA, V4_LDB,
+                            V4_BK);
 }
 
 // Version 3's split of a product over warps and blocks (v3_matmul's map, replayed): every element on or below the
