@@ -1542,47 +1542,76 @@ static_assert(V4_LDA % 32 == 4 && V4_LDB % 32 == 8, "conflict-free A reads (g * 
 
 struct V4Product { const float* A; const float* B; float* C; };
 
-// Tile (bi, bj), bj <= bi, of C = A B (n x n, row-major), or (COLS = 32) its column half `half`: the elements on and
-// below the diagonal, each written to (i, j) and (j, i). COLS = 64: 4 warps of 32 x 32 (2 x 2); COLS = 32: 4 warps of
-// 16 x 32 (stacked), for the phases of a single product (twice the blocks at work; each element's arithmetic is
-// the same). Operands are read with ld.global.cg (L2): other blocks wrote them during this kernel, and L1 is not
-// coherent.
-template <int COLS>
-__device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, int half, float* As, float* Bs) {
-    static_assert(COLS == 64 || COLS == 32, "whole tiles or column halves");
-    constexpr int MI = COLS == 64 ? 2 : 1, WM = 16 * MI, WARPS_N = COLS / 32;
-    constexpr int PER_A = V4_BT * V4_BK / V4_THREADS, PER_B = COLS * V4_BK / V4_THREADS;  // elements per thread
-    int row0 = bi * V4_BT, col0 = bj * V4_BT + half * COLS;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp / WARPS_N * WM, wc = warp % WARPS_N * 32;
-    bool needed = row0 + wr + WM - 1 >= col0 + wc;  // not entirely above the diagonal
-    TcAcc<MI> big = {}, small = {};
+// ld.global.cg on the device (L2: other blocks wrote the operands during this kernel, and L1 is not coherent); the
+// CPU emulation in --test runs the same index code with plain loads
+__host__ __device__ __forceinline__ float load_cg(const float* p) {
+#ifdef __CUDA_ARCH__
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
+// One thread's share of a pair of panels: A rows row0 .. row0 + 63, B columns col0 .. col0 + COLS - 1, k0 .. k0 + 31
+// (zero outside n). A: lanes along k, rows ai + q RA_STEP; B: lanes along the columns, rows bk + q RB_STEP.
+template <int COLS> struct V4Panels {
+    static constexpr int PER_A = V4_BT * V4_BK / V4_THREADS, PER_B = COLS * V4_BK / V4_THREADS;
+    static constexpr int RA_STEP = V4_THREADS / V4_BK, RB_STEP = V4_THREADS / COLS;
     float ra[PER_A], rb[PER_B];
-    // thread's panel elements: A rows ai + q RA_STEP at k = ak (lanes along k), B rows bk + q RB_STEP at column cj
-    constexpr int RA_STEP = V4_THREADS / V4_BK, RB_STEP = V4_THREADS / COLS;
-    int ai = threadIdx.x / V4_BK, ak = threadIdx.x % V4_BK, bk = threadIdx.x / COLS, cj = threadIdx.x % COLS;
-    const float* pa = pr.A + (long long)(row0 + ai) * n + ak;
-    const float* pb = pr.B + (long long)bk * n + col0 + cj;
-    auto fetch = [&](int k0) {
+    __host__ __device__ __forceinline__ void fetch(const V4Product& pr, int n, int row0, int col0, int tid, int k0) {
+        int ai = tid / V4_BK, ak = tid % V4_BK, bk = tid / COLS, cj = tid % COLS;
+        const float* pa = pr.A + (long long)(row0 + ai) * n + k0 + ak;
+        const float* pb = pr.B + (long long)(k0 + bk) * n + col0 + cj;
 #pragma unroll
-        for (int q = 0; q < PER_A; q++) {
-            bool in = row0 + ai + q * RA_STEP < n && k0 + ak < n;
-            ra[q] = in ? __ldcg(pa + (long long)q * RA_STEP * n + k0) : 0.0f;
-        }
+        for (int q = 0; q < PER_A; q++)
+            ra[q] = row0 + ai + q * RA_STEP < n && k0 + ak < n ? load_cg(pa + (long long)q * RA_STEP * n) : 0.0f;
 #pragma unroll
-        for (int q = 0; q < PER_B; q++) {
-            bool in = k0 + bk + q * RB_STEP < n && col0 + cj < n;
-            rb[q] = in ? __ldcg(pb + ((long long)q * RB_STEP + k0) * n) : 0.0f;
-        }
-    };
-    fetch(0);
-    for (int k0 = 0; k0 < n; k0 += V4_BK) {
-        __syncthreads();  // the previous panel is read
+        for (int q = 0; q < PER_B; q++)
+            rb[q] = k0 + bk + q * RB_STEP < n && col0 + cj < n ? load_cg(pb + (long long)q * RB_STEP * n) : 0.0f;
+    }
+    __host__ __device__ __forceinline__ void stash(int tid, float* As, float* Bs) const {
+        int ai = tid / V4_BK, ak = tid % V4_BK, bk = tid / COLS, cj = tid % COLS;
 #pragma unroll
         for (int q = 0; q < PER_A; q++) As[(ai + q * RA_STEP) * V4_LDA + ak] = ra[q];
 #pragma unroll
         for (int q = 0; q < PER_B; q++) Bs[(bk + q * RB_STEP) * V4_LDB + cj] = rb[q];
+    }
+};
+
+// warp's tile inside the block tile: COLS = 64, 2 x 2 warps of 32 x 32; COLS = 32, 4 stacked warps of 16 x 32.
+// Returns false when it lies entirely above the diagonal (nothing to compute).
+template <int COLS>
+__host__ __device__ __forceinline__ bool v4_warp_tile(int warp, int row0, int col0, int& wr, int& wc) {
+    constexpr int WM = COLS == 64 ? 32 : 16, WARPS_N = COLS / 32;
+    wr = warp / WARPS_N * WM;
+    wc = warp % WARPS_N * 32;
+    return row0 + wr + WM - 1 >= col0 + wc;
+}
+
+// element (i, j) of the warp's tile (from tc_acc_coords) into C at (gi, gj) and (gj, gi), on and below the diagonal
+__host__ __device__ __forceinline__ void v4_store(float* C, int n, int gi, int gj, float v) {
+    if (gi >= n || gj >= n || gi < gj) return;  // the upper element is its mirror's
+    C[(long long)gi * n + gj] = v;
+    if (gi != gj) C[(long long)gj * n + gi] = v;
+}
+
+// Tile (bi, bj), bj <= bi, of C = A B (n x n, row-major), or (COLS = 32) its column half `half`: the elements on and
+// below the diagonal, each written to (i, j) and (j, i). COLS = 64 for phases of two products; COLS = 32 for a
+// single product (twice the work items, each element's arithmetic the same).
+template <int COLS>
+__device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, int half, float* As, float* Bs) {
+    static_assert(COLS == 64 || COLS == 32, "whole tiles or column halves");
+    constexpr int MI = COLS == 64 ? 2 : 1;
+    int row0 = bi * V4_BT, col0 = bj * V4_BT + half * COLS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr, wc;
+    bool needed = v4_warp_tile<COLS>(warp, row0, col0, wr, wc);
+    TcAcc<MI> big = {}, small = {};
+    V4Panels<COLS> next;
+    next.fetch(pr, n, row0, col0, threadIdx.x, 0);
+    for (int k0 = 0; k0 < n; k0 += V4_BK) {
+        __syncthreads();  // the previous panel is read
+        next.stash(threadIdx.x, As, Bs);
         __syncthreads();
-        if (k0 + V4_BK < n) fetch(k0 + V4_BK);
+        if (k0 + V4_BK < n) next.fetch(pr, n, row0, col0, threadIdx.x, k0 + V4_BK);  // in flight during the mma
         int kn = min(V4_BK, (n - k0 + 7) / 8 * 8);
         if (needed) tc_warp_tile<MI, 1>(As + wr * V4_LDA, V4_LDA, Bs + wc, V4_LDB, kn, big, small);
     }
@@ -1594,11 +1623,7 @@ __device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, int half, fl
             for (int r = 0; r < 4; r++) {
                 int i, j;
                 tc_acc_coords(lane, mi, ni, r, i, j);
-                int gi = row0 + wr + i, gj = col0 + wc + j;
-                if (gi >= n || gj >= n || gi < gj) continue;  // the upper element is its mirror's
-                float v = big[mi][ni][r] + small[mi][ni][r];
-                pr.C[(long long)gi * n + gj] = v;
-                if (gi != gj) pr.C[(long long)gj * n + gi] = v;
+                v4_store(pr.C, n, row0 + wr + i, col0 + wc + j, big[mi][ni][r] + small[mi][ni][r]);
             }
 }
 
@@ -2276,6 +2301,94 @@ static void test_tc_fragments(Rng& rng) {
                             V4_BK);
 }
 
+// Version 4's product on the CPU: the kernel's own panel, warp-tile and store code (V4Panels, v4_warp_tile,
+// v4_store, tc_load_frags) for all 128 threads of one block, run over every work item of v4_phase in turn, the mma
+// emulated. The lower triangle of A B, mirrored, must come out of whole tiles (COLS = 64) and of column halves
+// (COLS = 32) at sizes that end inside a panel and inside a tile: every element written (C starts as NaN) and equal
+// to the float64 split product.
+template <int COLS>
+static void test_v4_product_emulated(Rng& rng, int n) {
+    constexpr int MI = COLS == 64 ? 2 : 1;
+    MatF A((size_t)n * n), B((size_t)n * n), C((size_t)n * n, NAN);
+    for (auto& v : A) v = (float)rng.normal();
+    for (auto& v : B) v = (float)rng.normal();
+    V4Product pr{A.data(), B.data(), C.data()};
+    int tiles_1d = (n + V4_BT - 1) / V4_BT, tiles = tiles_1d * (tiles_1d + 1) / 2;
+    MatF As(V4_BT * V4_LDA), Bs(V4_BK * V4_LDB);
+    std::vector<V4Panels<COLS>> regs(V4_THREADS);
+    std::vector<float> big(4 * MI * TC_NI * 32 * 4), small(big.size());
+    auto acc = [&](std::vector<float>& v, int warp, int mi, int ni) {
+        return (float(*)[4]) & v[(((warp * MI + mi) * TC_NI + ni) * 32) * 4];
+    };
+    for (int item = 0; item < (COLS == 64 ? 1 : 2) * tiles; item++) {
+        int bi, bj;
+        lower_tile(item % tiles, bi, bj);
+        int row0 = bi * V4_BT, col0 = bj * V4_BT + item / tiles * COLS;
+        std::fill(big.begin(), big.end(), 0.0f);
+        std::fill(small.begin(), small.end(), 0.0f);
+        for (int tid = 0; tid < V4_THREADS; tid++) regs[tid].fetch(pr, n, row0, col0, tid, 0);
+        for (int k0 = 0; k0 < n; k0 += V4_BK) {
+            for (int tid = 0; tid < V4_THREADS; tid++) regs[tid].stash(tid, As.data(), Bs.data());
+            if (k0 + V4_BK < n)
+                for (int tid = 0; tid < V4_THREADS; tid++) regs[tid].fetch(pr, n, row0, col0, tid, k0 + V4_BK);
+            int kn = std::min(V4_BK, (n - k0 + 7) / 8 * 8);
+            for (int warp = 0; warp < 4; warp++) {
+                int wr, wc;
+                if (!v4_warp_tile<COLS>(warp, row0, col0, wr, wc)) continue;
+                for (int kk = 0; kk < kn; kk += 8) {
+                    std::vector<TcFrags<MI>> fr(32);
+                    for (int lane = 0; lane < 32; lane++)
+                        tc_load_frags<MI>(lane, As.data() + wr * V4_LDA, V4_LDA, Bs.data() + wc, V4_LDB, kk, fr[lane]);
+                    for (int mi = 0; mi < MI; mi++)
+                        for (int ni = 0; ni < TC_NI; ni++) {
+                            uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
+                            for (int lane = 0; lane < 32; lane++) {
+                                memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
+                                memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
+                                memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
+                                memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
+                            }
+                            emulate_mma_tf32(acc(small, warp, mi, ni), al, bh);
+                            emulate_mma_tf32(acc(small, warp, mi, ni), ah, bl);
+                            emulate_mma_tf32(acc(big, warp, mi, ni), ah, bh);
+                        }
+                }
+            }
+        }
+        for (int warp = 0; warp < 4; warp++) {
+            int wr, wc;
+            v4_warp_tile<COLS>(warp, row0, col0, wr, wc);
+            for (int lane = 0; lane < 32; lane++)
+                for (int mi = 0; mi < MI; mi++)
+                    for (int ni = 0; ni < TC_NI; ni++)
+                        for (int r = 0; r < 4; r++) {
+                            int i, j;
+                            tc_acc_coords(lane, mi, ni, r, i, j);
+                            v4_store(C.data(), n, row0 + wr + i, col0 + wc + j,
+                                     acc(big, warp, mi, ni)[lane][r] + acc(small, warp, mi, ni)[lane][r]);
+                        }
+        }
+    }
+    double worst = 0.0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            int li = std::max(i, j), lj = std::min(i, j);  // the lower element, mirrored
+            double ref = 0.0, mag = 0.0;
+            for (int k = 0; k < n; k++) {
+                float a = A[(size_t)li * n + k], b = B[(size_t)k * n + lj];
+                float ah = tf32_rna(a), bh = tf32_rna(b), al = tf32_rna(a - ah), bl = tf32_rna(b - bh);
+                ref += (double)ah * bh + (double)ah * bl + (double)al * bh;
+                mag += std::fabs((double)a * b);
+            }
+            double e = std::fabs((double)C[(size_t)i * n + j] - ref) / mag;
+            worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+        }
+    report(worst <= 1e-6, fmt("version 4 product on the CPU (its panel, warp and store code), %s, n=%d",
+                              COLS == 64 ? "whole tiles" : "column halves", n),
+           fmt("max |C - lower split product, mirrored| / sum |a b| = %.1e (bound 1e-6; NaN: an element unwritten)",
+               worst));
+}
+
 // Version 3's split of a product over warps and blocks (v3_matmul's map, replayed): every element on or below the
 // diagonal computed by exactly one warp of one block, every element of the NP x NP result written.
 template <int NP, int CL>
@@ -2697,6 +2810,10 @@ static int run_tests(uint64_t seed) {
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     test_tc_fragments(rng);
+    for (int n : {37, 70, 130}) {
+        test_v4_product_emulated<64>(rng, n);
+        test_v4_product_emulated<32>(rng, n);
+    }
     test_v3_unit_map<32, 1>();
     test_v3_unit_map<64, 1>();
     test_v3_unit_map<64, 2>();
