@@ -499,11 +499,34 @@ static void matpow_f(int n, int p, const float* Y, float* P, Prec prec, bool low
     }
 }
 
+// One step in the form T = I + D (D = (I - M) / p), products in TF32: X <- X + X D; unless last, E = T^p - I
+// (p = 2: 2 D + D D; p = 4: E2 = 2 D + D D, E = 2 E2 + E2 E2) and M <- M + E M. D, E and W are scratch.
+// --study: below ||M - I||_F = 0.1 within the 3xTF32 tolerance, below 0.2 not (dev/matrix_roots_NOTES.md).
+static void newton_step_tf32_delta(int n, int p, float* X, MatF& M, MatF& D, MatF& E, MatF& W, bool lower,
+                                   bool last) {
+    size_t nn = (size_t)n * n;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) D[(size_t)i * n + j] = ((i == j ? 1.0f : 0.0f) - M[(size_t)i * n + j]) / (float)p;
+    matmul_f(n, X, D.data(), W.data(), PREC_TF32, lower);
+    for (size_t e = 0; e < nn; e++) X[e] += W[e];
+    if (last) return;
+    E = D;
+    for (int q = 1; q < p; q *= 2) {  // E <- 2 E + E E: (I + E)^2 - I
+        matmul_f(n, E.data(), E.data(), W.data(), PREC_TF32, lower);
+        for (size_t e = 0; e < nn; e++) E[e] = 2.0f * E[e] + W[e];
+    }
+    matmul_f(n, E.data(), M.data(), W.data(), PREC_TF32, lower);
+    for (size_t e = 0; e < nn; e++) M[e] += W[e];
+}
+
 // The coupled Newton iteration of versions 1 and 2 on the CPU, products in prec. extra: full steps taken after the
 // stopping rule says stop, as version 1 does to the matrices of a batch that converge before the slowest one.
 // lower: every product computes its lower triangle and mirrors it (versions 3 and 4).
+// tf32_below > 0 (--study only; no GPU version does it): once ||M - I||_F < tf32_below, steps in the form
+// T = I + D, X <- X + X D, M <- M + (T^p - I) M, every product in plain TF32: their rounding is relative to ||D||,
+// not to ||X|| or ||M||. *tf32_steps counts them.
 static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X, Prec prec, int extra = 0,
-                              bool lower = false) {
+                              bool lower = false, double tf32_below = 0.0, int* tf32_steps = nullptr) {
     size_t nn = (size_t)n * n;
     MatF Areg(A, A + nn), M(nn), T(nn), Tp(nn), W(nn);
     for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
@@ -523,6 +546,13 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
         if (act == NEWTON_LAST && extra > 0) {
             act = NEWTON_STEP;
             extra--;
+        }
+        if (s.r < tf32_below) {
+            newton_step_tf32_delta(n, p, X, M, T, Tp, W, lower, act == NEWTON_LAST);
+            if (tf32_steps) ++*tf32_steps;
+            if (act == NEWTON_LAST) break;
+            s.iters++;
+            continue;
         }
         for (int i = 0; i < n; i++)
             for (int j = 0; j < n; j++)
@@ -2025,6 +2055,8 @@ struct SpdCase { const char* name; double kappa; int zeros_div; };  // zeros_div
 static const SpdCase SPD_CASES[] = {{"kappa 1", 1.0, 0}, {"kappa 1e2", 1e2, 0}, {"kappa 1e4", 1e4, 0},
                                     {"kappa 1e6", 1e6, 0}, {"singular", 1e2, 4}};
 
+constexpr double STUDY_TF32_BELOW = 0.1;  // --study: ||M - I||_F below which the I + D form runs in TF32
+
 static int run_study(uint64_t seed) {
     printf("coupled Newton, CPU twin: rel err vs the float64 oracle / residual ||X^p A - I||_F / sqrt(n) / steps "
            "(fast-phase steps), A with lambda_max = 1\n");
@@ -2033,6 +2065,8 @@ static int run_study(uint64_t seed) {
     Rng rng{seed};
     double worst[4][2] = {};  // fp32, 3xtf32: max rel err / tol and residual / tol
     double extra_worst[3][2] = {};  // fp32 lower, 3xtf32 2acc, 3xtf32 2acc lower
+    double delta_worst[2] = {};     // 3xtf32 2acc lower with TF32 steps in the I + D form near convergence
+    int delta_steps[2] = {};        // TF32 steps, all steps
     for (int n : {32, 96})
         for (const SpdCase& c : SPD_CASES)
             for (float eps : {1e-6f, 1e-3f}) {
@@ -2065,6 +2099,19 @@ static int run_study(uint64_t seed) {
                         extra_worst[x][0] = std::max(extra_worst[x][0], e / t.rel);
                         extra_worst[x][1] = std::max(extra_worst[x][1], res / t.res);
                     }
+                    {
+                        MatF X((size_t)n * n);
+                        int fast = 0;
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), PREC_3XTF32_2ACC, 0, true,
+                                                   STUDY_TF32_BELOW, &fast);
+                        double e = rel_err(X.size(), X.data(), o.X.data());
+                        double res = root_residual(n, p, X.data(), A.data(), eps);
+                        RootTol t = root_tolerance(METHOD_NEWTON_3XTF32, n, p, o.lmax / o.lmin);
+                        delta_worst[0] = std::max(delta_worst[0], s.failed ? INFINITY : e / t.rel);
+                        delta_worst[1] = std::max(delta_worst[1], res / t.res);
+                        delta_steps[0] += fast;
+                        delta_steps[1] += s.iters + 1;
+                    }
                     printf("\n");
                     fflush(stdout);
                 }
@@ -2072,6 +2119,9 @@ static int run_study(uint64_t seed) {
     for (Prec prec : {PREC_FP32, PREC_3XTF32})
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", prec_name(prec),
                worst[prec][0], worst[prec][1]);
+    printf("worst over these cases, 3xtf32 2acc lower, steps below ||M - I||_F = %g in TF32 as I + D: rel err / "
+           "tolerance %.3f, residual / tolerance %.3f; %d of %d steps in TF32\n", STUDY_TF32_BELOW, delta_worst[0],
+           delta_worst[1], delta_steps[0], delta_steps[1]);
     const char* extra_names[3] = {"fp32 lower (fp32 tol)", "3xtf32 2acc full products (3xtf32 tol)",
                                   "3xtf32 2acc lower, versions 3 and 4 (3xtf32 tol)"};
     for (int x = 0; x < 3; x++)
