@@ -22,6 +22,12 @@ version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF
            or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F.
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
+version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
+           two accumulators), a warp per 16 x 32 unit of each product's lower triangle (mirrored), and on sm_90
+           a cluster of 2 blocks per matrix (each a full copy, half the units, results written to both); n <= 128.
+version 4: the whole iteration of one matrix of any size in one cooperative kernel (grid-wide barriers between the
+           phases, the convergence decision on the device: no host round trip, no launch per product), 64 x 64
+           lower-triangle tiles of 3xTF32 mma.sync, mirrored; a batch is one launch per matrix.
 Newton-Schulz (Muon): the quintic iteration X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750,
            2.0315), 5 steps on X0 = G / (||G||_F + 1e-7), bf16 operands and fp32 accumulation (cuBLAS GemmEx), a
            batch of same-shape matrices, tall ones transposed.
@@ -44,6 +50,7 @@ Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
@@ -385,13 +392,16 @@ __host__ __device__ inline NewtonAction newton_decide(NewtonState& s, double r) 
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
 // TF32 or bf16, fp32 sums): they run in CI, where the GPU versions cannot, and --study measures with them.
 
-enum Prec { PREC_FP32, PREC_3XTF32, PREC_TF32, PREC_BF16 };
+// PREC_3XTF32_2ACC: 3xTF32 as versions 3 and 4 run it on mma.sync: a_hi b_hi into one accumulator, the two cross
+// terms into a second, k-step by k-step, the two added at the end (the 3xTF32 of version 1 is one GEMM, K = 3n)
+enum Prec { PREC_FP32, PREC_3XTF32, PREC_TF32, PREC_BF16, PREC_3XTF32_2ACC };
 static const char* prec_name(Prec p) {
-    return p == PREC_FP32 ? "fp32" : p == PREC_3XTF32 ? "3xtf32" : p == PREC_TF32 ? "tf32" : "bf16";
+    return p == PREC_FP32 ? "fp32" : p == PREC_3XTF32 ? "3xtf32" : p == PREC_TF32 ? "tf32" : p == PREC_BF16 ? "bf16"
+                                                                                                    : "3xtf32 2acc";
 }
 
 static float round_prec(float x, Prec p) {
-    if (p == PREC_FP32 || p == PREC_3XTF32 || !std::isfinite(x)) return x;
+    if (p == PREC_FP32 || p == PREC_3XTF32 || p == PREC_3XTF32_2ACC || !std::isfinite(x)) return x;
     uint32_t u;
     memcpy(&u, &x, 4);
     if (p == PREC_TF32) u = (u + 0x1000u) & ~0x1FFFu;           // 10 mantissa bits, ties away (cvt.rna.tf32)
@@ -411,9 +421,12 @@ static float round_toward_zero(double v) {
 // of a_hi b_hi, a_hi b_lo and a_lo b_hi (hi = TF32 rounding, lo = TF32 rounding of the rest), as version 1 runs it
 // (one GEMM with K = 3n), modelled as tensor cores are measured to add: 8 exact products at a time, added to the
 // fp32 accumulator with truncation (round toward zero), not rounding: the error grows like K u, not sqrt(K) u.
-static void matmul_f(int n, const float* A, const float* B, float* C, Prec prec) {
+// 3xTF32 2acc: the same groups of 8, a_hi b_hi into one accumulator and the cross terms into another (versions 3
+// and 4). lower: only the lower triangle is computed and mirrored (versions 3 and 4; every iterate is a symmetric
+// polynomial in A in exact arithmetic).
+static void matmul_f(int n, const float* A, const float* B, float* C, Prec prec, bool lower = false) {
     size_t nn = (size_t)n * n;
-    bool split = prec == PREC_3XTF32;
+    bool split = prec == PREC_3XTF32 || prec == PREC_3XTF32_2ACC;
     Prec r = split ? PREC_TF32 : prec;
     MatF ah(nn), bh(nn), al(split ? nn : 0), bl(split ? nn : 0);
     for (size_t i = 0; i < nn; i++) {
@@ -425,30 +438,45 @@ static void matmul_f(int n, const float* A, const float* B, float* C, Prec prec)
         }
     }
     std::fill(C, C + nn, 0.0f);
-    if (split) {
+    auto group = [&](const MatF& a, const MatF& b, int i, int j, int k0) {
+        double g = 0.0;  // products of 11-bit significands: exact in double
+        for (int k = k0; k < std::min(n, k0 + 8); k++) g += (double)a[(size_t)i * n + k] * b[(size_t)k * n + j];
+        return g;
+    };
+    if (prec == PREC_3XTF32) {
         const MatF* as[3] = {&ah, &ah, &al};
         const MatF* bs[3] = {&bh, &bl, &bh};
         for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++) {
+            for (int j = 0; j <= (lower ? i : n - 1); j++) {
                 float acc = 0.0f;
                 for (int part = 0; part < 3; part++)
-                    for (int k0 = 0; k0 < n; k0 += 8) {
-                        double group = 0.0;  // products of 11-bit significands: exact in double
-                        for (int k = k0; k < std::min(n, k0 + 8); k++)
-                            group += (double)(*as[part])[(size_t)i * n + k] * (*bs[part])[(size_t)k * n + j];
-                        acc = round_toward_zero((double)acc + group);
-                    }
+                    for (int k0 = 0; k0 < n; k0 += 8)
+                        acc = round_toward_zero((double)acc + group(*as[part], *bs[part], i, j, k0));
                 C[(size_t)i * n + j] = acc;
             }
-        return;
+    } else if (prec == PREC_3XTF32_2ACC) {
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j <= (lower ? i : n - 1); j++) {
+                float big = 0.0f, small = 0.0f;
+                for (int k0 = 0; k0 < n; k0 += 8) {
+                    small = round_toward_zero((double)small + group(al, bh, i, j, k0));
+                    small = round_toward_zero((double)small + group(ah, bl, i, j, k0));
+                    big = round_toward_zero((double)big + group(ah, bh, i, j, k0));
+                }
+                C[(size_t)i * n + j] = big + small;
+            }
+    } else {
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < n; k++) {
+                float aik = ah[(size_t)i * n + k];
+                const float* bk = &bh[(size_t)k * n];
+                float* ci = C + (size_t)i * n;
+                for (int j = 0; j < n; j++) ci[j] = fmaf(aik, bk[j], ci[j]);
+            }
     }
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < n; k++) {
-            float aik = ah[(size_t)i * n + k];
-            const float* bk = &bh[(size_t)k * n];
-            float* ci = C + (size_t)i * n;
-            for (int j = 0; j < n; j++) ci[j] = fmaf(aik, bk[j], ci[j]);
-        }
+    if (lower)
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++) C[(size_t)i * n + j] = C[(size_t)j * n + i];
 }
 
 static double frob_minus_identity(int n, const float* M) {
@@ -462,18 +490,43 @@ static double frob_minus_identity(int n, const float* M) {
 }
 
 // P = Y^p (p = 1, 2, 4) by squaring
-static void matpow_f(int n, int p, const float* Y, float* P, Prec prec) {
+static void matpow_f(int n, int p, const float* Y, float* P, Prec prec, bool lower) {
     if (p == 1) { std::copy(Y, Y + (size_t)n * n, P); return; }
-    matmul_f(n, Y, Y, P, prec);
+    matmul_f(n, Y, Y, P, prec, lower);
     if (p == 4) {
         MatF t(P, P + (size_t)n * n);
-        matmul_f(n, t.data(), t.data(), P, prec);
+        matmul_f(n, t.data(), t.data(), P, prec, lower);
     }
+}
+
+// One step in the form T = I + D (D = (I - M) / p), products in TF32: X <- X + X D; unless last, E = T^p - I
+// (p = 2: 2 D + D D; p = 4: E2 = 2 D + D D, E = 2 E2 + E2 E2) and M <- M + E M. D, E and W are scratch.
+// --study: below ||M - I||_F = 0.1 within the 3xTF32 tolerance, below 0.2 not (dev/matrix_roots_NOTES.md).
+static void newton_step_tf32_delta(int n, int p, float* X, MatF& M, MatF& D, MatF& E, MatF& W, bool lower,
+                                   bool last) {
+    size_t nn = (size_t)n * n;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) D[(size_t)i * n + j] = ((i == j ? 1.0f : 0.0f) - M[(size_t)i * n + j]) / (float)p;
+    matmul_f(n, X, D.data(), W.data(), PREC_TF32, lower);
+    for (size_t e = 0; e < nn; e++) X[e] += W[e];
+    if (last) return;
+    E = D;
+    for (int q = 1; q < p; q *= 2) {  // E <- 2 E + E E: (I + E)^2 - I
+        matmul_f(n, E.data(), E.data(), W.data(), PREC_TF32, lower);
+        for (size_t e = 0; e < nn; e++) E[e] = 2.0f * E[e] + W[e];
+    }
+    matmul_f(n, E.data(), M.data(), W.data(), PREC_TF32, lower);
+    for (size_t e = 0; e < nn; e++) M[e] += W[e];
 }
 
 // The coupled Newton iteration of versions 1 and 2 on the CPU, products in prec. extra: full steps taken after the
 // stopping rule says stop, as version 1 does to the matrices of a batch that converge before the slowest one.
-static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X, Prec prec, int extra = 0) {
+// lower: every product computes its lower triangle and mirrors it (versions 3 and 4).
+// tf32_below > 0 (--study only; no GPU version does it): once ||M - I||_F < tf32_below, steps in the form
+// T = I + D, X <- X + X D, M <- M + (T^p - I) M, every product in plain TF32: their rounding is relative to ||D||,
+// not to ||X|| or ||M||. *tf32_steps counts them.
+static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X, Prec prec, int extra = 0,
+                              bool lower = false, double tf32_below = 0.0, int* tf32_steps = nullptr) {
     size_t nn = (size_t)n * n;
     MatF Areg(A, A + nn), M(nn), T(nn), Tp(nn), W(nn);
     for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
@@ -494,14 +547,21 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
             act = NEWTON_STEP;
             extra--;
         }
+        if (s.r < tf32_below) {
+            newton_step_tf32_delta(n, p, X, M, T, Tp, W, lower, act == NEWTON_LAST);
+            if (tf32_steps) ++*tf32_steps;
+            if (act == NEWTON_LAST) break;
+            s.iters++;
+            continue;
+        }
         for (int i = 0; i < n; i++)
             for (int j = 0; j < n; j++)
                 T[(size_t)i * n + j] = ((i == j ? (float)(p + 1) : 0.0f) - M[(size_t)i * n + j]) / (float)p;
-        matmul_f(n, X, T.data(), W.data(), prec);
+        matmul_f(n, X, T.data(), W.data(), prec, lower);
         std::copy(W.begin(), W.end(), X);
         if (act == NEWTON_LAST) break;
-        matpow_f(n, p, T.data(), Tp.data(), prec);
-        matmul_f(n, Tp.data(), M.data(), W.data(), prec);
+        matpow_f(n, p, T.data(), Tp.data(), prec, lower);
+        matmul_f(n, Tp.data(), M.data(), W.data(), prec, lower);
         M.swap(W);
         s.iters++;
     }
@@ -783,7 +843,7 @@ static void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
-              WS_NS_A, WS_NS_B, WS_STATUS, WS_COUNT };
+              WS_NS_A, WS_NS_B, WS_STATUS, WS_COOP_SUMS, WS_COUNT };
 static void* g_ws[WS_COUNT] = {};
 static size_t g_ws_bytes[WS_COUNT] = {};
 static void* ws_get(WsSlot slot, size_t bytes) {
@@ -887,10 +947,13 @@ __global__ void newton_init_kernel(float* M, float* X, const double* sums, int n
     }
 }
 
-// host twin of the TF32 rounding below (the same bits: cvt.rna.tf32.f32, 10 mantissa bits, ties away from zero)
-__device__ __forceinline__ float tf32_rna(float x) {
-    uint32_t u = __float_as_uint(x);
-    return __uint_as_float((u + 0x1000u) & ~0x1FFFu);
+// the bits of cvt.rna.tf32.f32 (10 mantissa bits, ties away from zero), as round_prec's PREC_TF32 on the host
+__host__ __device__ __forceinline__ float tf32_rna(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x1000u) & ~0x1FFFu;
+    memcpy(&x, &u, 4);
+    return x;
 }
 
 // 3xTF32 operands of C = A B (n x n each): A3 = [A_hi | A_hi | A_lo] (n x 3n), B3 = [B_hi; B_lo; B_hi] (3n x n),
@@ -1100,27 +1163,26 @@ __device__ void smem_matmul(const float* A, const float* B, float* dst, int n) {
     __syncthreads();
 }
 
-// Loads M = A + eps I into shared memory (zero padding), zeroes X, and returns ||M||_F^2 (block-wide).
-template <int NP>
-__device__ float v2_load(const float* Ab, float* Ms, float* Xs, int n, float eps, float* red) {
-    constexpr int LD = NP + 1;
+// Loads M = A + eps I into shared memory (row stride LD, zero padding), zeroes X, and returns ||M||_F^2 (block-wide).
+// Versions 2 and 3.
+template <int NP, int LD, int THREADS>
+__device__ float fused_load(const float* Ab, float* Ms, float* Xs, int n, float eps, float* red) {
     float sq = 0.0f;
-    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {
+    for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
         int i = e / NP, j = e % NP;
         float v = (i < n && j < n) ? Ab[i * n + j] + (i == j ? eps : 0.0f) : 0.0f;
         Ms[i * LD + j] = v;
         Xs[i * LD + j] = 0.0f;
         sq = fmaf(v, v, sq);
     }
-    return block_sum<v2_threads<NP>()>(sq, red);
+    return block_sum<THREADS>(sq, red);
 }
 
 // T = ((p + 1) I - M) / p (zero in the padding); returns ||M - I||_F (block-wide; its barrier publishes T).
-template <int NP>
-__device__ float v2_residual_and_T(const float* Ms, float* Ts, int n, int p, float* red) {
-    constexpr int LD = NP + 1;
+template <int NP, int LD, int THREADS>
+__device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, float* red) {
     float r2 = 0.0f, inv_p = 1.0f / (float)p;
-    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {
+    for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
         int i = e / NP, j = e % NP;
         float t = 0.0f;
         if (i < n && j < n) {
@@ -1130,7 +1192,7 @@ __device__ float v2_residual_and_T(const float* Ms, float* Ts, int n, int p, flo
         }
         Ts[i * LD + j] = t;
     }
-    return sqrtf(block_sum<v2_threads<NP>()>(r2, red));
+    return sqrtf(block_sum<THREADS>(r2, red));
 }
 
 // One block per matrix (blockIdx.x); status[b] = steps taken, or -1 when the iteration left its convergence region.
@@ -1142,7 +1204,7 @@ newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int* stat
     __shared__ float red[33];
     float *Xs = smem, *Ms = smem + NP * LD, *Ts = smem + 2 * NP * LD;
     long long nn = (long long)n * n;
-    float nrm2 = v2_load<NP>(A + blockIdx.x * nn, Ms, Xs, n, eps, red);
+    float nrm2 = fused_load<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Ms, Xs, n, eps, red);
     float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
     for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) Ms[e / n * LD + e % n] *= z;
     for (int i = threadIdx.x; i < n; i += v2_threads<NP>()) Xs[i * LD + i] = x0;
@@ -1152,7 +1214,7 @@ newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int* stat
     s.p = p;
     s.max_iter = newton_max_iter(p, (double)z * eps);
     for (;;) {
-        NewtonAction act = newton_decide(s, v2_residual_and_T<NP>(Ms, Ts, n, p, red));
+        NewtonAction act = newton_decide(s, fused_residual_and_T<NP, LD, v2_threads<NP>()>(Ms, Ts, n, p, red));
         if (act == NEWTON_FAIL) break;
         smem_matmul<NP>(Xs, Ts, Xs, n);  // X <- X T
         if (act == NEWTON_LAST) break;
@@ -1194,7 +1256,7 @@ static const char* launch_v2(const float* A, float* X, int batch, int n, int p, 
 }
 
 // Returns nullptr, or why this size cannot run here (n > 128, or the device's shared memory). The per-matrix
-// status (steps, -1 = failed) and final ||M - I||_F stay on the device: v2_status() reads them.
+// status (steps, -1 = failed) and final ||M - I||_F stay on the device: newton_status() reads them.
 static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p, float eps) {
     check_root_args("inv_root_v2", A, X, batch, n, p, eps);
     int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
@@ -1204,11 +1266,530 @@ static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p
     if (n <= 128) return launch_v2<128>(A, X, batch, n, p, eps, status, res);
     return "version 2 runs n <= 128 only";
 }
-static void v2_status(int batch, std::vector<int>& steps, std::vector<float>& r) {
+// versions 2, 3 and 4: the per-matrix steps (-1: left the convergence region) and final ||M - I||_F
+static void newton_status(int batch, std::vector<int>& steps, std::vector<float>& r) {
     std::vector<char> h(batch * (sizeof(int) + sizeof(float)));
     copy_to_host(h.data(), g_ws[WS_STATUS], h.size());
     steps.assign((int*)h.data(), (int*)h.data() + batch);
     r.assign((float*)(h.data() + batch * sizeof(int)), (float*)(h.data() + batch * sizeof(int)) + batch);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// 3xTF32 on mma.sync, shared by versions 3 and 4: a warp's 32 x 32 output tile, one k-step of 8 at a time, operands
+// read in fp32 from shared memory and split in registers (hi = TF32 rounding, lo = TF32 rounding of the rest, as
+// split3_kernel does); a_hi b_hi goes into one accumulator, a_lo b_hi + a_hi b_lo into a second (whose rounding is
+// relative to the small terms), the two added at the end: the CPU twin's PREC_3XTF32_2ACC.
+// mma.sync.m16n8k8 fragments (g = lane / 4, t = lane % 4; the table of dev/matmul.cu's mma_tf32_16x8x8):
+// a0 (g, t) a1 (g + 8, t) a2 (g, t + 4) a3 (g + 8, t + 4); b0 (k = t, n = g) b1 (k = t + 4, n = g);
+// c0 (g, 2t) c1 (g, 2t + 1) c2 (g + 8, 2t) c3 (g + 8, 2t + 1).
+
+// a warp tile: MI x 4 mma tiles of 16 x 8 = (16 MI) x 32; version 3 uses MI = 1, version 4 MI = 2
+constexpr int TC_NI = 4;
+
+template <int MI> struct TcFrags {
+    uint32_t ah[MI][4], al[MI][4], bh[TC_NI][2], bl[TC_NI][2];
+};
+
+__host__ __device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
+    float h = tf32_rna(x), l = tf32_rna(x - h);
+    memcpy(&hi, &h, 4);
+    memcpy(&lo, &l, 4);
+}
+
+// One lane's fragments of the k-step k0 .. k0 + 7 of A (the warp tile's 16 MI rows) and B (its 32 columns):
+// A(i, k) = As[i * lda + k], B(k, j) = Bs[k * ldb + j]. Host and device: --test emulates a warp with it.
+template <int MI>
+__host__ __device__ __forceinline__ void tc_load_frags(int lane, const float* As, int lda, const float* Bs, int ldb,
+                                                       int k0, TcFrags<MI>& f) {
+    int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+        const float* a = As + (mi * 16 + g) * lda + k0 + t;
+        tf32_split(a[0], f.ah[mi][0], f.al[mi][0]);
+        tf32_split(a[8 * lda], f.ah[mi][1], f.al[mi][1]);
+        tf32_split(a[4], f.ah[mi][2], f.al[mi][2]);
+        tf32_split(a[8 * lda + 4], f.ah[mi][3], f.al[mi][3]);
+    }
+#pragma unroll
+    for (int ni = 0; ni < TC_NI; ni++) {
+        const float* b = Bs + (k0 + t) * ldb + ni * 8 + g;
+        tf32_split(b[0], f.bh[ni][0], f.bl[ni][0]);
+        tf32_split(b[4 * ldb], f.bh[ni][1], f.bl[ni][1]);
+    }
+}
+
+// the warp tile's row and column of accumulator register r of mma tile (mi, ni) in lane
+__host__ __device__ __forceinline__ void tc_acc_coords(int lane, int mi, int ni, int r, int& row, int& col) {
+    row = mi * 16 + lane / 4 + (r >= 2 ? 8 : 0);
+    col = ni * 8 + 2 * (lane % 4) + (r & 1);
+}
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <int MI> using TcAcc = float[MI][TC_NI][4];
+
+// big, small += the warp tile's A B over k in [0, kn), kn a multiple of 8 (operands zero-padded to it). UNROLL 2
+// overlaps a k-step's shared loads with the previous one's mma (version 3; version 4 has no registers to spare).
+template <int MI, int UNROLL>
+__device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const float* Bs, int ldb, int kn,
+                                             TcAcc<MI>& big, TcAcc<MI>& small) {
+    int lane = threadIdx.x % 32;
+#pragma unroll UNROLL
+    for (int k0 = 0; k0 < kn; k0 += 8) {
+        TcFrags<MI> f;
+        tc_load_frags<MI>(lane, As, lda, Bs, ldb, k0, f);
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < TC_NI; ni++) {
+                mma_tf32(small[mi][ni], f.al[mi], f.bh[ni]);
+                mma_tf32(small[mi][ni], f.ah[mi], f.bl[ni]);
+                mma_tf32(big[mi][ni], f.ah[mi], f.bh[ni]);
+            }
+    }
+}
+
+namespace cg = cooperative_groups;
+
+// Tile t of the lower triangle (versions 3 and 4, syrk_lower), row by row: (0,0), (1,0), (1,1), (2,0), ...
+__host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
+    int i = (int)((sqrtf(8.0f * (float)t + 1.0f) - 1.0f) * 0.5f);
+    while ((i + 1) * (i + 2) / 2 <= t) i++;  // float rounding of the square root, either way
+    while (i * (i + 1) / 2 > t) i--;
+    bi = i;
+    bj = t - i * (i + 1) / 2;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 3: version 2's fused iteration on tensor cores. The same shared-memory matrices (row stride NP + 4: the A
+// fragment reads hit 32 distinct banks, the B reads are two-way), 3xTF32 mma.sync, a warp per 16 x 32 unit of the
+// lower triangle of each product, mirrored (every iterate is a symmetric polynomial in A: 20 units of 32 at
+// NP = 128; the CPU twin measures what the mirroring costs, --study). 16-row units rather than 32 x 32 tiles: a
+// block's warps share the SM's 4 sub-partitions, and the busiest one sets the time (10 units per block: 3 on the
+// busiest, 1.5 tiles' work; 5 tiles of 32 x 32 would put 2 tiles on it). On sm_90 a cluster of CL = 2 blocks per
+// matrix: each block keeps a full copy of X, M and T, computes half of the units of each product and writes them to
+// its own and to its partner's shared memory (64 matrices fill 128 SMs). Both blocks compute the residual from
+// identical copies in the same order, so they take the same decisions.
+// FLOPs per step (p = 4, n = 128): 4 products of 20/32 x 2 n^3 = 10.5 MFLOP, 3 mma passes each.
+
+template <int NP, int CL> struct V3Cfg {
+    static_assert(NP % 32 == 0, "16 x 32 warp units");
+    // row band r (16 rows) needs the column blocks c (32 columns) with 32 c <= 16 r + 15: r / 2 + 1 of them
+    static constexpr int LD = NP + 4, BANDS = NP / 16, UNITS = BANDS / 2 * (BANDS / 2 + 1);
+    static constexpr int WARPS = (UNITS + CL - 1) / CL, THREADS = WARPS * 32;  // a warp per unit of its block
+    static constexpr size_t SMEM = 3ull * NP * LD * sizeof(float);
+};
+
+// unit u of the lower triangle, band by band: rows 16 r .. 16 r + 15, columns 32 c .. 32 c + 31
+__host__ __device__ inline void v3_unit(int u, int& r, int& c) {
+    r = 0;
+    while (u >= r / 2 + 1) {
+        u -= r / 2 + 1;
+        r++;
+    }
+    c = u;
+}
+
+// a barrier over the blocks of one matrix: the block, or its cluster (sm_90; the host launches CL = 2 nowhere else)
+template <int CL> __device__ __forceinline__ void v3_sync() {
+    if constexpr (CL == 1) {
+        __syncthreads();
+    } else {
+#if __CUDA_ARCH__ >= 900
+        cg::this_cluster().sync();
+#else
+        __trap();
+#endif
+    }
+}
+
+// the partner block's address of this block's shared-memory pointer (CL = 2), else nullptr
+template <int CL> __device__ __forceinline__ float* v3_partner(float* ptr, int rank) {
+    if constexpr (CL == 1) {
+        return nullptr;
+    } else {
+#if __CUDA_ARCH__ >= 900
+        return cg::this_cluster().map_shared_rank(ptr, rank ^ 1);
+#else
+        __trap();
+        return nullptr;
+#endif
+    }
+}
+
+// dst = A B (NP x NP in shared memory, k < kn summed: the padding is zero): this block's lower units, each element on
+// or below the diagonal written to (i, j) and (j, i). dst may be A or B: every block of the matrix has read its
+// operands (barrier) before anything is written. partner_dst: dst in the partner's shared memory (CL = 2).
+template <int NP, int CL>
+__device__ void v3_matmul(const float* A, const float* B, float* dst, float* partner_dst, int n, int kn, int rank) {
+    using C = V3Cfg<NP, CL>;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = rank * C::WARPS + warp, br = 0, bc = 0;
+    bool mine = unit < C::UNITS;
+    if (mine) v3_unit(unit, br, bc);
+    int row0 = br * 16, col0 = bc * 32;
+    TcAcc<1> big = {}, small = {};
+    if (mine && row0 < n) tc_warp_tile<1, 2>(A + row0 * C::LD, C::LD, B + col0, C::LD, kn, big, small);
+    v3_sync<CL>();
+    if (mine) {
+#pragma unroll
+        for (int ni = 0; ni < TC_NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int i, j;
+                tc_acc_coords(lane, 0, ni, r, i, j);
+                i += row0;
+                j += col0;
+                if (i < j) continue;  // the upper element is its mirror's
+                float v = big[0][ni][r] + small[0][ni][r];
+                dst[i * C::LD + j] = v;
+                dst[j * C::LD + i] = v;
+                if constexpr (CL > 1) {
+                    partner_dst[i * C::LD + j] = v;
+                    partner_dst[j * C::LD + i] = v;
+                }
+            }
+    }
+    v3_sync<CL>();
+}
+
+// One matrix per CL blocks (blockIdx.x / CL; rank blockIdx.x % CL: a 1-D grid's clusters are consecutive blocks).
+// status[b] = steps taken, or -1 when the iteration left its convergence region.
+template <int NP, int CL>
+__global__ void __launch_bounds__(V3Cfg<NP, CL>::THREADS)
+newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int* status, float* residual) {
+    using C = V3Cfg<NP, CL>;
+    extern __shared__ __align__(16) float smem[];
+    __shared__ float red[33];
+    float *Xs = smem, *Ms = smem + NP * C::LD, *Ts = smem + 2 * NP * C::LD;
+    int b = blockIdx.x / CL, rank = blockIdx.x % CL;
+    float *pX = v3_partner<CL>(Xs, rank), *pM = v3_partner<CL>(Ms, rank), *pT = v3_partner<CL>(Ts, rank);
+    long long nn = (long long)n * n;
+    float nrm2 = fused_load<NP, C::LD, C::THREADS>(A + b * nn, Ms, Xs, n, eps, red);
+    float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
+    for (int e = threadIdx.x; e < n * n; e += C::THREADS) Ms[e / n * C::LD + e % n] *= z;
+    for (int i = threadIdx.x; i < n; i += C::THREADS) Xs[i * C::LD + i] = x0;
+    __syncthreads();
+    int kn = (n + 7) / 8 * 8;
+    NewtonState s;
+    s.n = n;
+    s.p = p;
+    s.max_iter = newton_max_iter(p, (double)z * eps);
+    for (;;) {
+        NewtonAction act = newton_decide(s, fused_residual_and_T<NP, C::LD, C::THREADS>(Ms, Ts, n, p, red));
+        if (act == NEWTON_FAIL) break;
+        v3_matmul<NP, CL>(Xs, Ts, Xs, pX, n, kn, rank);  // X <- X T
+        if (act == NEWTON_LAST) break;
+        if (p >= 2) v3_matmul<NP, CL>(Ts, Ts, Ts, pT, n, kn, rank);
+        if (p == 4) v3_matmul<NP, CL>(Ts, Ts, Ts, pT, n, kn, rank);
+        v3_matmul<NP, CL>(Ts, Ms, Ms, pM, n, kn, rank);  // M <- T^p M
+        s.iters++;
+    }
+    for (int e = rank * C::THREADS + threadIdx.x; e < n * n; e += CL * C::THREADS)  // the blocks share the store
+        X[b * nn + e] = Xs[e / n * C::LD + e % n];
+    if (rank == 0 && threadIdx.x == 0) {
+        status[b] = s.failed ? -1 : s.iters;
+        residual[b] = (float)s.r;
+    }
+    v3_sync<CL>();  // no block leaves while its partner may still address its shared memory
+}
+
+template <int NP, int CL>
+static const char* launch_v3(const float* A, float* X, int batch, int n, int p, float eps, int* status, float* res) {
+    using C = V3Cfg<NP, CL>;
+    static bool configured = false;
+    static const char* why_not = nullptr;
+    static char why_buf[200];
+    auto kernel = newton_tc_kernel<NP, CL>;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(batch * CL);
+    cfg.blockDim = dim3(C::THREADS);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = g_stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = CL > 1 ? 1 : 0;
+    if (!configured) {
+        cudaFuncAttributes fa;
+        cudaCheck(cudaFuncGetAttributes(&fa, kernel));
+        size_t need = C::SMEM + fa.sharedSizeBytes;
+        if (CL > 1 && g_gpu.cc_major < 9) {
+            why_not = "clusters of blocks need sm_90";
+        } else if (need > g_gpu.smem_optin) {
+            snprintf(why_buf, sizeof why_buf, "n <= %d needs %zu bytes of shared memory per block, this GPU allows %zu",
+                     NP, need, g_gpu.smem_optin);
+            why_not = why_buf;
+        } else {
+            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+            int clusters = 1;
+            if (CL > 1) cudaCheck(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+            if (clusters < 1) why_not = "no cluster of 2 blocks with this much shared memory fits this GPU";
+        }
+        configured = true;
+    }
+    if (why_not) return why_not;
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, A, X, n, p, eps, status, res));
+    return nullptr;
+}
+
+// Returns nullptr, or why this size cannot run here. blocks_per_matrix: 0 = 2 where clusters exist (sm_90, n > 32),
+// else 1; 1 = one block (the path of sm_80). Status as version 2's (newton_status).
+static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p, float eps,
+                               int blocks_per_matrix = 0) {
+    check_root_args("inv_root_v3", A, X, batch, n, p, eps);
+    int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
+    float* res = (float*)(status + batch);
+    bool pair = blocks_per_matrix != 1 && g_gpu.cc_major >= 9;
+    if (n <= 32) return launch_v3<32, 1>(A, X, batch, n, p, eps, status, res);
+    if (n <= 64) return pair ? launch_v3<64, 2>(A, X, batch, n, p, eps, status, res)
+                             : launch_v3<64, 1>(A, X, batch, n, p, eps, status, res);
+    if (n <= 128) return pair ? launch_v3<128, 2>(A, X, batch, n, p, eps, status, res)
+                              : launch_v3<128, 1>(A, X, batch, n, p, eps, status, res);
+    return "version 3 runs n <= 128 only";
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// version 4: the whole iteration of one matrix of any size in one cooperative kernel: blocks stay resident and meet
+// at grid-wide barriers between the phases (the residual and T; the products), so no host decision and no launch
+// per product. Each product computes only the 64 x 64 tiles of its lower triangle and mirrors them: every iterate is
+// a symmetric polynomial in A (half the FLOPs; --study measures what the mirroring costs in accuracy). Products of a
+// step that do not depend on each other share a phase (X T with T T); a phase of one product runs column halves of
+// its tiles (as many work items). 3xTF32 mma.sync (above), 4 warps of 32 x 32 (16 x 32 for halves), 32-deep panels
+// staged in shared memory through registers (the next panel's loads in flight during the mma).
+// FLOPs per step (p = 4): 4 half products of 2 n^3 = 4.3 GFLOP at n = 1024, 3 mma passes each.
+
+constexpr int V4_BT = 64, V4_BK = 32, V4_THREADS = 128, V4_LDA = V4_BK + 4, V4_LDB = V4_BT + 8, V4_SLOTS = 256;
+static_assert(V4_BT * V4_BK % V4_THREADS == 0, "the panels split evenly over the threads");
+static_assert(V4_LDA % 32 == 4 && V4_LDB % 32 == 8, "conflict-free A reads (g * lda + t) and B reads (t * ldb + g)");
+
+struct V4Product { const float* A; const float* B; float* C; };
+
+// ld.global.cg on the device (L2: other blocks wrote the operands during this kernel, and L1 is not coherent); the
+// CPU emulation in --test runs the same index code with plain loads
+__host__ __device__ __forceinline__ float load_cg(const float* p) {
+#ifdef __CUDA_ARCH__
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
+// One thread's share of a pair of panels: A rows row0 .. row0 + 63, B columns col0 .. col0 + COLS - 1, k0 .. k0 + 31
+// (zero outside n). A: lanes along k, rows ai + q RA_STEP; B: lanes along the columns, rows bk + q RB_STEP.
+template <int COLS> struct V4Panels {
+    static constexpr int PER_A = V4_BT * V4_BK / V4_THREADS, PER_B = COLS * V4_BK / V4_THREADS;
+    static constexpr int RA_STEP = V4_THREADS / V4_BK, RB_STEP = V4_THREADS / COLS;
+    float ra[PER_A], rb[PER_B];
+    __host__ __device__ __forceinline__ void fetch(const V4Product& pr, int n, int row0, int col0, int tid, int k0) {
+        int ai = tid / V4_BK, ak = tid % V4_BK, bk = tid / COLS, cj = tid % COLS;
+        const float* pa = pr.A + (long long)(row0 + ai) * n + k0 + ak;
+        const float* pb = pr.B + (long long)(k0 + bk) * n + col0 + cj;
+#pragma unroll
+        for (int q = 0; q < PER_A; q++)
+            ra[q] = row0 + ai + q * RA_STEP < n && k0 + ak < n ? load_cg(pa + (long long)q * RA_STEP * n) : 0.0f;
+#pragma unroll
+        for (int q = 0; q < PER_B; q++)
+            rb[q] = k0 + bk + q * RB_STEP < n && col0 + cj < n ? load_cg(pb + (long long)q * RB_STEP * n) : 0.0f;
+    }
+    __host__ __device__ __forceinline__ void stash(int tid, float* As, float* Bs) const {
+        int ai = tid / V4_BK, ak = tid % V4_BK, bk = tid / COLS, cj = tid % COLS;
+#pragma unroll
+        for (int q = 0; q < PER_A; q++) As[(ai + q * RA_STEP) * V4_LDA + ak] = ra[q];
+#pragma unroll
+        for (int q = 0; q < PER_B; q++) Bs[(bk + q * RB_STEP) * V4_LDB + cj] = rb[q];
+    }
+};
+
+// warp's tile inside the block tile: COLS = 64, 2 x 2 warps of 32 x 32; COLS = 32, 4 stacked warps of 16 x 32.
+// Returns false when it lies entirely above the diagonal (nothing to compute).
+template <int COLS>
+__host__ __device__ __forceinline__ bool v4_warp_tile(int warp, int row0, int col0, int& wr, int& wc) {
+    constexpr int WM = COLS == 64 ? 32 : 16, WARPS_N = COLS / 32;
+    wr = warp / WARPS_N * WM;
+    wc = warp % WARPS_N * 32;
+    return row0 + wr + WM - 1 >= col0 + wc;
+}
+
+// element (i, j) of the warp's tile (from tc_acc_coords) into C at (gi, gj) and (gj, gi), on and below the diagonal
+__host__ __device__ __forceinline__ void v4_store(float* C, int n, int gi, int gj, float v) {
+    if (gi >= n || gj >= n || gi < gj) return;  // the upper element is its mirror's
+    C[(long long)gi * n + gj] = v;
+    if (gi != gj) C[(long long)gj * n + gi] = v;
+}
+
+// Tile (bi, bj), bj <= bi, of C = A B (n x n, row-major), or (COLS = 32) its column half `half`: the elements on and
+// below the diagonal, each written to (i, j) and (j, i). COLS = 64 for phases of two products; COLS = 32 for a
+// single product (twice the work items, each element's arithmetic the same).
+template <int COLS>
+__device__ void v4_tile(const V4Product& pr, int n, int bi, int bj, int half, float* As, float* Bs) {
+    static_assert(COLS == 64 || COLS == 32, "whole tiles or column halves");
+    constexpr int MI = COLS == 64 ? 2 : 1;
+    int row0 = bi * V4_BT, col0 = bj * V4_BT + half * COLS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr, wc;
+    bool needed = v4_warp_tile<COLS>(warp, row0, col0, wr, wc);
+    TcAcc<MI> big = {}, small = {};
+    V4Panels<COLS> next;
+    next.fetch(pr, n, row0, col0, threadIdx.x, 0);
+    for (int k0 = 0; k0 < n; k0 += V4_BK) {
+        __syncthreads();  // the previous panel is read
+        next.stash(threadIdx.x, As, Bs);
+        __syncthreads();
+        if (k0 + V4_BK < n) next.fetch(pr, n, row0, col0, threadIdx.x, k0 + V4_BK);  // in flight during the mma
+        int kn = min(V4_BK, (n - k0 + 7) / 8 * 8);
+        if (needed) tc_warp_tile<MI, 1>(As + wr * V4_LDA, V4_LDA, Bs + wc, V4_LDB, kn, big, small);
+    }
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < TC_NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int i, j;
+                tc_acc_coords(lane, mi, ni, r, i, j);
+                v4_store(pr.C, n, row0 + wr + i, col0 + wc + j, big[mi][ni][r] + small[mi][ni][r]);
+            }
+}
+
+// The lower tiles of two products (whole tiles), or of one (second.C == nullptr: column halves), over the grid
+__device__ void v4_phase(const V4Product& first, const V4Product& second, int n, float* As, float* Bs) {
+    int tiles_1d = (n + V4_BT - 1) / V4_BT, tiles = tiles_1d * (tiles_1d + 1) / 2;
+    for (int t = blockIdx.x; t < 2 * tiles; t += gridDim.x) {
+        int bi, bj;
+        lower_tile(t % tiles, bi, bj);
+        if (second.C) v4_tile<64>(t < tiles ? first : second, n, bi, bj, 0, As, Bs);
+        else v4_tile<32>(first, n, bi, bj, t / tiles, As, Bs);
+    }
+}
+
+// *sum += the block's v (double)
+__device__ void v4_block_add(double v, double* sum, double* red) {
+    v = warp_sum_d(v);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int w = 0; w < V4_THREADS / 32; w++) s += red[w];
+        atomicAdd(sum, s);
+    }
+    __syncthreads();
+}
+
+// One matrix (n x n). Buffers (n x n each): X (the output), Xb, M0, M1, T, P, Q; sums: V4_SLOTS zeros (slot 0
+// ||A + eps I||_F^2, slot 1 + k the residual before step k). Every block takes the same decisions from the same sums.
+__global__ void __launch_bounds__(V4_THREADS)
+newton_coop_kernel(const float* A, float* X, float* Xb, float* M0, float* M1, float* T, float* P, float* Q,
+                   double* sums, int n, int p, float eps, int* status, float* residual) {
+    cg::grid_group grid = cg::this_grid();
+    __shared__ __align__(16) float As[V4_BT * V4_LDA], Bs[V4_BK * V4_LDB];
+    __shared__ double red[V4_THREADS / 32];
+    long long nn = (long long)n * n, first = blockIdx.x * (long long)blockDim.x + threadIdx.x,
+              stride = (long long)gridDim.x * blockDim.x;
+    double sq = 0.0;
+    for (long long e = first; e < nn; e += stride) {
+        float v = A[e] + (e / n == e % n ? eps : 0.0f);
+        sq += (double)v * v;
+    }
+    v4_block_add(sq, sums, red);
+    grid.sync();
+    double z = (p + 1) / (2.0 * sqrt(__ldcg(sums)));  // as version 1's newton_init_kernel
+    for (long long e = first; e < nn; e += stride) {
+        bool diag = e / n == e % n;
+        M0[e] = (float)z * (A[e] + (diag ? eps : 0.0f));
+        X[e] = diag ? (float)pow(z, 1.0 / p) : 0.0f;
+    }
+    NewtonState s;
+    s.n = n;
+    s.p = p;
+    s.max_iter = min(newton_max_iter(p, z * eps), V4_SLOTS - 2);
+    float *Xc = X, *Xn = Xb, *Mc = M0, *Mn = M1, inv_p = 1.0f / (float)p, diag_t = (float)(p + 1);
+    for (;;) {
+        grid.sync();  // M (and X) complete
+        double r2 = 0.0;
+        for (long long e = first; e < nn; e += stride) {
+            bool diag = e / n == e % n;
+            float m = __ldcg(Mc + e), d = m - (diag ? 1.0f : 0.0f);
+            r2 += (double)d * d;
+            T[e] = ((diag ? diag_t : 0.0f) - m) * inv_p;
+        }
+        v4_block_add(r2, sums + 1 + s.iters, red);
+        grid.sync();
+        NewtonAction act = newton_decide(s, sqrt(__ldcg(sums + 1 + s.iters)));
+        if (act == NEWTON_FAIL) break;
+        V4Product none{nullptr, nullptr, nullptr}, other = p == 1 ? V4Product{T, Mc, Mn} : V4Product{T, T, P};
+        v4_phase(V4Product{Xc, T, Xn}, act == NEWTON_LAST ? none : other, n, As, Bs);  // X T; T M or T T
+        float* tmp = Xc;
+        Xc = Xn;
+        Xn = tmp;
+        if (act == NEWTON_LAST) break;
+        if (p >= 2) {
+            grid.sync();
+            V4Product next = p == 2 ? V4Product{P, Mc, Mn} : V4Product{P, P, Q};  // T^2 M, or (T^2)^2
+            v4_phase(next, V4Product{nullptr, nullptr, nullptr}, n, As, Bs);
+        }
+        if (p == 4) {
+            grid.sync();
+            v4_phase(V4Product{Q, Mc, Mn}, V4Product{nullptr, nullptr, nullptr}, n, As, Bs);  // T^4 M
+        }
+        tmp = Mc;
+        Mc = Mn;
+        Mn = tmp;
+        s.iters++;
+    }
+    if (Xc != X) {  // the result sits in the workspace
+        grid.sync();
+        for (long long e = first; e < nn; e += stride) X[e] = __ldcg(Xc + e);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        status[0] = s.failed ? -1 : s.iters;
+        residual[0] = (float)s.r;
+    }
+}
+
+// Returns nullptr, or why it cannot run here. One cooperative launch per matrix of the batch; status as version 2's
+// (newton_status).
+static const char* inv_root_v4(const float* A, float* X, int batch, int n, int p, float eps) {
+    check_root_args("inv_root_v4", A, X, batch, n, p, eps);
+    static int blocks_per_sm = -1;
+    int coop = 0, dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    if (!coop) return "this GPU has no cooperative launch";
+    if (blocks_per_sm < 0)
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, newton_coop_kernel, V4_THREADS, 0));
+    if (blocks_per_sm < 1) return "version 4's block does not fit an SM";
+    long long nn = (long long)n * n, bytes = nn * sizeof(float);
+    float* Xb = (float*)ws_get(WS_W, bytes);
+    float* M0 = (float*)ws_get(WS_M, bytes);
+    float* M1 = (float*)ws_get(WS_A3, bytes);
+    float* T = (float*)ws_get(WS_T, bytes);
+    float* P = (float*)ws_get(WS_T2, bytes);
+    float* Q = (float*)ws_get(WS_B3, bytes);
+    double* sums = (double*)ws_get(WS_COOP_SUMS, (size_t)batch * V4_SLOTS * sizeof(double));
+    int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
+    float* res = (float*)(status + batch);
+    cudaCheck(cudaMemsetAsync(sums, 0, (size_t)batch * V4_SLOTS * sizeof(double), g_stream));
+    // enough blocks for a phase of two products, at least one per SM, at most what stays resident
+    long long tiles_1d = ceil_div_ll(n, V4_BT), tiles = tiles_1d * (tiles_1d + 1) / 2;
+    int grid = (int)std::min<long long>((long long)blocks_per_sm * g_gpu.sms, std::max<long long>(2 * tiles,
+                                                                                                  g_gpu.sms));
+    for (int b = 0; b < batch; b++) {
+        const float* Ab = A + b * nn;
+        float* Xo = X + b * nn;
+        double* sb = sums + (size_t)b * V4_SLOTS;
+        int* st = status + b;
+        float* rb = res + b;
+        void* args[] = {(void*)&Ab, (void*)&Xo, (void*)&Xb, (void*)&M0, (void*)&M1, (void*)&T, (void*)&P, (void*)&Q,
+                        (void*)&sb, (void*)&n, (void*)&p, (void*)&eps, (void*)&st, (void*)&rb};
+        cudaCheck(cudaLaunchCooperativeKernel((void*)newton_coop_kernel, grid, V4_THREADS, args, 0, g_stream));
+    }
+    return nullptr;
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1319,15 +1900,6 @@ struct Im2colLoader {
         return x[(((long long)img * H + iy) * W + ix) * C + c];
     }
 };
-
-// Tile t of the lower triangle, row by row: (0,0), (1,0), (1,1), (2,0), ...
-__host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
-    int i = (int)((sqrtf(8.0f * (float)t + 1.0f) - 1.0f) * 0.5f);
-    while ((i + 1) * (i + 2) / 2 <= t) i++;  // float rounding of the square root, either way
-    while (i * (i + 1) / 2 > t) i--;
-    bi = i;
-    bj = t - i * (i + 1) / 2;
-}
 
 template <typename Loader>
 __device__ void syrk_load_panels(const Loader& P, float* As, float* Bs, int b, int row0, int col0, int k0, int N,
@@ -1483,13 +2055,18 @@ struct SpdCase { const char* name; double kappa; int zeros_div; };  // zeros_div
 static const SpdCase SPD_CASES[] = {{"kappa 1", 1.0, 0}, {"kappa 1e2", 1e2, 0}, {"kappa 1e4", 1e4, 0},
                                     {"kappa 1e6", 1e6, 0}, {"singular", 1e2, 4}};
 
+constexpr double STUDY_TF32_BELOW = 0.1;  // --study: ||M - I||_F below which the I + D form runs in TF32
+
 static int run_study(uint64_t seed) {
     printf("coupled Newton, CPU twin: rel err vs the float64 oracle / residual ||X^p A - I||_F / sqrt(n) / steps "
            "(fast-phase steps), A with lambda_max = 1\n");
-    printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s\n", "n", "p", "case", "eps", "kap_eff",
-           "fp32", "3xtf32", "tf32", "bf16");
+    printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s\n", "n", "p", "case",
+           "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc", "2acc lower (v3, v4)");
     Rng rng{seed};
     double worst[4][2] = {};  // fp32, 3xtf32: max rel err / tol and residual / tol
+    double extra_worst[3][2] = {};  // fp32 lower, 3xtf32 2acc, 3xtf32 2acc lower
+    double delta_worst[2] = {};     // 3xtf32 2acc lower with TF32 steps in the I + D form near convergence
+    int delta_steps[2] = {};        // TF32 steps, all steps
     for (int n : {32, 96})
         for (const SpdCase& c : SPD_CASES)
             for (float eps : {1e-6f, 1e-3f}) {
@@ -1508,6 +2085,33 @@ static int run_study(uint64_t seed) {
                         worst[prec][0] = std::max(worst[prec][0], e / t.rel);
                         worst[prec][1] = std::max(worst[prec][1], res / t.res);
                     }
+                    // versions 3 and 4's arithmetic: two accumulators, lower-triangle products mirrored
+                    for (int x = 0; x < 3; x++) {
+                        Prec prec = x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC;
+                        bool lower = x != 1;
+                        MatF X((size_t)n * n);
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower);
+                        double e = rel_err(X.size(), X.data(), o.X.data());
+                        double res = root_residual(n, p, X.data(), A.data(), eps);
+                        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
+                        RootTol t = root_tolerance(x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p,
+                                                   o.lmax / o.lmin);
+                        extra_worst[x][0] = std::max(extra_worst[x][0], e / t.rel);
+                        extra_worst[x][1] = std::max(extra_worst[x][1], res / t.res);
+                    }
+                    {
+                        MatF X((size_t)n * n);
+                        int fast = 0;
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), PREC_3XTF32_2ACC, 0, true,
+                                                   STUDY_TF32_BELOW, &fast);
+                        double e = rel_err(X.size(), X.data(), o.X.data());
+                        double res = root_residual(n, p, X.data(), A.data(), eps);
+                        RootTol t = root_tolerance(METHOD_NEWTON_3XTF32, n, p, o.lmax / o.lmin);
+                        delta_worst[0] = std::max(delta_worst[0], s.failed ? INFINITY : e / t.rel);
+                        delta_worst[1] = std::max(delta_worst[1], res / t.res);
+                        delta_steps[0] += fast;
+                        delta_steps[1] += s.iters + 1;
+                    }
                     printf("\n");
                     fflush(stdout);
                 }
@@ -1515,6 +2119,14 @@ static int run_study(uint64_t seed) {
     for (Prec prec : {PREC_FP32, PREC_3XTF32})
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", prec_name(prec),
                worst[prec][0], worst[prec][1]);
+    printf("worst over these cases, 3xtf32 2acc lower, steps below ||M - I||_F = %g in TF32 as I + D: rel err / "
+           "tolerance %.3f, residual / tolerance %.3f; %d of %d steps in TF32\n", STUDY_TF32_BELOW, delta_worst[0],
+           delta_worst[1], delta_steps[0], delta_steps[1]);
+    const char* extra_names[3] = {"fp32 lower (fp32 tol)", "3xtf32 2acc full products (3xtf32 tol)",
+                                  "3xtf32 2acc lower, versions 3 and 4 (3xtf32 tol)"};
+    for (int x = 0; x < 3; x++)
+        printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", extra_names[x],
+               extra_worst[x][0], extra_worst[x][1]);
     printf("\nNewton-Schulz, bf16 emulation vs float64: rel err, singular values of both (min, max)\n");
     struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {100, 30, 1e2}, {64, 64, 1e2}, {96, 96, 1e3},
                                                    {128, 64, 10}, {64, 64, 0}, {48, 160, 0}};
@@ -1586,13 +2198,17 @@ static void test_newton_twin(Rng& rng) {
         for (int p : {1, 2, 4}) {
             RootOracle o = oracle_inv_root(n, A.data(), eps, p);
             double kappa = o.lmax / o.lmin;
-            for (Prec prec : {PREC_FP32, PREC_3XTF32}) {
+            // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored)
+            for (int x = 0; x < 4; x++) {
+                Prec prec = x == 0 ? PREC_FP32 : x == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
+                bool lower = x == 3;
                 MatF X((size_t)n * n);
-                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower);
                 RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, kappa);
                 double e = rel_err(X.size(), X.data(), o.X.data()), res = root_residual(n, p, X.data(), A.data(), eps);
                 report(!st.failed && e <= t.rel && res <= t.res,
-                       fmt("cpu twin Newton %s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec), n, p, c.name, kappa),
+                       fmt("cpu twin Newton %s%s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec), lower ? " lower" : "",
+                           n, p, c.name, kappa),
                        fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
                            t.res));
             }
@@ -1627,7 +2243,7 @@ static void test_newton_scalar() {
     float eps = 1e-6f;
     for (float a : {2.5f, 1e-3f, 0.0f})
         for (int p : {1, 2, 4})
-            for (Prec prec : {PREC_FP32, PREC_3XTF32}) {
+            for (Prec prec : {PREC_FP32, PREC_3XTF32, PREC_3XTF32_2ACC}) {
                 RootMethod m = prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32;
                 RootOracle o = oracle_inv_root(1, &a, eps, p);
                 float x = NAN;
@@ -1639,6 +2255,215 @@ static void test_newton_scalar() {
                        fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
                            t.res));
             }
+}
+
+// Versions 3 and 4's warp tile, emulated on the CPU: the 32 lanes' fragments from tc_load_frags, an mma.sync
+// m16n8k8 that places them by the PTX table (written out here, apart from the kernels' index code), the outputs
+// where tc_acc_coords says. Every element of the warp tile must be written once and equal the float64 product of
+// the split operands (a wrong index is an O(1) error), for both versions' tiles and operand layouts (version 3:
+// 16 x 32, row stride 132 for A and B, K = 40; version 4: 32 x 32 and 16 x 32, panels of stride 36 and 72, K = 32).
+static void emulate_mma_tf32(float c[32][4], const uint32_t a[32][4], const uint32_t b[32][2]) {
+    auto f = [](uint32_t u) { float x; memcpy(&x, &u, 4); return (double)x; };
+    double Am[16][8], Bm[8][8], Cm[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        int g = lane >> 2, t = lane & 3;
+        Am[g][t] = f(a[lane][0]);
+        Am[g + 8][t] = f(a[lane][1]);
+        Am[g][t + 4] = f(a[lane][2]);
+        Am[g + 8][t + 4] = f(a[lane][3]);
+        Bm[t][g] = f(b[lane][0]);
+        Bm[t + 4][g] = f(b[lane][1]);
+        Cm[g][2 * t] = c[lane][0];
+        Cm[g][2 * t + 1] = c[lane][1];
+        Cm[g + 8][2 * t] = c[lane][2];
+        Cm[g + 8][2 * t + 1] = c[lane][3];
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < 8; k++) Cm[i][j] += Am[i][k] * Bm[k][j];
+    for (int lane = 0; lane < 32; lane++) {
+        int g = lane >> 2, t = lane & 3;
+        c[lane][0] = (float)Cm[g][2 * t];
+        c[lane][1] = (float)Cm[g][2 * t + 1];
+        c[lane][2] = (float)Cm[g + 8][2 * t];
+        c[lane][3] = (float)Cm[g + 8][2 * t + 1];
+    }
+}
+
+template <int MI>
+static void test_tc_fragments_at(Rng& rng, const char* name, int lda, int ldb, int K) {
+    const int ROWS = 16 * MI;
+    MatF As((size_t)ROWS * lda, NAN), Bs((size_t)K * ldb, NAN);  // NaN outside the tile: a stray read fails
+    for (int i = 0; i < ROWS; i++)
+        for (int k = 0; k < K; k++) As[(size_t)i * lda + k] = (float)rng.normal();
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < 32; j++) Bs[(size_t)k * ldb + j] = (float)rng.normal();
+    std::vector<float> big(MI * TC_NI * 32 * 4, 0.0f), small(big.size(), 0.0f);
+    auto acc = [&](std::vector<float>& v, int mi, int ni) { return (float(*)[4])&v[((mi * TC_NI + ni) * 32) * 4]; };
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        std::vector<TcFrags<MI>> fr(32);
+        for (int lane = 0; lane < 32; lane++) tc_load_frags<MI>(lane, As.data(), lda, Bs.data(), ldb, k0, fr[lane]);
+        for (int mi = 0; mi < MI; mi++)
+            for (int ni = 0; ni < TC_NI; ni++) {
+                uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
+                for (int lane = 0; lane < 32; lane++) {
+                    memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
+                    memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
+                    memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
+                    memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
+                }
+                emulate_mma_tf32(acc(small, mi, ni), al, bh);
+                emulate_mma_tf32(acc(small, mi, ni), ah, bl);
+                emulate_mma_tf32(acc(big, mi, ni), ah, bh);
+            }
+    }
+    std::vector<int> writes(ROWS * 32, 0);
+    double worst = 0.0;
+    for (int lane = 0; lane < 32; lane++)
+        for (int mi = 0; mi < MI; mi++)
+            for (int ni = 0; ni < TC_NI; ni++)
+                for (int r = 0; r < 4; r++) {
+                    int i, j;
+                    tc_acc_coords(lane, mi, ni, r, i, j);
+                    if (i < 0 || i >= ROWS || j < 0 || j >= 32) { worst = INFINITY; continue; }
+                    writes[i * 32 + j]++;
+                    double ref = 0.0, mag = 0.0;  // the split product: hi hi + hi lo + lo hi
+                    for (int k = 0; k < K; k++) {
+                        float a = As[(size_t)i * lda + k], b = Bs[(size_t)k * ldb + j];
+                        float ah = tf32_rna(a), bh = tf32_rna(b), al = tf32_rna(a - ah), bl = tf32_rna(b - bh);
+                        ref += (double)ah * bh + (double)ah * bl + (double)al * bh;
+                        mag += std::fabs((double)a * b);
+                    }
+                    double got = (double)acc(big, mi, ni)[lane][r] + acc(small, mi, ni)[lane][r];
+                    double e = std::fabs(got - ref) / mag;
+                    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+                }
+    bool once = std::all_of(writes.begin(), writes.end(), [](int w) { return w == 1; });
+    report(once && worst <= 1e-6, fmt("3xTF32 warp tile %dx32, CPU emulation of the fragments, %s", ROWS, name),
+           fmt("%s, max |got - split product| / sum |a b| = %.1e (bound 1e-6)",
+               once ? "every element written once" : "an element written twice or never", worst));
+}
+
+static void test_tc_fragments(Rng& rng) {
+    test_tc_fragments_at<1>(rng, "version 3 (stride 132, K = 40)", V3Cfg<128, 2>::LD, V3Cfg<128, 2>::LD, 40);
+    test_tc_fragments_at<2>(rng, "version 4 (panels of strides 36 and 72, K = 32)", V4_LDA, V4_LDB, V4_BK);
+    test_tc_fragments_at<1>(rng, "version 4's column halves (panels of strides 36 and 72, K = 32)", V4_LDA, V4_LDB,
+                            V4_BK);
+}
+
+// Version 4's product on the CPU: the kernel's own panel, warp-tile and store code (V4Panels, v4_warp_tile,
+// v4_store, tc_load_frags) for all 128 threads of one block, run over every work item of v4_phase in turn, the mma
+// emulated. The lower triangle of A B, mirrored, must come out of whole tiles (COLS = 64) and of column halves
+// (COLS = 32) at sizes that end inside a panel and inside a tile: every element written (C starts as NaN) and equal
+// to the float64 split product.
+template <int COLS>
+static void test_v4_product_emulated(Rng& rng, int n) {
+    constexpr int MI = COLS == 64 ? 2 : 1;
+    MatF A((size_t)n * n), B((size_t)n * n), C((size_t)n * n, NAN);
+    for (auto& v : A) v = (float)rng.normal();
+    for (auto& v : B) v = (float)rng.normal();
+    V4Product pr{A.data(), B.data(), C.data()};
+    int tiles_1d = (n + V4_BT - 1) / V4_BT, tiles = tiles_1d * (tiles_1d + 1) / 2;
+    MatF As(V4_BT * V4_LDA), Bs(V4_BK * V4_LDB);
+    std::vector<V4Panels<COLS>> regs(V4_THREADS);
+    std::vector<float> big(4 * MI * TC_NI * 32 * 4), small(big.size());
+    auto acc = [&](std::vector<float>& v, int warp, int mi, int ni) {
+        return (float(*)[4]) & v[(((warp * MI + mi) * TC_NI + ni) * 32) * 4];
+    };
+    for (int item = 0; item < (COLS == 64 ? 1 : 2) * tiles; item++) {
+        int bi, bj;
+        lower_tile(item % tiles, bi, bj);
+        int row0 = bi * V4_BT, col0 = bj * V4_BT + item / tiles * COLS;
+        std::fill(big.begin(), big.end(), 0.0f);
+        std::fill(small.begin(), small.end(), 0.0f);
+        for (int tid = 0; tid < V4_THREADS; tid++) regs[tid].fetch(pr, n, row0, col0, tid, 0);
+        for (int k0 = 0; k0 < n; k0 += V4_BK) {
+            for (int tid = 0; tid < V4_THREADS; tid++) regs[tid].stash(tid, As.data(), Bs.data());
+            if (k0 + V4_BK < n)
+                for (int tid = 0; tid < V4_THREADS; tid++) regs[tid].fetch(pr, n, row0, col0, tid, k0 + V4_BK);
+            int kn = std::min(V4_BK, (n - k0 + 7) / 8 * 8);
+            for (int warp = 0; warp < 4; warp++) {
+                int wr, wc;
+                if (!v4_warp_tile<COLS>(warp, row0, col0, wr, wc)) continue;
+                for (int kk = 0; kk < kn; kk += 8) {
+                    std::vector<TcFrags<MI>> fr(32);
+                    for (int lane = 0; lane < 32; lane++)
+                        tc_load_frags<MI>(lane, As.data() + wr * V4_LDA, V4_LDA, Bs.data() + wc, V4_LDB, kk, fr[lane]);
+                    for (int mi = 0; mi < MI; mi++)
+                        for (int ni = 0; ni < TC_NI; ni++) {
+                            uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
+                            for (int lane = 0; lane < 32; lane++) {
+                                memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
+                                memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
+                                memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
+                                memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
+                            }
+                            emulate_mma_tf32(acc(small, warp, mi, ni), al, bh);
+                            emulate_mma_tf32(acc(small, warp, mi, ni), ah, bl);
+                            emulate_mma_tf32(acc(big, warp, mi, ni), ah, bh);
+                        }
+                }
+            }
+        }
+        for (int warp = 0; warp < 4; warp++) {
+            int wr, wc;
+            v4_warp_tile<COLS>(warp, row0, col0, wr, wc);
+            for (int lane = 0; lane < 32; lane++)
+                for (int mi = 0; mi < MI; mi++)
+                    for (int ni = 0; ni < TC_NI; ni++)
+                        for (int r = 0; r < 4; r++) {
+                            int i, j;
+                            tc_acc_coords(lane, mi, ni, r, i, j);
+                            v4_store(C.data(), n, row0 + wr + i, col0 + wc + j,
+                                     acc(big, warp, mi, ni)[lane][r] + acc(small, warp, mi, ni)[lane][r]);
+                        }
+        }
+    }
+    double worst = 0.0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            int li = std::max(i, j), lj = std::min(i, j);  // the lower element, mirrored
+            double ref = 0.0, mag = 0.0;
+            for (int k = 0; k < n; k++) {
+                float a = A[(size_t)li * n + k], b = B[(size_t)k * n + lj];
+                float ah = tf32_rna(a), bh = tf32_rna(b), al = tf32_rna(a - ah), bl = tf32_rna(b - bh);
+                ref += (double)ah * bh + (double)ah * bl + (double)al * bh;
+                mag += std::fabs((double)a * b);
+            }
+            double e = std::fabs((double)C[(size_t)i * n + j] - ref) / mag;
+            worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+        }
+    report(worst <= 1e-6, fmt("version 4 product on the CPU (its panel, warp and store code), %s, n=%d",
+                              COLS == 64 ? "whole tiles" : "column halves", n),
+           fmt("max |C - lower split product, mirrored| / sum |a b| = %.1e (bound 1e-6; NaN: an element unwritten)",
+               worst));
+}
+
+// Version 3's split of a product over warps and blocks (v3_matmul's map, replayed): every element on or below the
+// diagonal computed by exactly one warp of one block, every element of the NP x NP result written.
+template <int NP, int CL>
+static void test_v3_unit_map() {
+    using C = V3Cfg<NP, CL>;
+    std::vector<int> computed(NP * NP, 0), written(NP * NP, 0);
+    for (int rank = 0; rank < CL; rank++)
+        for (int warp = 0; warp < C::WARPS; warp++) {
+            int unit = rank * C::WARPS + warp, br, bc;
+            if (unit >= C::UNITS) continue;
+            v3_unit(unit, br, bc);
+            for (int i = br * 16; i < br * 16 + 16; i++)
+                for (int j = bc * 32; j < bc * 32 + 32; j++) {
+                    if (i >= NP || j >= NP) { computed[0] += 100; continue; }  // outside the matrix: a failure
+                    if (i < j) continue;
+                    computed[i * NP + j]++;
+                    written[i * NP + j]++;
+                    written[j * NP + i]++;
+                }
+        }
+    bool ok = true;
+    for (int i = 0; i < NP; i++)
+        for (int j = 0; j < NP; j++) ok = ok && written[i * NP + j] > 0 && (i < j || computed[i * NP + j] == 1);
+    report(ok, fmt("version 3 unit map NP=%d, %d block(s) per matrix, %d warps each", NP, CL, C::WARPS),
+           ok ? "every lower element computed once, every element written" : "an element missed or computed twice");
 }
 
 // Newton-Schulz: the float64 run maps every singular value s of G / ||G||_F to phi^5(s) (phi(s) = a s + b s^3 +
@@ -1749,14 +2574,26 @@ static float* device_poisoned(size_t count) {
     return d;
 }
 
-struct RootVariant { const char* name; int version; Prec prec; RootMethod method; };
-static const RootVariant ROOT_VARIANTS[] = {{"v0 cusolver", 0, PREC_FP32, METHOD_EIG},
-                                            {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32},
-                                            {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32},
-                                            {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32}};
+// blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path)
+struct RootVariant { const char* name; int version; Prec prec; RootMethod method; int blocks; };
+static const RootVariant ROOT_VARIANTS[] = {{"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0},
+                                            {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32, 0},
+                                            {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0},
+                                            {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0},
+                                            {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0},
+                                            {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1},
+                                            {"v4 tc coop", 4, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0}};
+
+// Versions 2 to 4 without a host synchronisation (their status stays on the device): nullptr or why not.
+static const char* launch_fused_variant(const RootVariant& v, const float* d_A, float* d_X, int batch, int n, int p,
+                                        float eps) {
+    if (v.version == 2) return inv_root_v2(d_A, d_X, batch, n, p, eps);
+    if (v.version == 3) return inv_root_v3(d_A, d_X, batch, n, p, eps, v.blocks);
+    return inv_root_v4(d_A, d_X, batch, n, p, eps);
+}
 
 // Runs one variant on d_A (batch x n x n) into d_X. Returns nullptr or why it cannot run; steps: per matrix when
-// known (version 2), else the batch's.
+// known (versions 2 to 4), else the batch's.
 static const char* run_root_variant(const RootVariant& v, const float* d_A, float* d_X, int batch, int n, int p,
                                     float eps, std::vector<int>& steps, std::string& trouble) {
     steps.assign(batch, 0);
@@ -1772,10 +2609,10 @@ static const char* run_root_variant(const RootVariant& v, const float* d_A, floa
         if (s.failed) trouble = fmt("left the convergence region (||M - I||_F = %.2e)", s.r);
         return nullptr;
     }
-    const char* why = inv_root_v2(d_A, d_X, batch, n, p, eps);
+    const char* why = launch_fused_variant(v, d_A, d_X, batch, n, p, eps);
     if (why) return why;
     std::vector<float> r;
-    v2_status(batch, steps, r);
+    newton_status(batch, steps, r);
     for (int b = 0; b < batch; b++)
         if (steps[b] < 0) trouble = fmt("matrix %d left the convergence region (||M - I||_F = %.2e)", b, r[b]);
     return nullptr;
@@ -2022,11 +2859,24 @@ static int run_tests(uint64_t seed) {
     test_newton_scalar();
     test_ns_cpu(rng);
     test_stats_oracle(rng);
+    test_tc_fragments(rng);
+    for (int n : {37, 70, 130}) {
+        test_v4_product_emulated<64>(rng, n);
+        test_v4_product_emulated<32>(rng, n);
+    }
+    test_v3_unit_map<32, 1>();
+    test_v3_unit_map<64, 1>();
+    test_v3_unit_map<64, 2>();
+    test_v3_unit_map<128, 1>();
+    test_v3_unit_map<128, 2>();
     printf("(CPU checks: %.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::string why;
     if (!gpu_available(why)) {
         for (const char* v : {"inverse roots version 0 (cuSOLVER)", "inverse roots version 1 (Newton on cuBLAS)",
-                              "inverse roots version 2 (fused Newton)", "Newton-Schulz (cuBLAS bf16)",
+                              "inverse roots version 2 (fused Newton)",
+                              "inverse roots version 3 (fused Newton on tensor cores)",
+                              "inverse roots version 4 (cooperative Newton on tensor cores)",
+                              "Newton-Schulz (cuBLAS bf16)",
                               "Kronecker statistics (SYRK-like kernel, cuBLAS syrk)"})
             skip(v, why);
         return finish();
@@ -2145,20 +2995,21 @@ static void bench_roots(std::vector<BenchRow>& rows, int n, int batch) {
     syrk_lower(RowsLoader{G, 2 * nn, 2 * n}, A, batch, n, 2 * n, 1.0f / (2 * n), 0.0f);
     std::string shape = batch > 1 ? fmt("%d x %d^2", batch, n) : fmt("%d^2", n);
     for (const RootVariant& v : ROOT_VARIANTS) {
-        if (v.version == 2 && n > 128) continue;
+        if ((v.version == 2 || v.version == 3) && n > 128) continue;
+        if (v.version == 4 && batch > 16) continue;  // one cooperative launch per matrix: for large matrices
         std::vector<int> steps;
         std::string trouble;
         const char* why = nullptr;
-        // version 2 needs no host synchronisation: its status is read after the timing, not inside it
+        // versions 2 to 4 need no host synchronisation: their status is read after the timing, not inside it
         double ms = time_ms([&]() {
-            why = v.version == 2 ? inv_root_v2(A, X, batch, n, p, eps)
+            why = v.version >= 2 ? launch_fused_variant(v, A, X, batch, n, p, eps)
                                  : run_root_variant(v, A, X, batch, n, p, eps, steps, trouble);
         });
         if (why) {
             printf("  (%s at %s skipped: %s)\n", v.name, shape.c_str(), why);
             continue;
         }
-        if (v.version == 2) run_root_variant(v, A, X, batch, n, p, eps, steps, trouble);
+        if (v.version >= 2) run_root_variant(v, A, X, batch, n, p, eps, steps, trouble);
         if (v.version == 0) cudaCheck(cudaMemcpy(X0, X, total * sizeof(float), cudaMemcpyDeviceToDevice));
         BenchRow r{"inv 4th root", shape, v.name, ms, *std::max_element(steps.begin(), steps.end()), 0.0, -1.0, true};
         r.check = gpu_root_residual(X, A, n, p, eps);

@@ -1,7 +1,8 @@
 """Inverse roots and Newton-Schulz on the GPU machine: PyTorch's torch.linalg.eigh-based inverse 4th roots, a
-PyTorch coupled Newton iteration (the algorithm of dev/matrix_roots.cu's versions 1 and 2, with the same scaling and
-stopping rule) and Muon's Newton-Schulz in bf16, beside ./dev/matrix_roots --bench in ONE run on the same GPU,
-printed as one table of milliseconds.
+PyTorch coupled Newton iteration (the algorithm of dev/matrix_roots.cu's versions 1 to 4, with the same scaling and
+stopping rule) and Muon's Newton-Schulz in bf16, beside ./dev/matrix_roots --bench (every version, a column each:
+--quick's table holds issue 21's two targets, 64 x 128^2 and 1024^2) in ONE run on the same GPU, printed as one
+table of milliseconds.
 
   make -C dev matrix_roots && python3 dev/matrix_roots.py [--quick] [--out DIR] [--skip_binary]
 

@@ -40,7 +40,7 @@ static void inverse_root_chunk(const float* A, float* X, int batch, int n, int p
         if (!why_not) {
             std::vector<int> steps;
             std::vector<float> r;
-            v2_status(batch, steps, r);
+            newton_status(batch, steps, r);
             bool ok = true;
             for (int b = 0; b < batch; b++) ok = ok && steps[b] >= 0 && r[b] <= NEWTON_OK_R;
             if (ok) return;
