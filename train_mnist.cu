@@ -6202,6 +6202,40 @@ static std::string checkpoint_state(const Args& a) {
 // An evaluation's place in the run: after the schedule's step `step`, in epoch `epoch` (0-based), after train_ms of
 // training
 struct EvalPoint { int step = -1, epoch = 0; double accuracy = 0, train_ms = 0; };
+// The run's evaluations on the test set (each epoch's end, every --eval_every steps), the best and the latest
+struct Evaluations {
+    const Args* a;
+    Mnist* model;
+    const DeviceData* test;
+    const std::vector<uint8_t>* labels;
+    float* losses;  // evaluation's own: an evaluation inside an epoch keeps the epoch's training losses
+    int* preds;
+    int batch;
+    EvalResult last;
+    EvalPoint best, here;
+    // after the schedule's step `step` in epoch `epoch`: its line (with --eval_every), and whether
+    // --stop_at_accuracy stops the run here
+    bool at(int step, int epoch, double train_ms) {
+        if (!model->cpu) gpu_memory_line();  // a sample for the peak
+        last = evaluate(model, *test, *labels, losses, preds, batch);
+        if (a->eval_every > 0)
+            printf("step %6d | epoch %3d/%d | test loss %.4f | test acc %.2f%% | train total %.1f ms\n", step,
+                   epoch + 1, a->epochs, last.loss, last.accuracy, train_ms);
+        here = EvalPoint{step, epoch, last.accuracy, train_ms};
+        if (best.step < 0 || here.accuracy > best.accuracy) best = here;
+        return a->stop_at_accuracy > 0 && here.accuracy >= a->stop_at_accuracy;
+    }
+    void say_reached() const {
+        printf("reached %.2f%% (--stop_at_accuracy %g) at step %d (epoch %d) after %.1f ms of training\n",
+               here.accuracy, a->stop_at_accuracy, here.step, here.epoch + 1, here.train_ms);
+    }
+    void say_not_reached(double total_train_ms) const {
+        if (a->stop_at_accuracy > 0)
+            printf("did not reach --stop_at_accuracy %g: best %.2f%% at step %d (epoch %d) after %.1f ms of training; "
+                   "%.1f ms in all\n", a->stop_at_accuracy, best.accuracy, best.step, best.epoch + 1, best.train_ms,
+                   total_train_ms);
+    }
+};
 // Stops the run on an epoch's training loss that is not finite (exit 2) or diverges (exit 1). A finite loss diverges
 // too (--lr 10 reaches 1e30 in an epoch): an epoch's mean loss above 4x a uniform guess's, or above a uniform guess's
 // again and twice this run's best epoch, means the weights blow up.
@@ -6280,29 +6314,12 @@ int main(int argc, char** argv) {
     std::vector<int> perm;
     std::vector<float> host_losses(train.n);
     double total_train_ms = 0;
-    EvalResult last;
     CheckpointMeta meta;
     meta.batch_size = B; meta.seed = a.seed; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.opt = model.opt;
     meta.train_images = train.n;
     double best_loss = INFINITY;  // the lowest epoch loss of this run
-    EvalPoint best, here;         // this run's evaluation with the highest test accuracy, and the latest one
+    Evaluations ev{&a, &model, &dtest, &test.labels, eval_losses, preds, eval_batch};
     bool stopped = false;
-    // an evaluation after the schedule's step `at` (inside epoch `epoch`, or at its end): its line with
-    // --eval_every, and whether --stop_at_accuracy stops the run there
-    auto evaluate_at = [&](int at, int epoch) {
-        if (!cpu) gpu_memory_line();  // a sample for the peak
-        last = evaluate(&model, dtest, test.labels, eval_losses, preds, eval_batch);
-        if (a.eval_every > 0)
-            printf("step %6d | epoch %3d/%d | test loss %.4f | test acc %.2f%% | train total %.1f ms\n", at,
-                   epoch + 1, a.epochs, last.loss, last.accuracy, total_train_ms);
-        here = EvalPoint{at, epoch, last.accuracy, total_train_ms};
-        if (best.step < 0 || here.accuracy > best.accuracy) best = here;
-        return a.stop_at_accuracy > 0 && here.accuracy >= a.stop_at_accuracy;
-    };
-    auto say_reached = [&] {
-        printf("reached %.2f%% (--stop_at_accuracy %g) at step %d (epoch %d) after %.1f ms of training\n",
-               here.accuracy, a.stop_at_accuracy, here.step, here.epoch + 1, here.train_ms);
-    };
     for (int epoch = start_epoch; epoch < a.epochs && !stopped; epoch++) {
         epoch_permutation(perm, train.n, a.seed, epoch);
         double ms = 0;
@@ -6313,9 +6330,9 @@ int main(int argc, char** argv) {
             const double seg = train_steps(run, perm, step, s, next);
             ms += seg; total_train_ms += seg;
             s = next;
-            if (s < run.steps && evaluate_at(step + s, epoch)) {
+            if (s < run.steps && ev.at(step + s, epoch, total_train_ms)) {
                 stopped = true;
-                say_reached();
+                ev.say_reached();
                 if (!a.checkpoint.empty())
                     printf("note: stopped inside epoch %d: %s holds the last epoch end written (checkpoints are "
                            "written at epoch ends)\n", epoch + 1, a.checkpoint.c_str());
@@ -6326,7 +6343,8 @@ int main(int argc, char** argv) {
         const double train_loss = epoch_train_loss(run, host_losses);
         check_train_loss(train_loss, best_loss, epoch, a);
         best_loss = std::min(best_loss, train_loss);
-        stopped = evaluate_at(step, epoch);
+        stopped = ev.at(step, epoch, total_train_ms);
+        const EvalResult& last = ev.last;
         printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms) | "
                "%.3f ms/step\n", epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms,
                ms / run.steps);
@@ -6335,12 +6353,10 @@ int main(int argc, char** argv) {
             std::string e = mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
             if (!e.empty()) die(e);
         }
-        if (stopped) say_reached();
+        if (stopped) ev.say_reached();
     }
-    if (a.stop_at_accuracy > 0 && !stopped)
-        printf("did not reach --stop_at_accuracy %g: best %.2f%% at step %d (epoch %d) after %.1f ms of training; "
-               "%.1f ms in all\n", a.stop_at_accuracy, best.accuracy, best.step, best.epoch + 1, best.train_ms,
-               total_train_ms);
+    if (!stopped) ev.say_not_reached(total_train_ms);
+    const EvalResult& last = ev.last;
     if (a.confusion && !last.confusion.empty()) print_confusion(last.confusion);
     printf("final | test_acc %.4f | test_loss %.6f | train_ms %.1f\n", last.accuracy, last.loss, total_train_ms);
     if (!cpu) {
