@@ -23,9 +23,9 @@
    steps and at each epoch's end) reaching it; the best per optimizer is the candidate whose worst seed needs the
    fewest steps, among those reaching 99% on all three (the first of equals). Seed 1 runs first; a candidate is
    dropped (its other seeds not run, the run stopped there) as soon as a seed has not reached 99% before the best
-   worst-seed step count found so far for that optimizer: it cannot be the best. Cost per step = the run's training time to 99% /
-   its steps (CUDA events, evaluations excluded; with --eval_every 20 the graphed optimizers run 20-step graphs),
-   the median over the best candidate's seeds, against SGD's. Where the candidates come from:
+   worst-seed step count found so far for that optimizer: it cannot be the best. Cost per step = the run's
+   training time to 99% / its steps (CUDA events, evaluations excluded; with --eval_every 20 the graphed optimizers
+   run 20-step graphs), the median over the best candidate's seeds, against SGD's. Where the candidates come from:
    - sgd, adamw: FAST_CONFIGS above (dev/mnist_NOTES.md "Time to 99% on every seed": SGD lr 0.08 linear warm-up 100,
      AdamW lr 0.002 weight decay 0.01 warm-up 50 are the best of that search), lr one step either side;
    - muon: the trainer's defaults (muon_lr 0.02, momentum 0.95, PyTorch's torch.optim.Muon values; README), which
@@ -79,7 +79,8 @@ SO_SWEEP = {
     "adamw": ("--optimizer adamw --weight_decay 0.01 --warmup_steps 50", "--lr", ["0.002", "0.0015", "0.003"]),
     "shampoo": ("--optimizer shampoo --warmup_steps 100", "--lr", ["0.05", "0.03", "0.08"]),
     "kfac": ("--optimizer kfac --warmup_steps 100", "--lr", ["0.05", "0.03", "0.08"]),
-    "muon": ("--optimizer muon --lr 0.002 --weight_decay 0.01 --warmup_steps 50", "--muon_lr", ["0.02", "0.01", "0.04"]),
+    "muon": ("--optimizer muon --lr 0.002 --weight_decay 0.01 --warmup_steps 50", "--muon_lr",
+             ["0.02", "0.01", "0.04"]),
 }
 SO_EVERY = 20  # evaluation interval in steps: the steps-to-99% resolution
 
@@ -98,7 +99,8 @@ SO_REACHED = re.compile(r"^reached ([\d.]+)% \(--stop_at_accuracy [\d.]+\) at st
 
 def run_to_99(flags, seed, bound, timeout=300):
     """One run of flags on seed to 99% (or its end). bound: stop it once an evaluation at or past this step has not
-    reached 99% (None: never): it cannot beat a candidate that reached it there. Returns dict(seed, reached, steps, train_ms, best_acc, evals, cut). A trainer error raises."""
+    reached 99% (None: never): it cannot beat a candidate that reached it there. Returns dict(seed, reached, steps,
+    train_ms, best_acc, last_step, cut). A trainer error raises."""
     cmd = [os.path.abspath(BIN), "--confusion", "0", "--seed", str(seed), "--eval_every", str(SO_EVERY),
            "--stop_at_accuracy", "99"] + flags.split()
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -580,9 +580,9 @@ def eval_every(tmp):
         return
     gpu = ["--device", "cuda", "--data_dir", DATA, "--train_limit", "5000", "--test_limit", "1000", "--batch_size",
            "128", "--warmup_steps", "20", "--seed", "2", "--confusion", "0", "--epochs", "2"]  # 39 steps + a tail
-    for n, extra, every in zip(names, (["--lr", "0.05"], ["--lr", "0.05", "--cuda_graph", "0"],
-                                       ["--optimizer", "muon", "--lr", "0.003"],
-                                       ["--optimizer", "adamw", "--lr", "0.002", "--matmul", "cublas"]), (7, 7, 20, 33)):
+    extras = (["--lr", "0.05"], ["--lr", "0.05", "--cuda_graph", "0"], ["--optimizer", "muon", "--lr", "0.003"],
+              ["--optimizer", "adamw", "--lr", "0.002", "--matmul", "cublas"])
+    for n, extra, every in zip(names, extras, (7, 7, 20, 33)):
         same_run(tmp, n, gpu + extra, every)
 
 
