@@ -37,6 +37,7 @@ Layouts inside the trainer (PyTorch layouts in every file, converted on load/sav
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -3058,14 +3059,17 @@ static DeviceData upload_split(const MnistSplit& s, bool cpu) {
 // launches, the steps' kernels overlap across step boundaries, and every step but the first has its batch gathered by
 // the step before), and one graph for the rest: the remaining full batches and the last partial batch
 constexpr int GRAPH_STEPS = 32;
-// mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded
+// mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B) captured in one graph, instantiated and uploaded. The
+// host's mirror of the step (MatrixOpt::step) is kept: a capture inside an epoch (--eval_every) must not advance it.
 static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const int* perm, float* losses, int B,
                                            int nsteps, int tail_B = 0) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
+    const int host_step = m->mo ? m->mo->step : 0;
     cudaCheck(cudaStreamBeginCapture(g_mm.stream, cudaStreamCaptureModeThreadLocal));
     mnist_train_steps(m, d, perm, losses, B, nsteps, tail_B);
     cudaCheck(cudaStreamEndCapture(g_mm.stream, &g));
+    matrix_opt_set_step(m, host_step);
     cudaCheck(cudaGraphInstantiate(&ge, g, 0));
     cudaCheck(cudaGraphUpload(ge, g_mm.stream));
     cudaCheck(cudaGraphDestroy(g));
@@ -5568,7 +5572,7 @@ struct Args {
     std::string data_dir = "data/mnist", device = "auto", matmul = "ours", optimizer = "sgd", lr_schedule = "cosine";
     std::string checkpoint = "", resume = "", load = "", allow_change = "";
     int tf32 = 1, epochs = 20, batch_size = 64, warmup_steps = 300, seed = 1, train_limit = 0, test_limit = 0;
-    int eval_batch_size = 1000, eval_only = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
+    int eval_batch_size = 1000, eval_only = 0, eval_every = 0, cuda_graph = 1, confusion = 1, cpu_threads = 0;
     float lr = 0.03f, lr_min = 0.0f, momentum = 0.9f, weight_decay = 5e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     float stop_at_accuracy = 0.0f;
     // Muon, Shampoo and K-FAC
@@ -5644,7 +5648,10 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"eval_batch_size", 'i', &a.eval_batch_size, 1, 10000, nullptr,
          "evaluation batch size (the CPU uses at most 100)"},
         {"stop_at_accuracy", 'f', &a.stop_at_accuracy, 0, 100, nullptr,
-         "stop after the first epoch whose test accuracy (%) reaches this (0: off)"},
+         "stop at the first evaluation (each epoch's end, every --eval_every steps) whose test accuracy (%) reaches "
+         "this (0: off)"},
+        {"eval_every", 'i', &a.eval_every, 0, 100000000, nullptr,
+         "also evaluate on the test set after every N training steps of the schedule (0: at epoch ends only)"},
         {"checkpoint", 's', &a.checkpoint, 0, 0, nullptr,
          "write a checkpoint here after every epoch (atomic; empty: none)"},
         {"resume", 's', &a.resume, 0, 0, nullptr,
@@ -5749,6 +5756,9 @@ static void parse_args(int argc, char** argv, Args& a) {
                 a.checkpoint.c_str());
         exit(1);
     }
+    if (a.eval_only && a.eval_every > 0)
+        die("--eval_only 1 trains nothing: no step to evaluate after, found --eval_every " +
+            std::to_string(a.eval_every));
     if (!a.allow_change.empty() && a.resume.empty()) die("--allow_change applies to --resume only, found no --resume");
     if (a.lr_min > a.lr) {
         fprintf(stderr, "error: flag --lr_min expects a value <= --lr (%g), found %g\n", a.lr, a.lr_min);
@@ -6103,22 +6113,24 @@ static void print_confusion(const std::vector<int>& confusion) {
     }
 }
 
-// An epoch of training as main runs it: n_full steps of batch B and a tail step of the rest, on the GPU in graphs of
-// GRAPH_STEPS steps (graph_multi) and one of the remaining steps (graph_rest) where --cuda_graph 1
+// An epoch of training as main runs it: n_full steps of batch B and a tail step of the rest. On the GPU with
+// --cuda_graph 1 its steps run as graphs of at most GRAPH_STEPS steps, one graph per length, captured at first use;
+// an evaluation inside the epoch (--eval_every) ends a graph there: the same values, one more launch.
 struct EpochRun {
     Mnist* model = nullptr;
     const DeviceData* train = nullptr;
     float* losses = nullptr;  // per-sample training losses (device, or host on the CPU)
     int* perm_dev = nullptr;  // the epoch's order, on the device
-    int n = 0, B = 0, n_full = 0, tail = 0, n_multi = 0, n_rest = 0;
-    cudaGraphExec_t graph_multi = nullptr, graph_rest = nullptr;
+    int n = 0, B = 0, n_full = 0, tail = 0, steps = 0;
+    bool graphs = false;
+    std::map<std::pair<int, int>, cudaGraphExec_t> graph;  // (full steps, tail batch) -> its captured steps
     cudaEvent_t ev0 = nullptr, ev1 = nullptr;
 };
 static EpochRun epoch_run_setup(Mnist* model, const DeviceData* train, float* losses, int* perm_dev, int B,
                                 const Args& a) {
     EpochRun r;
     r.model = model; r.train = train; r.losses = losses; r.perm_dev = perm_dev; r.n = train->n; r.B = B;
-    r.n_full = r.n / B; r.tail = r.n % B; r.n_multi = r.n_full / GRAPH_STEPS; r.n_rest = r.n_full % GRAPH_STEPS;
+    r.n_full = r.n / B; r.tail = r.n % B; r.steps = r.n_full + (r.tail ? 1 : 0);
     if (model->cpu) return r;
     const bool host_schedule = model->opt.optimizer == OPT_SHAMPOO || model->opt.optimizer == OPT_KFAC;
     if (a.cuda_graph && host_schedule)
@@ -6127,43 +6139,57 @@ static EpochRun epoch_run_setup(Mnist* model, const DeviceData* train, float* lo
     if (model->opt.optimizer == OPT_KFAC && g_run.backend == BACKEND_OURS && g_run.tf32)
         printf("note: --optimizer kfac runs every layer on the generic kernels (its statistics need the output "
                "gradients the fast path does not store)\n");
-    if (a.cuda_graph && !host_schedule) {
-        if (r.n_multi) r.graph_multi = capture_train_steps(model, *train, perm_dev, losses, B, GRAPH_STEPS);
-        if (r.n_rest || r.tail)
-            r.graph_rest = capture_train_steps(model, *train, perm_dev, losses, B, r.n_rest, r.tail);
-        cudaCheck(cudaStreamSynchronize(g_mm.stream));
-    }
+    r.graphs = a.cuda_graph && !host_schedule;
     cudaCheck(cudaEventCreate(&r.ev0)); cudaCheck(cudaEventCreate(&r.ev1));
     return r;
 }
-// One epoch's training steps in the order perm from the schedule's step `step`, every per-sample loss into
-// host_losses; returns the training time in ms (CUDA events on the GPU)
-static double train_epoch(EpochRun& r, const std::vector<int>& perm, int step, std::vector<float>& host_losses) {
+// Steps s0 .. s1 - 1 of an epoch in the order perm that starts at the schedule's step `step` (s0 = 0: the order
+// and the counters are loaded first); returns their training time in ms (CUDA events on the GPU). They run in chunks
+// of at most GRAPH_STEPS full steps, the tail step with a last chunk of fewer: an epoch in one call has the chunks
+// (and graphs) it always had.
+static double train_steps(EpochRun& r, const std::vector<int>& perm, int step, int s0, int s1) {
     Mnist* m = r.model;
     if (m->cpu) {
         auto t0 = std::chrono::steady_clock::now();
-        mnist_set_counters(m, step, 0);
-        for (int s = 0; s < r.n_full + (r.tail ? 1 : 0); s++)
-            mnist_train_step(m, *r.train, perm.data(), r.losses, s < r.n_full ? r.B : r.tail);
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        memcpy(host_losses.data(), r.losses, r.n * 4);
-        return ms;
+        if (s0 == 0) mnist_set_counters(m, step, 0);
+        for (int s = s0; s < s1; s++) mnist_train_step(m, *r.train, perm.data(), r.losses, s < r.n_full ? r.B : r.tail);
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
+    std::vector<std::pair<int, int>> chunks;  // (full steps, tail batch or 0)
+    for (int s = s0; s < s1;) {
+        const int full = std::max(0, std::min({GRAPH_STEPS, s1 - s, r.n_full - s}));
+        const int tail = full < GRAPH_STEPS && s + full == r.n_full && s1 == r.steps ? r.tail : 0;
+        chunks.push_back({full, tail});
+        s += full + (tail ? 1 : 0);
+    }
+    if (r.graphs)  // before the first event: a capture is no training time
+        for (auto& c : chunks)
+            if (!r.graph.count(c)) {
+                r.graph[c] = capture_train_steps(m, *r.train, r.perm_dev, r.losses, r.B, c.first, c.second);
+                cudaCheck(cudaStreamSynchronize(g_mm.stream));
+            }
     cudaCheck(cudaEventRecord(r.ev0, g_mm.stream));
-    cudaCheck(cudaMemcpyAsync(r.perm_dev, perm.data(), r.n * 4, cudaMemcpyHostToDevice, g_mm.stream));
-    mnist_set_counters(m, step, 0);
-    for (int g = 0; g < r.n_multi; g++) {
-        if (r.graph_multi) cudaCheck(cudaGraphLaunch(r.graph_multi, g_mm.stream));
-        else mnist_train_steps(m, *r.train, r.perm_dev, r.losses, r.B, GRAPH_STEPS);
+    if (s0 == 0) {
+        cudaCheck(cudaMemcpyAsync(r.perm_dev, perm.data(), r.n * 4, cudaMemcpyHostToDevice, g_mm.stream));
+        mnist_set_counters(m, step, 0);
     }
-    if (r.graph_rest) cudaCheck(cudaGraphLaunch(r.graph_rest, g_mm.stream));
-    else if (r.n_rest || r.tail) mnist_train_steps(m, *r.train, r.perm_dev, r.losses, r.B, r.n_rest, r.tail);
+    for (auto& c : chunks) {
+        if (r.graphs) cudaCheck(cudaGraphLaunch(r.graph[c], g_mm.stream));
+        else mnist_train_steps(m, *r.train, r.perm_dev, r.losses, r.B, c.first, c.second);
+    }
     cudaCheck(cudaEventRecord(r.ev1, g_mm.stream));
-    cudaCheck(cudaMemcpyAsync(host_losses.data(), r.losses, r.n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
     cudaCheck(cudaEventSynchronize(r.ev1));
     float ms;
     cudaCheck(cudaEventElapsedTime(&ms, r.ev0, r.ev1));
     return ms;
+}
+// The epoch's mean per-sample training loss (after its last step)
+static double epoch_train_loss(const EpochRun& r, std::vector<float>& host_losses) {
+    if (r.model->cpu) memcpy(host_losses.data(), r.losses, r.n * 4);
+    else cudaCheck(cudaMemcpy(host_losses.data(), r.losses, r.n * 4, cudaMemcpyDeviceToHost));
+    double loss = 0;
+    for (float l : host_losses) loss += l;
+    return loss / r.n;
 }
 // What became of the checkpoint when a run stops on its loss
 static std::string checkpoint_state(const Args& a) {
@@ -6173,6 +6199,43 @@ static std::string checkpoint_state(const Args& a) {
         return "the last good checkpoint " + a.checkpoint + " is kept (not overwritten)";
     return "no good checkpoint was written yet";
 }
+// An evaluation's place in the run: after the schedule's step `step`, in epoch `epoch` (0-based), after train_ms of
+// training
+struct EvalPoint { int step = -1, epoch = 0; double accuracy = 0, train_ms = 0; };
+// The run's evaluations on the test set (each epoch's end, every --eval_every steps), the best and the latest
+struct Evaluations {
+    const Args* a;
+    Mnist* model;
+    const DeviceData* test;
+    const std::vector<uint8_t>* labels;
+    float* losses;  // evaluation's own: an evaluation inside an epoch keeps the epoch's training losses
+    int* preds;
+    int batch;
+    EvalResult last;
+    EvalPoint best, here;
+    // after the schedule's step `step` in epoch `epoch`: its line (with --eval_every), and whether
+    // --stop_at_accuracy stops the run here
+    bool at(int step, int epoch, double train_ms) {
+        if (!model->cpu) gpu_memory_line();  // a sample for the peak
+        last = evaluate(model, *test, *labels, losses, preds, batch);
+        if (a->eval_every > 0)
+            printf("step %6d | epoch %3d/%d | test loss %.4f | test acc %.2f%% | train total %.1f ms\n", step,
+                   epoch + 1, a->epochs, last.loss, last.accuracy, train_ms);
+        here = EvalPoint{step, epoch, last.accuracy, train_ms};
+        if (best.step < 0 || here.accuracy > best.accuracy) best = here;
+        return a->stop_at_accuracy > 0 && here.accuracy >= a->stop_at_accuracy;
+    }
+    void say_reached() const {
+        printf("reached %.2f%% (--stop_at_accuracy %g) at step %d (epoch %d) after %.1f ms of training\n",
+               here.accuracy, a->stop_at_accuracy, here.step, here.epoch + 1, here.train_ms);
+    }
+    void say_not_reached(double total_train_ms) const {
+        if (a->stop_at_accuracy > 0)
+            printf("did not reach --stop_at_accuracy %g: best %.2f%% at step %d (epoch %d) after %.1f ms of training; "
+                   "%.1f ms in all\n", a->stop_at_accuracy, best.accuracy, best.step, best.epoch + 1, best.train_ms,
+                   total_train_ms);
+    }
+};
 // Stops the run on an epoch's training loss that is not finite (exit 2) or diverges (exit 1). A finite loss diverges
 // too (--lr 10 reaches 1e30 in an epoch): an epoch's mean loss above 4x a uniform guess's, or above a uniform guess's
 // again and twice this run's best epoch, means the weights blow up.
@@ -6229,16 +6292,18 @@ int main(int argc, char** argv) {
 
     DeviceData dtest = upload_split(test, cpu);
     DeviceData dtrain = a.eval_only ? DeviceData() : upload_split(train, cpu);
-    int nbuf = std::max(train.n, test.n);
-    float* losses = model.cpu ? (float*)mallocCheck(nbuf * 4) : nullptr;
-    int* preds = model.cpu ? (int*)mallocCheck(nbuf * 4) : nullptr;
+    // training's per-sample losses apart from evaluation's: an evaluation inside an epoch keeps the epoch's losses
+    const size_t ntrain = std::max(train.n, 1) * sizeof(float), ntest = std::max(test.n, 1) * sizeof(float);
+    float* losses = model.cpu ? (float*)mallocCheck(ntrain) : nullptr;
+    float* eval_losses = model.cpu ? (float*)mallocCheck(ntest) : nullptr;
+    int* preds = model.cpu ? (int*)mallocCheck(ntest) : nullptr;
     int* perm_dev = nullptr;
     if (!cpu) {
-        cudaCheck(cudaMalloc(&losses, nbuf * 4)); cudaCheck(cudaMalloc(&preds, nbuf * 4));
-        cudaCheck(cudaMalloc(&perm_dev, std::max(train.n, 1) * 4));
+        cudaCheck(cudaMalloc(&losses, ntrain)); cudaCheck(cudaMalloc(&eval_losses, ntest));
+        cudaCheck(cudaMalloc(&preds, ntest)); cudaCheck(cudaMalloc(&perm_dev, ntrain));
     }
     if (a.eval_only) {
-        EvalResult r = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
+        EvalResult r = evaluate(&model, dtest, test.labels, eval_losses, preds, eval_batch);
         printf("eval | test loss %.4f | test acc %.2f%%\n", r.loss, r.accuracy);
         if (a.confusion) print_confusion(r.confusion);
         printf("final | test_acc %.4f | test_loss %.6f\n", r.accuracy, r.loss);
@@ -6249,42 +6314,54 @@ int main(int argc, char** argv) {
     std::vector<int> perm;
     std::vector<float> host_losses(train.n);
     double total_train_ms = 0;
-    EvalResult last;
     CheckpointMeta meta;
     meta.batch_size = B; meta.seed = a.seed; meta.has_optimizer = 1; meta.epochs = a.epochs; meta.opt = model.opt;
     meta.train_images = train.n;
     double best_loss = INFINITY;  // the lowest epoch loss of this run
-    for (int epoch = start_epoch; epoch < a.epochs; epoch++) {
+    Evaluations ev{&a, &model, &dtest, &test.labels, eval_losses, preds, eval_batch};
+    bool stopped = false;
+    for (int epoch = start_epoch; epoch < a.epochs && !stopped; epoch++) {
         epoch_permutation(perm, train.n, a.seed, epoch);
-        const double ms = train_epoch(run, perm, step, host_losses);
-        step += run.n_full + (run.tail ? 1 : 0);
-        total_train_ms += ms;
-        double train_loss = 0;
-        for (float l : host_losses) train_loss += l;
-        train_loss /= train.n;
+        double ms = 0;
+        for (int s = 0; s < run.steps && !stopped;) {
+            int next = run.steps;  // the epoch's end, or the next step (of the schedule) that --eval_every names
+            if (a.eval_every > 0)
+                next = (int)std::min<long long>(next, ((long long)(step + s) / a.eval_every + 1) * a.eval_every - step);
+            const double seg = train_steps(run, perm, step, s, next);
+            ms += seg; total_train_ms += seg;
+            s = next;
+            if (s < run.steps && ev.at(step + s, epoch, total_train_ms)) {
+                stopped = true;
+                ev.say_reached();
+                if (!a.checkpoint.empty())
+                    printf("note: stopped inside epoch %d: %s holds the last epoch end written (checkpoints are "
+                           "written at epoch ends)\n", epoch + 1, a.checkpoint.c_str());
+            }
+        }
+        if (stopped) break;
+        step += run.steps;
+        const double train_loss = epoch_train_loss(run, host_losses);
         check_train_loss(train_loss, best_loss, epoch, a);
         best_loss = std::min(best_loss, train_loss);
-        if (!cpu) gpu_memory_line();  // a sample for the peak
-        last = evaluate(&model, dtest, test.labels, losses, preds, eval_batch);
+        stopped = ev.at(step, epoch, total_train_ms);
+        const EvalResult& last = ev.last;
         printf("epoch %3d/%d | train loss %.4f | test loss %.4f | test acc %.2f%% | train %.1f ms (total %.1f ms) | "
                "%.3f ms/step\n", epoch + 1, a.epochs, train_loss, last.loss, last.accuracy, ms, total_train_ms,
-               ms / (run.n_full + (run.tail ? 1 : 0)));
+               ms / run.steps);
         if (!a.checkpoint.empty()) {
             meta.epoch = epoch + 1; meta.step = step; meta.test_accuracy = (float)last.accuracy;
             std::string e = mnist_save_checkpoint(&model, a.checkpoint.c_str(), meta);
             if (!e.empty()) die(e);
         }
-        if (a.stop_at_accuracy > 0 && last.accuracy >= a.stop_at_accuracy) {
-            printf("reached %.2f%% >= --stop_at_accuracy %g after %d epochs, %.1f ms of training\n", last.accuracy,
-                   a.stop_at_accuracy, epoch + 1, total_train_ms);
-            break;
-        }
+        if (stopped) ev.say_reached();
     }
+    if (!stopped) ev.say_not_reached(total_train_ms);
+    const EvalResult& last = ev.last;
     if (a.confusion && !last.confusion.empty()) print_confusion(last.confusion);
     printf("final | test_acc %.4f | test_loss %.6f | train_ms %.1f\n", last.accuracy, last.loss, total_train_ms);
     if (!cpu) {
         gpu_memory_line();
-        printf("GPU memory: peak %.0f MiB in use (total - free, sampled at start-up, after each epoch and here)\n",
+        printf("GPU memory: peak %.0f MiB in use (total - free, sampled at start-up, at each evaluation and here)\n",
                g_gpu_peak_used / 1048576.0);
     }
     mnist_free(&model);

@@ -2,6 +2,8 @@
 
   python3 dev/bench_mnist.py [--out bench_results] [--quick] [--skip_compile] [--compile_only] [--skip_torch]
                              [--time_to_99_only] [--t99_candidates 1,5] [--bin path/to/train_mnist]
+                             [--second_order | --second_order_only] [--so_optimizers sgd,adamw,shampoo,kfac,muon]
+                             [--so_quick] [--so_dry_run]
 
 1. One epoch (60000 images, the last partial batch included) at batch 64 and 512: ./train_mnist with our matmul,
    with --matmul cublas, PyTorch eager and torch.compile (model compiled, default mode). Our figure is the median of
@@ -14,8 +16,28 @@
    evaluation after each epoch excluded), each on seeds 1-3; the best is the set whose slowest seed is fastest among
    those reaching 99% on all three (--time_to_99_only runs this part alone; --t99_candidates limits the candidates
    to the given indices of FAST_CONFIGS).
+4. (--second_order, or --second_order_only alone) Steps to 99% (issue 21): for each optimizer of --so_optimizers
+   (sgd, adamw, shampoo, kfac, muon) the candidates of SO_CANDIDATES (batch 128; three learning rates around each
+   optimizer's known-good value; linear decay over 1 and 2 epochs), each on seeds 1-3 with --eval_every 20
+   --stop_at_accuracy 99 --confusion 0. A candidate's steps to 99% is the step of the first evaluation (every 20
+   steps and at each epoch's end) reaching it; the best per optimizer is the candidate whose worst seed needs the
+   fewest steps, among those reaching 99% on all three (the first of equals). Seed 1 runs first; a candidate is
+   dropped (its other seeds not run, the run stopped there) as soon as a seed has not reached 99% before the best
+   worst-seed step count found so far for that optimizer: it cannot be the best. Cost per step = the run's
+   training time to 99% / its steps (CUDA events, evaluations excluded; with --eval_every 20 the graphed optimizers
+   run 20-step graphs), the median over the best candidate's seeds, against SGD's. Where the candidates come from:
+   - sgd, adamw: FAST_CONFIGS above (dev/mnist_NOTES.md "Time to 99% on every seed": SGD lr 0.08 linear warm-up 100,
+     AdamW lr 0.002 weight decay 0.01 warm-up 50 are the best of that search), lr one step either side;
+   - muon: the trainer's defaults (muon_lr 0.02, momentum 0.95, PyTorch's torch.optim.Muon values; README), which
+     reached 99.14% in 2 epochs at batch 64 (dev/mnist_NOTES.md, session 17), muon_lr halved and doubled; the
+     biases take AdamW's known-good lr 0.002 and weight decay 0.01 (--lr, --weight_decay also Muon's decay);
+   - shampoo, kfac: grafted on SGD-momentum (the trainer's default --graft sgd, so --lr is an SGD step size) with
+     the default roots every 20 steps from step 20 and damping 1e-3, which reached 99.16% (Shampoo, 2 epochs at
+     batch 64) and 98.45% (K-FAC, 1 epoch) in dev/mnist_NOTES.md; lr 0.03 (the default), 0.05 and 0.08 (SGD's).
+   --so_quick keeps the middle learning rate (2 candidates per optimizer); --so_dry_run lists the candidates and
+   exits (no GPU needed). About 4 minutes on an H100 for all five (K-FAC and Shampoo run about 10 ms a step).
 --bin times another build of the trainer (e.g. the previous commit's, for before/after figures from one run).
-Writes bench_mnist.csv and bench_mnist.json into --out.
+Writes bench_mnist.csv and bench_mnist.json into --out (part 4: bench_mnist_second_order.json and .csv).
 """
 import argparse
 import json
@@ -50,6 +72,155 @@ FAST_CONFIGS = [  # flag sets tried for the time to 99% (must fit 0.25 s on the 
     "--batch_size 128 --epochs 1 --optimizer adamw --lr 0.003 --weight_decay 0.01 --lr_schedule linear --warmup_steps 50",
 ]
 
+# part 4 (steps to 99%): per optimizer, (shared flags, flag name of the swept learning rate, its three values, the
+# middle one first: --so_quick keeps it); each with --epochs 1 and 2 of a linear schedule at batch 128
+SO_SWEEP = {
+    "sgd": ("--warmup_steps 100", "--lr", ["0.08", "0.05", "0.12"]),
+    "adamw": ("--optimizer adamw --weight_decay 0.01 --warmup_steps 50", "--lr", ["0.002", "0.0015", "0.003"]),
+    "shampoo": ("--optimizer shampoo --warmup_steps 100", "--lr", ["0.05", "0.03", "0.08"]),
+    "kfac": ("--optimizer kfac --warmup_steps 100", "--lr", ["0.05", "0.03", "0.08"]),
+    "muon": ("--optimizer muon --lr 0.002 --weight_decay 0.01 --warmup_steps 50", "--muon_lr",
+             ["0.02", "0.01", "0.04"]),
+}
+SO_EVERY = 20  # evaluation interval in steps: the steps-to-99% resolution
+
+
+def so_candidates(name, quick):
+    shared, flag, values = SO_SWEEP[name]
+    return [f"--batch_size 128 --lr_schedule linear --epochs {e} {shared} {flag} {v}"
+            for v in values[:1 if quick else 3] for e in (1, 2)]
+
+
+SO_EVAL = re.compile(r"^step +(\d+) \| epoch +(\d+)/\d+ \| test loss [\d.]+ \| test acc ([\d.]+)% \| "
+                     r"train total ([\d.]+) ms$")
+SO_REACHED = re.compile(r"^reached ([\d.]+)% \(--stop_at_accuracy [\d.]+\) at step (\d+) \(epoch (\d+)\) after "
+                        r"([\d.]+) ms of training$")
+
+
+def run_to_99(flags, seed, bound, timeout=300):
+    """One run of flags on seed to 99% (or its end). bound: stop it once an evaluation at or past this step has not
+    reached 99% (None: never): it cannot beat a candidate that reached it there. Returns dict(seed, reached, steps,
+    train_ms, best_acc, last_step, cut). A trainer error raises."""
+    cmd = [os.path.abspath(BIN), "--confusion", "0", "--seed", str(seed), "--eval_every", str(SO_EVERY),
+           "--stop_at_accuracy", "99"] + flags.split()
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0, lines, evals, hit, cut = time.time(), [], [], None, False
+    for line in p.stdout:
+        lines.append(line)
+        m = SO_EVAL.match(line.rstrip("\n"))
+        if m:
+            evals.append((int(m.group(1)), float(m.group(3)), float(m.group(4))))
+        m = SO_REACHED.match(line.rstrip("\n"))
+        if m:
+            hit = dict(steps=int(m.group(2)), train_ms=float(m.group(4)), acc=float(m.group(1)))
+        if hit is None and evals and bound is not None and evals[-1][0] >= bound and evals[-1][1] < 99.0:
+            cut = True  # it cannot be the best any more: stopped here, not an error
+            p.terminate()
+            break
+        if time.time() - t0 > timeout:
+            p.kill()
+            raise RuntimeError(f"{' '.join(cmd)}: no end after {timeout} s")
+    p.stdout.close()
+    rc = p.wait()
+    out = "".join(lines)
+    if not cut and (rc != 0 or not evals):
+        raise RuntimeError(f"{' '.join(cmd)} failed ({rc}):\n{out[-2000:]}")
+    if not cut and hit is None and "did not reach --stop_at_accuracy 99" not in out:
+        raise RuntimeError(f"{' '.join(cmd)}: neither a 'reached' nor a 'did not reach' line:\n{out[-2000:]}")
+    return dict(seed=seed, reached=hit is not None, steps=hit["steps"] if hit else None,
+                train_ms=hit["train_ms"] if hit else None, best_acc=max(e[1] for e in evals),
+                last_step=evals[-1][0], cut=cut)
+
+
+def second_order(args):
+    """Part 4: the best candidate of each optimizer by its worst seed's steps to 99%, its time and cost per step."""
+    names = [n for n in args.so_optimizers.split(",") if n]
+    for n in names:
+        if n not in SO_SWEEP:
+            raise SystemExit(f"error: --so_optimizers expects names from {','.join(SO_SWEEP)}, found '{n}'")
+    if args.so_dry_run:
+        for n in names:
+            for c in so_candidates(n, args.so_quick):
+                print(f"{n:8s} {c} --eval_every {SO_EVERY} --stop_at_accuracy 99 --confusion 0 --seed 1|2|3")
+        return None
+    t_start = time.time()
+    best, tried = {}, {}
+    for n in names:
+        tried[n] = []
+        for flags in so_candidates(n, args.so_quick):
+            bound = best[n]["worst_steps"] if n in best else None
+            seeds = []
+            for seed in (1, 2, 3):
+                r = run_to_99(flags, seed, bound)
+                seeds.append(r)
+                if not r["reached"] or (bound is not None and r["steps"] >= bound):
+                    break  # cannot be the best: its other seeds are not run
+            ok = len(seeds) == 3 and all(r["reached"] for r in seeds)
+            c = dict(flags=flags, seeds=seeds, all_reached=ok)
+            if ok:
+                c["worst_steps"] = max(r["steps"] for r in seeds)
+                c["ms_per_step"] = statistics.median(r["train_ms"] / r["steps"] for r in seeds)
+                if n not in best or c["worst_steps"] < best[n]["worst_steps"]:
+                    best[n] = c
+            tried[n].append(c)
+            detail = ", ".join(f"seed {r['seed']}: " + (f"{r['steps']} steps {r['train_ms']:.1f} ms" if r["reached"]
+                               else f"{'stopped at' if r['cut'] else 'not by'} step {r['last_step']} "
+                               f"(best {r['best_acc']:.2f}%)") for r in seeds)
+            print(f"steps to 99%: {n:8s} {flags}: " + (f"worst seed {c['worst_steps']} steps" if ok else "dropped")
+                  + f" [{detail}]", flush=True)
+    sgd_ms = best["sgd"]["ms_per_step"] if "sgd" in best else None
+    print(f"\nsteps to 99% (evaluations every {SO_EVERY} steps, seeds 1-3; {time.time() - t_start:.0f} s of runs)")
+    print("| optimizer | flags | steps to 99% (seeds 1, 2, 3) | max | training ms to 99% | ms/step | vs SGD |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for n in names:
+        c = best.get(n)
+        if c is None:
+            print(f"| {n} | none of {len(tried[n])} candidates reached 99% on all 3 seeds | | | | | |")
+            rows.append(dict(optimizer=n, flags=None))
+            continue
+        rel = c["ms_per_step"] / sgd_ms if sgd_ms else None
+        steps = [r["steps"] for r in c["seeds"]]
+        ms = [r["train_ms"] for r in c["seeds"]]
+        print(f"| {n} | `{c['flags']}` | {', '.join(map(str, steps))} | {c['worst_steps']} | "
+              f"{', '.join(f'{x:.1f}' for x in ms)} | {c['ms_per_step']:.3f} | "
+              + (f"{rel:.2f}x |" if rel else "n/a |"))
+        rows.append(dict(optimizer=n, flags=c["flags"], steps=steps, worst_steps=c["worst_steps"], train_ms=ms,
+                         ms_per_step=c["ms_per_step"], cost_vs_sgd=rel))
+    verdict = {}
+    for n in ("shampoo", "kfac", "muon"):
+        if n not in names:
+            continue
+        base = {b: best[b]["worst_steps"] if b in best else None for b in ("sgd", "adamw") if b in names}
+        if n not in best or len(base) < 2:
+            why = "not every baseline ran" if len(base) < 2 else "reached 99% on all seeds with no candidate"
+            print(f"{n}: fewer steps than both best SGD and best AdamW: n/a ({why})")
+            verdict[n] = None
+            continue
+        # a baseline with no candidate reaching 99% on all seeds is beaten by any that does
+        fewer = all(v is None or best[n]["worst_steps"] < v for v in base.values())
+        print(f"{n}: fewer steps than both best SGD and best AdamW: {'yes' if fewer else 'no'} "
+              f"({best[n]['worst_steps']} vs " + ", ".join(f"{b} {v if v is not None else 'none reached'}"
+                                                            for b, v in base.items()) + ")")
+        verdict[n] = fewer
+    result = dict(eval_every=SO_EVERY, seeds=[1, 2, 3], quick=args.so_quick, best=rows, verdict=verdict,
+                  candidates=tried, seconds=time.time() - t_start)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_mnist_second_order.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "bench_mnist_second_order.csv"), "w") as f:
+        f.write("optimizer,flags,steps_seed1,steps_seed2,steps_seed3,worst_steps,ms_seed1,ms_seed2,ms_seed3,"
+                "ms_per_step,cost_vs_sgd\n")
+        for r in rows:
+            if r["flags"] is None:
+                f.write(f"{r['optimizer']},,,,,,,,,,\n")
+                continue
+            rel = f"{r['cost_vs_sgd']:.3f}" if r["cost_vs_sgd"] else ""
+            f.write(f"{r['optimizer']},{r['flags']}," + ",".join(map(str, r["steps"])) + f",{r['worst_steps']},"
+                    + ",".join(f"{x:.2f}" for x in r["train_ms"]) + f",{r['ms_per_step']:.4f},{rel}\n")
+    print(f"wrote {args.out}/bench_mnist_second_order.json and .csv")
+    return result
+
 
 def run_ours(args, timeout=120):
     cmd = [os.path.abspath(BIN), "--confusion", "0"] + args.split()
@@ -61,6 +232,11 @@ def run_ours(args, timeout=120):
     epochs = [(float(a), float(ms), float(tot)) for a, ms, tot in
               re.findall(r"test acc ([\d.]+)% \| train ([\d.]+) ms \(total ([\d.]+) ms\)", out)]
     return epochs, out, time.time() - t0
+
+
+def gpu_name():
+    p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else "unknown GPU"
 
 
 def torch_epoch_ms(torch, B, compiled, n_epochs=3):
@@ -125,8 +301,18 @@ def main():
     ap.add_argument("--time_to_99_only", action="store_true", help="only the time-to-99%% search (every candidate, 3 seeds)")
     ap.add_argument("--t99_candidates", default="", help="comma-separated indices of FAST_CONFIGS to try (default: all)")
     ap.add_argument("--bin", default=BIN, help="the trainer binary to time (default: ./train_mnist)")
+    ap.add_argument("--second_order", action="store_true", help="also part 4: steps to 99%% of every optimizer")
+    ap.add_argument("--second_order_only", action="store_true", help="only part 4")
+    ap.add_argument("--so_optimizers", default=",".join(SO_SWEEP), help="part 4's optimizers (comma list)")
+    ap.add_argument("--so_quick", action="store_true", help="part 4 with the middle learning rate only")
+    ap.add_argument("--so_dry_run", action="store_true", help="list part 4's candidate runs and exit (no GPU)")
     args = ap.parse_args()
     BIN = args.bin
+    if args.second_order_only or args.so_dry_run:
+        if not args.so_dry_run:
+            print(f"device: {gpu_name()}, trainer: {args.bin}")
+        second_order(args)
+        return
     configs = FAST_CONFIGS if not args.t99_candidates else [FAST_CONFIGS[int(i)] for i in args.t99_candidates.split(",")]
     os.makedirs(args.out, exist_ok=True)
     import torch
@@ -196,6 +382,8 @@ def main():
         for r in rows:
             f.write(f"{r['batch']},{r['impl']},{r['epoch_ms']:.2f}\n")
     print(f"wrote {args.out}/bench_mnist.json and .csv")
+    if args.second_order:
+        second_order(args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ setting unless --allow_change names it, and a finite but diverging loss stopping
 Issue 21: Muon's, Shampoo's and K-FAC's flags (bad values refused), their CPU training, resume (Shampoo's and
 K-FAC's factors and roots in the checkpoint), a changed optimizer refused unless --allow_change optimizer, version 2
 checkpoints refused; --clip_per_sample, --noise_multiplier and --precond fisher_diag: bad values and combinations
-refused (K-FAC with either), CPU training, resume (the noise's stream, the Fisher average in the checkpoint).
+refused (K-FAC with either), CPU training, resume (the noise's stream, the Fisher average in the checkpoint);
+--eval_every: bad values refused, evaluations at the schedule's steps (also after --resume), --stop_at_accuracy
+stopping at the first evaluation that reaches it, and the same weights with and without evaluations inside epochs
+(on the CPU; on the GPU too where there is one, graphs cut at an evaluation).
 Run from the repo root: python3 dev/test_mnist_cli.py   (last line: N passed, N failed, N skipped)
 """
 import gzip
@@ -462,6 +465,127 @@ def per_sample(tmp):
                  "--optimizer kfac", code=1)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# --eval_every (issue 21's steps to 99%): evaluations inside epochs, the stop at the first one reaching
+# --stop_at_accuracy, and a run that evaluates trains the same weights as one that does not
+
+
+def skip(name, why):
+    print(f"SKIP {name}: {why}")
+    results["skipped"] += 1
+
+
+def eval_lines(out):
+    """[(step, epoch, test_acc, train_total_ms)] from the --eval_every lines."""
+    pat = r"^step +(\d+) \| epoch +(\d+)/\d+ \| test loss [\d.]+ \| test acc ([\d.]+)% \| train total ([\d.]+) ms$"
+    return [(int(s), int(e), float(a), float(t)) for s, e, a, t in re.findall(pat, out, re.M)]
+
+
+def same_run(tmp, name, args, every, extra_check=None):
+    """args trained with and without --eval_every `every`: the checkpoints (weights, optimizer state, header) and
+    the closing lines must be identical byte for byte."""
+    cks = [os.path.join(tmp, f"ev_{name.replace(' ', '_')}_{i}.bin") for i in range(2)]
+    rc0, out0 = run(args + ["--checkpoint", cks[0]])
+    rc1, out1 = run(args + ["--checkpoint", cks[1], "--eval_every", str(every)])
+    final = [[line for line in o.splitlines() if line.startswith("final |")] for o in (out0, out1)]
+    raw = [open(c, "rb").read() if os.path.exists(c) else None for c in cks]
+    same = raw[0] is not None and raw[0] == raw[1]
+    # the train_ms field differs run to run: compare the accuracy and loss of the closing line
+    same_final = bool(final[0]) and [f.split("| train_ms")[0] for f in final[0]] == [f.split("| train_ms")[0]
+                                                                                      for f in final[1]]
+    n = len(eval_lines(out1))
+    report(rc0 == 0 and rc1 == 0 and same and same_final and n > 0,
+           f"{name}: --eval_every {every} trains the same weights as no evaluation inside epochs",
+           f"exit {rc0}, {rc1}; {n} evaluations; checkpoints identical: {same}; closing lines {final}")
+
+
+def eval_every(tmp):
+    base = ["--device", "cpu", "--data_dir", DATA, "--train_limit", "96", "--test_limit", "50", "--batch_size", "16",
+            "--lr", "0.05", "--warmup_steps", "2", "--seed", "4", "--confusion", "0"]
+    expect_error("--eval_every -1", base + ["--eval_every", "-1"], "--eval_every", "[0, ", "found -1", code=1)
+    expect_error("--eval_every abc", base + ["--eval_every", "abc"], "--eval_every", "expects an integer", "abc",
+                 code=1)
+    expect_error("--eval_every 2.5", base + ["--eval_every", "2.5"], "--eval_every", "expects an integer", code=1)
+    ck = os.path.join(tmp, "ev_load.bin")
+    run(base + ["--epochs", "1", "--checkpoint", ck])
+    expect_error("--eval_every with --eval_only", ["--device", "cpu", "--data_dir", DATA, "--test_limit", "50",
+                 "--eval_only", "1", "--load", ck, "--eval_every", "5"], "--eval_only 1", "--eval_every 5", code=1)
+
+    # 96 images of batch 16: 6 steps an epoch; every 4 steps and at each epoch's end, numbered by the schedule's step
+    rc, out = run(base + ["--epochs", "3", "--eval_every", "4"])
+    ev = eval_lines(out)
+    want = [(4, 1), (6, 1), (8, 2), (12, 2), (16, 3), (18, 3)]
+    ep = epochs_of(out)
+    times = [e[3] for e in ev]
+    report(rc == 0 and [(e[0], e[1]) for e in ev] == want and times == sorted(times) and len(ep) == 3
+           and [e[2] for e in ev if e[0] % 6 == 0] == [e[2] for e in ep],
+           "--eval_every 4: evaluations at steps 4, 6 (epoch end), 8, 12, 16, 18, the epoch ends' as the epoch lines",
+           f"exit {rc}; (step, epoch): {[(e[0], e[1]) for e in ev]}, times {times}")
+    rc0, out0 = run(base + ["--epochs", "3"])
+    report(rc0 == 0 and not eval_lines(out0) and epochs_of(out0) == ep, "without --eval_every: no step lines",
+           f"exit {rc0}; {len(eval_lines(out0))} step lines; epoch lines equal: {epochs_of(out0) == ep}")
+
+    # the stop: at the first evaluation whose accuracy reaches the threshold, inside an epoch
+    rc, out = run(base + ["--epochs", "3", "--eval_every", "1"])
+    ev = eval_lines(out)
+    firsts = [i for i in range(1, len(ev)) if ev[i][0] % 6 and ev[i][2] > max(e[2] for e in ev[:i])]
+    if rc != 0 or not firsts:
+        report(False, "--stop_at_accuracy inside an epoch", f"exit {rc}; no evaluation inside an epoch beats the "
+               f"ones before it: {ev}")
+    else:
+        target = ev[firsts[-1]]
+        rc, out = run(base + ["--epochs", "3", "--eval_every", "1", "--stop_at_accuracy", f"{target[2]:.2f}"])
+        got = eval_lines(out)
+        m = re.search(r"^reached ([\d.]+)% \(--stop_at_accuracy [\d.]+\) at step (\d+) \(epoch (\d+)\) after "
+                      r"([\d.]+) ms of training$", out, re.M)
+        fin = re.search(r"^final \| test_acc ([\d.]+)", out, re.M)
+        ok = (rc == 0 and m is not None and (int(m.group(2)), int(m.group(3))) == target[:2] and got
+              and got[-1][0] == target[0] and [e[:3] for e in got] == [e[:3] for e in ev[:len(got)]]
+              and float(m.group(1)) == target[2] and fin is not None and float(fin.group(1)) == target[2]
+              and float(m.group(4)) == got[-1][3] and "did not reach" not in out)
+        report(ok, f"--stop_at_accuracy {target[2]:.2f}: stops at step {target[0]} (epoch {target[1]}), the first "
+               "evaluation reaching it", f"exit {rc}; {m.group(0) if m else 'no reached line'}; "
+               f"evaluations {[e[:3] for e in got]}")
+    rc, out = run(base + ["--epochs", "1", "--eval_every", "4", "--stop_at_accuracy", "100"])
+    m = re.search(r"^did not reach --stop_at_accuracy 100: best ([\d.]+)% at step (\d+) \(epoch 1\)", out, re.M)
+    ev = eval_lines(out)
+    best = max(ev, key=lambda e: e[2]) if ev else None
+    report(rc == 0 and m is not None and best is not None and float(m.group(1)) == best[2]
+           and int(m.group(2)) == best[0] and "reached" not in out.replace("did not reach", ""),
+           "--stop_at_accuracy never reached: said, with the best evaluation",
+           f"exit {rc}; {m.group(0) if m else 'no line'}; evaluations {[e[:3] for e in ev]}")
+
+    # the same weights with and without evaluations inside epochs, and across --resume
+    same_run(tmp, "cpu sgd", base + ["--epochs", "2"], 5)
+    same_run(tmp, "cpu adamw", base + ["--epochs", "2", "--optimizer", "adamw", "--lr", "0.002"], 1)
+    same_run(tmp, "cpu shampoo", ["--device", "cpu", "--data_dir", DATA, "--train_limit", "48", "--test_limit", "20",
+                                  "--batch_size", "16", "--warmup_steps", "2", "--seed", "4", "--confusion", "0",
+                                  "--epochs", "2", "--optimizer", "shampoo", "--max_precond_dim", "32",
+                                  "--precond_start", "1", "--precond_every", "2", "--lr", "0.05"], 2)
+    ck1, ck2, ck3 = (os.path.join(tmp, f"ev_resume{i}.bin") for i in range(3))
+    run(base + ["--epochs", "3", "--checkpoint", ck1, "--stop_at_accuracy", "0.001"])  # stops after epoch 1
+    rc, out = run(base + ["--epochs", "3", "--resume", ck1, "--eval_every", "5", "--checkpoint", ck2])
+    run(base + ["--epochs", "3", "--checkpoint", ck3])
+    ev = eval_lines(out)
+    same = os.path.exists(ck2) and os.path.exists(ck3) and open(ck2, "rb").read() == open(ck3, "rb").read()
+    report(rc == 0 and [(e[0], e[1]) for e in ev] == [(10, 2), (12, 2), (15, 3), (18, 3)] and same,
+           "--resume with --eval_every: the schedule's step numbers go on, the weights are the straight run's",
+           f"exit {rc}; (step, epoch): {[(e[0], e[1]) for e in ev]}; checkpoint as the straight run's: {same}")
+
+    # the GPU: an evaluation cuts a 32-step graph (or a graph of the rest); the weights must not change
+    names = ["gpu sgd (fast path, graphs)", "gpu sgd --cuda_graph 0", "gpu muon (graphs)", "gpu adamw --matmul cublas"]
+    if not HAVE_GPU:
+        for n in names:
+            skip(f"{n}: --eval_every trains the same weights", "no GPU (nvidia-smi not found)")
+        return
+    gpu = ["--device", "cuda", "--data_dir", DATA, "--train_limit", "5000", "--test_limit", "1000", "--batch_size",
+           "128", "--warmup_steps", "20", "--seed", "2", "--confusion", "0", "--epochs", "2"]  # 39 steps + a tail
+    extras = (["--lr", "0.05"], ["--lr", "0.05", "--cuda_graph", "0"], ["--optimizer", "muon", "--lr", "0.003"],
+              ["--optimizer", "adamw", "--lr", "0.002", "--matmul", "cublas"])
+    for n, extra, every in zip(names, extras, (7, 7, 20, 33)):
+        same_run(tmp, n, gpu + extra, every)
+
+
 def main():
     if not os.path.exists(BIN):
         report(False, "binary", f"{BIN} is missing: run make train_mnist")
@@ -579,6 +703,7 @@ def main():
         issue26(tmp, common)
         optimizers(tmp)
         per_sample(tmp)
+        eval_every(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped")
