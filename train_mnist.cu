@@ -2020,6 +2020,7 @@ struct MatrixOpt {
     float *s_a = nullptr, *s_b = nullptr, *s_c = nullptr, *s_y = nullptr;  // scratch (products)
     float* acts = nullptr;     // K-FAC: a layer's inputs (samples x (in + 1)), im2col patches for a convolution
     float* scalars = nullptr;  // norms and sums of squares, device or host
+    float* sum_scratch = nullptr;  // mo_sumsq's scratch (the main stream's)
     std::vector<PrecondBlock> blocks;
     std::vector<KfacFactor> factors;  // K-FAC
     int kfac_seen = 0;                // K-FAC: the factors hold statistics (the first step's replace them)
@@ -2038,31 +2039,65 @@ template <class F> static void mo_each(const Mnist* m, size_t n, F f) {
     mo_each_kernel<<<(unsigned)((n + 255) / 256), 256, 0, g_mm.stream>>>(f, n);
     launch_check();
 }
-// out[0] = sum of squares of a rows x cols matrix (row stride ld): one block, a fixed order (deterministic)
-__global__ void mo_sumsq_kernel(float* out, const float* p, int rows, int cols, int ld) {
-    __shared__ float part[1024];
-    float s = 0.0f;
-    for (size_t k = threadIdx.x; k < (size_t)rows * cols; k += blockDim.x) {
-        float v = p[(k / cols) * ld + k % cols];
-        s = fmaf(v, v, s);
-    }
+// out[0] = sum of squares of a rows x cols matrix (row stride ld), of A - I with minus_identity (the Newton
+// residual, without storing it). Block b sums rows b, b + grid, ...; the last block to finish (a ticket, reset by
+// it) adds the blocks' sums. Every order is fixed by the shape alone, so the result is deterministic. (One block
+// over the whole matrix, as before, took a single SM for 1024^2 elements: about 0.3 ms per Newton step.)
+constexpr int SUMSQ_THREADS = 256, SUMSQ_MAX_BLOCKS = 128;
+__device__ __forceinline__ float block_sum_256(float* part, float s) {  // every thread gets the block's sum
     part[threadIdx.x] = s;
     __syncthreads();
-    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+    for (int h = SUMSQ_THREADS / 2; h > 0; h /= 2) {
         if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[0] = part[0];
+    const float total = part[0];
+    __syncthreads();
+    return total;
 }
-static void mo_sumsq(const Mnist* m, float* out, const float* p, int rows, int cols, int ld) {
+__global__ void __launch_bounds__(SUMSQ_THREADS) mo_sumsq_kernel(float* out, float* block_sums, unsigned* ticket,
+                                                                  const float* p, int rows, int cols, int ld,
+                                                                  int minus_identity) {
+    __shared__ float part[SUMSQ_THREADS];
+    __shared__ bool last;
+    float s = 0.0f;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* row = p + (size_t)r * ld;
+        for (int c = threadIdx.x; c < cols; c += SUMSQ_THREADS) {
+            const float v = row[c] - (minus_identity && c == r ? 1.0f : 0.0f);
+            s = fmaf(v, v, s);
+        }
+    }
+    s = block_sum_256(part, s);
+    if (threadIdx.x == 0) {
+        block_sums[blockIdx.x] = s;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float v = (int)threadIdx.x < (int)gridDim.x ? __ldcg(block_sums + threadIdx.x) : 0.0f;
+    s = block_sum_256(part, v);
+    if (threadIdx.x == 0) { out[0] = s; *ticket = 0; }
+}
+// scratch: SUMSQ_MAX_BLOCKS + 1 floats of the caller's stream (the blocks' sums, the ticket last), zero at first
+static void mo_sumsq(const Mnist* m, float* out, const float* p, int rows, int cols, int ld, float* scratch,
+                     bool minus_identity = false) {
     if (m->cpu) {
         double s = 0;
         for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++) s += (double)p[(size_t)r * ld + c] * p[(size_t)r * ld + c];
+            for (int c = 0; c < cols; c++) {
+                const float v = p[(size_t)r * ld + c] - (minus_identity && c == r ? 1.0f : 0.0f);
+                s += (double)v * v;
+            }
         *out = (float)s;
         return;
     }
-    mo_sumsq_kernel<<<1, 1024, 0, g_mm.stream>>>(out, p, rows, cols, ld);
+    static_assert(SUMSQ_MAX_BLOCKS <= SUMSQ_THREADS, "the last block adds one block sum per thread");
+    const int blocks = std::max(1, std::min(rows, SUMSQ_MAX_BLOCKS));
+    mo_sumsq_kernel<<<blocks, SUMSQ_THREADS, 0, g_mm.stream>>>(out, scratch, (unsigned*)(scratch + SUMSQ_MAX_BLOCKS),
+                                                               p, rows, cols, ld, minus_identity ? 1 : 0);
     launch_check();
 }
 static float mo_read_scalar(const Mnist* m, const float* p) {
@@ -2177,6 +2212,7 @@ static void matrix_opt_build(Mnist* m) {
     mo->s_a = mnist_alloc(m, sq); mo->s_b = mnist_alloc(m, sq); mo->s_c = mnist_alloc(m, sq);
     mo->s_y = mnist_alloc(m, most);
     mo->scalars = mnist_alloc(m, 4 * (mo->blocks.size() + 1));
+    mo->sum_scratch = mnist_alloc(m, SUMSQ_MAX_BLOCKS + 1);
 }
 static void matrix_opt_free(Mnist* m) {
     MatrixOpt* mo = m->mo;
@@ -2191,7 +2227,7 @@ static void matrix_opt_free(Mnist* m) {
             for (float* p : {b.L, b.R, b.Linv, b.Rinv}) mnist_free_ptr(m, p);
     for (KfacFactor& f : mo->factors) { mnist_free_ptr(m, f.F); mnist_free_ptr(m, f.Finv); }
     for (float* p : mo->newton) mnist_free_ptr(m, p);
-    for (float* p : {mo->s_a, mo->s_b, mo->s_c, mo->s_y, mo->scalars}) mnist_free_ptr(m, p);
+    for (float* p : {mo->s_a, mo->s_b, mo->s_c, mo->s_y, mo->scalars, mo->sum_scratch}) mnist_free_ptr(m, p);
     if (mo->acts) mnist_free_ptr(m, mo->acts);
     delete mo;
     m->mo = nullptr;
@@ -2261,7 +2297,7 @@ static void update_biases(Mnist* m, int optimizer) {
 static void newton_schulz(Mnist* m, float* x, int rows, int cols, int steps) {
     MatrixOpt* mo = m->mo;
     const size_t n = (size_t)rows * cols;
-    mo_sumsq(m, mo->scalars, x, rows, cols, cols);
+    mo_sumsq(m, mo->scalars, x, rows, cols, cols, mo->sum_scratch);
     mo_each(m, n, MuonNormalize{x, mo->scalars});
     const bool wide = rows <= cols;  // A = X X^T (rows x rows); tall: A = X^T X (cols x cols), as torch's transpose
     const int r = wide ? rows : cols;
@@ -2414,10 +2450,6 @@ struct NewtonInit {  // M = z (A + e I), X = z^(1/4) I; diag gets A's diagonal f
         x[k] = d ? xz : 0.0f;
     }
 };
-struct NewtonResidual {  // out = M - I
-    float* out; const float* mm; int n;
-    __host__ __device__ void operator()(size_t k) const { out[k] = mm[k] - (k % (n + 1) == 0 ? 1.0f : 0.0f); }
-};
 struct NewtonT {  // T = ((p + 1) I - M) / p
     float* t; const float* mm; int n; float p1, inv_p;
     __host__ __device__ void operator()(size_t k) const { t[k] = ((k % (n + 1) == 0 ? p1 : 0.0f) - mm[k]) * inv_p; }
@@ -2436,7 +2468,7 @@ static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p
     mo_each(m, n, DiagCopy{tmp, a, n});
     std::vector<float> diag(n);
     mnist_copy_out(m, tmp, diag.data(), n);
-    mo_sumsq(m, mo->scalars, a, n, n, n);
+    mo_sumsq(m, mo->scalars, a, n, n, n, mo->sum_scratch);
     const double frob_a = mo_read_scalar(m, mo->scalars);
     double trace = 0;
     for (float v : diag) trace += v;
@@ -2448,8 +2480,7 @@ static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p
     mo_each(m, nn, NewtonInit{M, X, a, n, (float)e, (float)z, (float)pow(z, 1.0 / p)});
     NewtonRule rule; rule.n = n;
     for (;;) {
-        mo_each(m, nn, NewtonResidual{tmp, M, n});
-        mo_sumsq(m, mo->scalars, tmp, n, n, n);
+        mo_sumsq(m, mo->scalars, M, n, n, n, mo->sum_scratch, true);  // ||M - I||_F^2
         const int act = rule.decide(sqrt((double)mo_read_scalar(m, mo->scalars)));
         if (act < 0) return false;
         if (act > 0) break;
@@ -2542,8 +2573,8 @@ static void precond_graft_apply(Mnist* m) {
                            b.cols, b.rows, Epilogue());
             matmul_forward(pt, cols, {V_ROW, mo->s_b, b.cols}, {V_ROW, b.Rinv, b.cols}, b.rows, b.cols, b.cols,
                            Epilogue());
-            mo_sumsq(m, sums, mo->dt[b.mat] + off, b.rows, b.cols, cols);
-            mo_sumsq(m, sums + 1, pt, b.rows, b.cols, cols);
+            mo_sumsq(m, sums, mo->dt[b.mat] + off, b.rows, b.cols, cols, mo->sum_scratch);
+            mo_sumsq(m, sums + 1, pt, b.rows, b.cols, cols, mo->sum_scratch);
         }
         mo_each(m, (size_t)b.rows * b.cols, ShampooGraft{mo->st[b.mat] + off, mo->s_y + off, mo->dt[b.mat] + off,
                                                          sums, cols, b.cols, b.has_root});
@@ -2589,10 +2620,13 @@ static void shampoo_update(Mnist* m) {
 // trace / n, by the coupled Newton iteration with p = 1 (Shampoo's code). The step: per (G chunk, A chunk) block
 // the preconditioned gradient P = Ginv U Ainv (U: SGD's G + wd W or AdamW's m_hat, as Shampoo), its size grafted
 // onto SGD-momentum or AdamW (--graft, Shampoo's grafting; no KL clipping: the graft fixes every block's step size).
-template <int KIND> struct KfacInputs {  // a~ of a layer: rows x (in + 1), PyTorch's column order, the 1 last
+// a~ of a layer: rows x (in + 1), PyTorch's column order, the 1 last. 32-bit index arithmetic (rows (in + 1) <
+// 2^31 up to batch 2048: conv2's 1.2M x 289): the GPU has no 64-bit divider (it is emulated, per element).
+template <int KIND> struct KfacInputs {
     float* out; const float* p; int ld; const int* col; int in;
     __host__ __device__ void operator()(size_t k) const {
-        const int r = (int)(k / (in + 1)), c = (int)(k % (in + 1));
+        const unsigned w = (unsigned)in + 1u, ru = (unsigned)k / w;
+        const int r = (int)ru, c = (int)((unsigned)k - ru * w);
         out[k] = c == in ? 1.0f : view_get<KIND>(p, ld, r, col[c]);
     }
 };

@@ -390,6 +390,40 @@ static void check_optimizers_gpu(const OptReference& r) {
     g_run.backend = backend; g_run.tf32 = tf32;
 }
 
+// mo_sumsq (the matrix optimizers' sums of squares: norms, the Newton residual) on the GPU against the CPU's float64
+// sum of the same fp32 terms, at awkward shapes and row strides, with and without the identity subtracted, and twice
+// (the same bits: a fixed order, the last block's ticket reset). rtol 1e-5: each of the <= 128 block sums adds at
+// most a few dozen positive terms per thread, then two 8-level trees, so its relative error is below 60 u = 4e-6.
+static void check_sumsq_gpu() {
+    Mnist m;  // m.cpu false: mo_sumsq's GPU side
+    struct Case { int rows, cols, ld; bool minus_identity; };
+    const Case cases[] = {{1, 1, 1, false}, {97, 1025, 1031, false}, {1024, 1024, 1024, true}, {300, 7, 9, false},
+                          {289, 289, 289, true}, {10, 10, 10, true}, {128, 1024, 9217, false}};
+    float *d, *out, *scratch;
+    cudaCheck(cudaMalloc(&d, (size_t)1024 * 9217 * 4)); cudaCheck(cudaMalloc(&out, 8));
+    cudaCheck(cudaMalloc(&scratch, (SUMSQ_MAX_BLOCKS + 1) * 4));
+    cudaCheck(cudaMemset(scratch, 0, (SUMSQ_MAX_BLOCKS + 1) * 4));
+    uint64_t seed = 99;
+    for (const Case& c : cases) {
+        std::vector<float> h((size_t)c.rows * c.ld);
+        for (float& v : h) v = 2.0f * rand_uniform(&seed) - 1.0f;
+        cudaCheck(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        mo_sumsq(&m, out, d, c.rows, c.cols, c.ld, scratch, c.minus_identity);
+        mo_sumsq(&m, out + 1, d, c.rows, c.cols, c.ld, scratch, c.minus_identity);
+        float got[2];
+        cudaCheck(cudaMemcpy(got, out, 8, cudaMemcpyDeviceToHost));
+        Mnist cpu; cpu.cpu = true;
+        float ref;
+        mo_sumsq(&cpu, &ref, h.data(), c.rows, c.cols, c.ld, nullptr, c.minus_identity);
+        const std::string name = "gpu mo_sumsq " + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " ld " +
+                                 std::to_string(c.ld) + (c.minus_identity ? " minus I" : "");
+        compare(name, got, &ref, 1, 0.0, 1e-5);
+        report(memcmp(&got[0], &got[1], 4) == 0, name + " repeats bit-identically",
+               std::to_string(got[0]) + " then " + std::to_string(got[1]));
+    }
+    cudaCheck(cudaFree(d)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(scratch));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Per-sample gradients (issue 21 item 4) against dev/mnist_optimizers.py's per-sample fixture (torch.func.vmap(grad)
 // of each sample's loss): the per-sample norms of every parameter tensor and of the whole model, the clipped mean
@@ -1356,6 +1390,7 @@ int main(int argc, char** argv) {
         } else {
             skip("gpu training steps with the fused forward", "the fused forward is off on this GPU");
         }
+        check_sumsq_gpu();
         if (have_opt_fixture) check_optimizers_gpu(ofx);
         if (have_ps_fixture) check_per_sample_gpu(psx);
         check_fc1_fast(5, 31);
