@@ -1069,7 +1069,8 @@ struct RunConfig {
     bool cpu_roots_fp32 = false;      // the tests' twin: the CPU computes the inverse roots as the GPU does (fp32)
     int wgrad_cluster = 1;            // conv2's weight gradient adds its partial sums in clusters of 1, 2 or 4 blocks
 };
-static RunConfig g_run;
+// thread_local: the delayed roots' thread (--precond_delay) runs strict fp32 while the training step does not
+static thread_local RunConfig g_run;
 
 struct MatmulContext {
     cudaStream_t stream = 0;
@@ -1081,7 +1082,8 @@ struct MatmulContext {
     float* ones = nullptr; int ones_size = 0;                 // cuBLAS path: the vector for bias-gradient gemv
     std::vector<float> host_a, host_b, host_c;                // CPU path scratch
 };
-static MatmulContext g_mm;
+// thread_local: the delayed roots' thread has its own stream, split-K workspace and cuBLAS handle (RootThread)
+static thread_local MatmulContext g_mm;
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static void launch_check() { cudaCheck(cudaGetLastError()); }
@@ -1350,6 +1352,7 @@ struct OptConfig {
     int nesterov = 1, ns_steps = 5, graft = GRAFT_SGD, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
     float kfac_stat_decay = 0.95f;
+    int precond_delay = 0;  // roots due at step s first used at step s + precond_delay (0: at s)
     // per-sample gradients (part 4, after the matrix optimizers): clip norm (0: off), DP noise, Fisher preconditioner
     float clip = 0.0f, noise = 0.0f, fisher_power = 0.5f;
     int precond = 0;  // PRECOND_NONE or PRECOND_FISHER_DIAG
@@ -2011,6 +2014,23 @@ struct KfacFactor {
     float *F = nullptr, *Finv = nullptr;
     int has_inv = 0;
 };
+// The fp32 Newton iteration's scratch: 6 n x n matrices, a scalar, mo_sumsq's scratch (one per stream)
+struct RootWork { std::vector<float*> newton; float* scalar = nullptr; float* sum_scratch = nullptr; };
+// --precond_delay D > 0: the roots due at step s are computed from the factors of step s into `roots` (on the GPU
+// from a snapshot, on a second stream by a host thread: precond_roots_start) and replace the live ones at step
+// s + D (switch_step); until then every step uses the previous roots. One entry per root (precond_root_jobs).
+struct PrecondPending {
+    int switch_step = -1;             // -1: nothing pending
+    std::vector<float*> snap, roots;  // per root: the factor's snapshot (GPU), the new root
+    std::vector<int> ok;              // per root: computed (else the live root stays, as in the synchronous case)
+    bool gpu_ready = false;           // the second stream and its workspace exist
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ev_snap = nullptr, ev_done = nullptr;
+    cublasHandle_t cublas = nullptr;
+    float *ws_partial = nullptr, *ws_rowsum = nullptr;
+    RootWork work;
+    std::thread th;
+};
 struct MatrixOpt {
     int step = 0;  // updates done (counters[0], mirrored on the host: the root schedule is a host decision)
     int optimizer = 0, max_dim = 0;  // what the buffers were built for
@@ -2024,7 +2044,8 @@ struct MatrixOpt {
     std::vector<PrecondBlock> blocks;
     std::vector<KfacFactor> factors;  // K-FAC
     int kfac_seen = 0;                // K-FAC: the factors hold statistics (the first step's replace them)
-    std::vector<float*> newton;       // 6 n x n scratch matrices of the fp32 Newton iteration
+    RootWork work;                    // the fp32 Newton iteration's scratch (the main stream's)
+    PrecondPending pend;              // --precond_delay's roots in flight
     int root_failures = 0;
 };
 
@@ -2207,16 +2228,19 @@ static void matrix_opt_build(Mnist* m) {
             mo->acts = mnist_alloc(m, acts);
         }
         sq = std::max(sq, nn);
-        for (int i = 0; i < 6; i++) mo->newton.push_back(mnist_alloc(m, nn));
+        for (int i = 0; i < 6; i++) mo->work.newton.push_back(mnist_alloc(m, nn));
     }
     mo->s_a = mnist_alloc(m, sq); mo->s_b = mnist_alloc(m, sq); mo->s_c = mnist_alloc(m, sq);
     mo->s_y = mnist_alloc(m, most);
     mo->scalars = mnist_alloc(m, 4 * (mo->blocks.size() + 1));
     mo->sum_scratch = mnist_alloc(m, SUMSQ_MAX_BLOCKS + 1);
+    mo->work.scalar = mo->scalars; mo->work.sum_scratch = mo->sum_scratch;
 }
+static void precond_pending_free(Mnist* m);
 static void matrix_opt_free(Mnist* m) {
     MatrixOpt* mo = m->mo;
     if (!mo) return;
+    precond_pending_free(m);
     for (int k = 0; k < N_MATRICES; k++)
         for (void* p : {(void*)mo->torch_index[k], (void*)mo->gt[k], (void*)mo->ut[k], (void*)mo->dt[k],
                         (void*)mo->st[k]})
@@ -2226,7 +2250,7 @@ static void matrix_opt_free(Mnist* m) {
         for (PrecondBlock& b : mo->blocks)
             for (float* p : {b.L, b.R, b.Linv, b.Rinv}) mnist_free_ptr(m, p);
     for (KfacFactor& f : mo->factors) { mnist_free_ptr(m, f.F); mnist_free_ptr(m, f.Finv); }
-    for (float* p : mo->newton) mnist_free_ptr(m, p);
+    for (float* p : mo->work.newton) mnist_free_ptr(m, p);
     for (float* p : {mo->s_a, mo->s_b, mo->s_c, mo->s_y, mo->scalars, mo->sum_scratch}) mnist_free_ptr(m, p);
     if (mo->acts) mnist_free_ptr(m, mo->acts);
     delete mo;
@@ -2461,15 +2485,18 @@ struct DiagCopy {
 // The same iteration in fp32 on matmul_forward (every product strict fp32: TF32 is not accurate enough for the
 // coupled iteration, dev/matrix_roots_NOTES.md), one host decision per step: the GPU's roots, and on the CPU the
 // tests' fp32 twin of them (g_run.cpu_roots_fp32). false: failed (out unchanged).
-static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p) {
-    MatrixOpt* mo = m->mo;
-    float *M = mo->newton[0], *X = mo->newton[1], *T = mo->newton[2], *T2 = mo->newton[3], *tmp = mo->newton[4];
+static bool inverse_root_fp32(Mnist* m, RootWork& w, float* out, const float* a, int n, int p) {
+    float *M = w.newton[0], *X = w.newton[1], *T = w.newton[2], *T2 = w.newton[3], *tmp = w.newton[4];
     const size_t nn = (size_t)n * n;
     mo_each(m, n, DiagCopy{tmp, a, n});
     std::vector<float> diag(n);
-    mnist_copy_out(m, tmp, diag.data(), n);
-    mo_sumsq(m, mo->scalars, a, n, n, n, mo->sum_scratch);
-    const double frob_a = mo_read_scalar(m, mo->scalars);
+    if (m->cpu) memcpy(diag.data(), tmp, n * 4);
+    else {  // on this thread's stream (a plain cudaMemcpy would also wait for the training step's stream)
+        cudaCheck(cudaMemcpyAsync(diag.data(), tmp, n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+        cudaCheck(cudaStreamSynchronize(g_mm.stream));
+    }
+    mo_sumsq(m, w.scalar, a, n, n, n, w.sum_scratch);
+    const double frob_a = mo_read_scalar(m, w.scalar);
     double trace = 0;
     for (float v : diag) trace += v;
     const double e = root_shift(m->opt, trace, n);
@@ -2480,8 +2507,8 @@ static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p
     mo_each(m, nn, NewtonInit{M, X, a, n, (float)e, (float)z, (float)pow(z, 1.0 / p)});
     NewtonRule rule; rule.n = n;
     for (;;) {
-        mo_sumsq(m, mo->scalars, M, n, n, n, mo->sum_scratch, true);  // ||M - I||_F^2
-        const int act = rule.decide(sqrt((double)mo_read_scalar(m, mo->scalars)));
+        mo_sumsq(m, w.scalar, M, n, n, n, w.sum_scratch, true);  // ||M - I||_F^2
+        const int act = rule.decide(sqrt((double)mo_read_scalar(m, w.scalar)));
         if (act < 0) return false;
         if (act > 0) break;
         mo_each(m, nn, NewtonT{T, M, n, p + 1.0f, 1.0f / p});
@@ -2496,13 +2523,13 @@ static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p
     }
     if (m->cpu) memcpy(out, X, nn * 4);
     else cudaCheck(cudaMemcpyAsync(out, X, nn * 4, cudaMemcpyDeviceToDevice, g_mm.stream));
-    mo->newton = {M, X, T, T2, tmp, mo->newton[5]};  // the swapped pointers (the same six buffers)
+    w.newton = {M, X, T, T2, tmp, w.newton[5]};  // the swapped pointers (the same six buffers)
     return true;
 }
 // out = (A + e I)^(-1/p) on the model's side: float64 on the CPU (unless the tests ask for the fp32 twin), fp32 on
 // the GPU. false: failed (out unchanged).
-static bool inverse_root(Mnist* m, float* out, const float* a, int n, int p) {
-    if (!m->cpu || g_run.cpu_roots_fp32) return inverse_root_fp32(m, out, a, n, p);
+static bool inverse_root(Mnist* m, RootWork& w, float* out, const float* a, int n, int p) {
+    if (!m->cpu || g_run.cpu_roots_fp32) return inverse_root_fp32(m, w, out, a, n, p);
     std::vector<float> tmp((size_t)n * n);
     if (!inverse_root_cpu(m->opt, tmp.data(), a, n, p)) return false;
     memcpy(out, tmp.data(), tmp.size() * 4);
@@ -2519,21 +2546,21 @@ template <class F> static void strict_fp32(const Mnist* m, F f) {
         cublasCheck(cublasSetMathMode(g_mm.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 // The first failed root of a run, said once
-static void root_failed(MatrixOpt* mo, const char* opt, const char* what, int mat, int r0, int c0) {
+static void root_failed(MatrixOpt* mo, const char* opt, const char* what, int mat, int r0, int c0, int step) {
     if (mo->root_failures++ == 0)
         fprintf(stderr, "warning: %s: the %s of %s's block at (%d, %d) failed at step %d; the block keeps its previous "
                 "preconditioner (or its graft step); raise --precond_damping\n", opt, what,
-                PARAMS[MATRIX_PARAMS[mat]].name, r0, c0, mo->step);
+                PARAMS[MATRIX_PARAMS[mat]].name, r0, c0, step);
 }
 // Every block's roots; a failed root keeps the block's previous one (or its graft step).
 static void shampoo_roots(Mnist* m) {
     MatrixOpt* mo = m->mo;
     strict_fp32(m, [&] {
         for (PrecondBlock& b : mo->blocks) {
-            bool ok = inverse_root(m, b.Linv, b.L, b.rows, 4);
-            ok = inverse_root(m, b.Rinv, b.R, b.cols, 4) && ok;
+            bool ok = inverse_root(m, mo->work, b.Linv, b.L, b.rows, 4);
+            ok = inverse_root(m, mo->work, b.Rinv, b.R, b.cols, 4) && ok;
             if (ok) b.has_root = 1;
-            else root_failed(mo, "shampoo", "inverse root", b.mat, b.r0, b.c0);
+            else root_failed(mo, "shampoo", "inverse root", b.mat, b.r0, b.c0, mo->step);
         }
     });
 }
@@ -2589,6 +2616,7 @@ static void precond_graft_apply(Mnist* m) {
 static void gram_cols(float* out, const float* x, int ld, int n, int rows) {
     matmul_forward(out, n, {V_COL, x, ld}, {V_ROW, x, ld}, n, n, rows, Epilogue());
 }
+static void precond_roots_update(Mnist* m);
 static void shampoo_update(Mnist* m) {
     MatrixOpt* mo = m->mo;
     precond_prepare(m);
@@ -2600,7 +2628,7 @@ static void shampoo_update(Mnist* m) {
         gram_cols(mo->s_a, g, cols, b.cols, b.rows);
         mo_each(m, (size_t)b.cols * b.cols, MatAdd{b.R, mo->s_a});
     }
-    if (shampoo_root_due(m->opt, mo->step)) shampoo_roots(m);
+    precond_roots_update(m);
     precond_graft_apply(m);
     update_biases(m, m->opt.graft == GRAFT_SGD ? OPT_SGD : OPT_ADAMW);
 }
@@ -2668,17 +2696,175 @@ static void kfac_inverses(Mnist* m) {
     MatrixOpt* mo = m->mo;
     strict_fp32(m, [&] {
         for (KfacFactor& f : mo->factors) {
-            if (inverse_root(m, f.Finv, f.F, f.n, 1)) f.has_inv = 1;
+            if (inverse_root(m, mo->work, f.Finv, f.F, f.n, 1)) f.has_inv = 1;
             else root_failed(mo, "kfac", f.side ? "inverse of A" : "inverse of G", f.mat, f.side ? 0 : f.i0,
-                             f.side ? f.i0 : 0);
+                             f.side ? f.i0 : 0, mo->step);
         }
     });
     kfac_block_roots(mo);
 }
+
+// ---- --precond_delay: the roots of step s live from step s + D, computed meanwhile on a second stream ------------
+// As distributed Shampoo overlaps its root computation with training: at a due step s the factors are copied (on the
+// training stream, after step s's statistics), a host thread runs the same fp32 Newton iterations on them on a
+// second stream (its own split-K workspace, scratch and cuBLAS handle: thread_local g_mm) into the pending buffers,
+// and at step s + D the training thread joins it, orders its stream after the roots' (an event) and swaps the new
+// roots in, before that step's first use. The roots are those of the synchronous schedule bit for bit; only the step
+// that first uses them moves. The CPU computes them at s (synchronously) and swaps them in at s + D alike.
+struct RootJob { float* a; float** live; int n, p; };  // a root: its factor (n x n), the live root's pointer, p
+static std::vector<RootJob> precond_root_jobs(MatrixOpt* mo) {
+    std::vector<RootJob> jobs;
+    if (mo->optimizer == OPT_SHAMPOO)
+        for (PrecondBlock& b : mo->blocks) {
+            jobs.push_back({b.L, &b.Linv, b.rows, 4});
+            jobs.push_back({b.R, &b.Rinv, b.cols, 4});
+        }
+    else
+        for (KfacFactor& f : mo->factors) jobs.push_back({f.F, &f.Finv, f.n, 1});
+    return jobs;
+}
+// The pending roots of jobs from factors src (the jobs' own or their snapshots), with the synchronous warnings
+static void precond_roots_compute(Mnist* m, RootWork& w, const std::vector<RootJob>& jobs,
+                                  const std::vector<float*>& src, int due_step) {
+    MatrixOpt* mo = m->mo;
+    PrecondPending& pd = mo->pend;
+    strict_fp32(m, [&] {
+        for (size_t j = 0; j < jobs.size(); j++)
+            pd.ok[j] = inverse_root(m, w, pd.roots[j], src[j], jobs[j].n, jobs[j].p);
+    });
+    if (mo->optimizer == OPT_SHAMPOO) {
+        for (size_t i = 0; i < mo->blocks.size(); i++)
+            if (!pd.ok[2 * i] || !pd.ok[2 * i + 1]) {
+                const PrecondBlock& b = mo->blocks[i];
+                root_failed(mo, "shampoo", "inverse root", b.mat, b.r0, b.c0, due_step);
+            }
+    } else {
+        for (size_t i = 0; i < mo->factors.size(); i++)
+            if (!pd.ok[i]) {
+                const KfacFactor& f = mo->factors[i];
+                root_failed(mo, "kfac", f.side ? "inverse of A" : "inverse of G", f.mat, f.side ? 0 : f.i0,
+                            f.side ? f.i0 : 0, due_step);
+            }
+    }
+}
+// The second stream, its workspace and scratch (once per optimizer state)
+static void precond_gpu_setup(Mnist* m, const std::vector<RootJob>& jobs) {
+    PrecondPending& pd = m->mo->pend;
+    if (pd.gpu_ready) return;
+    // non-blocking: no implicit order with the legacy stream's copies of the training thread
+    cudaCheck(cudaStreamCreateWithFlags(&pd.stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&pd.ev_snap, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&pd.ev_done, cudaEventDisableTiming));
+    if (g_run.backend == BACKEND_CUBLAS) {
+        cublasCheck(cublasCreate(&pd.cublas));
+        cublasCheck(cublasSetStream(pd.cublas, pd.stream));
+    }
+    pd.ws_partial = mnist_alloc(m, g_mm.ws_partial_size);
+    pd.ws_rowsum = mnist_alloc(m, g_mm.ws_rowsum_size);
+    size_t nn = 1;
+    for (const RootJob& j : jobs) nn = std::max(nn, (size_t)j.n * j.n);
+    for (int i = 0; i < 6; i++) pd.work.newton.push_back(mnist_alloc(m, nn));
+    pd.work.scalar = mnist_alloc(m, 1);
+    pd.work.sum_scratch = mnist_alloc(m, SUMSQ_MAX_BLOCKS + 1);
+    pd.gpu_ready = true;
+}
+// The roots thread done, and the training stream ordered after its work
+static void precond_pending_wait(Mnist* m) {
+    PrecondPending& pd = m->mo->pend;
+    if (pd.th.joinable()) pd.th.join();
+    if (!m->cpu && pd.gpu_ready) cudaCheck(cudaStreamWaitEvent(g_mm.stream, pd.ev_done, 0));
+}
+// The pending roots become the live ones (a failed one leaves its live root, as the synchronous schedule does)
+static void precond_roots_switch(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    PrecondPending& pd = mo->pend;
+    precond_pending_wait(m);
+    const std::vector<RootJob> jobs = precond_root_jobs(mo);
+    for (size_t j = 0; j < jobs.size(); j++)
+        if (pd.ok[j]) std::swap(*jobs[j].live, pd.roots[j]);
+    if (mo->optimizer == OPT_SHAMPOO) {
+        for (size_t i = 0; i < mo->blocks.size(); i++)
+            if (pd.ok[2 * i] && pd.ok[2 * i + 1]) mo->blocks[i].has_root = 1;
+    } else {
+        for (size_t i = 0; i < mo->factors.size(); i++)
+            if (pd.ok[i]) mo->factors[i].has_inv = 1;
+        for (PrecondBlock& b : mo->blocks) { b.Linv = mo->factors[b.fl].Finv; b.Rinv = mo->factors[b.fr].Finv; }
+        kfac_block_roots(mo);
+    }
+    pd.switch_step = -1;
+}
+// The due roots of this step, started for step + precond_delay
+static void precond_roots_start(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    PrecondPending& pd = mo->pend;
+    if (pd.switch_step >= 0) precond_roots_switch(m);  // (only where a resume changed the schedule)
+    const std::vector<RootJob> jobs = precond_root_jobs(mo);
+    if (pd.roots.empty())
+        for (const RootJob& j : jobs) {
+            pd.roots.push_back(mnist_alloc(m, (size_t)j.n * j.n));
+            if (!m->cpu) pd.snap.push_back(mnist_alloc(m, (size_t)j.n * j.n));
+        }
+    pd.ok.assign(jobs.size(), 0);
+    pd.switch_step = mo->step + m->opt.precond_delay;
+    const int due = mo->step;
+    if (m->cpu) {
+        std::vector<float*> src;
+        for (const RootJob& j : jobs) src.push_back(j.a);
+        precond_roots_compute(m, mo->work, jobs, src, due);
+        return;
+    }
+    precond_gpu_setup(m, jobs);
+    for (size_t j = 0; j < jobs.size(); j++)
+        cudaCheck(cudaMemcpyAsync(pd.snap[j], jobs[j].a, (size_t)jobs[j].n * jobs[j].n * 4, cudaMemcpyDeviceToDevice,
+                                  g_mm.stream));
+    cudaCheck(cudaEventRecord(pd.ev_snap, g_mm.stream));
+    const RunConfig run = g_run;
+    const size_t ws_partial_size = g_mm.ws_partial_size, ws_rowsum_size = g_mm.ws_rowsum_size;
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    pd.th = std::thread([m, jobs, due, run, dev, ws_partial_size, ws_rowsum_size] {
+        PrecondPending& p = m->mo->pend;
+        cudaCheck(cudaSetDevice(dev));
+        g_run = run;  // this thread's: strict_fp32 switches its own
+        g_mm.stream = p.stream; g_mm.cublas = p.cublas;
+        g_mm.ws_partial = p.ws_partial; g_mm.ws_partial_size = ws_partial_size;
+        g_mm.ws_rowsum = p.ws_rowsum; g_mm.ws_rowsum_size = ws_rowsum_size;
+        cudaCheck(cudaStreamWaitEvent(p.stream, p.ev_snap, 0));
+        precond_roots_compute(m, p.work, jobs, p.snap, due);
+        cudaCheck(cudaEventRecord(p.ev_done, p.stream));
+    });
+}
+static void precond_pending_free(Mnist* m) {
+    PrecondPending& pd = m->mo->pend;
+    if (pd.th.joinable()) pd.th.join();
+    for (float* p : pd.roots) mnist_free_ptr(m, p);
+    for (float* p : pd.snap) mnist_free_ptr(m, p);
+    if (!pd.gpu_ready) return;
+    cudaCheck(cudaStreamSynchronize(pd.stream));
+    for (float* p : pd.work.newton) mnist_free_ptr(m, p);
+    for (float* p : {pd.work.scalar, pd.work.sum_scratch, pd.ws_partial, pd.ws_rowsum}) mnist_free_ptr(m, p);
+    if (pd.cublas) cublasCheck(cublasDestroy(pd.cublas));
+    cudaCheck(cudaEventDestroy(pd.ev_snap)); cudaCheck(cudaEventDestroy(pd.ev_done));
+    cudaCheck(cudaStreamDestroy(pd.stream));
+}
+// The roots' schedule after a step's statistics, before the step's first use of them: the pending roots at their
+// switch step, then the roots due at this step: synchronously with precond_delay 0, else started for a later step.
+static void precond_roots_update(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    if (mo->pend.switch_step >= 0 && mo->step >= mo->pend.switch_step) precond_roots_switch(m);
+    if (!shampoo_root_due(m->opt, mo->step)) return;
+    if (m->opt.precond_delay == 0) {
+        if (mo->optimizer == OPT_SHAMPOO) shampoo_roots(m);
+        else kfac_inverses(m);
+    } else {
+        precond_roots_start(m);
+    }
+}
+
 static void kfac_update(Mnist* m, int B) {
     precond_prepare(m);
     kfac_statistics(m, B);
-    if (shampoo_root_due(m->opt, m->mo->step)) kfac_inverses(m);
+    precond_roots_update(m);
     precond_graft_apply(m);
 }
 
