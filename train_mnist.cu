@@ -2793,17 +2793,22 @@ static void precond_roots_switch(Mnist* m) {
     }
     pd.switch_step = -1;
 }
+// The pending roots' buffers (and on the GPU the factors' snapshots), once
+static void precond_pending_alloc(Mnist* m) {
+    PrecondPending& pd = m->mo->pend;
+    if (!pd.roots.empty()) return;
+    for (const RootJob& j : precond_root_jobs(m->mo)) {
+        pd.roots.push_back(mnist_alloc(m, (size_t)j.n * j.n));
+        if (!m->cpu) pd.snap.push_back(mnist_alloc(m, (size_t)j.n * j.n));
+    }
+}
 // The due roots of this step, started for step + precond_delay
 static void precond_roots_start(Mnist* m) {
     MatrixOpt* mo = m->mo;
     PrecondPending& pd = mo->pend;
     if (pd.switch_step >= 0) precond_roots_switch(m);  // (only where a resume changed the schedule)
     const std::vector<RootJob> jobs = precond_root_jobs(mo);
-    if (pd.roots.empty())
-        for (const RootJob& j : jobs) {
-            pd.roots.push_back(mnist_alloc(m, (size_t)j.n * j.n));
-            if (!m->cpu) pd.snap.push_back(mnist_alloc(m, (size_t)j.n * j.n));
-        }
+    precond_pending_alloc(m);
     pd.ok.assign(jobs.size(), 0);
     pd.switch_step = mo->step + m->opt.precond_delay;
     const int due = mo->step;
@@ -3297,7 +3302,8 @@ static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const 
 // header holds every setting the run's trajectory depends on, so that --resume can continue it (data/README.md).
 // Version 3 added Muon's and Shampoo's settings (slots 21..30) and their state; the per-sample step added slots
 // 31..34 (0: off) and K-FAC (optimizer 4) slot 35, kfac_stat_decay, written 0 by every other optimizer (so a version 3
-// file of before still reads, and an older binary refuses a K-FAC file at that slot or at the optimizer's range).
+// file of before still reads, and an older binary refuses a K-FAC file at that slot or at the optimizer's range);
+// slot 36, precond_delay, likewise (0 unless Shampoo or K-FAC: an older binary refuses a delayed run's file).
 enum {
     CK_EPOCH = 3, CK_STEP, CK_BATCH_SIZE, CK_SEED, CK_OPTIMIZER, CK_HAS_OPTIMIZER, CK_EPOCHS, CK_LR, CK_TEST_ACCURACY,
     CK_LR_SCHEDULE, CK_WARMUP_STEPS, CK_LR_MIN, CK_MOMENTUM, CK_WEIGHT_DECAY, CK_BETA1, CK_BETA2, CK_EPS,
@@ -3305,6 +3311,7 @@ enum {
     CK_PRECOND_START, CK_MAX_PRECOND_DIM, CK_PRECOND_EPS, CK_PRECOND_DAMPING,
     CK_CLIP_PER_SAMPLE, CK_NOISE_MULTIPLIER, CK_PRECOND, CK_FISHER_POWER,  // 0 in older files: per-sample step off
     CK_KFAC_STAT_DECAY,                                                    // 0 unless the optimizer is K-FAC
+    CK_PRECOND_DELAY,                                                      // 0 unless Shampoo or K-FAC
     CK_FIELDS_END
 };
 static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
@@ -3312,11 +3319,22 @@ static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
     "epochs", "lr", "test_accuracy", "lr_schedule", "warmup_steps", "lr_min", "momentum", "weight_decay", "beta1",
     "beta2", "eps", "train_images", "muon_lr", "muon_momentum", "muon_nesterov", "ns_steps", "graft",
     "precond_every", "precond_start", "max_precond_dim", "precond_eps", "precond_damping", "clip_per_sample",
-    "noise_multiplier", "precond", "fisher_power", "kfac_stat_decay"};
+    "noise_multiplier", "precond", "fisher_power", "kfac_stat_decay", "precond_delay"};
 static const char* const OPTIMIZER_NAMES[5] = {"sgd", "adamw", "muon", "shampoo", "kfac"};
 static const char* const GRAFT_NAMES[2] = {"sgd", "adam"};
 static const char* const SCHEDULE_NAMES[3] = {"constant", "cosine", "linear"};
 static const char* const PRECOND_NAMES[2] = {"none", "fisher_diag"};
+// Shampoo and K-FAC: the preconditioner's roots (precond_delay and its checkpoint state); other optimizers ignore
+// --precond_delay, as they do Shampoo's other flags, and store 0.
+static bool is_matrix_precond(int optimizer) { return optimizer == OPT_SHAMPOO || optimizer == OPT_KFAC; }
+static int precond_delay_stored(const OptConfig& o) { return is_matrix_precond(o.optimizer) ? o.precond_delay : 0; }
+// "" or why --precond_delay does not fit: at most one set of roots is in flight, so D <= precond_every
+static std::string precond_delay_error(const OptConfig& o) {
+    if (!is_matrix_precond(o.optimizer) || o.precond_delay <= o.precond_every) return "";
+    return "--precond_delay " + std::to_string(o.precond_delay) + " is above --precond_every " +
+           std::to_string(o.precond_every) + ": the roots due every precond_every steps must be in use before the next "
+           "are due (use --precond_delay 0.." + std::to_string(o.precond_every) + ")";
+}
 // The per-sample flags that do not go together, or "": noise needs a clip norm (its scale is C / B); K-FAC takes no
 // clipping (its factors would mix clipped and unclipped output gradients, and are not privatised); the Fisher
 // preconditioner feeds SGD-momentum only (AdamW's and the matrix optimizers' own preconditioners would stack on it)
@@ -3407,8 +3425,24 @@ static PrecondState precond_state_tensors(const OptConfig& o, MatrixOpt* mo) {
     return st;
 }
 
-// Returns "" or a message naming the path.
-static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
+// --precond_delay's roots in flight at a checkpoint (an epoch end between a due step s and its switch s + D) are
+// stored as pending.<the live root's name> (zeros where the root failed), pending.root_ok (int32, one per root: it was
+// computed) and pending.switch_in (int32 (1): steps from the checkpoint's step to the switch, 0..precond_delay - 1),
+// so that --resume swaps them in at the step where the uninterrupted run does.
+static const char* const PENDING_PREFIX = "pending.";
+static const char* const PENDING_OK = "pending.root_ok";
+static const char* const PENDING_SWITCH = "pending.switch_in";
+// The roots among the state's matrices (Shampoo's Linv and Rinv per block, K-FAC's inverses), in precond_root_jobs'
+// order
+static std::vector<StateMatrix> precond_root_mats(const PrecondState& st, int optimizer) {
+    std::vector<StateMatrix> roots;
+    for (size_t k = 0; k < st.mats.size(); k++)
+        if (optimizer == OPT_SHAMPOO ? k % 4 >= 2 : k % 2 == 1) roots.push_back(st.mats[k]);
+    return roots;
+}
+
+// Returns "" or a message naming the path. Joins --precond_delay's roots thread first.
+static std::string mnist_save_checkpoint(Mnist* m, const char* path, const CheckpointMeta& meta) {
     std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
     mnist_copy_out(m, m->params, internal.data(), m->n_params);
     for (int i = 0; i < N_PARAM_TENSORS; i++)
@@ -3452,6 +3486,23 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
     }
     for (int* f : st.flags) flags.push_back(*f);
     if (!flags.empty()) ts.push_back({st.flags_name, 1, 1, {(int)flags.size(), 0, 0, 0}, flags.data()});
+    std::vector<std::vector<float>> pending;  // --precond_delay's roots in flight
+    std::vector<int32_t> pending_ok, switch_in;
+    if (!st.mats.empty() && m->mo->pend.switch_step >= 0) {
+        PrecondPending& pd = m->mo->pend;
+        precond_pending_wait(m);  // the thread's roots written (the copies below wait on the training stream)
+        const std::vector<StateMatrix> roots = precond_root_mats(st, meta.opt.optimizer);
+        pending.resize(roots.size());
+        for (size_t j = 0; j < roots.size(); j++) {
+            pending[j].assign((size_t)roots[j].n * roots[j].n, 0.0f);
+            if (pd.ok[j]) mnist_copy_out(m, pd.roots[j], pending[j].data(), pending[j].size());
+            ts.push_back({PENDING_PREFIX + roots[j].name, 0, 2, {roots[j].n, roots[j].n, 0, 0}, pending[j].data()});
+            pending_ok.push_back(pd.ok[j]);
+        }
+        switch_in.push_back(pd.switch_step - m->mo->step);
+        ts.push_back({PENDING_OK, 1, 1, {(int)pending_ok.size(), 0, 0, 0}, pending_ok.data()});
+        ts.push_back({PENDING_SWITCH, 1, 1, {1, 0, 0, 0}, switch_in.data()});
+    }
     std::vector<float> fisher(m->n_params);  // --precond fisher_diag's running average, PyTorch layout
     if (meta.has_optimizer && meta.opt.precond == PRECOND_FISHER_DIAG && m->ps) {
         mnist_copy_out(m, m->ps->fisher, internal.data(), m->n_params);
@@ -3470,7 +3521,8 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
                                    fbits(o.muon_momentum), o.nesterov, o.ns_steps, o.graft, o.precond_every,
                                    o.precond_start, o.max_precond_dim, fbits(o.precond_eps), fbits(o.precond_damping),
                                    fbits(o.clip), fbits(o.noise), o.precond, fbits(o.fisher_power),
-                                   o.optimizer == OPT_KFAC ? fbits(o.kfac_stat_decay) : 0};
+                                   o.optimizer == OPT_KFAC ? fbits(o.kfac_stat_decay) : 0,
+                                   precond_delay_stored(o)};
     return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
 static CheckpointMeta checkpoint_meta(const BinFile* bf) {
@@ -3492,6 +3544,7 @@ static CheckpointMeta checkpoint_meta(const BinFile* bf) {
     o.clip = bin_field_f(bf, CK_CLIP_PER_SAMPLE); o.noise = bin_field_f(bf, CK_NOISE_MULTIPLIER);
     o.precond = h[CK_PRECOND]; o.fisher_power = bin_field_f(bf, CK_FISHER_POWER);
     if (o.optimizer == OPT_KFAC) o.kfac_stat_decay = bin_field_f(bf, CK_KFAC_STAT_DECAY);
+    o.precond_delay = h[CK_PRECOND_DELAY];
     o.total_steps = 1;  // set by the run from epochs and its steps per epoch
     return meta;
 }
@@ -3519,7 +3572,9 @@ static std::string checkpoint_header_error(const BinFile* bf) {
         {CK_PRECOND_EVERY, 1, 100000000, "1..100000000 (--precond_every)"},
         {CK_PRECOND_START, 0, 100000000, "0..100000000 (--precond_start)"},
         {CK_MAX_PRECOND_DIM, 1, 16384, "1..16384 (--max_precond_dim)"},
-        {CK_PRECOND, 0, 1, "0 (none) or 1 (fisher_diag) (--precond)"}};
+        {CK_PRECOND, 0, 1, "0 (none) or 1 (fisher_diag) (--precond)"},
+        {CK_PRECOND_DELAY, 0, is_matrix_precond(h[CK_OPTIMIZER]) ? h[CK_PRECOND_EVERY] : 0,
+         is_matrix_precond(h[CK_OPTIMIZER]) ? "0..precond_every (--precond_delay)" : "0 (not shampoo or kfac)"}};
     for (const IntField& f : ints)
         if (h[f.slot] < f.lo || h[f.slot] > f.hi) return bad(f.slot, std::to_string(h[f.slot]), f.expected);
     struct FloatField { int slot; float lo, hi; const char* expected; };
@@ -3616,6 +3671,42 @@ static std::string checkpoint_tensors_error(const BinFile* bf) {
                        std::to_string(x[j]) + ", expected 0 or 1";
         names.insert(st.flags_name);
     }
+    if (st.flags_name && bin_has(bf, PENDING_SWITCH)) {  // --precond_delay's roots in flight, all of them
+        const int one[1] = {1};
+        const int32_t* in = (const int32_t*)bin_find(bf, PENDING_SWITCH, 1, 1, one, &e);
+        if (!in) return e;
+        if (in[0] < 0 || in[0] >= stored.precond_delay)
+            return bf->path + ": tensor " + PENDING_SWITCH + "[0] is " + std::to_string(in[0]) + ", expected 0.." +
+                   "precond_delay - 1 (the steps to the pending roots' switch; header[" +
+                   std::to_string(CK_PRECOND_DELAY) + "] precond_delay is " + std::to_string(stored.precond_delay) +
+                   ")";
+        names.insert(PENDING_SWITCH);
+        const std::vector<StateMatrix> roots = precond_root_mats(st, optimizer);
+        for (const StateMatrix& sm : roots) {
+            const std::string name = PENDING_PREFIX + sm.name;
+            const int shape[2] = {sm.n, sm.n};
+            const char* x = (const char*)bin_find(bf, name, 0, 2, shape, &e);
+            if (!x) return e;
+            for (size_t j = 0; j < (size_t)sm.n * sm.n; j++) {
+                float v;
+                memcpy(&v, x + 4 * j, 4);
+                if (!std::isfinite(v)) {
+                    snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number", bf->path.c_str(),
+                             name.c_str(), j, v);
+                    return msg;
+                }
+            }
+            names.insert(name);
+        }
+        const int shape[1] = {(int)roots.size()};
+        const int32_t* ok = (const int32_t*)bin_find(bf, PENDING_OK, 1, 1, shape, &e);
+        if (!ok) return e;
+        for (size_t j = 0; j < roots.size(); j++)
+            if (ok[j] != 0 && ok[j] != 1)
+                return bf->path + ": tensor " + PENDING_OK + "[" + std::to_string(j) + "] is " + std::to_string(ok[j]) +
+                       ", expected 0 or 1";
+        names.insert(PENDING_OK);
+    }
     for (const BinTensor& t : bf->tensors)
         if (!names.count(t.name))
             return bf->path + ": tensor " + printable(t.name) + " is not one of this checkpoint's (the model's "
@@ -3678,6 +3769,21 @@ static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_o
             const int32_t* flags = (const int32_t*)bin_expect(bf, st.flags_name, 1, 1, shape);
             for (size_t k = 0; k < st.flags.size(); k++) *st.flags[k] = flags[k];
             if (stored.optimizer == OPT_KFAC) { kfac_block_roots(m->mo); m->mo->kfac_seen = 1; }
+            if (bin_has(bf, PENDING_SWITCH)) {  // --precond_delay's roots in flight: swapped in at the stored step
+                PrecondPending& pd = m->mo->pend;
+                precond_pending_alloc(m);
+                const std::vector<StateMatrix> roots = precond_root_mats(st, stored.optimizer);
+                const int n_roots[1] = {(int)roots.size()}, one[1] = {1};
+                const int32_t* ok = (const int32_t*)bin_expect(bf, PENDING_OK, 1, 1, n_roots);
+                for (size_t j = 0; j < roots.size(); j++) {
+                    const int sh[2] = {roots[j].n, roots[j].n};
+                    const std::string name = PENDING_PREFIX + roots[j].name;
+                    mnist_copy_in(m, pd.roots[j], (const float*)bin_expect(bf, name.c_str(), 0, 2, sh),
+                                  (size_t)roots[j].n * roots[j].n);
+                }
+                pd.ok.assign(ok, ok + roots.size());
+                pd.switch_step = checkpoint_meta(bf).step + *(const int32_t*)bin_expect(bf, PENDING_SWITCH, 1, 1, one);
+            }
         }
     }
 }
@@ -5796,6 +5902,7 @@ struct Args {
     int muon_nesterov = 1, ns_steps = 5, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
     float kfac_stat_decay = 0.95f;
+    int precond_delay = 0;
     // per-sample gradients
     std::string precond = "none";
     float clip_per_sample = 0.0f, noise_multiplier = 0.0f, fisher_power = 0.5f;
@@ -5848,6 +5955,9 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "eigenvalue"},
         {"kfac_stat_decay", 'f', &a.kfac_stat_decay, 0, 0.999999, nullptr,
          "K-FAC: running-average decay of the factors A and G"},
+        {"precond_delay", 'i', &a.precond_delay, 0, 100000000, nullptr,
+         "Shampoo, K-FAC: the roots due at step s are computed meanwhile (GPU: on a second stream) and used from step "
+         "s + N, N <= --precond_every (0: computed and used at s)"},
         {"clip_per_sample", 'f', &a.clip_per_sample, 0, 1e9, nullptr,
          "clip each sample's whole-model gradient to this norm before averaging (DP-SGD; 0: off; the generic path)"},
         {"noise_multiplier", 'f', &a.noise_multiplier, 0, 1e9, nullptr,
@@ -5873,8 +5983,8 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "with --resume: stored settings this run changes "
          "knowingly (comma list of lr, seed, batch_size, epochs, lr_schedule, warmup_steps, lr_min, momentum, "
          "weight_decay, beta1, beta2, eps, train_limit, muon_lr, muon_momentum, muon_nesterov, ns_steps, "
-         "precond_every, precond_start, precond_eps, precond_damping, kfac_stat_decay; optimizer: a new optimizer "
-         "state (also for --graft, --max_precond_dim)); without it a differing one is an error"},
+         "precond_every, precond_start, precond_eps, precond_damping, kfac_stat_decay, precond_delay; optimizer: a new "
+         "optimizer state (also for --graft, --max_precond_dim)); without it a differing one is an error"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
         {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr,
@@ -6028,7 +6138,7 @@ static const char* const ALLOW_CHANGE_NAMES[] = {"lr", "seed", "batch_size", "ep
                                                  "train_limit", "muon_lr", "muon_momentum", "muon_nesterov",
                                                  "ns_steps", "precond_every", "precond_start", "precond_eps",
                                                  "precond_damping", "kfac_stat_decay", "optimizer", "clip_per_sample",
-                                                 "noise_multiplier", "fisher_power"};
+                                                 "noise_multiplier", "fisher_power", "precond_delay"};
 static std::set<std::string> parse_allow_change(const std::string& list) {
     std::set<std::string> out;
     for (size_t i = 0; i < list.size();) {
@@ -6139,6 +6249,9 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     if (keep("kfac_stat_decay", kfac, a.kfac_stat_decay != o.kfac_stat_decay, str(a.kfac_stat_decay),
              str(o.kfac_stat_decay)))
         a.kfac_stat_decay = o.kfac_stat_decay;
+    if (keep("precond_delay", is_shampoo, a.precond_delay != o.precond_delay, std::to_string(a.precond_delay),
+             std::to_string(o.precond_delay)))
+        a.precond_delay = o.precond_delay;
     if (keep("clip_per_sample", true, a.clip_per_sample != o.clip, str(a.clip_per_sample), str(o.clip)))
         a.clip_per_sample = o.clip;
     if (keep("noise_multiplier", true, a.noise_multiplier != o.noise, str(a.noise_multiplier), str(o.noise)))
@@ -6269,6 +6382,7 @@ static OptConfig opt_config_from_args(const Args& a, int steps_per_epoch) {
     o.max_precond_dim = a.max_precond_dim; o.precond_eps = a.precond_eps;
     o.precond_damping = a.precond_damping;
     o.kfac_stat_decay = a.kfac_stat_decay;
+    o.precond_delay = a.precond_delay;
     o.clip = a.clip_per_sample; o.noise = a.noise_multiplier; o.fisher_power = a.fisher_power;
     o.precond = a.precond == "fisher_diag" ? PRECOND_FISHER_DIAG : PRECOND_NONE;
     return o;
@@ -6287,6 +6401,10 @@ static int restore_from_checkpoint(Mnist* model, BinFile* ck, const Args& a, con
         printf("note: %d steps per epoch instead of %d: the schedule goes on from step %d (epoch %d), not %d\n",
                steps_per_epoch, (stored.train_images + stored.batch_size - 1) / stored.batch_size, *step, start_epoch,
                stored.step);
+    if (model->mo && model->mo->pend.switch_step >= 0) {  // the pending roots' switch: as stored, within precond_delay
+        PrecondPending& pd = model->mo->pend;
+        pd.switch_step = *step + std::min(pd.switch_step - stored.step, std::max(model->opt.precond_delay - 1, 0));
+    }
     printf("resuming %s at epoch %d of %d (step %d): %s, lr %g, %s schedule, seed %d, batch_size %d, %d training "
            "images\n", a.resume.c_str(), start_epoch, a.epochs, *step, a.optimizer.c_str(), a.lr,
            a.lr_schedule.c_str(), a.seed, a.batch_size, train_n);
@@ -6424,6 +6542,8 @@ int main(int argc, char** argv) {
     const CheckpointMeta stored = read_start_checkpoint(a, &ck, allowed);
     const std::string combo = per_sample_flags_error(opt_config_from_args(a, 1));
     if (!combo.empty()) die(combo);
+    const std::string delay = precond_delay_error(opt_config_from_args(a, 1));
+    if (!delay.empty()) die(delay);
     const bool cpu = device_is_cpu(a);
     run_config_decide(cpu ? BACKEND_CPU : (a.matmul == "cublas" ? BACKEND_CUBLAS : BACKEND_OURS), a.tf32,
                       a.cpu_threads > 0 ? a.cpu_threads : std::max(1u, std::thread::hardware_concurrency()));
