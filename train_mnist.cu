@@ -2842,10 +2842,10 @@ static void precond_roots_start(Mnist* m) {
 static void precond_pending_free(Mnist* m) {
     PrecondPending& pd = m->mo->pend;
     if (pd.th.joinable()) pd.th.join();
+    if (pd.gpu_ready) cudaCheck(cudaStreamSynchronize(pd.stream));  // its last copies into pd.roots done
     for (float* p : pd.roots) mnist_free_ptr(m, p);
     for (float* p : pd.snap) mnist_free_ptr(m, p);
     if (!pd.gpu_ready) return;
-    cudaCheck(cudaStreamSynchronize(pd.stream));
     for (float* p : pd.work.newton) mnist_free_ptr(m, p);
     for (float* p : {pd.work.scalar, pd.work.sum_scratch, pd.ws_partial, pd.ws_rowsum}) mnist_free_ptr(m, p);
     if (pd.cublas) cublasCheck(cublasDestroy(pd.cublas));

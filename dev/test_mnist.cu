@@ -245,7 +245,9 @@ struct OptReference {
     float lr, momentum, weight_decay, adam_lr, beta1, beta2, eps, adam_wd, muon_lr, muon_momentum, p_eps, p_damping;
     float kfac_decay, kfac_damping;
     std::vector<float> x; std::vector<int> y;
-    std::vector<std::string> runs = {"muon", "shampoo_sgd", "shampoo_adam", "kfac_sgd", "kfac_adam"};
+    // runs 5, 6: runs 1, 3 with --precond_delay 1 (opt_run_base)
+    std::vector<std::string> runs = {"muon",      "shampoo_sgd",        "shampoo_adam",   "kfac_sgd",
+                                     "kfac_adam", "shampoo_sgd_delay1", "kfac_sgd_delay1"};
     std::vector<std::vector<float>> losses;                 // per run
     std::vector<std::vector<std::vector<float>>> finals;   // per run, per parameter (fc1.weight: 4 rows)
 };
@@ -279,8 +281,14 @@ static OptReference load_opt_reference(const char* path) {
     }
     return r;
 }
+// The run a delayed one repeats with --precond_delay 1 (shampoo_sgd_delay1: shampoo_sgd, kfac_sgd_delay1: kfac_sgd)
+static int opt_run_base(int run) { return run == 5 ? 1 : run == 6 ? 3 : run; }
+static bool opt_run_adam(int run) { return opt_run_base(run) == 2 || opt_run_base(run) == 4; }
+static bool opt_run_kfac(int run) { return opt_run_base(run) >= 3; }
 static OptConfig opt_config_for(const OptReference& r, int run) {
     OptConfig c;
+    c.precond_delay = run == opt_run_base(run) ? 0 : 1;
+    run = opt_run_base(run);
     c.schedule = SCHED_CONSTANT; c.warmup_steps = 0;
     c.beta1 = r.beta1; c.beta2 = r.beta2; c.eps = r.eps; c.momentum = r.momentum;
     c.muon_lr = r.muon_lr; c.muon_momentum = r.muon_momentum; c.nesterov = r.nesterov; c.ns_steps = r.ns_steps;
@@ -329,7 +337,7 @@ static void check_optimizers_cpu(const OptReference& r) {
     std::vector<float> lbuf(r.B);
     const std::vector<float> init = hash_init(r.init_seed, m.n_params);
     for (int run = 0; run < (int)r.runs.size(); run++) {
-        const bool adam = run == 2 || run == 4, kfac = run >= 3;
+        const bool adam = opt_run_adam(run), kfac = opt_run_kfac(run);
         std::vector<float> losses = run_opt_steps(&m, r, run, lbuf.data());
         const std::string tag = "cpu " + r.runs[run];
         compare(tag + " step losses", losses.data(), r.losses[run].data(), r.S, 0.0, adam ? 1e-3 : 1e-4);
@@ -371,7 +379,7 @@ static void check_optimizers_gpu(const OptReference& r) {
     float* lbuf; cudaCheck(cudaMalloc(&lbuf, r.B * 4));
     const std::vector<float> init = hash_init(r.init_seed, m.n_params);
     for (int run = 0; run < (int)r.runs.size(); run++) {
-        const bool adam = run == 2 || run == 4, kfac = run >= 3;
+        const bool adam = opt_run_adam(run), kfac = opt_run_kfac(run);
         std::vector<float> losses = run_opt_steps(&m, r, run, lbuf);
         const std::string tag = "gpu vs cpu " + r.runs[run];
         compare(tag + " step losses", losses.data(), cpu_losses[run].data(), r.S, 0.0, adam ? 1e-3 : 1e-4);

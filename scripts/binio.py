@@ -449,7 +449,7 @@ MNIST_DEBUG_STATE = Format("mnist debug state", magic_number(2, 3), 1, MNIST_DEB
 MNIST_FIXTURE = Format("mnist fixture", magic_number(2, 4), 1, MNIST_DEBUG_FIELDS + [("init_seed", "i")])
 # Written by dev/mnist_optimizers.py (dev/fixtures/mnist_optimizers_fixture.bin, committed): the Muon and Shampoo
 # references. tensors: x (B,1,28,28), y int32 (B,); for each run muon, shampoo_sgd, shampoo_adam, kfac_sgd,
-# kfac_adam: <run>_losses (S,)
+# kfac_adam, shampoo_sgd_delay1, kfac_sgd_delay1 (precond_delay 1): <run>_losses (S,)
 # and the final parameters <run>.<name> (fc1.weight: its first 4 rows, <run>.fc1.weight.rows (4, 9216));
 # muon_bf16_losses (S,) (torch.optim.Muon unmodified).
 MNIST_OPT_FIXTURE = Format("mnist optimizer fixture", magic_number(2, 5), 2, [
