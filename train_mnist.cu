@@ -1070,7 +1070,8 @@ struct RunConfig {
     bool cpu_roots_fp32 = false;      // the tests' twin: the CPU computes the inverse roots as the GPU does (fp32)
     int wgrad_cluster = 1;            // conv2's weight gradient adds its partial sums in clusters of 1, 2 or 4 blocks
 };
-static RunConfig g_run;
+// thread_local: the delayed roots' thread (--precond_delay) runs strict fp32 while the training step does not
+static thread_local RunConfig g_run;
 
 struct MatmulContext {
     cudaStream_t stream = 0;
@@ -1082,7 +1083,8 @@ struct MatmulContext {
     float* ones = nullptr; int ones_size = 0;                 // cuBLAS path: the vector for bias-gradient gemv
     std::vector<float> host_a, host_b, host_c;                // CPU path scratch
 };
-static MatmulContext g_mm;
+// thread_local: the delayed roots' thread has its own stream, split-K workspace and cuBLAS handle (RootThread)
+static thread_local MatmulContext g_mm;
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static void launch_check() { cudaCheck(cudaGetLastError()); }
@@ -1351,6 +1353,7 @@ struct OptConfig {
     int nesterov = 1, ns_steps = 5, graft = GRAFT_SGD, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
     float kfac_stat_decay = 0.95f;
+    int precond_delay = 0;  // roots due at step s first used at step s + precond_delay (0: at s)
     // per-sample gradients (part 4, after the matrix optimizers): clip norm (0: off), DP noise, Fisher preconditioner
     float clip = 0.0f, noise = 0.0f, fisher_power = 0.5f;
     int precond = 0;  // PRECOND_NONE or PRECOND_FISHER_DIAG
@@ -2012,6 +2015,23 @@ struct KfacFactor {
     float *F = nullptr, *Finv = nullptr;
     int has_inv = 0;
 };
+// The fp32 Newton iteration's scratch: 6 n x n matrices, a scalar, mo_sumsq's scratch (one per stream)
+struct RootWork { std::vector<float*> newton; float* scalar = nullptr; float* sum_scratch = nullptr; };
+// --precond_delay D > 0: the roots due at step s are computed from the factors of step s into `roots` (on the GPU
+// from a snapshot, on a second stream by a host thread: precond_roots_start) and replace the live ones at step
+// s + D (switch_step); until then every step uses the previous roots. One entry per root (precond_root_jobs).
+struct PrecondPending {
+    int switch_step = -1;             // -1: nothing pending
+    std::vector<float*> snap, roots;  // per root: the factor's snapshot (GPU), the new root
+    std::vector<int> ok;              // per root: computed (else the live root stays, as in the synchronous case)
+    bool gpu_ready = false;           // the second stream and its workspace exist
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ev_snap = nullptr, ev_done = nullptr;
+    cublasHandle_t cublas = nullptr;
+    float *ws_partial = nullptr, *ws_rowsum = nullptr;
+    RootWork work;
+    std::thread th;
+};
 struct MatrixOpt {
     int step = 0;  // updates done (counters[0], mirrored on the host: the root schedule is a host decision)
     int optimizer = 0, max_dim = 0;  // what the buffers were built for
@@ -2021,10 +2041,12 @@ struct MatrixOpt {
     float *s_a = nullptr, *s_b = nullptr, *s_c = nullptr, *s_y = nullptr;  // scratch (products)
     float* acts = nullptr;     // K-FAC: a layer's inputs (samples x (in + 1)), im2col patches for a convolution
     float* scalars = nullptr;  // norms and sums of squares, device or host
+    float* sum_scratch = nullptr;  // mo_sumsq's scratch (the main stream's)
     std::vector<PrecondBlock> blocks;
     std::vector<KfacFactor> factors;  // K-FAC
     int kfac_seen = 0;                // K-FAC: the factors hold statistics (the first step's replace them)
-    std::vector<float*> newton;       // 6 n x n scratch matrices of the fp32 Newton iteration
+    RootWork work;                    // the fp32 Newton iteration's scratch (the main stream's)
+    PrecondPending pend;              // --precond_delay's roots in flight
     int root_failures = 0;
 };
 
@@ -2039,31 +2061,65 @@ template <class F> static void mo_each(const Mnist* m, size_t n, F f) {
     mo_each_kernel<<<(unsigned)((n + 255) / 256), 256, 0, g_mm.stream>>>(f, n);
     launch_check();
 }
-// out[0] = sum of squares of a rows x cols matrix (row stride ld): one block, a fixed order (deterministic)
-__global__ void mo_sumsq_kernel(float* out, const float* p, int rows, int cols, int ld) {
-    __shared__ float part[1024];
-    float s = 0.0f;
-    for (size_t k = threadIdx.x; k < (size_t)rows * cols; k += blockDim.x) {
-        float v = p[(k / cols) * ld + k % cols];
-        s = fmaf(v, v, s);
-    }
+// out[0] = sum of squares of a rows x cols matrix (row stride ld), of A - I with minus_identity (the Newton
+// residual, without storing it). Block b sums rows b, b + grid, ...; the last block to finish (a ticket, reset by
+// it) adds the blocks' sums. Every order is fixed by the shape alone, so the result is deterministic. (One block
+// over the whole matrix, as before, took a single SM for 1024^2 elements: about 0.3 ms per Newton step.)
+constexpr int SUMSQ_THREADS = 256, SUMSQ_MAX_BLOCKS = 128;
+__device__ __forceinline__ float block_sum_256(float* part, float s) {  // every thread gets the block's sum
     part[threadIdx.x] = s;
     __syncthreads();
-    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+    for (int h = SUMSQ_THREADS / 2; h > 0; h /= 2) {
         if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[0] = part[0];
+    const float total = part[0];
+    __syncthreads();
+    return total;
 }
-static void mo_sumsq(const Mnist* m, float* out, const float* p, int rows, int cols, int ld) {
+__global__ void __launch_bounds__(SUMSQ_THREADS) mo_sumsq_kernel(float* out, float* block_sums, unsigned* ticket,
+                                                                  const float* p, int rows, int cols, int ld,
+                                                                  int minus_identity) {
+    __shared__ float part[SUMSQ_THREADS];
+    __shared__ bool last;
+    float s = 0.0f;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* row = p + (size_t)r * ld;
+        for (int c = threadIdx.x; c < cols; c += SUMSQ_THREADS) {
+            const float v = row[c] - (minus_identity && c == r ? 1.0f : 0.0f);
+            s = fmaf(v, v, s);
+        }
+    }
+    s = block_sum_256(part, s);
+    if (threadIdx.x == 0) {
+        block_sums[blockIdx.x] = s;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float v = (int)threadIdx.x < (int)gridDim.x ? __ldcg(block_sums + threadIdx.x) : 0.0f;
+    s = block_sum_256(part, v);
+    if (threadIdx.x == 0) { out[0] = s; *ticket = 0; }
+}
+// scratch: SUMSQ_MAX_BLOCKS + 1 floats of the caller's stream (the blocks' sums, the ticket last), zero at first
+static void mo_sumsq(const Mnist* m, float* out, const float* p, int rows, int cols, int ld, float* scratch,
+                     bool minus_identity = false) {
     if (m->cpu) {
         double s = 0;
         for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++) s += (double)p[(size_t)r * ld + c] * p[(size_t)r * ld + c];
+            for (int c = 0; c < cols; c++) {
+                const float v = p[(size_t)r * ld + c] - (minus_identity && c == r ? 1.0f : 0.0f);
+                s += (double)v * v;
+            }
         *out = (float)s;
         return;
     }
-    mo_sumsq_kernel<<<1, 1024, 0, g_mm.stream>>>(out, p, rows, cols, ld);
+    static_assert(SUMSQ_MAX_BLOCKS <= SUMSQ_THREADS, "the last block adds one block sum per thread");
+    const int blocks = std::max(1, std::min(rows, SUMSQ_MAX_BLOCKS));
+    mo_sumsq_kernel<<<blocks, SUMSQ_THREADS, 0, g_mm.stream>>>(out, scratch, (unsigned*)(scratch + SUMSQ_MAX_BLOCKS),
+                                                               p, rows, cols, ld, minus_identity ? 1 : 0);
     launch_check();
 }
 static float mo_read_scalar(const Mnist* m, const float* p) {
@@ -2173,15 +2229,19 @@ static void matrix_opt_build(Mnist* m) {
             mo->acts = mnist_alloc(m, acts);
         }
         sq = std::max(sq, nn);
-        for (int i = 0; i < 6; i++) mo->newton.push_back(mnist_alloc(m, nn));
+        for (int i = 0; i < 6; i++) mo->work.newton.push_back(mnist_alloc(m, nn));
     }
     mo->s_a = mnist_alloc(m, sq); mo->s_b = mnist_alloc(m, sq); mo->s_c = mnist_alloc(m, sq);
     mo->s_y = mnist_alloc(m, most);
     mo->scalars = mnist_alloc(m, 4 * (mo->blocks.size() + 1));
+    mo->sum_scratch = mnist_alloc(m, SUMSQ_MAX_BLOCKS + 1);
+    mo->work.scalar = mo->scalars; mo->work.sum_scratch = mo->sum_scratch;
 }
+static void precond_pending_free(Mnist* m);
 static void matrix_opt_free(Mnist* m) {
     MatrixOpt* mo = m->mo;
     if (!mo) return;
+    precond_pending_free(m);
     for (int k = 0; k < N_MATRICES; k++)
         for (void* p : {(void*)mo->torch_index[k], (void*)mo->gt[k], (void*)mo->ut[k], (void*)mo->dt[k],
                         (void*)mo->st[k]})
@@ -2191,8 +2251,8 @@ static void matrix_opt_free(Mnist* m) {
         for (PrecondBlock& b : mo->blocks)
             for (float* p : {b.L, b.R, b.Linv, b.Rinv}) mnist_free_ptr(m, p);
     for (KfacFactor& f : mo->factors) { mnist_free_ptr(m, f.F); mnist_free_ptr(m, f.Finv); }
-    for (float* p : mo->newton) mnist_free_ptr(m, p);
-    for (float* p : {mo->s_a, mo->s_b, mo->s_c, mo->s_y, mo->scalars}) mnist_free_ptr(m, p);
+    for (float* p : mo->work.newton) mnist_free_ptr(m, p);
+    for (float* p : {mo->s_a, mo->s_b, mo->s_c, mo->s_y, mo->scalars, mo->sum_scratch}) mnist_free_ptr(m, p);
     if (mo->acts) mnist_free_ptr(m, mo->acts);
     delete mo;
     m->mo = nullptr;
@@ -2262,7 +2322,7 @@ static void update_biases(Mnist* m, int optimizer) {
 static void newton_schulz(Mnist* m, float* x, int rows, int cols, int steps) {
     MatrixOpt* mo = m->mo;
     const size_t n = (size_t)rows * cols;
-    mo_sumsq(m, mo->scalars, x, rows, cols, cols);
+    mo_sumsq(m, mo->scalars, x, rows, cols, cols, mo->sum_scratch);
     mo_each(m, n, MuonNormalize{x, mo->scalars});
     const bool wide = rows <= cols;  // A = X X^T (rows x rows); tall: A = X^T X (cols x cols), as torch's transpose
     const int r = wide ? rows : cols;
@@ -2415,10 +2475,6 @@ struct NewtonInit {  // M = z (A + e I), X = z^(1/4) I; diag gets A's diagonal f
         x[k] = d ? xz : 0.0f;
     }
 };
-struct NewtonResidual {  // out = M - I
-    float* out; const float* mm; int n;
-    __host__ __device__ void operator()(size_t k) const { out[k] = mm[k] - (k % (n + 1) == 0 ? 1.0f : 0.0f); }
-};
 struct NewtonT {  // T = ((p + 1) I - M) / p
     float* t; const float* mm; int n; float p1, inv_p;
     __host__ __device__ void operator()(size_t k) const { t[k] = ((k % (n + 1) == 0 ? p1 : 0.0f) - mm[k]) * inv_p; }
@@ -2430,15 +2486,18 @@ struct DiagCopy {
 // The same iteration in fp32 on matmul_forward (every product strict fp32: TF32 is not accurate enough for the
 // coupled iteration, dev/matrix_roots_NOTES.md), one host decision per step: the GPU's roots, and on the CPU the
 // tests' fp32 twin of them (g_run.cpu_roots_fp32). false: failed (out unchanged).
-static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p) {
-    MatrixOpt* mo = m->mo;
-    float *M = mo->newton[0], *X = mo->newton[1], *T = mo->newton[2], *T2 = mo->newton[3], *tmp = mo->newton[4];
+static bool inverse_root_fp32(Mnist* m, RootWork& w, float* out, const float* a, int n, int p) {
+    float *M = w.newton[0], *X = w.newton[1], *T = w.newton[2], *T2 = w.newton[3], *tmp = w.newton[4];
     const size_t nn = (size_t)n * n;
     mo_each(m, n, DiagCopy{tmp, a, n});
     std::vector<float> diag(n);
-    mnist_copy_out(m, tmp, diag.data(), n);
-    mo_sumsq(m, mo->scalars, a, n, n, n);
-    const double frob_a = mo_read_scalar(m, mo->scalars);
+    if (m->cpu) memcpy(diag.data(), tmp, n * 4);
+    else {  // on this thread's stream (a plain cudaMemcpy would also wait for the training step's stream)
+        cudaCheck(cudaMemcpyAsync(diag.data(), tmp, n * 4, cudaMemcpyDeviceToHost, g_mm.stream));
+        cudaCheck(cudaStreamSynchronize(g_mm.stream));
+    }
+    mo_sumsq(m, w.scalar, a, n, n, n, w.sum_scratch);
+    const double frob_a = mo_read_scalar(m, w.scalar);
     double trace = 0;
     for (float v : diag) trace += v;
     const double e = root_shift(m->opt, trace, n);
@@ -2449,9 +2508,8 @@ static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p
     mo_each(m, nn, NewtonInit{M, X, a, n, (float)e, (float)z, (float)pow(z, 1.0 / p)});
     NewtonRule rule; rule.n = n;
     for (;;) {
-        mo_each(m, nn, NewtonResidual{tmp, M, n});
-        mo_sumsq(m, mo->scalars, tmp, n, n, n);
-        const int act = rule.decide(sqrt((double)mo_read_scalar(m, mo->scalars)));
+        mo_sumsq(m, w.scalar, M, n, n, n, w.sum_scratch, true);  // ||M - I||_F^2
+        const int act = rule.decide(sqrt((double)mo_read_scalar(m, w.scalar)));
         if (act < 0) return false;
         if (act > 0) break;
         mo_each(m, nn, NewtonT{T, M, n, p + 1.0f, 1.0f / p});
@@ -2466,13 +2524,13 @@ static bool inverse_root_fp32(Mnist* m, float* out, const float* a, int n, int p
     }
     if (m->cpu) memcpy(out, X, nn * 4);
     else cudaCheck(cudaMemcpyAsync(out, X, nn * 4, cudaMemcpyDeviceToDevice, g_mm.stream));
-    mo->newton = {M, X, T, T2, tmp, mo->newton[5]};  // the swapped pointers (the same six buffers)
+    w.newton = {M, X, T, T2, tmp, w.newton[5]};  // the swapped pointers (the same six buffers)
     return true;
 }
 // out = (A + e I)^(-1/p) on the model's side: float64 on the CPU (unless the tests ask for the fp32 twin), fp32 on
 // the GPU. false: failed (out unchanged).
-static bool inverse_root(Mnist* m, float* out, const float* a, int n, int p) {
-    if (!m->cpu || g_run.cpu_roots_fp32) return inverse_root_fp32(m, out, a, n, p);
+static bool inverse_root(Mnist* m, RootWork& w, float* out, const float* a, int n, int p) {
+    if (!m->cpu || g_run.cpu_roots_fp32) return inverse_root_fp32(m, w, out, a, n, p);
     std::vector<float> tmp((size_t)n * n);
     if (!inverse_root_cpu(m->opt, tmp.data(), a, n, p)) return false;
     memcpy(out, tmp.data(), tmp.size() * 4);
@@ -2489,21 +2547,21 @@ template <class F> static void strict_fp32(const Mnist* m, F f) {
         cublasCheck(cublasSetMathMode(g_mm.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 // The first failed root of a run, said once
-static void root_failed(MatrixOpt* mo, const char* opt, const char* what, int mat, int r0, int c0) {
+static void root_failed(MatrixOpt* mo, const char* opt, const char* what, int mat, int r0, int c0, int step) {
     if (mo->root_failures++ == 0)
         fprintf(stderr, "warning: %s: the %s of %s's block at (%d, %d) failed at step %d; the block keeps its previous "
                 "preconditioner (or its graft step); raise --precond_damping\n", opt, what,
-                PARAMS[MATRIX_PARAMS[mat]].name, r0, c0, mo->step);
+                PARAMS[MATRIX_PARAMS[mat]].name, r0, c0, step);
 }
 // Every block's roots; a failed root keeps the block's previous one (or its graft step).
 static void shampoo_roots(Mnist* m) {
     MatrixOpt* mo = m->mo;
     strict_fp32(m, [&] {
         for (PrecondBlock& b : mo->blocks) {
-            bool ok = inverse_root(m, b.Linv, b.L, b.rows, 4);
-            ok = inverse_root(m, b.Rinv, b.R, b.cols, 4) && ok;
+            bool ok = inverse_root(m, mo->work, b.Linv, b.L, b.rows, 4);
+            ok = inverse_root(m, mo->work, b.Rinv, b.R, b.cols, 4) && ok;
             if (ok) b.has_root = 1;
-            else root_failed(mo, "shampoo", "inverse root", b.mat, b.r0, b.c0);
+            else root_failed(mo, "shampoo", "inverse root", b.mat, b.r0, b.c0, mo->step);
         }
     });
 }
@@ -2543,8 +2601,8 @@ static void precond_graft_apply(Mnist* m) {
                            b.cols, b.rows, Epilogue());
             matmul_forward(pt, cols, {V_ROW, mo->s_b, b.cols}, {V_ROW, b.Rinv, b.cols}, b.rows, b.cols, b.cols,
                            Epilogue());
-            mo_sumsq(m, sums, mo->dt[b.mat] + off, b.rows, b.cols, cols);
-            mo_sumsq(m, sums + 1, pt, b.rows, b.cols, cols);
+            mo_sumsq(m, sums, mo->dt[b.mat] + off, b.rows, b.cols, cols, mo->sum_scratch);
+            mo_sumsq(m, sums + 1, pt, b.rows, b.cols, cols, mo->sum_scratch);
         }
         mo_each(m, (size_t)b.rows * b.cols, ShampooGraft{mo->st[b.mat] + off, mo->s_y + off, mo->dt[b.mat] + off,
                                                          sums, cols, b.cols, b.has_root});
@@ -2559,6 +2617,7 @@ static void precond_graft_apply(Mnist* m) {
 static void gram_cols(float* out, const float* x, int ld, int n, int rows) {
     matmul_forward(out, n, {V_COL, x, ld}, {V_ROW, x, ld}, n, n, rows, Epilogue());
 }
+static void precond_roots_update(Mnist* m);
 static void shampoo_update(Mnist* m) {
     MatrixOpt* mo = m->mo;
     precond_prepare(m);
@@ -2570,7 +2629,7 @@ static void shampoo_update(Mnist* m) {
         gram_cols(mo->s_a, g, cols, b.cols, b.rows);
         mo_each(m, (size_t)b.cols * b.cols, MatAdd{b.R, mo->s_a});
     }
-    if (shampoo_root_due(m->opt, mo->step)) shampoo_roots(m);
+    precond_roots_update(m);
     precond_graft_apply(m);
     update_biases(m, m->opt.graft == GRAFT_SGD ? OPT_SGD : OPT_ADAMW);
 }
@@ -2590,10 +2649,13 @@ static void shampoo_update(Mnist* m) {
 // trace / n, by the coupled Newton iteration with p = 1 (Shampoo's code). The step: per (G chunk, A chunk) block
 // the preconditioned gradient P = Ginv U Ainv (U: SGD's G + wd W or AdamW's m_hat, as Shampoo), its size grafted
 // onto SGD-momentum or AdamW (--graft, Shampoo's grafting; no KL clipping: the graft fixes every block's step size).
-template <int KIND> struct KfacInputs {  // a~ of a layer: rows x (in + 1), PyTorch's column order, the 1 last
+// a~ of a layer: rows x (in + 1), PyTorch's column order, the 1 last. 32-bit index arithmetic (rows (in + 1) <
+// 2^31 up to batch 2048: conv2's 1.2M x 289): the GPU has no 64-bit divider (it is emulated, per element).
+template <int KIND> struct KfacInputs {
     float* out; const float* p; int ld; const int* col; int in;
     __host__ __device__ void operator()(size_t k) const {
-        const int r = (int)(k / (in + 1)), c = (int)(k % (in + 1));
+        const unsigned w = (unsigned)in + 1u, ru = (unsigned)k / w;
+        const int r = (int)ru, c = (int)((unsigned)k - ru * w);
         out[k] = c == in ? 1.0f : view_get<KIND>(p, ld, r, col[c]);
     }
 };
@@ -2635,17 +2697,180 @@ static void kfac_inverses(Mnist* m) {
     MatrixOpt* mo = m->mo;
     strict_fp32(m, [&] {
         for (KfacFactor& f : mo->factors) {
-            if (inverse_root(m, f.Finv, f.F, f.n, 1)) f.has_inv = 1;
+            if (inverse_root(m, mo->work, f.Finv, f.F, f.n, 1)) f.has_inv = 1;
             else root_failed(mo, "kfac", f.side ? "inverse of A" : "inverse of G", f.mat, f.side ? 0 : f.i0,
-                             f.side ? f.i0 : 0);
+                             f.side ? f.i0 : 0, mo->step);
         }
     });
     kfac_block_roots(mo);
 }
+
+// ---- --precond_delay: the roots of step s live from step s + D, computed meanwhile on a second stream ------------
+// As distributed Shampoo overlaps its root computation with training: at a due step s the factors are copied (on the
+// training stream, after step s's statistics), a host thread runs the same fp32 Newton iterations on them on a
+// second stream (its own split-K workspace, scratch and cuBLAS handle: thread_local g_mm) into the pending buffers,
+// and at step s + D the training thread joins it, orders its stream after the roots' (an event) and swaps the new
+// roots in, before that step's first use. The roots are those of the synchronous schedule bit for bit; only the step
+// that first uses them moves. The CPU computes them at s (synchronously) and swaps them in at s + D alike.
+struct RootJob { float* a; float** live; int n, p; };  // a root: its factor (n x n), the live root's pointer, p
+static std::vector<RootJob> precond_root_jobs(MatrixOpt* mo) {
+    std::vector<RootJob> jobs;
+    if (mo->optimizer == OPT_SHAMPOO)
+        for (PrecondBlock& b : mo->blocks) {
+            jobs.push_back({b.L, &b.Linv, b.rows, 4});
+            jobs.push_back({b.R, &b.Rinv, b.cols, 4});
+        }
+    else
+        for (KfacFactor& f : mo->factors) jobs.push_back({f.F, &f.Finv, f.n, 1});
+    return jobs;
+}
+// The pending roots of jobs from factors src (the jobs' own or their snapshots), with the synchronous warnings
+static void precond_roots_compute(Mnist* m, RootWork& w, const std::vector<RootJob>& jobs,
+                                  const std::vector<float*>& src, int due_step) {
+    MatrixOpt* mo = m->mo;
+    PrecondPending& pd = mo->pend;
+    strict_fp32(m, [&] {
+        for (size_t j = 0; j < jobs.size(); j++)
+            pd.ok[j] = inverse_root(m, w, pd.roots[j], src[j], jobs[j].n, jobs[j].p);
+    });
+    if (mo->optimizer == OPT_SHAMPOO) {
+        for (size_t i = 0; i < mo->blocks.size(); i++)
+            if (!pd.ok[2 * i] || !pd.ok[2 * i + 1]) {
+                const PrecondBlock& b = mo->blocks[i];
+                root_failed(mo, "shampoo", "inverse root", b.mat, b.r0, b.c0, due_step);
+            }
+    } else {
+        for (size_t i = 0; i < mo->factors.size(); i++)
+            if (!pd.ok[i]) {
+                const KfacFactor& f = mo->factors[i];
+                root_failed(mo, "kfac", f.side ? "inverse of A" : "inverse of G", f.mat, f.side ? 0 : f.i0,
+                            f.side ? f.i0 : 0, due_step);
+            }
+    }
+}
+// The second stream, its workspace and scratch (once per optimizer state)
+static void precond_gpu_setup(Mnist* m, const std::vector<RootJob>& jobs) {
+    PrecondPending& pd = m->mo->pend;
+    if (pd.gpu_ready) return;
+    // non-blocking: no implicit order with the legacy stream's copies of the training thread
+    cudaCheck(cudaStreamCreateWithFlags(&pd.stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&pd.ev_snap, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&pd.ev_done, cudaEventDisableTiming));
+    if (g_run.backend == BACKEND_CUBLAS) {
+        cublasCheck(cublasCreate(&pd.cublas));
+        cublasCheck(cublasSetStream(pd.cublas, pd.stream));
+    }
+    pd.ws_partial = mnist_alloc(m, g_mm.ws_partial_size);
+    pd.ws_rowsum = mnist_alloc(m, g_mm.ws_rowsum_size);
+    size_t nn = 1;
+    for (const RootJob& j : jobs) nn = std::max(nn, (size_t)j.n * j.n);
+    for (int i = 0; i < 6; i++) pd.work.newton.push_back(mnist_alloc(m, nn));
+    pd.work.scalar = mnist_alloc(m, 1);
+    pd.work.sum_scratch = mnist_alloc(m, SUMSQ_MAX_BLOCKS + 1);
+    pd.gpu_ready = true;
+}
+// The roots thread done, and the training stream ordered after its work
+static void precond_pending_wait(Mnist* m) {
+    PrecondPending& pd = m->mo->pend;
+    if (pd.th.joinable()) pd.th.join();
+    if (!m->cpu && pd.gpu_ready) cudaCheck(cudaStreamWaitEvent(g_mm.stream, pd.ev_done, 0));
+}
+// The pending roots become the live ones (a failed one leaves its live root, as the synchronous schedule does)
+static void precond_roots_switch(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    PrecondPending& pd = mo->pend;
+    precond_pending_wait(m);
+    const std::vector<RootJob> jobs = precond_root_jobs(mo);
+    for (size_t j = 0; j < jobs.size(); j++)
+        if (pd.ok[j]) std::swap(*jobs[j].live, pd.roots[j]);
+    if (mo->optimizer == OPT_SHAMPOO) {
+        for (size_t i = 0; i < mo->blocks.size(); i++)
+            if (pd.ok[2 * i] && pd.ok[2 * i + 1]) mo->blocks[i].has_root = 1;
+    } else {
+        for (size_t i = 0; i < mo->factors.size(); i++)
+            if (pd.ok[i]) mo->factors[i].has_inv = 1;
+        for (PrecondBlock& b : mo->blocks) { b.Linv = mo->factors[b.fl].Finv; b.Rinv = mo->factors[b.fr].Finv; }
+        kfac_block_roots(mo);
+    }
+    pd.switch_step = -1;
+}
+// The pending roots' buffers (and on the GPU the factors' snapshots), once
+static void precond_pending_alloc(Mnist* m) {
+    PrecondPending& pd = m->mo->pend;
+    if (!pd.roots.empty()) return;
+    for (const RootJob& j : precond_root_jobs(m->mo)) {
+        pd.roots.push_back(mnist_alloc(m, (size_t)j.n * j.n));
+        if (!m->cpu) pd.snap.push_back(mnist_alloc(m, (size_t)j.n * j.n));
+    }
+}
+// The due roots of this step, started for step + precond_delay
+static void precond_roots_start(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    PrecondPending& pd = mo->pend;
+    if (pd.switch_step >= 0) precond_roots_switch(m);  // (only where a resume changed the schedule)
+    const std::vector<RootJob> jobs = precond_root_jobs(mo);
+    precond_pending_alloc(m);
+    pd.ok.assign(jobs.size(), 0);
+    pd.switch_step = mo->step + m->opt.precond_delay;
+    const int due = mo->step;
+    if (m->cpu) {
+        std::vector<float*> src;
+        for (const RootJob& j : jobs) src.push_back(j.a);
+        precond_roots_compute(m, mo->work, jobs, src, due);
+        return;
+    }
+    precond_gpu_setup(m, jobs);
+    for (size_t j = 0; j < jobs.size(); j++)
+        cudaCheck(cudaMemcpyAsync(pd.snap[j], jobs[j].a, (size_t)jobs[j].n * jobs[j].n * 4, cudaMemcpyDeviceToDevice,
+                                  g_mm.stream));
+    cudaCheck(cudaEventRecord(pd.ev_snap, g_mm.stream));
+    const RunConfig run = g_run;
+    const size_t ws_partial_size = g_mm.ws_partial_size, ws_rowsum_size = g_mm.ws_rowsum_size;
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    pd.th = std::thread([m, jobs, due, run, dev, ws_partial_size, ws_rowsum_size] {
+        PrecondPending& p = m->mo->pend;
+        cudaCheck(cudaSetDevice(dev));
+        g_run = run;  // this thread's: strict_fp32 switches its own
+        g_mm.stream = p.stream; g_mm.cublas = p.cublas;
+        g_mm.ws_partial = p.ws_partial; g_mm.ws_partial_size = ws_partial_size;
+        g_mm.ws_rowsum = p.ws_rowsum; g_mm.ws_rowsum_size = ws_rowsum_size;
+        cudaCheck(cudaStreamWaitEvent(p.stream, p.ev_snap, 0));
+        precond_roots_compute(m, p.work, jobs, p.snap, due);
+        cudaCheck(cudaEventRecord(p.ev_done, p.stream));
+    });
+}
+static void precond_pending_free(Mnist* m) {
+    PrecondPending& pd = m->mo->pend;
+    if (pd.th.joinable()) pd.th.join();
+    if (pd.gpu_ready) cudaCheck(cudaStreamSynchronize(pd.stream));  // its last copies into pd.roots done
+    for (float* p : pd.roots) mnist_free_ptr(m, p);
+    for (float* p : pd.snap) mnist_free_ptr(m, p);
+    if (!pd.gpu_ready) return;
+    for (float* p : pd.work.newton) mnist_free_ptr(m, p);
+    for (float* p : {pd.work.scalar, pd.work.sum_scratch, pd.ws_partial, pd.ws_rowsum}) mnist_free_ptr(m, p);
+    if (pd.cublas) cublasCheck(cublasDestroy(pd.cublas));
+    cudaCheck(cudaEventDestroy(pd.ev_snap)); cudaCheck(cudaEventDestroy(pd.ev_done));
+    cudaCheck(cudaStreamDestroy(pd.stream));
+}
+// The roots' schedule after a step's statistics, before the step's first use of them: the pending roots at their
+// switch step, then the roots due at this step: synchronously with precond_delay 0, else started for a later step.
+static void precond_roots_update(Mnist* m) {
+    MatrixOpt* mo = m->mo;
+    if (mo->pend.switch_step >= 0 && mo->step >= mo->pend.switch_step) precond_roots_switch(m);
+    if (!shampoo_root_due(m->opt, mo->step)) return;
+    if (m->opt.precond_delay == 0) {
+        if (mo->optimizer == OPT_SHAMPOO) shampoo_roots(m);
+        else kfac_inverses(m);
+    } else {
+        precond_roots_start(m);
+    }
+}
+
 static void kfac_update(Mnist* m, int B) {
     precond_prepare(m);
     kfac_statistics(m, B);
-    if (shampoo_root_due(m->opt, m->mo->step)) kfac_inverses(m);
+    precond_roots_update(m);
     precond_graft_apply(m);
 }
 
@@ -3081,7 +3306,8 @@ static cudaGraphExec_t capture_train_steps(Mnist* m, const DeviceData& d, const 
 // header holds every setting the run's trajectory depends on, so that --resume can continue it (data/README.md).
 // Version 3 added Muon's and Shampoo's settings (slots 21..30) and their state; the per-sample step added slots
 // 31..34 (0: off) and K-FAC (optimizer 4) slot 35, kfac_stat_decay, written 0 by every other optimizer (so a version 3
-// file of before still reads, and an older binary refuses a K-FAC file at that slot or at the optimizer's range).
+// file of before still reads, and an older binary refuses a K-FAC file at that slot or at the optimizer's range);
+// slot 36, precond_delay, likewise (0 unless Shampoo or K-FAC: an older binary refuses a delayed run's file).
 enum {
     CK_EPOCH = 3, CK_STEP, CK_BATCH_SIZE, CK_SEED, CK_OPTIMIZER, CK_HAS_OPTIMIZER, CK_EPOCHS, CK_LR, CK_TEST_ACCURACY,
     CK_LR_SCHEDULE, CK_WARMUP_STEPS, CK_LR_MIN, CK_MOMENTUM, CK_WEIGHT_DECAY, CK_BETA1, CK_BETA2, CK_EPS,
@@ -3089,6 +3315,7 @@ enum {
     CK_PRECOND_START, CK_MAX_PRECOND_DIM, CK_PRECOND_EPS, CK_PRECOND_DAMPING,
     CK_CLIP_PER_SAMPLE, CK_NOISE_MULTIPLIER, CK_PRECOND, CK_FISHER_POWER,  // 0 in older files: per-sample step off
     CK_KFAC_STAT_DECAY,                                                    // 0 unless the optimizer is K-FAC
+    CK_PRECOND_DELAY,                                                      // 0 unless Shampoo or K-FAC
     CK_FIELDS_END
 };
 static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
@@ -3096,11 +3323,22 @@ static const char* const CK_FIELD_NAMES[CK_FIELDS_END] = {
     "epochs", "lr", "test_accuracy", "lr_schedule", "warmup_steps", "lr_min", "momentum", "weight_decay", "beta1",
     "beta2", "eps", "train_images", "muon_lr", "muon_momentum", "muon_nesterov", "ns_steps", "graft",
     "precond_every", "precond_start", "max_precond_dim", "precond_eps", "precond_damping", "clip_per_sample",
-    "noise_multiplier", "precond", "fisher_power", "kfac_stat_decay"};
+    "noise_multiplier", "precond", "fisher_power", "kfac_stat_decay", "precond_delay"};
 static const char* const OPTIMIZER_NAMES[5] = {"sgd", "adamw", "muon", "shampoo", "kfac"};
 static const char* const GRAFT_NAMES[2] = {"sgd", "adam"};
 static const char* const SCHEDULE_NAMES[3] = {"constant", "cosine", "linear"};
 static const char* const PRECOND_NAMES[2] = {"none", "fisher_diag"};
+// Shampoo and K-FAC: the preconditioner's roots (precond_delay and its checkpoint state); other optimizers ignore
+// --precond_delay, as they do Shampoo's other flags, and store 0.
+static bool is_matrix_precond(int optimizer) { return optimizer == OPT_SHAMPOO || optimizer == OPT_KFAC; }
+static int precond_delay_stored(const OptConfig& o) { return is_matrix_precond(o.optimizer) ? o.precond_delay : 0; }
+// "" or why --precond_delay does not fit: at most one set of roots is in flight, so D <= precond_every
+static std::string precond_delay_error(const OptConfig& o) {
+    if (!is_matrix_precond(o.optimizer) || o.precond_delay <= o.precond_every) return "";
+    return "--precond_delay " + std::to_string(o.precond_delay) + " is above --precond_every " +
+           std::to_string(o.precond_every) + ": the roots due every precond_every steps must be in use before the next "
+           "are due (use --precond_delay 0.." + std::to_string(o.precond_every) + ")";
+}
 // The per-sample flags that do not go together, or "": noise needs a clip norm (its scale is C / B); K-FAC takes no
 // clipping (its factors would mix clipped and unclipped output gradients, and are not privatised); the Fisher
 // preconditioner feeds SGD-momentum only (AdamW's and the matrix optimizers' own preconditioners would stack on it)
@@ -3191,8 +3429,24 @@ static PrecondState precond_state_tensors(const OptConfig& o, MatrixOpt* mo) {
     return st;
 }
 
-// Returns "" or a message naming the path.
-static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const CheckpointMeta& meta) {
+// --precond_delay's roots in flight at a checkpoint (an epoch end between a due step s and its switch s + D) are
+// stored as pending.<the live root's name> (zeros where the root failed), pending.root_ok (int32, one per root: it was
+// computed) and pending.switch_in (int32 (1): steps from the checkpoint's step to the switch, 0..precond_delay - 1),
+// so that --resume swaps them in at the step where the uninterrupted run does.
+static const char* const PENDING_PREFIX = "pending.";
+static const char* const PENDING_OK = "pending.root_ok";
+static const char* const PENDING_SWITCH = "pending.switch_in";
+// The roots among the state's matrices (Shampoo's Linv and Rinv per block, K-FAC's inverses), in precond_root_jobs'
+// order
+static std::vector<StateMatrix> precond_root_mats(const PrecondState& st, int optimizer) {
+    std::vector<StateMatrix> roots;
+    for (size_t k = 0; k < st.mats.size(); k++)
+        if (optimizer == OPT_SHAMPOO ? k % 4 >= 2 : k % 2 == 1) roots.push_back(st.mats[k]);
+    return roots;
+}
+
+// Returns "" or a message naming the path. Joins --precond_delay's roots thread first.
+static std::string mnist_save_checkpoint(Mnist* m, const char* path, const CheckpointMeta& meta) {
     std::vector<float> internal(m->n_params), p(m->n_params), s1(m->n_params), s2(m->n_params);
     mnist_copy_out(m, m->params, internal.data(), m->n_params);
     for (int i = 0; i < N_PARAM_TENSORS; i++)
@@ -3236,6 +3490,23 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
     }
     for (int* f : st.flags) flags.push_back(*f);
     if (!flags.empty()) ts.push_back({st.flags_name, 1, 1, {(int)flags.size(), 0, 0, 0}, flags.data()});
+    std::vector<std::vector<float>> pending;  // --precond_delay's roots in flight
+    std::vector<int32_t> pending_ok, switch_in;
+    if (!st.mats.empty() && m->mo->pend.switch_step >= 0) {
+        PrecondPending& pd = m->mo->pend;
+        precond_pending_wait(m);  // the thread's roots written (the copies below wait on the training stream)
+        const std::vector<StateMatrix> roots = precond_root_mats(st, meta.opt.optimizer);
+        pending.resize(roots.size());
+        for (size_t j = 0; j < roots.size(); j++) {
+            pending[j].assign((size_t)roots[j].n * roots[j].n, 0.0f);
+            if (pd.ok[j]) mnist_copy_out(m, pd.roots[j], pending[j].data(), pending[j].size());
+            ts.push_back({PENDING_PREFIX + roots[j].name, 0, 2, {roots[j].n, roots[j].n, 0, 0}, pending[j].data()});
+            pending_ok.push_back(pd.ok[j]);
+        }
+        switch_in.push_back(pd.switch_step - m->mo->step);
+        ts.push_back({PENDING_OK, 1, 1, {(int)pending_ok.size(), 0, 0, 0}, pending_ok.data()});
+        ts.push_back({PENDING_SWITCH, 1, 1, {1, 0, 0, 0}, switch_in.data()});
+    }
     std::vector<float> fisher(m->n_params);  // --precond fisher_diag's running average, PyTorch layout
     if (meta.has_optimizer && meta.opt.precond == PRECOND_FISHER_DIAG && m->ps) {
         mnist_copy_out(m, m->ps->fisher, internal.data(), m->n_params);
@@ -3254,7 +3525,8 @@ static std::string mnist_save_checkpoint(const Mnist* m, const char* path, const
                                    fbits(o.muon_momentum), o.nesterov, o.ns_steps, o.graft, o.precond_every,
                                    o.precond_start, o.max_precond_dim, fbits(o.precond_eps), fbits(o.precond_damping),
                                    fbits(o.clip), fbits(o.noise), o.precond, fbits(o.fisher_power),
-                                   o.optimizer == OPT_KFAC ? fbits(o.kfac_stat_decay) : 0};
+                                   o.optimizer == OPT_KFAC ? fbits(o.kfac_stat_decay) : 0,
+                                   precond_delay_stored(o)};
     return bin_write(path, "checkpoint", MNIST_CHECKPOINT_MAGIC, MNIST_CHECKPOINT_VERSION, fields, ts);
 }
 static CheckpointMeta checkpoint_meta(const BinFile* bf) {
@@ -3276,6 +3548,7 @@ static CheckpointMeta checkpoint_meta(const BinFile* bf) {
     o.clip = bin_field_f(bf, CK_CLIP_PER_SAMPLE); o.noise = bin_field_f(bf, CK_NOISE_MULTIPLIER);
     o.precond = h[CK_PRECOND]; o.fisher_power = bin_field_f(bf, CK_FISHER_POWER);
     if (o.optimizer == OPT_KFAC) o.kfac_stat_decay = bin_field_f(bf, CK_KFAC_STAT_DECAY);
+    o.precond_delay = h[CK_PRECOND_DELAY];
     o.total_steps = 1;  // set by the run from epochs and its steps per epoch
     return meta;
 }
@@ -3303,7 +3576,9 @@ static std::string checkpoint_header_error(const BinFile* bf) {
         {CK_PRECOND_EVERY, 1, 100000000, "1..100000000 (--precond_every)"},
         {CK_PRECOND_START, 0, 100000000, "0..100000000 (--precond_start)"},
         {CK_MAX_PRECOND_DIM, 1, 16384, "1..16384 (--max_precond_dim)"},
-        {CK_PRECOND, 0, 1, "0 (none) or 1 (fisher_diag) (--precond)"}};
+        {CK_PRECOND, 0, 1, "0 (none) or 1 (fisher_diag) (--precond)"},
+        {CK_PRECOND_DELAY, 0, is_matrix_precond(h[CK_OPTIMIZER]) ? h[CK_PRECOND_EVERY] : 0,
+         is_matrix_precond(h[CK_OPTIMIZER]) ? "0..precond_every (--precond_delay)" : "0 (not shampoo or kfac)"}};
     for (const IntField& f : ints)
         if (h[f.slot] < f.lo || h[f.slot] > f.hi) return bad(f.slot, std::to_string(h[f.slot]), f.expected);
     struct FloatField { int slot; float lo, hi; const char* expected; };
@@ -3400,6 +3675,42 @@ static std::string checkpoint_tensors_error(const BinFile* bf) {
                        std::to_string(x[j]) + ", expected 0 or 1";
         names.insert(st.flags_name);
     }
+    if (st.flags_name && bin_has(bf, PENDING_SWITCH)) {  // --precond_delay's roots in flight, all of them
+        const int one[1] = {1};
+        const int32_t* in = (const int32_t*)bin_find(bf, PENDING_SWITCH, 1, 1, one, &e);
+        if (!in) return e;
+        if (in[0] < 0 || in[0] >= stored.precond_delay)
+            return bf->path + ": tensor " + PENDING_SWITCH + "[0] is " + std::to_string(in[0]) + ", expected 0.." +
+                   "precond_delay - 1 (the steps to the pending roots' switch; header[" +
+                   std::to_string(CK_PRECOND_DELAY) + "] precond_delay is " + std::to_string(stored.precond_delay) +
+                   ")";
+        names.insert(PENDING_SWITCH);
+        const std::vector<StateMatrix> roots = precond_root_mats(st, optimizer);
+        for (const StateMatrix& sm : roots) {
+            const std::string name = PENDING_PREFIX + sm.name;
+            const int shape[2] = {sm.n, sm.n};
+            const char* x = (const char*)bin_find(bf, name, 0, 2, shape, &e);
+            if (!x) return e;
+            for (size_t j = 0; j < (size_t)sm.n * sm.n; j++) {
+                float v;
+                memcpy(&v, x + 4 * j, 4);
+                if (!std::isfinite(v)) {
+                    snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number", bf->path.c_str(),
+                             name.c_str(), j, v);
+                    return msg;
+                }
+            }
+            names.insert(name);
+        }
+        const int shape[1] = {(int)roots.size()};
+        const int32_t* ok = (const int32_t*)bin_find(bf, PENDING_OK, 1, 1, shape, &e);
+        if (!ok) return e;
+        for (size_t j = 0; j < roots.size(); j++)
+            if (ok[j] != 0 && ok[j] != 1)
+                return bf->path + ": tensor " + PENDING_OK + "[" + std::to_string(j) + "] is " + std::to_string(ok[j]) +
+                       ", expected 0 or 1";
+        names.insert(PENDING_OK);
+    }
     for (const BinTensor& t : bf->tensors)
         if (!names.count(t.name))
             return bf->path + ": tensor " + printable(t.name) + " is not one of this checkpoint's (the model's "
@@ -3462,6 +3773,21 @@ static void mnist_load_checkpoint_state(Mnist* m, const BinFile* bf, bool with_o
             const int32_t* flags = (const int32_t*)bin_expect(bf, st.flags_name, 1, 1, shape);
             for (size_t k = 0; k < st.flags.size(); k++) *st.flags[k] = flags[k];
             if (stored.optimizer == OPT_KFAC) { kfac_block_roots(m->mo); m->mo->kfac_seen = 1; }
+            if (bin_has(bf, PENDING_SWITCH)) {  // --precond_delay's roots in flight: swapped in at the stored step
+                PrecondPending& pd = m->mo->pend;
+                precond_pending_alloc(m);
+                const std::vector<StateMatrix> roots = precond_root_mats(st, stored.optimizer);
+                const int n_roots[1] = {(int)roots.size()}, one[1] = {1};
+                const int32_t* ok = (const int32_t*)bin_expect(bf, PENDING_OK, 1, 1, n_roots);
+                for (size_t j = 0; j < roots.size(); j++) {
+                    const int sh[2] = {roots[j].n, roots[j].n};
+                    const std::string name = PENDING_PREFIX + roots[j].name;
+                    mnist_copy_in(m, pd.roots[j], (const float*)bin_expect(bf, name.c_str(), 0, 2, sh),
+                                  (size_t)roots[j].n * roots[j].n);
+                }
+                pd.ok.assign(ok, ok + roots.size());
+                pd.switch_step = checkpoint_meta(bf).step + *(const int32_t*)bin_expect(bf, PENDING_SWITCH, 1, 1, one);
+            }
         }
     }
 }
@@ -5580,6 +5906,7 @@ struct Args {
     int muon_nesterov = 1, ns_steps = 5, precond_every = 20, precond_start = 20, max_precond_dim = 1024;
     float muon_lr = 0.02f, muon_momentum = 0.95f, precond_eps = 1e-12f, precond_damping = 1e-3f;
     float kfac_stat_decay = 0.95f;
+    int precond_delay = 0;
     // per-sample gradients
     std::string precond = "none";
     float clip_per_sample = 0.0f, noise_multiplier = 0.0f, fisher_power = 0.5f;
@@ -5632,6 +5959,9 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "eigenvalue"},
         {"kfac_stat_decay", 'f', &a.kfac_stat_decay, 0, 0.999999, nullptr,
          "K-FAC: running-average decay of the factors A and G"},
+        {"precond_delay", 'i', &a.precond_delay, 0, 100000000, nullptr,
+         "Shampoo, K-FAC: the roots due at step s are computed meanwhile (GPU: on a second stream) and used from step "
+         "s + N, N <= --precond_every (0: computed and used at s)"},
         {"clip_per_sample", 'f', &a.clip_per_sample, 0, 1e9, nullptr,
          "clip each sample's whole-model gradient to this norm before averaging (DP-SGD; 0: off; the generic path)"},
         {"noise_multiplier", 'f', &a.noise_multiplier, 0, 1e9, nullptr,
@@ -5660,8 +5990,8 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
          "with --resume: stored settings this run changes "
          "knowingly (comma list of lr, seed, batch_size, epochs, lr_schedule, warmup_steps, lr_min, momentum, "
          "weight_decay, beta1, beta2, eps, train_limit, muon_lr, muon_momentum, muon_nesterov, ns_steps, "
-         "precond_every, precond_start, precond_eps, precond_damping, kfac_stat_decay; optimizer: a new optimizer "
-         "state (also for --graft, --max_precond_dim)); without it a differing one is an error"},
+         "precond_every, precond_start, precond_eps, precond_damping, kfac_stat_decay, precond_delay; optimizer: a new "
+         "optimizer state (also for --graft, --max_precond_dim)); without it a differing one is an error"},
         {"load", 's', &a.load, 0, 0, nullptr, "load weights from this checkpoint"},
         {"eval_only", 'i', &a.eval_only, 0, 1, nullptr, "1: evaluate the --load weights on the test set and exit"},
         {"cuda_graph", 'i', &a.cuda_graph, 0, 1, nullptr,
@@ -5818,7 +6148,7 @@ static const char* const ALLOW_CHANGE_NAMES[] = {"lr", "seed", "batch_size", "ep
                                                  "train_limit", "muon_lr", "muon_momentum", "muon_nesterov",
                                                  "ns_steps", "precond_every", "precond_start", "precond_eps",
                                                  "precond_damping", "kfac_stat_decay", "optimizer", "clip_per_sample",
-                                                 "noise_multiplier", "fisher_power"};
+                                                 "noise_multiplier", "fisher_power", "precond_delay"};
 static std::set<std::string> parse_allow_change(const std::string& list) {
     std::set<std::string> out;
     for (size_t i = 0; i < list.size();) {
@@ -5929,6 +6259,9 @@ static void resume_settings(Args& a, const CheckpointMeta& s, const std::string&
     if (keep("kfac_stat_decay", kfac, a.kfac_stat_decay != o.kfac_stat_decay, str(a.kfac_stat_decay),
              str(o.kfac_stat_decay)))
         a.kfac_stat_decay = o.kfac_stat_decay;
+    if (keep("precond_delay", is_shampoo, a.precond_delay != o.precond_delay, std::to_string(a.precond_delay),
+             std::to_string(o.precond_delay)))
+        a.precond_delay = o.precond_delay;
     if (keep("clip_per_sample", true, a.clip_per_sample != o.clip, str(a.clip_per_sample), str(o.clip)))
         a.clip_per_sample = o.clip;
     if (keep("noise_multiplier", true, a.noise_multiplier != o.noise, str(a.noise_multiplier), str(o.noise)))
@@ -6059,6 +6392,7 @@ static OptConfig opt_config_from_args(const Args& a, int steps_per_epoch) {
     o.max_precond_dim = a.max_precond_dim; o.precond_eps = a.precond_eps;
     o.precond_damping = a.precond_damping;
     o.kfac_stat_decay = a.kfac_stat_decay;
+    o.precond_delay = a.precond_delay;
     o.clip = a.clip_per_sample; o.noise = a.noise_multiplier; o.fisher_power = a.fisher_power;
     o.precond = a.precond == "fisher_diag" ? PRECOND_FISHER_DIAG : PRECOND_NONE;
     return o;
@@ -6077,6 +6411,10 @@ static int restore_from_checkpoint(Mnist* model, BinFile* ck, const Args& a, con
         printf("note: %d steps per epoch instead of %d: the schedule goes on from step %d (epoch %d), not %d\n",
                steps_per_epoch, (stored.train_images + stored.batch_size - 1) / stored.batch_size, *step, start_epoch,
                stored.step);
+    if (model->mo && model->mo->pend.switch_step >= 0) {  // the pending roots' switch: as stored, within precond_delay
+        PrecondPending& pd = model->mo->pend;
+        pd.switch_step = *step + std::min(pd.switch_step - stored.step, std::max(model->opt.precond_delay - 1, 0));
+    }
     printf("resuming %s at epoch %d of %d (step %d): %s, lr %g, %s schedule, seed %d, batch_size %d, %d training "
            "images\n", a.resume.c_str(), start_epoch, a.epochs, *step, a.optimizer.c_str(), a.lr,
            a.lr_schedule.c_str(), a.seed, a.batch_size, train_n);
@@ -6267,6 +6605,8 @@ int main(int argc, char** argv) {
     const CheckpointMeta stored = read_start_checkpoint(a, &ck, allowed);
     const std::string combo = per_sample_flags_error(opt_config_from_args(a, 1));
     if (!combo.empty()) die(combo);
+    const std::string delay = precond_delay_error(opt_config_from_args(a, 1));
+    if (!delay.empty()) die(delay);
     const bool cpu = device_is_cpu(a);
     run_config_decide(cpu ? BACKEND_CPU : (a.matmul == "cublas" ? BACKEND_CUBLAS : BACKEND_OURS), a.tf32,
                       a.cpu_threads > 0 ? a.cpu_threads : std::max(1u, std::thread::hardware_concurrency()));

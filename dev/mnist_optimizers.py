@@ -25,6 +25,9 @@ parameters (<run>.<name>; of fc1.weight only the first 4 rows, <run>.fc1.weight.
                 damping; a convolution's factor sums 4608 or 5408 rows), so the comparison in fp32 needs a small
                 kappa: at damping 1e-3 (kappa <= 3.2e4) fc1 differs by 7x its tolerance, at 0.1 conv1 by 1.07x in
                 norm; at 1 (kappa <= 33) everything is within 0.25 (dev/test_mnist.cu).
+  shampoo_sgd_delay1, kfac_sgd_delay1: shampoo_sgd and kfac_sgd with train_mnist's --precond_delay 1: the roots due
+                at step s (computed from step s's factors) are used from step s + 1 (swap_in); with precond_start 1,
+                precond_every 2 and 4 steps, step 1 still takes the graft's step and steps 2, 3 step 1's roots.
 Everything in fp32 on the CPU (TF32 does not exist there). Format: scripts/binio.py MNIST_OPT_FIXTURE.
 
   python3 dev/mnist_optimizers.py --per_sample_out dev/fixtures/mnist_per_sample_fixture.bin   # (also written by
@@ -150,7 +153,23 @@ def graft_step(st, w, s, sgd, lr, wd, mom):
     return w * (1 - lr * wd) - lr * s
 
 
-def run_shampoo(torch, net, x, y, cfg, graft):
+def swap_in(holder, keys, step, due, delay, compute):
+    """--precond_delay's schedule for one block's roots (holder[keys]): a pending set whose switch step has come
+    becomes the live one, then the roots due at this step are computed from this step's factors and are live at
+    once (delay 0) or from step + delay."""
+    if holder.get("pending") is not None and step >= holder["switch"]:
+        for k, v in zip(keys, holder.pop("pending")):
+            holder[k] = v
+    if due:
+        roots = compute()
+        if delay == 0:
+            for k, v in zip(keys, roots):
+                holder[k] = v
+        else:
+            holder["pending"], holder["switch"] = roots, step + delay
+
+
+def run_shampoo(torch, net, x, y, cfg, graft, delay=0):
     params = dict(net.named_parameters())
     sgd = graft == "sgd"
     lr, wd = (f32(cfg["lr"]), f32(cfg["weight_decay"])) if sgd else (f32(cfg["adam_lr"]), f32(cfg["adam_weight_decay"]))
@@ -184,8 +203,8 @@ def run_shampoo(torch, net, x, y, cfg, graft):
                     gb = g[rs, cs]
                     bl["L"] += gb @ gb.T
                     bl["R"] += gb.T @ gb
-                    if due:
-                        bl["Linv"], bl["Rinv"] = inverse_root4(torch, bl["L"], cfg), inverse_root4(torch, bl["R"], cfg)
+                    swap_in(bl, ("Linv", "Rinv"), step, due, delay,
+                            lambda: (inverse_root4(torch, bl["L"], cfg), inverse_root4(torch, bl["R"], cfg)))
                     if bl["Linv"] is None:
                         s[rs, cs] = d[rs, cs]
                         continue
@@ -203,7 +222,7 @@ def damped(torch, f, cfg):
     return f + e * torch.eye(n, dtype=torch.float64)
 
 
-def run_kfac(torch, net, x, y, cfg, graft):
+def run_kfac(torch, net, x, y, cfg, graft, delay=0):
     F = torch.nn.functional
     params = dict(net.named_parameters())
     sgd = graft == "sgd"
@@ -252,8 +271,8 @@ def run_kfac(torch, net, x, y, cfg, graft):
                         sl = slice(fb["i0"], fb["i0"] + d)
                         f_new = new[side][sl, sl]
                         fb["F"] = f_new if fb["F"] is None else fb["F"] * decay + f_new * f32(1 - decay)
-                        if due:
-                            fb["inv"] = torch.linalg.inv(damped(torch, fb["F"], cfg)).float()
+                        swap_in(fb, ("inv",), step, due, delay,
+                                lambda: (torch.linalg.inv(damped(torch, fb["F"], cfg)).float(),))
                 w = torch.cat([matrix(wp.data), bp.data.view(-1, 1)], 1)
                 gw = torch.cat([matrix(wp.grad), bp.grad.view(-1, 1)], 1)
                 u, dir_ = graft_operands(st, gw, w, step, sgd, wd, b1, b2, eps)
@@ -384,7 +403,9 @@ def main():
             ("shampoo_sgd", lambda net: run_shampoo(torch, net, x, y, CFG, "sgd")),
             ("shampoo_adam", lambda net: run_shampoo(torch, net, x, y, CFG, "adam")),
             ("kfac_sgd", lambda net: run_kfac(torch, net, x, y, CFG, "sgd")),
-            ("kfac_adam", lambda net: run_kfac(torch, net, x, y, CFG, "adam"))]
+            ("kfac_adam", lambda net: run_kfac(torch, net, x, y, CFG, "adam")),
+            ("shampoo_sgd_delay1", lambda net: run_shampoo(torch, net, x, y, CFG, "sgd", delay=1)),
+            ("kfac_sgd_delay1", lambda net: run_kfac(torch, net, x, y, CFG, "sgd", delay=1))]
     for name, fn in runs:
         net = Net()
         net.load_state_dict(init)

@@ -1352,7 +1352,8 @@ MNIST_CK_META = dict(epoch=1, step=2, batch_size=4, seed=7, optimizer=0, has_opt
                      beta1=0.9, beta2=0.999, eps=1e-8, train_images=8,  # epoch 1 of 2: 2 steps of 4 over 8 images
                      muon_lr=0.02, muon_momentum=0.95, muon_nesterov=1, ns_steps=5, graft=0, precond_every=20,
                      precond_start=20, max_precond_dim=1024, precond_eps=1e-12, precond_damping=1e-3,
-                     clip_per_sample=0.0, noise_multiplier=0.0, precond=0, fisher_power=0.5, kfac_stat_decay=0.0)
+                     clip_per_sample=0.0, noise_multiplier=0.0, precond=0, fisher_power=0.5, kfac_stat_decay=0.0,
+                     precond_delay=0)
 # every field a checkpoint header may hold, as data/README.md documents (inclusive); lr_min: up to lr
 MNIST_CK_RANGES = {"epochs": (1, 10000), "batch_size": (1, 2048), "seed": (0, INT_MAX), "lr_schedule": (0, 2),
                    "warmup_steps": (0, 10**8), "lr": (1e-9, 1e9), "test_accuracy": (0.0, 100.0),
@@ -1362,9 +1363,11 @@ MNIST_CK_RANGES = {"epochs": (1, 10000), "batch_size": (1, 2048), "seed": (0, IN
                    "ns_steps": (1, 99), "graft": (0, 1), "precond_every": (1, 10**8), "precond_start": (0, 10**8),
                    "max_precond_dim": (1, 16384), "precond_eps": (0.0, 1.0), "precond_damping": (0.0, 10.0),
                    # in range: accepted, or refused as a combination (noise without a clip norm, fisher_diag without
-                   # its tensors); kfac_stat_decay is 0 for every optimizer but K-FAC
+                   # its tensors); kfac_stat_decay is 0 for every optimizer but K-FAC, precond_delay for every
+                   # optimizer but Shampoo and K-FAC
                    "clip_per_sample": (0.0, 1e9), "noise_multiplier": (0.0, 1e9), "precond": (0, 1),
-                   "fisher_power": (0.0, 1.0), "kfac_stat_decay": (0.0, 0.0)}
+                   "fisher_power": (0.0, 1.0), "kfac_stat_decay": (0.0, 0.0),
+                   "precond_delay": (0, 0)}
 TRAINING_STOPS = ["error: training loss is", "error: the training loss diverges"]  # a run that started: accepted
 NO_TORCH = "needs PyTorch"  # dev/mnist.py after its inputs passed, where PyTorch is missing
 

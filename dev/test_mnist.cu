@@ -245,7 +245,9 @@ struct OptReference {
     float lr, momentum, weight_decay, adam_lr, beta1, beta2, eps, adam_wd, muon_lr, muon_momentum, p_eps, p_damping;
     float kfac_decay, kfac_damping;
     std::vector<float> x; std::vector<int> y;
-    std::vector<std::string> runs = {"muon", "shampoo_sgd", "shampoo_adam", "kfac_sgd", "kfac_adam"};
+    // runs 5, 6: runs 1, 3 with --precond_delay 1 (opt_run_base)
+    std::vector<std::string> runs = {"muon",      "shampoo_sgd",        "shampoo_adam",   "kfac_sgd",
+                                     "kfac_adam", "shampoo_sgd_delay1", "kfac_sgd_delay1"};
     std::vector<std::vector<float>> losses;                 // per run
     std::vector<std::vector<std::vector<float>>> finals;   // per run, per parameter (fc1.weight: 4 rows)
 };
@@ -279,8 +281,14 @@ static OptReference load_opt_reference(const char* path) {
     }
     return r;
 }
+// The run a delayed one repeats with --precond_delay 1 (shampoo_sgd_delay1: shampoo_sgd, kfac_sgd_delay1: kfac_sgd)
+static int opt_run_base(int run) { return run == 5 ? 1 : run == 6 ? 3 : run; }
+static bool opt_run_adam(int run) { return opt_run_base(run) == 2 || opt_run_base(run) == 4; }
+static bool opt_run_kfac(int run) { return opt_run_base(run) >= 3; }
 static OptConfig opt_config_for(const OptReference& r, int run) {
     OptConfig c;
+    c.precond_delay = run == opt_run_base(run) ? 0 : 1;
+    run = opt_run_base(run);
     c.schedule = SCHED_CONSTANT; c.warmup_steps = 0;
     c.beta1 = r.beta1; c.beta2 = r.beta2; c.eps = r.eps; c.momentum = r.momentum;
     c.muon_lr = r.muon_lr; c.muon_momentum = r.muon_momentum; c.nesterov = r.nesterov; c.ns_steps = r.ns_steps;
@@ -329,7 +337,7 @@ static void check_optimizers_cpu(const OptReference& r) {
     std::vector<float> lbuf(r.B);
     const std::vector<float> init = hash_init(r.init_seed, m.n_params);
     for (int run = 0; run < (int)r.runs.size(); run++) {
-        const bool adam = run == 2 || run == 4, kfac = run >= 3;
+        const bool adam = opt_run_adam(run), kfac = opt_run_kfac(run);
         std::vector<float> losses = run_opt_steps(&m, r, run, lbuf.data());
         const std::string tag = "cpu " + r.runs[run];
         compare(tag + " step losses", losses.data(), r.losses[run].data(), r.S, 0.0, adam ? 1e-3 : 1e-4);
@@ -371,7 +379,7 @@ static void check_optimizers_gpu(const OptReference& r) {
     float* lbuf; cudaCheck(cudaMalloc(&lbuf, r.B * 4));
     const std::vector<float> init = hash_init(r.init_seed, m.n_params);
     for (int run = 0; run < (int)r.runs.size(); run++) {
-        const bool adam = run == 2 || run == 4, kfac = run >= 3;
+        const bool adam = opt_run_adam(run), kfac = opt_run_kfac(run);
         std::vector<float> losses = run_opt_steps(&m, r, run, lbuf);
         const std::string tag = "gpu vs cpu " + r.runs[run];
         compare(tag + " step losses", losses.data(), cpu_losses[run].data(), r.S, 0.0, adam ? 1e-3 : 1e-4);
@@ -388,6 +396,40 @@ static void check_optimizers_gpu(const OptReference& r) {
     cudaCheck(cudaFree(lbuf));
     mnist_free(&m);
     g_run.backend = backend; g_run.tf32 = tf32;
+}
+
+// mo_sumsq (the matrix optimizers' sums of squares: norms, the Newton residual) on the GPU against the CPU's float64
+// sum of the same fp32 terms, at awkward shapes and row strides, with and without the identity subtracted, and twice
+// (the same bits: a fixed order, the last block's ticket reset). rtol 1e-5: each of the <= 128 block sums adds at
+// most a few dozen positive terms per thread, then two 8-level trees, so its relative error is below 60 u = 4e-6.
+static void check_sumsq_gpu() {
+    Mnist m;  // m.cpu false: mo_sumsq's GPU side
+    struct Case { int rows, cols, ld; bool minus_identity; };
+    const Case cases[] = {{1, 1, 1, false}, {97, 1025, 1031, false}, {1024, 1024, 1024, true}, {300, 7, 9, false},
+                          {289, 289, 289, true}, {10, 10, 10, true}, {128, 1024, 9217, false}};
+    float *d, *out, *scratch;
+    cudaCheck(cudaMalloc(&d, (size_t)1024 * 9217 * 4)); cudaCheck(cudaMalloc(&out, 8));
+    cudaCheck(cudaMalloc(&scratch, (SUMSQ_MAX_BLOCKS + 1) * 4));
+    cudaCheck(cudaMemset(scratch, 0, (SUMSQ_MAX_BLOCKS + 1) * 4));
+    uint64_t seed = 99;
+    for (const Case& c : cases) {
+        std::vector<float> h((size_t)c.rows * c.ld);
+        for (float& v : h) v = 2.0f * rand_uniform(&seed) - 1.0f;
+        cudaCheck(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        mo_sumsq(&m, out, d, c.rows, c.cols, c.ld, scratch, c.minus_identity);
+        mo_sumsq(&m, out + 1, d, c.rows, c.cols, c.ld, scratch, c.minus_identity);
+        float got[2];
+        cudaCheck(cudaMemcpy(got, out, 8, cudaMemcpyDeviceToHost));
+        Mnist cpu; cpu.cpu = true;
+        float ref;
+        mo_sumsq(&cpu, &ref, h.data(), c.rows, c.cols, c.ld, nullptr, c.minus_identity);
+        const std::string name = "gpu mo_sumsq " + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " ld " +
+                                 std::to_string(c.ld) + (c.minus_identity ? " minus I" : "");
+        compare(name, got, &ref, 1, 0.0, 1e-5);
+        report(memcmp(&got[0], &got[1], 4) == 0, name + " repeats bit-identically",
+               std::to_string(got[0]) + " then " + std::to_string(got[1]));
+    }
+    cudaCheck(cudaFree(d)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(scratch));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1356,6 +1398,7 @@ int main(int argc, char** argv) {
         } else {
             skip("gpu training steps with the fused forward", "the fused forward is off on this GPU");
         }
+        check_sumsq_gpu();
         if (have_opt_fixture) check_optimizers_gpu(ofx);
         if (have_ps_fixture) check_per_sample_gpu(psx);
         check_fc1_fast(5, 31);

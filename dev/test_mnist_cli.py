@@ -17,6 +17,7 @@ stopping at the first evaluation that reaches it, and the same weights with and 
 (on the CPU; on the GPU too where there is one, graphs cut at an evaluation).
 Run from the repo root: python3 dev/test_mnist_cli.py   (last line: N passed, N failed, N skipped)
 """
+import concurrent.futures
 import gzip
 import os
 import re
@@ -25,17 +26,31 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
+import traceback
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "train_mnist")
 DATA = os.path.join(ROOT, "data", "mnist")
 results = {"passed": 0, "failed": 0, "skipped": 0}
+# main() runs four groups of checks at once (their own folders); a group's lines are kept and printed after it ends
+_local = threading.local()
+_lock = threading.Lock()
+
+
+def emit(line, counter):
+    with _lock:
+        results[counter] += 1
+    lines = getattr(_local, "lines", None)
+    if lines is None:
+        print(line, flush=True)
+    else:
+        lines.append(line)
 
 
 def report(ok, name, detail):
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
-    results["passed" if ok else "failed"] += 1
+    emit(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", "passed" if ok else "failed")
 
 
 HAVE_GPU = shutil.which("nvidia-smi") is not None
@@ -397,6 +412,80 @@ def optimizers(tmp):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# issue 21: --precond_delay D (Shampoo, K-FAC): the roots due at step s are used from step s + D. A checkpoint at an
+# epoch end between s and s + D stores the roots in flight (pending.*), and --resume swaps them in at the same step:
+# the resumed run's final checkpoint is byte-identical to the uninterrupted run's.
+
+
+def precond_delay(tmp):
+    base = ["--device", "cpu", "--data_dir", DATA, "--train_limit", "32", "--test_limit", "100", "--batch_size", "16",
+            "--warmup_steps", "2", "--seed", "4", "--confusion", "0", "--precond_start", "1", "--precond_every", "2",
+            "--max_precond_dim", "32"]
+    kfac = ["--optimizer", "kfac", "--precond_damping", "0.1", "--lr", "0.05"]
+    shampoo = ["--optimizer", "shampoo", "--lr", "0.05"]
+    for args, words in [(kfac + ["--precond_delay", "3"], ["--precond_delay 3", "--precond_every 2"]),
+                        (shampoo + ["--precond_delay", "-1"], ["--precond_delay", "found -1"])]:
+        expect_error(f"bad flag {' '.join(args[-2:])} ({args[1]})", base + args, *words, code=1)
+    # 2 steps per epoch, roots due at steps 1, 3, 5: the checkpoint after epoch 1 (step 2) falls before the switch
+    # at 1 + D for D = 1 (switch_in 0: the resumed run's first step) and D = 2 (switch_in 1)
+    params = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"]
+    for name, extra, d in (("kfac", kfac, 2), ("shampoo", shampoo, 1), ("kfac", kfac, 1)):
+        tag = f"{name} --precond_delay {d}"
+        ck = {k: os.path.join(tmp, f"delay_{name}_{d}_{k}.bin") for k in ("straight", "part", "resumed", "sync")}
+        run(base + extra + ["--precond_delay", str(d), "--epochs", "3", "--checkpoint", ck["straight"]])
+        run(base + extra + ["--precond_delay", "0", "--epochs", "3", "--checkpoint", ck["sync"]])
+        run(base + extra + ["--precond_delay", str(d), "--epochs", "3", "--checkpoint", ck["part"],
+                            "--stop_at_accuracy", "0.001"])
+        rc, out = run(base + ["--resume", ck["part"], "--checkpoint", ck["resumed"]])
+        raw = {k: open(p, "rb").read() if os.path.exists(p) else b"" for k, p in ck.items()}
+        part = ck_table(raw["part"]) if raw["part"] else {}
+        roots = [n for n in part if n.startswith("pending.kfac_") or n.startswith("pending.shampoo_")]
+        switch_in = struct.unpack_from("<i", raw["part"], part["pending.switch_in"][1])[0] \
+            if "pending.switch_in" in part else None
+        report(len(roots) > 0 and "pending.root_ok" in part and switch_in == d - 1 and
+               struct.unpack_from("<i", raw["part"], 4 * 36)[0] == d,
+               f"cpu {tag}: the epoch-1 checkpoint holds the roots in flight and their switch",
+               f"{len(roots)} pending roots, switch_in {switch_in} (expected {d - 1}), slot 36 "
+               f"{struct.unpack_from('<i', raw['part'], 4 * 36)[0] if raw['part'] else None}")
+        report(rc == 0 and raw["resumed"] != b"" and raw["resumed"] == raw["straight"],
+               f"cpu {tag}: checkpoint + --resume gives the uninterrupted run's final checkpoint byte for byte",
+               f"exit {rc}; {len(raw['resumed'])} vs {len(raw['straight'])} bytes, equal: "
+               f"{raw['resumed'] == raw['straight']}")
+
+        def param_bytes(r):
+            t = ck_table(r)
+            return b"".join(r[t[n][1]:t[n][1] + t[n][2]] for n in params)
+        report(raw["sync"] != b"" and raw["straight"] != b"" and param_bytes(raw["sync"]) != param_bytes(
+               raw["straight"]), f"cpu {tag}: the delay changes the trajectory (its weights differ from D = 0's)",
+               f"weights differ: {param_bytes(raw['sync']) != param_bytes(raw['straight'])}"
+               if raw["sync"] and raw["straight"] else "a run failed")
+    # the stored setting: a resume keeps it, a change needs --allow_change, the header and the pending state checked
+    part = os.path.join(tmp, "delay_kfac_2_part.bin")
+    raw = open(part, "rb").read()
+    expect_error("--resume with another --precond_delay", base + ["--resume", part, "--precond_delay", "1"],
+                 "--precond_delay 1", "2", "--allow_change precond_delay", code=1)
+    rc, out = run(base + ["--resume", part, "--precond_delay", "0", "--allow_change", "precond_delay"])
+    report(rc == 0 and len(epochs_of(out)) == 2 and "--allow_change" in out,
+           "--allow_change precond_delay: the pending roots switch in at once, the run goes on synchronously",
+           f"exit {rc}: {out.strip().splitlines()[-1][:150] if out.strip() else ''}")
+    t = ck_table(raw)
+    for what, data, words in [
+            ("precond_delay above precond_every in the header", patched(raw, 4 * 36, "<i", 3),
+             ["precond_delay is 3", "0..precond_every"]),
+            ("precond_delay set in an SGD checkpoint", patched(open(os.path.join(tmp, "delay_shampoo_1_straight.bin"),
+             "rb").read(), 4 * 7, "<i", 0), ["precond_delay is 1", "0 (not shampoo or kfac)"]),
+            ("pending.switch_in at precond_delay", patched(raw, t["pending.switch_in"][1], "<i", 2),
+             ["pending.switch_in[0] is 2", "precond_delay is 2"]),
+            ("a NaN in a pending root", patched(raw, t["pending.kfac_Ainv.fc1.weight.9216"][1], "<f", float("nan")),
+             ["pending.kfac_Ainv.fc1.weight.9216", "finite"]),
+            ("a pending root_ok flag of 2", patched(raw, t["pending.root_ok"][1], "<i", 2),
+             ["pending.root_ok[0] is 2", "0 or 1"])]:
+        bad = os.path.join(tmp, "delay_bad.bin")
+        open(bad, "wb").write(data)
+        expect_error(f"{what} is refused", base + ["--resume", bad], bad, *words, code=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # issue 21 item 4: --clip_per_sample, --noise_multiplier, --precond fisher_diag (the CPU path; their values against
 # torch.func.vmap are dev/test_mnist.cu's)
 
@@ -471,8 +560,17 @@ def per_sample(tmp):
 
 
 def skip(name, why):
-    print(f"SKIP {name}: {why}")
-    results["skipped"] += 1
+    emit(f"SKIP {name}: {why}", "skipped")
+
+
+def in_group(name, checks):
+    """Runs checks() with its lines kept; an exception is a failure of the group. -> the lines."""
+    _local.lines = []
+    try:
+        checks()
+    except Exception:  # noqa: BLE001 - any crash of a check is reported as its failure
+        report(False, f"{name}: the checks raised", traceback.format_exc()[-1500:])
+    return _local.lines
 
 
 def eval_lines(out):
@@ -700,10 +798,17 @@ def main():
                "nan loss stops training, checkpoint kept",
                f"exit {rc}: {out4.strip().splitlines()[-1][:150] if out4.strip() else ''}; checkpoint unchanged: {before == after}")
 
-        issue26(tmp, common)
-        optimizers(tmp)
-        per_sample(tmp)
-        eval_every(tmp)
+        # the slow groups beside each other (per_sample reads optimizers' K-FAC checkpoint: one group)
+        dirs = [os.path.join(tmp, d) for d in ("g_opt", "g_delay", "g_eval")]
+        for d in dirs:
+            os.makedirs(d)
+        groups = [("optimizers, per-sample", lambda: (optimizers(dirs[0]), per_sample(dirs[0]))),
+                  ("precond_delay", lambda: precond_delay(dirs[1])), ("eval_every", lambda: eval_every(dirs[2]))]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(groups)) as pool:
+            futures = [pool.submit(in_group, name, checks) for name, checks in groups]
+            issue26(tmp, common)
+            for f in futures:
+                print("\n".join(f.result()), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped")

@@ -419,10 +419,12 @@ MNIST_PARAM_SHAPES = [
 # 3 Shampoo or 4 K-FAC with graft 0) momentum_buffer.<name>; 1 (AdamW, and Shampoo or K-FAC with graft 1)
 # adam_m.<name> and adam_v.<name>; 2 (Muon) muon_m.<name> and adam_v.<name>; Shampoo also
 # shampoo_{L,R,Linv,Rinv}.<weight>.<r0>.<c0> and shampoo_has_root; K-FAC kfac_{G,Ginv}.<weight>.<r0>,
-# kfac_{A,Ainv}.<weight>.<c0> and kfac_has_inv; precond 1 (fisher_diag) also fisher_diag.<name> (data/README.md).
+# kfac_{A,Ainv}.<weight>.<c0> and kfac_has_inv; precond 1 (fisher_diag) also fisher_diag.<name>; with precond_delay
+# > 0 and roots in flight, pending.<root>, pending.root_ok and pending.switch_in (data/README.md).
 # epoch = epochs completed; version 2 added every setting the trajectory depends on (lr_schedule 0 constant,
 # 1 cosine, 2 linear .. train_images), version 3 Muon's and Shampoo's, then the per-sample step's clip_per_sample ..
-# fisher_power and K-FAC's kfac_stat_decay (0 when unused, so older version 3 files still read).
+# fisher_power, K-FAC's kfac_stat_decay and Shampoo's and K-FAC's precond_delay (0 when unused, so older version 3
+# files still read).
 MNIST_CHECKPOINT = Format("mnist checkpoint", magic_number(2, 2), 3, [
     ("epoch", "i"), ("step", "i"), ("batch_size", "i"), ("seed", "i"), ("optimizer", "i"), ("has_optimizer", "i"),
     ("epochs", "i"), ("lr", "f"), ("test_accuracy", "f"), ("lr_schedule", "i"), ("warmup_steps", "i"),
@@ -430,7 +432,7 @@ MNIST_CHECKPOINT = Format("mnist checkpoint", magic_number(2, 2), 3, [
     ("train_images", "i"), ("muon_lr", "f"), ("muon_momentum", "f"), ("muon_nesterov", "i"), ("ns_steps", "i"),
     ("graft", "i"), ("precond_every", "i"), ("precond_start", "i"), ("max_precond_dim", "i"), ("precond_eps", "f"),
     ("precond_damping", "f"), ("clip_per_sample", "f"), ("noise_multiplier", "f"), ("precond", "i"),
-    ("fisher_power", "f"), ("kfac_stat_decay", "f"),
+    ("fisher_power", "f"), ("kfac_stat_decay", "f"), ("precond_delay", "i"),
 ])
 # Written by dev/mnist.py on the GPU machine. tensors: every parameter (initial weights); x float32 (B,1,28,28)
 # normalized; y int32 (B,); out float32 (B,10) logits; loss float32 () mean NLL; grad.<name> for every parameter;
@@ -447,7 +449,7 @@ MNIST_DEBUG_STATE = Format("mnist debug state", magic_number(2, 3), 1, MNIST_DEB
 MNIST_FIXTURE = Format("mnist fixture", magic_number(2, 4), 1, MNIST_DEBUG_FIELDS + [("init_seed", "i")])
 # Written by dev/mnist_optimizers.py (dev/fixtures/mnist_optimizers_fixture.bin, committed): the Muon and Shampoo
 # references. tensors: x (B,1,28,28), y int32 (B,); for each run muon, shampoo_sgd, shampoo_adam, kfac_sgd,
-# kfac_adam: <run>_losses (S,)
+# kfac_adam, shampoo_sgd_delay1, kfac_sgd_delay1 (precond_delay 1): <run>_losses (S,)
 # and the final parameters <run>.<name> (fc1.weight: its first 4 rows, <run>.fc1.weight.rows (4, 9216));
 # muon_bf16_losses (S,) (torch.optim.Muon unmodified).
 MNIST_OPT_FIXTURE = Format("mnist optimizer fixture", magic_number(2, 5), 2, [
