@@ -93,6 +93,7 @@ def so_candidates(name, quick):
 
 SO_EVAL = re.compile(r"^step +(\d+) \| epoch +(\d+)/\d+ \| test loss [\d.]+ \| test acc ([\d.]+)% \| "
                      r"train total ([\d.]+) ms$")
+SO_NAN = re.compile(r"^step +(\d+) \| epoch +\d+/\d+ \| test loss (nan|inf|-inf) ")  # the run diverged there
 SO_REACHED = re.compile(r"^reached ([\d.]+)% \(--stop_at_accuracy [\d.]+\) at step (\d+) \(epoch (\d+)\) after "
                         r"([\d.]+) ms of training$")
 
@@ -100,13 +101,19 @@ SO_REACHED = re.compile(r"^reached ([\d.]+)% \(--stop_at_accuracy [\d.]+\) at st
 def run_to_99(flags, seed, bound, timeout=300):
     """One run of flags on seed to 99% (or its end). bound: stop it once an evaluation at or past this step has not
     reached 99% (None: never): it cannot beat a candidate that reached it there. Returns dict(seed, reached, steps,
-    train_ms, best_acc, last_step, cut). A trainer error raises."""
+    train_ms, best_acc, last_step, cut, diverged). A run that diverges (a NaN evaluation, or the trainer's exit on a
+    NaN or diverging loss) is a result, stopped there; any other trainer error raises."""
     cmd = [os.path.abspath(BIN), "--confusion", "0", "--seed", str(seed), "--eval_every", str(SO_EVERY),
            "--stop_at_accuracy", "99"] + flags.split()
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    t0, lines, evals, hit, cut = time.time(), [], [], None, False
+    t0, lines, evals, hit, cut, diverged = time.time(), [], [], None, False, None
     for line in p.stdout:
         lines.append(line)
+        m = SO_NAN.match(line)
+        if m and hit is None:
+            diverged = int(m.group(1))
+            p.terminate()
+            break
         m = SO_EVAL.match(line.rstrip("\n"))
         if m:
             evals.append((int(m.group(1)), float(m.group(3)), float(m.group(4))))
@@ -123,13 +130,18 @@ def run_to_99(flags, seed, bound, timeout=300):
     p.stdout.close()
     rc = p.wait()
     out = "".join(lines)
+    if diverged is None and rc != 0 and re.search(r"training loss (is nan|is inf|diverges)", out):
+        diverged = evals[-1][0] if evals else 0
+    if diverged is not None:
+        return dict(seed=seed, reached=False, steps=None, train_ms=None,
+                    best_acc=max((e[1] for e in evals), default=0.0), last_step=diverged, cut=False, diverged=True)
     if not cut and (rc != 0 or not evals):
         raise RuntimeError(f"{' '.join(cmd)} failed ({rc}):\n{out[-2000:]}")
     if not cut and hit is None and "did not reach --stop_at_accuracy 99" not in out:
         raise RuntimeError(f"{' '.join(cmd)}: neither a 'reached' nor a 'did not reach' line:\n{out[-2000:]}")
     return dict(seed=seed, reached=hit is not None, steps=hit["steps"] if hit else None,
                 train_ms=hit["train_ms"] if hit else None, best_acc=max(e[1] for e in evals),
-                last_step=evals[-1][0], cut=cut)
+                last_step=evals[-1][0], cut=cut, diverged=False)
 
 
 def second_order(args):
@@ -164,7 +176,8 @@ def second_order(args):
                     best[n] = c
             tried[n].append(c)
             detail = ", ".join(f"seed {r['seed']}: " + (f"{r['steps']} steps {r['train_ms']:.1f} ms" if r["reached"]
-                               else f"{'stopped at' if r['cut'] else 'not by'} step {r['last_step']} "
+                               else f"{'diverged at' if r['diverged'] else 'stopped at' if r['cut'] else 'not by'} "
+                               f"step {r['last_step']} "
                                f"(best {r['best_acc']:.2f}%)") for r in seeds)
             print(f"steps to 99%: {n:8s} {flags}: " + (f"worst seed {c['worst_steps']} steps" if ok else "dropped")
                   + f" [{detail}]", flush=True)
