@@ -6559,6 +6559,11 @@ struct Evaluations {
         if (a->eval_every > 0)
             printf("step %6d | epoch %3d/%d | test loss %.4f | test acc %.2f%% | train total %.1f ms\n", step,
                    epoch + 1, a->epochs, last.loss, last.accuracy, train_ms);
+        if (!std::isfinite(last.loss)) {  // the weights are no longer finite: the rest of the epoch would be wasted
+            fprintf(stderr, "error: test loss is %f at step %d (epoch %d); stopping. %s\n", last.loss, step,
+                    epoch + 1, checkpoint_state(*a).c_str());
+            exit(2);
+        }
         here = EvalPoint{step, epoch, last.accuracy, train_ms};
         if (best.step < 0 || here.accuracy > best.accuracy) best = here;
         return a->stop_at_accuracy > 0 && here.accuracy >= a->stop_at_accuracy;

@@ -622,6 +622,13 @@ def eval_every(tmp):
     rc0, out0 = run(base + ["--epochs", "3"])
     report(rc0 == 0 and not eval_lines(out0) and epochs_of(out0) == ep, "without --eval_every: no step lines",
            f"exit {rc0}; {len(eval_lines(out0))} step lines; epoch lines equal: {epochs_of(out0) == ep}")
+    # a non-finite evaluation stops the run there (exit 2), not at the epoch's end
+    rc, out = run(base + ["--epochs", "1", "--eval_every", "2", "--lr", "1e6", "--lr_schedule", "constant",
+                          "--warmup_steps", "0"])
+    m = re.search(r"^error: test loss is (nan|inf|-inf) at step (\d+) \(epoch 1\); stopping", out, re.M)
+    report(rc == 2 and m is not None and int(m.group(2)) < 6 and not epochs_of(out),
+           "a NaN evaluation inside an epoch stops the run (exit 2) before the epoch's end",
+           f"exit {rc}: {m.group(0) if m else out.strip().splitlines()[-1][:150] if out.strip() else ''}")
 
     # the stop: at the first evaluation whose accuracy reaches the threshold, inside an epoch
     rc, out = run(base + ["--epochs", "3", "--eval_every", "1"])
