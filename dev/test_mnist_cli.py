@@ -27,6 +27,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 import tempfile
 
@@ -490,7 +491,8 @@ def precond_delay(tmp):
 # torch.func.vmap are dev/test_mnist.cu's)
 
 
-def per_sample(tmp):
+def per_sample(tmp, kfac_ck, kfac_ready):
+    """kfac_ck: optimizers()'s K-FAC checkpoint, written once kfac_ready is set (the two run at once)."""
     base = ["--device", "cpu", "--data_dir", DATA, "--train_limit", "64", "--test_limit", "100", "--batch_size", "16",
             "--warmup_steps", "2", "--seed", "4", "--confusion", "0"]
     for args, words in [(["--clip_per_sample", "-1"], ["--clip_per_sample", "found -1"]),
@@ -549,7 +551,8 @@ def per_sample(tmp):
     expect_error("a checkpoint with noise but no clip norm is refused", base + ["--resume", bad], bad,
                  "needs --clip_per_sample", code=1)
     bad = os.path.join(tmp, "kfac_clip.bin")
-    open(bad, "wb").write(patched(open(os.path.join(tmp, "ck_kfac.bin"), "rb").read(), 4 * 31, "<f", 1.0))
+    kfac_ready.wait(timeout=1800)
+    open(bad, "wb").write(patched(open(kfac_ck, "rb").read(), 4 * 31, "<f", 1.0))
     expect_error("a K-FAC checkpoint with a clip norm is refused", base + ["--resume", bad], bad, "header[31..34]",
                  "--optimizer kfac", code=1)
 
@@ -566,10 +569,12 @@ def skip(name, why):
 def in_group(name, checks):
     """Runs checks() with its lines kept; an exception is a failure of the group. -> the lines."""
     _local.lines = []
+    t0 = time.time()
     try:
         checks()
     except Exception:  # noqa: BLE001 - any crash of a check is reported as its failure
         report(False, f"{name}: the checks raised", traceback.format_exc()[-1500:])
+    _local.lines.append(f"---- group {name}: {time.time() - t0:.1f} s")
     return _local.lines
 
 
@@ -697,6 +702,7 @@ def main():
         print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped")
         return 1
     tmp = tempfile.mkdtemp(prefix="test_mnist_cli_")
+    t_main = time.time()
     try:
         # flags
         rc, out = run(["--help"])
@@ -805,15 +811,25 @@ def main():
                "nan loss stops training, checkpoint kept",
                f"exit {rc}: {out4.strip().splitlines()[-1][:150] if out4.strip() else ''}; checkpoint unchanged: {before == after}")
 
-        # the slow groups beside each other (per_sample reads optimizers' K-FAC checkpoint: one group)
-        dirs = [os.path.join(tmp, d) for d in ("g_opt", "g_delay", "g_eval")]
+        # the slow groups beside each other (per_sample waits for optimizers' K-FAC checkpoint at its last check)
+        dirs = [os.path.join(tmp, d) for d in ("g_opt", "g_delay", "g_eval", "g_sample")]
         for d in dirs:
             os.makedirs(d)
-        groups = [("optimizers, per-sample", lambda: (optimizers(dirs[0]), per_sample(dirs[0]))),
+        kfac_ready = threading.Event()
+
+        def optimizers_then_signal():
+            try:
+                optimizers(dirs[0])
+            finally:
+                kfac_ready.set()
+        groups = [("optimizers", optimizers_then_signal),
+                  ("per-sample", lambda: per_sample(dirs[3], os.path.join(dirs[0], "ck_kfac.bin"), kfac_ready)),
                   ("precond_delay", lambda: precond_delay(dirs[1])), ("eval_every", lambda: eval_every(dirs[2]))]
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(groups)) as pool:
             futures = [pool.submit(in_group, name, checks) for name, checks in groups]
+            t0 = time.time()
             issue26(tmp, common)
+            print(f"---- the checks above and issue26's: {time.time() - t_main:.1f} s (issue26 {time.time() - t0:.1f} s)")
             for f in futures:
                 print("\n".join(f.result()), flush=True)
     finally:
