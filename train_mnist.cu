@@ -3617,6 +3617,36 @@ static std::string checkpoint_header_error(const BinFile* bf) {
                    ")").c_str());
     return "";
 }
+// A checkpoint's n x n float tensor `name` (a factor or a root): present, of that shape and finite; "" or the error
+static std::string ck_square_error(const BinFile* bf, const std::string& name, int n) {
+    std::string e;
+    const int shape[2] = {n, n};
+    const char* x = (const char*)bin_find(bf, name, 0, 2, shape, &e);
+    if (!x) return e;
+    for (size_t j = 0; j < (size_t)n * n; j++) {
+        float v;
+        memcpy(&v, x + 4 * j, 4);
+        if (!std::isfinite(v)) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number", bf->path.c_str(),
+                     name.c_str(), j, v);
+            return msg;
+        }
+    }
+    return "";
+}
+// A checkpoint's int32 flags `name` (count of them): present and each 0 or 1; "" or the error
+static std::string ck_flags_error(const BinFile* bf, const std::string& name, size_t count) {
+    std::string e;
+    const int shape[1] = {(int)count};
+    const int32_t* x = (const int32_t*)bin_find(bf, name, 1, 1, shape, &e);
+    if (!x) return e;
+    for (size_t j = 0; j < count; j++)
+        if (x[j] != 0 && x[j] != 1)
+            return bf->path + ": tensor " + name + "[" + std::to_string(j) + "] is " + std::to_string(x[j]) +
+                   ", expected 0 or 1";
+    return "";
+}
 // The tensors: the parameters and, with has_optimizer, the optimizer's state, each of its shape and finite (a second
 // moment also >= 0; Shampoo's has_root flags 0 or 1), and no other tensor
 static std::string checkpoint_tensors_error(const BinFile* bf) {
@@ -3651,28 +3681,11 @@ static std::string checkpoint_tensors_error(const BinFile* bf) {
         }
     const PrecondState st = h[CK_HAS_OPTIMIZER] ? precond_state_tensors(stored, nullptr) : PrecondState();
     for (const StateMatrix& sm : st.mats) {  // Shampoo's or K-FAC's factors and roots, which have roots
-        const int shape[2] = {sm.n, sm.n};
-        const char* x = (const char*)bin_find(bf, sm.name, 0, 2, shape, &e);
-        if (!x) return e;
-        for (size_t j = 0; j < (size_t)sm.n * sm.n; j++) {
-            float v;
-            memcpy(&v, x + 4 * j, 4);
-            if (!std::isfinite(v)) {
-                snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number", bf->path.c_str(),
-                         sm.name.c_str(), j, v);
-                return msg;
-            }
-        }
+        if (!(e = ck_square_error(bf, sm.name, sm.n)).empty()) return e;
         names.insert(sm.name);
     }
     if (st.flags_name) {
-        const int shape[1] = {(int)st.flags.size()};
-        const int32_t* x = (const int32_t*)bin_find(bf, st.flags_name, 1, 1, shape, &e);
-        if (!x) return e;
-        for (size_t j = 0; j < st.flags.size(); j++)
-            if (x[j] != 0 && x[j] != 1)
-                return bf->path + ": tensor " + st.flags_name + "[" + std::to_string(j) + "] is " +
-                       std::to_string(x[j]) + ", expected 0 or 1";
+        if (!(e = ck_flags_error(bf, st.flags_name, st.flags.size())).empty()) return e;
         names.insert(st.flags_name);
     }
     if (st.flags_name && bin_has(bf, PENDING_SWITCH)) {  // --precond_delay's roots in flight, all of them
@@ -3688,27 +3701,10 @@ static std::string checkpoint_tensors_error(const BinFile* bf) {
         const std::vector<StateMatrix> roots = precond_root_mats(st, optimizer);
         for (const StateMatrix& sm : roots) {
             const std::string name = PENDING_PREFIX + sm.name;
-            const int shape[2] = {sm.n, sm.n};
-            const char* x = (const char*)bin_find(bf, name, 0, 2, shape, &e);
-            if (!x) return e;
-            for (size_t j = 0; j < (size_t)sm.n * sm.n; j++) {
-                float v;
-                memcpy(&v, x + 4 * j, 4);
-                if (!std::isfinite(v)) {
-                    snprintf(msg, sizeof msg, "%s: tensor %s[%zu] is %g, expected a finite number", bf->path.c_str(),
-                             name.c_str(), j, v);
-                    return msg;
-                }
-            }
+            if (!(e = ck_square_error(bf, name, sm.n)).empty()) return e;
             names.insert(name);
         }
-        const int shape[1] = {(int)roots.size()};
-        const int32_t* ok = (const int32_t*)bin_find(bf, PENDING_OK, 1, 1, shape, &e);
-        if (!ok) return e;
-        for (size_t j = 0; j < roots.size(); j++)
-            if (ok[j] != 0 && ok[j] != 1)
-                return bf->path + ": tensor " + PENDING_OK + "[" + std::to_string(j) + "] is " + std::to_string(ok[j]) +
-                       ", expected 0 or 1";
+        if (!(e = ck_flags_error(bf, PENDING_OK, roots.size())).empty()) return e;
         names.insert(PENDING_OK);
     }
     for (const BinTensor& t : bf->tensors)

@@ -2289,6 +2289,21 @@ static void emulate_mma_tf32(float c[32][4], const uint32_t a[32][4], const uint
         c[lane][3] = (float)Cm[g + 8][2 * t + 1];
     }
 }
+// The 3xTF32 step of fragment (mi, ni) as the kernels issue it: the two small terms into small, the big one into big
+template <int MI>
+static void emulate_mma_3xtf32(const std::vector<TcFrags<MI>>& fr, int mi, int ni, float big[32][4],
+                               float small[32][4]) {
+    uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
+    for (int lane = 0; lane < 32; lane++) {
+        memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
+        memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
+        memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
+        memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
+    }
+    emulate_mma_tf32(small, al, bh);
+    emulate_mma_tf32(small, ah, bl);
+    emulate_mma_tf32(big, ah, bh);
+}
 
 template <int MI>
 static void test_tc_fragments_at(Rng& rng, const char* name, int lda, int ldb, int K) {
@@ -2305,16 +2320,7 @@ static void test_tc_fragments_at(Rng& rng, const char* name, int lda, int ldb, i
         for (int lane = 0; lane < 32; lane++) tc_load_frags<MI>(lane, As.data(), lda, Bs.data(), ldb, k0, fr[lane]);
         for (int mi = 0; mi < MI; mi++)
             for (int ni = 0; ni < TC_NI; ni++) {
-                uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
-                for (int lane = 0; lane < 32; lane++) {
-                    memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
-                    memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
-                    memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
-                    memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
-                }
-                emulate_mma_tf32(acc(small, mi, ni), al, bh);
-                emulate_mma_tf32(acc(small, mi, ni), ah, bl);
-                emulate_mma_tf32(acc(big, mi, ni), ah, bh);
+                emulate_mma_3xtf32<MI>(fr, mi, ni, acc(big, mi, ni), acc(small, mi, ni));
             }
     }
     std::vector<int> writes(ROWS * 32, 0);
@@ -2391,16 +2397,7 @@ static void test_v4_product_emulated(Rng& rng, int n) {
                         tc_load_frags<MI>(lane, As.data() + wr * V4_LDA, V4_LDA, Bs.data() + wc, V4_LDB, kk, fr[lane]);
                     for (int mi = 0; mi < MI; mi++)
                         for (int ni = 0; ni < TC_NI; ni++) {
-                            uint32_t ah[32][4], al[32][4], bh[32][2], bl[32][2];
-                            for (int lane = 0; lane < 32; lane++) {
-                                memcpy(ah[lane], fr[lane].ah[mi], sizeof ah[lane]);
-                                memcpy(al[lane], fr[lane].al[mi], sizeof al[lane]);
-                                memcpy(bh[lane], fr[lane].bh[ni], sizeof bh[lane]);
-                                memcpy(bl[lane], fr[lane].bl[ni], sizeof bl[lane]);
-                            }
-                            emulate_mma_tf32(acc(small, warp, mi, ni), al, bh);
-                            emulate_mma_tf32(acc(small, warp, mi, ni), ah, bl);
-                            emulate_mma_tf32(acc(big, warp, mi, ni), ah, bh);
+                            emulate_mma_3xtf32<MI>(fr, mi, ni, acc(big, warp, mi, ni), acc(small, warp, mi, ni));
                         }
                 }
             }

@@ -634,17 +634,9 @@ static void test_ema_warmup() {
     cudaCheck(cudaFree(m.adam_dev));
 }
 
-static void test_resume(Precision prec) {
-    const char* data = "data/sunflowers64.bin";
-    if (access(data, F_OK) != 0) {
-        report("SKIP", std::string("resume ") + PREC_NAME[prec], std::string("no ") + data);
-        return;
-    }
-    char dir[] = "/tmp/test_unet_XXXXXX";
-    if (!mkdtemp(dir)) {
-        report("FAIL", std::string("resume ") + PREC_NAME[prec], "mkdtemp failed");
-        return;
-    }
+// A small UNet (64x64 images, 32 channels, 3 levels, one resblock each, attention at 16x16) trained quietly on data
+// at batch 5, logging every step: the whole-run checks below
+static TrainArgs small_run(const char* data, Precision prec) {
     TrainArgs a;
     a.data_file = data;
     a.cfg.image_size = 64;
@@ -659,6 +651,21 @@ static void test_resume(Precision prec) {
     a.precision = prec;
     a.precision_given = true;
     a.quiet = true;
+    return a;
+}
+
+static void test_resume(Precision prec) {
+    const char* data = "data/sunflowers64.bin";
+    if (access(data, F_OK) != 0) {
+        report("SKIP", std::string("resume ") + PREC_NAME[prec], std::string("no ") + data);
+        return;
+    }
+    char dir[] = "/tmp/test_unet_XXXXXX";
+    if (!mkdtemp(dir)) {
+        report("FAIL", std::string("resume ") + PREC_NAME[prec], "mkdtemp failed");
+        return;
+    }
+    TrainArgs a = small_run(data, prec);
     const int N = 4;
     std::vector<float> whole, first, second;
     a.steps = 2 * N;
@@ -714,20 +721,7 @@ static void test_muon_overlap(Precision prec) {
         report("FAIL", tag, "mkdtemp failed");
         return;
     }
-    TrainArgs a;
-    a.data_file = data;
-    a.cfg.image_size = 64;
-    a.cfg.model_channels = 32;
-    a.cfg.n_levels = 3;
-    a.cfg.mult[0] = 1; a.cfg.mult[1] = 2; a.cfg.mult[2] = 2; a.cfg.mult[3] = 0;
-    a.cfg.num_res_blocks = 1;
-    a.cfg.attn_ds_mask = 4;  // 16x16
-    a.cfg.num_head_channels = 32;
-    a.batch_size = 5;
-    a.log_every = 1;
-    a.precision = prec;
-    a.precision_given = true;
-    a.quiet = true;
+    TrainArgs a = small_run(data, prec);
     a.optimizer = OPT_MUON;
     a.steps = 5;  // the first eagerly, then the graph: both paths
     a.save_every = a.steps;
