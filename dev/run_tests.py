@@ -20,7 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLOSING = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped$")
 TIMEOUT_S = 900
-# Started first under -j N, so that the longest suites do not begin last (GPU round of session 18, H100)
+# Started first under -j N so that the longest suites (on the H100: 150-305 s each) do not begin last
 SLOW_FIRST = ["dev/test_fuzz.py", "dev/test_unet.cu", "dev/test_torch_ops.py", "dev/test_mnist.cu",
               "dev/test_unet_cli.py", "dev/test_mnist_cli.py", "dev/conv2d.cu", "dev/matmul.cu"]
 
