@@ -389,6 +389,88 @@ __host__ __device__ inline NewtonAction newton_decide(NewtonState& s, double r) 
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// Scaled steps: T = a^(1/p) ((p + 1) I - a M) / p maps each eigenvalue m of M to g(a m), g(m) = m ((p + 1 - m)/p)^p,
+// instead of g(m). With the spectrum of M in [lo, hi], the a that balances g(a lo) = g(a hi) (a lo <= 1 <= a hi)
+// multiplies the small eigenvalues by a ((p + 1) / p)^p per step instead of ((p + 1) / p)^p, a up to p + 1: 5-6 steps
+// instead of 9-10 at kappa 35, 10 instead of 19 at 1e6 (dev/matrix_roots_NOTES.md, "Scaled steps"). lo and hi are estimates (Lanczos on
+// A, then mapped step by step): a too large lo only makes a smaller (slower, never unsafe); a is capped so that an
+// eigenvalue up to NEWTON_HI_SLACK above hi stays below p + 1, where g is still positive.
+
+constexpr double NEWTON_HI_SLACK = 1.1;
+
+__host__ __device__ inline double newton_map(int p, double m) {
+    double t = (p + 1 - m) / p, t2 = t * t;
+    return m * (p == 1 ? t : p == 2 ? t2 : t2 * t2);
+}
+
+// The a in [1 / hi, cap] that maximises min(g(a lo), g(a hi)) for 0 < lo <= hi: where the rising g(a lo) meets the
+// falling g(a hi), by bisection (g(a lo) - g(a hi) increases with a on that range).
+__host__ __device__ inline double newton_alpha(int p, double lo, double hi) {
+    double cap = (p + 1) / (NEWTON_HI_SLACK * hi);
+    double a0 = 1.0 / hi, a1 = lo > 0.0 && 1.0 / lo < cap ? 1.0 / lo : cap;
+    if (!(lo > 0.0) || !(hi >= lo) || a1 <= a0) return a0;
+    if (newton_map(p, a1 * lo) <= newton_map(p, a1 * hi)) return a1;
+    for (int i = 0; i < 60; i++) {
+        double a = 0.5 * (a0 + a1);
+        if (newton_map(p, a * lo) < newton_map(p, a * hi)) a0 = a;
+        else a1 = a;
+    }
+    return a0;
+}
+
+// The estimated interval of M's spectrum, carried through the scaled steps. r = ||M - I||_F bounds every |m - 1|.
+struct NewtonScale {
+    double lo = 1.0, hi = 1.0;
+    // before a step: the a to take, from the interval narrowed by r
+    __host__ __device__ double alpha(int p, double r) {
+        if (r < 1.0) {
+            lo = lo > 1.0 - r ? lo : 1.0 - r;
+            hi = hi < 1.0 + r ? hi : 1.0 + r;
+        }
+        return newton_alpha(p, lo, hi);
+    }
+    // after a step taken with a: the image of [lo, hi] under m -> g(a m) (g rises to 1 at m = 1, then falls)
+    __host__ __device__ void advance(int p, double a) {
+        double glo = newton_map(p, a * lo), ghi = newton_map(p, a * hi);
+        double mn = glo < ghi ? glo : ghi, mx = glo > ghi ? glo : ghi;
+        hi = a * lo <= 1.0 && 1.0 <= a * hi ? 1.0 : mx;
+        lo = mn;
+    }
+};
+
+// Extreme eigenvalues of the k x k symmetric tridiagonal (diagonal d, off-diagonal e[0..k-2]) that k Lanczos steps
+// build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max). Sturm
+// counts and bisection in float64.
+__host__ __device__ inline int sturm_below(const double* d, const double* e, int k, double x) {
+    int count = 0;
+    double q = 1.0;
+    for (int i = 0; i < k; i++) {
+        double off = i > 0 ? e[i - 1] * e[i - 1] : 0.0;
+        q = d[i] - x - (i > 0 ? off / q : 0.0);
+        if (q == 0.0) q = -1e-300;
+        if (q < 0.0) count++;
+    }
+    return count;
+}
+__host__ __device__ inline void tridiag_extremes(const double* d, const double* e, int k, double* lo, double* hi) {
+    double a = d[0], b = d[0];  // Gershgorin bounds of the tridiagonal
+    for (int i = 0; i < k; i++) {
+        double r = (i > 0 ? fabs(e[i - 1]) : 0.0) + (i < k - 1 ? fabs(e[i]) : 0.0);
+        a = fmin(a, d[i] - r);
+        b = fmax(b, d[i] + r);
+    }
+    double l0 = a, l1 = b, h0 = a, h1 = b;
+    for (int i = 0; i < 100; i++) {
+        double m = 0.5 * (l0 + l1);  // lowest: the smallest x with one eigenvalue below
+        if (sturm_below(d, e, k, m) >= 1) l1 = m; else l0 = m;
+        m = 0.5 * (h0 + h1);         // highest: the smallest x with all k below
+        if (sturm_below(d, e, k, m) >= k) h1 = m; else h0 = m;
+    }
+    *lo = l1;
+    *hi = h1;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
 // TF32 or bf16, fp32 sums): they run in CI, where the GPU versions cannot, and --study measures with them.
 
