@@ -17,8 +17,8 @@
    those reaching 99% on all three (--time_to_99_only runs this part alone; --t99_candidates limits the candidates
    to the given indices of FAST_CONFIGS).
 4. (--second_order, or --second_order_only alone) Steps to 99% (issue 21): for each optimizer of --so_optimizers
-   (sgd, adamw, shampoo, kfac, muon) the candidates of SO_CANDIDATES (batch 128; three learning rates around each
-   optimizer's known-good value; linear decay over 1 and 2 epochs), each on seeds 1-3 with --eval_every 20
+   (sgd, adamw, shampoo, kfac, muon) the candidates of SO_SWEEP (batch 128; learning rates around each optimizer's
+   known-good value; linear decay over 1 and 2 epochs), each on seeds 1-3 with --eval_every 20
    --stop_at_accuracy 99 --confusion 0. A candidate's steps to 99% is the step of the first evaluation (every 20
    steps and at each epoch's end) reaching it; the best per optimizer is the candidate whose worst seed needs the
    fewest steps, among those reaching 99% on all three (the first of equals). Seed 1 runs first; a candidate is
@@ -27,15 +27,21 @@
    training time to 99% / its steps (CUDA events, evaluations excluded; with --eval_every 20 the graphed optimizers
    run 20-step graphs), the median over the best candidate's seeds, against SGD's. Where the candidates come from:
    - sgd, adamw: FAST_CONFIGS above (dev/mnist_NOTES.md "Time to 99% on every seed": SGD lr 0.08 linear warm-up 100,
-     AdamW lr 0.002 weight decay 0.01 warm-up 50 are the best of that search), lr one step either side;
+     AdamW lr 0.002 weight decay 0.01 warm-up 50 are the best of that search), lr one step either side, and on
+     the side where the H100 found the best (SGD 0.05, AdamW 0.003 in session 20) one or two steps further, so
+     that no baseline's best sits at the edge of its grid;
    - muon: the trainer's defaults (muon_lr 0.02, momentum 0.95, PyTorch's torch.optim.Muon values; README), which
      reached 99.14% in 2 epochs at batch 64 (dev/mnist_NOTES.md, session 17), muon_lr halved and doubled; the
      biases take AdamW's known-good lr 0.002 and weight decay 0.01 (--lr, --weight_decay also Muon's decay);
-   - shampoo, kfac: grafted on SGD-momentum (the trainer's default --graft sgd, so --lr is an SGD step size) with
-     the default roots every 20 steps from step 20 and damping 1e-3, which reached 99.16% (Shampoo, 2 epochs at
-     batch 64) and 98.45% (K-FAC, 1 epoch) in dev/mnist_NOTES.md; lr 0.03 (the default), 0.05 and 0.08 (SGD's).
-   --so_quick keeps the middle learning rate (2 candidates per optimizer); --so_dry_run lists the candidates and
-   exits (no GPU needed). About 4 minutes on an H100 for all five (K-FAC and Shampoo run about 10 ms a step).
+   - shampoo: grafted on SGD-momentum (the trainer's default --graft sgd, so --lr is an SGD step size) with the
+     default roots every 20 steps from step 20 and damping 1e-3, which reached 99.16% (2 epochs at batch 64,
+     dev/mnist_NOTES.md); lr 0.03 (the default), 0.05 and 0.08 (SGD's);
+   - kfac: with Shampoo's settings every learning rate failed on the H100 (session 20: SGD graft, damping 1e-3:
+     lr 0.05 and 0.08 diverged, 0.03 reached 98.46% in 2 epochs; damping 0.01-0.3 at lr 0.03-0.08: at most 98.97%,
+     0.1 and 0.3 diverged), so the candidates are AdamW's graft (as distributed_shampoo's usual setting) around
+     AdamW's best lr with damping 0.01-0.1, and the SGD graft with inverses every 5 steps.
+   --so_quick keeps the first value of each list (2 candidates per optimizer); --so_dry_run lists the candidates and
+   exits (no GPU needed). About 4-5 minutes on an H100 for all five (K-FAC and Shampoo run about 5 ms a step).
 --bin times another build of the trainer (e.g. the previous commit's, for before/after figures from one run).
 Writes bench_mnist.csv and bench_mnist.json into --out (part 4: bench_mnist_second_order.json and .csv).
 """
@@ -75,10 +81,19 @@ FAST_CONFIGS = [  # flag sets tried for the time to 99% (must fit 0.25 s on the 
 # part 4 (steps to 99%): per optimizer, (shared flags, flag name of the swept learning rate, its three values, the
 # middle one first: --so_quick keeps it); each with --epochs 1 and 2 of a linear schedule at batch 128
 SO_SWEEP = {
-    "sgd": ("--warmup_steps 100", "--lr", ["0.08", "0.05", "0.12"]),
-    "adamw": ("--optimizer adamw --weight_decay 0.01 --warmup_steps 50", "--lr", ["0.002", "0.0015", "0.003"]),
+    "sgd": ("--warmup_steps 100", "--lr", ["0.08", "0.05", "0.12", "0.03"]),
+    "adamw": ("--optimizer adamw --weight_decay 0.01 --warmup_steps 50", "--lr",
+              ["0.002", "0.0015", "0.003", "0.004", "0.006"]),
     "shampoo": ("--optimizer shampoo --warmup_steps 100", "--lr", ["0.05", "0.03", "0.08"]),
-    "kfac": ("--optimizer kfac --warmup_steps 100", "--lr", ["0.05", "0.03", "0.08"]),
+    # K-FAC: the graft, the damping (relative to each factor's mean eigenvalue), the learning rate and the inverses'
+    # interval together; each value holds its flags
+    "kfac": ("--optimizer kfac", "", [
+        "--graft adam --weight_decay 0.01 --warmup_steps 50 --lr 0.003 --precond_damping 0.03",
+        "--graft adam --weight_decay 0.01 --warmup_steps 50 --lr 0.003 --precond_damping 0.01",
+        "--graft adam --weight_decay 0.01 --warmup_steps 50 --lr 0.002 --precond_damping 0.03",
+        "--graft adam --weight_decay 0.01 --warmup_steps 50 --lr 0.004 --precond_damping 0.1",
+        "--warmup_steps 100 --lr 0.03 --precond_damping 0.03 --precond_every 5 --precond_start 5",
+        "--warmup_steps 100 --lr 0.05 --precond_damping 0.01 --precond_every 5 --precond_start 5"]),
     "muon": ("--optimizer muon --lr 0.002 --weight_decay 0.01 --warmup_steps 50", "--muon_lr",
              ["0.02", "0.01", "0.04"]),
 }
@@ -87,8 +102,8 @@ SO_EVERY = 20  # evaluation interval in steps: the steps-to-99% resolution
 
 def so_candidates(name, quick):
     shared, flag, values = SO_SWEEP[name]
-    return [f"--batch_size 128 --lr_schedule linear --epochs {e} {shared} {flag} {v}"
-            for v in values[:1 if quick else 3] for e in (1, 2)]
+    return [f"--batch_size 128 --lr_schedule linear --epochs {e} {shared} {flag + ' ' if flag else ''}{v}"
+            for v in values[:1 if quick else len(values)] for e in (1, 2)]
 
 
 SO_EVAL = re.compile(r"^step +(\d+) \| epoch +(\d+)/\d+ \| test loss [\d.]+ \| test acc ([\d.]+)% \| "
