@@ -25,6 +25,9 @@ version 2: one kernel runs the whole coupled Newton iteration of a matrix in sha
 version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
            two accumulators), a warp per 16 x 32 unit of each product's lower triangle (mirrored), and on sm_90
            a cluster of 2 blocks per matrix (each a full copy, half the units, results written to both); n <= 128.
+           Versions 2 and 3 take scaled steps: 20 Lanczos steps in the block estimate the spectrum, each step's T is
+           scaled to lift the small eigenvalues faster (5 + 1 steps instead of 8 + 1 at kappa ~ 35); if that fails or
+           does not converge, the unscaled iteration reruns (the fallback). Versions 1 and 4 stay unscaled.
 version 4: the whole iteration of one matrix of any size in one cooperative kernel (grid-wide barriers between the
            phases, the convergence decision on the device: no host round trip, no launch per product), 64 x 64
            lower-triangle tiles of 3xTF32 mma.sync, mirrored; a batch is one launch per matrix.
@@ -353,7 +356,16 @@ struct NewtonState {
     int iters = 0;
     double r_prev = INFINITY, r = INFINITY;
     bool failed = false, converged = false;
+    bool fell_back = false;  // the scaled iteration failed or did not converge: this is the unscaled rerun's state
+    int discarded = 0;       // steps of that failed scaled attempt
 };
+
+// How versions 2 and 3 and their CPU twin start: scaled steps from a Lanczos estimate (the default, with the unscaled
+// rerun as fallback), today's unscaled iteration only, or (tests only) the scaled one from an estimate of lambda_max
+// NEWTON_BAD_HI_FACTOR times too small, which must fail and be rerun unscaled.
+enum NewtonStart { NEWTON_SCALED, NEWTON_UNSCALED, NEWTON_SCALED_BAD_HI };
+constexpr double NEWTON_BAD_HI_FACTOR = 100.0;
+constexpr int NEWTON_FELL_BACK = 1 << 16;  // versions 2 and 3: added to a matrix's status (steps) after a fallback
 
 // Steps the scalar map needs from the smallest eigenvalue M0 can have (z eps: A positive semi-definite) and from
 // the largest ((p + 1) / 2) to within 1e-4 of 1; every eigenvalue in between needs no more (the map is increasing
@@ -391,28 +403,51 @@ __host__ __device__ inline NewtonAction newton_decide(NewtonState& s, double r) 
 // ----------------------------------------------------------------------------------------------------------------
 // Scaled steps: T = a^(1/p) ((p + 1) I - a M) / p maps each eigenvalue m of M to g(a m), g(m) = m ((p + 1 - m)/p)^p,
 // instead of g(m). With the spectrum of M in [lo, hi], the a that balances g(a lo) = g(a hi) (a lo <= 1 <= a hi)
-// multiplies the small eigenvalues by a ((p + 1) / p)^p per step instead of ((p + 1) / p)^p, a up to p + 1: 5-6 steps
-// instead of 9-10 at kappa 35, 10 instead of 19 at 1e6 (dev/matrix_roots_NOTES.md, "Scaled steps"). lo and hi are estimates (Lanczos on
-// A, then mapped step by step): a too large lo only makes a smaller (slower, never unsafe); a is capped so that an
-// eigenvalue up to NEWTON_HI_SLACK above hi stays below p + 1, where g is still positive.
+// multiplies the small eigenvalues by a ((p + 1) / p)^p per step instead of ((p + 1) / p)^p. lo and hi are estimates
+// (Lanczos on A, then mapped step by step): a too large lo only makes a smaller (slower, never unsafe). Two caps on a:
+// - safety: an eigenvalue up to NEWTON_HI_SLACK above hi stays below p + 1, where g is still positive (beyond it T has
+//   a negative eigenvalue: for p = 1 M leaves (0, 1] and the iteration fails; for even p, X could converge to a root
+//   that is not positive definite without any sign in M, so the slack matters);
+// - accuracy: the spread of T^p's eigenvalues, ((p + 1) / (p + 1 - a hi))^p, at most NEWTON_T_SPREAD = 16, what the
+//   unscaled start has at p = 4. An eigenvalue of T near 0 makes X T and T^p M lose the relative accuracy of those
+//   components, and the coupled form never recovers it: with the safety cap alone (a hi up to 4.5 at p = 4) the CPU
+//   twin's residuals exceeded the tolerances up to 150x at kappa >= 1e4 (dev/matrix_roots_NOTES.md, "Scaled steps").
+// The caps are a hi <= 1.82, 2.25, 2.5 for p = 1, 2, 4. Steps (p = 4, full steps and the last X step, the scalar map
+// from exact extremes): 5 instead of 8 from [1/35, 1], 11 instead of 19 from [1e-6, 1].
 
-constexpr double NEWTON_HI_SLACK = 1.1;
+constexpr double NEWTON_HI_SLACK = 1.1, NEWTON_T_SPREAD = 16.0;
 
-__host__ __device__ inline double newton_map(int p, double m) {
-    double t = (p + 1 - m) / p, t2 = t * t;
+// The first scaled step's a is also held below (p + 1) / ||M0||_inf (Gershgorin: every eigenvalue of M0 is at most
+// its largest absolute row sum, rowsum_max times z; 1e-4 covers the fp32 sums and z's rounding), so that no eigenvalue
+// can pass p + 1 whatever the Lanczos estimate says; after that step every eigenvalue is in (0, 1] (g <= 1), so hi = 1
+// is a bound, and the caps above keep the later steps safe. Costs 16 steps over --study's 60 cases, none on --bench's.
+__host__ __device__ inline double newton_first_cap(int p, double z, double rowsum_max) {
+    return (p + 1) / (z * rowsum_max * (1.0 + 1e-4));
+}
+
+// a^(1/p) for p = 1, 2, 4 by square roots (no pow call in the kernels)
+__host__ __device__ inline double newton_root_p(double a, int p) {
+    return p == 1 ? a : p == 2 ? sqrt(a) : sqrt(sqrt(a));
+}
+
+// g(m); inv_p = 1 / p, exact for p = 1, 2, 4: the kernels call this in loops, where a float64 division costs ~100 cycles
+__host__ __device__ inline double newton_map(int p, double m, double inv_p) {
+    double t = (p + 1 - m) * inv_p, t2 = t * t;
     return m * (p == 1 ? t : p == 2 ? t2 : t2 * t2);
 }
+__host__ __device__ inline double newton_map(int p, double m) { return newton_map(p, m, 1.0 / p); }
 
 // The a in [1 / hi, cap] that maximises min(g(a lo), g(a hi)) for 0 < lo <= hi: where the rising g(a lo) meets the
 // falling g(a hi), by bisection (g(a lo) - g(a hi) increases with a on that range).
 __host__ __device__ inline double newton_alpha(int p, double lo, double hi) {
-    double cap = (p + 1) / (NEWTON_HI_SLACK * hi);
+    double cap = fmin((p + 1) / (NEWTON_HI_SLACK * hi), (p + 1) * (1.0 - 1.0 / newton_root_p(NEWTON_T_SPREAD, p)) / hi);
     double a0 = 1.0 / hi, a1 = lo > 0.0 && 1.0 / lo < cap ? 1.0 / lo : cap;
     if (!(lo > 0.0) || !(hi >= lo) || a1 <= a0) return a0;
-    if (newton_map(p, a1 * lo) <= newton_map(p, a1 * hi)) return a1;
-    for (int i = 0; i < 60; i++) {
+    double ip = 1.0 / p;
+    if (newton_map(p, a1 * lo, ip) <= newton_map(p, a1 * hi, ip)) return a1;
+    for (int i = 0; i < 40; i++) {  // a to 2^-40 of the bracket: far more than the step needs
         double a = 0.5 * (a0 + a1);
-        if (newton_map(p, a * lo) < newton_map(p, a * hi)) a0 = a;
+        if (newton_map(p, a * lo, ip) < newton_map(p, a * hi, ip)) a0 = a;
         else a1 = a;
     }
     return a0;
@@ -439,19 +474,31 @@ struct NewtonScale {
 };
 
 // Extreme eigenvalues of the k x k symmetric tridiagonal (diagonal d, off-diagonal e[0..k-2]) that k Lanczos steps
-// build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max). Sturm
-// counts and bisection in float64.
+// build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max).
+// Sturm counts without divisions (a division chain costs ~100 cycles a step in float64 on the GPU): the number of sign
+// changes of q_i = det(T_i - x I), rescaled against overflow; an exact zero counts as a change, as q -> -0 would.
 __host__ __device__ inline int sturm_below(const double* d, const double* e, int k, double x) {
     int count = 0;
-    double q = 1.0;
+    double q0 = 0.0, q1 = 1.0;  // q_{i-2}, q_{i-1}
     for (int i = 0; i < k; i++) {
-        double off = i > 0 ? e[i - 1] * e[i - 1] : 0.0;
-        q = d[i] - x - (i > 0 ? off / q : 0.0);
-        if (q == 0.0) q = -1e-300;
-        if (q < 0.0) count++;
+        double q2 = (d[i] - x) * q1 - (i > 0 ? e[i - 1] * e[i - 1] * q0 : 0.0);
+        if (q2 == 0.0) q2 = -1e-30 * q1;
+        if ((q2 < 0.0) != (q1 < 0.0)) count++;
+        double m = fabs(q2);
+        if (m > 1e150 || m < 1e-150) {  // q2 != 0 here; both scaled alike keep every sign and ratio
+            q1 /= m;
+            q2 /= m;
+        }
+        q0 = q1;
+        q1 = q2;
     }
     return count;
 }
+// Multisection: each round tests 16 points inside each end's bracket and keeps the 1/17 where the count changes. On
+// the device a warp's 32 lanes count at once (every lane of the warp must call it with the same arguments; each warp
+// computes the same result, so a block needs no broadcast); the host loops over the 32 points. The brackets end when
+// lo is known to 1e-4 and hi to 1e-7 relative (14 rounds at most: 17^14 ~ 2^57); lo and hi are the brackets' upper
+// ends (lo >= the Ritz value: safe, slower; hi >= the Ritz value).
 __host__ __device__ inline void tridiag_extremes(const double* d, const double* e, int k, double* lo, double* hi) {
     double a = d[0], b = d[0];  // Gershgorin bounds of the tridiagonal
     for (int i = 0; i < k; i++) {
@@ -460,14 +507,94 @@ __host__ __device__ inline void tridiag_extremes(const double* d, const double* 
         b = fmax(b, d[i] + r);
     }
     double l0 = a, l1 = b, h0 = a, h1 = b;
-    for (int i = 0; i < 100; i++) {
-        double m = 0.5 * (l0 + l1);  // lowest: the smallest x with one eigenvalue below
-        if (sturm_below(d, e, k, m) >= 1) l1 = m; else l0 = m;
-        m = 0.5 * (h0 + h1);         // highest: the smallest x with all k below
-        if (sturm_below(d, e, k, m) >= k) h1 = m; else h0 = m;
+    for (int round = 0; round < 14; round++) {
+        if (l1 - l0 <= 1e-4 * fabs(l1) && h1 - h0 <= 1e-7 * fabs(h1)) break;
+        auto point = [&](int lane) {  // lanes 0-15: the lowest eigenvalue's bracket, 16-31: the highest's
+            int j = lane % 16 + 1;
+            return lane < 16 ? l0 + (l1 - l0) * (j / 17.0) : h0 + (h1 - h0) * (j / 17.0);
+        };
+        auto passes = [&](int lane) {  // one eigenvalue below (lowest); all k below (highest)
+            int c = sturm_below(d, e, k, point(lane));
+            return lane < 16 ? c >= 1 : c >= k;
+        };
+        unsigned pass = 0;
+#ifdef __CUDA_ARCH__
+        pass = __ballot_sync(0xffffffffu, passes(threadIdx.x % 32));
+#else
+        for (int lane = 0; lane < 32; lane++) pass |= (unsigned)passes(lane) << lane;
+#endif
+        // the first passing point (counts rise with x) ends the bracket, the point before it starts it
+        unsigned pl = pass & 0xFFFFu, ph = pass >> 16;
+        int jl = 0, jh = 0;
+        while (jl < 16 && !((pl >> jl) & 1u)) jl++;
+        while (jh < 16 && !((ph >> jh) & 1u)) jh++;
+        double nl0 = jl > 0 ? point(jl - 1) : l0, nl1 = jl < 16 ? point(jl) : l1;
+        double nh0 = jh > 0 ? point(16 + jh - 1) : h0, nh1 = jh < 16 ? point(16 + jh) : h1;
+        l0 = nl0;
+        l1 = nl1;
+        h0 = nh0;
+        h1 = nh1;
     }
     *lo = l1;
     *hi = h1;
+}
+
+// The squared last component of the unit eigenvector of the tridiagonal for its eigenvalue x: the residue of
+// ((x I - T)^-1)_kk = p_{k-1}(x) / p_k(x) at x, p_{k-1}(x) / p_k'(x) (p_i = det(x I - T_i)). With beta_k, the
+// norm of Lanczos' next residual, beta_k sqrt(w) is ||A y - x y|| for the Ritz vector y: an eigenvalue of A lies
+// within it of x. Rounding or a near-double eigenvalue can put it outside [0, 1]: then 1, the worst case.
+__host__ __device__ inline double tridiag_last_weight(const double* d, const double* e, int k, double x) {
+    double p0 = 1.0, p1 = x - d[0], dp0 = 0.0, dp1 = 1.0;  // p_{i-1}, p_i and their derivatives
+    for (int i = 1; i < k; i++) {
+        double e2 = e[i - 1] * e[i - 1];
+        double p2 = (x - d[i]) * p1 - e2 * p0, dp2 = p1 + (x - d[i]) * dp1 - e2 * dp0;
+        p0 = p1;
+        p1 = p2;
+        dp0 = dp1;
+        dp1 = dp2;
+        double m = fmax(fmax(fabs(p0), fabs(p1)), fmax(fabs(dp0), fabs(dp1)));
+        if (m > 1e150 || (m < 1e-150 && m > 0.0)) {  // one scale for all four keeps p0 / dp1
+            p0 /= m;
+            p1 /= m;
+            dp0 /= m;
+            dp1 /= m;
+        }
+    }
+    double w = p0 / dp1;
+    return w >= 0.0 && w <= 1.0 ? w : 1.0;
+}
+
+// Lanczos on A + eps I: LANCZOS_STEPS steps from the start vector below (1 + a hash of i in [-0.5, 0.5): the same on
+// every run and every thread, and no eigenvector of a real matrix is orthogonal to it in practice), fp32 matvecs,
+// float64 dot products and recurrence scalars, no reorthogonalisation (the extremes converge first; lost
+// orthogonality only repeats them as ghost copies).
+constexpr int LANCZOS_STEPS = 20;
+__host__ __device__ inline float lanczos_start(int i) {
+    uint32_t h = (uint32_t)i * 0x9E3779B9u;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return 0.5f + (float)(h >> 8) * (1.0f / 16777216.0f);
+}
+
+// The scaled iteration's start from k Lanczos steps on A + eps I (alpha[0..k-1]: T's diagonal; beta[0..k-2] its
+// off-diagonal, beta[k-1] the norm of the next residual). hi_est = theta_max + ||A y - theta_max y||, an estimate of
+// lambda_max from above unless the start vector missed the top of the spectrum, so M0 = z (A + eps I) with z =
+// 1 / hi_est has its spectrum in about [lo, 1], lo = theta_min / hi_est. See NEWTON_HI_SLACK and the fallback of the
+// versions (an iteration that fails or does not converge is rerun unscaled) for what an underestimate costs.
+__host__ __device__ inline void lanczos_newton_start(const double* alpha, const double* beta, int k, double* z,
+                                                     double* lo) {
+    if (k < 1) {  // not even one step (a NaN in A): the scaled iteration fails at once and is rerun unscaled
+        *z = *lo = NAN;
+        return;
+    }
+    double tmin, tmax;
+    tridiag_extremes(alpha, beta, k, &tmin, &tmax);
+    double hi_est = tmax + beta[k - 1] * sqrt(tridiag_last_weight(alpha, beta, k, tmax));
+    *z = 1.0 / hi_est;
+    *lo = tmin / hi_est;
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -601,52 +728,133 @@ static void newton_step_tf32_delta(int n, int p, float* X, MatF& M, MatF& D, Mat
     for (size_t e = 0; e < nn; e++) M[e] += W[e];
 }
 
+// Lanczos as versions 2 and 3 run it (LANCZOS_STEPS): w = A u / ||u|| with fp32 FMA in column order (A symmetric),
+// dot products in float64. alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps taken (fewer only
+// where a residual is exactly 0, or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
+static int lanczos_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
+    *rowsum_max = 0.0;
+    for (int i = 0; i < n; i++) {
+        float g = 0.0f;
+        for (int c = 0; c < n; c++) g += std::fabs(A[(size_t)c * n + i]);
+        *rowsum_max = std::max(*rowsum_max, (double)g);
+    }
+    std::vector<float> u(n), v(n, 0.0f), v_prev(n), y(n);
+    double b = 0.0;
+    for (int i = 0; i < n; i++) {
+        u[i] = lanczos_start(i);
+        b += (double)u[i] * u[i];
+    }
+    b = std::sqrt(b);
+    int k = 0;
+    while (k < LANCZOS_STEPS && b > 0.0) {
+        float inv = (float)(1.0 / b);
+        double a = 0.0;
+        for (int i = 0; i < n; i++) {
+            v_prev[i] = v[i];
+            v[i] = u[i] * inv;
+            float s = 0.0f;
+            for (int c = 0; c < n; c++) s = fmaf(A[(size_t)c * n + i], u[c], s);
+            y[i] = s * inv;
+            a += (double)v[i] * y[i];
+        }
+        double b2 = 0.0;
+        for (int i = 0; i < n; i++) {
+            u[i] = (float)((double)y[i] - a * v[i] - b * v_prev[i]);
+            b2 += (double)u[i] * u[i];
+        }
+        alpha[k] = a;
+        b = std::sqrt(b2);
+        beta[k++] = b;
+    }
+    return k;
+}
+
 // The coupled Newton iteration of versions 1 and 2 on the CPU, products in prec. extra: full steps taken after the
 // stopping rule says stop, as version 1 does to the matrices of a batch that converge before the slowest one.
 // lower: every product computes its lower triangle and mirrors it (versions 3 and 4).
 // tf32_below > 0 (--study only; no GPU version does it): once ||M - I||_F < tf32_below, steps in the form
 // T = I + D, X <- X + X D, M <- M + (T^p - I) M, every product in plain TF32: their rounding is relative to ||D||,
 // not to ||X|| or ||M||. *tf32_steps counts them.
+// start: NEWTON_SCALED (versions 2 and 3): z and the interval from Lanczos, T = a^(1/p) ((p + 1) I - a M) / p with
+// a from NewtonScale; if that fails or does not converge, the unscaled iteration reruns (fell_back). Versions 1 and 4
+// run NEWTON_UNSCALED: z = (p + 1) / (2 ||A||_F), a = 1.
 static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X, Prec prec, int extra = 0,
-                              bool lower = false, double tf32_below = 0.0, int* tf32_steps = nullptr) {
+                              bool lower = false, double tf32_below = 0.0, int* tf32_steps = nullptr,
+                              NewtonStart start = NEWTON_SCALED) {
     size_t nn = (size_t)n * n;
     MatF Areg(A, A + nn), M(nn), T(nn), Tp(nn), W(nn);
     for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
     double nrm = 0.0;
     for (float v : Areg) nrm += (double)v * v;
-    float z = (float)((p + 1) / (2.0 * std::sqrt(nrm)));
     NewtonState s;
-    s.n = n;
-    s.p = p;
-    s.max_iter = newton_max_iter(p, z * (double)eps);
-    float x0 = std::pow(z, 1.0f / p);
-    for (size_t i = 0; i < nn; i++) { M[i] = z * Areg[i]; X[i] = 0.0f; }
-    for (int i = 0; i < n; i++) X[(size_t)i * n + i] = x0;
-    for (;;) {
-        NewtonAction act = newton_decide(s, frob_minus_identity(n, M.data()));
-        if (act == NEWTON_FAIL) break;
-        if (act == NEWTON_LAST && extra > 0) {
-            act = NEWTON_STEP;
-            extra--;
+    int discarded = 0, extra_left = extra;
+    bool fell_back = false;
+    for (int attempt = start == NEWTON_UNSCALED ? 1 : 0; attempt < 2; attempt++) {
+        bool scaled = attempt == 0;
+        NewtonScale scale;
+        float z = (float)((p + 1) / (2.0 * std::sqrt(nrm)));
+        double first_cap = INFINITY;
+        if (scaled) {
+            double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], zd, lo, rowsum_max;
+            int k = lanczos_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
+            lanczos_newton_start(alpha, beta, k, &zd, &lo);
+            if (start == NEWTON_SCALED_BAD_HI) {
+                zd *= NEWTON_BAD_HI_FACTOR;
+                lo *= NEWTON_BAD_HI_FACTOR;
+            }
+            z = (float)zd;
+            scale.lo = lo;
+            first_cap = newton_first_cap(p, z, rowsum_max);
         }
-        if (s.r < tf32_below) {
-            newton_step_tf32_delta(n, p, X, M, T, Tp, W, lower, act == NEWTON_LAST);
-            if (tf32_steps) ++*tf32_steps;
+        s = NewtonState();
+        s.n = n;
+        s.p = p;
+        s.max_iter = newton_max_iter(p, z * (double)eps);
+        extra = extra_left;
+        float x0 = std::pow(z, 1.0f / p);
+        for (size_t i = 0; i < nn; i++) { M[i] = z * Areg[i]; X[i] = 0.0f; }
+        for (int i = 0; i < n; i++) X[(size_t)i * n + i] = x0;
+        for (;;) {
+            NewtonAction act = newton_decide(s, frob_minus_identity(n, M.data()));
+            if (act == NEWTON_FAIL) break;
+            if (act == NEWTON_LAST && extra > 0) {
+                act = NEWTON_STEP;
+                extra--;
+            }
+            if (s.r < tf32_below) {
+                newton_step_tf32_delta(n, p, X, M, T, Tp, W, lower, act == NEWTON_LAST);
+                if (tf32_steps) ++*tf32_steps;
+                if (act == NEWTON_LAST) break;
+                s.iters++;
+                continue;
+            }
+            // unscaled: the division of the GPU versions' history (bitwise as before); scaled: versions 2 and 3's
+            // arithmetic, a and c = a^(1/p) / p rounded to fp32
+            double a = scaled ? scale.alpha(p, s.r) : 1.0;
+            if (s.iters == 0) a = std::min(a, first_cap);
+            float af = (float)a, cf = (float)(newton_root_p(a, p) / p);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    float diag = i == j ? (float)(p + 1) : 0.0f, m = M[(size_t)i * n + j];
+                    T[(size_t)i * n + j] = scaled ? (diag - af * m) * cf : (diag - m) / (float)p;
+                }
+            matmul_f(n, X, T.data(), W.data(), prec, lower);
+            std::copy(W.begin(), W.end(), X);
             if (act == NEWTON_LAST) break;
+            matpow_f(n, p, T.data(), Tp.data(), prec, lower);
+            matmul_f(n, Tp.data(), M.data(), W.data(), prec, lower);
+            M.swap(W);
+            if (scaled) scale.advance(p, a);
+            if (scaled && s.iters == 0) scale.hi = 1.0;  // a bound now (newton_first_cap), even if the cap made a < 1
             s.iters++;
-            continue;
         }
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++)
-                T[(size_t)i * n + j] = ((i == j ? (float)(p + 1) : 0.0f) - M[(size_t)i * n + j]) / (float)p;
-        matmul_f(n, X, T.data(), W.data(), prec, lower);
-        std::copy(W.begin(), W.end(), X);
-        if (act == NEWTON_LAST) break;
-        matpow_f(n, p, T.data(), Tp.data(), prec, lower);
-        matmul_f(n, Tp.data(), M.data(), W.data(), prec, lower);
-        M.swap(W);
-        s.iters++;
+        if (!scaled || (!s.failed && s.converged)) break;
+        fell_back = true;
+        discarded = s.iters;
+        if (tf32_steps) *tf32_steps = 0;
     }
+    s.fell_back = fell_back;
+    s.discarded = discarded;
     return s;
 }
 
@@ -786,7 +994,8 @@ static double im2col_value(const float* x, int H, int W, int C, int pad, int fea
 // fp32 A + eps I, already move lambda_min by u lambda_max.
 //
 // Eigendecomposition (version 0), from its backward error (not from measurements). cuSOLVER's syevd / syevjBatched
-// return V, lambda with A + eps I + E = V diag(lambda) V^T (V orthogonal to working accuracy), ||E||_2 <= c_E u ||A||_2:
+// return V, lambda with A + eps I + E = V diag(lambda) V^T (V orthogonal to working accuracy),
+// ||E||_2 <= c_E u ||A||_2:
 //   c_E = 1             forming A + eps I in fp32 (a diagonal perturbation <= u max |a_ii|)
 //       + max(8, 2 sqrt(n))   the solver's stopping tolerance, whichever path ran: divide and conquer (syevd)
 //                       deflates, as LAPACK's slaed2 does, a secular-equation component or two close poles below
@@ -1260,60 +1469,199 @@ __device__ float fused_load(const float* Ab, float* Ms, float* Xs, int n, float 
     return block_sum<THREADS>(sq, red);
 }
 
-// T = ((p + 1) I - M) / p (zero in the padding); returns ||M - I||_F (block-wide; its barrier publishes T).
+// ||M - I||_F (block-wide: every thread gets it)
 template <int NP, int LD, int THREADS>
-__device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, float* red) {
-    float r2 = 0.0f, inv_p = 1.0f / (float)p;
+__device__ float fused_residual(const float* Ms, int n, float* red) {
+    float r2 = 0.0f;
     for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
         int i = e / NP, j = e % NP;
-        float t = 0.0f;
         if (i < n && j < n) {
-            float m = Ms[i * LD + j], d = m - (i == j ? 1.0f : 0.0f);
+            float d = Ms[i * LD + j] - (i == j ? 1.0f : 0.0f);
             r2 = fmaf(d, d, r2);
-            t = ((i == j ? (float)(p + 1) : 0.0f) - m) * inv_p;
         }
-        Ts[i * LD + j] = t;
     }
     return sqrtf(block_sum<THREADS>(r2, red));
+}
+
+// T = c ((p + 1) I - a M), zero in the padding; a = 1, c = 1 / p: the unscaled step (the bits of the earlier one-pass
+// form). A pass of its own after the residual: a depends on it (NewtonScale::alpha). Ends with a barrier.
+template <int NP, int LD, int THREADS>
+__device__ void fused_T(const float* Ms, float* Ts, int n, int p, float a, float c) {
+    for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
+        int i = e / NP, j = e % NP;
+        Ts[i * LD + j] = i < n && j < n ? ((i == j ? (float)(p + 1) : 0.0f) - a * Ms[i * LD + j]) * c : 0.0f;
+    }
+    __syncthreads();
+}
+
+// Every thread gets the block's float64 sum, the warps' partial sums added in warp order (the same bits in every
+// thread and in both blocks of a cluster). One barrier: consecutive calls alternate the halves of red (2 x 32), and a
+// thread writes a half again only after the next call's barrier, which every reader of it has passed.
+template <int THREADS>
+__device__ double block_sum_d(double v, double* red, int& half) {
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    double* r = red + 32 * half;
+    half ^= 1;
+    if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int w = 0; w < THREADS / 32; w++) s += r[w];
+    return s;
+}
+
+// The block's maximum, block_sum_d's way (one barrier, the halves of red alternating with its calls).
+template <int THREADS>
+__device__ double block_max_d(double v, double* red, int& half) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    double* r = red + 32 * half;
+    half ^= 1;
+    if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
+    __syncthreads();
+    double m = r[0];
+    for (int w = 1; w < THREADS / 32; w++) m = fmax(m, r[w]);
+    return m;
+}
+
+// Lanczos in a block (versions 2 and 3), the arithmetic of lanczos_cpu: thread i < n owns row i (v_i, its previous
+// value and the residual u_i in registers), u lives in W (n floats of shared memory; T's, free before the first step),
+// the matvec reads A's column i (A symmetric; conflict-free) and all of u. Two barriers a step. Every thread ends with
+// the same alpha[0..k-1], beta[0..k-1] and *rowsum_max (lanczos_cpu's, from the first matvec's reads); returns k.
+template <int NP, int LD, int THREADS>
+__device__ int fused_lanczos(const float* Ms, float* W, int n, double* red, double* alpha, double* beta,
+                             double* rowsum_max) {
+    static_assert(THREADS >= NP, "a thread per row");
+    int i = threadIdx.x, half = 0;
+    bool row = i < n;
+    float u = row ? lanczos_start(i) : 0.0f, v = 0.0f, v_prev = 0.0f, rowsum = 0.0f;
+    if (row) W[i] = u;
+    double b = sqrt(block_sum_d<THREADS>((double)u * u, red, half));  // its barrier publishes W
+    int k = 0;
+    while (k < LANCZOS_STEPS && b > 0.0) {
+        float inv = (float)(1.0 / b), y = 0.0f;
+        v_prev = v;
+        v = u * inv;
+        if (row && k == 0) {
+            for (int c = 0; c < n; c++) {
+                float m = Ms[c * LD + i];
+                y = fmaf(m, W[c], y);
+                rowsum += fabsf(m);
+            }
+            y *= inv;
+        } else if (row) {
+            for (int c = 0; c < n; c++) y = fmaf(Ms[c * LD + i], W[c], y);
+            y *= inv;
+        }
+        double a = block_sum_d<THREADS>((double)v * y, red, half);  // past it no thread reads W in this step
+        u = row ? (float)((double)y - a * v - b * v_prev) : 0.0f;
+        if (row) W[i] = u;
+        alpha[k] = a;
+        b = sqrt(block_sum_d<THREADS>((double)u * u, red, half));  // publishes W
+        beta[k++] = b;
+    }
+    *rowsum_max = block_max_d<THREADS>(rowsum, red, half);
+    return k;
+}
+
+// Lanczos and the start it gives (z, lo; the row sums for newton_first_cap). Not inlined: its registers (the
+// tridiagonal in float64, the multisection) would otherwise add to the product loops' and spill there.
+struct FusedStart { double z, lo, rowsum_max; };
+template <int NP, int LD, int THREADS>
+__device__ __noinline__ FusedStart fused_scaled_start(const float* Ms, float* W, int n, double* redd) {
+    double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS];
+    FusedStart fs;
+    int k = fused_lanczos<NP, LD, THREADS>(Ms, W, n, redd, alpha, beta, &fs.rowsum_max);
+    lanczos_newton_start(alpha, beta, k, &fs.z, &fs.lo);
+    return fs;
+}
+
+// The coupled iteration of versions 2 and 3 on X, M and T in shared memory (Ab: the matrix in global memory): scaled
+// steps from the Lanczos start (NEWTON_SCALED), and when they fail or do not converge the unscaled iteration from a
+// fresh load (the fallback). mul(A, B, dst): dst = A B, the whole block (or cluster) calls it. Every thread takes the
+// same decisions: they come from block-wide sums (and, in a cluster, from identical copies summed in the same order).
+template <int NP, int LD, int THREADS, typename Mul>
+__device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float* Ts, int n, int p, float eps,
+                                    int start, float* red, double* redd, Mul mul) {
+    NewtonState s;
+    int discarded = 0;
+    bool fell_back = false;
+    for (int attempt = start == NEWTON_UNSCALED ? 1 : 0; attempt < 2; attempt++) {
+        bool scaled = attempt == 0;
+        float nrm2 = fused_load<NP, LD, THREADS>(Ab, Ms, Xs, n, eps, red);
+        float z = (p + 1) / (2.0f * sqrtf(nrm2));
+        NewtonScale scale;
+        double first_cap = INFINITY;
+        if (scaled) {
+            FusedStart fs = fused_scaled_start<NP, LD, THREADS>(Ms, Ts, n, redd);
+            if (start == NEWTON_SCALED_BAD_HI) {
+                fs.z *= NEWTON_BAD_HI_FACTOR;
+                fs.lo *= NEWTON_BAD_HI_FACTOR;
+            }
+            z = (float)fs.z;
+            scale.lo = fs.lo;
+            first_cap = newton_first_cap(p, z, fs.rowsum_max);
+        }
+        float x0 = powf(z, 1.0f / p);
+        for (int e = threadIdx.x; e < n * n; e += THREADS) Ms[e / n * LD + e % n] *= z;
+        for (int i = threadIdx.x; i < n; i += THREADS) Xs[i * LD + i] = x0;
+        __syncthreads();
+        s = NewtonState();
+        s.n = n;
+        s.p = p;
+        s.max_iter = newton_max_iter(p, (double)z * eps);
+        for (;;) {
+            NewtonAction act = newton_decide(s, fused_residual<NP, LD, THREADS>(Ms, n, red));
+            if (act == NEWTON_FAIL) break;
+            double a = scaled ? scale.alpha(p, s.r) : 1.0;
+            if (s.iters == 0) a = fmin(a, first_cap);
+            float c = scaled ? (float)(newton_root_p(a, p) / p) : 1.0f / (float)p;
+            fused_T<NP, LD, THREADS>(Ms, Ts, n, p, (float)a, c);
+            mul(Xs, Ts, Xs);  // X <- X T
+            if (act == NEWTON_LAST) break;
+            if (p >= 2) mul(Ts, Ts, Ts);
+            if (p == 4) mul(Ts, Ts, Ts);
+            mul(Ts, Ms, Ms);  // M <- T^p M
+            if (scaled) scale.advance(p, a);
+            if (scaled && s.iters == 0) scale.hi = 1.0;  // a bound now (newton_first_cap)
+            s.iters++;
+        }
+        if (!scaled || (!s.failed && s.converged)) break;
+        fell_back = true;
+        discarded = s.iters;
+    }
+    s.fell_back = fell_back;
+    s.discarded = discarded;
+    return s;
+}
+
+// status of a matrix: -1 failed, else the steps of both attempts, plus NEWTON_FELL_BACK after a fallback
+__device__ inline int fused_status(const NewtonState& s) {
+    return s.failed ? -1 : s.iters + s.discarded + (s.fell_back ? NEWTON_FELL_BACK : 0);
 }
 
 // One block per matrix (blockIdx.x); status[b] = steps taken, or -1 when the iteration left its convergence region.
 template <int NP>
 __global__ void __launch_bounds__(v2_threads<NP>())
-newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int* status, float* residual) {
+newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int start, int* status, float* residual) {
     constexpr int LD = NP + 1;
     extern __shared__ float smem[];
     __shared__ float red[33];
+    __shared__ double redd[64];
     float *Xs = smem, *Ms = smem + NP * LD, *Ts = smem + 2 * NP * LD;
     long long nn = (long long)n * n;
-    float nrm2 = fused_load<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Ms, Xs, n, eps, red);
-    float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
-    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) Ms[e / n * LD + e % n] *= z;
-    for (int i = threadIdx.x; i < n; i += v2_threads<NP>()) Xs[i * LD + i] = x0;
-    __syncthreads();
-    NewtonState s;  // every thread takes the same decisions from the same block-wide residual
-    s.n = n;
-    s.p = p;
-    s.max_iter = newton_max_iter(p, (double)z * eps);
-    for (;;) {
-        NewtonAction act = newton_decide(s, fused_residual_and_T<NP, LD, v2_threads<NP>()>(Ms, Ts, n, p, red));
-        if (act == NEWTON_FAIL) break;
-        smem_matmul<NP>(Xs, Ts, Xs, n);  // X <- X T
-        if (act == NEWTON_LAST) break;
-        if (p >= 2) smem_matmul<NP>(Ts, Ts, Ts, n);
-        if (p == 4) smem_matmul<NP>(Ts, Ts, Ts, n);
-        smem_matmul<NP>(Ts, Ms, Ms, n);  // M <- T^p M
-        s.iters++;
-    }
+    auto mul = [&](const float* P, const float* Q, float* dst) { smem_matmul<NP>(P, Q, dst, n); };
+    NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red,
+                                                           redd, mul);
     for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) X[blockIdx.x * nn + e] = Xs[e / n * LD + e % n];
     if (threadIdx.x == 0) {
-        status[blockIdx.x] = s.failed ? -1 : s.iters;
+        status[blockIdx.x] = fused_status(s);
         residual[blockIdx.x] = (float)s.r;
     }
 }
 
 template <int NP>
-static const char* launch_v2(const float* A, float* X, int batch, int n, int p, float eps, int* status, float* res) {
+static const char* launch_v2(const float* A, float* X, int batch, int n, int p, float eps, int start, int* status,
+                             float* res) {
     static bool configured = false;
     static const char* why_not = nullptr;
     static char why_buf[200];
@@ -1332,28 +1680,39 @@ static const char* launch_v2(const float* A, float* X, int batch, int n, int p, 
         configured = true;
     }
     if (why_not) return why_not;
-    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>(), g_stream>>>(A, X, n, p, eps, status, res);
+    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>(), g_stream>>>(A, X, n, p, eps, start, status,
+                                                                                         res);
     launchCheck();
     return nullptr;
 }
 
 // Returns nullptr, or why this size cannot run here (n > 128, or the device's shared memory). The per-matrix
-// status (steps, -1 = failed) and final ||M - I||_F stay on the device: newton_status() reads them.
-static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p, float eps) {
+// status (steps, -1 = failed) and final ||M - I||_F stay on the device: newton_status() reads them. start: scaled
+// with the unscaled fallback (default), unscaled only, or the tests' bad estimate (NewtonStart).
+static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p, float eps,
+                               NewtonStart start = NEWTON_SCALED) {
     check_root_args("inv_root_v2", A, X, batch, n, p, eps);
     int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
     float* res = (float*)(status + batch);
-    if (n <= 32) return launch_v2<32>(A, X, batch, n, p, eps, status, res);
-    if (n <= 64) return launch_v2<64>(A, X, batch, n, p, eps, status, res);
-    if (n <= 128) return launch_v2<128>(A, X, batch, n, p, eps, status, res);
+    if (n <= 32) return launch_v2<32>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 64) return launch_v2<64>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 128) return launch_v2<128>(A, X, batch, n, p, eps, start, status, res);
     return "version 2 runs n <= 128 only";
 }
-// versions 2, 3 and 4: the per-matrix steps (-1: left the convergence region) and final ||M - I||_F
-static void newton_status(int batch, std::vector<int>& steps, std::vector<float>& r) {
+// versions 2, 3 and 4: the per-matrix steps (-1: left the convergence region; versions 2 and 3: both attempts'
+// steps after a fallback) and final ||M - I||_F; fell_back (optional): 1 where versions 2 or 3 reran unscaled
+static void newton_status(int batch, std::vector<int>& steps, std::vector<float>& r,
+                          std::vector<int>* fell_back = nullptr) {
     std::vector<char> h(batch * (sizeof(int) + sizeof(float)));
     copy_to_host(h.data(), g_ws[WS_STATUS], h.size());
     steps.assign((int*)h.data(), (int*)h.data() + batch);
     r.assign((float*)(h.data() + batch * sizeof(int)), (float*)(h.data() + batch * sizeof(int)) + batch);
+    if (fell_back) fell_back->assign(batch, 0);
+    for (int b = 0; b < batch; b++)
+        if (steps[b] >= NEWTON_FELL_BACK) {
+            steps[b] -= NEWTON_FELL_BACK;
+            if (fell_back) (*fell_back)[b] = 1;
+        }
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1543,45 +1902,32 @@ __device__ void v3_matmul(const float* A, const float* B, float* dst, float* par
 // status[b] = steps taken, or -1 when the iteration left its convergence region.
 template <int NP, int CL>
 __global__ void __launch_bounds__(V3Cfg<NP, CL>::THREADS)
-newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int* status, float* residual) {
+newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int start, int* status, float* residual) {
     using C = V3Cfg<NP, CL>;
     extern __shared__ __align__(16) float smem[];
     __shared__ float red[33];
+    __shared__ double redd[64];
     float *Xs = smem, *Ms = smem + NP * C::LD, *Ts = smem + 2 * NP * C::LD;
     int b = blockIdx.x / CL, rank = blockIdx.x % CL;
     float *pX = v3_partner<CL>(Xs, rank), *pM = v3_partner<CL>(Ms, rank), *pT = v3_partner<CL>(Ts, rank);
     long long nn = (long long)n * n;
-    float nrm2 = fused_load<NP, C::LD, C::THREADS>(A + b * nn, Ms, Xs, n, eps, red);
-    float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
-    for (int e = threadIdx.x; e < n * n; e += C::THREADS) Ms[e / n * C::LD + e % n] *= z;
-    for (int i = threadIdx.x; i < n; i += C::THREADS) Xs[i * C::LD + i] = x0;
-    __syncthreads();
     int kn = (n + 7) / 8 * 8;
-    NewtonState s;
-    s.n = n;
-    s.p = p;
-    s.max_iter = newton_max_iter(p, (double)z * eps);
-    for (;;) {
-        NewtonAction act = newton_decide(s, fused_residual_and_T<NP, C::LD, C::THREADS>(Ms, Ts, n, p, red));
-        if (act == NEWTON_FAIL) break;
-        v3_matmul<NP, CL>(Xs, Ts, Xs, pX, n, kn, rank);  // X <- X T
-        if (act == NEWTON_LAST) break;
-        if (p >= 2) v3_matmul<NP, CL>(Ts, Ts, Ts, pT, n, kn, rank);
-        if (p == 4) v3_matmul<NP, CL>(Ts, Ts, Ts, pT, n, kn, rank);
-        v3_matmul<NP, CL>(Ts, Ms, Ms, pM, n, kn, rank);  // M <- T^p M
-        s.iters++;
-    }
+    auto mul = [&](const float* P, const float* Q, float* dst) {  // dst: Xs, Ts or Ms, and the partner's copy
+        v3_matmul<NP, CL>(P, Q, dst, dst == Xs ? pX : dst == Ts ? pT : pM, n, kn, rank);
+    };
+    NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, redd, mul);
     for (int e = rank * C::THREADS + threadIdx.x; e < n * n; e += CL * C::THREADS)  // the blocks share the store
         X[b * nn + e] = Xs[e / n * C::LD + e % n];
     if (rank == 0 && threadIdx.x == 0) {
-        status[b] = s.failed ? -1 : s.iters;
+        status[b] = fused_status(s);
         residual[b] = (float)s.r;
     }
     v3_sync<CL>();  // no block leaves while its partner may still address its shared memory
 }
 
 template <int NP, int CL>
-static const char* launch_v3(const float* A, float* X, int batch, int n, int p, float eps, int* status, float* res) {
+static const char* launch_v3(const float* A, float* X, int batch, int n, int p, float eps, int start, int* status,
+                             float* res) {
     using C = V3Cfg<NP, CL>;
     static bool configured = false;
     static const char* why_not = nullptr;
@@ -1618,23 +1964,23 @@ static const char* launch_v3(const float* A, float* X, int batch, int n, int p, 
         configured = true;
     }
     if (why_not) return why_not;
-    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, A, X, n, p, eps, status, res));
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, A, X, n, p, eps, start, status, res));
     return nullptr;
 }
 
 // Returns nullptr, or why this size cannot run here. blocks_per_matrix: 0 = 2 where clusters exist (sm_90, n > 32),
-// else 1; 1 = one block (the path of sm_80). Status as version 2's (newton_status).
+// else 1; 1 = one block (the path of sm_80). Status and start as version 2's (newton_status, NewtonStart).
 static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p, float eps,
-                               int blocks_per_matrix = 0) {
+                               int blocks_per_matrix = 0, NewtonStart start = NEWTON_SCALED) {
     check_root_args("inv_root_v3", A, X, batch, n, p, eps);
     int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
     float* res = (float*)(status + batch);
     bool pair = blocks_per_matrix != 1 && g_gpu.cc_major >= 9;
-    if (n <= 32) return launch_v3<32, 1>(A, X, batch, n, p, eps, status, res);
-    if (n <= 64) return pair ? launch_v3<64, 2>(A, X, batch, n, p, eps, status, res)
-                             : launch_v3<64, 1>(A, X, batch, n, p, eps, status, res);
-    if (n <= 128) return pair ? launch_v3<128, 2>(A, X, batch, n, p, eps, status, res)
-                              : launch_v3<128, 1>(A, X, batch, n, p, eps, status, res);
+    if (n <= 32) return launch_v3<32, 1>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 64) return pair ? launch_v3<64, 2>(A, X, batch, n, p, eps, start, status, res)
+                             : launch_v3<64, 1>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 128) return pair ? launch_v3<128, 2>(A, X, batch, n, p, eps, start, status, res)
+                              : launch_v3<128, 1>(A, X, batch, n, p, eps, start, status, res);
     return "version 3 runs n <= 128 only";
 }
 
@@ -2045,7 +2391,8 @@ static void syrk_lower(const Loader& P, float* C, int batch, int N, int K, float
     if (!C) { fprintf(stderr, "syrk_lower: argument C is null\n"); exit(EXIT_FAILURE); }
     long long tiles = (long long)ceil_div_ll(N, SY_BT) * (ceil_div_ll(N, SY_BT) + 1) / 2;
     if (tiles > INT32_MAX) fail_arg("syrk_lower", "N", N, "small enough for 2^31 tiles");
-    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS, 0, g_stream>>>(P, C, (long long)N * N, N, K, alpha, beta);
+    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS, 0, g_stream>>>(P, C, (long long)N * N, N, K,
+                                                                                       alpha, beta);
     launchCheck();
 }
 
@@ -2142,12 +2489,17 @@ constexpr double STUDY_TF32_BELOW = 0.1;  // --study: ||M - I||_F below which th
 static int run_study(uint64_t seed) {
     printf("coupled Newton, CPU twin: rel err vs the float64 oracle / residual ||X^p A - I||_F / sqrt(n) / steps "
            "(fast-phase steps), A with lambda_max = 1\n");
-    printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s\n", "n", "p", "case",
-           "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc", "2acc lower (v3, v4)");
+    printf("(unscaled steps: versions 1 and 4; the scaled columns: versions 2 and 3 since scaled steps, Lanczos start, "
+           "'b' = fell back to the unscaled rerun)\n");
+    printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s\n",
+           "n", "p", "case", "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc",
+           "2acc lower (v4)", "fp32 scaled (v2)", "2acc lower scaled (v3)");
     Rng rng{seed};
     double worst[4][2] = {};  // fp32, 3xtf32: max rel err / tol and residual / tol
     double extra_worst[3][2] = {};  // fp32 lower, 3xtf32 2acc, 3xtf32 2acc lower
     double delta_worst[2] = {};     // 3xtf32 2acc lower with TF32 steps in the I + D form near convergence
+    double scaled_worst[2][2] = {};  // fp32 scaled, 3xtf32 2acc lower scaled: rel err / tol, residual / tol
+    int scaled_steps[2][2] = {};     // fp32 and 2acc lower: steps scaled, unscaled (summed over the cases)
     int delta_steps[2] = {};        // TF32 steps, all steps
     for (int n : {32, 96})
         for (const SpdCase& c : SPD_CASES)
@@ -2158,13 +2510,15 @@ static int run_study(uint64_t seed) {
                     printf("%-4d %-3d %-10s %-7.0e %-7.1e", n, p, c.name, eps, o.lmax / o.lmin);
                     for (Prec prec : {PREC_FP32, PREC_3XTF32, PREC_TF32, PREC_BF16}) {
                         MatF X((size_t)n * n);
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec);
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, false, 0.0, nullptr,
+                                                   NEWTON_UNSCALED);
                         double e = rel_err(X.size(), X.data(), o.X.data());
                         double res = root_residual(n, p, X.data(), A.data(), eps);
                         printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
                         RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32,
                                                    n, p, o.lmax / o.lmin);
                         worst[prec][0] = std::max(worst[prec][0], e / t.rel);
+                        if (prec == PREC_FP32) scaled_steps[0][1] += s.iters + 1;
                         worst[prec][1] = std::max(worst[prec][1], res / t.res);
                     }
                     // versions 3 and 4's arithmetic: two accumulators, lower-triangle products mirrored
@@ -2172,7 +2526,8 @@ static int run_study(uint64_t seed) {
                         Prec prec = x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC;
                         bool lower = x != 1;
                         MatF X((size_t)n * n);
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower);
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, 0.0, nullptr,
+                                                   NEWTON_UNSCALED);
                         double e = rel_err(X.size(), X.data(), o.X.data());
                         double res = root_residual(n, p, X.data(), A.data(), eps);
                         printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
@@ -2180,12 +2535,28 @@ static int run_study(uint64_t seed) {
                                                    o.lmax / o.lmin);
                         extra_worst[x][0] = std::max(extra_worst[x][0], e / t.rel);
                         extra_worst[x][1] = std::max(extra_worst[x][1], res / t.res);
+                        if (x == 2) scaled_steps[1][1] += s.iters + 1;
+                    }
+                    // versions 2 (fp32) and 3 (2acc lower) since scaled steps
+                    for (int x = 0; x < 2; x++) {
+                        MatF X((size_t)n * n);
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC,
+                                                   0, x == 1);
+                        double e = rel_err(X.size(), X.data(), o.X.data());
+                        double res = root_residual(n, p, X.data(), A.data(), eps);
+                        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters,
+                               s.failed ? "F" : s.fell_back ? "b" : s.converged ? " " : "s");
+                        RootTol t = root_tolerance(x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p,
+                                                   o.lmax / o.lmin);
+                        scaled_worst[x][0] = std::max(scaled_worst[x][0], s.failed ? INFINITY : e / t.rel);
+                        scaled_worst[x][1] = std::max(scaled_worst[x][1], res / t.res);
+                        scaled_steps[x][0] += s.iters + 1 + s.discarded;
                     }
                     {
                         MatF X((size_t)n * n);
                         int fast = 0;
                         NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), PREC_3XTF32_2ACC, 0, true,
-                                                   STUDY_TF32_BELOW, &fast);
+                                                   STUDY_TF32_BELOW, &fast, NEWTON_UNSCALED);
                         double e = rel_err(X.size(), X.data(), o.X.data());
                         double res = root_residual(n, p, X.data(), A.data(), eps);
                         RootTol t = root_tolerance(METHOD_NEWTON_3XTF32, n, p, o.lmax / o.lmin);
@@ -2209,6 +2580,12 @@ static int run_study(uint64_t seed) {
     for (int x = 0; x < 3; x++)
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", extra_names[x],
                extra_worst[x][0], extra_worst[x][1]);
+    const char* scaled_names[2] = {"fp32 scaled, version 2 (fp32 tol)",
+                                   "3xtf32 2acc lower scaled, version 3 (3xtf32 tol)"};
+    for (int x = 0; x < 2; x++)
+        printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f; steps (incl. the "
+               "last X step and a fallback's) %d scaled against %d unscaled\n", scaled_names[x], scaled_worst[x][0],
+               scaled_worst[x][1], scaled_steps[x][0], scaled_steps[x][1]);
     printf("\nNewton-Schulz, bf16 emulation vs float64: rel err, singular values of both (min, max)\n");
     struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {100, 30, 1e2}, {64, 64, 1e2}, {96, 96, 1e3},
                                                    {128, 64, 10}, {64, 64, 0}, {48, 160, 0}};
@@ -2280,23 +2657,40 @@ static void test_newton_twin(Rng& rng) {
         for (int p : {1, 2, 4}) {
             RootOracle o = oracle_inv_root(n, A.data(), eps, p);
             double kappa = o.lmax / o.lmin;
-            // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored)
-            for (int x = 0; x < 4; x++) {
-                Prec prec = x == 0 ? PREC_FP32 : x == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
-                bool lower = x == 3;
+            // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored);
+            // unscaled (versions 1 and 4) and scaled (versions 2 and 3), which must not need its fallback here
+            for (int x = 0; x < 8; x++) {
+                Prec prec = x % 4 == 0 ? PREC_FP32 : x % 4 == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
+                bool lower = x % 4 == 3;
+                NewtonStart start = x < 4 ? NEWTON_UNSCALED : NEWTON_SCALED;
                 MatF X((size_t)n * n);
-                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, 0.0, nullptr, start);
                 RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, kappa);
                 double e = rel_err(X.size(), X.data(), o.X.data()), res = root_residual(n, p, X.data(), A.data(), eps);
-                report(!st.failed && e <= t.rel && res <= t.res,
-                       fmt("cpu twin Newton %s%s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec), lower ? " lower" : "",
-                           n, p, c.name, kappa),
-                       fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
+                report(!st.failed && !st.fell_back && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton %s%s%s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec),
+                           lower ? " lower" : "", start == NEWTON_SCALED ? " scaled" : "", n, p, c.name, kappa),
+                       fmt("%d steps%s, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters,
+                           st.fell_back ? " after a fallback" : "", e, t.rel, res, t.res));
+            }
+            {  // the fallback: an estimate of lambda_max 100x too small makes the scaled iteration fail, and the
+               // unscaled rerun must give the root
+                MatF X((size_t)n * n);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), PREC_FP32, 0, false, 0.0, nullptr,
+                                            NEWTON_SCALED_BAD_HI);
+                RootTol t = root_tolerance(METHOD_NEWTON_FP32, n, p, kappa);
+                double e = rel_err(X.size(), X.data(), o.X.data()), res = root_residual(n, p, X.data(), A.data(), eps);
+                report(!st.failed && st.fell_back && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton fp32 n=%d p=%d %s, lambda_max estimate 100x low: unscaled rerun", n, p,
+                           c.name),
+                       fmt("%s, %d + %d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)",
+                           st.fell_back ? "fell back" : "did NOT fall back", st.discarded, st.iters, e, t.rel, res,
                            t.res));
             }
             if (kappa <= 1e2) {  // a batch's fast matrices: 20 more steps once converged change nothing that matters
                 MatF X((size_t)n * n);
-                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), PREC_FP32, 20);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), PREC_FP32, 20, false, 0.0, nullptr,
+                                            NEWTON_UNSCALED);
                 RootTol t = root_tolerance(METHOD_NEWTON_FP32, n, p, kappa);
                 double e = rel_err(X.size(), X.data(), o.X.data());
                 report(!st.failed && e <= t.rel, fmt("cpu twin Newton fp32 n=%d p=%d %s, 20 steps past convergence",
@@ -2325,18 +2719,139 @@ static void test_newton_scalar() {
     float eps = 1e-6f;
     for (float a : {2.5f, 1e-3f, 0.0f})
         for (int p : {1, 2, 4})
-            for (Prec prec : {PREC_FP32, PREC_3XTF32, PREC_3XTF32_2ACC}) {
+            for (int x3 = 0; x3 < 6; x3++) {
+                Prec prec = x3 % 3 == 0 ? PREC_FP32 : x3 % 3 == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
+                NewtonStart start = x3 < 3 ? NEWTON_UNSCALED : NEWTON_SCALED;
                 RootMethod m = prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32;
                 RootOracle o = oracle_inv_root(1, &a, eps, p);
                 float x = NAN;
-                NewtonState st = newton_cpu(1, p, eps, &a, &x, prec);
+                NewtonState st = newton_cpu(1, p, eps, &a, &x, prec, 0, false, 0.0, nullptr, start);
                 RootTol t = root_tolerance(m, 1, p, 1.0);
                 double e = rel_err(1, &x, o.X.data()), res = root_residual(1, p, &x, &a, eps);
-                report(!st.failed && e <= t.rel && res <= t.res,
-                       fmt("cpu twin Newton %s n=1 p=%d a=%g", prec_name(prec), p, a),
+                report(!st.failed && !st.fell_back && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton %s%s n=1 p=%d a=%g", prec_name(prec),
+                           start == NEWTON_SCALED ? " scaled" : "", p, a),
                        fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
                            t.res));
             }
+}
+
+// The scalar pieces of the scaled steps against known values: the Ritz extremes and the last eigenvector weight of
+// tridiag(-1, 2, -1) (eigenvalues 2 - 2 cos(pi j / (k + 1)), eigenvectors sin(i j pi / (k + 1))) and of a diagonal
+// with a spread of 3e6; NewtonScale on exact spectra (every eigenvalue inside the carried interval after every step)
+// and the step counts of the scalar simulation; Lanczos on matrices of known spectrum.
+static int scaled_sim_steps(int p, double kappa, bool scaled, double lo_factor, bool* inside) {
+    std::vector<double> m(200);
+    for (size_t i = 0; i < m.size(); i++) m[i] = std::pow(kappa, -(double)i / (m.size() - 1));  // 1 .. 1 / kappa
+    NewtonScale scale;
+    scale.lo = lo_factor / kappa;
+    *inside = true;
+    for (int step = 0; step < 100; step++) {
+        double r = 0.0;
+        for (double v : m) r = std::max(r, std::fabs(v - 1.0));
+        if (r <= NEWTON_LAST_R) return step + 1;  // and the last X step
+        double a = scaled ? scale.alpha(p, r) : 1.0;
+        for (double& v : m) v = newton_map(p, a * v);
+        if (scaled) scale.advance(p, a);
+        for (double v : m) *inside = *inside && v >= scale.lo * (1 - 1e-9) && v <= scale.hi * (1 + 1e-9);
+    }
+    return 1000;
+}
+
+static void test_scaled_pieces(Rng& rng) {
+    const double pi = 3.14159265358979323846;
+    for (int k : {1, 2, 7, 20}) {
+        std::vector<double> d(k, 2.0), e(k, -1.0);
+        double lo, hi;
+        tridiag_extremes(d.data(), e.data(), k, &lo, &hi);
+        double elo = 2.0 - 2.0 * std::cos(pi / (k + 1)), ehi = 2.0 - 2.0 * std::cos(pi * k / (k + 1));
+        double w = tridiag_last_weight(d.data(), e.data(), k, ehi), s = std::sin(pi * k * k / (k + 1));
+        double ew = 2.0 / (k + 1) * s * s;
+        report(lo >= elo - 1e-12 && lo <= elo + 1e-4 * lo + 1e-12 && hi >= ehi - 1e-12 &&
+                   hi <= ehi + 1e-7 * hi + 1e-12 && std::fabs(w - ew) <= 1e-9 * ew,
+               fmt("tridiag_extremes, tridiag_last_weight: tridiag(-1, 2, -1), k=%d", k),
+               fmt("lo %.10f (exact %.10f), hi %.10f (exact %.10f), last weight %.3e (exact %.3e)", lo, elo, hi, ehi,
+                   w, ew));
+    }
+    {
+        double d[4] = {3.0, 1e-6, 0.5, 2.0}, e[4] = {0.0, 0.0, 0.0, 0.0}, lo, hi;
+        tridiag_extremes(d, e, 4, &lo, &hi);
+        report(lo >= 1e-6 && lo <= 1e-6 * (1 + 1e-4) && hi >= 3.0 && hi <= 3.0 * (1 + 1e-7),
+               "tridiag_extremes: diagonal, spread 3e6 (lo to 1e-4 relative)", fmt("lo %.6e, hi %.9f", lo, hi));
+    }
+    {  // p = 4: the spread cap (a hi <= 5 (1 - 16^(-1/4)) = 2.5); p = 1: the safety cap (a hi <= 2 / 1.1)
+        double a_bal = newton_alpha(4, 0.2, 1.0), a4 = newton_alpha(4, 1e-9, 0.5), a1 = newton_alpha(1, 1e-9, 1.0);
+        report(newton_alpha(4, 1.0, 1.0) == 1.0 && a_bal < 2.5 &&
+                   std::fabs(newton_map(4, a_bal * 0.2) - newton_map(4, a_bal)) < 1e-9 &&
+                   std::fabs(a4 - 5.0) < 1e-12 && std::fabs(a1 - 2.0 / NEWTON_HI_SLACK) < 1e-12,
+               "newton_alpha: 1 at convergence, balanced g(a lo) = g(a hi), capped (spread of T^p, slack above hi)",
+               fmt("a(0.2, 1) = %.6f, p = 4 a(1e-9, 0.5) = %.6f (cap 5), p = 1 a(1e-9, 1) = %.6f (cap 2 / 1.1)", a_bal,
+                   a4, a1));
+    }
+    // the scalar simulation (exact extremes; r = max |m - 1|): steps including the last X step, p = 4
+    struct { double kappa, lo_factor; int most; } sims[] = {{35, 1.0, 6}, {35, 1.3, 6}, {1e6, 1.0, 11}};
+    for (auto& sim : sims) {
+        bool inside = true, inside_u = true;
+        int k = scaled_sim_steps(4, sim.kappa, true, sim.lo_factor, &inside);
+        int ku = scaled_sim_steps(4, sim.kappa, false, 1.0, &inside_u);
+        bool exact = sim.lo_factor == 1.0;  // an overestimated lo does not contain the spectrum, by design
+        report(k <= sim.most && k < ku && (inside || !exact),
+               fmt("scaled steps, scalar simulation p=4 kappa %.0e, lo estimated %.1fx", sim.kappa, sim.lo_factor),
+               fmt("%d steps (at most %d), unscaled from [1/kappa, 1] %d; spectrum inside the interval: %s", k,
+                   sim.most, ku, exact ? (inside ? "yes" : "NO") : "not expected"));
+    }
+    // Lanczos (lanczos_cpu, lanczos_newton_start) on known spectra: 1 / z = theta_max + residual, at or above
+    // lambda_max and within NEWTON_HI_SLACK of it; lo / z = theta_min at or above lambda_min
+    for (double kappa : {35.0, 1e4}) {
+        int n = 96;
+        MatD Ad, Q;
+        std::vector<double> dd;
+        MatF A = make_spd(n, kappa, 0, rng, &Ad, &Q, &dd);
+        double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], z, lo;
+        double rowsum_max;
+        int k = lanczos_cpu(n, A.data(), alpha, beta, &rowsum_max);
+        lanczos_newton_start(alpha, beta, k, &z, &lo);
+        double lmax = *std::max_element(dd.begin(), dd.end()), lmin = *std::min_element(dd.begin(), dd.end());
+        double hi_est = 1.0 / z, tmin = lo / z;
+        report(k == LANCZOS_STEPS && hi_est >= lmax * (1 - 1e-6) && hi_est <= NEWTON_HI_SLACK * lmax &&
+                   tmin >= lmin * (1 - 1e-5),
+               fmt("Lanczos start n=%d kappa %.0e", n, kappa),
+               fmt("%d steps: theta_max + residual = %.6f lambda_max, theta_min = %.3f lambda_min", k, hi_est / lmax,
+                   tmin / lmin));
+    }
+}
+
+// --bench's matrix (G G^T / (2 n), G an n x 2n Gaussian, n = 128, kappa ~ 35, eps 1e-6, p = 4): the scaled twin's
+// steps (full steps and the last X step) in versions 2 and 3's arithmetic, at most BENCH_SCALED_STEPS, fewer than
+// unscaled, within the tolerance.
+constexpr int BENCH_SCALED_STEPS = 6;
+static void test_scaled_steps_bench(Rng& rng) {
+    int n = 128, p = 4;
+    float eps = 1e-6f;
+    MatD G((size_t)n * 2 * n);
+    for (double& g : G) g = rng.normal();
+    MatF A((size_t)n * n);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int k = 0; k < 2 * n; k++) s += G[(size_t)i * 2 * n + k] * G[(size_t)j * 2 * n + k];
+            A[(size_t)i * n + j] = A[(size_t)j * n + i] = (float)(s / (2 * n));
+        }
+    RootOracle o = oracle_inv_root(n, A.data(), eps, p);
+    for (int x = 0; x < 2; x++) {
+        Prec prec = x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC;
+        MatF X((size_t)n * n), Xu((size_t)n * n);
+        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, x == 1);
+        NewtonState su = newton_cpu(n, p, eps, A.data(), Xu.data(), prec, 0, x == 1, 0.0, nullptr, NEWTON_UNSCALED);
+        RootTol t = root_tolerance(x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, o.lmax / o.lmin);
+        double e = rel_err(X.size(), X.data(), o.X.data()), eu = rel_err(Xu.size(), Xu.data(), o.X.data());
+        report(!s.failed && !s.fell_back && s.converged && s.iters + 1 <= BENCH_SCALED_STEPS && s.iters < su.iters &&
+                   e <= t.rel,
+               fmt("scaled steps on --bench's matrix n=%d p=%d (kappa_eff %.1f), %s%s", n, p, o.lmax / o.lmin,
+                   prec_name(prec), x == 1 ? " lower (version 3)" : " (version 2)"),
+               fmt("%d + 1 steps (at most %d in all), unscaled %d + 1; rel err %.2e, unscaled %.2e (tol %.2e)",
+                   s.iters, BENCH_SCALED_STEPS, su.iters, e, eu, t.rel));
+    }
 }
 
 // Versions 3 and 4's warp tile, emulated on the CPU: the 32 lanes' fragments from tc_load_frags, an mma.sync
@@ -2653,21 +3168,24 @@ static float* device_poisoned(size_t count) {
     return d;
 }
 
-// blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path)
-struct RootVariant { const char* name; int version; Prec prec; RootMethod method; int blocks; };
-static const RootVariant ROOT_VARIANTS[] = {{"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0},
-                                            {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32, 0},
-                                            {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0},
-                                            {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0},
-                                            {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0},
-                                            {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1},
-                                            {"v4 tc coop", 4, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0}};
+// blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path).
+// start: versions 2 and 3 (NewtonStart); "v3 1blk unscaled" is the iteration before scaled steps, for comparison.
+struct RootVariant { const char* name; int version; Prec prec; RootMethod method; int blocks; NewtonStart start; };
+static const RootVariant ROOT_VARIANTS[] = {
+    {"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0, NEWTON_UNSCALED},
+    {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_UNSCALED},
+    {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_UNSCALED},
+    {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_SCALED},
+    {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
+    {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1, NEWTON_SCALED},
+    {"v3 1blk unscaled", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1, NEWTON_UNSCALED},
+    {"v4 tc coop", 4, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0, NEWTON_UNSCALED}};
 
 // Versions 2 to 4 without a host synchronisation (their status stays on the device): nullptr or why not.
 static const char* launch_fused_variant(const RootVariant& v, const float* d_A, float* d_X, int batch, int n, int p,
                                         float eps) {
-    if (v.version == 2) return inv_root_v2(d_A, d_X, batch, n, p, eps);
-    if (v.version == 3) return inv_root_v3(d_A, d_X, batch, n, p, eps, v.blocks);
+    if (v.version == 2) return inv_root_v2(d_A, d_X, batch, n, p, eps, v.start);
+    if (v.version == 3) return inv_root_v3(d_A, d_X, batch, n, p, eps, v.blocks, v.start);
     return inv_root_v4(d_A, d_X, batch, n, p, eps);
 }
 
@@ -2691,9 +3209,15 @@ static const char* run_root_variant(const RootVariant& v, const float* d_A, floa
     const char* why = launch_fused_variant(v, d_A, d_X, batch, n, p, eps);
     if (why) return why;
     std::vector<float> r;
-    newton_status(batch, steps, r);
-    for (int b = 0; b < batch; b++)
+    std::vector<int> fell_back;
+    newton_status(batch, steps, r, &fell_back);
+    for (int b = 0; b < batch; b++) {
         if (steps[b] < 0) trouble = fmt("matrix %d left the convergence region (||M - I||_F = %.2e)", b, r[b]);
+        // the scaled steps must work where the tests look (a silent fallback would leave them untested)
+        else if (fell_back[b] && v.start == NEWTON_SCALED)
+            trouble = fmt("matrix %d: the scaled iteration failed, the unscaled rerun ended at ||M - I||_F = %.2e", b,
+                          r[b]);
+    }
     return nullptr;
 }
 
@@ -2760,6 +3284,49 @@ static void test_roots_gpu(Rng& rng) {
     // a size past the fused kernel and two 64-tiles; 1x1 matrices
     test_roots_group(257, {make_spd(257, 1e4, 0, rng)}, {"kappa 1e4"}, eps, {4});
     test_roots_group(1, {MatF{2.5f}, MatF{1e-3f}, MatF{0.0f}}, {"2.5", "1e-3", "0"}, eps, {1, 2, 4});
+}
+
+// The fallback of versions 2 and 3: with an estimate of lambda_max 100x too small (NEWTON_SCALED_BAD_HI) every
+// matrix's scaled iteration fails, and the unscaled rerun must give each its root within the usual tolerance.
+static void test_fallback_gpu(Rng& rng) {
+    int n = 37;
+    float eps = 1e-6f;
+    std::vector<MatF> As;
+    MatF all;
+    for (const SpdCase& c : SPD_CASES) {
+        As.push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
+        all.insert(all.end(), As.back().begin(), As.back().end());
+    }
+    int batch = (int)As.size();
+    size_t nn = (size_t)n * n;
+    float* d_A = to_device(all.data(), all.size());
+    float* d_X = device_poisoned(all.size());
+    for (int p : {1, 2, 4})
+        for (const RootVariant& v : ROOT_VARIANTS) {
+            if (v.version != 2 && v.version != 3) continue;
+            RootVariant bad = v;
+            bad.start = NEWTON_SCALED_BAD_HI;
+            std::string label = fmt("%s n=%d batch=%d p=%d, lambda_max estimate 100x low: unscaled rerun", v.name, n,
+                                    batch, p);
+            cudaCheck(cudaMemset(d_X, 0xFF, all.size() * sizeof(float)));
+            const char* why = launch_fused_variant(bad, d_A, d_X, batch, n, p, eps);
+            if (why) { skip(label, why); continue; }
+            std::vector<int> steps, fell_back;
+            std::vector<float> r;
+            newton_status(batch, steps, r, &fell_back);
+            MatF X = to_host(d_X, all.size());
+            for (int b = 0; b < batch; b++) {
+                RootOracle o = oracle_inv_root(n, As[b].data(), eps, p);
+                RootTol t = root_tolerance(v.method, n, p, o.lmax / o.lmin);
+                double e = rel_err(nn, X.data() + b * nn, o.X.data());
+                double res = root_residual(n, p, X.data() + b * nn, As[b].data(), eps);
+                report(steps[b] >= 0 && fell_back[b] && e <= t.rel && res <= t.res, label + " " + SPD_CASES[b].name,
+                       fmt("%s, %d steps in all, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)",
+                           fell_back[b] ? "fell back" : "did NOT fall back", steps[b], e, t.rel, res, t.res));
+            }
+        }
+    cudaCheck(cudaFree(d_A));
+    cudaCheck(cudaFree(d_X));
 }
 
 // Newton-Schulz: the GPU result against the float64 run of the same iteration. Tolerance: 3x the error of the bf16
@@ -2936,6 +3503,8 @@ static int run_tests(uint64_t seed) {
     test_oracle(rng);
     test_newton_twin(rng);
     test_newton_scalar();
+    test_scaled_pieces(rng);
+    test_scaled_steps_bench(rng);
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     test_tc_fragments(rng);
@@ -2964,6 +3533,7 @@ static int run_tests(uint64_t seed) {
     printf("GPU: %s (sm_%d%d, %d SMs, %zu bytes of shared memory per block)\n", g_gpu.name, g_gpu.cc_major,
            g_gpu.cc_minor, g_gpu.sms, g_gpu.smem_optin);
     test_roots_gpu(rng);
+    test_fallback_gpu(rng);
     test_ns_gpu(rng);
     test_stats_gpu(rng);
     gpu_free();
