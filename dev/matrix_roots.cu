@@ -430,7 +430,7 @@ __host__ __device__ inline double newton_root_p(double a, int p) {
     return p == 1 ? a : p == 2 ? sqrt(a) : sqrt(sqrt(a));
 }
 
-// g(m); inv_p = 1 / p, exact for p = 1, 2, 4: the kernels call this in loops, where a float64 division costs ~100 cycles
+// g(m); inv_p = 1 / p, exact for p = 1, 2, 4: the kernels call it in loops, where a float64 division costs ~100 cycles
 __host__ __device__ inline double newton_map(int p, double m, double inv_p) {
     double t = (p + 1 - m) * inv_p, t2 = t * t;
     return m * (p == 1 ? t : p == 2 ? t2 : t2 * t2);
@@ -472,6 +472,13 @@ struct NewtonScale {
         lo = mn;
     }
 };
+
+// Versions 2 and 3 (and their twin): a step's a from the carried interval alone, capped (newton_first_cap on the first
+// step, else INFINITY). Not narrowed by this step's r = ||M - I||_F (NewtonScale::alpha's argument): that would need
+// r before T, a second pass over M, and over --study's 60 cases it changed no step count and no error.
+__host__ __device__ inline double newton_scale_a(NewtonScale& scale, int p, double cap) {
+    return fmin(scale.alpha(p, INFINITY), cap);
+}
 
 // Extreme eigenvalues of the k x k symmetric tridiagonal (diagonal d, off-diagonal e[0..k-2]) that k Lanczos steps
 // build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max).
@@ -565,9 +572,9 @@ __host__ __device__ inline double tridiag_last_weight(const double* d, const dou
 }
 
 // Lanczos on A + eps I: LANCZOS_STEPS steps from the start vector below (1 + a hash of i in [-0.5, 0.5): the same on
-// every run and every thread, and no eigenvector of a real matrix is orthogonal to it in practice), fp32 matvecs,
-// float64 dot products and recurrence scalars, no reorthogonalisation (the extremes converge first; lost
-// orthogonality only repeats them as ghost copies).
+// every run and every thread; a matrix whose top eigenvector is orthogonal to it would have to be built for it, and
+// even then newton_first_cap keeps the steps safe), fp32 matvecs, float64 dot products and recurrence scalars, no
+// reorthogonalisation (the extremes converge first; lost orthogonality only repeats them as ghost copies).
 constexpr int LANCZOS_STEPS = 20;
 __host__ __device__ inline float lanczos_start(int i) {
     uint32_t h = (uint32_t)i * 0x9E3779B9u;
@@ -582,8 +589,8 @@ __host__ __device__ inline float lanczos_start(int i) {
 // The scaled iteration's start from k Lanczos steps on A + eps I (alpha[0..k-1]: T's diagonal; beta[0..k-2] its
 // off-diagonal, beta[k-1] the norm of the next residual). hi_est = theta_max + ||A y - theta_max y||, an estimate of
 // lambda_max from above unless the start vector missed the top of the spectrum, so M0 = z (A + eps I) with z =
-// 1 / hi_est has its spectrum in about [lo, 1], lo = theta_min / hi_est. See NEWTON_HI_SLACK and the fallback of the
-// versions (an iteration that fails or does not converge is rerun unscaled) for what an underestimate costs.
+// 1 / hi_est has its spectrum in about [lo, 1], lo = theta_min / hi_est. An underestimate of lambda_max is made safe
+// by newton_first_cap; an iteration that fails or does not converge anyway is rerun unscaled (the fallback).
 __host__ __device__ inline void lanczos_newton_start(const double* alpha, const double* beta, int k, double* z,
                                                      double* lo) {
     if (k < 1) {  // not even one step (a NaN in A): the scaled iteration fails at once and is rerun unscaled
@@ -774,7 +781,7 @@ static int lanczos_cpu(int n, const float* A, double* alpha, double* beta, doubl
 // lower: every product computes its lower triangle and mirrors it (versions 3 and 4).
 // tf32_below > 0 (--study only; no GPU version does it): once ||M - I||_F < tf32_below, steps in the form
 // T = I + D, X <- X + X D, M <- M + (T^p - I) M, every product in plain TF32: their rounding is relative to ||D||,
-// not to ||X|| or ||M||. *tf32_steps counts them.
+// not to ||X|| or ||M||. *tf32_steps counts them. (Unscaled runs: those steps do not carry the scaled interval.)
 // start: NEWTON_SCALED (versions 2 and 3): z and the interval from Lanczos, T = a^(1/p) ((p + 1) I - a M) / p with
 // a from NewtonScale; if that fails or does not converge, the unscaled iteration reruns (fell_back). Versions 1 and 4
 // run NEWTON_UNSCALED: z = (p + 1) / (2 ||A||_F), a = 1.
@@ -830,8 +837,7 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
             }
             // unscaled: the division of the GPU versions' history (bitwise as before); scaled: versions 2 and 3's
             // arithmetic, a and c = a^(1/p) / p rounded to fp32
-            double a = scaled ? scale.alpha(p, s.r) : 1.0;
-            if (s.iters == 0) a = std::min(a, first_cap);
+            double a = scaled ? newton_scale_a(scale, p, s.iters == 0 ? first_cap : INFINITY) : 1.0;
             float af = (float)a, cf = (float)(newton_root_p(a, p) / p);
             for (int i = 0; i < n; i++)
                 for (int j = 0; j < n; j++) {
@@ -1469,29 +1475,22 @@ __device__ float fused_load(const float* Ab, float* Ms, float* Xs, int n, float 
     return block_sum<THREADS>(sq, red);
 }
 
-// ||M - I||_F (block-wide: every thread gets it)
+// T = c ((p + 1) I - a M) (zero in the padding) and ||M - I||_F from the same read of M (block-wide; its barrier
+// publishes T). a = 1, c = 1 / p: the unscaled step, bit for bit as before the scaled steps.
 template <int NP, int LD, int THREADS>
-__device__ float fused_residual(const float* Ms, int n, float* red) {
+__device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, float a, float c, float* red) {
     float r2 = 0.0f;
     for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
         int i = e / NP, j = e % NP;
+        float t = 0.0f;
         if (i < n && j < n) {
-            float d = Ms[i * LD + j] - (i == j ? 1.0f : 0.0f);
+            float m = Ms[i * LD + j], d = m - (i == j ? 1.0f : 0.0f);
             r2 = fmaf(d, d, r2);
+            t = ((i == j ? (float)(p + 1) : 0.0f) - a * m) * c;
         }
+        Ts[i * LD + j] = t;
     }
     return sqrtf(block_sum<THREADS>(r2, red));
-}
-
-// T = c ((p + 1) I - a M), zero in the padding; a = 1, c = 1 / p: the unscaled step (the bits of the earlier one-pass
-// form). A pass of its own after the residual: a depends on it (NewtonScale::alpha). Ends with a barrier.
-template <int NP, int LD, int THREADS>
-__device__ void fused_T(const float* Ms, float* Ts, int n, int p, float a, float c) {
-    for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
-        int i = e / NP, j = e % NP;
-        Ts[i * LD + j] = i < n && j < n ? ((i == j ? (float)(p + 1) : 0.0f) - a * Ms[i * LD + j]) * c : 0.0f;
-    }
-    __syncthreads();
 }
 
 // Every thread gets the block's float64 sum, the warps' partial sums added in warp order (the same bits in every
@@ -1610,12 +1609,11 @@ __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float
         s.p = p;
         s.max_iter = newton_max_iter(p, (double)z * eps);
         for (;;) {
-            NewtonAction act = newton_decide(s, fused_residual<NP, LD, THREADS>(Ms, n, red));
-            if (act == NEWTON_FAIL) break;
-            double a = scaled ? scale.alpha(p, s.r) : 1.0;
-            if (s.iters == 0) a = fmin(a, first_cap);
+            // a from the carried interval alone (newton_scale_a), so that one pass gives the residual and T
+            double a = scaled ? newton_scale_a(scale, p, s.iters == 0 ? first_cap : INFINITY) : 1.0;
             float c = scaled ? (float)(newton_root_p(a, p) / p) : 1.0f / (float)p;
-            fused_T<NP, LD, THREADS>(Ms, Ts, n, p, (float)a, c);
+            NewtonAction act = newton_decide(s, fused_residual_and_T<NP, LD, THREADS>(Ms, Ts, n, p, (float)a, c, red));
+            if (act == NEWTON_FAIL) break;
             mul(Xs, Ts, Xs);  // X <- X T
             if (act == NEWTON_LAST) break;
             if (p >= 2) mul(Ts, Ts, Ts);
