@@ -586,6 +586,22 @@ __host__ __device__ inline float lanczos_start(int i) {
     return 0.5f + (float)(h >> 8) * (1.0f / 16777216.0f);
 }
 
+// Row i of the Lanczos matvec, (A u)_i = sum_c a_ci u_c (A symmetric: column i, a[c * ld], read without bank
+// conflicts in shared memory), fp32 FMA in four interleaved chains (c mod 4; a 128-long dependent chain would set the
+// step's latency), then (y0 + y1) + (y2 + y3). Versions 2 and 3 and lanczos_cpu.
+__host__ __device__ inline float lanczos_row(const float* a, int ld, const float* u, int n) {
+    float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;
+    int c = 0;
+    for (; c + 4 <= n; c += 4) {
+        y0 = fmaf(a[c * ld], u[c], y0);
+        y1 = fmaf(a[(c + 1) * ld], u[c + 1], y1);
+        y2 = fmaf(a[(c + 2) * ld], u[c + 2], y2);
+        y3 = fmaf(a[(c + 3) * ld], u[c + 3], y3);
+    }
+    for (; c < n; c++) y0 = fmaf(a[c * ld], u[c], y0);
+    return (y0 + y1) + (y2 + y3);
+}
+
 // The scaled iteration's start from k Lanczos steps on A + eps I (alpha[0..k-1]: T's diagonal; beta[0..k-2] its
 // off-diagonal, beta[k-1] the norm of the next residual). hi_est = theta_max + ||A y - theta_max y||, an estimate of
 // lambda_max from above unless the start vector missed the top of the spectrum, so M0 = z (A + eps I) with z =
@@ -735,8 +751,7 @@ static void newton_step_tf32_delta(int n, int p, float* X, MatF& M, MatF& D, Mat
     for (size_t e = 0; e < nn; e++) M[e] += W[e];
 }
 
-// Lanczos as versions 2 and 3 run it (LANCZOS_STEPS): w = A u / ||u|| with fp32 FMA in column order (A symmetric),
-// dot products in float64. alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps taken (fewer only
+// Lanczos as versions 2 and 3 run it (LANCZOS_STEPS): w = A u / ||u|| (lanczos_row), dot products in float64. alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps taken (fewer only
 // where a residual is exactly 0, or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
 static int lanczos_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
     *rowsum_max = 0.0;
@@ -759,9 +774,7 @@ static int lanczos_cpu(int n, const float* A, double* alpha, double* beta, doubl
         for (int i = 0; i < n; i++) {
             v_prev[i] = v[i];
             v[i] = u[i] * inv;
-            float s = 0.0f;
-            for (int c = 0; c < n; c++) s = fmaf(A[(size_t)c * n + i], u[c], s);
-            y[i] = s * inv;
+            y[i] = lanczos_row(A + i, n, u.data(), n) * inv;
             a += (double)v[i] * y[i];
         }
         double b2 = 0.0;
@@ -1493,8 +1506,8 @@ __device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, 
     return sqrtf(block_sum<THREADS>(r2, red));
 }
 
-// Every thread gets the block's float64 sum, the warps' partial sums added in warp order (the same bits in every
-// thread and in both blocks of a cluster). One barrier: consecutive calls alternate the halves of red (2 x 32), and a
+// Every thread gets the block's float64 sum, the warps' partial sums added by the same shuffle tree in every warp (the
+// same bits in every thread and in both blocks of a cluster). One barrier: consecutive calls alternate the halves of red (2 x 32), and a
 // thread writes a half again only after the next call's barrier, which every reader of it has passed.
 template <int THREADS>
 __device__ double block_sum_d(double v, double* red, int& half) {
@@ -1504,8 +1517,8 @@ __device__ double block_sum_d(double v, double* red, int& half) {
     half ^= 1;
     if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
     __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < THREADS / 32; w++) s += r[w];
+    double s = threadIdx.x % 32 < THREADS / 32 ? r[threadIdx.x % 32] : 0.0;  // every warp the same tree
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     return s;
 }
 
@@ -1540,17 +1553,9 @@ __device__ int fused_lanczos(const float* Ms, float* W, int n, double* red, doub
         float inv = (float)(1.0 / b), y = 0.0f;
         v_prev = v;
         v = u * inv;
-        if (row && k == 0) {
-            for (int c = 0; c < n; c++) {
-                float m = Ms[c * LD + i];
-                y = fmaf(m, W[c], y);
-                rowsum += fabsf(m);
-            }
-            y *= inv;
-        } else if (row) {
-            for (int c = 0; c < n; c++) y = fmaf(Ms[c * LD + i], W[c], y);
-            y *= inv;
-        }
+        if (row && k == 0)
+            for (int c = 0; c < n; c++) rowsum += fabsf(Ms[c * LD + i]);
+        if (row) y = lanczos_row(Ms + i, LD, W, n) * inv;
         double a = block_sum_d<THREADS>((double)v * y, red, half);  // past it no thread reads W in this step
         u = row ? (float)((double)y - a * v - b * v_prev) : 0.0f;
         if (row) W[i] = u;
