@@ -751,8 +751,9 @@ static void newton_step_tf32_delta(int n, int p, float* X, MatF& M, MatF& D, Mat
     for (size_t e = 0; e < nn; e++) M[e] += W[e];
 }
 
-// Lanczos as versions 2 and 3 run it (LANCZOS_STEPS): w = A u / ||u|| (lanczos_row), dot products in float64. alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps taken (fewer only
-// where a residual is exactly 0, or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
+// Lanczos as versions 2 and 3 run it (LANCZOS_STEPS): w = A u / ||u|| (lanczos_row), dot products in float64.
+// alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps taken (fewer only where a residual is
+// exactly 0, or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
 static int lanczos_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
     *rowsum_max = 0.0;
     for (int i = 0; i < n; i++) {
@@ -1507,8 +1508,9 @@ __device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, 
 }
 
 // Every thread gets the block's float64 sum, the warps' partial sums added by the same shuffle tree in every warp (the
-// same bits in every thread and in both blocks of a cluster). One barrier: consecutive calls alternate the halves of red (2 x 32), and a
-// thread writes a half again only after the next call's barrier, which every reader of it has passed.
+// same bits in every thread and in both blocks of a cluster). One barrier: consecutive calls alternate the halves of
+// red (2 x 32), and a thread writes a half again only after the next call's barrier, which every reader of it has
+// passed.
 template <int THREADS>
 __device__ double block_sum_d(double v, double* red, int& half) {
     static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
