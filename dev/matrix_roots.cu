@@ -392,11 +392,18 @@ __host__ __device__ inline NewtonAction newton_decide(NewtonState& s, double r) 
 // Scaled steps: T = a^(1/p) ((p + 1) I - a M) / p maps each eigenvalue m of M to g(a m), g(m) = m ((p + 1 - m)/p)^p,
 // instead of g(m). With the spectrum of M in [lo, hi], the a that balances g(a lo) = g(a hi) (a lo <= 1 <= a hi)
 // multiplies the small eigenvalues by a ((p + 1) / p)^p per step instead of ((p + 1) / p)^p, a up to p + 1: 5-6 steps
-// instead of 9-10 at kappa 35, 10 instead of 19 at 1e6 (dev/matrix_roots_NOTES.md, "Scaled steps"). lo and hi are estimates (Lanczos on
-// A, then mapped step by step): a too large lo only makes a smaller (slower, never unsafe); a is capped so that an
-// eigenvalue up to NEWTON_HI_SLACK above hi stays below p + 1, where g is still positive.
+// instead of 9-10 at kappa 35, 10 instead of 19 at 1e6 (dev/matrix_roots_NOTES.md, "Scaled steps"). lo and hi are
+// estimates (Lanczos on A, then mapped step by step): a too large lo only makes a smaller (slower, never unsafe); a is
+// capped so that an eigenvalue up to NEWTON_HI_SLACK above hi stays below p + 1, where g is still positive, and so
+// that a hi <= NEWTON_A_HI_MAX.
 
 constexpr double NEWTON_HI_SLACK = 1.1;
+// a hi at most 2.5: a larger a maps the top of the spectrum far below 1 (g(4.5) = 1.1e-3 at p = 4), shrinking X's
+// columns there by about 5x a step; rounding errors made relative to ||X|| then grow with them when they grow back.
+// Measured with a CPU run of scaled steps (n = 37, 100, the test cases): at a hi up to (p + 1) / 1.1, relative errors
+// stay in tolerance but ||X^p A - I|| reaches 200x its tolerance at kappa >= 1e4 (p = 2, 4); at 2.5 at most 0.54x,
+// for 0 to 2 more steps (n = 512 Shampoo-like: 5 steps instead of 4, unscaled 8).
+constexpr double NEWTON_A_HI_MAX = 2.5;
 
 __host__ __device__ inline double newton_map(int p, double m) {
     double t = (p + 1 - m) / p, t2 = t * t;
@@ -406,7 +413,7 @@ __host__ __device__ inline double newton_map(int p, double m) {
 // The a in [1 / hi, cap] that maximises min(g(a lo), g(a hi)) for 0 < lo <= hi: where the rising g(a lo) meets the
 // falling g(a hi), by bisection (g(a lo) - g(a hi) increases with a on that range).
 __host__ __device__ inline double newton_alpha(int p, double lo, double hi) {
-    double cap = (p + 1) / (NEWTON_HI_SLACK * hi);
+    double cap = fmin((p + 1) / NEWTON_HI_SLACK, NEWTON_A_HI_MAX) / hi;
     double a0 = 1.0 / hi, a1 = lo > 0.0 && 1.0 / lo < cap ? 1.0 / lo : cap;
     if (!(lo > 0.0) || !(hi >= lo) || a1 <= a0) return a0;
     if (newton_map(p, a1 * lo) <= newton_map(p, a1 * hi)) return a1;
