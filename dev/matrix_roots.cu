@@ -54,7 +54,10 @@ Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cusolverDn.h>
+
+namespace cg = cooperative_groups;
 
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
@@ -477,6 +480,69 @@ __host__ __device__ inline void tridiag_extremes(const double* d, const double* 
     *hi = h1;
 }
 
+// The Lanczos run that gives version 1's scaled start (one cooperative kernel, lanczos_kernel; lanczos_cpu is its
+// host twin): k steps on A + eps I from a fixed start q1, then tridiag_extremes. Each step forms
+// w = (A + eps I) q - beta_prev q_prev and, in the same pass, the sums q.w, w.w and q.q; the coefficients follow from
+// the sums alone, so a step needs one grid barrier.
+constexpr int LANCZOS_STEPS = 20;
+constexpr double LANCZOS_BREAKDOWN = 1e-5;  // beta / ||w|| below this: the Krylov space is invariant up to rounding
+
+// q1: entries +-1/sqrt(n), the signs from a hash of i (unit length; no test matrix is built around it)
+__host__ __device__ inline float lanczos_start(int i, int n) {
+    uint32_t h = (uint32_t)i * 2654435761u + 12345u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    float s = (float)(1.0 / sqrt((double)n));
+    return (h >> 7) & 1u ? s : -s;
+}
+
+// alpha = q.w / q.q and beta = ||w - alpha q|| = sqrt(w.w - (q.w)^2 / q.q) from the step's sums (q.q, not 1: q is
+// rounded to fp32); false at a breakdown (the tridiagonal so far then holds eigenvalues of A + eps I)
+__host__ __device__ inline bool lanczos_coeffs(double qw, double ww, double qq, double* alpha, double* beta) {
+    *alpha = qw / qq;
+    double b2 = ww - qw * *alpha;
+    *beta = b2 > 0.0 ? sqrt(b2) : 0.0;
+    return *beta > LANCZOS_BREAKDOWN * sqrt(ww);
+}
+
+struct LanczosResult { int k = 0; double theta_min = 0.0, theta_max = 0.0; };
+
+// Host twin of lanczos_kernel (fp32 w and q, double sums; the kernel sums w's rows in another order)
+static LanczosResult lanczos_cpu(int n, const float* A, float eps, int steps) {
+    int k = std::min(steps, n);
+    std::vector<float> q(n), qp(n, 0.0f), w(n);
+    std::vector<double> d, e;
+    for (int i = 0; i < n; i++) q[i] = lanczos_start(i, n);
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        double qw = 0.0, ww = 0.0, qq = 0.0;
+        for (int i = 0; i < n; i++) {
+            float s = 0.0f;
+            for (int c = 0; c < n; c++) s += A[(size_t)i * n + c] * q[c];
+            w[i] = s + eps * q[i] - (float)beta_prev * qp[i];
+            qw += (double)q[i] * w[i];
+            ww += (double)w[i] * w[i];
+            qq += (double)q[i] * q[i];
+        }
+        double alpha, beta;
+        bool more = lanczos_coeffs(qw, ww, qq, &alpha, &beta);
+        d.push_back(alpha);
+        e.push_back(beta);
+        if (!more || j == k - 1) break;
+        float fa = (float)alpha, fb = (float)(1.0 / beta);
+        for (int i = 0; i < n; i++) {
+            qp[i] = q[i];
+            q[i] = (w[i] - fa * q[i]) * fb;
+        }
+        beta_prev = beta;
+    }
+    LanczosResult r;
+    r.k = (int)d.size();
+    tridiag_extremes(d.data(), e.data(), r.k, &r.theta_min, &r.theta_max);
+    return r;
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
 // TF32 or bf16, fp32 sums): they run in CI, where the GPU versions cannot, and --study measures with them.
@@ -886,9 +952,42 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
 // synchronise: only the first call at a new largest size pays). Everything runs on g_stream: the default stream here,
 // PyTorch's current stream inside dev/torch_ops (which also gives it to the cuBLAS and cuSOLVER handles).
 
+// Version 1's choices (inv_root_v1; --bench times each as a row of its own): a scaled start from a Lanczos estimate
+// of the spectrum (one matrix), and how the 3xTF32 products run: one K = 3n GEMM on copies split per product
+// (concat), or three K = n GEMMs on operands split once per matrix (split); cuBLAS's default algorithm, or the
+// fastest of it and cuBLASLt's candidates for the shape, timed once (lt). The environment variable MATRIX_ROOTS_V1
+// sets the defaults, e.g. MATRIX_ROOTS_V1=split,lt (dev/torch_ops uses the defaults).
+enum V1Products { V1_CONCAT, V1_SPLIT };
+struct V1Options {
+    bool scaled = true;
+    V1Products products = V1_CONCAT;
+    bool lt = false;
+};
+static V1Options g_v1;
+
+// MATRIX_ROOTS_V1's value: words separated by commas from scaled, unscaled, concat, split, lt, cublas (a later word
+// overrides an earlier one); false on any other word
+static bool parse_v1_options(const char* text, V1Options* o) {
+    std::string s(text);
+    for (size_t at = 0;;) {
+        size_t end = s.find(',', at);
+        std::string w = s.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        if (w == "scaled") o->scaled = true;
+        else if (w == "unscaled") o->scaled = false;
+        else if (w == "concat") o->products = V1_CONCAT;
+        else if (w == "split") o->products = V1_SPLIT;
+        else if (w == "lt") o->lt = true;
+        else if (w == "cublas") o->lt = false;
+        else return false;
+        if (end == std::string::npos) return true;
+        at = end + 1;
+    }
+}
+
 struct GpuContext {
     bool ready = false;
     cublasHandle_t blas = nullptr;
+    cublasLtHandle_t lt = nullptr;  // version 1's timed GEMMs (lt_gemm)
     cusolverDnHandle_t solver = nullptr;
     syevjInfo_t syevj = nullptr;
     int sms = 0, cc_major = 0, cc_minor = 0;
@@ -912,6 +1011,11 @@ static void gpu_init() {
     g_gpu.smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(g_gpu.name, sizeof g_gpu.name, "%s", prop.name);
     cublasCheck(cublasCreate(&g_gpu.blas));
+    cublasCheck(cublasLtCreate(&g_gpu.lt));
+    const char* v1 = getenv("MATRIX_ROOTS_V1");
+    if (v1 && !parse_v1_options(v1, &g_v1))
+        fail(std::string("MATRIX_ROOTS_V1=") + v1 +
+             ": expected words from scaled, unscaled, concat, split, lt, cublas, separated by commas");
     // strict fp32 unless a call asks for TF32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32)
     cublasCheck(cublasSetMathMode(g_gpu.blas, CUBLAS_DEFAULT_MATH));
     cusolverCheck(cusolverDnCreate(&g_gpu.solver));
@@ -932,7 +1036,8 @@ static void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
-              WS_NS_A, WS_NS_B, WS_STATUS, WS_COOP_SUMS, WS_COUNT };
+              WS_NS_A, WS_NS_B, WS_STATUS, WS_COOP_SUMS, WS_SPLIT, WS_LT_WORK, WS_LT_SCRATCH, WS_LANCZOS,
+              WS_LANCZOS_W, WS_COUNT };
 static void* g_ws[WS_COUNT] = {};
 static size_t g_ws_bytes[WS_COUNT] = {};
 static void* ws_get(WsSlot slot, size_t bytes) {
@@ -943,6 +1048,7 @@ static void* ws_get(WsSlot slot, size_t bytes) {
     }
     return g_ws[slot];
 }
+static void lt_free();
 static void gpu_free() {
     for (int s = 0; s < WS_COUNT; s++) {
         if (g_ws[s]) cudaCheck(cudaFree(g_ws[s]));
@@ -952,6 +1058,8 @@ static void gpu_free() {
     if (!g_gpu.ready) return;
     cusolverCheck(cusolverDnDestroySyevjInfo(g_gpu.syevj));
     cusolverCheck(cusolverDnDestroy(g_gpu.solver));
+    lt_free();
+    cublasCheck(cublasLtDestroy(g_gpu.lt));
     cublasCheck(cublasDestroy(g_gpu.blas));
     g_gpu = GpuContext();
 }
@@ -1066,9 +1174,214 @@ __global__ void split3_kernel(const float* A, const float* B, float* A3, float* 
     }
 }
 
+// hi = TF32 rounding of x, lo = TF32 rounding of the remainder, for the 3xTF32 products of operands split once
+__global__ void split_kernel(const float* A, float* hi, float* lo, long long total) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        float a = A[idx], h = tf32_rna(a);
+        hi[idx] = h;
+        lo[idx] = tf32_rna(a - h);
+    }
+}
+
+// cuBLASLt plans of version 1's TF32 GEMMs, one per shape (sizes, strides, batch, beta = 0 or 1, alignment): the
+// algorithm is the fastest of cuBLAS's default and the candidates of cuBLASLt's heuristic (with split-K variants of
+// those that allow it), each timed once on the first call of the shape. MATRIX_ROOTS_LT_VERBOSE=1 prints the timings.
+constexpr size_t LT_WORKSPACE = 32ull << 20;
+constexpr int LT_HEURISTICS = 12;
+struct LtPlan {
+    int n, K, lda, ldb, batch;
+    long long sa, sb;
+    bool accumulate;
+    uint32_t align;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo = {};
+    bool use_lt = false;  // false: cuBLAS's default algorithm was the fastest (or cuBLASLt had none)
+};
+static std::vector<LtPlan> g_lt_plans;
+
+static void lt_free() {
+    for (LtPlan& pl : g_lt_plans) {
+        cublasCheck(cublasLtMatrixLayoutDestroy(pl.la));
+        cublasCheck(cublasLtMatrixLayoutDestroy(pl.lb));
+        cublasCheck(cublasLtMatrixLayoutDestroy(pl.lc));
+        cublasCheck(cublasLtMatmulDescDestroy(pl.desc));
+    }
+    g_lt_plans.clear();
+}
+
+// an integer attribute of a cuBLASLt algorithm's configuration, -1 where cuBLASLt does not give it
+static int lt_config(const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    int32_t v = -1;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return -1;
+    return v;
+}
+
+static cublasLtMatrixLayout_t lt_layout(int rows, int cols, long long ld, int batch, long long stride) {
+    cublasLtMatrixLayout_t l;
+    cublasCheck(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+    if (batch > 1) {
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                     sizeof stride));
+    }
+    return l;
+}
+
+// the largest power of two <= 256 that divides the pointer and (batches) the stride in bytes
+static uint32_t lt_align(const void* ptr, long long stride, int batch) {
+    uint32_t a = 256;
+    while (a > 4 && ((uintptr_t)ptr % a || (batch > 1 && stride * (long long)sizeof(float) % a))) a /= 2;
+    return a;
+}
+
+static void cublas_tf32_gemm(const float* A, int lda, long long sa, const float* B, int ldb, long long sb, float* C,
+                             int n, int K, int batch, float beta) {
+    const float one = 1.0f;
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, K, &one, B, CUDA_R_32F, ldb, sb,
+                                           A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, n, (long long)n * n, batch,
+                                           CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+}
+
+// Times cuBLAS's default and every cuBLASLt candidate on the operands, into a scratch output, and keeps the fastest
+static void lt_tune(LtPlan& pl, const float* A, const float* B) {
+    const float one = 1.0f, beta = pl.accumulate ? 1.0f : 0.0f;
+    long long nn = (long long)pl.n * pl.n;
+    float* scratch = (float*)ws_get(WS_LT_SCRATCH, nn * pl.batch * sizeof(float));
+    void* work = ws_get(WS_LT_WORK, LT_WORKSPACE);
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws_bytes = LT_WORKSPACE;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                     sizeof ws_bytes));
+    for (cublasLtMatmulPreferenceAttributes_t at :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, at, &pl.align, sizeof pl.align));
+    cublasLtMatmulHeuristicResult_t res[LT_HEURISTICS];
+    int got = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(g_gpu.lt, pl.desc, pl.la, pl.lb, pl.lc, pl.lc, pref, LT_HEURISTICS, res, &got) !=
+        CUBLAS_STATUS_SUCCESS)
+        got = 0;
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    std::vector<cublasLtMatmulAlgo_t> cands;
+    std::vector<int> splits;
+    for (int i = 0; i < got; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        int32_t splitk = std::max(1, lt_config(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)), can_split = 0;
+        uint32_t schemes = 0;
+        size_t sz = 0;
+        cands.push_back(res[i].algo);
+        splits.push_back(splitk);
+        // 1024^2 outputs are 32 to 64 tiles for 132 SMs: split-K variants of the heuristic's unsplit candidates
+        if (splitk > 1 ||
+            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can_split,
+                                              sizeof can_split, &sz) != CUBLAS_STATUS_SUCCESS || !can_split ||
+            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+                                              sizeof schemes, &sz) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        uint32_t scheme = schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                          : schemes & CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE ? CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE
+                          : schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE     ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+                                                                            : 0u;
+        if (!scheme) continue;
+        for (int32_t k : {2, 3, 4, 8}) {
+            cublasLtMatmulAlgo_t a = res[i].algo;
+            cublasLtMatmulHeuristicResult_t check;
+            if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                     sizeof scheme) != CUBLAS_STATUS_SUCCESS ||
+                cublasLtMatmulAlgoCheck(g_gpu.lt, pl.desc, pl.la, pl.lb, pl.lc, pl.lc, &a, &check) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                check.workspaceSize > LT_WORKSPACE)
+                continue;
+            cands.push_back(a);
+            splits.push_back(k);
+        }
+    }
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    // candidate -1: cuBLAS's default; a candidate that cuBLASLt refuses to run is left out
+    auto run = [&](int c) {
+        if (c < 0) {
+            cublas_tf32_gemm(A, pl.lda, pl.sa, B, pl.ldb, pl.sb, scratch, pl.n, pl.K, pl.batch, beta);
+            return true;
+        }
+        return cublasLtMatmul(g_gpu.lt, pl.desc, &one, B, pl.la, A, pl.lb, &beta, scratch, pl.lc, scratch, pl.lc,
+                              &cands[c], work, LT_WORKSPACE, g_stream) == CUBLAS_STATUS_SUCCESS;
+    };
+    bool verbose = getenv("MATRIX_ROOTS_LT_VERBOSE") != nullptr;
+    double best = INFINITY, cublas_ms = 0.0;
+    int best_c = -1;
+    for (int c = -1; c < (int)cands.size(); c++) {
+        if (!run(c)) continue;
+        const int reps = 5;
+        cudaCheck(cudaEventRecord(e0, g_stream));
+        for (int r = 0; r < reps; r++) run(c);
+        cudaCheck(cudaEventRecord(e1, g_stream));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        double t = ms / reps;
+        if (c < 0) cublas_ms = t;
+        if (verbose) {
+            int id = c < 0 ? -1 : lt_config(&cands[c], CUBLASLT_ALGO_CONFIG_ID);
+            int tile = c < 0 ? -1 : lt_config(&cands[c], CUBLASLT_ALGO_CONFIG_TILE_ID);
+            printf("    lt tune n=%d K=%d batch=%d beta=%d: %s algo %d tile %d split-K %d: %.4f ms\n", pl.n, pl.K,
+                   pl.batch, pl.accumulate ? 1 : 0, c < 0 ? "cublas default" : "cublasLt", id, tile,
+                   c < 0 ? 0 : splits[c], t);
+        }
+        if (t < best) { best = t; best_c = c; }
+    }
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    pl.use_lt = best_c >= 0;
+    if (pl.use_lt) pl.algo = cands[best_c];
+    if (verbose)
+        printf("    lt tune n=%d K=%d batch=%d beta=%d: %zu candidates, kept %s (%.4f ms; cublas default %.4f ms)\n",
+               pl.n, pl.K, pl.batch, pl.accumulate ? 1 : 0, cands.size(), pl.use_lt ? "cublasLt" : "cublas default",
+               best, cublas_ms);
+}
+
+// C = A B + beta C (beta 0 or 1) with TF32 tensor cores and fp32 accumulation; row-major A n x K (row stride lda),
+// B K x n (row stride ldb), C n x n; batch strides sa, sb and n^2. lt: the algorithm timed for the shape (LtPlan).
+static void tf32_gemm(const float* A, int lda, long long sa, const float* B, int ldb, long long sb, float* C, int n,
+                      int K, int batch, float beta, bool lt) {
+    if (!lt) { cublas_tf32_gemm(A, lda, sa, B, ldb, sb, C, n, K, batch, beta); return; }
+    long long nn = (long long)n * n;
+    uint32_t align = std::min(lt_align(A, sa, batch), std::min(lt_align(B, sb, batch), lt_align(C, nn, batch)));
+    bool acc = beta != 0.0f;
+    LtPlan* pl = nullptr;
+    for (LtPlan& q : g_lt_plans)
+        if (q.n == n && q.K == K && q.lda == lda && q.ldb == ldb && q.batch == batch && q.sa == sa && q.sb == sb &&
+            q.accumulate == acc && q.align == align)
+            pl = &q;
+    if (!pl) {
+        LtPlan q{n, K, lda, ldb, batch, sa, sb, acc, align};
+        cublasCheck(cublasLtMatmulDescCreate(&q.desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F));
+        // row-major C = A B is column-major C^T = B^T A^T: cuBLASLt's A is our B (n x K, column-major), its B our A
+        q.la = lt_layout(n, K, ldb, batch, sb);
+        q.lb = lt_layout(K, n, lda, batch, sa);
+        q.lc = lt_layout(n, n, n, batch, nn);
+        lt_tune(q, A, B);
+        g_lt_plans.push_back(q);
+        pl = &g_lt_plans.back();
+    }
+    if (!pl->use_lt) { cublas_tf32_gemm(A, lda, sa, B, ldb, sb, C, n, K, batch, beta); return; }
+    const float one = 1.0f;
+    cublasCheck(cublasLtMatmul(g_gpu.lt, pl->desc, &one, B, pl->la, A, pl->lb, &beta, C, pl->lc, C, pl->lc, &pl->algo,
+                               ws_get(WS_LT_WORK, LT_WORKSPACE), LT_WORKSPACE, g_stream));
+}
+
 // C = A B for a batch of row-major n x n matrices, strict fp32 or 3xTF32 (C must not alias A or B). Row-major C = A B
-// is column-major C^T = B^T A^T: cuBLAS gets the operands swapped.
-static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, Prec prec) {
+// is column-major C^T = B^T A^T: cuBLAS gets the operands swapped. 3xTF32 here splits both operands into
+// concatenated copies (split3_kernel) for one K = 3n GEMM; lt: through tf32_gemm's timed algorithm.
+static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, Prec prec, bool lt = false) {
     long long nn = (long long)n * n;
     const float one = 1.0f, zero = 0.0f;
     if (prec == PREC_FP32) {
@@ -1082,9 +1395,17 @@ static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, 
     float* B3 = (float*)ws_get(WS_B3, 3 * nn * batch * sizeof(float));
     split3_kernel<<<grid_for(nn * batch, 256), 256, 0, g_stream>>>(A, B, A3, B3, n, nn * batch);
     launchCheck();
-    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, 3 * n, &one, B3, CUDA_R_32F, n,
-                                           3 * nn, A3, CUDA_R_32F, 3 * n, 3 * nn, &zero, C, CUDA_R_32F, n, nn, batch,
-                                           CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+    tf32_gemm(A3, 3 * n, 3 * nn, B3, n, 3 * nn, C, n, 3 * n, batch, 0.0f, lt);
+}
+
+// C = A B in 3xTF32 from operands split once (their hi and lo parts): the two small terms, then the big one added
+// (three K = n GEMMs, fp32 results accumulated through beta = 1)
+static void gemm_split(const float* Ah, const float* Al, const float* Bh, const float* Bl, float* C, int n, int batch,
+                       bool lt) {
+    long long nn = (long long)n * n;
+    tf32_gemm(Ah, n, nn, Bl, n, nn, C, n, n, batch, 0.0f, lt);
+    tf32_gemm(Al, n, nn, Bh, n, nn, C, n, n, batch, 1.0f, lt);
+    tf32_gemm(Ah, n, nn, Bh, n, nn, C, n, n, batch, 1.0f, lt);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1148,48 +1469,263 @@ static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float 
 // ----------------------------------------------------------------------------------------------------------------
 // version 1: the coupled Newton iteration on cuBLAS, strict fp32 or 3xTF32 products; every matrix of a batch takes
 // the same steps (until the largest ||M - I||_F is small). One host decision per step: a copy of batch residuals.
+// One matrix (batch 1, g_v1.scaled) takes scaled steps from a Lanczos estimate of its spectrum: z = 1 / theta_max,
+// X0 = z^(1/p) I, M0 = z (A + eps I), NewtonScale{theta_min / theta_max, 1}, T = a^(1/p) ((p + 1) I - a M) / p with
+// a = scale.alpha(p, r) (6 steps instead of 10 at n = 1024, kappa 35). A batch, and a scaled run that fails or ends
+// unconverged, take the unscaled steps from z = (p + 1) / (2 ||A||_F).
 
-static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p, float eps, Prec prec) {
-    check_root_args("inv_root_v1", A, X, batch, n, p, eps);
+struct V1Info { bool scaled = false, fell_back = false; int lanczos_k = 0; double theta_min = 0.0, theta_max = 0.0; };
+static V1Info g_v1_info;  // what the last inv_root_v1 call did (--test and --bench print it)
+
+constexpr int LANCZOS_THREADS = 256;
+
+// LANCZOS_STEPS steps (at most n) on A + eps I of one n x n matrix in one cooperative launch (lanczos_cpu is its twin):
+// a warp per row of w = (A + eps I) q - beta_prev q_prev, written to W (a row per step), and the sums q.w, w.w, q.q
+// in slots of their own (out[3 j ..], zeroed before); one grid barrier; then every block forms the whole next q in its
+// shared memory from W and its own q. All blocks read the same sums, so they take the same coefficients and stop at
+// the same step. Out: alpha_j at out[3 k + j], beta_j at out[4 k + j], the step count at out[5 k].
+__global__ void lanczos_kernel(const float* A, int n, float eps, int k, float* W, double* out) {
+    extern __shared__ float lz_shared[];  // q and the previous q, n floats each
+    __shared__ double partial[3][LANCZOS_THREADS / 32];
+    cg::grid_group grid = cg::this_grid();
+    float *q = lz_shared, *qp = lz_shared + n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        q[i] = lanczos_start(i, n);
+        qp[i] = 0.0f;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        double qw = 0.0, ww = 0.0, qq = 0.0;  // lane 0's rows
+        for (int row = blockIdx.x * warps + warp; row < n; row += gridDim.x * warps) {
+            const float* a = A + (size_t)row * n;
+            float s = 0.0f;
+#pragma unroll 8
+            for (int c = lane; c < n; c += 32) s += a[c] * q[c];
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            float w = s + eps * q[row] - (float)beta_prev * qp[row];
+            if (lane == 0) {
+                W[(size_t)j * n + row] = w;
+                qw += (double)q[row] * w;
+                ww += (double)w * w;
+                qq += (double)q[row] * q[row];
+            }
+        }
+        if (lane == 0) {
+            partial[0][warp] = qw;
+            partial[1][warp] = ww;
+            partial[2][warp] = qq;
+        }
+        __syncthreads();
+        if (threadIdx.x < 3) {
+            double t = 0.0;
+            for (int i = 0; i < warps; i++) t += partial[threadIdx.x][i];
+            atomicAdd(&out[3 * j + threadIdx.x], t);
+        }
+        grid.sync();
+        double alpha, beta;  // __ldcg: written by other SMs' atomics, past this SM's L1
+        bool more = lanczos_coeffs(__ldcg(&out[3 * j]), __ldcg(&out[3 * j + 1]), __ldcg(&out[3 * j + 2]), &alpha,
+                                   &beta);
+        bool last = !more || j == k - 1;
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            out[3 * k + j] = alpha;
+            out[4 * k + j] = beta;
+            if (last) out[5 * k] = j + 1;
+        }
+        if (last) return;
+        // the next q into the previous q's place (that one was read above, for this block's rows only)
+        float fa = (float)alpha, fb = (float)(1.0 / beta);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) qp[i] = (__ldcg(&W[(size_t)j * n + i]) - fa * q[i]) * fb;
+        __syncthreads();
+        float* t = q;
+        q = qp;
+        qp = t;
+        beta_prev = beta;
+    }
+}
+
+// The Ritz extremes of A + eps I (one matrix); false where the GPU cannot run the cooperative kernel (no cooperative
+// launch, or 2 n floats of q beyond a block's shared memory): version 1 then takes the unscaled start
+static bool v1_lanczos(const float* A, int n, float eps, LanczosResult& lz) {
+    static int per_sm = -1;
+    static size_t per_sm_smem = 0;
+    int coop = 0, dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    size_t smem = 2 * (size_t)n * sizeof(float);
+    if (!coop || smem > g_gpu.smem_optin) return false;
+    if (per_sm < 0 || per_sm_smem != smem) {
+        if (smem > 48 * 1024)
+            cudaCheck(cudaFuncSetAttribute(lanczos_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lanczos_kernel, LANCZOS_THREADS, smem));
+        per_sm_smem = smem;
+    }
+    if (per_sm < 1) return false;
+    int k = std::min(LANCZOS_STEPS, n);
+    int grid = (int)std::min<long long>((long long)per_sm * g_gpu.sms, ceil_div_ll(n, LANCZOS_THREADS / 32));
+    float* W = (float*)ws_get(WS_LANCZOS_W, (size_t)k * n * sizeof(float));
+    double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 1) * sizeof(double));
+    cudaCheck(cudaMemsetAsync(out, 0, 3 * k * sizeof(double), g_stream));
+    void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&out};
+    cudaCheck(cudaLaunchCooperativeKernel((void*)lanczos_kernel, grid, LANCZOS_THREADS, args, smem, g_stream));
+    std::vector<double> h(2 * k + 1);
+    copy_to_host(h.data(), out + 3 * k, h.size() * sizeof(double));
+    lz.k = (int)h[2 * k];
+    if (lz.k < 1 || lz.k > k) return false;
+    tridiag_extremes(h.data(), h.data() + k, lz.k, &lz.theta_min, &lz.theta_max);
+    return std::isfinite(lz.theta_max) && lz.theta_min > 0.0 && lz.theta_max >= lz.theta_min;
+}
+
+// The scaled start: M = z (A + eps I), X = zr I (zr = z^(1/p)); one matrix
+__global__ void newton_init_z_kernel(const float* A, float* M, float* X, int n, float eps, float z, float zr,
+                                     long long total) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        bool diag = idx / n == idx % n;
+        M[idx] = z * (A[idx] + (diag ? eps : 0.0f));
+        X[idx] = diag ? zr : 0.0f;
+    }
+}
+
+// The step's T = ar ((p + 1) I - a M) / p, ar = a^(1/p) (a = ar = 1: bitwise the T of sumsq_kernel), into T and/or as
+// TF32 hi and lo parts (Th, Tl); with Mh, also M's parts (for the product T^p M of operands split once)
+__global__ void newton_t_kernel(const float* M, float* T, float* Th, float* Tl, float* Mh, float* Ml, int n, int p,
+                                float a, float ar, long long total) {
+    long long nn = (long long)n * n;
+    float diag = (float)(p + 1), scale = ar * (1.0f / (float)p);
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long e = idx % nn;
+        float m = M[idx], t = ((e / n == e % n ? diag : 0.0f) - a * m) * scale;
+        if (T) T[idx] = t;
+        if (Th) {
+            float h = tf32_rna(t);
+            Th[idx] = h;
+            Tl[idx] = tf32_rna(t - h);
+        }
+        if (Mh) {
+            float h = tf32_rna(m);
+            Mh[idx] = h;
+            Ml[idx] = tf32_rna(m - h);
+        }
+    }
+}
+
+// The iteration from the scaled start (lz) or the unscaled one (lz == nullptr); products as g_v1 says
+static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p, float eps, Prec prec,
+                              const LanczosResult* lz) {
     long long nn = (long long)n * n, total = nn * batch;
+    bool split = prec == PREC_3XTF32 && g_v1.products == V1_SPLIT, lt = prec == PREC_3XTF32 && g_v1.lt;
     float* M = (float*)ws_get(WS_M, total * sizeof(float));
     float* T = (float*)ws_get(WS_T, total * sizeof(float));
     float* T2 = (float*)ws_get(WS_T2, total * sizeof(float));
     float* W = (float*)ws_get(WS_W, total * sizeof(float));
     double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
+    // split: the hi and lo parts of X, T, T's powers (P) and M, each on a 256-byte boundary
+    float *Xh = nullptr, *Xl = nullptr, *Th = nullptr, *Tl = nullptr, *Ph = nullptr, *Pl = nullptr, *Mh = nullptr,
+          *Ml = nullptr;
+    if (split) {
+        long long part = ceil_div_ll(total, 64) * 64;
+        float* parts = (float*)ws_get(WS_SPLIT, 8 * part * sizeof(float));
+        float** each[] = {&Xh, &Xl, &Th, &Tl, &Ph, &Pl, &Mh, &Ml};
+        for (int i = 0; i < 8; i++) *each[i] = parts + i * part;
+    }
+    int grid = grid_for(total, 256);
+    auto split_into = [&](const float* src, float* hi, float* lo) {
+        split_kernel<<<grid, 256, 0, g_stream>>>(src, hi, lo, total);
+        launchCheck();
+    };
     std::vector<double> h(batch);
-    add_eps_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(A, M, n, total, eps);
-    launchCheck();
-    sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
-    copy_to_host(h.data(), sums, batch * sizeof(double));
     NewtonState s;
     s.n = n;
     s.p = p;
-    double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
-    s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
+    NewtonScale scale;
     float* Xc = X;  // the current X; it alternates with W, and ends in X
-    newton_init_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(M, Xc, sums, n, p, total);
-    launchCheck();
+    if (lz) {
+        double z = 1.0 / lz->theta_max;
+        scale.lo = lz->theta_min / lz->theta_max;
+        scale.hi = 1.0;
+        s.max_iter = newton_max_iter(p, z * eps);  // the unscaled steps' count: an upper bound for scaled ones
+        newton_init_z_kernel<<<grid, 256, 0, g_stream>>>(A, M, Xc, n, eps, (float)z, (float)std::pow(z, 1.0 / p),
+                                                         total);
+        launchCheck();
+    } else {
+        add_eps_kernel<<<grid, 256, 0, g_stream>>>(A, M, n, total, eps);
+        launchCheck();
+        sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
+        copy_to_host(h.data(), sums, batch * sizeof(double));
+        double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
+        s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
+        newton_init_kernel<<<grid, 256, 0, g_stream>>>(M, Xc, sums, n, p, total);
+        launchCheck();
+    }
+    if (split) split_into(Xc, Xh, Xl);
+    // unscaled, products on fp32 operands: T comes from the residual pass, as it always did
+    bool t_with_r = !lz && !split;
     for (;;) {
-        sumsq(M, sums, T, batch, nn, n, p, 1.0f);  // r^2 per matrix, and T
+        sumsq(M, sums, t_with_r ? T : nullptr, batch, nn, n, p, 1.0f);  // r^2 per matrix (and T)
         copy_to_host(h.data(), sums, batch * sizeof(double));
         double r2 = 0.0;
         for (double v : h) r2 = std::isnan(v) ? v : std::max(r2, v);
         NewtonAction act = newton_decide(s, std::sqrt(r2));
         if (act == NEWTON_FAIL) break;
-        gemm_nn(Xc, T, W, n, batch, prec);  // X <- X T
+        double a = lz ? scale.alpha(p, s.r) : 1.0;
+        if (!t_with_r) {
+            bool m_parts = split && act == NEWTON_STEP;
+            newton_t_kernel<<<grid, 256, 0, g_stream>>>(M, split ? nullptr : T, split ? Th : nullptr,
+                                                        split ? Tl : nullptr, m_parts ? Mh : nullptr,
+                                                        m_parts ? Ml : nullptr, n, p, (float)a,
+                                                        (float)std::pow(a, 1.0 / p), total);
+            launchCheck();
+        }
+        if (split) gemm_split(Xh, Xl, Th, Tl, W, n, batch, lt);  // X <- X T
+        else gemm_nn(Xc, T, W, n, batch, prec, lt);
         std::swap(Xc, W);
         if (act == NEWTON_LAST) break;
-        const float* Tp = T;
-        if (p >= 2) { gemm_nn(T, T, T2, n, batch, prec); Tp = T2; }
-        if (p == 4) { gemm_nn(T2, T2, T, n, batch, prec); Tp = T; }
-        gemm_nn(Tp, M, W, n, batch, prec);  // M <- T^p M
+        if (split) {  // M <- T^p M, every product's result split once
+            split_into(Xc, Xh, Xl);
+            const float *Qh = Th, *Ql = Tl;
+            if (p >= 2) {
+                gemm_split(Th, Tl, Th, Tl, T2, n, batch, lt);
+                split_into(T2, Ph, Pl);
+                Qh = Ph;
+                Ql = Pl;
+            }
+            if (p == 4) {
+                gemm_split(Ph, Pl, Ph, Pl, T2, n, batch, lt);
+                split_into(T2, Ph, Pl);
+            }
+            gemm_split(Qh, Ql, Mh, Ml, W, n, batch, lt);
+        } else {
+            const float* Tp = T;
+            if (p >= 2) { gemm_nn(T, T, T2, n, batch, prec, lt); Tp = T2; }
+            if (p == 4) { gemm_nn(T2, T2, T, n, batch, prec, lt); Tp = T; }
+            gemm_nn(Tp, M, W, n, batch, prec, lt);  // M <- T^p M
+        }
         std::swap(M, W);
+        if (lz) scale.advance(p, a);
         s.iters++;
     }
     // X, M and W permute three buffers (the output and two workspaces): the result may sit in a workspace
     if (Xc != X) cudaCheck(cudaMemcpyAsync(X, Xc, total * sizeof(float), cudaMemcpyDeviceToDevice, g_stream));
     return s;
+}
+
+static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p, float eps, Prec prec) {
+    check_root_args("inv_root_v1", A, X, batch, n, p, eps);
+    g_v1_info = V1Info();
+    LanczosResult lz;
+    if (g_v1.scaled && batch == 1 && v1_lanczos(A, n, eps, lz)) {
+        g_v1_info.scaled = true;
+        g_v1_info.lanczos_k = lz.k;
+        g_v1_info.theta_min = lz.theta_min;
+        g_v1_info.theta_max = lz.theta_max;
+        NewtonState s = v1_iterate(A, X, batch, n, p, eps, prec, &lz);
+        if (!s.failed && s.converged) return s;
+        g_v1_info.fell_back = true;  // the unscaled iteration from the start, as before scaling existed
+    }
+    return v1_iterate(A, X, batch, n, p, eps, prec, nullptr);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1442,8 +1978,6 @@ __device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const flo
             }
     }
 }
-
-namespace cg = cooperative_groups;
 
 // Tile t of the lower triangle (versions 3 and 4, syrk_lower), row by row: (0,0), (1,0), (1,1), (2,0), ...
 __host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
@@ -2346,6 +2880,79 @@ static void test_newton_scalar() {
             }
 }
 
+// Version 1's Lanczos start, its host twin against known spectra: the Ritz extremes lie inside the spectrum of A + eps
+// I (up to rounding), the largest within NEWTON_HI_SLACK of lambda_max (the scaled steps assume no eigenvalue of M0
+// above that), and, where the steps span the whole space (n <= LANCZOS_STEPS), lambda_max itself, and lambda_min at
+// kappa <= 1e2 (at n = 20, kappa 1e4 fp32 Lanczos loses orthogonality and theta_min stays at 3x lambda_min: the safe
+// side, fewer steps saved).
+static void test_lanczos_twin(Rng& rng) {
+    float eps = 1e-6f;
+    struct { int n; double kappa; int zeros; } cases[] = {{1, 1, 0},     {5, 1e2, 0},    {16, 1e2, 4},
+                                                          {20, 1e4, 0},  {37, 1e2, 0},   {37, 1e6, 0},
+                                                          {100, 1e4, 0}, {100, 1e2, 25}, {300, 1e2, 0}};
+    for (auto& c : cases) {
+        std::vector<double> d;
+        MatF A = make_spd(c.n, c.kappa, c.zeros, rng, nullptr, nullptr, &d);
+        double lmin = *std::min_element(d.begin(), d.end()) + eps, lmax = *std::max_element(d.begin(), d.end()) + eps;
+        LanczosResult lz = lanczos_cpu(c.n, A.data(), eps, LANCZOS_STEPS);
+        double slack = 1e-5 * lmax;  // fp32 rounding of A and of the products: a few u sqrt(n) ||A||
+        bool inside = lz.theta_min >= lmin - slack && lz.theta_max <= lmax + slack && lz.theta_min <= lz.theta_max;
+        bool top = lmax <= NEWTON_HI_SLACK * lz.theta_max;
+        bool exact = c.n > LANCZOS_STEPS || (std::fabs(lz.theta_max - lmax) <= slack &&
+                                             (c.kappa > 1e2 || std::fabs(lz.theta_min - lmin) <= slack));
+        report(inside && top && exact && lz.k >= 1 && lz.k <= std::min(c.n, LANCZOS_STEPS),
+               fmt("lanczos twin n=%d kappa %.0e zeros %d", c.n, c.kappa, c.zeros),
+               fmt("%d steps, theta %.4e .. %.4e, spectrum %.4e .. %.4e", lz.k, lz.theta_min, lz.theta_max, lmin,
+                   lmax));
+    }
+    // Shampoo-like statistics, as --bench makes them: G G^T / (2 n), G n x 2n Gaussian
+    int n = 256;
+    MatF G((size_t)n * 2 * n), A((size_t)n * n);
+    for (float& g : G) g = (float)rng.normal();
+    MatD Ad((size_t)n * n);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double t = 0.0;
+            for (int k = 0; k < 2 * n; k++) t += (double)G[(size_t)i * 2 * n + k] * G[(size_t)j * 2 * n + k];
+            A[(size_t)i * n + j] = (float)(t / (2 * n));
+        }
+    for (size_t i = 0; i < A.size(); i++) Ad[i] = A[i];
+    std::vector<double> w;
+    MatD V;
+    jacobi_eigh(n, Ad, w, V);
+    double lmin = *std::min_element(w.begin(), w.end()) + eps, lmax = *std::max_element(w.begin(), w.end()) + eps;
+    LanczosResult lz = lanczos_cpu(n, A.data(), eps, LANCZOS_STEPS);
+    report(lz.theta_min >= lmin * (1 - 1e-5) && lz.theta_max <= lmax * (1 + 1e-5) && lmax <= 1.02 * lz.theta_max,
+           fmt("lanczos twin n=%d G G^T / (2n)", n),
+           fmt("%d steps, theta %.4e .. %.4e, spectrum %.4e .. %.4e (lambda_max within 2%%)", lz.k, lz.theta_min,
+               lz.theta_max, lmin, lmax));
+    // A = c I: the first step finds the invariant space (breakdown), theta = c + eps
+    MatF I((size_t)37 * 37, 0.0f);
+    for (int i = 0; i < 37; i++) I[(size_t)i * 37 + i] = 0.5f;
+    LanczosResult li = lanczos_cpu(37, I.data(), eps, LANCZOS_STEPS);
+    report(li.k == 1 && std::fabs(li.theta_min - 0.500001) <= 1e-6 && std::fabs(li.theta_max - 0.500001) <= 1e-6,
+           "lanczos twin 0.5 I (breakdown after one step)",
+           fmt("%d steps, theta %.7f .. %.7f", li.k, li.theta_min, li.theta_max));
+}
+
+// MATRIX_ROOTS_V1's words (version 1's choices): each sets what it names, later words win, anything else is refused
+static void test_v1_options() {
+    struct { const char* text; bool ok, scaled; V1Products products; bool lt; } cases[] = {
+        {"scaled", true, true, V1_CONCAT, false},        {"unscaled", true, false, V1_CONCAT, false},
+        {"split,lt", true, true, V1_SPLIT, true},        {"split,concat,lt,cublas", true, true, V1_CONCAT, false},
+        {"unscaled,split", true, false, V1_SPLIT, false}, {"split,", false, true, V1_SPLIT, false},
+        {"", false, true, V1_CONCAT, false},             {"Split", false, true, V1_CONCAT, false},
+        {"lt,fast", false, true, V1_CONCAT, true}};
+    for (auto& c : cases) {
+        V1Options o;
+        bool ok = parse_v1_options(c.text, &o);
+        bool same = ok == c.ok && (!ok || (o.scaled == c.scaled && o.products == c.products && o.lt == c.lt));
+        report(same, fmt("MATRIX_ROOTS_V1='%s'", c.text),
+               fmt("%s: scaled %d, products %s, lt %d", ok ? "accepted" : "refused", o.scaled,
+                   o.products == V1_SPLIT ? "split" : "concat", o.lt));
+    }
+}
+
 // Versions 3 and 4's warp tile, emulated on the CPU: the 32 lanes' fragments from tc_load_frags, an mma.sync
 // m16n8k8 that places them by the PTX table (written out here, apart from the kernels' index code), the outputs
 // where tc_acc_coords says. Every element of the warp tile must be written once and equal the float64 product of
@@ -2660,15 +3267,31 @@ static float* device_poisoned(size_t count) {
     return d;
 }
 
-// blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path)
-struct RootVariant { const char* name; int version; Prec prec; RootMethod method; int blocks; };
+// blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path);
+// v1: version 1's start and products (V1Options: scaled, cuBLAS, one K = 3n GEMM per 3xTF32 product unless given)
+struct RootVariant { const char* name; int version; Prec prec; RootMethod method; int blocks; V1Options v1; };
 static const RootVariant ROOT_VARIANTS[] = {{"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0},
                                             {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32, 0},
                                             {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0},
+                                            {"v1 3xtf32 unscaled", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0,
+                                             {false, V1_CONCAT, false}},
+                                            {"v1 3xtf32 split", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0,
+                                             {true, V1_SPLIT, false}},
+                                            {"v1 3xtf32 lt", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0,
+                                             {true, V1_CONCAT, true}},
+                                            {"v1 3xtf32 split lt", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0,
+                                             {true, V1_SPLIT, true}},
                                             {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0},
                                             {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0},
                                             {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1},
                                             {"v4 tc coop", 4, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0}};
+
+// how the last version-1 call started, for the lines of --test and --bench
+static std::string v1_start_text() {
+    if (!g_v1_info.scaled) return " (unscaled)";
+    return fmt(" (scaled: %d Lanczos steps, theta %.2e .. %.2e%s)", g_v1_info.lanczos_k, g_v1_info.theta_min,
+               g_v1_info.theta_max, g_v1_info.fell_back ? ", fell back to unscaled" : "");
+}
 
 // Versions 2 to 4 without a host synchronisation (their status stays on the device): nullptr or why not.
 static const char* launch_fused_variant(const RootVariant& v, const float* d_A, float* d_X, int batch, int n, int p,
@@ -2690,9 +3313,14 @@ static const char* run_root_variant(const RootVariant& v, const float* d_A, floa
         return nullptr;
     }
     if (v.version == 1) {
+        V1Options saved = g_v1;
+        g_v1 = v.v1;
         NewtonState s = inv_root_v1(d_A, d_X, batch, n, p, eps, v.prec);
+        g_v1 = saved;
         steps.assign(batch, s.iters);
         if (s.failed) trouble = fmt("left the convergence region (||M - I||_F = %.2e)", s.r);
+        // one matrix takes the scaled steps; the unscaled fallback is there for safety, not for these matrices
+        else if (g_v1_info.fell_back) trouble = "the scaled iteration did not converge (fell back to unscaled steps)";
         return nullptr;
     }
     const char* why = launch_fused_variant(v, d_A, d_X, batch, n, p, eps);
@@ -2724,6 +3352,7 @@ static void test_roots_group(int n, const std::vector<MatF>& As, const std::vect
             std::string trouble;
             const char* why = run_root_variant(v, d_A, d_X, batch, n, p, eps, steps, trouble);
             if (why) { skip(label, why); continue; }
+            std::string start = v.version != 1 ? "" : v1_start_text();
             cudaCheck(cudaDeviceSynchronize());
             MatF X = to_host(d_X, all.size());
             for (int b = 0; b < batch; b++) {
@@ -2734,8 +3363,9 @@ static void test_roots_group(int n, const std::vector<MatF>& As, const std::vect
                 double e = rel_err(nn, Xb, o.X.data()), res = root_residual(n, p, Xb, As[b].data(), eps);
                 bool ok = trouble.empty() && e <= t.rel && res <= t.res;  // NaN compares false: fails
                 report(ok, label + " " + names[b],
-                       fmt("kappa_eff %.1e, %d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)%s%s", kappa,
-                           steps[b], e, t.rel, res, t.res, trouble.empty() ? "" : ": ", trouble.c_str()));
+                       fmt("kappa_eff %.1e, %d steps%s, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)%s%s",
+                           kappa, steps[b], start.c_str(), e, t.rel, res, t.res, trouble.empty() ? "" : ": ",
+                           trouble.c_str()));
             }
         }
     }
@@ -2943,6 +3573,8 @@ static int run_tests(uint64_t seed) {
     test_oracle(rng);
     test_newton_twin(rng);
     test_newton_scalar();
+    test_lanczos_twin(rng);
+    test_v1_options();
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     test_tc_fragments(rng);
@@ -3102,9 +3734,19 @@ static void bench_roots(std::vector<BenchRow>& rows, int n, int batch) {
         r.diff = v.version == 0 ? 0.0 : rel_diff_device(X, X0, total);
         r.ok = trouble.empty() && r.check <= 1e-3 && r.diff <= 1e-3;  // kappa ~ 35: expected ~1e-6
         rows.push_back(r);
-        printf("  %-14s %-12s %-18s %10.3f ms %4d steps  residual %.1e  diff to v0 %.1e%s\n", r.op.c_str(),
-               shape.c_str(), v.name, ms, r.steps, r.check, r.diff, r.ok ? "" : "  CHECK FAILED");
+        printf("  %-14s %-12s %-18s %10.3f ms %4d steps  residual %.1e  diff to v0 %.1e%s%s\n", r.op.c_str(),
+               shape.c_str(), v.name, ms, r.steps, r.check, r.diff, v.version == 1 ? v1_start_text().c_str() : "",
+               r.ok ? "" : "  CHECK FAILED");
         fflush(stdout);
+    }
+    if (batch == 1) {  // version 1's scaled start alone: the Lanczos kernel and its one copy to the host
+        LanczosResult lz;
+        bool ok = false;
+        double ms = time_ms([&]() { ok = v1_lanczos(A, n, eps, lz); });
+        BenchRow r{"lanczos", shape, "v1 coop", ms, lz.k, lz.theta_min / lz.theta_max, -1.0, ok};
+        rows.push_back(r);
+        printf("  %-14s %-12s %-18s %10.3f ms %4d steps  theta %.3e .. %.3e%s\n", r.op.c_str(), shape.c_str(),
+               r.version.c_str(), ms, lz.k, lz.theta_min, lz.theta_max, ok ? "" : "  CHECK FAILED (not run)");
     }
     float* fs[] = {G, A, X, X0};
     for (float* f : fs) cudaCheck(cudaFree(f));
