@@ -19,7 +19,9 @@ version 0: cuSOLVER eigendecomposition: syevd per matrix (syevjBatched for batch
            X = V diag(max(lambda, eps)^(-1/p)) V^T by a scaled copy of V and one strict-fp32 GEMM.
 version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF32 (operands split into two TF32
            parts, three products in one tensor-core GEMM): the iteration does not correct rounding errors, so TF32
-           or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F.
+           or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F. One
+           matrix takes scaled steps from a Lanczos estimate of its spectrum (one cooperative kernel); 3xTF32
+           products either concatenated or split once per matrix, through cuBLAS or timed cuBLASLt algorithms.
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
 version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
