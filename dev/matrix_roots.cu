@@ -19,12 +19,18 @@ version 0: cuSOLVER eigendecomposition: syevd per matrix (syevjBatched for batch
            X = V diag(max(lambda, eps)^(-1/p)) V^T by a scaled copy of V and one strict-fp32 GEMM.
 version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF32 (operands split into two TF32
            parts, three products in one tensor-core GEMM): the iteration does not correct rounding errors, so TF32
-           or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F.
+           or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F. One
+           matrix takes scaled steps from a Lanczos estimate of its spectrum (one cooperative kernel); 3xTF32
+           products either concatenated or split once per matrix, through cuBLAS or timed cuBLASLt algorithms.
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
 version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
            two accumulators), a warp per 16 x 32 unit of each product's lower triangle (mirrored), and on sm_90
            a cluster of 2 blocks per matrix (each a full copy, half the units, results written to both); n <= 128.
+           Versions 2 and 3 take scaled steps: 20 Lanczos steps in the block estimate the spectrum, each step's T is
+           scaled to lift the small eigenvalues faster (5 + 1 steps instead of 8 + 1 at kappa ~ 35); if that fails or
+           does not converge, the unscaled iteration reruns (the fallback). Version 1 does the same for one matrix
+           (its Lanczos grid-wide); version 4 stays unscaled.
 version 4: the whole iteration of one matrix of any size in one cooperative kernel (grid-wide barriers between the
            phases, the convergence decision on the device: no host round trip, no launch per product), 64 x 64
            lower-triangle tiles of 3xTF32 mma.sync, mirrored; a batch is one launch per matrix.
@@ -54,7 +60,10 @@ Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cusolverDn.h>
+
+namespace cg = cooperative_groups;
 
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
@@ -353,7 +362,17 @@ struct NewtonState {
     int iters = 0;
     double r_prev = INFINITY, r = INFINITY;
     bool failed = false, converged = false;
+    bool fell_back = false;  // the scaled iteration failed or did not converge: this is the unscaled rerun's state
+    int discarded = 0;       // steps of that failed scaled attempt
 };
+
+// How versions 2 and 3 and their CPU twin start: scaled steps from a Lanczos estimate (the default, with the unscaled
+// rerun as fallback), today's unscaled iteration only, or (tests only) the scaled one from an estimate of lambda_max
+// NEWTON_BAD_HI_FACTOR times too small, which must fail and be rerun unscaled. NEWTON_SCALED_V1: the twin only,
+// version 1's scaled steps (its grid-wide Lanczos, a narrowed by the step's r).
+enum NewtonStart { NEWTON_SCALED, NEWTON_UNSCALED, NEWTON_SCALED_BAD_HI, NEWTON_SCALED_V1 };
+constexpr double NEWTON_BAD_HI_FACTOR = 100.0;
+constexpr int NEWTON_FELL_BACK = 1 << 16;  // versions 2 and 3: added to a matrix's status (steps) after a fallback
 
 // Steps the scalar map needs from the smallest eigenvalue M0 can have (z eps: A positive semi-definite) and from
 // the largest ((p + 1) / 2) to within 1e-4 of 1; every eigenvalue in between needs no more (the map is increasing
@@ -391,28 +410,51 @@ __host__ __device__ inline NewtonAction newton_decide(NewtonState& s, double r) 
 // ----------------------------------------------------------------------------------------------------------------
 // Scaled steps: T = a^(1/p) ((p + 1) I - a M) / p maps each eigenvalue m of M to g(a m), g(m) = m ((p + 1 - m)/p)^p,
 // instead of g(m). With the spectrum of M in [lo, hi], the a that balances g(a lo) = g(a hi) (a lo <= 1 <= a hi)
-// multiplies the small eigenvalues by a ((p + 1) / p)^p per step instead of ((p + 1) / p)^p, a up to p + 1: 5-6 steps
-// instead of 9-10 at kappa 35, 10 instead of 19 at 1e6 (dev/matrix_roots_NOTES.md, "Scaled steps"). lo and hi are estimates (Lanczos on
-// A, then mapped step by step): a too large lo only makes a smaller (slower, never unsafe); a is capped so that an
-// eigenvalue up to NEWTON_HI_SLACK above hi stays below p + 1, where g is still positive.
+// multiplies the small eigenvalues by a ((p + 1) / p)^p per step instead of ((p + 1) / p)^p. lo and hi are estimates
+// (Lanczos on A, then mapped step by step): a too large lo only makes a smaller (slower, never unsafe). Two caps on a:
+// - safety: an eigenvalue up to NEWTON_HI_SLACK above hi stays below p + 1, where g is still positive (beyond it T has
+//   a negative eigenvalue: for p = 1 M leaves (0, 1] and the iteration fails; for even p, X could converge to a root
+//   that is not positive definite without any sign in M, so the slack matters);
+// - accuracy: the spread of T^p's eigenvalues, ((p + 1) / (p + 1 - a hi))^p, at most NEWTON_T_SPREAD = 16, what the
+//   unscaled start has at p = 4. An eigenvalue of T near 0 makes X T and T^p M lose the relative accuracy of those
+//   components, and the coupled form never recovers it: with the safety cap alone (a hi up to 4.5 at p = 4) the CPU
+//   twin's residuals exceeded the tolerances up to 150x at kappa >= 1e4 (dev/matrix_roots_NOTES.md, "Scaled steps").
+// The caps are a hi <= 1.82, 2.25, 2.5 for p = 1, 2, 4. Steps (p = 4, full steps and the last X step, the scalar map
+// from exact extremes): 5 instead of 8 from [1/35, 1], 11 instead of 19 from [1e-6, 1].
 
-constexpr double NEWTON_HI_SLACK = 1.1;
+constexpr double NEWTON_HI_SLACK = 1.1, NEWTON_T_SPREAD = 16.0;
 
-__host__ __device__ inline double newton_map(int p, double m) {
-    double t = (p + 1 - m) / p, t2 = t * t;
+// The first scaled step's a is also held below (p + 1) / ||M0||_inf (Gershgorin: every eigenvalue of M0 is at most
+// its largest absolute row sum, rowsum_max times z; 1e-4 covers the fp32 sums and z's rounding), so that no eigenvalue
+// can pass p + 1 whatever the Lanczos estimate says; after that step every eigenvalue is in (0, 1] (g <= 1), so hi = 1
+// is a bound, and the caps above keep the later steps safe. Costs 16 steps over --study's 60 cases, none on --bench's.
+__host__ __device__ inline double newton_first_cap(int p, double z, double rowsum_max) {
+    return (p + 1) / (z * rowsum_max * (1.0 + 1e-4));
+}
+
+// a^(1/p) for p = 1, 2, 4 by square roots (no pow call in the kernels)
+__host__ __device__ inline double newton_root_p(double a, int p) {
+    return p == 1 ? a : p == 2 ? sqrt(a) : sqrt(sqrt(a));
+}
+
+// g(m); inv_p = 1 / p, exact for p = 1, 2, 4: the kernels call it in loops, where a float64 division costs ~100 cycles
+__host__ __device__ inline double newton_map(int p, double m, double inv_p) {
+    double t = (p + 1 - m) * inv_p, t2 = t * t;
     return m * (p == 1 ? t : p == 2 ? t2 : t2 * t2);
 }
+__host__ __device__ inline double newton_map(int p, double m) { return newton_map(p, m, 1.0 / p); }
 
 // The a in [1 / hi, cap] that maximises min(g(a lo), g(a hi)) for 0 < lo <= hi: where the rising g(a lo) meets the
 // falling g(a hi), by bisection (g(a lo) - g(a hi) increases with a on that range).
 __host__ __device__ inline double newton_alpha(int p, double lo, double hi) {
-    double cap = (p + 1) / (NEWTON_HI_SLACK * hi);
+    double cap = fmin((p + 1) / (NEWTON_HI_SLACK * hi), (p + 1) * (1.0 - 1.0 / newton_root_p(NEWTON_T_SPREAD, p)) / hi);
     double a0 = 1.0 / hi, a1 = lo > 0.0 && 1.0 / lo < cap ? 1.0 / lo : cap;
     if (!(lo > 0.0) || !(hi >= lo) || a1 <= a0) return a0;
-    if (newton_map(p, a1 * lo) <= newton_map(p, a1 * hi)) return a1;
-    for (int i = 0; i < 60; i++) {
+    double ip = 1.0 / p;
+    if (newton_map(p, a1 * lo, ip) <= newton_map(p, a1 * hi, ip)) return a1;
+    for (int i = 0; i < 40; i++) {  // a to 2^-40 of the bracket: far more than the step needs
         double a = 0.5 * (a0 + a1);
-        if (newton_map(p, a * lo) < newton_map(p, a * hi)) a0 = a;
+        if (newton_map(p, a * lo, ip) < newton_map(p, a * hi, ip)) a0 = a;
         else a1 = a;
     }
     return a0;
@@ -429,29 +471,49 @@ struct NewtonScale {
         }
         return newton_alpha(p, lo, hi);
     }
-    // after a step taken with a: the image of [lo, hi] under m -> g(a m) (g rises to 1 at m = 1, then falls)
-    __host__ __device__ void advance(int p, double a) {
+    // after a step taken with a: the image of [lo, hi] under m -> g(a m) (g rises to 1 at m = 1, then falls); after
+    // the first step (capped by newton_first_cap) hi = 1 is a bound, even where the cap made a < 1
+    __host__ __device__ void advance(int p, double a, bool first = false) {
         double glo = newton_map(p, a * lo), ghi = newton_map(p, a * hi);
         double mn = glo < ghi ? glo : ghi, mx = glo > ghi ? glo : ghi;
-        hi = a * lo <= 1.0 && 1.0 <= a * hi ? 1.0 : mx;
+        hi = first || (a * lo <= 1.0 && 1.0 <= a * hi) ? 1.0 : mx;
         lo = mn;
     }
 };
 
+// A step's a, capped (newton_first_cap on the first step, else INFINITY). Versions 2 and 3 (and their twin) pass
+// r = INFINITY, the carried interval alone: narrowing it by this step's r = ||M - I||_F would need r before T, a
+// second pass over M, and over --study's 60 cases it changed no step count and no error. Version 1 knows r before T.
+__host__ __device__ inline double newton_scale_a(NewtonScale& scale, int p, double r, double cap) {
+    return fmin(scale.alpha(p, r), cap);
+}
+
 // Extreme eigenvalues of the k x k symmetric tridiagonal (diagonal d, off-diagonal e[0..k-2]) that k Lanczos steps
-// build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max). Sturm
-// counts and bisection in float64.
+// build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max).
+// Sturm counts without divisions (a division chain costs ~100 cycles a step in float64 on the GPU): the number of sign
+// changes of q_i = det(T_i - x I), rescaled against overflow; an exact zero counts as a change, as q -> -0 would.
 __host__ __device__ inline int sturm_below(const double* d, const double* e, int k, double x) {
     int count = 0;
-    double q = 1.0;
+    double q0 = 0.0, q1 = 1.0;  // q_{i-2}, q_{i-1}
     for (int i = 0; i < k; i++) {
-        double off = i > 0 ? e[i - 1] * e[i - 1] : 0.0;
-        q = d[i] - x - (i > 0 ? off / q : 0.0);
-        if (q == 0.0) q = -1e-300;
-        if (q < 0.0) count++;
+        double q2 = (d[i] - x) * q1 - (i > 0 ? e[i - 1] * e[i - 1] * q0 : 0.0);
+        if (q2 == 0.0) q2 = -1e-30 * q1;
+        if ((q2 < 0.0) != (q1 < 0.0)) count++;
+        double m = fabs(q2);
+        if (m > 1e150 || m < 1e-150) {  // q2 != 0 here; both scaled alike keep every sign and ratio
+            q1 /= m;
+            q2 /= m;
+        }
+        q0 = q1;
+        q1 = q2;
     }
     return count;
 }
+// Multisection: each round tests 16 points inside each end's bracket and keeps the 1/17 where the count changes. On
+// the device a warp's 32 lanes count at once (every lane of the warp must call it with the same arguments; each warp
+// computes the same result, so a block needs no broadcast); the host loops over the 32 points. The brackets end when
+// lo is known to 1e-4 and hi to 1e-7 relative (14 rounds at most: 17^14 ~ 2^57); lo and hi are the brackets' upper
+// ends (lo >= the Ritz value: safe, slower; hi >= the Ritz value).
 __host__ __device__ inline void tridiag_extremes(const double* d, const double* e, int k, double* lo, double* hi) {
     double a = d[0], b = d[0];  // Gershgorin bounds of the tridiagonal
     for (int i = 0; i < k; i++) {
@@ -460,15 +522,129 @@ __host__ __device__ inline void tridiag_extremes(const double* d, const double* 
         b = fmax(b, d[i] + r);
     }
     double l0 = a, l1 = b, h0 = a, h1 = b;
-    for (int i = 0; i < 100; i++) {
-        double m = 0.5 * (l0 + l1);  // lowest: the smallest x with one eigenvalue below
-        if (sturm_below(d, e, k, m) >= 1) l1 = m; else l0 = m;
-        m = 0.5 * (h0 + h1);         // highest: the smallest x with all k below
-        if (sturm_below(d, e, k, m) >= k) h1 = m; else h0 = m;
+    for (int round = 0; round < 14; round++) {
+        if (l1 - l0 <= 1e-4 * fabs(l1) && h1 - h0 <= 1e-7 * fabs(h1)) break;
+        auto point = [&](int lane) {  // lanes 0-15: the lowest eigenvalue's bracket, 16-31: the highest's
+            int j = lane % 16 + 1;
+            return lane < 16 ? l0 + (l1 - l0) * (j / 17.0) : h0 + (h1 - h0) * (j / 17.0);
+        };
+        auto passes = [&](int lane) {  // one eigenvalue below (lowest); all k below (highest)
+            int c = sturm_below(d, e, k, point(lane));
+            return lane < 16 ? c >= 1 : c >= k;
+        };
+        unsigned pass = 0;
+#ifdef __CUDA_ARCH__
+        pass = __ballot_sync(0xffffffffu, passes(threadIdx.x % 32));
+#else
+        for (int lane = 0; lane < 32; lane++) pass |= (unsigned)passes(lane) << lane;
+#endif
+        // the first passing point (counts rise with x) ends the bracket, the point before it starts it
+        unsigned pl = pass & 0xFFFFu, ph = pass >> 16;
+        int jl = 0, jh = 0;
+        while (jl < 16 && !((pl >> jl) & 1u)) jl++;
+        while (jh < 16 && !((ph >> jh) & 1u)) jh++;
+        double nl0 = jl > 0 ? point(jl - 1) : l0, nl1 = jl < 16 ? point(jl) : l1;
+        double nh0 = jh > 0 ? point(16 + jh - 1) : h0, nh1 = jh < 16 ? point(16 + jh) : h1;
+        l0 = nl0;
+        l1 = nl1;
+        h0 = nh0;
+        h1 = nh1;
     }
     *lo = l1;
     *hi = h1;
 }
+
+// The squared last component of the unit eigenvector of the tridiagonal for its eigenvalue x: the residue of
+// ((x I - T)^-1)_kk = p_{k-1}(x) / p_k(x) at x, p_{k-1}(x) / p_k'(x) (p_i = det(x I - T_i)). With beta_k, the
+// norm of Lanczos' next residual, beta_k sqrt(w) is ||A y - x y|| for the Ritz vector y: an eigenvalue of A lies
+// within it of x. Rounding or a near-double eigenvalue can put it outside [0, 1]: then 1, the worst case.
+__host__ __device__ inline double tridiag_last_weight(const double* d, const double* e, int k, double x) {
+    double p0 = 1.0, p1 = x - d[0], dp0 = 0.0, dp1 = 1.0;  // p_{i-1}, p_i and their derivatives
+    for (int i = 1; i < k; i++) {
+        double e2 = e[i - 1] * e[i - 1];
+        double p2 = (x - d[i]) * p1 - e2 * p0, dp2 = p1 + (x - d[i]) * dp1 - e2 * dp0;
+        p0 = p1;
+        p1 = p2;
+        dp0 = dp1;
+        dp1 = dp2;
+        double m = fmax(fmax(fabs(p0), fabs(p1)), fmax(fabs(dp0), fabs(dp1)));
+        if (m > 1e150 || (m < 1e-150 && m > 0.0)) {  // one scale for all four keeps p0 / dp1
+            p0 /= m;
+            p1 /= m;
+            dp0 /= m;
+            dp1 /= m;
+        }
+    }
+    double w = p0 / dp1;
+    return w >= 0.0 && w <= 1.0 ? w : 1.0;
+}
+
+// Lanczos on A + eps I: LANCZOS_STEPS steps from the start vector below (1 + a hash of i in [-0.5, 0.5): the same on
+// every run and every thread; a matrix whose top eigenvector is orthogonal to it would have to be built for it, and
+// even then newton_first_cap keeps the steps safe), fp32 matvecs, float64 dot products and recurrence scalars, no
+// reorthogonalisation (the extremes converge first; lost orthogonality only repeats them as ghost copies).
+constexpr int LANCZOS_STEPS = 20;
+__host__ __device__ inline float lanczos_start(int i) {
+    uint32_t h = (uint32_t)i * 0x9E3779B9u;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return 0.5f + (float)(h >> 8) * (1.0f / 16777216.0f);
+}
+
+// Row i of the Lanczos matvec, (A u)_i = sum_c a_ci u_c (A symmetric: column i, a[c * ld], read without bank
+// conflicts in shared memory), fp32 FMA in four interleaved chains (c mod 4; a 128-long dependent chain would set the
+// step's latency), then (y0 + y1) + (y2 + y3). Versions 2 and 3 and lanczos_cpu.
+__host__ __device__ inline float lanczos_row(const float* a, int ld, const float* u, int n) {
+    float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;
+    int c = 0;
+    for (; c + 4 <= n; c += 4) {
+        y0 = fmaf(a[c * ld], u[c], y0);
+        y1 = fmaf(a[(c + 1) * ld], u[c + 1], y1);
+        y2 = fmaf(a[(c + 2) * ld], u[c + 2], y2);
+        y3 = fmaf(a[(c + 3) * ld], u[c + 3], y3);
+    }
+    for (; c < n; c++) y0 = fmaf(a[c * ld], u[c], y0);
+    return (y0 + y1) + (y2 + y3);
+}
+
+// The scaled iteration's start from k Lanczos steps on A + eps I (alpha[0..k-1]: T's diagonal; beta[0..k-2] its
+// off-diagonal, beta[k-1] the norm of the next residual). hi_est = theta_max + ||A y - theta_max y||, an estimate of
+// lambda_max from above unless the start vector missed the top of the spectrum, so M0 = z (A + eps I) with z =
+// 1 / hi_est has its spectrum in about [lo, 1], lo = theta_min / hi_est. An underestimate of lambda_max is made safe
+// by newton_first_cap; an iteration that fails or does not converge anyway is rerun unscaled (the fallback).
+__host__ __device__ inline void lanczos_newton_start(const double* alpha, const double* beta, int k, double* z,
+                                                     double* lo) {
+    if (k < 1) {  // not even one step (a NaN in A): the scaled iteration fails at once and is rerun unscaled
+        *z = *lo = NAN;
+        return;
+    }
+    double tmin, tmax;
+    tridiag_extremes(alpha, beta, k, &tmin, &tmax);
+    double hi_est = tmax + beta[k - 1] * sqrt(tridiag_last_weight(alpha, beta, k, tmax));
+    *z = 1.0 / hi_est;
+    *lo = tmin / hi_est;
+}
+
+// Version 1's Lanczos (lanczos_kernel, one cooperative launch; lanczos_grid_cpu is its host twin) forms each step's
+// w = (A + eps I) q - beta_prev q_prev and, in the same pass, the sums q.w, w.w and q.q; the coefficients follow from
+// the sums alone, so a step needs one grid barrier. Same start vector (normalised), steps and start rule as above.
+constexpr double LANCZOS_BREAKDOWN = 1e-5;  // beta / ||w|| below this: the Krylov space is invariant up to rounding
+
+// alpha = q.w / q.q and beta = ||w - alpha q|| = sqrt(w.w - (q.w)^2 / q.q) from the step's sums (q.q, not 1: q is
+// rounded to fp32); false at a breakdown (the tridiagonal so far then holds eigenvalues of A + eps I)
+__host__ __device__ inline bool lanczos_coeffs(double qw, double ww, double qq, double* alpha, double* beta) {
+    *alpha = qw / qq;
+    double b2 = ww - qw * *alpha;
+    *beta = b2 > 0.0 ? sqrt(b2) : 0.0;
+    return *beta > LANCZOS_BREAKDOWN * sqrt(ww);
+}
+
+// What a Lanczos run gives the scaled iteration: its steps, z and lo (lanczos_newton_start) and the largest absolute
+// row sum of A + eps I (newton_first_cap). Versions 1 to 3 and their twins.
+struct LanczosStart { int k = 0; double z = NAN, lo = NAN, rowsum_max = NAN; };
 
 // ----------------------------------------------------------------------------------------------------------------
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
@@ -601,52 +777,174 @@ static void newton_step_tf32_delta(int n, int p, float* X, MatF& M, MatF& D, Mat
     for (size_t e = 0; e < nn; e++) M[e] += W[e];
 }
 
+// The largest absolute row sum of A + eps I (A symmetric: summed over a column), in fp32: ||M0||_inf / z for
+// newton_first_cap. eps = 0 where A already holds eps I (versions 2 and 3); version 1 adds eps to each sum.
+static double max_abs_rowsum(int n, const float* A, float eps) {
+    double m = 0.0;
+    for (int i = 0; i < n; i++) {
+        float g = 0.0f;
+        for (int c = 0; c < n; c++) g += std::fabs(A[(size_t)c * n + i]);
+        m = std::max(m, (double)(g + eps));
+    }
+    return m;
+}
+
+// Lanczos as versions 2 and 3 run it (LANCZOS_STEPS): w = A u / ||u|| (lanczos_row), dot products in float64.
+// alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps taken (fewer only where a residual is
+// exactly 0, or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
+static int lanczos_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
+    *rowsum_max = max_abs_rowsum(n, A, 0.0f);
+    std::vector<float> u(n), v(n, 0.0f), v_prev(n), y(n);
+    double b = 0.0;
+    for (int i = 0; i < n; i++) {
+        u[i] = lanczos_start(i);
+        b += (double)u[i] * u[i];
+    }
+    b = std::sqrt(b);
+    int k = 0;
+    while (k < LANCZOS_STEPS && b > 0.0) {
+        float inv = (float)(1.0 / b);
+        double a = 0.0;
+        for (int i = 0; i < n; i++) {
+            v_prev[i] = v[i];
+            v[i] = u[i] * inv;
+            y[i] = lanczos_row(A + i, n, u.data(), n) * inv;
+            a += (double)v[i] * y[i];
+        }
+        double b2 = 0.0;
+        for (int i = 0; i < n; i++) {
+            u[i] = (float)((double)y[i] - a * v[i] - b * v_prev[i]);
+            b2 += (double)u[i] * u[i];
+        }
+        alpha[k] = a;
+        b = std::sqrt(b2);
+        beta[k++] = b;
+    }
+    return k;
+}
+
+// Host twin of lanczos_kernel (version 1): fp32 w and q, float64 sums (the kernel adds w's rows in another order).
+// alpha, beta, *rowsum_max and the steps returned as lanczos_cpu gives them (fewer steps at a breakdown, or n).
+static int lanczos_grid_cpu(int n, const float* A, float eps, double* alpha, double* beta, double* rowsum_max) {
+    int k = std::min(LANCZOS_STEPS, n);
+    *rowsum_max = max_abs_rowsum(n, A, eps);
+    std::vector<float> q(n), qp(n, 0.0f), w(n);
+    double qq1 = 0.0;
+    for (int i = 0; i < n; i++) {
+        q[i] = lanczos_start(i);
+        qq1 += (double)q[i] * q[i];
+    }
+    float inv = (float)(1.0 / std::sqrt(qq1));  // the recurrence's beta_1 needs a unit q1
+    for (int i = 0; i < n; i++) q[i] *= inv;
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        double qw = 0.0, ww = 0.0, qq = 0.0;
+        for (int i = 0; i < n; i++) {
+            float s = 0.0f;
+            for (int c = 0; c < n; c++) s += A[(size_t)i * n + c] * q[c];
+            w[i] = s + eps * q[i] - (float)beta_prev * qp[i];
+            qw += (double)q[i] * w[i];
+            ww += (double)w[i] * w[i];
+            qq += (double)q[i] * q[i];
+        }
+        bool more = lanczos_coeffs(qw, ww, qq, &alpha[j], &beta[j]);
+        if (!more || j == k - 1) return j + 1;
+        float fa = (float)alpha[j], fb = (float)(1.0 / beta[j]);
+        for (int i = 0; i < n; i++) {
+            qp[i] = q[i];
+            q[i] = (w[i] - fa * q[i]) * fb;
+        }
+        beta_prev = beta[j];
+    }
+    return k;
+}
+
 // The coupled Newton iteration of versions 1 and 2 on the CPU, products in prec. extra: full steps taken after the
 // stopping rule says stop, as version 1 does to the matrices of a batch that converge before the slowest one.
 // lower: every product computes its lower triangle and mirrors it (versions 3 and 4).
 // tf32_below > 0 (--study only; no GPU version does it): once ||M - I||_F < tf32_below, steps in the form
 // T = I + D, X <- X + X D, M <- M + (T^p - I) M, every product in plain TF32: their rounding is relative to ||D||,
-// not to ||X|| or ||M||. *tf32_steps counts them.
+// not to ||X|| or ||M||. *tf32_steps counts them. (Unscaled runs: those steps do not carry the scaled interval.)
+// start: NEWTON_SCALED (versions 2 and 3; NEWTON_SCALED_V1 version 1's): z and the interval from Lanczos,
+// T = a^(1/p) ((p + 1) I - a M) / p with a from NewtonScale; if that fails or does not converge, the unscaled iteration
+// reruns (fell_back). NEWTON_UNSCALED (version 4, version 1's batches): z = (p + 1) / (2 ||A||_F), a = 1.
 static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X, Prec prec, int extra = 0,
-                              bool lower = false, double tf32_below = 0.0, int* tf32_steps = nullptr) {
+                              bool lower = false, double tf32_below = 0.0, int* tf32_steps = nullptr,
+                              NewtonStart start = NEWTON_SCALED) {
     size_t nn = (size_t)n * n;
     MatF Areg(A, A + nn), M(nn), T(nn), Tp(nn), W(nn);
     for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
     double nrm = 0.0;
     for (float v : Areg) nrm += (double)v * v;
-    float z = (float)((p + 1) / (2.0 * std::sqrt(nrm)));
     NewtonState s;
-    s.n = n;
-    s.p = p;
-    s.max_iter = newton_max_iter(p, z * (double)eps);
-    float x0 = std::pow(z, 1.0f / p);
-    for (size_t i = 0; i < nn; i++) { M[i] = z * Areg[i]; X[i] = 0.0f; }
-    for (int i = 0; i < n; i++) X[(size_t)i * n + i] = x0;
-    for (;;) {
-        NewtonAction act = newton_decide(s, frob_minus_identity(n, M.data()));
-        if (act == NEWTON_FAIL) break;
-        if (act == NEWTON_LAST && extra > 0) {
-            act = NEWTON_STEP;
-            extra--;
+    int discarded = 0, extra_left = extra;
+    bool fell_back = false;
+    for (int attempt = start == NEWTON_UNSCALED ? 1 : 0; attempt < 2; attempt++) {
+        bool scaled = attempt == 0;
+        NewtonScale scale;
+        float z = (float)((p + 1) / (2.0 * std::sqrt(nrm)));
+        double first_cap = INFINITY;
+        if (scaled) {
+            double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], zd, lo, rowsum_max;
+            int k = start == NEWTON_SCALED_V1 ? lanczos_grid_cpu(n, A, eps, alpha, beta, &rowsum_max)
+                                              : lanczos_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
+            lanczos_newton_start(alpha, beta, k, &zd, &lo);
+            if (start == NEWTON_SCALED_BAD_HI) {
+                zd *= NEWTON_BAD_HI_FACTOR;
+                lo *= NEWTON_BAD_HI_FACTOR;
+            }
+            z = (float)zd;
+            scale.lo = lo;
+            first_cap = newton_first_cap(p, z, rowsum_max);
         }
-        if (s.r < tf32_below) {
-            newton_step_tf32_delta(n, p, X, M, T, Tp, W, lower, act == NEWTON_LAST);
-            if (tf32_steps) ++*tf32_steps;
+        s = NewtonState();
+        s.n = n;
+        s.p = p;
+        s.max_iter = newton_max_iter(p, z * (double)eps);
+        extra = extra_left;
+        float x0 = std::pow(z, 1.0f / p);
+        for (size_t i = 0; i < nn; i++) { M[i] = z * Areg[i]; X[i] = 0.0f; }
+        for (int i = 0; i < n; i++) X[(size_t)i * n + i] = x0;
+        for (;;) {
+            NewtonAction act = newton_decide(s, frob_minus_identity(n, M.data()));
+            if (act == NEWTON_FAIL) break;
+            if (act == NEWTON_LAST && extra > 0) {
+                act = NEWTON_STEP;
+                extra--;
+            }
+            if (s.r < tf32_below) {
+                newton_step_tf32_delta(n, p, X, M, T, Tp, W, lower, act == NEWTON_LAST);
+                if (tf32_steps) ++*tf32_steps;
+                if (act == NEWTON_LAST) break;
+                s.iters++;
+                continue;
+            }
+            // unscaled: the division of the GPU versions' history (bitwise as before); scaled: versions 2 and 3's
+            // arithmetic, a and c = a^(1/p) / p rounded to fp32 (version 1's a also from this step's r)
+            double r = start == NEWTON_SCALED_V1 ? s.r : INFINITY;
+            double a = scaled ? newton_scale_a(scale, p, r, s.iters == 0 ? first_cap : INFINITY) : 1.0;
+            float af = (float)a, cf = (float)(newton_root_p(a, p) / p);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    float diag = i == j ? (float)(p + 1) : 0.0f, m = M[(size_t)i * n + j];
+                    T[(size_t)i * n + j] = scaled ? (diag - af * m) * cf : (diag - m) / (float)p;
+                }
+            matmul_f(n, X, T.data(), W.data(), prec, lower);
+            std::copy(W.begin(), W.end(), X);
             if (act == NEWTON_LAST) break;
+            matpow_f(n, p, T.data(), Tp.data(), prec, lower);
+            matmul_f(n, Tp.data(), M.data(), W.data(), prec, lower);
+            M.swap(W);
+            if (scaled) scale.advance(p, a, s.iters == 0);
             s.iters++;
-            continue;
         }
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++)
-                T[(size_t)i * n + j] = ((i == j ? (float)(p + 1) : 0.0f) - M[(size_t)i * n + j]) / (float)p;
-        matmul_f(n, X, T.data(), W.data(), prec, lower);
-        std::copy(W.begin(), W.end(), X);
-        if (act == NEWTON_LAST) break;
-        matpow_f(n, p, T.data(), Tp.data(), prec, lower);
-        matmul_f(n, Tp.data(), M.data(), W.data(), prec, lower);
-        M.swap(W);
-        s.iters++;
+        if (!scaled || (!s.failed && s.converged)) break;
+        fell_back = true;
+        discarded = s.iters;
+        if (tf32_steps) *tf32_steps = 0;
     }
+    s.fell_back = fell_back;
+    s.discarded = discarded;
     return s;
 }
 
@@ -786,7 +1084,8 @@ static double im2col_value(const float* x, int H, int W, int C, int pad, int fea
 // fp32 A + eps I, already move lambda_min by u lambda_max.
 //
 // Eigendecomposition (version 0), from its backward error (not from measurements). cuSOLVER's syevd / syevjBatched
-// return V, lambda with A + eps I + E = V diag(lambda) V^T (V orthogonal to working accuracy), ||E||_2 <= c_E u ||A||_2:
+// return V, lambda with A + eps I + E = V diag(lambda) V^T (V orthogonal to working accuracy),
+// ||E||_2 <= c_E u ||A||_2:
 //   c_E = 1             forming A + eps I in fp32 (a diagonal perturbation <= u max |a_ii|)
 //       + max(8, 2 sqrt(n))   the solver's stopping tolerance, whichever path ran: divide and conquer (syevd)
 //                       deflates, as LAPACK's slaed2 does, a secular-equation component or two close poles below
@@ -879,9 +1178,42 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
 // synchronise: only the first call at a new largest size pays). Everything runs on g_stream: the default stream here,
 // PyTorch's current stream inside dev/torch_ops (which also gives it to the cuBLAS and cuSOLVER handles).
 
+// Version 1's choices (inv_root_v1; --bench times each as a row of its own): a scaled start from a Lanczos estimate
+// of the spectrum (one matrix), and how the 3xTF32 products run: one K = 3n GEMM on copies split per product
+// (concat), or three K = n GEMMs on operands split once per matrix (split); cuBLAS's default algorithm, or the
+// fastest of it and cuBLASLt's candidates for the shape, timed once (lt). The environment variable MATRIX_ROOTS_V1
+// sets the defaults, e.g. MATRIX_ROOTS_V1=split,lt (dev/torch_ops uses the defaults).
+enum V1Products { V1_CONCAT, V1_SPLIT };
+struct V1Options {
+    bool scaled = true;
+    V1Products products = V1_CONCAT;
+    bool lt = false;
+};
+static V1Options g_v1;
+
+// MATRIX_ROOTS_V1's value: words separated by commas from scaled, unscaled, concat, split, lt, cublas (a later word
+// overrides an earlier one); false on any other word
+static bool parse_v1_options(const char* text, V1Options* o) {
+    std::string s(text);
+    for (size_t at = 0;;) {
+        size_t end = s.find(',', at);
+        std::string w = s.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        if (w == "scaled") o->scaled = true;
+        else if (w == "unscaled") o->scaled = false;
+        else if (w == "concat") o->products = V1_CONCAT;
+        else if (w == "split") o->products = V1_SPLIT;
+        else if (w == "lt") o->lt = true;
+        else if (w == "cublas") o->lt = false;
+        else return false;
+        if (end == std::string::npos) return true;
+        at = end + 1;
+    }
+}
+
 struct GpuContext {
     bool ready = false;
     cublasHandle_t blas = nullptr;
+    cublasLtHandle_t lt = nullptr;  // version 1's timed GEMMs (lt_gemm)
     cusolverDnHandle_t solver = nullptr;
     syevjInfo_t syevj = nullptr;
     int sms = 0, cc_major = 0, cc_minor = 0;
@@ -905,6 +1237,11 @@ static void gpu_init() {
     g_gpu.smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(g_gpu.name, sizeof g_gpu.name, "%s", prop.name);
     cublasCheck(cublasCreate(&g_gpu.blas));
+    cublasCheck(cublasLtCreate(&g_gpu.lt));
+    const char* v1 = getenv("MATRIX_ROOTS_V1");
+    if (v1 && !parse_v1_options(v1, &g_v1))
+        fail(std::string("MATRIX_ROOTS_V1=") + v1 +
+             ": expected words from scaled, unscaled, concat, split, lt, cublas, separated by commas");
     // strict fp32 unless a call asks for TF32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32)
     cublasCheck(cublasSetMathMode(g_gpu.blas, CUBLAS_DEFAULT_MATH));
     cusolverCheck(cusolverDnCreate(&g_gpu.solver));
@@ -925,7 +1262,8 @@ static void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
-              WS_NS_A, WS_NS_B, WS_STATUS, WS_COOP_SUMS, WS_COUNT };
+              WS_NS_A, WS_NS_B, WS_STATUS, WS_COOP_SUMS, WS_SPLIT, WS_LT_WORK, WS_LT_SCRATCH, WS_LANCZOS,
+              WS_LANCZOS_W, WS_COUNT };
 static void* g_ws[WS_COUNT] = {};
 static size_t g_ws_bytes[WS_COUNT] = {};
 static void* ws_get(WsSlot slot, size_t bytes) {
@@ -936,6 +1274,7 @@ static void* ws_get(WsSlot slot, size_t bytes) {
     }
     return g_ws[slot];
 }
+static void lt_free();
 static void gpu_free() {
     for (int s = 0; s < WS_COUNT; s++) {
         if (g_ws[s]) cudaCheck(cudaFree(g_ws[s]));
@@ -945,6 +1284,8 @@ static void gpu_free() {
     if (!g_gpu.ready) return;
     cusolverCheck(cusolverDnDestroySyevjInfo(g_gpu.syevj));
     cusolverCheck(cusolverDnDestroy(g_gpu.solver));
+    lt_free();
+    cublasCheck(cublasLtDestroy(g_gpu.lt));
     cublasCheck(cublasDestroy(g_gpu.blas));
     g_gpu = GpuContext();
 }
@@ -1059,9 +1400,214 @@ __global__ void split3_kernel(const float* A, const float* B, float* A3, float* 
     }
 }
 
+// hi = TF32 rounding of x, lo = TF32 rounding of the remainder, for the 3xTF32 products of operands split once
+__global__ void split_kernel(const float* A, float* hi, float* lo, long long total) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        float a = A[idx], h = tf32_rna(a);
+        hi[idx] = h;
+        lo[idx] = tf32_rna(a - h);
+    }
+}
+
+// cuBLASLt plans of version 1's TF32 GEMMs, one per shape (sizes, strides, batch, beta = 0 or 1, alignment): the
+// algorithm is the fastest of cuBLAS's default and the candidates of cuBLASLt's heuristic (with split-K variants of
+// those that allow it), each timed once on the first call of the shape. MATRIX_ROOTS_LT_VERBOSE=1 prints the timings.
+constexpr size_t LT_WORKSPACE = 32ull << 20;
+constexpr int LT_HEURISTICS = 12;
+struct LtPlan {
+    int n, K, lda, ldb, batch;
+    long long sa, sb;
+    bool accumulate;
+    uint32_t align;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo = {};
+    bool use_lt = false;  // false: cuBLAS's default algorithm was the fastest (or cuBLASLt had none)
+};
+static std::vector<LtPlan> g_lt_plans;
+
+static void lt_free() {
+    for (LtPlan& pl : g_lt_plans) {
+        cublasCheck(cublasLtMatrixLayoutDestroy(pl.la));
+        cublasCheck(cublasLtMatrixLayoutDestroy(pl.lb));
+        cublasCheck(cublasLtMatrixLayoutDestroy(pl.lc));
+        cublasCheck(cublasLtMatmulDescDestroy(pl.desc));
+    }
+    g_lt_plans.clear();
+}
+
+// an integer attribute of a cuBLASLt algorithm's configuration, -1 where cuBLASLt does not give it
+static int lt_config(const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    int32_t v = -1;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return -1;
+    return v;
+}
+
+static cublasLtMatrixLayout_t lt_layout(int rows, int cols, long long ld, int batch, long long stride) {
+    cublasLtMatrixLayout_t l;
+    cublasCheck(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+    if (batch > 1) {
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                     sizeof stride));
+    }
+    return l;
+}
+
+// the largest power of two <= 256 that divides the pointer and (batches) the stride in bytes
+static uint32_t lt_align(const void* ptr, long long stride, int batch) {
+    uint32_t a = 256;
+    while (a > 4 && ((uintptr_t)ptr % a || (batch > 1 && stride * (long long)sizeof(float) % a))) a /= 2;
+    return a;
+}
+
+static void cublas_tf32_gemm(const float* A, int lda, long long sa, const float* B, int ldb, long long sb, float* C,
+                             int n, int K, int batch, float beta) {
+    const float one = 1.0f;
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, K, &one, B, CUDA_R_32F, ldb, sb,
+                                           A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, n, (long long)n * n, batch,
+                                           CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+}
+
+// Times cuBLAS's default and every cuBLASLt candidate on the operands, into a scratch output, and keeps the fastest
+static void lt_tune(LtPlan& pl, const float* A, const float* B) {
+    const float one = 1.0f, beta = pl.accumulate ? 1.0f : 0.0f;
+    long long nn = (long long)pl.n * pl.n;
+    float* scratch = (float*)ws_get(WS_LT_SCRATCH, nn * pl.batch * sizeof(float));
+    void* work = ws_get(WS_LT_WORK, LT_WORKSPACE);
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws_bytes = LT_WORKSPACE;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                     sizeof ws_bytes));
+    for (cublasLtMatmulPreferenceAttributes_t at :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, at, &pl.align, sizeof pl.align));
+    cublasLtMatmulHeuristicResult_t res[LT_HEURISTICS];
+    int got = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(g_gpu.lt, pl.desc, pl.la, pl.lb, pl.lc, pl.lc, pref, LT_HEURISTICS, res, &got) !=
+        CUBLAS_STATUS_SUCCESS)
+        got = 0;
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    std::vector<cublasLtMatmulAlgo_t> cands;
+    std::vector<int> splits;
+    for (int i = 0; i < got; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        int32_t splitk = std::max(1, lt_config(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)), can_split = 0;
+        uint32_t schemes = 0;
+        size_t sz = 0;
+        cands.push_back(res[i].algo);
+        splits.push_back(splitk);
+        // 1024^2 outputs are 32 to 64 tiles for 132 SMs: split-K variants of the heuristic's unsplit candidates
+        if (splitk > 1 ||
+            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can_split,
+                                              sizeof can_split, &sz) != CUBLAS_STATUS_SUCCESS || !can_split ||
+            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+                                              sizeof schemes, &sz) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        uint32_t scheme = schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                          : schemes & CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE ? CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE
+                          : schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE     ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+                                                                            : 0u;
+        if (!scheme) continue;
+        for (int32_t k : {2, 3, 4, 8}) {
+            cublasLtMatmulAlgo_t a = res[i].algo;
+            cublasLtMatmulHeuristicResult_t check;
+            if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                     sizeof scheme) != CUBLAS_STATUS_SUCCESS ||
+                cublasLtMatmulAlgoCheck(g_gpu.lt, pl.desc, pl.la, pl.lb, pl.lc, pl.lc, &a, &check) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                check.workspaceSize > LT_WORKSPACE)
+                continue;
+            cands.push_back(a);
+            splits.push_back(k);
+        }
+    }
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    // candidate -1: cuBLAS's default; a candidate that cuBLASLt refuses to run is left out
+    auto run = [&](int c) {
+        if (c < 0) {
+            cublas_tf32_gemm(A, pl.lda, pl.sa, B, pl.ldb, pl.sb, scratch, pl.n, pl.K, pl.batch, beta);
+            return true;
+        }
+        return cublasLtMatmul(g_gpu.lt, pl.desc, &one, B, pl.la, A, pl.lb, &beta, scratch, pl.lc, scratch, pl.lc,
+                              &cands[c], work, LT_WORKSPACE, g_stream) == CUBLAS_STATUS_SUCCESS;
+    };
+    bool verbose = getenv("MATRIX_ROOTS_LT_VERBOSE") != nullptr;
+    double best = INFINITY, cublas_ms = 0.0;
+    int best_c = -1;
+    for (int c = -1; c < (int)cands.size(); c++) {
+        if (!run(c)) continue;
+        const int reps = 5;
+        cudaCheck(cudaEventRecord(e0, g_stream));
+        for (int r = 0; r < reps; r++) run(c);
+        cudaCheck(cudaEventRecord(e1, g_stream));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        double t = ms / reps;
+        if (c < 0) cublas_ms = t;
+        if (verbose) {
+            int id = c < 0 ? -1 : lt_config(&cands[c], CUBLASLT_ALGO_CONFIG_ID);
+            int tile = c < 0 ? -1 : lt_config(&cands[c], CUBLASLT_ALGO_CONFIG_TILE_ID);
+            printf("    lt tune n=%d K=%d batch=%d beta=%d: %s algo %d tile %d split-K %d: %.4f ms\n", pl.n, pl.K,
+                   pl.batch, pl.accumulate ? 1 : 0, c < 0 ? "cublas default" : "cublasLt", id, tile,
+                   c < 0 ? 0 : splits[c], t);
+        }
+        if (t < best) { best = t; best_c = c; }
+    }
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    pl.use_lt = best_c >= 0;
+    if (pl.use_lt) pl.algo = cands[best_c];
+    if (verbose)
+        printf("    lt tune n=%d K=%d batch=%d beta=%d: %zu candidates, kept %s (%.4f ms; cublas default %.4f ms)\n",
+               pl.n, pl.K, pl.batch, pl.accumulate ? 1 : 0, cands.size(), pl.use_lt ? "cublasLt" : "cublas default",
+               best, cublas_ms);
+}
+
+// C = A B + beta C (beta 0 or 1) with TF32 tensor cores and fp32 accumulation; row-major A n x K (row stride lda),
+// B K x n (row stride ldb), C n x n; batch strides sa, sb and n^2. lt: the algorithm timed for the shape (LtPlan).
+static void tf32_gemm(const float* A, int lda, long long sa, const float* B, int ldb, long long sb, float* C, int n,
+                      int K, int batch, float beta, bool lt) {
+    if (!lt) { cublas_tf32_gemm(A, lda, sa, B, ldb, sb, C, n, K, batch, beta); return; }
+    long long nn = (long long)n * n;
+    uint32_t align = std::min(lt_align(A, sa, batch), std::min(lt_align(B, sb, batch), lt_align(C, nn, batch)));
+    bool acc = beta != 0.0f;
+    LtPlan* pl = nullptr;
+    for (LtPlan& q : g_lt_plans)
+        if (q.n == n && q.K == K && q.lda == lda && q.ldb == ldb && q.batch == batch && q.sa == sa && q.sb == sb &&
+            q.accumulate == acc && q.align == align)
+            pl = &q;
+    if (!pl) {
+        LtPlan q{n, K, lda, ldb, batch, sa, sb, acc, align};
+        cublasCheck(cublasLtMatmulDescCreate(&q.desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F));
+        // row-major C = A B is column-major C^T = B^T A^T: cuBLASLt's A is our B (n x K, column-major), its B our A
+        q.la = lt_layout(n, K, ldb, batch, sb);
+        q.lb = lt_layout(K, n, lda, batch, sa);
+        q.lc = lt_layout(n, n, n, batch, nn);
+        lt_tune(q, A, B);
+        g_lt_plans.push_back(q);
+        pl = &g_lt_plans.back();
+    }
+    if (!pl->use_lt) { cublas_tf32_gemm(A, lda, sa, B, ldb, sb, C, n, K, batch, beta); return; }
+    const float one = 1.0f;
+    cublasCheck(cublasLtMatmul(g_gpu.lt, pl->desc, &one, B, pl->la, A, pl->lb, &beta, C, pl->lc, C, pl->lc, &pl->algo,
+                               ws_get(WS_LT_WORK, LT_WORKSPACE), LT_WORKSPACE, g_stream));
+}
+
 // C = A B for a batch of row-major n x n matrices, strict fp32 or 3xTF32 (C must not alias A or B). Row-major C = A B
-// is column-major C^T = B^T A^T: cuBLAS gets the operands swapped.
-static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, Prec prec) {
+// is column-major C^T = B^T A^T: cuBLAS gets the operands swapped. 3xTF32 here splits both operands into
+// concatenated copies (split3_kernel) for one K = 3n GEMM; lt: through tf32_gemm's timed algorithm.
+static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, Prec prec, bool lt = false) {
     long long nn = (long long)n * n;
     const float one = 1.0f, zero = 0.0f;
     if (prec == PREC_FP32) {
@@ -1075,9 +1621,17 @@ static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, 
     float* B3 = (float*)ws_get(WS_B3, 3 * nn * batch * sizeof(float));
     split3_kernel<<<grid_for(nn * batch, 256), 256, 0, g_stream>>>(A, B, A3, B3, n, nn * batch);
     launchCheck();
-    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, 3 * n, &one, B3, CUDA_R_32F, n,
-                                           3 * nn, A3, CUDA_R_32F, 3 * n, 3 * nn, &zero, C, CUDA_R_32F, n, nn, batch,
-                                           CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+    tf32_gemm(A3, 3 * n, 3 * nn, B3, n, 3 * nn, C, n, 3 * n, batch, 0.0f, lt);
+}
+
+// C = A B in 3xTF32 from operands split once (their hi and lo parts): the two small terms, then the big one added
+// (three K = n GEMMs, fp32 results accumulated through beta = 1)
+static void gemm_split(const float* Ah, const float* Al, const float* Bh, const float* Bl, float* C, int n, int batch,
+                       bool lt) {
+    long long nn = (long long)n * n;
+    tf32_gemm(Ah, n, nn, Bl, n, nn, C, n, n, batch, 0.0f, lt);
+    tf32_gemm(Al, n, nn, Bh, n, nn, C, n, n, batch, 1.0f, lt);
+    tf32_gemm(Ah, n, nn, Bh, n, nn, C, n, n, batch, 1.0f, lt);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1141,48 +1695,287 @@ static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float 
 // ----------------------------------------------------------------------------------------------------------------
 // version 1: the coupled Newton iteration on cuBLAS, strict fp32 or 3xTF32 products; every matrix of a batch takes
 // the same steps (until the largest ||M - I||_F is small). One host decision per step: a copy of batch residuals.
+// One matrix (batch 1, g_v1.scaled) takes scaled steps from a Lanczos start as versions 2 and 3 do (z and lo from
+// lanczos_newton_start, newton_first_cap on the first step), X0 = z^(1/p) I, M0 = z (A + eps I),
+// T = a^(1/p) ((p + 1) I - a M) / p; unlike them its a also uses the step's r (scale.alpha(p, r)): T is written by a
+// pass of its own after r is known. A batch, and a scaled run that fails or ends unconverged, take the unscaled steps
+// from z = (p + 1) / (2 ||A||_F).
 
-static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p, float eps, Prec prec) {
-    check_root_args("inv_root_v1", A, X, batch, n, p, eps);
+struct V1Info { bool scaled = false, fell_back = false; LanczosStart start; };
+static V1Info g_v1_info;  // what the last inv_root_v1 call did (--test and --bench print it)
+
+constexpr int LANCZOS_THREADS = 256;
+
+// LANCZOS_STEPS steps (at most n) on A + eps I of one n x n matrix in one cooperative launch (lanczos_grid_cpu is its
+// twin): a warp per row of w = (A + eps I) q - beta_prev q_prev, written to W (a row per step), and the sums q.w, w.w,
+// q.q in slots of their own (out[3 j ..], zeroed before); one grid barrier; then every block forms the whole next q in
+// its shared memory from W and its own q. All blocks read the same sums, so they take the same coefficients and stop
+// at the same step. Each block normalises its own copy of q1 (two block barriers, once). Out: alpha_j at
+// out[3 k + j], beta_j at out[4 k + j], the step count at out[5 k]; the first pass also leaves the largest absolute
+// row sum of A + eps I at out[5 k + 1] (zeroed before; atomicMax on the bits: non-negative doubles order as integers).
+__global__ void lanczos_kernel(const float* A, int n, float eps, int k, float* W, double* out) {
+    extern __shared__ float lz_shared[];  // q and the previous q, n floats each
+    __shared__ double partial[3][LANCZOS_THREADS / 32];
+    cg::grid_group grid = cg::this_grid();
+    float *q = lz_shared, *qp = lz_shared + n;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    double qq1 = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float u = lanczos_start(i);
+        qq1 += (double)u * u;
+        qp[i] = 0.0f;
+    }
+    for (int o = 16; o > 0; o >>= 1) qq1 += __shfl_xor_sync(0xffffffffu, qq1, o);
+    if (lane == 0) partial[0][warp] = qq1;
+    __syncthreads();
+    qq1 = 0.0;
+    for (int i = 0; i < warps; i++) qq1 += partial[0][i];
+    float inv = (float)(1.0 / sqrt(qq1));  // the recurrence's beta_1 needs a unit q1
+    for (int i = threadIdx.x; i < n; i += blockDim.x) q[i] = lanczos_start(i) * inv;
+    __syncthreads();  // publishes q; partial is written again only after it
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        double qw = 0.0, ww = 0.0, qq = 0.0;  // lane 0's rows
+        for (int row = blockIdx.x * warps + warp; row < n; row += gridDim.x * warps) {
+            const float* a = A + (size_t)row * n;
+            float s = 0.0f, g = 0.0f;
+            if (j == 0) {  // and the row's absolute sum, for newton_first_cap
+#pragma unroll 8
+                for (int c = lane; c < n; c += 32) {
+                    s += a[c] * q[c];
+                    g += fabsf(a[c]);
+                }
+                for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(0xffffffffu, g, o);
+                if (lane == 0)
+                    atomicMax((unsigned long long*)&out[5 * k + 1], (unsigned long long)__double_as_longlong(g + eps));
+            } else {
+#pragma unroll 8
+                for (int c = lane; c < n; c += 32) s += a[c] * q[c];
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            float w = s + eps * q[row] - (float)beta_prev * qp[row];
+            if (lane == 0) {
+                W[(size_t)j * n + row] = w;
+                qw += (double)q[row] * w;
+                ww += (double)w * w;
+                qq += (double)q[row] * q[row];
+            }
+        }
+        if (lane == 0) {
+            partial[0][warp] = qw;
+            partial[1][warp] = ww;
+            partial[2][warp] = qq;
+        }
+        __syncthreads();
+        if (threadIdx.x < 3) {
+            double t = 0.0;
+            for (int i = 0; i < warps; i++) t += partial[threadIdx.x][i];
+            atomicAdd(&out[3 * j + threadIdx.x], t);
+        }
+        grid.sync();
+        double alpha, beta;  // __ldcg: written by other SMs' atomics, past this SM's L1
+        bool more = lanczos_coeffs(__ldcg(&out[3 * j]), __ldcg(&out[3 * j + 1]), __ldcg(&out[3 * j + 2]), &alpha,
+                                   &beta);
+        bool last = !more || j == k - 1;
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            out[3 * k + j] = alpha;
+            out[4 * k + j] = beta;
+            if (last) out[5 * k] = j + 1;
+        }
+        if (last) return;
+        // the next q into the previous q's place (that one was read above, for this block's rows only)
+        float fa = (float)alpha, fb = (float)(1.0 / beta);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) qp[i] = (__ldcg(&W[(size_t)j * n + i]) - fa * q[i]) * fb;
+        __syncthreads();
+        float* t = q;
+        q = qp;
+        qp = t;
+        beta_prev = beta;
+    }
+}
+
+// Version 1's scaled start for one matrix (lanczos_newton_start on the kernel's tridiagonal); false where the GPU
+// cannot run the cooperative kernel (no cooperative launch, or 2 n floats of q beyond a block's shared memory) or the
+// start is not finite and positive: version 1 then takes the unscaled start
+static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls) {
+    static int per_sm = -1;
+    static size_t per_sm_smem = 0;
+    int coop = 0, dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    size_t smem = 2 * (size_t)n * sizeof(float);
+    if (!coop || smem > g_gpu.smem_optin) return false;
+    if (per_sm < 0 || per_sm_smem != smem) {
+        if (smem > 48 * 1024)
+            cudaCheck(cudaFuncSetAttribute(lanczos_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lanczos_kernel, LANCZOS_THREADS, smem));
+        per_sm_smem = smem;
+    }
+    if (per_sm < 1) return false;
+    int k = std::min(LANCZOS_STEPS, n);
+    int grid = (int)std::min<long long>((long long)per_sm * g_gpu.sms, ceil_div_ll(n, LANCZOS_THREADS / 32));
+    float* W = (float*)ws_get(WS_LANCZOS_W, (size_t)k * n * sizeof(float));
+    double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 2) * sizeof(double));
+    cudaCheck(cudaMemsetAsync(out, 0, (5 * k + 2) * sizeof(double), g_stream));
+    void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&out};
+    cudaCheck(cudaLaunchCooperativeKernel((void*)lanczos_kernel, grid, LANCZOS_THREADS, args, smem, g_stream));
+    std::vector<double> h(2 * k + 2);  // alpha, beta, the step count, the row sum
+    copy_to_host(h.data(), out + 3 * k, h.size() * sizeof(double));
+    ls.k = (int)h[2 * k];
+    ls.rowsum_max = h[2 * k + 1];
+    if (ls.k < 1 || ls.k > k) return false;
+    lanczos_newton_start(h.data(), h.data() + k, ls.k, &ls.z, &ls.lo);
+    return std::isfinite(ls.z) && ls.z > 0.0 && ls.lo > 0.0 && ls.lo <= 1.0 && std::isfinite(ls.rowsum_max);
+}
+
+// The scaled start: M = z (A + eps I), X = zr I (zr = z^(1/p)); one matrix
+__global__ void newton_init_z_kernel(const float* A, float* M, float* X, int n, float eps, float z, float zr,
+                                     long long total) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        bool diag = idx / n == idx % n;
+        M[idx] = z * (A[idx] + (diag ? eps : 0.0f));
+        X[idx] = diag ? zr : 0.0f;
+    }
+}
+
+// The step's T = ar ((p + 1) I - a M) / p, ar = a^(1/p) (a = ar = 1: bitwise the T of sumsq_kernel), into T and/or as
+// TF32 hi and lo parts (Th, Tl); with Mh, also M's parts (for the product T^p M of operands split once)
+__global__ void newton_t_kernel(const float* M, float* T, float* Th, float* Tl, float* Mh, float* Ml, int n, int p,
+                                float a, float ar, long long total) {
+    long long nn = (long long)n * n;
+    float diag = (float)(p + 1), scale = ar * (1.0f / (float)p);
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long e = idx % nn;
+        float m = M[idx], t = ((e / n == e % n ? diag : 0.0f) - a * m) * scale;
+        if (T) T[idx] = t;
+        if (Th) {
+            float h = tf32_rna(t);
+            Th[idx] = h;
+            Tl[idx] = tf32_rna(t - h);
+        }
+        if (Mh) {
+            float h = tf32_rna(m);
+            Mh[idx] = h;
+            Ml[idx] = tf32_rna(m - h);
+        }
+    }
+}
+
+// The iteration from the scaled start (ls) or the unscaled one (ls == nullptr); products as g_v1 says
+static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p, float eps, Prec prec,
+                              const LanczosStart* ls) {
     long long nn = (long long)n * n, total = nn * batch;
+    bool split = prec == PREC_3XTF32 && g_v1.products == V1_SPLIT, lt = prec == PREC_3XTF32 && g_v1.lt;
     float* M = (float*)ws_get(WS_M, total * sizeof(float));
     float* T = (float*)ws_get(WS_T, total * sizeof(float));
     float* T2 = (float*)ws_get(WS_T2, total * sizeof(float));
     float* W = (float*)ws_get(WS_W, total * sizeof(float));
     double* sums = (double*)ws_get(WS_SUMS, batch * sizeof(double));
+    // split: the hi and lo parts of X, T, T's powers (P) and M, each on a 256-byte boundary
+    float *Xh = nullptr, *Xl = nullptr, *Th = nullptr, *Tl = nullptr, *Ph = nullptr, *Pl = nullptr, *Mh = nullptr,
+          *Ml = nullptr;
+    if (split) {
+        long long part = ceil_div_ll(total, 64) * 64;
+        float* parts = (float*)ws_get(WS_SPLIT, 8 * part * sizeof(float));
+        float** each[] = {&Xh, &Xl, &Th, &Tl, &Ph, &Pl, &Mh, &Ml};
+        for (int i = 0; i < 8; i++) *each[i] = parts + i * part;
+    }
+    int grid = grid_for(total, 256);
+    auto split_into = [&](const float* src, float* hi, float* lo) {
+        split_kernel<<<grid, 256, 0, g_stream>>>(src, hi, lo, total);
+        launchCheck();
+    };
     std::vector<double> h(batch);
-    add_eps_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(A, M, n, total, eps);
-    launchCheck();
-    sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
-    copy_to_host(h.data(), sums, batch * sizeof(double));
     NewtonState s;
     s.n = n;
     s.p = p;
-    double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
-    s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
+    NewtonScale scale;
+    double first_cap = INFINITY;
     float* Xc = X;  // the current X; it alternates with W, and ends in X
-    newton_init_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(M, Xc, sums, n, p, total);
-    launchCheck();
+    if (ls) {
+        double z = ls->z;
+        scale.lo = ls->lo;
+        first_cap = newton_first_cap(p, z, ls->rowsum_max);
+        s.max_iter = newton_max_iter(p, z * eps);  // the unscaled steps' count: an upper bound for scaled ones
+        newton_init_z_kernel<<<grid, 256, 0, g_stream>>>(A, M, Xc, n, eps, (float)z, (float)std::pow(z, 1.0 / p),
+                                                         total);
+        launchCheck();
+    } else {
+        add_eps_kernel<<<grid, 256, 0, g_stream>>>(A, M, n, total, eps);
+        launchCheck();
+        sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
+        copy_to_host(h.data(), sums, batch * sizeof(double));
+        double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
+        s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
+        newton_init_kernel<<<grid, 256, 0, g_stream>>>(M, Xc, sums, n, p, total);
+        launchCheck();
+    }
+    if (split) split_into(Xc, Xh, Xl);
+    // unscaled, products on fp32 operands: T comes from the residual pass, as it always did
+    bool t_with_r = !ls && !split;
     for (;;) {
-        sumsq(M, sums, T, batch, nn, n, p, 1.0f);  // r^2 per matrix, and T
+        sumsq(M, sums, t_with_r ? T : nullptr, batch, nn, n, p, 1.0f);  // r^2 per matrix (and T)
         copy_to_host(h.data(), sums, batch * sizeof(double));
         double r2 = 0.0;
         for (double v : h) r2 = std::isnan(v) ? v : std::max(r2, v);
         NewtonAction act = newton_decide(s, std::sqrt(r2));
         if (act == NEWTON_FAIL) break;
-        gemm_nn(Xc, T, W, n, batch, prec);  // X <- X T
+        double a = ls ? newton_scale_a(scale, p, s.r, s.iters == 0 ? first_cap : INFINITY) : 1.0;
+        if (!t_with_r) {
+            bool m_parts = split && act == NEWTON_STEP;
+            newton_t_kernel<<<grid, 256, 0, g_stream>>>(M, split ? nullptr : T, split ? Th : nullptr,
+                                                        split ? Tl : nullptr, m_parts ? Mh : nullptr,
+                                                        m_parts ? Ml : nullptr, n, p, (float)a,
+                                                        (float)std::pow(a, 1.0 / p), total);
+            launchCheck();
+        }
+        if (split) gemm_split(Xh, Xl, Th, Tl, W, n, batch, lt);  // X <- X T
+        else gemm_nn(Xc, T, W, n, batch, prec, lt);
         std::swap(Xc, W);
         if (act == NEWTON_LAST) break;
-        const float* Tp = T;
-        if (p >= 2) { gemm_nn(T, T, T2, n, batch, prec); Tp = T2; }
-        if (p == 4) { gemm_nn(T2, T2, T, n, batch, prec); Tp = T; }
-        gemm_nn(Tp, M, W, n, batch, prec);  // M <- T^p M
+        if (split) {  // M <- T^p M, every product's result split once
+            split_into(Xc, Xh, Xl);
+            const float *Qh = Th, *Ql = Tl;
+            if (p >= 2) {
+                gemm_split(Th, Tl, Th, Tl, T2, n, batch, lt);
+                split_into(T2, Ph, Pl);
+                Qh = Ph;
+                Ql = Pl;
+            }
+            if (p == 4) {
+                gemm_split(Ph, Pl, Ph, Pl, T2, n, batch, lt);
+                split_into(T2, Ph, Pl);
+            }
+            gemm_split(Qh, Ql, Mh, Ml, W, n, batch, lt);
+        } else {
+            const float* Tp = T;
+            if (p >= 2) { gemm_nn(T, T, T2, n, batch, prec, lt); Tp = T2; }
+            if (p == 4) { gemm_nn(T2, T2, T, n, batch, prec, lt); Tp = T; }
+            gemm_nn(Tp, M, W, n, batch, prec, lt);  // M <- T^p M
+        }
         std::swap(M, W);
+        if (ls) scale.advance(p, a, s.iters == 0);
         s.iters++;
     }
     // X, M and W permute three buffers (the output and two workspaces): the result may sit in a workspace
     if (Xc != X) cudaCheck(cudaMemcpyAsync(X, Xc, total * sizeof(float), cudaMemcpyDeviceToDevice, g_stream));
     return s;
+}
+
+static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p, float eps, Prec prec) {
+    check_root_args("inv_root_v1", A, X, batch, n, p, eps);
+    g_v1_info = V1Info();
+    LanczosStart ls;
+    if (g_v1.scaled && batch == 1 && v1_lanczos(A, n, eps, ls)) {
+        g_v1_info.scaled = true;
+        g_v1_info.start = ls;
+        NewtonState s = v1_iterate(A, X, batch, n, p, eps, prec, &ls);
+        if (!s.failed && s.converged) return s;
+        g_v1_info.fell_back = true;  // the unscaled iteration from the start, as before scaling existed
+    }
+    return v1_iterate(A, X, batch, n, p, eps, prec, nullptr);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1260,60 +2053,182 @@ __device__ float fused_load(const float* Ab, float* Ms, float* Xs, int n, float 
     return block_sum<THREADS>(sq, red);
 }
 
-// T = ((p + 1) I - M) / p (zero in the padding); returns ||M - I||_F (block-wide; its barrier publishes T).
+// T = c ((p + 1) I - a M) (zero in the padding) and ||M - I||_F from the same read of M (block-wide; its barrier
+// publishes T). a = 1, c = 1 / p: the unscaled step, bit for bit as before the scaled steps.
 template <int NP, int LD, int THREADS>
-__device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, float* red) {
-    float r2 = 0.0f, inv_p = 1.0f / (float)p;
+__device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, float a, float c, float* red) {
+    float r2 = 0.0f;
     for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
         int i = e / NP, j = e % NP;
         float t = 0.0f;
         if (i < n && j < n) {
             float m = Ms[i * LD + j], d = m - (i == j ? 1.0f : 0.0f);
             r2 = fmaf(d, d, r2);
-            t = ((i == j ? (float)(p + 1) : 0.0f) - m) * inv_p;
+            t = ((i == j ? (float)(p + 1) : 0.0f) - a * m) * c;
         }
         Ts[i * LD + j] = t;
     }
     return sqrtf(block_sum<THREADS>(r2, red));
 }
 
+// Every thread gets the block's float64 sum, the warps' partial sums added by the same shuffle tree in every warp (the
+// same bits in every thread and in both blocks of a cluster). One barrier: consecutive calls alternate the halves of
+// red (2 x 32), and a thread writes a half again only after the next call's barrier, which every reader of it has
+// passed.
+template <int THREADS>
+__device__ double block_sum_d(double v, double* red, int& half) {
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    double* r = red + 32 * half;
+    half ^= 1;
+    if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
+    __syncthreads();
+    double s = threadIdx.x % 32 < THREADS / 32 ? r[threadIdx.x % 32] : 0.0;  // every warp the same tree
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+// The block's maximum, block_sum_d's way (one barrier, the halves of red alternating with its calls).
+template <int THREADS>
+__device__ double block_max_d(double v, double* red, int& half) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    double* r = red + 32 * half;
+    half ^= 1;
+    if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
+    __syncthreads();
+    double m = r[0];
+    for (int w = 1; w < THREADS / 32; w++) m = fmax(m, r[w]);
+    return m;
+}
+
+// Lanczos in a block (versions 2 and 3), the arithmetic of lanczos_cpu: thread i < n owns row i (v_i, its previous
+// value and the residual u_i in registers), u lives in W (n floats of shared memory; T's, free before the first step),
+// the matvec reads A's column i (A symmetric; conflict-free) and all of u. Two barriers a step. Every thread ends with
+// the same alpha[0..k-1], beta[0..k-1] and *rowsum_max (lanczos_cpu's, from the first matvec's reads); returns k.
+template <int NP, int LD, int THREADS>
+__device__ int fused_lanczos(const float* Ms, float* W, int n, double* red, double* alpha, double* beta,
+                             double* rowsum_max) {
+    static_assert(THREADS >= NP, "a thread per row");
+    int i = threadIdx.x, half = 0;
+    bool row = i < n;
+    float u = row ? lanczos_start(i) : 0.0f, v = 0.0f, v_prev = 0.0f, rowsum = 0.0f;
+    if (row) W[i] = u;
+    double b = sqrt(block_sum_d<THREADS>((double)u * u, red, half));  // its barrier publishes W
+    int k = 0;
+    while (k < LANCZOS_STEPS && b > 0.0) {
+        float inv = (float)(1.0 / b), y = 0.0f;
+        v_prev = v;
+        v = u * inv;
+        if (row && k == 0)
+            for (int c = 0; c < n; c++) rowsum += fabsf(Ms[c * LD + i]);
+        if (row) y = lanczos_row(Ms + i, LD, W, n) * inv;
+        double a = block_sum_d<THREADS>((double)v * y, red, half);  // past it no thread reads W in this step
+        u = row ? (float)((double)y - a * v - b * v_prev) : 0.0f;
+        if (row) W[i] = u;
+        alpha[k] = a;
+        b = sqrt(block_sum_d<THREADS>((double)u * u, red, half));  // publishes W
+        beta[k++] = b;
+    }
+    *rowsum_max = block_max_d<THREADS>(rowsum, red, half);
+    return k;
+}
+
+// Lanczos and the start it gives (z, lo; the row sums for newton_first_cap). Not inlined: its registers (the
+// tridiagonal in float64, the multisection) would otherwise add to the product loops' and spill there.
+template <int NP, int LD, int THREADS>
+__device__ __noinline__ LanczosStart fused_scaled_start(const float* Ms, float* W, int n, double* redd) {
+    double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS];
+    LanczosStart fs;
+    fs.k = fused_lanczos<NP, LD, THREADS>(Ms, W, n, redd, alpha, beta, &fs.rowsum_max);
+    lanczos_newton_start(alpha, beta, fs.k, &fs.z, &fs.lo);
+    return fs;
+}
+
+// The coupled iteration of versions 2 and 3 on X, M and T in shared memory (Ab: the matrix in global memory): scaled
+// steps from the Lanczos start (NEWTON_SCALED), and when they fail or do not converge the unscaled iteration from a
+// fresh load (the fallback). mul(A, B, dst): dst = A B, the whole block (or cluster) calls it. Every thread takes the
+// same decisions: they come from block-wide sums (and, in a cluster, from identical copies summed in the same order).
+template <int NP, int LD, int THREADS, typename Mul>
+__device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float* Ts, int n, int p, float eps,
+                                    int start, float* red, double* redd, Mul mul) {
+    NewtonState s;
+    int discarded = 0;
+    bool fell_back = false;
+    for (int attempt = start == NEWTON_UNSCALED ? 1 : 0; attempt < 2; attempt++) {
+        bool scaled = attempt == 0;
+        float nrm2 = fused_load<NP, LD, THREADS>(Ab, Ms, Xs, n, eps, red);
+        float z = (p + 1) / (2.0f * sqrtf(nrm2));
+        NewtonScale scale;
+        double first_cap = INFINITY;
+        if (scaled) {
+            LanczosStart fs = fused_scaled_start<NP, LD, THREADS>(Ms, Ts, n, redd);
+            if (start == NEWTON_SCALED_BAD_HI) {
+                fs.z *= NEWTON_BAD_HI_FACTOR;
+                fs.lo *= NEWTON_BAD_HI_FACTOR;
+            }
+            z = (float)fs.z;
+            scale.lo = fs.lo;
+            first_cap = newton_first_cap(p, z, fs.rowsum_max);
+        }
+        float x0 = powf(z, 1.0f / p);
+        for (int e = threadIdx.x; e < n * n; e += THREADS) Ms[e / n * LD + e % n] *= z;
+        for (int i = threadIdx.x; i < n; i += THREADS) Xs[i * LD + i] = x0;
+        __syncthreads();
+        s = NewtonState();
+        s.n = n;
+        s.p = p;
+        s.max_iter = newton_max_iter(p, (double)z * eps);
+        for (;;) {
+            // a from the carried interval alone (newton_scale_a), so that one pass gives the residual and T
+            double a = scaled ? newton_scale_a(scale, p, INFINITY, s.iters == 0 ? first_cap : INFINITY) : 1.0;
+            float c = scaled ? (float)(newton_root_p(a, p) / p) : 1.0f / (float)p;
+            NewtonAction act = newton_decide(s, fused_residual_and_T<NP, LD, THREADS>(Ms, Ts, n, p, (float)a, c, red));
+            if (act == NEWTON_FAIL) break;
+            mul(Xs, Ts, Xs);  // X <- X T
+            if (act == NEWTON_LAST) break;
+            if (p >= 2) mul(Ts, Ts, Ts);
+            if (p == 4) mul(Ts, Ts, Ts);
+            mul(Ts, Ms, Ms);  // M <- T^p M
+            if (scaled) scale.advance(p, a, s.iters == 0);
+            s.iters++;
+        }
+        if (!scaled || (!s.failed && s.converged)) break;
+        fell_back = true;
+        discarded = s.iters;
+    }
+    s.fell_back = fell_back;
+    s.discarded = discarded;
+    return s;
+}
+
+// status of a matrix: -1 failed, else the steps of both attempts, plus NEWTON_FELL_BACK after a fallback
+__device__ inline int fused_status(const NewtonState& s) {
+    return s.failed ? -1 : s.iters + s.discarded + (s.fell_back ? NEWTON_FELL_BACK : 0);
+}
+
 // One block per matrix (blockIdx.x); status[b] = steps taken, or -1 when the iteration left its convergence region.
 template <int NP>
 __global__ void __launch_bounds__(v2_threads<NP>())
-newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int* status, float* residual) {
+newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int start, int* status, float* residual) {
     constexpr int LD = NP + 1;
     extern __shared__ float smem[];
     __shared__ float red[33];
+    __shared__ double redd[64];
     float *Xs = smem, *Ms = smem + NP * LD, *Ts = smem + 2 * NP * LD;
     long long nn = (long long)n * n;
-    float nrm2 = fused_load<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Ms, Xs, n, eps, red);
-    float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
-    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) Ms[e / n * LD + e % n] *= z;
-    for (int i = threadIdx.x; i < n; i += v2_threads<NP>()) Xs[i * LD + i] = x0;
-    __syncthreads();
-    NewtonState s;  // every thread takes the same decisions from the same block-wide residual
-    s.n = n;
-    s.p = p;
-    s.max_iter = newton_max_iter(p, (double)z * eps);
-    for (;;) {
-        NewtonAction act = newton_decide(s, fused_residual_and_T<NP, LD, v2_threads<NP>()>(Ms, Ts, n, p, red));
-        if (act == NEWTON_FAIL) break;
-        smem_matmul<NP>(Xs, Ts, Xs, n);  // X <- X T
-        if (act == NEWTON_LAST) break;
-        if (p >= 2) smem_matmul<NP>(Ts, Ts, Ts, n);
-        if (p == 4) smem_matmul<NP>(Ts, Ts, Ts, n);
-        smem_matmul<NP>(Ts, Ms, Ms, n);  // M <- T^p M
-        s.iters++;
-    }
+    auto mul = [&](const float* P, const float* Q, float* dst) { smem_matmul<NP>(P, Q, dst, n); };
+    NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red,
+                                                           redd, mul);
     for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) X[blockIdx.x * nn + e] = Xs[e / n * LD + e % n];
     if (threadIdx.x == 0) {
-        status[blockIdx.x] = s.failed ? -1 : s.iters;
+        status[blockIdx.x] = fused_status(s);
         residual[blockIdx.x] = (float)s.r;
     }
 }
 
 template <int NP>
-static const char* launch_v2(const float* A, float* X, int batch, int n, int p, float eps, int* status, float* res) {
+static const char* launch_v2(const float* A, float* X, int batch, int n, int p, float eps, int start, int* status,
+                             float* res) {
     static bool configured = false;
     static const char* why_not = nullptr;
     static char why_buf[200];
@@ -1332,28 +2247,39 @@ static const char* launch_v2(const float* A, float* X, int batch, int n, int p, 
         configured = true;
     }
     if (why_not) return why_not;
-    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>(), g_stream>>>(A, X, n, p, eps, status, res);
+    newton_fused_kernel<NP><<<batch, v2_threads<NP>(), v2_smem_bytes<NP>(), g_stream>>>(A, X, n, p, eps, start, status,
+                                                                                         res);
     launchCheck();
     return nullptr;
 }
 
 // Returns nullptr, or why this size cannot run here (n > 128, or the device's shared memory). The per-matrix
-// status (steps, -1 = failed) and final ||M - I||_F stay on the device: newton_status() reads them.
-static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p, float eps) {
+// status (steps, -1 = failed) and final ||M - I||_F stay on the device: newton_status() reads them. start: scaled
+// with the unscaled fallback (default), unscaled only, or the tests' bad estimate (NewtonStart).
+static const char* inv_root_v2(const float* A, float* X, int batch, int n, int p, float eps,
+                               NewtonStart start = NEWTON_SCALED) {
     check_root_args("inv_root_v2", A, X, batch, n, p, eps);
     int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
     float* res = (float*)(status + batch);
-    if (n <= 32) return launch_v2<32>(A, X, batch, n, p, eps, status, res);
-    if (n <= 64) return launch_v2<64>(A, X, batch, n, p, eps, status, res);
-    if (n <= 128) return launch_v2<128>(A, X, batch, n, p, eps, status, res);
+    if (n <= 32) return launch_v2<32>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 64) return launch_v2<64>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 128) return launch_v2<128>(A, X, batch, n, p, eps, start, status, res);
     return "version 2 runs n <= 128 only";
 }
-// versions 2, 3 and 4: the per-matrix steps (-1: left the convergence region) and final ||M - I||_F
-static void newton_status(int batch, std::vector<int>& steps, std::vector<float>& r) {
+// versions 2, 3 and 4: the per-matrix steps (-1: left the convergence region; versions 2 and 3: both attempts'
+// steps after a fallback) and final ||M - I||_F; fell_back (optional): 1 where versions 2 or 3 reran unscaled
+static void newton_status(int batch, std::vector<int>& steps, std::vector<float>& r,
+                          std::vector<int>* fell_back = nullptr) {
     std::vector<char> h(batch * (sizeof(int) + sizeof(float)));
     copy_to_host(h.data(), g_ws[WS_STATUS], h.size());
     steps.assign((int*)h.data(), (int*)h.data() + batch);
     r.assign((float*)(h.data() + batch * sizeof(int)), (float*)(h.data() + batch * sizeof(int)) + batch);
+    if (fell_back) fell_back->assign(batch, 0);
+    for (int b = 0; b < batch; b++)
+        if (steps[b] >= NEWTON_FELL_BACK) {
+            steps[b] -= NEWTON_FELL_BACK;
+            if (fell_back) (*fell_back)[b] = 1;
+        }
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1435,8 +2361,6 @@ __device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const flo
             }
     }
 }
-
-namespace cg = cooperative_groups;
 
 // Tile t of the lower triangle (versions 3 and 4, syrk_lower), row by row: (0,0), (1,0), (1,1), (2,0), ...
 __host__ __device__ inline void lower_tile(int t, int& bi, int& bj) {
@@ -1543,45 +2467,32 @@ __device__ void v3_matmul(const float* A, const float* B, float* dst, float* par
 // status[b] = steps taken, or -1 when the iteration left its convergence region.
 template <int NP, int CL>
 __global__ void __launch_bounds__(V3Cfg<NP, CL>::THREADS)
-newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int* status, float* residual) {
+newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int start, int* status, float* residual) {
     using C = V3Cfg<NP, CL>;
     extern __shared__ __align__(16) float smem[];
     __shared__ float red[33];
+    __shared__ double redd[64];
     float *Xs = smem, *Ms = smem + NP * C::LD, *Ts = smem + 2 * NP * C::LD;
     int b = blockIdx.x / CL, rank = blockIdx.x % CL;
     float *pX = v3_partner<CL>(Xs, rank), *pM = v3_partner<CL>(Ms, rank), *pT = v3_partner<CL>(Ts, rank);
     long long nn = (long long)n * n;
-    float nrm2 = fused_load<NP, C::LD, C::THREADS>(A + b * nn, Ms, Xs, n, eps, red);
-    float z = (p + 1) / (2.0f * sqrtf(nrm2)), x0 = powf(z, 1.0f / p);
-    for (int e = threadIdx.x; e < n * n; e += C::THREADS) Ms[e / n * C::LD + e % n] *= z;
-    for (int i = threadIdx.x; i < n; i += C::THREADS) Xs[i * C::LD + i] = x0;
-    __syncthreads();
     int kn = (n + 7) / 8 * 8;
-    NewtonState s;
-    s.n = n;
-    s.p = p;
-    s.max_iter = newton_max_iter(p, (double)z * eps);
-    for (;;) {
-        NewtonAction act = newton_decide(s, fused_residual_and_T<NP, C::LD, C::THREADS>(Ms, Ts, n, p, red));
-        if (act == NEWTON_FAIL) break;
-        v3_matmul<NP, CL>(Xs, Ts, Xs, pX, n, kn, rank);  // X <- X T
-        if (act == NEWTON_LAST) break;
-        if (p >= 2) v3_matmul<NP, CL>(Ts, Ts, Ts, pT, n, kn, rank);
-        if (p == 4) v3_matmul<NP, CL>(Ts, Ts, Ts, pT, n, kn, rank);
-        v3_matmul<NP, CL>(Ts, Ms, Ms, pM, n, kn, rank);  // M <- T^p M
-        s.iters++;
-    }
+    auto mul = [&](const float* P, const float* Q, float* dst) {  // dst: Xs, Ts or Ms, and the partner's copy
+        v3_matmul<NP, CL>(P, Q, dst, dst == Xs ? pX : dst == Ts ? pT : pM, n, kn, rank);
+    };
+    NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, redd, mul);
     for (int e = rank * C::THREADS + threadIdx.x; e < n * n; e += CL * C::THREADS)  // the blocks share the store
         X[b * nn + e] = Xs[e / n * C::LD + e % n];
     if (rank == 0 && threadIdx.x == 0) {
-        status[b] = s.failed ? -1 : s.iters;
+        status[b] = fused_status(s);
         residual[b] = (float)s.r;
     }
     v3_sync<CL>();  // no block leaves while its partner may still address its shared memory
 }
 
 template <int NP, int CL>
-static const char* launch_v3(const float* A, float* X, int batch, int n, int p, float eps, int* status, float* res) {
+static const char* launch_v3(const float* A, float* X, int batch, int n, int p, float eps, int start, int* status,
+                             float* res) {
     using C = V3Cfg<NP, CL>;
     static bool configured = false;
     static const char* why_not = nullptr;
@@ -1618,23 +2529,23 @@ static const char* launch_v3(const float* A, float* X, int batch, int n, int p, 
         configured = true;
     }
     if (why_not) return why_not;
-    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, A, X, n, p, eps, status, res));
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, A, X, n, p, eps, start, status, res));
     return nullptr;
 }
 
 // Returns nullptr, or why this size cannot run here. blocks_per_matrix: 0 = 2 where clusters exist (sm_90, n > 32),
-// else 1; 1 = one block (the path of sm_80). Status as version 2's (newton_status).
+// else 1; 1 = one block (the path of sm_80). Status and start as version 2's (newton_status, NewtonStart).
 static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p, float eps,
-                               int blocks_per_matrix = 0) {
+                               int blocks_per_matrix = 0, NewtonStart start = NEWTON_SCALED) {
     check_root_args("inv_root_v3", A, X, batch, n, p, eps);
     int* status = (int*)ws_get(WS_STATUS, batch * (sizeof(int) + sizeof(float)));
     float* res = (float*)(status + batch);
     bool pair = blocks_per_matrix != 1 && g_gpu.cc_major >= 9;
-    if (n <= 32) return launch_v3<32, 1>(A, X, batch, n, p, eps, status, res);
-    if (n <= 64) return pair ? launch_v3<64, 2>(A, X, batch, n, p, eps, status, res)
-                             : launch_v3<64, 1>(A, X, batch, n, p, eps, status, res);
-    if (n <= 128) return pair ? launch_v3<128, 2>(A, X, batch, n, p, eps, status, res)
-                              : launch_v3<128, 1>(A, X, batch, n, p, eps, status, res);
+    if (n <= 32) return launch_v3<32, 1>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 64) return pair ? launch_v3<64, 2>(A, X, batch, n, p, eps, start, status, res)
+                             : launch_v3<64, 1>(A, X, batch, n, p, eps, start, status, res);
+    if (n <= 128) return pair ? launch_v3<128, 2>(A, X, batch, n, p, eps, start, status, res)
+                              : launch_v3<128, 1>(A, X, batch, n, p, eps, start, status, res);
     return "version 3 runs n <= 128 only";
 }
 
@@ -2045,7 +2956,8 @@ static void syrk_lower(const Loader& P, float* C, int batch, int N, int K, float
     if (!C) { fprintf(stderr, "syrk_lower: argument C is null\n"); exit(EXIT_FAILURE); }
     long long tiles = (long long)ceil_div_ll(N, SY_BT) * (ceil_div_ll(N, SY_BT) + 1) / 2;
     if (tiles > INT32_MAX) fail_arg("syrk_lower", "N", N, "small enough for 2^31 tiles");
-    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS, 0, g_stream>>>(P, C, (long long)N * N, N, K, alpha, beta);
+    syrk_lower_kernel<Loader><<<dim3((unsigned)tiles, batch), SY_THREADS, 0, g_stream>>>(P, C, (long long)N * N, N, K,
+                                                                                       alpha, beta);
     launchCheck();
 }
 
@@ -2142,12 +3054,17 @@ constexpr double STUDY_TF32_BELOW = 0.1;  // --study: ||M - I||_F below which th
 static int run_study(uint64_t seed) {
     printf("coupled Newton, CPU twin: rel err vs the float64 oracle / residual ||X^p A - I||_F / sqrt(n) / steps "
            "(fast-phase steps), A with lambda_max = 1\n");
-    printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s\n", "n", "p", "case",
-           "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc", "2acc lower (v3, v4)");
+    printf("(unscaled steps: version 4, version 1's batches; the scaled columns: versions 2 and 3, Lanczos start, "
+           "'b' = fell back to the unscaled rerun)\n");
+    printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | "
+           "%-23s\n", "n", "p", "case", "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc",
+           "2acc lower (v4)", "fp32 scaled (v2)", "2acc lower scaled (v3)", "3xtf32 scaled (v1)");
     Rng rng{seed};
     double worst[4][2] = {};  // fp32, 3xtf32: max rel err / tol and residual / tol
     double extra_worst[3][2] = {};  // fp32 lower, 3xtf32 2acc, 3xtf32 2acc lower
     double delta_worst[2] = {};     // 3xtf32 2acc lower with TF32 steps in the I + D form near convergence
+    double scaled_worst[3][2] = {};  // fp32, 3xtf32 2acc lower, 3xtf32 (v1) scaled: rel err / tol, residual / tol
+    int scaled_steps[3][2] = {};     // the same three: steps scaled, unscaled (summed over the cases)
     int delta_steps[2] = {};        // TF32 steps, all steps
     for (int n : {32, 96})
         for (const SpdCase& c : SPD_CASES)
@@ -2158,13 +3075,16 @@ static int run_study(uint64_t seed) {
                     printf("%-4d %-3d %-10s %-7.0e %-7.1e", n, p, c.name, eps, o.lmax / o.lmin);
                     for (Prec prec : {PREC_FP32, PREC_3XTF32, PREC_TF32, PREC_BF16}) {
                         MatF X((size_t)n * n);
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec);
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, false, 0.0, nullptr,
+                                                   NEWTON_UNSCALED);
                         double e = rel_err(X.size(), X.data(), o.X.data());
                         double res = root_residual(n, p, X.data(), A.data(), eps);
                         printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
                         RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32,
                                                    n, p, o.lmax / o.lmin);
                         worst[prec][0] = std::max(worst[prec][0], e / t.rel);
+                        if (prec == PREC_FP32) scaled_steps[0][1] += s.iters + 1;
+                        if (prec == PREC_3XTF32) scaled_steps[2][1] += s.iters + 1;
                         worst[prec][1] = std::max(worst[prec][1], res / t.res);
                     }
                     // versions 3 and 4's arithmetic: two accumulators, lower-triangle products mirrored
@@ -2172,7 +3092,8 @@ static int run_study(uint64_t seed) {
                         Prec prec = x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC;
                         bool lower = x != 1;
                         MatF X((size_t)n * n);
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower);
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, 0.0, nullptr,
+                                                   NEWTON_UNSCALED);
                         double e = rel_err(X.size(), X.data(), o.X.data());
                         double res = root_residual(n, p, X.data(), A.data(), eps);
                         printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
@@ -2180,12 +3101,29 @@ static int run_study(uint64_t seed) {
                                                    o.lmax / o.lmin);
                         extra_worst[x][0] = std::max(extra_worst[x][0], e / t.rel);
                         extra_worst[x][1] = std::max(extra_worst[x][1], res / t.res);
+                        if (x == 2) scaled_steps[1][1] += s.iters + 1;
+                    }
+                    // versions 2 (fp32), 3 (2acc lower) and 1 (3xtf32, its own Lanczos) since scaled steps
+                    for (int x = 0; x < 3; x++) {
+                        MatF X((size_t)n * n);
+                        Prec prec = x == 0 ? PREC_FP32 : x == 1 ? PREC_3XTF32_2ACC : PREC_3XTF32;
+                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, x == 1, 0.0, nullptr,
+                                                   x == 2 ? NEWTON_SCALED_V1 : NEWTON_SCALED);
+                        double e = rel_err(X.size(), X.data(), o.X.data());
+                        double res = root_residual(n, p, X.data(), A.data(), eps);
+                        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters,
+                               s.failed ? "F" : s.fell_back ? "b" : s.converged ? " " : "s");
+                        RootTol t = root_tolerance(x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p,
+                                                   o.lmax / o.lmin);
+                        scaled_worst[x][0] = std::max(scaled_worst[x][0], s.failed ? INFINITY : e / t.rel);
+                        scaled_worst[x][1] = std::max(scaled_worst[x][1], res / t.res);
+                        scaled_steps[x][0] += s.iters + 1 + s.discarded;
                     }
                     {
                         MatF X((size_t)n * n);
                         int fast = 0;
                         NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), PREC_3XTF32_2ACC, 0, true,
-                                                   STUDY_TF32_BELOW, &fast);
+                                                   STUDY_TF32_BELOW, &fast, NEWTON_UNSCALED);
                         double e = rel_err(X.size(), X.data(), o.X.data());
                         double res = root_residual(n, p, X.data(), A.data(), eps);
                         RootTol t = root_tolerance(METHOD_NEWTON_3XTF32, n, p, o.lmax / o.lmin);
@@ -2209,6 +3147,13 @@ static int run_study(uint64_t seed) {
     for (int x = 0; x < 3; x++)
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", extra_names[x],
                extra_worst[x][0], extra_worst[x][1]);
+    const char* scaled_names[3] = {"fp32 scaled, version 2 (fp32 tol)",
+                                   "3xtf32 2acc lower scaled, version 3 (3xtf32 tol)",
+                                   "3xtf32 scaled, version 1 (3xtf32 tol)"};
+    for (int x = 0; x < 3; x++)
+        printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f; steps (incl. the "
+               "last X step and a fallback's) %d scaled against %d unscaled\n", scaled_names[x], scaled_worst[x][0],
+               scaled_worst[x][1], scaled_steps[x][0], scaled_steps[x][1]);
     printf("\nNewton-Schulz, bf16 emulation vs float64: rel err, singular values of both (min, max)\n");
     struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {100, 30, 1e2}, {64, 64, 1e2}, {96, 96, 1e3},
                                                    {128, 64, 10}, {64, 64, 0}, {48, 160, 0}};
@@ -2280,23 +3225,43 @@ static void test_newton_twin(Rng& rng) {
         for (int p : {1, 2, 4}) {
             RootOracle o = oracle_inv_root(n, A.data(), eps, p);
             double kappa = o.lmax / o.lmin;
-            // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored)
-            for (int x = 0; x < 4; x++) {
-                Prec prec = x == 0 ? PREC_FP32 : x == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
-                bool lower = x == 3;
+            // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored);
+            // unscaled (version 4, version 1's batches), scaled (versions 2 and 3) and version 1's scaled (fp32 and
+            // its 3xTF32), which must not need their fallback here
+            for (int x = 0; x < 10; x++) {
+                Prec prec = x % 4 == 0 ? PREC_FP32 : x % 4 == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
+                bool lower = x % 4 == 3;
+                NewtonStart start = x < 4 ? NEWTON_UNSCALED : x < 8 ? NEWTON_SCALED : NEWTON_SCALED_V1;
                 MatF X((size_t)n * n);
-                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, 0.0, nullptr, start);
                 RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, kappa);
                 double e = rel_err(X.size(), X.data(), o.X.data()), res = root_residual(n, p, X.data(), A.data(), eps);
-                report(!st.failed && e <= t.rel && res <= t.res,
-                       fmt("cpu twin Newton %s%s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec), lower ? " lower" : "",
+                report(!st.failed && !st.fell_back && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton %s%s%s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec),
+                           lower ? " lower" : "", start == NEWTON_SCALED ? " scaled"
+                                                  : start == NEWTON_SCALED_V1 ? " scaled (version 1)" : "",
                            n, p, c.name, kappa),
-                       fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
+                       fmt("%d steps%s, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters,
+                           st.fell_back ? " after a fallback" : "", e, t.rel, res, t.res));
+            }
+            {  // the fallback: an estimate of lambda_max 100x too small makes the scaled iteration fail, and the
+               // unscaled rerun must give the root
+                MatF X((size_t)n * n);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), PREC_FP32, 0, false, 0.0, nullptr,
+                                            NEWTON_SCALED_BAD_HI);
+                RootTol t = root_tolerance(METHOD_NEWTON_FP32, n, p, kappa);
+                double e = rel_err(X.size(), X.data(), o.X.data()), res = root_residual(n, p, X.data(), A.data(), eps);
+                report(!st.failed && st.fell_back && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton fp32 n=%d p=%d %s, lambda_max estimate 100x low: unscaled rerun", n, p,
+                           c.name),
+                       fmt("%s, %d + %d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)",
+                           st.fell_back ? "fell back" : "did NOT fall back", st.discarded, st.iters, e, t.rel, res,
                            t.res));
             }
             if (kappa <= 1e2) {  // a batch's fast matrices: 20 more steps once converged change nothing that matters
                 MatF X((size_t)n * n);
-                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), PREC_FP32, 20);
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), PREC_FP32, 20, false, 0.0, nullptr,
+                                            NEWTON_UNSCALED);
                 RootTol t = root_tolerance(METHOD_NEWTON_FP32, n, p, kappa);
                 double e = rel_err(X.size(), X.data(), o.X.data());
                 report(!st.failed && e <= t.rel, fmt("cpu twin Newton fp32 n=%d p=%d %s, 20 steps past convergence",
@@ -2325,18 +3290,237 @@ static void test_newton_scalar() {
     float eps = 1e-6f;
     for (float a : {2.5f, 1e-3f, 0.0f})
         for (int p : {1, 2, 4})
-            for (Prec prec : {PREC_FP32, PREC_3XTF32, PREC_3XTF32_2ACC}) {
+            for (int x3 = 0; x3 < 6; x3++) {
+                Prec prec = x3 % 3 == 0 ? PREC_FP32 : x3 % 3 == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
+                NewtonStart start = x3 < 3 ? NEWTON_UNSCALED : NEWTON_SCALED;
                 RootMethod m = prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32;
                 RootOracle o = oracle_inv_root(1, &a, eps, p);
                 float x = NAN;
-                NewtonState st = newton_cpu(1, p, eps, &a, &x, prec);
+                NewtonState st = newton_cpu(1, p, eps, &a, &x, prec, 0, false, 0.0, nullptr, start);
                 RootTol t = root_tolerance(m, 1, p, 1.0);
                 double e = rel_err(1, &x, o.X.data()), res = root_residual(1, p, &x, &a, eps);
-                report(!st.failed && e <= t.rel && res <= t.res,
-                       fmt("cpu twin Newton %s n=1 p=%d a=%g", prec_name(prec), p, a),
+                report(!st.failed && !st.fell_back && e <= t.rel && res <= t.res,
+                       fmt("cpu twin Newton %s%s n=1 p=%d a=%g", prec_name(prec),
+                           start == NEWTON_SCALED ? " scaled" : "", p, a),
                        fmt("%d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters, e, t.rel, res,
                            t.res));
             }
+}
+
+// The scalar pieces of the scaled steps against known values: the Ritz extremes and the last eigenvector weight of
+// tridiag(-1, 2, -1) (eigenvalues 2 - 2 cos(pi j / (k + 1)), eigenvectors sin(i j pi / (k + 1))) and of a diagonal
+// with a spread of 3e6; NewtonScale on exact spectra (every eigenvalue inside the carried interval after every step)
+// and the step counts of the scalar simulation; Lanczos on matrices of known spectrum.
+static int scaled_sim_steps(int p, double kappa, bool scaled, double lo_factor, bool* inside) {
+    std::vector<double> m(200);
+    for (size_t i = 0; i < m.size(); i++) m[i] = std::pow(kappa, -(double)i / (m.size() - 1));  // 1 .. 1 / kappa
+    NewtonScale scale;
+    scale.lo = lo_factor / kappa;
+    *inside = true;
+    for (int step = 0; step < 100; step++) {
+        double r = 0.0;
+        for (double v : m) r = std::max(r, std::fabs(v - 1.0));
+        if (r <= NEWTON_LAST_R) return step + 1;  // and the last X step
+        double a = scaled ? scale.alpha(p, r) : 1.0;
+        for (double& v : m) v = newton_map(p, a * v);
+        if (scaled) scale.advance(p, a);
+        for (double v : m) *inside = *inside && v >= scale.lo * (1 - 1e-9) && v <= scale.hi * (1 + 1e-9);
+    }
+    return 1000;
+}
+
+static void test_scaled_pieces(Rng& rng) {
+    const double pi = 3.14159265358979323846;
+    for (int k : {1, 2, 7, 20}) {
+        std::vector<double> d(k, 2.0), e(k, -1.0);
+        double lo, hi;
+        tridiag_extremes(d.data(), e.data(), k, &lo, &hi);
+        double elo = 2.0 - 2.0 * std::cos(pi / (k + 1)), ehi = 2.0 - 2.0 * std::cos(pi * k / (k + 1));
+        double w = tridiag_last_weight(d.data(), e.data(), k, ehi), s = std::sin(pi * k * k / (k + 1));
+        double ew = 2.0 / (k + 1) * s * s;
+        report(lo >= elo - 1e-12 && lo <= elo + 1e-4 * lo + 1e-12 && hi >= ehi - 1e-12 &&
+                   hi <= ehi + 1e-7 * hi + 1e-12 && std::fabs(w - ew) <= 1e-9 * ew,
+               fmt("tridiag_extremes, tridiag_last_weight: tridiag(-1, 2, -1), k=%d", k),
+               fmt("lo %.10f (exact %.10f), hi %.10f (exact %.10f), last weight %.3e (exact %.3e)", lo, elo, hi, ehi,
+                   w, ew));
+    }
+    {
+        double d[4] = {3.0, 1e-6, 0.5, 2.0}, e[4] = {0.0, 0.0, 0.0, 0.0}, lo, hi;
+        tridiag_extremes(d, e, 4, &lo, &hi);
+        report(lo >= 1e-6 && lo <= 1e-6 * (1 + 1e-4) && hi >= 3.0 && hi <= 3.0 * (1 + 1e-7),
+               "tridiag_extremes: diagonal, spread 3e6 (lo to 1e-4 relative)", fmt("lo %.6e, hi %.9f", lo, hi));
+    }
+    {  // p = 4: the spread cap (a hi <= 5 (1 - 16^(-1/4)) = 2.5); p = 1: the safety cap (a hi <= 2 / 1.1)
+        double a_bal = newton_alpha(4, 0.2, 1.0), a4 = newton_alpha(4, 1e-9, 0.5), a1 = newton_alpha(1, 1e-9, 1.0);
+        report(newton_alpha(4, 1.0, 1.0) == 1.0 && a_bal < 2.5 &&
+                   std::fabs(newton_map(4, a_bal * 0.2) - newton_map(4, a_bal)) < 1e-9 &&
+                   std::fabs(a4 - 5.0) < 1e-12 && std::fabs(a1 - 2.0 / NEWTON_HI_SLACK) < 1e-12,
+               "newton_alpha: 1 at convergence, balanced g(a lo) = g(a hi), capped (spread of T^p, slack above hi)",
+               fmt("a(0.2, 1) = %.6f, p = 4 a(1e-9, 0.5) = %.6f (cap 5), p = 1 a(1e-9, 1) = %.6f (cap 2 / 1.1)", a_bal,
+                   a4, a1));
+    }
+    // the scalar simulation (exact extremes; r = max |m - 1|): steps including the last X step, p = 4
+    struct { double kappa, lo_factor; int most; } sims[] = {{35, 1.0, 6}, {35, 1.3, 6}, {1e6, 1.0, 11}};
+    for (auto& sim : sims) {
+        bool inside = true, inside_u = true;
+        int k = scaled_sim_steps(4, sim.kappa, true, sim.lo_factor, &inside);
+        int ku = scaled_sim_steps(4, sim.kappa, false, 1.0, &inside_u);
+        bool exact = sim.lo_factor == 1.0;  // an overestimated lo does not contain the spectrum, by design
+        report(k <= sim.most && k < ku && (inside || !exact),
+               fmt("scaled steps, scalar simulation p=4 kappa %.0e, lo estimated %.1fx", sim.kappa, sim.lo_factor),
+               fmt("%d steps (at most %d), unscaled from [1/kappa, 1] %d; spectrum inside the interval: %s", k,
+                   sim.most, ku, exact ? (inside ? "yes" : "NO") : "not expected"));
+    }
+    // Lanczos (both twins: lanczos_cpu of versions 2 and 3, lanczos_grid_cpu of version 1; lanczos_newton_start) on
+    // known spectra: 1 / z = theta_max + residual, at or above lambda_max and within NEWTON_HI_SLACK of it;
+    // lo / z = theta_min at or above lambda_min
+    for (double kappa : {35.0, 1e4}) {
+        int n = 96;
+        MatD Ad, Q;
+        std::vector<double> dd;
+        MatF A = make_spd(n, kappa, 0, rng, &Ad, &Q, &dd);
+        for (int twin = 0; twin < 2; twin++) {
+            double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], z, lo;
+            double rowsum_max;
+            int k = twin == 0 ? lanczos_cpu(n, A.data(), alpha, beta, &rowsum_max)
+                              : lanczos_grid_cpu(n, A.data(), 0.0f, alpha, beta, &rowsum_max);
+            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            double lmax = *std::max_element(dd.begin(), dd.end()), lmin = *std::min_element(dd.begin(), dd.end());
+            double hi_est = 1.0 / z, tmin = lo / z;
+            report(k == LANCZOS_STEPS && hi_est >= lmax * (1 - 1e-6) && hi_est <= NEWTON_HI_SLACK * lmax &&
+                       tmin >= lmin * (1 - 1e-5),
+                   fmt("Lanczos start (%s twin) n=%d kappa %.0e", twin == 0 ? "block" : "grid", n, kappa),
+                   fmt("%d steps: theta_max + residual = %.6f lambda_max, theta_min = %.3f lambda_min", k,
+                       hi_est / lmax, tmin / lmin));
+        }
+    }
+}
+
+// --bench's matrix (G G^T / (2 n), G an n x 2n Gaussian, n = 128, kappa ~ 35, eps 1e-6, p = 4): the scaled twin's
+// steps (full steps and the last X step) in versions 2 and 3's arithmetic, at most BENCH_SCALED_STEPS, fewer than
+// unscaled, within the tolerance.
+constexpr int BENCH_SCALED_STEPS = 6;
+static void test_scaled_steps_bench(Rng& rng) {
+    int n = 128, p = 4;
+    float eps = 1e-6f;
+    MatD G((size_t)n * 2 * n);
+    for (double& g : G) g = rng.normal();
+    MatF A((size_t)n * n);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int k = 0; k < 2 * n; k++) s += G[(size_t)i * 2 * n + k] * G[(size_t)j * 2 * n + k];
+            A[(size_t)i * n + j] = A[(size_t)j * n + i] = (float)(s / (2 * n));
+        }
+    RootOracle o = oracle_inv_root(n, A.data(), eps, p);
+    for (int x = 0; x < 2; x++) {
+        Prec prec = x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC;
+        MatF X((size_t)n * n), Xu((size_t)n * n);
+        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, x == 1);
+        NewtonState su = newton_cpu(n, p, eps, A.data(), Xu.data(), prec, 0, x == 1, 0.0, nullptr, NEWTON_UNSCALED);
+        RootTol t = root_tolerance(x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, o.lmax / o.lmin);
+        double e = rel_err(X.size(), X.data(), o.X.data()), eu = rel_err(Xu.size(), Xu.data(), o.X.data());
+        report(!s.failed && !s.fell_back && s.converged && s.iters + 1 <= BENCH_SCALED_STEPS && s.iters < su.iters &&
+                   e <= t.rel,
+               fmt("scaled steps on --bench's matrix n=%d p=%d (kappa_eff %.1f), %s%s", n, p, o.lmax / o.lmin,
+                   prec_name(prec), x == 1 ? " lower (version 3)" : " (version 2)"),
+               fmt("%d + 1 steps (at most %d in all), unscaled %d + 1; rel err %.2e, unscaled %.2e (tol %.2e)",
+                   s.iters, BENCH_SCALED_STEPS, su.iters, e, eu, t.rel));
+    }
+}
+
+// Version 1's Lanczos (lanczos_grid_cpu, the kernel's twin) against known spectra: the Ritz extremes lie inside the
+// spectrum of A + eps I (up to rounding), the largest within NEWTON_HI_SLACK of lambda_max (the scaled steps assume no
+// eigenvalue of M0 above that), the start rule's 1 / z between theta_max and 1.1 lambda_max, the row sum of A + eps I
+// for newton_first_cap, and, where the steps span the whole space (n <= LANCZOS_STEPS), lambda_max itself, and
+// lambda_min at kappa <= 1e2 (at n = 20, kappa 1e4 fp32 Lanczos loses orthogonality and theta_min stays at 3x
+// lambda_min: the safe side, fewer steps saved).
+struct LanczosRitz { int k; double theta_min, theta_max, z, lo, rowsum_max; };
+static LanczosRitz lanczos_grid_ritz(int n, const float* A, float eps) {
+    double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS];
+    LanczosRitz r;
+    r.k = lanczos_grid_cpu(n, A, eps, alpha, beta, &r.rowsum_max);
+    tridiag_extremes(alpha, beta, r.k, &r.theta_min, &r.theta_max);
+    lanczos_newton_start(alpha, beta, r.k, &r.z, &r.lo);
+    return r;
+}
+
+static void test_lanczos_twin(Rng& rng) {
+    float eps = 1e-6f;
+    struct { int n; double kappa; int zeros; } cases[] = {{1, 1, 0},     {5, 1e2, 0},    {16, 1e2, 4},
+                                                          {20, 1e4, 0},  {37, 1e2, 0},   {37, 1e6, 0},
+                                                          {100, 1e4, 0}, {100, 1e2, 25}, {300, 1e2, 0}};
+    for (auto& c : cases) {
+        std::vector<double> d;
+        MatF A = make_spd(c.n, c.kappa, c.zeros, rng, nullptr, nullptr, &d);
+        double lmin = *std::min_element(d.begin(), d.end()) + eps, lmax = *std::max_element(d.begin(), d.end()) + eps;
+        LanczosRitz lz = lanczos_grid_ritz(c.n, A.data(), eps);
+        double slack = 1e-5 * lmax;  // fp32 rounding of A and of the products: a few u sqrt(n) ||A||
+        bool inside = lz.theta_min >= lmin - slack && lz.theta_max <= lmax + slack && lz.theta_min <= lz.theta_max;
+        bool top = lmax <= NEWTON_HI_SLACK * lz.theta_max;
+        bool exact = c.n > LANCZOS_STEPS || (std::fabs(lz.theta_max - lmax) <= slack &&
+                                             (c.kappa > 1e2 || std::fabs(lz.theta_min - lmin) <= slack));
+        // the start rule: 1 / z = theta_max + residual, no lower and not far above lambda_max; lo = theta_min z
+        bool start = 1.0 / lz.z >= lz.theta_max && 1.0 / lz.z <= NEWTON_HI_SLACK * lmax &&
+                     std::fabs(lz.lo - lz.theta_min * lz.z) <= 1e-12 * lz.lo;
+        double rows = 0.0;  // newton_first_cap's row sum of A + eps I, in float64
+        for (int i = 0; i < c.n; i++) {
+            double g = eps;
+            for (int j = 0; j < c.n; j++) g += std::fabs((double)A[(size_t)i * c.n + j]);
+            rows = std::max(rows, g);
+        }
+        bool rowsum = std::fabs(lz.rowsum_max - rows) <= 1e-5 * rows;
+        report(inside && top && exact && start && rowsum && lz.k >= 1 && lz.k <= std::min(c.n, LANCZOS_STEPS),
+               fmt("lanczos grid twin (version 1) n=%d kappa %.0e zeros %d", c.n, c.kappa, c.zeros),
+               fmt("%d steps, theta %.4e .. %.4e, spectrum %.4e .. %.4e, 1 / z %.4e, row sum %.6e (exact %.6e)", lz.k,
+                   lz.theta_min, lz.theta_max, lmin, lmax, 1.0 / lz.z, lz.rowsum_max, rows));
+    }
+    // Shampoo-like statistics, as --bench makes them: G G^T / (2 n), G n x 2n Gaussian
+    int n = 256;
+    MatF G((size_t)n * 2 * n), A((size_t)n * n);
+    for (float& g : G) g = (float)rng.normal();
+    MatD Ad((size_t)n * n);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double t = 0.0;
+            for (int k = 0; k < 2 * n; k++) t += (double)G[(size_t)i * 2 * n + k] * G[(size_t)j * 2 * n + k];
+            A[(size_t)i * n + j] = (float)(t / (2 * n));
+        }
+    for (size_t i = 0; i < A.size(); i++) Ad[i] = A[i];
+    std::vector<double> w;
+    MatD V;
+    jacobi_eigh(n, Ad, w, V);
+    double lmin = *std::min_element(w.begin(), w.end()) + eps, lmax = *std::max_element(w.begin(), w.end()) + eps;
+    LanczosRitz lz = lanczos_grid_ritz(n, A.data(), eps);
+    report(lz.theta_min >= lmin * (1 - 1e-5) && lz.theta_max <= lmax * (1 + 1e-5) && lmax <= 1.02 * lz.theta_max,
+           fmt("lanczos grid twin n=%d G G^T / (2n)", n),
+           fmt("%d steps, theta %.4e .. %.4e, spectrum %.4e .. %.4e (lambda_max within 2%%)", lz.k, lz.theta_min,
+               lz.theta_max, lmin, lmax));
+    // A = c I: the first step finds the invariant space (breakdown), theta = c + eps
+    MatF I((size_t)37 * 37, 0.0f);
+    for (int i = 0; i < 37; i++) I[(size_t)i * 37 + i] = 0.5f;
+    LanczosRitz li = lanczos_grid_ritz(37, I.data(), eps);
+    report(li.k == 1 && std::fabs(li.theta_min - 0.500001) <= 1e-6 && std::fabs(li.theta_max - 0.500001) <= 1e-6,
+           "lanczos grid twin 0.5 I (breakdown after one step)",
+           fmt("%d steps, theta %.7f .. %.7f", li.k, li.theta_min, li.theta_max));
+}
+
+// MATRIX_ROOTS_V1's words (version 1's choices): each sets what it names, later words win, anything else is refused
+static void test_v1_options() {
+    struct { const char* text; bool ok, scaled; V1Products products; bool lt; } cases[] = {
+        {"scaled", true, true, V1_CONCAT, false},        {"unscaled", true, false, V1_CONCAT, false},
+        {"split,lt", true, true, V1_SPLIT, true},        {"split,concat,lt,cublas", true, true, V1_CONCAT, false},
+        {"unscaled,split", true, false, V1_SPLIT, false}, {"split,", false, true, V1_SPLIT, false},
+        {"", false, true, V1_CONCAT, false},             {"Split", false, true, V1_CONCAT, false},
+        {"lt,fast", false, true, V1_CONCAT, true}};
+    for (auto& c : cases) {
+        V1Options o;
+        bool ok = parse_v1_options(c.text, &o);
+        bool same = ok == c.ok && (!ok || (o.scaled == c.scaled && o.products == c.products && o.lt == c.lt));
+        report(same, fmt("MATRIX_ROOTS_V1='%s'", c.text),
+               fmt("%s: scaled %d, products %s, lt %d", ok ? "accepted" : "refused", o.scaled,
+                   o.products == V1_SPLIT ? "split" : "concat", o.lt));
+    }
 }
 
 // Versions 3 and 4's warp tile, emulated on the CPU: the 32 lanes' fragments from tc_load_frags, an mma.sync
@@ -2653,21 +3837,46 @@ static float* device_poisoned(size_t count) {
     return d;
 }
 
-// blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path)
-struct RootVariant { const char* name; int version; Prec prec; RootMethod method; int blocks; };
-static const RootVariant ROOT_VARIANTS[] = {{"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0},
-                                            {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32, 0},
-                                            {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0},
-                                            {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0},
-                                            {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0},
-                                            {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1},
-                                            {"v4 tc coop", 4, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0}};
+// blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path).
+// start: versions 1 to 3 (NewtonStart; version 1 maps it to V1Options::scaled); "v3 1blk unscaled" and
+// "v1 3xtf32 unscaled" are the iterations before scaled steps, for comparison. products, lt: version 1's V1Options.
+struct RootVariant {
+    const char* name;
+    int version;
+    Prec prec;
+    RootMethod method;
+    int blocks;
+    NewtonStart start;
+    V1Products products;
+    bool lt;
+};
+static const RootVariant ROOT_VARIANTS[] = {
+    {"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0, NEWTON_UNSCALED},
+    {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_SCALED},
+    {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
+    {"v1 3xtf32 unscaled", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_UNSCALED},
+    {"v1 3xtf32 split", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_SPLIT, false},
+    {"v1 3xtf32 lt", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_CONCAT, true},
+    {"v1 3xtf32 split lt", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_SPLIT, true},
+    {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_SCALED},
+    {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
+    {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1, NEWTON_SCALED},
+    {"v3 1blk unscaled", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1, NEWTON_UNSCALED},
+    {"v4 tc coop", 4, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0, NEWTON_UNSCALED}};
+
+// how the last version-1 call started, for the lines of --test and --bench
+static std::string v1_start_text() {
+    if (!g_v1_info.scaled) return " (unscaled)";
+    const LanczosStart& ls = g_v1_info.start;
+    return fmt(" (scaled: %d Lanczos steps, M0 in [%.2e, 1], 1 / z %.3e, ||M0||_inf %.2f%s)", ls.k, ls.lo, 1.0 / ls.z,
+               ls.z * ls.rowsum_max, g_v1_info.fell_back ? ", fell back to unscaled" : "");
+}
 
 // Versions 2 to 4 without a host synchronisation (their status stays on the device): nullptr or why not.
 static const char* launch_fused_variant(const RootVariant& v, const float* d_A, float* d_X, int batch, int n, int p,
                                         float eps) {
-    if (v.version == 2) return inv_root_v2(d_A, d_X, batch, n, p, eps);
-    if (v.version == 3) return inv_root_v3(d_A, d_X, batch, n, p, eps, v.blocks);
+    if (v.version == 2) return inv_root_v2(d_A, d_X, batch, n, p, eps, v.start);
+    if (v.version == 3) return inv_root_v3(d_A, d_X, batch, n, p, eps, v.blocks, v.start);
     return inv_root_v4(d_A, d_X, batch, n, p, eps);
 }
 
@@ -2683,17 +3892,28 @@ static const char* run_root_variant(const RootVariant& v, const float* d_A, floa
         return nullptr;
     }
     if (v.version == 1) {
+        V1Options saved = g_v1;
+        g_v1 = {v.start != NEWTON_UNSCALED, v.products, v.lt};
         NewtonState s = inv_root_v1(d_A, d_X, batch, n, p, eps, v.prec);
+        g_v1 = saved;
         steps.assign(batch, s.iters);
         if (s.failed) trouble = fmt("left the convergence region (||M - I||_F = %.2e)", s.r);
+        // one matrix takes the scaled steps; the unscaled fallback is there for safety, not for these matrices
+        else if (g_v1_info.fell_back) trouble = "the scaled iteration did not converge (fell back to unscaled steps)";
         return nullptr;
     }
     const char* why = launch_fused_variant(v, d_A, d_X, batch, n, p, eps);
     if (why) return why;
     std::vector<float> r;
-    newton_status(batch, steps, r);
-    for (int b = 0; b < batch; b++)
+    std::vector<int> fell_back;
+    newton_status(batch, steps, r, &fell_back);
+    for (int b = 0; b < batch; b++) {
         if (steps[b] < 0) trouble = fmt("matrix %d left the convergence region (||M - I||_F = %.2e)", b, r[b]);
+        // the scaled steps must work where the tests look (a silent fallback would leave them untested)
+        else if (fell_back[b] && v.start == NEWTON_SCALED)
+            trouble = fmt("matrix %d: the scaled iteration failed, the unscaled rerun ended at ||M - I||_F = %.2e", b,
+                          r[b]);
+    }
     return nullptr;
 }
 
@@ -2717,6 +3937,7 @@ static void test_roots_group(int n, const std::vector<MatF>& As, const std::vect
             std::string trouble;
             const char* why = run_root_variant(v, d_A, d_X, batch, n, p, eps, steps, trouble);
             if (why) { skip(label, why); continue; }
+            std::string start = v.version != 1 ? "" : v1_start_text();
             cudaCheck(cudaDeviceSynchronize());
             MatF X = to_host(d_X, all.size());
             for (int b = 0; b < batch; b++) {
@@ -2727,8 +3948,9 @@ static void test_roots_group(int n, const std::vector<MatF>& As, const std::vect
                 double e = rel_err(nn, Xb, o.X.data()), res = root_residual(n, p, Xb, As[b].data(), eps);
                 bool ok = trouble.empty() && e <= t.rel && res <= t.res;  // NaN compares false: fails
                 report(ok, label + " " + names[b],
-                       fmt("kappa_eff %.1e, %d steps, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)%s%s", kappa,
-                           steps[b], e, t.rel, res, t.res, trouble.empty() ? "" : ": ", trouble.c_str()));
+                       fmt("kappa_eff %.1e, %d steps%s, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)%s%s",
+                           kappa, steps[b], start.c_str(), e, t.rel, res, t.res, trouble.empty() ? "" : ": ",
+                           trouble.c_str()));
             }
         }
     }
@@ -2760,6 +3982,49 @@ static void test_roots_gpu(Rng& rng) {
     // a size past the fused kernel and two 64-tiles; 1x1 matrices
     test_roots_group(257, {make_spd(257, 1e4, 0, rng)}, {"kappa 1e4"}, eps, {4});
     test_roots_group(1, {MatF{2.5f}, MatF{1e-3f}, MatF{0.0f}}, {"2.5", "1e-3", "0"}, eps, {1, 2, 4});
+}
+
+// The fallback of versions 2 and 3: with an estimate of lambda_max 100x too small (NEWTON_SCALED_BAD_HI) every
+// matrix's scaled iteration fails, and the unscaled rerun must give each its root within the usual tolerance.
+static void test_fallback_gpu(Rng& rng) {
+    int n = 37;
+    float eps = 1e-6f;
+    std::vector<MatF> As;
+    MatF all;
+    for (const SpdCase& c : SPD_CASES) {
+        As.push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
+        all.insert(all.end(), As.back().begin(), As.back().end());
+    }
+    int batch = (int)As.size();
+    size_t nn = (size_t)n * n;
+    float* d_A = to_device(all.data(), all.size());
+    float* d_X = device_poisoned(all.size());
+    for (int p : {1, 2, 4})
+        for (const RootVariant& v : ROOT_VARIANTS) {
+            if ((v.version != 2 && v.version != 3) || v.start != NEWTON_SCALED) continue;
+            RootVariant bad = v;
+            bad.start = NEWTON_SCALED_BAD_HI;
+            std::string label = fmt("%s n=%d batch=%d p=%d, lambda_max estimate 100x low: unscaled rerun", v.name, n,
+                                    batch, p);
+            cudaCheck(cudaMemset(d_X, 0xFF, all.size() * sizeof(float)));
+            const char* why = launch_fused_variant(bad, d_A, d_X, batch, n, p, eps);
+            if (why) { skip(label, why); continue; }
+            std::vector<int> steps, fell_back;
+            std::vector<float> r;
+            newton_status(batch, steps, r, &fell_back);
+            MatF X = to_host(d_X, all.size());
+            for (int b = 0; b < batch; b++) {
+                RootOracle o = oracle_inv_root(n, As[b].data(), eps, p);
+                RootTol t = root_tolerance(v.method, n, p, o.lmax / o.lmin);
+                double e = rel_err(nn, X.data() + b * nn, o.X.data());
+                double res = root_residual(n, p, X.data() + b * nn, As[b].data(), eps);
+                report(steps[b] >= 0 && fell_back[b] && e <= t.rel && res <= t.res, label + " " + SPD_CASES[b].name,
+                       fmt("%s, %d steps in all, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)",
+                           fell_back[b] ? "fell back" : "did NOT fall back", steps[b], e, t.rel, res, t.res));
+            }
+        }
+    cudaCheck(cudaFree(d_A));
+    cudaCheck(cudaFree(d_X));
 }
 
 // Newton-Schulz: the GPU result against the float64 run of the same iteration. Tolerance: 3x the error of the bf16
@@ -2936,6 +4201,10 @@ static int run_tests(uint64_t seed) {
     test_oracle(rng);
     test_newton_twin(rng);
     test_newton_scalar();
+    test_scaled_pieces(rng);
+    test_scaled_steps_bench(rng);
+    test_lanczos_twin(rng);
+    test_v1_options();
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     test_tc_fragments(rng);
@@ -2964,6 +4233,7 @@ static int run_tests(uint64_t seed) {
     printf("GPU: %s (sm_%d%d, %d SMs, %zu bytes of shared memory per block)\n", g_gpu.name, g_gpu.cc_major,
            g_gpu.cc_minor, g_gpu.sms, g_gpu.smem_optin);
     test_roots_gpu(rng);
+    test_fallback_gpu(rng);
     test_ns_gpu(rng);
     test_stats_gpu(rng);
     gpu_free();
@@ -3095,9 +4365,20 @@ static void bench_roots(std::vector<BenchRow>& rows, int n, int batch) {
         r.diff = v.version == 0 ? 0.0 : rel_diff_device(X, X0, total);
         r.ok = trouble.empty() && r.check <= 1e-3 && r.diff <= 1e-3;  // kappa ~ 35: expected ~1e-6
         rows.push_back(r);
-        printf("  %-14s %-12s %-18s %10.3f ms %4d steps  residual %.1e  diff to v0 %.1e%s\n", r.op.c_str(),
-               shape.c_str(), v.name, ms, r.steps, r.check, r.diff, r.ok ? "" : "  CHECK FAILED");
+        printf("  %-14s %-12s %-18s %10.3f ms %4d steps  residual %.1e  diff to v0 %.1e%s%s\n", r.op.c_str(),
+               shape.c_str(), v.name, ms, r.steps, r.check, r.diff, v.version == 1 ? v1_start_text().c_str() : "",
+               r.ok ? "" : "  CHECK FAILED");
         fflush(stdout);
+    }
+    if (batch == 1) {  // version 1's scaled start alone: the Lanczos kernel and its one copy to the host
+        LanczosStart ls;
+        bool ok = false;
+        double ms = time_ms([&]() { ok = v1_lanczos(A, n, eps, ls); });
+        BenchRow r{"lanczos", shape, "v1 coop", ms, ls.k, ls.lo, -1.0, ok};
+        rows.push_back(r);
+        printf("  %-14s %-12s %-18s %10.3f ms %4d steps  M0 in [%.3e, 1], 1 / z %.4e, ||M0||_inf %.3f%s\n",
+               r.op.c_str(), shape.c_str(), r.version.c_str(), ms, ls.k, ls.lo, 1.0 / ls.z, ls.z * ls.rowsum_max,
+               ok ? "" : "  CHECK FAILED (not run)");
     }
     float* fs[] = {G, A, X, X0};
     for (float* f : fs) cudaCheck(cudaFree(f));

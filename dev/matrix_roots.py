@@ -183,13 +183,13 @@ def main():
         if impl not in columns:
             columns.append(impl)
     print("\nms per call (median); 'best/torch' = fastest of ours / fastest of PyTorch's (< 1: ours faster)")
-    head = f"{'op':14s} {'shape':13s}" + "".join(f" {c[:17]:>17s}" for c in columns) + f" {'best/torch':>10s}"
+    head = f"{'op':14s} {'shape':13s}" + "".join(f" {c[:18]:>18s}" for c in columns) + f" {'best/torch':>10s}"
     print(head)
     for (op, shape), cells in table.items():
         mine = [v for k, v in cells.items() if not k.startswith("torch")]
         torch_ms = [v for k, v in cells.items() if k.startswith("torch")]
         ratio = f"{min(mine) / min(torch_ms):10.3f}" if mine and torch_ms else f"{'-':>10s}"
-        print(f"{op:14s} {shape:13s}" + "".join(f" {cells[c]:17.3f}" if c in cells else f" {'-':>17s}"
+        print(f"{op:14s} {shape:13s}" + "".join(f" {cells[c]:18.3f}" if c in cells else f" {'-':>18s}"
                                              for c in columns) + f" {ratio}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
