@@ -3051,6 +3051,49 @@ static const SpdCase SPD_CASES[] = {{"kappa 1", 1.0, 0}, {"kappa 1e2", 1e2, 0}, 
 
 constexpr double STUDY_TF32_BELOW = 0.1;  // --study: ||M - I||_F below which the I + D form runs in TF32
 
+// One --study cell: the CPU twin in prec on A, against the oracle o; prints "rel err, residual, steps, flag" and
+// returns the ratios to the tolerance of method (a failed run's relative error counts as infinite)
+struct StudyCell { NewtonState s; double rel, res; };
+static StudyCell study_cell(int n, int p, float eps, const MatF& A, const RootOracle& o, Prec prec, bool lower,
+                            NewtonStart start, RootMethod method, double tf32_below = 0.0, int* fast = nullptr,
+                            bool print = true) {
+    MatF X((size_t)n * n);
+    NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, tf32_below, fast, start);
+    double e = rel_err(X.size(), X.data(), o.X.data());
+    double res = root_residual(n, p, X.data(), A.data(), eps);
+    if (print)
+        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters,
+               s.failed ? "F" : s.fell_back ? "b" : s.converged ? " " : "s");
+    RootTol t = root_tolerance(method, n, p, o.lmax / o.lmin);
+    return {s, s.failed ? INFINITY : e / t.rel, res / t.res};
+}
+static void keep_worst(double worst[2], const StudyCell& c) {
+    worst[0] = std::max(worst[0], c.rel);
+    worst[1] = std::max(worst[1], c.res);
+}
+
+// --study's Newton-Schulz part: the bf16 twin against the float64 run, and where each maps the singular values
+static void study_newton_schulz(Rng& rng) {
+    printf("\nNewton-Schulz, bf16 emulation vs float64: rel err, singular values of both (min, max)\n");
+    struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {100, 30, 1e2}, {64, 64, 1e2}, {96, 96, 1e3},
+                                                   {128, 64, 10}, {64, 64, 0}, {48, 160, 0}};
+    for (auto& sh : shapes) {
+        MatF G((size_t)sh.m * sh.n);
+        if (sh.kappa > 0) G = make_with_singular_values(sh.m, sh.n, sh.kappa, rng);
+        else for (auto& v : G) v = (float)rng.normal();
+        std::vector<double> xd, xe, gd(G.begin(), G.end());
+        ns_cpu<false>(sh.m, sh.n, G.data(), xd);
+        ns_cpu<true>(sh.m, sh.n, G.data(), xe);
+        std::vector<double> sg = singular_values(sh.m, sh.n, gd.data()), sd = singular_values(sh.m, sh.n, xd.data()),
+                            se = singular_values(sh.m, sh.n, xe.data());
+        double fro = 0.0;
+        for (double v : sg) fro += v * v;
+        printf("%4dx%-4d kappa %-6.0e input s/||G|| [%.1e, %.2f]: rel err %.2e; float64 [%.3f, %.3f], bf16 [%.3f, "
+               "%.3f]\n", sh.m, sh.n, sh.kappa, sg.front() / std::sqrt(fro), sg.back() / std::sqrt(fro),
+               rel_err(xe.size(), xe.data(), xd.data()), sd.front(), sd.back(), se.front(), se.back());
+    }
+}
+
 static int run_study(uint64_t seed) {
     printf("coupled Newton, CPU twin: rel err vs the float64 oracle / residual ||X^p A - I||_F / sqrt(n) / steps "
            "(fast-phase steps), A with lambda_max = 1\n");
@@ -3074,64 +3117,34 @@ static int run_study(uint64_t seed) {
                     RootOracle o = oracle_inv_root(n, A.data(), eps, p);
                     printf("%-4d %-3d %-10s %-7.0e %-7.1e", n, p, c.name, eps, o.lmax / o.lmin);
                     for (Prec prec : {PREC_FP32, PREC_3XTF32, PREC_TF32, PREC_BF16}) {
-                        MatF X((size_t)n * n);
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, false, 0.0, nullptr,
-                                                   NEWTON_UNSCALED);
-                        double e = rel_err(X.size(), X.data(), o.X.data());
-                        double res = root_residual(n, p, X.data(), A.data(), eps);
-                        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
-                        RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32,
-                                                   n, p, o.lmax / o.lmin);
-                        worst[prec][0] = std::max(worst[prec][0], e / t.rel);
-                        if (prec == PREC_FP32) scaled_steps[0][1] += s.iters + 1;
-                        if (prec == PREC_3XTF32) scaled_steps[2][1] += s.iters + 1;
-                        worst[prec][1] = std::max(worst[prec][1], res / t.res);
+                        StudyCell r = study_cell(n, p, eps, A, o, prec, false, NEWTON_UNSCALED,
+                                                 prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32);
+                        keep_worst(worst[prec], r);
+                        if (prec == PREC_FP32) scaled_steps[0][1] += r.s.iters + 1;
+                        if (prec == PREC_3XTF32) scaled_steps[2][1] += r.s.iters + 1;
                     }
                     // versions 3 and 4's arithmetic: two accumulators, lower-triangle products mirrored
                     for (int x = 0; x < 3; x++) {
-                        Prec prec = x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC;
-                        bool lower = x != 1;
-                        MatF X((size_t)n * n);
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, 0.0, nullptr,
-                                                   NEWTON_UNSCALED);
-                        double e = rel_err(X.size(), X.data(), o.X.data());
-                        double res = root_residual(n, p, X.data(), A.data(), eps);
-                        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters, s.failed ? "F" : s.converged ? " " : "s");
-                        RootTol t = root_tolerance(x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p,
-                                                   o.lmax / o.lmin);
-                        extra_worst[x][0] = std::max(extra_worst[x][0], e / t.rel);
-                        extra_worst[x][1] = std::max(extra_worst[x][1], res / t.res);
-                        if (x == 2) scaled_steps[1][1] += s.iters + 1;
+                        StudyCell r = study_cell(n, p, eps, A, o, x == 0 ? PREC_FP32 : PREC_3XTF32_2ACC, x != 1,
+                                                 NEWTON_UNSCALED, x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32);
+                        keep_worst(extra_worst[x], r);
+                        if (x == 2) scaled_steps[1][1] += r.s.iters + 1;
                     }
                     // versions 2 (fp32), 3 (2acc lower) and 1 (3xtf32, its own Lanczos) since scaled steps
                     for (int x = 0; x < 3; x++) {
-                        MatF X((size_t)n * n);
                         Prec prec = x == 0 ? PREC_FP32 : x == 1 ? PREC_3XTF32_2ACC : PREC_3XTF32;
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, x == 1, 0.0, nullptr,
-                                                   x == 2 ? NEWTON_SCALED_V1 : NEWTON_SCALED);
-                        double e = rel_err(X.size(), X.data(), o.X.data());
-                        double res = root_residual(n, p, X.data(), A.data(), eps);
-                        printf(" | %7.1e %7.1e %3d%s", e, res, s.iters,
-                               s.failed ? "F" : s.fell_back ? "b" : s.converged ? " " : "s");
-                        RootTol t = root_tolerance(x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p,
-                                                   o.lmax / o.lmin);
-                        scaled_worst[x][0] = std::max(scaled_worst[x][0], s.failed ? INFINITY : e / t.rel);
-                        scaled_worst[x][1] = std::max(scaled_worst[x][1], res / t.res);
-                        scaled_steps[x][0] += s.iters + 1 + s.discarded;
+                        StudyCell r = study_cell(n, p, eps, A, o, prec, x == 1,
+                                                 x == 2 ? NEWTON_SCALED_V1 : NEWTON_SCALED,
+                                                 x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32);
+                        keep_worst(scaled_worst[x], r);
+                        scaled_steps[x][0] += r.s.iters + 1 + r.s.discarded;
                     }
-                    {
-                        MatF X((size_t)n * n);
-                        int fast = 0;
-                        NewtonState s = newton_cpu(n, p, eps, A.data(), X.data(), PREC_3XTF32_2ACC, 0, true,
-                                                   STUDY_TF32_BELOW, &fast, NEWTON_UNSCALED);
-                        double e = rel_err(X.size(), X.data(), o.X.data());
-                        double res = root_residual(n, p, X.data(), A.data(), eps);
-                        RootTol t = root_tolerance(METHOD_NEWTON_3XTF32, n, p, o.lmax / o.lmin);
-                        delta_worst[0] = std::max(delta_worst[0], s.failed ? INFINITY : e / t.rel);
-                        delta_worst[1] = std::max(delta_worst[1], res / t.res);
-                        delta_steps[0] += fast;
-                        delta_steps[1] += s.iters + 1;
-                    }
+                    int fast = 0;
+                    StudyCell r = study_cell(n, p, eps, A, o, PREC_3XTF32_2ACC, true, NEWTON_UNSCALED,
+                                             METHOD_NEWTON_3XTF32, STUDY_TF32_BELOW, &fast, false);
+                    keep_worst(delta_worst, r);
+                    delta_steps[0] += fast;
+                    delta_steps[1] += r.s.iters + 1;
                     printf("\n");
                     fflush(stdout);
                 }
@@ -3154,24 +3167,7 @@ static int run_study(uint64_t seed) {
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f; steps (incl. the "
                "last X step and a fallback's) %d scaled against %d unscaled\n", scaled_names[x], scaled_worst[x][0],
                scaled_worst[x][1], scaled_steps[x][0], scaled_steps[x][1]);
-    printf("\nNewton-Schulz, bf16 emulation vs float64: rel err, singular values of both (min, max)\n");
-    struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {100, 30, 1e2}, {64, 64, 1e2}, {96, 96, 1e3},
-                                                   {128, 64, 10}, {64, 64, 0}, {48, 160, 0}};
-    for (auto& sh : shapes) {
-        MatF G((size_t)sh.m * sh.n);
-        if (sh.kappa > 0) G = make_with_singular_values(sh.m, sh.n, sh.kappa, rng);
-        else for (auto& v : G) v = (float)rng.normal();
-        std::vector<double> xd, xe, gd(G.begin(), G.end());
-        ns_cpu<false>(sh.m, sh.n, G.data(), xd);
-        ns_cpu<true>(sh.m, sh.n, G.data(), xe);
-        std::vector<double> sg = singular_values(sh.m, sh.n, gd.data()), sd = singular_values(sh.m, sh.n, xd.data()),
-                            se = singular_values(sh.m, sh.n, xe.data());
-        double fro = 0.0;
-        for (double v : sg) fro += v * v;
-        printf("%4dx%-4d kappa %-6.0e input s/||G|| [%.1e, %.2f]: rel err %.2e; float64 [%.3f, %.3f], bf16 [%.3f, "
-               "%.3f]\n", sh.m, sh.n, sh.kappa, sg.front() / std::sqrt(fro), sg.back() / std::sqrt(fro),
-               rel_err(xe.size(), xe.data(), xd.data()), sd.front(), sd.back(), se.front(), se.back());
-    }
+    study_newton_schulz(rng);
     return 0;
 }
 
