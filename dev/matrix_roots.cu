@@ -3072,6 +3072,21 @@ static void keep_worst(double worst[2], const StudyCell& c) {
     worst[1] = std::max(worst[1], c.res);
 }
 
+// Newton-Schulz on G in float64 (xd) and as the bf16 twin (xe), with the singular values of G, xd and xe (ascending)
+// and ||G||_F^2: what --study prints and --test checks
+struct NsPair { std::vector<double> xd, xe, sg, sd, se; double fro = 0.0; };
+static NsPair ns_pair(int m, int n, const MatF& G) {
+    NsPair r;
+    std::vector<double> gd(G.begin(), G.end());
+    ns_cpu<false>(m, n, G.data(), r.xd);
+    ns_cpu<true>(m, n, G.data(), r.xe);
+    r.sg = singular_values(m, n, gd.data());
+    r.sd = singular_values(m, n, r.xd.data());
+    r.se = singular_values(m, n, r.xe.data());
+    for (double v : r.sg) r.fro += v * v;
+    return r;
+}
+
 // --study's Newton-Schulz part: the bf16 twin against the float64 run, and where each maps the singular values
 static void study_newton_schulz(Rng& rng) {
     printf("\nNewton-Schulz, bf16 emulation vs float64: rel err, singular values of both (min, max)\n");
@@ -3081,13 +3096,9 @@ static void study_newton_schulz(Rng& rng) {
         MatF G((size_t)sh.m * sh.n);
         if (sh.kappa > 0) G = make_with_singular_values(sh.m, sh.n, sh.kappa, rng);
         else for (auto& v : G) v = (float)rng.normal();
-        std::vector<double> xd, xe, gd(G.begin(), G.end());
-        ns_cpu<false>(sh.m, sh.n, G.data(), xd);
-        ns_cpu<true>(sh.m, sh.n, G.data(), xe);
-        std::vector<double> sg = singular_values(sh.m, sh.n, gd.data()), sd = singular_values(sh.m, sh.n, xd.data()),
-                            se = singular_values(sh.m, sh.n, xe.data());
-        double fro = 0.0;
-        for (double v : sg) fro += v * v;
+        NsPair r = ns_pair(sh.m, sh.n, G);
+        const std::vector<double>&xd = r.xd, &xe = r.xe, &sg = r.sg, &sd = r.sd, &se = r.se;
+        const double fro = r.fro;
         printf("%4dx%-4d kappa %-6.0e input s/||G|| [%.1e, %.2f]: rel err %.2e; float64 [%.3f, %.3f], bf16 [%.3f, "
                "%.3f]\n", sh.m, sh.n, sh.kappa, sg.front() / std::sqrt(fro), sg.back() / std::sqrt(fro),
                rel_err(xe.size(), xe.data(), xd.data()), sd.front(), sd.back(), se.front(), se.back());
@@ -3732,13 +3743,9 @@ static void test_ns_cpu(Rng& rng) {
     struct { int m, n; double kappa; } shapes[] = {{37, 53, 1e2}, {70, 29, 1e2}, {48, 48, 30}};
     for (auto& sh : shapes) {
         MatF G = make_with_singular_values(sh.m, sh.n, sh.kappa, rng);
-        std::vector<double> xd, xe, gd(G.begin(), G.end());
-        ns_cpu<false>(sh.m, sh.n, G.data(), xd);
-        ns_cpu<true>(sh.m, sh.n, G.data(), xe);
-        std::vector<double> sg = singular_values(sh.m, sh.n, gd.data()), sd = singular_values(sh.m, sh.n, xd.data()),
-                            se = singular_values(sh.m, sh.n, xe.data());
-        double fro = 0.0;
-        for (double v : sg) fro += v * v;
+        NsPair r = ns_pair(sh.m, sh.n, G);
+        const std::vector<double>&xd = r.xd, &xe = r.xe, &sg = r.sg, &sd = r.sd, &se = r.se;
+        const double fro = r.fro;
         std::vector<double> expect;
         for (double v : sg) expect.push_back(ns_scalar(v / (std::sqrt(fro) + 1e-7), NS_STEPS));
         std::sort(expect.begin(), expect.end());
