@@ -460,6 +460,18 @@ __host__ __device__ inline double newton_alpha(int p, double lo, double hi) {
     return a0;
 }
 
+// newton_alpha's a in closed form (versions 2 and 3 and their twin): with a lo <= 1 and a hi < p + 1 both factors of
+// g(a lo) = g(a hi) are positive, and its p-th root is linear in a: s (p + 1 - a lo) = p + 1 - a hi, s = (lo / hi)^(1/p),
+// so a = (p + 1) (1 - s) / (hi - s lo), then the same bracket [1 / hi, min(1 / lo, cap)]. Two square roots and a
+// division instead of 40 bisection steps, which every thread of a block computed before each step (~2 us).
+__host__ __device__ inline double newton_alpha_closed(int p, double lo, double hi) {
+    double cap = fmin((p + 1) / (NEWTON_HI_SLACK * hi), (p + 1) * (1.0 - 1.0 / newton_root_p(NEWTON_T_SPREAD, p)) / hi);
+    double a0 = 1.0 / hi, a1 = lo > 0.0 && 1.0 / lo < cap ? 1.0 / lo : cap;
+    if (!(lo > 0.0) || !(hi >= lo) || a1 <= a0) return a0;
+    double s = newton_root_p(lo / hi, p), a = (p + 1) * (1.0 - s) / (hi - s * lo);
+    return a < a1 ? fmax(a, a0) : a1;
+}
+
 // The estimated interval of M's spectrum, carried through the scaled steps. r = ||M - I||_F bounds every |m - 1|.
 struct NewtonScale {
     double lo = 1.0, hi = 1.0;
@@ -486,6 +498,10 @@ struct NewtonScale {
 // second pass over M, and over --study's 60 cases it changed no step count and no error. Version 1 knows r before T.
 __host__ __device__ inline double newton_scale_a(NewtonScale& scale, int p, double r, double cap) {
     return fmin(scale.alpha(p, r), cap);
+}
+// Versions 2 and 3 (and their twin): the carried interval alone, newton_alpha_closed
+__host__ __device__ inline double newton_scale_a23(const NewtonScale& scale, int p, double cap) {
+    return fmin(newton_alpha_closed(p, scale.lo, scale.hi), cap);
 }
 
 // Extreme eigenvalues of the k x k symmetric tridiagonal (diagonal d, off-diagonal e[0..k-2]) that k Lanczos steps
@@ -596,7 +612,7 @@ __host__ __device__ inline float lanczos_start(int i) {
 
 // Row i of the Lanczos matvec, (A u)_i = sum_c a_ci u_c (A symmetric: column i, a[c * ld], read without bank
 // conflicts in shared memory), fp32 FMA in four interleaved chains (c mod 4; a 128-long dependent chain would set the
-// step's latency), then (y0 + y1) + (y2 + y3). Versions 2 and 3 and lanczos_cpu.
+// step's latency), then (y0 + y1) + (y2 + y3). lanczos_warp_cpu (versions 2 and 3's twin).
 __host__ __device__ inline float lanczos_row(const float* a, int ld, const float* u, int n) {
     float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;
     int c = 0;
@@ -645,6 +661,14 @@ __host__ __device__ inline bool lanczos_coeffs(double qw, double ww, double qq, 
 // What a Lanczos run gives the scaled iteration: its steps, z and lo (lanczos_newton_start) and the largest absolute
 // row sum of A + eps I (newton_first_cap). Versions 1 to 3 and their twins.
 struct LanczosStart { int k = 0; double z = NAN, lo = NAN, rowsum_max = NAN; };
+
+// Versions 2 and 3 run their Lanczos on one warp of the block (fused_scaled_start; lanczos_warp_cpu is its twin, bit
+// for bit): lane l owns rows R l .. R l + R - 1 of the NP-row padded matrix (R = NP / 32), float64 sums by the xor
+// shuffle tree, so no block barrier inside. LANCZOS23_STEPS steps (version 1 keeps LANCZOS_STEPS).
+constexpr int LANCZOS23_STEPS = LANCZOS_STEPS;
+static_assert(LANCZOS23_STEPS <= LANCZOS_STEPS, "the twins' tridiagonal arrays hold LANCZOS_STEPS");
+// the padded size versions 2 and 3 run n in (the twin uses it for the lanes' rows; above 128 the twin alone)
+__host__ __device__ inline int lanczos23_np(int n) { return n <= 32 ? 32 : n <= 64 ? 64 : (n + 31) / 32 * 32; }
 
 // ----------------------------------------------------------------------------------------------------------------
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
@@ -789,42 +813,64 @@ static double max_abs_rowsum(int n, const float* A, float eps) {
     return m;
 }
 
-// Lanczos as versions 2 and 3 run it (LANCZOS_STEPS): w = A u / ||u|| (lanczos_row), dot products in float64.
-// alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps taken (fewer only where a residual is
-// exactly 0, or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
-static int lanczos_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
-    *rowsum_max = max_abs_rowsum(n, A, 0.0f);
-    std::vector<float> u(n), v(n, 0.0f), v_prev(n), y(n);
-    double b = 0.0;
-    for (int i = 0; i < n; i++) {
-        u[i] = lanczos_start(i);
-        b += (double)u[i] * u[i];
+// The warp's float64 sum as the xor shuffle tree forms it (every lane ends with the same bits): part[32] in, the sum out.
+static double warp_sum_cpu(double* part) {
+    for (int o = 16; o > 0; o >>= 1) {
+        double t[32];
+        for (int l = 0; l < 32; l++) t[l] = part[l] + part[l ^ o];
+        std::copy(t, t + 32, part);
     }
-    b = std::sqrt(b);
-    int k = 0;
-    while (k < LANCZOS_STEPS && b > 0.0) {
-        float inv = (float)(1.0 / b);
-        double a = 0.0;
-        for (int i = 0; i < n; i++) {
-            v_prev[i] = v[i];
-            v[i] = u[i] * inv;
-            y[i] = lanczos_row(A + i, n, u.data(), n) * inv;
-            a += (double)v[i] * y[i];
+    return part[0];
+}
+
+// Lanczos as versions 2 and 3 run it on one warp (warp_lanczos), bit for bit: w = A u / ||u|| (each row in
+// lanczos_row's four chains over the columns padded to a multiple of 4; zero columns add nothing), a lane's rows summed
+// in order, then the xor tree; u = y - a v - b v_prev by two explicit float64 FMAs. alpha[j], beta[j] as
+// lanczos_newton_start takes them; returns the steps (fewer only where a residual is exactly 0, or NaN).
+// *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
+static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
+    *rowsum_max = max_abs_rowsum(n, A, 0.0f);
+    int np = lanczos23_np(n), R = np / 32, n4 = (n + 3) / 4 * 4;
+    std::vector<float> Ap((size_t)n4 * n4, 0.0f), u(np, 0.0f), v(np, 0.0f), v_prev(np), y(np, 0.0f);
+    for (int i = 0; i < n; i++) std::copy(A + (size_t)i * n, A + (size_t)(i + 1) * n, Ap.begin() + (size_t)i * n4);
+    double part[32];
+    for (int l = 0; l < 32; l++) {
+        part[l] = 0.0;
+        for (int i = R * l; i < R * l + R; i++) {
+            u[i] = i < n ? lanczos_start(i) : 0.0f;
+            part[l] += (double)u[i] * u[i];
         }
-        double b2 = 0.0;
-        for (int i = 0; i < n; i++) {
-            u[i] = (float)((double)y[i] - a * v[i] - b * v_prev[i]);
-            b2 += (double)u[i] * u[i];
+    }
+    double b = std::sqrt(warp_sum_cpu(part));
+    int k = 0;
+    while (k < LANCZOS23_STEPS && b > 0.0) {
+        float inv = (float)(1.0 / b);
+        for (int l = 0; l < 32; l++) {
+            part[l] = 0.0;
+            for (int i = R * l; i < R * l + R; i++) {
+                v_prev[i] = v[i];
+                v[i] = u[i] * inv;
+                y[i] = i < n4 ? lanczos_row(Ap.data() + i, n4, u.data(), n4) * inv : 0.0f;
+                part[l] += (double)v[i] * y[i];
+            }
+        }
+        double a = warp_sum_cpu(part);
+        for (int l = 0; l < 32; l++) {
+            part[l] = 0.0;
+            for (int i = R * l; i < R * l + R; i++) {
+                u[i] = (float)std::fma(-b, (double)v_prev[i], std::fma(-a, (double)v[i], (double)y[i]));
+                part[l] += (double)u[i] * u[i];
+            }
         }
         alpha[k] = a;
-        b = std::sqrt(b2);
+        b = std::sqrt(warp_sum_cpu(part));
         beta[k++] = b;
     }
     return k;
 }
 
 // Host twin of lanczos_kernel (version 1): fp32 w and q, float64 sums (the kernel adds w's rows in another order).
-// alpha, beta, *rowsum_max and the steps returned as lanczos_cpu gives them (fewer steps at a breakdown, or n).
+// alpha, beta, *rowsum_max and the steps returned as lanczos_warp_cpu gives them (fewer steps at a breakdown, or n).
 static int lanczos_grid_cpu(int n, const float* A, float eps, double* alpha, double* beta, double* rowsum_max) {
     int k = std::min(LANCZOS_STEPS, n);
     *rowsum_max = max_abs_rowsum(n, A, eps);
@@ -887,7 +933,7 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
         if (scaled) {
             double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], zd, lo, rowsum_max;
             int k = start == NEWTON_SCALED_V1 ? lanczos_grid_cpu(n, A, eps, alpha, beta, &rowsum_max)
-                                              : lanczos_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
+                                              : lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
             lanczos_newton_start(alpha, beta, k, &zd, &lo);
             if (start == NEWTON_SCALED_BAD_HI) {
                 zd *= NEWTON_BAD_HI_FACTOR;
@@ -922,7 +968,9 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
             // unscaled: the division of the GPU versions' history (bitwise as before); scaled: versions 2 and 3's
             // arithmetic, a and c = a^(1/p) / p rounded to fp32 (version 1's a also from this step's r)
             double r = start == NEWTON_SCALED_V1 ? s.r : INFINITY;
-            double a = scaled ? newton_scale_a(scale, p, r, s.iters == 0 ? first_cap : INFINITY) : 1.0;
+            double cap = s.iters == 0 ? first_cap : INFINITY;
+            double a = !scaled ? 1.0
+                       : start == NEWTON_SCALED_V1 ? newton_scale_a(scale, p, r, cap) : newton_scale_a23(scale, p, cap);
             float af = (float)a, cf = (float)(newton_root_p(a, p) / p);
             for (int i = 0; i < n; i++)
                 for (int j = 0; j < n; j++) {
@@ -2071,77 +2119,135 @@ __device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, 
     return sqrtf(block_sum<THREADS>(r2, red));
 }
 
-// Every thread gets the block's float64 sum, the warps' partial sums added by the same shuffle tree in every warp (the
-// same bits in every thread and in both blocks of a cluster). One barrier: consecutive calls alternate the halves of
-// red (2 x 32), and a thread writes a half again only after the next call's barrier, which every reader of it has
-// passed.
-template <int THREADS>
-__device__ double block_sum_d(double v, double* red, int& half) {
-    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    double* r = red + 32 * half;
-    half ^= 1;
-    if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
-    __syncthreads();
-    double s = threadIdx.x % 32 < THREADS / 32 ? r[threadIdx.x % 32] : 0.0;  // every warp the same tree
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
-}
-
-// The block's maximum, block_sum_d's way (one barrier, the halves of red alternating with its calls).
-template <int THREADS>
-__device__ double block_max_d(double v, double* red, int& half) {
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    double* r = red + 32 * half;
-    half ^= 1;
-    if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
-    __syncthreads();
-    double m = r[0];
-    for (int w = 1; w < THREADS / 32; w++) m = fmax(m, r[w]);
-    return m;
-}
-
-// Lanczos in a block (versions 2 and 3), the arithmetic of lanczos_cpu: thread i < n owns row i (v_i, its previous
-// value and the residual u_i in registers), u lives in W (n floats of shared memory; T's, free before the first step),
-// the matvec reads A's column i (A symmetric; conflict-free) and all of u. Two barriers a step. Every thread ends with
-// the same alpha[0..k-1], beta[0..k-1] and *rowsum_max (lanczos_cpu's, from the first matvec's reads); returns k.
-template <int NP, int LD, int THREADS>
-__device__ int fused_lanczos(const float* Ms, float* W, int n, double* red, double* alpha, double* beta,
-                             double* rowsum_max) {
-    static_assert(THREADS >= NP, "a thread per row");
-    int i = threadIdx.x, half = 0;
-    bool row = i < n;
-    float u = row ? lanczos_start(i) : 0.0f, v = 0.0f, v_prev = 0.0f, rowsum = 0.0f;
-    if (row) W[i] = u;
-    double b = sqrt(block_sum_d<THREADS>((double)u * u, red, half));  // its barrier publishes W
-    int k = 0;
-    while (k < LANCZOS_STEPS && b > 0.0) {
-        float inv = (float)(1.0 / b), y = 0.0f;
-        v_prev = v;
-        v = u * inv;
-        if (row && k == 0)
-            for (int c = 0; c < n; c++) rowsum += fabsf(Ms[c * LD + i]);
-        if (row) y = lanczos_row(Ms + i, LD, W, n) * inv;
-        double a = block_sum_d<THREADS>((double)v * y, red, half);  // past it no thread reads W in this step
-        u = row ? (float)((double)y - a * v - b * v_prev) : 0.0f;
-        if (row) W[i] = u;
-        alpha[k] = a;
-        b = sqrt(block_sum_d<THREADS>((double)u * u, red, half));  // publishes W
-        beta[k++] = b;
+// A lane's R consecutive rows of one column of M (A symmetric: row i's entries are column i's), vectorised where the
+// row stride allows (version 3: LD = NP + 4; version 2's LD = NP + 1 reads them one by one, R-way bank conflicts).
+template <int R, int LD>
+__device__ __forceinline__ void lanczos_rows(const float* p, float (&a)[R]) {
+    if constexpr (R == 4 && LD % 4 == 0) {
+        float4 t = *reinterpret_cast<const float4*>(p);
+        a[0] = t.x, a[1] = t.y, a[2] = t.z, a[3] = t.w;
+    } else if constexpr (R == 2 && LD % 2 == 0) {
+        float2 t = *reinterpret_cast<const float2*>(p);
+        a[0] = t.x, a[1] = t.y;
+    } else {
+#pragma unroll
+        for (int j = 0; j < R; j++) a[j] = p[j];
     }
-    *rowsum_max = block_max_d<THREADS>(rowsum, red, half);
+}
+
+// Lanczos on one warp (versions 2 and 3; lanczos_warp_cpu is its twin, bit for bit): lane l owns rows R l .. R l + R - 1
+// (their u, v, v_prev in registers), u is broadcast through W (NP floats of shared memory), each matvec reads all of M
+// once (A + eps I, zero padding) column by column (one 16-byte read per lane and column at R = 4: conflict-free), the
+// two float64 sums of a step are shuffle trees: no block barrier. alpha[k], beta[k]: shared memory, written by lane 0.
+template <int NP, int LD>
+__device__ int warp_lanczos(const float* Ms, float* W, int n, double* alpha, double* beta) {
+    constexpr int R = NP / 32;
+    int lane = threadIdx.x % 32;
+    float u[R], v[R], v_prev[R];
+    double part = 0.0;
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        int i = R * lane + j;
+        u[j] = i < n ? lanczos_start(i) : 0.0f;
+        v[j] = 0.0f;
+        W[i] = u[j];
+        part += (double)u[j] * u[j];
+    }
+    __syncwarp();
+    double b = sqrt(warp_sum_d(part));
+    int k = 0;
+    while (k < LANCZOS23_STEPS && b > 0.0) {
+        float inv = (float)(1.0 / b), acc[R][4];
+#pragma unroll
+        for (int j = 0; j < R; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < NP; c += 4) {  // lanczos_row's chains: column c + q into acc[.][q]
+            float4 uc = *reinterpret_cast<const float4*>(W + c);
+            float a0[R], a1[R], a2[R], a3[R];
+            lanczos_rows<R, LD>(Ms + c * LD + R * lane, a0);
+            lanczos_rows<R, LD>(Ms + (c + 1) * LD + R * lane, a1);
+            lanczos_rows<R, LD>(Ms + (c + 2) * LD + R * lane, a2);
+            lanczos_rows<R, LD>(Ms + (c + 3) * LD + R * lane, a3);
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                acc[j][0] = fmaf(a0[j], uc.x, acc[j][0]);
+                acc[j][1] = fmaf(a1[j], uc.y, acc[j][1]);
+                acc[j][2] = fmaf(a2[j], uc.z, acc[j][2]);
+                acc[j][3] = fmaf(a3[j], uc.w, acc[j][3]);
+            }
+        }
+        float y[R];
+        part = 0.0;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            v_prev[j] = v[j];
+            v[j] = u[j] * inv;
+            y[j] = ((acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3])) * inv;
+            part += (double)v[j] * y[j];
+        }
+        double a = warp_sum_d(part);
+        __syncwarp();  // every lane has read W before it is overwritten
+        part = 0.0;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            u[j] = (float)fma(-b, (double)v_prev[j], fma(-a, (double)v[j], (double)y[j]));
+            W[R * lane + j] = u[j];
+            part += (double)u[j] * u[j];
+        }
+        b = sqrt(warp_sum_d(part));
+        if (lane == 0) {
+            alpha[k] = a;
+            beta[k] = b;
+        }
+        k++;
+        __syncwarp();  // W (and alpha, beta) visible to the whole warp
+    }
     return k;
 }
 
-// Lanczos and the start it gives (z, lo; the row sums for newton_first_cap). Not inlined: its registers (the
-// tridiagonal in float64, the multisection) would otherwise add to the product loops' and spill there.
+// Versions 2 and 3's scaled start (z, lo; the row sums for newton_first_cap) from their shared-memory layout (X, M, T
+// of NP x LD floats; M = A + eps I loaded): warp 0 runs the Lanczos steps and the multisection, warp 1 meanwhile the
+// largest absolute row sum (lanczos_warp_cpu's max_abs_rowsum: each column summed in order by one lane, then a max),
+// the other warps wait at the one barrier that publishes the result. T's space holds u, the tridiagonal and the result.
+// Not inlined: its registers (float64 multisection) would otherwise add to the product loops' and spill there.
 template <int NP, int LD, int THREADS>
-__device__ __noinline__ LanczosStart fused_scaled_start(const float* Ms, float* W, int n, double* redd) {
-    double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS];
+__device__ __noinline__ LanczosStart fused_scaled_start(int n) {
+    static_assert(THREADS >= 64 && NP % 32 == 0, "a warp for Lanczos and one for the row sums");
+    extern __shared__ __align__(16) float lanczos_smem[];  // the kernel's dynamic shared memory: X, M, T
+    const float* Ms = lanczos_smem + NP * LD;
+    float* W = lanczos_smem + 2 * NP * LD;
+    double *alpha = reinterpret_cast<double*>(W + NP), *beta = alpha + LANCZOS23_STEPS, *out = beta + LANCZOS23_STEPS;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp == 0) {
+        int k = warp_lanczos<NP, LD>(Ms, W, n, alpha, beta);
+        double z, lo;
+        lanczos_newton_start(alpha, beta, k, &z, &lo);  // the multisection's 32 points: warp 0's lanes
+        if (lane == 0) {
+            out[0] = k;
+            out[1] = z;
+            out[2] = lo;
+        }
+    } else if (warp == 1) {
+        float g = 0.0f;
+        for (int i = lane; i < n; i += 32) {
+            float s = 0.0f;
+            for (int c = 0; c < n; c++) s += fabsf(Ms[c * LD + i]);
+            g = fmaxf(g, s);
+        }
+        for (int o = 16; o > 0; o >>= 1) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
+        if (lane == 0) out[3] = g;
+    }
+    __syncthreads();
     LanczosStart fs;
-    fs.k = fused_lanczos<NP, LD, THREADS>(Ms, W, n, redd, alpha, beta, &fs.rowsum_max);
-    lanczos_newton_start(alpha, beta, fs.k, &fs.z, &fs.lo);
+    fs.k = (int)out[0];
+    fs.z = out[1];
+    fs.lo = out[2];
+    fs.rowsum_max = out[3];
     return fs;
+}
+// Where fused_scaled_start leaves the tridiagonal (alpha, then beta; LANCZOS23_STEPS each) in T's space
+template <int NP, int LD> __device__ const double* lanczos23_tridiag(const float* Ts) {
+    return reinterpret_cast<const double*>(Ts + NP);
 }
 
 // The coupled iteration of versions 2 and 3 on X, M and T in shared memory (Ab: the matrix in global memory): scaled
@@ -2150,7 +2256,7 @@ __device__ __noinline__ LanczosStart fused_scaled_start(const float* Ms, float* 
 // same decisions: they come from block-wide sums (and, in a cluster, from identical copies summed in the same order).
 template <int NP, int LD, int THREADS, typename Mul>
 __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float* Ts, int n, int p, float eps,
-                                    int start, float* red, double* redd, Mul mul) {
+                                    int start, float* red, Mul mul) {
     NewtonState s;
     int discarded = 0;
     bool fell_back = false;
@@ -2161,7 +2267,7 @@ __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float
         NewtonScale scale;
         double first_cap = INFINITY;
         if (scaled) {
-            LanczosStart fs = fused_scaled_start<NP, LD, THREADS>(Ms, Ts, n, redd);
+            LanczosStart fs = fused_scaled_start<NP, LD, THREADS>(n);  // Ms and Ts: the layout it assumes
             if (start == NEWTON_SCALED_BAD_HI) {
                 fs.z *= NEWTON_BAD_HI_FACTOR;
                 fs.lo *= NEWTON_BAD_HI_FACTOR;
@@ -2180,7 +2286,7 @@ __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float
         s.max_iter = newton_max_iter(p, (double)z * eps);
         for (;;) {
             // a from the carried interval alone (newton_scale_a), so that one pass gives the residual and T
-            double a = scaled ? newton_scale_a(scale, p, INFINITY, s.iters == 0 ? first_cap : INFINITY) : 1.0;
+            double a = scaled ? newton_scale_a23(scale, p, s.iters == 0 ? first_cap : INFINITY) : 1.0;
             float c = scaled ? (float)(newton_root_p(a, p) / p) : 1.0f / (float)p;
             NewtonAction act = newton_decide(s, fused_residual_and_T<NP, LD, THREADS>(Ms, Ts, n, p, (float)a, c, red));
             if (act == NEWTON_FAIL) break;
@@ -2211,14 +2317,12 @@ template <int NP>
 __global__ void __launch_bounds__(v2_threads<NP>())
 newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int start, int* status, float* residual) {
     constexpr int LD = NP + 1;
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];  // 16: fused_scaled_start reads T's space by float4
     __shared__ float red[33];
-    __shared__ double redd[64];
     float *Xs = smem, *Ms = smem + NP * LD, *Ts = smem + 2 * NP * LD;
     long long nn = (long long)n * n;
     auto mul = [&](const float* P, const float* Q, float* dst) { smem_matmul<NP>(P, Q, dst, n); };
-    NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red,
-                                                           redd, mul);
+    NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
     for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) X[blockIdx.x * nn + e] = Xs[e / n * LD + e % n];
     if (threadIdx.x == 0) {
         status[blockIdx.x] = fused_status(s);
@@ -2471,7 +2575,6 @@ newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int start, i
     using C = V3Cfg<NP, CL>;
     extern __shared__ __align__(16) float smem[];
     __shared__ float red[33];
-    __shared__ double redd[64];
     float *Xs = smem, *Ms = smem + NP * C::LD, *Ts = smem + 2 * NP * C::LD;
     int b = blockIdx.x / CL, rank = blockIdx.x % CL;
     float *pX = v3_partner<CL>(Xs, rank), *pM = v3_partner<CL>(Ms, rank), *pT = v3_partner<CL>(Ts, rank);
@@ -2480,7 +2583,7 @@ newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int start, i
     auto mul = [&](const float* P, const float* Q, float* dst) {  // dst: Xs, Ts or Ms, and the partner's copy
         v3_matmul<NP, CL>(P, Q, dst, dst == Xs ? pX : dst == Ts ? pT : pM, n, kn, rank);
     };
-    NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, redd, mul);
+    NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
     for (int e = rank * C::THREADS + threadIdx.x; e < n * n; e += CL * C::THREADS)  // the blocks share the store
         X[b * nn + e] = Xs[e / n * C::LD + e % n];
     if (rank == 0 && threadIdx.x == 0) {
@@ -2547,6 +2650,68 @@ static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p
     if (n <= 128) return pair ? launch_v3<128, 2>(A, X, batch, n, p, eps, start, status, res)
                               : launch_v3<128, 1>(A, X, batch, n, p, eps, start, status, res);
     return "version 3 runs n <= 128 only";
+}
+
+// The scaled start alone, to time it (--bench's `v3 start`) and to check it against its twin (--test): one block per
+// matrix in version 3's one-block shape loads A + eps I and runs fused_scaled_start. out: LANCZOS23_OUT doubles per
+// matrix: k, z, lo, rowsum_max, then alpha[0 .. LANCZOS23_STEPS - 1] and beta[...] (entries from k on unset).
+constexpr int LANCZOS23_OUT = 4 + 2 * LANCZOS23_STEPS;
+template <int NP>
+__global__ void __launch_bounds__(V3Cfg<NP, 1>::THREADS) lanczos23_start_kernel(const float* A, int n, float eps,
+                                                                                double* out) {
+    using C = V3Cfg<NP, 1>;
+    extern __shared__ __align__(16) float smem[];
+    __shared__ float red[33];
+    float *Xs = smem, *Ms = smem + NP * C::LD, *Ts = smem + 2 * NP * C::LD;
+    fused_load<NP, C::LD, C::THREADS>(A + blockIdx.x * (long long)n * n, Ms, Xs, n, eps, red);
+    LanczosStart fs = fused_scaled_start<NP, C::LD, C::THREADS>(n);
+    double* o = out + blockIdx.x * LANCZOS23_OUT;
+    const double* tri = lanczos23_tridiag<NP, C::LD>(Ts);
+    if (threadIdx.x == 0) {
+        o[0] = fs.k;
+        o[1] = fs.z;
+        o[2] = fs.lo;
+        o[3] = fs.rowsum_max;
+    }
+    for (int j = threadIdx.x; j < fs.k; j += C::THREADS) {
+        o[4 + j] = tri[j];
+        o[4 + LANCZOS23_STEPS + j] = tri[LANCZOS23_STEPS + j];
+    }
+}
+
+template <int NP>
+static const char* launch_lanczos23(const float* A, int batch, int n, float eps, double* out) {
+    using C = V3Cfg<NP, 1>;
+    static bool configured = false;
+    static const char* why_not = nullptr;
+    static char why_buf[200];
+    if (!configured) {
+        cudaFuncAttributes fa;
+        cudaCheck(cudaFuncGetAttributes(&fa, lanczos23_start_kernel<NP>));
+        size_t need = C::SMEM + fa.sharedSizeBytes;
+        if (need > g_gpu.smem_optin) {
+            snprintf(why_buf, sizeof why_buf, "n <= %d needs %zu bytes of shared memory per block, this GPU allows %zu",
+                     NP, need, g_gpu.smem_optin);
+            why_not = why_buf;
+        } else {
+            cudaCheck(cudaFuncSetAttribute(lanczos23_start_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)C::SMEM));
+        }
+        configured = true;
+    }
+    if (why_not) return why_not;
+    lanczos23_start_kernel<NP><<<batch, C::THREADS, C::SMEM, g_stream>>>(A, n, eps, out);
+    launchCheck();
+    return nullptr;
+}
+
+// Versions 2 and 3's start for a batch (out: batch x LANCZOS23_OUT doubles on the device); nullptr or why not here.
+static const char* lanczos23_start(const float* A, int batch, int n, float eps, double* out) {
+    check_root_args("lanczos23_start", A, reinterpret_cast<float*>(out), batch, n, 1, eps);
+    if (n <= 32) return launch_lanczos23<32>(A, batch, n, eps, out);
+    if (n <= 64) return launch_lanczos23<64>(A, batch, n, eps, out);
+    if (n <= 128) return launch_lanczos23<128>(A, batch, n, eps, out);
+    return "versions 2 and 3 run n <= 128 only";
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -3366,6 +3531,19 @@ static void test_scaled_pieces(Rng& rng) {
                fmt("a(0.2, 1) = %.6f, p = 4 a(1e-9, 0.5) = %.6f (cap 5), p = 1 a(1e-9, 1) = %.6f (cap 2 / 1.1)", a_bal,
                    a4, a1));
     }
+    {  // versions 2 and 3's closed-form a against newton_alpha's bisection (to 2^-40 of its bracket), both caps
+        double worst = 0.0;
+        int count = 0;
+        for (int p : {1, 2, 4})
+            for (double hi : {0.3, 1.0, 1.7})
+                for (double lo_frac : {1.0, 0.999, 0.5, 0.1, 1e-2, 1e-4, 1e-7, 0.0}) {
+                    double lo = lo_frac * hi, ab = newton_alpha(p, lo, hi), ac = newton_alpha_closed(p, lo, hi);
+                    worst = std::max(worst, std::fabs(ac - ab) / ab);
+                    count++;
+                }
+        report(worst <= 1e-10, "newton_alpha_closed = newton_alpha (bisection)",
+               fmt("%d intervals, p = 1, 2, 4: largest relative difference %.1e", count, worst));
+    }
     // the scalar simulation (exact extremes; r = max |m - 1|): steps including the last X step, p = 4
     struct { double kappa, lo_factor; int most; } sims[] = {{35, 1.0, 6}, {35, 1.3, 6}, {1e6, 1.0, 11}};
     for (auto& sim : sims) {
@@ -3378,7 +3556,7 @@ static void test_scaled_pieces(Rng& rng) {
                fmt("%d steps (at most %d), unscaled from [1/kappa, 1] %d; spectrum inside the interval: %s", k,
                    sim.most, ku, exact ? (inside ? "yes" : "NO") : "not expected"));
     }
-    // Lanczos (both twins: lanczos_cpu of versions 2 and 3, lanczos_grid_cpu of version 1; lanczos_newton_start) on
+    // Lanczos (both twins: lanczos_warp_cpu of versions 2 and 3, lanczos_grid_cpu of version 1; lanczos_newton_start) on
     // known spectra: 1 / z = theta_max + residual, at or above lambda_max and within NEWTON_HI_SLACK of it;
     // lo / z = theta_min at or above lambda_min
     for (double kappa : {35.0, 1e4}) {
@@ -3389,14 +3567,14 @@ static void test_scaled_pieces(Rng& rng) {
         for (int twin = 0; twin < 2; twin++) {
             double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], z, lo;
             double rowsum_max;
-            int k = twin == 0 ? lanczos_cpu(n, A.data(), alpha, beta, &rowsum_max)
+            int k = twin == 0 ? lanczos_warp_cpu(n, A.data(), alpha, beta, &rowsum_max)
                               : lanczos_grid_cpu(n, A.data(), 0.0f, alpha, beta, &rowsum_max);
             lanczos_newton_start(alpha, beta, k, &z, &lo);
             double lmax = *std::max_element(dd.begin(), dd.end()), lmin = *std::min_element(dd.begin(), dd.end());
             double hi_est = 1.0 / z, tmin = lo / z;
-            report(k == LANCZOS_STEPS && hi_est >= lmax * (1 - 1e-6) && hi_est <= NEWTON_HI_SLACK * lmax &&
+            report(k == (twin == 0 ? LANCZOS23_STEPS : LANCZOS_STEPS) && hi_est >= lmax * (1 - 1e-6) && hi_est <= NEWTON_HI_SLACK * lmax &&
                        tmin >= lmin * (1 - 1e-5),
-                   fmt("Lanczos start (%s twin) n=%d kappa %.0e", twin == 0 ? "block" : "grid", n, kappa),
+                   fmt("Lanczos start (%s twin) n=%d kappa %.0e", twin == 0 ? "warp" : "grid", n, kappa),
                    fmt("%d steps: theta_max + residual = %.6f lambda_max, theta_min = %.3f lambda_min", k,
                        hi_est / lmax, tmin / lmin));
         }
@@ -3987,6 +4165,51 @@ static void test_roots_gpu(Rng& rng) {
     test_roots_group(1, {MatF{2.5f}, MatF{1e-3f}, MatF{0.0f}}, {"2.5", "1e-3", "0"}, eps, {1, 2, 4});
 }
 
+// Versions 2 and 3's start (lanczos23_start) against its twin (lanczos_warp_cpu, lanczos_newton_start): the Lanczos
+// steps, the tridiagonal and the row sums bit for bit (the same operations in the same order); z and lo within the
+// multisection's brackets (1e-7 and 1e-4 relative: the kernel's fused multiply-adds there may move a count by one
+// point). Every padded size (32, 64, 128), a batch of the five cases plus --bench's kind of matrix.
+static void test_start_gpu(Rng& rng) {
+    float eps = 1e-6f;
+    for (int n : {5, 32, 37, 64, 100, 128}) {
+        std::vector<MatF> As;
+        MatF all;
+        for (const SpdCase& c : SPD_CASES) {
+            As.push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
+            all.insert(all.end(), As.back().begin(), As.back().end());
+        }
+        int batch = (int)As.size();
+        float* d_A = to_device(all.data(), all.size());
+        double* d_out;
+        cudaCheck(cudaMalloc(&d_out, batch * LANCZOS23_OUT * sizeof(double)));
+        std::string label = fmt("v3 start (warp Lanczos) n=%d batch=%d against its twin", n, batch);
+        const char* why = lanczos23_start(d_A, batch, n, eps, d_out);
+        if (why) {
+            skip(label, why);
+        } else {
+            std::vector<double> out(batch * LANCZOS23_OUT);
+            copy_to_host(out.data(), d_out, out.size() * sizeof(double));
+            for (int b = 0; b < batch; b++) {
+                MatF Areg = As[b];
+                for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
+                double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], rowsum_max, z = NAN, lo = NAN;
+                int k = lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
+                lanczos_newton_start(alpha, beta, k, &z, &lo);
+                const double* o = out.data() + b * LANCZOS23_OUT;
+                bool same = o[0] == k && o[3] == rowsum_max;
+                for (int j = 0; j < k && same; j++)
+                    same = o[4 + j] == alpha[j] && o[4 + LANCZOS23_STEPS + j] == beta[j];
+                bool near = std::fabs(o[1] - z) <= 1e-6 * z && std::fabs(o[2] - lo) <= 2e-4 * lo + 1e-300;
+                report(same && near, label + " " + SPD_CASES[b].name,
+                       fmt("%d steps (twin %d), tridiagonal and row sums %s; z %.9e (twin %.9e), lo %.6e (twin %.6e)",
+                           (int)o[0], k, same ? "bitwise equal" : "DIFFER", o[1], z, o[2], lo));
+            }
+        }
+        cudaCheck(cudaFree(d_out));
+        cudaCheck(cudaFree(d_A));
+    }
+}
+
 // The fallback of versions 2 and 3: with an estimate of lambda_max 100x too small (NEWTON_SCALED_BAD_HI) every
 // matrix's scaled iteration fails, and the unscaled rerun must give each its root within the usual tolerance.
 static void test_fallback_gpu(Rng& rng) {
@@ -4237,6 +4460,7 @@ static int run_tests(uint64_t seed) {
            g_gpu.cc_minor, g_gpu.sms, g_gpu.smem_optin);
     test_roots_gpu(rng);
     test_fallback_gpu(rng);
+    test_start_gpu(rng);
     test_ns_gpu(rng);
     test_stats_gpu(rng);
     gpu_free();
@@ -4382,6 +4606,29 @@ static void bench_roots(std::vector<BenchRow>& rows, int n, int batch) {
         printf("  %-14s %-12s %-18s %10.3f ms %4d steps  M0 in [%.3e, 1], 1 / z %.4e, ||M0||_inf %.3f%s\n",
                r.op.c_str(), shape.c_str(), r.version.c_str(), ms, ls.k, ls.lo, 1.0 / ls.z, ls.z * ls.rowsum_max,
                ok ? "" : "  CHECK FAILED (not run)");
+    }
+    if (n <= 128) {  // versions 2 and 3's start alone (every matrix of the batch), matrix 0 against its twin
+        double* d_out;
+        cudaCheck(cudaMalloc(&d_out, batch * LANCZOS23_OUT * sizeof(double)));
+        const char* why = nullptr;
+        double ms = time_ms([&]() { why = lanczos23_start(A, batch, n, eps, d_out); });
+        if (why) {
+            printf("  (v3 start at %s skipped: %s)\n", shape.c_str(), why);
+        } else {
+            double o[LANCZOS23_OUT], alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], rowsum_max, z = NAN, lo = NAN;
+            copy_to_host(o, d_out, sizeof o);
+            MatF A0 = to_host(A, nn);
+            for (int i = 0; i < n; i++) A0[(size_t)i * n + i] += eps;
+            int k = lanczos_warp_cpu(n, A0.data(), alpha, beta, &rowsum_max);
+            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            bool ok = o[0] == k && o[3] == rowsum_max && std::fabs(o[1] - z) <= 1e-6 * z;
+            BenchRow r{"lanczos", shape, "v3 start", ms, (int)o[0], o[2], -1.0, ok};
+            rows.push_back(r);
+            printf("  %-14s %-12s %-18s %10.3f ms %4d steps  M0 in [%.3e, 1], 1 / z %.4e, ||M0||_inf %.3f%s\n",
+                   r.op.c_str(), shape.c_str(), r.version.c_str(), ms, (int)o[0], o[2], 1.0 / o[1], o[1] * o[3],
+                   ok ? "" : "  CHECK FAILED (twin differs)");
+        }
+        cudaCheck(cudaFree(d_out));
     }
     float* fs[] = {G, A, X, X0};
     for (float* f : fs) cudaCheck(cudaFree(f));
