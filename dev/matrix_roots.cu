@@ -21,7 +21,8 @@ version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF
            parts, three products in one tensor-core GEMM): the iteration does not correct rounding errors, so TF32
            or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F. One
            matrix takes scaled steps from a Lanczos estimate of its spectrum (one cooperative kernel); 3xTF32
-           products either concatenated or split once per matrix, through cuBLAS or timed cuBLASLt algorithms.
+           products either concatenated or split once per matrix, through cuBLAS or timed cuBLASLt algorithms,
+           or (lower) only the lower-triangle blocks of each product in one batched GEMM, then mirrored.
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
 version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
