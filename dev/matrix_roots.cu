@@ -21,7 +21,8 @@ version 1: coupled Newton iteration on cuBLAS, every product strict fp32 or 3xTF
            parts, three products in one tensor-core GEMM): the iteration does not correct rounding errors, so TF32
            or bf16 products are not accurate enough (--study); one host decision per step from ||M - I||_F. One
            matrix takes scaled steps from a Lanczos estimate of its spectrum (one cooperative kernel); 3xTF32
-           products either concatenated or split once per matrix, through cuBLAS or timed cuBLASLt algorithms.
+           products either concatenated or split once per matrix, through cuBLAS or timed cuBLASLt algorithms,
+           or (lower) only the lower-triangle blocks of each product in one batched GEMM, then mirrored.
 version 2: one kernel runs the whole coupled Newton iteration of a matrix in shared memory (fp32 FMA, products in
            place through registers), one block per matrix, n <= 128 (n <= 64 where shared memory is short).
 version 3: version 2 on tensor cores: 3xTF32 mma.sync (operands split in registers, the big and the small terms in
@@ -1229,18 +1230,22 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
 // Version 1's choices (inv_root_v1; --bench times each as a row of its own): a scaled start from a Lanczos estimate
 // of the spectrum (one matrix), and how the 3xTF32 products run: one K = 3n GEMM on copies split per product
 // (concat), or three K = n GEMMs on operands split once per matrix (split); cuBLAS's default algorithm, or the
-// fastest of it and cuBLASLt's candidates for the shape, timed once (lt). The environment variable MATRIX_ROOTS_V1
-// sets the defaults, e.g. MATRIX_ROOTS_V1=split,lt (dev/torch_ops uses the defaults).
-enum V1Products { V1_CONCAT, V1_SPLIT };
+// fastest of it and cuBLASLt's candidates for the shape, timed once (lt). lower: concat operands, but only the
+// lower-triangle blocks of a b x b blocking in one batched GEMM, then mirrored (every iterate is symmetric in exact
+// arithmetic; half the FLOPs, 36 independent outputs at n = 1024, b = 128); cuBLAS's default only (lt is ignored).
+// The environment variable MATRIX_ROOTS_V1 sets the defaults, e.g. MATRIX_ROOTS_V1=split,lt (dev/torch_ops uses the
+// defaults).
+enum V1Products { V1_CONCAT, V1_SPLIT, V1_LOWER };
 struct V1Options {
     bool scaled = true;
     V1Products products = V1_CONCAT;
     bool lt = false;
+    int lower_block = 128;  // V1_LOWER's b: 64, 128 or 256
 };
 static V1Options g_v1;
 
-// MATRIX_ROOTS_V1's value: words separated by commas from scaled, unscaled, concat, split, lt, cublas (a later word
-// overrides an earlier one); false on any other word
+// MATRIX_ROOTS_V1's value: words separated by commas from scaled, unscaled, concat, split, lower (b = 128), lower64,
+// lower128, lower256, lt, cublas (a later word overrides an earlier one); false on any other word
 static bool parse_v1_options(const char* text, V1Options* o) {
     std::string s(text);
     for (size_t at = 0;;) {
@@ -1250,6 +1255,10 @@ static bool parse_v1_options(const char* text, V1Options* o) {
         else if (w == "unscaled") o->scaled = false;
         else if (w == "concat") o->products = V1_CONCAT;
         else if (w == "split") o->products = V1_SPLIT;
+        else if (w == "lower" || w == "lower64" || w == "lower128" || w == "lower256") {
+            o->products = V1_LOWER;
+            o->lower_block = w == "lower" ? 128 : std::atoi(w.c_str() + 5);
+        }
         else if (w == "lt") o->lt = true;
         else if (w == "cublas") o->lt = false;
         else return false;
@@ -1289,7 +1298,8 @@ static void gpu_init() {
     const char* v1 = getenv("MATRIX_ROOTS_V1");
     if (v1 && !parse_v1_options(v1, &g_v1))
         fail(std::string("MATRIX_ROOTS_V1=") + v1 +
-             ": expected words from scaled, unscaled, concat, split, lt, cublas, separated by commas");
+             ": expected words from scaled, unscaled, concat, split, lower, lower64, lower128, lower256, lt, cublas, "
+             "separated by commas");
     // strict fp32 unless a call asks for TF32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32)
     cublasCheck(cublasSetMathMode(g_gpu.blas, CUBLAS_DEFAULT_MATH));
     cusolverCheck(cusolverDnCreate(&g_gpu.solver));
@@ -1311,7 +1321,7 @@ static void copy_to_host(void* dst, const void* src, size_t bytes) {
 
 enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
               WS_NS_A, WS_NS_B, WS_STATUS, WS_COOP_SUMS, WS_SPLIT, WS_LT_WORK, WS_LT_SCRATCH, WS_LANCZOS,
-              WS_LANCZOS_W, WS_COUNT };
+              WS_LANCZOS_W, WS_LOWER_PTRS, WS_LOWER_C, WS_COUNT };
 static void* g_ws[WS_COUNT] = {};
 static size_t g_ws_bytes[WS_COUNT] = {};
 static void* ws_get(WsSlot slot, size_t bytes) {
@@ -1682,6 +1692,117 @@ static void gemm_split(const float* Ah, const float* Al, const float* Bh, const 
     tf32_gemm(Ah, n, nn, Bh, n, nn, C, n, n, batch, 1.0f, lt);
 }
 
+// Version 1's lower-triangle products (V1_LOWER). Block t of a lower triangle of blocks (row-major order: (0, 0),
+// (1, 0), (1, 1), (2, 0), ...) is (I, J) with I (I + 1) / 2 <= t < (I + 1) (I + 2) / 2, J = t - I (I + 1) / 2.
+__host__ __device__ inline void lower_block_coords(int t, int* I, int* J) {
+    int i = (int)((sqrt(8.0 * t + 1.0) - 1.0) / 2.0);
+    while (i * (i + 1) / 2 > t) i--;  // the square root's rounding, either way
+    while ((i + 1) * (i + 2) / 2 <= t) i++;
+    *I = i;
+    *J = t - i * (i + 1) / 2;
+}
+
+// Entry e of the batched GEMM: matrix e / tri, lower block (I, J) of C = A3 B3 with A3 N x 3N and B3 3N x N (row-major,
+// per matrix) and C N x N (row stride N). Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's A is B3's column
+// block J (bs x 3N, ld N), its B is A3's row block I (3N x bs, ld 3N), its C block (I, J) of C (bs x bs, ld N).
+__host__ __device__ inline void lower_block_ptrs(int e, int tri, int N, int bs, const float* A3, const float* B3,
+                                                 float* C, const float** pa, const float** pb, float** pc) {
+    long long m = e / tri, NN = (long long)N * N;
+    int I, J;
+    lower_block_coords(e % tri, &I, &J);
+    *pa = B3 + m * 3 * NN + (long long)J * bs;
+    *pb = A3 + m * 3 * NN + (long long)I * bs * 3 * N;
+    *pc = C + m * NN + (long long)I * bs * N + (long long)J * bs;
+}
+
+// split3_kernel's operands padded with zeros to N x N (N: n rounded up to the block size; A3 = [A_hi | A_hi | A_lo]
+// N x 3N, B3 = [B_hi; B_lo; B_hi] 3N x N): the padding must be zero, not only unused (padded K columns of A3 meet
+// padded rows of B3). The first threads also write the batched GEMM's pointer arrays (entries = batch x tri),
+// which depend on C: writing them here costs no launch and no host copy.
+__host__ __device__ inline void split3_lower_element(long long idx, const float* A, const float* B, float* A3,
+                                                     float* B3, int n, int N) {
+    long long nn = (long long)n * n, NN = (long long)N * N;
+    long long b = idx / NN, e = idx % NN, i = e / N, j = e % N;
+    bool in = i < n && j < n;
+    float a = in ? A[b * nn + i * n + j] : 0.0f, ah = tf32_rna(a), al = tf32_rna(a - ah);
+    float* a3 = A3 + b * 3 * NN + i * 3 * N;
+    a3[j] = ah;
+    a3[N + j] = ah;
+    a3[2 * N + j] = al;
+    float v = in ? B[b * nn + i * n + j] : 0.0f, bh = tf32_rna(v), bl = tf32_rna(v - bh);
+    float* b3 = B3 + b * 3 * NN;
+    b3[i * N + j] = bh;
+    b3[(N + i) * N + j] = bl;
+    b3[(2 * N + i) * N + j] = bh;
+}
+__global__ void split3_lower_kernel(const float* A, const float* B, float* A3, float* B3, int n, int N,
+                                    long long total, int bs, int tri, int entries, float* C, const float** pa,
+                                    const float** pb, float** pc) {
+    long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = first; e < entries; e += stride)
+        lower_block_ptrs((int)e, tri, N, bs, A3, B3, C, pa + e, pb + e, pc + e);
+    for (long long idx = first; idx < total; idx += stride) split3_lower_element(idx, A, B, A3, B3, n, N);
+}
+
+// dst[i][j] = src[max(i, j)][min(i, j)] for i, j < n (dst n x n, src row stride lds; blockIdx.z the matrix): the
+// lower triangle mirrored. In place (src == dst, lds == n) only the strict upper triangle is written. A 32 x 32
+// tile of dst per block (32 x 8 threads), its source tile read by rows into shared memory (coalesced both ways).
+constexpr int MIRROR_TILE = 32;
+__global__ void mirror_tiles_kernel(const float* src, int lds, float* dst, int n) {
+    __shared__ float s[MIRROR_TILE][MIRROR_TILE + 1];
+    int ti = blockIdx.y, tj = blockIdx.x;  // dst tile row, column
+    bool in_place = src == dst;
+    src += blockIdx.z * (long long)lds * lds;
+    dst += blockIdx.z * (long long)n * n;
+    int x = threadIdx.x;
+    if (ti > tj) {  // a lower tile: a copy (nothing to do in place)
+        if (in_place) return;
+        for (int y = threadIdx.y; y < MIRROR_TILE; y += blockDim.y) {
+            int i = ti * MIRROR_TILE + y, j = tj * MIRROR_TILE + x;
+            if (i < n && j < n) dst[(long long)i * n + j] = src[(long long)i * lds + j];
+        }
+        return;
+    }
+    // source tile: rows of tile tj, columns of tile ti (the diagonal tile itself when ti == tj)
+    for (int y = threadIdx.y; y < MIRROR_TILE; y += blockDim.y) {
+        int r = tj * MIRROR_TILE + y, c = ti * MIRROR_TILE + x;
+        if (r < n && c < n) s[y][x] = src[(long long)r * lds + c];
+    }
+    __syncthreads();
+    for (int y = threadIdx.y; y < MIRROR_TILE; y += blockDim.y) {
+        int i = ti * MIRROR_TILE + y, j = tj * MIRROR_TILE + x;
+        if (i >= n || j >= n) continue;
+        // dst (i, j) above the diagonal is src (j, i) = s[x][y]; on or below it (diagonal tiles only) src (i, j)
+        if (ti < tj || x > y) dst[(long long)i * n + j] = s[x][y];
+        else if (!in_place) dst[(long long)i * n + j] = s[y][x];
+    }
+}
+
+// C = A B in 3xTF32 (concatenated operands, one accumulator: gemm_nn's arithmetic) for products that are symmetric in
+// exact arithmetic: only the lower blocks of a bs x bs blocking, in one batched GEMM (K = 3N), then mirrored into C.
+// n not a multiple of bs: the blocks go to a padded scratch (N x N), and the mirror pass copies and unpads.
+static void gemm_lower(const float* A, const float* B, float* C, int n, int batch, int bs) {
+    int nb = (int)ceil_div_ll(n, bs), N = nb * bs, tri = nb * (nb + 1) / 2, entries = batch * tri;
+    long long NN = (long long)N * N, total = NN * batch;
+    float* A3 = (float*)ws_get(WS_A3, 3 * total * sizeof(float));
+    float* B3 = (float*)ws_get(WS_B3, 3 * total * sizeof(float));
+    float* Cp = N == n ? C : (float*)ws_get(WS_LOWER_C, total * sizeof(float));
+    void** ptrs = (void**)ws_get(WS_LOWER_PTRS, 3 * (size_t)entries * sizeof(void*));
+    const float** pa = (const float**)ptrs;
+    const float** pb = pa + entries;
+    float** pc = (float**)(ptrs + 2 * (size_t)entries);
+    split3_lower_kernel<<<grid_for(total, 256), 256, 0, g_stream>>>(A, B, A3, B3, n, N, total, bs, tri, entries, Cp,
+                                                                    pa, pb, pc);
+    launchCheck();
+    const float one = 1.0f, zero = 0.0f;
+    cublasCheck(cublasGemmBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, bs, bs, 3 * N, &one, (const void**)pa,
+                                    CUDA_R_32F, N, (const void**)pb, CUDA_R_32F, 3 * N, &zero, (void**)pc, CUDA_R_32F,
+                                    N, entries, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+    int tiles = (int)ceil_div_ll(n, MIRROR_TILE);
+    mirror_tiles_kernel<<<dim3(tiles, tiles, batch), dim3(MIRROR_TILE, 8), 0, g_stream>>>(Cp, N, C, n);
+    launchCheck();
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // version 0: cuSOLVER eigendecomposition, X = V diag(max(lambda, eps)^(-1/p)) V^T
 
@@ -1916,6 +2037,11 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
                               const LanczosStart* ls) {
     long long nn = (long long)n * n, total = nn * batch;
     bool split = prec == PREC_3XTF32 && g_v1.products == V1_SPLIT, lt = prec == PREC_3XTF32 && g_v1.lt;
+    bool lower = prec == PREC_3XTF32 && g_v1.products == V1_LOWER;
+    auto product = [&](const float* P, const float* Q, float* C) {  // C = P Q, on fp32 operands (not split)
+        if (lower) gemm_lower(P, Q, C, n, batch, g_v1.lower_block);
+        else gemm_nn(P, Q, C, n, batch, prec, lt);
+    };
     float* M = (float*)ws_get(WS_M, total * sizeof(float));
     float* T = (float*)ws_get(WS_T, total * sizeof(float));
     float* T2 = (float*)ws_get(WS_T2, total * sizeof(float));
@@ -1980,7 +2106,7 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
             launchCheck();
         }
         if (split) gemm_split(Xh, Xl, Th, Tl, W, n, batch, lt);  // X <- X T
-        else gemm_nn(Xc, T, W, n, batch, prec, lt);
+        else product(Xc, T, W);
         std::swap(Xc, W);
         if (act == NEWTON_LAST) break;
         if (split) {  // M <- T^p M, every product's result split once
@@ -1999,9 +2125,9 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
             gemm_split(Qh, Ql, Mh, Ml, W, n, batch, lt);
         } else {
             const float* Tp = T;
-            if (p >= 2) { gemm_nn(T, T, T2, n, batch, prec, lt); Tp = T2; }
-            if (p == 4) { gemm_nn(T2, T2, T, n, batch, prec, lt); Tp = T; }
-            gemm_nn(Tp, M, W, n, batch, prec, lt);  // M <- T^p M
+            if (p >= 2) { product(T, T, T2); Tp = T2; }
+            if (p == 4) { product(T2, T2, T); Tp = T; }
+            product(Tp, M, W);  // M <- T^p M
         }
         std::swap(M, W);
         if (ls) scale.advance(p, a, s.iters == 0);
@@ -3276,14 +3402,16 @@ static int run_study(uint64_t seed) {
     printf("(unscaled steps: version 4, version 1's batches; the scaled columns: versions 2 and 3, Lanczos start, "
            "'b' = fell back to the unscaled rerun)\n");
     printf("%-4s %-3s %-10s %-7s %-7s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | %-23s | "
-           "%-23s\n", "n", "p", "case", "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower", "3xtf32 2acc",
-           "2acc lower (v4)", "fp32 scaled (v2)", "2acc lower scaled (v3)", "3xtf32 scaled (v1)");
+           "%-23s | %-23s\n", "n", "p", "case", "eps", "kap_eff", "fp32", "3xtf32", "tf32", "bf16", "fp32 lower",
+           "3xtf32 2acc", "2acc lower (v4)", "fp32 scaled (v2)", "2acc lower scaled (v3)", "3xtf32 scaled (v1)",
+           "3xtf32 lower scaled (v1)");
     Rng rng{seed};
     double worst[4][2] = {};  // fp32, 3xtf32: max rel err / tol and residual / tol
     double extra_worst[3][2] = {};  // fp32 lower, 3xtf32 2acc, 3xtf32 2acc lower
     double delta_worst[2] = {};     // 3xtf32 2acc lower with TF32 steps in the I + D form near convergence
-    double scaled_worst[3][2] = {};  // fp32, 3xtf32 2acc lower, 3xtf32 (v1) scaled: rel err / tol, residual / tol
-    int scaled_steps[3][2] = {};     // the same three: steps scaled, unscaled (summed over the cases)
+    // fp32, 3xtf32 2acc lower, 3xtf32 (v1), 3xtf32 lower (v1) scaled: rel err / tol, residual / tol
+    double scaled_worst[4][2] = {};
+    int scaled_steps[4][2] = {};  // the same four: steps scaled, unscaled (summed over the cases)
     int delta_steps[2] = {};        // TF32 steps, all steps
     for (int n : {32, 96})
         for (const SpdCase& c : SPD_CASES)
@@ -3298,6 +3426,7 @@ static int run_study(uint64_t seed) {
                         keep_worst(worst[prec], r);
                         if (prec == PREC_FP32) scaled_steps[0][1] += r.s.iters + 1;
                         if (prec == PREC_3XTF32) scaled_steps[2][1] += r.s.iters + 1;
+                        if (prec == PREC_3XTF32) scaled_steps[3][1] += r.s.iters + 1;
                     }
                     // versions 3 and 4's arithmetic: two accumulators, lower-triangle products mirrored
                     for (int x = 0; x < 3; x++) {
@@ -3306,11 +3435,12 @@ static int run_study(uint64_t seed) {
                         keep_worst(extra_worst[x], r);
                         if (x == 2) scaled_steps[1][1] += r.s.iters + 1;
                     }
-                    // versions 2 (fp32), 3 (2acc lower) and 1 (3xtf32, its own Lanczos) since scaled steps
-                    for (int x = 0; x < 3; x++) {
+                    // versions 2 (fp32), 3 (2acc lower) and 1 (3xtf32, its own Lanczos; full products and
+                    // lower-triangle ones, V1_LOWER) since scaled steps
+                    for (int x = 0; x < 4; x++) {
                         Prec prec = x == 0 ? PREC_FP32 : x == 1 ? PREC_3XTF32_2ACC : PREC_3XTF32;
-                        StudyCell r = study_cell(n, p, eps, A, o, prec, x == 1,
-                                                 x == 2 ? NEWTON_SCALED_V1 : NEWTON_SCALED,
+                        StudyCell r = study_cell(n, p, eps, A, o, prec, x == 1 || x == 3,
+                                                 x >= 2 ? NEWTON_SCALED_V1 : NEWTON_SCALED,
                                                  x == 0 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32);
                         keep_worst(scaled_worst[x], r);
                         scaled_steps[x][0] += r.s.iters + 1 + r.s.discarded;
@@ -3336,10 +3466,11 @@ static int run_study(uint64_t seed) {
     for (int x = 0; x < 3; x++)
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f\n", extra_names[x],
                extra_worst[x][0], extra_worst[x][1]);
-    const char* scaled_names[3] = {"fp32 scaled, version 2 (fp32 tol)",
+    const char* scaled_names[4] = {"fp32 scaled, version 2 (fp32 tol)",
                                    "3xtf32 2acc lower scaled, version 3 (3xtf32 tol)",
-                                   "3xtf32 scaled, version 1 (3xtf32 tol)"};
-    for (int x = 0; x < 3; x++)
+                                   "3xtf32 scaled, version 1 (3xtf32 tol)",
+                                   "3xtf32 lower scaled, version 1 lower (3xtf32 tol)"};
+    for (int x = 0; x < 4; x++)
         printf("worst over these cases, %s: rel err / tolerance %.3f, residual / tolerance %.3f; steps (incl. the "
                "last X step and a fallback's) %d scaled against %d unscaled\n", scaled_names[x], scaled_worst[x][0],
                scaled_worst[x][1], scaled_steps[x][0], scaled_steps[x][1]);
@@ -3399,11 +3530,19 @@ static void test_newton_twin(Rng& rng) {
             double kappa = o.lmax / o.lmin;
             // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored);
             // unscaled (version 4, version 1's batches), scaled (versions 2 and 3) and version 1's scaled (fp32 and
-            // its 3xTF32), which must not need their fallback here
-            for (int x = 0; x < 10; x++) {
-                Prec prec = x % 4 == 0 ? PREC_FP32 : x % 4 == 1 ? PREC_3XTF32 : PREC_3XTF32_2ACC;
-                bool lower = x % 4 == 3;
-                NewtonStart start = x < 4 ? NEWTON_UNSCALED : x < 8 ? NEWTON_SCALED : NEWTON_SCALED_V1;
+            // its 3xTF32), which must not need their fallback here; version 1's 3xTF32 with lower-triangle products
+            // (V1_LOWER), unscaled (batches) and scaled
+            const struct { Prec prec; bool lower; NewtonStart start; } twins[] = {
+                {PREC_FP32, false, NEWTON_UNSCALED},        {PREC_3XTF32, false, NEWTON_UNSCALED},
+                {PREC_3XTF32_2ACC, false, NEWTON_UNSCALED}, {PREC_3XTF32_2ACC, true, NEWTON_UNSCALED},
+                {PREC_FP32, false, NEWTON_SCALED},          {PREC_3XTF32, false, NEWTON_SCALED},
+                {PREC_3XTF32_2ACC, false, NEWTON_SCALED},   {PREC_3XTF32_2ACC, true, NEWTON_SCALED},
+                {PREC_FP32, false, NEWTON_SCALED_V1},       {PREC_3XTF32, false, NEWTON_SCALED_V1},
+                {PREC_3XTF32, true, NEWTON_UNSCALED},       {PREC_3XTF32, true, NEWTON_SCALED_V1}};
+            for (const auto& tw : twins) {
+                Prec prec = tw.prec;
+                bool lower = tw.lower;
+                NewtonStart start = tw.start;
                 MatF X((size_t)n * n);
                 NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, 0.0, nullptr, start);
                 RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, kappa);
@@ -3692,19 +3831,91 @@ static void test_lanczos_twin(Rng& rng) {
 
 // MATRIX_ROOTS_V1's words (version 1's choices): each sets what it names, later words win, anything else is refused
 static void test_v1_options() {
-    struct { const char* text; bool ok, scaled; V1Products products; bool lt; } cases[] = {
-        {"scaled", true, true, V1_CONCAT, false},        {"unscaled", true, false, V1_CONCAT, false},
-        {"split,lt", true, true, V1_SPLIT, true},        {"split,concat,lt,cublas", true, true, V1_CONCAT, false},
-        {"unscaled,split", true, false, V1_SPLIT, false}, {"split,", false, true, V1_SPLIT, false},
-        {"", false, true, V1_CONCAT, false},             {"Split", false, true, V1_CONCAT, false},
-        {"lt,fast", false, true, V1_CONCAT, true}};
+    struct { const char* text; bool ok, scaled; V1Products products; bool lt; int block; } cases[] = {
+        {"scaled", true, true, V1_CONCAT, false, 128},
+        {"unscaled", true, false, V1_CONCAT, false, 128},
+        {"split,lt", true, true, V1_SPLIT, true, 128},
+        {"split,concat,lt,cublas", true, true, V1_CONCAT, false, 128},
+        {"unscaled,split", true, false, V1_SPLIT, false, 128},
+        {"split,", false, true, V1_SPLIT, false, 128},
+        {"", false, true, V1_CONCAT, false, 128},
+        {"Split", false, true, V1_CONCAT, false, 128},
+        {"lt,fast", false, true, V1_CONCAT, true, 128},
+        {"lower", true, true, V1_LOWER, false, 128},
+        {"lower256,unscaled", true, false, V1_LOWER, false, 256},
+        {"lower64,lower", true, true, V1_LOWER, false, 128},
+        {"lower64,concat", true, true, V1_CONCAT, false, 64},
+        {"lower32", false, true, V1_CONCAT, false, 128},
+        {"lower1024", false, true, V1_CONCAT, false, 128},
+        {"lower 128", false, true, V1_CONCAT, false, 128}};
     for (auto& c : cases) {
         V1Options o;
         bool ok = parse_v1_options(c.text, &o);
-        bool same = ok == c.ok && (!ok || (o.scaled == c.scaled && o.products == c.products && o.lt == c.lt));
+        bool same = ok == c.ok && (!ok || (o.scaled == c.scaled && o.products == c.products && o.lt == c.lt &&
+                                           o.lower_block == c.block));
         report(same, fmt("MATRIX_ROOTS_V1='%s'", c.text),
-               fmt("%s: scaled %d, products %s, lt %d", ok ? "accepted" : "refused", o.scaled,
-                   o.products == V1_SPLIT ? "split" : "concat", o.lt));
+               fmt("%s: scaled %d, products %s, lt %d, lower block %d", ok ? "accepted" : "refused", o.scaled,
+                   o.products == V1_SPLIT ? "split" : o.products == V1_LOWER ? "lower" : "concat", o.lt,
+                   o.lower_block));
+    }
+}
+
+// Version 1's lower-triangle products (V1_LOWER) emulated on the CPU with the kernels' own index code
+// (lower_block_coords, lower_block_ptrs, split3_lower_element): the batched GEMM entries computed as cuBLAS defines
+// a column-major product (written out here, apart from that code), in float64, then the mirror. Every element must
+// equal the float64 sum of the split operands' products, the lower triangle mirrored (a wrong block, offset or
+// leading dimension is an O(1) error; the padding must contribute exact zeros). Small blocks (8, 16) give many of
+// them at small n, with and without padding, and a batch.
+static void test_lower_blocks_cpu(Rng& rng) {
+    bool each_once = true;  // every block (I, J), J <= I, once, in order
+    for (int nb = 1, t = 0; nb <= 300; nb++)
+        for (int J = 0; J < nb; J++, t++) {
+            int i, j;
+            lower_block_coords(t, &i, &j);
+            each_once &= i == nb - 1 && j == J;
+        }
+    report(each_once, "v1 lower: block numbering of a lower triangle (300 block rows)", "");
+    struct { int n, bs, batch; } cases[] = {{37, 8, 1}, {40, 8, 2}, {70, 16, 3}, {33, 16, 1}, {5, 8, 2}, {1, 8, 1}};
+    for (auto& c : cases) {
+        int n = c.n, bs = c.bs, batch = c.batch, nb = (n + bs - 1) / bs, N = nb * bs, tri = nb * (nb + 1) / 2;
+        size_t nn = (size_t)n * n, NN = (size_t)N * N;
+        MatF A(nn * batch), B(nn * batch), A3(3 * NN * batch, NAN), B3(3 * NN * batch, NAN), Cp(NN * batch, NAN);
+        for (auto& v : A) v = (float)rng.normal();
+        for (auto& v : B) v = (float)rng.normal();
+        for (size_t idx = 0; idx < NN * batch; idx++) split3_lower_element(idx, A.data(), B.data(), A3.data(),
+                                                                            B3.data(), n, N);
+        for (int e = 0; e < batch * tri; e++) {
+            const float *pa, *pb;
+            float* pc;
+            lower_block_ptrs(e, tri, N, bs, A3.data(), B3.data(), Cp.data(), &pa, &pb, &pc);
+            // cuBLAS: C(r, c) = sum_k A(r, k) B(k, c), column-major, m = n = bs, K = 3N, lda = N, ldb = 3N, ldc = N
+            for (int r = 0; r < bs; r++)
+                for (int col = 0; col < bs; col++) {
+                    double acc = 0.0;
+                    for (int k = 0; k < 3 * N; k++) acc += (double)pa[r + (size_t)k * N] * pb[k + (size_t)col * 3 * N];
+                    pc[r + (size_t)col * N] = (float)acc;
+                }
+        }
+        double worst = 0.0;
+        for (int m = 0; m < batch; m++)
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    int li = std::max(i, j), lj = std::min(i, j);  // mirrored from the lower triangle
+                    double ref = 0.0, scale = 0.0;
+                    for (int k = 0; k < n; k++) {
+                        float a = A[m * nn + (size_t)li * n + k], b = B[m * nn + (size_t)k * n + lj];
+                        float ah = tf32_rna(a), al = tf32_rna(a - ah), bh = tf32_rna(b), bl = tf32_rna(b - bh);
+                        ref += (double)ah * bh + (double)ah * bl + (double)al * bh;
+                        scale += std::fabs((double)a * b);
+                    }
+                    double got = Cp[m * NN + (size_t)li * N + lj];
+                    double d = std::fabs(got - ref) / (scale + 1e-30);
+                    worst = std::isnan(got) ? INFINITY : std::max(worst, d);
+                }
+        // the emulated GEMM sums in float64 and rounds once to fp32: u relative to the sum, plus float64 sums
+        report(worst <= 2.0 * U32, fmt("v1 lower: blocks, pointers and padding emulated, n=%d b=%d batch=%d", n, bs,
+                                       batch),
+               fmt("%d blocks per matrix, worst |got - ref| / sum |a b| = %.2e (tol %.2e)", tri, worst, 2.0 * U32));
     }
 }
 
@@ -4020,7 +4231,8 @@ static float* device_poisoned(size_t count) {
 
 // blocks: version 3's blocks per matrix (0: a cluster of 2 where the GPU has them; 1: one block, sm_80's path).
 // start: versions 1 to 3 (NewtonStart; version 1 maps it to V1Options::scaled); "v3 1blk unscaled" and
-// "v1 3xtf32 unscaled" are the iterations before scaled steps, for comparison. products, lt: version 1's V1Options.
+// "v1 3xtf32 unscaled" are the iterations before scaled steps, for comparison. products, lt, lower_block: version
+// 1's V1Options (lower_block 0: the default).
 struct RootVariant {
     const char* name;
     int version;
@@ -4030,6 +4242,7 @@ struct RootVariant {
     NewtonStart start;
     V1Products products;
     bool lt;
+    int lower_block;
 };
 static const RootVariant ROOT_VARIANTS[] = {
     {"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0, NEWTON_UNSCALED},
@@ -4039,6 +4252,9 @@ static const RootVariant ROOT_VARIANTS[] = {
     {"v1 3xtf32 split", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_SPLIT, false},
     {"v1 3xtf32 lt", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_CONCAT, true},
     {"v1 3xtf32 split lt", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_SPLIT, true},
+    {"v1 3xtf32 lower", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 128},
+    {"v1 3xtf32 lower64", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 64},
+    {"v1 3xtf32 lower256", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 256},
     {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_SCALED},
     {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
     {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1, NEWTON_SCALED},
@@ -4074,7 +4290,7 @@ static const char* run_root_variant(const RootVariant& v, const float* d_A, floa
     }
     if (v.version == 1) {
         V1Options saved = g_v1;
-        g_v1 = {v.start != NEWTON_UNSCALED, v.products, v.lt};
+        g_v1 = {v.start != NEWTON_UNSCALED, v.products, v.lt, v.lower_block ? v.lower_block : V1Options().lower_block};
         NewtonState s = inv_root_v1(d_A, d_X, batch, n, p, eps, v.prec);
         g_v1 = saved;
         steps.assign(batch, s.iters);
@@ -4137,6 +4353,47 @@ static void test_roots_group(int n, const std::vector<MatF>& As, const std::vect
     }
     cudaCheck(cudaFree(d_A));
     cudaCheck(cudaFree(d_X));
+}
+
+// Version 1's lower-triangle product (gemm_lower) against its full product (gemm_nn, 3xTF32 concat) on the GPU: the
+// output (poisoned first) exactly symmetric, and each element within the two products' error bounds of the full
+// product's lower element: each is at most (12 + 3N) u sum_k |a_ik b_kj| from the exact product (the split drops
+// lo lo, r b and a r, 12 u; K = 3N sums, truncating at worst). Sizes with and without padding, batches, each b.
+static void test_gemm_lower_gpu(Rng& rng) {
+    struct { int n, bs, batch; } cases[] = {{37, 64, 1}, {100, 64, 2}, {130, 64, 3}, {256, 128, 1}, {257, 128, 1},
+                                            {300, 256, 2}, {1024, 128, 1}};
+    for (auto& c : cases) {
+        int n = c.n, batch = c.batch, N = (int)ceil_div_ll(n, c.bs) * c.bs;
+        size_t nn = (size_t)n * n, total = nn * batch;
+        MatF A(total), B(total);
+        for (auto& v : A) v = (float)rng.normal();
+        for (auto& v : B) v = (float)rng.normal();
+        float *d_A = to_device(A.data(), total), *d_B = to_device(B.data(), total);
+        float *d_full = device_poisoned(total), *d_low = device_poisoned(total);
+        gemm_nn(d_A, d_B, d_full, n, batch, PREC_3XTF32);
+        gemm_lower(d_A, d_B, d_low, n, batch, c.bs);
+        cudaCheck(cudaDeviceSynchronize());
+        MatF full = to_host(d_full, total), low = to_host(d_low, total);
+        double worst = 0.0;
+        bool symmetric = true;
+        for (int m = 0; m < batch; m++)
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j <= i; j++) {
+                    size_t lo = m * nn + (size_t)i * n + j, up = m * nn + (size_t)j * n + i;
+                    symmetric &= low[lo] == low[up];  // NaN: false
+                    double scale = 0.0;
+                    for (int k = 0; k < n; k++) scale += std::fabs((double)A[m * nn + (size_t)i * n + k] *
+                                                                   B[m * nn + (size_t)k * n + j]);
+                    double d = std::fabs((double)low[lo] - full[lo]) / (scale + 1e-30);
+                    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+                }
+        double tol = 2.0 * (12.0 + 3.0 * N) * U32;
+        report(symmetric && worst <= tol, fmt("v1 lower product n=%d b=%d batch=%d", n, c.bs, batch),
+               fmt("%s, worst |lower - full| / sum |a b| = %.2e (tol %.2e)", symmetric ? "symmetric" : "NOT symmetric",
+                   worst, tol));
+        float* fs[] = {d_A, d_B, d_full, d_low};
+        for (float* f : fs) cudaCheck(cudaFree(f));
+    }
 }
 
 static void test_roots_gpu(Rng& rng) {
@@ -4431,6 +4688,7 @@ static int run_tests(uint64_t seed) {
     test_scaled_steps_bench(rng);
     test_lanczos_twin(rng);
     test_v1_options();
+    test_lower_blocks_cpu(rng);
     test_ns_cpu(rng);
     test_stats_oracle(rng);
     test_tc_fragments(rng);
@@ -4458,6 +4716,7 @@ static int run_tests(uint64_t seed) {
     gpu_init();
     printf("GPU: %s (sm_%d%d, %d SMs, %zu bytes of shared memory per block)\n", g_gpu.name, g_gpu.cc_major,
            g_gpu.cc_minor, g_gpu.sms, g_gpu.smem_optin);
+    test_gemm_lower_gpu(rng);
     test_roots_gpu(rng);
     test_fallback_gpu(rng);
     test_start_gpu(rng);
