@@ -3236,6 +3236,11 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
 // another order; Newton-Schulz commutes with a permutation of the columns (A = X X^T does not see it), so the update
 // comes out in the same permuted order and goes back to where it was read from. Each elementwise pass is a functor
 // that muon_each runs on the GPU, or as a loop on the CPU (dev/test_unet.cu checks the step there in CI).
+// --muon_ns gram: the same polynomial on the m x m Gram matrix (the Gram Newton-Schulz of Dao-AILab, 2026):
+// R = X X^T; per step Z = a I + b R + c R^2, Q <- Z Q, R <- Z R Z; X <- Q X only where R is rebuilt from X (a
+// restart, before steps 2, 5, 8, ..., which keeps the half-precision error from compounding) and at the end. Equal to
+// the standard form in exact arithmetic; the products on X (the M-long dimension) drop from 2 per step to 2 per
+// restart. In fp16 with --precision bf16 (more mantissa than bf16: closer to the fp32 iteration than torch's bf16).
 constexpr float MUON_A = 3.4445f, MUON_B = -4.7750f, MUON_C = 2.0315f, MUON_EPS = 1e-7f;
 struct MuonMat {      // one weight matrix
     size_t p_off;     // its first float in the parameters (our layout)
@@ -3275,9 +3280,11 @@ __host__ __device__ inline int muon_mat_of(const MuonMat* mats, int n, size_t e)
 }
 __host__ __device__ inline float muon_to_float(float v) { return v; }
 __host__ __device__ inline float muon_to_float(bf16 v) { return __bfloat162float(v); }
+__host__ __device__ inline float muon_to_float(__half v) { return __half2float(v); }
 template <typename T>
 __host__ __device__ inline T muon_from_float(float v) {
     if constexpr (std::is_same<T, float>::value) return v;
+    else if constexpr (std::is_same<T, __half>::value) return __float2half_rn(v);
     else return __float2bfloat16_rn(v);
 }
 
@@ -3305,12 +3312,12 @@ struct MuonMomentum {
         x[e] = muon_from_float<T>(muon_momentum_elem(g, buf, muon_src(k, e - k.w_off), w, mu, nesterov));
     }
 };
-template <typename T>
-struct MuonNormalize {  // X / max(||X||_F, eps) (norm[k]: the sum of squares of matrix k)
-    const MuonMat* mats; int n_mats; const float* sumsq; T* x;
+template <typename T, typename S>
+struct MuonNormalize {  // y = X / max(||X||_F, eps) (sumsq[k]: the sum of squares of matrix k); y may be x
+    const MuonMat* mats; int n_mats; const float* sumsq; const T* x; S* y;
     __host__ __device__ void operator()(size_t e) const {
         const int k = muon_mat_of(mats, n_mats, e);
-        x[e] = muon_from_float<T>(muon_to_float(x[e]) / fmaxf(sqrtf(sumsq[k]), MUON_EPS));
+        y[e] = muon_from_float<S>(muon_to_float(x[e]) / fmaxf(sqrtf(sumsq[k]), MUON_EPS));
     }
 };
 // w <- w decay - step X (torch: param.mul_(1 - lr wd); param.add_(X, alpha=-adjusted lr)), then the EMA as AdamW's
@@ -3341,9 +3348,10 @@ struct MuonApply {
 struct MuonTile { int mat, i0, j0, M_pad; };  // M_pad: the group's padded large dimension
 enum { MUON_TILE_MOMENTUM, MUON_TILE_NORMALIZE, MUON_TILE_APPLY };
 constexpr int MUON_TILE = 32, MUON_TILE_ROWS = 8;
-template <int MODE, typename T>
+// T: the momentum's buffer x; S: the Newton-Schulz's xs (the normalisation's output, the update's input; may be x)
+template <int MODE, typename T, typename S>
 __global__ void __launch_bounds__(MUON_TILE * MUON_TILE_ROWS)
-    muon_tile_kernel(const MuonTile* tiles, const MuonMat* mats, T* x, const float* g, float* buf, float* p,
+    muon_tile_kernel(const MuonTile* tiles, const MuonMat* mats, T* x, S* xs, const float* g, float* buf, float* p,
                      float* ema, const float* sumsq, const float* hyper, float w, float mu, int nesterov, float decay) {
     __shared__ float tile[MUON_TILE][MUON_TILE + 1];  // [i - i0][j - j0]
     const MuonTile t = tiles[blockIdx.x];
@@ -3351,11 +3359,12 @@ __global__ void __launch_bounds__(MUON_TILE * MUON_TILE_ROWS)
     const bool along_j = (k.conv == 0) == (k.rows <= k.cols);  // the parameters are contiguous along j
     const int lane = threadIdx.x, m_pad = k.m_pad;
     T* xk = x + k.w_off;
-    if (MODE == MUON_TILE_NORMALIZE) {  // the group buffer alone, along i
+    S* sk = xs + k.w_off;
+    if (MODE == MUON_TILE_NORMALIZE) {  // the group buffers alone, along i
         const float n = fmaxf(sqrtf(sumsq[t.mat]), MUON_EPS);
         for (int r = threadIdx.y; r < MUON_TILE; r += MUON_TILE_ROWS) {
             const int i = t.i0 + lane, j = t.j0 + r;
-            if (i < m_pad && j < t.M_pad) xk[(size_t)j * m_pad + i] = muon_from_float<T>(
+            if (i < m_pad && j < t.M_pad) sk[(size_t)j * m_pad + i] = muon_from_float<S>(
                 muon_to_float(xk[(size_t)j * m_pad + i]) / n);
         }
         return;
@@ -3363,7 +3372,7 @@ __global__ void __launch_bounds__(MUON_TILE * MUON_TILE_ROWS)
     if (MODE == MUON_TILE_APPLY) {  // X into shared memory along i
         for (int r = threadIdx.y; r < MUON_TILE; r += MUON_TILE_ROWS) {
             const int i = t.i0 + lane, j = t.j0 + r;
-            if (i < m_pad && j < t.M_pad) tile[lane][r] = muon_to_float(xk[(size_t)j * m_pad + i]);
+            if (i < m_pad && j < t.M_pad) tile[lane][r] = muon_to_float(sk[(size_t)j * m_pad + i]);
         }
         __syncthreads();
     }
@@ -3415,6 +3424,14 @@ __global__ void muon_sumsq_finalize_kernel(const float* partial, const int* firs
     double s = 0.0;
     for (int c = first_chunk[k]; c < first_chunk[k + 1]; c++) s += partial[c];
     sumsq[k] = (float)s;
+}
+// --muon_ns gram: Z += a I for each of count m x m matrices (stride ss), after Z = c R R + b R
+template <typename S>
+__global__ void muon_diag_kernel(S* z, int m, long long ss, int count, float a) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= m * count) return;
+    S* d = z + (e / m) * ss + (long long)(e % m) * (m + 1);
+    *d = muon_from_float<S>(muon_to_float(*d) + a);
 }
 
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
@@ -5517,11 +5534,13 @@ static const char* OPTIMIZER_NAME[2] = {"adamw", "muon"};
 // distinct shape), one (a single group). UNET_MUON_GROUPS sets it (measurements; dev/test_unet.cu checks all three).
 enum MuonGrouping { MG_AUTO = 0, MG_SHAPE = 1, MG_ONE = 2 };
 static const char* MUON_GROUPING_NAME[3] = {"auto", "shape", "one"};
+enum MuonNs { MUON_NS_STANDARD = 0, MUON_NS_GRAM = 1 };  // --muon_ns: the form of the Newton-Schulz iteration
+static const char* MUON_NS_NAME[2] = {"standard", "gram"};
 
 struct MuonLtCall;  // one cached cuBLASLt product (muon_gemm)
 struct MuonPlan {
     float lr = 0.02f, momentum = 0.95f;
-    int nesterov = 1, ns_steps = 5, grouping = MG_AUTO;
+    int nesterov = 1, ns_steps = 5, grouping = MG_AUTO, ns = MUON_NS_STANDARD;
     bool cpu = false;   // the tables and buffers are host arrays (dev/test_unet.cu runs the step on the CPU)
     bool half = false;  // bf16 group buffers and products (--precision bf16: torch's Muon iterates in bf16)
     // each group's momentum, normalisation and Newton-Schulz on the side stream from the point of the backward pass
@@ -5546,7 +5565,9 @@ struct MuonPlan {
     int *t_adam_idx = nullptr, *t_first_chunk = nullptr;
     size_t *t_chunk_start = nullptr, *t_chunk_end = nullptr;
     void* x[2] = {nullptr, nullptr};  // the group buffers (the iteration alternates between them)
-    void *a = nullptr, *p = nullptr;  // A = X X^T and B = b A + c A^2 of every matrix (m_pad x m_pad each)
+    // m_pad x m_pad per matrix: standard A = X X^T and B = b A + c A^2 (sq[0], sq[1]); gram R, then Z, Q and a
+    // product's output in turn (all four)
+    void* sq[4] = {nullptr, nullptr, nullptr, nullptr};
     float *partial = nullptr, *sumsq = nullptr;
     std::vector<char> started;  // per group: its work is queued in this step (muon_step clears it)
     cudaStream_t side = nullptr;
@@ -5554,30 +5575,57 @@ struct MuonPlan {
     cudaEvent_t join = nullptr;     // the side stream's work of the step is done
     cublasLtHandle_t lt = nullptr;  // the products (own workspace: the side stream runs beside g_cublas)
     void* lt_ws = nullptr;
-    std::vector<MuonLtCall*> lt_calls;  // per group and product (3 each), made on first use
+    std::vector<MuonLtCall*> lt_calls;  // per group and kind of product (MUON_LT_CALLS each), made on first use
 };
 static const size_t MUON_LT_WS = 16 << 20;
+static const int MUON_LT_CALLS = 4;  // standard: A, B, X'; gram: X X^T, Z, an m x m product, Q X
+
+// --muon_ns gram rebuilds R from X before steps 2, 5, 8, ... (of 0 .. steps - 1)
+static bool muon_gram_restart(int s, int steps) { return s >= 2 && s < steps && (s - 2) % 3 == 0; }
+// A group's Newton-Schulz work in products on X (m x M: X X^T and X's update, 2 m^2 M FLOPs each), products of
+// m x m matrices (2 m^3 each) and elementwise launches (gram: Z's diagonal); muon_group runs this schedule
+struct MuonNsWork { int on_x, square, diag; };
+static MuonNsWork muon_ns_work(int steps, int ns) {
+    if (ns == MUON_NS_STANDARD) return {2 * steps, steps, 0};
+    MuonNsWork w{2, 0, steps};  // R = X X^T first, X <- Q X last
+    bool have_q = false;
+    for (int s = 0; s < steps; s++) {
+        if (muon_gram_restart(s, steps)) {  // X <- Q X, R = X X^T
+            w.on_x += 2;
+            have_q = false;
+        }
+        w.square += have_q ? 2 : 1;  // Z = c R R + b R (+ a I); Q <- Z Q (the first step's Q is Z)
+        have_q = true;
+        if (s + 1 < steps && !muon_gram_restart(s + 1, steps)) w.square += 2;  // R <- Z R Z
+    }
+    return w;
+}
 
 static bool muon_param(const Param& p) { return p.ndim >= 2; }  // conv and linear weights (2-D view out x rest)
 static int round8(int v) { return (v + 7) / 8 * 8; }  // 16-byte aligned bf16 columns for the tensor cores
 
 // The cost model (microseconds; bf16 / fp32 rates): per group the momentum and normalisation passes (4 launches),
-// then per Newton-Schulz step 3 products at ~4 us of launch and latency each (a small product does not fill the
-// GPU) plus the padded FLOPs at a sustained rate. The backward's own time per stage is its products' FLOPs at the
-// whole step's measured rate (1.24 TFLOP in 11.78 ms, bf16, H100: ~105 TFLOP/s; a third of it in TF32). A group
+// then the Newton-Schulz's launches (muon_ns_work) at ~4 us of launch and latency each (a small product does not
+// fill the GPU) plus the padded FLOPs at a sustained rate. The backward's own time per stage is its products' FLOPs at
+// the whole step's measured rate (1.24 TFLOP in 11.78 ms, bf16, H100: ~105 TFLOP/s; a third of it in TF32). A group
 // hidden beside the backward is taken to cost it MUON_SHARE of its time (the two compete for the SMs): a guess until
 // the GPU measures it (dev/unet_NOTES.md).
 static const double MUON_LAUNCH_US = 4.0, MUON_SHARE = 0.5;
-static double muon_group_us(int m_pad, int M_pad, double count, int steps, bool half) {
-    const double flop = count * (4.0 * m_pad * m_pad * M_pad + 2.0 * m_pad * m_pad * m_pad);
-    return 4 * MUON_LAUNCH_US + steps * (3 * MUON_LAUNCH_US + flop / (half ? 3e8 : 1e8));
+static double muon_group_gflop(int m_pad, int M_pad, double count, int steps, int ns) {
+    const MuonNsWork w = muon_ns_work(steps, ns);
+    return count * (2.0 * w.on_x * m_pad * m_pad * M_pad + 2.0 * w.square * m_pad * m_pad * m_pad) / 1e9;
+}
+static double muon_group_us(int m_pad, int M_pad, double count, int steps, int ns, bool half) {
+    const MuonNsWork w = muon_ns_work(steps, ns);
+    return (4 + w.on_x + w.square + w.diag) * MUON_LAUNCH_US +
+           muon_group_gflop(m_pad, M_pad, count, steps, ns) * 1e9 / (half ? 3e8 : 1e8);
 }
 
 // The groups of one phase: its distinct wide shapes (m <= M) sorted by (m, M) and cut into runs, each padded to its
 // largest m and M; auto picks the cut of least modelled time (muon_group_us), shape gives each shape its own group,
 // one puts all in one. Returns, per sorted shape, its group index. shapes: (m, M, count).
 static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& shapes, int grouping, int steps,
-                                         bool half) {
+                                         int ns, bool half) {
     const int n = (int)shapes.size();
     std::vector<int> of(n, 0);
     if (grouping == MG_SHAPE)
@@ -5591,7 +5639,7 @@ static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& 
             Mp = std::max(Mp, round8(shapes[k][1]));
             cnt += shapes[k][2];
         }
-        return muon_group_us(mp, Mp, cnt, steps, half);
+        return muon_group_us(mp, Mp, cnt, steps, ns, half);
     };
     std::vector<double> best(n + 1, 0.0);
     std::vector<int> cut(n + 1, 0);
@@ -5680,7 +5728,7 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
                 idx.push_back(k);
             }
             if (shapes.empty()) continue;
-            const std::vector<int> of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->half);
+            const std::vector<int> of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->ns, mp->half);
             const size_t first = out.size();
             out.resize(first + of.back() + 1, Draft{0, 0, 0, 0, {}});
             size_t s = 0;
@@ -5702,7 +5750,7 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
         double t = 0.0;
         *total = 0.0;
         for (const Draft& d : ds) {
-            const double us = muon_group_us(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->half);
+            const double us = muon_group_us(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns, mp->half);
             t = std::max(t, done[d.ready]) + us;
             *total += us;
         }
@@ -5745,8 +5793,7 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
             mp->mats.push_back(q);
         }
         s_off += (size_t)g.count * g.m_pad * g.m_pad;
-        mp->gflop += g.count * (4.0 * g.m_pad * g.m_pad * g.M_pad + 2.0 * g.m_pad * g.m_pad * g.m_pad) *
-                     mp->ns_steps / 1e9;
+        mp->gflop += muon_group_gflop(g.m_pad, g.M_pad, g.count, mp->ns_steps, mp->ns);
         mp->groups.push_back(g);
     }
     mp->w_elems = w;
@@ -5773,9 +5820,10 @@ static void muon_plan_tables(MuonPlan* mp) {
                 for (int i0 = 0; i0 < gr.m_pad; i0 += MUON_TILE) mp->tiles.push_back({q, i0, j0, gr.M_pad});
     }
     mp->tile_first.push_back((int)mp->tiles.size());
-    // per step: the AdamW counter and AdamW; per group momentum, sum of squares (2), normalisation and 3 products
-    // per Newton-Schulz step; the update, and the bf16 weight copy
-    mp->launches = 2 + (int)mp->groups.size() * (4 + 3 * mp->ns_steps) + 1 + (mp->half ? 1 : 0);
+    // per step: the AdamW counter and AdamW; per group momentum, sum of squares (2), normalisation and the
+    // Newton-Schulz; the update, and the bf16 weight copy
+    const MuonNsWork nw = muon_ns_work(mp->ns_steps, mp->ns);
+    mp->launches = 2 + (int)mp->groups.size() * (4 + nw.on_x + nw.square + nw.diag) + 1 + (mp->half ? 1 : 0);
 }
 
 // f(i) for base <= i < base + n: a kernel on stream st, or a loop on the CPU (f's pointers on that side)
@@ -5815,13 +5863,14 @@ static V* muon_table(const MuonPlan* mp, const std::vector<V>& host) {
 }
 // A plan for m's parameters with its tables and buffers on the GPU (cpu: on the host; overlap off)
 static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nesterov, int ns_steps, int grouping,
-                             bool half, bool cpu) {
+                             int ns, bool half, bool cpu) {
     MuonPlan* mp = new MuonPlan();
     mp->lr = lr;
     mp->momentum = momentum;
     mp->nesterov = nesterov;
     mp->ns_steps = ns_steps;
     mp->grouping = grouping;
+    mp->ns = ns;
     mp->half = half && !cpu;
     mp->cpu = cpu;
     muon_plan(mp, m->params, muon_stages(m, mp->half));
@@ -5833,12 +5882,11 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
     mp->t_chunk_end = muon_table(mp, mp->chunk_end);
     const size_t elem = mp->half ? sizeof(bf16) : sizeof(float);
     for (void*& x : mp->x) x = muon_alloc(mp, mp->w_elems * elem);
-    mp->a = muon_alloc(mp, mp->s_elems * elem);
-    mp->p = muon_alloc(mp, mp->s_elems * elem);
+    for (int k = 0; k < (ns == MUON_NS_GRAM ? 4 : 2); k++) mp->sq[k] = muon_alloc(mp, mp->s_elems * elem);
     mp->partial = (float*)muon_alloc(mp, mp->chunk_start.size() * sizeof(float));
     mp->sumsq = (float*)muon_alloc(mp, mp->mats.size() * sizeof(float));
     mp->started.assign(mp->groups.size(), 0);
-    mp->lt_calls.assign(3 * mp->groups.size(), nullptr);
+    mp->lt_calls.assign(MUON_LT_CALLS * mp->groups.size(), nullptr);
     if (!cpu) {
         cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));  // the lowest priority
         mp->fork.resize(mp->groups.size());
@@ -5866,7 +5914,7 @@ static void muon_lt_free(MuonLtCall* c) {
 }
 static void muon_destroy(MuonPlan* mp) {
     void* ps[] = {mp->t_mats, mp->t_tiles, mp->t_adam_idx, mp->t_first_chunk, mp->t_chunk_start, mp->t_chunk_end,
-                  mp->x[0], mp->x[1], mp->a, mp->p, mp->partial, mp->sumsq};
+                  mp->x[0], mp->x[1], mp->sq[0], mp->sq[1], mp->sq[2], mp->sq[3], mp->partial, mp->sumsq};
     for (void* p : ps) {
         if (mp->cpu) free(p);
         else if (p) cudaCheck(cudaFree(p));
@@ -5911,9 +5959,11 @@ static void muon_gemm(MuonPlan* mp, cudaStream_t st, int call, bool tb, int M, i
                 }
         return;
     }
-    const bool bf = std::is_same<T, bf16>::value;
-    const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasComputeType_t ct = bf || !g_tf32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    const bool bf = std::is_same<T, bf16>::value, fp16 = std::is_same<T, __half>::value;
+    const cudaDataType_t dt = bf ? CUDA_R_16BF : fp16 ? CUDA_R_16F : CUDA_R_32F;
+    // gram in fp32 stays strict: its Q carries TF32's rounding ~20x further than the standard form (dev/unet_NOTES.md)
+    const bool strict = bf || fp16 || !g_tf32 || mp->ns == MUON_NS_GRAM;
+    const cublasComputeType_t ct = strict ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
     MuonLtCall*& c = mp->lt_calls[call];
     if (c && c->ct != ct) {  // dev/test_unet.cu switches TF32 off and on
         muon_lt_free(c);
@@ -5967,23 +6017,110 @@ static void muon_gemm(MuonPlan* mp, cudaStream_t st, int call, bool tb, int M, i
 
 // the stream a group's work goes to
 static cudaStream_t muon_stream(const MuonPlan* mp) { return mp->overlap ? mp->side : g_stream; }
-// muon_tile_kernel over group k's tiles (k < 0: every group's); the momentum and the normalisation on x[0], the
-// update from x[ns_steps % 2]
-template <int MODE, typename T>
+// The group buffer that holds the orthogonalised update: standard alternates from x[0] every step; gram normalises
+// x[0] into x[1] and alternates at each restart and at the end
+static int muon_final_x(const MuonPlan* mp) {
+    if (mp->ns == MUON_NS_STANDARD) return mp->ns_steps % 2;
+    int moves = 1;
+    for (int s = 0; s < mp->ns_steps; s++) moves += muon_gram_restart(s, mp->ns_steps);
+    return (1 + moves) % 2;
+}
+// The element types as f(T(), S()): T the momentum's group buffer (bf16 with --precision bf16: torch's Muon rounds
+// the update to bf16, else fp32), S the Newton-Schulz's (T; gram in half precision: fp16)
+template <class F>
+static void muon_types(const MuonPlan* mp, F f) {
+    if (!mp->half) f(float(), float());
+    else if (mp->ns == MUON_NS_GRAM) f(bf16(), __half());
+    else f(bf16(), bf16());
+}
+// muon_tile_kernel over group k's tiles (k < 0: every group's); the momentum on x[0], the normalisation from x[0]
+// into the Newton-Schulz's first buffer, the update from its last (muon_final_x)
+template <int MODE, typename T, typename S>
 static void muon_tiles(MuonPlan* mp, cudaStream_t st, int k, const float* g, float* buf, float* p, float* ema,
                        const float* hyper, float w, float decay) {
     const int t0 = k < 0 ? 0 : mp->tile_first[k], t1 = k < 0 ? (int)mp->tiles.size() : mp->tile_first[k + 1];
     if (t1 <= t0) return;
-    T* x = (T*)mp->x[MODE == MUON_TILE_APPLY ? mp->ns_steps % 2 : 0];
-    muon_tile_kernel<MODE, T><<<t1 - t0, dim3(MUON_TILE, MUON_TILE_ROWS), 0, st>>>(
-        mp->t_tiles + t0, mp->t_mats, x, g, buf, p, ema, mp->sumsq, hyper, w, mp->momentum, mp->nesterov, decay);
+    const int xs = MODE == MUON_TILE_APPLY ? muon_final_x(mp) : mp->ns == MUON_NS_GRAM ? 1 : 0;
+    muon_tile_kernel<MODE, T, S><<<t1 - t0, dim3(MUON_TILE, MUON_TILE_ROWS), 0, st>>>(
+        mp->t_tiles + t0, mp->t_mats, (T*)mp->x[0], (S*)mp->x[xs], g, buf, p, ema, mp->sumsq, hyper, w,
+        mp->momentum, mp->nesterov, decay);
     cudaCheck(cudaGetLastError());
 }
 
-// Group k from the gradient g to its orthogonalised update in mp->x[ns_steps % 2]: the momentum (buf) and the
-// update u rounded into the group buffer, each matrix's sum of squares (fixed order on either side), the
-// normalisation, then ns_steps of A = X X^T, B = c A A + b A, X' = B X + a X
-template <typename T>
+// Standard Newton-Schulz of group k from X in x[0] (in place normalised): ns_steps of A = X X^T, B = c A A + b A,
+// X' = B X + a X, alternating between the group buffers
+template <typename S>
+static void muon_ns_standard(MuonPlan* mp, int k, cudaStream_t st) {
+    const MuonGroup& gr = mp->groups[k];
+    S *a = (S*)mp->sq[0] + gr.s_off, *p = (S*)mp->sq[1] + gr.s_off;
+    const int m = gr.m_pad, M = gr.M_pad, c = MUON_LT_CALLS * k;
+    const long long xs = (long long)m * M, ss = (long long)m * m;
+    for (int s = 0; s < mp->ns_steps; s++) {
+        const S* x = (const S*)mp->x[s % 2] + gr.w_off;
+        S* y = (S*)mp->x[(s + 1) % 2] + gr.w_off;
+        muon_gemm(mp, st, c, true, m, m, M, 1.f, x, m, xs, x, m, xs, 0.f, a, a, m, ss, gr.count);
+        muon_gemm(mp, st, c + 1, false, m, m, m, MUON_C, a, m, ss, a, m, ss, MUON_B, a, p, m, ss, gr.count);
+        muon_gemm(mp, st, c + 2, false, m, M, m, 1.f, p, m, ss, x, m, xs, MUON_A, x, y, m, xs, gr.count);
+    }
+}
+// Gram Newton-Schulz of group k from X in x[1] (the schedule of muon_ns_work): R in sq[0]; Z, Q and a product's
+// output take turns in sq[1..3]
+template <typename S>
+static void muon_ns_gram(MuonPlan* mp, int k, cudaStream_t st) {
+    const MuonGroup& gr = mp->groups[k];
+    const int m = gr.m_pad, M = gr.M_pad, c = MUON_LT_CALLS * k, steps = mp->ns_steps;
+    const long long xs = (long long)m * M, ss = (long long)m * m;
+    auto sq = [&](int i) { return (S*)mp->sq[i] + gr.s_off; };
+    auto x = [&](int i) { return (S*)mp->x[i] + gr.w_off; };
+    auto square = [&](const S* a, const S* b, S* d) {  // d = a b
+        muon_gemm(mp, st, c + 2, false, m, m, m, 1.f, a, m, ss, b, m, ss, 0.f, d, d, m, ss, gr.count);
+    };
+    auto gram = [&](const S* X) {  // R = X X^T
+        muon_gemm(mp, st, c, true, m, m, M, 1.f, X, m, xs, X, m, xs, 0.f, sq(0), sq(0), m, ss, gr.count);
+    };
+    int xi = 1, qi = -1;  // X's buffer; Q's (-1: Q = I)
+    gram(x(xi));
+    for (int s = 0; s < steps; s++) {
+        if (muon_gram_restart(s, steps)) {  // X <- Q X, R = X X^T, Q = I
+            muon_gemm(mp, st, c + 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m,
+                      xs, gr.count);
+            xi = 1 - xi;
+            gram(x(xi));
+            qi = -1;
+        }
+        const int zi = qi == 1 ? 2 : 1;  // Z = c R R + b R + a I
+        muon_gemm(mp, st, c + 1, false, m, m, m, MUON_C, sq(0), m, ss, sq(0), m, ss, MUON_B, sq(0), sq(zi), m, ss,
+                  gr.count);
+        if (mp->cpu)
+            for (int b = 0; b < gr.count; b++)
+                for (int i = 0; i < m; i++) {
+                    S& d = sq(zi)[b * ss + (long long)i * (m + 1)];
+                    d = muon_from_float<S>(muon_to_float(d) + MUON_A);
+                }
+        else {
+            muon_diag_kernel<<<ceil_div(m * gr.count, EW), EW, 0, st>>>(sq(zi), m, ss, gr.count, MUON_A);
+            cudaCheck(cudaGetLastError());
+        }
+        if (qi < 0) qi = zi;  // Q = Z (Z stays there for this step)
+        else {                // Q <- Z Q into the third buffer
+            const int ni = 6 - qi - zi;
+            square(sq(zi), sq(qi), sq(ni));
+            qi = ni;
+        }
+        if (s + 1 < steps && !muon_gram_restart(s + 1, steps)) {  // R <- (Z R) Z, Z R into a buffer not Q's or Z's
+            const int ti = qi != zi ? 6 - qi - zi : zi == 1 ? 2 : 1;
+            square(sq(zi), sq(0), sq(ti));
+            square(sq(ti), sq(zi), sq(0));
+        }
+    }
+    muon_gemm(mp, st, c + 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m, xs,
+              gr.count);
+}
+
+// Group k from the gradient g to its orthogonalised update in mp->x[muon_final_x]: the momentum (buf) and the
+// update u rounded into x[0], each matrix's sum of squares (fixed order on either side), the normalisation (in
+// place, or into x[1] as S for gram), then the Newton-Schulz
+template <typename T, typename S>
 static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
     const MuonGroup& gr = mp->groups[k];
     const bool cpu = mp->cpu;
@@ -5994,7 +6131,7 @@ static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
     T* x0 = (T*)mp->x[0];
     if (cpu) muon_each(cpu, st, gr.w_off, n, MuonMomentum<T>{mp->t_mats, nm, g, buf, x0, w, mp->momentum,
                                                                mp->nesterov});
-    else muon_tiles<MUON_TILE_MOMENTUM, T>(mp, st, k, g, buf, nullptr, nullptr, nullptr, w, 1.f);
+    else muon_tiles<MUON_TILE_MOMENTUM, T, S>(mp, st, k, g, buf, nullptr, nullptr, nullptr, w, 1.f);
     if (cpu) {
         for (int q = k0; q < k0 + gr.count; q++) {
             double s = 0.0;
@@ -6011,22 +6148,15 @@ static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
                                                                             gr.count, mp->sumsq + k0);
         cudaCheck(cudaGetLastError());
     }
-    if (cpu) muon_each(cpu, st, gr.w_off, n, MuonNormalize<T>{mp->t_mats, nm, mp->sumsq, x0});
-    else muon_tiles<MUON_TILE_NORMALIZE, T>(mp, st, k, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 1.f);
-    T *a = (T*)mp->a + gr.s_off, *p = (T*)mp->p + gr.s_off;
-    const int m = gr.m_pad, M = gr.M_pad;
-    const long long xs = (long long)m * M, ss = (long long)m * m;
-    for (int s = 0; s < mp->ns_steps; s++) {
-        const T* x = (const T*)mp->x[s % 2] + gr.w_off;
-        T* y = (T*)mp->x[(s + 1) % 2] + gr.w_off;
-        muon_gemm(mp, st, 3 * k, true, m, m, M, 1.f, x, m, xs, x, m, xs, 0.f, a, a, m, ss, gr.count);
-        muon_gemm(mp, st, 3 * k + 1, false, m, m, m, MUON_C, a, m, ss, a, m, ss, MUON_B, a, p, m, ss, gr.count);
-        muon_gemm(mp, st, 3 * k + 2, false, m, M, m, 1.f, p, m, ss, x, m, xs, MUON_A, x, y, m, xs, gr.count);
-    }
+    S* xn = (S*)mp->x[mp->ns == MUON_NS_GRAM ? 1 : 0];
+    if (cpu) muon_each(cpu, st, gr.w_off, n, MuonNormalize<T, S>{mp->t_mats, nm, mp->sumsq, x0, xn});
+    else muon_tiles<MUON_TILE_NORMALIZE, T, S>(mp, st, k, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 1.f);
+    if (mp->ns == MUON_NS_GRAM) muon_ns_gram<S>(mp, k, st);
+    else muon_ns_standard<S>(mp, k, st);
 }
 // Queues group k's work unless it is queued already this step; with the overlap, on the side stream once g_stream
 // has written the gradients (everything before this point on g_stream)
-template <typename T>
+template <typename T, typename S>
 static void muon_start(MuonPlan* mp, int k, const float* g, float* buf) {
     if (mp->started[k]) return;
     mp->started[k] = 1;
@@ -6034,7 +6164,7 @@ static void muon_start(MuonPlan* mp, int k, const float* g, float* buf) {
         cudaCheck(cudaEventRecord(mp->fork[k], g_stream));
         cudaCheck(cudaStreamWaitEvent(mp->side, mp->fork[k], 0));
     }
-    muon_group<T>(mp, k, g, buf);
+    muon_group<T, S>(mp, k, g, buf);
 }
 // (declared before the backward pass) the groups whose last gradient the backward has just finished with op (-1:
 // its end), started on the side stream when the overlap is on
@@ -6049,8 +6179,7 @@ static void muon_grads_ready(UNet* m, int op) {
                             "after every backward pass with the overlap on)\n");
             exit(EXIT_FAILURE);
         }
-        if (mp->half) muon_start<bf16>(mp, k, m->g, m->m);
-        else muon_start<float>(mp, k, m->g, m->m);
+        muon_types(mp, [&](auto t, auto s) { muon_start<decltype(t), decltype(s)>(mp, k, m->g, m->m); });
     }
 }
 
@@ -6058,14 +6187,14 @@ static void muon_grads_ready(UNet* m, int op) {
 // parameters Muon leaves, Muon on the weights (buf: their momentum, kept in AdamW's first-moment array; the groups
 // the backward pass has not started yet start here), the EMA of both when ema is given. Every array on the side mp
 // runs on.
-template <typename T>
+template <typename T, typename S>
 static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
                         float beta1, float beta2, float eps, float lr, float weight_decay) {
     const bool cpu = mp->cpu;
     const int nm = (int)mp->mats.size();
     muon_each(cpu, g_stream, 0, mp->adam_idx.size(),
               MuonAdamW{mp->t_adam_idx, p, buf, v, ema, g, beta1, beta2, lr * weight_decay, eps, hyper});
-    for (int k = 0; k < (int)mp->groups.size(); k++) muon_start<T>(mp, k, g, buf);
+    for (int k = 0; k < (int)mp->groups.size(); k++) muon_start<T, S>(mp, k, g, buf);
     if (mp->overlap) {
         cudaCheck(cudaEventRecord(mp->join, mp->side));
         cudaCheck(cudaStreamWaitEvent(g_stream, mp->join, 0));
@@ -6073,13 +6202,14 @@ static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, floa
     std::fill(mp->started.begin(), mp->started.end(), 0);
     const float decay = (float)(1.0 - (double)mp->lr * weight_decay);
     if (cpu) muon_each(cpu, g_stream, 0, mp->w_elems,
-                       MuonApply<T>{mp->t_mats, nm, (const T*)mp->x[mp->ns_steps % 2], p, ema, hyper, decay});
-    else muon_tiles<MUON_TILE_APPLY, T>(mp, g_stream, -1, nullptr, nullptr, p, ema, hyper, 0.f, decay);
+                       MuonApply<S>{mp->t_mats, nm, (const S*)mp->x[muon_final_x(mp)], p, ema, hyper, decay});
+    else muon_tiles<MUON_TILE_APPLY, T, S>(mp, g_stream, -1, nullptr, nullptr, p, ema, hyper, 0.f, decay);
 }
 static void muon_step(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
                       float beta1, float beta2, float eps, float lr, float weight_decay) {
-    if (mp->half) muon_step_t<bf16>(mp, p, g, buf, v, ema, hyper, beta1, beta2, eps, lr, weight_decay);
-    else muon_step_t<float>(mp, p, g, buf, v, ema, hyper, beta1, beta2, eps, lr, weight_decay);
+    muon_types(mp, [&](auto t, auto s) {
+        muon_step_t<decltype(t), decltype(s)>(mp, p, g, buf, v, ema, hyper, beta1, beta2, eps, lr, weight_decay);
+    });
 }
 
 // one AdamW step (PyTorch's formula with bias correction), then the EMA update (warmed up) when ema_rate >= 0, of
@@ -7124,7 +7254,7 @@ struct TrainArgs {
     bool precision_given = false;  // an explicit --precision (no fallback from bf16)
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, weight_decay = 0.f, ema_rate = 0.999f;
     // --optimizer muon: Muon for the conv and linear weights (AdamW above for the rest)
-    int optimizer = OPT_ADAMW, muon_nesterov = 1, ns_steps = 5, muon_grouping = MG_AUTO;
+    int optimizer = OPT_ADAMW, muon_nesterov = 1, ns_steps = 5, muon_grouping = MG_AUTO, muon_ns = MUON_NS_STANDARD;
     bool muon_overlap = true;  // UNET_MUON_OVERLAP (one rank only)
     float muon_lr = 0.02f, muon_momentum = 0.95f;
     UNetConfig cfg;
@@ -7163,7 +7293,7 @@ static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a,
     st->ns_steps = a.ns_steps;
     if (a.optimizer == OPT_MUON) {
         m->muon = muon_create(m, a.muon_lr, a.muon_momentum, a.muon_nesterov, a.ns_steps, a.muon_grouping,
-                              m->prec == PREC_BF16, false);
+                              a.muon_ns, m->prec == PREC_BF16, false);
         m->muon->overlap = a.muon_overlap && !dp;  // several ranks: a gradient is final after the all-reduce
     }
     if (!a.resume.empty()) {
@@ -7217,8 +7347,8 @@ static void muon_env(TrainArgs* a) {
 // the boxed table's rows on Muon: matrices, groups (UNET_MUON_GROUPS), FLOPs and launches per step; the overlap
 template <class Row>
 static void muon_rows(const MuonPlan* mp, bool several_ranks, Row row) {
-    row("muon", strfmt("%zu weights in %zu groups, %.0f GFLOP, %d launches", mp->mats.size(), mp->groups.size(),
-                       mp->gflop, mp->launches));
+    row("muon", strfmt("%zu weights in %zu groups, %s Newton-Schulz, %.0f GFLOP, %d launches", mp->mats.size(),
+                       mp->groups.size(), MUON_NS_NAME[mp->ns], mp->gflop, mp->launches));
     const std::string off = several_ranks ? "off (several ranks)" : "off (UNET_MUON_OVERLAP=0)";
     row("muon overlap",
         mp->overlap ? strfmt("on (model: %.0f of %.0f us after backward)", mp->est_exposed_us, mp->est_us) : off);
@@ -7775,6 +7905,7 @@ static int unet_eval(const EvalArgs& a) {
 struct Args {
     TrainArgs t;
     std::string device = "auto", precision = PREC_NAME[PREC_BF16], allow_change, optimizer = "adamw";
+    std::string muon_ns = MUON_NS_NAME[MUON_NS_STANDARD];
     std::string channel_mult = "1,2,3,4", attn_ds = "4,8", sample_file, sampler = "ddim";
     int image_size = 64, model_channels = 64, num_res_blocks = 2, num_head_channels = 32, diffusion_steps = 1000;
     float beta_start = 1e-4f, beta_end = 0.02f;
@@ -7803,6 +7934,9 @@ static std::vector<FlagSpec> flag_specs(Args& a) {
         {"muon_momentum", 'f', &t.muon_momentum, 0, 0.999999, nullptr, "Muon momentum"},
         {"muon_nesterov", 'i', &t.muon_nesterov, 0, 1, nullptr, "Muon: 1 Nesterov momentum, 0 plain"},
         {"ns_steps", 'i', &t.ns_steps, 1, 99, nullptr, "Muon: Newton-Schulz steps"},
+        {"muon_ns", 'c', &a.muon_ns, 0, 0, "standard,gram",
+         "Muon: Newton-Schulz as torch.optim.Muon iterates it, or in its Gram form (the same polynomial on X X^T: "
+         "fewer FLOPs; fp16 with --precision bf16)"},
         {"steps", 'i', &t.steps, 0, 1e9, nullptr, "total training steps (a resumed run continues to this step)"},
         {"log_every", 'i', &t.log_every, 1, 1e9, nullptr, "steps per log line (loss averaged over them)"},
         {"save_every", 'i', &t.save_every, 0, 1e9, nullptr, "steps per checkpoint, and one at the end (0: never)"},
@@ -8045,6 +8179,13 @@ static void resume_settings(Args& args, const BinFile& ck, const std::string& ck
     fflush(stdout);
 }
 
+// --optimizer and --muon_ns into a, then Muon's switches from the environment (muon_env)
+static void optimizer_from_flags(const Args& args, TrainArgs* a) {
+    a->optimizer = args.optimizer == "muon" ? OPT_MUON : OPT_ADAMW;
+    a->muon_ns = args.muon_ns == "gram" ? MUON_NS_GRAM : MUON_NS_STANDARD;
+    muon_env(a);
+}
+
 int main(int argc, char** argv) {
     Args args;
     parse_args(argc, argv, args);
@@ -8069,8 +8210,7 @@ int main(int argc, char** argv) {
         die("--device cpu: train_unet trains, samples and evaluates on a CUDA GPU only (to sample on the CPU: "
             "python3 scripts/generate.py --checkpoint CKPT --device cpu)");
     a.device = args.device;
-    a.optimizer = args.optimizer == "muon" ? OPT_MUON : OPT_ADAMW;
-    muon_env(&a);
+    optimizer_from_flags(args, &a);
     a.precision = args.precision == "bf16" ? PREC_BF16 : args.precision == "tf32" ? PREC_TF32 : PREC_FP32;
     a.precision_given = is_set("precision");
     // the model from the flags

@@ -143,7 +143,7 @@ static void debug_state_optimizer(UNet* m, const BinFile* f) {
     const int32_t* h = f->hdr;
     if (h[DS_OPTIMIZER] != OPT_MUON) return;
     m->muon = muon_create(m, hdr_float(h, DS_MUON_LR), hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
-                          h[DS_NS_STEPS], g_muon_grouping, m->prec == PREC_BF16, false);
+                          h[DS_NS_STEPS], g_muon_grouping, MUON_NS_STANDARD, m->prec == PREC_BF16, false);
 }
 // Muon's updates after the debug state's n_steps, weight by weight: final.<name> - initial against ours - initial.
 // Newton-Schulz maps the normalised update through ns_steps quintics whose slope at 0 is a = 3.44, so a relative
@@ -246,7 +246,7 @@ static void test_fixed_grad_cpu(const std::string& path) {
         std::vector<float> p = p0, m1(np, 0.f), v(np, 0.f);
         MuonPlan* mp = opt == OPT_MUON ? muon_create(&model, hdr_float(h, DS_MUON_LR),
                                                      hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
-                                                     h[DS_NS_STEPS], grouping, false, true)
+                                                     h[DS_NS_STEPS], grouping, MUON_NS_STANDARD, false, true)
                                        : nullptr;
         for (int t = 1; t <= n_fixed; t++) {
             float hyper[3];
@@ -283,6 +283,181 @@ static void test_fixed_grad_cpu(const std::string& path) {
         printf("     %s: %s\n", run.c_str(), detail.c_str());
         if (mp) muon_destroy(mp);
     }
+}
+
+// --muon_ns gram against the standard form, from the Muon fixture's weights and gradients (grad.*): n_fixed steps
+// of muon_step with each configuration, the change of every Muon weight compared tensor by tensor (AdamW's
+// parameters take the same code either way). A configuration: the side (CPU host arrays, or the GPU at prec) and
+// the Newton-Schulz form. Returns each parameter's change from the initial weights (ours layout), or empty (FAIL
+// reported) where the fixture does not load.
+struct MuonFixture {
+    UNet model;
+    std::vector<float> p0, g;
+    int n_fixed = 0;
+    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, wd = 0, muon_lr = 0, muon_momentum = 0;
+    int nesterov = 0, ns_steps = 0;
+};
+static bool muon_fixture_load(const std::string& tag, MuonFixture* fx) {
+    BinFile f;
+    std::string e = bin_open(&f, MUON_FIXTURE, UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
+    if (!e.empty()) {
+        if (access(MUON_FIXTURE, F_OK) != 0) report("SKIP", tag, std::string("no file ") + MUON_FIXTURE);
+        else report("FAIL", tag, e);
+        return false;
+    }
+    UNetConfig cfg;
+    if (!config_from_file(f, tag, &cfg)) return false;
+    const int32_t* h = f.hdr;
+    if (h[DS_OPTIMIZER] != OPT_MUON || h[DS_N_FIXED] < 1) {
+        report("FAIL", tag, strfmt("%s: optimizer %d, n_fixed %d (expected 1 and >= 1)", MUON_FIXTURE,
+                                   h[DS_OPTIMIZER], h[DS_N_FIXED]));
+        return false;
+    }
+    unet_define(&fx->model, cfg, h[18]);
+    fx->n_fixed = h[DS_N_FIXED];
+    fx->lr = hdr_float(h, 20), fx->beta1 = hdr_float(h, 21), fx->beta2 = hdr_float(h, 22);
+    fx->eps = hdr_float(h, 23), fx->wd = hdr_float(h, 24);
+    fx->muon_lr = hdr_float(h, DS_MUON_LR), fx->muon_momentum = hdr_float(h, DS_MUON_MOMENTUM);
+    fx->nesterov = h[DS_MUON_NESTEROV], fx->ns_steps = h[DS_NS_STEPS];
+    fx->p0.assign(fx->model.n_params, 0.f);
+    fx->g.assign(fx->model.n_params, 0.f);
+    for (const Param& q : fx->model.params) {
+        const float* w = (const float*)bin_expect(&f, q.name, DT_F32, q.ndim, q.shape, &e);
+        const float* gr = w ? (const float*)bin_expect(&f, "grad." + q.name, DT_F32, q.ndim, q.shape, &e) : nullptr;
+        if (!gr) {
+            report("FAIL", tag, e);
+            return false;
+        }
+        param_from_torch(q, w, fx->p0.data() + q.off);
+        param_from_torch(q, gr, fx->g.data() + q.off);
+    }
+    return true;
+}
+// the parameters' change after fx.n_fixed steps on the CPU (cpu) or the GPU (bf16 group buffers where half)
+static std::vector<float> muon_fixture_run(MuonFixture& fx, bool cpu, int ns, bool half) {
+    const size_t np = fx.model.n_params;
+    MuonPlan* mp = muon_create(&fx.model, fx.muon_lr, fx.muon_momentum, fx.nesterov, fx.ns_steps, MG_AUTO, ns, half,
+                               cpu);
+    std::vector<float> p = fx.p0, m1(np, 0.f), v(np, 0.f);
+    float *dp = nullptr, *dg = nullptr, *dm = nullptr, *dv = nullptr, *dh = nullptr;
+    if (!cpu) {
+        for (float** a : {&dp, &dg, &dm, &dv}) cudaCheck(cudaMalloc(a, np * sizeof(float)));
+        cudaCheck(cudaMalloc(&dh, 3 * sizeof(float)));
+        cudaCheck(cudaMemcpy(dp, p.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dg, fx.g.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(dm, 0, np * sizeof(float)));
+        cudaCheck(cudaMemset(dv, 0, np * sizeof(float)));
+    }
+    for (int t = 1; t <= fx.n_fixed; t++) {
+        float hyper[3];
+        adam_hyper(t, hyper, fx.lr, fx.beta1, fx.beta2, 0.f);
+        if (cpu) {
+            muon_step(mp, p.data(), fx.g.data(), m1.data(), v.data(), nullptr, hyper, fx.beta1, fx.beta2, fx.eps,
+                      fx.lr, fx.wd);
+        } else {
+            cudaCheck(cudaMemcpy(dh, hyper, sizeof hyper, cudaMemcpyHostToDevice));
+            muon_step(mp, dp, dg, dm, dv, nullptr, dh, fx.beta1, fx.beta2, fx.eps, fx.lr, fx.wd);
+            cudaCheck(cudaDeviceSynchronize());
+        }
+    }
+    if (!cpu) {
+        cudaCheck(cudaMemcpy(p.data(), dp, np * sizeof(float), cudaMemcpyDeviceToHost));
+        for (float* a : {dp, dg, dm, dv, dh}) cudaCheck(cudaFree(a));
+    }
+    muon_destroy(mp);
+    for (size_t i = 0; i < np; i++) p[i] -= fx.p0[i];
+    return p;
+}
+// ||a - b||_F / ||b||_F over parameter q (0 where both are 0)
+static double muon_rel_diff(const Param& q, const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0.0, n = 0.0;
+    for (size_t i = q.off; i < q.off + q.n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        n += (double)b[i] * b[i];
+    }
+    return n > 0.0 ? sqrt(d / n) : d > 0.0 ? INFINITY : 0.0;
+}
+// keeps the largest r (NaN counts as infinity) and where it was; true where r is the new largest
+static bool keep_worst(double r, const std::string& at, double* worst, std::string* worst_at) {
+    if (!(r == r)) r = INFINITY;
+    if (!worst_at->empty() && r <= *worst) return false;
+    *worst = r;
+    *worst_at = at;
+    return true;
+}
+
+// CI: gram and standard on the CPU (fp32 products with double accumulation) give the same changes within
+// MUON_GRAM_CPU_REL per Muon weight (the Gram form's fp32 error against float64, restarts included, was at most
+// 2e-5 on 64..256 x 576..2880 matrices with singular values down to 1e-8; dev/unet_NOTES.md), AdamW's bit for bit
+static const double MUON_GRAM_CPU_REL = 2e-4;
+static void test_muon_gram_cpu() {
+    const std::string tag = "muon gram cpu";
+    MuonFixture fx;
+    if (!muon_fixture_load(tag, &fx)) return;
+    const std::vector<float> std_d = muon_fixture_run(fx, true, MUON_NS_STANDARD, false);
+    const std::vector<float> gram_d = muon_fixture_run(fx, true, MUON_NS_GRAM, false);
+    double worst = 0.0;
+    std::string worst_name;
+    bool adam_same = true;
+    int n_muon = 0;
+    for (const Param& q : fx.model.params) {
+        if (!muon_param(q)) {
+            adam_same = adam_same && !memcmp(&std_d[q.off], &gram_d[q.off], q.n * sizeof(float));
+            continue;
+        }
+        n_muon++;
+        keep_worst(muon_rel_diff(q, gram_d, std_d), q.name, &worst, &worst_name);
+    }
+    const bool ok = worst <= MUON_GRAM_CPU_REL && adam_same && n_muon > 0;
+    report(ok ? "PASS" : "FAIL", tag,
+           strfmt("%d steps, %d Muon weights: worst ||gram - standard|| / ||standard|| %.2e (%s; tol %.0e), AdamW's "
+                  "parameters %s", fx.n_fixed, n_muon, worst, worst_name.c_str(), MUON_GRAM_CPU_REL,
+                  adam_same ? "identical" : "DIFFER"));
+}
+
+// GPU: the project's rule for reduced precision, tensor by tensor. Against the CPU's standard fp32 step (the
+// reference), gram's error in fp16 must be at most twice the standard bf16 form's (torch's Muon); in fp32 (strict
+// products) the GPU's gram must equal the CPU's gram within MUON_GRAM_GPU_REL (summation order only).
+static const double MUON_GRAM_GPU_REL = 1e-4;
+static void test_muon_gram_gpu() {
+    const std::string tag = "muon gram gpu";
+    MuonFixture fx;
+    if (!muon_fixture_load(tag, &fx)) return;
+    const std::vector<float> ref = muon_fixture_run(fx, true, MUON_NS_STANDARD, false);
+    set_tf32(false);
+    const std::vector<float> gram_cpu = muon_fixture_run(fx, true, MUON_NS_GRAM, false);
+    const std::vector<float> gram_fp32 = muon_fixture_run(fx, false, MUON_NS_GRAM, false);
+    double worst32 = 0.0, worst_ratio = 0.0, err_std_at = 0.0, err_gram_at = 0.0;
+    std::string name32, name_ratio;
+    const bool bf = have_bf16_mma();
+    std::vector<float> std_bf, gram_fp16;
+    if (bf) {
+        std_bf = muon_fixture_run(fx, false, MUON_NS_STANDARD, true);
+        gram_fp16 = muon_fixture_run(fx, false, MUON_NS_GRAM, true);
+    }
+    int n_muon = 0;
+    for (const Param& q : fx.model.params) {
+        if (!muon_param(q)) continue;
+        n_muon++;
+        keep_worst(muon_rel_diff(q, gram_fp32, gram_cpu), q.name, &worst32, &name32);
+        if (!bf) continue;
+        const double es = muon_rel_diff(q, std_bf, ref), eg = muon_rel_diff(q, gram_fp16, ref);
+        if (keep_worst(es > 0.0 ? eg / es : eg > 0.0 ? INFINITY : 0.0, q.name, &worst_ratio, &name_ratio)) {
+            err_std_at = es;
+            err_gram_at = eg;
+        }
+    }
+    const bool ok32 = worst32 <= MUON_GRAM_GPU_REL && n_muon > 0;
+    report(ok32 ? "PASS" : "FAIL", tag + " fp32",
+           strfmt("%d steps, %d Muon weights: worst ||GPU - CPU|| / ||CPU|| of the gram step %.2e (%s; tol %.0e)",
+                  fx.n_fixed, n_muon, worst32, name32.c_str(), MUON_GRAM_GPU_REL));
+    if (!bf) {
+        report("SKIP", tag + " fp16", "needs a GPU of compute capability 8.0 or newer");
+        return;
+    }
+    report(worst_ratio <= 2.0 ? "PASS" : "FAIL", tag + " fp16",
+           strfmt("error against the CPU's fp32 standard step, gram fp16 / standard bf16, worst %.3f (%s: %.2e / %.2e; "
+                  "at most 2)", worst_ratio, name_ratio.c_str(), err_gram_at, err_std_at));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -709,8 +884,8 @@ static void test_resume(Precision prec) {
 // --optimizer muon with the overlap (each group's Newton-Schulz on a side stream during the backward pass, inside the
 // step's CUDA graph) and without it: the same kernels on the same buffers in the same order, so after a few steps the
 // checkpoints (weights, EMA, momentum) must be identical byte for byte, and so must the losses.
-static void test_muon_overlap(Precision prec) {
-    const std::string tag = std::string("muon overlap ") + PREC_NAME[prec];
+static void test_muon_overlap(Precision prec, int ns) {
+    const std::string tag = std::string("muon overlap ") + PREC_NAME[prec] + (ns == MUON_NS_GRAM ? " gram" : "");
     const char* data = "data/sunflowers64.bin";
     if (access(data, F_OK) != 0) {
         report("SKIP", tag, std::string("no ") + data);
@@ -723,6 +898,7 @@ static void test_muon_overlap(Precision prec) {
     }
     TrainArgs a = small_run(data, prec);
     a.optimizer = OPT_MUON;
+    a.muon_ns = ns;
     a.steps = 5;  // the first eagerly, then the graph: both paths
     a.save_every = a.steps;
     std::vector<float> losses[2];
@@ -927,6 +1103,7 @@ int main(int argc, char** argv) {
         test_muon_plan();
     }
     for (const std::string& p : paths.empty() ? std::vector<std::string>{MUON_FIXTURE} : paths) test_fixed_grad_cpu(p);
+    if (paths.empty()) test_muon_gram_cpu();
     if (cuda_device_count() == 0) {
         report("SKIP", "test_unet", "no CUDA GPU (debug state, forward fixture and resume checks need one)");
         printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
@@ -947,9 +1124,14 @@ int main(int argc, char** argv) {
         if (have_bf16_mma()) test_resume(PREC_BF16);
         else report("SKIP", "resume bf16", "needs a GPU of compute capability 8.0 or newer");
         test_ema_warmup();
-        test_muon_overlap(PREC_TF32);
-        if (have_bf16_mma()) test_muon_overlap(PREC_BF16);
-        else report("SKIP", "muon overlap bf16", "needs a GPU of compute capability 8.0 or newer");
+        test_muon_gram_gpu();
+        test_muon_overlap(PREC_TF32, MUON_NS_STANDARD);
+        if (have_bf16_mma()) {
+            test_muon_overlap(PREC_BF16, MUON_NS_STANDARD);
+            test_muon_overlap(PREC_BF16, MUON_NS_GRAM);
+        } else {
+            report("SKIP", "muon overlap bf16", "needs a GPU of compute capability 8.0 or newer");
+        }
     } else {
         for (const std::string& p : paths) {
             cublasCheck(cublasCreate(&g_cublas));
