@@ -5570,19 +5570,15 @@ struct MuonPlan {
     void* sq[4] = {nullptr, nullptr, nullptr, nullptr};
     float *partial = nullptr, *sumsq = nullptr;
     std::vector<char> started;  // per group: its work is queued in this step (muon_step clears it)
-    // the overlap's lanes (muon_overlap_on): side streams that run at once, group k on lane k % lanes, each with its
-    // own cuBLASLt workspace (lt_ws[0] also serves g_stream without the overlap)
-    int lanes = 1;
-    std::vector<cudaStream_t> side;
+    cudaStream_t side = nullptr;
     std::vector<cudaEvent_t> fork;  // per group: its gradients are final (recorded on g_stream)
-    std::vector<cudaEvent_t> join;  // per lane: its work of the step is done
-    cublasLtHandle_t lt = nullptr;  // the products (own workspaces: the side streams run beside g_cublas)
-    std::vector<void*> lt_ws;
+    cudaEvent_t join = nullptr;     // the side stream's work of the step is done
+    cublasLtHandle_t lt = nullptr;  // the products (own workspace: the side stream runs beside g_cublas)
+    void* lt_ws = nullptr;
     std::vector<MuonLtCall*> lt_calls;  // per group and kind of product (MUON_LT_CALLS each), made on first use
 };
 static const size_t MUON_LT_WS = 16 << 20;
-static const int MUON_LT_CALLS = 4;
-static const int MUON_LANES = 1;  // the overlap's side streams by default (UNET_MUON_LANES)  // standard: A, B, X'; gram: X X^T, Z, an m x m product, Q X
+static const int MUON_LT_CALLS = 4;  // standard: A, B, X'; gram: X X^T, Z, an m x m product, Q X
 
 // --muon_ns gram rebuilds R from X before steps 2, 5, 8, ... (of 0 .. steps - 1)
 static bool muon_gram_restart(int s, int steps) { return s >= 2 && s < steps && (s - 2) % 3 == 0; }
@@ -5892,27 +5888,14 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
     mp->started.assign(mp->groups.size(), 0);
     mp->lt_calls.assign(MUON_LT_CALLS * mp->groups.size(), nullptr);
     if (!cpu) {
+        cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));  // the lowest priority
+        mp->fork.resize(mp->groups.size());
+        for (cudaEvent_t& e : mp->fork) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&mp->join, cudaEventDisableTiming));
         cublasCheck(cublasLtCreate(&mp->lt));
-        mp->lt_ws.assign(1, nullptr);
-        cudaCheck(cudaMalloc(&mp->lt_ws[0], MUON_LT_WS));
+        cudaCheck(cudaMalloc(&mp->lt_ws, MUON_LT_WS));
     }
     return mp;
-}
-// Turns the overlap on (GPU plans) with min(lanes, groups) side streams at the lowest priority: the step's stream
-// keeps the SMs it needs and the lanes fill what it leaves idle (dev/unet_NOTES.md)
-static void muon_overlap_on(MuonPlan* mp, int lanes) {
-    mp->overlap = true;
-    mp->lanes = std::max(1, std::min(lanes, (int)mp->groups.size()));
-    mp->side.resize(mp->lanes);
-    mp->join.resize(mp->lanes);
-    mp->lt_ws.resize(mp->lanes, nullptr);
-    for (int l = 0; l < mp->lanes; l++) {
-        cudaCheck(cudaStreamCreateWithFlags(&mp->side[l], cudaStreamNonBlocking));
-        cudaCheck(cudaEventCreateWithFlags(&mp->join[l], cudaEventDisableTiming));
-        if (!mp->lt_ws[l]) cudaCheck(cudaMalloc(&mp->lt_ws[l], MUON_LT_WS));
-    }
-    mp->fork.resize(mp->groups.size());
-    for (cudaEvent_t& e : mp->fork) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 // One product's cuBLASLt descriptors and the algorithm its heuristic chose (for the compute type it was made with)
@@ -5938,12 +5921,12 @@ static void muon_destroy(MuonPlan* mp) {
     }
     for (MuonLtCall* c : mp->lt_calls) muon_lt_free(c);
     if (!mp->cpu) {
-        for (cudaStream_t st : mp->side) cudaCheck(cudaStreamSynchronize(st));
+        cudaCheck(cudaStreamSynchronize(mp->side));
         for (cudaEvent_t e : mp->fork) cudaCheck(cudaEventDestroy(e));
-        for (cudaEvent_t e : mp->join) cudaCheck(cudaEventDestroy(e));
-        for (cudaStream_t st : mp->side) cudaCheck(cudaStreamDestroy(st));
+        cudaCheck(cudaEventDestroy(mp->join));
+        cudaCheck(cudaStreamDestroy(mp->side));
         cublasCheck(cublasLtDestroy(mp->lt));
-        for (void* w : mp->lt_ws) cudaCheck(cudaFree(w));
+        cudaCheck(cudaFree(mp->lt_ws));
     }
     delete mp;
 }
@@ -5955,18 +5938,12 @@ static uint32_t muon_align(const void* ptr, long long stride_bytes) {
     while (a > 1 && (((uintptr_t)ptr % a) != 0 || stride_bytes % a != 0)) a /= 2;
     return a;
 }
-// group k's lane (0 without the overlap) and the stream its work goes to
-static int muon_lane(const MuonPlan* mp, int k) { return mp->overlap ? k % mp->lanes : 0; }
-static cudaStream_t muon_stream(const MuonPlan* mp, int k) {
-    return mp->overlap ? mp->side[muon_lane(mp, k)] : g_stream;
-}
-// D = alpha A op(B) + beta C for a strided batch of column-major matrices (C and D may be the same; B as tb), a
-// product of group k: cuBLASLt on its stream (fp32 in g_tf32's mode, strict or TF32; bf16 and fp16 with fp32
-// accumulation; j: the group's slot whose descriptors and algorithm are kept), loops on the CPU with double
-// accumulation
+// D = alpha A op(B) + beta C for a strided batch of column-major matrices (C and D may be the same; B as tb):
+// cuBLASLt on stream st (fp32 in g_tf32's mode, strict or TF32; bf16 with fp32 accumulation; call: the slot whose
+// descriptors and algorithm are kept), loops on the CPU with double accumulation
 template <typename T>
-static void muon_gemm(MuonPlan* mp, int k, int j, bool tb, int M, int N, int K, float alpha, const T* A, int lda,
-                      long long sa, const T* B, int ldb, long long sb, float beta, const T* C, T* D, int ldc,
+static void muon_gemm(MuonPlan* mp, cudaStream_t st, int call, bool tb, int M, int N, int K, float alpha, const T* A,
+                      int lda, long long sa, const T* B, int ldb, long long sb, float beta, const T* C, T* D, int ldc,
                       long long sc, int batch) {
     if (mp->cpu) {
         for (int b = 0; b < batch; b++)
@@ -5987,7 +5964,7 @@ static void muon_gemm(MuonPlan* mp, int k, int j, bool tb, int M, int N, int K, 
     // gram in fp32 stays strict: its Q carries TF32's rounding ~20x further than the standard form (dev/unet_NOTES.md)
     const bool strict = bf || fp16 || !g_tf32 || mp->ns == MUON_NS_GRAM;
     const cublasComputeType_t ct = strict ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-    MuonLtCall*& c = mp->lt_calls[MUON_LT_CALLS * k + j];
+    MuonLtCall*& c = mp->lt_calls[call];
     if (c && c->ct != ct) {  // dev/test_unet.cu switches TF32 off and on
         muon_lt_free(c);
         c = nullptr;
@@ -6035,9 +6012,11 @@ static void muon_gemm(MuonPlan* mp, int k, int j, bool tb, int M, int N, int K, 
         c->algo = res.algo;
     }
     cublasCheck(cublasLtMatmul(mp->lt, c->op, &alpha, A, c->lay[0], B, c->lay[1], &beta, C, c->lay[2], D, c->lay[3],
-                               &c->algo, mp->lt_ws[muon_lane(mp, k)], MUON_LT_WS, muon_stream(mp, k)));
+                               &c->algo, mp->lt_ws, MUON_LT_WS, st));
 }
 
+// the stream a group's work goes to
+static cudaStream_t muon_stream(const MuonPlan* mp) { return mp->overlap ? mp->side : g_stream; }
 // The group buffer that holds the orthogonalised update: standard alternates from x[0] every step; gram normalises
 // x[0] into x[1] and alternates at each restart and at the end
 static int muon_final_x(const MuonPlan* mp) {
@@ -6071,17 +6050,17 @@ static void muon_tiles(MuonPlan* mp, cudaStream_t st, int k, const float* g, flo
 // Standard Newton-Schulz of group k from X in x[0] (in place normalised): ns_steps of A = X X^T, B = c A A + b A,
 // X' = B X + a X, alternating between the group buffers
 template <typename S>
-static void muon_ns_standard(MuonPlan* mp, int k) {
+static void muon_ns_standard(MuonPlan* mp, int k, cudaStream_t st) {
     const MuonGroup& gr = mp->groups[k];
     S *a = (S*)mp->sq[0] + gr.s_off, *p = (S*)mp->sq[1] + gr.s_off;
-    const int m = gr.m_pad, M = gr.M_pad;
+    const int m = gr.m_pad, M = gr.M_pad, c = MUON_LT_CALLS * k;
     const long long xs = (long long)m * M, ss = (long long)m * m;
     for (int s = 0; s < mp->ns_steps; s++) {
         const S* x = (const S*)mp->x[s % 2] + gr.w_off;
         S* y = (S*)mp->x[(s + 1) % 2] + gr.w_off;
-        muon_gemm(mp, k, 0, true, m, m, M, 1.f, x, m, xs, x, m, xs, 0.f, a, a, m, ss, gr.count);
-        muon_gemm(mp, k, 1, false, m, m, m, MUON_C, a, m, ss, a, m, ss, MUON_B, a, p, m, ss, gr.count);
-        muon_gemm(mp, k, 2, false, m, M, m, 1.f, p, m, ss, x, m, xs, MUON_A, x, y, m, xs, gr.count);
+        muon_gemm(mp, st, c, true, m, m, M, 1.f, x, m, xs, x, m, xs, 0.f, a, a, m, ss, gr.count);
+        muon_gemm(mp, st, c + 1, false, m, m, m, MUON_C, a, m, ss, a, m, ss, MUON_B, a, p, m, ss, gr.count);
+        muon_gemm(mp, st, c + 2, false, m, M, m, 1.f, p, m, ss, x, m, xs, MUON_A, x, y, m, xs, gr.count);
     }
 }
 // Gram Newton-Schulz of group k from X in x[1] (the schedule of muon_ns_work): R in sq[0]; Z, Q and a product's
@@ -6089,28 +6068,28 @@ static void muon_ns_standard(MuonPlan* mp, int k) {
 template <typename S>
 static void muon_ns_gram(MuonPlan* mp, int k, cudaStream_t st) {
     const MuonGroup& gr = mp->groups[k];
-    const int m = gr.m_pad, M = gr.M_pad, steps = mp->ns_steps;
+    const int m = gr.m_pad, M = gr.M_pad, c = MUON_LT_CALLS * k, steps = mp->ns_steps;
     const long long xs = (long long)m * M, ss = (long long)m * m;
     auto sq = [&](int i) { return (S*)mp->sq[i] + gr.s_off; };
     auto x = [&](int i) { return (S*)mp->x[i] + gr.w_off; };
     auto square = [&](const S* a, const S* b, S* d) {  // d = a b
-        muon_gemm(mp, k, 2, false, m, m, m, 1.f, a, m, ss, b, m, ss, 0.f, d, d, m, ss, gr.count);
+        muon_gemm(mp, st, c + 2, false, m, m, m, 1.f, a, m, ss, b, m, ss, 0.f, d, d, m, ss, gr.count);
     };
     auto gram = [&](const S* X) {  // R = X X^T
-        muon_gemm(mp, k, 0, true, m, m, M, 1.f, X, m, xs, X, m, xs, 0.f, sq(0), sq(0), m, ss, gr.count);
+        muon_gemm(mp, st, c, true, m, m, M, 1.f, X, m, xs, X, m, xs, 0.f, sq(0), sq(0), m, ss, gr.count);
     };
     int xi = 1, qi = -1;  // X's buffer; Q's (-1: Q = I)
     gram(x(xi));
     for (int s = 0; s < steps; s++) {
         if (muon_gram_restart(s, steps)) {  // X <- Q X, R = X X^T, Q = I
-            muon_gemm(mp, k, 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m,
+            muon_gemm(mp, st, c + 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m,
                       xs, gr.count);
             xi = 1 - xi;
             gram(x(xi));
             qi = -1;
         }
         const int zi = qi == 1 ? 2 : 1;  // Z = c R R + b R + a I
-        muon_gemm(mp, k, 1, false, m, m, m, MUON_C, sq(0), m, ss, sq(0), m, ss, MUON_B, sq(0), sq(zi), m, ss,
+        muon_gemm(mp, st, c + 1, false, m, m, m, MUON_C, sq(0), m, ss, sq(0), m, ss, MUON_B, sq(0), sq(zi), m, ss,
                   gr.count);
         if (mp->cpu)
             for (int b = 0; b < gr.count; b++)
@@ -6134,7 +6113,7 @@ static void muon_ns_gram(MuonPlan* mp, int k, cudaStream_t st) {
             square(sq(ti), sq(zi), sq(0));
         }
     }
-    muon_gemm(mp, k, 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m, xs,
+    muon_gemm(mp, st, c + 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m, xs,
               gr.count);
 }
 
@@ -6145,7 +6124,7 @@ template <typename T, typename S>
 static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
     const MuonGroup& gr = mp->groups[k];
     const bool cpu = mp->cpu;
-    const cudaStream_t st = cpu ? nullptr : muon_stream(mp, k);
+    const cudaStream_t st = cpu ? nullptr : muon_stream(mp);
     const int nm = (int)mp->mats.size(), k0 = gr.first_mat;
     const size_t n = (size_t)gr.count * gr.m_pad * gr.M_pad;
     const float w = (float)(1.0 - (double)mp->momentum);
@@ -6173,7 +6152,7 @@ static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
     if (cpu) muon_each(cpu, st, gr.w_off, n, MuonNormalize<T, S>{mp->t_mats, nm, mp->sumsq, x0, xn});
     else muon_tiles<MUON_TILE_NORMALIZE, T, S>(mp, st, k, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 1.f);
     if (mp->ns == MUON_NS_GRAM) muon_ns_gram<S>(mp, k, st);
-    else muon_ns_standard<S>(mp, k);
+    else muon_ns_standard<S>(mp, k, st);
 }
 // Queues group k's work unless it is queued already this step; with the overlap, on the side stream once g_stream
 // has written the gradients (everything before this point on g_stream)
@@ -6183,7 +6162,7 @@ static void muon_start(MuonPlan* mp, int k, const float* g, float* buf) {
     mp->started[k] = 1;
     if (mp->overlap) {
         cudaCheck(cudaEventRecord(mp->fork[k], g_stream));
-        cudaCheck(cudaStreamWaitEvent(muon_stream(mp, k), mp->fork[k], 0));
+        cudaCheck(cudaStreamWaitEvent(mp->side, mp->fork[k], 0));
     }
     muon_group<T, S>(mp, k, g, buf);
 }
@@ -6217,10 +6196,8 @@ static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, floa
               MuonAdamW{mp->t_adam_idx, p, buf, v, ema, g, beta1, beta2, lr * weight_decay, eps, hyper});
     for (int k = 0; k < (int)mp->groups.size(); k++) muon_start<T, S>(mp, k, g, buf);
     if (mp->overlap) {
-        for (int l = 0; l < mp->lanes; l++) {
-            cudaCheck(cudaEventRecord(mp->join[l], mp->side[l]));
-            cudaCheck(cudaStreamWaitEvent(g_stream, mp->join[l], 0));
-        }
+        cudaCheck(cudaEventRecord(mp->join, mp->side));
+        cudaCheck(cudaStreamWaitEvent(g_stream, mp->join, 0));
     }
     std::fill(mp->started.begin(), mp->started.end(), 0);
     const float decay = (float)(1.0 - (double)mp->lr * weight_decay);
@@ -7279,7 +7256,6 @@ struct TrainArgs {
     // --optimizer muon: Muon for the conv and linear weights (AdamW above for the rest)
     int optimizer = OPT_ADAMW, muon_nesterov = 1, ns_steps = 5, muon_grouping = MG_AUTO, muon_ns = MUON_NS_STANDARD;
     bool muon_overlap = true;  // UNET_MUON_OVERLAP (one rank only)
-    int muon_lanes = MUON_LANES;  // UNET_MUON_LANES: the overlap's side streams
     float muon_lr = 0.02f, muon_momentum = 0.95f;
     UNetConfig cfg;
     bool quiet = false;
@@ -7318,7 +7294,7 @@ static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a,
     if (a.optimizer == OPT_MUON) {
         m->muon = muon_create(m, a.muon_lr, a.muon_momentum, a.muon_nesterov, a.ns_steps, a.muon_grouping,
                               a.muon_ns, m->prec == PREC_BF16, false);
-        if (a.muon_overlap && !dp) muon_overlap_on(m->muon, a.muon_lanes);  // several ranks: final after all-reduce
+        m->muon->overlap = a.muon_overlap && !dp;  // several ranks: a gradient is final after the all-reduce
     }
     if (!a.resume.empty()) {
         unet_load_tensors(m, ck, "", m->p);
@@ -7351,8 +7327,7 @@ static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a,
 }
 
 // Muon's switches for measurements, into a: UNET_MUON_GROUPS=auto|shape|one (unset: auto), how Muon groups its
-// matrices; UNET_MUON_OVERLAP=1|0 (unset: 1), its Newton-Schulz beside the backward pass or after it;
-// UNET_MUON_LANES=1..16 (unset: MUON_LANES), the overlap's side streams; else exit 1
+// matrices; UNET_MUON_OVERLAP=1|0 (unset: 1), its Newton-Schulz beside the backward pass or after it; else exit 1
 static void muon_env(TrainArgs* a) {
     const char* env = getenv("UNET_MUON_GROUPS");
     a->muon_grouping = -1;
@@ -7368,14 +7343,6 @@ static void muon_env(TrainArgs* a) {
         fprintf(stderr, "error: UNET_MUON_OVERLAP=%s: expected 1 (on) or 0 (off)\n", env);
         exit(EXIT_FAILURE);
     }
-    env = getenv("UNET_MUON_LANES");
-    char* end = nullptr;
-    const long lanes = env && *env ? strtol(env, &end, 10) : MUON_LANES;
-    if (env && *env && (*end || lanes < 1 || lanes > 16)) {
-        fprintf(stderr, "error: UNET_MUON_LANES=%s: expected a number of side streams from 1 to 16\n", env);
-        exit(EXIT_FAILURE);
-    }
-    a->muon_lanes = (int)lanes;
 }
 // the boxed table's rows on Muon: matrices, groups (UNET_MUON_GROUPS), FLOPs and launches per step; the overlap
 template <class Row>
@@ -7383,9 +7350,8 @@ static void muon_rows(const MuonPlan* mp, bool several_ranks, Row row) {
     row("muon", strfmt("%zu weights in %zu groups, %s Newton-Schulz, %.0f GFLOP, %d launches", mp->mats.size(),
                        mp->groups.size(), MUON_NS_NAME[mp->ns], mp->gflop, mp->launches));
     const std::string off = several_ranks ? "off (several ranks)" : "off (UNET_MUON_OVERLAP=0)";
-    row("muon overlap", mp->overlap ? strfmt("on, %d lane%s (model: %.0f of %.0f us after backward)", mp->lanes,
-                                             mp->lanes > 1 ? "s" : "", mp->est_exposed_us, mp->est_us)
-                                     : off);
+    row("muon overlap",
+        mp->overlap ? strfmt("on (model: %.0f of %.0f us after backward)", mp->est_exposed_us, mp->est_us) : off);
 }
 
 static int unet_train(const TrainArgs& a, std::vector<float>* losses) {
