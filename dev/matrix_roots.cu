@@ -870,9 +870,74 @@ static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, 
     return k;
 }
 
-// Host twin of lanczos_kernel (version 1): fp32 w and q, float64 sums (the kernel adds w's rows in another order).
+// Version 1's Lanczos kernel for n <= LZT_COLS (lanczos_tile_kernel): block b holds rows 32 b .. 32 b + 31 in
+// registers, lane = row, warp w = the 32 columns 32 w .. 32 w + 31 (zero beyond n). A row of (A + eps I) q is the 32
+// slices' partials (lanczos_row's four chains over the slice) summed by this fixed tree; the float64 sums of a step are
+// the xor tree over the block's 32 rows, then over the blocks (zeros past the last): no atomics, the same bits each run.
+constexpr int LZT_COLS = 1024, LZT_THREADS = 1024;
+__host__ __device__ inline float lzt_slice_tree(float* v) {  // v[32] in (overwritten), v[0] + ... + v[31] out
+    for (int h = 16; h >= 1; h >>= 1)
+        for (int s = 0; s < h; s++) v[s] = v[s] + v[s + h];
+    return v[0];
+}
+
+// Host twin of lanczos_tile_kernel, bit for bit (n <= LZT_COLS; the same operations in the same order)
+static int lanczos_tile_cpu(int n, const float* A, float eps, double* alpha, double* beta, double* rowsum_max) {
+    int k = std::min(LANCZOS_STEPS, n), G = (n + 31) / 32;
+    std::vector<float> a((size_t)G * 32 * LZT_COLS, 0.0f), q(LZT_COLS, 0.0f), qp(LZT_COLS, 0.0f), w(G * 32, 0.0f);
+    for (int i = 0; i < n; i++) std::copy(A + (size_t)i * n, A + (size_t)(i + 1) * n, a.begin() + (size_t)i * LZT_COLS);
+    double part[32], sums[3][32];
+    float v[32];
+    *rowsum_max = 0.0;
+    for (int i = 0; i < n; i++) {  // each slice summed in order, then the tree; + eps after (as max_abs_rowsum)
+        for (int s = 0; s < 32; s++) {
+            float g = 0.0f;
+            for (int t = 0; t < 32; t++) g += std::fabs(a[(size_t)i * LZT_COLS + 32 * s + t]);
+            v[s] = g;
+        }
+        *rowsum_max = std::max(*rowsum_max, (double)(lzt_slice_tree(v) + eps));
+    }
+    for (int l = 0; l < 32; l++) {
+        part[l] = 0.0;
+        for (int i = l; i < n; i += 32) part[l] += (double)lanczos_start(i) * lanczos_start(i);
+    }
+    float inv = (float)(1.0 / std::sqrt(warp_sum_cpu(part)));  // the recurrence's beta_1 needs a unit q1
+    for (int i = 0; i < n; i++) q[i] = lanczos_start(i) * inv;
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        for (int b = 0; b < 32; b++) sums[0][b] = sums[1][b] = sums[2][b] = 0.0;
+        for (int b = 0; b < G; b++) {
+            double t[3][32];
+            for (int l = 0; l < 32; l++) {
+                int row = 32 * b + l;
+                for (int s = 0; s < 32; s++) v[s] = lanczos_row(a.data() + (size_t)row * LZT_COLS + 32 * s, 1,
+                                                                q.data() + 32 * s, 32);
+                float y = lzt_slice_tree(v);
+                w[row] = row < n ? fmaf(-(float)beta_prev, qp[row], fmaf(eps, q[row], y)) : 0.0f;
+                t[0][l] = (double)q[row] * w[row];
+                t[1][l] = (double)w[row] * w[row];
+                t[2][l] = (double)q[row] * q[row];
+            }
+            for (int c = 0; c < 3; c++) sums[c][b] = warp_sum_cpu(t[c]);
+        }
+        double qw = warp_sum_cpu(sums[0]), ww = warp_sum_cpu(sums[1]), qq = warp_sum_cpu(sums[2]);
+        bool more = lanczos_coeffs(qw, ww, qq, &alpha[j], &beta[j]);
+        if (!more || j == k - 1) return j + 1;
+        float fa = (float)alpha[j], fb = (float)(1.0 / beta[j]);
+        for (int i = 0; i < n; i++) {
+            qp[i] = q[i];
+            q[i] = fmaf(-fa, q[i], w[i]) * fb;
+        }
+        beta_prev = beta[j];
+    }
+    return k;
+}
+
+// Host twin of version 1's Lanczos: lanczos_tile_cpu for n <= LZT_COLS (bit for bit); above, lanczos_kernel's
+// arithmetic (fp32 w and q, float64 sums; the kernel adds w's rows in another order, by atomics).
 // alpha, beta, *rowsum_max and the steps returned as lanczos_warp_cpu gives them (fewer steps at a breakdown, or n).
 static int lanczos_grid_cpu(int n, const float* A, float eps, double* alpha, double* beta, double* rowsum_max) {
+    if (n <= LZT_COLS) return lanczos_tile_cpu(n, A, eps, alpha, beta, rowsum_max);
     int k = std::min(LANCZOS_STEPS, n);
     *rowsum_max = max_abs_rowsum(n, A, eps);
     std::vector<float> q(n), qp(n, 0.0f), w(n);
@@ -1963,15 +2028,153 @@ __global__ void lanczos_kernel(const float* A, int n, float eps, int k, float* W
     }
 }
 
-// Version 1's scaled start for one matrix (lanczos_newton_start on the kernel's tridiagonal); false where the GPU
-// cannot run the cooperative kernel (no cooperative launch, or 2 n floats of q beyond a block's shared memory) or the
-// start is not finite and positive: version 1 then takes the unscaled start
-static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls) {
-    static int per_sm = -1;
+// Version 1's Lanczos for n <= LZT_COLS (lanczos_tile_cpu is its twin, bit for bit): ceil(n / 32) blocks of 1024
+// threads in one cooperative launch, 32 rows of A + eps I per block held in registers (lane = row, warp = 32 columns;
+// loaded once). lanczos_kernel's 128 blocks paid ~19 us a step at n = 1024 (one grid barrier and double atomics to
+// three adjacent slots from every block): here 32 blocks meet at the barrier, each writes its sums to slots of its
+// own, and after the barrier every block's warp 0 adds the blocks' sums by the same xor tree (the same coefficients in
+// every block, and the same bits on every run). A step: the slices' partials (q broadcast from shared memory), warp 0
+// adds them and writes w's rows to W and the block's q.w, w.w, q.q to part; grid barrier; every block reads W into
+// its next q. Out as lanczos_kernel's; part: 3 k + 1 doubles per block (the last: the block's largest row sum).
+__global__ void __launch_bounds__(LZT_THREADS, 1)
+lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* part, double* out) {
+    __shared__ __align__(16) float qa[LZT_COLS], qb[LZT_COLS];
+    __shared__ float P[32][32];  // [slice][row]: a slice's partial of each row
+    __shared__ double coef[3];   // alpha, beta, stop
+    __shared__ float coef_f[2];  // (float) alpha, (float) (1 / beta)
+    cg::grid_group grid = cg::this_grid();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = gridDim.x, t = threadIdx.x;
+    const int row = blockIdx.x * 32 + lane, c0 = warp * 32;
+    float* q = qa;
+    float* qp = qb;
+    float a[32], g = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 32; c++) {
+        a[c] = row < n && c0 + c < n ? A[(size_t)row * n + c0 + c] : 0.0f;
+        g += fabsf(a[c]);
+    }
+    P[warp][lane] = g;  // the row sums for newton_first_cap, as the twin adds them
+    double qq1 = 0.0;   // every warp forms the same |q1|^2 (the twin's order)
+    for (int i = lane; i < n; i += 32) qq1 += (double)lanczos_start(i) * lanczos_start(i);
+    float inv = (float)(1.0 / sqrt(warp_sum_d(qq1)));
+    q[t] = t < n ? lanczos_start(t) * inv : 0.0f;
+    qp[t] = 0.0f;
+    __syncthreads();
+    if (warp == 0) {
+        float v[32];
+#pragma unroll
+        for (int s = 0; s < 32; s++) v[s] = P[s][lane];
+        double m = row < n ? (double)(lzt_slice_tree(v) + eps) : 0.0;
+        for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) part[(size_t)blockIdx.x * (3 * k + 1) + 3 * k] = m;
+    }
+    __syncthreads();  // P is written again only after warp 0 read it
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;  // lanczos_row's chains over the slice
+#pragma unroll
+        for (int c = 0; c < 32; c += 4) {
+            float4 u = *reinterpret_cast<const float4*>(q + c0 + c);
+            y0 = fmaf(a[c], u.x, y0);
+            y1 = fmaf(a[c + 1], u.y, y1);
+            y2 = fmaf(a[c + 2], u.z, y2);
+            y3 = fmaf(a[c + 3], u.w, y3);
+        }
+        P[warp][lane] = (y0 + y1) + (y2 + y3);
+        __syncthreads();
+        double* pb = part + (size_t)blockIdx.x * (3 * k + 1) + 3 * j;
+        if (warp == 0) {
+            float v[32];
+#pragma unroll
+            for (int s = 0; s < 32; s++) v[s] = P[s][lane];
+            float y = lzt_slice_tree(v), qr = q[row];  // q is 0 past n
+            float w = row < n ? fmaf(-(float)beta_prev, qp[row], fmaf(eps, qr, y)) : 0.0f;
+            if (row < n) W[(size_t)j * n + row] = w;
+            double s0 = warp_sum_d((double)qr * w), s1 = warp_sum_d((double)w * w), s2 = warp_sum_d((double)qr * qr);
+            if (lane == 0) {
+                pb[0] = s0;
+                pb[1] = s1;
+                pb[2] = s2;
+            }
+        }
+        grid.sync();
+        float wn = t < n ? __ldcg(&W[(size_t)j * n + t]) : 0.0f;  // in flight while warp 0 forms the coefficients
+        if (warp == 0) {
+            double s0 = 0.0, s1 = 0.0, s2 = 0.0;  // block `lane`'s sums (__ldcg: other SMs wrote them, past L1)
+            if (lane < G) {
+                const double* pl = part + (size_t)lane * (3 * k + 1);
+                s0 = __ldcg(pl + 3 * j);
+                s1 = __ldcg(pl + 3 * j + 1);
+                s2 = __ldcg(pl + 3 * j + 2);
+            }
+            double alpha, beta;
+            bool more = lanczos_coeffs(warp_sum_d(s0), warp_sum_d(s1), warp_sum_d(s2), &alpha, &beta);
+            bool last = !more || j == k - 1;
+            if (lane == 0) {
+                coef[0] = alpha;
+                coef[1] = beta;
+                coef[2] = last ? 1.0 : 0.0;
+                coef_f[0] = (float)alpha;
+                coef_f[1] = (float)(1.0 / beta);
+                if (blockIdx.x == 0) {
+                    out[3 * k + j] = alpha;
+                    out[4 * k + j] = beta;
+                    if (last) out[5 * k] = j + 1;
+                    if (j == 0) {  // every block's row-sum slot was written before the first barrier
+                        double m = 0.0;
+                        for (int b = 0; b < G; b++) m = fmax(m, __ldcg(part + (size_t)b * (3 * k + 1) + 3 * k));
+                        out[5 * k + 1] = m;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (coef[2] != 0.0) return;
+        // the next q into the previous q's place (warp 0 read that one above, before the grid barrier)
+        qp[t] = t < n ? fmaf(-coef_f[0], q[t], wn) * coef_f[1] : 0.0f;
+        beta_prev = coef[1];
+        __syncthreads();
+        float* tmp = q;
+        q = qp;
+        qp = tmp;
+    }
+}
+
+// z and lo from the kernel's tridiagonal (h: alpha[k], beta[k], the step count, the row sum); tri: a copy of h
+static bool v1_lanczos_finish(const std::vector<double>& h, int k, LanczosStart& ls, std::vector<double>* tri) {
+    if (tri) *tri = h;
+    ls.k = (int)h[2 * k];
+    ls.rowsum_max = h[2 * k + 1];
+    if (ls.k < 1 || ls.k > k) return false;
+    lanczos_newton_start(h.data(), h.data() + k, ls.k, &ls.z, &ls.lo);
+    return std::isfinite(ls.z) && ls.z > 0.0 && ls.lo > 0.0 && ls.lo <= 1.0 && std::isfinite(ls.rowsum_max);
+}
+
+// Version 1's scaled start for one matrix (lanczos_newton_start on the kernel's tridiagonal: lanczos_tile_kernel for
+// n <= LZT_COLS, lanczos_kernel above); false where the GPU cannot run the cooperative kernel (no cooperative launch,
+// or 2 n floats of q beyond a block's shared memory) or the start is not finite and positive: version 1 then takes
+// the unscaled start. tri (--test): the kernel's alpha, beta, step count and row sum as lanczos_grid_cpu gives them.
+static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls, std::vector<double>* tri = nullptr) {
+    static int per_sm = -1, tile_per_sm = -1, coop = -1;
     static size_t per_sm_smem = 0;
-    int coop = 0, dev = 0;
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    if (coop < 0) {
+        int dev = 0;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&tile_per_sm, lanczos_tile_kernel, LZT_THREADS, 0));
+    }
+    int k = std::min(LANCZOS_STEPS, n);
+    std::vector<double> h(2 * k + 2);  // alpha, beta, the step count, the row sum
+    int tiles = (n + 31) / 32;
+    if (coop && n <= LZT_COLS && tile_per_sm >= 1 && tiles <= tile_per_sm * g_gpu.sms) {
+        float* W = (float*)ws_get(WS_LANCZOS_W, (size_t)k * n * sizeof(float));
+        double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 2 + (size_t)tiles * (3 * k + 1)) * sizeof(double));
+        double* part = out + 5 * k + 2;
+        void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&part, (void*)&out};
+        cudaCheck(cudaLaunchCooperativeKernel((void*)lanczos_tile_kernel, tiles, LZT_THREADS, args, 0, g_stream));
+        copy_to_host(h.data(), out + 3 * k, h.size() * sizeof(double));
+        return v1_lanczos_finish(h, k, ls, tri);
+    }
     size_t smem = 2 * (size_t)n * sizeof(float);
     if (!coop || smem > g_gpu.smem_optin) return false;
     if (per_sm < 0 || per_sm_smem != smem) {
@@ -1981,20 +2184,14 @@ static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls) {
         per_sm_smem = smem;
     }
     if (per_sm < 1) return false;
-    int k = std::min(LANCZOS_STEPS, n);
     int grid = (int)std::min<long long>((long long)per_sm * g_gpu.sms, ceil_div_ll(n, LANCZOS_THREADS / 32));
     float* W = (float*)ws_get(WS_LANCZOS_W, (size_t)k * n * sizeof(float));
     double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 2) * sizeof(double));
     cudaCheck(cudaMemsetAsync(out, 0, (5 * k + 2) * sizeof(double), g_stream));
     void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&out};
     cudaCheck(cudaLaunchCooperativeKernel((void*)lanczos_kernel, grid, LANCZOS_THREADS, args, smem, g_stream));
-    std::vector<double> h(2 * k + 2);  // alpha, beta, the step count, the row sum
     copy_to_host(h.data(), out + 3 * k, h.size() * sizeof(double));
-    ls.k = (int)h[2 * k];
-    ls.rowsum_max = h[2 * k + 1];
-    if (ls.k < 1 || ls.k > k) return false;
-    lanczos_newton_start(h.data(), h.data() + k, ls.k, &ls.z, &ls.lo);
-    return std::isfinite(ls.z) && ls.z > 0.0 && ls.lo > 0.0 && ls.lo <= 1.0 && std::isfinite(ls.rowsum_max);
+    return v1_lanczos_finish(h, k, ls, tri);
 }
 
 // The scaled start: M = z (A + eps I), X = zr I (zr = z^(1/p)); one matrix
@@ -4467,6 +4664,59 @@ static void test_start_gpu(Rng& rng) {
     }
 }
 
+// Version 1's start (v1_lanczos: lanczos_tile_kernel up to n = LZT_COLS) against its twin (lanczos_grid_cpu): the
+// tridiagonal, the step count and the row sum bit for bit; z and lo within the multisection's brackets as above.
+// Above LZT_COLS (lanczos_kernel, atomics) the sums' order differs: the steps, and z to 1e-5.
+static void test_v1_start_gpu(Rng& rng) {
+    float eps = 1e-6f;
+    for (int n : {5, 32, 37, 100, 256, 1000, 1024, 1100}) {
+        std::vector<MatF> As;
+        std::vector<std::string> names;
+        if (n <= 256) {
+            for (const SpdCase& c : SPD_CASES) {
+                As.push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
+                names.push_back(c.name);
+            }
+        } else {  // 0.1 I + G G^T / 256, G n x 256 Gaussian (make_spd is O(n^3) on the host)
+            const int m = 256;
+            MatF G((size_t)n * m), A((size_t)n * n);
+            for (float& x : G) x = (float)rng.normal();
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    double t = i == j ? 0.1 * m : 0.0;
+                    for (int c = 0; c < m; c++) t += (double)G[(size_t)i * m + c] * G[(size_t)j * m + c];
+                    A[(size_t)i * n + j] = (float)(t / m);
+                }
+            As.push_back(A);
+            names.push_back("0.1 I + G G^T / 256");
+        }
+        for (size_t b = 0; b < As.size(); b++) {
+            float* d_A = to_device(As[b].data(), As[b].size());
+            LanczosStart ls;
+            std::vector<double> h;
+            bool ok = v1_lanczos(d_A, n, eps, ls, &h);
+            cudaCheck(cudaFree(d_A));
+            std::string label = fmt("v1 start (grid Lanczos) n=%d against its twin %s", n, names[b].c_str());
+            if (h.empty()) {
+                skip(label, "no cooperative launch");
+                continue;
+            }
+            double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], rowsum_max, z = NAN, lo = NAN;
+            int k = lanczos_grid_cpu(n, As[b].data(), eps, alpha, beta, &rowsum_max), kk = (int)(h.size() - 2) / 2;
+            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            bool same = ls.k == k && h[2 * kk + 1] == rowsum_max;
+            for (int j = 0; j < k && same; j++) same = h[j] == alpha[j] && h[kk + j] == beta[j];
+            bool near = std::fabs(ls.z - z) <= 1e-6 * z && std::fabs(ls.lo - lo) <= 2e-4 * lo + 1e-300;
+            bool pass = n <= LZT_COLS ? ok && same && near
+                                      : ok && ls.k == k && std::fabs(ls.z - z) <= 1e-5 * z &&
+                                            std::fabs(h[2 * kk + 1] - rowsum_max) <= 1e-5 * rowsum_max;
+            report(pass, label,
+                   fmt("%d steps (twin %d), tridiagonal and row sum %s; z %.9e (twin %.9e), lo %.6e (twin %.6e)", ls.k,
+                       k, same ? "bitwise equal" : "differ", ls.z, z, ls.lo, lo));
+        }
+    }
+}
+
 // The fallback of versions 2 and 3: with an estimate of lambda_max 100x too small (NEWTON_SCALED_BAD_HI) every
 // matrix's scaled iteration fails, and the unscaled rerun must give each its root within the usual tolerance.
 static void test_fallback_gpu(Rng& rng) {
@@ -4720,6 +4970,7 @@ static int run_tests(uint64_t seed) {
     test_roots_gpu(rng);
     test_fallback_gpu(rng);
     test_start_gpu(rng);
+    test_v1_start_gpu(rng);
     test_ns_gpu(rng);
     test_stats_gpu(rng);
     gpu_free();
