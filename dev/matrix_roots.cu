@@ -509,20 +509,19 @@ __host__ __device__ inline double newton_scale_a23(const NewtonScale& scale, int
 // build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max).
 // Sturm counts without divisions (a division chain costs ~100 cycles a step in float64 on the GPU): the number of sign
 // changes of q_i = det(T_i - x I), rescaled against overflow; an exact zero counts as a change, as q -> -0 would.
+// The rescaling is a select of a power of two (exact), not a branch: the loop has no branch and its loads of d and e
+// run ahead of the dependent chain.
 __host__ __device__ inline int sturm_below(const double* d, const double* e, int k, double x) {
     int count = 0;
     double q0 = 0.0, q1 = 1.0;  // q_{i-2}, q_{i-1}
     for (int i = 0; i < k; i++) {
         double q2 = (d[i] - x) * q1 - (i > 0 ? e[i - 1] * e[i - 1] * q0 : 0.0);
         if (q2 == 0.0) q2 = -1e-30 * q1;
-        if ((q2 < 0.0) != (q1 < 0.0)) count++;
-        double m = fabs(q2);
-        if (m > 1e150 || m < 1e-150) {  // q2 != 0 here; both scaled alike keep every sign and ratio
-            q1 /= m;
-            q2 /= m;
-        }
-        q0 = q1;
-        q1 = q2;
+        count += (q2 < 0.0) != (q1 < 0.0);
+        double m = fabs(q2);  // q2 != 0 here; both scaled alike keep every sign and ratio
+        double sc = m > 1e150 ? 0x1p-500 : m < 1e-150 ? 0x1p+500 : 1.0;
+        q0 = q1 * sc;
+        q1 = q2 * sc;
     }
     return count;
 }
@@ -542,8 +541,8 @@ __host__ __device__ inline void tridiag_extremes(const double* d, const double* 
     for (int round = 0; round < 14; round++) {
         if (l1 - l0 <= 1e-4 * fabs(l1) && h1 - h0 <= 1e-7 * fabs(h1)) break;
         auto point = [&](int lane) {  // lanes 0-15: the lowest eigenvalue's bracket, 16-31: the highest's
-            int j = lane % 16 + 1;
-            return lane < 16 ? l0 + (l1 - l0) * (j / 17.0) : h0 + (h1 - h0) * (j / 17.0);
+            double f = (lane % 16 + 1) * (1.0 / 17.0);  // a multiplication: no float64 division per point
+            return lane < 16 ? l0 + (l1 - l0) * f : h0 + (h1 - h0) * f;
         };
         auto passes = [&](int lane) {  // one eigenvalue below (lowest); all k below (highest)
             int c = sturm_below(d, e, k, point(lane));
@@ -585,12 +584,11 @@ __host__ __device__ inline double tridiag_last_weight(const double* d, const dou
         dp0 = dp1;
         dp1 = dp2;
         double m = fmax(fmax(fabs(p0), fabs(p1)), fmax(fabs(dp0), fabs(dp1)));
-        if (m > 1e150 || (m < 1e-150 && m > 0.0)) {  // one scale for all four keeps p0 / dp1
-            p0 /= m;
-            p1 /= m;
-            dp0 /= m;
-            dp1 /= m;
-        }
+        double sc = m > 1e150 ? 0x1p-500 : m < 1e-150 && m > 0.0 ? 0x1p+500 : 1.0;  // one power of two for all four
+        p0 *= sc;                                                                    // keeps p0 / dp1 exactly
+        p1 *= sc;
+        dp0 *= sc;
+        dp1 *= sc;
     }
     double w = p0 / dp1;
     return w >= 0.0 && w <= 1.0 ? w : 1.0;
@@ -824,16 +822,16 @@ static double warp_sum_cpu(double* part) {
     return part[0];
 }
 
-// Lanczos as versions 2 and 3 run it on one warp (warp_lanczos), bit for bit: w = A u / ||u|| (each row in
-// lanczos_row's four chains over the columns padded to a multiple of 4; zero columns add nothing), a lane's rows summed
-// in order, then the xor tree; u = y - a v - b v_prev by two explicit float64 FMAs. alpha[j], beta[j] as
-// lanczos_newton_start takes them; returns the steps (fewer only where a residual is exactly 0, or NaN).
-// *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
+// Lanczos as versions 2 and 3 run it (warp_lanczos and its product warps), bit for bit: w = A u / ||u|| (each row's
+// four quarters of the np padded columns in lanczos_row's four chains, added as (p0 + p1) + (p2 + p3); zero columns
+// add nothing), a lane's rows summed in order, then the xor tree; u = y - a v - b v_prev by two explicit float64 FMAs.
+// alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps (fewer only where a residual is exactly 0,
+// or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
 static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
     *rowsum_max = max_abs_rowsum(n, A, 0.0f);
-    int np = lanczos23_np(n), R = np / 32, n4 = (n + 3) / 4 * 4;
-    std::vector<float> Ap((size_t)n4 * n4, 0.0f), u(np, 0.0f), v(np, 0.0f), v_prev(np), y(np, 0.0f);
-    for (int i = 0; i < n; i++) std::copy(A + (size_t)i * n, A + (size_t)(i + 1) * n, Ap.begin() + (size_t)i * n4);
+    int np = lanczos23_np(n), R = np / 32, qc = np / 4;
+    std::vector<float> Ap((size_t)np * np, 0.0f), u(np, 0.0f), v(np, 0.0f), v_prev(np), y(np, 0.0f);
+    for (int i = 0; i < n; i++) std::copy(A + (size_t)i * n, A + (size_t)(i + 1) * n, Ap.begin() + (size_t)i * np);
     double part[32];
     for (int l = 0; l < 32; l++) {
         part[l] = 0.0;
@@ -851,7 +849,10 @@ static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, 
             for (int i = R * l; i < R * l + R; i++) {
                 v_prev[i] = v[i];
                 v[i] = u[i] * inv;
-                y[i] = i < n4 ? lanczos_row(Ap.data() + i, n4, u.data(), n4) * inv : 0.0f;
+                float p[4];
+                for (int q = 0; q < 4; q++)
+                    p[q] = lanczos_row(Ap.data() + (size_t)q * qc * np + i, np, u.data() + q * qc, qc);
+                y[i] = ((p[0] + p[1]) + (p[2] + p[3])) * inv;
                 part[l] += (double)v[i] * y[i];
             }
         }
@@ -2413,13 +2414,25 @@ __device__ void smem_matmul(const float* A, const float* B, float* dst, int n) {
 // Versions 2 and 3.
 template <int NP, int LD, int THREADS>
 __device__ float fused_load(const float* Ab, float* Ms, float* Xs, int n, float eps, float* red) {
+    // up to 16 global reads in flight per thread (a loop of one read each waited ~1 us per 4 at NP = 128)
+    constexpr int ITER = (NP * NP + THREADS - 1) / THREADS, CHUNK = ITER < 16 ? ITER : 16;
     float sq = 0.0f;
-    for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
-        int i = e / NP, j = e % NP;
-        float v = (i < n && j < n) ? Ab[i * n + j] + (i == j ? eps : 0.0f) : 0.0f;
-        Ms[i * LD + j] = v;
-        Xs[i * LD + j] = 0.0f;
-        sq = fmaf(v, v, sq);
+    for (int it0 = 0; it0 < ITER; it0 += CHUNK) {
+        float v[CHUNK];
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            int e = threadIdx.x + (it0 + c) * THREADS, i = e / NP, j = e % NP;
+            v[c] = (e < NP * NP && i < n && j < n) ? Ab[i * n + j] + (i == j ? eps : 0.0f) : 0.0f;
+        }
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            int e = threadIdx.x + (it0 + c) * THREADS, i = e / NP, j = e % NP;
+            if (e < NP * NP) {
+                Ms[i * LD + j] = v[c];
+                Xs[i * LD + j] = 0.0f;
+                sq = fmaf(v[c], v[c], sq);
+            }
+        }
     }
     return block_sum<THREADS>(sq, red);
 }
@@ -2458,13 +2471,82 @@ __device__ __forceinline__ void lanczos_rows(const float* p, float (&a)[R]) {
     }
 }
 
-// Lanczos on one warp (versions 2 and 3; lanczos_warp_cpu is its twin, bit for bit): lane l owns rows R l .. R l + R - 1
-// (their u, v, v_prev in registers), u is broadcast through W (NP floats of shared memory), each matvec reads all of M
-// once (A + eps I, zero padding) column by column (one 16-byte read per lane and column at R = 4: conflict-free), the
-// two float64 sums of a step are shuffle trees: no block barrier. alpha[k], beta[k]: shared memory, written by lane 0.
-template <int NP, int LD>
-__device__ int warp_lanczos(const float* Ms, float* W, int n, double* alpha, double* beta) {
-    constexpr int R = NP / 32;
+// Named barriers (ids 1 and 2; 0 is __syncthreads) between versions 2 and 3's Lanczos warp and its product warps:
+// bar.arrive does not wait, so the producer goes on; both order the shared-memory writes made before them.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// bar.sync once v is formed: the compiler would otherwise sink v's arithmetic (a float64 division) past the wait
+__device__ __forceinline__ void named_bar_sync_after(int id, int threads, float v) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads), "f"(v) : "memory");
+}
+
+// Versions 2 and 3's Lanczos matvec A u in units of 32 rows x one quarter of the NP columns (lanczos23_partial; the
+// twin forms the same sums): lane = row, lanczos_row's four chains over the quarter, the result to P[quarter][row].
+// Warp 0 adds a row's quarters as (p0 + p1) + (p2 + p3). a(t): the row's entry in column c0 + t.
+template <int NP> struct Lz23 {
+    static constexpr int R = NP / 32, QC = NP / 4, UNITS = 4 * R;  // rows per lane of warp 0; columns per quarter
+};
+template <int NP, typename Entry>
+__device__ __forceinline__ float lanczos23_partial(const float* W, int c0, Entry a) {
+    constexpr int QC = Lz23<NP>::QC;
+    float4 uc[QC / 4];  // every read of u issued before the first FMA waits on one
+#pragma unroll
+    for (int t = 0; t < QC; t += 4) uc[t / 4] = *reinterpret_cast<const float4*>(W + c0 + t);
+    float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;
+#pragma unroll
+    for (int t = 0; t < QC; t += 4) {
+        y0 = fmaf(a(t), uc[t / 4].x, y0);
+        y1 = fmaf(a(t + 1), uc[t / 4].y, y1);
+        y2 = fmaf(a(t + 2), uc[t / 4].z, y2);
+        y3 = fmaf(a(t + 3), uc[t / 4].w, y3);
+    }
+    return (y0 + y1) + (y2 + y3);
+}
+// Unit u's partial from shared memory (A symmetric: row i's entry in column c is M[c][i], conflict-free by lane)
+template <int NP, int LD> __device__ __forceinline__ void lanczos23_unit(const float* Ms, const float* W, float* P, int u) {
+    constexpr int RG = NP / 32, QC = Lz23<NP>::QC;
+    int i = u % RG * 32 + threadIdx.x % 32, c0 = u / RG * QC;
+    P[u / RG * NP + i] = lanczos23_partial<NP>(W, c0, [&](int t) { return Ms[(c0 + t) * LD + i]; });
+}
+
+// A product warp (mw = 0 .. NMW - 1): units mw, mw + NMW, ...; with one unit each (CACHED) it holds its 32 x NP / 4
+// entries in registers, read once. Each round: wait for warp 0's u (barrier 1), stop at *flag == 0, else form the
+// partials and arrive at barrier 2 without waiting.
+template <int NP, int LD, int NMW>
+__device__ void lanczos23_product_warp(const float* Ms, const float* W, float* P, const volatile int* flag, int mw) {
+    constexpr int RG = NP / 32, QC = Lz23<NP>::QC, UNITS = Lz23<NP>::UNITS, COUNT = (1 + NMW) * 32;
+    constexpr bool CACHED = NMW == UNITS;
+    float m[CACHED ? QC : 1];
+    int i = mw % RG * 32 + threadIdx.x % 32, c0 = mw / RG * QC;
+    if constexpr (CACHED) {
+#pragma unroll
+        for (int t = 0; t < QC; t++) m[t] = Ms[(c0 + t) * LD + i];
+    }
+    for (;;) {
+        named_bar_sync(1, COUNT);
+        if (*flag == 0) return;
+        if constexpr (CACHED) {
+            P[mw / RG * NP + i] = lanczos23_partial<NP>(W, c0, [&](int t) { return m[t]; });
+        } else {
+            for (int u = mw; u < UNITS; u += NMW) lanczos23_unit<NP, LD>(Ms, W, P, u);
+        }
+        named_bar_arrive(2, COUNT);
+    }
+}
+
+// Lanczos on warp 0 (versions 2 and 3; lanczos_warp_cpu is its twin, bit for bit): lane l owns rows R l .. R l + R - 1
+// (their u, v, v_prev in registers); u is broadcast through W (NP floats of shared memory) to NMW product warps (0:
+// warp 0 forms the partials itself), which form A u while warp 0 forms ||u|| (its float64 shuffle tree, sqrt and
+// division); warp 0 then adds each row's quarters from P, forms alpha (a shuffle tree) and the next u. Every published
+// u is consumed (barrier 2) before the stop flag goes out. alpha[k], beta[k]: shared memory, written by lane 0.
+template <int NP, int LD, int NMW>
+__device__ int warp_lanczos(const float* Ms, float* W, float* P, volatile int* flag, int n, double* alpha,
+                            double* beta) {
+    constexpr int R = Lz23<NP>::R, COUNT = (1 + NMW) * 32;
     int lane = threadIdx.x % 32;
     float u[R], v[R], v_prev[R];
     double part = 0.0;
@@ -2476,46 +2558,51 @@ __device__ int warp_lanczos(const float* Ms, float* W, int n, double* alpha, dou
         W[i] = u[j];
         part += (double)u[j] * u[j];
     }
+    auto publish = [&](int go) {  // W (and the flag) to the product warps
+        if (lane == 0) *flag = go;
+        __syncwarp();
+        named_bar_arrive(1, COUNT);
+    };
+    bool pending = false;  // a published u whose partials are not yet consumed
+    if constexpr (NMW > 0) {
+        publish(1);
+        pending = true;
+    }
     __syncwarp();
     double b = sqrt(warp_sum_d(part));
     int k = 0;
     while (k < LANCZOS23_STEPS && b > 0.0) {
-        float inv = (float)(1.0 / b), acc[R][4];
-#pragma unroll
-        for (int j = 0; j < R; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll 4
-        for (int c = 0; c < NP; c += 4) {  // lanczos_row's chains: column c + q into acc[.][q]
-            float4 uc = *reinterpret_cast<const float4*>(W + c);
-            float a0[R], a1[R], a2[R], a3[R];
-            lanczos_rows<R, LD>(Ms + c * LD + R * lane, a0);
-            lanczos_rows<R, LD>(Ms + (c + 1) * LD + R * lane, a1);
-            lanczos_rows<R, LD>(Ms + (c + 2) * LD + R * lane, a2);
-            lanczos_rows<R, LD>(Ms + (c + 3) * LD + R * lane, a3);
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                acc[j][0] = fmaf(a0[j], uc.x, acc[j][0]);
-                acc[j][1] = fmaf(a1[j], uc.y, acc[j][1]);
-                acc[j][2] = fmaf(a2[j], uc.z, acc[j][2]);
-                acc[j][3] = fmaf(a3[j], uc.w, acc[j][3]);
-            }
+        float inv = (float)(1.0 / b);
+        if constexpr (NMW > 0) {
+            named_bar_sync_after(2, COUNT, inv);  // 1 / ||u|| formed while the product warps work
+            pending = false;
+        } else {
+            for (int un = 0; un < Lz23<NP>::UNITS; un++) lanczos23_unit<NP, LD>(Ms, W, P, un);
+            __syncwarp();
         }
-        float y[R];
+        float pq[4][R], y[R];
+#pragma unroll
+        for (int q = 0; q < 4; q++) lanczos_rows<R, 4>(P + q * NP + R * lane, pq[q]);
         part = 0.0;
 #pragma unroll
         for (int j = 0; j < R; j++) {
             v_prev[j] = v[j];
             v[j] = u[j] * inv;
-            y[j] = ((acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3])) * inv;
+            y[j] = ((pq[0][j] + pq[1][j]) + (pq[2][j] + pq[3][j])) * inv;
             part += (double)v[j] * y[j];
         }
         double a = warp_sum_d(part);
-        __syncwarp();  // every lane has read W before it is overwritten
+        __syncwarp();  // every lane has read W and P before they are overwritten
         part = 0.0;
 #pragma unroll
         for (int j = 0; j < R; j++) {
             u[j] = (float)fma(-b, (double)v_prev[j], fma(-a, (double)v[j], (double)y[j]));
             W[R * lane + j] = u[j];
             part += (double)u[j] * u[j];
+        }
+        if (NMW > 0 && k + 1 < LANCZOS23_STEPS) {
+            publish(1);
+            pending = true;
         }
         b = sqrt(warp_sum_d(part));
         if (lane == 0) {
@@ -2525,24 +2612,35 @@ __device__ int warp_lanczos(const float* Ms, float* W, int n, double* alpha, dou
         k++;
         __syncwarp();  // W (and alpha, beta) visible to the whole warp
     }
+    if constexpr (NMW > 0) {
+        if (pending) named_bar_sync(2, COUNT);  // a breakdown after the next u went out
+        publish(0);
+    }
     return k;
 }
 
 // Versions 2 and 3's scaled start (z, lo; the row sums for newton_first_cap) from their shared-memory layout (X, M, T
-// of NP x LD floats; M = A + eps I loaded): warp 0 runs the Lanczos steps and the multisection, warp 1 meanwhile the
-// largest absolute row sum (lanczos_warp_cpu's max_abs_rowsum: each column summed in order by one lane, then a max),
-// the other warps wait at the one barrier that publishes the result. T's space holds u, the tridiagonal and the result.
-// Not inlined: its registers (float64 multisection) would otherwise add to the product loops' and spill there.
+// of NP x LD floats; M = A + eps I loaded): warp 0 runs the Lanczos steps and the multisection, warps 1 .. NMW form
+// the products, the last warp meanwhile takes the largest absolute row sum (lanczos_warp_cpu's max_abs_rowsum: each
+// column summed in order by one lane, then a max); the others wait at the one barrier that publishes the result. T's
+// space holds u, the tridiagonal, the result, the flag and the partials. Not inlined: its registers (float64
+// multisection, a product warp's entries) would otherwise add to the product loops' and spill there.
 template <int NP, int LD, int THREADS>
 __device__ __noinline__ LanczosStart fused_scaled_start(int n) {
     static_assert(THREADS >= 64 && NP % 32 == 0, "a warp for Lanczos and one for the row sums");
+    constexpr int WARPS = THREADS / 32, SPARE = WARPS - 2, UNITS = Lz23<NP>::UNITS;
+    constexpr int NMW = SPARE < UNITS ? SPARE : UNITS;  // product warps
     extern __shared__ __align__(16) float lanczos_smem[];  // the kernel's dynamic shared memory: X, M, T
     const float* Ms = lanczos_smem + NP * LD;
     float* W = lanczos_smem + 2 * NP * LD;
     double *alpha = reinterpret_cast<double*>(W + NP), *beta = alpha + LANCZOS23_STEPS, *out = beta + LANCZOS23_STEPS;
+    volatile int* flag = reinterpret_cast<volatile int*>(out + 4);
+    float* P = W + NP + 4 * LANCZOS23_STEPS + 12;  // 16-byte aligned: NP, 4 STEPS + 12 are multiples of 4
+    static_assert((4 * LANCZOS23_STEPS + 12) % 4 == 0 && 5 * NP + 4 * LANCZOS23_STEPS + 12 <= NP * (NP + 1),
+                  "T's space holds u, the tridiagonal, the result, the flag and the partials");
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp == 0) {
-        int k = warp_lanczos<NP, LD>(Ms, W, n, alpha, beta);
+        int k = warp_lanczos<NP, LD, NMW>(Ms, W, P, flag, n, alpha, beta);
         double z, lo;
         lanczos_newton_start(alpha, beta, k, &z, &lo);  // the multisection's 32 points: warp 0's lanes
         if (lane == 0) {
@@ -2550,7 +2648,7 @@ __device__ __noinline__ LanczosStart fused_scaled_start(int n) {
             out[1] = z;
             out[2] = lo;
         }
-    } else if (warp == 1) {
+    } else if (warp == WARPS - 1) {
         float g = 0.0f;
         for (int i = lane; i < n; i += 32) {
             float s = 0.0f;
@@ -2559,6 +2657,8 @@ __device__ __noinline__ LanczosStart fused_scaled_start(int n) {
         }
         for (int o = 16; o > 0; o >>= 1) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
         if (lane == 0) out[3] = g;
+    } else if (warp <= NMW) {
+        lanczos23_product_warp<NP, LD, NMW>(Ms, W, P, flag, warp - 1);
     }
     __syncthreads();
     LanczosStart fs;
@@ -2976,13 +3076,23 @@ static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p
 }
 
 // The scaled start alone, to time it (--bench's `v3 start`) and to check it against its twin (--test): one block per
-// matrix in version 3's one-block shape loads A + eps I and runs fused_scaled_start. out: LANCZOS23_OUT doubles per
-// matrix: k, z, lo, rowsum_max, then alpha[0 .. LANCZOS23_STEPS - 1] and beta[...] (entries from k on unset).
+// matrix loads A + eps I and runs fused_scaled_start in one of the shapes that run it (Lz23Shape: version 3's one
+// block, the default; version 2's layout LD = NP + 1 and thread count; version 3's cluster thread count), so that
+// every split of the products among the warps meets the twin. out: LANCZOS23_OUT doubles per matrix: k, z, lo,
+// rowsum_max, then alpha[0 .. LANCZOS23_STEPS - 1] and beta[...] (entries from k on unset).
 constexpr int LANCZOS23_OUT = 4 + 2 * LANCZOS23_STEPS;
-template <int NP>
-__global__ void __launch_bounds__(V3Cfg<NP, 1>::THREADS) lanczos23_start_kernel(const float* A, int n, float eps,
-                                                                                double* out) {
-    using C = V3Cfg<NP, 1>;
+enum Lz23Shape { LZ23_V3, LZ23_V2, LZ23_V3_PAIR };
+template <int NP, int SHAPE> struct Lz23Cfg {
+    static constexpr int LD = SHAPE == LZ23_V2 ? NP + 1 : V3Cfg<NP, 1>::LD;
+    static constexpr int THREADS = SHAPE == LZ23_V2  ? v2_threads<NP>()
+                                   : SHAPE == LZ23_V3 ? V3Cfg<NP, 1>::THREADS
+                                                      : V3Cfg<NP, 2>::THREADS;
+    static constexpr size_t SMEM = 3ull * NP * LD * sizeof(float);
+};
+template <int NP, int SHAPE>
+__global__ void __launch_bounds__(Lz23Cfg<NP, SHAPE>::THREADS) lanczos23_start_kernel(const float* A, int n,
+                                                                                      float eps, double* out) {
+    using C = Lz23Cfg<NP, SHAPE>;
     extern __shared__ __align__(16) float smem[];
     __shared__ float red[33];
     float *Xs = smem, *Ms = smem + NP * C::LD, *Ts = smem + 2 * NP * C::LD;
@@ -3002,39 +3112,50 @@ __global__ void __launch_bounds__(V3Cfg<NP, 1>::THREADS) lanczos23_start_kernel(
     }
 }
 
-template <int NP>
+template <int NP, int SHAPE>
 static const char* launch_lanczos23(const float* A, int batch, int n, float eps, double* out) {
-    using C = V3Cfg<NP, 1>;
+    using C = Lz23Cfg<NP, SHAPE>;
     static bool configured = false;
     static const char* why_not = nullptr;
     static char why_buf[200];
     if (!configured) {
         cudaFuncAttributes fa;
-        cudaCheck(cudaFuncGetAttributes(&fa, lanczos23_start_kernel<NP>));
+        cudaCheck(cudaFuncGetAttributes(&fa, lanczos23_start_kernel<NP, SHAPE>));
         size_t need = C::SMEM + fa.sharedSizeBytes;
         if (need > g_gpu.smem_optin) {
             snprintf(why_buf, sizeof why_buf, "n <= %d needs %zu bytes of shared memory per block, this GPU allows %zu",
                      NP, need, g_gpu.smem_optin);
             why_not = why_buf;
         } else {
-            cudaCheck(cudaFuncSetAttribute(lanczos23_start_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)C::SMEM));
+            cudaCheck(cudaFuncSetAttribute(lanczos23_start_kernel<NP, SHAPE>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
         }
         configured = true;
     }
     if (why_not) return why_not;
-    lanczos23_start_kernel<NP><<<batch, C::THREADS, C::SMEM, g_stream>>>(A, n, eps, out);
+    lanczos23_start_kernel<NP, SHAPE><<<batch, C::THREADS, C::SMEM, g_stream>>>(A, n, eps, out);
     launchCheck();
     return nullptr;
 }
 
-// Versions 2 and 3's start for a batch (out: batch x LANCZOS23_OUT doubles on the device); nullptr or why not here.
-static const char* lanczos23_start(const float* A, int batch, int n, float eps, double* out) {
+// Versions 2 and 3's start for a batch (out: batch x LANCZOS23_OUT doubles on the device) in one of the shapes
+// (--bench times LZ23_V3); nullptr or why not here.
+static const char* lanczos23_start(const float* A, int batch, int n, float eps, double* out, int shape = LZ23_V3) {
     check_root_args("lanczos23_start", A, reinterpret_cast<float*>(out), batch, n, 1, eps);
-    if (n <= 32) return launch_lanczos23<32>(A, batch, n, eps, out);
-    if (n <= 64) return launch_lanczos23<64>(A, batch, n, eps, out);
-    if (n <= 128) return launch_lanczos23<128>(A, batch, n, eps, out);
-    return "versions 2 and 3 run n <= 128 only";
+    if (n > 128) return "versions 2 and 3 run n <= 128 only";
+    if (shape == LZ23_V2) {
+        if (n <= 32) return launch_lanczos23<32, LZ23_V2>(A, batch, n, eps, out);
+        if (n <= 64) return launch_lanczos23<64, LZ23_V2>(A, batch, n, eps, out);
+        return launch_lanczos23<128, LZ23_V2>(A, batch, n, eps, out);
+    }
+    if (shape == LZ23_V3_PAIR) {  // the cluster form runs n > 32 only (V3Cfg<32, 2> is one warp)
+        if (n <= 32) return "version 3's 2-block cluster runs n > 32 only";
+        if (n <= 64) return launch_lanczos23<64, LZ23_V3_PAIR>(A, batch, n, eps, out);
+        return launch_lanczos23<128, LZ23_V3_PAIR>(A, batch, n, eps, out);
+    }
+    if (n <= 32) return launch_lanczos23<32, LZ23_V3>(A, batch, n, eps, out);
+    if (n <= 64) return launch_lanczos23<64, LZ23_V3>(A, batch, n, eps, out);
+    return launch_lanczos23<128, LZ23_V3>(A, batch, n, eps, out);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -4622,9 +4743,11 @@ static void test_roots_gpu(Rng& rng) {
 // Versions 2 and 3's start (lanczos23_start) against its twin (lanczos_warp_cpu, lanczos_newton_start): the Lanczos
 // steps, the tridiagonal and the row sums bit for bit (the same operations in the same order); z and lo within the
 // multisection's brackets (1e-7 and 1e-4 relative: the kernel's fused multiply-adds there may move a count by one
-// point). Every padded size (32, 64, 128), a batch of the five cases plus --bench's kind of matrix.
-static void test_start_gpu(Rng& rng) {
+// point). Every padded size (32, 64, 128), a batch of the five cases, in each shape that runs the start (version 3's
+// one block; version 2's layout and threads; version 3's cluster threads): every split of the products among warps.
+static void test_start_shape_gpu(Rng& rng, int shape) {
     float eps = 1e-6f;
+    const char* shape_name[] = {"v3", "v2 shape", "v3 pair shape"};
     for (int n : {5, 32, 37, 64, 100, 128}) {
         std::vector<MatF> As;
         MatF all;
@@ -4636,8 +4759,8 @@ static void test_start_gpu(Rng& rng) {
         float* d_A = to_device(all.data(), all.size());
         double* d_out;
         cudaCheck(cudaMalloc(&d_out, batch * LANCZOS23_OUT * sizeof(double)));
-        std::string label = fmt("v3 start (warp Lanczos) n=%d batch=%d against its twin", n, batch);
-        const char* why = lanczos23_start(d_A, batch, n, eps, d_out);
+        std::string label = fmt("%s start (warp Lanczos) n=%d batch=%d against its twin", shape_name[shape], n, batch);
+        const char* why = lanczos23_start(d_A, batch, n, eps, d_out, shape);
         if (why) {
             skip(label, why);
         } else {
@@ -4662,6 +4785,9 @@ static void test_start_gpu(Rng& rng) {
         cudaCheck(cudaFree(d_out));
         cudaCheck(cudaFree(d_A));
     }
+}
+static void test_start_gpu(Rng& rng) {
+    for (int shape : {LZ23_V3, LZ23_V2, LZ23_V3_PAIR}) test_start_shape_gpu(rng, shape);
 }
 
 // Version 1's start (v1_lanczos: lanczos_tile_kernel up to n = LZT_COLS) against its twin (lanczos_grid_cpu): the
