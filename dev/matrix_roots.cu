@@ -886,7 +886,8 @@ __host__ __device__ inline float lzt_slice_tree(float* v) {  // v[32] in (overwr
 static int lanczos_tile_cpu(int n, const float* A, float eps, double* alpha, double* beta, double* rowsum_max) {
     int k = std::min(LANCZOS_STEPS, n), G = (n + 31) / 32;
     std::vector<float> a((size_t)G * 32 * LZT_COLS, 0.0f), q(LZT_COLS, 0.0f), qp(LZT_COLS, 0.0f), w(G * 32, 0.0f);
-    for (int i = 0; i < n; i++) std::copy(A + (size_t)i * n, A + (size_t)(i + 1) * n, a.begin() + (size_t)i * LZT_COLS);
+    for (int i = 0; i < n; i++)  // row i as the kernel reads it: column i of A (the same where A is symmetric)
+        for (int c = 0; c < n; c++) a[(size_t)i * LZT_COLS + c] = A[(size_t)c * n + i];
     double part[32], sums[3][32];
     float v[32];
     *rowsum_max = 0.0;
@@ -2036,7 +2037,7 @@ __global__ void lanczos_kernel(const float* A, int n, float eps, int k, float* W
 // own, and after the barrier every block's warp 0 adds the blocks' sums by the same xor tree (the same coefficients in
 // every block, and the same bits on every run). A step: the slices' partials (q broadcast from shared memory), warp 0
 // adds them and writes w's rows to W and the block's q.w, w.w, q.q to part; grid barrier; every block reads W into
-// its next q. Out as lanczos_kernel's; part: 3 k + 1 doubles per block (the last: the block's largest row sum).
+// its next q. Out as lanczos_kernel's; part: step j's sums of block b at 3 (j G + b), then each block's largest row sum.
 __global__ void __launch_bounds__(LZT_THREADS, 1)
 lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* part, double* out) {
     __shared__ __align__(16) float qa[LZT_COLS], qb[LZT_COLS];
@@ -2051,7 +2052,7 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
     float a[32], g = 0.0f;
 #pragma unroll
     for (int c = 0; c < 32; c++) {
-        a[c] = row < n && c0 + c < n ? A[(size_t)row * n + c0 + c] : 0.0f;
+        a[c] = row < n && c0 + c < n ? A[(size_t)(c0 + c) * n + row] : 0.0f;  // A symmetric: coalesced by lane
         g += fabsf(a[c]);
     }
     P[warp][lane] = g;  // the row sums for newton_first_cap, as the twin adds them
@@ -2067,7 +2068,7 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
         for (int s = 0; s < 32; s++) v[s] = P[s][lane];
         double m = row < n ? (double)(lzt_slice_tree(v) + eps) : 0.0;
         for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) part[(size_t)blockIdx.x * (3 * k + 1) + 3 * k] = m;
+        if (lane == 0) part[(size_t)3 * k * G + blockIdx.x] = m;
     }
     __syncthreads();  // P is written again only after warp 0 read it
     double beta_prev = 0.0;
@@ -2083,7 +2084,7 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
         }
         P[warp][lane] = (y0 + y1) + (y2 + y3);
         __syncthreads();
-        double* pb = part + (size_t)blockIdx.x * (3 * k + 1) + 3 * j;
+        double* pb = part + ((size_t)j * G + blockIdx.x) * 3;
         if (warp == 0) {
             float v[32];
 #pragma unroll
@@ -2103,10 +2104,10 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
         if (warp == 0) {
             double s0 = 0.0, s1 = 0.0, s2 = 0.0;  // block `lane`'s sums (__ldcg: other SMs wrote them, past L1)
             if (lane < G) {
-                const double* pl = part + (size_t)lane * (3 * k + 1);
-                s0 = __ldcg(pl + 3 * j);
-                s1 = __ldcg(pl + 3 * j + 1);
-                s2 = __ldcg(pl + 3 * j + 2);
+                const double* pl = part + ((size_t)j * G + lane) * 3;
+                s0 = __ldcg(pl);
+                s1 = __ldcg(pl + 1);
+                s2 = __ldcg(pl + 2);
             }
             double alpha, beta;
             bool more = lanczos_coeffs(warp_sum_d(s0), warp_sum_d(s1), warp_sum_d(s2), &alpha, &beta);
@@ -2123,7 +2124,7 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
                     if (last) out[5 * k] = j + 1;
                     if (j == 0) {  // every block's row-sum slot was written before the first barrier
                         double m = 0.0;
-                        for (int b = 0; b < G; b++) m = fmax(m, __ldcg(part + (size_t)b * (3 * k + 1) + 3 * k));
+                        for (int b = 0; b < G; b++) m = fmax(m, __ldcg(part + (size_t)3 * k * G + b));
                         out[5 * k + 1] = m;
                     }
                 }
@@ -2455,8 +2456,8 @@ __device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, 
     return sqrtf(block_sum<THREADS>(r2, red));
 }
 
-// A lane's R consecutive rows of one column of M (A symmetric: row i's entries are column i's), vectorised where the
-// row stride allows (version 3: LD = NP + 4; version 2's LD = NP + 1 reads them one by one, R-way bank conflicts).
+// A lane's R consecutive floats (warp 0 reads its rows' partials from P), vectorised where LD says the address allows
+// (a multiple of 4 floats: one 16-byte read at R = 4; otherwise one by one).
 template <int R, int LD>
 __device__ __forceinline__ void lanczos_rows(const float* p, float (&a)[R]) {
     if constexpr (R == 4 && LD % 4 == 0) {
