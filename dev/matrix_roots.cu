@@ -2701,7 +2701,10 @@ __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float
             first_cap = newton_first_cap(p, z, fs.rowsum_max);
         }
         float x0 = powf(z, 1.0f / p);
-        for (int e = threadIdx.x; e < n * n; e += THREADS) Ms[e / n * LD + e % n] *= z;
+        for (int e = threadIdx.x; e < NP * NP; e += THREADS) {  // by NP (a shift), not n (an integer division)
+            int i = e / NP, j = e % NP;
+            if (i < n && j < n) Ms[i * LD + j] *= z;
+        }
         for (int i = threadIdx.x; i < n; i += THREADS) Xs[i * LD + i] = x0;
         __syncthreads();
         s = NewtonState();
@@ -2747,7 +2750,10 @@ newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int start
     long long nn = (long long)n * n;
     auto mul = [&](const float* P, const float* Q, float* dst) { smem_matmul<NP>(P, Q, dst, n); };
     NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
-    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) X[blockIdx.x * nn + e] = Xs[e / n * LD + e % n];
+    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {  // by NP: no integer division by n
+        int i = e / NP, j = e % NP;
+        if (i < n && j < n) X[blockIdx.x * nn + i * n + j] = Xs[i * LD + j];
+    }
     if (threadIdx.x == 0) {
         status[blockIdx.x] = fused_status(s);
         residual[blockIdx.x] = (float)s.r;
@@ -3008,8 +3014,10 @@ newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int start, i
         v3_matmul<NP, CL>(P, Q, dst, dst == Xs ? pX : dst == Ts ? pT : pM, n, kn, rank);
     };
     NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
-    for (int e = rank * C::THREADS + threadIdx.x; e < n * n; e += CL * C::THREADS)  // the blocks share the store
-        X[b * nn + e] = Xs[e / n * C::LD + e % n];
+    for (int e = rank * C::THREADS + threadIdx.x; e < NP * NP; e += CL * C::THREADS) {  // the blocks share the store
+        int i = e / NP, j = e % NP;                                                       // (by NP: no division by n)
+        if (i < n && j < n) X[b * nn + i * n + j] = Xs[i * C::LD + j];
+    }
     if (rank == 0 && threadIdx.x == 0) {
         status[b] = fused_status(s);
         residual[b] = (float)s.r;
