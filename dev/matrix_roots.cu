@@ -666,8 +666,11 @@ struct LanczosStart { int k = 0; double z = NAN, lo = NAN, rowsum_max = NAN; };
 // shuffle tree, so no block barrier inside. LANCZOS23_STEPS steps (version 1 keeps LANCZOS_STEPS).
 constexpr int LANCZOS23_STEPS = LANCZOS_STEPS;
 static_assert(LANCZOS23_STEPS <= LANCZOS_STEPS, "the twins' tridiagonal arrays hold LANCZOS_STEPS");
-// the padded size versions 2 and 3 run n in (the twin uses it for the lanes' rows; above 128 the twin alone)
-__host__ __device__ inline int lanczos23_np(int n) { return n <= 32 ? 32 : n <= 64 ? 64 : (n + 31) / 32 * 32; }
+// the padded size versions 2 and 3 run n in (the twin uses it for the lanes' rows and the quarters: 128 for every
+// n in 65 .. 128, as the kernels' NP; above 128, where only the twin runs, n rounded up to 32)
+__host__ __device__ inline int lanczos23_np(int n) {
+    return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : (n + 31) / 32 * 32;
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
@@ -4757,7 +4760,7 @@ static void test_roots_gpu(Rng& rng) {
 static void test_start_shape_gpu(Rng& rng, int shape) {
     float eps = 1e-6f;
     const char* shape_name[] = {"v3", "v2 shape", "v3 pair shape"};
-    for (int n : {5, 32, 37, 64, 100, 128}) {
+    for (int n : {5, 32, 37, 64, 80, 100, 128}) {
         std::vector<MatF> As;
         MatF all;
         for (const SpdCase& c : SPD_CASES) {
