@@ -505,6 +505,20 @@ __host__ __device__ inline double newton_scale_a23(const NewtonScale& scale, int
     return fmin(newton_alpha_closed(p, scale.lo, scale.hi), cap);
 }
 
+// Named barriers (0 is __syncthreads; versions 2 and 3's start uses 1 and 2 between its Lanczos warp and the product
+// warps, 3 among the warps of the multisection): bar.arrive does not wait, so the producer goes on; both order the
+// shared-memory writes made before them among the barrier's threads.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// bar.sync once v is formed: the compiler would otherwise sink v's arithmetic (a float64 division) past the wait
+__device__ __forceinline__ void named_bar_sync_after(int id, int threads, float v) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads), "f"(v) : "memory");
+}
+
 // Extreme eigenvalues of the k x k symmetric tridiagonal (diagonal d, off-diagonal e[0..k-2]) that k Lanczos steps
 // build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max).
 // Sturm counts without divisions (a division chain costs ~100 cycles a step in float64 on the GPU): the number of sign
@@ -525,42 +539,74 @@ __host__ __device__ inline int sturm_below(const double* d, const double* e, int
     }
     return count;
 }
-// Multisection: each round tests 16 points inside each end's bracket and keeps the 1/17 where the count changes. On
-// the device a warp's 32 lanes count at once (every lane of the warp must call it with the same arguments; each warp
-// computes the same result, so a block needs no broadcast); the host loops over the 32 points. The brackets end when
-// lo is known to 1e-4 and hi to 1e-7 relative (14 rounds at most: 17^14 ~ 2^57); lo and hi are the brackets' upper
-// ends (lo >= the Ritz value: safe, slower; hi >= the Ritz value).
-__host__ __device__ inline void tridiag_extremes(const double* d, const double* e, int k, double* lo, double* hi) {
+// Multisection: each round tests M = 16 groups points inside each end's bracket and keeps the 1 / (M + 1) where the
+// count changes. On the device a warp's 32 lanes count at once (every lane of the warp must call it with the same
+// arguments; each warp computes the same result, so a block needs no broadcast); with groups > 1 (versions 2 and 3 at
+// NP = 128: 8 warps, 128 points an end) warp `group` counts points 16 group + 1 .. 16 group + 16 of each end, and the
+// warps swap their ballots through shared memory (2 groups words, alternating by round) at named barrier 3. The host
+// loops over the points. The brackets end when lo is known to 1e-4 and hi to 1e-7 relative (at most 14 rounds); lo
+// and hi are the brackets' upper ends (lo >= the Ritz value: safe, slower; hi >= the Ritz value).
+constexpr int MULTISECTION_MAX_GROUPS = 8;
+struct Multisection {
+    int groups = 1;              // points per end and round: 16 groups
+    unsigned* ballots = nullptr;  // device, groups > 1: 2 groups words of shared memory
+    int group = 0;               // device: this warp's group
+};
+__host__ __device__ inline int first_set_bit(unsigned w) {  // 0-based index of the lowest set bit; w != 0
+#ifdef __CUDA_ARCH__
+    return __ffs(w) - 1;
+#else
+    return __builtin_ffs(w) - 1;
+#endif
+}
+__host__ __device__ inline void tridiag_extremes(const double* d, const double* e, int k, double* lo, double* hi,
+                                                 Multisection ms = Multisection()) {
     double a = d[0], b = d[0];  // Gershgorin bounds of the tridiagonal
     for (int i = 0; i < k; i++) {
         double r = (i > 0 ? fabs(e[i - 1]) : 0.0) + (i < k - 1 ? fabs(e[i]) : 0.0);
         a = fmin(a, d[i] - r);
         b = fmax(b, d[i] + r);
     }
+    const int M = 16 * ms.groups;
+    const double step = 1.0 / (M + 1);
     double l0 = a, l1 = b, h0 = a, h1 = b;
     for (int round = 0; round < 14; round++) {
         if (l1 - l0 <= 1e-4 * fabs(l1) && h1 - h0 <= 1e-7 * fabs(h1)) break;
-        auto point = [&](int lane) {  // lanes 0-15: the lowest eigenvalue's bracket, 16-31: the highest's
-            double f = (lane % 16 + 1) * (1.0 / 17.0);  // a multiplication: no float64 division per point
-            return lane < 16 ? l0 + (l1 - l0) * f : h0 + (h1 - h0) * f;
+        auto point = [&](int j, bool high) {  // point j (1 .. M) of an end's bracket
+            double f = j * step;              // a multiplication: no float64 division per point
+            return high ? h0 + (h1 - h0) * f : l0 + (l1 - l0) * f;
         };
-        auto passes = [&](int lane) {  // one eigenvalue below (lowest); all k below (highest)
-            int c = sturm_below(d, e, k, point(lane));
+        auto passes = [&](int g, int lane) {  // lanes 0-15: one eigenvalue below (lowest); 16-31: all k below (highest)
+            int c = sturm_below(d, e, k, point(16 * g + lane % 16 + 1, lane >= 16));
             return lane < 16 ? c >= 1 : c >= k;
         };
-        unsigned pass = 0;
+        unsigned words[MULTISECTION_MAX_GROUPS];
 #ifdef __CUDA_ARCH__
-        pass = __ballot_sync(0xffffffffu, passes(threadIdx.x % 32));
+        unsigned w = __ballot_sync(0xffffffffu, passes(ms.group, threadIdx.x % 32));
+        if (ms.groups > 1) {
+            volatile unsigned* slot = ms.ballots + (round & 1) * ms.groups;
+            if (threadIdx.x % 32 == 0) slot[ms.group] = w;
+            named_bar_sync(3, 32 * ms.groups);
+#pragma unroll
+            for (int g = 0; g < MULTISECTION_MAX_GROUPS; g++) words[g] = g < ms.groups ? slot[g] : 0u;
+        } else {
+            words[0] = w;
+        }
 #else
-        for (int lane = 0; lane < 32; lane++) pass |= (unsigned)passes(lane) << lane;
+        for (int g = 0; g < ms.groups; g++) {
+            words[g] = 0;
+            for (int lane = 0; lane < 32; lane++) words[g] |= (unsigned)passes(g, lane) << lane;
+        }
 #endif
-        // the first passing point (counts rise with x) ends the bracket, the point before it starts it
-        unsigned pl = pass & 0xFFFFu, ph = pass >> 16;
-        int jl = 0, jh = 0;
-        while (jl < 16 && !((pl >> jl) & 1u)) jl++;
-        while (jh < 16 && !((ph >> jh) & 1u)) jh++;
-        double nl0 = jl > 0 ? point(jl - 1) : l0, nl1 = jl < 16 ? point(jl) : l1;
-        double nh0 = jh > 0 ? point(16 + jh - 1) : h0, nh1 = jh < 16 ? point(16 + jh) : h1;
+        // the first passing point (counts rise with x) ends the bracket, the point before it starts it (M: none)
+        int jl = M, jh = M;
+        for (int g = ms.groups - 1; g >= 0; g--) {
+            unsigned pl = words[g] & 0xFFFFu, ph = words[g] >> 16;
+            if (pl) jl = 16 * g + first_set_bit(pl);
+            if (ph) jh = 16 * g + first_set_bit(ph);
+        }
+        double nl0 = jl > 0 ? point(jl, false) : l0, nl1 = jl < M ? point(jl + 1, false) : l1;
+        double nh0 = jh > 0 ? point(jh, true) : h0, nh1 = jh < M ? point(jh + 1, true) : h1;
         l0 = nl0;
         l1 = nl1;
         h0 = nh0;
@@ -631,13 +677,13 @@ __host__ __device__ inline float lanczos_row(const float* a, int ld, const float
 // 1 / hi_est has its spectrum in about [lo, 1], lo = theta_min / hi_est. An underestimate of lambda_max is made safe
 // by newton_first_cap; an iteration that fails or does not converge anyway is rerun unscaled (the fallback).
 __host__ __device__ inline void lanczos_newton_start(const double* alpha, const double* beta, int k, double* z,
-                                                     double* lo) {
+                                                     double* lo, Multisection ms = Multisection()) {
     if (k < 1) {  // not even one step (a NaN in A): the scaled iteration fails at once and is rerun unscaled
         *z = *lo = NAN;
         return;
     }
     double tmin, tmax;
-    tridiag_extremes(alpha, beta, k, &tmin, &tmax);
+    tridiag_extremes(alpha, beta, k, &tmin, &tmax, ms);
     double hi_est = tmax + beta[k - 1] * sqrt(tridiag_last_weight(alpha, beta, k, tmax));
     *z = 1.0 / hi_est;
     *lo = tmin / hi_est;
@@ -671,6 +717,10 @@ static_assert(LANCZOS23_STEPS <= LANCZOS_STEPS, "the twins' tridiagonal arrays h
 __host__ __device__ inline int lanczos23_np(int n) {
     return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : (n + 31) / 32 * 32;
 }
+// the multisection's groups (Multisection) at padded size np: at NP = 128 every shape has 8 warps free for it
+// (warp 0 and 7 product warps), fewer warps at NP <= 64 keep the one-warp form
+__host__ __device__ constexpr int lanczos23_groups(int np) { return np >= 128 ? 8 : 1; }
+inline Multisection lanczos23_multisection_cpu(int n) { return Multisection{lanczos23_groups(lanczos23_np(n))}; }
 
 // ----------------------------------------------------------------------------------------------------------------
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
@@ -877,7 +927,8 @@ static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, 
 // Version 1's Lanczos kernel for n <= LZT_COLS (lanczos_tile_kernel): block b holds rows 32 b .. 32 b + 31 in
 // registers, lane = row, warp w = the 32 columns 32 w .. 32 w + 31 (zero beyond n). A row of (A + eps I) q is the 32
 // slices' partials (lanczos_row's four chains over the slice) summed by this fixed tree; the float64 sums of a step are
-// the xor tree over the block's 32 rows, then over the blocks (zeros past the last): no atomics, the same bits each run.
+// the xor tree over the block's 32 rows, then over the blocks (zeros past the last): no atomics, the same bits on
+// every run.
 constexpr int LZT_COLS = 1024, LZT_THREADS = 1024;
 __host__ __device__ inline float lzt_slice_tree(float* v) {  // v[32] in (overwritten), v[0] + ... + v[31] out
     for (int h = 16; h >= 1; h >>= 1)
@@ -1003,9 +1054,10 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
         double first_cap = INFINITY;
         if (scaled) {
             double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], zd, lo, rowsum_max;
-            int k = start == NEWTON_SCALED_V1 ? lanczos_grid_cpu(n, A, eps, alpha, beta, &rowsum_max)
-                                              : lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
-            lanczos_newton_start(alpha, beta, k, &zd, &lo);
+            bool v1 = start == NEWTON_SCALED_V1;
+            int k = v1 ? lanczos_grid_cpu(n, A, eps, alpha, beta, &rowsum_max)
+                       : lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
+            lanczos_newton_start(alpha, beta, k, &zd, &lo, v1 ? Multisection() : lanczos23_multisection_cpu(n));
             if (start == NEWTON_SCALED_BAD_HI) {
                 zd *= NEWTON_BAD_HI_FACTOR;
                 lo *= NEWTON_BAD_HI_FACTOR;
@@ -2040,7 +2092,8 @@ __global__ void lanczos_kernel(const float* A, int n, float eps, int k, float* W
 // own, and after the barrier every block's warp 0 adds the blocks' sums by the same xor tree (the same coefficients in
 // every block, and the same bits on every run). A step: the slices' partials (q broadcast from shared memory), warp 0
 // adds them and writes w's rows to W and the block's q.w, w.w, q.q to part; grid barrier; every block reads W into
-// its next q. Out as lanczos_kernel's; part: step j's sums of block b at 3 (j G + b), then each block's largest row sum.
+// its next q. Out as lanczos_kernel's; part: step j's sums of block b at 3 (j G + b), then each block's largest row
+// sum.
 __global__ void __launch_bounds__(LZT_THREADS, 1)
 lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* part, double* out) {
     __shared__ __align__(16) float qa[LZT_COLS], qb[LZT_COLS];
@@ -2475,19 +2528,6 @@ __device__ __forceinline__ void lanczos_rows(const float* p, float (&a)[R]) {
     }
 }
 
-// Named barriers (ids 1 and 2; 0 is __syncthreads) between versions 2 and 3's Lanczos warp and its product warps:
-// bar.arrive does not wait, so the producer goes on; both order the shared-memory writes made before them.
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-// bar.sync once v is formed: the compiler would otherwise sink v's arithmetic (a float64 division) past the wait
-__device__ __forceinline__ void named_bar_sync_after(int id, int threads, float v) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads), "f"(v) : "memory");
-}
-
 // Versions 2 and 3's Lanczos matvec A u in units of 32 rows x one quarter of the NP columns (lanczos23_partial; the
 // twin forms the same sums): lane = row, lanczos_row's four chains over the quarter, the result to P[quarter][row].
 // Warp 0 adds a row's quarters as (p0 + p1) + (p2 + p3). a(t): the row's entry in column c0 + t.
@@ -2511,7 +2551,8 @@ __device__ __forceinline__ float lanczos23_partial(const float* W, int c0, Entry
     return (y0 + y1) + (y2 + y3);
 }
 // Unit u's partial from shared memory (A symmetric: row i's entry in column c is M[c][i], conflict-free by lane)
-template <int NP, int LD> __device__ __forceinline__ void lanczos23_unit(const float* Ms, const float* W, float* P, int u) {
+template <int NP, int LD>
+__device__ __forceinline__ void lanczos23_unit(const float* Ms, const float* W, float* P, int u) {
     constexpr int RG = NP / 32, QC = Lz23<NP>::QC;
     int i = u % RG * 32 + threadIdx.x % 32, c0 = u / RG * QC;
     P[u / RG * NP + i] = lanczos23_partial<NP>(W, c0, [&](int t) { return Ms[(c0 + t) * LD + i]; });
@@ -2639,19 +2680,31 @@ __device__ __noinline__ LanczosStart fused_scaled_start(int n) {
     float* W = lanczos_smem + 2 * NP * LD;
     double *alpha = reinterpret_cast<double*>(W + NP), *beta = alpha + LANCZOS23_STEPS, *out = beta + LANCZOS23_STEPS;
     volatile int* flag = reinterpret_cast<volatile int*>(out + 4);
+    volatile int* kslot = flag + 1;
     float* P = W + NP + 4 * LANCZOS23_STEPS + 12;  // 16-byte aligned: NP, 4 STEPS + 12 are multiples of 4
-    static_assert((4 * LANCZOS23_STEPS + 12) % 4 == 0 && 5 * NP + 4 * LANCZOS23_STEPS + 12 <= NP * (NP + 1),
-                  "T's space holds u, the tridiagonal, the result, the flag and the partials");
+    unsigned* ballots = reinterpret_cast<unsigned*>(P + 4 * NP);
+    static_assert((4 * LANCZOS23_STEPS + 12) % 4 == 0 &&
+                      5 * NP + 4 * LANCZOS23_STEPS + 12 + 2 * MULTISECTION_MAX_GROUPS <= NP * (NP + 1),
+                  "T's space holds u, the tridiagonal, the result, the flag, k, the partials and the ballots");
+    constexpr int GROUPS = lanczos23_groups(NP);  // warps 0 .. GROUPS - 1 share the multisection
+    static_assert(GROUPS == 1 || (GROUPS <= NMW + 1 && GROUPS <= MULTISECTION_MAX_GROUPS), "warps for the groups");
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp == 0) {
-        int k = warp_lanczos<NP, LD, NMW>(Ms, W, P, flag, n, alpha, beta);
+    auto extremes = [&](int k) {  // z and lo, the same in every warp of the multisection
         double z, lo;
-        lanczos_newton_start(alpha, beta, k, &z, &lo);  // the multisection's 32 points: warp 0's lanes
-        if (lane == 0) {
+        lanczos_newton_start(alpha, beta, k, &z, &lo, Multisection{GROUPS, ballots, warp});
+        if (warp == 0 && lane == 0) {
             out[0] = k;
             out[1] = z;
             out[2] = lo;
         }
+    };
+    if (warp == 0) {
+        int k = warp_lanczos<NP, LD, NMW>(Ms, W, P, flag, n, alpha, beta);
+        if constexpr (GROUPS > 1) {
+            if (lane == 0) *kslot = k;
+            named_bar_sync(3, 32 * GROUPS);  // k (and the tridiagonal) to the other warps of the multisection
+        }
+        extremes(k);
     } else if (warp == WARPS - 1) {
         float g = 0.0f;
         for (int i = lane; i < n; i += 32) {
@@ -2663,6 +2716,10 @@ __device__ __noinline__ LanczosStart fused_scaled_start(int n) {
         if (lane == 0) out[3] = g;
     } else if (warp <= NMW) {
         lanczos23_product_warp<NP, LD, NMW>(Ms, W, P, flag, warp - 1);
+        if (GROUPS > 1 && warp < GROUPS) {
+            named_bar_sync(3, 32 * GROUPS);
+            extremes(*kslot);
+        }
     }
     __syncthreads();
     LanczosStart fs;
@@ -3972,24 +4029,27 @@ static int scaled_sim_steps(int p, double kappa, bool scaled, double lo_factor, 
 
 static void test_scaled_pieces(Rng& rng) {
     const double pi = 3.14159265358979323846;
+    for (int groups : {1, 8})
     for (int k : {1, 2, 7, 20}) {
         std::vector<double> d(k, 2.0), e(k, -1.0);
         double lo, hi;
-        tridiag_extremes(d.data(), e.data(), k, &lo, &hi);
+        tridiag_extremes(d.data(), e.data(), k, &lo, &hi, Multisection{groups});
         double elo = 2.0 - 2.0 * std::cos(pi / (k + 1)), ehi = 2.0 - 2.0 * std::cos(pi * k / (k + 1));
         double w = tridiag_last_weight(d.data(), e.data(), k, ehi), s = std::sin(pi * k * k / (k + 1));
         double ew = 2.0 / (k + 1) * s * s;
         report(lo >= elo - 1e-12 && lo <= elo + 1e-4 * lo + 1e-12 && hi >= ehi - 1e-12 &&
                    hi <= ehi + 1e-7 * hi + 1e-12 && std::fabs(w - ew) <= 1e-9 * ew,
-               fmt("tridiag_extremes, tridiag_last_weight: tridiag(-1, 2, -1), k=%d", k),
+               fmt("tridiag_extremes (%d points an end), tridiag_last_weight: tridiag(-1, 2, -1), k=%d", 16 * groups,
+                   k),
                fmt("lo %.10f (exact %.10f), hi %.10f (exact %.10f), last weight %.3e (exact %.3e)", lo, elo, hi, ehi,
                    w, ew));
     }
-    {
+    for (int groups : {1, 8}) {
         double d[4] = {3.0, 1e-6, 0.5, 2.0}, e[4] = {0.0, 0.0, 0.0, 0.0}, lo, hi;
-        tridiag_extremes(d, e, 4, &lo, &hi);
+        tridiag_extremes(d, e, 4, &lo, &hi, Multisection{groups});
         report(lo >= 1e-6 && lo <= 1e-6 * (1 + 1e-4) && hi >= 3.0 && hi <= 3.0 * (1 + 1e-7),
-               "tridiag_extremes: diagonal, spread 3e6 (lo to 1e-4 relative)", fmt("lo %.6e, hi %.9f", lo, hi));
+               fmt("tridiag_extremes (%d points an end): diagonal, spread 3e6 (lo to 1e-4 relative)", 16 * groups),
+               fmt("lo %.6e, hi %.9f", lo, hi));
     }
     {  // p = 4: the spread cap (a hi <= 5 (1 - 16^(-1/4)) = 2.5); p = 1: the safety cap (a hi <= 2 / 1.1)
         double a_bal = newton_alpha(4, 0.2, 1.0), a4 = newton_alpha(4, 1e-9, 0.5), a1 = newton_alpha(1, 1e-9, 1.0);
@@ -4038,7 +4098,7 @@ static void test_scaled_pieces(Rng& rng) {
             double rowsum_max;
             int k = twin == 0 ? lanczos_warp_cpu(n, A.data(), alpha, beta, &rowsum_max)
                               : lanczos_grid_cpu(n, A.data(), 0.0f, alpha, beta, &rowsum_max);
-            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            lanczos_newton_start(alpha, beta, k, &z, &lo, twin == 0 ? lanczos23_multisection_cpu(n) : Multisection());
             double lmax = *std::max_element(dd.begin(), dd.end()), lmin = *std::min_element(dd.begin(), dd.end());
             double hi_est = 1.0 / z, tmin = lo / z;
             report(k == (twin == 0 ? LANCZOS23_STEPS : LANCZOS_STEPS) && hi_est >= lmax * (1 - 1e-6) && hi_est <= NEWTON_HI_SLACK * lmax &&
@@ -4783,7 +4843,7 @@ static void test_start_shape_gpu(Rng& rng, int shape) {
                 for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
                 double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], rowsum_max, z = NAN, lo = NAN;
                 int k = lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
-                lanczos_newton_start(alpha, beta, k, &z, &lo);
+                lanczos_newton_start(alpha, beta, k, &z, &lo, lanczos23_multisection_cpu(n));
                 const double* o = out.data() + b * LANCZOS23_OUT;
                 bool same = o[0] == k && o[3] == rowsum_max;
                 for (int j = 0; j < k && same; j++)
@@ -5268,7 +5328,7 @@ static void bench_roots(std::vector<BenchRow>& rows, int n, int batch) {
             MatF A0 = to_host(A, nn);
             for (int i = 0; i < n; i++) A0[(size_t)i * n + i] += eps;
             int k = lanczos_warp_cpu(n, A0.data(), alpha, beta, &rowsum_max);
-            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            lanczos_newton_start(alpha, beta, k, &z, &lo, lanczos23_multisection_cpu(n));
             bool ok = o[0] == k && o[3] == rowsum_max && std::fabs(o[1] - z) <= 1e-6 * z;
             BenchRow r{"lanczos", shape, "v3 start", ms, (int)o[0], o[2], -1.0, ok};
             rows.push_back(r);
