@@ -2085,17 +2085,29 @@ __global__ void lanczos_kernel(const float* A, int n, float eps, int k, float* W
     }
 }
 
+// A block's step flag, stored with release semantics (its W rows and sums before it, by the warp's __syncwarp and
+// the release's cumulativity) and polled with acquire semantics, at GPU scope
+__device__ __forceinline__ void flag_store_release(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned flag_load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // Version 1's Lanczos for n <= LZT_COLS (lanczos_tile_cpu is its twin, bit for bit): ceil(n / 32) blocks of 1024
 // threads in one cooperative launch, 32 rows of A + eps I per block held in registers (lane = row, warp = 32 columns;
-// loaded once). lanczos_kernel's 128 blocks paid ~19 us a step at n = 1024 (one grid barrier and double atomics to
-// three adjacent slots from every block): here 32 blocks meet at the barrier, each writes its sums to slots of its
-// own, and after the barrier every block's warp 0 adds the blocks' sums by the same xor tree (the same coefficients in
-// every block, and the same bits on every run). A step: the slices' partials (q broadcast from shared memory), warp 0
-// adds them and writes w's rows to W and the block's q.w, w.w, q.q to part; grid barrier; every block reads W into
-// its next q. Out as lanczos_kernel's; part: step j's sums of block b at 3 (j G + b), then each block's largest row
-// sum.
+// loaded once). lanczos_kernel's 128 blocks paid ~19 us a step at n = 1024 (a grid barrier and float64 atomics to
+// three adjacent slots from every block). Here each block writes its q.w, w.w, q.q to slots of its own and then its
+// step flag; its warp 0 waits for every block's flag (lane l: block l), reads the blocks' sums and adds them by the
+// same xor tree: every block takes the same coefficients, with the same bits on every run. One grid barrier in all
+// (after each block zeroed its flag; the cooperative launch keeps every block resident for the waits). A step: the
+// slices' partials (q broadcast from shared memory); warp 0 adds them, writes w's rows to W and the sums to part,
+// flags and waits; every block reads W into its next q. Out as lanczos_kernel's; part: step j's sums of block b at
+// 3 (j G + b), then each block's largest row sum; flags: one per block.
 __global__ void __launch_bounds__(LZT_THREADS, 1)
-lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* part, double* out) {
+lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* part, unsigned* flags, double* out) {
     __shared__ __align__(16) float qa[LZT_COLS], qb[LZT_COLS];
     __shared__ float P[32][32];  // [slice][row]: a slice's partial of each row
     __shared__ double coef[3];   // alpha, beta, stop
@@ -2117,6 +2129,7 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
     float inv = (float)(1.0 / sqrt(warp_sum_d(qq1)));
     q[t] = t < n ? lanczos_start(t) * inv : 0.0f;
     qp[t] = 0.0f;
+    if (t == 0) flags[blockIdx.x] = 0;  // the last launch's count; every block's zero lands before the grid barrier
     __syncthreads();
     if (warp == 0) {
         float v[32];
@@ -2126,7 +2139,7 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
         for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
         if (lane == 0) part[(size_t)3 * k * G + blockIdx.x] = m;
     }
-    __syncthreads();  // P is written again only after warp 0 read it
+    grid.sync();  // the one grid barrier: the flags are zero (P is written again only after warp 0 read it)
     double beta_prev = 0.0;
     for (int j = 0; j < k; j++) {
         float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;  // lanczos_row's chains over the slice
@@ -2154,8 +2167,15 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
                 pb[1] = s1;
                 pb[2] = s2;
             }
+            // step j's barrier: publish this block's W rows and sums, wait for every block's (lane l: block l)
+            __syncwarp();
+            if (lane == 0) flag_store_release(flags + blockIdx.x, j + 1);
+            if (lane < G)
+                while (flag_load_acquire(flags + lane) < (unsigned)(j + 1)) {
+                }
+            __syncwarp();
         }
-        grid.sync();
+        __syncthreads();
         float wn = t < n ? __ldcg(&W[(size_t)j * n + t]) : 0.0f;  // in flight while warp 0 forms the coefficients
         if (warp == 0) {
             double s0 = 0.0, s1 = 0.0, s2 = 0.0;  // block `lane`'s sums (__ldcg: other SMs wrote them, past L1)
@@ -2226,9 +2246,10 @@ static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls, std::
     int tiles = (n + 31) / 32;
     if (coop && n <= LZT_COLS && tile_per_sm >= 1 && tiles <= tile_per_sm * g_gpu.sms) {
         float* W = (float*)ws_get(WS_LANCZOS_W, (size_t)k * n * sizeof(float));
-        double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 2 + (size_t)tiles * (3 * k + 1)) * sizeof(double));
+        double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 2 + (size_t)tiles * (3 * k + 2)) * sizeof(double));
         double* part = out + 5 * k + 2;
-        void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&part, (void*)&out};
+        unsigned* flags = reinterpret_cast<unsigned*>(part + (size_t)tiles * (3 * k + 1));
+        void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&part, (void*)&flags, (void*)&out};
         cudaCheck(cudaLaunchCooperativeKernel((void*)lanczos_tile_kernel, tiles, LZT_THREADS, args, 0, g_stream));
         copy_to_host(h.data(), out + 3 * k, h.size() * sizeof(double));
         return v1_lanczos_finish(h, k, ls, tri);
