@@ -505,63 +505,108 @@ __host__ __device__ inline double newton_scale_a23(const NewtonScale& scale, int
     return fmin(newton_alpha_closed(p, scale.lo, scale.hi), cap);
 }
 
+// Named barriers (0 is __syncthreads; versions 2 and 3's start uses 1 and 2 between its Lanczos warp and the product
+// warps, 3 among the warps of the multisection): bar.arrive does not wait, so the producer goes on; both order the
+// shared-memory writes made before them among the barrier's threads.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// bar.sync once v is formed: the compiler would otherwise sink v's arithmetic (a float64 division) past the wait
+__device__ __forceinline__ void named_bar_sync_after(int id, int threads, float v) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads), "f"(v) : "memory");
+}
+
 // Extreme eigenvalues of the k x k symmetric tridiagonal (diagonal d, off-diagonal e[0..k-2]) that k Lanczos steps
 // build: the Ritz values, inside the spectrum (lo overestimates lambda_min, hi underestimates lambda_max).
 // Sturm counts without divisions (a division chain costs ~100 cycles a step in float64 on the GPU): the number of sign
 // changes of q_i = det(T_i - x I), rescaled against overflow; an exact zero counts as a change, as q -> -0 would.
+// The rescaling is a select of a power of two (exact), not a branch: the loop has no branch and its loads of d and e
+// run ahead of the dependent chain.
 __host__ __device__ inline int sturm_below(const double* d, const double* e, int k, double x) {
     int count = 0;
     double q0 = 0.0, q1 = 1.0;  // q_{i-2}, q_{i-1}
     for (int i = 0; i < k; i++) {
         double q2 = (d[i] - x) * q1 - (i > 0 ? e[i - 1] * e[i - 1] * q0 : 0.0);
         if (q2 == 0.0) q2 = -1e-30 * q1;
-        if ((q2 < 0.0) != (q1 < 0.0)) count++;
-        double m = fabs(q2);
-        if (m > 1e150 || m < 1e-150) {  // q2 != 0 here; both scaled alike keep every sign and ratio
-            q1 /= m;
-            q2 /= m;
-        }
-        q0 = q1;
-        q1 = q2;
+        count += (q2 < 0.0) != (q1 < 0.0);
+        double m = fabs(q2);  // q2 != 0 here; both scaled alike keep every sign and ratio
+        double sc = m > 1e150 ? 0x1p-500 : m < 1e-150 ? 0x1p+500 : 1.0;
+        q0 = q1 * sc;
+        q1 = q2 * sc;
     }
     return count;
 }
-// Multisection: each round tests 16 points inside each end's bracket and keeps the 1/17 where the count changes. On
-// the device a warp's 32 lanes count at once (every lane of the warp must call it with the same arguments; each warp
-// computes the same result, so a block needs no broadcast); the host loops over the 32 points. The brackets end when
-// lo is known to 1e-4 and hi to 1e-7 relative (14 rounds at most: 17^14 ~ 2^57); lo and hi are the brackets' upper
-// ends (lo >= the Ritz value: safe, slower; hi >= the Ritz value).
-__host__ __device__ inline void tridiag_extremes(const double* d, const double* e, int k, double* lo, double* hi) {
+// Multisection: each round tests M = 16 groups points inside each end's bracket and keeps the 1 / (M + 1) where the
+// count changes. On the device a warp's 32 lanes count at once (every lane of the warp must call it with the same
+// arguments; each warp computes the same result, so a block needs no broadcast); with groups > 1 (versions 2 and 3 at
+// NP = 128: 8 warps, 128 points an end) warp `group` counts points 16 group + 1 .. 16 group + 16 of each end, and the
+// warps swap their ballots through shared memory (2 groups words, alternating by round) at named barrier 3. The host
+// loops over the points. The brackets end when lo is known to 1e-4 and hi to 1e-7 relative (at most 14 rounds); lo
+// and hi are the brackets' upper ends (lo >= the Ritz value: safe, slower; hi >= the Ritz value).
+constexpr int MULTISECTION_MAX_GROUPS = 8;
+struct Multisection {
+    int groups = 1;              // points per end and round: 16 groups
+    unsigned* ballots = nullptr;  // device, groups > 1: 2 groups words of shared memory
+    int group = 0;               // device: this warp's group
+};
+__host__ __device__ inline int first_set_bit(unsigned w) {  // 0-based index of the lowest set bit; w != 0
+#ifdef __CUDA_ARCH__
+    return __ffs(w) - 1;
+#else
+    return __builtin_ffs(w) - 1;
+#endif
+}
+__host__ __device__ inline void tridiag_extremes(const double* d, const double* e, int k, double* lo, double* hi,
+                                                 Multisection ms = Multisection()) {
     double a = d[0], b = d[0];  // Gershgorin bounds of the tridiagonal
     for (int i = 0; i < k; i++) {
         double r = (i > 0 ? fabs(e[i - 1]) : 0.0) + (i < k - 1 ? fabs(e[i]) : 0.0);
         a = fmin(a, d[i] - r);
         b = fmax(b, d[i] + r);
     }
+    const int M = 16 * ms.groups;
+    const double step = 1.0 / (M + 1);
     double l0 = a, l1 = b, h0 = a, h1 = b;
     for (int round = 0; round < 14; round++) {
         if (l1 - l0 <= 1e-4 * fabs(l1) && h1 - h0 <= 1e-7 * fabs(h1)) break;
-        auto point = [&](int lane) {  // lanes 0-15: the lowest eigenvalue's bracket, 16-31: the highest's
-            int j = lane % 16 + 1;
-            return lane < 16 ? l0 + (l1 - l0) * (j / 17.0) : h0 + (h1 - h0) * (j / 17.0);
+        auto point = [&](int j, bool high) {  // point j (1 .. M) of an end's bracket
+            double f = j * step;              // a multiplication: no float64 division per point
+            return high ? h0 + (h1 - h0) * f : l0 + (l1 - l0) * f;
         };
-        auto passes = [&](int lane) {  // one eigenvalue below (lowest); all k below (highest)
-            int c = sturm_below(d, e, k, point(lane));
+        auto passes = [&](int g, int lane) {  // lanes 0-15: one eigenvalue below (lowest); 16-31: all k below (highest)
+            int c = sturm_below(d, e, k, point(16 * g + lane % 16 + 1, lane >= 16));
             return lane < 16 ? c >= 1 : c >= k;
         };
-        unsigned pass = 0;
+        unsigned words[MULTISECTION_MAX_GROUPS];
 #ifdef __CUDA_ARCH__
-        pass = __ballot_sync(0xffffffffu, passes(threadIdx.x % 32));
+        unsigned w = __ballot_sync(0xffffffffu, passes(ms.group, threadIdx.x % 32));
+        if (ms.groups > 1) {
+            volatile unsigned* slot = ms.ballots + (round & 1) * ms.groups;
+            if (threadIdx.x % 32 == 0) slot[ms.group] = w;
+            named_bar_sync(3, 32 * ms.groups);
+#pragma unroll
+            for (int g = 0; g < MULTISECTION_MAX_GROUPS; g++) words[g] = g < ms.groups ? slot[g] : 0u;
+        } else {
+            words[0] = w;
+        }
 #else
-        for (int lane = 0; lane < 32; lane++) pass |= (unsigned)passes(lane) << lane;
+        for (int g = 0; g < ms.groups; g++) {
+            words[g] = 0;
+            for (int lane = 0; lane < 32; lane++) words[g] |= (unsigned)passes(g, lane) << lane;
+        }
 #endif
-        // the first passing point (counts rise with x) ends the bracket, the point before it starts it
-        unsigned pl = pass & 0xFFFFu, ph = pass >> 16;
-        int jl = 0, jh = 0;
-        while (jl < 16 && !((pl >> jl) & 1u)) jl++;
-        while (jh < 16 && !((ph >> jh) & 1u)) jh++;
-        double nl0 = jl > 0 ? point(jl - 1) : l0, nl1 = jl < 16 ? point(jl) : l1;
-        double nh0 = jh > 0 ? point(16 + jh - 1) : h0, nh1 = jh < 16 ? point(16 + jh) : h1;
+        // the first passing point (counts rise with x) ends the bracket, the point before it starts it (M: none)
+        int jl = M, jh = M;
+        for (int g = ms.groups - 1; g >= 0; g--) {
+            unsigned pl = words[g] & 0xFFFFu, ph = words[g] >> 16;
+            if (pl) jl = 16 * g + first_set_bit(pl);
+            if (ph) jh = 16 * g + first_set_bit(ph);
+        }
+        double nl0 = jl > 0 ? point(jl, false) : l0, nl1 = jl < M ? point(jl + 1, false) : l1;
+        double nh0 = jh > 0 ? point(jh, true) : h0, nh1 = jh < M ? point(jh + 1, true) : h1;
         l0 = nl0;
         l1 = nl1;
         h0 = nh0;
@@ -585,12 +630,11 @@ __host__ __device__ inline double tridiag_last_weight(const double* d, const dou
         dp0 = dp1;
         dp1 = dp2;
         double m = fmax(fmax(fabs(p0), fabs(p1)), fmax(fabs(dp0), fabs(dp1)));
-        if (m > 1e150 || (m < 1e-150 && m > 0.0)) {  // one scale for all four keeps p0 / dp1
-            p0 /= m;
-            p1 /= m;
-            dp0 /= m;
-            dp1 /= m;
-        }
+        double sc = m > 1e150 ? 0x1p-500 : m < 1e-150 && m > 0.0 ? 0x1p+500 : 1.0;  // one power of two for all four
+        p0 *= sc;                                                                    // keeps p0 / dp1 exactly
+        p1 *= sc;
+        dp0 *= sc;
+        dp1 *= sc;
     }
     double w = p0 / dp1;
     return w >= 0.0 && w <= 1.0 ? w : 1.0;
@@ -633,13 +677,13 @@ __host__ __device__ inline float lanczos_row(const float* a, int ld, const float
 // 1 / hi_est has its spectrum in about [lo, 1], lo = theta_min / hi_est. An underestimate of lambda_max is made safe
 // by newton_first_cap; an iteration that fails or does not converge anyway is rerun unscaled (the fallback).
 __host__ __device__ inline void lanczos_newton_start(const double* alpha, const double* beta, int k, double* z,
-                                                     double* lo) {
+                                                     double* lo, Multisection ms = Multisection()) {
     if (k < 1) {  // not even one step (a NaN in A): the scaled iteration fails at once and is rerun unscaled
         *z = *lo = NAN;
         return;
     }
     double tmin, tmax;
-    tridiag_extremes(alpha, beta, k, &tmin, &tmax);
+    tridiag_extremes(alpha, beta, k, &tmin, &tmax, ms);
     double hi_est = tmax + beta[k - 1] * sqrt(tridiag_last_weight(alpha, beta, k, tmax));
     *z = 1.0 / hi_est;
     *lo = tmin / hi_est;
@@ -668,8 +712,15 @@ struct LanczosStart { int k = 0; double z = NAN, lo = NAN, rowsum_max = NAN; };
 // shuffle tree, so no block barrier inside. LANCZOS23_STEPS steps (version 1 keeps LANCZOS_STEPS).
 constexpr int LANCZOS23_STEPS = LANCZOS_STEPS;
 static_assert(LANCZOS23_STEPS <= LANCZOS_STEPS, "the twins' tridiagonal arrays hold LANCZOS_STEPS");
-// the padded size versions 2 and 3 run n in (the twin uses it for the lanes' rows; above 128 the twin alone)
-__host__ __device__ inline int lanczos23_np(int n) { return n <= 32 ? 32 : n <= 64 ? 64 : (n + 31) / 32 * 32; }
+// the padded size versions 2 and 3 run n in (the twin uses it for the lanes' rows and the quarters: 128 for every
+// n in 65 .. 128, as the kernels' NP; above 128, where only the twin runs, n rounded up to 32)
+__host__ __device__ inline int lanczos23_np(int n) {
+    return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : (n + 31) / 32 * 32;
+}
+// the multisection's groups (Multisection) at padded size np: at NP = 128 every shape has 8 warps free for it
+// (warp 0 and 7 product warps), fewer warps at NP <= 64 keep the one-warp form
+__host__ __device__ constexpr int lanczos23_groups(int np) { return np >= 128 ? 8 : 1; }
+inline Multisection lanczos23_multisection_cpu(int n) { return Multisection{lanczos23_groups(lanczos23_np(n))}; }
 
 // ----------------------------------------------------------------------------------------------------------------
 // CPU twins of the GPU iterations in fp32, with the GPU's reduced-precision products emulated (operands rounded to
@@ -824,16 +875,16 @@ static double warp_sum_cpu(double* part) {
     return part[0];
 }
 
-// Lanczos as versions 2 and 3 run it on one warp (warp_lanczos), bit for bit: w = A u / ||u|| (each row in
-// lanczos_row's four chains over the columns padded to a multiple of 4; zero columns add nothing), a lane's rows summed
-// in order, then the xor tree; u = y - a v - b v_prev by two explicit float64 FMAs. alpha[j], beta[j] as
-// lanczos_newton_start takes them; returns the steps (fewer only where a residual is exactly 0, or NaN).
-// *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
+// Lanczos as versions 2 and 3 run it (warp_lanczos and its product warps), bit for bit: w = A u / ||u|| (each row's
+// four quarters of the np padded columns in lanczos_row's four chains, added as (p0 + p1) + (p2 + p3); zero columns
+// add nothing), a lane's rows summed in order, then the xor tree; u = y - a v - b v_prev by two explicit float64 FMAs.
+// alpha[j], beta[j] as lanczos_newton_start takes them; returns the steps (fewer only where a residual is exactly 0,
+// or NaN). *rowsum_max: the largest sum of |a_ij| over a column (= row), in fp32.
 static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, double* rowsum_max) {
     *rowsum_max = max_abs_rowsum(n, A, 0.0f);
-    int np = lanczos23_np(n), R = np / 32, n4 = (n + 3) / 4 * 4;
-    std::vector<float> Ap((size_t)n4 * n4, 0.0f), u(np, 0.0f), v(np, 0.0f), v_prev(np), y(np, 0.0f);
-    for (int i = 0; i < n; i++) std::copy(A + (size_t)i * n, A + (size_t)(i + 1) * n, Ap.begin() + (size_t)i * n4);
+    int np = lanczos23_np(n), R = np / 32, qc = np / 4;
+    std::vector<float> Ap((size_t)np * np, 0.0f), u(np, 0.0f), v(np, 0.0f), v_prev(np), y(np, 0.0f);
+    for (int i = 0; i < n; i++) std::copy(A + (size_t)i * n, A + (size_t)(i + 1) * n, Ap.begin() + (size_t)i * np);
     double part[32];
     for (int l = 0; l < 32; l++) {
         part[l] = 0.0;
@@ -851,7 +902,10 @@ static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, 
             for (int i = R * l; i < R * l + R; i++) {
                 v_prev[i] = v[i];
                 v[i] = u[i] * inv;
-                y[i] = i < n4 ? lanczos_row(Ap.data() + i, n4, u.data(), n4) * inv : 0.0f;
+                float p[4];
+                for (int q = 0; q < 4; q++)
+                    p[q] = lanczos_row(Ap.data() + (size_t)q * qc * np + i, np, u.data() + q * qc, qc);
+                y[i] = ((p[0] + p[1]) + (p[2] + p[3])) * inv;
                 part[l] += (double)v[i] * y[i];
             }
         }
@@ -870,9 +924,76 @@ static int lanczos_warp_cpu(int n, const float* A, double* alpha, double* beta, 
     return k;
 }
 
-// Host twin of lanczos_kernel (version 1): fp32 w and q, float64 sums (the kernel adds w's rows in another order).
+// Version 1's Lanczos kernel for n <= LZT_COLS (lanczos_tile_kernel): block b holds rows 32 b .. 32 b + 31 in
+// registers, lane = row, warp w = the 32 columns 32 w .. 32 w + 31 (zero beyond n). A row of (A + eps I) q is the 32
+// slices' partials (lanczos_row's four chains over the slice) summed by this fixed tree; the float64 sums of a step are
+// the xor tree over the block's 32 rows, then over the blocks (zeros past the last): no atomics, the same bits on
+// every run.
+constexpr int LZT_COLS = 1024, LZT_THREADS = 1024;
+__host__ __device__ inline float lzt_slice_tree(float* v) {  // v[32] in (overwritten), v[0] + ... + v[31] out
+    for (int h = 16; h >= 1; h >>= 1)
+        for (int s = 0; s < h; s++) v[s] = v[s] + v[s + h];
+    return v[0];
+}
+
+// Host twin of lanczos_tile_kernel, bit for bit (n <= LZT_COLS; the same operations in the same order)
+static int lanczos_tile_cpu(int n, const float* A, float eps, double* alpha, double* beta, double* rowsum_max) {
+    int k = std::min(LANCZOS_STEPS, n), G = (n + 31) / 32;
+    std::vector<float> a((size_t)G * 32 * LZT_COLS, 0.0f), q(LZT_COLS, 0.0f), qp(LZT_COLS, 0.0f), w(G * 32, 0.0f);
+    for (int i = 0; i < n; i++)  // row i as the kernel reads it: column i of A (the same where A is symmetric)
+        for (int c = 0; c < n; c++) a[(size_t)i * LZT_COLS + c] = A[(size_t)c * n + i];
+    double part[32], sums[3][32];
+    float v[32];
+    *rowsum_max = 0.0;
+    for (int i = 0; i < n; i++) {  // each slice summed in order, then the tree; + eps after (as max_abs_rowsum)
+        for (int s = 0; s < 32; s++) {
+            float g = 0.0f;
+            for (int t = 0; t < 32; t++) g += std::fabs(a[(size_t)i * LZT_COLS + 32 * s + t]);
+            v[s] = g;
+        }
+        *rowsum_max = std::max(*rowsum_max, (double)(lzt_slice_tree(v) + eps));
+    }
+    for (int l = 0; l < 32; l++) {
+        part[l] = 0.0;
+        for (int i = l; i < n; i += 32) part[l] += (double)lanczos_start(i) * lanczos_start(i);
+    }
+    float inv = (float)(1.0 / std::sqrt(warp_sum_cpu(part)));  // the recurrence's beta_1 needs a unit q1
+    for (int i = 0; i < n; i++) q[i] = lanczos_start(i) * inv;
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        for (int b = 0; b < 32; b++) sums[0][b] = sums[1][b] = sums[2][b] = 0.0;
+        for (int b = 0; b < G; b++) {
+            double t[3][32];
+            for (int l = 0; l < 32; l++) {
+                int row = 32 * b + l;
+                for (int s = 0; s < 32; s++) v[s] = lanczos_row(a.data() + (size_t)row * LZT_COLS + 32 * s, 1,
+                                                                q.data() + 32 * s, 32);
+                float y = lzt_slice_tree(v);
+                w[row] = row < n ? fmaf(-(float)beta_prev, qp[row], fmaf(eps, q[row], y)) : 0.0f;
+                t[0][l] = (double)q[row] * w[row];
+                t[1][l] = (double)w[row] * w[row];
+                t[2][l] = (double)q[row] * q[row];
+            }
+            for (int c = 0; c < 3; c++) sums[c][b] = warp_sum_cpu(t[c]);
+        }
+        double qw = warp_sum_cpu(sums[0]), ww = warp_sum_cpu(sums[1]), qq = warp_sum_cpu(sums[2]);
+        bool more = lanczos_coeffs(qw, ww, qq, &alpha[j], &beta[j]);
+        if (!more || j == k - 1) return j + 1;
+        float fa = (float)alpha[j], fb = (float)(1.0 / beta[j]);
+        for (int i = 0; i < n; i++) {
+            qp[i] = q[i];
+            q[i] = fmaf(-fa, q[i], w[i]) * fb;
+        }
+        beta_prev = beta[j];
+    }
+    return k;
+}
+
+// Host twin of version 1's Lanczos: lanczos_tile_cpu for n <= LZT_COLS (bit for bit); above, lanczos_kernel's
+// arithmetic (fp32 w and q, float64 sums; the kernel adds w's rows in another order, by atomics).
 // alpha, beta, *rowsum_max and the steps returned as lanczos_warp_cpu gives them (fewer steps at a breakdown, or n).
 static int lanczos_grid_cpu(int n, const float* A, float eps, double* alpha, double* beta, double* rowsum_max) {
+    if (n <= LZT_COLS) return lanczos_tile_cpu(n, A, eps, alpha, beta, rowsum_max);
     int k = std::min(LANCZOS_STEPS, n);
     *rowsum_max = max_abs_rowsum(n, A, eps);
     std::vector<float> q(n), qp(n, 0.0f), w(n);
@@ -933,9 +1054,10 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
         double first_cap = INFINITY;
         if (scaled) {
             double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], zd, lo, rowsum_max;
-            int k = start == NEWTON_SCALED_V1 ? lanczos_grid_cpu(n, A, eps, alpha, beta, &rowsum_max)
-                                              : lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
-            lanczos_newton_start(alpha, beta, k, &zd, &lo);
+            bool v1 = start == NEWTON_SCALED_V1;
+            int k = v1 ? lanczos_grid_cpu(n, A, eps, alpha, beta, &rowsum_max)
+                       : lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
+            lanczos_newton_start(alpha, beta, k, &zd, &lo, v1 ? Multisection() : lanczos23_multisection_cpu(n));
             if (start == NEWTON_SCALED_BAD_HI) {
                 zd *= NEWTON_BAD_HI_FACTOR;
                 lo *= NEWTON_BAD_HI_FACTOR;
@@ -1963,15 +2085,175 @@ __global__ void lanczos_kernel(const float* A, int n, float eps, int k, float* W
     }
 }
 
-// Version 1's scaled start for one matrix (lanczos_newton_start on the kernel's tridiagonal); false where the GPU
-// cannot run the cooperative kernel (no cooperative launch, or 2 n floats of q beyond a block's shared memory) or the
-// start is not finite and positive: version 1 then takes the unscaled start
-static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls) {
-    static int per_sm = -1;
+// A block's step flag, stored with release semantics (its W rows and sums before it, by the warp's __syncwarp and
+// the release's cumulativity) and polled with acquire semantics, at GPU scope
+__device__ __forceinline__ void flag_store_release(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned flag_load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Version 1's Lanczos for n <= LZT_COLS (lanczos_tile_cpu is its twin, bit for bit): ceil(n / 32) blocks of 1024
+// threads in one cooperative launch, 32 rows of A + eps I per block held in registers (lane = row, warp = 32 columns;
+// loaded once). lanczos_kernel's 128 blocks paid ~19 us a step at n = 1024 (a grid barrier and float64 atomics to
+// three adjacent slots from every block). Here each block writes its q.w, w.w, q.q to slots of its own and then its
+// step flag; its warp 0 waits for every block's flag (lane l: block l), reads the blocks' sums and adds them by the
+// same xor tree: every block takes the same coefficients, with the same bits on every run. One grid barrier in all
+// (after each block zeroed its flag; the cooperative launch keeps every block resident for the waits). A step: the
+// slices' partials (q broadcast from shared memory); warp 0 adds them, writes w's rows to W and the sums to part,
+// flags and waits; every block reads W into its next q. Out as lanczos_kernel's; part: step j's sums of block b at
+// 3 (j G + b), then each block's largest row sum; flags: one per block.
+__global__ void __launch_bounds__(LZT_THREADS, 1)
+lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* part, unsigned* flags, double* out) {
+    __shared__ __align__(16) float qa[LZT_COLS], qb[LZT_COLS];
+    __shared__ float P[32][32];  // [slice][row]: a slice's partial of each row
+    __shared__ double coef[3];   // alpha, beta, stop
+    __shared__ float coef_f[2];  // (float) alpha, (float) (1 / beta)
+    cg::grid_group grid = cg::this_grid();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = gridDim.x, t = threadIdx.x;
+    const int row = blockIdx.x * 32 + lane, c0 = warp * 32;
+    float* q = qa;
+    float* qp = qb;
+    float a[32], g = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 32; c++) {
+        a[c] = row < n && c0 + c < n ? A[(size_t)(c0 + c) * n + row] : 0.0f;  // A symmetric: coalesced by lane
+        g += fabsf(a[c]);
+    }
+    P[warp][lane] = g;  // the row sums for newton_first_cap, as the twin adds them
+    double qq1 = 0.0;   // every warp forms the same |q1|^2 (the twin's order)
+    for (int i = lane; i < n; i += 32) qq1 += (double)lanczos_start(i) * lanczos_start(i);
+    float inv = (float)(1.0 / sqrt(warp_sum_d(qq1)));
+    q[t] = t < n ? lanczos_start(t) * inv : 0.0f;
+    qp[t] = 0.0f;
+    if (t == 0) flags[blockIdx.x] = 0;  // the last launch's count; every block's zero lands before the grid barrier
+    __syncthreads();
+    if (warp == 0) {
+        float v[32];
+#pragma unroll
+        for (int s = 0; s < 32; s++) v[s] = P[s][lane];
+        double m = row < n ? (double)(lzt_slice_tree(v) + eps) : 0.0;
+        for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) part[(size_t)3 * k * G + blockIdx.x] = m;
+    }
+    grid.sync();  // the one grid barrier: the flags are zero (P is written again only after warp 0 read it)
+    double beta_prev = 0.0;
+    for (int j = 0; j < k; j++) {
+        float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;  // lanczos_row's chains over the slice
+#pragma unroll
+        for (int c = 0; c < 32; c += 4) {
+            float4 u = *reinterpret_cast<const float4*>(q + c0 + c);
+            y0 = fmaf(a[c], u.x, y0);
+            y1 = fmaf(a[c + 1], u.y, y1);
+            y2 = fmaf(a[c + 2], u.z, y2);
+            y3 = fmaf(a[c + 3], u.w, y3);
+        }
+        P[warp][lane] = (y0 + y1) + (y2 + y3);
+        __syncthreads();
+        double* pb = part + ((size_t)j * G + blockIdx.x) * 3;
+        if (warp == 0) {
+            float v[32];
+#pragma unroll
+            for (int s = 0; s < 32; s++) v[s] = P[s][lane];
+            float y = lzt_slice_tree(v), qr = q[row];  // q is 0 past n
+            float w = row < n ? fmaf(-(float)beta_prev, qp[row], fmaf(eps, qr, y)) : 0.0f;
+            if (row < n) W[(size_t)j * n + row] = w;
+            double s0 = warp_sum_d((double)qr * w), s1 = warp_sum_d((double)w * w), s2 = warp_sum_d((double)qr * qr);
+            if (lane == 0) {
+                pb[0] = s0;
+                pb[1] = s1;
+                pb[2] = s2;
+            }
+            // step j's barrier: publish this block's W rows and sums, wait for every block's (lane l: block l)
+            __syncwarp();
+            if (lane == 0) flag_store_release(flags + blockIdx.x, j + 1);
+            if (lane < G)
+                while (flag_load_acquire(flags + lane) < (unsigned)(j + 1)) {
+                }
+            __syncwarp();
+        }
+        __syncthreads();
+        float wn = t < n ? __ldcg(&W[(size_t)j * n + t]) : 0.0f;  // in flight while warp 0 forms the coefficients
+        if (warp == 0) {
+            double s0 = 0.0, s1 = 0.0, s2 = 0.0;  // block `lane`'s sums (__ldcg: other SMs wrote them, past L1)
+            if (lane < G) {
+                const double* pl = part + ((size_t)j * G + lane) * 3;
+                s0 = __ldcg(pl);
+                s1 = __ldcg(pl + 1);
+                s2 = __ldcg(pl + 2);
+            }
+            double alpha, beta;
+            bool more = lanczos_coeffs(warp_sum_d(s0), warp_sum_d(s1), warp_sum_d(s2), &alpha, &beta);
+            bool last = !more || j == k - 1;
+            if (lane == 0) {
+                coef[0] = alpha;
+                coef[1] = beta;
+                coef[2] = last ? 1.0 : 0.0;
+                coef_f[0] = (float)alpha;
+                coef_f[1] = (float)(1.0 / beta);
+                if (blockIdx.x == 0) {
+                    out[3 * k + j] = alpha;
+                    out[4 * k + j] = beta;
+                    if (last) out[5 * k] = j + 1;
+                    if (j == 0) {  // every block's row-sum slot was written before the first barrier
+                        double m = 0.0;
+                        for (int b = 0; b < G; b++) m = fmax(m, __ldcg(part + (size_t)3 * k * G + b));
+                        out[5 * k + 1] = m;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (coef[2] != 0.0) return;
+        // the next q into the previous q's place (warp 0 read that one above, before the grid barrier)
+        qp[t] = t < n ? fmaf(-coef_f[0], q[t], wn) * coef_f[1] : 0.0f;
+        beta_prev = coef[1];
+        __syncthreads();
+        float* tmp = q;
+        q = qp;
+        qp = tmp;
+    }
+}
+
+// z and lo from the kernel's tridiagonal (h: alpha[k], beta[k], the step count, the row sum); tri: a copy of h
+static bool v1_lanczos_finish(const std::vector<double>& h, int k, LanczosStart& ls, std::vector<double>* tri) {
+    if (tri) *tri = h;
+    ls.k = (int)h[2 * k];
+    ls.rowsum_max = h[2 * k + 1];
+    if (ls.k < 1 || ls.k > k) return false;
+    lanczos_newton_start(h.data(), h.data() + k, ls.k, &ls.z, &ls.lo);
+    return std::isfinite(ls.z) && ls.z > 0.0 && ls.lo > 0.0 && ls.lo <= 1.0 && std::isfinite(ls.rowsum_max);
+}
+
+// Version 1's scaled start for one matrix (lanczos_newton_start on the kernel's tridiagonal: lanczos_tile_kernel for
+// n <= LZT_COLS, lanczos_kernel above); false where the GPU cannot run the cooperative kernel (no cooperative launch,
+// or 2 n floats of q beyond a block's shared memory) or the start is not finite and positive: version 1 then takes
+// the unscaled start. tri (--test): the kernel's alpha, beta, step count and row sum as lanczos_grid_cpu gives them.
+static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls, std::vector<double>* tri = nullptr) {
+    static int per_sm = -1, tile_per_sm = -1, coop = -1;
     static size_t per_sm_smem = 0;
-    int coop = 0, dev = 0;
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    if (coop < 0) {
+        int dev = 0;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&tile_per_sm, lanczos_tile_kernel, LZT_THREADS, 0));
+    }
+    int k = std::min(LANCZOS_STEPS, n);
+    std::vector<double> h(2 * k + 2);  // alpha, beta, the step count, the row sum
+    int tiles = (n + 31) / 32;
+    if (coop && n <= LZT_COLS && tile_per_sm >= 1 && tiles <= tile_per_sm * g_gpu.sms) {
+        float* W = (float*)ws_get(WS_LANCZOS_W, (size_t)k * n * sizeof(float));
+        double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 2 + (size_t)tiles * (3 * k + 2)) * sizeof(double));
+        double* part = out + 5 * k + 2;
+        unsigned* flags = reinterpret_cast<unsigned*>(part + (size_t)tiles * (3 * k + 1));
+        void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&part, (void*)&flags, (void*)&out};
+        cudaCheck(cudaLaunchCooperativeKernel((void*)lanczos_tile_kernel, tiles, LZT_THREADS, args, 0, g_stream));
+        copy_to_host(h.data(), out + 3 * k, h.size() * sizeof(double));
+        return v1_lanczos_finish(h, k, ls, tri);
+    }
     size_t smem = 2 * (size_t)n * sizeof(float);
     if (!coop || smem > g_gpu.smem_optin) return false;
     if (per_sm < 0 || per_sm_smem != smem) {
@@ -1981,20 +2263,14 @@ static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls) {
         per_sm_smem = smem;
     }
     if (per_sm < 1) return false;
-    int k = std::min(LANCZOS_STEPS, n);
     int grid = (int)std::min<long long>((long long)per_sm * g_gpu.sms, ceil_div_ll(n, LANCZOS_THREADS / 32));
     float* W = (float*)ws_get(WS_LANCZOS_W, (size_t)k * n * sizeof(float));
     double* out = (double*)ws_get(WS_LANCZOS, (5 * k + 2) * sizeof(double));
     cudaCheck(cudaMemsetAsync(out, 0, (5 * k + 2) * sizeof(double), g_stream));
     void* args[] = {(void*)&A, (void*)&n, (void*)&eps, (void*)&k, (void*)&W, (void*)&out};
     cudaCheck(cudaLaunchCooperativeKernel((void*)lanczos_kernel, grid, LANCZOS_THREADS, args, smem, g_stream));
-    std::vector<double> h(2 * k + 2);  // alpha, beta, the step count, the row sum
     copy_to_host(h.data(), out + 3 * k, h.size() * sizeof(double));
-    ls.k = (int)h[2 * k];
-    ls.rowsum_max = h[2 * k + 1];
-    if (ls.k < 1 || ls.k > k) return false;
-    lanczos_newton_start(h.data(), h.data() + k, ls.k, &ls.z, &ls.lo);
-    return std::isfinite(ls.z) && ls.z > 0.0 && ls.lo > 0.0 && ls.lo <= 1.0 && std::isfinite(ls.rowsum_max);
+    return v1_lanczos_finish(h, k, ls, tri);
 }
 
 // The scaled start: M = z (A + eps I), X = zr I (zr = z^(1/p)); one matrix
@@ -2216,13 +2492,25 @@ __device__ void smem_matmul(const float* A, const float* B, float* dst, int n) {
 // Versions 2 and 3.
 template <int NP, int LD, int THREADS>
 __device__ float fused_load(const float* Ab, float* Ms, float* Xs, int n, float eps, float* red) {
+    // up to 16 global reads in flight per thread (a loop of one read each waited ~1 us per 4 at NP = 128)
+    constexpr int ITER = (NP * NP + THREADS - 1) / THREADS, CHUNK = ITER < 16 ? ITER : 16;
     float sq = 0.0f;
-    for (int e = threadIdx.x; e < NP * NP; e += THREADS) {
-        int i = e / NP, j = e % NP;
-        float v = (i < n && j < n) ? Ab[i * n + j] + (i == j ? eps : 0.0f) : 0.0f;
-        Ms[i * LD + j] = v;
-        Xs[i * LD + j] = 0.0f;
-        sq = fmaf(v, v, sq);
+    for (int it0 = 0; it0 < ITER; it0 += CHUNK) {
+        float v[CHUNK];
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            int e = threadIdx.x + (it0 + c) * THREADS, i = e / NP, j = e % NP;
+            v[c] = (e < NP * NP && i < n && j < n) ? Ab[i * n + j] + (i == j ? eps : 0.0f) : 0.0f;
+        }
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            int e = threadIdx.x + (it0 + c) * THREADS, i = e / NP, j = e % NP;
+            if (e < NP * NP) {
+                Ms[i * LD + j] = v[c];
+                Xs[i * LD + j] = 0.0f;
+                sq = fmaf(v[c], v[c], sq);
+            }
+        }
     }
     return block_sum<THREADS>(sq, red);
 }
@@ -2245,8 +2533,8 @@ __device__ float fused_residual_and_T(const float* Ms, float* Ts, int n, int p, 
     return sqrtf(block_sum<THREADS>(r2, red));
 }
 
-// A lane's R consecutive rows of one column of M (A symmetric: row i's entries are column i's), vectorised where the
-// row stride allows (version 3: LD = NP + 4; version 2's LD = NP + 1 reads them one by one, R-way bank conflicts).
+// A lane's R consecutive floats (warp 0 reads its rows' partials from P), vectorised where LD says the address allows
+// (a multiple of 4 floats: one 16-byte read at R = 4; otherwise one by one).
 template <int R, int LD>
 __device__ __forceinline__ void lanczos_rows(const float* p, float (&a)[R]) {
     if constexpr (R == 4 && LD % 4 == 0) {
@@ -2261,13 +2549,70 @@ __device__ __forceinline__ void lanczos_rows(const float* p, float (&a)[R]) {
     }
 }
 
-// Lanczos on one warp (versions 2 and 3; lanczos_warp_cpu is its twin, bit for bit): lane l owns rows R l .. R l + R - 1
-// (their u, v, v_prev in registers), u is broadcast through W (NP floats of shared memory), each matvec reads all of M
-// once (A + eps I, zero padding) column by column (one 16-byte read per lane and column at R = 4: conflict-free), the
-// two float64 sums of a step are shuffle trees: no block barrier. alpha[k], beta[k]: shared memory, written by lane 0.
+// Versions 2 and 3's Lanczos matvec A u in units of 32 rows x one quarter of the NP columns (lanczos23_partial; the
+// twin forms the same sums): lane = row, lanczos_row's four chains over the quarter, the result to P[quarter][row].
+// Warp 0 adds a row's quarters as (p0 + p1) + (p2 + p3). a(t): the row's entry in column c0 + t.
+template <int NP> struct Lz23 {
+    static constexpr int R = NP / 32, QC = NP / 4, UNITS = 4 * R;  // rows per lane of warp 0; columns per quarter
+};
+template <int NP, typename Entry>
+__device__ __forceinline__ float lanczos23_partial(const float* W, int c0, Entry a) {
+    constexpr int QC = Lz23<NP>::QC;
+    float4 uc[QC / 4];  // every read of u issued before the first FMA waits on one
+#pragma unroll
+    for (int t = 0; t < QC; t += 4) uc[t / 4] = *reinterpret_cast<const float4*>(W + c0 + t);
+    float y0 = 0.0f, y1 = 0.0f, y2 = 0.0f, y3 = 0.0f;
+#pragma unroll
+    for (int t = 0; t < QC; t += 4) {
+        y0 = fmaf(a(t), uc[t / 4].x, y0);
+        y1 = fmaf(a(t + 1), uc[t / 4].y, y1);
+        y2 = fmaf(a(t + 2), uc[t / 4].z, y2);
+        y3 = fmaf(a(t + 3), uc[t / 4].w, y3);
+    }
+    return (y0 + y1) + (y2 + y3);
+}
+// Unit u's partial from shared memory (A symmetric: row i's entry in column c is M[c][i], conflict-free by lane)
 template <int NP, int LD>
-__device__ int warp_lanczos(const float* Ms, float* W, int n, double* alpha, double* beta) {
-    constexpr int R = NP / 32;
+__device__ __forceinline__ void lanczos23_unit(const float* Ms, const float* W, float* P, int u) {
+    constexpr int RG = NP / 32, QC = Lz23<NP>::QC;
+    int i = u % RG * 32 + threadIdx.x % 32, c0 = u / RG * QC;
+    P[u / RG * NP + i] = lanczos23_partial<NP>(W, c0, [&](int t) { return Ms[(c0 + t) * LD + i]; });
+}
+
+// A product warp (mw = 0 .. NMW - 1): units mw, mw + NMW, ...; with one unit each (CACHED) it holds its 32 x NP / 4
+// entries in registers, read once. Each round: wait for warp 0's u (barrier 1), stop at *flag == 0, else form the
+// partials and arrive at barrier 2 without waiting.
+template <int NP, int LD, int NMW>
+__device__ void lanczos23_product_warp(const float* Ms, const float* W, float* P, const volatile int* flag, int mw) {
+    constexpr int RG = NP / 32, QC = Lz23<NP>::QC, UNITS = Lz23<NP>::UNITS, COUNT = (1 + NMW) * 32;
+    constexpr bool CACHED = NMW == UNITS;
+    float m[CACHED ? QC : 1];
+    int i = mw % RG * 32 + threadIdx.x % 32, c0 = mw / RG * QC;
+    if constexpr (CACHED) {
+#pragma unroll
+        for (int t = 0; t < QC; t++) m[t] = Ms[(c0 + t) * LD + i];
+    }
+    for (;;) {
+        named_bar_sync(1, COUNT);
+        if (*flag == 0) return;
+        if constexpr (CACHED) {
+            P[mw / RG * NP + i] = lanczos23_partial<NP>(W, c0, [&](int t) { return m[t]; });
+        } else {
+            for (int u = mw; u < UNITS; u += NMW) lanczos23_unit<NP, LD>(Ms, W, P, u);
+        }
+        named_bar_arrive(2, COUNT);
+    }
+}
+
+// Lanczos on warp 0 (versions 2 and 3; lanczos_warp_cpu is its twin, bit for bit): lane l owns rows R l .. R l + R - 1
+// (their u, v, v_prev in registers); u is broadcast through W (NP floats of shared memory) to NMW product warps (0:
+// warp 0 forms the partials itself), which form A u while warp 0 forms ||u|| (its float64 shuffle tree, sqrt and
+// division); warp 0 then adds each row's quarters from P, forms alpha (a shuffle tree) and the next u. Every published
+// u is consumed (barrier 2) before the stop flag goes out. alpha[k], beta[k]: shared memory, written by lane 0.
+template <int NP, int LD, int NMW>
+__device__ int warp_lanczos(const float* Ms, float* W, float* P, volatile int* flag, int n, double* alpha,
+                            double* beta) {
+    constexpr int R = Lz23<NP>::R, COUNT = (1 + NMW) * 32;
     int lane = threadIdx.x % 32;
     float u[R], v[R], v_prev[R];
     double part = 0.0;
@@ -2279,46 +2624,51 @@ __device__ int warp_lanczos(const float* Ms, float* W, int n, double* alpha, dou
         W[i] = u[j];
         part += (double)u[j] * u[j];
     }
+    auto publish = [&](int go) {  // W (and the flag) to the product warps
+        if (lane == 0) *flag = go;
+        __syncwarp();
+        named_bar_arrive(1, COUNT);
+    };
+    bool pending = false;  // a published u whose partials are not yet consumed
+    if constexpr (NMW > 0) {
+        publish(1);
+        pending = true;
+    }
     __syncwarp();
     double b = sqrt(warp_sum_d(part));
     int k = 0;
     while (k < LANCZOS23_STEPS && b > 0.0) {
-        float inv = (float)(1.0 / b), acc[R][4];
-#pragma unroll
-        for (int j = 0; j < R; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll 4
-        for (int c = 0; c < NP; c += 4) {  // lanczos_row's chains: column c + q into acc[.][q]
-            float4 uc = *reinterpret_cast<const float4*>(W + c);
-            float a0[R], a1[R], a2[R], a3[R];
-            lanczos_rows<R, LD>(Ms + c * LD + R * lane, a0);
-            lanczos_rows<R, LD>(Ms + (c + 1) * LD + R * lane, a1);
-            lanczos_rows<R, LD>(Ms + (c + 2) * LD + R * lane, a2);
-            lanczos_rows<R, LD>(Ms + (c + 3) * LD + R * lane, a3);
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                acc[j][0] = fmaf(a0[j], uc.x, acc[j][0]);
-                acc[j][1] = fmaf(a1[j], uc.y, acc[j][1]);
-                acc[j][2] = fmaf(a2[j], uc.z, acc[j][2]);
-                acc[j][3] = fmaf(a3[j], uc.w, acc[j][3]);
-            }
+        float inv = (float)(1.0 / b);
+        if constexpr (NMW > 0) {
+            named_bar_sync_after(2, COUNT, inv);  // 1 / ||u|| formed while the product warps work
+            pending = false;
+        } else {
+            for (int un = 0; un < Lz23<NP>::UNITS; un++) lanczos23_unit<NP, LD>(Ms, W, P, un);
+            __syncwarp();
         }
-        float y[R];
+        float pq[4][R], y[R];
+#pragma unroll
+        for (int q = 0; q < 4; q++) lanczos_rows<R, 4>(P + q * NP + R * lane, pq[q]);
         part = 0.0;
 #pragma unroll
         for (int j = 0; j < R; j++) {
             v_prev[j] = v[j];
             v[j] = u[j] * inv;
-            y[j] = ((acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3])) * inv;
+            y[j] = ((pq[0][j] + pq[1][j]) + (pq[2][j] + pq[3][j])) * inv;
             part += (double)v[j] * y[j];
         }
         double a = warp_sum_d(part);
-        __syncwarp();  // every lane has read W before it is overwritten
+        __syncwarp();  // every lane has read W and P before they are overwritten
         part = 0.0;
 #pragma unroll
         for (int j = 0; j < R; j++) {
             u[j] = (float)fma(-b, (double)v_prev[j], fma(-a, (double)v[j], (double)y[j]));
             W[R * lane + j] = u[j];
             part += (double)u[j] * u[j];
+        }
+        if (NMW > 0 && k + 1 < LANCZOS23_STEPS) {
+            publish(1);
+            pending = true;
         }
         b = sqrt(warp_sum_d(part));
         if (lane == 0) {
@@ -2328,32 +2678,55 @@ __device__ int warp_lanczos(const float* Ms, float* W, int n, double* alpha, dou
         k++;
         __syncwarp();  // W (and alpha, beta) visible to the whole warp
     }
+    if constexpr (NMW > 0) {
+        if (pending) named_bar_sync(2, COUNT);  // a breakdown after the next u went out
+        publish(0);
+    }
     return k;
 }
 
 // Versions 2 and 3's scaled start (z, lo; the row sums for newton_first_cap) from their shared-memory layout (X, M, T
-// of NP x LD floats; M = A + eps I loaded): warp 0 runs the Lanczos steps and the multisection, warp 1 meanwhile the
-// largest absolute row sum (lanczos_warp_cpu's max_abs_rowsum: each column summed in order by one lane, then a max),
-// the other warps wait at the one barrier that publishes the result. T's space holds u, the tridiagonal and the result.
-// Not inlined: its registers (float64 multisection) would otherwise add to the product loops' and spill there.
+// of NP x LD floats; M = A + eps I loaded): warp 0 runs the Lanczos steps and the multisection, warps 1 .. NMW form
+// the products, the last warp meanwhile takes the largest absolute row sum (lanczos_warp_cpu's max_abs_rowsum: each
+// column summed in order by one lane, then a max); the others wait at the one barrier that publishes the result. T's
+// space holds u, the tridiagonal, the result, the flag and the partials. Not inlined: its registers (float64
+// multisection, a product warp's entries) would otherwise add to the product loops' and spill there.
 template <int NP, int LD, int THREADS>
 __device__ __noinline__ LanczosStart fused_scaled_start(int n) {
     static_assert(THREADS >= 64 && NP % 32 == 0, "a warp for Lanczos and one for the row sums");
+    constexpr int WARPS = THREADS / 32, SPARE = WARPS - 2, UNITS = Lz23<NP>::UNITS;
+    constexpr int NMW = SPARE < UNITS ? SPARE : UNITS;  // product warps
     extern __shared__ __align__(16) float lanczos_smem[];  // the kernel's dynamic shared memory: X, M, T
     const float* Ms = lanczos_smem + NP * LD;
     float* W = lanczos_smem + 2 * NP * LD;
     double *alpha = reinterpret_cast<double*>(W + NP), *beta = alpha + LANCZOS23_STEPS, *out = beta + LANCZOS23_STEPS;
+    volatile int* flag = reinterpret_cast<volatile int*>(out + 4);
+    volatile int* kslot = flag + 1;
+    float* P = W + NP + 4 * LANCZOS23_STEPS + 12;  // 16-byte aligned: NP, 4 STEPS + 12 are multiples of 4
+    unsigned* ballots = reinterpret_cast<unsigned*>(P + 4 * NP);
+    static_assert((4 * LANCZOS23_STEPS + 12) % 4 == 0 &&
+                      5 * NP + 4 * LANCZOS23_STEPS + 12 + 2 * MULTISECTION_MAX_GROUPS <= NP * (NP + 1),
+                  "T's space holds u, the tridiagonal, the result, the flag, k, the partials and the ballots");
+    constexpr int GROUPS = lanczos23_groups(NP);  // warps 0 .. GROUPS - 1 share the multisection
+    static_assert(GROUPS == 1 || (GROUPS <= NMW + 1 && GROUPS <= MULTISECTION_MAX_GROUPS), "warps for the groups");
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp == 0) {
-        int k = warp_lanczos<NP, LD>(Ms, W, n, alpha, beta);
+    auto extremes = [&](int k) {  // z and lo, the same in every warp of the multisection
         double z, lo;
-        lanczos_newton_start(alpha, beta, k, &z, &lo);  // the multisection's 32 points: warp 0's lanes
-        if (lane == 0) {
+        lanczos_newton_start(alpha, beta, k, &z, &lo, Multisection{GROUPS, ballots, warp});
+        if (warp == 0 && lane == 0) {
             out[0] = k;
             out[1] = z;
             out[2] = lo;
         }
-    } else if (warp == 1) {
+    };
+    if (warp == 0) {
+        int k = warp_lanczos<NP, LD, NMW>(Ms, W, P, flag, n, alpha, beta);
+        if constexpr (GROUPS > 1) {
+            if (lane == 0) *kslot = k;
+            named_bar_sync(3, 32 * GROUPS);  // k (and the tridiagonal) to the other warps of the multisection
+        }
+        extremes(k);
+    } else if (warp == WARPS - 1) {
         float g = 0.0f;
         for (int i = lane; i < n; i += 32) {
             float s = 0.0f;
@@ -2362,6 +2735,12 @@ __device__ __noinline__ LanczosStart fused_scaled_start(int n) {
         }
         for (int o = 16; o > 0; o >>= 1) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
         if (lane == 0) out[3] = g;
+    } else if (warp <= NMW) {
+        lanczos23_product_warp<NP, LD, NMW>(Ms, W, P, flag, warp - 1);
+        if (GROUPS > 1 && warp < GROUPS) {
+            named_bar_sync(3, 32 * GROUPS);
+            extremes(*kslot);
+        }
     }
     __syncthreads();
     LanczosStart fs;
@@ -2403,7 +2782,10 @@ __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float
             first_cap = newton_first_cap(p, z, fs.rowsum_max);
         }
         float x0 = powf(z, 1.0f / p);
-        for (int e = threadIdx.x; e < n * n; e += THREADS) Ms[e / n * LD + e % n] *= z;
+        for (int e = threadIdx.x; e < NP * NP; e += THREADS) {  // by NP (a shift), not n (an integer division)
+            int i = e / NP, j = e % NP;
+            if (i < n && j < n) Ms[i * LD + j] *= z;
+        }
         for (int i = threadIdx.x; i < n; i += THREADS) Xs[i * LD + i] = x0;
         __syncthreads();
         s = NewtonState();
@@ -2449,7 +2831,10 @@ newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int start
     long long nn = (long long)n * n;
     auto mul = [&](const float* P, const float* Q, float* dst) { smem_matmul<NP>(P, Q, dst, n); };
     NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
-    for (int e = threadIdx.x; e < n * n; e += v2_threads<NP>()) X[blockIdx.x * nn + e] = Xs[e / n * LD + e % n];
+    for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {  // by NP: no integer division by n
+        int i = e / NP, j = e % NP;
+        if (i < n && j < n) X[blockIdx.x * nn + i * n + j] = Xs[i * LD + j];
+    }
     if (threadIdx.x == 0) {
         status[blockIdx.x] = fused_status(s);
         residual[blockIdx.x] = (float)s.r;
@@ -2710,8 +3095,10 @@ newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int start, i
         v3_matmul<NP, CL>(P, Q, dst, dst == Xs ? pX : dst == Ts ? pT : pM, n, kn, rank);
     };
     NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
-    for (int e = rank * C::THREADS + threadIdx.x; e < n * n; e += CL * C::THREADS)  // the blocks share the store
-        X[b * nn + e] = Xs[e / n * C::LD + e % n];
+    for (int e = rank * C::THREADS + threadIdx.x; e < NP * NP; e += CL * C::THREADS) {  // the blocks share the store
+        int i = e / NP, j = e % NP;                                                       // (by NP: no division by n)
+        if (i < n && j < n) X[b * nn + i * n + j] = Xs[i * C::LD + j];
+    }
     if (rank == 0 && threadIdx.x == 0) {
         status[b] = fused_status(s);
         residual[b] = (float)s.r;
@@ -2779,13 +3166,23 @@ static const char* inv_root_v3(const float* A, float* X, int batch, int n, int p
 }
 
 // The scaled start alone, to time it (--bench's `v3 start`) and to check it against its twin (--test): one block per
-// matrix in version 3's one-block shape loads A + eps I and runs fused_scaled_start. out: LANCZOS23_OUT doubles per
-// matrix: k, z, lo, rowsum_max, then alpha[0 .. LANCZOS23_STEPS - 1] and beta[...] (entries from k on unset).
+// matrix loads A + eps I and runs fused_scaled_start in one of the shapes that run it (Lz23Shape: version 3's one
+// block, the default; version 2's layout LD = NP + 1 and thread count; version 3's cluster thread count), so that
+// every split of the products among the warps meets the twin. out: LANCZOS23_OUT doubles per matrix: k, z, lo,
+// rowsum_max, then alpha[0 .. LANCZOS23_STEPS - 1] and beta[...] (entries from k on unset).
 constexpr int LANCZOS23_OUT = 4 + 2 * LANCZOS23_STEPS;
-template <int NP>
-__global__ void __launch_bounds__(V3Cfg<NP, 1>::THREADS) lanczos23_start_kernel(const float* A, int n, float eps,
-                                                                                double* out) {
-    using C = V3Cfg<NP, 1>;
+enum Lz23Shape { LZ23_V3, LZ23_V2, LZ23_V3_PAIR };
+template <int NP, int SHAPE> struct Lz23Cfg {
+    static constexpr int LD = SHAPE == LZ23_V2 ? NP + 1 : V3Cfg<NP, 1>::LD;
+    static constexpr int THREADS = SHAPE == LZ23_V2  ? v2_threads<NP>()
+                                   : SHAPE == LZ23_V3 ? V3Cfg<NP, 1>::THREADS
+                                                      : V3Cfg<NP, 2>::THREADS;
+    static constexpr size_t SMEM = 3ull * NP * LD * sizeof(float);
+};
+template <int NP, int SHAPE>
+__global__ void __launch_bounds__(Lz23Cfg<NP, SHAPE>::THREADS) lanczos23_start_kernel(const float* A, int n,
+                                                                                      float eps, double* out) {
+    using C = Lz23Cfg<NP, SHAPE>;
     extern __shared__ __align__(16) float smem[];
     __shared__ float red[33];
     float *Xs = smem, *Ms = smem + NP * C::LD, *Ts = smem + 2 * NP * C::LD;
@@ -2805,39 +3202,50 @@ __global__ void __launch_bounds__(V3Cfg<NP, 1>::THREADS) lanczos23_start_kernel(
     }
 }
 
-template <int NP>
+template <int NP, int SHAPE>
 static const char* launch_lanczos23(const float* A, int batch, int n, float eps, double* out) {
-    using C = V3Cfg<NP, 1>;
+    using C = Lz23Cfg<NP, SHAPE>;
     static bool configured = false;
     static const char* why_not = nullptr;
     static char why_buf[200];
     if (!configured) {
         cudaFuncAttributes fa;
-        cudaCheck(cudaFuncGetAttributes(&fa, lanczos23_start_kernel<NP>));
+        cudaCheck(cudaFuncGetAttributes(&fa, lanczos23_start_kernel<NP, SHAPE>));
         size_t need = C::SMEM + fa.sharedSizeBytes;
         if (need > g_gpu.smem_optin) {
             snprintf(why_buf, sizeof why_buf, "n <= %d needs %zu bytes of shared memory per block, this GPU allows %zu",
                      NP, need, g_gpu.smem_optin);
             why_not = why_buf;
         } else {
-            cudaCheck(cudaFuncSetAttribute(lanczos23_start_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)C::SMEM));
+            cudaCheck(cudaFuncSetAttribute(lanczos23_start_kernel<NP, SHAPE>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
         }
         configured = true;
     }
     if (why_not) return why_not;
-    lanczos23_start_kernel<NP><<<batch, C::THREADS, C::SMEM, g_stream>>>(A, n, eps, out);
+    lanczos23_start_kernel<NP, SHAPE><<<batch, C::THREADS, C::SMEM, g_stream>>>(A, n, eps, out);
     launchCheck();
     return nullptr;
 }
 
-// Versions 2 and 3's start for a batch (out: batch x LANCZOS23_OUT doubles on the device); nullptr or why not here.
-static const char* lanczos23_start(const float* A, int batch, int n, float eps, double* out) {
+// Versions 2 and 3's start for a batch (out: batch x LANCZOS23_OUT doubles on the device) in one of the shapes
+// (--bench times LZ23_V3); nullptr or why not here.
+static const char* lanczos23_start(const float* A, int batch, int n, float eps, double* out, int shape = LZ23_V3) {
     check_root_args("lanczos23_start", A, reinterpret_cast<float*>(out), batch, n, 1, eps);
-    if (n <= 32) return launch_lanczos23<32>(A, batch, n, eps, out);
-    if (n <= 64) return launch_lanczos23<64>(A, batch, n, eps, out);
-    if (n <= 128) return launch_lanczos23<128>(A, batch, n, eps, out);
-    return "versions 2 and 3 run n <= 128 only";
+    if (n > 128) return "versions 2 and 3 run n <= 128 only";
+    if (shape == LZ23_V2) {
+        if (n <= 32) return launch_lanczos23<32, LZ23_V2>(A, batch, n, eps, out);
+        if (n <= 64) return launch_lanczos23<64, LZ23_V2>(A, batch, n, eps, out);
+        return launch_lanczos23<128, LZ23_V2>(A, batch, n, eps, out);
+    }
+    if (shape == LZ23_V3_PAIR) {  // the cluster form runs n > 32 only (V3Cfg<32, 2> is one warp)
+        if (n <= 32) return "version 3's 2-block cluster runs n > 32 only";
+        if (n <= 64) return launch_lanczos23<64, LZ23_V3_PAIR>(A, batch, n, eps, out);
+        return launch_lanczos23<128, LZ23_V3_PAIR>(A, batch, n, eps, out);
+    }
+    if (n <= 32) return launch_lanczos23<32, LZ23_V3>(A, batch, n, eps, out);
+    if (n <= 64) return launch_lanczos23<64, LZ23_V3>(A, batch, n, eps, out);
+    return launch_lanczos23<128, LZ23_V3>(A, batch, n, eps, out);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -3642,24 +4050,27 @@ static int scaled_sim_steps(int p, double kappa, bool scaled, double lo_factor, 
 
 static void test_scaled_pieces(Rng& rng) {
     const double pi = 3.14159265358979323846;
+    for (int groups : {1, 8})
     for (int k : {1, 2, 7, 20}) {
         std::vector<double> d(k, 2.0), e(k, -1.0);
         double lo, hi;
-        tridiag_extremes(d.data(), e.data(), k, &lo, &hi);
+        tridiag_extremes(d.data(), e.data(), k, &lo, &hi, Multisection{groups});
         double elo = 2.0 - 2.0 * std::cos(pi / (k + 1)), ehi = 2.0 - 2.0 * std::cos(pi * k / (k + 1));
         double w = tridiag_last_weight(d.data(), e.data(), k, ehi), s = std::sin(pi * k * k / (k + 1));
         double ew = 2.0 / (k + 1) * s * s;
         report(lo >= elo - 1e-12 && lo <= elo + 1e-4 * lo + 1e-12 && hi >= ehi - 1e-12 &&
                    hi <= ehi + 1e-7 * hi + 1e-12 && std::fabs(w - ew) <= 1e-9 * ew,
-               fmt("tridiag_extremes, tridiag_last_weight: tridiag(-1, 2, -1), k=%d", k),
+               fmt("tridiag_extremes (%d points an end), tridiag_last_weight: tridiag(-1, 2, -1), k=%d", 16 * groups,
+                   k),
                fmt("lo %.10f (exact %.10f), hi %.10f (exact %.10f), last weight %.3e (exact %.3e)", lo, elo, hi, ehi,
                    w, ew));
     }
-    {
+    for (int groups : {1, 8}) {
         double d[4] = {3.0, 1e-6, 0.5, 2.0}, e[4] = {0.0, 0.0, 0.0, 0.0}, lo, hi;
-        tridiag_extremes(d, e, 4, &lo, &hi);
+        tridiag_extremes(d, e, 4, &lo, &hi, Multisection{groups});
         report(lo >= 1e-6 && lo <= 1e-6 * (1 + 1e-4) && hi >= 3.0 && hi <= 3.0 * (1 + 1e-7),
-               "tridiag_extremes: diagonal, spread 3e6 (lo to 1e-4 relative)", fmt("lo %.6e, hi %.9f", lo, hi));
+               fmt("tridiag_extremes (%d points an end): diagonal, spread 3e6 (lo to 1e-4 relative)", 16 * groups),
+               fmt("lo %.6e, hi %.9f", lo, hi));
     }
     {  // p = 4: the spread cap (a hi <= 5 (1 - 16^(-1/4)) = 2.5); p = 1: the safety cap (a hi <= 2 / 1.1)
         double a_bal = newton_alpha(4, 0.2, 1.0), a4 = newton_alpha(4, 1e-9, 0.5), a1 = newton_alpha(1, 1e-9, 1.0);
@@ -3708,7 +4119,7 @@ static void test_scaled_pieces(Rng& rng) {
             double rowsum_max;
             int k = twin == 0 ? lanczos_warp_cpu(n, A.data(), alpha, beta, &rowsum_max)
                               : lanczos_grid_cpu(n, A.data(), 0.0f, alpha, beta, &rowsum_max);
-            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            lanczos_newton_start(alpha, beta, k, &z, &lo, twin == 0 ? lanczos23_multisection_cpu(n) : Multisection());
             double lmax = *std::max_element(dd.begin(), dd.end()), lmin = *std::min_element(dd.begin(), dd.end());
             double hi_est = 1.0 / z, tmin = lo / z;
             report(k == (twin == 0 ? LANCZOS23_STEPS : LANCZOS_STEPS) && hi_est >= lmax * (1 - 1e-6) && hi_est <= NEWTON_HI_SLACK * lmax &&
@@ -4425,10 +4836,12 @@ static void test_roots_gpu(Rng& rng) {
 // Versions 2 and 3's start (lanczos23_start) against its twin (lanczos_warp_cpu, lanczos_newton_start): the Lanczos
 // steps, the tridiagonal and the row sums bit for bit (the same operations in the same order); z and lo within the
 // multisection's brackets (1e-7 and 1e-4 relative: the kernel's fused multiply-adds there may move a count by one
-// point). Every padded size (32, 64, 128), a batch of the five cases plus --bench's kind of matrix.
-static void test_start_gpu(Rng& rng) {
+// point). Every padded size (32, 64, 128), a batch of the five cases, in each shape that runs the start (version 3's
+// one block; version 2's layout and threads; version 3's cluster threads): every split of the products among warps.
+static void test_start_shape_gpu(Rng& rng, int shape) {
     float eps = 1e-6f;
-    for (int n : {5, 32, 37, 64, 100, 128}) {
+    const char* shape_name[] = {"v3", "v2 shape", "v3 pair shape"};
+    for (int n : {5, 32, 37, 64, 80, 100, 128}) {
         std::vector<MatF> As;
         MatF all;
         for (const SpdCase& c : SPD_CASES) {
@@ -4439,8 +4852,8 @@ static void test_start_gpu(Rng& rng) {
         float* d_A = to_device(all.data(), all.size());
         double* d_out;
         cudaCheck(cudaMalloc(&d_out, batch * LANCZOS23_OUT * sizeof(double)));
-        std::string label = fmt("v3 start (warp Lanczos) n=%d batch=%d against its twin", n, batch);
-        const char* why = lanczos23_start(d_A, batch, n, eps, d_out);
+        std::string label = fmt("%s start (warp Lanczos) n=%d batch=%d against its twin", shape_name[shape], n, batch);
+        const char* why = lanczos23_start(d_A, batch, n, eps, d_out, shape);
         if (why) {
             skip(label, why);
         } else {
@@ -4451,7 +4864,7 @@ static void test_start_gpu(Rng& rng) {
                 for (int i = 0; i < n; i++) Areg[(size_t)i * n + i] += eps;
                 double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], rowsum_max, z = NAN, lo = NAN;
                 int k = lanczos_warp_cpu(n, Areg.data(), alpha, beta, &rowsum_max);
-                lanczos_newton_start(alpha, beta, k, &z, &lo);
+                lanczos_newton_start(alpha, beta, k, &z, &lo, lanczos23_multisection_cpu(n));
                 const double* o = out.data() + b * LANCZOS23_OUT;
                 bool same = o[0] == k && o[3] == rowsum_max;
                 for (int j = 0; j < k && same; j++)
@@ -4464,6 +4877,62 @@ static void test_start_gpu(Rng& rng) {
         }
         cudaCheck(cudaFree(d_out));
         cudaCheck(cudaFree(d_A));
+    }
+}
+static void test_start_gpu(Rng& rng) {
+    for (int shape : {LZ23_V3, LZ23_V2, LZ23_V3_PAIR}) test_start_shape_gpu(rng, shape);
+}
+
+// Version 1's start (v1_lanczos: lanczos_tile_kernel up to n = LZT_COLS) against its twin (lanczos_grid_cpu): the
+// tridiagonal, the step count and the row sum bit for bit; z and lo within the multisection's brackets as above.
+// Above LZT_COLS (lanczos_kernel, atomics) the sums' order differs: the steps, and z to 1e-5.
+static void test_v1_start_gpu(Rng& rng) {
+    float eps = 1e-6f;
+    for (int n : {5, 32, 37, 100, 256, 1000, 1024, 1100}) {
+        std::vector<MatF> As;
+        std::vector<std::string> names;
+        if (n <= 256) {
+            for (const SpdCase& c : SPD_CASES) {
+                As.push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
+                names.push_back(c.name);
+            }
+        } else {  // 0.1 I + G G^T / 256, G n x 256 Gaussian (make_spd is O(n^3) on the host)
+            const int m = 256;
+            MatF G((size_t)n * m), A((size_t)n * n);
+            for (float& x : G) x = (float)rng.normal();
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    double t = i == j ? 0.1 * m : 0.0;
+                    for (int c = 0; c < m; c++) t += (double)G[(size_t)i * m + c] * G[(size_t)j * m + c];
+                    A[(size_t)i * n + j] = (float)(t / m);
+                }
+            As.push_back(A);
+            names.push_back("0.1 I + G G^T / 256");
+        }
+        for (size_t b = 0; b < As.size(); b++) {
+            float* d_A = to_device(As[b].data(), As[b].size());
+            LanczosStart ls;
+            std::vector<double> h;
+            bool ok = v1_lanczos(d_A, n, eps, ls, &h);
+            cudaCheck(cudaFree(d_A));
+            std::string label = fmt("v1 start (grid Lanczos) n=%d against its twin %s", n, names[b].c_str());
+            if (h.empty()) {
+                skip(label, "no cooperative launch");
+                continue;
+            }
+            double alpha[LANCZOS_STEPS], beta[LANCZOS_STEPS], rowsum_max, z = NAN, lo = NAN;
+            int k = lanczos_grid_cpu(n, As[b].data(), eps, alpha, beta, &rowsum_max), kk = (int)(h.size() - 2) / 2;
+            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            bool same = ls.k == k && h[2 * kk + 1] == rowsum_max;
+            for (int j = 0; j < k && same; j++) same = h[j] == alpha[j] && h[kk + j] == beta[j];
+            bool near = std::fabs(ls.z - z) <= 1e-6 * z && std::fabs(ls.lo - lo) <= 2e-4 * lo + 1e-300;
+            bool pass = n <= LZT_COLS ? ok && same && near
+                                      : ok && ls.k == k && std::fabs(ls.z - z) <= 1e-5 * z &&
+                                            std::fabs(h[2 * kk + 1] - rowsum_max) <= 1e-5 * rowsum_max;
+            report(pass, label,
+                   fmt("%d steps (twin %d), tridiagonal and row sum %s; z %.9e (twin %.9e), lo %.6e (twin %.6e)", ls.k,
+                       k, same ? "bitwise equal" : "differ", ls.z, z, ls.lo, lo));
+        }
     }
 }
 
@@ -4720,6 +5189,7 @@ static int run_tests(uint64_t seed) {
     test_roots_gpu(rng);
     test_fallback_gpu(rng);
     test_start_gpu(rng);
+    test_v1_start_gpu(rng);
     test_ns_gpu(rng);
     test_stats_gpu(rng);
     gpu_free();
@@ -4879,7 +5349,7 @@ static void bench_roots(std::vector<BenchRow>& rows, int n, int batch) {
             MatF A0 = to_host(A, nn);
             for (int i = 0; i < n; i++) A0[(size_t)i * n + i] += eps;
             int k = lanczos_warp_cpu(n, A0.data(), alpha, beta, &rowsum_max);
-            lanczos_newton_start(alpha, beta, k, &z, &lo);
+            lanczos_newton_start(alpha, beta, k, &z, &lo, lanczos23_multisection_cpu(n));
             bool ok = o[0] == k && o[3] == rowsum_max && std::fabs(o[1] - z) <= 1e-6 * z;
             BenchRow r{"lanczos", shape, "v3 start", ms, (int)o[0], o[2], -1.0, ok};
             rows.push_back(r);
