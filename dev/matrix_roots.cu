@@ -2096,6 +2096,64 @@ __device__ __forceinline__ unsigned flag_load_acquire(const unsigned* p) {
     return v;
 }
 
+// lanczos_tile_kernel's warp 0 after step j's products (lane = row; qr, qpr: q and the previous q at the row, 0 past
+// n): the row of w from the slices' partials P, into W; the block's three sums into part; then step j's barrier:
+// publish this block's W rows and sums, wait for every block's (lane l polls block l's flag)
+__device__ void lzt_rows_and_barrier(const float (*P)[32], float qr, float qpr, int row, int n, float eps,
+                                     double beta_prev, int j, float* W, double* part, unsigned* flags) {
+    const int lane = threadIdx.x % 32, G = gridDim.x;
+    float v[32];
+#pragma unroll
+    for (int s = 0; s < 32; s++) v[s] = P[s][lane];
+    float y = lzt_slice_tree(v);
+    float w = row < n ? fmaf(-(float)beta_prev, qpr, fmaf(eps, qr, y)) : 0.0f;
+    if (row < n) W[(size_t)j * n + row] = w;
+    double s0 = warp_sum_d((double)qr * w), s1 = warp_sum_d((double)w * w), s2 = warp_sum_d((double)qr * qr);
+    double* pb = part + ((size_t)j * G + blockIdx.x) * 3;
+    if (lane == 0) {
+        pb[0] = s0;
+        pb[1] = s1;
+        pb[2] = s2;
+    }
+    __syncwarp();
+    if (lane == 0) flag_store_release(flags + blockIdx.x, j + 1);
+    if (lane < G)
+        while (flag_load_acquire(flags + lane) < (unsigned)(j + 1)) {
+        }
+    __syncwarp();
+}
+// lanczos_tile_kernel's warp 0 once every block's step-j sums are in part: their sum by the xor tree (lane l: block
+// l; __ldcg, other SMs wrote them past L1), the coefficients into coef (alpha, beta, stop) and coef_f, and block 0
+// writes out (after step 0 also the largest row sum: every block wrote its slot before the first barrier)
+__device__ void lzt_coefficients(const double* part, int j, int k, double* coef, float* coef_f, double* out) {
+    const int lane = threadIdx.x % 32, G = gridDim.x;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0;
+    if (lane < G) {
+        const double* pl = part + ((size_t)j * G + lane) * 3;
+        s0 = __ldcg(pl);
+        s1 = __ldcg(pl + 1);
+        s2 = __ldcg(pl + 2);
+    }
+    double alpha, beta;
+    bool more = lanczos_coeffs(warp_sum_d(s0), warp_sum_d(s1), warp_sum_d(s2), &alpha, &beta);
+    bool last = !more || j == k - 1;
+    if (lane != 0) return;
+    coef[0] = alpha;
+    coef[1] = beta;
+    coef[2] = last ? 1.0 : 0.0;
+    coef_f[0] = (float)alpha;
+    coef_f[1] = (float)(1.0 / beta);
+    if (blockIdx.x != 0) return;
+    out[3 * k + j] = alpha;
+    out[4 * k + j] = beta;
+    if (last) out[5 * k] = j + 1;
+    if (j == 0) {
+        double m = 0.0;
+        for (int b = 0; b < G; b++) m = fmax(m, __ldcg(part + (size_t)3 * k * G + b));
+        out[5 * k + 1] = m;
+    }
+}
+
 // Version 1's Lanczos for n <= LZT_COLS (lanczos_tile_cpu is its twin, bit for bit): ceil(n / 32) blocks of 1024
 // threads in one cooperative launch, 32 rows of A + eps I per block held in registers (lane = row, warp = 32 columns;
 // loaded once). lanczos_kernel's 128 blocks paid ~19 us a step at n = 1024 (a grid barrier and float64 atomics to
@@ -2153,59 +2211,10 @@ lanczos_tile_kernel(const float* A, int n, float eps, int k, float* W, double* p
         }
         P[warp][lane] = (y0 + y1) + (y2 + y3);
         __syncthreads();
-        double* pb = part + ((size_t)j * G + blockIdx.x) * 3;
-        if (warp == 0) {
-            float v[32];
-#pragma unroll
-            for (int s = 0; s < 32; s++) v[s] = P[s][lane];
-            float y = lzt_slice_tree(v), qr = q[row];  // q is 0 past n
-            float w = row < n ? fmaf(-(float)beta_prev, qp[row], fmaf(eps, qr, y)) : 0.0f;
-            if (row < n) W[(size_t)j * n + row] = w;
-            double s0 = warp_sum_d((double)qr * w), s1 = warp_sum_d((double)w * w), s2 = warp_sum_d((double)qr * qr);
-            if (lane == 0) {
-                pb[0] = s0;
-                pb[1] = s1;
-                pb[2] = s2;
-            }
-            // step j's barrier: publish this block's W rows and sums, wait for every block's (lane l: block l)
-            __syncwarp();
-            if (lane == 0) flag_store_release(flags + blockIdx.x, j + 1);
-            if (lane < G)
-                while (flag_load_acquire(flags + lane) < (unsigned)(j + 1)) {
-                }
-            __syncwarp();
-        }
+        if (warp == 0) lzt_rows_and_barrier(P, q[row], qp[row], row, n, eps, beta_prev, j, W, part, flags);
         __syncthreads();
         float wn = t < n ? __ldcg(&W[(size_t)j * n + t]) : 0.0f;  // in flight while warp 0 forms the coefficients
-        if (warp == 0) {
-            double s0 = 0.0, s1 = 0.0, s2 = 0.0;  // block `lane`'s sums (__ldcg: other SMs wrote them, past L1)
-            if (lane < G) {
-                const double* pl = part + ((size_t)j * G + lane) * 3;
-                s0 = __ldcg(pl);
-                s1 = __ldcg(pl + 1);
-                s2 = __ldcg(pl + 2);
-            }
-            double alpha, beta;
-            bool more = lanczos_coeffs(warp_sum_d(s0), warp_sum_d(s1), warp_sum_d(s2), &alpha, &beta);
-            bool last = !more || j == k - 1;
-            if (lane == 0) {
-                coef[0] = alpha;
-                coef[1] = beta;
-                coef[2] = last ? 1.0 : 0.0;
-                coef_f[0] = (float)alpha;
-                coef_f[1] = (float)(1.0 / beta);
-                if (blockIdx.x == 0) {
-                    out[3 * k + j] = alpha;
-                    out[4 * k + j] = beta;
-                    if (last) out[5 * k] = j + 1;
-                    if (j == 0) {  // every block's row-sum slot was written before the first barrier
-                        double m = 0.0;
-                        for (int b = 0; b < G; b++) m = fmax(m, __ldcg(part + (size_t)3 * k * G + b));
-                        out[5 * k + 1] = m;
-                    }
-                }
-            }
-        }
+        if (warp == 0) lzt_coefficients(part, j, k, coef, coef_f, out);
         __syncthreads();
         if (coef[2] != 0.0) return;
         // the next q into the previous q's place (warp 0 read that one above, before the grid barrier)
