@@ -4847,6 +4847,14 @@ static void test_roots_gpu(Rng& rng) {
     test_roots_group(1, {MatF{2.5f}, MatF{1e-3f}, MatF{0.0f}}, {"2.5", "1e-3", "0"}, eps, {1, 2, 4});
 }
 
+// the five SPD_CASES at size n (make_spd, in order), one by one in As and side by side in all
+static void spd_case_batch(int n, Rng& rng, std::vector<MatF>* As, MatF* all) {
+    for (const SpdCase& c : SPD_CASES) {
+        As->push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
+        all->insert(all->end(), As->back().begin(), As->back().end());
+    }
+}
+
 // Versions 2 and 3's start (lanczos23_start) against its twin (lanczos_warp_cpu, lanczos_newton_start): the Lanczos
 // steps, the tridiagonal and the row sums bit for bit (the same operations in the same order); z and lo within the
 // multisection's brackets (1e-7 and 1e-4 relative: the kernel's fused multiply-adds there may move a count by one
@@ -4858,10 +4866,7 @@ static void test_start_shape_gpu(Rng& rng, int shape) {
     for (int n : {5, 32, 37, 64, 80, 100, 128}) {
         std::vector<MatF> As;
         MatF all;
-        for (const SpdCase& c : SPD_CASES) {
-            As.push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
-            all.insert(all.end(), As.back().begin(), As.back().end());
-        }
+        spd_case_batch(n, rng, &As, &all);
         int batch = (int)As.size();
         float* d_A = to_device(all.data(), all.size());
         double* d_out;
@@ -4958,10 +4963,7 @@ static void test_fallback_gpu(Rng& rng) {
     float eps = 1e-6f;
     std::vector<MatF> As;
     MatF all;
-    for (const SpdCase& c : SPD_CASES) {
-        As.push_back(make_spd(n, c.kappa, c.zeros_div ? n / c.zeros_div : 0, rng));
-        all.insert(all.end(), As.back().begin(), As.back().end());
-    }
+    spd_case_batch(n, rng, &As, &all);
     int batch = (int)As.size();
     size_t nn = (size_t)n * n;
     float* d_A = to_device(all.data(), all.size());
