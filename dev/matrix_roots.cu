@@ -365,6 +365,7 @@ struct NewtonState {
     bool failed = false, converged = false;
     bool fell_back = false;  // the scaled iteration failed or did not converge: this is the unscaled rerun's state
     int discarded = 0;       // steps of that failed scaled attempt
+    int delta_steps = 0;     // version 1's steps in the I + D form (V1Options::delta_below)
 };
 
 // How versions 2 and 3 and their CPU twin start: scaled steps from a Lanczos estimate (the default, with the unscaled
@@ -1358,16 +1359,18 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
 // The environment variable MATRIX_ROOTS_V1 sets the defaults, e.g. MATRIX_ROOTS_V1=split,lt (dev/torch_ops uses the
 // defaults).
 enum V1Products { V1_CONCAT, V1_SPLIT, V1_LOWER };
+constexpr double V1_DELTA_BELOW = 0.1;  // `delta`: ||M - I||_F below which version 1 steps in the I + D form
 struct V1Options {
     bool scaled = true;
     V1Products products = V1_CONCAT;
     bool lt = false;
     int lower_block = 128;  // V1_LOWER's b: 64, 128 or 256
+    double delta_below = V1_DELTA_BELOW;  // concat products: steps as I + D in TF32 once ||M - I||_F is below (0: never)
 };
 static V1Options g_v1;
 
 // MATRIX_ROOTS_V1's value: words separated by commas from scaled, unscaled, concat, split, lower (b = 128), lower64,
-// lower128, lower256, lt, cublas (a later word overrides an earlier one); false on any other word
+// lower128, lower256, lt, cublas, delta, nodelta (a later word overrides an earlier one); false on any other word
 static bool parse_v1_options(const char* text, V1Options* o) {
     std::string s(text);
     for (size_t at = 0;;) {
@@ -1383,6 +1386,8 @@ static bool parse_v1_options(const char* text, V1Options* o) {
         }
         else if (w == "lt") o->lt = true;
         else if (w == "cublas") o->lt = false;
+        else if (w == "delta") o->delta_below = V1_DELTA_BELOW;
+        else if (w == "nodelta") o->delta_below = 0.0;
         else return false;
         if (end == std::string::npos) return true;
         at = end + 1;
@@ -1421,7 +1426,7 @@ static void gpu_init() {
     if (v1 && !parse_v1_options(v1, &g_v1))
         fail(std::string("MATRIX_ROOTS_V1=") + v1 +
              ": expected words from scaled, unscaled, concat, split, lower, lower64, lower128, lower256, lt, cublas, "
-             "separated by commas");
+             "delta, nodelta, separated by commas");
     // strict fp32 unless a call asks for TF32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32)
     cublasCheck(cublasSetMathMode(g_gpu.blas, CUBLAS_DEFAULT_MATH));
     cusolverCheck(cusolverDnCreate(&g_gpu.solver));
@@ -1498,6 +1503,21 @@ __global__ void add_eps_kernel(const float* A, float* out, int n, long long tota
         long long e = idx % ((long long)n * n);
         out[idx] = A[idx] + (e / n == e % n ? eps : 0.0f);
     }
+}
+
+// Version 1's I + D steps (newton_step_tf32_delta is the twin): D = (I - M) / p; then y = c y + w after each TF32
+// product w (c = 1: X + X D, M + E M; c = 2: E <- 2 E + E E)
+__global__ void delta_kernel(const float* M, float* D, int n, int p, long long total) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long e = idx % ((long long)n * n);
+        D[idx] = ((e / n == e % n ? 1.0f : 0.0f) - M[idx]) / (float)p;
+    }
+}
+__global__ void scale_add_kernel(float* y, const float* w, float c, long long total) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x)
+        y[idx] = c * y[idx] + w[idx];
 }
 
 __device__ __forceinline__ double warp_sum_d(double v) {
@@ -1992,7 +2012,12 @@ static int inv_root_v0(const float* A, float* X, int batch, int n, int p, float 
 // pass of its own after r is known. A batch, and a scaled run that fails or ends unconverged, take the unscaled steps
 // from z = (p + 1) / (2 ||A||_F).
 
-struct V1Info { bool scaled = false, fell_back = false; LanczosStart start; double start_ms = 0.0; };
+struct V1Info {
+    bool scaled = false, fell_back = false;
+    LanczosStart start;
+    double start_ms = 0.0;
+    int delta_steps = 0;
+};
 static V1Info g_v1_info;  // what the last inv_root_v1 call did (--test and --bench print it)
 
 constexpr int LANCZOS_THREADS = 256;
@@ -2375,6 +2400,16 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
     if (split) split_into(Xc, Xh, Xl);
     // unscaled, products on fp32 operands: T comes from the residual pass, as it always did
     bool t_with_r = !ls && !split;
+    // near convergence (concat products): T = I + D, X <- X + X D, M <- M + (T^p - I) M, each product in plain TF32,
+    // whose rounding is then relative to ||D||, not to ||X|| or ||M|| (the twin's tf32_below; --study measures it)
+    bool delta_ok = prec == PREC_3XTF32 && !split && !lower && g_v1.delta_below > 0.0;
+    auto tf32_product = [&](const float* P, const float* Q, float* C) {
+        tf32_gemm(P, n, nn, Q, n, nn, C, n, n, batch, 0.0f, lt);
+    };
+    auto scale_add = [&](float* y, const float* w, float c) {
+        scale_add_kernel<<<grid, 256, 0, g_stream>>>(y, w, c, total);
+        launchCheck();
+    };
     for (;;) {
         sumsq(M, sums, t_with_r ? T : nullptr, batch, nn, n, p, 1.0f);  // r^2 per matrix (and T)
         copy_to_host(h.data(), sums, batch * sizeof(double));
@@ -2382,6 +2417,22 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
         for (double v : h) r2 = std::isnan(v) ? v : std::max(r2, v);
         NewtonAction act = newton_decide(s, std::sqrt(r2));
         if (act == NEWTON_FAIL) break;
+        if (delta_ok && s.r < g_v1.delta_below) {  // T2 holds D, then E = T^q - I; W each product
+            delta_kernel<<<grid, 256, 0, g_stream>>>(M, T2, n, p, total);
+            launchCheck();
+            tf32_product(Xc, T2, W);
+            scale_add(Xc, W, 1.0f);
+            if (act == NEWTON_LAST) break;
+            for (int q = 1; q < p; q *= 2) {
+                tf32_product(T2, T2, W);
+                scale_add(T2, W, 2.0f);
+            }
+            tf32_product(T2, M, W);
+            scale_add(M, W, 1.0f);
+            s.iters++;
+            s.delta_steps++;
+            continue;
+        }
         double a = ls ? newton_scale_a(scale, p, s.r, s.iters == 0 ? first_cap : INFINITY) : 1.0;
         if (!t_with_r) {
             bool m_parts = split && act == NEWTON_STEP;
@@ -2435,6 +2486,7 @@ static NewtonState inv_root_v1(const float* A, float* X, int batch, int n, int p
         g_v1_info.scaled = true;
         g_v1_info.start = ls;
         NewtonState s = v1_iterate(A, X, batch, n, p, eps, prec, &ls);
+        g_v1_info.delta_steps = s.delta_steps;
         if (!s.failed && s.converged) return s;
         g_v1_info.fell_back = true;  // the unscaled iteration from the start, as before scaling existed
     }
@@ -3834,6 +3886,8 @@ static int run_study(uint64_t seed) {
     double scaled_worst[4][2] = {};
     int scaled_steps[4][2] = {};  // the same four: steps scaled, unscaled (summed over the cases)
     int delta_steps[2] = {};        // TF32 steps, all steps
+    double v1_delta_worst[2] = {};  // version 1 (3xtf32, scaled) with its I + D steps below V1_DELTA_BELOW
+    int v1_delta_steps[2] = {};
     for (int n : {32, 96})
         for (const SpdCase& c : SPD_CASES)
             for (float eps : {1e-6f, 1e-3f}) {
@@ -3872,6 +3926,12 @@ static int run_study(uint64_t seed) {
                     keep_worst(delta_worst, r);
                     delta_steps[0] += fast;
                     delta_steps[1] += r.s.iters + 1;
+                    fast = 0;
+                    r = study_cell(n, p, eps, A, o, PREC_3XTF32, false, NEWTON_SCALED_V1, METHOD_NEWTON_3XTF32,
+                                   V1_DELTA_BELOW, &fast, false);
+                    keep_worst(v1_delta_worst, r);
+                    v1_delta_steps[0] += fast;
+                    v1_delta_steps[1] += r.s.iters + 1 + r.s.discarded;
                     printf("\n");
                     fflush(stdout);
                 }
@@ -3882,6 +3942,9 @@ static int run_study(uint64_t seed) {
     printf("worst over these cases, 3xtf32 2acc lower, steps below ||M - I||_F = %g in TF32 as I + D: rel err / "
            "tolerance %.3f, residual / tolerance %.3f; %d of %d steps in TF32\n", STUDY_TF32_BELOW, delta_worst[0],
            delta_worst[1], delta_steps[0], delta_steps[1]);
+    printf("worst over these cases, 3xtf32 scaled, version 1 with its I + D steps (MATRIX_ROOTS_V1=delta) below "
+           "||M - I||_F = %g: rel err / tolerance %.3f, residual / tolerance %.3f; %d of %d steps as I + D\n",
+           V1_DELTA_BELOW, v1_delta_worst[0], v1_delta_worst[1], v1_delta_steps[0], v1_delta_steps[1]);
     const char* extra_names[3] = {"fp32 lower (fp32 tol)", "3xtf32 2acc full products (3xtf32 tol)",
                                   "3xtf32 2acc lower, versions 3 and 4 (3xtf32 tol)"};
     for (int x = 0; x < 3; x++)
@@ -3952,28 +4015,31 @@ static void test_newton_twin(Rng& rng) {
             // fp32, version 1's 3xTF32, versions 3 and 4's (two accumulators, lower-triangle products mirrored);
             // unscaled (version 4, version 1's batches), scaled (versions 2 and 3) and version 1's scaled (fp32 and
             // its 3xTF32), which must not need their fallback here; version 1's 3xTF32 with lower-triangle products
-            // (V1_LOWER), unscaled (batches) and scaled
-            const struct { Prec prec; bool lower; NewtonStart start; } twins[] = {
+            // (V1_LOWER), unscaled (batches) and scaled; version 1's default, scaled 3xTF32 with its I + D steps
+            const struct { Prec prec; bool lower; NewtonStart start; double delta; } twins[] = {
                 {PREC_FP32, false, NEWTON_UNSCALED},        {PREC_3XTF32, false, NEWTON_UNSCALED},
                 {PREC_3XTF32_2ACC, false, NEWTON_UNSCALED}, {PREC_3XTF32_2ACC, true, NEWTON_UNSCALED},
                 {PREC_FP32, false, NEWTON_SCALED},          {PREC_3XTF32, false, NEWTON_SCALED},
                 {PREC_3XTF32_2ACC, false, NEWTON_SCALED},   {PREC_3XTF32_2ACC, true, NEWTON_SCALED},
                 {PREC_FP32, false, NEWTON_SCALED_V1},       {PREC_3XTF32, false, NEWTON_SCALED_V1},
-                {PREC_3XTF32, true, NEWTON_UNSCALED},       {PREC_3XTF32, true, NEWTON_SCALED_V1}};
+                {PREC_3XTF32, true, NEWTON_UNSCALED},       {PREC_3XTF32, true, NEWTON_SCALED_V1},
+                {PREC_3XTF32, false, NEWTON_SCALED_V1, V1_DELTA_BELOW}};
             for (const auto& tw : twins) {
                 Prec prec = tw.prec;
                 bool lower = tw.lower;
                 NewtonStart start = tw.start;
                 MatF X((size_t)n * n);
-                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, 0.0, nullptr, start);
+                int as_delta = 0;
+                NewtonState st = newton_cpu(n, p, eps, A.data(), X.data(), prec, 0, lower, tw.delta, &as_delta, start);
                 RootTol t = root_tolerance(prec == PREC_FP32 ? METHOD_NEWTON_FP32 : METHOD_NEWTON_3XTF32, n, p, kappa);
                 double e = rel_err(X.size(), X.data(), o.X.data()), res = root_residual(n, p, X.data(), A.data(), eps);
                 report(!st.failed && !st.fell_back && e <= t.rel && res <= t.res,
-                       fmt("cpu twin Newton %s%s%s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec),
+                       fmt("cpu twin Newton %s%s%s%s n=%d p=%d %s (kappa_eff %.1e)", prec_name(prec),
                            lower ? " lower" : "", start == NEWTON_SCALED ? " scaled"
                                                   : start == NEWTON_SCALED_V1 ? " scaled (version 1)" : "",
-                           n, p, c.name, kappa),
-                       fmt("%d steps%s, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters,
+                           tw.delta > 0.0 ? " I + D" : "", n, p, c.name, kappa),
+                       fmt("%d steps%s%s, rel err %.2e (tol %.2e), residual %.2e (tol %.2e)", st.iters,
+                           tw.delta > 0.0 ? fmt(" (%d as I + D)", as_delta).c_str() : "",
                            st.fell_back ? " after a fallback" : "", e, t.rel, res, t.res));
             }
             {  // the fallback: an estimate of lambda_max 100x too small makes the scaled iteration fail, and the
@@ -4667,11 +4733,13 @@ struct RootVariant {
     V1Products products;
     bool lt;
     int lower_block;
+    double delta_below;  // version 1: V1Options::delta_below
 };
 static const RootVariant ROOT_VARIANTS[] = {
     {"v0 cusolver", 0, PREC_FP32, METHOD_EIG, 0, NEWTON_UNSCALED},
     {"v1 newton fp32", 1, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_SCALED},
-    {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
+    {"v1 newton 3xtf32", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_CONCAT, false, 128,
+     V1_DELTA_BELOW},
     {"v1 3xtf32 unscaled", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_UNSCALED},
     {"v1 3xtf32 split", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_SPLIT, false},
     {"v1 3xtf32 lt", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_CONCAT, true},
@@ -4679,6 +4747,7 @@ static const RootVariant ROOT_VARIANTS[] = {
     {"v1 3xtf32 lower", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 128},
     {"v1 3xtf32 lower64", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 64},
     {"v1 3xtf32 lower256", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 256},
+    {"v1 3xtf32 no delta", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
     {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_SCALED},
     {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
     {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1, NEWTON_SCALED},
@@ -4689,8 +4758,9 @@ static const RootVariant ROOT_VARIANTS[] = {
 static std::string v1_start_text() {
     if (!g_v1_info.scaled) return " (unscaled)";
     const LanczosStart& ls = g_v1_info.start;
-    return fmt(" (scaled: %d Lanczos steps in %.3f ms, M0 in [%.2e, 1], 1 / z %.3e, ||M0||_inf %.2f%s)", ls.k,
+    return fmt(" (scaled: %d Lanczos steps in %.3f ms, M0 in [%.2e, 1], 1 / z %.3e, ||M0||_inf %.2f%s%s)", ls.k,
                g_v1_info.start_ms, ls.lo, 1.0 / ls.z, ls.z * ls.rowsum_max,
+               g_v1_info.delta_steps ? fmt(", %d steps as I + D", g_v1_info.delta_steps).c_str() : "",
                g_v1_info.fell_back ? ", fell back to unscaled" : "");
 }
 
@@ -4715,7 +4785,8 @@ static const char* run_root_variant(const RootVariant& v, const float* d_A, floa
     }
     if (v.version == 1) {
         V1Options saved = g_v1;
-        g_v1 = {v.start != NEWTON_UNSCALED, v.products, v.lt, v.lower_block ? v.lower_block : V1Options().lower_block};
+        g_v1 = {v.start != NEWTON_UNSCALED, v.products, v.lt, v.lower_block ? v.lower_block : V1Options().lower_block,
+                v.delta_below};
         NewtonState s = inv_root_v1(d_A, d_X, batch, n, p, eps, v.prec);
         g_v1 = saved;
         steps.assign(batch, s.iters);
