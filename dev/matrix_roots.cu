@@ -365,7 +365,7 @@ struct NewtonState {
     bool failed = false, converged = false;
     bool fell_back = false;  // the scaled iteration failed or did not converge: this is the unscaled rerun's state
     int discarded = 0;       // steps of that failed scaled attempt
-    int delta_steps = 0;     // version 1's steps in the I + D form (V1Options::delta_below)
+    int delta_steps = 0;     // version 1's steps in the I + D form (V1Options::delta_below), the last X step too
 };
 
 // How versions 2 and 3 and their CPU twin start: scaled steps from a Lanczos estimate (the default, with the unscaled
@@ -2422,6 +2422,7 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
             launchCheck();
             tf32_product(Xc, T2, W);
             scale_add(Xc, W, 1.0f);
+            s.delta_steps++;
             if (act == NEWTON_LAST) break;
             for (int q = 1; q < p; q *= 2) {
                 tf32_product(T2, T2, W);
@@ -2430,7 +2431,6 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
             tf32_product(T2, M, W);
             scale_add(M, W, 1.0f);
             s.iters++;
-            s.delta_steps++;
             continue;
         }
         double a = ls ? newton_scale_a(scale, p, s.r, s.iters == 0 ? first_cap : INFINITY) : 1.0;
