@@ -3390,6 +3390,15 @@ __global__ void __launch_bounds__(MUON_TILE * MUON_TILE_ROWS)
         }
     }
 }
+// --muon_ns gram: Z += a I over a batch of m x m matrices (stride ss; element e: matrix e / m, diagonal entry e % m)
+template <typename S>
+struct MuonDiag {
+    S* z; int m; long long ss; float a;
+    __host__ __device__ void operator()(size_t e) const {
+        S* d = z + (long long)(e / m) * ss + (long long)(e % m) * (m + 1);
+        *d = muon_from_float<S>(muon_to_float(*d) + a);
+    }
+};
 // AdamW on the parameters Muon leaves (their element indices idx[])
 struct MuonAdamW {
     const int* idx; float *p, *m, *v, *ema; const float* g; float beta1, beta2, lr_wd, eps; const float* hyper;
@@ -3424,14 +3433,6 @@ __global__ void muon_sumsq_finalize_kernel(const float* partial, const int* firs
     double s = 0.0;
     for (int c = first_chunk[k]; c < first_chunk[k + 1]; c++) s += partial[c];
     sumsq[k] = (float)s;
-}
-// --muon_ns gram: Z += a I for each of count m x m matrices (stride ss), after Z = c R R + b R
-template <typename S>
-__global__ void muon_diag_kernel(S* z, int m, long long ss, int count, float a) {
-    const int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= m * count) return;
-    S* d = z + (e / m) * ss + (long long)(e % m) * (m + 1);
-    *d = muon_from_float<S>(muon_to_float(*d) + a);
 }
 
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
@@ -6021,9 +6022,8 @@ static cudaStream_t muon_stream(const MuonPlan* mp) { return mp->overlap ? mp->s
 // x[0] into x[1] and alternates at each restart and at the end
 static int muon_final_x(const MuonPlan* mp) {
     if (mp->ns == MUON_NS_STANDARD) return mp->ns_steps % 2;
-    int moves = 1;
-    for (int s = 0; s < mp->ns_steps; s++) moves += muon_gram_restart(s, mp->ns_steps);
-    return (1 + moves) % 2;
+    const int restarts = (muon_ns_work(mp->ns_steps, MUON_NS_GRAM).on_x - 2) / 2;  // X <- Q X at each, and the end
+    return (1 + restarts + 1) % 2;
 }
 // The element types as f(T(), S()): T the momentum's group buffer (bf16 with --precision bf16: torch's Muon rounds
 // the update to bf16, else fp32), S the Newton-Schulz's (T; gram in half precision: fp16)
@@ -6091,16 +6091,7 @@ static void muon_ns_gram(MuonPlan* mp, int k, cudaStream_t st) {
         const int zi = qi == 1 ? 2 : 1;  // Z = c R R + b R + a I
         muon_gemm(mp, st, c + 1, false, m, m, m, MUON_C, sq(0), m, ss, sq(0), m, ss, MUON_B, sq(0), sq(zi), m, ss,
                   gr.count);
-        if (mp->cpu)
-            for (int b = 0; b < gr.count; b++)
-                for (int i = 0; i < m; i++) {
-                    S& d = sq(zi)[b * ss + (long long)i * (m + 1)];
-                    d = muon_from_float<S>(muon_to_float(d) + MUON_A);
-                }
-        else {
-            muon_diag_kernel<<<ceil_div(m * gr.count, EW), EW, 0, st>>>(sq(zi), m, ss, gr.count, MUON_A);
-            cudaCheck(cudaGetLastError());
-        }
+        muon_each(mp->cpu, st, 0, (size_t)m * gr.count, MuonDiag<S>{sq(zi), m, ss, MUON_A});
         if (qi < 0) qi = zi;  // Q = Z (Z stays there for this step)
         else {                // Q <- Z Q into the third buffer
             const int ni = 6 - qi - zi;
