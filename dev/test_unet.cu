@@ -195,6 +195,103 @@ static void check_muon_final(UNet* m, const BinFile* f, const std::string& tag) 
            tag.c_str(), compared, noise);
 }
 
+// A debug state with fixed_grad.* (dev/unet.py --debug_state): its file (kept open: the references), the model, the
+// initial weights and the gradient grad.* (ours layout), the optimizer and its settings from the header
+struct FixedGrad {
+    BinFile f;
+    UNet model;
+    std::vector<float> p0, g;
+    int n_fixed = 0, opt = 0;
+    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, wd = 0;
+};
+// false (reported: SKIP without the file or its fixed_grad.* tensors, else FAIL) where path does not load
+static bool fixed_grad_load(const std::string& path, const std::string& tag, FixedGrad* fx) {
+    std::string e = bin_open(&fx->f, path.c_str(), UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
+    if (!e.empty()) {
+        if (access(path.c_str(), F_OK) != 0) report("SKIP", tag, "no file " + path);
+        else report("FAIL", tag, e);
+        return false;
+    }
+    UNetConfig cfg;
+    if (!config_from_file(fx->f, tag, &cfg)) return false;
+    const int32_t* h = fx->f.hdr;
+    fx->n_fixed = h[DS_N_FIXED];
+    fx->opt = h[DS_OPTIMIZER];
+    if (fx->n_fixed == 0 && !bin_find(&fx->f, "fixed_grad." + std::string("out.2.bias"))) {
+        report("SKIP", tag, "no fixed_grad.* tensors (a debug state from before them: re-run dev/unet.py)");
+        return false;
+    }
+    if (fx->n_fixed < 1 || fx->opt < 0 || fx->opt > 1) {
+        report("FAIL", tag, strfmt("header: n_fixed %d (expected >= 1), optimizer %d (expected 0 or 1)", fx->n_fixed,
+                                   fx->opt));
+        return false;
+    }
+    fx->lr = hdr_float(h, 20), fx->beta1 = hdr_float(h, 21), fx->beta2 = hdr_float(h, 22);
+    fx->eps = hdr_float(h, 23), fx->wd = hdr_float(h, 24);
+    unet_define(&fx->model, cfg, h[18]);
+    fx->p0.assign(fx->model.n_params, 0.f);
+    fx->g.assign(fx->model.n_params, 0.f);
+    for (const Param& q : fx->model.params) {
+        const float* w = (const float*)bin_expect(&fx->f, q.name, DT_F32, q.ndim, q.shape, &e);
+        const float* gr = w ? (const float*)bin_expect(&fx->f, "grad." + q.name, DT_F32, q.ndim, q.shape, &e) : nullptr;
+        if (!gr) {
+            report("FAIL", tag, e);
+            return false;
+        }
+        param_from_torch(q, w, fx->p0.data() + q.off);
+        param_from_torch(q, gr, fx->g.data() + q.off);
+    }
+    return true;
+}
+// The parameters (ours layout) after fx.n_fixed steps that each take grad.* as the gradient: AdamW (adamw_elem on the
+// CPU), or Muon's plan (grouping, Newton-Schulz form ns) on the CPU's host arrays or on the GPU (bf16 group buffers
+// where half). plan, when given: the plan's matrices and groups, in words.
+static std::vector<float> fixed_grad_steps(FixedGrad& fx, bool cpu, int grouping, int ns, bool half,
+                                           std::string* plan = nullptr) {
+    const int32_t* h = fx.f.hdr;
+    const size_t np = fx.model.n_params;
+    MuonPlan* mp = fx.opt == OPT_MUON ? muon_create(&fx.model, hdr_float(h, DS_MUON_LR), hdr_float(h, DS_MUON_MOMENTUM),
+                                                    h[DS_MUON_NESTEROV], h[DS_NS_STEPS], grouping, ns, half, cpu)
+                                      : nullptr;
+    std::vector<float> p = fx.p0, m1(np, 0.f), v(np, 0.f);
+    float *dp = nullptr, *dg = nullptr, *dm = nullptr, *dv = nullptr, *dh = nullptr;
+    if (!cpu && !mp) {
+        report("FAIL", "fixed_grad_steps", "the GPU runs Muon's step only (AdamW's is checked elsewhere)");
+        return p;
+    }
+    if (!cpu) {
+        for (float** a : {&dp, &dg, &dm, &dv}) cudaCheck(cudaMalloc(a, np * sizeof(float)));
+        cudaCheck(cudaMalloc(&dh, 3 * sizeof(float)));
+        cudaCheck(cudaMemcpy(dp, p.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dg, fx.g.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(dm, 0, np * sizeof(float)));
+        cudaCheck(cudaMemset(dv, 0, np * sizeof(float)));
+    }
+    for (int t = 1; t <= fx.n_fixed; t++) {
+        float hyper[3];
+        adam_hyper(t, hyper, fx.lr, fx.beta1, fx.beta2, 0.f);
+        if (!cpu) {
+            cudaCheck(cudaMemcpy(dh, hyper, sizeof hyper, cudaMemcpyHostToDevice));
+            muon_step(mp, dp, dg, dm, dv, nullptr, dh, fx.beta1, fx.beta2, fx.eps, fx.lr, fx.wd);
+            cudaCheck(cudaDeviceSynchronize());
+        } else if (mp) {
+            muon_step(mp, p.data(), fx.g.data(), m1.data(), v.data(), nullptr, hyper, fx.beta1, fx.beta2, fx.eps,
+                      fx.lr, fx.wd);
+        } else {
+            for (size_t i = 0; i < np; i++)
+                adamw_elem(p.data(), fx.g.data(), m1.data(), v.data(), nullptr, i, fx.beta1, fx.beta2, fx.lr * fx.wd,
+                           fx.eps, hyper);
+        }
+    }
+    if (!cpu) {
+        cudaCheck(cudaMemcpy(p.data(), dp, np * sizeof(float), cudaMemcpyDeviceToHost));
+        for (float* a : {dp, dg, dm, dv, dh}) cudaCheck(cudaFree(a));
+    }
+    if (mp && plan) *plan = strfmt("%zu matrices in %zu groups", mp->mats.size(), mp->groups.size());
+    if (mp) muon_destroy(mp);
+    return p;
+}
+
 // The optimizer step on the CPU (CI): from the debug state's initial weights, n_fixed steps that each take grad.*
 // as the gradient, through the trainer's own functors (muon_step on host arrays, Newton-Schulz in fp32 with double
 // accumulation; AdamW: adamw_elem), against PyTorch's fixed_grad.* (fp32, torch.optim.Muon with an fp32 iteration).
@@ -205,63 +302,19 @@ static void check_muon_final(UNet* m, const BinFile* f, const std::string& tag) 
 // weights with 1e-4 of its scale, rtol 1e-3.
 static const double FIXED_ATOL_REL = 1e-4, FIXED_RTOL = 1e-3;
 static void test_fixed_grad_cpu(const std::string& path) {
-    std::string tag = base_name(path) + " cpu step";
-    BinFile f;
-    std::string e = bin_open(&f, path.c_str(), UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
-    if (!e.empty()) {
-        if (access(path.c_str(), F_OK) != 0) report("SKIP", tag, "no file " + path);
-        else report("FAIL", tag, e);
-        return;
-    }
-    UNetConfig cfg;
-    if (!config_from_file(f, tag, &cfg)) return;
-    const int32_t* h = f.hdr;
-    const int n_fixed = h[DS_N_FIXED], opt = h[DS_OPTIMIZER];
-    if (n_fixed == 0 && !bin_find(&f, "fixed_grad." + std::string("out.2.bias"))) {
-        report("SKIP", tag, "no fixed_grad.* tensors (a debug state from before them: re-run dev/unet.py)");
-        return;
-    }
-    if (n_fixed < 1 || opt < 0 || opt > 1) {
-        report("FAIL", tag, strfmt("header: n_fixed %d (expected >= 1), optimizer %d (expected 0 or 1)", n_fixed, opt));
-        return;
-    }
-    const float lr = hdr_float(h, 20), beta1 = hdr_float(h, 21), beta2 = hdr_float(h, 22), eps = hdr_float(h, 23),
-                wd = hdr_float(h, 24);
-    UNet model;
-    unet_define(&model, cfg, h[18]);
-    const size_t np = model.n_params;
-    std::vector<float> p0(np, 0.f), g(np, 0.f);
-    for (const Param& q : model.params) {
-        const float* w = (const float*)bin_expect(&f, q.name, DT_F32, q.ndim, q.shape, &e);
-        const float* gr = w ? (const float*)bin_expect(&f, "grad." + q.name, DT_F32, q.ndim, q.shape, &e) : nullptr;
-        if (!gr) {
-            report("FAIL", tag, e);
-            return;
-        }
-        param_from_torch(q, w, p0.data() + q.off);
-        param_from_torch(q, gr, g.data() + q.off);
-    }
-    const int runs = opt == OPT_MUON ? 3 : 1;
+    std::string tag = base_name(path) + " cpu step", e;
+    FixedGrad fx;
+    if (!fixed_grad_load(path, tag, &fx)) return;
+    const int runs = fx.opt == OPT_MUON ? 3 : 1;
     for (int grouping = 0; grouping < runs; grouping++) {
-        std::vector<float> p = p0, m1(np, 0.f), v(np, 0.f);
-        MuonPlan* mp = opt == OPT_MUON ? muon_create(&model, hdr_float(h, DS_MUON_LR),
-                                                     hdr_float(h, DS_MUON_MOMENTUM), h[DS_MUON_NESTEROV],
-                                                     h[DS_NS_STEPS], grouping, MUON_NS_STANDARD, false, true)
-                                       : nullptr;
-        for (int t = 1; t <= n_fixed; t++) {
-            float hyper[3];
-            adam_hyper(t, hyper, lr, beta1, beta2, 0.f);
-            if (mp) muon_step(mp, p.data(), g.data(), m1.data(), v.data(), nullptr, hyper, beta1, beta2, eps, lr, wd);
-            else
-                for (size_t i = 0; i < np; i++)
-                    adamw_elem(p.data(), g.data(), m1.data(), v.data(), nullptr, i, beta1, beta2, lr * wd, eps, hyper);
-        }
-        const std::string run = tag + " " + OPTIMIZER_NAME[opt] + (mp ? std::string(" ") + MUON_GROUPING_NAME[grouping]
-                                                                        : std::string());
+        std::string plan;
+        const std::vector<float> p = fixed_grad_steps(fx, true, grouping, MUON_NS_STANDARD, false, &plan);
+        const std::string run = tag + " " + OPTIMIZER_NAME[fx.opt] +
+                                (fx.opt == OPT_MUON ? std::string(" ") + MUON_GROUPING_NAME[grouping] : std::string());
         int fails = 0;
-        for (const Param& q : model.params) {
-            const float* w = (const float*)bin_expect(&f, q.name, DT_F32, q.ndim, q.shape, &e);
-            const float* ref = (const float*)bin_expect(&f, "fixed_grad." + q.name, DT_F32, q.ndim, q.shape, &e);
+        for (const Param& q : fx.model.params) {
+            const float* w = (const float*)bin_expect(&fx.f, q.name, DT_F32, q.ndim, q.shape, &e);
+            const float* ref = (const float*)bin_expect(&fx.f, "fixed_grad." + q.name, DT_F32, q.ndim, q.shape, &e);
             if (!ref) {
                 report("FAIL", run, e);
                 fails++;
@@ -277,96 +330,26 @@ static void test_fixed_grad_cpu(const std::string& path) {
                               true))
                 fails++;
         }
-        std::string detail = strfmt("%d steps on grad.*: %zu tensors against fixed_grad.*, %d failed", n_fixed,
-                                    model.params.size(), fails);
-        if (mp) detail += strfmt(" (%zu matrices in %zu groups)", mp->mats.size(), mp->groups.size());
+        std::string detail = strfmt("%d steps on grad.*: %zu tensors against fixed_grad.*, %d failed", fx.n_fixed,
+                                    fx.model.params.size(), fails);
+        if (!plan.empty()) detail += " (" + plan + ")";
         printf("     %s: %s\n", run.c_str(), detail.c_str());
-        if (mp) muon_destroy(mp);
     }
 }
 
-// --muon_ns gram against the standard form, from the Muon fixture's weights and gradients (grad.*): n_fixed steps
-// of muon_step with each configuration, the change of every Muon weight compared tensor by tensor (AdamW's
-// parameters take the same code either way). A configuration: the side (CPU host arrays, or the GPU at prec) and
-// the Newton-Schulz form. Returns each parameter's change from the initial weights (ours layout), or empty (FAIL
-// reported) where the fixture does not load.
-struct MuonFixture {
-    UNet model;
-    std::vector<float> p0, g;
-    int n_fixed = 0;
-    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, wd = 0, muon_lr = 0, muon_momentum = 0;
-    int nesterov = 0, ns_steps = 0;
-};
-static bool muon_fixture_load(const std::string& tag, MuonFixture* fx) {
-    BinFile f;
-    std::string e = bin_open(&f, MUON_FIXTURE, UNET_DEBUG_MAGIC, UNET_FORMAT_VERSION, "unet debug state");
-    if (!e.empty()) {
-        if (access(MUON_FIXTURE, F_OK) != 0) report("SKIP", tag, std::string("no file ") + MUON_FIXTURE);
-        else report("FAIL", tag, e);
-        return false;
-    }
-    UNetConfig cfg;
-    if (!config_from_file(f, tag, &cfg)) return false;
-    const int32_t* h = f.hdr;
-    if (h[DS_OPTIMIZER] != OPT_MUON || h[DS_N_FIXED] < 1) {
-        report("FAIL", tag, strfmt("%s: optimizer %d, n_fixed %d (expected 1 and >= 1)", MUON_FIXTURE,
-                                   h[DS_OPTIMIZER], h[DS_N_FIXED]));
-        return false;
-    }
-    unet_define(&fx->model, cfg, h[18]);
-    fx->n_fixed = h[DS_N_FIXED];
-    fx->lr = hdr_float(h, 20), fx->beta1 = hdr_float(h, 21), fx->beta2 = hdr_float(h, 22);
-    fx->eps = hdr_float(h, 23), fx->wd = hdr_float(h, 24);
-    fx->muon_lr = hdr_float(h, DS_MUON_LR), fx->muon_momentum = hdr_float(h, DS_MUON_MOMENTUM);
-    fx->nesterov = h[DS_MUON_NESTEROV], fx->ns_steps = h[DS_NS_STEPS];
-    fx->p0.assign(fx->model.n_params, 0.f);
-    fx->g.assign(fx->model.n_params, 0.f);
-    for (const Param& q : fx->model.params) {
-        const float* w = (const float*)bin_expect(&f, q.name, DT_F32, q.ndim, q.shape, &e);
-        const float* gr = w ? (const float*)bin_expect(&f, "grad." + q.name, DT_F32, q.ndim, q.shape, &e) : nullptr;
-        if (!gr) {
-            report("FAIL", tag, e);
-            return false;
-        }
-        param_from_torch(q, w, fx->p0.data() + q.off);
-        param_from_torch(q, gr, fx->g.data() + q.off);
-    }
-    return true;
-}
-// the parameters' change after fx.n_fixed steps on the CPU (cpu) or the GPU (bf16 group buffers where half)
-static std::vector<float> muon_fixture_run(MuonFixture& fx, bool cpu, int ns, bool half) {
-    const size_t np = fx.model.n_params;
-    MuonPlan* mp = muon_create(&fx.model, fx.muon_lr, fx.muon_momentum, fx.nesterov, fx.ns_steps, MG_AUTO, ns, half,
-                               cpu);
-    std::vector<float> p = fx.p0, m1(np, 0.f), v(np, 0.f);
-    float *dp = nullptr, *dg = nullptr, *dm = nullptr, *dv = nullptr, *dh = nullptr;
-    if (!cpu) {
-        for (float** a : {&dp, &dg, &dm, &dv}) cudaCheck(cudaMalloc(a, np * sizeof(float)));
-        cudaCheck(cudaMalloc(&dh, 3 * sizeof(float)));
-        cudaCheck(cudaMemcpy(dp, p.data(), np * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(dg, fx.g.data(), np * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(dm, 0, np * sizeof(float)));
-        cudaCheck(cudaMemset(dv, 0, np * sizeof(float)));
-    }
-    for (int t = 1; t <= fx.n_fixed; t++) {
-        float hyper[3];
-        adam_hyper(t, hyper, fx.lr, fx.beta1, fx.beta2, 0.f);
-        if (cpu) {
-            muon_step(mp, p.data(), fx.g.data(), m1.data(), v.data(), nullptr, hyper, fx.beta1, fx.beta2, fx.eps,
-                      fx.lr, fx.wd);
-        } else {
-            cudaCheck(cudaMemcpy(dh, hyper, sizeof hyper, cudaMemcpyHostToDevice));
-            muon_step(mp, dp, dg, dm, dv, nullptr, dh, fx.beta1, fx.beta2, fx.eps, fx.lr, fx.wd);
-            cudaCheck(cudaDeviceSynchronize());
-        }
-    }
-    if (!cpu) {
-        cudaCheck(cudaMemcpy(p.data(), dp, np * sizeof(float), cudaMemcpyDeviceToHost));
-        for (float* a : {dp, dg, dm, dv, dh}) cudaCheck(cudaFree(a));
-    }
-    muon_destroy(mp);
-    for (size_t i = 0; i < np; i++) p[i] -= fx.p0[i];
+// --muon_ns gram against the standard form, from the Muon fixture (grad.* for n_fixed steps), tensor by tensor.
+// The change of every parameter after the steps: fixed_grad_steps less the initial weights.
+static std::vector<float> muon_fixture_change(FixedGrad& fx, bool cpu, int ns, bool half) {
+    std::vector<float> p = fixed_grad_steps(fx, cpu, MG_AUTO, ns, half);
+    for (size_t i = 0; i < p.size(); i++) p[i] -= fx.p0[i];
     return p;
+}
+// the Muon fixture loaded, or false (reported)
+static bool muon_fixture_load(const std::string& tag, FixedGrad* fx) {
+    if (!fixed_grad_load(MUON_FIXTURE, tag, fx)) return false;
+    if (fx->opt == OPT_MUON) return true;
+    report("FAIL", tag, strfmt("%s: optimizer %d, expected 1 (muon)", MUON_FIXTURE, fx->opt));
+    return false;
 }
 // ||a - b||_F / ||b||_F over parameter q (0 where both are 0)
 static double muon_rel_diff(const Param& q, const std::vector<float>& a, const std::vector<float>& b) {
@@ -392,10 +375,10 @@ static bool keep_worst(double r, const std::string& at, double* worst, std::stri
 static const double MUON_GRAM_CPU_REL = 2e-4;
 static void test_muon_gram_cpu() {
     const std::string tag = "muon gram cpu";
-    MuonFixture fx;
+    FixedGrad fx;
     if (!muon_fixture_load(tag, &fx)) return;
-    const std::vector<float> std_d = muon_fixture_run(fx, true, MUON_NS_STANDARD, false);
-    const std::vector<float> gram_d = muon_fixture_run(fx, true, MUON_NS_GRAM, false);
+    const std::vector<float> std_d = muon_fixture_change(fx, true, MUON_NS_STANDARD, false);
+    const std::vector<float> gram_d = muon_fixture_change(fx, true, MUON_NS_GRAM, false);
     double worst = 0.0;
     std::string worst_name;
     bool adam_same = true;
@@ -421,19 +404,19 @@ static void test_muon_gram_cpu() {
 static const double MUON_GRAM_GPU_REL = 1e-4;
 static void test_muon_gram_gpu() {
     const std::string tag = "muon gram gpu";
-    MuonFixture fx;
+    FixedGrad fx;
     if (!muon_fixture_load(tag, &fx)) return;
-    const std::vector<float> ref = muon_fixture_run(fx, true, MUON_NS_STANDARD, false);
+    const std::vector<float> ref = muon_fixture_change(fx, true, MUON_NS_STANDARD, false);
     set_tf32(false);
-    const std::vector<float> gram_cpu = muon_fixture_run(fx, true, MUON_NS_GRAM, false);
-    const std::vector<float> gram_fp32 = muon_fixture_run(fx, false, MUON_NS_GRAM, false);
+    const std::vector<float> gram_cpu = muon_fixture_change(fx, true, MUON_NS_GRAM, false);
+    const std::vector<float> gram_fp32 = muon_fixture_change(fx, false, MUON_NS_GRAM, false);
     double worst32 = 0.0, worst_ratio = 0.0, err_std_at = 0.0, err_gram_at = 0.0;
     std::string name32, name_ratio;
     const bool bf = have_bf16_mma();
     std::vector<float> std_bf, gram_fp16;
     if (bf) {
-        std_bf = muon_fixture_run(fx, false, MUON_NS_STANDARD, true);
-        gram_fp16 = muon_fixture_run(fx, false, MUON_NS_GRAM, true);
+        std_bf = muon_fixture_change(fx, false, MUON_NS_STANDARD, true);
+        gram_fp16 = muon_fixture_change(fx, false, MUON_NS_GRAM, true);
     }
     int n_muon = 0;
     for (const Param& q : fx.model.params) {
