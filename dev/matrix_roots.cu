@@ -463,9 +463,10 @@ __host__ __device__ inline double newton_alpha(int p, double lo, double hi) {
 }
 
 // newton_alpha's a in closed form (versions 2 and 3 and their twin): with a lo <= 1 and a hi < p + 1 both factors of
-// g(a lo) = g(a hi) are positive, and its p-th root is linear in a: s (p + 1 - a lo) = p + 1 - a hi, s = (lo / hi)^(1/p),
-// so a = (p + 1) (1 - s) / (hi - s lo), then the same bracket [1 / hi, min(1 / lo, cap)]. Two square roots and a
-// division instead of 40 bisection steps, which every thread of a block computed before each step (~2 us).
+// g(a lo) = g(a hi) are positive, and its p-th root is linear in a: s (p + 1 - a lo) = p + 1 - a hi,
+// s = (lo / hi)^(1/p), so a = (p + 1) (1 - s) / (hi - s lo), then the same bracket [1 / hi, min(1 / lo, cap)].
+// Two square roots and a division instead of 40 bisection steps, which every thread of a block computed before each
+// step (~2 us).
 __host__ __device__ inline double newton_alpha_closed(int p, double lo, double hi) {
     double cap = fmin((p + 1) / (NEWTON_HI_SLACK * hi), (p + 1) * (1.0 - 1.0 / newton_root_p(NEWTON_T_SPREAD, p)) / hi);
     double a0 = 1.0 / hi, a1 = lo > 0.0 && 1.0 / lo < cap ? 1.0 / lo : cap;
@@ -866,7 +867,8 @@ static double max_abs_rowsum(int n, const float* A, float eps) {
     return m;
 }
 
-// The warp's float64 sum as the xor shuffle tree forms it (every lane ends with the same bits): part[32] in, the sum out.
+// The warp's float64 sum as the xor shuffle tree forms it (every lane ends with the same bits): part[32] in, its
+// sum out.
 static double warp_sum_cpu(double* part) {
     for (int o = 16; o > 0; o >>= 1) {
         double t[32];
@@ -1031,9 +1033,9 @@ static int lanczos_grid_cpu(int n, const float* A, float eps, double* alpha, dou
 // The coupled Newton iteration of versions 1 and 2 on the CPU, products in prec. extra: full steps taken after the
 // stopping rule says stop, as version 1 does to the matrices of a batch that converge before the slowest one.
 // lower: every product computes its lower triangle and mirrors it (versions 3 and 4).
-// tf32_below > 0 (--study only; no GPU version does it): once ||M - I||_F < tf32_below, steps in the form
-// T = I + D, X <- X + X D, M <- M + (T^p - I) M, every product in plain TF32: their rounding is relative to ||D||,
-// not to ||X|| or ||M||. *tf32_steps counts them. (Unscaled runs: those steps do not carry the scaled interval.)
+// tf32_below > 0 (version 1's default, V1_DELTA_BELOW; other columns of --study): once ||M - I||_F < tf32_below,
+// steps in the form T = I + D, X <- X + X D, M <- M + (T^p - I) M, every product in plain TF32: their rounding is
+// relative to ||D||, not to ||X|| or ||M||. *tf32_steps counts them. (Those steps do not carry the scaled interval.)
 // start: NEWTON_SCALED (versions 2 and 3; NEWTON_SCALED_V1 version 1's): z and the interval from Lanczos,
 // T = a^(1/p) ((p + 1) I - a M) / p with a from NewtonScale; if that fails or does not converge, the unscaled iteration
 // reruns (fell_back). NEWTON_UNSCALED (version 4, version 1's batches): z = (p + 1) / (2 ||A||_F), a = 1.
@@ -1365,7 +1367,7 @@ struct V1Options {
     V1Products products = V1_CONCAT;
     bool lt = false;
     int lower_block = 128;  // V1_LOWER's b: 64, 128 or 256
-    double delta_below = V1_DELTA_BELOW;  // concat products: steps as I + D in TF32 once ||M - I||_F is below (0: never)
+    double delta_below = V1_DELTA_BELOW;  // concat products: I + D steps in TF32 below this ||M - I||_F (0: never)
 };
 static V1Options g_v1;
 
@@ -4185,8 +4187,8 @@ static void test_scaled_pieces(Rng& rng) {
                fmt("%d steps (at most %d), unscaled from [1/kappa, 1] %d; spectrum inside the interval: %s", k,
                    sim.most, ku, exact ? (inside ? "yes" : "NO") : "not expected"));
     }
-    // Lanczos (both twins: lanczos_warp_cpu of versions 2 and 3, lanczos_grid_cpu of version 1; lanczos_newton_start) on
-    // known spectra: 1 / z = theta_max + residual, at or above lambda_max and within NEWTON_HI_SLACK of it;
+    // Lanczos (both twins: lanczos_warp_cpu of versions 2 and 3, lanczos_grid_cpu of version 1; lanczos_newton_start)
+    // on known spectra: 1 / z = theta_max + residual, at or above lambda_max and within NEWTON_HI_SLACK of it;
     // lo / z = theta_min at or above lambda_min
     for (double kappa : {35.0, 1e4}) {
         int n = 96;
@@ -4201,7 +4203,8 @@ static void test_scaled_pieces(Rng& rng) {
             lanczos_newton_start(alpha, beta, k, &z, &lo, twin == 0 ? lanczos23_multisection_cpu(n) : Multisection());
             double lmax = *std::max_element(dd.begin(), dd.end()), lmin = *std::min_element(dd.begin(), dd.end());
             double hi_est = 1.0 / z, tmin = lo / z;
-            report(k == (twin == 0 ? LANCZOS23_STEPS : LANCZOS_STEPS) && hi_est >= lmax * (1 - 1e-6) && hi_est <= NEWTON_HI_SLACK * lmax &&
+            report(k == (twin == 0 ? LANCZOS23_STEPS : LANCZOS_STEPS) && hi_est >= lmax * (1 - 1e-6) &&
+                       hi_est <= NEWTON_HI_SLACK * lmax &&
                        tmin >= lmin * (1 - 1e-5),
                    fmt("Lanczos start (%s twin) n=%d kappa %.0e", twin == 0 ? "warp" : "grid", n, kappa),
                    fmt("%d steps: theta_max + residual = %.6f lambda_max, theta_min = %.3f lambda_min", k,
