@@ -60,6 +60,7 @@ Measurements, tolerances and what remains: dev/matrix_roots_NOTES.md.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
 #include <cusolverDn.h>
@@ -1103,8 +1104,12 @@ static NewtonState newton_cpu(int n, int p, float eps, const float* A, float* X,
                     float diag = i == j ? (float)(p + 1) : 0.0f, m = M[(size_t)i * n + j];
                     T[(size_t)i * n + j] = scaled ? (diag - af * m) * cf : (diag - m) / (float)p;
                 }
-            matmul_f(n, X, T.data(), W.data(), prec, lower);
-            std::copy(W.begin(), W.end(), X);
+            if (s.iters == 0) {  // X0 = x0 I: the GPU versions take x0 T for the first X T, no product
+                for (size_t i = 0; i < nn; i++) X[i] = x0 * T[i];
+            } else {
+                matmul_f(n, X, T.data(), W.data(), prec, lower);
+                std::copy(W.begin(), W.end(), X);
+            }
             if (act == NEWTON_LAST) break;
             matpow_f(n, p, T.data(), Tp.data(), prec, lower);
             matmul_f(n, Tp.data(), M.data(), W.data(), prec, lower);
@@ -1358,21 +1363,23 @@ static RootTol root_tolerance(RootMethod m, int n, int p, double kappa) {
 // fastest of it and cuBLASLt's candidates for the shape, timed once (lt). lower: concat operands, but only the
 // lower-triangle blocks of a b x b blocking in one batched GEMM, then mirrored (every iterate is symmetric in exact
 // arithmetic; half the FLOPs, 36 independent outputs at n = 1024, b = 128); cuBLAS's default only (lt is ignored).
+// fp16: the concat form with fp16 parts (split3_f16_kernel): the same three terms at twice TF32's tensor-core rate.
 // The environment variable MATRIX_ROOTS_V1 sets the defaults, e.g. MATRIX_ROOTS_V1=split,lt (dev/torch_ops uses the
 // defaults).
-enum V1Products { V1_CONCAT, V1_SPLIT, V1_LOWER };
+enum V1Products { V1_CONCAT, V1_SPLIT, V1_LOWER, V1_F16 };
 constexpr double V1_DELTA_BELOW = 0.1;  // `delta`: ||M - I||_F below which version 1 steps in the I + D form
 struct V1Options {
     bool scaled = true;
-    V1Products products = V1_CONCAT;
+    V1Products products = V1_F16;  // 3xTF32's accuracy at twice its tensor-core rate (1024^2: 0.77 against 1.18 ms)
     bool lt = false;
     int lower_block = 128;  // V1_LOWER's b: 64, 128 or 256
     double delta_below = V1_DELTA_BELOW;  // concat products: I + D steps in TF32 below this ||M - I||_F (0: never)
 };
 static V1Options g_v1;
 
-// MATRIX_ROOTS_V1's value: words separated by commas from scaled, unscaled, concat, split, lower (b = 128), lower64,
-// lower128, lower256, lt, cublas, delta, nodelta (a later word overrides an earlier one); false on any other word
+// MATRIX_ROOTS_V1's value: words separated by commas from scaled, unscaled, concat, split, fp16, lower (b = 128),
+// lower64, lower128, lower256, lt, cublas, delta, nodelta (a later word overrides an earlier one); false on any
+// other word
 static bool parse_v1_options(const char* text, V1Options* o) {
     std::string s(text);
     for (size_t at = 0;;) {
@@ -1382,6 +1389,7 @@ static bool parse_v1_options(const char* text, V1Options* o) {
         else if (w == "unscaled") o->scaled = false;
         else if (w == "concat") o->products = V1_CONCAT;
         else if (w == "split") o->products = V1_SPLIT;
+        else if (w == "fp16") o->products = V1_F16;
         else if (w == "lower" || w == "lower64" || w == "lower128" || w == "lower256") {
             o->products = V1_LOWER;
             o->lower_block = w == "lower" ? 128 : std::atoi(w.c_str() + 5);
@@ -1427,8 +1435,8 @@ static void gpu_init() {
     const char* v1 = getenv("MATRIX_ROOTS_V1");
     if (v1 && !parse_v1_options(v1, &g_v1))
         fail(std::string("MATRIX_ROOTS_V1=") + v1 +
-             ": expected words from scaled, unscaled, concat, split, lower, lower64, lower128, lower256, lt, cublas, "
-             "delta, nodelta, separated by commas");
+             ": expected words from scaled, unscaled, concat, split, fp16, lower, lower64, lower128, lower256, lt, "
+             "cublas, delta, nodelta, separated by commas");
     // strict fp32 unless a call asks for TF32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32)
     cublasCheck(cublasSetMathMode(g_gpu.blas, CUBLAS_DEFAULT_MATH));
     cusolverCheck(cusolverDnCreate(&g_gpu.solver));
@@ -1450,7 +1458,7 @@ static void copy_to_host(void* dst, const void* src, size_t bytes) {
 
 enum WsSlot { WS_M, WS_T, WS_T2, WS_W, WS_A3, WS_B3, WS_SUMS, WS_LAMBDA, WS_INFO, WS_WORK, WS_NS_X, WS_NS_XN,
               WS_NS_A, WS_NS_B, WS_STATUS, WS_COOP_SUMS, WS_SPLIT, WS_LT_WORK, WS_LT_SCRATCH, WS_LANCZOS,
-              WS_LANCZOS_W, WS_LOWER_PTRS, WS_LOWER_C, WS_COUNT };
+              WS_LANCZOS_W, WS_LOWER_PTRS, WS_LOWER_C, WS_X0, WS_COUNT };
 static void* g_ws[WS_COUNT] = {};
 static size_t g_ws_bytes[WS_COUNT] = {};
 static void* ws_get(WsSlot slot, size_t bytes) {
@@ -1536,7 +1544,8 @@ __global__ void sumsq_kernel(const float* M, double* sums, float* T, long long c
     float inv_p = 1.0f / (float)p, diag = (float)(p + 1);
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
          e += (long long)gridDim.x * blockDim.x) {
-        bool on_diag = e / n == e % n;
+        // e = i n + j is on the diagonal iff e is a multiple of n + 1 (one 32-bit remainder, not two 64-bit divisions)
+        bool on_diag = count <= UINT32_MAX ? (uint32_t)e % (uint32_t)(n + 1) == 0 : e % (n + 1) == 0;
         float m = M[base + e];
         float d = m - (on_diag ? shift : 0.0f);
         s += (double)d * d;
@@ -1560,15 +1569,17 @@ static void sumsq(const float* M, double* sums, float* T, int batch, long long c
     launchCheck();
 }
 
-// Coupled Newton start: M = z A in place, X = z^(1/p) I, z = (p + 1) / (2 ||A||_F) from sums[b] = ||A||_F^2.
-__global__ void newton_init_kernel(float* M, float* X, const double* sums, int n, int p, long long total) {
+// Coupled Newton start: M = z A in place, X = I and x0[b] = z^(1/p) (version 1 carries X / x0: see v1_iterate),
+// z = (p + 1) / (2 ||A||_F) from sums[b] = ||A||_F^2.
+__global__ void newton_init_kernel(float* M, float* X, float* x0, const double* sums, int n, int p, long long total) {
     long long nn = (long long)n * n;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         long long b = idx / nn, e = idx % nn;
         double z = (p + 1) / (2.0 * sqrt(sums[b]));
         M[idx] = (float)z * M[idx];
-        X[idx] = e / n == e % n ? (float)pow(z, 1.0 / p) : 0.0f;
+        X[idx] = e / n == e % n ? 1.0f : 0.0f;
+        if (e == 0) x0[b] = (float)pow(z, 1.0 / p);
     }
 }
 
@@ -1610,6 +1621,43 @@ __global__ void split_kernel(const float* A, float* hi, float* lo, long long tot
         hi[idx] = h;
         lo[idx] = tf32_rna(a - h);
     }
+}
+
+// The fp16 form of split3_kernel (V1_F16): hi = fp16(x), lo = fp16((x - hi) 2^11), A3 = [A_hi | A_hi | A_lo],
+// B3 = [2^11 B_hi; B_lo; B_hi], so that 2^-11 A3 B3 = A_hi B_hi + 2^-11 (A_hi B_lo + A_lo B_hi) in one K = 3n GEMM.
+// Both parts keep 11 bits, as TF32's do; the remainder is scaled by 2^11 to stay in fp16's normal range. B is a power
+// of T or M (entries below ~7 while the iteration converges), so 2^11 B_hi stays finite; a diverging B overflows to
+// inf, which the residual check sees. Rows by blockIdx.y (batch * n of them), no division per element.
+constexpr float F16_LO_SCALE = 2048.0f;
+// x's parts: hi, and the remainder times 2^11 (x = hi + lo 2^-11 up to fp16's rounding of lo); the host tests it
+__host__ __device__ inline void f16_parts(float x, __half& hi, __half& lo) {
+    hi = __float2half_rn(x);
+    lo = __float2half_rn((x - __half2float(hi)) * F16_LO_SCALE);
+}
+
+__global__ void split3_f16_kernel(const float* A, const float* B, __half* A3, __half* B3, int n, long long rows) {
+    for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
+        long long b = row / n, i = row - b * n, nn = (long long)n * n;
+        const float *a = A + row * n, *v = B + row * n;
+        __half* a3 = A3 + b * 3 * nn + i * 3 * n;
+        __half* b3 = B3 + b * 3 * nn + i * n;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+            __half hi, lo;
+            f16_parts(a[j], hi, lo);
+            a3[j] = hi;
+            a3[n + j] = hi;
+            a3[2 * n + j] = lo;
+            f16_parts(v[j], hi, lo);
+            b3[j] = __float2half_rn(__half2float(hi) * F16_LO_SCALE);  // exact unless it overflows
+            b3[nn + j] = lo;
+            b3[2 * nn + j] = hi;
+        }
+    }
+}
+
+// a grid over rows (y) and columns (x) of `rows` rows of n
+static dim3 row_grid(long long rows, int n, int threads) {
+    return dim3((unsigned)ceil_div_ll(n, threads), (unsigned)std::min(rows, 65535LL));
 }
 
 // cuBLASLt plans of version 1's TF32 GEMMs, one per shape (sizes, strides, batch, beta = 0 or 1, alignment): the
@@ -1824,6 +1872,20 @@ static void gemm_nn(const float* A, const float* B, float* C, int n, int batch, 
     split3_kernel<<<grid_for(nn * batch, 256), 256, 0, g_stream>>>(A, B, A3, B3, n, nn * batch);
     launchCheck();
     tf32_gemm(A3, 3 * n, 3 * nn, B3, n, 3 * nn, C, n, 3 * n, batch, 0.0f, lt);
+}
+
+// C = A B for a batch of row-major n x n matrices from fp16 parts (V1_F16; split3_f16_kernel), accumulated in fp32
+static void gemm_f16x3(const float* A, const float* B, float* C, int n, int batch) {
+    long long nn = (long long)n * n;
+    __half* A3 = (__half*)ws_get(WS_A3, 3 * nn * batch * sizeof(__half));
+    __half* B3 = (__half*)ws_get(WS_B3, 3 * nn * batch * sizeof(__half));
+    long long rows = (long long)n * batch;
+    split3_f16_kernel<<<row_grid(rows, n, 256), 256, 0, g_stream>>>(A, B, A3, B3, n, rows);
+    launchCheck();
+    const float down = 1.0f / F16_LO_SCALE, zero = 0.0f;
+    cublasCheck(cublasGemmStridedBatchedEx(g_gpu.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, 3 * n, &down, B3, CUDA_R_16F, n,
+                                           3 * nn, A3, CUDA_R_16F, 3 * n, 3 * nn, &zero, C, CUDA_R_32F, n, nn, batch,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // C = A B in 3xTF32 from operands split once (their hi and lo parts): the two small terms, then the big one added
@@ -2310,37 +2372,50 @@ static bool v1_lanczos(const float* A, int n, float eps, LanczosStart& ls, std::
     return v1_lanczos_finish(h, k, ls, tri);
 }
 
-// The scaled start: M = z (A + eps I), X = zr I (zr = z^(1/p)); one matrix
-__global__ void newton_init_z_kernel(const float* A, float* M, float* X, int n, float eps, float z, float zr,
-                                     long long total) {
+// The scaled start: M = z (A + eps I), X = I, x0[0] = zr (= z^(1/p)); one matrix
+__global__ void newton_init_z_kernel(const float* A, float* M, float* X, float* x0, int n, float eps, float z,
+                                     float zr, long long total) {
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         bool diag = idx / n == idx % n;
         M[idx] = z * (A[idx] + (diag ? eps : 0.0f));
-        X[idx] = diag ? zr : 0.0f;
+        X[idx] = diag ? 1.0f : 0.0f;
+        if (idx == 0) x0[0] = zr;
+    }
+}
+
+// X = x0[b] Xc (Xc may be X): version 1's result from the X / x0 it carries
+__global__ void newton_finish_x_kernel(const float* Xc, float* X, const float* x0, int n, long long rows) {
+    for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
+        float s = x0[row / n];
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+            X[row * n + j] = s * Xc[row * n + j];
     }
 }
 
 // The step's T = ar ((p + 1) I - a M) / p, ar = a^(1/p) (a = ar = 1: bitwise the T of sumsq_kernel), into T and/or as
-// TF32 hi and lo parts (Th, Tl); with Mh, also M's parts (for the product T^p M of operands split once)
-__global__ void newton_t_kernel(const float* M, float* T, float* Th, float* Tl, float* Mh, float* Ml, int n, int p,
-                                float a, float ar, long long total) {
-    long long nn = (long long)n * n;
+// TF32 hi and lo parts (Th, Tl); with Mh, also M's parts (for the product T^p M of operands split once). With X,
+// also the first step's X <- I T = T (version 1 starts from X / x0 = I): no product. Rows by blockIdx.y (row_grid).
+__global__ void newton_t_kernel(const float* M, float* T, float* Th, float* Tl, float* Mh, float* Ml, float* X, int n,
+                                int p, float a, float ar, long long rows) {
     float diag = (float)(p + 1), scale = ar * (1.0f / (float)p);
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        long long e = idx % nn;
-        float m = M[idx], t = ((e / n == e % n ? diag : 0.0f) - a * m) * scale;
-        if (T) T[idx] = t;
-        if (Th) {
-            float h = tf32_rna(t);
-            Th[idx] = h;
-            Tl[idx] = tf32_rna(t - h);
-        }
-        if (Mh) {
-            float h = tf32_rna(m);
-            Mh[idx] = h;
-            Ml[idx] = tf32_rna(m - h);
+    for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
+        long long i = row % n;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+            long long idx = row * n + j;
+            float m = M[idx], t = ((i == j ? diag : 0.0f) - a * m) * scale;
+            if (T) T[idx] = t;
+            if (X) X[idx] = t;
+            if (Th) {
+                float h = tf32_rna(t);
+                Th[idx] = h;
+                Tl[idx] = tf32_rna(t - h);
+            }
+            if (Mh) {
+                float h = tf32_rna(m);
+                Mh[idx] = h;
+                Ml[idx] = tf32_rna(m - h);
+            }
         }
     }
 }
@@ -2351,8 +2426,10 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
     long long nn = (long long)n * n, total = nn * batch;
     bool split = prec == PREC_3XTF32 && g_v1.products == V1_SPLIT, lt = prec == PREC_3XTF32 && g_v1.lt;
     bool lower = prec == PREC_3XTF32 && g_v1.products == V1_LOWER;
+    bool f16 = prec == PREC_3XTF32 && g_v1.products == V1_F16;
     auto product = [&](const float* P, const float* Q, float* C) {  // C = P Q, on fp32 operands (not split)
         if (lower) gemm_lower(P, Q, C, n, batch, g_v1.lower_block);
+        else if (f16) gemm_f16x3(P, Q, C, n, batch);
         else gemm_nn(P, Q, C, n, batch, prec, lt);
     };
     float* M = (float*)ws_get(WS_M, total * sizeof(float));
@@ -2380,14 +2457,19 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
     s.p = p;
     NewtonScale scale;
     double first_cap = INFINITY;
+    // X is carried as X / x0 (X0 = x0 I, x0 = z^(1/p) per matrix), times x0 at the end: whatever A's scale, the fp16
+    // parts of V1_F16 then see entries within fp16's range (X / x0 grows from 1 to at most (z lambda_min)^(-1/p))
+    float* x0 = (float*)ws_get(WS_X0, batch * sizeof(float));
     float* Xc = X;  // the current X; it alternates with W, and ends in X
+    double z_min = 0.0;  // the smallest z of the batch
     if (ls) {
+        z_min = ls->z;
         double z = ls->z;
         scale.lo = ls->lo;
         first_cap = newton_first_cap(p, z, ls->rowsum_max);
         s.max_iter = newton_max_iter(p, z * eps);  // the unscaled steps' count: an upper bound for scaled ones
-        newton_init_z_kernel<<<grid, 256, 0, g_stream>>>(A, M, Xc, n, eps, (float)z, (float)std::pow(z, 1.0 / p),
-                                                         total);
+        newton_init_z_kernel<<<grid, 256, 0, g_stream>>>(A, M, Xc, x0, n, eps, (float)z,
+                                                         (float)std::pow(z, 1.0 / p), total);
         launchCheck();
     } else {
         add_eps_kernel<<<grid, 256, 0, g_stream>>>(A, M, n, total, eps);
@@ -2395,15 +2477,23 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
         sumsq(M, sums, nullptr, batch, nn, n, p, 0.0f);
         copy_to_host(h.data(), sums, batch * sizeof(double));
         double max_norm = std::sqrt(*std::max_element(h.begin(), h.end()));
+        z_min = (p + 1) / (2.0 * max_norm);
         s.max_iter = newton_max_iter(p, (p + 1) / (2.0 * max_norm) * eps);
-        newton_init_kernel<<<grid, 256, 0, g_stream>>>(M, Xc, sums, n, p, total);
+        newton_init_kernel<<<grid, 256, 0, g_stream>>>(M, Xc, x0, sums, n, p, total);
         launchCheck();
     }
     if (split) split_into(Xc, Xh, Xl);
+    // X / x0 grows to at most (z lambda_min)^(-1/p) <= (z eps)^(-1/p) (up to the scaled steps' overshoot): where that
+    // passes 2^12 (p = 1 or 2 on ill-conditioned matrices), fp16 parts of X could overflow, and X T runs in TF32 concat
+    bool f16_x = f16 && std::pow(z_min * eps, -1.0 / p) <= 4096.0;
+    auto x_product = [&](const float* P, const float* Q, float* C) {
+        if (f16 && !f16_x) gemm_nn(P, Q, C, n, batch, prec, lt);
+        else product(P, Q, C);
+    };
     // unscaled, products on fp32 operands: T comes from the residual pass, as it always did
     bool t_with_r = !ls && !split;
-    // near convergence (concat products): T = I + D, X <- X + X D, M <- M + (T^p - I) M, each product in plain TF32,
-    // whose rounding is then relative to ||D||, not to ||X|| or ||M|| (the twin's tf32_below; --study measures it)
+    // near convergence (concat or fp16 products): T = I + D, X <- X + X D, M <- M + (T^p - I) M, each product in
+    // plain TF32, whose rounding is then relative to ||D||, not to ||X|| or ||M|| (the twin's tf32_below; --study)
     bool delta_ok = prec == PREC_3XTF32 && !split && !lower && g_v1.delta_below > 0.0;
     auto tf32_product = [&](const float* P, const float* Q, float* C) {
         tf32_gemm(P, n, nn, Q, n, nn, C, n, n, batch, 0.0f, lt);
@@ -2436,16 +2526,20 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
             continue;
         }
         double a = ls ? newton_scale_a(scale, p, s.r, s.iters == 0 ? first_cap : INFINITY) : 1.0;
+        // the first step's X <- I T is T: written by newton_t_kernel beside T in fp32, or a copy of sumsq's T
+        bool first_x = s.iters == 0 && !split;
         if (!t_with_r) {
             bool m_parts = split && act == NEWTON_STEP;
-            newton_t_kernel<<<grid, 256, 0, g_stream>>>(M, split ? nullptr : T, split ? Th : nullptr,
-                                                        split ? Tl : nullptr, m_parts ? Mh : nullptr,
-                                                        m_parts ? Ml : nullptr, n, p, (float)a,
-                                                        (float)std::pow(a, 1.0 / p), total);
+            newton_t_kernel<<<row_grid((long long)n * batch, n, 256), 256, 0, g_stream>>>(
+                M, split ? nullptr : T, split ? Th : nullptr, split ? Tl : nullptr, m_parts ? Mh : nullptr,
+                m_parts ? Ml : nullptr, first_x ? W : nullptr, n, p, (float)a,
+                (float)std::pow(a, 1.0 / p), (long long)n * batch);
             launchCheck();
         }
         if (split) gemm_split(Xh, Xl, Th, Tl, W, n, batch, lt);  // X <- X T
-        else product(Xc, T, W);
+        else if (first_x && t_with_r)
+            cudaCheck(cudaMemcpyAsync(W, T, total * sizeof(float), cudaMemcpyDeviceToDevice, g_stream));
+        else if (!first_x) x_product(Xc, T, W);
         std::swap(Xc, W);
         if (act == NEWTON_LAST) break;
         if (split) {  // M <- T^p M, every product's result split once
@@ -2473,7 +2567,9 @@ static NewtonState v1_iterate(const float* A, float* X, int batch, int n, int p,
         s.iters++;
     }
     // X, M and W permute three buffers (the output and two workspaces): the result may sit in a workspace
-    if (Xc != X) cudaCheck(cudaMemcpyAsync(X, Xc, total * sizeof(float), cudaMemcpyDeviceToDevice, g_stream));
+    newton_finish_x_kernel<<<row_grid((long long)n * batch, n, 256), 256, 0, g_stream>>>(Xc, X, x0, n,
+                                                                                        (long long)n * batch);
+    launchCheck();
     return s;
 }
 
@@ -2826,9 +2922,18 @@ template <int NP, int LD> __device__ const double* lanczos23_tridiag(const float
 // steps from the Lanczos start (NEWTON_SCALED), and when they fail or do not converge the unscaled iteration from a
 // fresh load (the fallback). mul(A, B, dst): dst = A B, the whole block (or cluster) calls it. Every thread takes the
 // same decisions: they come from block-wide sums (and, in a cluster, from identical copies summed in the same order).
-template <int NP, int LD, int THREADS, typename Mul>
+// the first step's X <- X0 T with X0 = x0 I: x0 T, the NP x NP padding included (T's is zero), no product
+template <int NP, int LD, int THREADS> __device__ void fused_first_x(float* Xs, const float* Ts, float x0) {
+    for (int e = threadIdx.x; e < NP * NP; e += THREADS) {  // by NP (a shift), not n
+        int i = e / NP, j = e % NP;
+        Xs[i * LD + j] = x0 * Ts[i * LD + j];
+    }
+    __syncthreads();
+}
+
+template <int NP, int LD, int THREADS, typename Mul, typename LastX>
 __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float* Ts, int n, int p, float eps,
-                                    int start, float* red, Mul mul) {
+                                    int start, float* red, Mul mul, LastX last_x) {
     NewtonState s;
     int discarded = 0;
     bool fell_back = false;
@@ -2865,7 +2970,9 @@ __device__ NewtonState fused_newton(const float* Ab, float* Xs, float* Ms, float
             float c = scaled ? (float)(newton_root_p(a, p) / p) : 1.0f / (float)p;
             NewtonAction act = newton_decide(s, fused_residual_and_T<NP, LD, THREADS>(Ms, Ts, n, p, (float)a, c, red));
             if (act == NEWTON_FAIL) break;
-            mul(Xs, Ts, Xs);  // X <- X T
+            if (s.iters == 0) fused_first_x<NP, LD, THREADS>(Xs, Ts, x0);  // X0 = x0 I: X0 T = x0 T
+            else if (act == NEWTON_LAST) last_x();                          // X <- X T, as the version likes
+            else mul(Xs, Ts, Xs);                                            // X <- X T
             if (act == NEWTON_LAST) break;
             if (p >= 2) mul(Ts, Ts, Ts);
             if (p == 4) mul(Ts, Ts, Ts);
@@ -2897,7 +3004,8 @@ newton_fused_kernel(const float* A, float* X, int n, int p, float eps, int start
     float *Xs = smem, *Ms = smem + NP * LD, *Ts = smem + 2 * NP * LD;
     long long nn = (long long)n * n;
     auto mul = [&](const float* P, const float* Q, float* dst) { smem_matmul<NP>(P, Q, dst, n); };
-    NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
+    NewtonState s = fused_newton<NP, LD, v2_threads<NP>()>(A + blockIdx.x * nn, Xs, Ms, Ts, n, p, eps, start, red, mul,
+                                                           [&]() { mul(Xs, Ts, Xs); });
     for (int e = threadIdx.x; e < NP * NP; e += v2_threads<NP>()) {  // by NP: no integer division by n
         int i = e / NP, j = e % NP;
         if (i < n && j < n) X[blockIdx.x * nn + i * n + j] = Xs[i * LD + j];
@@ -3025,7 +3133,8 @@ template <int MI> using TcAcc = float[MI][TC_NI][4];
 
 // big, small += the warp tile's A B over k in [0, kn), kn a multiple of 8 (operands zero-padded to it). UNROLL 2
 // overlaps a k-step's shared loads with the previous one's mma (version 3; version 4 has no registers to spare).
-template <int MI, int UNROLL>
+// PLAIN: big += A_hi B_hi alone, one TF32 product (version 3's last X step, X D with a small D).
+template <int MI, int UNROLL, bool PLAIN = false>
 __device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const float* Bs, int ldb, int kn,
                                              TcAcc<MI>& big, TcAcc<MI>& small) {
     int lane = threadIdx.x % 32;
@@ -3037,8 +3146,10 @@ __device__ __forceinline__ void tc_warp_tile(const float* As, int lda, const flo
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
             for (int ni = 0; ni < TC_NI; ni++) {
-                mma_tf32(small[mi][ni], f.al[mi], f.bh[ni]);
-                mma_tf32(small[mi][ni], f.ah[mi], f.bl[ni]);
+                if constexpr (!PLAIN) {
+                    mma_tf32(small[mi][ni], f.al[mi], f.bh[ni]);
+                    mma_tf32(small[mi][ni], f.ah[mi], f.bl[ni]);
+                }
                 mma_tf32(big[mi][ni], f.ah[mi], f.bh[ni]);
             }
     }
@@ -3113,7 +3224,7 @@ template <int CL> __device__ __forceinline__ float* v3_partner(float* ptr, int r
 // dst = A B (NP x NP in shared memory, k < kn summed: the padding is zero): this block's lower units, each element on
 // or below the diagonal written to (i, j) and (j, i). dst may be A or B: every block of the matrix has read its
 // operands (barrier) before anything is written. partner_dst: dst in the partner's shared memory (CL = 2).
-template <int NP, int CL>
+template <int NP, int CL, bool DELTA = false>
 __device__ void v3_matmul(const float* A, const float* B, float* dst, float* partner_dst, int n, int kn, int rank) {
     using C = V3Cfg<NP, CL>;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = rank * C::WARPS + warp, br = 0, bc = 0;
@@ -3121,7 +3232,7 @@ __device__ void v3_matmul(const float* A, const float* B, float* dst, float* par
     if (mine) v3_unit(unit, br, bc);
     int row0 = br * 16, col0 = bc * 32;
     TcAcc<1> big = {}, small = {};
-    if (mine && row0 < n) tc_warp_tile<1, 2>(A + row0 * C::LD, C::LD, B + col0, C::LD, kn, big, small);
+    if (mine && row0 < n) tc_warp_tile<1, 2, DELTA>(A + row0 * C::LD, C::LD, B + col0, C::LD, kn, big, small);
     v3_sync<CL>();
     if (mine) {
 #pragma unroll
@@ -3133,7 +3244,7 @@ __device__ void v3_matmul(const float* A, const float* B, float* dst, float* par
                 i += row0;
                 j += col0;
                 if (i < j) continue;  // the upper element is its mirror's
-                float v = big[0][ni][r] + small[0][ni][r];
+                float v = DELTA ? dst[i * C::LD + j] + big[0][ni][r] : big[0][ni][r] + small[0][ni][r];
                 dst[i * C::LD + j] = v;
                 dst[j * C::LD + i] = v;
                 if constexpr (CL > 1) {
@@ -3161,7 +3272,12 @@ newton_tc_kernel(const float* A, float* X, int n, int p, float eps, int start, i
     auto mul = [&](const float* P, const float* Q, float* dst) {  // dst: Xs, Ts or Ms, and the partner's copy
         v3_matmul<NP, CL>(P, Q, dst, dst == Xs ? pX : dst == Ts ? pT : pM, n, kn, rank);
     };
-    NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, mul);
+    auto last_x = [&]() {  // X <- X + X D, D = T - I, the product in plain TF32: its rounding is relative to ||D||
+        for (int i = threadIdx.x; i < n; i += C::THREADS) Ts[i * C::LD + i] -= 1.0f;
+        __syncthreads();
+        v3_matmul<NP, CL, true>(Xs, Ts, Xs, pX, n, kn, rank);
+    };
+    NewtonState s = fused_newton<NP, C::LD, C::THREADS>(A + b * nn, Xs, Ms, Ts, n, p, eps, start, red, mul, last_x);
     for (int e = rank * C::THREADS + threadIdx.x; e < NP * NP; e += CL * C::THREADS) {  // the blocks share the store
         int i = e / NP, j = e % NP;                                                       // (by NP: no division by n)
         if (i < n && j < n) X[b * nn + i * n + j] = Xs[i * C::LD + j];
@@ -4325,22 +4441,26 @@ static void test_lanczos_twin(Rng& rng) {
 // MATRIX_ROOTS_V1's words (version 1's choices): each sets what it names, later words win, anything else is refused
 static void test_v1_options() {
     struct { const char* text; bool ok, scaled; V1Products products; bool lt; int block; } cases[] = {
-        {"scaled", true, true, V1_CONCAT, false, 128},
-        {"unscaled", true, false, V1_CONCAT, false, 128},
+        {"scaled", true, true, V1_F16, false, 128},
+        {"unscaled", true, false, V1_F16, false, 128},
         {"split,lt", true, true, V1_SPLIT, true, 128},
         {"split,concat,lt,cublas", true, true, V1_CONCAT, false, 128},
         {"unscaled,split", true, false, V1_SPLIT, false, 128},
         {"split,", false, true, V1_SPLIT, false, 128},
-        {"", false, true, V1_CONCAT, false, 128},
-        {"Split", false, true, V1_CONCAT, false, 128},
-        {"lt,fast", false, true, V1_CONCAT, true, 128},
+        {"", false, true, V1_F16, false, 128},
+        {"Split", false, true, V1_F16, false, 128},
+        {"lt,fast", false, true, V1_F16, true, 128},
         {"lower", true, true, V1_LOWER, false, 128},
         {"lower256,unscaled", true, false, V1_LOWER, false, 256},
         {"lower64,lower", true, true, V1_LOWER, false, 128},
         {"lower64,concat", true, true, V1_CONCAT, false, 64},
-        {"lower32", false, true, V1_CONCAT, false, 128},
-        {"lower1024", false, true, V1_CONCAT, false, 128},
-        {"lower 128", false, true, V1_CONCAT, false, 128}};
+        {"lower32", false, true, V1_F16, false, 128},
+        {"lower1024", false, true, V1_F16, false, 128},
+        {"lower 128", false, true, V1_F16, false, 128},
+        {"fp16", true, true, V1_F16, false, 128},
+        {"split,fp16,unscaled", true, false, V1_F16, false, 128},
+        {"fp16,concat", true, true, V1_CONCAT, false, 128},
+        {"f16", false, true, V1_F16, false, 128}};
     for (auto& c : cases) {
         V1Options o;
         bool ok = parse_v1_options(c.text, &o);
@@ -4348,9 +4468,55 @@ static void test_v1_options() {
                                            o.lower_block == c.block));
         report(same, fmt("MATRIX_ROOTS_V1='%s'", c.text),
                fmt("%s: scaled %d, products %s, lt %d, lower block %d", ok ? "accepted" : "refused", o.scaled,
-                   o.products == V1_SPLIT ? "split" : o.products == V1_LOWER ? "lower" : "concat", o.lt,
+                   o.products == V1_SPLIT   ? "split"
+                   : o.products == V1_LOWER ? "lower"
+                   : o.products == V1_F16   ? "fp16"
+                                            : "concat",
+                   o.lt,
                    o.lower_block));
     }
+}
+
+// V1_F16's arithmetic on the CPU with the kernel's own f16_parts: 2^-11 A3 B3 summed in float64 from the parts
+// must equal the float64 A B within 2^-20 sum |a| |b| (the dropped lo lo term and the two rounded lo parts, 2^-22
+// each) for entries of 2^-6 .. 2^4 (the iterates' range: T's powers and M below ~7, X / x0 from 1 up); and a B entry
+// of 32 or more must give inf (2^11 hi overflows), so that a diverging iteration fails visibly.
+static void test_f16_parts_cpu(Rng& rng) {
+    const int n = 40;
+    auto part = [](float x, bool lo) {
+        __half h, l;
+        f16_parts(x, h, l);
+        return (double)__half2float(lo ? l : h);
+    };
+    for (int ka : {-6, 0, 4})
+        for (int kb : {-6, 0, 3}) {
+            std::vector<float> A((size_t)n * n), B((size_t)n * n);
+            for (auto& v : A) v = (float)(rng.normal() * std::ldexp(1.0, ka));
+            for (auto& v : B) v = (float)std::max(-31.0, std::min(31.0, rng.normal() * std::ldexp(1.0, kb)));
+            double worst = 0.0;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    double exact = 0.0, sum3 = 0.0, bound = 0.0;
+                    for (int k = 0; k < n; k++) {
+                        float a = A[(size_t)i * n + k], b = B[(size_t)k * n + j];
+                        double ah = part(a, false), al = part(a, true), bh = part(b, false), bl = part(b, true);
+                        double bh_up = (double)__half2float(__float2half_rn((float)bh * F16_LO_SCALE));
+                        sum3 += ah * bh_up + ah * bl + al * bh;  // A3 B3, as the K = 3n GEMM sums it
+                        exact += (double)a * b;
+                        bound += std::fabs((double)a * b);
+                    }
+                    worst = std::max(worst, std::fabs(sum3 / F16_LO_SCALE - exact) / (std::ldexp(1.0, -20) * bound));
+                }
+            report(worst <= 1.0, fmt("fp16 parts: A 2^%d, B 2^%d", ka, kb),
+                   fmt("worst |error| / (2^-20 sum |a||b|) %.3f", worst));
+        }
+    __half h, l;
+    f16_parts(32.0f, h, l);
+    bool inf = std::isinf(__half2float(__float2half_rn(__half2float(h) * F16_LO_SCALE)));
+    f16_parts(31.9f, h, l);
+    bool finite = std::isfinite(__half2float(__float2half_rn(__half2float(h) * F16_LO_SCALE)));
+    report(inf && finite, "fp16 parts: 2^11 B_hi overflows to inf from 32 on", fmt("32: inf %d, 31.9: finite %d", inf,
+                                                                                   finite));
 }
 
 // Version 1's lower-triangle products (V1_LOWER) emulated on the CPU with the kernels' own index code
@@ -4751,6 +4917,7 @@ static const RootVariant ROOT_VARIANTS[] = {
     {"v1 3xtf32 lower64", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 64},
     {"v1 3xtf32 lower256", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_LOWER, false, 256},
     {"v1 3xtf32 no delta", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
+    {"v1 newton 3xfp16", 1, PREC_3XTF32, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED, V1_F16, false, 128, V1_DELTA_BELOW},
     {"v2 fused newton", 2, PREC_FP32, METHOD_NEWTON_FP32, 0, NEWTON_SCALED},
     {"v3 tc fused", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 0, NEWTON_SCALED},
     {"v3 tc 1 block", 3, PREC_3XTF32_2ACC, METHOD_NEWTON_3XTF32, 1, NEWTON_SCALED},
@@ -5248,6 +5415,7 @@ static int run_tests(uint64_t seed) {
     test_scaled_steps_bench(rng);
     test_lanczos_twin(rng);
     test_v1_options();
+    test_f16_parts_cpu(rng);
     test_lower_blocks_cpu(rng);
     test_ns_cpu(rng);
     test_stats_oracle(rng);
