@@ -36,7 +36,10 @@ static constexpr float NEWTON_OK_R = 0.05f;
 
 static void inverse_root_chunk(const float* A, float* X, int batch, int n, int p, float eps) {
     if (n <= 128) {
-        const char* why_not = inv_root_v2(A, X, batch, n, p, eps);  // non-null: too little shared memory here
+        // version 3 (3xTF32 tensor cores, one block per matrix), else version 2 where its shared memory is short; a
+        // non-null answer from both: too little shared memory here
+        const char* why_not = inv_root_v3(A, X, batch, n, p, eps, 1);
+        if (why_not) why_not = inv_root_v2(A, X, batch, n, p, eps);
         if (!why_not) {
             std::vector<int> steps;
             std::vector<float> r;

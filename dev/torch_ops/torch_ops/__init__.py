@@ -311,10 +311,11 @@ def conv_weight_to_torch(w):
 
 def inverse_root(A, p, eps):
     """X = (A + eps I)^(-1/p) of a symmetric positive semi-definite A (..., n, n), a matrix or a batch, p 1, 2 or 4,
-    eps > 0. CUDA, float32 (dev/matrix_roots.cu): version 2 (one fused Newton kernel per matrix) for n <= 128,
-    version 1 (coupled Newton on cuBLAS, 3xTF32-accurate products) above; a batch whose iteration fails falls back to
-    version 0 (cuSOLVER's eigendecomposition). It synchronises the host. CPU: float32, float64, by torch.linalg.eigh
-    (eigenvalues clamped at eps, as version 0). Symmetry is assumed, not checked. Not differentiable."""
+    eps > 0. CUDA, float32 (dev/matrix_roots.cu): version 3 (one fused Newton kernel per matrix, 3xTF32 on tensor
+    cores; version 2's fp32 where it does not fit) for n <= 128, version 1 (coupled Newton on cuBLAS, 3xTF32-accurate
+    products) above; a batch whose iteration fails falls back to version 0 (cuSOLVER's eigendecomposition). It
+    synchronises the host. CPU: float32, float64, by torch.linalg.eigh (eigenvalues clamped at eps, as version 0).
+    Symmetry is assumed, not checked. Not differentiable."""
     return _ops.inverse_root(A, p, eps)
 
 
