@@ -1370,7 +1370,7 @@ enum V1Products { V1_CONCAT, V1_SPLIT, V1_LOWER, V1_F16 };
 constexpr double V1_DELTA_BELOW = 0.1;  // `delta`: ||M - I||_F below which version 1 steps in the I + D form
 struct V1Options {
     bool scaled = true;
-    V1Products products = V1_F16;  // 3xTF32's accuracy at twice its tensor-core rate (1024^2: 0.77 against 1.18 ms)
+    V1Products products = V1_F16;  // 3xTF32's accuracy at twice its tensor-core rate
     bool lt = false;
     int lower_block = 128;  // V1_LOWER's b: 64, 128 or 256
     double delta_below = V1_DELTA_BELOW;  // concat products: I + D steps in TF32 below this ||M - I||_F (0: never)
