@@ -3247,6 +3247,8 @@ struct MuonMat {      // one weight matrix
     size_t w_off;     // its first element in the group buffers (m_pad * M_pad of them)
     int rows, cols;   // PyTorch's 2-D view (out, in*kh*kw)
     int m_pad, conv;  // the group's padded small dimension (the leading dimension); conv: stored as a 3x3 conv
+    int M_pad;        // the group's padded large dimension
+    size_t s_off;     // its first element in the m_pad x m_pad scratch
     float step;       // lr * sqrt(max(1, rows / cols)), rounded once (torch's adjusted lr)
 };
 struct MuonGroup {    // matrices of one padded shape: one strided batch
@@ -3254,6 +3256,7 @@ struct MuonGroup {    // matrices of one padded shape: one strided batch
     size_t w_off, s_off;  // the first matrix in the group buffers and in the m_pad x m_pad scratch
     int first_mat;        // its matrices are mats[first_mat .. first_mat + count - 1]
     int ready;            // the backward stage (muon_plan) after which all their gradients are final
+    int phase;            // the phase it runs in: consecutive groups started together (muon_plan)
 };
 // The parameter index that element e of matrix k's padded wide matrix (column-major, m_pad rows) comes from, or -1
 // for padding. PyTorch's (r, c): wide (rows <= cols) r = i, c = j; tall: transposed. Ours: a plain weight is
@@ -3433,6 +3436,194 @@ __global__ void muon_sumsq_finalize_kernel(const float* partial, const int* firs
     double s = 0.0;
     for (int c = first_chunk[k]; c < first_chunk[k + 1]; c++) s += partial[c];
     sumsq[k] = (float)s;
+}
+
+// Muon's Newton-Schulz products for every matrix of a phase in one launch (--precision bf16; mma.sync m16n8k16,
+// fp32 accumulation, S = bf16 or fp16 operands). Per matrix (m = m_pad rows, M = M_pad, column-major, ld m):
+//   MUON_MM_GRAM: D = alpha X X^T + beta C + gamma I (m x m, K = M; P = X, Q(k, j) = X(j, k))
+//   MUON_MM_SQ:   D = alpha P Q + beta C + gamma I (m x m, K = m; Q symmetric, read as Q(j, k))
+//   MUON_MM_LEFT: D = alpha P X + beta C (m x M, K = m)
+// Block = one BT x BT output tile (MuonMMTile), 2 x BT/32 warps of BT/2 x 32. GRAM and SQ outputs are symmetric, so
+// only tiles ti >= tj are computed and one below the diagonal also writes its transpose. The tile lists put the
+// longest K first, so the long X X^T tiles of the wide matrices start in the first wave. P and GRAM's Q are MN-major
+// in shared memory (read with ldmatrix.trans), LEFT's X K-major (as conv_mma_bf16_kernel's two modes).
+enum { MUON_MM_GRAM = 0, MUON_MM_SQ = 1, MUON_MM_LEFT = 2 };
+constexpr int MM_BK = 32, MM_STAGES = 4, MM_K_LD = MM_BK + 8;  // K-major rows of 5 16-byte units (conflict-free)
+constexpr int MUON_MM_BT[3] = {64, 64, 128};  // the tile per kind: LEFT's wide outputs amortise their loads better
+template <int BT>
+struct MuonMMCfg {
+    static constexpr int THREADS = 2 * BT, WN = BT / 32, MI = BT / 32;  // warps 2 x WN; a warp's MI x 4 mma tiles
+    static constexpr int MN_LD = BT + 8;  // MN-major rows of an odd number of 16-byte units
+    static constexpr int A_ELEMS = MM_BK * MN_LD, B_ELEMS = BT * MM_K_LD > A_ELEMS ? BT * MM_K_LD : A_ELEMS;
+    static constexpr int STAGE = A_ELEMS + B_ELEMS, C_LD = BT + 4;  // C_LD: the epilogue's fp32 tile [j][i]
+    static constexpr size_t SMEM = (size_t)MM_STAGES * STAGE * 2;
+    static_assert((size_t)BT * C_LD * 4 <= SMEM, "the epilogue's tile reuses the stages");
+    static_assert(MM_BK * BT / 8 == 2 * THREADS, "two 16-byte chunks per thread and operand");
+};
+// output rows ti*BT.., columns tj*BT.. of matrix mat over k-tiles k0 .. k1 - 1: split `split` of nsplit; a split
+// tile's partial sums go to workspace slot slot0 + split and the last of its blocks to finish (counter ctr) adds them
+struct MuonMMTile { int mat, ti, tj, k0, k1, split, nsplit, slot0, ctr; };
+
+template <typename S>
+__device__ __forceinline__ void muon_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    if constexpr (std::is_same<S, bf16>::value) mma_bf16_16816(c, a, b);
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// k-tile kt of P (MN-major [k][i]) and Q (GRAM, SQ: MN-major [k][j]; LEFT: K-major [j][k]) into stage st; zero-filled
+// past the matrix (every dimension is a multiple of 8: a 16-byte chunk is wholly inside or outside). ld: m.
+template <int KIND, int BT>
+__device__ __forceinline__ void muon_mm_load(bf16* st, const bf16* P, const bf16* Q, int ld, int cols, int K, int i0,
+                                             int j0, int kt, int tid) {
+    using C = MuonMMCfg<BT>;
+    constexpr int RC = BT / 8;  // 16-byte chunks per MN-major row
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int r = tid / RC + (C::THREADS / RC) * c, col = (tid % RC) * 8, k = kt * MM_BK + r;
+        const bool v = k < K && i0 + col < ld;
+        cp_async16_b16(st + r * C::MN_LD + col, v ? P + (size_t)k * ld + i0 + col : P, v);
+        if (KIND != MUON_MM_LEFT) {
+            const bool vq = k < K && j0 + col < cols;
+            cp_async16_b16(st + C::A_ELEMS + r * C::MN_LD + col, vq ? Q + (size_t)k * ld + j0 + col : Q, vq);
+        }
+    }
+    if (KIND == MUON_MM_LEFT)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {  // BT j-rows x 4 chunks
+            const int j = tid / 4 + (C::THREADS / 4) * c, kc = (tid % 4) * 8, k = kt * MM_BK + kc;
+            const bool v = k < K && j0 + j < cols;
+            cp_async16_b16(st + C::A_ELEMS + j * MM_K_LD + kc, v ? Q + (size_t)(j0 + j) * ld + k : Q, v);
+        }
+}
+// one stage into the warp's BT/2 x 32 accumulators (warp (wm, wn))
+template <int KIND, int BT, typename S>
+__device__ __forceinline__ void muon_mm_stage(const bf16* As, int lane, int wm, int wn,
+                                              float (&acc)[MuonMMCfg<BT>::MI][4][4]) {
+    using C = MuonMMCfg<BT>;
+    const bf16* Bs = As + C::A_ELEMS;
+#pragma unroll
+    for (int kk = 0; kk < MM_BK; kk += 16) {
+        uint32_t a[C::MI][4], b[4][2];
+#pragma unroll
+        for (int i = 0; i < C::MI; i++)
+            ldmatrix_x4_b16<true>(a[i], As + conv8_a_lds<1>(lane, C::MN_LD, wm * (BT / 2) + i * 16, kk));
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+            uint32_t r[4];
+            if (KIND == MUON_MM_LEFT) ldmatrix_x4_b16<false>(r, Bs + conv8_b_lds<0>(lane, MM_K_LD, wn * 32 + j * 8, kk));
+            else ldmatrix_x4_b16<true>(r, Bs + conv8_b_lds<1>(lane, C::MN_LD, wn * 32 + j * 8, kk));
+            b[j][0] = r[0];
+            b[j][1] = r[1];
+            b[j + 1][0] = r[2];
+            b[j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < C::MI; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) muon_mma<S>(acc[i][j], a[i], b[j]);
+    }
+}
+// The tile out through shared memory (Cs[j][i], fp32): D = alpha acc + beta C + gamma I in 16-byte runs along the
+// column, then (below the diagonal of a symmetric output) its transpose at (j, i)
+template <int BT, typename S>
+__device__ __forceinline__ void muon_mm_epilogue(float* Cs, const float (&acc)[MuonMMCfg<BT>::MI][4][4], const S* C,
+                                                 S* D, int ld, int cols, int i0, int j0, bool mirror, float alpha,
+                                                 float beta, float gamma, int tid) {
+    using G = MuonMMCfg<BT>;
+    const int lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6, gq = lane >> 2, tq = lane & 3;
+    __syncthreads();  // every warp is done with the stages
+#pragma unroll
+    for (int i = 0; i < G::MI; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                Cs[(wn * 32 + j * 8 + 2 * tq + (r & 1)) * G::C_LD + wm * (BT / 2) + i * 16 + gq + 8 * (r >> 1)] =
+                    acc[i][j][r];
+    __syncthreads();
+    for (int pass = 0; pass < (mirror ? 2 : 1); pass++)
+        for (int c = tid; c < BT * BT / 8; c += G::THREADS) {
+            const int u = c / (BT / 8), v8 = (c % (BT / 8)) * 8;  // pass 0: column j = u, rows i = v8..; pass 1: i, j
+            const int row = (pass ? j0 : i0) + v8, col = (pass ? i0 : j0) + u;
+            if (row >= ld || col >= (pass ? ld : cols)) continue;
+            const size_t e = (size_t)col * ld + row;
+            S in[8], out[8];
+            if (beta != 0.f) *reinterpret_cast<uint4*>(in) = *reinterpret_cast<const uint4*>(C + e);
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float y = alpha * (pass ? Cs[(v8 + q) * G::C_LD + u] : Cs[u * G::C_LD + v8 + q]);
+                if (beta != 0.f) y += beta * muon_to_float(in[q]);
+                if (row + q == col) y += gamma;
+                out[q] = muon_from_float<S>(y);
+            }
+            *reinterpret_cast<uint4*>(D + e) = *reinterpret_cast<const uint4*>(out);
+        }
+}
+// A split's partial sums into its workspace slot (register r of thread tid at r * THREADS + tid); false unless this
+// block is the tile's last, which then holds the sum of all slots, added in split order (the same bits whichever
+// block finishes last) and resets the tile's counter for the next launch
+template <int BT>
+__device__ __forceinline__ bool muon_mm_split_done(float (&acc)[MuonMMCfg<BT>::MI][4][4], float* ws, int* ctr,
+                                                   const MuonMMTile& t, int tid) {
+    using G = MuonMMCfg<BT>;
+    constexpr int R = G::MI * 16;
+    __shared__ int last;
+    float* mine = ws + (size_t)(t.slot0 + t.split) * BT * BT;
+#pragma unroll
+    for (int r = 0; r < R; r++) mine[r * G::THREADS + tid] = (&acc[0][0][0])[r];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(ctr + t.ctr, 1) == t.nsplit - 1;
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+#pragma unroll
+    for (int r = 0; r < R; r++) (&acc[0][0][0])[r] = 0.f;
+    for (int q = 0; q < t.nsplit; q++) {
+        const float* part = ws + (size_t)(t.slot0 + q) * BT * BT;
+#pragma unroll
+        for (int r = 0; r < R; r++) (&acc[0][0][0])[r] += __ldcg(part + r * G::THREADS + tid);
+    }
+    if (tid == 0) ctr[t.ctr] = 0;
+    return true;
+}
+template <int KIND, int BT, typename S>
+__global__ void __launch_bounds__(MuonMMCfg<BT>::THREADS)
+    muon_mm_kernel(const MuonMMTile* tiles, const MuonMat* mats, const S* P, const S* Q, const S* C, S* D,
+                   float alpha, float beta, float gamma, float* ws, int* ctr) {
+    using G = MuonMMCfg<BT>;
+    extern __shared__ __align__(128) bf16 smm[];
+    const MuonMMTile t = tiles[blockIdx.x];
+    const MuonMat& k = mats[t.mat];
+    const int m = k.m_pad, tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
+    const int K = KIND == MUON_MM_GRAM ? k.M_pad : m, cols = KIND == MUON_MM_LEFT ? k.M_pad : m;
+    const size_t ps = KIND == MUON_MM_GRAM ? k.w_off : k.s_off, qs = KIND == MUON_MM_SQ ? k.s_off : k.w_off;
+    const size_t ds = KIND == MUON_MM_LEFT ? k.w_off : k.s_off;
+    const bf16 *Pb = reinterpret_cast<const bf16*>(P + ps), *Qb = reinterpret_cast<const bf16*>(Q + qs);
+    const int i0 = t.ti * BT, j0 = t.tj * BT;
+    float acc[G::MI][4][4] = {};
+#pragma unroll
+    for (int s = 0; s < MM_STAGES - 1; s++) {
+        if (t.k0 + s < t.k1) muon_mm_load<KIND, BT>(smm + s * G::STAGE, Pb, Qb, m, cols, K, i0, j0, t.k0 + s, tid);
+        cp_async_commit();
+    }
+    for (int kt = t.k0; kt < t.k1; kt++) {
+        cp_async_wait_mem<MM_STAGES - 2>();
+        __syncthreads();
+        const int next = kt + MM_STAGES - 1;
+        if (next < t.k1) muon_mm_load<KIND, BT>(smm + ((next - t.k0) % MM_STAGES) * G::STAGE, Pb, Qb, m, cols, K, i0, j0,
+                                                next, tid);
+        cp_async_commit();
+        muon_mm_stage<KIND, BT, S>(smm + ((kt - t.k0) % MM_STAGES) * G::STAGE, lane, wm, wn, acc);
+    }
+    cp_async_wait_mem<0>();
+    if (t.nsplit > 1 && !muon_mm_split_done<BT>(acc, ws, ctr, t, tid)) return;
+    muon_mm_epilogue<BT, S>(reinterpret_cast<float*>(smm), acc, C + ds, D + ds, m, cols, i0, j0,
+                            KIND != MUON_MM_LEFT && t.ti > t.tj, alpha, beta, gamma, tid);
 }
 
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
@@ -5549,8 +5740,14 @@ struct MuonPlan {
     // g_stream. The same kernels on the same buffers in the same order: the same bits. Only a caller that runs the
     // update after every backward may set it (the trainer, one rank: UNET_MUON_OVERLAP).
     bool overlap = false;
+    // the bf16 path on the GPU (half, not cpu): a phase's products each one muon_mm_kernel over all its matrices,
+    // whatever their shapes; else each group's a strided batch (muon_gemm)
+    bool grouped = false;
     std::vector<MuonMat> mats;      // ordered by w_off
     std::vector<MuonGroup> groups;  // ordered by ready (then w_off)
+    // phase p: groups phase_first[p] .. phase_first[p + 1] - 1, started once the backward has finished stage
+    // phase_ready[p]; grouped: the phases of muon_plan's cost model, each group a shape; else a group each
+    std::vector<int> phase_first, phase_ready;
     std::vector<int> first_chunk, adam_idx;  // chunks of matrix k (+ the end); AdamW's elements
     std::vector<size_t> chunk_start, chunk_end;
     std::vector<MuonTile> tiles;  // the GPU's 32 x 32 tiles of every matrix, group by group
@@ -5570,9 +5767,15 @@ struct MuonPlan {
     // product's output in turn (all four)
     void* sq[4] = {nullptr, nullptr, nullptr, nullptr};
     float *partial = nullptr, *sumsq = nullptr;
-    std::vector<char> started;  // per group: its work is queued in this step (muon_step clears it)
+    std::vector<char> started;  // per phase: its work is queued in this step (muon_step clears it)
     cudaStream_t side = nullptr;
-    std::vector<cudaEvent_t> fork;  // per group: its gradients are final (recorded on g_stream)
+    std::vector<cudaEvent_t> fork;  // per phase: its gradients are final (recorded on g_stream)
+    // grouped: muon_mm_kernel's tiles per phase and kind (3 p + kind), their counts; GRAM's split-K workspace and
+    // counters (phases run one after another on one stream, so they share them)
+    std::vector<MuonMMTile*> t_mm;
+    std::vector<int> n_mm;
+    float* mm_ws = nullptr;
+    int* mm_ctr = nullptr;
     cudaEvent_t join = nullptr;     // the side stream's work of the step is done
     cublasLtHandle_t lt = nullptr;  // the products (own workspace: the side stream runs beside g_cublas)
     void* lt_ws = nullptr;
@@ -5603,6 +5806,8 @@ static MuonNsWork muon_ns_work(int steps, int ns) {
 }
 
 static bool muon_param(const Param& p) { return p.ndim >= 2; }  // conv and linear weights (2-D view out x rest)
+// testing: dev/test_unet.cu clears it to run the bf16 path's products through cuBLASLt (muon_gemm), as torch does
+static bool g_muon_mm = true;
 static int round8(int v) { return (v + 7) / 8 * 8; }  // 16-byte aligned bf16 columns for the tensor cores
 
 // The cost model (microseconds; bf16 / fp32 rates): per group the momentum and normalisation passes (4 launches),
@@ -5616,22 +5821,28 @@ static double muon_group_gflop(int m_pad, int M_pad, double count, int steps, in
     const MuonNsWork w = muon_ns_work(steps, ns);
     return count * (2.0 * w.on_x * m_pad * m_pad * M_pad + 2.0 * w.square * m_pad * m_pad * m_pad) / 1e9;
 }
-static double muon_group_us(int m_pad, int M_pad, double count, int steps, int ns, bool half) {
+// a group's (grouped: a phase's) launches per step: momentum, two for the sums of squares, normalisation, then the
+// products (and, ungrouped, Z's diagonal passes; muon_mm_kernel adds gamma I itself)
+static int muon_launches(int steps, int ns, bool grouped) {
     const MuonNsWork w = muon_ns_work(steps, ns);
-    return (4 + w.on_x + w.square + w.diag) * MUON_LAUNCH_US +
+    return 4 + w.on_x + w.square + (grouped ? 0 : w.diag);
+}
+static double muon_group_us(int m_pad, int M_pad, double count, int steps, int ns, bool half) {
+    return muon_launches(steps, ns, false) * MUON_LAUNCH_US +
            muon_group_gflop(m_pad, M_pad, count, steps, ns) * 1e9 / (half ? 3e8 : 1e8);
 }
 
 // The groups of one phase: its distinct wide shapes (m <= M) sorted by (m, M) and cut into runs, each padded to its
-// largest m and M; auto picks the cut of least modelled time (muon_group_us), shape gives each shape its own group,
-// one puts all in one. Returns, per sorted shape, its group index. shapes: (m, M, count).
+// largest m and M; auto picks the cut of least modelled time (muon_group_us; grouped: a group per shape, the launches
+// do not grow with them), shape gives each shape its own group, one puts all in one. Returns, per sorted shape, its
+// group index. shapes: (m, M, count).
 static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& shapes, int grouping, int steps,
-                                         int ns, bool half) {
+                                         int ns, bool half, bool grouped) {
     const int n = (int)shapes.size();
     std::vector<int> of(n, 0);
-    if (grouping == MG_SHAPE)
+    if (grouping == MG_SHAPE || (grouping == MG_AUTO && grouped))
         for (int i = 0; i < n; i++) of[i] = i;
-    if (grouping != MG_AUTO) return of;
+    if (grouping != MG_AUTO || grouped) return of;
     auto cost = [&](int i, int j) {  // shapes i .. j-1 as one group
         int mp = 0, Mp = 0;
         double cnt = 0;
@@ -5698,6 +5909,7 @@ static void muon_plan_tables(MuonPlan* mp);
 static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const MuonStages& st) {
     struct Mat { int m, M, stage, pi; };
     std::vector<Mat> ms;
+    mp->grouped = mp->half && !mp->cpu && g_muon_mm;
     for (int pi = 0; pi < (int)params.size(); pi++) {
         const Param& p = params[pi];
         if (!muon_param(p)) {
@@ -5713,10 +5925,12 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
     mp->n_stages = st.us.empty() ? 1 : (int)st.us.size();
     std::vector<double> done(mp->n_stages, 0.0);  // modelled end of each backward stage
     for (int s = 0; s < mp->n_stages; s++) done[s] = (s ? done[s - 1] : 0.0) + (st.us.empty() ? 0.0 : st.us[s]);
-    // the groups of phases cut before the stages in cuts: per group its padded shape, count, ready stage, members
-    struct Draft { int m_pad, M_pad, count, ready; std::vector<int> members; };
+    // the groups of phases cut before the stages in cuts: per group its padded shape, count, ready stage, phase
+    // (the phases that hold matrices, numbered in order) and members
+    struct Draft { int m_pad, M_pad, count, ready, phase; std::vector<int> members; };
     auto draft = [&](const std::vector<int>& cuts) {
         std::vector<Draft> out;
+        int phases = 0;
         for (size_t ph = 0; ph <= cuts.size(); ph++) {
             const int lo = ph ? cuts[ph - 1] : 0, hi = ph < cuts.size() ? cuts[ph] : mp->n_stages;
             std::vector<std::array<int, 3>> shapes;
@@ -5729,9 +5943,10 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
                 idx.push_back(k);
             }
             if (shapes.empty()) continue;
-            const std::vector<int> of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->ns, mp->half);
+            const std::vector<int> of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->ns, mp->half,
+                                                         mp->grouped);
             const size_t first = out.size();
-            out.resize(first + of.back() + 1, Draft{0, 0, 0, 0, {}});
+            out.resize(first + of.back() + 1, Draft{0, 0, 0, 0, phases++, {}});
             size_t s = 0;
             for (int k : idx) {
                 while (shapes[s][0] != ms[k].m || shapes[s][1] != ms[k].M) s++;
@@ -5747,13 +5962,24 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
         return out;
     };
     // the modelled cost of a plan: the side stream's time past the end of the backward, plus MUON_SHARE of the rest
+    // (grouped: a phase's launches once, then its groups' FLOPs; the phase starts after its last group's stage)
     auto cost = [&](const std::vector<Draft>& ds, double* total, double* exposed) {
         double t = 0.0;
         *total = 0.0;
-        for (const Draft& d : ds) {
-            const double us = muon_group_us(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns, mp->half);
-            t = std::max(t, done[d.ready]) + us;
+        for (size_t i = 0; i < ds.size();) {
+            size_t j = i;
+            double us = 0.0;
+            int ready = 0;
+            for (; j < ds.size() && (j == i || (mp->grouped && ds[j].phase == ds[i].phase)); j++) {
+                const Draft& d = ds[j];
+                us += mp->grouped ? muon_group_gflop(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns) * 1e9 / 3e8
+                                  : muon_group_us(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns, mp->half);
+                ready = std::max(ready, d.ready);
+            }
+            if (mp->grouped) us += muon_launches(mp->ns_steps, mp->ns, true) * MUON_LAUNCH_US;
+            t = std::max(t, done[ready]) + us;
             *total += us;
+            i = j;
         }
         *exposed = std::max(0.0, t - done[mp->n_stages - 1]);
         return *exposed + MUON_SHARE * (*total - *exposed);
@@ -5779,7 +6005,13 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
     cost(ds, &mp->est_us, &mp->est_exposed_us);
     size_t w = 0, s_off = 0;
     for (const Draft& d : ds) {
-        MuonGroup g{d.m_pad, d.M_pad, d.count, w, s_off, (int)mp->mats.size(), d.ready};
+        const int phase = mp->grouped ? d.phase : (int)mp->groups.size();
+        if (mp->phase_first.empty() || phase != mp->groups.back().phase) {
+            mp->phase_first.push_back((int)mp->groups.size());
+            mp->phase_ready.push_back(d.ready);
+        }
+        mp->phase_ready.back() = std::max(mp->phase_ready.back(), d.ready);
+        MuonGroup g{d.m_pad, d.M_pad, d.count, w, s_off, (int)mp->mats.size(), d.ready, phase};
         for (int k : d.members) {
             const Param& p = params[ms[k].pi];
             MuonMat q;
@@ -5789,14 +6021,17 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
             q.rows = p.shape[0];
             q.cols = (int)(p.n / (size_t)q.rows);
             q.m_pad = g.m_pad;
+            q.M_pad = g.M_pad;
+            q.s_off = s_off;
+            s_off += (size_t)g.m_pad * g.m_pad;
             q.conv = p.kind == PK_CONV3;
             q.step = (float)((double)mp->lr * sqrt(std::max(1.0, (double)q.rows / q.cols)));
             mp->mats.push_back(q);
         }
-        s_off += (size_t)g.count * g.m_pad * g.m_pad;
         mp->gflop += muon_group_gflop(g.m_pad, g.M_pad, g.count, mp->ns_steps, mp->ns);
         mp->groups.push_back(g);
     }
+    mp->phase_first.push_back((int)mp->groups.size());
     mp->w_elems = w;
     mp->s_elems = s_off;
     muon_plan_tables(mp);
@@ -5821,10 +6056,53 @@ static void muon_plan_tables(MuonPlan* mp) {
                 for (int i0 = 0; i0 < gr.m_pad; i0 += MUON_TILE) mp->tiles.push_back({q, i0, j0, gr.M_pad});
     }
     mp->tile_first.push_back((int)mp->tiles.size());
-    // per step: the AdamW counter and AdamW; per group momentum, sum of squares (2), normalisation and the
+    // per step: the AdamW counter and AdamW; per phase momentum, sum of squares (2), normalisation and the
     // Newton-Schulz; the update, and the bf16 weight copy
-    const MuonNsWork nw = muon_ns_work(mp->ns_steps, mp->ns);
-    mp->launches = 2 + (int)mp->groups.size() * (4 + nw.on_x + nw.square + nw.diag) + 1 + (mp->half ? 1 : 0);
+    const int phases = (int)mp->phase_first.size() - 1;
+    mp->launches = 2 + phases * muon_launches(mp->ns_steps, mp->ns, mp->grouped) + 1 + (mp->half ? 1 : 0);
+}
+
+// The BT x BT output tiles of one muon_mm_kernel launch over mats[first .. first + count - 1] (GRAM and SQ: the lower
+// triangle), longest first. GRAM's K (the wide dimension, up to 4608) is cut into splits of at most `cap` k-tiles,
+// cap about the launch's average work per resident block, so no tile outlasts the rest (slots, ctrs: the workspace
+// slots and counters used, added to)
+static std::vector<MuonMMTile> muon_mm_tiles(const std::vector<MuonMat>& mats, int first, int count, int kind, int bt,
+                                             int* slots, int* ctrs) {
+    std::vector<MuonMMTile> out;
+    long long work = 0;
+    for (int q = first; q < first + count; q++) {
+        const MuonMat& k = mats[q];
+        const int nt = ceil_div(k.m_pad, bt), nc = kind == MUON_MM_LEFT ? ceil_div(k.M_pad, bt) : nt;
+        const int kt = ceil_div(kind == MUON_MM_GRAM ? k.M_pad : k.m_pad, MM_BK);
+        for (int i = 0; i < nt; i++)
+            for (int j = 0; j < (kind == MUON_MM_LEFT ? nc : i + 1); j++) {
+                out.push_back({q, i, j, 0, kt, 0, 1, -1, -1});
+                work += kt;
+            }
+    }
+    const int resident = g_num_sms * (bt == 64 ? 4 : 2);
+    const int cap = std::max(16, (int)(work / resident));
+    std::vector<MuonMMTile> split;
+    for (const MuonMMTile& t : out) {
+        const int n = kind == MUON_MM_GRAM ? ceil_div(t.k1, cap) : 1;
+        for (int s = 0; s < n; s++) {
+            MuonMMTile u = t;
+            u.k0 = (int)((long long)t.k1 * s / n);
+            u.k1 = (int)((long long)t.k1 * (s + 1) / n);
+            u.split = s;
+            u.nsplit = n;
+            u.slot0 = n > 1 ? *slots : -1;
+            u.ctr = n > 1 ? *ctrs : -1;
+            split.push_back(u);
+        }
+        if (n > 1) {
+            *slots += n;
+            *ctrs += 1;
+        }
+    }
+    std::stable_sort(split.begin(), split.end(),
+                     [](const MuonMMTile& a, const MuonMMTile& b) { return a.k1 - a.k0 > b.k1 - b.k0; });
+    return split;
 }
 
 // f(i) for base <= i < base + n: a kernel on stream st, or a loop on the CPU (f's pointers on that side)
@@ -5886,11 +6164,35 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
     for (int k = 0; k < (ns == MUON_NS_GRAM ? 4 : 2); k++) mp->sq[k] = muon_alloc(mp, mp->s_elems * elem);
     mp->partial = (float*)muon_alloc(mp, mp->chunk_start.size() * sizeof(float));
     mp->sumsq = (float*)muon_alloc(mp, mp->mats.size() * sizeof(float));
-    mp->started.assign(mp->groups.size(), 0);
+    const int phases = (int)mp->phase_first.size() - 1;
+    mp->started.assign(phases, 0);
     mp->lt_calls.assign(MUON_LT_CALLS * mp->groups.size(), nullptr);
+    if (mp->grouped) {
+        int max_slots = 0, max_ctrs = 0;
+        for (int p = 0; p < phases; p++) {
+            const int k0 = mp->groups[mp->phase_first[p]].first_mat;
+            const MuonGroup& last = mp->groups[mp->phase_first[p + 1] - 1];
+            for (int kind = 0; kind < 3; kind++) {
+                int slots = 0, ctrs = 0;
+                const std::vector<MuonMMTile> t = muon_mm_tiles(mp->mats, k0, last.first_mat + last.count - k0, kind,
+                                                                MUON_MM_BT[kind], &slots, &ctrs);
+                mp->t_mm.push_back(muon_table(mp, t));
+                mp->n_mm.push_back((int)t.size());
+                max_slots = std::max(max_slots, slots);
+                max_ctrs = std::max(max_ctrs, ctrs);
+            }
+        }
+        mp->mm_ws = (float*)muon_alloc(mp, (size_t)max_slots * MUON_MM_BT[MUON_MM_GRAM] * MUON_MM_BT[MUON_MM_GRAM] * 4);
+        mp->mm_ctr = (int*)muon_alloc(mp, (size_t)max_ctrs * sizeof(int));  // zero: each last block resets its own
+        const int lt = MuonMMCfg<MUON_MM_BT[MUON_MM_LEFT]>::SMEM;
+        cudaCheck(cudaFuncSetAttribute(muon_mm_kernel<MUON_MM_LEFT, MUON_MM_BT[MUON_MM_LEFT], bf16>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, lt));
+        cudaCheck(cudaFuncSetAttribute(muon_mm_kernel<MUON_MM_LEFT, MUON_MM_BT[MUON_MM_LEFT], __half>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, lt));
+    }
     if (!cpu) {
         cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));  // the lowest priority
-        mp->fork.resize(mp->groups.size());
+        mp->fork.resize(phases);
         for (cudaEvent_t& e : mp->fork) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&mp->join, cudaEventDisableTiming));
         cublasCheck(cublasLtCreate(&mp->lt));
@@ -5921,6 +6223,9 @@ static void muon_destroy(MuonPlan* mp) {
         else if (p) cudaCheck(cudaFree(p));
     }
     for (MuonLtCall* c : mp->lt_calls) muon_lt_free(c);
+    for (MuonMMTile* t : mp->t_mm) cudaCheck(cudaFree(t));
+    if (mp->mm_ws) cudaCheck(cudaFree(mp->mm_ws));
+    if (mp->mm_ctr) cudaCheck(cudaFree(mp->mm_ctr));
     if (!mp->cpu) {
         cudaCheck(cudaStreamSynchronize(mp->side));
         for (cudaEvent_t e : mp->fork) cudaCheck(cudaEventDestroy(e));
@@ -6033,12 +6338,12 @@ static void muon_types(const MuonPlan* mp, F f) {
     else if (mp->ns == MUON_NS_GRAM) f(bf16(), __half());
     else f(bf16(), bf16());
 }
-// muon_tile_kernel over group k's tiles (k < 0: every group's); the momentum on x[0], the normalisation from x[0]
-// into the Newton-Schulz's first buffer, the update from its last (muon_final_x)
+// muon_tile_kernel over the tiles of groups g0 .. g1 - 1; the momentum on x[0], the normalisation from x[0] into the
+// Newton-Schulz's first buffer, the update from its last (muon_final_x)
 template <int MODE, typename T, typename S>
-static void muon_tiles(MuonPlan* mp, cudaStream_t st, int k, const float* g, float* buf, float* p, float* ema,
-                       const float* hyper, float w, float decay) {
-    const int t0 = k < 0 ? 0 : mp->tile_first[k], t1 = k < 0 ? (int)mp->tiles.size() : mp->tile_first[k + 1];
+static void muon_tiles(MuonPlan* mp, cudaStream_t st, int g0, int g1, const float* g, float* buf, float* p,
+                       float* ema, const float* hyper, float w, float decay) {
+    const int t0 = mp->tile_first[g0], t1 = mp->tile_first[g1];
     if (t1 <= t0) return;
     const int xs = MODE == MUON_TILE_APPLY ? muon_final_x(mp) : mp->ns == MUON_NS_GRAM ? 1 : 0;
     muon_tile_kernel<MODE, T, S><<<t1 - t0, dim3(MUON_TILE, MUON_TILE_ROWS), 0, st>>>(
@@ -6047,51 +6352,85 @@ static void muon_tiles(MuonPlan* mp, cudaStream_t st, int k, const float* g, flo
     cudaCheck(cudaGetLastError());
 }
 
-// Standard Newton-Schulz of group k from X in x[0] (in place normalised): ns_steps of A = X X^T, B = c A A + b A,
-// X' = B X + a X, alternating between the group buffers
+// One Newton-Schulz product over phase ph, every matrix at its own offsets into whole buffers (the x or sq ones):
+// D = alpha P Q + beta C + gamma I for kind MUON_MM_GRAM (P = Q = X: X X^T), MUON_MM_SQ (m x m, Q symmetric) or
+// MUON_MM_LEFT (P X, no gamma). Grouped: one muon_mm_kernel; else per group a strided batch through muon_gemm
+// (slot: its cached call; C = D where beta is 0) and gamma as its own pass.
 template <typename S>
-static void muon_ns_standard(MuonPlan* mp, int k, cudaStream_t st) {
-    const MuonGroup& gr = mp->groups[k];
-    S *a = (S*)mp->sq[0] + gr.s_off, *p = (S*)mp->sq[1] + gr.s_off;
-    const int m = gr.m_pad, M = gr.M_pad, c = MUON_LT_CALLS * k;
-    const long long xs = (long long)m * M, ss = (long long)m * m;
-    for (int s = 0; s < mp->ns_steps; s++) {
-        const S* x = (const S*)mp->x[s % 2] + gr.w_off;
-        S* y = (S*)mp->x[(s + 1) % 2] + gr.w_off;
-        muon_gemm(mp, st, c, true, m, m, M, 1.f, x, m, xs, x, m, xs, 0.f, a, a, m, ss, gr.count);
-        muon_gemm(mp, st, c + 1, false, m, m, m, MUON_C, a, m, ss, a, m, ss, MUON_B, a, p, m, ss, gr.count);
-        muon_gemm(mp, st, c + 2, false, m, M, m, 1.f, p, m, ss, x, m, xs, MUON_A, x, y, m, xs, gr.count);
+static void muon_prod(MuonPlan* mp, int ph, cudaStream_t st, int kind, int slot, const S* P, const S* Q, const S* C,
+                      S* D, float alpha, float beta, float gamma) {
+    if (mp->grouped) {
+        const int i = 3 * ph + kind, n = mp->n_mm[i];
+        if (!n) return;
+        auto go = [&](auto kernel, int bt) {
+            const int threads = bt == 64 ? MuonMMCfg<64>::THREADS : MuonMMCfg<128>::THREADS;
+            const size_t smem = bt == 64 ? MuonMMCfg<64>::SMEM : MuonMMCfg<128>::SMEM;
+            kernel<<<n, threads, smem, st>>>(mp->t_mm[i], mp->t_mats, P, Q, C, D, alpha, beta, gamma, mp->mm_ws,
+                                             mp->mm_ctr);
+            cudaCheck(cudaGetLastError());
+        };
+        if (kind == MUON_MM_GRAM) go(muon_mm_kernel<MUON_MM_GRAM, MUON_MM_BT[MUON_MM_GRAM], S>, MUON_MM_BT[kind]);
+        else if (kind == MUON_MM_SQ) go(muon_mm_kernel<MUON_MM_SQ, MUON_MM_BT[MUON_MM_SQ], S>, MUON_MM_BT[kind]);
+        else go(muon_mm_kernel<MUON_MM_LEFT, MUON_MM_BT[MUON_MM_LEFT], S>, MUON_MM_BT[kind]);
+        return;
+    }
+    for (int k = mp->phase_first[ph]; k < mp->phase_first[ph + 1]; k++) {
+        const MuonGroup& gr = mp->groups[k];
+        const int m = gr.m_pad, M = gr.M_pad, c = MUON_LT_CALLS * k + slot;
+        const long long xs = (long long)m * M, ss = (long long)m * m;
+        if (kind == MUON_MM_GRAM)
+            muon_gemm(mp, st, c, true, m, m, M, alpha, P + gr.w_off, m, xs, P + gr.w_off, m, xs, beta, C + gr.s_off,
+                      D + gr.s_off, m, ss, gr.count);
+        else if (kind == MUON_MM_SQ)
+            muon_gemm(mp, st, c, false, m, m, m, alpha, P + gr.s_off, m, ss, Q + gr.s_off, m, ss, beta, C + gr.s_off,
+                      D + gr.s_off, m, ss, gr.count);
+        else
+            muon_gemm(mp, st, c, false, m, M, m, alpha, P + gr.s_off, m, ss, Q + gr.w_off, m, xs, beta, C + gr.w_off,
+                      D + gr.w_off, m, xs, gr.count);
+        if (gamma != 0.f) muon_each(mp->cpu, st, 0, (size_t)m * gr.count, MuonDiag<S>{D + gr.s_off, m, ss, gamma});
     }
 }
-// Gram Newton-Schulz of group k from X in x[1] (the schedule of muon_ns_work): R in sq[0]; Z, Q and a product's
+
+// Standard Newton-Schulz of phase ph from X in x[0] (in place normalised): ns_steps of A = X X^T, B = c A A + b A,
+// X' = B X + a X, alternating between the group buffers
+template <typename S>
+static void muon_ns_standard(MuonPlan* mp, int ph, cudaStream_t st) {
+    S *a = (S*)mp->sq[0], *p = (S*)mp->sq[1];
+    for (int s = 0; s < mp->ns_steps; s++) {
+        const S* x = (const S*)mp->x[s % 2];
+        S* y = (S*)mp->x[(s + 1) % 2];
+        muon_prod<S>(mp, ph, st, MUON_MM_GRAM, 0, x, x, a, a, 1.f, 0.f, 0.f);
+        muon_prod<S>(mp, ph, st, MUON_MM_SQ, 1, a, a, a, p, MUON_C, MUON_B, 0.f);
+        muon_prod<S>(mp, ph, st, MUON_MM_LEFT, 2, p, x, x, y, 1.f, MUON_A, 0.f);
+    }
+}
+// Gram Newton-Schulz of phase ph from X in x[1] (the schedule of muon_ns_work): R in sq[0]; Z, Q and a product's
 // output take turns in sq[1..3]
 template <typename S>
-static void muon_ns_gram(MuonPlan* mp, int k, cudaStream_t st) {
-    const MuonGroup& gr = mp->groups[k];
-    const int m = gr.m_pad, M = gr.M_pad, c = MUON_LT_CALLS * k, steps = mp->ns_steps;
-    const long long xs = (long long)m * M, ss = (long long)m * m;
-    auto sq = [&](int i) { return (S*)mp->sq[i] + gr.s_off; };
-    auto x = [&](int i) { return (S*)mp->x[i] + gr.w_off; };
+static void muon_ns_gram(MuonPlan* mp, int ph, cudaStream_t st) {
+    const int steps = mp->ns_steps;
+    auto sq = [&](int i) { return (S*)mp->sq[i]; };
+    auto x = [&](int i) { return (S*)mp->x[i]; };
     auto square = [&](const S* a, const S* b, S* d) {  // d = a b
-        muon_gemm(mp, st, c + 2, false, m, m, m, 1.f, a, m, ss, b, m, ss, 0.f, d, d, m, ss, gr.count);
+        muon_prod<S>(mp, ph, st, MUON_MM_SQ, 2, a, b, d, d, 1.f, 0.f, 0.f);
     };
     auto gram = [&](const S* X) {  // R = X X^T
-        muon_gemm(mp, st, c, true, m, m, M, 1.f, X, m, xs, X, m, xs, 0.f, sq(0), sq(0), m, ss, gr.count);
+        muon_prod<S>(mp, ph, st, MUON_MM_GRAM, 0, X, X, sq(0), sq(0), 1.f, 0.f, 0.f);
+    };
+    auto left = [&](int qi, int xi) {  // X' = Q X into the other buffer
+        muon_prod<S>(mp, ph, st, MUON_MM_LEFT, 3, sq(qi), x(xi), x(1 - xi), x(1 - xi), 1.f, 0.f, 0.f);
     };
     int xi = 1, qi = -1;  // X's buffer; Q's (-1: Q = I)
     gram(x(xi));
     for (int s = 0; s < steps; s++) {
         if (muon_gram_restart(s, steps)) {  // X <- Q X, R = X X^T, Q = I
-            muon_gemm(mp, st, c + 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m,
-                      xs, gr.count);
+            left(qi, xi);
             xi = 1 - xi;
             gram(x(xi));
             qi = -1;
         }
         const int zi = qi == 1 ? 2 : 1;  // Z = c R R + b R + a I
-        muon_gemm(mp, st, c + 1, false, m, m, m, MUON_C, sq(0), m, ss, sq(0), m, ss, MUON_B, sq(0), sq(zi), m, ss,
-                  gr.count);
-        muon_each(mp->cpu, st, 0, (size_t)m * gr.count, MuonDiag<S>{sq(zi), m, ss, MUON_A});
+        muon_prod<S>(mp, ph, st, MUON_MM_SQ, 1, sq(0), sq(0), sq(0), sq(zi), MUON_C, MUON_B, MUON_A);
         if (qi < 0) qi = zi;  // Q = Z (Z stays there for this step)
         else {                // Q <- Z Q into the third buffer
             const int ni = 6 - qi - zi;
@@ -6104,78 +6443,78 @@ static void muon_ns_gram(MuonPlan* mp, int k, cudaStream_t st) {
             square(sq(ti), sq(zi), sq(0));
         }
     }
-    muon_gemm(mp, st, c + 3, false, m, M, m, 1.f, sq(qi), m, ss, x(xi), m, xs, 0.f, x(1 - xi), x(1 - xi), m, xs,
-              gr.count);
+    left(qi, xi);
 }
 
-// Group k from the gradient g to its orthogonalised update in mp->x[muon_final_x]: the momentum (buf) and the
+// Phase ph from the gradient g to its orthogonalised update in mp->x[muon_final_x]: the momentum (buf) and the
 // update u rounded into x[0], each matrix's sum of squares (fixed order on either side), the normalisation (in
 // place, or into x[1] as S for gram), then the Newton-Schulz
 template <typename T, typename S>
-static void muon_group(MuonPlan* mp, int k, const float* g, float* buf) {
-    const MuonGroup& gr = mp->groups[k];
+static void muon_phase(MuonPlan* mp, int ph, const float* g, float* buf) {
+    const int g0 = mp->phase_first[ph], g1 = mp->phase_first[ph + 1];
+    const MuonGroup &first = mp->groups[g0], &last = mp->groups[g1 - 1];
     const bool cpu = mp->cpu;
     const cudaStream_t st = cpu ? nullptr : muon_stream(mp);
-    const int nm = (int)mp->mats.size(), k0 = gr.first_mat;
-    const size_t n = (size_t)gr.count * gr.m_pad * gr.M_pad;
+    const int nm = (int)mp->mats.size(), k0 = first.first_mat, k1 = last.first_mat + last.count;
+    const size_t n = last.w_off + (size_t)last.count * last.m_pad * last.M_pad - first.w_off;
     const float w = (float)(1.0 - (double)mp->momentum);
     T* x0 = (T*)mp->x[0];
-    if (cpu) muon_each(cpu, st, gr.w_off, n, MuonMomentum<T>{mp->t_mats, nm, g, buf, x0, w, mp->momentum,
-                                                               mp->nesterov});
-    else muon_tiles<MUON_TILE_MOMENTUM, T, S>(mp, st, k, g, buf, nullptr, nullptr, nullptr, w, 1.f);
+    if (cpu) muon_each(cpu, st, first.w_off, n, MuonMomentum<T>{mp->t_mats, nm, g, buf, x0, w, mp->momentum,
+                                                                   mp->nesterov});
+    else muon_tiles<MUON_TILE_MOMENTUM, T, S>(mp, st, g0, g1, g, buf, nullptr, nullptr, nullptr, w, 1.f);
     if (cpu) {
-        for (int q = k0; q < k0 + gr.count; q++) {
+        for (int q = k0; q < k1; q++) {
             double s = 0.0;
             const size_t end = q + 1 < nm ? mp->mats[q + 1].w_off : mp->w_elems;
             for (size_t e = mp->mats[q].w_off; e < end; e++) s += (double)muon_to_float(x0[e]) * muon_to_float(x0[e]);
             mp->sumsq[q] = (float)s;
         }
     } else {
-        const int c0 = mp->first_chunk[k0], c1 = mp->first_chunk[k0 + gr.count];
+        const int c0 = mp->first_chunk[k0], c1 = mp->first_chunk[k1];
         muon_sumsq_kernel<<<c1 - c0, MUON_BLOCK, 0, st>>>(x0, mp->t_chunk_start + c0, mp->t_chunk_end + c0,
                                                           mp->partial + c0);
         cudaCheck(cudaGetLastError());
-        muon_sumsq_finalize_kernel<<<ceil_div(gr.count, EW), EW, 0, st>>>(mp->partial, mp->t_first_chunk + k0,
-                                                                            gr.count, mp->sumsq + k0);
+        muon_sumsq_finalize_kernel<<<ceil_div(k1 - k0, EW), EW, 0, st>>>(mp->partial, mp->t_first_chunk + k0, k1 - k0,
+                                                                          mp->sumsq + k0);
         cudaCheck(cudaGetLastError());
     }
     S* xn = (S*)mp->x[mp->ns == MUON_NS_GRAM ? 1 : 0];
-    if (cpu) muon_each(cpu, st, gr.w_off, n, MuonNormalize<T, S>{mp->t_mats, nm, mp->sumsq, x0, xn});
-    else muon_tiles<MUON_TILE_NORMALIZE, T, S>(mp, st, k, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 1.f);
-    if (mp->ns == MUON_NS_GRAM) muon_ns_gram<S>(mp, k, st);
-    else muon_ns_standard<S>(mp, k, st);
+    if (cpu) muon_each(cpu, st, first.w_off, n, MuonNormalize<T, S>{mp->t_mats, nm, mp->sumsq, x0, xn});
+    else muon_tiles<MUON_TILE_NORMALIZE, T, S>(mp, st, g0, g1, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 1.f);
+    if (mp->ns == MUON_NS_GRAM) muon_ns_gram<S>(mp, ph, st);
+    else muon_ns_standard<S>(mp, ph, st);
 }
-// Queues group k's work unless it is queued already this step; with the overlap, on the side stream once g_stream
+// Queues phase ph's work unless it is queued already this step; with the overlap, on the side stream once g_stream
 // has written the gradients (everything before this point on g_stream)
 template <typename T, typename S>
-static void muon_start(MuonPlan* mp, int k, const float* g, float* buf) {
-    if (mp->started[k]) return;
-    mp->started[k] = 1;
+static void muon_start(MuonPlan* mp, int ph, const float* g, float* buf) {
+    if (mp->started[ph]) return;
+    mp->started[ph] = 1;
     if (mp->overlap) {
-        cudaCheck(cudaEventRecord(mp->fork[k], g_stream));
-        cudaCheck(cudaStreamWaitEvent(mp->side, mp->fork[k], 0));
+        cudaCheck(cudaEventRecord(mp->fork[ph], g_stream));
+        cudaCheck(cudaStreamWaitEvent(mp->side, mp->fork[ph], 0));
     }
-    muon_group<T, S>(mp, k, g, buf);
+    muon_phase<T, S>(mp, ph, g, buf);
 }
-// (declared before the backward pass) the groups whose last gradient the backward has just finished with op (-1:
+// (declared before the backward pass) the phases whose last gradient the backward has just finished with op (-1:
 // its end), started on the side stream when the overlap is on
 static void muon_grads_ready(UNet* m, int op) {
     MuonPlan* mp = m->muon;
     if (!mp->overlap) return;
     const int stage = op < 0 ? mp->n_stages - 1 : mp->n_stages - 2 - op;
-    for (int k = 0; k < (int)mp->groups.size(); k++) {
-        if (mp->groups[k].ready != stage) continue;
-        if (mp->started[k]) {
+    for (int ph = 0; ph < (int)mp->started.size(); ph++) {
+        if (mp->phase_ready[ph] != stage) continue;
+        if (mp->started[ph]) {
             fprintf(stderr, "error: Muon's overlap: a second backward pass before the update (the caller must update "
                             "after every backward pass with the overlap on)\n");
             exit(EXIT_FAILURE);
         }
-        muon_types(mp, [&](auto t, auto s) { muon_start<decltype(t), decltype(s)>(mp, k, m->g, m->m); });
+        muon_types(mp, [&](auto t, auto s) { muon_start<decltype(t), decltype(s)>(mp, ph, m->g, m->m); });
     }
 }
 
 // One step after the AdamW counter (hyper: this step's AdamW scalars and EMA decay, on the step's side): AdamW on the
-// parameters Muon leaves, Muon on the weights (buf: their momentum, kept in AdamW's first-moment array; the groups
+// parameters Muon leaves, Muon on the weights (buf: their momentum, kept in AdamW's first-moment array; the phases
 // the backward pass has not started yet start here), the EMA of both when ema is given. Every array on the side mp
 // runs on.
 template <typename T, typename S>
@@ -6185,7 +6524,7 @@ static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, floa
     const int nm = (int)mp->mats.size();
     muon_each(cpu, g_stream, 0, mp->adam_idx.size(),
               MuonAdamW{mp->t_adam_idx, p, buf, v, ema, g, beta1, beta2, lr * weight_decay, eps, hyper});
-    for (int k = 0; k < (int)mp->groups.size(); k++) muon_start<T, S>(mp, k, g, buf);
+    for (int ph = 0; ph < (int)mp->started.size(); ph++) muon_start<T, S>(mp, ph, g, buf);
     if (mp->overlap) {
         cudaCheck(cudaEventRecord(mp->join, mp->side));
         cudaCheck(cudaStreamWaitEvent(g_stream, mp->join, 0));
@@ -6194,7 +6533,8 @@ static void muon_step_t(MuonPlan* mp, float* p, const float* g, float* buf, floa
     const float decay = (float)(1.0 - (double)mp->lr * weight_decay);
     if (cpu) muon_each(cpu, g_stream, 0, mp->w_elems,
                        MuonApply<S>{mp->t_mats, nm, (const S*)mp->x[muon_final_x(mp)], p, ema, hyper, decay});
-    else muon_tiles<MUON_TILE_APPLY, T, S>(mp, g_stream, -1, nullptr, nullptr, p, ema, hyper, 0.f, decay);
+    else muon_tiles<MUON_TILE_APPLY, T, S>(mp, g_stream, 0, (int)mp->groups.size(), nullptr, nullptr, p, ema, hyper,
+                                           0.f, decay);
 }
 static void muon_step(MuonPlan* mp, float* p, const float* g, float* buf, float* v, float* ema, const float* hyper,
                       float beta1, float beta2, float eps, float lr, float weight_decay) {
@@ -7338,8 +7678,9 @@ static void muon_env(TrainArgs* a) {
 // the boxed table's rows on Muon: matrices, groups (UNET_MUON_GROUPS), FLOPs and launches per step; the overlap
 template <class Row>
 static void muon_rows(const MuonPlan* mp, bool several_ranks, Row row) {
-    row("muon", strfmt("%zu weights in %zu groups, %s Newton-Schulz, %.0f GFLOP, %d launches", mp->mats.size(),
-                       mp->groups.size(), MUON_NS_NAME[mp->ns], mp->gflop, mp->launches));
+    row("muon", strfmt("%zu weights in %zu groups, %zu phases, %s Newton-Schulz, %.0f GFLOP, %d launches",
+                       mp->mats.size(), mp->groups.size(), mp->started.size(), MUON_NS_NAME[mp->ns], mp->gflop,
+                       mp->launches));
     const std::string off = several_ranks ? "off (several ranks)" : "off (UNET_MUON_OVERLAP=0)";
     row("muon overlap",
         mp->overlap ? strfmt("on (model: %.0f of %.0f us after backward)", mp->est_exposed_us, mp->est_us) : off);

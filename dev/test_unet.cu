@@ -443,6 +443,44 @@ static void test_muon_gram_gpu() {
                   "at most 2)", worst_ratio, name_ratio.c_str(), err_gram_at, err_std_at));
 }
 
+// The bf16 path's products on muon_mm_kernel (one launch per product over a phase, split-K and mirrored symmetric
+// tiles) against the same step with every product through cuBLASLt per group (torch's bf16 iteration: bf16 operands
+// and outputs, fp32 accumulation): tensor by tensor, each one's error against the CPU's fp32 standard step is at most
+// 2x cuBLASLt's (the project's rule for reduced precision), for the standard and the gram form
+static void test_muon_mm_gpu() {
+    const std::string tag = "muon mm bf16";
+    if (!have_bf16_mma()) {
+        report("SKIP", tag, "needs a GPU of compute capability 8.0 or newer");
+        return;
+    }
+    FixedGrad fx;
+    if (!muon_fixture_load(tag, &fx)) return;
+    set_tf32(false);
+    const std::vector<float> ref = muon_fixture_change(fx, true, MUON_NS_STANDARD, false);
+    for (int ns : {MUON_NS_STANDARD, MUON_NS_GRAM}) {
+        const std::vector<float> ours = muon_fixture_change(fx, false, ns, true);
+        g_muon_mm = false;
+        const std::vector<float> lt = muon_fixture_change(fx, false, ns, true);
+        g_muon_mm = true;
+        double worst = 0.0, e_ours = 0.0, e_lt = 0.0;
+        std::string name;
+        int n_muon = 0;
+        for (const Param& q : fx.model.params) {
+            if (!muon_param(q)) continue;
+            n_muon++;
+            const double eo = muon_rel_diff(q, ours, ref), el = muon_rel_diff(q, lt, ref);
+            if (keep_worst(el > 0.0 ? eo / el : eo > 0.0 ? INFINITY : 0.0, q.name, &worst, &name)) {
+                e_ours = eo;
+                e_lt = el;
+            }
+        }
+        report(worst <= 2.0 && n_muon > 0 ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns],
+               strfmt("%d steps, %d Muon weights: error against the CPU's fp32 standard step, muon_mm_kernel / "
+                      "cuBLASLt, worst %.3f (%s: %.2e / %.2e; at most 2)", fx.n_fixed, n_muon, worst, name.c_str(),
+                      e_ours, e_lt));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 static void test_debug_state(const std::string& path, bool required) {
     std::string tag = base_name(path);
@@ -917,7 +955,8 @@ static void test_muon_overlap(Precision prec, int ns) {
 // Muon's plan for the default model (CI): under each grouping every element of every conv and linear weight is read
 // from one place of the group buffers and every other parameter's is AdamW's, exactly once; the padded shapes hold
 // their matrices; the groups tile the matrices in order, each starts (ready) no earlier than the stage that
-// finishes its last member's gradient (op_grad_params), and they come in the order the backward pass starts them.
+// finishes its last member's gradient (op_grad_params), and they come in the order the backward pass starts them;
+// the phases (the bf16 path's launch units) hold consecutive groups and start after all of them are ready.
 // Prints auto's groups, launches, FLOPs per step and the cost model's time.
 static void test_muon_plan() {
     UNet model;
@@ -940,8 +979,14 @@ static void test_muon_plan() {
             fits = fits && g.first_mat == next_mat && mp.mats[g.first_mat].w_off == g.w_off;
             next_mat += g.count;
             timely = timely && (gi == 0 || mp.groups[gi - 1].ready <= g.ready) && g.ready < mp.n_stages;
+            const int ph = g.phase;
+            fits = fits && ph >= 0 && ph + 1 < (int)mp.phase_first.size() && mp.phase_first[ph] <= (int)gi &&
+                   (int)gi < mp.phase_first[ph + 1];
+            timely = timely && ph < (int)mp.phase_ready.size() && g.ready <= mp.phase_ready[ph] &&
+                     (ph == 0 || mp.phase_ready[ph - 1] <= g.ready);
         }
-        fits = fits && next_mat == (int)mp.mats.size();
+        fits = fits && next_mat == (int)mp.mats.size() && !mp.phase_first.empty() && mp.phase_first[0] == 0 &&
+               mp.phase_first.back() == (int)mp.groups.size();
         for (size_t k = 0; k < mp.mats.size(); k++) {
             const MuonMat& q = mp.mats[k];
             const size_t end = k + 1 < mp.mats.size() ? mp.mats[k + 1].w_off : mp.w_elems;
@@ -966,15 +1011,16 @@ static void test_muon_plan() {
             }
         const bool ok = fits && timely && twice == 0 && missed == 0 && mp.mats.size() == 113;
         report(ok ? "PASS" : "FAIL", std::string("muon plan ") + MUON_GROUPING_NAME[grouping],
-               strfmt("%zu matrices in %zu groups, %zu of %zu parameter floats placed once, %zu twice, %zu never; "
-                      "shapes fit: %s; ready after their gradients, in order: %s; bf16 step: %d launches, %.1f GFLOP "
-                      "of Newton-Schulz, model %.0f us (%.0f after the backward)", mp.mats.size(), mp.groups.size(),
-                      once, (size_t)22080323, twice, missed, fits ? "yes" : "NO", timely ? "yes" : "NO", mp.launches,
-                      mp.gflop, mp.est_us, mp.est_exposed_us));
+               strfmt("%zu matrices in %zu groups and %zu phases, %zu of %zu parameter floats placed once, %zu twice, "
+                      "%zu never; shapes fit: %s; ready after their gradients, in order: %s; bf16 step: %d launches, "
+                      "%.1f GFLOP of Newton-Schulz, model %.0f us (%.0f after the backward)", mp.mats.size(),
+                      mp.groups.size(), mp.phase_first.size() - 1, once, (size_t)22080323, twice, missed,
+                      fits ? "yes" : "NO", timely ? "yes" : "NO", mp.launches, mp.gflop, mp.est_us,
+                      mp.est_exposed_us));
         if (grouping == MG_AUTO)
             for (const MuonGroup& g : mp.groups)
-                printf("     group %d x %d: %d matrices, ready at stage %d of %d\n", g.m_pad, g.M_pad, g.count,
-                       g.ready, mp.n_stages);
+                printf("     phase %d, group %d x %d: %d matrices, ready at stage %d of %d\n", g.phase, g.m_pad,
+                       g.M_pad, g.count, g.ready, mp.n_stages);
     }
 }
 
@@ -1108,6 +1154,7 @@ int main(int argc, char** argv) {
         else report("SKIP", "resume bf16", "needs a GPU of compute capability 8.0 or newer");
         test_ema_warmup();
         test_muon_gram_gpu();
+        test_muon_mm_gpu();
         test_muon_overlap(PREC_TF32, MUON_NS_STANDARD);
         if (have_bf16_mma()) {
             test_muon_overlap(PREC_BF16, MUON_NS_STANDARD);
