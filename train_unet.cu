@@ -2550,10 +2550,12 @@ __global__ void emb_layers_forward_kernel(const float* __restrict__ p, const flo
         if (lane == 0) e.out[(size_t)b * e.cout + o] = acc + p[e.b + o];
     }
 }
-// dW_l[o][k] = sum_b dout_l[b][o] emb_s[b][k], db_l[o] = sum_b dout_l[b][o]: a warp per row (l, o), lanes over E
+// dW_l[o][k] = sum_b dout_l[b][o] emb_s[b][k], db_l[o] = sum_b dout_l[b][o]: a warp per row (l, o) of rows
+// [row0, rows), lanes over E
 __global__ void emb_layers_weight_grad_kernel(float* __restrict__ g, const float* __restrict__ emb_s,
-                                              const EmbRow* __restrict__ tab, int n, int rows, int B, int E) {
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+                                              const EmbRow* __restrict__ tab, int n, int row0, int rows, int B,
+                                              int E) {
+    const int r = row0 + (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (r >= rows) return;
     const EmbRow e = tab[emb_entry(tab, n, r)];
     const int o = r - e.row0;
@@ -3448,17 +3450,20 @@ __global__ void muon_sumsq_finalize_kernel(const float* partial, const int* firs
 // longest K first, so the long X X^T tiles of the wide matrices start in the first wave. P and GRAM's Q are MN-major
 // in shared memory (read with ldmatrix.trans), LEFT's X K-major (as conv_mma_bf16_kernel's two modes).
 enum { MUON_MM_GRAM = 0, MUON_MM_SQ = 1, MUON_MM_LEFT = 2 };
-constexpr int MM_BK = 32, MM_STAGES = 4, MM_K_LD = MM_BK + 8;  // K-major rows of 5 16-byte units (conflict-free)
-constexpr int MUON_MM_BT[3] = {64, 64, 128};  // the tile per kind: LEFT's wide outputs amortise their loads better
-template <int BT>
+// per kind: the BT x BT output tile (LEFT's wide outputs amortise their loads over more columns), the k-tile BK
+// and the pipeline's depth (dev/unet_NOTES.md, session 23)
+constexpr int MUON_MM_BT[3] = {64, 64, 128}, MUON_MM_BK[3] = {64, 64, 32}, MUON_MM_STAGES[3] = {3, 3, 4};
+template <int KIND>
 struct MuonMMCfg {
-    static constexpr int THREADS = 2 * BT, WN = BT / 32, MI = BT / 32;  // warps 2 x WN; a warp's MI x 4 mma tiles
-    static constexpr int MN_LD = BT + 8;  // MN-major rows of an odd number of 16-byte units
-    static constexpr int A_ELEMS = MM_BK * MN_LD, B_ELEMS = BT * MM_K_LD > A_ELEMS ? BT * MM_K_LD : A_ELEMS;
+    static constexpr int BT = MUON_MM_BT[KIND], BK = MUON_MM_BK[KIND], STAGES = MUON_MM_STAGES[KIND];
+    static constexpr int THREADS = 2 * BT, MI = BT / 32;  // warps 2 x BT/32, each BT/2 x 32: MI x 4 mma tiles
+    static constexpr int MN_LD = BT + 8, K_LD = BK + 8;  // rows of an odd number of 16-byte units (conflict-free)
+    static constexpr int A_ELEMS = BK * MN_LD, B_ELEMS = KIND == MUON_MM_LEFT ? BT * K_LD : BK * MN_LD;
     static constexpr int STAGE = A_ELEMS + B_ELEMS, C_LD = BT + 4;  // C_LD: the epilogue's fp32 tile [j][i]
-    static constexpr size_t SMEM = (size_t)MM_STAGES * STAGE * 2;
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE * 2;
+    static constexpr int CH = BK * BT / 8 / THREADS;  // 16-byte chunks per thread, operand and k-tile
     static_assert((size_t)BT * C_LD * 4 <= SMEM, "the epilogue's tile reuses the stages");
-    static_assert(MM_BK * BT / 8 == 2 * THREADS, "two 16-byte chunks per thread and operand");
+    static_assert(CH * THREADS * 8 == BK * BT && THREADS % (BT / 8) == 0 && THREADS % (BK / 8) == 0, "whole chunks");
 };
 // output rows ti*BT.., columns tj*BT.. of matrix mat over k-tiles k0 .. k1 - 1: split `split` of nsplit; a split
 // tile's partial sums go to workspace slot slot0 + split and the last of its blocks to finish (counter ctr) adds them
@@ -3474,39 +3479,58 @@ __device__ __forceinline__ void muon_mma(float (&c)[4], const uint32_t (&a)[4], 
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// k-tile kt of P (MN-major [k][i]) and Q (GRAM, SQ: MN-major [k][j]; LEFT: K-major [j][k]) into stage st; zero-filled
-// past the matrix (every dimension is a multiple of 8: a 16-byte chunk is wholly inside or outside). ld: m.
-template <int KIND, int BT>
-__device__ __forceinline__ void muon_mm_load(bf16* st, const bf16* P, const bf16* Q, int ld, int cols, int K, int i0,
-                                             int j0, int kt, int tid) {
-    using C = MuonMMCfg<BT>;
-    constexpr int RC = BT / 8;  // 16-byte chunks per MN-major row
+// The loader: k-tile kt of P (MN-major [k][i]) and Q (GRAM, SQ: MN-major [k][j]; LEFT: K-major [j][k]) into a stage,
+// zero-filled past the matrix (every dimension is a multiple of 8: a 16-byte chunk is wholly inside or outside). A
+// thread's two chunks of each operand keep their row and column, so their addresses are set up once (ld: m).
+template <int KIND>
+struct MuonMMLoader {
+    using C = MuonMMCfg<KIND>;
+    static constexpr int RC = C::BT / 8, KC = C::BK / 8;  // 16-byte chunks per MN-major and per K-major row
+    const bf16 *p[C::CH], *q[C::CH];
+    int kp[C::CH], kq[C::CH], sp[C::CH], sq[C::CH];  // k of the chunk within a k-tile (never valid past K), shared
+    size_t step_p, step_q;                           // elements from one k-tile to the next
+    int K;
+    __device__ __forceinline__ MuonMMLoader(const bf16* P, const bf16* Q, int ld, int cols, int K_, int i0, int j0,
+                                            int tid) : K(K_) {
 #pragma unroll
-    for (int c = 0; c < 2; c++) {
-        const int r = tid / RC + (C::THREADS / RC) * c, col = (tid % RC) * 8, k = kt * MM_BK + r;
-        const bool v = k < K && i0 + col < ld;
-        cp_async16_b16(st + r * C::MN_LD + col, v ? P + (size_t)k * ld + i0 + col : P, v);
-        if (KIND != MUON_MM_LEFT) {
-            const bool vq = k < K && j0 + col < cols;
-            cp_async16_b16(st + C::A_ELEMS + r * C::MN_LD + col, vq ? Q + (size_t)k * ld + j0 + col : Q, vq);
+        for (int c = 0; c < C::CH; c++) {
+            const int r = tid / RC + (C::THREADS / RC) * c, col = (tid % RC) * 8;
+            p[c] = P + (size_t)r * ld + i0 + col;
+            kp[c] = i0 + col < ld ? r : INT_MAX / 2;
+            sp[c] = r * C::MN_LD + col;
+            if (KIND == MUON_MM_LEFT) {
+                const int j = tid / KC + (C::THREADS / KC) * c, kc = (tid % KC) * 8;
+                q[c] = Q + (size_t)(j0 + j) * ld + kc;
+                kq[c] = j0 + j < cols ? kc : INT_MAX / 2;
+                sq[c] = C::A_ELEMS + j * C::K_LD + kc;
+            } else {
+                q[c] = Q + (size_t)r * ld + j0 + col;
+                kq[c] = j0 + col < cols ? r : INT_MAX / 2;
+                sq[c] = C::A_ELEMS + r * C::MN_LD + col;
+            }
+        }
+        step_p = (size_t)C::BK * ld;
+        step_q = KIND == MUON_MM_LEFT ? C::BK : step_p;
+    }
+    __device__ __forceinline__ void load(bf16* st, int kt) const {
+        const int k0 = kt * C::BK;
+#pragma unroll
+        for (int c = 0; c < C::CH; c++) {
+            const bool vp = k0 + kp[c] < K, vq = k0 + kq[c] < K;
+            cp_async16_b16(st + sp[c], vp ? p[c] + kt * step_p : p[c], vp);
+            cp_async16_b16(st + sq[c], vq ? q[c] + kt * step_q : q[c], vq);
         }
     }
-    if (KIND == MUON_MM_LEFT)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {  // BT j-rows x 4 chunks
-            const int j = tid / 4 + (C::THREADS / 4) * c, kc = (tid % 4) * 8, k = kt * MM_BK + kc;
-            const bool v = k < K && j0 + j < cols;
-            cp_async16_b16(st + C::A_ELEMS + j * MM_K_LD + kc, v ? Q + (size_t)(j0 + j) * ld + k : Q, v);
-        }
-}
+};
 // one stage into the warp's BT/2 x 32 accumulators (warp (wm, wn))
-template <int KIND, int BT, typename S>
+template <int KIND, typename S>
 __device__ __forceinline__ void muon_mm_stage(const bf16* As, int lane, int wm, int wn,
-                                              float (&acc)[MuonMMCfg<BT>::MI][4][4]) {
-    using C = MuonMMCfg<BT>;
+                                              float (&acc)[MuonMMCfg<KIND>::MI][4][4]) {
+    using C = MuonMMCfg<KIND>;
+    constexpr int BT = C::BT;
     const bf16* Bs = As + C::A_ELEMS;
 #pragma unroll
-    for (int kk = 0; kk < MM_BK; kk += 16) {
+    for (int kk = 0; kk < C::BK; kk += 16) {
         uint32_t a[C::MI][4], b[4][2];
 #pragma unroll
         for (int i = 0; i < C::MI; i++)
@@ -3514,8 +3538,10 @@ __device__ __forceinline__ void muon_mm_stage(const bf16* As, int lane, int wm, 
 #pragma unroll
         for (int j = 0; j < 4; j += 2) {
             uint32_t r[4];
-            if (KIND == MUON_MM_LEFT) ldmatrix_x4_b16<false>(r, Bs + conv8_b_lds<0>(lane, MM_K_LD, wn * 32 + j * 8, kk));
-            else ldmatrix_x4_b16<true>(r, Bs + conv8_b_lds<1>(lane, C::MN_LD, wn * 32 + j * 8, kk));
+            if (KIND == MUON_MM_LEFT)
+                ldmatrix_x4_b16<false>(r, Bs + conv8_b_lds<0>(lane, C::K_LD, wn * 32 + j * 8, kk));
+            else
+                ldmatrix_x4_b16<true>(r, Bs + conv8_b_lds<1>(lane, C::MN_LD, wn * 32 + j * 8, kk));
             b[j][0] = r[0];
             b[j][1] = r[1];
             b[j + 1][0] = r[2];
@@ -3529,11 +3555,12 @@ __device__ __forceinline__ void muon_mm_stage(const bf16* As, int lane, int wm, 
 }
 // The tile out through shared memory (Cs[j][i], fp32): D = alpha acc + beta C + gamma I in 16-byte runs along the
 // column, then (below the diagonal of a symmetric output) its transpose at (j, i)
-template <int BT, typename S>
-__device__ __forceinline__ void muon_mm_epilogue(float* Cs, const float (&acc)[MuonMMCfg<BT>::MI][4][4], const S* C,
-                                                 S* D, int ld, int cols, int i0, int j0, bool mirror, float alpha,
-                                                 float beta, float gamma, int tid) {
-    using G = MuonMMCfg<BT>;
+template <int KIND, typename S>
+__device__ __forceinline__ void muon_mm_epilogue(float* Cs, const float (&acc)[MuonMMCfg<KIND>::MI][4][4],
+                                                 const S* C, S* D, int ld, int cols, int i0, int j0, bool mirror,
+                                                 float alpha, float beta, float gamma, int tid) {
+    using G = MuonMMCfg<KIND>;
+    constexpr int BT = G::BT;
     const int lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6, gq = lane >> 2, tq = lane & 3;
     __syncthreads();  // every warp is done with the stages
 #pragma unroll
@@ -3566,10 +3593,11 @@ __device__ __forceinline__ void muon_mm_epilogue(float* Cs, const float (&acc)[M
 // A split's partial sums into its workspace slot (register r of thread tid at r * THREADS + tid); false unless this
 // block is the tile's last, which then holds the sum of all slots, added in split order (the same bits whichever
 // block finishes last) and resets the tile's counter for the next launch
-template <int BT>
-__device__ __forceinline__ bool muon_mm_split_done(float (&acc)[MuonMMCfg<BT>::MI][4][4], float* ws, int* ctr,
+template <int KIND>
+__device__ __forceinline__ bool muon_mm_split_done(float (&acc)[MuonMMCfg<KIND>::MI][4][4], float* ws, int* ctr,
                                                    const MuonMMTile& t, int tid) {
-    using G = MuonMMCfg<BT>;
+    using G = MuonMMCfg<KIND>;
+    constexpr int BT = G::BT;
     constexpr int R = G::MI * 16;
     __shared__ int last;
     float* mine = ws + (size_t)(t.slot0 + t.split) * BT * BT;
@@ -3591,39 +3619,46 @@ __device__ __forceinline__ bool muon_mm_split_done(float (&acc)[MuonMMCfg<BT>::M
     if (tid == 0) ctr[t.ctr] = 0;
     return true;
 }
-template <int KIND, int BT, typename S>
-__global__ void __launch_bounds__(MuonMMCfg<BT>::THREADS)
+template <int KIND, typename S>
+__global__ void __launch_bounds__(MuonMMCfg<KIND>::THREADS)
     muon_mm_kernel(const MuonMMTile* tiles, const MuonMat* mats, const S* P, const S* Q, const S* C, S* D,
                    float alpha, float beta, float gamma, float* ws, int* ctr) {
-    using G = MuonMMCfg<BT>;
+    using G = MuonMMCfg<KIND>;
+    constexpr int BT = G::BT, STAGES = G::STAGES;
     extern __shared__ __align__(128) bf16 smm[];
-    const MuonMMTile t = tiles[blockIdx.x];
+    const MuonMMTile t = tiles[blockIdx.x];  // the tables are written once: readable before the previous launch ends
     const MuonMat& k = mats[t.mat];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Programmatic Dependent Launch (muon_prod): let the next product's blocks become resident now, and wait for the
+    // previous launch to finish (its outputs flushed) before touching the buffers
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
     const int m = k.m_pad, tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
     const int K = KIND == MUON_MM_GRAM ? k.M_pad : m, cols = KIND == MUON_MM_LEFT ? k.M_pad : m;
     const size_t ps = KIND == MUON_MM_GRAM ? k.w_off : k.s_off, qs = KIND == MUON_MM_SQ ? k.s_off : k.w_off;
     const size_t ds = KIND == MUON_MM_LEFT ? k.w_off : k.s_off;
     const bf16 *Pb = reinterpret_cast<const bf16*>(P + ps), *Qb = reinterpret_cast<const bf16*>(Q + qs);
     const int i0 = t.ti * BT, j0 = t.tj * BT;
+    const MuonMMLoader<KIND> ld(Pb, Qb, m, cols, K, i0, j0, tid);
     float acc[G::MI][4][4] = {};
 #pragma unroll
-    for (int s = 0; s < MM_STAGES - 1; s++) {
-        if (t.k0 + s < t.k1) muon_mm_load<KIND, BT>(smm + s * G::STAGE, Pb, Qb, m, cols, K, i0, j0, t.k0 + s, tid);
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (t.k0 + s < t.k1) ld.load(smm + s * G::STAGE, t.k0 + s);
         cp_async_commit();
     }
     for (int kt = t.k0; kt < t.k1; kt++) {
-        cp_async_wait_mem<MM_STAGES - 2>();
+        cp_async_wait_mem<STAGES - 2>();
         __syncthreads();
-        const int next = kt + MM_STAGES - 1;
-        if (next < t.k1) muon_mm_load<KIND, BT>(smm + ((next - t.k0) % MM_STAGES) * G::STAGE, Pb, Qb, m, cols, K, i0, j0,
-                                                next, tid);
+        const int next = kt + STAGES - 1;
+        if (next < t.k1) ld.load(smm + ((next - t.k0) % STAGES) * G::STAGE, next);
         cp_async_commit();
-        muon_mm_stage<KIND, BT, S>(smm + ((kt - t.k0) % MM_STAGES) * G::STAGE, lane, wm, wn, acc);
+        muon_mm_stage<KIND, S>(smm + ((kt - t.k0) % STAGES) * G::STAGE, lane, wm, wn, acc);
     }
     cp_async_wait_mem<0>();
-    if (t.nsplit > 1 && !muon_mm_split_done<BT>(acc, ws, ctr, t, tid)) return;
-    muon_mm_epilogue<BT, S>(reinterpret_cast<float*>(smm), acc, C + ds, D + ds, m, cols, i0, j0,
-                            KIND != MUON_MM_LEFT && t.ti > t.tj, alpha, beta, gamma, tid);
+    if (t.nsplit > 1 && !muon_mm_split_done<KIND>(acc, ws, ctr, t, tid)) return;
+    muon_mm_epilogue<KIND, S>(reinterpret_cast<float*>(smm), acc, C + ds, D + ds, m, cols, i0, j0,
+                              KIND != MUON_MM_LEFT && t.ti > t.tj, alpha, beta, gamma, tid);
 }
 
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
@@ -3784,6 +3819,7 @@ struct UNet {
     float *d_te = nullptr, *d_emb = nullptr, *d_emb_s = nullptr;
     EmbRow* emb_rows = nullptr;  // the resblocks' emb_layers (emb_layers_*_kernel)
     int emb_layers = 0, emb_total = 0;
+    int emb_grad_from = 0;  // in a backward pass: the rows from here on have their weight gradients (emb_weight_grads)
     Buf* out = nullptr;  // model output (B, H, W, 3)
     float* loss = nullptr;
     double* loss_partial = nullptr;
@@ -5634,9 +5670,19 @@ static void (*g_grad_ready)(UNet* m, int op) = nullptr;
 // --optimizer muon with the overlap on: the same points start the Newton-Schulz of the weights they finish
 static void muon_grads_ready(UNet* m, int op);
 
+// The emb_layers weight and bias gradients of table rows [row0, m->emb_grad_from) (the resblocks' d_embo final)
+static void emb_weight_grads(UNet* m, int row0) {
+    if (row0 >= m->emb_grad_from) return;
+    emb_layers_weight_grad_kernel<<<warp_blocks(m->emb_grad_from - row0), EW, 0, g_stream>>>(
+        m->g, m->emb_s, m->emb_rows, m->emb_layers, row0, m->emb_grad_from, m->B, m->E);
+    cudaCheck(cudaGetLastError());
+    m->emb_grad_from = row0;
+}
+
 template <typename T>
 static void unet_backward_t(UNet* m) {
     int B = m->B;
+    m->emb_grad_from = m->emb_total;
     for (Buf* b : m->bufs) b->g_written = false;
     m->out->g_written = true;  // written by unet_loss
     for (int i = (int)m->ops.size() - 1; i >= 0; i--) {
@@ -5686,12 +5732,9 @@ static void unet_backward_t(UNet* m) {
         if (m->muon) muon_grads_ready(m, i);
     }
     prof_begin();
-    // the resblocks' emb_layers (their d_embo from res_backward): weight gradients and d_emb_s
+    // the resblocks' emb_layers (their d_embo from res_backward): weight gradients (those not written yet) and d_emb_s
     if (m->emb_layers) {
-        emb_layers_weight_grad_kernel<<<warp_blocks(m->emb_total), EW, 0, g_stream>>>(m->g, m->emb_s, m->emb_rows,
-                                                                                      m->emb_layers, m->emb_total, B,
-                                                                                      m->E);
-        cudaCheck(cudaGetLastError());
+        emb_weight_grads(m, 0);
         emb_layers_input_grad_kernel<<<dim3(ceil_div(m->E, 32), B), 256, 0, g_stream>>>(m->p, m->d_emb_s,
                                                                                         m->emb_rows, m->emb_layers,
                                                                                         m->E);
@@ -5743,6 +5786,7 @@ struct MuonPlan {
     // the bf16 path on the GPU (half, not cpu): a phase's products each one muon_mm_kernel over all its matrices,
     // whatever their shapes; else each group's a strided batch (muon_gemm)
     bool grouped = false;
+    bool pdl = false;  // grouped on compute capability 9.0+: muon_mm_kernel with Programmatic Dependent Launch
     std::vector<MuonMat> mats;      // ordered by w_off
     std::vector<MuonGroup> groups;  // ordered by ready (then w_off)
     // phase p: groups phase_first[p] .. phase_first[p + 1] - 1, started once the backward has finished stage
@@ -5808,6 +5852,7 @@ static MuonNsWork muon_ns_work(int steps, int ns) {
 static bool muon_param(const Param& p) { return p.ndim >= 2; }  // conv and linear weights (2-D view out x rest)
 // testing: dev/test_unet.cu clears it to run the bf16 path's products through cuBLASLt (muon_gemm), as torch does
 static bool g_muon_mm = true;
+static bool g_muon_pdl = true;  // testing: off launches muon_mm_kernel without Programmatic Dependent Launch
 static int round8(int v) { return (v + 7) / 8 * 8; }  // 16-byte aligned bf16 columns for the tensor cores
 
 // The cost model (microseconds; bf16 / fp32 rates): per group the momentum and normalisation passes (4 launches),
@@ -5872,8 +5917,9 @@ static std::vector<int> muon_plan_groups(const std::vector<std::array<int, 3>>& 
 }
 
 // When each weight's gradient is final: stage[pi] of parameter pi (ops run backward from the last: op i of n finishes
-// stage n - 1 - i; the time embedding and emb_layers stage n, the end), and us[s], the modelled backward time of
-// stage s (its weights' products: 2 for the data and weight gradients, 2 B pixels FLOPs per weight each).
+// stage n - 1 - i, a resblock's emb_layers with it; the time embedding stage n, the end), and us[s], the modelled
+// backward time of stage s (its weights' products: 2 for the data and weight gradients, 2 B pixels FLOPs per weight
+// each).
 struct MuonStages {
     std::vector<int> stage;
     std::vector<double> us;
@@ -5892,16 +5938,52 @@ static MuonStages muon_stages(const UNet* m, bool half) {
             const Op& o = m->ops[i];
             pixels = (double)o.H * o.W * (o.kind == OP_UP ? 4.0 : o.kind == OP_DOWN ? 0.25 : 1.0);
         }
-        op_grad_params(m, i, [&](size_t off) {
+        auto final_here = [&](size_t off, double px) {
             const size_t pi = std::lower_bound(offs.begin(), offs.end(), off) - offs.begin();
+            if (i < 0 && st.stage[pi] < n_ops) return;  // a resblock's emb_layers: at its own stage (below)
             st.stage[pi] = s;
-            if (muon_param(m->params[pi])) st.us[s] += 4.0 * m->B * pixels * m->params[pi].n / (half ? 1.05e8 : 3.5e7);
-        });
+            if (muon_param(m->params[pi])) st.us[s] += 4.0 * m->B * px * m->params[pi].n / (half ? 1.05e8 : 3.5e7);
+        };
+        op_grad_params(m, i, [&](size_t off) { final_here(off, pixels); });
+        // with the overlap muon_grads_ready writes the emb_layers gradients of the resblocks done so far before it
+        // starts a phase (emb_weight_grads), so a resblock's are final at its own stage
+        if (i >= 0 && m->ops[i].kind == OP_RES) {
+            final_here(m->ops[i].emb.w, 1.0);
+            final_here(m->ops[i].emb.b, 1.0);
+        }
     }
     return st;
 }
 
 static void muon_plan_tables(MuonPlan* mp);
+// A group of a plan being drafted (muon_plan): its padded shape, count, ready stage, phase (those that hold matrices,
+// numbered in order) and members
+struct MuonDraft { int m_pad, M_pad, count, ready, phase; std::vector<int> members; };
+// The modelled cost of a draft (done[s]: the modelled end of backward stage s): the side stream's time past the end
+// of the backward, plus MUON_SHARE of the rest (grouped: a phase's launches once, then its groups' FLOPs; the phase
+// starts after its last group's stage)
+static double muon_plan_cost(const MuonPlan* mp, const std::vector<MuonDraft>& ds, const std::vector<double>& done,
+                             double* total, double* exposed) {
+    double t = 0.0;
+    *total = 0.0;
+    for (size_t i = 0; i < ds.size();) {
+        size_t j = i;
+        double us = 0.0;
+        int ready = 0;
+        for (; j < ds.size() && (j == i || (mp->grouped && ds[j].phase == ds[i].phase)); j++) {
+            const MuonDraft& d = ds[j];
+            us += mp->grouped ? muon_group_gflop(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns) * 1e9 / 3e8
+                              : muon_group_us(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns, mp->half);
+            ready = std::max(ready, d.ready);
+        }
+        if (mp->grouped) us += muon_launches(mp->ns_steps, mp->ns, true) * MUON_LAUNCH_US;
+        t = std::max(t, done[ready]) + us;
+        *total += us;
+        i = j;
+    }
+    *exposed = std::max(0.0, t - done[mp->n_stages - 1]);
+    return *exposed + MUON_SHARE * (*total - *exposed);
+}
 // Fills mp's host tables for the parameters (mp->lr, ns_steps, grouping, half set); nothing allocated. Matrices are
 // cut into phases of consecutive backward stages, each phase grouped by muon_plan_groups (auto: the phase cuts that
 // minimise the modelled time the optimizer adds to the step, greedily; shape and one: a single phase); the groups
@@ -5925,11 +6007,9 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
     mp->n_stages = st.us.empty() ? 1 : (int)st.us.size();
     std::vector<double> done(mp->n_stages, 0.0);  // modelled end of each backward stage
     for (int s = 0; s < mp->n_stages; s++) done[s] = (s ? done[s - 1] : 0.0) + (st.us.empty() ? 0.0 : st.us[s]);
-    // the groups of phases cut before the stages in cuts: per group its padded shape, count, ready stage, phase
-    // (the phases that hold matrices, numbered in order) and members
-    struct Draft { int m_pad, M_pad, count, ready, phase; std::vector<int> members; };
+    // the groups of phases cut before the stages in cuts
     auto draft = [&](const std::vector<int>& cuts) {
-        std::vector<Draft> out;
+        std::vector<MuonDraft> out;
         int phases = 0;
         for (size_t ph = 0; ph <= cuts.size(); ph++) {
             const int lo = ph ? cuts[ph - 1] : 0, hi = ph < cuts.size() ? cuts[ph] : mp->n_stages;
@@ -5946,11 +6026,11 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
             const std::vector<int> of = muon_plan_groups(shapes, mp->grouping, mp->ns_steps, mp->ns, mp->half,
                                                          mp->grouped);
             const size_t first = out.size();
-            out.resize(first + of.back() + 1, Draft{0, 0, 0, 0, phases++, {}});
+            out.resize(first + of.back() + 1, MuonDraft{0, 0, 0, 0, phases++, {}});
             size_t s = 0;
             for (int k : idx) {
                 while (shapes[s][0] != ms[k].m || shapes[s][1] != ms[k].M) s++;
-                Draft& d = out[first + of[s]];
+                MuonDraft& d = out[first + of[s]];
                 d.m_pad = std::max(d.m_pad, round8(ms[k].m));
                 d.M_pad = std::max(d.M_pad, round8(ms[k].M));
                 d.count++;
@@ -5958,31 +6038,12 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
                 d.members.push_back(k);
             }
         }
-        std::stable_sort(out.begin(), out.end(), [](const Draft& a, const Draft& b) { return a.ready < b.ready; });
+        std::stable_sort(out.begin(), out.end(),
+                         [](const MuonDraft& a, const MuonDraft& b) { return a.ready < b.ready; });
         return out;
     };
-    // the modelled cost of a plan: the side stream's time past the end of the backward, plus MUON_SHARE of the rest
-    // (grouped: a phase's launches once, then its groups' FLOPs; the phase starts after its last group's stage)
-    auto cost = [&](const std::vector<Draft>& ds, double* total, double* exposed) {
-        double t = 0.0;
-        *total = 0.0;
-        for (size_t i = 0; i < ds.size();) {
-            size_t j = i;
-            double us = 0.0;
-            int ready = 0;
-            for (; j < ds.size() && (j == i || (mp->grouped && ds[j].phase == ds[i].phase)); j++) {
-                const Draft& d = ds[j];
-                us += mp->grouped ? muon_group_gflop(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns) * 1e9 / 3e8
-                                  : muon_group_us(d.m_pad, d.M_pad, d.count, mp->ns_steps, mp->ns, mp->half);
-                ready = std::max(ready, d.ready);
-            }
-            if (mp->grouped) us += muon_launches(mp->ns_steps, mp->ns, true) * MUON_LAUNCH_US;
-            t = std::max(t, done[ready]) + us;
-            *total += us;
-            i = j;
-        }
-        *exposed = std::max(0.0, t - done[mp->n_stages - 1]);
-        return *exposed + MUON_SHARE * (*total - *exposed);
+    auto cost = [&](const std::vector<MuonDraft>& ds, double* total, double* exposed) {
+        return muon_plan_cost(mp, ds, done, total, exposed);
     };
     std::vector<int> cuts;
     double total, exposed, best = cost(draft(cuts), &total, &exposed);
@@ -6001,10 +6062,10 @@ static void muon_plan(MuonPlan* mp, const std::vector<Param>& params, const Muon
         if (best_cut < 0) break;
         cuts.insert(std::upper_bound(cuts.begin(), cuts.end(), best_cut), best_cut);
     }
-    const std::vector<Draft> ds = draft(cuts);
+    const std::vector<MuonDraft> ds = draft(cuts);
     cost(ds, &mp->est_us, &mp->est_exposed_us);
     size_t w = 0, s_off = 0;
-    for (const Draft& d : ds) {
+    for (const MuonDraft& d : ds) {
         const int phase = mp->grouped ? d.phase : (int)mp->groups.size();
         if (mp->phase_first.empty() || phase != mp->groups.back().phase) {
             mp->phase_first.push_back((int)mp->groups.size());
@@ -6066,14 +6127,15 @@ static void muon_plan_tables(MuonPlan* mp) {
 // triangle), longest first. GRAM's K (the wide dimension, up to 4608) is cut into splits of at most `cap` k-tiles,
 // cap about the launch's average work per resident block, so no tile outlasts the rest (slots, ctrs: the workspace
 // slots and counters used, added to)
-static std::vector<MuonMMTile> muon_mm_tiles(const std::vector<MuonMat>& mats, int first, int count, int kind, int bt,
+static std::vector<MuonMMTile> muon_mm_tiles(const std::vector<MuonMat>& mats, int first, int count, int kind,
                                              int* slots, int* ctrs) {
+    const int bt = MUON_MM_BT[kind];
     std::vector<MuonMMTile> out;
     long long work = 0;
     for (int q = first; q < first + count; q++) {
         const MuonMat& k = mats[q];
         const int nt = ceil_div(k.m_pad, bt), nc = kind == MUON_MM_LEFT ? ceil_div(k.M_pad, bt) : nt;
-        const int kt = ceil_div(kind == MUON_MM_GRAM ? k.M_pad : k.m_pad, MM_BK);
+        const int kt = ceil_div(kind == MUON_MM_GRAM ? k.M_pad : k.m_pad, MUON_MM_BK[kind]);
         for (int i = 0; i < nt; i++)
             for (int j = 0; j < (kind == MUON_MM_LEFT ? nc : i + 1); j++) {
                 out.push_back({q, i, j, 0, kt, 0, 1, -1, -1});
@@ -6168,6 +6230,10 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
     mp->started.assign(phases, 0);
     mp->lt_calls.assign(MUON_LT_CALLS * mp->groups.size(), nullptr);
     if (mp->grouped) {
+        int dev, major;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        mp->pdl = major >= 9 && g_muon_pdl;
         int max_slots = 0, max_ctrs = 0;
         for (int p = 0; p < phases; p++) {
             const int k0 = mp->groups[mp->phase_first[p]].first_mat;
@@ -6175,20 +6241,25 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
             for (int kind = 0; kind < 3; kind++) {
                 int slots = 0, ctrs = 0;
                 const std::vector<MuonMMTile> t = muon_mm_tiles(mp->mats, k0, last.first_mat + last.count - k0, kind,
-                                                                MUON_MM_BT[kind], &slots, &ctrs);
+                                                                &slots, &ctrs);
                 mp->t_mm.push_back(muon_table(mp, t));
                 mp->n_mm.push_back((int)t.size());
                 max_slots = std::max(max_slots, slots);
                 max_ctrs = std::max(max_ctrs, ctrs);
             }
         }
-        mp->mm_ws = (float*)muon_alloc(mp, (size_t)max_slots * MUON_MM_BT[MUON_MM_GRAM] * MUON_MM_BT[MUON_MM_GRAM] * 4);
+        mp->mm_ws = (float*)muon_alloc(mp, (size_t)max_slots * MUON_MM_BT[MUON_MM_GRAM] * MUON_MM_BT[MUON_MM_GRAM] *
+                                               sizeof(float));
         mp->mm_ctr = (int*)muon_alloc(mp, (size_t)max_ctrs * sizeof(int));  // zero: each last block resets its own
-        const int lt = MuonMMCfg<MUON_MM_BT[MUON_MM_LEFT]>::SMEM;
-        cudaCheck(cudaFuncSetAttribute(muon_mm_kernel<MUON_MM_LEFT, MUON_MM_BT[MUON_MM_LEFT], bf16>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, lt));
-        cudaCheck(cudaFuncSetAttribute(muon_mm_kernel<MUON_MM_LEFT, MUON_MM_BT[MUON_MM_LEFT], __half>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, lt));
+        auto smem = [&](auto kernel, size_t bytes) {
+            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        };
+        smem(muon_mm_kernel<MUON_MM_GRAM, bf16>, MuonMMCfg<MUON_MM_GRAM>::SMEM);
+        smem(muon_mm_kernel<MUON_MM_GRAM, __half>, MuonMMCfg<MUON_MM_GRAM>::SMEM);
+        smem(muon_mm_kernel<MUON_MM_SQ, bf16>, MuonMMCfg<MUON_MM_SQ>::SMEM);
+        smem(muon_mm_kernel<MUON_MM_SQ, __half>, MuonMMCfg<MUON_MM_SQ>::SMEM);
+        smem(muon_mm_kernel<MUON_MM_LEFT, bf16>, MuonMMCfg<MUON_MM_LEFT>::SMEM);
+        smem(muon_mm_kernel<MUON_MM_LEFT, __half>, MuonMMCfg<MUON_MM_LEFT>::SMEM);
     }
     if (!cpu) {
         cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));  // the lowest priority
@@ -6362,16 +6433,26 @@ static void muon_prod(MuonPlan* mp, int ph, cudaStream_t st, int kind, int slot,
     if (mp->grouped) {
         const int i = 3 * ph + kind, n = mp->n_mm[i];
         if (!n) return;
-        auto go = [&](auto kernel, int bt) {
-            const int threads = bt == 64 ? MuonMMCfg<64>::THREADS : MuonMMCfg<128>::THREADS;
-            const size_t smem = bt == 64 ? MuonMMCfg<64>::SMEM : MuonMMCfg<128>::SMEM;
-            kernel<<<n, threads, smem, st>>>(mp->t_mm[i], mp->t_mats, P, Q, C, D, alpha, beta, gamma, mp->mm_ws,
-                                             mp->mm_ctr);
-            cudaCheck(cudaGetLastError());
+        // with Programmatic Dependent Launch on compute capability 9.0+: the chain of dependent products is
+        // latency-bound, so each launch is staged while the one before it runs (the kernel waits for it)
+        auto go = [&](auto kernel, auto cfg_of_kind) {
+            using G = decltype(cfg_of_kind);
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(n);
+            cfg.blockDim = dim3(G::THREADS);
+            cfg.dynamicSmemBytes = G::SMEM;
+            cfg.stream = st;
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr.val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = &attr;
+            cfg.numAttrs = mp->pdl ? 1 : 0;
+            cudaCheck(cudaLaunchKernelEx(&cfg, kernel, (const MuonMMTile*)mp->t_mm[i], (const MuonMat*)mp->t_mats, P,
+                                         Q, C, D, alpha, beta, gamma, mp->mm_ws, mp->mm_ctr));
         };
-        if (kind == MUON_MM_GRAM) go(muon_mm_kernel<MUON_MM_GRAM, MUON_MM_BT[MUON_MM_GRAM], S>, MUON_MM_BT[kind]);
-        else if (kind == MUON_MM_SQ) go(muon_mm_kernel<MUON_MM_SQ, MUON_MM_BT[MUON_MM_SQ], S>, MUON_MM_BT[kind]);
-        else go(muon_mm_kernel<MUON_MM_LEFT, MUON_MM_BT[MUON_MM_LEFT], S>, MUON_MM_BT[kind]);
+        if (kind == MUON_MM_GRAM) go(muon_mm_kernel<MUON_MM_GRAM, S>, MuonMMCfg<MUON_MM_GRAM>());
+        else if (kind == MUON_MM_SQ) go(muon_mm_kernel<MUON_MM_SQ, S>, MuonMMCfg<MUON_MM_SQ>());
+        else go(muon_mm_kernel<MUON_MM_LEFT, S>, MuonMMCfg<MUON_MM_LEFT>());
         return;
     }
     for (int k = mp->phase_first[ph]; k < mp->phase_first[ph + 1]; k++) {
@@ -6504,6 +6585,12 @@ static void muon_grads_ready(UNet* m, int op) {
     const int stage = op < 0 ? mp->n_stages - 1 : mp->n_stages - 2 - op;
     for (int ph = 0; ph < (int)mp->started.size(); ph++) {
         if (mp->phase_ready[ph] != stage) continue;
+        if (op >= 0) {  // the emb_layers of the resblocks done so far (ops op ..: the table's last rows), as
+            int row0 = 0;   // muon_stages has it
+            for (int i = 0; i < op; i++)
+                if (m->ops[i].kind == OP_RES) row0 += m->ops[i].emb.out;
+            emb_weight_grads(m, row0);
+        }
         if (mp->started[ph]) {
             fprintf(stderr, "error: Muon's overlap: a second backward pass before the update (the caller must update "
                             "after every backward pass with the overlap on)\n");

@@ -446,7 +446,9 @@ static void test_muon_gram_gpu() {
 // The bf16 path's products on muon_mm_kernel (one launch per product over a phase, split-K and mirrored symmetric
 // tiles) against the same step with every product through cuBLASLt per group (torch's bf16 iteration: bf16 operands
 // and outputs, fp32 accumulation): tensor by tensor, each one's error against the CPU's fp32 standard step is at most
-// 2x cuBLASLt's (the project's rule for reduced precision), for the standard and the gram form
+// 2x cuBLASLt's (the project's rule for reduced precision), for the standard and the gram form; and the same bits
+// with muon_mm_kernel launched without Programmatic Dependent Launch (a product reading before its input is final
+// would differ)
 static void test_muon_mm_gpu() {
     const std::string tag = "muon mm bf16";
     if (!have_bf16_mma()) {
@@ -459,9 +461,13 @@ static void test_muon_mm_gpu() {
     const std::vector<float> ref = muon_fixture_change(fx, true, MUON_NS_STANDARD, false);
     for (int ns : {MUON_NS_STANDARD, MUON_NS_GRAM}) {
         const std::vector<float> ours = muon_fixture_change(fx, false, ns, true);
+        g_muon_pdl = false;
+        const std::vector<float> serial = muon_fixture_change(fx, false, ns, true);
+        g_muon_pdl = true;
         g_muon_mm = false;
         const std::vector<float> lt = muon_fixture_change(fx, false, ns, true);
         g_muon_mm = true;
+        const bool same = memcmp(ours.data(), serial.data(), ours.size() * sizeof(float)) == 0;
         double worst = 0.0, e_ours = 0.0, e_lt = 0.0;
         std::string name;
         int n_muon = 0;
@@ -474,10 +480,10 @@ static void test_muon_mm_gpu() {
                 e_lt = el;
             }
         }
-        report(worst <= 2.0 && n_muon > 0 ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns],
+        report(worst <= 2.0 && n_muon > 0 && same ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns],
                strfmt("%d steps, %d Muon weights: error against the CPU's fp32 standard step, muon_mm_kernel / "
-                      "cuBLASLt, worst %.3f (%s: %.2e / %.2e; at most 2)", fx.n_fixed, n_muon, worst, name.c_str(),
-                      e_ours, e_lt));
+                      "cuBLASLt, worst %.3f (%s: %.2e / %.2e; at most 2); without PDL: %s", fx.n_fixed, n_muon, worst,
+                      name.c_str(), e_ours, e_lt, same ? "the same bits" : "DIFFERENT BITS"));
     }
 }
 
