@@ -3229,10 +3229,11 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
 //   ns_steps of X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750, 2.0315), on the wide
 //   orientation (torch transposes a tall matrix); w <- w (1 - lr wd) - lr sqrt(max(1, rows / cols)) X.
 // Each step is three products as torch computes it: A = X X^T, B = c A A + b A, X' = B X + a X (the sums ride on
-// cuBLASLt's beta with a separate output, so no elementwise pass). The matrices of a group sit side by side in the
-// group buffers, each zero-padded to the group's m_pad x M_pad (the wide orientation, column-major), so that a
-// group is one strided-batched product per step; with the overlap on, a group's Newton-Schulz runs on a side stream
-// as soon as the backward pass has finished its members' gradients (muon_grads_ready). Zero rows and
+// the product's beta with a separate output, so no elementwise pass). The matrices of a group sit side by side in the
+// group buffers, each zero-padded to the group's m_pad x M_pad (the wide orientation, column-major). bf16: groups
+// are shapes, and each product of a phase (consecutive groups) is one muon_mm_kernel over all its matrices; fp32: a
+// group is one strided-batched cuBLASLt product per step. With the overlap on, a phase's Newton-Schulz runs on a side
+// stream as soon as the backward pass has finished its members' gradients (muon_grads_ready). Zero rows and
 // columns are exact: they leave A's other entries, the norm and the result's other entries unchanged. A 3x3 conv
 // weight, stored [tap][cin][cout], is read as the column-major (cout, 9 cin) matrix whose columns are PyTorch's in
 // another order; Newton-Schulz commutes with a permutation of the columns (A = X X^T does not see it), so the update
@@ -3578,7 +3579,7 @@ __device__ __forceinline__ void muon_mm_epilogue(float* Cs, const float (&acc)[M
             const int row = (pass ? j0 : i0) + v8, col = (pass ? i0 : j0) + u;
             if (row >= ld || col >= (pass ? ld : cols)) continue;
             const size_t e = (size_t)col * ld + row;
-            S in[8], out[8];
+            alignas(16) S in[8], out[8];
             if (beta != 0.f) *reinterpret_cast<uint4*>(in) = *reinterpret_cast<const uint4*>(C + e);
 #pragma unroll
             for (int q = 0; q < 8; q++) {
