@@ -18,6 +18,7 @@ layout conversion, the loader's draws. Without a GPU every other check is SKIPPE
 */
 #define TESTING
 #include "../train_unet.cu"
+#include <map>
 
 static int n_pass = 0, n_fail = 0, n_skip = 0;
 // python3 dev/unet.py --debug_state dev/fixtures/unet_muon_small.bin --optimizer muon --device cpu (MUON_FIXTURE_CMD)
@@ -1030,6 +1031,76 @@ static void test_muon_plan() {
     }
 }
 
+// muon_mm_kernel's tile lists for the default model's bf16 plan (CI): per phase and kind, every output tile of every
+// matrix (GRAM and SQ: the lower triangle, LEFT: all) once, its splits covering its k-tiles in order without gaps,
+// each split on its own workspace slot and each split tile on its own counter, the longest first
+static void test_muon_mm_tiles() {
+    UNet model;
+    unet_define(&model, UNetConfig(), 32);
+    MuonPlan mp;
+    mp.half = true;
+    muon_plan(&mp, model.params, muon_stages(&model, true));
+    bool ok = mp.grouped;
+    int launches = 0, items = 0, splits = 0;
+    for (size_t ph = 0; ph + 1 < mp.phase_first.size(); ph++) {
+        const int k0 = mp.groups[mp.phase_first[ph]].first_mat;
+        const MuonGroup& last = mp.groups[mp.phase_first[ph + 1] - 1];
+        const int k1 = last.first_mat + last.count;
+        for (int kind = 0; kind < 3; kind++) {
+            int slots = 0, ctrs = 0;
+            const std::vector<MuonMMTile> t = muon_mm_tiles(mp.mats, k0, k1 - k0, kind, &slots, &ctrs);
+            launches++;
+            items += (int)t.size();
+            std::map<std::array<int, 3>, std::vector<MuonMMTile>> by_tile;
+            std::vector<int> slot_use(slots, 0), ctr_use(ctrs, 0);
+            for (size_t i = 0; i < t.size(); i++) {
+                by_tile[{t[i].mat, t[i].ti, t[i].tj}].push_back(t[i]);
+                ok = ok && (i == 0 || t[i - 1].k1 - t[i - 1].k0 >= t[i].k1 - t[i].k0) && t[i].mat >= k0 &&
+                     t[i].mat < k1;
+                if (t[i].nsplit > 1) {
+                    const int sl = t[i].slot0 + t[i].split;
+                    ok = ok && sl >= 0 && sl < slots && t[i].ctr >= 0 && t[i].ctr < ctrs;
+                    if (ok) slot_use[sl]++;
+                }
+            }
+            for (int q = k0; q < k1; q++) {
+                const MuonMat& mq = mp.mats[q];
+                const int bt = MUON_MM_BT[kind], nt = ceil_div(mq.m_pad, bt);
+                const int nc = kind == MUON_MM_LEFT ? ceil_div(mq.M_pad, bt) : nt;
+                const int kt = ceil_div(kind == MUON_MM_GRAM ? mq.M_pad : mq.m_pad, MUON_MM_BK[kind]);
+                for (int i = 0; i < nt; i++)
+                    for (int j = 0; j < (kind == MUON_MM_LEFT ? nc : i + 1); j++) {
+                        auto it = by_tile.find({q, i, j});
+                        if (it == by_tile.end()) {
+                            ok = false;
+                            continue;
+                        }
+                        std::vector<MuonMMTile> v = it->second;
+                        by_tile.erase(it);
+                        std::sort(v.begin(), v.end(),
+                                  [](const MuonMMTile& a, const MuonMMTile& b) { return a.split < b.split; });
+                        int k = 0;
+                        for (size_t s = 0; s < v.size(); s++) {
+                            ok = ok && v[s].split == (int)s && v[s].nsplit == (int)v.size() && v[s].k0 == k &&
+                                 v[s].k1 > v[s].k0 && v[s].ctr == v[0].ctr && v[s].slot0 == v[0].slot0;
+                            k = v[s].k1;
+                        }
+                        ok = ok && k == kt && (v.size() == 1 || kind == MUON_MM_GRAM);
+                        if (v.size() > 1 && v[0].ctr >= 0 && v[0].ctr < ctrs) ctr_use[v[0].ctr]++;
+                        splits += v.size() > 1;
+                    }
+            }
+            ok = ok && by_tile.empty();  // no tile outside the matrices
+            for (int u : slot_use) ok = ok && u == 1;
+            for (int u : ctr_use) ok = ok && u == 1;
+        }
+    }
+    report(ok ? "PASS" : "FAIL", "muon mm tiles",
+           strfmt("%d launches (%zu phases x 3 kinds), %d blocks, %d split tiles: every output tile once, its splits "
+                  "tiling K in order, slots and counters each used once, longest first: %s", launches,
+                  mp.phase_first.size() - 1, items, splits, ok ? "yes" : "NO"));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // CPU checks (run in CI): the model's parameter table, our initialisation against PyTorch's default
 // distributions, the layout conversion, and the loader's draws.
@@ -1136,6 +1207,7 @@ int main(int argc, char** argv) {
     if (paths.empty()) {
         cpu_checks();
         test_muon_plan();
+        test_muon_mm_tiles();
     }
     for (const std::string& p : paths.empty() ? std::vector<std::string>{MUON_FIXTURE} : paths) test_fixed_grad_cpu(p);
     if (paths.empty()) test_muon_gram_cpu();
