@@ -13,8 +13,11 @@ Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32
 --precision bf16 (debug states given on the command line, made with --autocast_bf16 1; compute capability >= 8.0):
   our error against the fp32 reference is at most 2x PyTorch bf16 autocast's own error, tensor by tensor (L2); with
   the sm_90a build on a 9.0 GPU twice, the convolutions on wgmma and then forced onto mma.sync (g_conv8_force).
+Muon (the fixture dev/fixtures/unet_muon_small.bin): the CPU step against PyTorch's, gram against standard, the GPU
+against the CPU, the bf16 products on muon_mm_kernel against cuBLASLt, the overlap on against off.
 CPU checks (also without a GPU, so in CI): the parameter table, the initialisation's distributions, the weight
-layout conversion, the loader's draws. Without a GPU every other check is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
+layout conversion, the loader's draws, Muon's plans and muon_mm_kernel's tile lists. Without a GPU every other check
+is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
 */
 #define TESTING
 #include "../train_unet.cu"
