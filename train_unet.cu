@@ -3482,7 +3482,7 @@ __device__ __forceinline__ void muon_mma(float (&c)[4], const uint32_t (&a)[4], 
 
 // The loader: k-tile kt of P (MN-major [k][i]) and Q (GRAM, SQ: MN-major [k][j]; LEFT: K-major [j][k]) into a stage,
 // zero-filled past the matrix (every dimension is a multiple of 8: a 16-byte chunk is wholly inside or outside). A
-// thread's two chunks of each operand keep their row and column, so their addresses are set up once (ld: m).
+// thread's CH chunks of each operand keep their row and column, so their addresses are set up once (ld: m).
 template <int KIND>
 struct MuonMMLoader {
     using C = MuonMMCfg<KIND>;
@@ -6143,7 +6143,7 @@ static std::vector<MuonMMTile> muon_mm_tiles(const std::vector<MuonMat>& mats, i
                 work += kt;
             }
     }
-    const int resident = g_num_sms * (bt == 64 ? 4 : 2);
+    const int resident = g_num_sms * 4;  // GRAM's blocks per SM (shared memory); only GRAM is split
     const int cap = std::max(16, (int)(work / resident));
     std::vector<MuonMMTile> split;
     for (const MuonMMTile& t : out) {
@@ -6424,6 +6424,26 @@ static void muon_tiles(MuonPlan* mp, cudaStream_t st, int g0, int g1, const floa
     cudaCheck(cudaGetLastError());
 }
 
+// muon_mm_kernel of kind KIND over phase ph's tiles; with Programmatic Dependent Launch on compute capability 9.0+
+// (the chain of dependent products is latency-bound: each launch is staged while the one before it runs)
+template <int KIND, typename S>
+static void muon_mm_launch(const MuonPlan* mp, int ph, cudaStream_t st, const S* P, const S* Q, const S* C, S* D,
+                           float alpha, float beta, float gamma) {
+    const int i = 3 * ph + KIND;
+    if (!mp->n_mm[i]) return;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(mp->n_mm[i]);
+    cfg.blockDim = dim3(MuonMMCfg<KIND>::THREADS);
+    cfg.dynamicSmemBytes = MuonMMCfg<KIND>::SMEM;
+    cfg.stream = st;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = mp->pdl ? 1 : 0;
+    cudaCheck(cudaLaunchKernelEx(&cfg, muon_mm_kernel<KIND, S>, (const MuonMMTile*)mp->t_mm[i],
+                                 (const MuonMat*)mp->t_mats, P, Q, C, D, alpha, beta, gamma, mp->mm_ws, mp->mm_ctr));
+}
 // One Newton-Schulz product over phase ph, every matrix at its own offsets into whole buffers (the x or sq ones):
 // D = alpha P Q + beta C + gamma I for kind MUON_MM_GRAM (P = Q = X: X X^T), MUON_MM_SQ (m x m, Q symmetric) or
 // MUON_MM_LEFT (P X, no gamma). Grouped: one muon_mm_kernel; else per group a strided batch through muon_gemm
@@ -6432,28 +6452,9 @@ template <typename S>
 static void muon_prod(MuonPlan* mp, int ph, cudaStream_t st, int kind, int slot, const S* P, const S* Q, const S* C,
                       S* D, float alpha, float beta, float gamma) {
     if (mp->grouped) {
-        const int i = 3 * ph + kind, n = mp->n_mm[i];
-        if (!n) return;
-        // with Programmatic Dependent Launch on compute capability 9.0+: the chain of dependent products is
-        // latency-bound, so each launch is staged while the one before it runs (the kernel waits for it)
-        auto go = [&](auto kernel, auto cfg_of_kind) {
-            using G = decltype(cfg_of_kind);
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(n);
-            cfg.blockDim = dim3(G::THREADS);
-            cfg.dynamicSmemBytes = G::SMEM;
-            cfg.stream = st;
-            cudaLaunchAttribute attr;
-            attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr.val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = &attr;
-            cfg.numAttrs = mp->pdl ? 1 : 0;
-            cudaCheck(cudaLaunchKernelEx(&cfg, kernel, (const MuonMMTile*)mp->t_mm[i], (const MuonMat*)mp->t_mats, P,
-                                         Q, C, D, alpha, beta, gamma, mp->mm_ws, mp->mm_ctr));
-        };
-        if (kind == MUON_MM_GRAM) go(muon_mm_kernel<MUON_MM_GRAM, S>, MuonMMCfg<MUON_MM_GRAM>());
-        else if (kind == MUON_MM_SQ) go(muon_mm_kernel<MUON_MM_SQ, S>, MuonMMCfg<MUON_MM_SQ>());
-        else go(muon_mm_kernel<MUON_MM_LEFT, S>, MuonMMCfg<MUON_MM_LEFT>());
+        if (kind == MUON_MM_GRAM) muon_mm_launch<MUON_MM_GRAM, S>(mp, ph, st, P, Q, C, D, alpha, beta, gamma);
+        else if (kind == MUON_MM_SQ) muon_mm_launch<MUON_MM_SQ, S>(mp, ph, st, P, Q, C, D, alpha, beta, gamma);
+        else muon_mm_launch<MUON_MM_LEFT, S>(mp, ph, st, P, Q, C, D, alpha, beta, gamma);
         return;
     }
     for (int k = mp->phase_first[ph]; k < mp->phase_first[ph + 1]; k++) {
