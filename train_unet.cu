@@ -50,7 +50,6 @@ Sections: utilities and file reader | kernels | model (build, forward, backward,
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <cooperative_groups.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
 #include <cuda.h>  // CUtensorMap (TMA views); the driver entry point is reached through the runtime, no -lcuda
@@ -3663,184 +3662,6 @@ __global__ void __launch_bounds__(MuonMMCfg<KIND>::THREADS)
                               KIND != MUON_MM_LEFT && t.ti > t.tj, alpha, beta, gamma, tid);
 }
 
-// gram's chain of m x m products between two rebuilds of R, on chip (compute capability 9.0: thread block clusters
-// and distributed shared memory; every m_pad <= 256). A matrix is cut into 64-row panels, one block each, its panels
-// in consecutive blocks of one cluster. A block keeps its rows of R, Z, Q and a product's output in shared memory; for
-// D = A B it reads B's k-rows panel by panel from the blocks that hold them, so nothing leaves the chip between the
-// products (muon_mm_kernel's SQ launches are latency-bound: dev/unet_NOTES.md, session 24).
-constexpr int MUON_CH_ROWS = 64, MUON_CH_MAX = 256, MUON_CH_CLUSTER = 4, MUON_CH_THREADS = 256;
-constexpr int MUON_CH_LD = MUON_CH_MAX + 8;  // 33 16-byte units a row: ldmatrix without bank conflicts
-constexpr int MUON_CH_PANEL = MUON_CH_ROWS * MUON_CH_LD;
-constexpr int MUON_CH_BUFS = 6;  // slots 0-3: R, then Z, Q and a product's output in turn; 4-5: B's panels staged
-constexpr size_t MUON_CH_SMEM = (size_t)MUON_CH_BUFS * MUON_CH_PANEL * 2;
-static_assert(MUON_CH_THREADS == 256 && MUON_CH_MAX == 256 && MUON_CH_ROWS == 64, "the index maps below");
-struct MuonChainJob { int mat, panel, rank0; };  // a block's matrix (-1: none), its panel, the rank of panel 0
-// A thread moves 16-byte unit (tid % 32) of rows tid / 32 + 8 u of a panel (u < 8): no division by the matrix's width
-struct MuonChainCtx {
-    int m, nr, r0, rank0, np;  // the matrix's m_pad; this panel's rows, the first; rank of panel 0; panels
-    int tid, lane, warp, cu, rb;
-};
-template <typename S>
-__device__ __forceinline__ uint32_t muon_pack2(float a, float b) {
-    if constexpr (std::is_same<S, __half>::value) {
-        const __half2 h = __floats2half2_rn(a, b);
-        return *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-        return *reinterpret_cast<const uint32_t*>(&h);
-    }
-}
-// D = alpha A B + beta C + gamma I on the block's rows (A, C, D: slots of its shared memory; B: a slot in every
-// block of its matrix). Warp w owns columns 32w.. (idle past m) of all 64 rows: 4 x 4 mma tiles. B's panel q + 1 is
-// read into registers while panel q is multiplied.
-template <typename S>
-__device__ void muon_chain_product(const MuonChainCtx& c, bf16* sm, int a, int b, int cs, int d, float alpha,
-                                   float beta, float gamma) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    bf16* stage = sm + 4 * MUON_CH_PANEL;
-    const bool unit = c.cu * 8 < c.m;
-    uint4 reg[8];
-    auto fetch = [&](int q) {  // B's rows 64q.. (zero past m: the last k-step may run past them)
-        const bf16* src = cg::this_cluster().map_shared_rank(sm + b * MUON_CH_PANEL, c.rank0 + q) + c.cu * 8;
-        const int rows = c.m - q * MUON_CH_ROWS;
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int r = c.rb + 8 * u;
-            reg[u] = unit && r < rows ? *reinterpret_cast<const uint4*>(src + r * MUON_CH_LD) : make_uint4(0, 0, 0, 0);
-        }
-    };
-    float acc[4][4][4] = {};
-    const bool cols = c.warp * 32 < c.m;
-    const bf16* A = sm + a * MUON_CH_PANEL + conv8_a_lds<0>(c.lane, MUON_CH_LD, 0, 0);
-    const int boff = conv8_b_lds<1>(c.lane, MUON_CH_LD, c.warp * 32, 0);
-    if (c.np) fetch(0);
-    for (int q = 0; q < c.np; q++) {
-        bf16* st = stage + (q & 1) * MUON_CH_PANEL;
-        if (unit)
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                *reinterpret_cast<uint4*>(st + (c.rb + 8 * u) * MUON_CH_LD + c.cu * 8) = reg[u];
-        __syncthreads();  // (the other staging buffer was last read before this barrier)
-        if (q + 1 < c.np) fetch(q + 1);
-        const int kn = c.m - q * MUON_CH_ROWS;  // k-steps past it read zeros
-        if (!cols) continue;
-#pragma unroll
-        for (int kk = 0; kk < MUON_CH_ROWS; kk += 16) {
-            if (kk >= kn) break;
-            uint32_t af[4][4], bfr[4][2];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                ldmatrix_x4_b16<false>(af[i], A + i * 16 * MUON_CH_LD + q * MUON_CH_ROWS + kk);
-#pragma unroll
-            for (int j = 0; j < 4; j += 2) {
-                uint32_t r[4];
-                ldmatrix_x4_b16<true>(r, st + boff + kk * MUON_CH_LD + j * 8);
-                bfr[j][0] = r[0];
-                bfr[j][1] = r[1];
-                bfr[j + 1][0] = r[2];
-                bfr[j + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) muon_mma<S>(acc[i][j], af[i], bfr[j]);
-        }
-    }
-    if (!cols) return;
-    const bf16* C = sm + cs * MUON_CH_PANEL;
-    bf16* D = sm + d * MUON_CH_PANEL;
-    const int gq = c.lane >> 2, tq = c.lane & 3;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = i * 16 + gq + 8 * h, col = c.warp * 32 + j * 8 + 2 * tq, e = row * MUON_CH_LD + col;
-                if (row >= c.nr || col >= c.m) continue;
-                float y0 = alpha * acc[i][j][2 * h], y1 = alpha * acc[i][j][2 * h + 1];
-                if (beta != 0.f) {  // (the same operations in the same order as muon_mm_epilogue)
-                    const S* cv = reinterpret_cast<const S*>(C + e);
-                    y0 += beta * muon_to_float(cv[0]);
-                    y1 += beta * muon_to_float(cv[1]);
-                }
-                if (c.r0 + row == col) y0 += gamma;
-                if (c.r0 + row == col + 1) y1 += gamma;
-                *reinterpret_cast<uint32_t*>(D + e) = muon_pack2<S>(y0, y1);
-            }
-#endif
-}
-// `steps` steps of gram's iteration from R (sq, written symmetric by muon_mm_kernel's GRAM) to Q, as muon_ns_gram
-// runs them between two rebuilds: Z = c R R + b R + a I; Q = Z, then Q <- Z Q; R <- (Z R) Z unless it is the last.
-template <typename S>
-__global__ void __launch_bounds__(MUON_CH_THREADS, 1)
-    muon_chain_kernel(const MuonChainJob* jobs, const MuonMat* mats, const S* R, S* Q, int steps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    extern __shared__ __align__(128) bf16 smc[];
-    const MuonChainJob job = jobs[blockIdx.x];
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // as muon_mm_kernel
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    MuonChainCtx c;
-    c.tid = threadIdx.x;
-    c.lane = c.tid & 31;
-    c.warp = c.tid >> 5;
-    c.cu = c.lane;
-    c.rb = c.warp;
-    c.m = c.nr = c.r0 = c.rank0 = c.np = 0;
-    size_t off = 0;
-    if (job.mat >= 0) {
-        const MuonMat& k = mats[job.mat];
-        c.m = k.m_pad;
-        c.r0 = job.panel * MUON_CH_ROWS;
-        c.nr = min(MUON_CH_ROWS, c.m - c.r0);
-        c.rank0 = job.rank0;
-        c.np = (c.m + MUON_CH_ROWS - 1) / MUON_CH_ROWS;
-        off = k.s_off;
-    }
-    uint4* all = reinterpret_cast<uint4*>(smc);  // zeros past each panel's rows and columns, for good
-    for (int e = c.tid; e < (int)(MUON_CH_SMEM / 16); e += MUON_CH_THREADS) all[e] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-    if (c.cu * 8 < c.m)  // rows r0.. of R = its columns r0..
-        for (int r = c.rb; r < c.nr; r += 8)
-            *reinterpret_cast<uint4*>(smc + r * MUON_CH_LD + c.cu * 8) =
-                *reinterpret_cast<const uint4*>(R + off + (size_t)(c.r0 + r) * c.m + c.cu * 8);
-    cg::this_cluster().sync();
-    auto other = [](int u, int v) { return u != 1 && v != 1 ? 1 : u != 2 && v != 2 ? 2 : 3; };  // a slot of 1-3
-    int q = -1;
-    for (int s = 0; s < steps; s++) {
-        const int z = other(q, q);
-        muon_chain_product<S>(c, smc, 0, 0, 0, z, MUON_C, MUON_B, MUON_A);
-        cg::this_cluster().sync();
-        if (q < 0) q = z;
-        else {
-            const int n = other(z, q);
-            muon_chain_product<S>(c, smc, z, q, n, n, 1.f, 0.f, 0.f);
-            cg::this_cluster().sync();
-            q = n;
-        }
-        if (s + 1 < steps) {
-            const int t = other(z, q);
-            muon_chain_product<S>(c, smc, z, 0, t, t, 1.f, 0.f, 0.f);
-            cg::this_cluster().sync();
-            muon_chain_product<S>(c, smc, t, z, 0, 0, 1.f, 0.f, 0.f);
-            cg::this_cluster().sync();  // (also: no block leaves while another reads its panels)
-        }
-    }
-    // column j of Q, entries r0..: its panel's column j, 8 rows a thread (Q's column-major order)
-    const bf16* Qs = smc + q * MUON_CH_PANEL;
-    for (int e = c.tid; e < c.m * 8; e += MUON_CH_THREADS) {
-        const int j = e >> 3, r = (e & 7) * 8;
-        if (r >= c.nr) continue;
-        alignas(16) bf16 v[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = Qs[(r + i) * MUON_CH_LD + j];
-        *reinterpret_cast<uint4*>(Q + off + (size_t)j * c.m + c.r0 + r) = *reinterpret_cast<const uint4*>(v);
-    }
-#endif
-}
-
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
 // x0 = clip(x/sqrt(acp) - sqrt(1/acp - 1) eps, -1, 1); ddpm: x = c1 x0 + c2 x + sigma z (sigma 0 at t = 0);
 // ddim (eta 0): eps' = (x/sqrt(acp) - x0) / sqrt(1/acp - 1); x = sqrt(acp_prev) x0 + sqrt(1 - acp_prev) eps'.
@@ -6000,11 +5821,6 @@ struct MuonPlan {
     std::vector<int> n_mm;
     float* mm_ws = nullptr;
     int* mm_ctr = nullptr;
-    // gram, grouped, compute capability 9.0+, every m_pad <= 256: the m x m products between two rebuilds of R in one
-    // muon_chain_kernel per phase (its blocks per phase, their count)
-    bool chain = false;
-    std::vector<MuonChainJob*> t_chain;
-    std::vector<int> n_chain;
     cudaEvent_t join = nullptr;     // the side stream's work of the step is done
     cublasLtHandle_t lt = nullptr;  // the products (own workspace: the side stream runs beside g_cublas)
     void* lt_ws = nullptr;
@@ -6038,7 +5854,6 @@ static bool muon_param(const Param& p) { return p.ndim >= 2; }  // conv and line
 // testing: dev/test_unet.cu clears it to run the bf16 path's products through cuBLASLt (muon_gemm), as torch does
 static bool g_muon_mm = true;
 static bool g_muon_pdl = true;  // testing: off launches muon_mm_kernel without Programmatic Dependent Launch
-static bool g_muon_chain = true;  // testing: off runs gram's m x m products as muon_mm_kernel launches
 static int round8(int v) { return (v + 7) / 8 * 8; }  // 16-byte aligned bf16 columns for the tensor cores
 
 // The cost model (microseconds; bf16 / fp32 rates): per group the momentum and normalisation passes (4 launches),
@@ -6353,29 +6168,6 @@ static std::vector<MuonMMTile> muon_mm_tiles(const std::vector<MuonMat>& mats, i
     return split;
 }
 
-// muon_chain_kernel's blocks over mats[first .. first + count - 1]: each matrix's 64-row panels on consecutive ranks
-// of one cluster, the matrices with the most panels first (they take longest), packed first-fit; ranks left over
-// get no job
-static std::vector<MuonChainJob> muon_chain_jobs(const std::vector<MuonMat>& mats, int first, int count) {
-    std::vector<int> order(count);
-    for (int i = 0; i < count; i++) order[i] = first + i;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return mats[a].m_pad > mats[b].m_pad; });
-    std::vector<MuonChainJob> jobs;
-    std::vector<int> used;  // per cluster: its ranks taken
-    for (int q : order) {
-        const int np = ceil_div(mats[q].m_pad, MUON_CH_ROWS);
-        int cl = 0;
-        while (cl < (int)used.size() && used[cl] + np > MUON_CH_CLUSTER) cl++;
-        if (cl == (int)used.size()) {
-            used.push_back(0);
-            for (int r = 0; r < MUON_CH_CLUSTER; r++) jobs.push_back({-1, 0, 0});
-        }
-        for (int p = 0; p < np; p++) jobs[cl * MUON_CH_CLUSTER + used[cl] + p] = {q, p, used[cl]};
-        used[cl] += np;
-    }
-    return jobs;
-}
-
 // f(i) for base <= i < base + n: a kernel on stream st, or a loop on the CPU (f's pointers on that side)
 template <class F>
 static void muon_each(bool cpu, cudaStream_t st, size_t base, size_t n, F f) {
@@ -6410,38 +6202,6 @@ static V* muon_table(const MuonPlan* mp, const std::vector<V>& host) {
     if (mp->cpu) memcpy(t, host.data(), host.size() * sizeof(V));
     else cudaCheck(cudaMemcpy(t, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice));
     return t;
-}
-// gram's on-chip chain (MuonPlan::chain) where every matrix fits it and a cluster of its blocks fits the GPU: the
-// job tables per phase, and the launch count without the m x m products' launches
-static void muon_chain_setup(MuonPlan* mp) {
-    for (const MuonMat& k : mp->mats)
-        if (k.m_pad > MUON_CH_MAX) return;
-    cudaCheck(cudaFuncSetAttribute(muon_chain_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)MUON_CH_SMEM));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(MUON_CH_CLUSTER);
-    cfg.blockDim = dim3(MUON_CH_THREADS);
-    cfg.dynamicSmemBytes = MUON_CH_SMEM;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim = {(unsigned)MUON_CH_CLUSTER, 1, 1};
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    cudaCheck(cudaOccupancyMaxActiveClusters(&clusters, muon_chain_kernel<__half>, &cfg));
-    if (clusters < 1) return;
-    const int phases = (int)mp->phase_first.size() - 1;
-    for (int p = 0; p < phases; p++) {
-        const int k0 = mp->groups[mp->phase_first[p]].first_mat;
-        const MuonGroup& last = mp->groups[mp->phase_first[p + 1] - 1];
-        const std::vector<MuonChainJob> jobs = muon_chain_jobs(mp->mats, k0, last.first_mat + last.count - k0);
-        mp->t_chain.push_back(muon_table(mp, jobs));
-        mp->n_chain.push_back((int)jobs.size());
-    }
-    mp->chain = true;
-    const MuonNsWork w = muon_ns_work(mp->ns_steps, mp->ns);
-    const int runs = (w.on_x - 2) / 2 + 1;  // one launch per run between rebuilds
-    mp->launches -= phases * (w.square - runs);
 }
 // A plan for m's parameters with its tables and buffers on the GPU (cpu: on the host; overlap off)
 static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nesterov, int ns_steps, int grouping,
@@ -6501,7 +6261,6 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
         smem(muon_mm_kernel<MUON_MM_SQ, __half>, MuonMMCfg<MUON_MM_SQ>::SMEM);
         smem(muon_mm_kernel<MUON_MM_LEFT, bf16>, MuonMMCfg<MUON_MM_LEFT>::SMEM);
         smem(muon_mm_kernel<MUON_MM_LEFT, __half>, MuonMMCfg<MUON_MM_LEFT>::SMEM);
-        if (ns == MUON_NS_GRAM && major >= 9 && g_muon_chain) muon_chain_setup(mp);
     }
     if (!cpu) {
         cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));  // the lowest priority
@@ -6537,7 +6296,6 @@ static void muon_destroy(MuonPlan* mp) {
     }
     for (MuonLtCall* c : mp->lt_calls) muon_lt_free(c);
     for (MuonMMTile* t : mp->t_mm) cudaCheck(cudaFree(t));
-    for (MuonChainJob* t : mp->t_chain) cudaCheck(cudaFree(t));
     if (mp->mm_ws) cudaCheck(cudaFree(mp->mm_ws));
     if (mp->mm_ctr) cudaCheck(cudaFree(mp->mm_ctr));
     if (!mp->cpu) {
@@ -6666,39 +6424,25 @@ static void muon_tiles(MuonPlan* mp, cudaStream_t st, int g0, int g1, const floa
     cudaCheck(cudaGetLastError());
 }
 
-// A Newton-Schulz kernel on st; with Programmatic Dependent Launch on compute capability 9.0+ (the chain of dependent
-// products is latency-bound: each launch is staged while the one before it runs); cluster > 1: clusters of that size
-template <typename... P, typename... A>
-static void muon_launch(const MuonPlan* mp, cudaStream_t st, void (*kernel)(P...), int blocks, int threads,
-                        size_t smem, int cluster, A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[2];
-    int n = 0;
-    if (mp->pdl) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n++].val.clusterDim = {(unsigned)cluster, 1, 1};
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-// muon_mm_kernel of kind KIND over phase ph's tiles
+// muon_mm_kernel of kind KIND over phase ph's tiles; with Programmatic Dependent Launch on compute capability 9.0+
+// (the chain of dependent products is latency-bound: each launch is staged while the one before it runs)
 template <int KIND, typename S>
 static void muon_mm_launch(const MuonPlan* mp, int ph, cudaStream_t st, const S* P, const S* Q, const S* C, S* D,
                            float alpha, float beta, float gamma) {
     const int i = 3 * ph + KIND;
     if (!mp->n_mm[i]) return;
-    muon_launch(mp, st, muon_mm_kernel<KIND, S>, mp->n_mm[i], MuonMMCfg<KIND>::THREADS, MuonMMCfg<KIND>::SMEM, 1,
-                (const MuonMMTile*)mp->t_mm[i], (const MuonMat*)mp->t_mats, P, Q, C, D, alpha, beta, gamma, mp->mm_ws,
-                mp->mm_ctr);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(mp->n_mm[i]);
+    cfg.blockDim = dim3(MuonMMCfg<KIND>::THREADS);
+    cfg.dynamicSmemBytes = MuonMMCfg<KIND>::SMEM;
+    cfg.stream = st;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = mp->pdl ? 1 : 0;
+    cudaCheck(cudaLaunchKernelEx(&cfg, muon_mm_kernel<KIND, S>, (const MuonMMTile*)mp->t_mm[i],
+                                 (const MuonMat*)mp->t_mats, P, Q, C, D, alpha, beta, gamma, mp->mm_ws, mp->mm_ctr));
 }
 // One Newton-Schulz product over phase ph, every matrix at its own offsets into whole buffers (the x or sq ones):
 // D = alpha P Q + beta C + gamma I for kind MUON_MM_GRAM (P = Q = X: X X^T), MUON_MM_SQ (m x m, Q symmetric) or
@@ -6761,23 +6505,6 @@ static void muon_ns_gram(MuonPlan* mp, int ph, cudaStream_t st) {
     };
     int xi = 1, qi = -1;  // X's buffer; Q's (-1: Q = I)
     gram(x(xi));
-    if constexpr (sizeof(S) == 2) {
-        if (mp->chain) {  // each run of steps between rebuilds of R: one muon_chain_kernel from R (sq 0) to Q (sq 1)
-            for (int s0 = 0, s1; s0 < steps; s0 = s1) {
-                for (s1 = s0 + 1; s1 < steps && !muon_gram_restart(s1, steps);) s1++;
-                if (s0 > 0) {
-                    left(1, xi);
-                    xi = 1 - xi;
-                    gram(x(xi));
-                }
-                muon_launch(mp, st, muon_chain_kernel<S>, mp->n_chain[ph], MUON_CH_THREADS, MUON_CH_SMEM,
-                            MUON_CH_CLUSTER, (const MuonChainJob*)mp->t_chain[ph], (const MuonMat*)mp->t_mats,
-                            (const S*)sq(0), sq(1), s1 - s0);
-            }
-            left(1, xi);
-            return;
-        }
-    }
     for (int s = 0; s < steps; s++) {
         if (muon_gram_restart(s, steps)) {  // X <- Q X, R = X X^T, Q = I
             left(qi, xi);
@@ -7949,7 +7676,6 @@ struct TrainArgs {
     // --optimizer muon: Muon for the conv and linear weights (AdamW above for the rest)
     int optimizer = OPT_ADAMW, muon_nesterov = 1, ns_steps = 5, muon_grouping = MG_AUTO, muon_ns = MUON_NS_STANDARD;
     bool muon_overlap = true;  // UNET_MUON_OVERLAP (one rank only)
-    bool muon_chain = true;    // UNET_MUON_CHAIN
     float muon_lr = 0.02f, muon_momentum = 0.95f;
     UNetConfig cfg;
     bool quiet = false;
@@ -7986,7 +7712,6 @@ static void unet_start(UNet* m, Dist* dp, const BinFile* ck, const TrainArgs& a,
     st->muon_nesterov = a.muon_nesterov;
     st->ns_steps = a.ns_steps;
     if (a.optimizer == OPT_MUON) {
-        g_muon_chain = a.muon_chain;
         m->muon = muon_create(m, a.muon_lr, a.muon_momentum, a.muon_nesterov, a.ns_steps, a.muon_grouping,
                               a.muon_ns, m->prec == PREC_BF16, false);
         m->muon->overlap = a.muon_overlap && !dp;  // several ranks: a gradient is final after the all-reduce
@@ -8032,23 +7757,19 @@ static void muon_env(TrainArgs* a) {
         fprintf(stderr, "error: UNET_MUON_GROUPS=%s: expected auto, shape or one\n", env);
         exit(EXIT_FAILURE);
     }
-    const std::pair<const char*, bool*> flags[2] = {{"UNET_MUON_OVERLAP", &a->muon_overlap},
-                                                    {"UNET_MUON_CHAIN", &a->muon_chain}};
-    for (const auto& f : flags) {
-        env = getenv(f.first);
-        *f.second = !env || !*env || !strcmp(env, "1");
-        if (!*f.second && strcmp(env, "0")) {
-            fprintf(stderr, "error: %s=%s: expected 1 (on) or 0 (off)\n", f.first, env);
-            exit(EXIT_FAILURE);
-        }
+    env = getenv("UNET_MUON_OVERLAP");
+    a->muon_overlap = !env || !*env || !strcmp(env, "1");
+    if (!a->muon_overlap && strcmp(env, "0")) {
+        fprintf(stderr, "error: UNET_MUON_OVERLAP=%s: expected 1 (on) or 0 (off)\n", env);
+        exit(EXIT_FAILURE);
     }
 }
 // the boxed table's rows on Muon: matrices, groups (UNET_MUON_GROUPS), FLOPs and launches per step; the overlap
 template <class Row>
 static void muon_rows(const MuonPlan* mp, bool several_ranks, Row row) {
-    row("muon", strfmt("%zu weights in %zu groups, %zu phases, %s Newton-Schulz%s, %.0f GFLOP, %d launches",
-                       mp->mats.size(), mp->groups.size(), mp->started.size(), MUON_NS_NAME[mp->ns],
-                       mp->chain ? " (m x m products on chip)" : "", mp->gflop, mp->launches));
+    row("muon", strfmt("%zu weights in %zu groups, %zu phases, %s Newton-Schulz, %.0f GFLOP, %d launches",
+                       mp->mats.size(), mp->groups.size(), mp->started.size(), MUON_NS_NAME[mp->ns], mp->gflop,
+                       mp->launches));
     const std::string off = several_ranks ? "off (several ranks)" : "off (UNET_MUON_OVERLAP=0)";
     row("muon overlap",
         mp->overlap ? strfmt("on (model: %.0f of %.0f us after backward)", mp->est_exposed_us, mp->est_us) : off);

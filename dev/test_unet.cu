@@ -14,10 +14,9 @@ Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32
   our error against the fp32 reference is at most 2x PyTorch bf16 autocast's own error, tensor by tensor (L2); with
   the sm_90a build on a 9.0 GPU twice, the convolutions on wgmma and then forced onto mma.sync (g_conv8_force).
 Muon (the fixture dev/fixtures/unet_muon_small.bin): the CPU step against PyTorch's, gram against standard, the GPU
-against the CPU, the bf16 products on muon_mm_kernel (and gram's on-chip chain) against cuBLASLt, the overlap on
-against off.
+against the CPU, the bf16 products on muon_mm_kernel against cuBLASLt, the overlap on against off.
 CPU checks (also without a GPU, so in CI): the parameter table, the initialisation's distributions, the weight
-layout conversion, the loader's draws, Muon's plans, muon_mm_kernel's tile lists and muon_chain_kernel's blocks. Without a GPU every other check
+layout conversion, the loader's draws, Muon's plans and muon_mm_kernel's tile lists. Without a GPU every other check
 is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
 */
 #define TESTING
@@ -472,14 +471,6 @@ static void test_muon_mm_gpu() {
         g_muon_mm = false;
         const std::vector<float> lt = muon_fixture_change(fx, false, ns, true);
         g_muon_mm = true;
-        std::vector<float> per_launch;  // gram's m x m products as muon_mm_kernel launches (no chain)
-        if (ns == MUON_NS_GRAM) {
-            g_muon_chain = false;
-            per_launch = muon_fixture_change(fx, false, ns, true);
-            g_muon_chain = true;
-        }
-        double worst_pl = 0.0;
-        std::string name_pl;
         const bool same = memcmp(ours.data(), serial.data(), ours.size() * sizeof(float)) == 0;
         double worst = 0.0, e_ours = 0.0, e_lt = 0.0;
         std::string name;
@@ -492,18 +483,11 @@ static void test_muon_mm_gpu() {
                 e_ours = eo;
                 e_lt = el;
             }
-            if (per_launch.empty()) continue;
-            const double ep = muon_rel_diff(q, per_launch, ref);
-            keep_worst(el > 0.0 ? ep / el : ep > 0.0 ? INFINITY : 0.0, q.name, &worst_pl, &name_pl);
         }
         report(worst <= 2.0 && n_muon > 0 && same ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns],
                strfmt("%d steps, %d Muon weights: error against the CPU's fp32 standard step, muon_mm_kernel / "
                       "cuBLASLt, worst %.3f (%s: %.2e / %.2e; at most 2); without PDL: %s", fx.n_fixed, n_muon, worst,
                       name.c_str(), e_ours, e_lt, same ? "the same bits" : "DIFFERENT BITS"));
-        if (!per_launch.empty())  // (on compute capability 9.0 the line above measured muon_chain_kernel)
-            report(worst_pl <= 2.0 ? "PASS" : "FAIL", tag + " gram, no chain",
-                   strfmt("the m x m products as muon_mm_kernel launches: error / cuBLASLt's, worst %.3f (%s; at most "
-                          "2)", worst_pl, name_pl.c_str()));
     }
 }
 
@@ -1120,50 +1104,6 @@ static void test_muon_mm_tiles() {
                   mp.phase_first.size() - 1, items, splits, ok ? "yes" : "NO"));
 }
 
-// muon_chain_kernel's blocks for the default model's bf16 plan (CPU, CI): per phase, each matrix's 64-row panels
-// once, on consecutive ranks of one cluster from the rank its blocks name as panel 0, and no cluster over its size
-static void test_muon_chain_jobs() {
-    UNet model;
-    unet_define(&model, UNetConfig(), 32);
-    MuonPlan mp;
-    mp.half = true;
-    muon_plan(&mp, model.params, muon_stages(&model, true));
-    bool ok = mp.grouped;
-    int blocks = 0, idle = 0;
-    for (size_t ph = 0; ph + 1 < mp.phase_first.size(); ph++) {
-        const int k0 = mp.groups[mp.phase_first[ph]].first_mat;
-        const MuonGroup& last = mp.groups[mp.phase_first[ph + 1] - 1];
-        const int k1 = last.first_mat + last.count;
-        const std::vector<MuonChainJob> jobs = muon_chain_jobs(mp.mats, k0, k1 - k0);
-        ok = ok && jobs.size() % MUON_CH_CLUSTER == 0;
-        blocks += (int)jobs.size();
-        std::map<int, std::vector<int>> at;  // matrix -> block of each panel
-        for (size_t b = 0; b < jobs.size(); b++) {
-            const MuonChainJob& j = jobs[b];
-            if (j.mat < 0) {
-                idle++;
-                continue;
-            }
-            ok = ok && j.mat >= k0 && j.mat < k1;
-            std::vector<int>& v = at[j.mat];
-            if ((int)v.size() <= j.panel) v.resize(j.panel + 1, -1);
-            ok = ok && v[j.panel] < 0;
-            v[j.panel] = (int)b;
-        }
-        for (int q = k0; q < k1 && ok; q++) {
-            const int np = ceil_div(mp.mats[q].m_pad, MUON_CH_ROWS);
-            const std::vector<int>& v = at[q];
-            ok = (int)v.size() == np && v[0] >= 0;
-            for (int p = 0; ok && p < np; p++)  // consecutive, in one cluster, panel 0 where rank0 says
-                ok = v[p] == v[0] + p && v[p] / MUON_CH_CLUSTER == v[0] / MUON_CH_CLUSTER &&
-                     jobs[v[p]].rank0 == v[0] % MUON_CH_CLUSTER;
-        }
-    }
-    report(ok ? "PASS" : "FAIL", "muon chain jobs",
-           strfmt("%zu phases, %d blocks (%d without a panel): every matrix's panels once, consecutive in one cluster "
-                  "of %d: %s", mp.phase_first.size() - 1, blocks, idle, MUON_CH_CLUSTER, ok ? "yes" : "NO"));
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // CPU checks (run in CI): the model's parameter table, our initialisation against PyTorch's default
 // distributions, the layout conversion, and the loader's draws.
@@ -1271,7 +1211,6 @@ int main(int argc, char** argv) {
         cpu_checks();
         test_muon_plan();
         test_muon_mm_tiles();
-        test_muon_chain_jobs();
     }
     for (const std::string& p : paths.empty() ? std::vector<std::string>{MUON_FIXTURE} : paths) test_fixed_grad_cpu(p);
     if (paths.empty()) test_muon_gram_cpu();
