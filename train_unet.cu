@@ -3452,8 +3452,8 @@ __global__ void muon_sumsq_finalize_kernel(const float* partial, const int* firs
 // in shared memory (read with ldmatrix.trans), LEFT's X K-major (as conv_mma_bf16_kernel's two modes).
 enum { MUON_MM_GRAM = 0, MUON_MM_SQ = 1, MUON_MM_LEFT = 2 };
 // per kind: the BT x BT output tile (LEFT's wide outputs amortise their loads over more columns), the k-tile BK
-// and the pipeline's depth (dev/unet_NOTES.md, session 23)
-constexpr int MUON_MM_BT[3] = {64, 64, 128}, MUON_MM_BK[3] = {64, 64, 32}, MUON_MM_STAGES[3] = {3, 3, 4};
+// and the pipeline's depth (dev/unet_NOTES.md, sessions 23 and 24)
+constexpr int MUON_MM_BT[3] = {64, 64, 128}, MUON_MM_BK[3] = {64, 64, 64}, MUON_MM_STAGES[3] = {3, 3, 3};
 template <int KIND>
 struct MuonMMCfg {
     static constexpr int BT = MUON_MM_BT[KIND], BK = MUON_MM_BK[KIND], STAGES = MUON_MM_STAGES[KIND];
