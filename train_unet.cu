@@ -3453,7 +3453,7 @@ __global__ void muon_sumsq_finalize_kernel(const float* partial, const int* firs
 enum { MUON_MM_GRAM = 0, MUON_MM_SQ = 1, MUON_MM_LEFT = 2 };
 // per kind: the BT x BT output tile (LEFT's wide outputs amortise their loads over more columns), the k-tile BK
 // and the pipeline's depth (dev/unet_NOTES.md, sessions 23 and 24)
-constexpr int MUON_MM_BT[3] = {64, 64, 128}, MUON_MM_BK[3] = {64, 64, 64}, MUON_MM_STAGES[3] = {3, 3, 3};
+constexpr int MUON_MM_BT[3] = {64, 64, 128}, MUON_MM_BK[3] = {64, 64, 64}, MUON_MM_STAGES[3] = {3, 2, 3};
 template <int KIND>
 struct MuonMMCfg {
     static constexpr int BT = MUON_MM_BT[KIND], BK = MUON_MM_BK[KIND], STAGES = MUON_MM_STAGES[KIND];
