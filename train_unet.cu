@@ -1409,47 +1409,57 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lead) {
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lead >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
-template <int TA, int TB>
+// m64n64k16; T = __half: fp16 operands (Muon's gram iteration)
+#define UNET_WGMMA_N64(TY) \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB))
+template <int TA, int TB, typename T = bf16>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
 #if UNET_SM90A
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+    if constexpr (std::is_same<T, __half>::value) UNET_WGMMA_N64("f16");
+    else UNET_WGMMA_N64("bf16");
 #endif
 }
-template <int TA, int TB>
+#undef UNET_WGMMA_N64
+// m64n128k16; T = __half: fp16 operands (Muon's gram iteration)
+#define UNET_WGMMA_N128(TY) \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+          "+f"(d[63]) \
+        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB))
+template <int TA, int TB, typename T = bf16>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
 #if UNET_SM90A
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-          "+f"(d[63])
-        : "l"(a_desc), "l"(b_desc), "n"(1), "n"(TA), "n"(TB));
+    if constexpr (std::is_same<T, __half>::value) UNET_WGMMA_N128("f16");
+    else UNET_WGMMA_N128("bf16");
 #endif
 }
+#undef UNET_WGMMA_N128
 template <int TA, int TB>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[96], uint64_t a_desc, uint64_t b_desc) {
 #if UNET_SM90A
@@ -3228,17 +3238,18 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
 //   buf = lerp(buf, g, 1 - mu); u = lerp(g, buf, mu) (Nesterov) or buf; X = u / max(||u||_F, 1e-7);
 //   ns_steps of X <- a X + (b A + c A^2) X, A = X X^T, (a, b, c) = (3.4445, -4.7750, 2.0315), on the wide
 //   orientation (torch transposes a tall matrix); w <- w (1 - lr wd) - lr sqrt(max(1, rows / cols)) X.
-// Each step is three products as torch computes it: A = X X^T, B = c A A + b A, X' = B X + a X (the sums ride on
-// the product's beta with a separate output, so no elementwise pass). The matrices of a group sit side by side in the
-// group buffers, each zero-padded to the group's m_pad x M_pad (the wide orientation, column-major). bf16: groups
-// are shapes, and each product of a phase (consecutive groups) is one muon_mm_kernel over all its matrices; fp32: a
-// group is one strided-batched cuBLASLt product per step. With the overlap on, a phase's Newton-Schulz runs on a side
-// stream as soon as the backward pass has finished its members' gradients (muon_grads_ready). Zero rows and
-// columns are exact: they leave A's other entries, the norm and the result's other entries unchanged. A 3x3 conv
-// weight, stored [tap][cin][cout], is read as the column-major (cout, 9 cin) matrix whose columns are PyTorch's in
-// another order; Newton-Schulz commutes with a permutation of the columns (A = X X^T does not see it), so the update
-// comes out in the same permuted order and goes back to where it was read from. Each elementwise pass is a functor
-// that muon_each runs on the GPU, or as a loop on the CPU (dev/test_unet.cu checks the step there in CI).
+// Each step is three products as torch computes it: A = X X^T, B = c A A + b A, X' = B X + a X (the sums ride on the
+// product's beta with a separate output, so no elementwise pass). The matrices of a group sit side by side in the group
+// buffers, each zero-padded to the group's m_pad x M_pad (the wide orientation, column-major). bf16: groups are shapes,
+// and each product of a phase (consecutive groups) is one muon_mm_kernel over all its matrices (the m x m ones on
+// muon_sq_wgmma_kernel with sm_90a); fp32: a group is one strided-batched cuBLASLt product per step. With the overlap
+// on, a phase's Newton-Schulz runs on a side stream as soon as the backward pass has finished its members' gradients
+// (muon_grads_ready). Zero rows and columns are exact: they leave A's other entries, the norm and the result's other
+// entries unchanged. A 3x3 conv weight, stored [tap][cin][cout], is read as the column-major (cout, 9 cin) matrix whose
+// columns are PyTorch's in another order; Newton-Schulz commutes with a permutation of the columns (A = X X^T does not
+// see it), so the update comes out in the same permuted order and goes back to where it was read from. Each elementwise
+// pass is a functor that muon_each runs on the GPU, or as a loop on the CPU (dev/test_unet.cu checks the step there in
+// CI).
 // --muon_ns gram: the same polynomial on the m x m Gram matrix (the Gram Newton-Schulz of Dao-AILab, 2026):
 // R = X X^T; per step Z = a I + b R + c R^2, Q <- Z Q, R <- Z R Z; X <- Q X only where R is rebuilt from X (a
 // restart, before steps 2, 5, 8, ..., which keeps the half-precision error from compounding) and at the end. Equal to
@@ -3450,10 +3461,11 @@ __global__ void muon_sumsq_finalize_kernel(const float* partial, const int* firs
 // only tiles ti >= tj are computed and one below the diagonal also writes its transpose. The tile lists put the
 // longest K first, so the long X X^T tiles of the wide matrices start in the first wave. P and GRAM's Q are MN-major
 // in shared memory (read with ldmatrix.trans), LEFT's X K-major (as conv_mma_bf16_kernel's two modes).
-enum { MUON_MM_GRAM = 0, MUON_MM_SQ = 1, MUON_MM_LEFT = 2 };
+// MUON_MM_SQW: the m x m products on muon_sq_wgmma_kernel (sm_90a, below), their own tile lists
+enum { MUON_MM_GRAM = 0, MUON_MM_SQ = 1, MUON_MM_LEFT = 2, MUON_MM_SQW = 3, MUON_MM_KINDS = 4 };
 // per kind: the BT x BT output tile (LEFT's wide outputs amortise their loads over more columns), the k-tile BK
 // and the pipeline's depth (dev/unet_NOTES.md, sessions 23 and 24)
-constexpr int MUON_MM_BT[3] = {64, 64, 128}, MUON_MM_BK[3] = {64, 64, 64}, MUON_MM_STAGES[3] = {3, 2, 3};
+constexpr int MUON_MM_BT[4] = {64, 64, 128, 64}, MUON_MM_BK[4] = {64, 64, 64, 64}, MUON_MM_STAGES[4] = {3, 2, 3, 3};
 template <int KIND>
 struct MuonMMCfg {
     static constexpr int BT = MUON_MM_BT[KIND], BK = MUON_MM_BK[KIND], STAGES = MUON_MM_STAGES[KIND];
@@ -3554,8 +3566,30 @@ __device__ __forceinline__ void muon_mm_stage(const bf16* As, int lane, int wm, 
             for (int j = 0; j < 4; j++) muon_mma<S>(acc[i][j], a[i], b[j]);
     }
 }
-// The tile out through shared memory (Cs[j][i], fp32): D = alpha acc + beta C + gamma I in 16-byte runs along the
-// column, then (below the diagonal of a symmetric output) its transpose at (j, i)
+// A BT x BT fp32 tile in shared memory (Cs[j][i], row length C_LD) out: D = alpha Cs + beta C + gamma I in 16-byte
+// runs along the column, then (below the diagonal of a symmetric output) its transpose at (j, i)
+template <int BT, int THREADS, int C_LD, typename S>
+__device__ __forceinline__ void muon_mm_store(const float* Cs, const S* C, S* D, int ld, int cols, int i0, int j0,
+                                              bool mirror, float alpha, float beta, float gamma, int tid) {
+    for (int pass = 0; pass < (mirror ? 2 : 1); pass++)
+        for (int c = tid; c < BT * BT / 8; c += THREADS) {
+            const int u = c / (BT / 8), v8 = (c % (BT / 8)) * 8;  // pass 0: column j = u, rows i = v8..; pass 1: i, j
+            const int row = (pass ? j0 : i0) + v8, col = (pass ? i0 : j0) + u;
+            if (row >= ld || col >= (pass ? ld : cols)) continue;
+            const size_t e = (size_t)col * ld + row;
+            alignas(16) S in[8], out[8];
+            if (beta != 0.f) *reinterpret_cast<uint4*>(in) = *reinterpret_cast<const uint4*>(C + e);
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float y = alpha * (pass ? Cs[(v8 + q) * C_LD + u] : Cs[u * C_LD + v8 + q]);
+                if (beta != 0.f) y += beta * muon_to_float(in[q]);
+                if (row + q == col) y += gamma;
+                out[q] = muon_from_float<S>(y);
+            }
+            *reinterpret_cast<uint4*>(D + e) = *reinterpret_cast<const uint4*>(out);
+        }
+}
+// The warps' accumulators into shared memory, then muon_mm_store
 template <int KIND, typename S>
 __device__ __forceinline__ void muon_mm_epilogue(float* Cs, const float (&acc)[MuonMMCfg<KIND>::MI][4][4],
                                                  const S* C, S* D, int ld, int cols, int i0, int j0, bool mirror,
@@ -3573,23 +3607,7 @@ __device__ __forceinline__ void muon_mm_epilogue(float* Cs, const float (&acc)[M
                 Cs[(wn * 32 + j * 8 + 2 * tq + (r & 1)) * G::C_LD + wm * (BT / 2) + i * 16 + gq + 8 * (r >> 1)] =
                     acc[i][j][r];
     __syncthreads();
-    for (int pass = 0; pass < (mirror ? 2 : 1); pass++)
-        for (int c = tid; c < BT * BT / 8; c += G::THREADS) {
-            const int u = c / (BT / 8), v8 = (c % (BT / 8)) * 8;  // pass 0: column j = u, rows i = v8..; pass 1: i, j
-            const int row = (pass ? j0 : i0) + v8, col = (pass ? i0 : j0) + u;
-            if (row >= ld || col >= (pass ? ld : cols)) continue;
-            const size_t e = (size_t)col * ld + row;
-            alignas(16) S in[8], out[8];
-            if (beta != 0.f) *reinterpret_cast<uint4*>(in) = *reinterpret_cast<const uint4*>(C + e);
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float y = alpha * (pass ? Cs[(v8 + q) * G::C_LD + u] : Cs[u * G::C_LD + v8 + q]);
-                if (beta != 0.f) y += beta * muon_to_float(in[q]);
-                if (row + q == col) y += gamma;
-                out[q] = muon_from_float<S>(y);
-            }
-            *reinterpret_cast<uint4*>(D + e) = *reinterpret_cast<const uint4*>(out);
-        }
+    muon_mm_store<BT, G::THREADS, G::C_LD, S>(Cs, C, D, ld, cols, i0, j0, mirror, alpha, beta, gamma, tid);
 }
 // A split's partial sums into its workspace slot (register r of thread tid at r * THREADS + tid); false unless this
 // block is the tile's last, which then holds the sum of all slots, added in split order (the same bits whichever
@@ -3660,6 +3678,98 @@ __global__ void __launch_bounds__(MuonMMCfg<KIND>::THREADS)
     if (t.nsplit > 1 && !muon_mm_split_done<KIND>(acc, ws, ctr, t, tid)) return;
     muon_mm_epilogue<KIND, S>(reinterpret_cast<float*>(smm), acc, C + ds, D + ds, m, cols, i0, j0,
                               KIND != MUON_MM_LEFT && t.ti > t.tj, alpha, beta, gamma, tid);
+}
+
+// The m x m products (MUON_MM_SQ) on warpgroup MMA (sm_90a; elsewhere muon_mm_kernel). A block is one BT x BT
+// output tile (lower triangle, mirrored as muon_mm_kernel does), a warpgroup per 64 rows, K = m in k-tiles of 64
+// copied with cp.async into the 128-byte-swizzled layouts wgmma reads (wg_desc): P MN-major (P(i, k) runs along i),
+// Q K-major (Q(k, j) runs along k: no symmetry assumed).
+constexpr int MUON_WG_BT = 64, MUON_WG_BK = 64, MUON_WG_STAGES = 3, MUON_WG_THREADS = 2 * MUON_WG_BT;
+constexpr int MUON_WG_A = MUON_WG_BT * MUON_WG_BK * 2, MUON_WG_STAGE = 2 * MUON_WG_A;  // bytes: A (8 KB a wg), B
+constexpr int MUON_WG_C_LD = MUON_WG_BT + 4;
+constexpr size_t MUON_WG_SMEM = (size_t)MUON_WG_STAGES * MUON_WG_STAGE + 1024;  // + the 1024-byte alignment
+static_assert(MUON_WG_BT * MUON_WG_C_LD * 4 <= MUON_WG_STAGES * MUON_WG_STAGE, "the epilogue's tile in the stages");
+static_assert(MUON_MM_BT[MUON_MM_SQW] == MUON_WG_BT && MUON_MM_BK[MUON_MM_SQW] == MUON_WG_BK, "its tile lists");
+template <typename S>
+__global__ void __launch_bounds__(MUON_WG_THREADS)
+    muon_sq_wgmma_kernel(const MuonMMTile* tiles, const MuonMat* mats, const S* P, const S* Q, const S* C, S* D,
+                         float alpha, float beta, float gamma) {
+#if UNET_SM90A
+    extern __shared__ __align__(128) uint8_t smw_raw[];
+    uint8_t* sm = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smw_raw) + 1023) & ~(uintptr_t)1023);
+    const MuonMMTile t = tiles[blockIdx.x];
+    const MuonMat& k = mats[t.mat];
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // as muon_mm_kernel
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    const int m = k.m_pad, tid = threadIdx.x, wg = tid >> 7, i0 = t.ti * MUON_WG_BT, j0 = t.tj * MUON_WG_BT;
+    const bf16 *Pb = reinterpret_cast<const bf16*>(P + k.s_off), *Qb = reinterpret_cast<const bf16*>(Q + k.s_off);
+    // this thread's 4 chunks of A (k-row r, 16-byte unit c of BT / 8) and of B (row j, unit c of 8) in every k-tile
+    const bf16 *pa[4], *qb[4];
+    int ra[4], cb[4], da[4], db[4];
+    bool va[4], vb[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int e = tid + u * MUON_WG_THREADS, r = e / (MUON_WG_BT / 8), c = e % (MUON_WG_BT / 8), j = e >> 3;
+        const int c8 = e & 7;
+        pa[u] = Pb + (size_t)r * m + i0 + 8 * c;
+        ra[u] = r;
+        va[u] = i0 + 8 * c < m;
+        da[u] = (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+        qb[u] = Qb + (size_t)(j0 + j) * m + 8 * c8;
+        cb[u] = 8 * c8;
+        vb[u] = j0 + j < m;
+        db[u] = MUON_WG_A + j * 128 + ((c8 ^ (j & 7)) << 4);
+    }
+    auto load = [&](int kt) {
+        uint8_t* st = sm + (kt % MUON_WG_STAGES) * MUON_WG_STAGE;
+        const int k0 = kt * MUON_WG_BK;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const bool v = va[u] && k0 + ra[u] < m, w = vb[u] && k0 + cb[u] < m;
+            cp_async16_b16(reinterpret_cast<bf16*>(st + da[u]), v ? pa[u] + (size_t)k0 * m : Pb, v);
+            cp_async16_b16(reinterpret_cast<bf16*>(st + db[u]), w ? qb[u] + k0 : Qb, w);
+        }
+    };
+    float acc[MUON_WG_BT / 2];
+#pragma unroll
+    for (int i = 0; i < MUON_WG_BT / 2; i++) acc[i] = 0.f;
+    const int nk = t.k1;
+#pragma unroll
+    for (int s = 0; s < MUON_WG_STAGES - 1; s++) {
+        if (s < nk) load(s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_mem<MUON_WG_STAGES - 2>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, seen by wgmma
+        __syncthreads();
+        if (kt + MUON_WG_STAGES - 1 < nk) load(kt + MUON_WG_STAGES - 1);
+        cp_async_commit();
+        const uint32_t a = smem_u32(sm + (kt % MUON_WG_STAGES) * MUON_WG_STAGE) + wg * 8192;
+        const uint32_t b = smem_u32(sm + (kt % MUON_WG_STAGES) * MUON_WG_STAGE + MUON_WG_A);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < MUON_WG_BK / 16; ks++)
+            wgmma_bf16<1, 0, S>(acc, wg_desc(a + 2048 * ks, 8192), wg_desc(b + 32 * ks, 16));
+        wgmma_commit();
+        wgmma_wait<0>();  // (the next k-tile's copies overwrite the stage read two k-tiles ago)
+        acc_fence(acc);
+    }
+    cp_async_wait_mem<0>();
+    __syncthreads();
+    float* Cs = reinterpret_cast<float*>(sm);  // [j][i]; warp q of the warpgroup: its rows 16 q .., as mma.sync's
+    const int lane = tid & 31, row = 64 * wg + 16 * ((tid & 127) >> 5) + (lane >> 2), col = 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < MUON_WG_BT / 8; n++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            Cs[(8 * n + col) * MUON_WG_C_LD + row + 8 * h] = acc[4 * n + 2 * h];
+            Cs[(8 * n + col + 1) * MUON_WG_C_LD + row + 8 * h] = acc[4 * n + 2 * h + 1];
+        }
+    __syncthreads();
+    muon_mm_store<MUON_WG_BT, MUON_WG_THREADS, MUON_WG_C_LD, S>(Cs, C + k.s_off, D + k.s_off, m, m, i0, j0,
+                                                                 t.ti > t.tj, alpha, beta, gamma, tid);
+#endif
 }
 
 // one reverse step for every sample; x (B, H, W, 3) in place, eps the model output, z fresh N(0, 1).
@@ -5788,6 +5898,7 @@ struct MuonPlan {
     // whatever their shapes; else each group's a strided batch (muon_gemm)
     bool grouped = false;
     bool pdl = false;  // grouped on compute capability 9.0+: muon_mm_kernel with Programmatic Dependent Launch
+    bool wg = false;   // grouped, an sm_90a build on a 9.0 GPU: the m x m products on muon_sq_wgmma_kernel
     std::vector<MuonMat> mats;      // ordered by w_off
     std::vector<MuonGroup> groups;  // ordered by ready (then w_off)
     // phase p: groups phase_first[p] .. phase_first[p + 1] - 1, started once the backward has finished stage
@@ -5815,8 +5926,8 @@ struct MuonPlan {
     std::vector<char> started;  // per phase: its work is queued in this step (muon_step clears it)
     cudaStream_t side = nullptr;
     std::vector<cudaEvent_t> fork;  // per phase: its gradients are final (recorded on g_stream)
-    // grouped: muon_mm_kernel's tiles per phase and kind (3 p + kind), their counts; GRAM's split-K workspace and
-    // counters (phases run one after another on one stream, so they share them)
+    // grouped: muon_mm_kernel's tiles per phase and kind (MUON_MM_KINDS p + kind), their counts; GRAM's split-K
+    // workspace and counters (phases run one after another on one stream, so they share them)
     std::vector<MuonMMTile*> t_mm;
     std::vector<int> n_mm;
     float* mm_ws = nullptr;
@@ -5854,6 +5965,7 @@ static bool muon_param(const Param& p) { return p.ndim >= 2; }  // conv and line
 // testing: dev/test_unet.cu clears it to run the bf16 path's products through cuBLASLt (muon_gemm), as torch does
 static bool g_muon_mm = true;
 static bool g_muon_pdl = true;  // testing: off launches muon_mm_kernel without Programmatic Dependent Launch
+static bool g_muon_wgmma = true;  // testing: off runs the m x m products on muon_mm_kernel where wgmma could run
 static int round8(int v) { return (v + 7) / 8 * 8; }  // 16-byte aligned bf16 columns for the tensor cores
 
 // The cost model (microseconds; bf16 / fp32 rates): per group the momentum and normalisation passes (4 launches),
@@ -6239,7 +6351,7 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
         for (int p = 0; p < phases; p++) {
             const int k0 = mp->groups[mp->phase_first[p]].first_mat;
             const MuonGroup& last = mp->groups[mp->phase_first[p + 1] - 1];
-            for (int kind = 0; kind < 3; kind++) {
+            for (int kind = 0; kind < MUON_MM_KINDS; kind++) {
                 int slots = 0, ctrs = 0;
                 const std::vector<MuonMMTile> t = muon_mm_tiles(mp->mats, k0, last.first_mat + last.count - k0, kind,
                                                                 &slots, &ctrs);
@@ -6261,6 +6373,9 @@ static MuonPlan* muon_create(const UNet* m, float lr, float momentum, int nester
         smem(muon_mm_kernel<MUON_MM_SQ, __half>, MuonMMCfg<MUON_MM_SQ>::SMEM);
         smem(muon_mm_kernel<MUON_MM_LEFT, bf16>, MuonMMCfg<MUON_MM_LEFT>::SMEM);
         smem(muon_mm_kernel<MUON_MM_LEFT, __half>, MuonMMCfg<MUON_MM_LEFT>::SMEM);
+        mp->wg = g_muon_wgmma && have_sm90a();
+        smem(muon_sq_wgmma_kernel<bf16>, MUON_WG_SMEM);
+        smem(muon_sq_wgmma_kernel<__half>, MUON_WG_SMEM);
     }
     if (!cpu) {
         cudaCheck(cudaStreamCreateWithFlags(&mp->side, cudaStreamNonBlocking));  // the lowest priority
@@ -6424,25 +6539,36 @@ static void muon_tiles(MuonPlan* mp, cudaStream_t st, int g0, int g1, const floa
     cudaCheck(cudaGetLastError());
 }
 
-// muon_mm_kernel of kind KIND over phase ph's tiles; with Programmatic Dependent Launch on compute capability 9.0+
-// (the chain of dependent products is latency-bound: each launch is staged while the one before it runs)
-template <int KIND, typename S>
-static void muon_mm_launch(const MuonPlan* mp, int ph, cudaStream_t st, const S* P, const S* Q, const S* C, S* D,
-                           float alpha, float beta, float gamma) {
-    const int i = 3 * ph + KIND;
-    if (!mp->n_mm[i]) return;
+// A Newton-Schulz product's kernel on st; with Programmatic Dependent Launch on compute capability 9.0+ (the chain of
+// dependent products is latency-bound: each launch is staged while the one before it runs)
+template <typename... P, typename... A>
+static void muon_launch(const MuonPlan* mp, cudaStream_t st, void (*kernel)(P...), int blocks, int threads,
+                        size_t smem, A... args) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(mp->n_mm[i]);
-    cfg.blockDim = dim3(MuonMMCfg<KIND>::THREADS);
-    cfg.dynamicSmemBytes = MuonMMCfg<KIND>::SMEM;
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = mp->pdl ? 1 : 0;
-    cudaCheck(cudaLaunchKernelEx(&cfg, muon_mm_kernel<KIND, S>, (const MuonMMTile*)mp->t_mm[i],
-                                 (const MuonMat*)mp->t_mats, P, Q, C, D, alpha, beta, gamma, mp->mm_ws, mp->mm_ctr));
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+// muon_mm_kernel of kind KIND (MUON_MM_SQW: muon_sq_wgmma_kernel) over phase ph's tiles
+template <int KIND, typename S>
+static void muon_mm_launch(const MuonPlan* mp, int ph, cudaStream_t st, const S* P, const S* Q, const S* C, S* D,
+                           float alpha, float beta, float gamma) {
+    const int i = MUON_MM_KINDS * ph + KIND;
+    if (!mp->n_mm[i]) return;
+    const MuonMMTile* t = mp->t_mm[i];
+    if constexpr (KIND == MUON_MM_SQW)
+        muon_launch(mp, st, muon_sq_wgmma_kernel<S>, mp->n_mm[i], MUON_WG_THREADS, MUON_WG_SMEM, t,
+                    (const MuonMat*)mp->t_mats, P, Q, C, D, alpha, beta, gamma);
+    else
+        muon_launch(mp, st, muon_mm_kernel<KIND, S>, mp->n_mm[i], MuonMMCfg<KIND>::THREADS, MuonMMCfg<KIND>::SMEM, t,
+                    (const MuonMat*)mp->t_mats, P, Q, C, D, alpha, beta, gamma, mp->mm_ws, mp->mm_ctr);
 }
 // One Newton-Schulz product over phase ph, every matrix at its own offsets into whole buffers (the x or sq ones):
 // D = alpha P Q + beta C + gamma I for kind MUON_MM_GRAM (P = Q = X: X X^T), MUON_MM_SQ (m x m, Q symmetric) or
@@ -6453,6 +6579,8 @@ static void muon_prod(MuonPlan* mp, int ph, cudaStream_t st, int kind, int slot,
                       S* D, float alpha, float beta, float gamma) {
     if (mp->grouped) {
         if (kind == MUON_MM_GRAM) muon_mm_launch<MUON_MM_GRAM, S>(mp, ph, st, P, Q, C, D, alpha, beta, gamma);
+        else if (kind == MUON_MM_SQ && mp->wg)
+            muon_mm_launch<MUON_MM_SQW, S>(mp, ph, st, P, Q, C, D, alpha, beta, gamma);
         else if (kind == MUON_MM_SQ) muon_mm_launch<MUON_MM_SQ, S>(mp, ph, st, P, Q, C, D, alpha, beta, gamma);
         else muon_mm_launch<MUON_MM_LEFT, S>(mp, ph, st, P, Q, C, D, alpha, beta, gamma);
         return;

@@ -8,9 +8,10 @@ code runs).
 
 The default model's 113 conv and linear weights in one phase (a group per shape, MG_SHAPE), each filled with random
 entries and scaled to Frobenius norm 1 as Muon's normalisation leaves it, then 5 steps of each form: standard (bf16,
-torch.optim.Muon's iteration) and gram (fp16), each three ways: muon_mm_kernel (what train_unet runs), cuBLASLt per
-shape group (torch's bf16 iteration: bf16 operands and outputs, fp32 accumulation) and strict fp32 (cuBLASLt, from
-the same rounded inputs).
+torch.optim.Muon's iteration) and gram (fp16), each three ways: ours (what train_unet runs: muon_mm_kernel, the m x m
+products on muon_sq_wgmma_kernel on an sm_90a GPU, and also all on muon_mm_kernel there), cuBLASLt per shape group
+(torch's bf16 iteration: bf16 operands and outputs, fp32 accumulation) and strict fp32 (cuBLASLt, from the same
+rounded inputs).
 --test: per matrix, the relative Frobenius error of muon_mm_kernel's result against strict fp32 is at most 2x that
 of cuBLASLt's (the project's rule for reduced precision); and muon_mm_kernel gives the same bits without
 Programmatic Dependent Launch. These shapes are the trainer's own (X X^T split over K up to 4608), larger than
@@ -33,10 +34,12 @@ static void report(const char* status, const std::string& name, const std::strin
 
 // The default model's Muon matrices as the bf16 path groups them (one phase); half false: the fp32 iteration with
 // the same layout (a group per shape)
-static MuonPlan* ns_plan(const UNet* model, int ns, bool half, bool mm) {
+static MuonPlan* ns_plan(const UNet* model, int ns, bool half, bool mm, bool wgmma = true) {
     g_muon_mm = mm;
+    g_muon_wgmma = wgmma;
     MuonPlan* mp = muon_create(model, 0.02f, 0.95f, 1, 5, MG_SHAPE, ns, half, false);
     g_muon_mm = true;
+    g_muon_wgmma = true;
     return mp;
 }
 // Every matrix's wide orientation filled with uniform entries, zero padding, each scaled to Frobenius norm 1 in
@@ -106,14 +109,16 @@ static void ns_check(const UNet* model, int ns) {
     const std::string tag = std::string("muon ns ") + MUON_NS_NAME[ns];
     const int xin = ns == MUON_NS_GRAM ? 1 : 0;  // where the iteration starts (the normalisation's output)
     MuonPlan *ours = ns_plan(model, ns, true, true), *lt = ns_plan(model, ns, true, false);
-    MuonPlan* ref = ns_plan(model, ns, false, false);
-    bool same_layout = ours->w_elems == lt->w_elems && ours->w_elems == ref->w_elems;
-    for (size_t q = 0; same_layout && q < ours->mats.size(); q++)
-        same_layout = lt->mats[q].w_off == ours->mats[q].w_off && ref->mats[q].w_off == ours->mats[q].w_off &&
-                      lt->mats[q].m_pad == ours->mats[q].m_pad && ref->mats[q].m_pad == ours->mats[q].m_pad;
+    MuonPlan *ref = ns_plan(model, ns, false, false), *mma = ns_plan(model, ns, true, true, false);
+    bool same_layout = true;
+    for (const MuonPlan* o : {lt, ref, mma}) {
+        same_layout = same_layout && o->w_elems == ours->w_elems;
+        for (size_t q = 0; same_layout && q < ours->mats.size(); q++)
+            same_layout = o->mats[q].w_off == ours->mats[q].w_off && o->mats[q].m_pad == ours->mats[q].m_pad;
+    }
     if (!same_layout) {
-        report("FAIL", tag, "the three plans place the matrices differently");
-        for (MuonPlan* p : {ours, lt, ref}) muon_destroy(p);
+        report("FAIL", tag, "the plans place the matrices differently");
+        for (MuonPlan* p : {ours, lt, ref, mma}) muon_destroy(p);
         return;
     }
     const std::vector<float> x = ns_fill<S>(ours, xin, 7);
@@ -130,26 +135,33 @@ static void ns_check(const UNet* model, int ns) {
     const std::vector<float> b = ns_get<S>(lt);
     ns_run<float>(ref);
     const std::vector<float> r = ns_get<float>(ref);
-    double worst = 0.0, e_ours = 0.0, e_lt = 0.0;
-    int at = -1;
-    for (size_t q = 0; q < ours->mats.size(); q++) {
-        const size_t end = q + 1 < ours->mats.size() ? ours->mats[q + 1].w_off : ours->w_elems;
-        const double eo = ns_rel(ours->mats[q], end, a, r), el = ns_rel(ours->mats[q], end, b, r);
-        const double ratio = el > 0.0 ? eo / el : eo > 0.0 ? INFINITY : 0.0;
-        if (at < 0 || ratio > worst) {
-            worst = ratio;
-            e_ours = eo;
-            e_lt = el;
-            at = (int)q;
+    ns_put<S>(mma, xin, x);
+    ns_run<S>(mma);
+    const std::vector<float> c = ns_get<S>(mma);
+    auto check = [&](const std::vector<float>& v, const std::string& what) {  // per matrix: error / cuBLASLt's
+        double worst = 0.0, e_v = 0.0, e_lt = 0.0;
+        int at = -1;
+        for (size_t q = 0; q < ours->mats.size(); q++) {
+            const size_t end = q + 1 < ours->mats.size() ? ours->mats[q + 1].w_off : ours->w_elems;
+            const double ev = ns_rel(ours->mats[q], end, v, r), el = ns_rel(ours->mats[q], end, b, r);
+            const double ratio = el > 0.0 ? ev / el : ev > 0.0 ? INFINITY : 0.0;
+            if (at < 0 || ratio > worst) {
+                worst = ratio;
+                e_v = ev;
+                e_lt = el;
+                at = (int)q;
+            }
         }
-    }
-    const MuonMat& k = ours->mats[at];
-    report(worst <= 2.0 ? "PASS" : "FAIL", tag,
-           strfmt("%zu matrices, 5 steps: error against strict fp32, muon_mm_kernel / cuBLASLt, worst %.3f (matrix %d, "
-                  "%d x %d: %.2e / %.2e; at most 2)", ours->mats.size(), worst, at, k.rows, k.cols, e_ours, e_lt));
+        const MuonMat& k = ours->mats[at];
+        report(worst <= 2.0 ? "PASS" : "FAIL", tag + what,
+               strfmt("%zu matrices, 5 steps: error against strict fp32, ours / cuBLASLt's, worst %.3f (matrix %d, %d "
+                      "x %d: %.2e / %.2e; at most 2)", ours->mats.size(), worst, at, k.rows, k.cols, e_v, e_lt));
+    };
+    check(a, ours->wg ? " (m x m on wgmma)" : "");
+    if (ours->wg) check(c, " (all on muon_mm_kernel)");
     const bool same = memcmp(a.data(), serial.data(), a.size() * sizeof(float)) == 0;
     report(same ? "PASS" : "FAIL", tag + " without PDL", same ? "the same bits" : "DIFFERENT BITS");
-    for (MuonPlan* p : {ours, lt, ref}) muon_destroy(p);
+    for (MuonPlan* p : {ours, lt, ref, mma}) muon_destroy(p);
 }
 
 static void ns_time(const char* name, const std::function<void()>& f) {
@@ -181,7 +193,16 @@ static void ns_bench(const UNet* model, int ns) {
     const std::vector<float> x = ns_fill<S>(ours, gram ? 1 : 0, 7);
     ns_put<S>(lt, gram ? 1 : 0, x);
     const std::string form = gram ? "gram (fp16)" : "standard (bf16)";
-    ns_time((form + ", 5 steps: muon_mm_kernel").c_str(), [&]() { ns_run<S>(ours); });
+    ns_time((form + ", 5 steps: ours" + (ours->wg ? " (m x m on wgmma)" : "")).c_str(), [&]() { ns_run<S>(ours); });
+    if (ours->wg) {
+        MuonPlan* mma = ns_plan(model, ns, true, true, false);
+        ns_put<S>(mma, gram ? 1 : 0, x);
+        ns_time((form + ", 5 steps: all on muon_mm_kernel").c_str(), [&]() { ns_run<S>(mma); });
+        S *A = (S*)mma->sq[0], *B = (S*)mma->sq[1];
+        ns_time("  one m x m product on muon_mm_kernel",
+                [&]() { muon_prod<S>(mma, 0, g_stream, MUON_MM_SQ, 1, A, A, A, B, MUON_C, MUON_B, 0.f); });
+        muon_destroy(mma);
+    }
     const bool pdl = ours->pdl;
     ours->pdl = false;
     ns_time((form + ", 5 steps: muon_mm_kernel, no PDL").c_str(), [&]() { ns_run<S>(ours); });

@@ -471,6 +471,11 @@ static void test_muon_mm_gpu() {
         g_muon_mm = false;
         const std::vector<float> lt = muon_fixture_change(fx, false, ns, true);
         g_muon_mm = true;
+        g_muon_wgmma = false;  // the m x m products on muon_mm_kernel (on an sm_90a GPU the line above ran wgmma)
+        const std::vector<float> mma = muon_fixture_change(fx, false, ns, true);
+        g_muon_wgmma = true;
+        double worst_mma = 0.0;
+        std::string name_mma;
         const bool same = memcmp(ours.data(), serial.data(), ours.size() * sizeof(float)) == 0;
         double worst = 0.0, e_ours = 0.0, e_lt = 0.0;
         std::string name;
@@ -483,11 +488,16 @@ static void test_muon_mm_gpu() {
                 e_ours = eo;
                 e_lt = el;
             }
+            const double em = muon_rel_diff(q, mma, ref);
+            keep_worst(el > 0.0 ? em / el : em > 0.0 ? INFINITY : 0.0, q.name, &worst_mma, &name_mma);
         }
         report(worst <= 2.0 && n_muon > 0 && same ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns],
                strfmt("%d steps, %d Muon weights: error against the CPU's fp32 standard step, muon_mm_kernel / "
                       "cuBLASLt, worst %.3f (%s: %.2e / %.2e; at most 2); without PDL: %s", fx.n_fixed, n_muon, worst,
                       name.c_str(), e_ours, e_lt, same ? "the same bits" : "DIFFERENT BITS"));
+        report(worst_mma <= 2.0 && n_muon > 0 ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns] + ", no wgmma",
+               strfmt("the m x m products on muon_mm_kernel: error / cuBLASLt's, worst %.3f (%s; at most 2)", worst_mma,
+                      name_mma.c_str()));
     }
 }
 
@@ -1049,7 +1059,7 @@ static void test_muon_mm_tiles() {
         const int k0 = mp.groups[mp.phase_first[ph]].first_mat;
         const MuonGroup& last = mp.groups[mp.phase_first[ph + 1] - 1];
         const int k1 = last.first_mat + last.count;
-        for (int kind = 0; kind < 3; kind++) {
+        for (int kind = 0; kind < MUON_MM_KINDS; kind++) {
             int slots = 0, ctrs = 0;
             const std::vector<MuonMMTile> t = muon_mm_tiles(mp.mats, k0, k1 - k0, kind, &slots, &ctrs);
             launches++;
@@ -1099,9 +1109,9 @@ static void test_muon_mm_tiles() {
         }
     }
     report(ok ? "PASS" : "FAIL", "muon mm tiles",
-           strfmt("%d launches (%zu phases x 3 kinds), %d blocks, %d split tiles: every output tile once, its splits "
+           strfmt("%d launches (%zu phases x %d kinds), %d blocks, %d split tiles: every output tile once, its splits "
                   "tiling K in order, slots and counters each used once, longest first: %s", launches,
-                  mp.phase_first.size() - 1, items, splits, ok ? "yes" : "NO"));
+                  mp.phase_first.size() - 1, MUON_MM_KINDS, items, splits, ok ? "yes" : "NO"));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
