@@ -14,7 +14,8 @@ Every check runs in true fp32 (--tf32 0 on our side; dev/unet.py sets allow_tf32
   our error against the fp32 reference is at most 2x PyTorch bf16 autocast's own error, tensor by tensor (L2); with
   the sm_90a build on a 9.0 GPU twice, the convolutions on wgmma and then forced onto mma.sync (g_conv8_force).
 Muon (the fixture dev/fixtures/unet_muon_small.bin): the CPU step against PyTorch's, gram against standard, the GPU
-against the CPU, the bf16 products on muon_mm_kernel against cuBLASLt, the overlap on against off.
+against the CPU, the bf16 products on muon_mm_kernel (the m x m ones also on wgmma with sm_90a) against cuBLASLt,
+the overlap on against off.
 CPU checks (also without a GPU, so in CI): the parameter table, the initialisation's distributions, the weight
 layout conversion, the loader's draws, Muon's plans and muon_mm_kernel's tile lists. Without a GPU every other check
 is SKIPPED. Prints PASS/FAIL/SKIP lines and the closing `N passed, N failed, N skipped`.
@@ -452,7 +453,8 @@ static void test_muon_gram_gpu() {
 // and outputs, fp32 accumulation): tensor by tensor, each one's error against the CPU's fp32 standard step is at most
 // 2x cuBLASLt's (the project's rule for reduced precision), for the standard and the gram form; and the same bits
 // with muon_mm_kernel launched without Programmatic Dependent Launch (a product reading before its input is final
-// would differ)
+// would differ). On an sm_90a GPU the m x m products run on muon_sq_wgmma_kernel, so a second run puts them on
+// muon_mm_kernel (g_muon_wgmma off) under the same rule.
 static void test_muon_mm_gpu() {
     const std::string tag = "muon mm bf16";
     if (!have_bf16_mma()) {
