@@ -3676,15 +3676,16 @@ __global__ void __launch_bounds__(MuonMMCfg<KIND>::THREADS)
 }
 
 // The m x m products (MUON_MM_SQ) on warpgroup MMA (sm_90a; elsewhere muon_mm_kernel). A block is one BT x BT
-// output tile (lower triangle, mirrored as muon_mm_kernel does), a warpgroup per 64 rows, K = m in k-tiles of 64
-// copied with cp.async into the 128-byte-swizzled layouts wgmma reads (wg_desc): P MN-major (P(i, k) runs along i),
-// Q K-major (Q(k, j) runs along k: no symmetry assumed).
+// output tile (lower triangle, mirrored as muon_mm_kernel does), a warpgroup per 64 rows (one, at BT 64), K = m in
+// k-tiles of 64 copied with cp.async into the 128-byte-swizzled layouts wgmma reads (wg_desc): P MN-major (P(i, k)
+// runs along i), Q K-major (Q(k, j) runs along k: no symmetry assumed).
 constexpr int MUON_WG_BT = 64, MUON_WG_BK = 64, MUON_WG_STAGES = 3, MUON_WG_THREADS = 2 * MUON_WG_BT;
 constexpr int MUON_WG_A = MUON_WG_BT * MUON_WG_BK * 2, MUON_WG_STAGE = 2 * MUON_WG_A;  // bytes: A (8 KB a wg), B
 constexpr int MUON_WG_C_LD = MUON_WG_BT + 4;
 constexpr size_t MUON_WG_SMEM = (size_t)MUON_WG_STAGES * MUON_WG_STAGE + 1024;  // + the 1024-byte alignment
 static_assert(MUON_WG_BT * MUON_WG_C_LD * 4 <= MUON_WG_STAGES * MUON_WG_STAGE, "the epilogue's tile in the stages");
 static_assert(MUON_MM_BT[MUON_MM_SQW] == MUON_WG_BT && MUON_MM_BK[MUON_MM_SQW] == MUON_WG_BK, "its tile lists");
+static_assert(MUON_WG_BT == 64, "m64n64 wgmma: the fp16 form exists for N = 64 only (BT 128 measured slower)");
 template <typename S>
 __global__ void __launch_bounds__(MUON_WG_THREADS)
     muon_sq_wgmma_kernel(const MuonMMTile* tiles, const MuonMat* mats, const S* P, const S* Q, const S* C, S* D,

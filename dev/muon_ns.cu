@@ -12,9 +12,9 @@ torch.optim.Muon's iteration) and gram (fp16), each three ways: ours (what train
 products on muon_sq_wgmma_kernel on an sm_90a GPU, and also all on muon_mm_kernel there), cuBLASLt per shape group
 (torch's bf16 iteration: bf16 operands and outputs, fp32 accumulation) and strict fp32 (cuBLASLt, from the same
 rounded inputs).
---test: per matrix, the relative Frobenius error of muon_mm_kernel's result against strict fp32 is at most 2x that
-of cuBLASLt's (the project's rule for reduced precision); and muon_mm_kernel gives the same bits without
-Programmatic Dependent Launch. These shapes are the trainer's own (X X^T split over K up to 4608), larger than
+--test: per matrix, the relative Frobenius error of our result (each way above) against strict fp32 is at most 2x
+that of cuBLASLt's (the project's rule for reduced precision); and ours gives the same bits without Programmatic
+Dependent Launch. These shapes are the trainer's own (X X^T split over K up to 4608), larger than
 dev/test_unet.cu's fixture. Prints PASS/FAIL/SKIP lines and `N passed, N failed, N skipped`; exit 1 on a failure.
 Timing: CUDA events around 5 runs, the median of 21 (dev/unet_NOTES.md, session 23).
 */

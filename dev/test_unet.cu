@@ -494,8 +494,8 @@ static void test_muon_mm_gpu() {
             keep_worst(el > 0.0 ? em / el : em > 0.0 ? INFINITY : 0.0, q.name, &worst_mma, &name_mma);
         }
         report(worst <= 2.0 && n_muon > 0 && same ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns],
-               strfmt("%d steps, %d Muon weights: error against the CPU's fp32 standard step, muon_mm_kernel / "
-                      "cuBLASLt, worst %.3f (%s: %.2e / %.2e; at most 2); without PDL: %s", fx.n_fixed, n_muon, worst,
+               strfmt("%d steps, %d Muon weights: error against the CPU's fp32 standard step, ours / "
+                      "cuBLASLt's, worst %.3f (%s: %.2e / %.2e; at most 2); without PDL: %s", fx.n_fixed, n_muon, worst,
                       name.c_str(), e_ours, e_lt, same ? "the same bits" : "DIFFERENT BITS"));
         report(worst_mma <= 2.0 && n_muon > 0 ? "PASS" : "FAIL", tag + " " + MUON_NS_NAME[ns] + ", no wgmma",
                strfmt("the m x m products on muon_mm_kernel: error / cuBLASLt's, worst %.3f (%s; at most 2)", worst_mma,
